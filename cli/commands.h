@@ -1,0 +1,19 @@
+// The weft subcommands. Each registers its options on the app (one option
+// table gives the parser and the help) and returns the exit code when run.
+#pragma once
+
+#include <functional>
+
+#include <CLI/CLI.hpp>
+
+namespace weft::cli {
+
+struct Command {
+  CLI::App* sub;            // the subcommand's parser
+  std::function<int()> run; // runs it after parsing; returns the exit code
+};
+
+Command add_tune_command(CLI::App& app);
+Command add_presets_command(CLI::App& app);
+
+}  // namespace weft::cli

@@ -1,0 +1,44 @@
+// The weft executable. Library code throws typed errors; this is the one place
+// that turns them into a message and an exit code: 2 for bad input, 1 for
+// anything else.
+#include <cstdio>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "cli/commands.h"
+#include "core/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"weft: trains Llama-family models and tunes their parallel layout"};
+  app.set_version_flag("--version", std::string("weft ") + WEFT_VERSION);
+  app.require_subcommand(1);
+  const std::vector<weft::cli::Command> commands = {
+      weft::cli::add_tune_command(app),
+      weft::cli::add_presets_command(app),
+  };
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "weft: error: %s (see weft --help)\n", e.what());
+    return 2;
+  }
+  try {
+    for (const auto& c : commands)
+      if (c.sub->parsed()) return c.run();
+    return 2;
+  } catch (const weft::InputError& e) {
+    std::fprintf(stderr, "weft: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "weft: internal error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,121 @@
+#include "cli/options.h"
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace weft::cli {
+
+ModelSpec ModelArgs::resolve() const {
+  ModelSpec m = model_resolve(model);
+  if (vocab < 0) throw InputError(fmt::format("--vocab {} must be positive", vocab));
+  if (vocab > 0) m.vocab = vocab;
+  m.validate();
+  return m;
+}
+
+void add_model_options(CLI::App& app, ModelArgs& a) {
+  app.add_option("--model", a.model,
+                 "Model preset (see `weft presets`) or a Hugging Face config.json")
+      ->capture_default_str();
+  app.add_option("--vocab", a.vocab, "Override the vocabulary size (e.g. padded for tp)");
+}
+
+ClusterSpec ClusterArgs::resolve() const {
+  if (gpus_per_node < 0)
+    throw InputError(fmt::format("--gpus-per-node {} must be positive", gpus_per_node));
+  return cluster_resolve(gpu, gpus, gpus_per_node);
+}
+
+void add_cluster_options(CLI::App& app, ClusterArgs& a) {
+  app.add_option("--gpu", a.gpu, "Device preset (a100-40gb, a100-80gb, h100, h200, cpu) or a "
+                                 "cluster JSON file")
+      ->capture_default_str();
+  app.add_option("--gpus", a.gpus, "Number of devices (world size)")->capture_default_str();
+  app.add_option("--gpus-per-node", a.gpus_per_node,
+                 "Devices per node sharing the fast link (default: the device's, 8 for GPUs)");
+}
+
+RunSpec RunArgs::resolve(const DeviceSpec& device) const {
+  RunSpec r;
+  r.seq = seq;
+  r.global_batch = global_batch;
+  if (precision == "auto")
+    r.precision = device.kind == DeviceKind::cpu ? Precision::fp32 : Precision::bf16;
+  else
+    r.precision = precision_parse(precision);
+  r.validate();
+  return r;
+}
+
+void add_run_options(CLI::App& app, RunArgs& a) {
+  app.add_option("--seq", a.seq, "Sequence length T in tokens")->capture_default_str();
+  app.add_option("--global-batch", a.global_batch, "Sequences per optimizer step")
+      ->capture_default_str();
+  app.add_option("--precision", a.precision, "auto, bf16 or fp32")->capture_default_str();
+}
+
+namespace {
+
+template <class T, class F>
+std::vector<T> parse_all(const std::vector<std::string>& in, F parse) {
+  std::vector<T> out;
+  for (const auto& s : in) out.push_back(parse(s));
+  return out;
+}
+
+void require_positive(const char* flag, const std::vector<int64_t>& v, int64_t min = 1) {
+  for (int64_t x : v)
+    if (x < min)
+      throw InputError(fmt::format("{} {} must be at least {}", flag, x, min));
+}
+
+}  // namespace
+
+tuner::SpaceLimits SpaceArgs::resolve() const {
+  tuner::SpaceLimits l;
+  require_positive("--tp", tp);
+  require_positive("--pp", pp);
+  require_positive("--mb", mb);
+  require_positive("--vpp", vpp);
+  require_positive("--ckpt-layers", ckpt_layers, 0);
+  for (int64_t z : zero)
+    if (z < 0 || z > 3) throw InputError(fmt::format("--zero {} must be 0, 1, 2 or 3", z));
+  if (max_mb < 1) throw InputError(fmt::format("--max-mb {} must be at least 1", max_mb));
+  l.tp = tp;
+  l.pp = pp;
+  l.mb = mb;
+  l.vpp = vpp;
+  l.zero = zero;
+  l.ckpt_layers = ckpt_layers;
+  l.max_mb = max_mb;
+  l.sp = parse_all<bool>(sp, [](const std::string& s) {
+    if (s == "on" || s == "true" || s == "1") return true;
+    if (s == "off" || s == "false" || s == "0") return false;
+    throw InputError(fmt::format("--sp '{}' is not valid; use on, off or on,off", s));
+  });
+  l.ckpt = parse_all<Checkpointing>(ckpt, checkpointing_parse);
+  l.attention = parse_all<AttentionKind>(attention, attention_parse);
+  l.norm = parse_all<NormKind>(norm, norm_parse);
+  return l;
+}
+
+void add_space_options(CLI::App& app, SpaceArgs& a) {
+  auto* g = app.add_option_group("layout space", "Pin or restrict knobs (comma-separated lists)");
+  g->add_option("--tp", a.tp, "Tensor-parallel degrees")->delimiter(',');
+  g->add_option("--pp", a.pp, "Pipeline-parallel degrees")->delimiter(',');
+  g->add_option("--mb", a.mb, "Micro-batch sizes")->delimiter(',');
+  g->add_option("--vpp", a.vpp, "Virtual pipeline chunks per stage")->delimiter(',');
+  g->add_option("--sp", a.sp, "Sequence parallelism: on, off")->delimiter(',');
+  g->add_option("--ckpt", a.ckpt, "Checkpointing: none, selective, ffn, full")->delimiter(',');
+  g->add_option("--ckpt-layers", a.ckpt_layers,
+                "Checkpoint only the first K layers of each stage (0: all)")
+      ->delimiter(',');
+  g->add_option("--attn", a.attention, "Attention: flash, materialized")->delimiter(',');
+  g->add_option("--norm", a.norm, "Norm: fused, unfused")->delimiter(',');
+  g->add_option("--zero", a.zero, "ZeRO stages 0-3")->delimiter(',');
+  g->add_option("--max-mb", a.max_mb, "Largest micro-batch tried when --mb is free")
+      ->capture_default_str();
+}
+
+}  // namespace weft::cli

@@ -1,0 +1,49 @@
+// Option groups shared by subcommands. Each group registers its options once
+// (parser and help come from the same declaration) and resolves them into the
+// core specs, throwing InputError with the offending value.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "core/device_spec.h"
+#include "core/model_spec.h"
+#include "core/run_spec.h"
+#include "tuner/space.h"
+
+namespace weft::cli {
+
+struct ModelArgs {
+  std::string model = "llama-13b";
+  int64_t vocab = 0;  // 0: the model's own
+  ModelSpec resolve() const;
+};
+void add_model_options(CLI::App& app, ModelArgs& a);
+
+struct ClusterArgs {
+  std::string gpu = "a100-80gb";
+  int64_t gpus = 8;
+  int64_t gpus_per_node = 0;  // 0: the device's default
+  ClusterSpec resolve() const;
+};
+void add_cluster_options(CLI::App& app, ClusterArgs& a);
+
+struct RunArgs {
+  int64_t seq = 2048;
+  int64_t global_batch = 2048;
+  std::string precision = "auto";  // bf16 on GPUs, fp32 on the CPU
+  RunSpec resolve(const DeviceSpec& device) const;
+};
+void add_run_options(CLI::App& app, RunArgs& a);
+
+struct SpaceArgs {
+  std::vector<int64_t> tp, pp, mb, vpp, zero, ckpt_layers;
+  std::vector<std::string> sp, ckpt, attention, norm;
+  int64_t max_mb = 64;
+  tuner::SpaceLimits resolve() const;
+};
+void add_space_options(CLI::App& app, SpaceArgs& a);
+
+}  // namespace weft::cli

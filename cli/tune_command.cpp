@@ -1,0 +1,91 @@
+// `weft tune --dry-run`: the analytic half of tuning, no GPU needed.
+#include <cstdio>
+#include <memory>
+
+#include <fmt/format.h>
+
+#include "cli/commands.h"
+#include "cli/options.h"
+#include "core/error.h"
+#include "core/json_io.h"
+#include "tuner/report.h"
+
+namespace weft::cli {
+
+namespace {
+
+struct TuneArgs {
+  ModelArgs model;
+  ClusterArgs cluster;
+  RunArgs run;
+  SpaceArgs space;
+  bool dry_run = false;
+  std::string format = "table";
+  std::string out;
+  int64_t top = 10;
+  double margin = 0.05;
+};
+
+int run_tune(const TuneArgs& a) {
+  if (!a.dry_run)
+    throw InputError("weft tune profiles layouts on real devices, which this build does not do yet; "
+                     "pass --dry-run for the analytic report");
+  if (a.top <= 0) throw InputError(fmt::format("--top {} must be positive", a.top));
+  if (!(a.margin >= 0 && a.margin < 1))
+    throw InputError(fmt::format("--margin {} must be in [0, 1)", a.margin));
+  const auto format = tuner::report_format_parse(a.format);
+
+  tuner::ReportContext ctx;
+  ctx.model = a.model.resolve();
+  ctx.cluster = a.cluster.resolve();
+  ctx.run = a.run.resolve(ctx.cluster.device);
+  ctx.constants = tuner::cost_defaults(ctx.cluster.device);
+  ctx.memory.margin = a.margin;
+
+  const auto limits = a.space.resolve();
+  const auto layouts = tuner::enumerate(ctx.model, ctx.run, ctx.cluster.gpus, limits);
+  if (layouts.empty())
+    throw InputError(fmt::format("no layout of {} on {} devices matches the pinned knobs; relax "
+                                 "--tp/--pp/--mb/... (tp and pp must divide the device count)",
+                                 ctx.model.name, ctx.cluster.gpus));
+  auto report = tuner::evaluate(ctx.model, ctx.run, ctx.cluster, layouts, ctx.constants, ctx.memory);
+  // Per-stage detail for the best layout (the sweep evaluates first and last).
+  if (!report.candidates.empty() && report.candidates.front().verdict == tuner::Verdict::fits) {
+    auto& best = report.candidates.front();
+    memory::MemoryOptions all = ctx.memory;
+    all.all_stages = true;
+    best.memory = memory::estimate(ctx.model, ctx.run, best.layout, ctx.cluster.device, all);
+  }
+  const std::string text = tuner::report_render(format, report, ctx, a.top);
+  if (a.out.empty()) {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+  } else {
+    file_write_atomic(a.out, text);
+    std::fprintf(stderr, "weft: wrote %s (%lld layouts)\n", a.out.c_str(),
+                 static_cast<long long>(report.evaluated));
+  }
+  return 0;
+}
+
+}  // namespace
+
+Command add_tune_command(CLI::App& app) {
+  auto args = std::make_shared<TuneArgs>();
+  auto* sub = app.add_subcommand("tune", "Rank parallel layouts for a model on a cluster");
+  add_model_options(*sub, args->model);
+  add_cluster_options(*sub, args->cluster);
+  add_run_options(*sub, args->run);
+  add_space_options(*sub, args->space);
+  sub->add_flag("--dry-run", args->dry_run,
+                "Evaluate with the memory and cost models only (no devices needed)");
+  sub->add_option("--format", args->format, "Output: table, json, csv or md")
+      ->capture_default_str();
+  sub->add_option("--out", args->out, "Write the report to this file instead of stdout");
+  sub->add_option("--top", args->top, "Rows in the ranked table")->capture_default_str();
+  sub->add_option("--margin", args->margin,
+                  "Fraction of device memory kept free for fragmentation")
+      ->capture_default_str();
+  return {sub, [args] { return run_tune(*args); }};
+}
+
+}  // namespace weft::cli

@@ -1,0 +1,24 @@
+# weft_add_test(NAME n SOURCES s... LIBS l... LABELS unit|mpi|gpu|e2e [NP ranks] [TIMEOUT s])
+# A GoogleTest binary registered with ctest under a label. With NP the test
+# runs under `mpirun --oversubscribe -np NP`. GPU tests exit 77 when no GPU is
+# present, which ctest reports as skipped.
+function(weft_add_test)
+  cmake_parse_arguments(T "" "NAME;NP;TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
+  add_executable(${T_NAME} ${T_SOURCES})
+  target_link_libraries(${T_NAME} PRIVATE ${T_LIBS} GTest::gtest GTest::gtest_main)
+  if(T_NP)
+    add_test(NAME ${T_NAME}
+             COMMAND ${MPIEXEC_EXECUTABLE} --oversubscribe ${MPIEXEC_NUMPROC_FLAG} ${T_NP}
+                     $<TARGET_FILE:${T_NAME}>)
+    set_tests_properties(${T_NAME} PROPERTIES
+      ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1")
+  else()
+    add_test(NAME ${T_NAME} COMMAND ${T_NAME})
+  endif()
+  set_tests_properties(${T_NAME} PROPERTIES LABELS "${T_LABELS}" SKIP_RETURN_CODE 77)
+  if(T_TIMEOUT)
+    set_tests_properties(${T_NAME} PROPERTIES TIMEOUT ${T_TIMEOUT})
+  else()
+    set_tests_properties(${T_NAME} PROPERTIES TIMEOUT 300)
+  endif()
+endfunction()

@@ -1,0 +1,244 @@
+#include "core/device_spec.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <fstream>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/json_io.h"
+
+namespace weft {
+
+namespace {
+
+constexpr double GB = 1e9;
+constexpr double TF = 1e12;
+constexpr int64_t MiB = int64_t{1} << 20;
+
+// Datasheet numbers (NVIDIA A100 and H100/H200 SXM datasheets):
+// - memory: the total nvidia-smi reports for each board;
+// - peak: dense bf16 tensor-core throughput (no sparsity), fp32 non-tensor;
+// - NVLink: the datasheet's bidirectional total halved (A100 600 GB/s -> 300,
+//   H100/H200 900 GB/s -> 450 per direction);
+// - network: one HDR 200 Gb/s NIC per A100 GPU (DGX A100) and one NDR
+//   400 Gb/s NIC per H100/H200 GPU (DGX H100), i.e. 25 and 50 GB/s;
+// - latencies: typical NCCL per-hop figures, ~5 us NVLink, ~10 us InfiniBand;
+// - runtime overhead: CUDA context, cuBLAS and NCCL handles, a stated 1 GiB
+//   until measured on the device.
+DeviceSpec gpu(const char* name, int64_t mem_mib, double bf16_tf, double fp32_tf, double hbm_gbs,
+               double nvlink_gbs, double net_gbs, int64_t sms) {
+  DeviceSpec d;
+  d.name = name;
+  d.kind = DeviceKind::gpu;
+  d.memory_bytes = mem_mib * MiB;
+  d.peak_bf16_flops = bf16_tf * TF;
+  d.peak_fp32_flops = fp32_tf * TF;
+  d.memory_bandwidth = hbm_gbs * GB;
+  d.intra_node_bandwidth = nvlink_gbs * GB;
+  d.inter_node_bandwidth = net_gbs * GB;
+  d.intra_node_latency = 5e-6;
+  d.inter_node_latency = 10e-6;
+  d.sm_count = sms;
+  d.runtime_overhead_bytes = 1024 * MiB;
+  d.default_gpus_per_node = 8;
+  return d;
+}
+
+std::vector<DeviceSpec> gpu_presets() {
+  return {
+      gpu("a100-40gb", 40960, 312, 19.5, 1555, 300, 25, 108),
+      gpu("a100-80gb", 81920, 312, 19.5, 2039, 300, 25, 108),
+      gpu("h100", 81559, 989.4, 66.9, 3350, 450, 50, 132),
+      gpu("h200", 143771, 989.4, 66.9, 4800, 450, 50, 132),
+  };
+}
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+}  // namespace
+
+double DeviceSpec::peak_flops(const std::string& precision) const {
+  if (kind == DeviceKind::cpu || precision == "fp32") return peak_fp32_flops;
+  return peak_bf16_flops;
+}
+
+std::string DeviceSpec::summary() const {
+  if (kind == DeviceKind::cpu)
+    return fmt::format("{} ({} cores, fp32 peak {:.0f} GFLOP/s, {:.1f} GiB)", name, sm_count,
+                       peak_fp32_flops / 1e9, memory_bytes / double(1 << 30));
+  return fmt::format("{} ({:.1f} GiB, bf16 dense peak {:.1f} TFLOP/s, HBM {:.0f} GB/s)", name,
+                     memory_bytes / double(1 << 30), peak_bf16_flops / TF,
+                     memory_bandwidth / GB);
+}
+
+void ClusterSpec::validate() const {
+  if (gpus <= 0) throw InputError(fmt::format("--gpus {} must be a positive device count", gpus));
+  if (gpus_per_node <= 0)
+    throw InputError(fmt::format("--gpus-per-node {} must be positive", gpus_per_node));
+  if (gpus > gpus_per_node && gpus % gpus_per_node != 0)
+    throw InputError(fmt::format(
+        "--gpus {} spans more than one node but is not a multiple of --gpus-per-node {}", gpus,
+        gpus_per_node));
+}
+
+std::string ClusterSpec::summary() const {
+  return fmt::format("{} x {} ({} node{} of {})", gpus, device.name, nodes(),
+                     nodes() == 1 ? "" : "s", std::min(gpus, gpus_per_node));
+}
+
+std::vector<std::string> device_preset_names() {
+  std::vector<std::string> names;
+  for (const auto& d : gpu_presets()) names.push_back(d.name);
+  names.push_back("cpu");
+  return names;
+}
+
+DeviceSpec device_detect_cpu() {
+  DeviceSpec d;
+  d.name = "cpu";
+  d.kind = DeviceKind::cpu;
+  const int64_t cores = std::max(1u, std::thread::hardware_concurrency());
+  // Peak = cores x clock x fp32 FLOPs per cycle: two FMA units of 8 (AVX2) or
+  // 16 (AVX-512) lanes. The clock is read from /proc/cpuinfo when present.
+  double mhz = 2500.0;
+  int lanes = 4;
+  std::ifstream info("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(info, line)) {
+    if (line.rfind("cpu MHz", 0) == 0) {
+      const auto colon = line.find(':');
+      if (colon != std::string::npos) mhz = std::max(1.0, std::stod(line.substr(colon + 1)));
+    }
+    if (line.rfind("flags", 0) == 0) {
+      if (line.find(" avx512f") != std::string::npos) lanes = 16;
+      else if (line.find(" avx2") != std::string::npos) lanes = 8;
+    }
+  }
+  d.sm_count = cores;
+  d.peak_fp32_flops = double(cores) * mhz * 1e6 * 2.0 /*FMA units*/ * lanes * 2.0 /*mul+add*/;
+  d.peak_bf16_flops = d.peak_fp32_flops;
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page = ::sysconf(_SC_PAGE_SIZE);
+  d.memory_bytes = pages > 0 && page > 0 ? int64_t(pages) * page : int64_t{8} << 30;
+  d.memory_bandwidth = 20 * GB;       // one DDR channel pair, stated
+  d.intra_node_bandwidth = 5 * GB;    // shared-memory MPI transport, stated
+  d.inter_node_bandwidth = 1 * GB;
+  d.intra_node_latency = 2e-6;
+  d.inter_node_latency = 20e-6;
+  d.runtime_overhead_bytes = 0;
+  d.default_gpus_per_node = cores;
+  return d;
+}
+
+DeviceSpec device_preset(const std::string& name) {
+  std::string key = lower(name);
+  if (key == "h100-sxm" || key == "h100-80gb") key = "h100";
+  if (key == "h200-sxm" || key == "h200-141gb") key = "h200";
+  if (key == "cpu") return device_detect_cpu();
+  for (const auto& d : gpu_presets())
+    if (d.name == key) return d;
+  throw InputError(fmt::format("unknown device '{}'; valid devices: {} (or a cluster JSON file)",
+                               name, fmt::join(device_preset_names(), ", ")));
+}
+
+void to_json(nlohmann::json& j, const DeviceSpec& d) {
+  j = nlohmann::json{{"name", d.name},
+                     {"kind", d.kind == DeviceKind::cpu ? "cpu" : "gpu"},
+                     {"memory_bytes", d.memory_bytes},
+                     {"peak_bf16_flops", d.peak_bf16_flops},
+                     {"peak_fp32_flops", d.peak_fp32_flops},
+                     {"memory_bandwidth", d.memory_bandwidth},
+                     {"intra_node_bandwidth", d.intra_node_bandwidth},
+                     {"inter_node_bandwidth", d.inter_node_bandwidth},
+                     {"intra_node_latency", d.intra_node_latency},
+                     {"inter_node_latency", d.inter_node_latency},
+                     {"sm_count", d.sm_count},
+                     {"runtime_overhead_bytes", d.runtime_overhead_bytes},
+                     {"default_gpus_per_node", d.default_gpus_per_node}};
+}
+
+void from_json(const nlohmann::json& j, DeviceSpec& d) {
+  if (!j.is_object()) throw InputError("device: expected a JSON object");
+  if (j.contains("preset")) {
+    if (!j["preset"].is_string()) throw InputError("device: 'preset' must be a device name");
+    d = device_preset(j["preset"].get<std::string>());
+  } else if (!j.contains("memory_bytes") || !j.contains("peak_bf16_flops")) {
+    throw InputError("device: give either \"preset\": NAME or at least \"memory_bytes\" and "
+                     "\"peak_bf16_flops\"");
+  }
+  auto num = [&](const char* key, auto& field) {
+    if (!j.contains(key)) return;
+    if (!j[key].is_number())
+      throw InputError(fmt::format("device: field '{}' must be a number, got {}", key,
+                                   j[key].dump()));
+    using T = std::decay_t<decltype(field)>;
+    field = j[key].get<T>();
+    if (field <= 0)
+      throw InputError(fmt::format("device: field '{}'={} must be positive", key, j[key].dump()));
+  };
+  if (j.contains("name")) d.name = j["name"].get<std::string>();
+  if (j.contains("kind")) d.kind = j["kind"] == "cpu" ? DeviceKind::cpu : DeviceKind::gpu;
+  num("memory_bytes", d.memory_bytes);
+  num("peak_bf16_flops", d.peak_bf16_flops);
+  num("peak_fp32_flops", d.peak_fp32_flops);
+  num("memory_bandwidth", d.memory_bandwidth);
+  num("intra_node_bandwidth", d.intra_node_bandwidth);
+  num("inter_node_bandwidth", d.inter_node_bandwidth);
+  num("intra_node_latency", d.intra_node_latency);
+  num("inter_node_latency", d.inter_node_latency);
+  num("sm_count", d.sm_count);
+  num("default_gpus_per_node", d.default_gpus_per_node);
+  if (j.contains("runtime_overhead_bytes")) d.runtime_overhead_bytes = j["runtime_overhead_bytes"];
+  if (d.name.empty()) d.name = "custom";
+  if (d.peak_fp32_flops <= 0) d.peak_fp32_flops = d.peak_bf16_flops;
+  for (auto [field, v] : {std::pair{"memory_bandwidth", d.memory_bandwidth},
+                          {"intra_node_bandwidth", d.intra_node_bandwidth},
+                          {"inter_node_bandwidth", d.inter_node_bandwidth}})
+    if (v <= 0) throw InputError(fmt::format("device '{}': missing field '{}'", d.name, field));
+}
+
+void to_json(nlohmann::json& j, const ClusterSpec& c) {
+  j = nlohmann::json{{"device", c.device}, {"gpus", c.gpus}, {"gpus_per_node", c.gpus_per_node}};
+}
+
+ClusterSpec cluster_resolve(const std::string& gpu, int64_t gpus, int64_t gpus_per_node) {
+  ClusterSpec c;
+  int64_t file_gpus = 0, file_gpn = 0;
+  if (gpu.ends_with(".json")) {
+    const auto j = json_read_file(gpu, "cluster file");
+    if (!j.is_object() || !j.contains("device"))
+      throw InputError(fmt::format("cluster file '{}': expected {{\"device\": {{...}}, \"gpus\": N, "
+                                   "\"gpus_per_node\": G}}",
+                                   gpu));
+    try {
+      c.device = j["device"].get<DeviceSpec>();
+      if (j.contains("gpus")) file_gpus = j["gpus"].get<int64_t>();
+      if (j.contains("gpus_per_node")) file_gpn = j["gpus_per_node"].get<int64_t>();
+    } catch (const nlohmann::json::exception& e) {
+      throw InputError(fmt::format("cluster file '{}': {}", gpu, e.what()));
+    } catch (const InputError& e) {
+      throw InputError(fmt::format("cluster file '{}': {}", gpu, e.what()));
+    }
+  } else {
+    c.device = device_preset(gpu);
+  }
+  c.gpus = gpus > 0 ? gpus : (file_gpus > 0 ? file_gpus : gpus);
+  if (gpus == 0 && file_gpus == 0) c.gpus = 1;
+  if (gpus < 0) c.gpus = gpus;  // validate() names the bad value
+  c.gpus_per_node = gpus_per_node != 0 ? gpus_per_node
+                    : file_gpn > 0     ? file_gpn
+                                       : c.device.default_gpus_per_node;
+  c.validate();
+  return c;
+}
+
+}  // namespace weft

@@ -1,0 +1,63 @@
+// DeviceSpec and ClusterSpec: what one accelerator (or the CPU) can do and how
+// the devices of a cluster are connected. Presets carry datasheet numbers.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace weft {
+
+enum class DeviceKind { gpu, cpu };
+
+struct DeviceSpec {
+  std::string name;
+  DeviceKind kind = DeviceKind::gpu;
+  int64_t memory_bytes = 0;          // total device memory
+  double peak_bf16_flops = 0;        // dense tensor-core bf16 FLOP/s
+  double peak_fp32_flops = 0;        // dense fp32 FLOP/s (the peak used on CPU)
+  double memory_bandwidth = 0;       // HBM (or DRAM) bytes/s
+  double intra_node_bandwidth = 0;   // NVLink bytes/s per GPU, one direction
+  double inter_node_bandwidth = 0;   // network bytes/s per GPU, one direction
+  double intra_node_latency = 0;     // seconds per collective hop inside a node
+  double inter_node_latency = 0;     // seconds per collective hop across nodes
+  int64_t sm_count = 0;              // streaming multiprocessors (cores on CPU)
+  int64_t runtime_overhead_bytes = 0;  // CUDA context, library handles; stated, not measured
+  int64_t default_gpus_per_node = 8;
+
+  // The peak that MFU is measured against for a precision ("bf16"/"fp32").
+  double peak_flops(const std::string& precision) const;
+  std::string summary() const;
+};
+
+struct ClusterSpec {
+  DeviceSpec device;
+  int64_t gpus = 1;           // world size
+  int64_t gpus_per_node = 8;  // devices sharing the fast intra-node link
+
+  int64_t nodes() const { return (gpus + gpus_per_node - 1) / gpus_per_node; }
+  // Throws InputError naming the values when gpus or gpus_per_node are invalid.
+  void validate() const;
+  std::string summary() const;
+};
+
+std::vector<std::string> device_preset_names();
+// A preset by name (case-insensitive, "h100-sxm" accepted for "h100");
+// InputError listing the valid names otherwise. "cpu" describes this machine.
+DeviceSpec device_preset(const std::string& name);
+// This machine's CPU: cores, and a peak from the vector width and clock.
+DeviceSpec device_detect_cpu();
+
+// --gpu NAME|FILE.json --gpus N --gpus-per-node G. A JSON file describes a
+// custom cluster: {"device": {"preset": "h100", ...overrides} or full fields,
+// "gpus": N, "gpus_per_node": G}; explicit CLI values override the file.
+// gpus_per_node <= 0 means the device's default.
+ClusterSpec cluster_resolve(const std::string& gpu, int64_t gpus, int64_t gpus_per_node);
+
+void to_json(nlohmann::json& j, const DeviceSpec& d);
+void from_json(const nlohmann::json& j, DeviceSpec& d);
+void to_json(nlohmann::json& j, const ClusterSpec& c);
+
+}  // namespace weft

@@ -1,0 +1,62 @@
+#include "core/json_io.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace weft {
+
+nlohmann::json json_read_file(const std::string& path, const std::string& what) {
+  std::ifstream in(path);
+  if (!in)
+    throw InputError(fmt::format("cannot open {} '{}': {}", what, path, std::strerror(errno)));
+  std::stringstream buf;
+  buf << in.rdbuf();
+  const std::string text = buf.str();
+  if (text.find_first_not_of(" \t\r\n") == std::string::npos)
+    throw FileFormatError(fmt::format("{} '{}' is empty", what, path));
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw FileFormatError(fmt::format("{} '{}' is not valid JSON (byte {}): {}", what, path,
+                                      e.byte, e.what()));
+  }
+}
+
+void file_write_atomic(const std::string& path, const std::string& content) {
+  namespace fs = std::filesystem;
+  const fs::path target(path);
+  if (target.has_parent_path()) fs::create_directories(target.parent_path());
+  const fs::path tmp = target.string() + fmt::format(".tmp.{}", ::getpid());
+  {
+    std::FILE* f = std::fopen(tmp.c_str(), "wb");
+    if (!f)
+      throw InputError(fmt::format("cannot write '{}': {}", tmp.string(), std::strerror(errno)));
+    const size_t n = std::fwrite(content.data(), 1, content.size(), f);
+    const bool ok = n == content.size() && std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
+    const int err = errno;
+    std::fclose(f);
+    if (!ok) {
+      std::error_code ec;
+      fs::remove(tmp, ec);
+      throw InputError(fmt::format("cannot write '{}': {}", tmp.string(), std::strerror(err)));
+    }
+  }
+  std::error_code ec;
+  fs::rename(tmp, target, ec);
+  if (ec) {
+    fs::remove(tmp, ec);
+    throw InputError(fmt::format("cannot rename into '{}': {}", path, ec.message()));
+  }
+}
+
+}  // namespace weft

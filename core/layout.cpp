@@ -1,0 +1,179 @@
+#include "core/layout.h"
+
+#include <charconv>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace weft {
+
+const char* to_string(Checkpointing c) {
+  switch (c) {
+    case Checkpointing::none: return "none";
+    case Checkpointing::selective: return "selective";
+    case Checkpointing::ffn: return "ffn";
+    case Checkpointing::full: return "full";
+  }
+  return "?";
+}
+const char* to_string(AttentionKind a) { return a == AttentionKind::flash ? "flash" : "materialized"; }
+const char* to_string(NormKind n) { return n == NormKind::fused ? "fused" : "unfused"; }
+
+Checkpointing checkpointing_parse(const std::string& s) {
+  for (auto c : {Checkpointing::none, Checkpointing::selective, Checkpointing::ffn,
+                 Checkpointing::full})
+    if (s == to_string(c)) return c;
+  throw InputError(fmt::format("unknown checkpointing mode '{}'; valid: none, selective, ffn, full "
+                               "(full@K for the first K layers of each stage)",
+                               s));
+}
+AttentionKind attention_parse(const std::string& s) {
+  if (s == "flash") return AttentionKind::flash;
+  if (s == "materialized") return AttentionKind::materialized;
+  throw InputError(fmt::format("unknown attention kind '{}'; valid: flash, materialized", s));
+}
+NormKind norm_parse(const std::string& s) {
+  if (s == "fused") return NormKind::fused;
+  if (s == "unfused") return NormKind::unfused;
+  throw InputError(fmt::format("unknown norm kind '{}'; valid: fused, unfused", s));
+}
+
+int64_t Layout::checkpointed_layers(const ModelSpec& m) const {
+  if (ckpt == Checkpointing::none) return 0;
+  const int64_t n = stage_layers(m);
+  return ckpt_layers > 0 && ckpt_layers < n ? ckpt_layers : n;
+}
+
+std::string Layout::to_string() const {
+  std::string ck = weft::to_string(ckpt);
+  if (ckpt != Checkpointing::none && ckpt_layers > 0) ck += fmt::format("@{}", ckpt_layers);
+  return fmt::format("tp{}-pp{}-dp{}-mb{}-vpp{}-{}-ckpt:{}-attn:{}-norm:{}-zero{}", tp, pp, dp, mb,
+                     vpp, sp ? "sp" : "nosp", ck, weft::to_string(attention),
+                     weft::to_string(norm), zero);
+}
+
+namespace {
+
+int64_t parse_count(const std::string& field, const std::string& digits) {
+  int64_t v = 0;
+  const char* end = digits.data() + digits.size();
+  auto [p, ec] = std::from_chars(digits.data(), end, v);
+  if (digits.empty() || ec != std::errc() || p != end)
+    throw InputError(fmt::format("layout field '{}': '{}' is not a whole number", field, digits));
+  return v;
+}
+
+}  // namespace
+
+Layout Layout::parse(const std::string& text) {
+  if (text.empty())
+    throw InputError("empty layout; expected e.g. tp2-pp2-dp1-mb1-vpp1-sp-ckpt:none-attn:flash-"
+                     "norm:fused-zero0");
+  Layout l;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find('-', start);
+    if (end == std::string::npos) end = text.size();
+    const std::string tok = text.substr(start, end - start);
+    start = end + 1;
+    auto after = [&](size_t n) { return tok.substr(n); };
+    if (tok.rfind("ckpt:", 0) == 0) {
+      std::string mode = after(5);
+      const auto at = mode.find('@');
+      if (at != std::string::npos) {
+        l.ckpt_layers = parse_count(tok, mode.substr(at + 1));
+        mode = mode.substr(0, at);
+      }
+      l.ckpt = checkpointing_parse(mode);
+    } else if (tok.rfind("attn:", 0) == 0) {
+      l.attention = attention_parse(after(5));
+    } else if (tok.rfind("norm:", 0) == 0) {
+      l.norm = norm_parse(after(5));
+    } else if (tok == "sp") {
+      l.sp = true;
+    } else if (tok == "nosp") {
+      l.sp = false;
+    } else if (tok.rfind("zero", 0) == 0) {
+      l.zero = parse_count(tok, after(4));
+    } else if (tok.rfind("vpp", 0) == 0) {
+      l.vpp = parse_count(tok, after(3));
+    } else if (tok.rfind("tp", 0) == 0) {
+      l.tp = parse_count(tok, after(2));
+    } else if (tok.rfind("pp", 0) == 0) {
+      l.pp = parse_count(tok, after(2));
+    } else if (tok.rfind("dp", 0) == 0) {
+      l.dp = parse_count(tok, after(2));
+    } else if (tok.rfind("mb", 0) == 0) {
+      l.mb = parse_count(tok, after(2));
+    } else {
+      throw InputError(fmt::format(
+          "layout '{}': unknown field '{}'; fields are tpN, ppN, dpN, mbN, vppN, sp|nosp, "
+          "ckpt:none|selective|ffn|full[@K], attn:flash|materialized, norm:fused|unfused, zeroN",
+          text, tok));
+    }
+    if (end == text.size()) break;
+  }
+  return l;
+}
+
+std::vector<std::string> Layout::violations(const ModelSpec& m, const RunSpec& run,
+                                            int64_t world) const {
+  std::vector<std::string> v;
+  for (auto [name, x] : {std::pair{"tp", tp}, {"pp", pp}, {"dp", dp}, {"mb", mb}, {"vpp", vpp}})
+    if (x < 1) v.push_back(fmt::format("{}={} must be at least 1", name, x));
+  if (!v.empty()) return v;
+  if (tp * pp * dp != world)
+    v.push_back(fmt::format("tp*pp*dp = {}*{}*{} = {} must equal the world size {}", tp, pp, dp,
+                            tp * pp * dp, world));
+  if (m.heads % tp != 0)
+    v.push_back(fmt::format("heads H={} must be divisible by tp={}", m.heads, tp));
+  if (m.kv_heads % tp != 0)
+    v.push_back(fmt::format("kv heads H_kv={} must be divisible by tp={}", m.kv_heads, tp));
+  if (m.intermediate % tp != 0)
+    v.push_back(fmt::format("intermediate F={} must be divisible by tp={}", m.intermediate, tp));
+  if (m.vocab % tp != 0)
+    v.push_back(fmt::format("vocab V={} must be divisible by tp={} for the vocab-parallel "
+                            "embedding and loss (use --vocab to pad it)",
+                            m.vocab, tp));
+  if (m.layers % (pp * vpp) != 0)
+    v.push_back(fmt::format("layers L={} must be divisible by pp*vpp = {}*{} = {}", m.layers, pp,
+                            vpp, pp * vpp));
+  if (run.global_batch % (mb * dp) != 0)
+    v.push_back(fmt::format("global batch {} must be divisible by mb*dp = {}*{} = {}",
+                            run.global_batch, mb, dp, mb * dp));
+  if (sp && tp == 1) v.push_back("sequence parallelism (sp) needs tp > 1, got tp=1");
+  if (sp && run.seq % tp != 0)
+    v.push_back(fmt::format("sequence parallelism shards seq T={} by tp={}: T must be divisible",
+                            run.seq, tp));
+  if (vpp > 1 && pp == 1) v.push_back(fmt::format("vpp={} needs pp > 1, got pp=1", vpp));
+  if (vpp > 1 && run.global_batch % (mb * dp) == 0 && micro_batches(run) % pp != 0)
+    v.push_back(fmt::format("interleaved 1F1B (vpp={}) needs the micro-batch count {} "
+                            "(global batch {} / (mb {} * dp {})) divisible by pp={}",
+                            vpp, micro_batches(run), run.global_batch, mb, dp, pp));
+  if (ckpt_layers < 0) v.push_back(fmt::format("ckpt@{} must not be negative", ckpt_layers));
+  if (ckpt == Checkpointing::none && ckpt_layers > 0)
+    v.push_back(fmt::format("ckpt:none@{} names layers but no checkpointing mode", ckpt_layers));
+  if (ckpt_layers > 0 && m.layers % pp == 0 && ckpt_layers > stage_layers(m))
+    v.push_back(fmt::format("ckpt@{} exceeds the {} layers of a pipeline stage (L={} / pp={})",
+                            ckpt_layers, stage_layers(m), m.layers, pp));
+  if (zero < 0 || zero > 3) v.push_back(fmt::format("zero={} must be 0, 1, 2 or 3", zero));
+  return v;
+}
+
+void Layout::validate(const ModelSpec& m, const RunSpec& run, int64_t world) const {
+  const auto v = violations(m, run, world);
+  if (!v.empty())
+    throw LayoutError(fmt::format("layout {} is invalid for {} on {} rank{}: {}", to_string(),
+                                  m.name, world, world == 1 ? "" : "s", fmt::join(v, "; ")));
+}
+
+void to_json(nlohmann::json& j, const Layout& l) { j = l.to_string(); }
+
+void from_json(const nlohmann::json& j, Layout& l) {
+  if (!j.is_string()) throw InputError("layout: expected its text form, e.g. \"tp2-pp1-dp4-mb1\"");
+  l = Layout::parse(j.get<std::string>());
+}
+
+}  // namespace weft

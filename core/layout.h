@@ -1,0 +1,68 @@
+// Layout: how one run is laid out over the devices, and its one canonical
+// text form, e.g. "tp2-pp4-dp8-mb1-vpp1-sp-ckpt:none-attn:flash-norm:fused-zero1".
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "core/model_spec.h"
+#include "core/run_spec.h"
+
+namespace weft {
+
+// What the backward pass recomputes instead of keeping from the forward:
+// selective: the attention core (scores, softmax, attention output);
+// ffn: the MLP (post-attention norm, gate/up projections and SwiGLU);
+// full: the whole block from its input.
+enum class Checkpointing { none, selective, ffn, full };
+enum class AttentionKind { flash, materialized };
+enum class NormKind { fused, unfused };
+
+struct Layout {
+  int64_t tp = 1;   // tensor-parallel degree
+  int64_t pp = 1;   // pipeline stages
+  int64_t dp = 1;   // data-parallel replicas
+  int64_t mb = 1;   // micro-batch size in sequences
+  int64_t vpp = 1;  // virtual pipeline chunks per stage (interleaved 1F1B when > 1)
+  bool sp = false;  // sequence parallelism of the norm regions (needs tp > 1)
+  Checkpointing ckpt = Checkpointing::none;
+  int64_t ckpt_layers = 0;  // 0: every layer of a stage; k > 0: the first k of each stage
+  AttentionKind attention = AttentionKind::flash;
+  NormKind norm = NormKind::fused;
+  int64_t zero = 0;  // ZeRO stage 0-3 over the dp axis
+
+  int64_t world() const { return tp * pp * dp; }
+  // Micro-batches per optimizer step on each dp replica (gradient accumulation).
+  int64_t micro_batches(const RunSpec& run) const { return run.global_batch / (mb * dp); }
+  // Layers held by one pipeline stage.
+  int64_t stage_layers(const ModelSpec& m) const { return m.layers / pp; }
+  // Layers of a stage that use the checkpointing mode (the rest keep everything).
+  int64_t checkpointed_layers(const ModelSpec& m) const;
+
+  std::string to_string() const;
+  // Parses the text form; fields may come in any order and missing ones take
+  // the defaults above. InputError names an unknown or malformed field.
+  static Layout parse(const std::string& text);
+
+  // Every rule this layout breaks for (model, run, world), each with its values.
+  std::vector<std::string> violations(const ModelSpec& m, const RunSpec& run, int64_t world) const;
+  // Throws LayoutError listing every violation.
+  void validate(const ModelSpec& m, const RunSpec& run, int64_t world) const;
+
+  bool operator==(const Layout&) const = default;
+};
+
+const char* to_string(Checkpointing c);
+const char* to_string(AttentionKind a);
+const char* to_string(NormKind n);
+Checkpointing checkpointing_parse(const std::string& s);
+AttentionKind attention_parse(const std::string& s);
+NormKind norm_parse(const std::string& s);
+
+void to_json(nlohmann::json& j, const Layout& l);
+void from_json(const nlohmann::json& j, Layout& l);
+
+}  // namespace weft

@@ -1,0 +1,259 @@
+#include "core/model_spec.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/json_io.h"
+
+namespace weft {
+
+int64_t ModelSpec::block_params() const {
+  const int64_t q = hidden * heads * head_dim;
+  const int64_t kv = 2 * hidden * kv_heads * head_dim;
+  const int64_t o = heads * head_dim * hidden;
+  const int64_t mlp = 3 * hidden * intermediate;
+  const int64_t norms = 2 * hidden;
+  return q + kv + o + mlp + norms;
+}
+
+int64_t ModelSpec::param_count() const {
+  return embedding_params() + layers * block_params() + hidden + head_params();
+}
+
+int64_t ModelSpec::flop_params() const {
+  return layers * block_params() + hidden + vocab * hidden;
+}
+
+void ModelSpec::validate() const {
+  std::vector<std::string> bad;
+  auto positive = [&](const char* field, int64_t v) {
+    if (v <= 0) bad.push_back(fmt::format("{}={} must be positive", field, v));
+  };
+  positive("vocab", vocab);
+  positive("hidden", hidden);
+  positive("intermediate", intermediate);
+  positive("layers", layers);
+  positive("heads", heads);
+  positive("kv_heads", kv_heads);
+  positive("head_dim", head_dim);
+  if (heads > 0 && kv_heads > 0 && heads % kv_heads != 0)
+    bad.push_back(fmt::format("heads={} must be a multiple of kv_heads={}", heads, kv_heads));
+  if (head_dim > 0 && head_dim % 2 != 0)
+    bad.push_back(fmt::format("head_dim={} must be even for rotary embeddings", head_dim));
+  if (!(rope_theta > 0)) bad.push_back(fmt::format("rope_theta={} must be positive", rope_theta));
+  if (!(norm_eps > 0)) bad.push_back(fmt::format("norm_eps={} must be positive", norm_eps));
+  if (!bad.empty())
+    throw InputError(fmt::format("model '{}': {}", name, fmt::join(bad, "; ")));
+}
+
+std::string ModelSpec::hash() const {
+  // FNV-1a over the canonical architecture text: stable across platforms.
+  const std::string text = fmt::format("V{}C{}F{}L{}H{}K{}D{}r{:.17g}e{:.17g}t{}", vocab, hidden,
+                                       intermediate, layers, heads, kv_heads, head_dim,
+                                       rope_theta, norm_eps, tied_embeddings ? 1 : 0);
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return fmt::format("{:016x}", h);
+}
+
+std::string ModelSpec::summary() const {
+  const double n = static_cast<double>(param_count());
+  const std::string size = n >= 1e9 ? fmt::format("{:.2f}B", n / 1e9)
+                           : n >= 1e6 ? fmt::format("{:.2f}M", n / 1e6)
+                                      : fmt::format("{:.1f}K", n / 1e3);
+  return fmt::format("{} ({} params: V={} C={} F={} L={} H={} H_kv={} D={}{})", name, size, vocab,
+                     hidden, intermediate, layers, heads, kv_heads, head_dim,
+                     tied_embeddings ? " tied" : "");
+}
+
+namespace {
+
+struct Preset {
+  const char* name;
+  int64_t V, C, F, L, H, H_kv, D;
+  double theta, eps;
+  bool tied;
+  int64_t max_seq;
+};
+
+// Values from each model's published Hugging Face config.json. The tiny
+// presets are weft's own, sized for tests and the CPU default run.
+constexpr Preset kPresets[] = {
+    {"llama-7b", 32000, 4096, 11008, 32, 32, 32, 128, 1e4, 1e-6, false, 2048},
+    {"llama-13b", 32000, 5120, 13824, 40, 40, 40, 128, 1e4, 1e-6, false, 2048},
+    {"llama-30b", 32000, 6656, 17920, 60, 52, 52, 128, 1e4, 1e-6, false, 2048},
+    {"llama-65b", 32000, 8192, 22016, 80, 64, 64, 128, 1e4, 1e-5, false, 2048},
+    {"llama2-7b", 32000, 4096, 11008, 32, 32, 32, 128, 1e4, 1e-5, false, 4096},
+    {"llama2-13b", 32000, 5120, 13824, 40, 40, 40, 128, 1e4, 1e-5, false, 4096},
+    {"llama2-70b", 32000, 8192, 28672, 80, 64, 8, 128, 1e4, 1e-5, false, 4096},
+    {"llama3-8b", 128256, 4096, 14336, 32, 32, 8, 128, 5e5, 1e-5, false, 8192},
+    {"llama3-70b", 128256, 8192, 28672, 80, 64, 8, 128, 5e5, 1e-5, false, 8192},
+    {"llama3.2-1b", 128256, 2048, 8192, 16, 32, 8, 64, 5e5, 1e-5, true, 131072},
+    // Byte-level vocabulary; the default model of `weft train` on a CPU.
+    {"tiny", 256, 128, 352, 4, 4, 2, 32, 1e4, 1e-5, false, 1024},
+    // Smallest useful shapes for unit and multi-rank tests (GQA 4:2, 8 layers
+    // so that pp up to 4 with vpp 2 divides them).
+    {"tiny-test", 96, 32, 80, 8, 4, 2, 8, 1e4, 1e-5, false, 256},
+    // The same with tied embeddings.
+    {"tiny-tied", 96, 32, 80, 4, 4, 4, 8, 1e4, 1e-5, true, 256},
+    // The CPU benchmark model: 6 layers, C=512.
+    {"small", 256, 512, 1376, 6, 8, 8, 64, 1e4, 1e-5, false, 2048},
+};
+
+}  // namespace
+
+std::vector<std::string> model_preset_names() {
+  std::vector<std::string> names;
+  for (const auto& p : kPresets) names.emplace_back(p.name);
+  return names;
+}
+
+ModelSpec model_preset(const std::string& name) {
+  for (const auto& p : kPresets) {
+    if (name == p.name) {
+      ModelSpec m;
+      m.name = p.name;
+      m.vocab = p.V;
+      m.hidden = p.C;
+      m.intermediate = p.F;
+      m.layers = p.L;
+      m.heads = p.H;
+      m.kv_heads = p.H_kv;
+      m.head_dim = p.D;
+      m.rope_theta = p.theta;
+      m.norm_eps = p.eps;
+      m.tied_embeddings = p.tied;
+      m.max_seq = p.max_seq;
+      return m;
+    }
+  }
+  throw InputError(fmt::format("unknown model preset '{}'; valid presets: {} (or a path to a "
+                               "Hugging Face config.json)",
+                               name, fmt::join(model_preset_names(), ", ")));
+}
+
+namespace {
+
+int64_t require_int(const nlohmann::json& j, const char* key, const std::string& origin) {
+  if (!j.contains(key))
+    throw InputError(fmt::format("{}: missing field '{}' (LlamaForCausalLM config)", origin, key));
+  const auto& v = j.at(key);
+  if (!v.is_number_integer())
+    throw InputError(fmt::format("{}: field '{}' must be an integer, got {}", origin, key, v.dump()));
+  const int64_t x = v.get<int64_t>();
+  if (x <= 0)
+    throw InputError(fmt::format("{}: field '{}'={} must be positive", origin, key, x));
+  return x;
+}
+
+}  // namespace
+
+ModelSpec model_from_hf_config_json(const nlohmann::json& j, const std::string& origin) {
+  if (!j.is_object()) throw InputError(fmt::format("{}: expected a JSON object", origin));
+  if (j.contains("model_type") && j["model_type"].is_string() && j["model_type"] != "llama")
+    throw InputError(fmt::format("{}: model_type '{}' is not supported; weft trains 'llama'",
+                                 origin, j["model_type"].get<std::string>()));
+  ModelSpec m;
+  m.name = std::filesystem::path(origin).parent_path().filename().string();
+  if (m.name.empty()) m.name = "hf-config";
+  m.vocab = require_int(j, "vocab_size", origin);
+  m.hidden = require_int(j, "hidden_size", origin);
+  m.intermediate = require_int(j, "intermediate_size", origin);
+  m.layers = require_int(j, "num_hidden_layers", origin);
+  m.heads = require_int(j, "num_attention_heads", origin);
+  m.kv_heads = j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null()
+                   ? require_int(j, "num_key_value_heads", origin)
+                   : m.heads;
+  if (j.contains("head_dim") && !j["head_dim"].is_null()) {
+    m.head_dim = require_int(j, "head_dim", origin);
+  } else {
+    if (m.hidden % m.heads != 0)
+      throw InputError(fmt::format("{}: hidden_size={} is not divisible by num_attention_heads={} "
+                                   "and no head_dim is given",
+                                   origin, m.hidden, m.heads));
+    m.head_dim = m.hidden / m.heads;
+  }
+  auto number = [&](const char* key, double fallback) {
+    if (!j.contains(key) || j[key].is_null()) return fallback;
+    if (!j[key].is_number())
+      throw InputError(fmt::format("{}: field '{}' must be a number, got {}", origin, key,
+                                   j[key].dump()));
+    return j[key].get<double>();
+  };
+  m.rope_theta = number("rope_theta", 10000.0);
+  m.norm_eps = number("rms_norm_eps", 1e-6);
+  m.max_seq = j.contains("max_position_embeddings") ? require_int(j, "max_position_embeddings", origin)
+                                                    : 2048;
+  if (j.contains("tie_word_embeddings")) {
+    if (!j["tie_word_embeddings"].is_boolean())
+      throw InputError(fmt::format("{}: field 'tie_word_embeddings' must be true or false", origin));
+    m.tied_embeddings = j["tie_word_embeddings"].get<bool>();
+  }
+  if (j.contains("hidden_act") && j["hidden_act"] != "silu")
+    throw InputError(fmt::format("{}: hidden_act {} is not supported; Llama uses \"silu\"", origin,
+                                 j["hidden_act"].dump()));
+  m.validate();
+  return m;
+}
+
+ModelSpec model_from_hf_config(const std::string& path) {
+  return model_from_hf_config_json(json_read_file(path, "model config"), path);
+}
+
+ModelSpec model_resolve(const std::string& name_or_path) {
+  namespace fs = std::filesystem;
+  if (name_or_path.ends_with(".json") || fs::exists(name_or_path)) {
+    fs::path p(name_or_path);
+    if (fs::is_directory(p)) p /= "config.json";
+    return model_from_hf_config(p.string());
+  }
+  return model_preset(name_or_path);
+}
+
+void to_json(nlohmann::json& j, const ModelSpec& m) {
+  j = nlohmann::json{{"name", m.name},
+                     {"vocab", m.vocab},
+                     {"hidden", m.hidden},
+                     {"intermediate", m.intermediate},
+                     {"layers", m.layers},
+                     {"heads", m.heads},
+                     {"kv_heads", m.kv_heads},
+                     {"head_dim", m.head_dim},
+                     {"rope_theta", m.rope_theta},
+                     {"norm_eps", m.norm_eps},
+                     {"tied_embeddings", m.tied_embeddings},
+                     {"max_seq", m.max_seq},
+                     {"params", m.param_count()},
+                     {"hash", m.hash()}};
+}
+
+void from_json(const nlohmann::json& j, ModelSpec& m) {
+  const std::string origin = "model spec";
+  auto get_int = [&](const char* key) {
+    if (!j.contains(key) || !j[key].is_number_integer())
+      throw InputError(fmt::format("{}: missing or non-integer field '{}'", origin, key));
+    return j[key].get<int64_t>();
+  };
+  m.name = j.value("name", std::string("model"));
+  m.vocab = get_int("vocab");
+  m.hidden = get_int("hidden");
+  m.intermediate = get_int("intermediate");
+  m.layers = get_int("layers");
+  m.heads = get_int("heads");
+  m.kv_heads = get_int("kv_heads");
+  m.head_dim = get_int("head_dim");
+  m.rope_theta = j.value("rope_theta", 10000.0);
+  m.norm_eps = j.value("norm_eps", 1e-5);
+  m.tied_embeddings = j.value("tied_embeddings", false);
+  m.max_seq = j.value("max_seq", int64_t{2048});
+  m.validate();
+}
+
+}  // namespace weft

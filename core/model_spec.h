@@ -1,0 +1,62 @@
+// ModelSpec: the architecture of a Llama-family decoder, its presets, its exact
+// parameter count, and import from a Hugging Face config.json.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace weft {
+
+struct ModelSpec {
+  std::string name;
+  int64_t vocab = 0;         // V
+  int64_t hidden = 0;        // C
+  int64_t intermediate = 0;  // F, SwiGLU inner width
+  int64_t layers = 0;        // L
+  int64_t heads = 0;         // H
+  int64_t kv_heads = 0;      // H_kv (GQA when < H)
+  int64_t head_dim = 0;      // D; H * D need not equal C
+  double rope_theta = 10000.0;
+  double norm_eps = 1e-5;
+  bool tied_embeddings = false;
+  int64_t max_seq = 2048;    // max_position_embeddings, informational
+
+  // Parameters of one transformer block: q, k, v, o, gate, up, down, two norms.
+  int64_t block_params() const;
+  // Embedding table V x C.
+  int64_t embedding_params() const { return vocab * hidden; }
+  // LM head parameters stored separately (0 when tied to the embedding).
+  int64_t head_params() const { return tied_embeddings ? 0 : vocab * hidden; }
+  // Every stored parameter, counted once (tied weights once).
+  int64_t param_count() const;
+  // Parameters that take part in a matmul per token: every block weight, the
+  // final norm and the LM head (V x C, also when tied), but not the input
+  // embedding lookup. This is the N of MFU's 6N (see core/flops.h).
+  int64_t flop_params() const;
+
+  // Throws InputError naming each field that is zero/negative or inconsistent.
+  void validate() const;
+  // Stable 16-hex-digit hash of the architecture (not the name).
+  std::string hash() const;
+  // One-line summary, e.g. "llama2-7b (6.74B params: V=32000 C=4096 ...)".
+  std::string summary() const;
+};
+
+// Names of every preset, in a stable order.
+std::vector<std::string> model_preset_names();
+// A preset by name; InputError listing valid names when unknown.
+ModelSpec model_preset(const std::string& name);
+// Reads a Hugging Face LlamaForCausalLM config.json; InputError naming the
+// missing or invalid field.
+ModelSpec model_from_hf_config(const std::string& path);
+ModelSpec model_from_hf_config_json(const nlohmann::json& j, const std::string& origin);
+// A preset name or a path to a config.json.
+ModelSpec model_resolve(const std::string& name_or_path);
+
+void to_json(nlohmann::json& j, const ModelSpec& m);
+void from_json(const nlohmann::json& j, ModelSpec& m);
+
+}  // namespace weft

@@ -1,0 +1,56 @@
+#include "memory/estimate.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "core/units.h"
+
+namespace weft::memory {
+
+MemoryEstimate estimate(const ModelSpec& m, const RunSpec& run, const Layout& l,
+                        const DeviceSpec& device, const MemoryOptions& opt) {
+  MemoryEstimate e;
+  e.capacity = device.memory_bytes;
+  e.margin = opt.margin;
+  e.usable = static_cast<int64_t>(double(device.memory_bytes) * (1.0 - opt.margin));
+
+  std::vector<int64_t> stages;
+  if (opt.all_stages || l.pp <= 2) {
+    for (int64_t s = 0; s < l.pp; ++s) stages.push_back(s);
+  } else {
+    stages = {0, l.pp - 1};
+  }
+  e.stages.reserve(stages.size());
+  for (int64_t s : stages) {
+    const StagePlan plan = stage_plan(m, run, l, s);
+    StageMemory sm;
+    sm.stage = s;
+    sm.layers = plan.layers;
+    sm.in_flight_chunks = plan.in_flight_chunks;
+    sm.bytes = sum_by_category(stage_shapes(m, run, l, device, plan));
+    for (int64_t b : sm.bytes) sm.total += b;
+    e.stages.push_back(sm);
+  }
+  for (size_t i = 1; i < e.stages.size(); ++i)
+    if (e.stages[i].total > e.stages[size_t(e.worst)].total) e.worst = int64_t(i);
+
+  const StageMemory& w = e.worst_stage();
+  e.binding = Category(std::max_element(w.bytes.begin(), w.bytes.end()) - w.bytes.begin());
+  e.fits = w.total <= e.usable;
+  if (!e.fits) {
+    const int64_t big = w.bytes[size_t(e.binding)];
+    std::string detail;
+    if (e.binding == Category::activations)
+      detail = fmt::format(" ({} chunk-micro-batch{} of mb {} in flight, ckpt {})",
+                           w.in_flight_chunks, w.in_flight_chunks == 1 ? "" : "es", l.mb,
+                           to_string(l.ckpt));
+    e.reason = fmt::format("stage {} needs {} > {} usable ({:.0f}% of {}); largest: {} {}{}",
+                           w.stage, format_bytes(double(w.total)), format_bytes(double(e.usable)),
+                           100.0 * (1.0 - opt.margin), format_bytes(double(e.capacity)),
+                           to_string(e.binding), format_bytes(double(big)), detail);
+  }
+  return e;
+}
+
+}  // namespace weft::memory

@@ -1,0 +1,51 @@
+// The memory model: bytes per category on every pipeline stage of a layout,
+// the worst stage, and whether it fits the device with a stated margin.
+// Built by summing memory::stage_shapes, the same table the trainer allocates.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "memory/shapes.h"
+
+namespace weft::memory {
+
+struct MemoryOptions {
+  // Fraction of device memory kept free for allocator fragmentation and
+  // transient library allocations; a layout fits when its worst stage needs at
+  // most (1 - margin) of the device.
+  double margin = 0.05;
+  // Evaluate every stage (reports) or only the first and last, which bound all
+  // others: a middle stage holds no embedding/head and fewer micro-batches in
+  // flight than stage 0 (the tuner's fast path).
+  bool all_stages = false;
+};
+
+struct StageMemory {
+  int64_t stage = 0;
+  int64_t layers = 0;
+  int64_t in_flight_chunks = 0;
+  std::array<int64_t, kCategories> bytes{};
+  int64_t total = 0;
+};
+
+struct MemoryEstimate {
+  std::vector<StageMemory> stages;  // stage 0 first
+  int64_t worst = 0;                // index into stages
+  int64_t capacity = 0;             // device memory
+  int64_t usable = 0;               // capacity minus margin
+  double margin = 0;
+  bool fits = false;
+  Category binding = Category::activations;  // largest category of the worst stage
+  std::string reason;               // empty when it fits
+
+  const StageMemory& worst_stage() const { return stages[size_t(worst)]; }
+  int64_t peak() const { return worst_stage().total; }
+};
+
+MemoryEstimate estimate(const ModelSpec& m, const RunSpec& run, const Layout& l,
+                        const DeviceSpec& device, const MemoryOptions& opt = {});
+
+}  // namespace weft::memory

@@ -1,0 +1,245 @@
+#include "memory/shapes.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/pipeline_schedule.h"
+#include "core/units.h"
+
+namespace weft::memory {
+
+const char* to_string(Category c) {
+  switch (c) {
+    case Category::weights: return "weights";
+    case Category::grads: return "grads";
+    case Category::optimizer: return "optimizer";
+    case Category::activations: return "activations";
+    case Category::logits: return "logits";
+    case Category::workspace: return "workspace";
+    case Category::comm: return "comm";
+    case Category::overhead: return "overhead";
+  }
+  return "?";
+}
+
+namespace {
+
+constexpr int64_t kFp32 = 4;
+constexpr int64_t kInt32 = 4;
+// cuBLASLt workspace weft hands to every GEMM on a GPU (32 MiB is what cuBLAS
+// recommends for Hopper); CPU GEMMs need none.
+constexpr int64_t kGpuGemmWorkspace = 32 * MiB;
+
+struct Dims {
+  int64_t B, T, Tsp, C, Hl, Kl, D, Fl, Vl, a;
+};
+
+Dims dims(const ModelSpec& m, const RunSpec& run, const Layout& l) {
+  const int64_t t = l.tp;
+  return Dims{l.mb,           run.seq,          l.sp ? run.seq / t : run.seq,
+              m.hidden,       m.heads / t,      m.kv_heads / t,
+              m.head_dim,     m.intermediate / t, m.vocab / t,
+              run.compute_bytes()};
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Saved tensors of a block's norm: the fused kernel keeps its input and the
+// per-row 1/rms; the unfused composition also keeps the fp32 normalised x
+// (and, in bf16, the fp32 upcast of its input) for its separate backward ops.
+void norm_saved(const Dims& d, const Layout& l, const char* input, const char* rstd,
+                const char* normed, const char* upcast, std::vector<TensorShape>& out) {
+  out.push_back({input, Category::activations, d.B * d.Tsp * d.C, d.a, 1});
+  out.push_back({rstd, Category::activations, d.B * d.Tsp, kFp32, 1});
+  if (l.norm == NormKind::unfused) {
+    out.push_back({normed, Category::activations, d.B * d.Tsp * d.C, kFp32, 1});
+    if (d.a != kFp32) out.push_back({upcast, Category::activations, d.B * d.Tsp * d.C, kFp32, 1});
+  }
+}
+
+}  // namespace
+
+StagePlan stage_plan(const ModelSpec& m, const RunSpec& run, const Layout& l, int64_t stage) {
+  StagePlan p;
+  p.stage = stage;
+  p.layers = l.stage_layers(m);
+  p.checkpointed = l.checkpointed_layers(m);
+  p.in_flight_chunks = pipeline_max_in_flight(l.pp, l.vpp, l.micro_batches(run), stage);
+  p.has_embedding = stage == 0;
+  p.has_head = stage == l.pp - 1;
+  return p;
+}
+
+void block_param_shapes(const ModelSpec& m, const Layout& l, std::vector<TensorShape>& out) {
+  const int64_t t = l.tp, C = m.hidden, D = m.head_dim;
+  const int64_t Hl = m.heads / t, Kl = m.kv_heads / t, Fl = m.intermediate / t;
+  out.push_back({"layer.attn_norm.weight", Category::weights, C, 0, 1});
+  out.push_back({"layer.attn.q_proj", Category::weights, Hl * D * C, 0, 1});
+  out.push_back({"layer.attn.k_proj", Category::weights, Kl * D * C, 0, 1});
+  out.push_back({"layer.attn.v_proj", Category::weights, Kl * D * C, 0, 1});
+  out.push_back({"layer.attn.o_proj", Category::weights, C * Hl * D, 0, 1});
+  out.push_back({"layer.mlp_norm.weight", Category::weights, C, 0, 1});
+  out.push_back({"layer.mlp.gate_proj", Category::weights, Fl * C, 0, 1});
+  out.push_back({"layer.mlp.up_proj", Category::weights, Fl * C, 0, 1});
+  out.push_back({"layer.mlp.down_proj", Category::weights, C * Fl, 0, 1});
+}
+
+namespace {
+
+int64_t block_param_elements(const ModelSpec& m, const Layout& l) {
+  const int64_t t = l.tp, C = m.hidden, D = m.head_dim;
+  return 2 * C + (2 * (m.heads / t) + 2 * (m.kv_heads / t)) * D * C + 3 * (m.intermediate / t) * C;
+}
+
+}  // namespace
+
+int64_t stage_param_elements(const ModelSpec& m, const Layout& l, const StagePlan& plan) {
+  const int64_t table = (m.vocab / l.tp) * m.hidden;
+  int64_t n = plan.layers * block_param_elements(m, l);
+  if (plan.has_embedding) n += table;
+  if (plan.has_head) {
+    n += m.hidden;  // final norm
+    // A tied head shares the embedding table when both sit on one stage; on
+    // another stage it keeps its own copy whose gradient is all-reduced.
+    if (!(m.tied_embeddings && plan.has_embedding)) n += table;
+  }
+  return n;
+}
+
+void block_saved_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l,
+                        Checkpointing mode, std::vector<TensorShape>& out) {
+  const Dims d = dims(m, run, l);
+  const bool full = mode == Checkpointing::full;
+  // The block input doubles as the attention norm's input; every mode keeps it.
+  if (full) {
+    out.push_back({"layer.attn_norm.input", Category::activations, d.B * d.Tsp * d.C, d.a, 1});
+    return;
+  }
+  norm_saved(d, l, "layer.attn_norm.input", "layer.attn_norm.rstd", "layer.attn_norm.normed_fp32",
+             "layer.attn_norm.input_fp32", out);
+  out.push_back({"layer.attn_norm.output", Category::activations, d.B * d.Tsp * d.C, d.a, 1});
+  // q and k after RoPE, v: the inputs of the attention backward.
+  out.push_back({"layer.attn.q", Category::activations, d.B * d.T * d.Hl * d.D, d.a, 1});
+  out.push_back({"layer.attn.k", Category::activations, d.B * d.T * d.Kl * d.D, d.a, 1});
+  out.push_back({"layer.attn.v", Category::activations, d.B * d.T * d.Kl * d.D, d.a, 1});
+  if (mode != Checkpointing::selective) {
+    // The attention output feeds o_proj's weight gradient and the flash
+    // backward's rowsum(dO * O); flash keeps the log-sum-exp per row, the
+    // materialized variant the T x T probabilities.
+    out.push_back({"layer.attn.out", Category::activations, d.B * d.T * d.Hl * d.D, d.a, 1});
+    if (l.attention == AttentionKind::flash)
+      out.push_back({"layer.attn.lse", Category::activations, d.B * d.Hl * d.T, kFp32, 1});
+    else
+      out.push_back({"layer.attn.probs", Category::activations, d.B * d.Hl * d.T * d.T, d.a, 1});
+  }
+  if (mode == Checkpointing::ffn) {
+    out.push_back({"layer.mlp_norm.input", Category::activations, d.B * d.Tsp * d.C, d.a, 1});
+    return;
+  }
+  norm_saved(d, l, "layer.mlp_norm.input", "layer.mlp_norm.rstd", "layer.mlp_norm.normed_fp32",
+             "layer.mlp_norm.input_fp32", out);
+  out.push_back({"layer.mlp_norm.output", Category::activations, d.B * d.Tsp * d.C, d.a, 1});
+  out.push_back({"layer.mlp.gate", Category::activations, d.B * d.T * d.Fl, d.a, 1});
+  out.push_back({"layer.mlp.up", Category::activations, d.B * d.T * d.Fl, d.a, 1});
+  out.push_back({"layer.mlp.act", Category::activations, d.B * d.T * d.Fl, d.a, 1});
+}
+
+std::vector<TensorShape> stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l,
+                                      const DeviceSpec& device, const StagePlan& plan) {
+  std::vector<TensorShape> out;
+  out.reserve(48);
+  const Dims d = dims(m, run, l);
+  const bool bf16 = run.precision == Precision::bf16;
+
+  // Parameters live in flat buffers so that ZeRO can shard and gather them as
+  // one range; ZeRO-1 shards the optimizer state over dp, ZeRO-2 also the
+  // gradients, ZeRO-3 also the weights. In bf16 the weights are the bf16
+  // compute copy and the optimizer keeps an fp32 master; in fp32 the weights
+  // are the master.
+  const int64_t psi = stage_param_elements(m, l, plan);
+  const int64_t shard = ceil_div(psi, l.dp);
+  out.push_back({"weights.flat", Category::weights, l.zero >= 3 ? shard : psi, d.a, 1});
+  out.push_back({"grads.flat", Category::grads, l.zero >= 2 ? shard : psi, kFp32, 1});
+  const int64_t opt = l.zero >= 1 ? shard : psi;
+  if (bf16) out.push_back({"optimizer.master", Category::optimizer, opt, kFp32, 1});
+  out.push_back({"optimizer.adam_m", Category::optimizer, opt, kFp32, 1});
+  out.push_back({"optimizer.adam_v", Category::optimizer, opt, kFp32, 1});
+
+  // Saved activations. A chunk holds layers / vpp blocks; with ckpt@K the
+  // first K blocks of the stage use the mode (spread evenly over chunks).
+  const int64_t n_ckpt = plan.checkpointed, n_keep = plan.layers - n_ckpt;
+  const int64_t chunks = plan.in_flight_chunks;
+  std::vector<TensorShape> kept, ckpt;
+  block_saved_shapes(m, run, l, Checkpointing::none, kept);
+  if (n_ckpt > 0) block_saved_shapes(m, run, l, l.ckpt, ckpt);
+  for (const auto& t : kept) {
+    const bool in_ckpt = std::any_of(ckpt.begin(), ckpt.end(), [&](const TensorShape& c) {
+      return std::strcmp(c.name, t.name) == 0;
+    });
+    const int64_t saved_layers = n_keep + (in_ckpt ? n_ckpt : 0);
+    // One block's dropped tensors are rebuilt at a time during the backward.
+    const int64_t recompute = n_ckpt > 0 && !in_ckpt ? 1 : 0;
+    const int64_t count = ceil_div(chunks * saved_layers, l.vpp) + recompute;
+    if (count > 0) out.push_back({t.name, t.category, t.elements, t.element_bytes, count});
+  }
+  if (plan.has_embedding)
+    out.push_back({"embedding.tokens", Category::activations, d.B * d.T, kInt32, chunks});
+
+  if (plan.has_head) {
+    // The last virtual stage runs each micro-batch's backward right after its
+    // forward (pipeline_schedule), so one micro-batch of head state is live.
+    std::vector<TensorShape> fn;
+    norm_saved(d, l, "final_norm.input", "final_norm.rstd", "final_norm.normed_fp32",
+               "final_norm.input_fp32", fn);
+    fn.push_back({"final_norm.output", Category::activations, d.B * d.Tsp * d.C, d.a, 1});
+    out.insert(out.end(), fn.begin(), fn.end());
+    // Vocab-parallel loss: fp32 logits of this rank's vocab shard, overwritten
+    // in place by their gradient; per-token max and sum-exp for the reduction
+    // over tp; the loss per token and the targets.
+    out.push_back({"head.logits", Category::logits, d.B * d.T * d.Vl, kFp32, 1});
+    out.push_back({"loss.row_max", Category::logits, d.B * d.T, kFp32, 1});
+    out.push_back({"loss.row_sumexp", Category::logits, d.B * d.T, kFp32, 1});
+    out.push_back({"loss.per_token", Category::logits, d.B * d.T, kFp32, 1});
+    out.push_back({"loss.targets", Category::logits, d.B * d.T, kInt32, 1});
+  }
+
+  // Scratch of one block's forward and backward, reused by every block.
+  out.push_back({"scratch.d_residual", Category::workspace, d.B * d.Tsp * d.C, d.a, 2});
+  out.push_back({"scratch.d_norm", Category::workspace, d.B * d.T * d.C, d.a, 1});
+  out.push_back({"scratch.linear_out", Category::workspace, d.B * d.T * d.C, d.a, 1});
+  out.push_back({"scratch.d_qkv", Category::workspace, d.B * d.T * (d.Hl + 2 * d.Kl) * d.D, d.a, 1});
+  out.push_back({"scratch.d_attn_out", Category::workspace, d.B * d.T * d.Hl * d.D, d.a, 1});
+  out.push_back({"scratch.d_mlp", Category::workspace, d.B * d.T * d.Fl, d.a, 3});
+  if (l.attention == AttentionKind::flash)
+    out.push_back({"scratch.attn_delta", Category::workspace, d.B * d.Hl * d.T, kFp32, 1});
+  else
+    out.push_back({"scratch.d_probs", Category::workspace, d.B * d.Hl * d.T * d.T, d.a, 1});
+  if (device.kind == DeviceKind::gpu)
+    out.push_back({"scratch.gemm", Category::workspace, kGpuGemmWorkspace, 1, 1});
+
+  // Communication buffers.
+  if (l.sp) out.push_back({"comm.sp_gather", Category::comm, d.B * d.T * d.C, d.a, 1});
+  if (l.pp > 1) out.push_back({"comm.pp_p2p", Category::comm, d.B * d.Tsp * d.C, d.a, 4});
+  if (l.dp > 1 && l.zero == 1)
+    out.push_back({"comm.dp_grad_shard", Category::comm, shard, kFp32, 1});
+  if (l.dp > 1 && l.zero >= 2) {
+    // Gradients are reduce-scattered a bucket at a time; a bucket holds the
+    // largest parameter group (a block, or the vocab table).
+    const int64_t group = std::max(block_param_elements(m, l), (m.vocab / l.tp) * m.hidden);
+    out.push_back({"comm.dp_grad_bucket", Category::comm, std::min(group, psi), kFp32, 1});
+  }
+  if (l.dp > 1 && l.zero >= 3)  // the block in use and the next, prefetched
+    out.push_back({"comm.dp_param_gather", Category::comm, block_param_elements(m, l), d.a, 2});
+
+  if (device.runtime_overhead_bytes > 0)
+    out.push_back({"runtime", Category::overhead, device.runtime_overhead_bytes, 1, 1});
+  return out;
+}
+
+std::array<int64_t, kCategories> sum_by_category(const std::vector<TensorShape>& shapes) {
+  std::array<int64_t, kCategories> sum{};
+  for (const auto& t : shapes) sum[static_cast<int>(t.category)] += t.bytes();
+  return sum;
+}
+
+}  // namespace weft::memory

@@ -1,0 +1,69 @@
+// The one table of every tensor a rank allocates for a layout: parameters,
+// gradients, optimizer state, saved activations, logits, scratch and
+// communication buffers, each in a memory category. The memory model sums it;
+// the trainer allocates from it through the arena, so prediction and
+// measurement are built from the same list.
+//
+// Dimension letters: B micro-batch (layout.mb), T sequence, C hidden,
+// F intermediate, H heads, H_kv kv heads, D head dim, V vocab, t the tp degree,
+// T_sp = T / t under sequence parallelism (else T).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "core/device_spec.h"
+#include "core/layout.h"
+#include "core/model_spec.h"
+#include "core/run_spec.h"
+
+namespace weft::memory {
+
+enum class Category { weights, grads, optimizer, activations, logits, workspace, comm, overhead };
+constexpr int kCategories = 8;
+const char* to_string(Category c);
+constexpr std::array<Category, kCategories> kAllCategories = {
+    Category::weights,   Category::grads,     Category::optimizer, Category::activations,
+    Category::logits,    Category::workspace, Category::comm,      Category::overhead};
+
+struct TensorShape {
+  const char* name;      // e.g. "layer.attn.q"; static storage
+  Category category;
+  int64_t elements;      // of one instance
+  int64_t element_bytes;
+  int64_t count;         // instances live at the peak (layers x micro-batches in flight)
+  int64_t bytes() const { return elements * element_bytes * count; }
+};
+
+// Which layers and pieces of the model a pipeline stage holds.
+struct StagePlan {
+  int64_t stage = 0;
+  int64_t layers = 0;            // blocks on this stage
+  int64_t checkpointed = 0;      // of which use the checkpointing mode
+  int64_t in_flight_chunks = 0;  // chunk-micro-batches in flight (pipeline schedule)
+  bool has_embedding = false;    // first stage
+  bool has_head = false;         // last stage: final norm, LM head, loss
+};
+
+StagePlan stage_plan(const ModelSpec& m, const RunSpec& run, const Layout& l, int64_t stage);
+
+// Parameter elements held by one rank of `stage` before ZeRO sharding (tp-sharded).
+int64_t stage_param_elements(const ModelSpec& m, const Layout& l, const StagePlan& plan);
+
+// Tensors of one block's parameters on one tp rank (per layer, count 1). They
+// are views into the flat weight buffer, so element_bytes is 0 here.
+void block_param_shapes(const ModelSpec& m, const Layout& l, std::vector<TensorShape>& out);
+// Activations one block saves for its backward, per micro-batch, for a
+// checkpointing mode (count 1): what the backward finds without recomputing.
+void block_saved_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l,
+                        Checkpointing mode, std::vector<TensorShape>& out);
+
+// The whole table for one rank of `stage`, counts filled in.
+std::vector<TensorShape> stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l,
+                                      const DeviceSpec& device, const StagePlan& plan);
+
+// Bytes per category of a table.
+std::array<int64_t, kCategories> sum_by_category(const std::vector<TensorShape>& shapes);
+
+}  // namespace weft::memory

@@ -1,0 +1,355 @@
+// Step time of a layout, built up from one micro-batch of one block on one
+// rank. Every term is a count of FLOPs or bytes from the model's shapes over
+// a rate from the DeviceSpec scaled by a CostConstants efficiency, so that
+// calibration can refit the efficiencies to measured steps.
+#include "tuner/cost.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <nlohmann/json.hpp>
+
+#include "core/flops.h"
+
+namespace weft::tuner {
+
+CostConstants cost_defaults(const DeviceSpec& device) {
+  CostConstants k;
+  if (device.kind == DeviceKind::cpu) {
+    // OpenBLAS sgemm reaches 60-80% of the AVX2/AVX-512 FMA peak on large
+    // shapes; the CPU attention and streaming loops are far from peak.
+    k.gemm_efficiency = 0.6;
+    k.gemm_tile_m = k.gemm_tile_n = 16;
+    k.flash_efficiency = 0.15;
+    k.memory_efficiency = 0.5;
+    k.intra_efficiency = k.inter_efficiency = 0.5;
+    k.launch_overhead = 1e-6;
+    return k;
+  }
+  if (device.name.rfind("a100", 0) == 0) {
+    // cuBLAS bf16 GEMMs reach ~265 of 312 TFLOP/s on large shapes; the
+    // FlashAttention-2 paper reports 50-70% of peak fwd+bwd at head dim 128;
+    // NCCL all-reduce bus bandwidth ~230 of 300 GB/s over NVLink 3.
+    k.gemm_efficiency = 0.85;
+    k.flash_efficiency = 0.6;
+    k.intra_efficiency = 0.75;
+  } else {
+    // Hopper: large bf16 GEMMs measured at ~790 TFLOP/s on an H200 (0.8 of
+    // dense peak); FlashAttention-2-class kernels reach ~40% of peak; NCCL
+    // bus bandwidth ~360 of 450 GB/s over NVLink 4.
+    k.gemm_efficiency = 0.8;
+    k.flash_efficiency = 0.4;
+    k.intra_efficiency = 0.8;
+  }
+  return k;
+}
+
+double gemm_efficiency(double M, double N, double K, const DeviceSpec& device,
+                       const CostConstants& k) {
+  const double tiles = std::ceil(M / k.gemm_tile_m) * std::ceil(N / k.gemm_tile_n);
+  const double sms = double(std::max<int64_t>(1, device.sm_count));
+  const double waves = std::ceil(tiles / sms);
+  const double wave_eff = tiles / (waves * sms);
+  const double k_eff = K / (K + k.gemm_k_half);
+  return k.gemm_efficiency * wave_eff * k_eff;
+}
+
+namespace {
+
+// Collective times on a ring of n ranks (NCCL's algorithm for these sizes).
+struct Link {
+  double bandwidth;  // bytes/s of bus bandwidth
+  double latency;    // seconds per hop
+};
+
+double all_reduce(double bytes, int64_t n, Link link) {
+  if (n <= 1) return 0;
+  return 2.0 * double(n - 1) / double(n) * bytes / link.bandwidth + 2.0 * double(n - 1) * link.latency;
+}
+double all_gather(double bytes_full, int64_t n, Link link) {
+  if (n <= 1) return 0;
+  return double(n - 1) / double(n) * bytes_full / link.bandwidth + double(n - 1) * link.latency;
+}
+double reduce_scatter(double bytes_full, int64_t n, Link link) { return all_gather(bytes_full, n, link); }
+
+struct Model {
+  const ModelSpec& m;
+  const RunSpec& run;
+  const Layout& l;
+  const ClusterSpec& c;
+  const CostConstants& k;
+  double peak;
+  double a;  // bytes per activation element
+
+  double gemm(double M, double N, double K) const {
+    return 2.0 * M * N * K / (peak * gemm_efficiency(M, N, K, c.device, k)) + k.launch_overhead;
+  }
+  // A linear layer X(M x K) W^T -> Y(M x N): forward, and the data- and weight-
+  // gradient GEMMs of its backward.
+  double linear_fwd(double M, double N, double K) const { return gemm(M, N, K); }
+  double linear_bwd(double M, double N, double K) const { return gemm(M, K, N) + gemm(N, K, M); }
+  double stream(double bytes, int launches = 1) const {
+    return bytes / (c.device.memory_bandwidth * k.memory_efficiency) + launches * k.launch_overhead;
+  }
+  Link link(bool crosses_nodes) const {
+    if (crosses_nodes)
+      return {c.device.inter_node_bandwidth * k.inter_efficiency, c.device.inter_node_latency};
+    return {c.device.intra_node_bandwidth * k.intra_efficiency, c.device.intra_node_latency};
+  }
+  // Ranks are ordered tp fastest, then dp, then pp (rank grid): a group
+  // crosses nodes when its span exceeds a node.
+  Link tp_link() const { return link(l.tp > c.gpus_per_node); }
+  Link dp_link() const { return link(l.tp * l.dp > c.gpus_per_node); }
+  Link pp_link() const { return link(l.world() > c.gpus_per_node); }
+
+  // RMSNorm over rows x C: fused reads x and writes y (backward: reads x and
+  // dy, writes dx); the unfused composition upcasts, reduces, normalises and
+  // scales in separate passes over fp32 intermediates.
+  double norm_fwd(double rows) const {
+    const double C = double(m.hidden);
+    if (l.norm == NormKind::fused) return stream(2 * a * rows * C);
+    const double upcast = a == 4 ? 0 : (a + 4);
+    return stream((upcast + 4 + 8 + 4 + a) * rows * C, a == 4 ? 3 : 4);
+  }
+  double norm_bwd(double rows) const {
+    const double C = double(m.hidden);
+    if (l.norm == NormKind::fused) return stream(3 * a * rows * C);
+    return 2.0 * norm_fwd(rows);
+  }
+};
+
+struct Part {
+  double fwd = 0, bwd = 0;  // compute
+  double tp = 0;            // tensor-parallel communication (fwd + bwd)
+  double recompute = 0;     // compute redone in the backward
+  double recompute_tp = 0;  // communication redone in the backward
+};
+
+Part block_cost(const Model& x, Checkpointing mode) {
+  const ModelSpec& m = x.m;
+  const Layout& l = x.l;
+  const double t = double(l.tp), B = double(l.mb), T = double(x.run.seq);
+  const double C = double(m.hidden), D = double(m.head_dim);
+  const double Hl = double(m.heads) / t, Kl = double(m.kv_heads) / t, Fl = double(m.intermediate) / t;
+  const double M = B * T, Msp = l.sp ? M / t : M, a = x.a;
+
+  // Attention core for B x Hl heads of T x T, causal.
+  double attn_fwd, attn_bwd;
+  if (l.attention == AttentionKind::flash) {
+    // Flash skips fully masked key blocks: half of the 4 B Hl T^2 D FLOPs;
+    // the backward does 2.5x the forward's matmul work.
+    const double flops = 4.0 * B * Hl * T * T * D * 0.5;
+    attn_fwd = flops / (x.peak * x.k.flash_efficiency) + x.k.launch_overhead;
+    attn_bwd = 2.5 * flops / (x.peak * x.k.flash_efficiency) + x.k.launch_overhead;
+  } else {
+    // Batched QK^T and PV over the full T x T, and a fused scale-mask-softmax
+    // that reads the scores and writes the probabilities.
+    const double bh = B * Hl, scores = bh * T * T;
+    auto bgemm = [&](double Mi, double Ni, double Ki) {
+      return bh * 2.0 * Mi * Ni * Ki / (x.peak * gemm_efficiency(Mi, Ni, Ki, x.c.device, x.k)) +
+             x.k.launch_overhead;
+    };
+    attn_fwd = bgemm(T, T, D) + bgemm(T, D, T) + x.stream(2 * a * scores);
+    attn_bwd = bgemm(T, T, D) + 3 * bgemm(T, D, T) + x.stream(3 * a * scores);
+  }
+
+  const double qkv_n = (Hl + 2 * Kl) * D;
+  const double rope = x.stream(2 * a * M * (Hl + Kl) * D);
+  const double resid = x.stream(3 * a * Msp * C);
+  Part p;
+  const double attn_pre = x.norm_fwd(Msp) + x.linear_fwd(M, qkv_n, C) + rope;
+  const double mlp_pre = x.norm_fwd(Msp) + x.linear_fwd(M, 2 * Fl, C) + x.stream(3 * a * M * Fl);
+  p.fwd = attn_pre + attn_fwd + x.linear_fwd(M, C, Hl * D) + resid + mlp_pre +
+          x.linear_fwd(M, C, Fl) + resid;
+  p.bwd = x.norm_bwd(Msp) + x.linear_bwd(M, qkv_n, C) + rope + attn_bwd +
+          x.linear_bwd(M, C, Hl * D) + resid + x.norm_bwd(Msp) + x.linear_bwd(M, 2 * Fl, C) +
+          x.stream(5 * a * M * Fl) + x.linear_bwd(M, C, Fl) + resid;
+
+  // Two column/row-parallel pairs per block: forward all-reduce (or, with
+  // sequence parallelism, all-gather before and reduce-scatter after) and the
+  // conjugates in the backward. Sequence parallelism also re-gathers the two
+  // saved norm outputs for the weight gradients.
+  const double act = M * C * a;
+  const Link tl = x.tp_link();
+  const double pair = l.sp ? all_gather(act, l.tp, tl) + reduce_scatter(act, l.tp, tl)
+                           : all_reduce(act, l.tp, tl);
+  const double tp_fwd = 2 * pair;
+  p.tp = 2 * tp_fwd + (l.sp ? 2 * all_gather(act, l.tp, tl) : 0);
+
+  switch (mode) {
+    case Checkpointing::none: break;
+    case Checkpointing::selective: p.recompute = attn_fwd; break;
+    case Checkpointing::ffn: p.recompute = mlp_pre; break;
+    case Checkpointing::full:
+      p.recompute = p.fwd;
+      p.recompute_tp = tp_fwd;
+      break;
+  }
+  return p;
+}
+
+struct StageCost {
+  double fwd = 0, bwd = 0, tp = 0, recompute = 0;
+  double total() const { return fwd + bwd + tp + recompute; }
+};
+
+}  // namespace
+
+CostBreakdown predict(const ModelSpec& m, const RunSpec& run, const Layout& l,
+                      const ClusterSpec& cluster, const CostConstants& k) {
+  const Model x{m, run, l, cluster, k, cluster.device.peak_flops(to_string(run.precision)),
+                double(run.compute_bytes())};
+  const double t = double(l.tp), M = double(l.mb * run.seq), C = double(m.hidden);
+  const double Vl = double(m.vocab) / t, Msp = l.sp ? M / t : M;
+  const double act = M * C * x.a;
+  const Link tl = x.tp_link();
+
+  const Part keep = block_cost(x, Checkpointing::none);
+  const Part ckpt = block_cost(x, l.ckpt);
+  const int64_t layers = l.stage_layers(m);
+  const int64_t n_ckpt = l.checkpointed_layers(m);
+
+  StageCost body;
+  body.fwd = layers * keep.fwd;
+  body.bwd = layers * keep.bwd;
+  body.tp = layers * keep.tp + n_ckpt * ckpt.recompute_tp;
+  body.recompute = n_ckpt * ckpt.recompute;
+
+  // First stage: vocab-parallel embedding (gather, then a sum over tp);
+  // last stage: final norm, LM head and the fused vocab-parallel loss, whose
+  // max, sum-exp and target logit are reduced over tp.
+  StageCost first = body, last = body;
+  first.fwd += x.stream(2 * x.a * M * C);
+  first.bwd += x.stream(8 * M * C);
+  first.tp += l.sp ? reduce_scatter(act, l.tp, tl) + all_gather(act, l.tp, tl)
+                   : all_reduce(act, l.tp, tl);
+  last.fwd += x.norm_fwd(Msp) + x.linear_fwd(M, Vl, C) + x.stream(4.0 * 4 * M * Vl, 3);
+  last.bwd += x.norm_bwd(Msp) + x.linear_bwd(M, Vl, C);
+  last.tp += 3 * all_reduce(4 * M, l.tp, tl) +
+             (l.sp ? 2 * all_gather(act, l.tp, tl) + reduce_scatter(act, l.tp, tl)
+                   : all_reduce(act, l.tp, tl));
+  if (l.pp == 1) {
+    first.fwd += last.fwd - body.fwd;
+    first.bwd += last.bwd - body.bwd;
+    first.tp += last.tp - body.tp;
+    last = first;
+  }
+  const StageCost& slow = first.total() >= last.total() ? first : last;
+  const double t_mb = slow.total();
+
+  const double mbs = double(l.micro_batches(run));
+  CostBreakdown b;
+  b.compute = mbs * (slow.fwd + slow.bwd);
+  b.recompute = mbs * slow.recompute;
+  b.tp_comm = mbs * slow.tp * (1.0 - k.tp_overlap * (1.0 - k.overlap_cost));
+  b.pp_bubble = double(l.pp - 1) / double(l.vpp) * t_mb;
+  if (l.pp > 1) {
+    const Link pl = x.pp_link();
+    const double hop = Msp * C * x.a / pl.bandwidth + pl.latency;
+    b.pp_p2p = 2.0 * hop * (mbs * double(l.vpp) + double(l.pp - 1));
+  }
+
+  // Data parallelism over the larger of the first and last stage's params.
+  const auto stage_params = [&](bool emb, bool head) {
+    const double block = double(2 * m.hidden + (2 * (m.heads / l.tp) + 2 * (m.kv_heads / l.tp)) *
+                                                   m.head_dim * m.hidden +
+                                3 * (m.intermediate / l.tp) * m.hidden);
+    double n = double(layers) * block;
+    if (emb) n += Vl * C;
+    if (head) n += C + (m.tied_embeddings && emb ? 0 : Vl * C);
+    return n;
+  };
+  const double psi = std::max(stage_params(true, l.pp == 1), stage_params(l.pp == 1, true));
+  const Link dl = x.dp_link();
+  const double grad_bytes = 4 * psi, param_bytes = x.a * psi;
+  double reduce = 0, gather = 0, window = 0;
+  const double bwd_mb = slow.bwd + slow.recompute;
+  // Reductions start as soon as a bucket's gradients are final: in the last
+  // micro-batch's backward (ZeRO 0/1), or every micro-batch's (ZeRO 2/3,
+  // which reduce-scatter per micro-batch and so move m times the bytes).
+  switch (l.zero) {
+    case 0:
+      reduce = all_reduce(grad_bytes, l.dp, dl);
+      window = bwd_mb;
+      break;
+    case 1:
+      reduce = reduce_scatter(grad_bytes, l.dp, dl);
+      gather = all_gather(param_bytes, l.dp, dl);
+      window = bwd_mb;
+      break;
+    case 2:
+      reduce = mbs * reduce_scatter(grad_bytes, l.dp, dl);
+      gather = all_gather(param_bytes, l.dp, dl);
+      window = mbs * bwd_mb;
+      break;
+    default:
+      reduce = mbs * (reduce_scatter(grad_bytes, l.dp, dl) + 2 * all_gather(param_bytes, l.dp, dl));
+      window = mbs * t_mb;
+      break;
+  }
+  if (l.dp > 1) {
+    // A 40M-element bucket (Megatron's default) is always exposed at the end.
+    const double tail = std::min(1.0, 40e6 / psi);
+    // Hidden communication is not free: NCCL kernels take SMs and memory
+    // bandwidth from the compute they overlap (10-20% slowdowns are typical).
+    const double exposed = std::max(reduce - k.dp_overlap * window, reduce * tail);
+    b.dp_comm = exposed + k.overlap_cost * (reduce - exposed) + gather;
+  }
+
+  // AdamW streams master, m, v (read and write), the gradient (read for the
+  // norm, the update and the zeroing) and writes the compute copy.
+  const double shard = l.zero >= 1 ? psi / double(l.dp) : psi;
+  b.optimizer = x.stream(shard * (36.0 + x.a), 4);
+
+  b.step = b.compute + b.recompute + b.tp_comm + b.pp_bubble + b.pp_p2p + b.dp_comm + b.optimizer;
+  b.tokens_per_second = double(run.tokens_per_step()) / b.step;
+  b.peak_flops = x.peak;
+  b.model_flops_per_gpu = model_flops_per_step(m, run) / b.step / double(l.world());
+  b.mfu = mfu(model_flops_per_step(m, run) / b.step, l.world(), x.peak);
+  return b;
+}
+
+void to_json(nlohmann::json& j, const CostConstants& k) {
+  j = nlohmann::json{{"gemm_efficiency", k.gemm_efficiency},
+                     {"gemm_tile_m", k.gemm_tile_m},
+                     {"gemm_tile_n", k.gemm_tile_n},
+                     {"gemm_k_half", k.gemm_k_half},
+                     {"flash_efficiency", k.flash_efficiency},
+                     {"memory_efficiency", k.memory_efficiency},
+                     {"intra_efficiency", k.intra_efficiency},
+                     {"inter_efficiency", k.inter_efficiency},
+                     {"launch_overhead", k.launch_overhead},
+                     {"dp_overlap", k.dp_overlap},
+                     {"tp_overlap", k.tp_overlap},
+                     {"overlap_cost", k.overlap_cost}};
+}
+
+void from_json(const nlohmann::json& j, CostConstants& k) {
+  auto get = [&](const char* key, double& v) {
+    if (j.contains(key)) v = j[key].get<double>();
+  };
+  get("gemm_efficiency", k.gemm_efficiency);
+  get("gemm_tile_m", k.gemm_tile_m);
+  get("gemm_tile_n", k.gemm_tile_n);
+  get("gemm_k_half", k.gemm_k_half);
+  get("flash_efficiency", k.flash_efficiency);
+  get("memory_efficiency", k.memory_efficiency);
+  get("intra_efficiency", k.intra_efficiency);
+  get("inter_efficiency", k.inter_efficiency);
+  get("launch_overhead", k.launch_overhead);
+  get("dp_overlap", k.dp_overlap);
+  get("tp_overlap", k.tp_overlap);
+  get("overlap_cost", k.overlap_cost);
+}
+
+void to_json(nlohmann::json& j, const CostBreakdown& b) {
+  j = nlohmann::json{{"compute_s", b.compute},     {"recompute_s", b.recompute},
+                     {"tp_comm_s", b.tp_comm},     {"pp_bubble_s", b.pp_bubble},
+                     {"pp_p2p_s", b.pp_p2p},       {"dp_comm_s", b.dp_comm},
+                     {"optimizer_s", b.optimizer}, {"step_s", b.step},
+                     {"tokens_per_s", b.tokens_per_second},
+                     {"model_flops_per_gpu", b.model_flops_per_gpu},
+                     {"mfu", b.mfu},               {"peak_flops", b.peak_flops}};
+}
+
+}  // namespace weft::tuner

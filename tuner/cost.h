@@ -1,0 +1,69 @@
+// The analytic cost model: predicted step time of a layout, split into
+// compute, recomputation, exposed tensor-parallel communication, pipeline
+// bubble and point-to-point, exposed data-parallel reduction and optimizer.
+// It ranks layouts; the profiler decides. Its constants start from the device
+// preset (cost_defaults) and are refit to measured steps by calibration.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "core/device_spec.h"
+#include "core/layout.h"
+#include "core/model_spec.h"
+#include "core/run_spec.h"
+
+namespace weft::tuner {
+
+struct CostConstants {
+  double gemm_efficiency = 0.8;       // fraction of peak a large, well-shaped GEMM reaches
+  double gemm_tile_m = 128;           // output tile of the GEMM kernels (wave quantisation)
+  double gemm_tile_n = 128;
+  double gemm_k_half = 64;            // K at which the main loop's prologue halves efficiency
+  double flash_efficiency = 0.5;      // fraction of peak of flash attention fwd+bwd
+  double memory_efficiency = 0.8;     // fraction of memory bandwidth of streaming kernels
+  double intra_efficiency = 0.75;     // NCCL bus bandwidth / NVLink bandwidth
+  double inter_efficiency = 0.85;     // NCCL bus bandwidth / network bandwidth
+  double launch_overhead = 4e-6;      // seconds per kernel launch
+  double dp_overlap = 1.0;            // fraction of the backward that hides DP reduction
+  double tp_overlap = 0.0;            // fraction of TP communication hidden by compute
+  double overlap_cost = 0.15;         // slowdown of compute per second of communication it hides
+
+  bool operator==(const CostConstants&) const = default;
+};
+
+// Defaults for a device, with their sources beside them in cost.cpp.
+CostConstants cost_defaults(const DeviceSpec& device);
+
+struct CostBreakdown {
+  double compute = 0;    // GEMMs, attention, memory-bound ops: m micro-batches on the slowest stage
+  double recompute = 0;  // forward work redone by activation checkpointing
+  double tp_comm = 0;    // exposed tensor/sequence-parallel collectives
+  double pp_bubble = 0;  // pipeline fill and drain
+  double pp_p2p = 0;     // exposed stage-to-stage transfers
+  double dp_comm = 0;    // exposed gradient reduction and ZeRO gathers
+  double optimizer = 0;  // AdamW over this rank's shard
+  double step = 0;       // the sum: predicted seconds per optimizer step
+
+  double tokens_per_second = 0;
+  double model_flops_per_gpu = 0;  // model FLOP/s per device (6N + 12LCT accounting)
+  double mfu = 0;
+  double peak_flops = 0;           // the per-device peak the MFU is against
+};
+
+CostBreakdown predict(const ModelSpec& m, const RunSpec& run, const Layout& l,
+                      const ClusterSpec& cluster, const CostConstants& k);
+
+// Efficiency of one (M x K) * (K x N) GEMM on the device: the large-shape
+// efficiency, times wave quantisation of its output tiles over the SMs, times
+// the prologue cost of a short K loop.
+double gemm_efficiency(double M, double N, double K, const DeviceSpec& device,
+                       const CostConstants& k);
+
+void to_json(nlohmann::json& j, const CostConstants& k);
+void from_json(const nlohmann::json& j, CostConstants& k);
+void to_json(nlohmann::json& j, const CostBreakdown& b);
+
+}  // namespace weft::tuner

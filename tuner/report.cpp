@@ -1,0 +1,188 @@
+#include "tuner/report.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/units.h"
+
+namespace weft::tuner {
+
+ReportFormat report_format_parse(const std::string& s) {
+  if (s == "table") return ReportFormat::table;
+  if (s == "json") return ReportFormat::json;
+  if (s == "csv") return ReportFormat::csv;
+  if (s == "md") return ReportFormat::md;
+  throw InputError(fmt::format("unknown report format '{}'; valid: table, json, csv, md", s));
+}
+
+namespace {
+
+double gib(int64_t b) { return double(b) / double(GiB); }
+
+std::string header(const SpaceReport& r, const ReportContext& c) {
+  const double usable = double(c.cluster.device.memory_bytes) * (1 - c.memory.margin);
+  std::string peak_kind = c.cluster.device.kind == DeviceKind::cpu ? "fp32" : "dense bf16";
+  return fmt::format(
+      "model   {}\ncluster {}\nrun     seq {}, global batch {} ({:.2f}M tokens/step), {}\n"
+      "MFU against the {} peak of {:.1f} TFLOP/s per device; memory margin {:.0f}% "
+      "(usable {:.1f} of {:.1f} GiB)\n"
+      "evaluated {} layouts in {:.1f} ms ({:.0f} layouts/s): {} fit, {} pruned\n",
+      c.model.summary(), c.cluster.summary(), c.run.seq, c.run.global_batch,
+      double(c.run.tokens_per_step()) / 1e6, to_string(c.run.precision), peak_kind,
+      c.cluster.device.peak_flops(to_string(c.run.precision)) / 1e12, 100 * c.memory.margin,
+      usable / double(GiB), gib(c.cluster.device.memory_bytes), r.evaluated, r.seconds * 1e3,
+      r.seconds > 0 ? double(r.evaluated) / r.seconds : 0.0, r.fitting, r.evaluated - r.fitting);
+}
+
+std::string breakdown(const Candidate& c, const ReportContext& ctx) {
+  std::string s = fmt::format("best layout: {}\n", c.layout.to_string());
+  s += fmt::format("  memory per stage (GiB){:>4}", "");
+  for (auto cat : memory::kAllCategories) s += fmt::format("{:>12}", memory::to_string(cat));
+  s += fmt::format("{:>10}\n", "total");
+  for (const auto& st : c.memory.stages) {
+    s += fmt::format("  stage {:<3} ({:>3} layers, {:>2} in flight)", st.stage, st.layers,
+                     st.in_flight_chunks);
+    for (int64_t b : st.bytes) s += fmt::format("{:>12.2f}", gib(b));
+    s += fmt::format("{:>10.2f}\n", gib(st.total));
+  }
+  const auto& k = c.cost;
+  auto part = [&](const char* name, double v) {
+    return fmt::format("    {:<12} {:>10} {:>5.1f}%\n", name, format_seconds(v), 100 * v / k.step);
+  };
+  s += fmt::format("  predicted step {} = {:.0f} tokens/s, {:.1f} TFLOP/s per device, MFU {:.1f}% "
+                   "(peak {:.1f} TFLOP/s)\n",
+                   format_seconds(k.step), k.tokens_per_second, k.model_flops_per_gpu / 1e12,
+                   100 * k.mfu, k.peak_flops / 1e12);
+  s += part("compute", k.compute) + part("recompute", k.recompute) + part("tp comm", k.tp_comm) +
+       part("pp bubble", k.pp_bubble) + part("pp p2p", k.pp_p2p) + part("dp comm", k.dp_comm) +
+       part("optimizer", k.optimizer);
+  (void)ctx;
+  return s;
+}
+
+}  // namespace
+
+std::string report_table(const SpaceReport& r, const ReportContext& ctx, int64_t top) {
+  std::string s = header(r, ctx) + "\n";
+  s += fmt::format("{:>4}  {:<70} {:>16} {:>10} {:>11} {:>10} {:>6}\n", "rank", "layout",
+                   "mem GiB (worst)", "step", "tokens/s", "TFLOP/s/dev", "MFU");
+  int64_t shown = 0;
+  for (const auto& c : r.candidates) {
+    if (c.verdict != Verdict::fits || shown >= top) break;
+    ++shown;
+    s += fmt::format("{:>4}  {:<70} {:>7.1f} / {:<6.1f} {:>10} {:>11.0f} {:>10.1f} {:>5.1f}%\n",
+                     shown, c.layout.to_string(), gib(c.memory.peak()), gib(c.memory.usable),
+                     format_seconds(c.cost.step), c.cost.tokens_per_second,
+                     c.cost.model_flops_per_gpu / 1e12, 100 * c.cost.mfu);
+  }
+  if (shown == 0) s += "  (no layout fits; see the pruning reasons below)\n";
+  s += "\npruned by reason:\n";
+  if (r.pruned.empty()) s += "  (none)\n";
+  for (const auto& [why, n] : r.pruned) s += fmt::format("  {:>8}  {}\n", n, why);
+  if (!r.candidates.empty() && r.candidates.front().verdict == Verdict::fits) {
+    s += "\n" + breakdown(r.candidates.front(), ctx);
+  } else {
+    for (const auto& c : r.candidates)
+      if (c.verdict == Verdict::out_of_memory) {
+        s += fmt::format("\nclosest layout: {}\n  {}\n", c.layout.to_string(), c.reason);
+        break;
+      }
+  }
+  return s;
+}
+
+nlohmann::json report_json(const SpaceReport& r, const ReportContext& ctx) {
+  nlohmann::json j;
+  j["model"] = ctx.model;
+  j["run"] = ctx.run;
+  j["cluster"] = ctx.cluster;
+  j["cost_constants"] = ctx.constants;
+  j["memory_margin"] = ctx.memory.margin;
+  j["evaluated"] = r.evaluated;
+  j["fitting"] = r.fitting;
+  j["pruned"] = r.pruned;
+  j["seconds"] = r.seconds;
+  auto& rows = j["layouts"] = nlohmann::json::array();
+  int64_t rank = 0;
+  for (const auto& c : r.candidates) {
+    nlohmann::json row{{"layout", c.layout.to_string()}, {"verdict", to_string(c.verdict)}};
+    if (c.verdict == Verdict::fits) row["rank"] = ++rank;
+    if (!c.reason.empty()) row["reason"] = c.reason;
+    if (!c.prune_class.empty()) row["prune_class"] = c.prune_class;
+    if (c.verdict != Verdict::invalid) {
+      row["prediction"] = c.cost;
+      auto& stages = row["memory_stages"] = nlohmann::json::array();
+      for (const auto& st : c.memory.stages) {
+        nlohmann::json sj{{"stage", st.stage}, {"layers", st.layers},
+                          {"in_flight", st.in_flight_chunks}, {"total_bytes", st.total}};
+        for (auto cat : memory::kAllCategories)
+          sj[memory::to_string(cat)] = st.bytes[static_cast<size_t>(cat)];
+        stages.push_back(sj);
+      }
+      row["memory_peak_bytes"] = c.memory.peak();
+      row["memory_usable_bytes"] = c.memory.usable;
+    }
+    rows.push_back(std::move(row));
+  }
+  return j;
+}
+
+std::string report_csv(const SpaceReport& r, const ReportContext& ctx) {
+  (void)ctx;
+  std::string s =
+      "rank,layout,verdict,reason,peak_bytes,usable_bytes,step_s,tokens_per_s,model_tflops_per_dev,"
+      "mfu,compute_s,recompute_s,tp_comm_s,pp_bubble_s,pp_p2p_s,dp_comm_s,optimizer_s\n";
+  int64_t rank = 0;
+  for (const auto& c : r.candidates) {
+    std::string reason = c.reason;
+    for (char& ch : reason)
+      if (ch == '"') ch = '\'';
+    const bool has = c.verdict != Verdict::invalid;
+    s += fmt::format("{},{},{},\"{}\",", c.verdict == Verdict::fits ? fmt::format("{}", ++rank) : "",
+                     c.layout.to_string(), to_string(c.verdict), reason);
+    if (has) {
+      const auto& k = c.cost;
+      s += fmt::format("{},{},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g}\n",
+                       c.memory.peak(), c.memory.usable, k.step, k.tokens_per_second,
+                       k.model_flops_per_gpu / 1e12, k.mfu, k.compute, k.recompute, k.tp_comm,
+                       k.pp_bubble, k.pp_p2p, k.dp_comm, k.optimizer);
+    } else {
+      s += ",,,,,,,,,,,,\n";
+    }
+  }
+  return s;
+}
+
+std::string report_md(const SpaceReport& r, const ReportContext& ctx, int64_t top) {
+  std::string s = "# weft dry-run tuning report\n\n```\n" + header(r, ctx) + "```\n\n";
+  s += "| rank | layout | memory (worst stage) | step | tokens/s | TFLOP/s/dev | MFU |\n";
+  s += "|---:|---|---:|---:|---:|---:|---:|\n";
+  int64_t rank = 0;
+  for (const auto& c : r.candidates) {
+    if (c.verdict != Verdict::fits || rank >= top) break;
+    ++rank;
+    s += fmt::format("| {} | `{}` | {:.1f} / {:.1f} GiB | {} | {:.0f} | {:.1f} | {:.1f}% |\n", rank,
+                     c.layout.to_string(), gib(c.memory.peak()), gib(c.memory.usable),
+                     format_seconds(c.cost.step), c.cost.tokens_per_second,
+                     c.cost.model_flops_per_gpu / 1e12, 100 * c.cost.mfu);
+  }
+  s += "\n## Pruned\n\n| layouts | reason |\n|---:|---|\n";
+  for (const auto& [why, n] : r.pruned) s += fmt::format("| {} | {} |\n", n, why);
+  if (!r.candidates.empty() && r.candidates.front().verdict == Verdict::fits)
+    s += "\n## Best layout\n\n```\n" + breakdown(r.candidates.front(), ctx) + "```\n";
+  return s;
+}
+
+std::string report_render(ReportFormat f, const SpaceReport& r, const ReportContext& ctx,
+                          int64_t top) {
+  switch (f) {
+    case ReportFormat::table: return report_table(r, ctx, top);
+    case ReportFormat::json: return report_json(r, ctx).dump(1) + "\n";
+    case ReportFormat::csv: return report_csv(r, ctx);
+    case ReportFormat::md: return report_md(r, ctx, top);
+  }
+  return {};
+}
+
+}  // namespace weft::tuner

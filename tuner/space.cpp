@@ -1,0 +1,167 @@
+#include "tuner/space.h"
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+
+namespace weft::tuner {
+
+const char* to_string(Verdict v) {
+  switch (v) {
+    case Verdict::fits: return "fits";
+    case Verdict::out_of_memory: return "oom";
+    case Verdict::invalid: return "invalid";
+  }
+  return "?";
+}
+
+namespace {
+
+std::vector<int64_t> divisors(int64_t n) {
+  std::vector<int64_t> d;
+  for (int64_t i = 1; i <= n; ++i)
+    if (n % i == 0) d.push_back(i);
+  return d;
+}
+
+template <class T>
+std::vector<T> pick(const std::vector<T>& pinned, std::vector<T> free) {
+  return pinned.empty() ? free : pinned;
+}
+
+// The rule a layout breaks, as a short class for the pruning summary.
+std::string rule_class(const std::string& violation) {
+  const auto cut = violation.find_first_of("=<>(");
+  std::string head = violation.substr(0, cut == std::string::npos ? violation.size() : cut);
+  while (!head.empty() && (head.back() == ' ')) head.pop_back();
+  return "invalid: " + head;
+}
+
+}  // namespace
+
+std::vector<Layout> enumerate(const ModelSpec& m, const RunSpec& run, int64_t world,
+                              const SpaceLimits& limits) {
+  const int64_t model_tp = std::gcd(std::gcd(m.heads, m.kv_heads), std::gcd(m.vocab, m.intermediate));
+  std::vector<int64_t> tps;
+  for (int64_t d : divisors(world))
+    if (model_tp % d == 0) tps.push_back(d);
+  std::vector<Layout> out;
+  for (int64_t tp : pick(limits.tp, tps)) {
+    if (tp <= 0 || world % tp != 0) continue;
+    std::vector<int64_t> pps;
+    for (int64_t d : divisors(world / tp))
+      if (m.layers % d == 0) pps.push_back(d);
+    for (int64_t pp : pick(limits.pp, pps)) {
+      if (pp <= 0 || (world / tp) % pp != 0) continue;
+      const int64_t dp = world / (tp * pp);
+      std::vector<int64_t> mbs;
+      for (int64_t mb = 1; mb <= limits.max_mb && run.global_batch % (mb * dp) == 0; mb *= 2)
+        mbs.push_back(mb);
+      std::vector<int64_t> vpps = {1};
+      if (pp > 1 && m.layers % pp == 0)
+        for (int64_t d : divisors(m.layers / pp))
+          if (d > 1) vpps.push_back(d);
+      std::vector<bool> sps = {false};
+      if (tp > 1) sps.push_back(true);
+      std::vector<int64_t> zeros = {0};
+      if (dp > 1) zeros = {0, 1, 2, 3};
+      const int64_t stage = m.layers % pp == 0 ? m.layers / pp : 0;
+      std::vector<std::pair<Checkpointing, int64_t>> ckpts;
+      for (Checkpointing c : pick(limits.ckpt, {Checkpointing::none, Checkpointing::selective,
+                                                Checkpointing::ffn, Checkpointing::full})) {
+        if (!limits.ckpt_layers.empty() && c != Checkpointing::none) {
+          for (int64_t k : limits.ckpt_layers) ckpts.push_back({c, k});
+          continue;
+        }
+        ckpts.push_back({c, 0});
+        if (c == Checkpointing::full && limits.ckpt_layers.empty()) {
+          std::vector<int64_t> ks;
+          for (int64_t q : {1, 2, 3}) {
+            const int64_t k = stage * q / 4;
+            if (k > 0 && k < stage && std::find(ks.begin(), ks.end(), k) == ks.end()) ks.push_back(k);
+          }
+          for (int64_t k : ks) ckpts.push_back({c, k});
+        }
+      }
+      for (int64_t mb : pick(limits.mb, mbs))
+        for (int64_t vpp : pick(limits.vpp, vpps))
+          for (bool sp : pick(limits.sp, sps))
+            for (auto [ckpt, k] : ckpts)
+              for (AttentionKind attn :
+                   pick(limits.attention, {AttentionKind::flash, AttentionKind::materialized}))
+                for (NormKind norm : pick(limits.norm, {NormKind::fused, NormKind::unfused}))
+                  for (int64_t zero : pick(limits.zero, zeros)) {
+                    Layout l;
+                    l.tp = tp;
+                    l.pp = pp;
+                    l.dp = dp;
+                    l.mb = mb;
+                    l.vpp = vpp;
+                    l.sp = sp;
+                    l.ckpt = ckpt;
+                    l.ckpt_layers = k;
+                    l.attention = attn;
+                    l.norm = norm;
+                    l.zero = zero;
+                    out.push_back(l);
+                  }
+    }
+  }
+  return out;
+}
+
+SpaceReport evaluate(const ModelSpec& m, const RunSpec& run, const ClusterSpec& cluster,
+                     const std::vector<Layout>& layouts, const CostConstants& k,
+                     const memory::MemoryOptions& mem, double tie) {
+  const auto t0 = std::chrono::steady_clock::now();
+  SpaceReport r;
+  r.candidates.reserve(layouts.size());
+  for (const Layout& l : layouts) {
+    Candidate c;
+    c.layout = l;
+    const auto bad = l.violations(m, run, cluster.gpus);
+    if (!bad.empty()) {
+      c.verdict = Verdict::invalid;
+      c.reason = bad.front();
+      c.prune_class = rule_class(bad.front());
+    } else {
+      c.memory = memory::estimate(m, run, l, cluster.device, mem);
+      c.cost = predict(m, run, l, cluster, k);
+      if (c.memory.fits) {
+        c.verdict = Verdict::fits;
+      } else {
+        c.verdict = Verdict::out_of_memory;
+        c.reason = c.memory.reason;
+        c.prune_class = std::string("oom: ") + memory::to_string(c.memory.binding);
+      }
+    }
+    r.candidates.push_back(std::move(c));
+  }
+  const auto rank = [](const Candidate& c) { return c.verdict == Verdict::fits ? 0 : c.verdict == Verdict::out_of_memory ? 1 : 2; };
+  std::stable_sort(r.candidates.begin(), r.candidates.end(), [&](const Candidate& a, const Candidate& b) {
+    if (rank(a) != rank(b)) return rank(a) < rank(b);
+    if (a.verdict == Verdict::invalid) return false;
+    if (a.cost.step != b.cost.step) return a.cost.step < b.cost.step;
+    return a.memory.peak() < b.memory.peak();
+  });
+  if (!r.candidates.empty() && r.candidates.front().verdict == Verdict::fits) {
+    const double limit = r.candidates.front().cost.step * (1.0 + tie);
+    size_t best = 0;
+    for (size_t i = 1; i < r.candidates.size(); ++i) {
+      const auto& c = r.candidates[i];
+      if (c.verdict != Verdict::fits || c.cost.step > limit) break;
+      if (c.memory.peak() < r.candidates[best].memory.peak()) best = i;
+    }
+    std::rotate(r.candidates.begin(), r.candidates.begin() + long(best),
+                r.candidates.begin() + long(best) + 1);
+  }
+  r.evaluated = int64_t(layouts.size());
+  for (const auto& c : r.candidates) {
+    if (c.verdict == Verdict::fits) ++r.fitting;
+    else ++r.pruned[c.prune_class];
+  }
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+}  // namespace weft::tuner
