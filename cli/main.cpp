@@ -1,6 +1,7 @@
 // The weft executable. Library code throws typed errors; this is the one place
 // that turns them into a message and an exit code: 2 for bad input, 1 for
 // anything else.
+#include <algorithm>
 #include <cstdio>
 #include <vector>
 
@@ -18,6 +19,16 @@ int main(int argc, char** argv) {
       weft::cli::add_presets_command(app),
   };
 
+  const bool known = argc > 1 && std::any_of(commands.begin(), commands.end(), [&](const auto& c) {
+    return c.sub->get_name() == argv[1];
+  });
+  if (argc > 1 && argv[1][0] != '-' && !known) {
+    std::vector<std::string> names;
+    for (const auto& c : commands) names.push_back(c.sub->get_name());
+    std::fprintf(stderr, "weft: error: unknown command '%s'; commands: %s (see weft --help)\n",
+                 argv[1], fmt::format("{}", fmt::join(names, ", ")).c_str());
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

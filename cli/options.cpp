@@ -22,16 +22,15 @@ void add_model_options(CLI::App& app, ModelArgs& a) {
 }
 
 ClusterSpec ClusterArgs::resolve() const {
-  if (gpus_per_node < 0)
-    throw InputError(fmt::format("--gpus-per-node {} must be positive", gpus_per_node));
-  return cluster_resolve(gpu, gpus, gpus_per_node);
+  const bool file = gpu.ends_with(".json");
+  return cluster_resolve(gpu, gpus == kUnset && !file ? 8 : gpus, gpus_per_node);
 }
 
 void add_cluster_options(CLI::App& app, ClusterArgs& a) {
   app.add_option("--gpu", a.gpu, "Device preset (a100-40gb, a100-80gb, h100, h200, cpu) or a "
                                  "cluster JSON file")
       ->capture_default_str();
-  app.add_option("--gpus", a.gpus, "Number of devices (world size)")->capture_default_str();
+  app.add_option("--gpus", a.gpus, "Number of devices, the world size (default 8)");
   app.add_option("--gpus-per-node", a.gpus_per_node,
                  "Devices per node sharing the fast link (default: the device's, 8 for GPUs)");
 }

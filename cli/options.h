@@ -24,8 +24,8 @@ void add_model_options(CLI::App& app, ModelArgs& a);
 
 struct ClusterArgs {
   std::string gpu = "a100-80gb";
-  int64_t gpus = 8;
-  int64_t gpus_per_node = 0;  // 0: the device's default
+  int64_t gpus = kUnset;           // unset: the cluster file's, else 8
+  int64_t gpus_per_node = kUnset;  // unset: the cluster file's, else the device's
   ClusterSpec resolve() const;
 };
 void add_cluster_options(CLI::App& app, ClusterArgs& a);

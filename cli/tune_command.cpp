@@ -1,4 +1,5 @@
 // `weft tune --dry-run`: the analytic half of tuning, no GPU needed.
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 
@@ -22,6 +23,7 @@ struct TuneArgs {
   bool dry_run = false;
   std::string format = "table";
   std::string out;
+  std::string layout;
   int64_t top = 10;
   double margin = 0.05;
 };
@@ -42,13 +44,32 @@ int run_tune(const TuneArgs& a) {
   ctx.constants = tuner::cost_defaults(ctx.cluster.device);
   ctx.memory.margin = a.margin;
 
-  const auto limits = a.space.resolve();
-  const auto layouts = tuner::enumerate(ctx.model, ctx.run, ctx.cluster.gpus, limits);
+  std::vector<Layout> layouts;
+  if (!a.layout.empty()) {
+    const Layout l = Layout::parse(a.layout);
+    l.validate(ctx.model, ctx.run, ctx.cluster.gpus);
+    layouts.push_back(l);
+  } else {
+    layouts = tuner::enumerate(ctx.model, ctx.run, ctx.cluster.gpus, a.space.resolve());
+  }
   if (layouts.empty())
-    throw InputError(fmt::format("no layout of {} on {} devices matches the pinned knobs; relax "
-                                 "--tp/--pp/--mb/... (tp and pp must divide the device count)",
-                                 ctx.model.name, ctx.cluster.gpus));
+    throw InputError(fmt::format(
+        "no layout of {} on {} devices matches: tp and pp must divide the device count, and the "
+        "global batch {} must be divisible by mb*dp; relax the pinned knobs or change --gpus / "
+        "--global-batch",
+        ctx.model.name, ctx.cluster.gpus, ctx.run.global_batch));
   auto report = tuner::evaluate(ctx.model, ctx.run, ctx.cluster, layouts, ctx.constants, ctx.memory);
+  if (report.fitting == 0 && !report.candidates.empty() &&
+      report.candidates.front().verdict == tuner::Verdict::invalid) {
+    // Nothing even valid: a user error, reported with the distinct rules broken.
+    std::vector<std::string> why;
+    for (const auto& c : report.candidates)
+      if (std::find(why.begin(), why.end(), c.reason) == why.end() && why.size() < 3)
+        why.push_back(c.reason);
+    throw InputError(fmt::format("none of the {} layouts is valid for {} on {} devices: {}",
+                                 report.evaluated, ctx.model.name, ctx.cluster.gpus,
+                                 fmt::join(why, "; ")));
+  }
   // Per-stage detail for the best layout (the sweep evaluates first and last).
   if (!report.candidates.empty() && report.candidates.front().verdict == tuner::Verdict::fits) {
     auto& best = report.candidates.front();
@@ -81,6 +102,8 @@ Command add_tune_command(CLI::App& app) {
   sub->add_option("--format", args->format, "Output: table, json, csv or md")
       ->capture_default_str();
   sub->add_option("--out", args->out, "Write the report to this file instead of stdout");
+  sub->add_option("--layout", args->layout,
+                  "Evaluate this one layout (canonical text form) instead of the space");
   sub->add_option("--top", args->top, "Rows in the ranked table")->capture_default_str();
   sub->add_option("--margin", args->margin,
                   "Fraction of device memory kept free for fragmentation")

@@ -231,12 +231,10 @@ ClusterSpec cluster_resolve(const std::string& gpu, int64_t gpus, int64_t gpus_p
   } else {
     c.device = device_preset(gpu);
   }
-  c.gpus = gpus > 0 ? gpus : (file_gpus > 0 ? file_gpus : gpus);
-  if (gpus == 0 && file_gpus == 0) c.gpus = 1;
-  if (gpus < 0) c.gpus = gpus;  // validate() names the bad value
-  c.gpus_per_node = gpus_per_node != 0 ? gpus_per_node
-                    : file_gpn > 0     ? file_gpn
-                                       : c.device.default_gpus_per_node;
+  c.gpus = gpus != kUnset ? gpus : (file_gpus != 0 ? file_gpus : 1);
+  c.gpus_per_node = gpus_per_node != kUnset ? gpus_per_node
+                    : file_gpn != 0         ? file_gpn
+                                            : c.device.default_gpus_per_node;
   c.validate();
   return c;
 }

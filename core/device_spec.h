@@ -53,7 +53,9 @@ DeviceSpec device_detect_cpu();
 // --gpu NAME|FILE.json --gpus N --gpus-per-node G. A JSON file describes a
 // custom cluster: {"device": {"preset": "h100", ...overrides} or full fields,
 // "gpus": N, "gpus_per_node": G}; explicit CLI values override the file.
-// gpus_per_node <= 0 means the device's default.
+// kUnset for gpus or gpus_per_node takes the file's value, else 1 device and
+// the device's default per node.
+constexpr int64_t kUnset = INT64_MIN;
 ClusterSpec cluster_resolve(const std::string& gpu, int64_t gpus, int64_t gpus_per_node);
 
 void to_json(nlohmann::json& j, const DeviceSpec& d);

@@ -1,0 +1,103 @@
+// `weft tune --dry-run` end to end: the README's report, machine formats, and
+// one clear line with exit code 2 for every kind of bad input.
+#include <algorithm>
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "../unit/test_util.h"
+#include "cli_runner.h"
+
+namespace weft::test {
+namespace {
+
+TEST(CliTune, ReadmeDryRunReport) {
+  const auto r = run_weft(
+      "tune --dry-run --model llama-13b --gpu a100-80gb --gpus 64 --seq 2048 --global-batch 2048");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* s : {"llama-13b", "64 x a100-80gb", "rank", "MFU", "312.0 TFLOP/s",
+                        "pruned by reason", "oom: activations", "best layout:", "stage 0",
+                        "pp bubble", "dp comm"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << "missing '" << s << "' in\n" << r.out;
+}
+
+TEST(CliTune, MachineFormatsListEveryLayout) {
+  TempDir dir;
+  const std::string common = "tune --dry-run --model llama-7b --gpu h100 --gpus 16 --mb 1,2 --tp 1,2,4";
+  auto r = run_weft(common + " --format json --out " + dir.path("r.json"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream in(dir.path("r.json"));
+  const auto j = nlohmann::json::parse(in);
+  EXPECT_GT(j["evaluated"].get<int64_t>(), 100);
+  EXPECT_EQ(int64_t(j["layouts"].size()), j["evaluated"].get<int64_t>());
+  r = run_weft(common + " --format csv");
+  ASSERT_EQ(r.code, 0);
+  EXPECT_EQ(int64_t(std::count(r.out.begin(), r.out.end(), '\n')), j["evaluated"].get<int64_t>() + 1);
+  r = run_weft(common + " --format md");
+  ASSERT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("| rank | layout |"), std::string::npos);
+}
+
+TEST(CliTune, OneExplicitLayout) {
+  const auto r = run_weft("tune --dry-run --model llama-13b --gpus 64 --layout tp2-pp2-dp16-mb1-zero1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("evaluated 1 layouts"), std::string::npos) << r.out;
+}
+
+struct BadInput {
+  const char* args;
+  std::vector<const char*> says;
+};
+
+TEST(CliTune, BadInputIsOneClearLineAndExitTwo) {
+  TempDir dir;
+  const auto bad_json = dir.file("bad/config.json", "{\"vocab_size\": 32000,");
+  const auto partial = dir.file("partial/config.json", R"({"vocab_size": 32000, "hidden_size": 4096})");
+  const std::vector<BadInput> cases = {
+      {"tune --dry-run --model llama-9b", {"llama-9b", "llama2-7b"}},
+      {"tune --dry-run --gpu v100", {"v100", "a100-80gb"}},
+      {"tune --dry-run --model {bad}", {"not valid JSON"}},
+      {"tune --dry-run --model {partial}", {"intermediate_size"}},
+      {"tune --dry-run --gpus 64 --model llama-13b --layout tp3-pp1-dp21", {"H=40", "tp=3", "world size 64"}},
+      {"tune --dry-run --gpus 64 --model llama-13b --layout tp2-pp2-dp16-mb3", {"global batch 2048", "mb*dp"}},
+      {"tune --dry-run --gpus 64 --model llama-13b --tp 16", {"H=40", "tp=16"}},
+      {"tune --dry-run --gpus 12 --gpus-per-node 8", {"12", "--gpus-per-node 8"}},
+      {"tune --dry-run --gpus 64 --global-batch 100 --tp 1 --pp 1", {"global batch 100"}},
+      {"tune --dry-run --seq 0", {"--seq 0"}},
+      {"tune --dry-run --global-batch -8", {"-8"}},
+      {"tune --dry-run --gpus 0", {"--gpus 0"}},
+      {"tune --dry-run --vocab -5", {"--vocab -5"}},
+      {"tune --dry-run --ckpt most", {"most", "selective"}},
+      {"tune --dry-run --layout tp2-bogus", {"bogus"}},
+      {"tune --dry-run --format xml", {"xml", "json"}},
+      {"tune --dry-run --gpus many", {"many"}},
+      {"tune", {"--dry-run"}},
+      {"frobnicate", {"frobnicate"}},
+  };
+  for (const auto& c : cases) {
+    std::string args = c.args;
+    for (auto [key, val] : {std::pair{"{bad}", bad_json}, {"{partial}", partial}}) {
+      const auto at = args.find(key);
+      if (at != std::string::npos) args.replace(at, std::string(key).size(), val);
+    }
+    const auto r = run_weft(args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << args << "\n" << r.out;
+    EXPECT_EQ(r.out.rfind("weft: error: ", 0), 0u) << args << "\n" << r.out;
+    for (const char* s : c.says) EXPECT_NE(r.out.find(s), std::string::npos) << args << "\n" << r.out;
+  }
+}
+
+TEST(CliTune, OutFileIsReplacedOnlyWhole) {
+  TempDir dir;
+  const auto path = dir.file("report.json", "previous good report\n");
+  const auto r = run_weft("tune --dry-run --model nope --format json --out " + path);
+  EXPECT_EQ(r.code, 2);
+  std::ifstream in(path);
+  std::string content((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_EQ(content, "previous good report\n");
+}
+
+}  // namespace
+}  // namespace weft::test

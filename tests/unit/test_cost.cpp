@@ -1,0 +1,70 @@
+#include <nlohmann/json.hpp>
+
+#include "core/flops.h"
+#include "tuner/cost.h"
+#include "test_util.h"
+
+namespace weft::tuner {
+namespace {
+
+struct Cost : ::testing::Test {
+  ModelSpec m = model_preset("llama-13b");
+  RunSpec run{2048, 2048, Precision::bf16};
+  ClusterSpec c = cluster_resolve("a100-80gb", 64, 8);
+  CostConstants k = cost_defaults(c.device);
+  CostBreakdown p(const std::string& layout) { return predict(m, run, Layout::parse(layout), c, k); }
+};
+
+TEST_F(Cost, PartsSumToStepAndMfuFollowsTheFormula) {
+  const auto b = p("tp2-pp2-dp16-mb1-zero1");
+  EXPECT_NEAR(b.step, b.compute + b.recompute + b.tp_comm + b.pp_bubble + b.pp_p2p + b.dp_comm + b.optimizer,
+              1e-12 * b.step);
+  EXPECT_DOUBLE_EQ(b.peak_flops, 312e12);
+  EXPECT_NEAR(b.mfu, model_flops_per_step(m, run) / (b.step * 64 * 312e12), 1e-12);
+  EXPECT_NEAR(b.tokens_per_second, 2048.0 * 2048 / b.step, 1e-6);
+  EXPECT_GT(b.mfu, 0.3);
+  EXPECT_LT(b.mfu, 0.9);
+}
+
+TEST_F(Cost, BubbleIsTheOneFOneBFraction) {
+  // bubble / (ideal) = (pp - 1) / (m * vpp) for the slowest stage.
+  for (auto [layout, pp, vpp, mbs] : {std::tuple{"tp1-pp4-dp16-mb1", 4, 1, 128},
+                                      std::tuple{"tp1-pp4-dp16-mb8", 4, 1, 16},
+                                      std::tuple{"tp1-pp4-dp16-mb8-vpp2", 4, 2, 16}}) {
+    const auto b = p(layout);
+    const double per_mb = (b.compute + b.recompute + b.tp_comm) / mbs;
+    EXPECT_NEAR(b.pp_bubble, double(pp - 1) / vpp * per_mb, 1e-9 * b.step) << layout;
+  }
+  EXPECT_EQ(p("tp1-pp1-dp64").pp_bubble, 0);
+}
+
+TEST_F(Cost, KnobsCostWhatTheyShould) {
+  const auto base = p("tp2-pp2-dp16-mb1-zero1");
+  EXPECT_GT(p("tp2-pp2-dp16-mb1-zero1-attn:materialized").compute, base.compute);
+  EXPECT_GT(p("tp2-pp2-dp16-mb1-zero1-norm:unfused").compute, base.compute);
+  EXPECT_GT(p("tp2-pp2-dp16-mb1-zero1-ckpt:full").recompute, p("tp2-pp2-dp16-mb1-zero1-ckpt:selective").recompute);
+  EXPECT_GT(p("tp2-pp2-dp16-mb1-zero1-ckpt:full").step, p("tp2-pp2-dp16-mb1-zero1-ckpt:full@5").step);
+  EXPECT_EQ(base.recompute, 0);
+  EXPECT_EQ(p("tp1-pp4-dp16").tp_comm, 0);
+  EXPECT_EQ(p("tp8-pp8-dp1").dp_comm, 0);
+  // TP across nodes is slower than inside one.
+  EXPECT_GT(p("tp16-pp1-dp4-mb1").tp_comm / p("tp8-pp1-dp8-mb1").tp_comm, 2.0);
+}
+
+TEST(CostModel, GemmEfficiencyGrowsWithSize) {
+  const auto dev = device_preset("h100");
+  const auto k = cost_defaults(dev);
+  EXPECT_LT(gemm_efficiency(128, 128, 64, dev, k), gemm_efficiency(8192, 8192, 8192, dev, k));
+  EXPECT_LE(gemm_efficiency(8192, 8192, 8192, dev, k), k.gemm_efficiency);
+  EXPECT_GT(gemm_efficiency(8192, 8192, 8192, dev, k), 0.9 * k.gemm_efficiency);
+}
+
+TEST(CostModel, ConstantsRoundTripJson) {
+  auto k = cost_defaults(device_preset("a100-80gb"));
+  k.overlap_cost = 0.3;
+  const nlohmann::json j = k;
+  EXPECT_EQ(j.get<CostConstants>(), k);
+}
+
+}  // namespace
+}  // namespace weft::tuner

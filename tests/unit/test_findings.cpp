@@ -1,0 +1,37 @@
+// The cost and memory models against the findings of the public Llama layout
+// studies (benchmarks/tuner_findings prints the full table).
+#include <map>
+
+#include <fmt/format.h>
+
+#include "test_util.h"
+#include "tuner/findings.h"
+
+namespace weft::tuner {
+namespace {
+
+TEST(Findings, PublicStudiesReproduced) {
+  std::map<std::string, int> yes, total;
+  for (const auto& s : study_scenarios()) {
+    for (const auto& f : check_findings(s)) {
+      ++total[f.claim];
+      yes[f.claim] += f.reproduced;
+      fmt::print("{} {} seq {}: [{}] {}: {}\n", s.model, s.gpus, s.seq, f.reproduced ? "yes" : " no",
+                 f.claim, f.evidence);
+    }
+  }
+  ASSERT_EQ(total.size(), 5u);
+  // Reproduced in every scenario.
+  EXPECT_EQ(yes["micro-batch 1 wins"], total["micro-batch 1 wins"]);
+  EXPECT_EQ(yes["no activation checkpointing when memory allows"],
+            total["no activation checkpointing when memory allows"]);
+  EXPECT_EQ(yes["flash attention with a fused norm wins"], total["flash attention with a fused norm wins"]);
+  // Reproduced in all but one scenario (13B at 8k for sequence parallelism,
+  // 30B at 8k for pp over tp, where memory forces tp4-pp2).
+  EXPECT_GE(yes["at equal tp*pp, more pp and less tp wins"], total["at equal tp*pp, more pp and less tp wins"] - 1);
+  EXPECT_GE(yes["sequence parallelism matters only above ~30B params or 2k tokens"],
+            total["sequence parallelism matters only above ~30B params or 2k tokens"] - 1);
+}
+
+}  // namespace
+}  // namespace weft::tuner

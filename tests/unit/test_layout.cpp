@@ -1,0 +1,119 @@
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/layout.h"
+#include "test_util.h"
+
+namespace weft {
+namespace {
+
+Layout random_layout(std::mt19937_64& rng) {
+  auto pick = [&](int64_t n) { return int64_t(rng() % uint64_t(n)); };
+  Layout l;
+  l.tp = int64_t{1} << pick(4);
+  l.pp = int64_t{1} << pick(4);
+  l.dp = 1 + pick(64);
+  l.mb = 1 + pick(8);
+  l.vpp = 1 + pick(4);
+  l.sp = pick(2) == 1;
+  l.ckpt = Checkpointing(pick(4));
+  l.ckpt_layers = l.ckpt == Checkpointing::none ? 0 : pick(5);
+  l.attention = AttentionKind(pick(2));
+  l.norm = NormKind(pick(2));
+  l.zero = pick(4);
+  return l;
+}
+
+TEST(Layout, CanonicalTextRoundTrips) {
+  std::mt19937_64 rng(std::random_device{}());
+  for (int i = 0; i < 2000; ++i) {
+    const Layout l = random_layout(rng);
+    const std::string text = l.to_string();
+    EXPECT_EQ(Layout::parse(text), l) << text;
+    EXPECT_EQ(Layout::parse(text).to_string(), text);
+    const nlohmann::json j = l;
+    EXPECT_EQ(nlohmann::json::parse(j.dump()).get<Layout>(), l);
+  }
+}
+
+TEST(Layout, CanonicalForm) {
+  Layout l;
+  l.tp = 2;
+  l.pp = 4;
+  l.dp = 8;
+  l.sp = true;
+  l.ckpt = Checkpointing::full;
+  l.ckpt_layers = 3;
+  l.zero = 1;
+  EXPECT_EQ(l.to_string(), "tp2-pp4-dp8-mb1-vpp1-sp-ckpt:full@3-attn:flash-norm:fused-zero1");
+}
+
+TEST(Layout, ParseAcceptsAnyOrderAndDefaults) {
+  const auto l = Layout::parse("dp4-tp2-ckpt:selective-attn:materialized");
+  EXPECT_EQ(l.tp, 2);
+  EXPECT_EQ(l.dp, 4);
+  EXPECT_EQ(l.pp, 1);
+  EXPECT_EQ(l.ckpt, Checkpointing::selective);
+  EXPECT_EQ(l.attention, AttentionKind::materialized);
+  EXPECT_EQ(l.norm, NormKind::fused);
+}
+
+TEST(Layout, ParseErrorsNameTheField) {
+  WEFT_EXPECT_THROW_MSG(Layout::parse("tp2-foo3"), InputError, "foo3", "tpN");
+  WEFT_EXPECT_THROW_MSG(Layout::parse("tpX"), InputError, "tpX", "whole number");
+  WEFT_EXPECT_THROW_MSG(Layout::parse("ckpt:most"), InputError, "most", "selective");
+  WEFT_EXPECT_THROW_MSG(Layout::parse("attn:sparse"), InputError, "sparse", "flash");
+  WEFT_EXPECT_THROW_MSG(Layout::parse(""), InputError, "empty");
+}
+
+TEST(Layout, ValidationPrintsEveryValue) {
+  const auto m = model_preset("llama-13b");  // H = 40, L = 40
+  RunSpec run{2048, 2048, Precision::bf16};
+  Layout l;
+  l.tp = 3;
+  l.pp = 3;
+  l.dp = 7;
+  l.mb = 3;
+  WEFT_EXPECT_THROW_MSG(l.validate(m, run, 64), LayoutError, "tp*pp*dp = 3*3*7 = 63",
+                        "world size 64", "H=40", "tp=3", "L=40", "pp*vpp = 3*1 = 3",
+                        "global batch 2048", "mb*dp = 3*7 = 21");
+  Layout sp;
+  sp.sp = true;
+  sp.dp = 64;
+  WEFT_EXPECT_THROW_MSG(sp.validate(m, run, 64), LayoutError, "needs tp > 1");
+  Layout v;
+  v.vpp = 2;
+  v.dp = 64;
+  WEFT_EXPECT_THROW_MSG(v.validate(m, run, 64), LayoutError, "vpp=2 needs pp > 1");
+  const auto g = model_preset("llama2-70b");  // H_kv = 8
+  Layout kv;
+  kv.tp = 16;
+  kv.dp = 4;
+  WEFT_EXPECT_THROW_MSG(kv.validate(g, run, 64), LayoutError, "H_kv=8", "tp=16");
+  Layout z;
+  z.zero = 4;
+  z.dp = 64;
+  WEFT_EXPECT_THROW_MSG(z.validate(m, run, 64), LayoutError, "zero=4");
+  Layout k;
+  k.pp = 4;
+  k.dp = 16;
+  k.ckpt = Checkpointing::full;
+  k.ckpt_layers = 11;
+  WEFT_EXPECT_THROW_MSG(k.validate(m, run, 64), LayoutError, "ckpt@11", "10 layers");
+}
+
+TEST(Layout, ValidLayoutsPass) {
+  const auto m = model_preset("llama-13b");
+  RunSpec run{2048, 2048, Precision::bf16};
+  const auto l = Layout::parse("tp2-pp4-dp8-mb1-vpp2-sp-ckpt:full@3-zero1");
+  EXPECT_NO_THROW(l.validate(m, run, 64));
+  EXPECT_EQ(l.micro_batches(run), 256);
+  EXPECT_EQ(l.stage_layers(m), 10);
+  EXPECT_EQ(l.checkpointed_layers(m), 3);
+  EXPECT_TRUE(l.violations(m, run, 64).empty());
+}
+
+}  // namespace
+}  // namespace weft

@@ -1,0 +1,179 @@
+#include <fmt/format.h>
+
+#include "core/units.h"
+#include "memory/estimate.h"
+#include "test_util.h"
+
+namespace weft::memory {
+namespace {
+
+DeviceSpec cpu_device(int64_t bytes = GiB) {
+  DeviceSpec d;
+  d.name = "test-cpu";
+  d.kind = DeviceKind::cpu;
+  d.memory_bytes = bytes;
+  return d;
+}
+
+int64_t cat(const StageMemory& s, Category c) { return s.bytes[static_cast<size_t>(c)]; }
+
+// tiny-test: V=96 C=32 F=80 L=8 H=4 H_kv=2 D=8, fp32, T=16, one rank, mb 1.
+TEST(MemoryEstimate, HandComputedSingleRank) {
+  const auto m = model_preset("tiny-test");
+  const RunSpec run{16, 4, Precision::fp32};
+  const Layout l;
+  const auto e = estimate(m, run, l, cpu_device());
+  ASSERT_EQ(e.stages.size(), 1u);
+  const auto& s = e.stages[0];
+  const int64_t params = 92'704;  // 8 blocks of 10'816 + 2 x 96 x 32 + 32
+  ASSERT_EQ(m.param_count(), params);
+  EXPECT_EQ(cat(s, Category::weights), 4 * params);
+  EXPECT_EQ(cat(s, Category::grads), 4 * params);
+  EXPECT_EQ(cat(s, Category::optimizer), 8 * params);  // Adam m and v; fp32 weights are the master
+  // Per block: norm input 512, rstd 16, norm out 512, q 512, k 256, v 256,
+  // attn out 512, lse 64, mlp norm in 512, rstd 16, out 512, gate/up/act 3 x 1280.
+  const int64_t block = 4 * 7'520;
+  EXPECT_EQ(cat(s, Category::activations), 8 * block + 4 * 16 /*tokens*/ + 4 * 1'040 /*final norm*/);
+  EXPECT_EQ(cat(s, Category::logits), 4 * (16 * 96 + 3 * 16 + 16));
+  EXPECT_EQ(cat(s, Category::workspace),
+            4 * (2 * 512 + 512 + 512 + 16 * 8 * 8 + 512 + 3 * 1'280 + 64));
+  EXPECT_EQ(cat(s, Category::comm), 0);
+  EXPECT_EQ(cat(s, Category::overhead), 0);
+  EXPECT_TRUE(e.fits);
+
+  // Full checkpointing keeps each block's input and rebuilds one block at a time.
+  Layout full = l;
+  full.ckpt = Checkpointing::full;
+  const auto f = estimate(m, run, full, cpu_device());
+  EXPECT_EQ(cat(f.stages[0], Category::activations),
+            8 * 4 * 512 + (block - 4 * 512) + 4 * 16 + 4 * 1'040);
+}
+
+TEST(MemoryEstimate, Bf16KeepsAnFp32MasterAndZeroShardsIt) {
+  const auto m = model_preset("llama-13b");
+  const RunSpec run{2048, 2048, Precision::bf16};
+  const auto dev = device_preset("a100-80gb");
+  Layout l = Layout::parse("tp1-pp1-dp64");
+  const double psi = double(m.param_count());
+  auto e0 = estimate(m, run, l, dev);
+  EXPECT_EQ(cat(e0.stages[0], Category::weights), int64_t(2 * psi));
+  EXPECT_EQ(cat(e0.stages[0], Category::grads), int64_t(4 * psi));
+  EXPECT_EQ(cat(e0.stages[0], Category::optimizer), int64_t(12 * psi));
+  EXPECT_FALSE(e0.fits);
+  EXPECT_NE(e0.reason.find("optimizer"), std::string::npos) << e0.reason;
+  l.zero = 1;
+  auto e1 = estimate(m, run, l, dev);
+  const int64_t shard = (m.param_count() + 63) / 64;
+  EXPECT_EQ(cat(e1.stages[0], Category::optimizer), 12 * shard);
+  EXPECT_EQ(cat(e1.stages[0], Category::grads), int64_t(4 * psi));
+  l.zero = 2;
+  auto e2 = estimate(m, run, l, dev);
+  EXPECT_EQ(cat(e2.stages[0], Category::grads), 4 * shard);
+  l.zero = 3;
+  auto e3 = estimate(m, run, l, dev);
+  EXPECT_EQ(cat(e3.stages[0], Category::weights), 2 * shard);
+  EXPECT_LT(e3.peak(), e2.peak());
+  EXPECT_LT(e2.peak(), e1.peak());
+  EXPECT_LT(e1.peak(), e0.peak());
+}
+
+struct Mono : ::testing::Test {
+  ModelSpec m = model_preset("llama-30b");
+  RunSpec run{2048, 1024, Precision::bf16};
+  DeviceSpec dev = device_preset("a100-80gb");
+  int64_t total(const std::string& layout, int64_t stage = 0) {
+    MemoryOptions o;
+    o.all_stages = true;
+    return estimate(m, run, Layout::parse(layout), dev, o).stages[size_t(stage)].total;
+  }
+  int64_t part(const std::string& layout, Category c, int64_t stage = 0) {
+    MemoryOptions o;
+    o.all_stages = true;
+    return cat(estimate(m, run, Layout::parse(layout), dev, o).stages[size_t(stage)], c);
+  }
+};
+
+TEST_F(Mono, MoreTensorParallelismLessWeightMemory) {
+  int64_t prev = INT64_MAX;
+  for (int tp : {1, 2, 4}) {
+    const int64_t w = part(fmt::format("tp{}-pp1-dp{}", tp, 64 / tp), Category::weights);
+    EXPECT_LT(w, prev) << "tp" << tp;
+    prev = w;
+  }
+}
+
+TEST_F(Mono, CheckpointingLowersActivations) {
+  const auto none = part("tp4-pp2-dp8", Category::activations);
+  const auto sel = part("tp4-pp2-dp8-ckpt:selective", Category::activations);
+  const auto ffn = part("tp4-pp2-dp8-ckpt:ffn", Category::activations);
+  const auto full = part("tp4-pp2-dp8-ckpt:full", Category::activations);
+  const auto half = part("tp4-pp2-dp8-ckpt:full@15", Category::activations);
+  EXPECT_LT(sel, none);
+  EXPECT_LT(ffn, none);
+  EXPECT_LT(full, sel);
+  EXPECT_LT(full, ffn);
+  EXPECT_LT(full, half);
+  EXPECT_LT(half, none);
+}
+
+TEST_F(Mono, HigherZeroStageLessOptimizerMemory) {
+  EXPECT_LT(part("tp4-pp2-dp8-zero1", Category::optimizer), part("tp4-pp2-dp8-zero0", Category::optimizer));
+  EXPECT_EQ(part("tp4-pp2-dp8-zero2", Category::optimizer), part("tp4-pp2-dp8-zero1", Category::optimizer));
+  EXPECT_LT(part("tp4-pp2-dp8-zero2", Category::grads), part("tp4-pp2-dp8-zero1", Category::grads));
+  EXPECT_LT(part("tp4-pp2-dp8-zero3", Category::weights), part("tp4-pp2-dp8-zero2", Category::weights));
+}
+
+TEST_F(Mono, SequenceParallelShardsNormRegions) {
+  EXPECT_LT(part("tp4-pp2-dp8-sp", Category::activations), part("tp4-pp2-dp8", Category::activations));
+}
+
+TEST_F(Mono, MaterializedAttentionAddsTheSquareTerm) {
+  const auto flash = part("tp4-pp2-dp8", Category::activations);
+  const auto mat = part("tp4-pp2-dp8-attn:materialized", Category::activations);
+  // probs (B, H/t, T, T) bf16 per block and micro-batch in flight, less the lse it replaces.
+  const int64_t per_block = 1 * (52 / 4) * 2048 * 2048 * 2 - 1 * (52 / 4) * 2048 * 4;
+  EXPECT_EQ(mat - flash, per_block * 30 /*layers*/ * 2 /*in flight on stage 0*/);
+  run.seq = 4096;
+  const auto mat4 = part("tp4-pp2-dp8-attn:materialized", Category::activations);
+  const auto flash4 = part("tp4-pp2-dp8", Category::activations);
+  EXPECT_NEAR(double(mat4 - flash4) / double(mat - flash), 4.0, 0.01);
+}
+
+TEST_F(Mono, UnfusedNormKeepsFp32Intermediates) {
+  const auto fused = part("tp4-pp2-dp8", Category::activations);
+  const auto unfused = part("tp4-pp2-dp8-norm:unfused", Category::activations);
+  // Two norms per block, each keeping x_hat and the upcast input in fp32.
+  EXPECT_EQ(unfused - fused, int64_t{2} * (2 * 4 * 2048 * 6656) * 30 * 2);
+}
+
+TEST_F(Mono, PipelineStagesHoldTheirInFlightMicroBatches) {
+  MemoryOptions o;
+  o.all_stages = true;
+  const auto e = estimate(m, run, Layout::parse("tp4-pp4-dp4"), dev, o);
+  ASSERT_EQ(e.stages.size(), 4u);
+  for (int64_t s = 0; s < 4; ++s) EXPECT_EQ(e.stages[size_t(s)].in_flight_chunks, 4 - s);
+  EXPECT_GT(cat(e.stages[0], Category::activations), cat(e.stages[1], Category::activations));
+  EXPECT_GT(cat(e.stages[3], Category::logits), 0);
+  EXPECT_EQ(cat(e.stages[1], Category::logits), 0);
+  // The fast path (first and last stage) finds the same worst stage.
+  const auto fast = estimate(m, run, Layout::parse("tp4-pp4-dp4"), dev);
+  EXPECT_EQ(fast.peak(), e.peak());
+}
+
+TEST_F(Mono, MoreMicroBatchMoreActivations) {
+  EXPECT_LT(part("tp4-pp2-dp8-mb1", Category::activations), part("tp4-pp2-dp8-mb2", Category::activations));
+}
+
+TEST(MemoryEstimate, ReasonNamesStageAndCategory) {
+  const auto m = model_preset("llama-65b");
+  const RunSpec run{2048, 512, Precision::bf16};
+  const auto e = estimate(m, run, Layout::parse("tp8-pp1-dp8-mb4-zero1"), device_preset("a100-80gb"));
+  EXPECT_FALSE(e.fits);
+  EXPECT_EQ(e.binding, Category::activations);
+  EXPECT_NE(e.reason.find("stage 0"), std::string::npos);
+  EXPECT_NE(e.reason.find("activations"), std::string::npos);
+  EXPECT_NE(e.reason.find("usable"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace weft::memory
