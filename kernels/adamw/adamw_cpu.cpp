@@ -1,0 +1,76 @@
+// adamw on the CPU: one fused elementwise pass per tensor (decay, both
+// moments, the update), parallel over its elements.
+//
+// The per-step scalars (bias corrections, step size) are computed once in
+// double, as PyTorch computes them in Python floats, then applied in Acc.
+#include "kernels/adamw/adamw.h"
+
+#include <cmath>
+
+#include "kernels/cpu_common.h"
+
+namespace weft::kernels {
+namespace {
+
+template <typename Elem>
+Status check(const AdamwParams<Elem>& p) {
+  const bool finite = std::isfinite(p.lr) && std::isfinite(p.beta1) && std::isfinite(p.beta2) &&
+                      std::isfinite(p.eps) && std::isfinite(p.weight_decay) &&
+                      std::isfinite(p.grad_scale);
+  if (!finite || p.step < 1 || p.lr < 0 || p.beta1 < 0 || p.beta1 >= 1 || p.beta2 < 0 ||
+      p.beta2 >= 1 || p.eps < 0 || p.weight_decay < 0)
+    return Status::invalid_argument;
+  for (const AdamwTensor<Elem>& t : p.tensors)
+    if (t.n < 0 || !cpu::present(t.param, t.n) || !cpu::present(t.grad, t.n) ||
+        !cpu::present(t.m, t.n) || !cpu::present(t.v, t.n))
+      return Status::invalid_argument;
+  return Status::ok;
+}
+
+}  // namespace
+
+template <typename Elem>
+bool supports(const AdamwParams<Elem>& p, Backend backend) {
+  return backend == Backend::cpu && check(p) == Status::ok;
+}
+
+template <typename Elem>
+int64_t workspace_bytes(const AdamwParams<Elem>&, Backend) {
+  return 0;
+}
+
+template <typename Elem>
+Status launch(const AdamwParams<Elem>& p, Workspace ws, Stream stream) {
+  using A = Acc<Elem>;
+  if (Status s = cpu::preflight(check(p), 0, ws, stream); s != Status::ok) return s;
+  const double t = static_cast<double>(p.step);
+  const double bias1 = 1.0 - std::pow(p.beta1, t);
+  const double bias2 = 1.0 - std::pow(p.beta2, t);
+  const A step_size = A(p.lr / bias1);
+  const A bias2_sqrt = A(std::sqrt(bias2));
+  // 1 - beta in double then rounded, as torch passes them as Python floats.
+  const A beta2 = A(p.beta2), one_minus_beta1 = A(1.0 - p.beta1), one_minus_beta2 = A(1.0 - p.beta2);
+  const A eps = A(p.eps), grad_scale = A(p.grad_scale);
+  const A decay_factor = A(1.0 - p.lr * p.weight_decay);
+  for (const AdamwTensor<Elem>& tensor : p.tensors) {
+    const bool decay = tensor.decay == WeightDecay::apply && p.weight_decay != 0;
+#pragma omp parallel for schedule(static) if (cpu::worth_parallel(tensor.n))
+    for (int64_t i = 0; i < tensor.n; ++i) {
+      const A g = A(tensor.grad[i]) * grad_scale;
+      A param = A(tensor.param[i]);
+      if (decay) param *= decay_factor;
+      // torch: m.lerp_(g, 1 - beta1); v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+      const A m = A(tensor.m[i]) + one_minus_beta1 * (g - A(tensor.m[i]));
+      const A v = beta2 * A(tensor.v[i]) + one_minus_beta2 * g * g;
+      param -= step_size * (m / (std::sqrt(v) / bias2_sqrt + eps));
+      tensor.m[i] = Elem(m);
+      tensor.v[i] = Elem(v);
+      tensor.param[i] = Elem(param);
+    }
+  }
+  return Status::ok;
+}
+
+WEFT_CPU_INSTANTIATE(AdamwParams)
+
+}  // namespace weft::kernels

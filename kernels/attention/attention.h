@@ -1,0 +1,74 @@
+// attention: causal scaled-dot-product attention with grouped-query heads.
+//
+// Head h reads kv head h / (H / H_kv); the softmax scale is 1 / sqrt(D). Two
+// variants compute the same function and differ in what they keep, chosen by
+// the layout's attention knob (weft::AttentionKind):
+//   flash        keeps the log-sum-exp per query row, lse (B, H, T) in Acc;
+//                the backward recomputes the probabilities from it.
+//   materialized keeps the probabilities P (B, H, T, T); its backward needs a
+//                (B, H, T, T) workspace for dP.
+#pragma once
+
+#include <cstdint>
+
+#include "core/layout.h"
+#include "kernels/kernel.h"
+
+namespace weft::kernels {
+
+template <typename Elem>
+struct AttentionForwardParams {
+  AttentionKind kind = AttentionKind::flash;
+  int64_t B = 0;
+  int64_t T = 0;
+  int64_t H = 0;
+  int64_t H_kv = 0;  // divides H
+  int64_t D = 0;
+  const Elem* q = nullptr;  // (B, T, H, D), after RoPE
+  const Elem* k = nullptr;  // (B, T, H_kv, D), after RoPE
+  const Elem* v = nullptr;  // (B, T, H_kv, D)
+  Elem* out = nullptr;      // (B, T, H, D)
+  // (B, H, T) log-sum-exp of the scaled scores per query row: required by
+  // flash, written by materialized too when given.
+  Acc<Elem>* lse = nullptr;
+  Elem* probs = nullptr;  // (B, H, T, T) materialized only; zero above the diagonal
+};
+
+// dq, dk and dv are overwritten. dk and dv of a kv head sum over the H / H_kv
+// query heads that share it.
+template <typename Elem>
+struct AttentionBackwardParams {
+  AttentionKind kind = AttentionKind::flash;
+  int64_t B = 0;
+  int64_t T = 0;
+  int64_t H = 0;
+  int64_t H_kv = 0;
+  int64_t D = 0;
+  const Elem* q = nullptr;          // (B, T, H, D)
+  const Elem* k = nullptr;          // (B, T, H_kv, D)
+  const Elem* v = nullptr;          // (B, T, H_kv, D)
+  const Elem* out = nullptr;        // (B, T, H, D) flash only (delta = rowsum(dO * O))
+  const Acc<Elem>* lse = nullptr;   // (B, H, T) flash only
+  const Elem* probs = nullptr;      // (B, H, T, T) materialized only
+  const Elem* dout = nullptr;       // (B, T, H, D)
+  Elem* dq = nullptr;               // (B, T, H, D)
+  Elem* dk = nullptr;               // (B, T, H_kv, D)
+  Elem* dv = nullptr;               // (B, T, H_kv, D)
+};
+
+template <typename Elem>
+bool supports(const AttentionForwardParams<Elem>& p, Backend backend = Backend::cpu);
+template <typename Elem>
+int64_t workspace_bytes(const AttentionForwardParams<Elem>& p, Backend backend = Backend::cpu);
+template <typename Elem>
+Status launch(const AttentionForwardParams<Elem>& p, Workspace ws, Stream stream = {});
+
+// Workspace: flash (B, H, T) Acc for delta; materialized (B, H, T, T) Elem for dP.
+template <typename Elem>
+bool supports(const AttentionBackwardParams<Elem>& p, Backend backend = Backend::cpu);
+template <typename Elem>
+int64_t workspace_bytes(const AttentionBackwardParams<Elem>& p, Backend backend = Backend::cpu);
+template <typename Elem>
+Status launch(const AttentionBackwardParams<Elem>& p, Workspace ws, Stream stream = {});
+
+}  // namespace weft::kernels

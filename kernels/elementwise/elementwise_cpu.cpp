@@ -1,0 +1,128 @@
+// elementwise and reduce on the CPU: one OpenMP-parallel loop each.
+//
+// Scalars arrive as double and are rounded to Acc once, so a float launch
+// computes exactly what a float loop with a float scalar would. The sum of
+// squares accumulates in double: a gradient norm sums 10^9 squares, far past
+// fp32's 2^24 of exact integer steps.
+#include "kernels/elementwise/elementwise.h"
+
+#include "kernels/cpu_common.h"
+
+namespace weft::kernels {
+namespace {
+
+template <typename Elem>
+Status check(const AddParams<Elem>& p) {
+  return cpu::status_of(p.n >= 0 && cpu::present(p.a, p.n) && cpu::present(p.b, p.n) &&
+                        cpu::present(p.out, p.n));
+}
+template <typename Elem>
+Status check(const ScaleParams<Elem>& p) {
+  return cpu::status_of(p.n >= 0 && cpu::present(p.x, p.n) && cpu::present(p.out, p.n));
+}
+template <typename Elem>
+Status check(const AxpyParams<Elem>& p) {
+  return cpu::status_of(p.n >= 0 && cpu::present(p.x, p.n) && cpu::present(p.y, p.n));
+}
+template <typename Elem>
+Status check(const FillParams<Elem>& p) {
+  return cpu::status_of(p.n >= 0 && cpu::present(p.x, p.n));
+}
+template <typename Elem>
+Status check(const SumSquaresParams<Elem>& p) {
+  return cpu::status_of(p.n >= 0 && cpu::present(p.x, p.n) && p.sum != nullptr);
+}
+
+int64_t chunks(int64_t n) { return (n + kSumChunk - 1) / kSumChunk; }
+
+}  // namespace
+
+#define WEFT_NO_WORKSPACE(Params)                                   \
+  template <typename Elem>                                          \
+  bool supports(const Params<Elem>& p, Backend backend) {           \
+    return backend == Backend::cpu && check(p) == Status::ok;       \
+  }                                                                 \
+  template <typename Elem>                                          \
+  int64_t workspace_bytes(const Params<Elem>&, Backend) {           \
+    return 0;                                                       \
+  }
+WEFT_NO_WORKSPACE(AddParams)
+WEFT_NO_WORKSPACE(ScaleParams)
+WEFT_NO_WORKSPACE(AxpyParams)
+WEFT_NO_WORKSPACE(FillParams)
+#undef WEFT_NO_WORKSPACE
+
+template <typename Elem>
+Status launch(const AddParams<Elem>& p, Workspace ws, Stream stream) {
+  if (Status s = cpu::preflight(check(p), 0, ws, stream); s != Status::ok) return s;
+#pragma omp parallel for simd schedule(static) if (cpu::worth_parallel(p.n))
+  for (int64_t i = 0; i < p.n; ++i) p.out[i] = p.a[i] + p.b[i];
+  return Status::ok;
+}
+
+template <typename Elem>
+Status launch(const ScaleParams<Elem>& p, Workspace ws, Stream stream) {
+  using A = Acc<Elem>;
+  if (Status s = cpu::preflight(check(p), 0, ws, stream); s != Status::ok) return s;
+  const A alpha = A(p.alpha);
+#pragma omp parallel for simd schedule(static) if (cpu::worth_parallel(p.n))
+  for (int64_t i = 0; i < p.n; ++i) p.out[i] = Elem(alpha * A(p.x[i]));
+  return Status::ok;
+}
+
+template <typename Elem>
+Status launch(const AxpyParams<Elem>& p, Workspace ws, Stream stream) {
+  using A = Acc<Elem>;
+  if (Status s = cpu::preflight(check(p), 0, ws, stream); s != Status::ok) return s;
+  const A alpha = A(p.alpha);
+#pragma omp parallel for simd schedule(static) if (cpu::worth_parallel(p.n))
+  for (int64_t i = 0; i < p.n; ++i) p.y[i] = Elem(A(p.y[i]) + alpha * A(p.x[i]));
+  return Status::ok;
+}
+
+template <typename Elem>
+Status launch(const FillParams<Elem>& p, Workspace ws, Stream stream) {
+  if (Status s = cpu::preflight(check(p), 0, ws, stream); s != Status::ok) return s;
+  const Elem value = Elem(p.value);
+#pragma omp parallel for simd schedule(static) if (cpu::worth_parallel(p.n))
+  for (int64_t i = 0; i < p.n; ++i) p.x[i] = value;
+  return Status::ok;
+}
+
+template <typename Elem>
+bool supports(const SumSquaresParams<Elem>& p, Backend backend) {
+  return backend == Backend::cpu && check(p) == Status::ok;
+}
+
+template <typename Elem>
+int64_t workspace_bytes(const SumSquaresParams<Elem>& p, Backend) {
+  if (check(p) != Status::ok) return 0;
+  return cpu::piece_bytes<double>(chunks(p.n));
+}
+
+template <typename Elem>
+Status launch(const SumSquaresParams<Elem>& p, Workspace ws, Stream stream) {
+  if (Status s = cpu::preflight(check(p), workspace_bytes(p), ws, stream); s != Status::ok) return s;
+  const int64_t n_chunks = chunks(p.n);
+  double* partial = cpu::WorkspaceCarver(ws).take<double>(n_chunks);
+#pragma omp parallel for schedule(static) if (cpu::worth_parallel(p.n))
+  for (int64_t c = 0; c < n_chunks; ++c) {
+    const int64_t end = std::min(p.n, (c + 1) * kSumChunk);
+    double s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = c * kSumChunk; i < end; ++i) s += double(p.x[i]) * double(p.x[i]);
+    partial[c] = s;
+  }
+  double total = 0;
+  for (int64_t c = 0; c < n_chunks; ++c) total += partial[c];
+  *p.sum += total;
+  return Status::ok;
+}
+
+WEFT_CPU_INSTANTIATE(AddParams)
+WEFT_CPU_INSTANTIATE(ScaleParams)
+WEFT_CPU_INSTANTIATE(AxpyParams)
+WEFT_CPU_INSTANTIATE(FillParams)
+WEFT_CPU_INSTANTIATE(SumSquaresParams)
+
+}  // namespace weft::kernels

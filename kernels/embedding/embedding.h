@@ -1,0 +1,57 @@
+// embedding: token-id row gather, vocab-parallel.
+//
+// A rank holds rows [vocab_start, vocab_start + V_local) of the (V, C) table.
+// The forward writes the table row of tokens in its shard and a zero row for
+// the others, so summing the outputs over the tp ranks gives the full lookup.
+// The backward scatter-adds dout rows into the shard's table gradient. Token
+// ids outside [0, V) throw weft::InputError naming the id, its position and V,
+// before anything is written.
+//
+// rows = B * T tokens.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/kernel.h"
+
+namespace weft::kernels {
+
+template <typename Elem>
+struct EmbeddingForwardParams {
+  int64_t rows = 0;
+  int64_t C = 0;
+  int64_t V = 0;  // full vocabulary
+  int64_t vocab_start = 0;
+  int64_t V_local = 0;               // V on one rank
+  const int32_t* tokens = nullptr;   // (rows)
+  const Elem* table = nullptr;       // (V_local, C)
+  Elem* out = nullptr;               // (rows, C)
+};
+
+template <typename Elem>
+struct EmbeddingBackwardParams {
+  int64_t rows = 0;
+  int64_t C = 0;
+  int64_t V = 0;
+  int64_t vocab_start = 0;
+  int64_t V_local = 0;
+  const int32_t* tokens = nullptr;  // (rows)
+  const Elem* dout = nullptr;       // (rows, C)
+  Elem* dtable = nullptr;           // (V_local, C) accumulated
+};
+
+template <typename Elem>
+bool supports(const EmbeddingForwardParams<Elem>& p, Backend backend = Backend::cpu);
+template <typename Elem>
+int64_t workspace_bytes(const EmbeddingForwardParams<Elem>& p, Backend backend = Backend::cpu);
+template <typename Elem>
+Status launch(const EmbeddingForwardParams<Elem>& p, Workspace ws, Stream stream = {});
+
+template <typename Elem>
+bool supports(const EmbeddingBackwardParams<Elem>& p, Backend backend = Backend::cpu);
+template <typename Elem>
+int64_t workspace_bytes(const EmbeddingBackwardParams<Elem>& p, Backend backend = Backend::cpu);
+template <typename Elem>
+Status launch(const EmbeddingBackwardParams<Elem>& p, Workspace ws, Stream stream = {});
+
+}  // namespace weft::kernels

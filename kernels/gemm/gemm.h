@@ -1,0 +1,87 @@
+// gemm: row-major C = alpha * op(A) * op(B) + beta * C, optionally strided-
+// batched. Training uses three forms per linear layer (forward, dgrad, wgrad);
+// the linear_*_gemm helpers build them for Hugging Face weights (out, in).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/kernel.h"
+
+namespace weft::kernels {
+
+enum class Trans { no, yes };
+
+// m, n, k describe the product, not the dimension letters of the model:
+// op(A) is (m, k), op(B) is (k, n), C is (m, n). Matrices are row-major with
+// leading dimensions (elements between consecutive rows) lda, ldb, ldc. With
+// beta = 0, C is not read (NaN in it does not propagate). batch > 1 repeats
+// the product with the pointers advanced by the strides (elements); the C
+// matrices of a batch must not overlap.
+template <typename Elem>
+struct GemmParams {
+  Trans trans_a = Trans::no;
+  Trans trans_b = Trans::no;
+  int64_t m = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+  Elem alpha = 1;
+  Elem beta = 0;
+  const Elem* a = nullptr;  // (m, k), or (k, m) when trans_a
+  int64_t lda = 0;
+  const Elem* b = nullptr;  // (k, n), or (n, k) when trans_b
+  int64_t ldb = 0;
+  Elem* c = nullptr;  // (m, n)
+  int64_t ldc = 0;
+  int64_t batch = 1;
+  int64_t stride_a = 0;
+  int64_t stride_b = 0;
+  int64_t stride_c = 0;
+};
+
+template <typename Elem>
+bool supports(const GemmParams<Elem>& p, Backend backend = Backend::cpu);
+template <typename Elem>
+int64_t workspace_bytes(const GemmParams<Elem>& p, Backend backend = Backend::cpu);
+template <typename Elem>
+Status launch(const GemmParams<Elem>& p, Workspace ws, Stream stream = {});
+
+// A linear layer y = x W^T over `rows` tokens with weight W (out, in).
+
+// Forward: y = x W^T.
+template <typename Elem>
+GemmParams<Elem> linear_forward_gemm(int64_t rows, int64_t in, int64_t out,
+                                     const Elem* x,  // (rows, in)
+                                     const Elem* w,  // (out, in)
+                                     Elem* y,        // (rows, out)
+                                     Write write = Write::overwrite) {
+  return {.trans_a = Trans::no, .trans_b = Trans::yes, .m = rows, .n = out, .k = in,
+          .alpha = Elem(1), .beta = write == Write::accumulate ? Elem(1) : Elem(0),
+          .a = x, .lda = in, .b = w, .ldb = in, .c = y, .ldc = out};
+}
+
+// Data gradient: dx = dy W; accumulate when several linears read the same x
+// (q, k, v projections; gate and up).
+template <typename Elem>
+GemmParams<Elem> linear_dgrad_gemm(int64_t rows, int64_t in, int64_t out,
+                                   const Elem* dy,  // (rows, out)
+                                   const Elem* w,   // (out, in)
+                                   Elem* dx,        // (rows, in)
+                                   Write write = Write::overwrite) {
+  return {.trans_a = Trans::no, .trans_b = Trans::no, .m = rows, .n = in, .k = out,
+          .alpha = Elem(1), .beta = write == Write::accumulate ? Elem(1) : Elem(0),
+          .a = dy, .lda = out, .b = w, .ldb = in, .c = dx, .ldc = in};
+}
+
+// Weight gradient: dW += dy^T x, accumulating over micro-batches by default.
+template <typename Elem>
+GemmParams<Elem> linear_wgrad_gemm(int64_t rows, int64_t in, int64_t out,
+                                   const Elem* dy,  // (rows, out)
+                                   const Elem* x,   // (rows, in)
+                                   Elem* dw,        // (out, in)
+                                   Write write = Write::accumulate) {
+  return {.trans_a = Trans::yes, .trans_b = Trans::no, .m = out, .n = in, .k = rows,
+          .alpha = Elem(1), .beta = write == Write::accumulate ? Elem(1) : Elem(0),
+          .a = dy, .lda = out, .b = x, .ldb = in, .c = dw, .ldc = in};
+}
+
+}  // namespace weft::kernels

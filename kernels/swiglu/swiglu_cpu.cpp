@@ -1,0 +1,86 @@
+// swiglu on the CPU: one elementwise pass each way, in Acc.
+//
+// Forward fuses silu and the product (no silu(gate) tensor is kept); the
+// backward recomputes sigmoid(gate) instead of saving it:
+//   dup   = dact * silu(g)
+//   dgate = dact * up * s * (1 + g * (1 - s)),  s = sigmoid(g)
+// sigmoid is 1 / (1 + exp(-g)), which saturates cleanly to 0 or 1 for large |g|.
+#include "kernels/swiglu/swiglu.h"
+
+#include <cmath>
+
+#include "kernels/cpu_common.h"
+
+namespace weft::kernels {
+namespace {
+
+template <typename A>
+A sigmoid(A g) {
+  return A(1) / (A(1) + std::exp(-g));
+}
+
+template <typename Elem>
+Status check(const SwigluForwardParams<Elem>& p) {
+  const int64_t n = p.rows * p.F;
+  return cpu::status_of(p.rows >= 0 && p.F >= 0 && cpu::present(p.gate, n) &&
+                        cpu::present(p.up, n) && cpu::present(p.act, n));
+}
+
+template <typename Elem>
+Status check(const SwigluBackwardParams<Elem>& p) {
+  const int64_t n = p.rows * p.F;
+  return cpu::status_of(p.rows >= 0 && p.F >= 0 && cpu::present(p.gate, n) &&
+                        cpu::present(p.up, n) && cpu::present(p.dact, n) &&
+                        cpu::present(p.dgate, n) && cpu::present(p.dup, n));
+}
+
+}  // namespace
+
+template <typename Elem>
+bool supports(const SwigluForwardParams<Elem>& p, Backend backend) {
+  return backend == Backend::cpu && check(p) == Status::ok;
+}
+template <typename Elem>
+int64_t workspace_bytes(const SwigluForwardParams<Elem>&, Backend) {
+  return 0;
+}
+template <typename Elem>
+Status launch(const SwigluForwardParams<Elem>& p, Workspace ws, Stream stream) {
+  using A = Acc<Elem>;
+  if (Status s = cpu::preflight(check(p), 0, ws, stream); s != Status::ok) return s;
+  const int64_t n = p.rows * p.F;
+#pragma omp parallel for schedule(static) if (cpu::worth_parallel(n))
+  for (int64_t i = 0; i < n; ++i) {
+    const A g = A(p.gate[i]);
+    p.act[i] = Elem(g * sigmoid(g) * A(p.up[i]));
+  }
+  return Status::ok;
+}
+
+template <typename Elem>
+bool supports(const SwigluBackwardParams<Elem>& p, Backend backend) {
+  return backend == Backend::cpu && check(p) == Status::ok;
+}
+template <typename Elem>
+int64_t workspace_bytes(const SwigluBackwardParams<Elem>&, Backend) {
+  return 0;
+}
+template <typename Elem>
+Status launch(const SwigluBackwardParams<Elem>& p, Workspace ws, Stream stream) {
+  using A = Acc<Elem>;
+  if (Status s = cpu::preflight(check(p), 0, ws, stream); s != Status::ok) return s;
+  const int64_t n = p.rows * p.F;
+#pragma omp parallel for schedule(static) if (cpu::worth_parallel(n))
+  for (int64_t i = 0; i < n; ++i) {
+    const A g = A(p.gate[i]), u = A(p.up[i]), da = A(p.dact[i]);
+    const A s = sigmoid(g);
+    p.dup[i] = Elem(da * g * s);
+    p.dgate[i] = Elem(da * u * s * (A(1) + g * (A(1) - s)));
+  }
+  return Status::ok;
+}
+
+WEFT_CPU_INSTANTIATE(SwigluForwardParams)
+WEFT_CPU_INSTANTIATE(SwigluBackwardParams)
+
+}  // namespace weft::kernels

@@ -1,0 +1,258 @@
+// attention: both variants against an fp64 reference and finite differences,
+// and against each other.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "kernels/attention/attention.h"
+#include "tests/unit/kernels/kernel_test_util.h"
+#include "tests/unit/kernels/op_cases.h"
+
+namespace weft::kernels::test {
+namespace {
+
+constexpr AttentionKind kKinds[] = {AttentionKind::flash, AttentionKind::materialized};
+
+struct Index {
+  const AttentionCase& c;
+  int64_t q(int64_t b, int64_t t, int64_t h) const { return ((b * c.T + t) * c.H + h) * c.D; }
+  int64_t kv(int64_t b, int64_t t, int64_t h) const { return ((b * c.T + t) * c.H_kv + h) * c.D; }
+  int64_t row(int64_t b, int64_t h, int64_t t) const { return (b * c.H + h) * c.T + t; }
+};
+
+template <typename R>
+struct Reference {
+  std::vector<R> out, lse, probs;  // (B, T, H, D), (B, H, T), (B, H, T, T)
+  std::vector<R> dq, dk, dv;
+};
+
+// Textbook causal softmax attention: materialise the row of scaled scores,
+// softmax it, multiply by V; backward through the softmax Jacobian.
+template <typename R>
+Reference<R> reference(const AttentionCase& c, const std::vector<R>& q, const std::vector<R>& k,
+                       const std::vector<R>& v, const std::vector<R>& dout) {
+  const Index at{c};
+  const R scale = R(1) / std::sqrt(R(c.D));
+  const int64_t group = c.H / c.H_kv;
+  Reference<R> r;
+  r.out.assign(q.size(), R(0));
+  r.dq.assign(q.size(), R(0));
+  r.dk.assign(k.size(), R(0));
+  r.dv.assign(v.size(), R(0));
+  r.lse.assign(c.B * c.H * c.T, R(0));
+  r.probs.assign(c.B * c.H * c.T * c.T, R(0));
+  for (int64_t b = 0; b < c.B; ++b)
+    for (int64_t h = 0; h < c.H; ++h)
+      for (int64_t i = 0; i < c.T; ++i) {
+        const int64_t hk = h / group;
+        std::vector<R> s(i + 1), dp(i + 1);
+        R mx = -INFINITY;
+        for (int64_t j = 0; j <= i; ++j) {
+          s[j] = 0;
+          for (int64_t d = 0; d < c.D; ++d) s[j] += q[at.q(b, i, h) + d] * k[at.kv(b, j, hk) + d];
+          s[j] *= scale;
+          mx = std::max(mx, s[j]);
+        }
+        R sum = 0;
+        for (int64_t j = 0; j <= i; ++j) sum += std::exp(s[j] - mx);
+        r.lse[at.row(b, h, i)] = mx + std::log(sum);
+        R* prow = &r.probs[at.row(b, h, i) * c.T];
+        R delta = 0;
+        for (int64_t j = 0; j <= i; ++j) {
+          prow[j] = std::exp(s[j] - mx) / sum;
+          dp[j] = 0;
+          for (int64_t d = 0; d < c.D; ++d) {
+            r.out[at.q(b, i, h) + d] += prow[j] * v[at.kv(b, j, hk) + d];
+            dp[j] += dout[at.q(b, i, h) + d] * v[at.kv(b, j, hk) + d];
+          }
+          delta += prow[j] * dp[j];
+        }
+        for (int64_t j = 0; j <= i; ++j) {
+          const R ds = prow[j] * (dp[j] - delta);
+          for (int64_t d = 0; d < c.D; ++d) {
+            r.dq[at.q(b, i, h) + d] += scale * ds * k[at.kv(b, j, hk) + d];
+            r.dk[at.kv(b, j, hk) + d] += scale * ds * q[at.q(b, i, h) + d];
+            r.dv[at.kv(b, j, hk) + d] += prow[j] * dout[at.q(b, i, h) + d];
+          }
+        }
+      }
+  return r;
+}
+
+// One forward and backward of the kernel; lse is written by both variants.
+template <typename E>
+struct Run {
+  std::vector<E> out, probs, dq, dk, dv;
+  std::vector<E> lse;
+};
+
+template <typename E>
+Run<E> run_kernel(const AttentionCase& c, AttentionKind kind, const std::vector<E>& q,
+                  const std::vector<E>& k, const std::vector<E>& v, const std::vector<E>& dout) {
+  Run<E> r;
+  r.out.resize(q.size());
+  r.dq.resize(q.size());
+  r.dk.resize(k.size());
+  r.dv.resize(v.size());
+  r.lse.resize(c.B * c.H * c.T);
+  if (kind == AttentionKind::materialized) r.probs.resize(c.B * c.H * c.T * c.T);
+  run_or_throw(AttentionForwardParams<E>{.kind = kind, .B = c.B, .T = c.T, .H = c.H,
+                                         .H_kv = c.H_kv, .D = c.D, .q = q.data(), .k = k.data(),
+                                         .v = v.data(), .out = r.out.data(), .lse = r.lse.data(),
+                                         .probs = r.probs.data()});
+  run_or_throw(AttentionBackwardParams<E>{
+      .kind = kind, .B = c.B, .T = c.T, .H = c.H, .H_kv = c.H_kv, .D = c.D, .q = q.data(),
+      .k = k.data(), .v = v.data(), .out = r.out.data(), .lse = r.lse.data(),
+      .probs = r.probs.data(), .dout = dout.data(), .dq = r.dq.data(), .dk = r.dk.data(),
+      .dv = r.dv.data()});
+  return r;
+}
+
+class AttentionTest : public ::testing::TestWithParam<AttentionCase> {};
+
+TEST_P(AttentionTest, ForwardBackwardMatchFp64Reference) {
+  const AttentionCase& c = GetParam();
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  const int64_t nq = c.B * c.T * c.H * c.D, nkv = c.B * c.T * c.H_kv * c.D;
+  // Scores of order a few units, so the softmax is neither flat nor one-hot.
+  auto q = rng.uniform<float>(nq, -2, 2), k = rng.uniform<float>(nkv, -2, 2);
+  auto v = rng.uniform<float>(nkv), dout = rng.uniform<float>(nq);
+  const auto ref = reference(c, cast<double>(q), cast<double>(k), cast<double>(v), cast<double>(dout));
+  const auto naive = reference(c, q, k, v, dout);
+  for (AttentionKind kind : kKinds) {
+    SCOPED_TRACE(to_string(kind));
+    const auto got = run_kernel(c, kind, q, k, v, dout);
+    expect_within_rule("out", got.out, naive.out, ref.out);
+    expect_within_rule("lse", got.lse, naive.lse, ref.lse);
+    if (kind == AttentionKind::materialized) expect_within_rule("probs", got.probs, naive.probs, ref.probs);
+    expect_within_rule("dq", got.dq, naive.dq, ref.dq);
+    expect_within_rule("dk", got.dk, naive.dk, ref.dk);
+    expect_within_rule("dv", got.dv, naive.dv, ref.dv);
+  }
+}
+
+// Each variant is within the rule of the reference, so the two may differ by
+// twice the rule's bound at most.
+TEST_P(AttentionTest, FlashAndMaterializedAgree) {
+  const AttentionCase& c = GetParam();
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  const int64_t nq = c.B * c.T * c.H * c.D, nkv = c.B * c.T * c.H_kv * c.D;
+  auto q = rng.uniform<float>(nq, -2, 2), k = rng.uniform<float>(nkv, -2, 2);
+  auto v = rng.uniform<float>(nkv), dout = rng.uniform<float>(nq);
+  const auto ref = reference(c, cast<double>(q), cast<double>(k), cast<double>(v), cast<double>(dout));
+  const auto naive = reference(c, q, k, v, dout);
+  const auto flash = run_kernel(c, AttentionKind::flash, q, k, v, dout);
+  const auto mat = run_kernel(c, AttentionKind::materialized, q, k, v, dout);
+  auto agree = [](const char* what, const std::vector<float>& a, const std::vector<float>& b,
+                  const std::vector<float>& naive_fp32, const std::vector<double>& reference) {
+    const double bound = 2 * kErrorMultiple *
+                         std::max(rel_l2(naive_fp32, reference),
+                                  double(std::numeric_limits<float>::epsilon()));
+    double diff = 0, norm = 0;  // ||a - b|| / ||reference||, the rule's scale
+    for (size_t i = 0; i < a.size(); ++i) {
+      diff += (double(a[i]) - double(b[i])) * (double(a[i]) - double(b[i]));
+      norm += reference[i] * reference[i];
+    }
+    EXPECT_LE(norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff), bound) << what;
+  };
+  agree("out", flash.out, mat.out, naive.out, ref.out);
+  agree("lse", flash.lse, mat.lse, naive.lse, ref.lse);
+  agree("dq", flash.dq, mat.dq, naive.dq, ref.dq);
+  agree("dk", flash.dk, mat.dk, naive.dk, ref.dk);
+  agree("dv", flash.dv, mat.dv, naive.dv, ref.dv);
+}
+
+TEST_P(AttentionTest, GradientsMatchFiniteDifferences) {
+  const AttentionCase& c = GetParam();
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  const int64_t nq = c.B * c.T * c.H * c.D, nkv = c.B * c.T * c.H_kv * c.D;
+  auto q = rng.uniform<double>(nq, -2, 2), k = rng.uniform<double>(nkv, -2, 2);
+  auto v = rng.uniform<double>(nkv);
+  const auto r_out = rng.uniform<double>(nq);
+  for (AttentionKind kind : kKinds) {
+    SCOPED_TRACE(to_string(kind));
+    const auto grads = run_kernel(c, kind, q, k, v, r_out);
+    std::vector<double> out(nq), lse(c.B * c.H * c.T), probs(c.B * c.H * c.T * c.T);
+    auto loss = [&] {
+      run_or_throw(AttentionForwardParams<double>{
+          .kind = kind, .B = c.B, .T = c.T, .H = c.H, .H_kv = c.H_kv, .D = c.D, .q = q.data(),
+          .k = k.data(), .v = v.data(), .out = out.data(), .lse = lse.data(),
+          .probs = probs.data()});
+      return dot(r_out, out);
+    };
+    EXPECT_LE(fd_error(q, grads.dq, loss, rng), kFdTolerance) << "dq";
+    EXPECT_LE(fd_error(k, grads.dk, loss, rng), kFdTolerance) << "dk";
+    EXPECT_LE(fd_error(v, grads.dv, loss, rng), kFdTolerance) << "dv";
+  }
+}
+
+// The backward's dk, dv sum over query heads and rows; the kernel promises
+// the same bits on any number of threads.
+TEST_P(AttentionTest, ResultsDoNotDependOnThreadCount) {
+  const AttentionCase& c = GetParam();
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  const int64_t nq = c.B * c.T * c.H * c.D, nkv = c.B * c.T * c.H_kv * c.D;
+  auto q = rng.uniform<float>(nq, -2, 2), k = rng.uniform<float>(nkv, -2, 2);
+  auto v = rng.uniform<float>(nkv), dout = rng.uniform<float>(nq);
+  for (AttentionKind kind : kKinds) {
+    SCOPED_TRACE(to_string(kind));
+    const auto one = with_threads(1, [&] { return run_kernel(c, kind, q, k, v, dout); });
+    const auto three = with_threads(3, [&] { return run_kernel(c, kind, q, k, v, dout); });
+    EXPECT_EQ(one.out, three.out);
+    EXPECT_EQ(one.lse, three.lse);
+    EXPECT_EQ(one.dq, three.dq);
+    EXPECT_EQ(one.dk, three.dk);
+    EXPECT_EQ(one.dv, three.dv);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, AttentionTest, ::testing::ValuesIn(attention_cases()), CaseName{});
+
+TEST(AttentionArgs, RejectsImpossibleParams) {
+  const int64_t B = 1, T = 3, H = 4, H_kv = 2, D = 2;
+  std::vector<float> q(B * T * H * D), kv(B * T * H_kv * D), out(q.size()), lse(B * H * T);
+  std::vector<float> dq(q.size()), dk(kv.size()), dv(kv.size());
+  AttentionForwardParams<float> fwd{.kind = AttentionKind::flash, .B = B, .T = T, .H = H,
+                                    .H_kv = H_kv, .D = D, .q = q.data(), .k = kv.data(),
+                                    .v = kv.data(), .out = out.data(), .lse = lse.data()};
+  EXPECT_TRUE(supports(fwd));
+  EXPECT_EQ(workspace_bytes(fwd), 0);
+
+  auto bad = fwd;
+  bad.H_kv = 3;  // 4 query heads cannot share 3 kv heads evenly
+  EXPECT_FALSE(supports(bad));
+  EXPECT_EQ(run(bad), Status::invalid_argument);
+  bad = fwd;
+  bad.D = 0;
+  EXPECT_EQ(run(bad), Status::invalid_argument);
+  bad = fwd;
+  bad.lse = nullptr;  // flash must save lse for its backward
+  EXPECT_EQ(run(bad), Status::invalid_argument);
+  bad = fwd;
+  bad.kind = AttentionKind::materialized;  // and materialized its probabilities
+  EXPECT_EQ(run(bad), Status::invalid_argument);
+  EXPECT_EQ(launch(fwd, {}, Stream{Backend::cuda, nullptr}), Status::unsupported);
+
+  AttentionBackwardParams<float> bwd{.kind = AttentionKind::flash, .B = B, .T = T, .H = H,
+                                     .H_kv = H_kv, .D = D, .q = q.data(), .k = kv.data(),
+                                     .v = kv.data(), .out = out.data(), .lse = lse.data(),
+                                     .dout = out.data(), .dq = dq.data(), .dk = dk.data(),
+                                     .dv = dv.data()};
+  EXPECT_GE(workspace_bytes(bwd), int64_t{B * H * T * 4}) << "delta (B, H, T) fp32";
+  EXPECT_EQ(launch(bwd, {}, {}), Status::invalid_argument) << "no workspace";
+  auto mat = bwd;
+  mat.kind = AttentionKind::materialized;
+  std::vector<float> probs(B * H * T * T);
+  mat.probs = probs.data();
+  EXPECT_GE(workspace_bytes(mat), int64_t{B * H * T * T * 4}) << "dP (B, H, T, T)";
+  mat.dv = nullptr;
+  EXPECT_EQ(run(mat), Status::invalid_argument);
+}
+
+}  // namespace
+}  // namespace weft::kernels::test

@@ -1,0 +1,161 @@
+// gemm: every transpose combination, alpha/beta and strided batches against
+// an fp64 reference; the linear-layer helpers against finite differences.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/gemm/gemm.h"
+#include "tests/unit/kernels/kernel_test_util.h"
+#include "tests/unit/kernels/op_cases.h"
+
+namespace weft::kernels::test {
+namespace {
+
+// Stored shapes and leading dimensions of a case, with a little padding in
+// every leading dimension so that lda != columns is exercised.
+struct Layout {
+  int64_t a_rows, a_cols, lda, b_rows, b_cols, ldb, ldc, stride_a, stride_b, stride_c;
+};
+
+Layout layout_of(const GemmCase& c) {
+  Layout l{};
+  l.a_rows = c.trans_a == Trans::no ? c.m : c.k;
+  l.a_cols = c.trans_a == Trans::no ? c.k : c.m;
+  l.b_rows = c.trans_b == Trans::no ? c.k : c.n;
+  l.b_cols = c.trans_b == Trans::no ? c.n : c.k;
+  l.lda = l.a_cols + 2;
+  l.ldb = l.b_cols + 1;
+  l.ldc = c.n + 3;
+  l.stride_a = l.a_rows * l.lda;
+  l.stride_b = l.b_rows * l.ldb;
+  l.stride_c = c.m * l.ldc;
+  return l;
+}
+
+// C = alpha * op(A) op(B) + beta * C by the definition, per batch entry.
+template <typename R>
+void reference(const GemmCase& c, const Layout& l, const std::vector<R>& a, const std::vector<R>& b,
+               std::vector<R>& out) {
+  for (int64_t e = 0; e < c.batch; ++e)
+    for (int64_t i = 0; i < c.m; ++i)
+      for (int64_t j = 0; j < c.n; ++j) {
+        R s = 0;
+        for (int64_t p = 0; p < c.k; ++p) {
+          const R av = c.trans_a == Trans::no ? a[e * l.stride_a + i * l.lda + p]
+                                              : a[e * l.stride_a + p * l.lda + i];
+          const R bv = c.trans_b == Trans::no ? b[e * l.stride_b + p * l.ldb + j]
+                                              : b[e * l.stride_b + j * l.ldb + p];
+          s += av * bv;
+        }
+        R& dst = out[e * l.stride_c + i * l.ldc + j];
+        dst = R(c.alpha) * s + R(c.beta) * dst;
+      }
+}
+
+class GemmTest : public ::testing::TestWithParam<GemmCase> {};
+
+TEST_P(GemmTest, MatchesFp64Reference) {
+  const GemmCase& c = GetParam();
+  const Layout l = layout_of(c);
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  auto a = rng.uniform<float>(c.batch * l.stride_a), b = rng.uniform<float>(c.batch * l.stride_b);
+  auto out = rng.uniform<float>(c.batch * l.stride_c);
+  std::vector<double> ref = cast<double>(out);
+  std::vector<float> naive = out;
+  reference(c, l, cast<double>(a), cast<double>(b), ref);
+  reference(c, l, a, b, naive);
+  ASSERT_EQ(run(GemmParams<float>{.trans_a = c.trans_a, .trans_b = c.trans_b, .m = c.m, .n = c.n,
+                                  .k = c.k, .alpha = float(c.alpha), .beta = float(c.beta),
+                                  .a = a.data(), .lda = l.lda, .b = b.data(), .ldb = l.ldb,
+                                  .c = out.data(), .ldc = l.ldc, .batch = c.batch,
+                                  .stride_a = l.stride_a, .stride_b = l.stride_b,
+                                  .stride_c = l.stride_c}),
+            Status::ok);
+  // The padding between rows is compared too: it must be left alone.
+  expect_within_rule("C", out, naive, ref);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, GemmTest, ::testing::ValuesIn(gemm_cases()), CaseName{});
+
+// y = x W^T with L = <r, y>: dgrad gives dL/dx = r W, wgrad adds r^T x.
+TEST(GemmLinear, HelpersMatchFiniteDifferences) {
+  const int64_t rows = 13, in = 5, out = 7;
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  auto x = rng.uniform<double>(rows * in), w = rng.uniform<double>(out * in);
+  const auto r = rng.uniform<double>(rows * out);
+  std::vector<double> y(rows * out);
+  auto loss = [&] {
+    run_or_throw(linear_forward_gemm(rows, in, out, x.data(), w.data(), y.data()));
+    return dot(r, y);
+  };
+  // Gradients land on random starting values: wgrad accumulates by default,
+  // dgrad accumulates when asked.
+  const auto dx_start = rng.uniform<double>(rows * in), dw_start = rng.uniform<double>(out * in);
+  auto dx = dx_start, dw = dw_start;
+  ASSERT_EQ(run(linear_dgrad_gemm(rows, in, out, r.data(), w.data(), dx.data(), Write::accumulate)),
+            Status::ok);
+  ASSERT_EQ(run(linear_wgrad_gemm(rows, in, out, r.data(), x.data(), dw.data())), Status::ok);
+  for (size_t i = 0; i < dx.size(); ++i) dx[i] -= dx_start[i];
+  for (size_t i = 0; i < dw.size(); ++i) dw[i] -= dw_start[i];
+  EXPECT_LE(fd_error(x, dx, loss, rng), kFdTolerance) << "dx";
+  EXPECT_LE(fd_error(w, dw, loss, rng), kFdTolerance) << "dw";
+
+  // Overwriting dgrad gives the same gradient from garbage.
+  std::vector<double> dx_over(rows * in, std::numeric_limits<double>::quiet_NaN());
+  ASSERT_EQ(run(linear_dgrad_gemm(rows, in, out, r.data(), w.data(), dx_over.data())), Status::ok);
+  EXPECT_LE(rel_l2(dx_over, dx), 1e-12);
+}
+
+TEST(GemmArgs, BetaZeroIgnoresCAndKZeroScales) {
+  std::vector<float> a(6, 1.0f), b(6, 2.0f), c(4, std::numeric_limits<float>::quiet_NaN());
+  ASSERT_EQ(run(GemmParams<float>{.m = 2, .n = 2, .k = 3, .a = a.data(), .lda = 3, .b = b.data(),
+                                  .ldb = 2, .c = c.data(), .ldc = 2}),
+            Status::ok);
+  for (float v : c) EXPECT_EQ(v, 6.0f);
+  // k = 0: the product is empty and C = beta * C.
+  ASSERT_EQ(run(GemmParams<float>{.m = 2, .n = 2, .k = 0, .beta = 0.5f, .a = nullptr, .lda = 1,
+                                  .b = nullptr, .ldb = 2, .c = c.data(), .ldc = 2}),
+            Status::ok);
+  for (float v : c) EXPECT_EQ(v, 3.0f);
+}
+
+TEST(GemmArgs, RejectsImpossibleParams) {
+  std::vector<float> a(12), b(12), c(16);
+  const GemmParams<float> ok{.m = 4, .n = 4, .k = 3, .a = a.data(), .lda = 3, .b = b.data(),
+                             .ldb = 4, .c = c.data(), .ldc = 4};
+  EXPECT_TRUE(supports(ok));
+  EXPECT_EQ(workspace_bytes(ok), 0);
+  auto bad = ok;
+  bad.lda = 2;  // rows of A (4 x 3) overlap
+  EXPECT_FALSE(supports(bad));
+  EXPECT_EQ(run(bad), Status::invalid_argument);
+  bad = ok;
+  bad.trans_a = Trans::yes;  // A stored (3 x 4) needs lda >= 4
+  EXPECT_EQ(run(bad), Status::invalid_argument);
+  bad = ok;
+  bad.m = -1;
+  EXPECT_EQ(run(bad), Status::invalid_argument);
+  bad = ok;
+  bad.batch = 0;
+  EXPECT_EQ(run(bad), Status::invalid_argument);
+  bad = ok;
+  bad.batch = 2;
+  bad.stride_c = 8;  // the two C matrices would overlap
+  EXPECT_EQ(run(bad), Status::invalid_argument);
+  bad = ok;
+  bad.b = nullptr;
+  EXPECT_EQ(run(bad), Status::invalid_argument);
+  bad = ok;
+  bad.k = int64_t{1} << 32;  // beyond BLAS's 32-bit sizes
+  bad.lda = bad.k;
+  bad.ldb = 4;
+  EXPECT_EQ(run(bad), Status::unsupported);
+  EXPECT_EQ(launch(ok, {}, Stream{Backend::cuda, nullptr}), Status::unsupported);
+}
+
+}  // namespace
+}  // namespace weft::kernels::test

@@ -1,0 +1,100 @@
+// swiglu against an fp64 reference and finite differences, in place too.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "kernels/swiglu/swiglu.h"
+#include "tests/unit/kernels/kernel_test_util.h"
+#include "tests/unit/kernels/op_cases.h"
+
+namespace weft::kernels::test {
+namespace {
+
+// act = g / (1 + e^-g) * u, and its derivatives worked out by hand:
+// d silu / dg = s + g s (1 - s) with s the sigmoid.
+template <typename R>
+void reference(const std::vector<R>& g, const std::vector<R>& u, const std::vector<R>& da,
+               std::vector<R>& act, std::vector<R>& dg, std::vector<R>& du) {
+  act.resize(g.size());
+  dg.resize(g.size());
+  du.resize(g.size());
+  for (size_t i = 0; i < g.size(); ++i) {
+    const R s = R(1) / (R(1) + std::exp(-g[i]));
+    act[i] = g[i] * s * u[i];
+    du[i] = da[i] * g[i] * s;
+    dg[i] = da[i] * u[i] * (s + g[i] * s * (R(1) - s));
+  }
+}
+
+class SwigluTest : public ::testing::TestWithParam<SwigluCase> {};
+
+TEST_P(SwigluTest, MatchesFp64Reference) {
+  const SwigluCase& c = GetParam();
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  const int64_t n = c.rows * c.F;
+  // Gate pre-activations across silu's curved part and both tails.
+  auto g = rng.uniform<float>(n, -6, 6), u = rng.uniform<float>(n), da = rng.uniform<float>(n);
+  std::vector<double> ref_act, ref_dg, ref_du;
+  std::vector<float> naive_act, naive_dg, naive_du;
+  reference(cast<double>(g), cast<double>(u), cast<double>(da), ref_act, ref_dg, ref_du);
+  reference(g, u, da, naive_act, naive_dg, naive_du);
+  std::vector<float> act(n);
+  ASSERT_EQ(run(SwigluForwardParams<float>{.rows = c.rows, .F = c.F, .gate = g.data(),
+                                          .up = u.data(), .act = act.data()}),
+            Status::ok);
+  // The backward overwrites gate and up with their gradients, in place.
+  ASSERT_EQ(run(SwigluBackwardParams<float>{.rows = c.rows, .F = c.F, .gate = g.data(),
+                                           .up = u.data(), .dact = da.data(), .dgate = g.data(),
+                                           .dup = u.data()}),
+            Status::ok);
+  expect_within_rule("act", act, naive_act, ref_act);
+  expect_within_rule("dgate", g, naive_dg, ref_dg);
+  expect_within_rule("dup", u, naive_du, ref_du);
+}
+
+TEST_P(SwigluTest, GradientsMatchFiniteDifferences) {
+  const SwigluCase& c = GetParam();
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  const int64_t n = c.rows * c.F;
+  auto g = rng.uniform<double>(n, -6, 6), u = rng.uniform<double>(n);
+  const auto r = rng.uniform<double>(n);
+  std::vector<double> act(n), dg(n), du(n);
+  auto loss = [&] {
+    run_or_throw(SwigluForwardParams<double>{.rows = c.rows, .F = c.F, .gate = g.data(),
+                                             .up = u.data(), .act = act.data()});
+    return dot(r, act);
+  };
+  ASSERT_EQ(run(SwigluBackwardParams<double>{.rows = c.rows, .F = c.F, .gate = g.data(),
+                                            .up = u.data(), .dact = r.data(), .dgate = dg.data(),
+                                            .dup = du.data()}),
+            Status::ok);
+  EXPECT_LE(fd_error(g, dg, loss, rng), kFdTolerance) << "dgate";
+  EXPECT_LE(fd_error(u, du, loss, rng), kFdTolerance) << "dup";
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, SwigluTest, ::testing::ValuesIn(swiglu_cases()), CaseName{});
+
+TEST(SwigluArgs, RejectsImpossibleParams) {
+  std::vector<float> g(6), u(6), a(6);
+  const SwigluForwardParams<float> ok{.rows = 2, .F = 3, .gate = g.data(), .up = u.data(),
+                                      .act = a.data()};
+  EXPECT_TRUE(supports(ok));
+  EXPECT_EQ(workspace_bytes(ok), 0);
+  auto bad = ok;
+  bad.F = -3;
+  EXPECT_FALSE(supports(bad));
+  EXPECT_EQ(run(bad), Status::invalid_argument);
+  bad = ok;
+  bad.up = nullptr;
+  EXPECT_EQ(run(bad), Status::invalid_argument);
+  SwigluBackwardParams<float> bwd{.rows = 2, .F = 3, .gate = g.data(), .up = u.data(),
+                                  .dact = a.data(), .dgate = g.data(), .dup = nullptr};
+  EXPECT_EQ(run(bwd), Status::invalid_argument);
+  EXPECT_EQ(launch(ok, {}, Stream{Backend::cuda, nullptr}), Status::unsupported);
+}
+
+}  // namespace
+}  // namespace weft::kernels::test
