@@ -44,6 +44,12 @@ Dims dims(const ModelSpec& m, const RunSpec& run, const Layout& l) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Elements of a kernel workspace piece: kernels start every piece on a
+// 64-byte boundary, so a piece of n elements takes n rounded up to 64 bytes.
+int64_t piece(int64_t n, int64_t element_bytes) {
+  return ceil_div(n * element_bytes, 64) * 64 / element_bytes;
+}
+
 // Saved tensors of a block's norm: the fused kernel keeps its input and the
 // per-row 1/rms; the unfused composition also keeps the fp32 normalised x
 // (and, in bf16, the fp32 upcast of its input) for its separate backward ops.
@@ -204,22 +210,31 @@ std::vector<TensorShape> stage_shapes(const ModelSpec& m, const RunSpec& run, co
   }
 
   // Scratch of one block's forward and backward, reused by every block.
-  out.push_back({"scratch.d_residual", Category::workspace, d.B * d.Tsp * d.C, d.a, 2});
+  out.push_back({"scratch.d_residual", Category::workspace, d.B * d.Tsp * d.C, d.a, 1});
   out.push_back({"scratch.d_norm", Category::workspace, d.B * d.T * d.C, d.a, 1});
   out.push_back({"scratch.linear_out", Category::workspace, d.B * d.T * d.C, d.a, 1});
   out.push_back({"scratch.d_qkv", Category::workspace, d.B * d.T * (d.Hl + 2 * d.Kl) * d.D, d.a, 1});
   out.push_back({"scratch.d_attn_out", Category::workspace, d.B * d.T * d.Hl * d.D, d.a, 1});
   out.push_back({"scratch.d_mlp", Category::workspace, d.B * d.T * d.Fl, d.a, 3});
-  if (l.attention == AttentionKind::flash)
-    out.push_back({"scratch.attn_delta", Category::workspace, d.B * d.Hl * d.T, kFp32, 1});
-  else
-    out.push_back({"scratch.d_probs", Category::workspace, d.B * d.Hl * d.T * d.T, d.a, 1});
+  // Kernel workspaces (their workspace_bytes; the trainer checks they fit).
+  if (l.attention == AttentionKind::flash)  // delta = rowsum(dO * O)
+    out.push_back({"scratch.attn_delta", Category::workspace, piece(d.B * d.Hl * d.T, kFp32), kFp32, 1});
+  else  // dP
+    out.push_back({"scratch.d_probs", Category::workspace, piece(d.B * d.Hl * d.T * d.T, d.a), d.a, 1});
+  if (l.norm == NormKind::unfused)  // g = dy * w and mean(g * x_hat) of the unfused backward
+    out.push_back({"scratch.norm_unfused", Category::workspace,
+                   piece(d.B * d.Tsp * d.C, kFp32) + piece(d.B * d.Tsp, kFp32), kFp32, 1});
+  // RoPE's cos and sin tables, (T, D/2) each.
+  out.push_back({"scratch.rope_table", Category::workspace, 2 * piece(d.T * (d.D / 2), kFp32), kFp32, 1});
+  // The gradient norm's per-chunk partial sums (one double per 2^14
+  // elements, kernels/elementwise's kSumChunk), added in a fixed order.
+  out.push_back({"scratch.grad_norm", Category::workspace, piece(ceil_div(psi, int64_t{1} << 14), 8), 8, 1});
   if (device.kind == DeviceKind::gpu)
     out.push_back({"scratch.gemm", Category::workspace, kGpuGemmWorkspace, 1, 1});
 
   // Communication buffers.
   if (l.sp) out.push_back({"comm.sp_gather", Category::comm, d.B * d.T * d.C, d.a, 1});
-  if (l.pp > 1) out.push_back({"comm.pp_p2p", Category::comm, d.B * d.Tsp * d.C, d.a, 4});
+  if (l.pp > 1) out.push_back({"comm.pp_p2p", Category::comm, d.B * d.Tsp * d.C, d.a, 2});
   if (l.dp > 1 && l.zero == 1)
     out.push_back({"comm.dp_grad_shard", Category::comm, shard, kFp32, 1});
   if (l.dp > 1 && l.zero >= 2) {
