@@ -1,0 +1,121 @@
+// `weft data`: prepare text into token files, inspect token data, and locate
+// (preparing on first use) the built-in default corpus.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "trainer/data/corpus.h"
+#include "trainer/data/loader.h"
+#include "trainer/data/prepare.h"
+#include "trainer/data/token_data.h"
+
+namespace weft::cli {
+
+namespace {
+
+struct InfoArgs {
+  std::string path;
+  int64_t vocab = 0;  // 0: the vocab the data declares
+  int64_t seq = 0;    // 0: no window count
+};
+
+int run_prepare(const data::PrepareOptions& o) {
+  const auto r = data::data_prepare(o);
+  fmt::print("weft: prepared {} from {} file(s), {} documents, {} tokenizer (vocab {})\n", r.dir,
+             o.inputs.size(), r.documents, o.tokenizer, r.vocab);
+  fmt::print("  train.tok  {} tokens, {} documents\n", r.train_tokens, r.documents_train);
+  if (o.val_fraction > 0)
+    fmt::print("  val.tok    {} tokens, {} documents\n", r.val_tokens, r.documents_val);
+  else
+    fmt::print("  no validation split (--val-fraction 0)\n");
+  fmt::print("  unigram entropy of train: {:.4f} nats/token (the loss baseline)\n",
+             r.unigram_entropy);
+  return 0;
+}
+
+int run_info(const InfoArgs& a) {
+  if (a.vocab < 0) throw InputError(fmt::format("--vocab {} must be positive", a.vocab));
+  if (a.seq < 0) throw InputError(fmt::format("--seq {} must be positive", a.seq));
+  const auto d = data::token_data_open(a.path);
+  const int64_t vocab = a.vocab > 0 ? a.vocab : d.train->vocab();
+  // Every check before any output, so a failure is one line.
+  const std::pair<const char*, const data::TokenSource*> splits[] = {{"train", d.train.get()},
+                                                                     {"val", d.val.get()}};
+  std::vector<int64_t> windows;
+  for (const auto& [name, src] : splits) {
+    if (!src) continue;
+    if (vocab > 0) data::validate_vocab(*src, vocab);
+    if (a.seq > 0) windows.push_back(data::Loader(*src, a.seq, 0).windows());
+  }
+  const double baseline = data::token_data_baseline(d);
+
+  if (d.meta.is_object())
+    fmt::print("{}: prepared by {}, {} tokenizer, vocab {}\n", d.path,
+               d.meta.value("created_by", "?"), d.meta.value("tokenizer", "?"),
+               d.meta.value("vocab", int64_t{0}));
+  else
+    fmt::print("{}\n", d.path);
+  size_t w = 0;
+  for (const auto& [name, src] : splits) {
+    if (!src) {
+      fmt::print("  {:5}  none\n", name);
+      continue;
+    }
+    fmt::print("  {:5}  {}\n", name, src->describe());
+    if (a.seq > 0) fmt::print("         {} windows of {} + 1 tokens\n", windows[w++], a.seq);
+  }
+  fmt::print("  unigram entropy of train: {:.4f} nats/token\n", baseline);
+  if (vocab > 0)
+    fmt::print("  every token id is below {}\n", vocab);
+  else
+    fmt::print("  vocab unknown: pass --vocab V to check token ids\n");
+  return 0;
+}
+
+}  // namespace
+
+Command add_data_command(CLI::App& app) {
+  auto* sub = app.add_subcommand("data", "Prepare and inspect training data");
+  sub->require_subcommand(1);
+
+  auto prep = std::make_shared<data::PrepareOptions>();
+  auto* p = sub->add_subcommand(
+      "prepare", "Tokenize text files into DIR/train.tok, DIR/val.tok and DIR/meta.json");
+  p->add_option("--input", prep->inputs,
+                "Text files; fortune files split into documents at '%' lines");
+  p->add_option("--out", prep->out, "Folder to create (must not exist or be empty)");
+  p->add_option("--tokenizer", prep->tokenizer, "Tokenizer: byte (vocab 256)")
+      ->capture_default_str();
+  p->add_option("--val-fraction", prep->val_fraction,
+                "Share of the text, in whole documents, held out for validation (0 to 0.5)")
+      ->capture_default_str();
+  p->add_option("--seed", prep->seed, "Seed of the train/validation split")->capture_default_str();
+  p->add_flag("--force", prep->force, "Replace DIR when it already holds a prepared dataset");
+
+  auto info = std::make_shared<InfoArgs>();
+  auto* i = sub->add_subcommand("info", "Describe a token file or data folder and check it");
+  i->add_option("path", info->path, "Token file (.tok, llm.c .bin, .npy) or data folder")
+      ->required();
+  i->add_option("--vocab", info->vocab, "Check that every token id is below this vocab");
+  i->add_option("--seq", info->seq,
+                "Report how many training windows of this length the data holds");
+
+  auto* c = sub->add_subcommand(
+      "corpus", "Print the built-in default corpus folder, preparing it on first use");
+
+  return {sub, [=] {
+            if (p->parsed()) return run_prepare(*prep);
+            if (i->parsed()) return run_info(*info);
+            if (c->parsed()) {
+              fmt::print("{}\n", data::default_corpus_dir());
+              return 0;
+            }
+            return 2;
+          }};
+}
+
+}  // namespace weft::cli

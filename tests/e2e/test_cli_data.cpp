@@ -1,0 +1,101 @@
+// `weft data` end to end: prepare, info, the default corpus, and one clear
+// line with exit code 2 for each kind of bad input.
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "../unit/test_util.h"
+#include "cli_runner.h"
+
+namespace weft::test {
+namespace {
+
+std::string fortune_text(int n) {
+  std::string t;
+  for (int i = 0; i < n; ++i) t += "Fortune number " + std::to_string(i) + " says hello.\n%\n";
+  return t;
+}
+
+TEST(CliData, PrepareThenInfo) {
+  TempDir dir;
+  const auto a = dir.file("a.txt", fortune_text(50));
+  const auto b = dir.file("b.txt", fortune_text(30));
+  const auto out = dir.path("data");
+  auto r = run_weft("data prepare --input " + a + " " + b + " --out " + out +
+                    " --val-fraction 0.1 --seed 3");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* s :
+       {"prepared", "train.tok", "val.tok", "80 documents", "unigram entropy", "nats/token"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << "missing '" << s << "' in\n" << r.out;
+  std::ifstream in(out + "/meta.json");
+  const auto meta = nlohmann::json::parse(in);
+  EXPECT_EQ(meta["vocab"], 256);
+
+  r = run_weft("data info " + out + " --seq 16");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* s :
+       {"byte tokenizer", "weft .tok", "windows of 16 + 1", "every token id is below 256"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << "missing '" << s << "' in\n" << r.out;
+}
+
+TEST(CliData, DefaultCorpusIntoTheCache) {
+  if (!std::filesystem::exists("/usr/share/games/fortunes/fortunes"))
+    GTEST_SKIP() << "Debian's fortunes package is not installed";
+  TempDir dir;
+  ::setenv("XDG_CACHE_HOME", dir.path("cache").c_str(), 1);
+  const auto r = run_weft("data corpus");
+  ::unsetenv("XDG_CACHE_HOME");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out, dir.path("cache") + "/weft/data/fortunes\n");
+  EXPECT_TRUE(std::filesystem::exists(dir.path("cache/weft/data/fortunes/train.tok")));
+}
+
+struct BadInput {
+  std::string args;
+  std::vector<const char*> says;
+};
+
+TEST(CliData, BadInputIsOneClearLineAndExitTwo) {
+  TempDir dir;
+  const auto text = dir.file("t.txt", fortune_text(10));
+  const auto empty = dir.file("empty.txt", "");
+  const auto out = dir.path("out");
+  const auto taken = dir.file("taken/keep.txt", "mine");
+  const auto tok = dir.path("d");
+  ASSERT_EQ(run_weft("data prepare --input " + text + " --out " + tok).code, 0);
+  const std::vector<BadInput> cases = {
+      {"data prepare --out " + out, {"no input files"}},
+      {"data prepare --input " + dir.path("nope.txt") + " --out " + out,
+       {"nope.txt", "does not exist"}},
+      {"data prepare --input " + empty + " --out " + out, {"empty.txt", "is empty"}},
+      {"data prepare --input " + text + " --out " + out + " --tokenizer bpe",
+       {"unknown tokenizer 'bpe'", "byte"}},
+      {"data prepare --input " + text + " --out " + out + " --tokenizer tokenizer.json",
+       {"not supported yet"}},
+      {"data prepare --input " + text + " --out " + out + " --val-fraction 2",
+       {"--val-fraction 2"}},
+      {"data prepare --input " + text + " --out " + dir.path("taken"), {"already exists"}},
+      {"data info " + dir.path("missing"), {"missing", "does not exist"}},
+      {"data info " + text, {"looks like text", "weft data prepare"}},
+      {"data info " + tok + " --vocab 50", {"token id", "vocab [0, 50)"}},
+      {"data info " + tok + " --seq 100000", {"sequence length 100000", "100001"}},
+      {"data", {"subcommand"}},
+  };
+  for (const auto& c : cases) {
+    const auto r = run_weft(c.args);
+    EXPECT_EQ(r.code, 2) << c.args << "\n" << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << c.args << "\n" << r.out;
+    EXPECT_EQ(r.out.rfind("weft: error: ", 0), 0u) << c.args << "\n" << r.out;
+    for (const char* s : c.says)
+      EXPECT_NE(r.out.find(s), std::string::npos) << c.args << "\n" << r.out;
+  }
+  EXPECT_FALSE(std::filesystem::exists(out));
+  EXPECT_EQ(std::filesystem::directory_iterator(dir.path("taken"))->path().filename(), "keep.txt");
+}
+
+}  // namespace
+}  // namespace weft::test

@@ -1,0 +1,67 @@
+// The training data loader: which tokens sample i of a run reads.
+//
+// The source is cut into W = (N - 1) / T non-overlapping windows of T + 1
+// tokens (window w starts at token w*T; neighbours share one token, the last
+// target of one window being the first input of the next). Sample i reads
+// window perm_e(i mod W) where e = i / W is its epoch and perm_e is a seeded
+// permutation of [0, W) drawn afresh for each epoch. inputs are the window's
+// first T tokens, targets its last T.
+//
+// A sample depends only on (source, T, seed, i): not on the number of ranks,
+// the parallel layout, or which samples were read before. A rank reads
+// exactly the global indices it owns (by convention sample b of step s is
+// i = s * global_batch + b, and a data-parallel rank owns a contiguous range
+// of b), a run resumes from a saved global index, and two layouts of the same
+// run see the same samples in the same order.
+//
+// The permutation is a Feistel bijection evaluated per index (permutation.h)
+// rather than a shuffled index array: O(1) memory and set-up at any corpus
+// size, and no epoch-sized work on the first sample of each epoch.
+#pragma once
+
+#include <cstdint>
+
+#include "trainer/data/permutation.h"
+#include "trainer/data/token_source.h"
+
+namespace weft::data {
+
+class Loader {
+ public:
+  enum class Order {
+    shuffled,    // seeded permutation per epoch (training)
+    sequential,  // window i mod W (inspection, debugging)
+  };
+
+  // `source` must outlive the loader. InputError when seq < 1 or the source
+  // holds fewer than seq + 1 tokens.
+  Loader(const TokenSource& source, int64_t seq, uint64_t seed, Order order = Order::shuffled);
+
+  int64_t seq() const { return seq_; }
+  int64_t windows() const { return windows_; }
+  int64_t epoch(int64_t global_index) const { return global_index / windows_; }
+  // The window sample `global_index` reads, in [0, windows()).
+  int64_t window(int64_t global_index) const;
+
+  // Thread-safe: reads only the immutable source.
+  void sample(int64_t global_index, int32_t* inputs /* (T) */, int32_t* targets /* (T) */) const;
+  // Samples first .. first + count - 1, row b holding sample first + b.
+  void batch(int64_t first, int64_t count, int32_t* inputs /* (B, T) */,
+             int32_t* targets /* (B, T) */) const;
+
+ private:
+  const TokenSource& source_;
+  int64_t seq_;
+  uint64_t seed_;
+  Order order_;
+  int64_t windows_;
+};
+
+// Validation samples: a fixed order of the val split's windows, the same for
+// every run and training seed, shuffled so that the first K samples spread
+// over the whole split instead of its first K windows. Evaluate samples
+// 0 .. K-1 each time.
+inline constexpr uint64_t kValidationSeed = 0x76616C6964617465ull;  // "validate"
+Loader validation_loader(const TokenSource& val, int64_t seq);
+
+}  // namespace weft::data
