@@ -1,0 +1,308 @@
+#include "trainer/checkpoint/checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "core/json_io.h"
+#include "trainer/checkpoint/crc32c.h"
+
+namespace weft::checkpoint {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+bool is_float(DType d) {
+  return d == DType::F32 || d == DType::BF16 || d == DType::F16 || d == DType::F64;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
+// Checks a set of model tensors against the model's table and returns them in
+// table order. `fail` builds the exception for one fault.
+template <typename Fail>
+std::vector<TensorRef> model_tensors_checked(const std::vector<TensorRef>& tensors,
+                                             const ModelSpec& m, Fail fail) {
+  std::map<std::string, const TensorRef*> by_name;
+  for (const auto& t : tensors)
+    if (!by_name.emplace(t.name, &t).second)
+      throw fail(fmt::format("tensor '{}' appears twice", t.name));
+  std::vector<TensorRef> ordered;
+  for (const auto& p : hf_param_table(m)) {
+    const auto it = by_name.find(p.name);
+    if (it == by_name.end()) throw fail(fmt::format("model tensor '{}' is missing", p.name));
+    const TensorRef& t = *it->second;
+    if (t.shape != p.shape)
+      throw fail(fmt::format("model tensor '{}' has shape {}, the model needs {}", p.name,
+                             shape_text(t.shape), shape_text(p.shape)));
+    if (!is_float(t.dtype))
+      throw fail(fmt::format("model tensor '{}' has dtype {}, not a floating-point type", p.name,
+                             to_string(t.dtype)));
+    ordered.push_back(t);
+    by_name.erase(it);
+  }
+  if (!by_name.empty())
+    throw fail(fmt::format("tensor '{}' is not a parameter of this model{}", by_name.begin()->first,
+                           m.tied_embeddings && by_name.contains("lm_head.weight")
+                               ? " (its embeddings are tied: no lm_head.weight)"
+                               : ""));
+  return ordered;
+}
+
+// Checks optimizer tensor names and shapes against the model's table.
+template <typename Fail>
+void optimizer_tensors_check(const std::vector<TensorRef>& tensors, const ModelSpec& m, Fail fail) {
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const auto& p : hf_param_table(m)) shapes.emplace(p.name, p.shape);
+  std::set<std::string> seen;
+  for (const auto& t : tensors) {
+    OptimState state;
+    std::string param;
+    if (!seen.insert(t.name).second) throw fail(fmt::format("tensor '{}' appears twice", t.name));
+    if (!optim_state_parse(t.name, state, param))
+      throw fail(
+          fmt::format("optimizer tensor '{}' does not start with exp_avg., exp_avg_sq. or "
+                      "master.",
+                      t.name));
+    const auto it = shapes.find(param);
+    if (it == shapes.end())
+      throw fail(fmt::format("optimizer tensor '{}' is for '{}', not a parameter of this model",
+                             t.name, param));
+    if (t.shape != it->second)
+      throw fail(fmt::format("optimizer tensor '{}' has shape {}, the parameter has {}", t.name,
+                             shape_text(t.shape), shape_text(it->second)));
+    if (!is_float(t.dtype))
+      throw fail(fmt::format("optimizer tensor '{}' has dtype {}, not a floating-point type",
+                             t.name, to_string(t.dtype)));
+  }
+}
+
+// CRC32C of a whole file, read through a private mapping.
+uint32_t file_crc32c(const std::string& path, int64_t bytes) {
+  if (bytes == 0) return crc32c(nullptr, 0);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    throw FileFormatError(fmt::format("cannot open '{}': {}", path, std::strerror(errno)));
+  void* map = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ, MAP_PRIVATE, fd, 0);
+  const int err = errno;
+  ::close(fd);
+  if (map == MAP_FAILED)
+    throw FileFormatError(fmt::format("cannot map '{}': {}", path, std::strerror(err)));
+  ::madvise(map, static_cast<size_t>(bytes), MADV_SEQUENTIAL);
+  const uint32_t crc = crc32c(map, static_cast<size_t>(bytes));
+  ::munmap(map, static_cast<size_t>(bytes));
+  return crc;
+}
+
+// A folder save_checkpoint may replace: a checkpoint (it has a manifest) or
+// an empty folder. Anything else is refused rather than deleted.
+void check_replaceable(const fs::path& dir) {
+  if (!fs::exists(dir)) return;
+  if (!fs::is_directory(dir))
+    throw InputError(fmt::format("checkpoint path '{}' exists and is not a folder", dir.string()));
+  if (fs::exists(dir / kManifestFile) || fs::is_empty(dir)) return;
+  throw InputError(
+      fmt::format("'{}' exists and is not a checkpoint folder (no {}); refusing to "
+                  "replace it",
+                  dir.string(), kManifestFile));
+}
+
+}  // namespace
+
+Manifest save_checkpoint(const std::string& dir, const std::vector<TensorRef>& model_tensors,
+                         const std::vector<TensorRef>& optimizer_tensors, const Manifest& manifest,
+                         const SaveOptions& options) {
+  const fs::path target = dir_path_clean(dir);
+  const auto fail = [&](const std::string& what) {
+    return InputError(fmt::format("cannot save checkpoint '{}': {}", target.string(), what));
+  };
+  manifest.model.validate();
+  const std::vector<TensorRef> model = model_tensors_checked(model_tensors, manifest.model, fail);
+  optimizer_tensors_check(optimizer_tensors, manifest.model, fail);
+  check_replaceable(target);
+  const auto stage = [&](std::string_view name) {
+    if (options.on_stage) options.on_stage(name);
+  };
+
+  Manifest out = manifest;
+  out.format_version = kCheckpointFormatVersion;
+  out.weft_version = WEFT_VERSION;
+  out.files.clear();
+
+  const std::string tmp = temp_dir_name(target.string());
+  std::error_code ec;
+  fs::remove_all(tmp, ec);  // a leftover of an earlier process with our pid
+  dir_create(tmp);
+  try {
+    const auto write = [&](const char* name, const std::vector<TensorRef>& tensors) {
+      const FileDigest d =
+          safetensors_write((fs::path(tmp) / name).string(), tensors, {{"format", "pt"}});
+      out.files.push_back({name, d.bytes, crc32c_text(d.crc32c)});
+    };
+    write(kModelFile, model);
+    stage("model");
+    write(kOptimizerFile, optimizer_tensors);
+    stage("optimizer");
+    file_write_atomic((fs::path(tmp) / kManifestFile).string(),
+                      manifest_to_json(out).dump(2) + "\n");
+    stage("manifest");
+    fsync_dir(tmp);
+    stage("synced");
+    commit_dir(tmp, target.string(), options.on_stage);
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  return out;
+}
+
+Checkpoint load_checkpoint(const std::string& dir) {
+  const fs::path root(dir);
+  if (!fs::is_directory(root))
+    throw InputError(fmt::format("checkpoint '{}' does not exist or is not a folder", dir));
+  const auto fail = [&](const std::string& what) {
+    return FileFormatError(fmt::format("checkpoint '{}' is unusable: {}", dir, what));
+  };
+  const std::string manifest_path = (root / kManifestFile).string();
+  if (!fs::exists(manifest_path))
+    throw fail(
+        fmt::format("{} is missing (not a checkpoint, or an unfinished save)", kManifestFile));
+  Manifest manifest =
+      manifest_from_json(json_read_file(manifest_path, "checkpoint manifest"), manifest_path);
+
+  // Sizes and checksums first: nothing in a file is parsed before its bytes
+  // are known to be the ones that were written.
+  for (const char* name : {kModelFile, kOptimizerFile}) {
+    const FileRecord* rec = manifest.file(name);
+    if (rec == nullptr) throw fail(fmt::format("{} does not list {}", kManifestFile, name));
+    const fs::path p = root / name;
+    std::error_code ec;
+    const auto bytes = fs::file_size(p, ec);
+    if (ec) throw fail(fmt::format("{} is missing: {}", name, ec.message()));
+    if (static_cast<int64_t>(bytes) != rec->bytes)
+      throw fail(fmt::format("{} is {} bytes but the manifest records {} (truncated or replaced)",
+                             name, bytes, rec->bytes));
+    const std::string crc = crc32c_text(file_crc32c(p.string(), rec->bytes));
+    if (crc != rec->checksum)
+      throw fail(fmt::format("{} has checksum {} but the manifest records {} (corrupted)", name,
+                             crc, rec->checksum));
+  }
+
+  SafetensorsFile model((root / kModelFile).string());
+  SafetensorsFile optimizer((root / kOptimizerFile).string());
+  model_tensors_checked(model.tensors(), manifest.model, [&](const std::string& what) {
+    return fail(fmt::format("{}: {}", kModelFile, what));
+  });
+  optimizer_tensors_check(optimizer.tensors(), manifest.model, [&](const std::string& what) {
+    return fail(fmt::format("{}: {}", kOptimizerFile, what));
+  });
+  return Checkpoint{dir, std::move(manifest), std::move(model), std::move(optimizer)};
+}
+
+std::vector<std::string> model_differences(const ModelSpec& c, const ModelSpec& m) {
+  std::vector<std::string> out;
+  const auto cmp = [&](const char* field, auto a, auto b) {
+    if (a != b) out.push_back(fmt::format("{}: checkpoint {}, this run {}", field, a, b));
+  };
+  cmp("vocab", c.vocab, m.vocab);
+  cmp("hidden", c.hidden, m.hidden);
+  cmp("intermediate", c.intermediate, m.intermediate);
+  cmp("layers", c.layers, m.layers);
+  cmp("heads", c.heads, m.heads);
+  cmp("kv_heads", c.kv_heads, m.kv_heads);
+  cmp("head_dim", c.head_dim, m.head_dim);
+  cmp("rope_theta", c.rope_theta, m.rope_theta);
+  cmp("norm_eps", c.norm_eps, m.norm_eps);
+  cmp("tied_embeddings", c.tied_embeddings, m.tied_embeddings);
+  return out;
+}
+
+void check_compatible(const Manifest& manifest, const ModelSpec& model, const std::string& origin) {
+  const auto diffs = model_differences(manifest.model, model);
+  if (!diffs.empty())
+    throw InputError(fmt::format("{} is of a different model ({} {}, this run {} {}): {}", origin,
+                                 manifest.model.name, manifest.model.hash(), model.name,
+                                 model.hash(), fmt::join(diffs, "; ")));
+}
+
+std::string checkpoint_dir_name(int64_t step) { return fmt::format("step_{:06d}", step); }
+
+namespace {
+
+// The N of "step_N" or "step_N.old-<pid>"; nullopt for any other name.
+std::optional<int64_t> parse_step_name(const std::string& name, bool& moved_aside) {
+  constexpr std::string_view prefix = "step_";
+  if (!name.starts_with(prefix)) return std::nullopt;
+  const char* first = name.data() + prefix.size();
+  const char* last = name.data() + name.size();
+  int64_t step = 0;
+  const auto [end, ec] = std::from_chars(first, last, step);
+  if (ec != std::errc() || end == first || step < 0) return std::nullopt;
+  const std::string_view rest(end, static_cast<size_t>(last - end));
+  moved_aside = false;
+  if (rest.empty()) return step;
+  constexpr std::string_view old = ".old-";
+  if (rest.starts_with(old) && rest.size() > old.size() &&
+      rest.substr(old.size()).find_first_not_of("0123456789") == std::string_view::npos) {
+    moved_aside = true;
+    return step;
+  }
+  return std::nullopt;
+}
+
+// Manifest parses and files exist at their recorded sizes.
+bool looks_complete(const fs::path& dir) {
+  try {
+    const Manifest m = manifest_from_json(
+        json_read_file((dir / kManifestFile).string(), "checkpoint manifest"), dir.string());
+    for (const char* name : {kModelFile, kOptimizerFile}) {
+      const FileRecord* rec = m.file(name);
+      std::error_code ec;
+      if (rec == nullptr) return false;
+      const auto bytes = fs::file_size(dir / name, ec);
+      if (ec || static_cast<int64_t>(bytes) != rec->bytes) return false;
+    }
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+}  // namespace
+
+std::optional<std::string> latest_checkpoint(const std::string& root) {
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return std::nullopt;
+  // step -> (folder, moved aside); a plain step_N wins over a moved-aside one.
+  std::map<int64_t, std::vector<std::pair<fs::path, bool>>> candidates;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    if (!entry.is_directory(ec)) continue;
+    bool moved_aside = false;
+    const auto step = parse_step_name(entry.path().filename().string(), moved_aside);
+    if (step) candidates[*step].emplace_back(entry.path(), moved_aside);
+  }
+  for (auto it = candidates.rbegin(); it != candidates.rend(); ++it) {
+    auto& dirs = it->second;
+    std::sort(dirs.begin(), dirs.end(), [](const auto& a, const auto& b) {
+      return a.second != b.second ? !a.second : a.first < b.first;
+    });
+    for (const auto& d : dirs)
+      if (looks_complete(d.first)) return d.first.string();
+  }
+  return std::nullopt;
+}
+
+}  // namespace weft::checkpoint

@@ -1,0 +1,117 @@
+#include "trainer/checkpoint/export_hf.h"
+
+#include <filesystem>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "core/json_io.h"
+#include "trainer/checkpoint/checkpoint.h"
+
+namespace weft::checkpoint {
+
+namespace fs = std::filesystem;
+
+nlohmann::json hf_config_json(const ModelSpec& m, int64_t bos_token_id, int64_t eos_token_id) {
+  nlohmann::json j = {
+      {"architectures", {"LlamaForCausalLM"}},
+      {"model_type", "llama"},
+      {"vocab_size", m.vocab},
+      {"hidden_size", m.hidden},
+      {"intermediate_size", m.intermediate},
+      {"num_hidden_layers", m.layers},
+      {"num_attention_heads", m.heads},
+      {"num_key_value_heads", m.kv_heads},
+      {"head_dim", m.head_dim},
+      {"rms_norm_eps", m.norm_eps},
+      {"rope_theta", m.rope_theta},
+      {"rope_scaling", nullptr},
+      {"max_position_embeddings", m.max_seq},
+      {"tie_word_embeddings", m.tied_embeddings},
+      {"hidden_act", "silu"},
+      {"attention_bias", false},
+      {"mlp_bias", false},
+      {"attention_dropout", 0.0},
+      {"initializer_range", 0.02},
+      {"torch_dtype", "float32"},
+  };
+  if (bos_token_id >= 0) j["bos_token_id"] = bos_token_id;
+  if (eos_token_id >= 0) j["eos_token_id"] = eos_token_id;
+  return j;
+}
+
+namespace {
+
+constexpr const char* kConfigFile = "config.json";
+
+void check_export_target(const fs::path& out, const fs::path& checkpoint) {
+  std::error_code ec;
+  if (fs::exists(out) && fs::equivalent(out, checkpoint, ec))
+    throw InputError(
+        fmt::format("export folder '{}' is the checkpoint itself; choose another", out.string()));
+  if (!fs::exists(out)) return;
+  if (!fs::is_directory(out))
+    throw InputError(fmt::format("export folder '{}' exists and is not a folder", out.string()));
+  for (const auto& e : fs::directory_iterator(out)) {
+    const std::string name = e.path().filename().string();
+    if (name != kConfigFile && name != kModelFile)
+      throw InputError(
+          fmt::format("export folder '{}' exists and holds '{}'; choose a new or "
+                      "empty folder (only an earlier export is replaced)",
+                      out.string(), name));
+  }
+}
+
+}  // namespace
+
+void export_hf(const std::string& checkpoint_dir, const std::string& out_dir,
+               const ExportOptions& options) {
+  const fs::path out = dir_path_clean(out_dir);
+  const Checkpoint ckpt = load_checkpoint(checkpoint_dir);
+  check_export_target(out, checkpoint_dir);
+  const auto stage = [&](std::string_view name) {
+    if (options.on_stage) options.on_stage(name);
+  };
+
+  // fp32 parameters: the master copy when there is one, else the stored
+  // tensor, widened when it is not fp32 already.
+  const auto table = hf_param_table(ckpt.manifest.model);
+  std::vector<TensorRef> tensors;
+  std::vector<std::vector<float>> widened;
+  widened.reserve(table.size());
+  for (const auto& p : table) {
+    const TensorRef* t = ckpt.optimizer.find(optim_state_name(OptimState::master, p.name));
+    if (t == nullptr || t->dtype != DType::F32) t = &ckpt.model.at(p.name);
+    TensorRef ref = *t;
+    ref.name = p.name;
+    if (ref.dtype != DType::F32) {
+      auto& buf = widened.emplace_back(static_cast<size_t>(ref.elements()));
+      to_f32(ref.dtype, ref.data, buf.data(), ref.elements());
+      ref.dtype = DType::F32;
+      ref.data = buf.data();
+    }
+    tensors.push_back(std::move(ref));
+  }
+
+  const std::string tmp = temp_dir_name(out.string());
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  dir_create(tmp);
+  try {
+    const auto& m = ckpt.manifest;
+    file_write_atomic((fs::path(tmp) / kConfigFile).string(),
+                      hf_config_json(m.model, m.bos_token_id, m.eos_token_id).dump(2) + "\n");
+    stage("config");
+    safetensors_write((fs::path(tmp) / kModelFile).string(), tensors, {{"format", "pt"}});
+    stage("model");
+    fsync_dir(tmp);
+    stage("synced");
+    commit_dir(tmp, out.string(), options.on_stage);
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+}
+
+}  // namespace weft::checkpoint

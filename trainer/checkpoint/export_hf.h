@@ -1,0 +1,35 @@
+// Export of a checkpoint as a Hugging Face model folder that
+// transformers.LlamaForCausalLM.from_pretrained loads: config.json and a
+// model.safetensors of fp32 parameters under their Hugging Face names.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/model_spec.h"
+#include "trainer/checkpoint/file_io.h"
+
+namespace weft::checkpoint {
+
+// The LlamaForCausalLM config.json of a model; bos/eos ids are written when
+// not negative. model_from_hf_config reads it back to the same hash.
+nlohmann::json hf_config_json(const ModelSpec& m, int64_t bos_token_id = -1,
+                              int64_t eos_token_id = -1);
+
+struct ExportOptions {
+  // Called after "config", "model", "synced" and "swapped"; for tests.
+  StageHook on_stage;
+};
+
+// Loads and validates `checkpoint_dir` and writes `out_dir` atomically (built
+// under a temporary name, then swapped in). Parameters are written as fp32:
+// the fp32 master copy where the checkpoint has one, else the stored weights
+// widened. InputError when `out_dir` exists and holds anything besides an
+// earlier export's config.json and model.safetensors, so a mistyped path
+// never deletes a user's files.
+void export_hf(const std::string& checkpoint_dir, const std::string& out_dir,
+               const ExportOptions& options = {});
+
+}  // namespace weft::checkpoint

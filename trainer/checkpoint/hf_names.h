@@ -1,0 +1,65 @@
+// The one naming table of model and optimizer tensors in checkpoints and
+// exports: Hugging Face LlamaForCausalLM names and shapes, e.g.
+// "model.layers.3.self_attn.q_proj.weight" of shape (H*D, C). Linear weights
+// are stored (out_features, in_features), as torch.nn.Linear keeps them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/model_spec.h"
+
+namespace weft::checkpoint {
+
+enum class ParamKind {
+  embed_tokens,              // (V, C)
+  q_proj,                    // (H*D, C)
+  k_proj,                    // (H_kv*D, C)
+  v_proj,                    // (H_kv*D, C)
+  o_proj,                    // (C, H*D)
+  gate_proj,                 // (F, C)
+  up_proj,                   // (F, C)
+  down_proj,                 // (C, F)
+  input_layernorm,           // (C)
+  post_attention_layernorm,  // (C)
+  final_norm,                // (C)  "model.norm.weight"
+  lm_head,                   // (V, C), absent when tied to embed_tokens
+};
+
+// True for the kinds that exist once per transformer block.
+bool is_block_param(ParamKind kind);
+
+// The Hugging Face name. `layer` is the block index for block kinds and is
+// ignored otherwise.
+std::string hf_param_name(ParamKind kind, int64_t layer = 0);
+
+// The shape of a full (unsharded) parameter for a model.
+std::vector<int64_t> hf_param_shape(ParamKind kind, const ModelSpec& m);
+
+struct ParamInfo {
+  std::string name;
+  ParamKind kind;
+  int64_t layer;  // -1 outside the blocks
+  std::vector<int64_t> shape;
+};
+
+// Every stored parameter of a model, in the order checkpoints store them:
+// the embedding, each block (q, k, v, o, gate, up, down, the two norms), the
+// final norm, then the LM head unless tied.
+std::vector<ParamInfo> hf_param_table(const ModelSpec& m);
+
+// Optimizer state kept per parameter.
+enum class OptimState {
+  exp_avg,     // Adam first moment m
+  exp_avg_sq,  // Adam second moment v
+  master,      // fp32 master copy of a parameter stored in lower precision
+};
+
+// e.g. "exp_avg.model.norm.weight".
+std::string optim_state_name(OptimState state, const std::string& param_name);
+// Splits an optimizer tensor name into its state and parameter name; false
+// when it has none of the prefixes.
+bool optim_state_parse(const std::string& tensor_name, OptimState& state, std::string& param_name);
+
+}  // namespace weft::checkpoint
