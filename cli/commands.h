@@ -13,7 +13,10 @@ struct Command {
   std::function<int()> run; // runs it after parsing; returns the exit code
 };
 
+Command add_train_command(CLI::App& app);
 Command add_tune_command(CLI::App& app);
 Command add_presets_command(CLI::App& app);
+Command add_data_command(CLI::App& app);
+Command add_export_command(CLI::App& app);
 
 }  // namespace weft::cli

@@ -15,8 +15,11 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("weft ") + WEFT_VERSION);
   app.require_subcommand(1);
   const std::vector<weft::cli::Command> commands = {
+      weft::cli::add_train_command(app),
       weft::cli::add_tune_command(app),
       weft::cli::add_presets_command(app),
+      weft::cli::add_data_command(app),
+      weft::cli::add_export_command(app),
   };
 
   const bool known = argc > 1 && std::any_of(commands.begin(), commands.end(), [&](const auto& c) {

@@ -1,0 +1,111 @@
+// `weft train`: trains on this machine. With no arguments it trains the tiny
+// default model on the default corpus on the CPU.
+#include <csignal>
+#include <cstdio>
+#include <memory>
+
+#include <fmt/format.h>
+
+#include "cli/commands.h"
+#include "cli/options.h"
+#include "core/error.h"
+#include "trainer/loop.h"
+
+namespace weft::cli {
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+
+extern "C" void on_signal(int) { g_stop.store(true); }
+
+struct TrainArgs {
+  ModelArgs model{"tiny"};
+  int64_t seq = 256;
+  int64_t global_batch = 16;
+  int64_t mb = 4;
+  std::string ckpt = "none";
+  std::string attention = "flash";
+  std::string norm = "fused";
+  std::string device = "cpu";
+  std::string precision = "fp32";
+  trainer::TrainConfig cfg;
+  std::string schedule = "cosine";
+};
+
+int run_train(TrainArgs& a) {
+  trainer::TrainConfig c = a.cfg;
+  c.model = a.model.resolve();
+  if (a.device != "cpu")
+    throw InputError(fmt::format("--device {} is not available in this build; valid: cpu", a.device));
+  c.device = device_preset("cpu");
+  c.run.seq = a.seq;
+  c.run.global_batch = a.global_batch;
+  c.run.precision = precision_parse(a.precision);
+  c.run.validate();
+  c.layout.mb = a.mb;
+  const auto at = a.ckpt.find('@');
+  c.layout.ckpt = checkpointing_parse(a.ckpt.substr(0, at));
+  if (at != std::string::npos) c.layout = Layout::parse(c.layout.to_string() + "-ckpt:" + a.ckpt);
+  c.layout.attention = attention_parse(a.attention);
+  c.layout.norm = norm_parse(a.norm);
+  if (a.schedule == "cosine") c.optim.schedule = trainer::Schedule::cosine;
+  else if (a.schedule == "constant") c.optim.schedule = trainer::Schedule::constant;
+  else throw InputError(fmt::format("--schedule '{}' is not valid; use cosine or constant", a.schedule));
+  c.optim.total_steps = c.steps;
+  if (c.eval_samples < 1) throw InputError(fmt::format("--eval-samples {} must be at least 1", c.eval_samples));
+  c.stop = &g_stop;
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  const auto report = trainer::train(c, stdout);
+  return report.interrupted ? 130 : 0;
+}
+
+}  // namespace
+
+Command add_train_command(CLI::App& app) {
+  auto a = std::make_shared<TrainArgs>();
+  auto* sub = app.add_subcommand("train", "Train a model (no arguments: the tiny default model on "
+                                          "the default corpus, on the CPU)");
+  add_model_options(*sub, a->model);
+  auto& c = a->cfg;
+  sub->add_option("--data", c.data, "Token file or folder (default: the prepared fortunes corpus)");
+  sub->add_option("--seq", a->seq, "Sequence length T")->capture_default_str();
+  sub->add_option("--global-batch", a->global_batch, "Sequences per optimizer step")->capture_default_str();
+  sub->add_option("--mb", a->mb, "Micro-batch size (gradient accumulation over the rest)")->capture_default_str();
+  sub->add_option("--ckpt", a->ckpt, "Activation checkpointing: none, selective, ffn, full, full@K")
+      ->capture_default_str();
+  sub->add_option("--attn", a->attention, "Attention: flash or materialized")->capture_default_str();
+  sub->add_option("--norm", a->norm, "RMSNorm: fused or unfused")->capture_default_str();
+  sub->add_option("--device", a->device, "Device to train on")->capture_default_str();
+  sub->add_option("--precision", a->precision, "fp32 (CPU)")->capture_default_str();
+  sub->add_option("--steps", c.steps, "Optimizer steps")->capture_default_str();
+  sub->add_option("--lr", c.optim.lr, "Peak learning rate")->capture_default_str();
+  sub->add_option("--min-lr-ratio", c.optim.min_lr_ratio, "Cosine floor as a fraction of --lr")
+      ->capture_default_str();
+  sub->add_option("--warmup", c.optim.warmup_steps, "Linear warm-up steps")->capture_default_str();
+  sub->add_option("--schedule", a->schedule, "cosine or constant after warm-up")->capture_default_str();
+  sub->add_option("--weight-decay", c.optim.weight_decay, "AdamW weight decay (2-D weights)")
+      ->capture_default_str();
+  sub->add_option("--beta1", c.optim.beta1, "AdamW beta1")->capture_default_str();
+  sub->add_option("--beta2", c.optim.beta2, "AdamW beta2")->capture_default_str();
+  sub->add_option("--clip", c.optim.clip, "Max global gradient norm (0: off)")->capture_default_str();
+  sub->add_option("--max-nonfinite", c.optim.max_nonfinite,
+                  "Stop after this many non-finite steps in a row")->capture_default_str();
+  sub->add_option("--seed", c.seed, "Seed of the initialisation and data order")->capture_default_str();
+  sub->add_option("--threads", c.threads, "CPU threads (0: every core)")->capture_default_str();
+  sub->add_option("--log-every", c.log_every, "Steps between progress lines")->capture_default_str();
+  sub->add_option("--eval-every", c.eval_every, "Steps between validation losses (0: end only)")
+      ->capture_default_str();
+  sub->add_option("--eval-samples", c.eval_samples, "Validation sequences per evaluation")
+      ->capture_default_str();
+  sub->add_option("--out", c.out_dir, "Run folder: metrics.jsonl and checkpoints/")->capture_default_str();
+  sub->add_option("--ckpt-dir", c.ckpt_dir, "Checkpoint folder (default: <out>/checkpoints)");
+  sub->add_option("--ckpt-every", c.ckpt_every, "Steps between checkpoints (0: at the end only)")
+      ->capture_default_str();
+  sub->add_flag("--resume", c.resume, "Continue from the newest checkpoint in the checkpoint folder");
+  sub->add_option("--resume-from", c.resume_from, "Continue from this checkpoint folder");
+  return {sub, [a] { return run_train(*a); }};
+}
+
+}  // namespace weft::cli

@@ -1,0 +1,286 @@
+#include "trainer/loop.h"
+
+#include <omp.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/flops.h"
+#include "core/units.h"
+#include "memory/estimate.h"
+#include "trainer/checkpoint/checkpoint.h"
+#include "trainer/data/corpus.h"
+#include "trainer/data/loader.h"
+#include "trainer/data/token_data.h"
+
+extern "C" void openblas_set_num_threads(int);
+
+namespace weft::trainer {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+namespace fs = std::filesystem;
+
+void set_threads(int64_t threads) {
+  const int n = threads > 0 ? int(threads) : omp_get_num_procs();
+  omp_set_num_threads(n);
+  // The kernels parallelise over rows themselves; BLAS threads inside an
+  // OpenMP region would oversubscribe, so BLAS gets the same count and the
+  // model never calls it from inside a parallel region.
+  openblas_set_num_threads(n);
+}
+
+// One training run's state on this rank.
+struct Run {
+  const TrainConfig& c;
+  memory::Arena arena;
+  parallel::ProcessGroups groups = parallel::single_process_groups();
+  LlamaStage<float> stage;
+  Optimizer<float> optim;
+  data::TokenData data;
+  std::unique_ptr<data::Loader> loader, val_loader;
+  std::ofstream metrics;
+  std::vector<int32_t> tokens, targets;
+
+  Run(const TrainConfig& cfg, data::TokenData d)
+      : c(cfg), stage(cfg.model, cfg.run, cfg.layout, 0, cfg.device, arena, groups),
+        optim(stage, cfg.optim), data(std::move(d)) {
+    loader = std::make_unique<data::Loader>(*data.train, c.run.seq, c.seed);
+    if (data.val) val_loader = std::make_unique<data::Loader>(data::validation_loader(*data.val, c.run.seq));
+    const int64_t rows = c.layout.mb * c.run.seq;
+    tokens.resize(size_t(rows));
+    targets.resize(size_t(rows));
+  }
+
+  // One optimizer step over the global batch's samples
+  // [step0 * global_batch, (step0 + 1) * global_batch), in micro-batches.
+  double step_loss(int64_t step0) {
+    const int64_t gb = c.run.global_batch, mb = c.layout.mb;
+    const double scale = 1.0 / double(gb * c.run.seq);
+    stage.zero_grads();
+    double loss = 0;
+    for (int64_t first = step0 * gb; first < (step0 + 1) * gb; first += mb) {
+      loader->batch(first, mb, tokens.data(), targets.data());
+      loss += stage.forward(0, tokens.data(), targets.data(), scale);
+      stage.backward(0);
+    }
+    return loss * scale;
+  }
+
+  double validation_loss() {
+    if (!val_loader) return std::numeric_limits<double>::quiet_NaN();
+    const int64_t mb = c.layout.mb;
+    const int64_t n = std::max(mb, c.eval_samples / mb * mb);
+    double loss = 0;
+    for (int64_t first = 0; first < n; first += mb) {
+      val_loader->batch(first, mb, tokens.data(), targets.data());
+      loss += stage.forward(0, tokens.data(), targets.data(), 0.0);
+    }
+    return loss / double(n * c.run.seq);
+  }
+
+  std::string save(int64_t step, double lr) {
+    std::vector<checkpoint::TensorRef> model, optimizer;
+    for (const auto& p : stage.params().specs) {
+      const auto shape = p.shape();
+      model.push_back({p.name, checkpoint::DType::F32, shape, stage.weight(p)});
+      optimizer.push_back({checkpoint::optim_state_name(checkpoint::OptimState::exp_avg, p.name),
+                           checkpoint::DType::F32, shape, optim.adam_m() + p.offset});
+      optimizer.push_back({checkpoint::optim_state_name(checkpoint::OptimState::exp_avg_sq, p.name),
+                           checkpoint::DType::F32, shape, optim.adam_v() + p.offset});
+    }
+    checkpoint::Manifest man;
+    man.step = step;
+    man.data_position = step * c.run.global_batch;
+    man.rng_state = {c.seed};
+    const auto& o = c.optim;
+    man.optimizer = {"adamw", lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.clip, optim.updates()};
+    man.layout = c.layout;
+    man.model = c.model;
+    man.run = {{"seq", c.run.seq},
+               {"global_batch", c.run.global_batch},
+               {"precision", to_string(c.run.precision)},
+               {"seed", c.seed},
+               {"nonfinite_total", optim.nonfinite_total()},
+               {"optim", c.optim}};
+    if (data.meta.is_object() && data.meta.contains("tokenizer")) man.run["tokenizer"] = data.meta["tokenizer"];
+    const std::string dir =
+        (fs::path(c.ckpt_dir.empty() ? c.out_dir + "/checkpoints" : c.ckpt_dir) /
+         checkpoint::checkpoint_dir_name(step)).string();
+    checkpoint::save_checkpoint(dir, model, optimizer, man);
+    return dir;
+  }
+
+  // Loads weights, optimizer state and counters; returns the completed step.
+  int64_t load(const std::string& dir) {
+    const auto ck = checkpoint::load_checkpoint(dir);
+    checkpoint::check_compatible(ck.manifest, c.model, dir);
+    const auto& run = ck.manifest.run;
+    if (run.value("seq", c.run.seq) != c.run.seq ||
+        run.value("global_batch", c.run.global_batch) != c.run.global_batch)
+      throw InputError(fmt::format(
+          "checkpoint {} was trained with seq {} and global batch {}, this run asks for seq {} "
+          "and global batch {}; resume with the same values",
+          dir, run.value("seq", int64_t{0}), run.value("global_batch", int64_t{0}), c.run.seq,
+          c.run.global_batch));
+    auto copy = [&](const checkpoint::TensorRef& t, float* dst, const ParamSpec& p) {
+      WEFT_ASSERT(t.dtype == checkpoint::DType::F32);
+      const float* src = static_cast<const float*>(t.data);
+      for (int64_t r = 0; r < p.local_rows; ++r)
+        std::memcpy(dst + r * p.local_cols, src + (p.row_begin + r) * p.cols + p.col_begin,
+                    size_t(p.local_cols) * sizeof(float));
+    };
+    for (const auto& p : stage.params().specs) {
+      copy(ck.model.at(p.name), stage.weight(p), p);
+      copy(ck.optimizer.at(checkpoint::optim_state_name(checkpoint::OptimState::exp_avg, p.name)),
+           optim.adam_m() + p.offset, p);
+      copy(ck.optimizer.at(checkpoint::optim_state_name(checkpoint::OptimState::exp_avg_sq, p.name)),
+           optim.adam_v() + p.offset, p);
+    }
+    optim.restore(ck.manifest.optimizer.step, run.value("nonfinite_total", int64_t{0}));
+    return ck.manifest.step;
+  }
+};
+
+std::string memory_table(const TrainReport& r, const DeviceSpec& d) {
+  std::string s = fmt::format("memory per category (this rank, {}): measured peak vs memory model\n",
+                              d.name);
+  int64_t mt = 0, pt = 0;
+  for (auto cat : memory::kAllCategories) {
+    const int64_t m = r.measured[size_t(cat)], p = r.predicted[size_t(cat)];
+    mt += m;
+    pt += p;
+    if (m == 0 && p == 0) continue;
+    s += fmt::format("  {:<12} {:>12} {:>12} {:>+8.2f}%\n", memory::to_string(cat),
+                     format_bytes(double(m)), format_bytes(double(p)),
+                     p > 0 ? 100.0 * double(m - p) / double(p) : 0.0);
+  }
+  s += fmt::format("  {:<12} {:>12} {:>12} {:>+8.2f}%\n", "total", format_bytes(double(mt)),
+                   format_bytes(double(pt)), pt > 0 ? 100.0 * double(mt - pt) / double(pt) : 0.0);
+  return s;
+}
+
+}  // namespace
+
+TrainReport train(const TrainConfig& c, std::FILE* log) {
+  c.model.validate();
+  c.run.validate();
+  c.optim.validate();
+  c.layout.validate(c.model, c.run, 1);
+  if (c.steps < 1) throw InputError(fmt::format("--steps {} must be at least 1", c.steps));
+  if (c.run.precision != Precision::fp32)
+    throw InputError("the CPU trainer runs in fp32; pass --precision fp32 (bf16 needs a GPU)");
+  if (c.log_every < 1) throw InputError(fmt::format("--log-every {} must be at least 1", c.log_every));
+  set_threads(c.threads);
+
+  const std::string data_path = c.data.empty() ? data::default_corpus_dir() : c.data;
+  data::TokenData data = data::token_data_open(data_path);
+  data::token_data_validate(data, c.model.vocab, c.run.seq);
+  fs::create_directories(c.out_dir);
+
+  Run run(c, std::move(data));
+  TrainReport report;
+  report.baseline = data::token_data_baseline(run.data);
+  const auto mem = memory::estimate(c.model, c.run, c.layout, c.device);
+  report.predicted = mem.stages[0].bytes;
+
+  int64_t done = 0;
+  std::string resume = c.resume_from;
+  if (resume.empty() && c.resume)
+    resume = checkpoint::latest_checkpoint(c.ckpt_dir.empty() ? c.out_dir + "/checkpoints" : c.ckpt_dir)
+                 .value_or("");
+  if (!resume.empty()) {
+    done = run.load(resume);
+    fmt::print(log, "resumed from {} at step {}\n", resume, done);
+  } else {
+    run.stage.init_weights(c.seed);
+  }
+  run.metrics.open(fs::path(c.out_dir) / "metrics.jsonl", std::ios::app);
+
+  const double peak = c.device.peak_flops(to_string(c.run.precision));
+  const double flops_per_step = model_flops_per_step(c.model, c.run);
+  fmt::print(log, "training {} on {} ({}), layout {}\n", c.model.summary(), c.device.summary(),
+             to_string(c.run.precision), c.layout.to_string());
+  fmt::print(log, "data {}: {} train tokens, {} samples of {} tokens per step; unigram baseline "
+                  "{:.4f} nats/token\n",
+             data_path, run.data.train->size(), c.run.global_batch, c.run.seq, report.baseline);
+  fmt::print(log, "MFU is against the stated peak of {:.1f} GFLOP/s ({})\n", peak / 1e9,
+             c.device.kind == DeviceKind::cpu ? "cores x clock x fp32 FMA lanes" : "dense bf16");
+
+  report.first_step = done + 1;
+  double window_time = 0;
+  int64_t window_steps = 0;
+  double lr = 0;
+  const auto t_start = Clock::now();
+  double train_time = 0;
+  for (int64_t step = done + 1; step <= c.steps; ++step) {
+    if (c.stop && c.stop->load()) {
+      report.interrupted = true;
+      break;
+    }
+    const auto t0 = Clock::now();
+    const double loss = run.step_loss(step - 1);
+    const StepStats s = run.optim.step(step, loss);
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    lr = s.lr;
+    window_time += dt;
+    ++window_steps;
+    train_time += dt;
+    report.losses.push_back(loss);
+    report.last_step = step;
+    if (step % c.log_every == 0 || step == c.steps || step == done + 1) {
+      const double sps = window_steps / window_time;
+      const double tps = sps * double(c.run.tokens_per_step());
+      const double fps = sps * flops_per_step;
+      fmt::print(log,
+                 "step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | "
+                 "{:.2f} TFLOP/s | MFU {:.1f}% | peak mem {}{}\n",
+                 step, c.steps, loss, s.lr, s.grad_norm, tps, fps / 1e12, 100 * mfu(fps, 1, peak),
+                 format_bytes(double(run.arena.peak_total())), s.skipped ? " | SKIPPED (non-finite)" : "");
+      std::fflush(log);
+      run.metrics << nlohmann::json{{"step", step},         {"loss", loss},
+                                    {"lr", s.lr},           {"grad_norm", s.grad_norm},
+                                    {"tokens_per_s", tps},  {"tflops", fps / 1e12},
+                                    {"mfu", mfu(fps, 1, peak)}, {"peak_bytes", run.arena.peak_total()},
+                                    {"skipped", s.skipped}}
+                         .dump()
+                  << "\n";
+      run.metrics.flush();
+      window_time = 0;
+      window_steps = 0;
+    }
+    if (c.eval_every > 0 && step % c.eval_every == 0 && step != c.steps) {
+      const double v = run.validation_loss();
+      fmt::print(log, "step {:>5} | validation loss {:.4f} (unigram baseline {:.4f})\n", step, v,
+                 report.baseline);
+      run.metrics << nlohmann::json{{"step", step}, {"val_loss", v}}.dump() << "\n";
+    }
+    if (c.ckpt_every > 0 && step % c.ckpt_every == 0 && step != c.steps) report.checkpoint = run.save(step, lr);
+  }
+  (void)t_start;
+  if (report.last_step > 0 && report.last_step >= report.first_step) {
+    report.checkpoint = run.save(report.last_step, lr);
+    fmt::print(log, "{}checkpoint {}\n", report.interrupted ? "stopped early; " : "", report.checkpoint);
+  }
+  report.val_loss = run.validation_loss();
+  const int64_t ran = report.last_step - report.first_step + 1;
+  report.tokens_per_second = ran > 0 ? double(ran * c.run.tokens_per_step()) / train_time : 0;
+  fmt::print(log, "validation loss {:.4f} nats/token vs unigram baseline {:.4f} ({:+.1f}%)\n",
+             report.val_loss, report.baseline, 100 * (report.val_loss - report.baseline) / report.baseline);
+  run.metrics << nlohmann::json{{"step", report.last_step}, {"val_loss", report.val_loss},
+                                {"baseline", report.baseline}}
+                     .dump()
+              << "\n";
+  report.measured = run.arena.peaks();
+  fmt::print(log, "{}", memory_table(report, c.device));
+  return report;
+}
+
+}  // namespace weft::trainer

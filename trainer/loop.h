@@ -1,0 +1,58 @@
+// The training loop on one rank: data, forward/backward over the micro-batches
+// of each step, the optimizer, logging and metrics, validation, checkpoints
+// (periodic, final, and on a stop request such as SIGINT) and exact resume.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "core/device_spec.h"
+#include "core/layout.h"
+#include "memory/shapes.h"
+#include "trainer/optim/optimizer.h"
+
+namespace weft::trainer {
+
+struct TrainConfig {
+  ModelSpec model;
+  RunSpec run;
+  Layout layout;
+  DeviceSpec device;
+  OptimConfig optim;
+  int64_t steps = 300;
+  uint64_t seed = 1234;
+  std::string data;             // token file or folder; empty: the default corpus
+  int64_t log_every = 10;
+  int64_t eval_every = 100;     // 0: only at the end
+  int64_t eval_samples = 64;    // validation sequences per evaluation
+  std::string out_dir = "runs/default";  // metrics.jsonl, and checkpoints/ by default
+  std::string ckpt_dir;         // empty: <out_dir>/checkpoints
+  int64_t ckpt_every = 0;       // 0: only at the end and on a stop request
+  bool resume = false;          // continue from the newest checkpoint in ckpt_dir
+  std::string resume_from;      // or from this checkpoint folder
+  int64_t threads = 0;          // 0: every core
+  const std::atomic<bool>* stop = nullptr;  // set asynchronously: checkpoint and return
+};
+
+struct TrainReport {
+  int64_t first_step = 0;  // 1-based step the run started at (after a resume)
+  int64_t last_step = 0;   // last completed step
+  std::vector<double> losses;  // mean training loss of each step run
+  double val_loss = 0;         // at the end; NaN without a validation split
+  double baseline = 0;         // unigram entropy of the training data, nats/token
+  double tokens_per_second = 0;
+  bool interrupted = false;
+  std::string checkpoint;      // the last checkpoint written
+  std::array<int64_t, memory::kCategories> measured{};   // arena peaks
+  std::array<int64_t, memory::kCategories> predicted{};  // memory model
+};
+
+// Trains, printing progress to `log` and appending metrics to
+// <out_dir>/metrics.jsonl. Throws InputError for bad configuration or data,
+// NonFiniteError when too many steps in a row are non-finite.
+TrainReport train(const TrainConfig& config, std::FILE* log);
+
+}  // namespace weft::trainer

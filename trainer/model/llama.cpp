@@ -1,0 +1,464 @@
+#include "trainer/model/llama.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "kernels/attention/attention.h"
+#include "kernels/cross_entropy/cross_entropy.h"
+#include "kernels/elementwise/elementwise.h"
+#include "kernels/embedding/embedding.h"
+#include "kernels/gemm/gemm.h"
+#include "kernels/rmsnorm/rmsnorm.h"
+#include "kernels/rope/rope.h"
+#include "kernels/swiglu/swiglu.h"
+
+namespace weft::trainer {
+
+using kernels::status_check;
+using kernels::Write;
+
+namespace {
+
+template <typename P>
+void run(const P& p, kernels::Workspace ws, const char* op) {
+  status_check(kernels::launch(p, ws, {}), op);
+}
+template <typename P>
+void run(const P& p, const char* op) {
+  run(p, {}, op);
+}
+
+// The saved activations of a block, in the shape table's names.
+constexpr const char* kSavedNames[] = {
+    "layer.attn_norm.input",       "layer.attn_norm.rstd", "layer.attn_norm.normed_fp32",
+    "layer.attn_norm.output",      "layer.attn.q",         "layer.attn.k",
+    "layer.attn.v",                "layer.attn.out",       "layer.attn.lse",
+    "layer.attn.probs",            "layer.mlp_norm.input", "layer.mlp_norm.rstd",
+    "layer.mlp_norm.normed_fp32",  "layer.mlp_norm.output", "layer.mlp.gate",
+    "layer.mlp.up",                "layer.mlp.act"};
+
+}  // namespace
+
+template <typename Elem>
+struct LlamaStage<Elem>::Block {
+  int64_t layer = 0;  // local index
+  Checkpointing mode = Checkpointing::none;
+  // Parameters and their gradients.
+  const Elem *w_attn_norm, *wq, *wk, *wv, *wo, *w_mlp_norm, *wg, *wu, *wd;
+  Elem *g_attn_norm, *gq, *gk, *gv, *go, *g_mlp_norm, *gg, *gu, *gd;
+  // Activations (nullptr where the layout has none).
+  Elem* x_in;
+  A* rstd1;
+  A* xhat1;
+  Elem *ln1, *q, *k, *v, *out;
+  A* lse;
+  Elem* probs;
+  Elem* x_mid;
+  A* rstd2;
+  A* xhat2;
+  Elem *ln2, *gate, *up, *act;
+};
+
+template <typename Elem>
+LlamaStage<Elem>::LlamaStage(const ModelSpec& m, const RunSpec& run, const Layout& l, int64_t stage,
+                             const DeviceSpec& device, memory::Arena& arena,
+                             parallel::ProcessGroups& groups)
+    : m_(m), run_(run), l_(l), plan_(memory::stage_plan(m, run, l, stage)),
+      params_(stage_params(m, l, plan_, groups.tp_rank())), groups_(groups) {
+  M_ = l.mb * run.seq;
+  WEFT_ASSERT(!l.sp);  // sequence-parallel regions come with the multi-rank trainer
+  table_ = std::make_unique<TensorTable>(memory::stage_shapes(m, run, l, device, plan_), arena,
+                                         sizeof(Elem) == 8);
+  weights_ = table_->get<Elem>("weights.flat");
+  grads_ = table_->get<Elem>("grads.flat");
+  WEFT_ASSERT(l.zero == 0 || l.dp == 1);  // sharded optimizer state comes with data parallelism
+
+  // Which layers keep each saved tensor, and where: slot-major, then the
+  // keeping layers in order; the rebuilt copy (if any) is the last instance.
+  std::vector<memory::TensorShape> kept, ckpt;
+  memory::block_saved_shapes(m, run, l, Checkpointing::none, kept);
+  memory::block_saved_shapes(m, run, l, l.ckpt, ckpt);
+  for (const char* name : kSavedNames) {
+    if (!table_->has(name)) continue;
+    auto keeps = [&](const std::vector<memory::TensorShape>& v) {
+      return std::any_of(v.begin(), v.end(), [&](const auto& t) { return std::strcmp(t.name, name) == 0; });
+    };
+    SavedIndex idx;
+    for (int64_t i = 0; i < plan_.layers; ++i) {
+      const bool saved = mode(i) == Checkpointing::none ? keeps(kept) : keeps(ckpt);
+      idx.of_layer.push_back(saved ? idx.saving++ : -1);
+    }
+    const bool rebuilt = std::find(idx.of_layer.begin(), idx.of_layer.end(), -1) != idx.of_layer.end();
+    WEFT_ASSERT(table_->count(name) == plan_.in_flight_chunks * idx.saving + (rebuilt ? 1 : 0));
+    saved_.emplace_back(name, std::move(idx));
+  }
+}
+
+template <typename Elem>
+LlamaStage<Elem>::~LlamaStage() = default;
+
+template <typename Elem>
+Checkpointing LlamaStage<Elem>::mode(int64_t layer) const {
+  return layer < plan_.checkpointed ? l_.ckpt : Checkpointing::none;
+}
+
+template <typename Elem>
+int64_t LlamaStage<Elem>::instance(const char* name, int64_t slot, int64_t layer) const {
+  for (const auto& [n, idx] : saved_) {
+    if (n != name) continue;
+    const int64_t i = idx.of_layer[size_t(layer)];
+    return i >= 0 ? slot * idx.saving + i : plan_.in_flight_chunks * idx.saving;
+  }
+  throw InternalError(fmt::format("no saved tensor '{}'", name));
+}
+
+template <typename Elem>
+typename LlamaStage<Elem>::Block LlamaStage<Elem>::block(int64_t slot, int64_t layer) {
+  Block b{};
+  b.layer = layer;
+  b.mode = mode(layer);
+  auto w = [&](ParamKind k) { return weights_ + params_.specs[size_t(params_.index(k, layer))].offset; };
+  auto g = [&](ParamKind k) { return grads_ + params_.specs[size_t(params_.index(k, layer))].offset; };
+  b.w_attn_norm = w(ParamKind::input_layernorm);
+  b.wq = w(ParamKind::q_proj);
+  b.wk = w(ParamKind::k_proj);
+  b.wv = w(ParamKind::v_proj);
+  b.wo = w(ParamKind::o_proj);
+  b.w_mlp_norm = w(ParamKind::post_attention_layernorm);
+  b.wg = w(ParamKind::gate_proj);
+  b.wu = w(ParamKind::up_proj);
+  b.wd = w(ParamKind::down_proj);
+  b.g_attn_norm = g(ParamKind::input_layernorm);
+  b.gq = g(ParamKind::q_proj);
+  b.gk = g(ParamKind::k_proj);
+  b.gv = g(ParamKind::v_proj);
+  b.go = g(ParamKind::o_proj);
+  b.g_mlp_norm = g(ParamKind::post_attention_layernorm);
+  b.gg = g(ParamKind::gate_proj);
+  b.gu = g(ParamKind::up_proj);
+  b.gd = g(ParamKind::down_proj);
+  auto act = [&]<typename T>(const char* name, T*) -> T* {
+    return table_->has(name) ? table_->get<T>(name, instance(name, slot, layer)) : nullptr;
+  };
+  b.x_in = act("layer.attn_norm.input", (Elem*)nullptr);
+  b.rstd1 = act("layer.attn_norm.rstd", (A*)nullptr);
+  b.xhat1 = act("layer.attn_norm.normed_fp32", (A*)nullptr);
+  b.ln1 = act("layer.attn_norm.output", (Elem*)nullptr);
+  b.q = act("layer.attn.q", (Elem*)nullptr);
+  b.k = act("layer.attn.k", (Elem*)nullptr);
+  b.v = act("layer.attn.v", (Elem*)nullptr);
+  b.out = act("layer.attn.out", (Elem*)nullptr);
+  b.lse = act("layer.attn.lse", (A*)nullptr);
+  b.probs = act("layer.attn.probs", (Elem*)nullptr);
+  b.x_mid = act("layer.mlp_norm.input", (Elem*)nullptr);
+  b.rstd2 = act("layer.mlp_norm.rstd", (A*)nullptr);
+  b.xhat2 = act("layer.mlp_norm.normed_fp32", (A*)nullptr);
+  b.ln2 = act("layer.mlp_norm.output", (Elem*)nullptr);
+  b.gate = act("layer.mlp.gate", (Elem*)nullptr);
+  b.up = act("layer.mlp.up", (Elem*)nullptr);
+  b.act = act("layer.mlp.act", (Elem*)nullptr);
+  return b;
+}
+
+template <typename Elem>
+kernels::Workspace LlamaStage<Elem>::scratch(const char* name, int64_t need) {
+  if (need == 0) return {};
+  const int64_t have = table_->elements(name) * (sizeof(Elem) == 8 ? 8 : 4);
+  if (need > have)
+    throw InternalError(fmt::format("kernel workspace {} needs {} bytes, the shape table has {}",
+                                    name, need, have));
+  return {table_->get<std::byte>(name), have};
+}
+
+template <typename Elem>
+void LlamaStage<Elem>::init_weights(uint64_t seed) {
+  for (const auto& p : params_.specs) {
+    Elem* w = weights_ + p.offset;
+    for (int64_t r = 0; r < p.local_rows; ++r)
+      for (int64_t c = 0; c < p.local_cols; ++c)
+        w[r * p.local_cols + c] = Elem(param_init_value(p, seed, p.row_begin + r, p.col_begin + c));
+  }
+}
+
+template <typename Elem>
+void LlamaStage<Elem>::zero_grads() {
+  run(kernels::FillParams<Elem>{.n = params_.elements, .value = 0.0, .x = grads_}, "fill");
+}
+
+template <typename Elem>
+void LlamaStage<Elem>::norm_forward(const Elem* x, const Elem* residual, Elem* sum, const Elem* w,
+                                    Elem* y, A* rstd, A* x_hat) {
+  const int64_t C = m_.hidden;
+  if (l_.norm == NormKind::fused) {
+    run(kernels::RmsnormForwardParams<Elem>{.rows = M_, .C = C, .eps = m_.norm_eps, .x = x,
+                                            .residual = residual, .sum = sum, .weight = w, .y = y,
+                                            .rstd = rstd},
+        "rmsnorm_forward");
+    return;
+  }
+  const Elem* in = x;
+  if (residual) {
+    run(kernels::AddParams<Elem>{.n = M_ * C, .a = x, .b = residual, .out = sum}, "add");
+    in = sum;
+  }
+  run(kernels::RmsnormUnfusedForwardParams<Elem>{.rows = M_, .C = C, .eps = m_.norm_eps, .x = in,
+                                                 .weight = w, .y = y, .rstd = rstd, .x_hat = x_hat},
+      "rmsnorm_unfused_forward");
+}
+
+template <typename Elem>
+void LlamaStage<Elem>::norm_backward(const Elem* x, const A* x_hat, const A* rstd, const Elem* w,
+                                     const Elem* dy, Elem* dx, Write write, Elem* dw) {
+  const int64_t C = m_.hidden;
+  if (l_.norm == NormKind::fused) {
+    run(kernels::RmsnormBackwardParams<Elem>{.rows = M_, .C = C, .x = x, .weight = w, .rstd = rstd,
+                                             .dy = dy, .dx = dx, .dx_write = write, .dweight = dw},
+        "rmsnorm_backward");
+    return;
+  }
+  const kernels::RmsnormUnfusedBackwardParams<Elem> p{.rows = M_, .C = C, .x_hat = x_hat,
+                                                      .rstd = rstd, .weight = w, .dy = dy,
+                                                      .dx = dx, .dx_write = write, .dweight = dw};
+  run(p, scratch("scratch.norm_unfused", kernels::workspace_bytes(p)), "rmsnorm_unfused_backward");
+}
+
+template <typename Elem>
+void LlamaStage<Elem>::block_forward(const Block& b, Elem* x_out, bool recompute) {
+  const int64_t C = m_.hidden, D = m_.head_dim, t = l_.tp;
+  const int64_t Hl = m_.heads / t, Kl = m_.kv_heads / t, Fl = m_.intermediate / t;
+  const bool full = !recompute || b.mode == Checkpointing::full;
+  Elem* lin = table_->get<Elem>("scratch.linear_out");
+  parallel::Comm& tp = *groups_.tp;
+
+  if (full) {
+    norm_forward(b.x_in, nullptr, nullptr, b.w_attn_norm, b.ln1, b.rstd1, b.xhat1);
+    run(kernels::linear_forward_gemm(M_, C, Hl * D, b.ln1, b.wq, b.q), "gemm q");
+    run(kernels::linear_forward_gemm(M_, C, Kl * D, b.ln1, b.wk, b.k), "gemm k");
+    run(kernels::linear_forward_gemm(M_, C, Kl * D, b.ln1, b.wv, b.v), "gemm v");
+    const kernels::RopeParams<Elem> rope{.direction = kernels::RopeDirection::forward, .B = l_.mb,
+                                         .T = run_.seq, .H = Hl, .H_kv = Kl, .D = D,
+                                         .position_offset = 0, .theta = m_.rope_theta, .q = b.q,
+                                         .k = b.k};
+    run(rope, scratch("scratch.rope_table", kernels::workspace_bytes(rope)), "rope_forward");
+  }
+  if (full || b.mode == Checkpointing::selective) {
+    const kernels::AttentionForwardParams<Elem> attn{.kind = l_.attention, .B = l_.mb,
+                                                     .T = run_.seq, .H = Hl, .H_kv = Kl, .D = D,
+                                                     .q = b.q, .k = b.k, .v = b.v, .out = b.out,
+                                                     .lse = b.lse, .probs = b.probs};
+    WEFT_ASSERT(kernels::workspace_bytes(attn) == 0);
+    run(attn, "attention_forward");
+  }
+  if (full) {
+    run(kernels::linear_forward_gemm(M_, Hl * D, C, b.out, b.wo, lin), "gemm o");
+    tp.all_reduce(lin, M_ * C);  // row-parallel output
+  }
+  if (full || b.mode == Checkpointing::ffn) {
+    // The residual add is fused into the norm: x_mid = x_in + attention.
+    if (full)
+      norm_forward(lin, b.x_in, b.x_mid, b.w_mlp_norm, b.ln2, b.rstd2, b.xhat2);
+    else
+      norm_forward(b.x_mid, nullptr, nullptr, b.w_mlp_norm, b.ln2, b.rstd2, b.xhat2);
+    run(kernels::linear_forward_gemm(M_, C, Fl, b.ln2, b.wg, b.gate), "gemm gate");
+    run(kernels::linear_forward_gemm(M_, C, Fl, b.ln2, b.wu, b.up), "gemm up");
+    run(kernels::SwigluForwardParams<Elem>{.rows = M_, .F = Fl, .gate = b.gate, .up = b.up, .act = b.act},
+        "swiglu_forward");
+  }
+  // A rebuild stops here: the block's output was consumed already.
+  if (recompute) return;
+  run(kernels::linear_forward_gemm(M_, Fl, C, b.act, b.wd, lin), "gemm down");
+  tp.all_reduce(lin, M_ * C);
+  run(kernels::AddParams<Elem>{.n = M_ * C, .a = b.x_mid, .b = lin, .out = x_out}, "add");
+}
+
+template <typename Elem>
+void LlamaStage<Elem>::block_recompute(const Block& b) {
+  if (b.mode != Checkpointing::none) block_forward(b, nullptr, true);
+}
+
+template <typename Elem>
+void LlamaStage<Elem>::block_backward(const Block& b, Elem* dx) {
+  const int64_t C = m_.hidden, D = m_.head_dim, t = l_.tp;
+  const int64_t Hl = m_.heads / t, Kl = m_.kv_heads / t, Fl = m_.intermediate / t;
+  parallel::Comm& tp = *groups_.tp;
+  Elem* d_norm = table_->get<Elem>("scratch.d_norm");
+  Elem* d_act = table_->get<Elem>("scratch.d_mlp", 0);
+  Elem* d_gate = table_->get<Elem>("scratch.d_mlp", 1);
+  Elem* d_up = table_->get<Elem>("scratch.d_mlp", 2);
+  Elem* d_out = table_->get<Elem>("scratch.d_attn_out");
+  Elem* dq = table_->get<Elem>("scratch.d_qkv");
+  Elem* dk = dq + M_ * Hl * D;
+  Elem* dv = dk + M_ * Kl * D;
+
+  // MLP: dx holds the gradient of the block output, which the residual
+  // passes to x_mid unchanged; the norm's backward adds its part in place.
+  run(kernels::linear_dgrad_gemm(M_, Fl, C, dx, b.wd, d_act), "gemm down dgrad");
+  run(kernels::linear_wgrad_gemm(M_, Fl, C, dx, b.act, b.gd), "gemm down wgrad");
+  run(kernels::SwigluBackwardParams<Elem>{.rows = M_, .F = Fl, .gate = b.gate, .up = b.up,
+                                          .dact = d_act, .dgate = d_gate, .dup = d_up},
+      "swiglu_backward");
+  run(kernels::linear_dgrad_gemm(M_, C, Fl, d_gate, b.wg, d_norm), "gemm gate dgrad");
+  run(kernels::linear_dgrad_gemm(M_, C, Fl, d_up, b.wu, d_norm, Write::accumulate), "gemm up dgrad");
+  run(kernels::linear_wgrad_gemm(M_, C, Fl, d_gate, b.ln2, b.gg), "gemm gate wgrad");
+  run(kernels::linear_wgrad_gemm(M_, C, Fl, d_up, b.ln2, b.gu), "gemm up wgrad");
+  tp.all_reduce(d_norm, M_ * C);  // column-parallel input
+  norm_backward(b.x_mid, b.xhat2, b.rstd2, b.w_mlp_norm, d_norm, dx, Write::accumulate, b.g_mlp_norm);
+
+  // Attention.
+  run(kernels::linear_dgrad_gemm(M_, Hl * D, C, dx, b.wo, d_out), "gemm o dgrad");
+  run(kernels::linear_wgrad_gemm(M_, Hl * D, C, dx, b.out, b.go), "gemm o wgrad");
+  const kernels::AttentionBackwardParams<Elem> attn{
+      .kind = l_.attention, .B = l_.mb, .T = run_.seq, .H = Hl, .H_kv = Kl, .D = D, .q = b.q,
+      .k = b.k, .v = b.v, .out = b.out, .lse = b.lse, .probs = b.probs, .dout = d_out,
+      .dq = dq, .dk = dk, .dv = dv};
+  run(attn,
+      scratch(l_.attention == AttentionKind::flash ? "scratch.attn_delta" : "scratch.d_probs",
+              kernels::workspace_bytes(attn)),
+      "attention_backward");
+  const kernels::RopeParams<Elem> rope{.direction = kernels::RopeDirection::backward, .B = l_.mb,
+                                       .T = run_.seq, .H = Hl, .H_kv = Kl, .D = D,
+                                       .position_offset = 0, .theta = m_.rope_theta, .q = dq, .k = dk};
+  run(rope, scratch("scratch.rope_table", kernels::workspace_bytes(rope)), "rope_backward");
+  run(kernels::linear_dgrad_gemm(M_, C, Hl * D, dq, b.wq, d_norm), "gemm q dgrad");
+  run(kernels::linear_dgrad_gemm(M_, C, Kl * D, dk, b.wk, d_norm, Write::accumulate), "gemm k dgrad");
+  run(kernels::linear_dgrad_gemm(M_, C, Kl * D, dv, b.wv, d_norm, Write::accumulate), "gemm v dgrad");
+  run(kernels::linear_wgrad_gemm(M_, C, Hl * D, dq, b.ln1, b.gq), "gemm q wgrad");
+  run(kernels::linear_wgrad_gemm(M_, C, Kl * D, dk, b.ln1, b.gk), "gemm k wgrad");
+  run(kernels::linear_wgrad_gemm(M_, C, Kl * D, dv, b.ln1, b.gv), "gemm v wgrad");
+  tp.all_reduce(d_norm, M_ * C);
+  norm_backward(b.x_in, b.xhat1, b.rstd1, b.w_attn_norm, d_norm, dx, Write::accumulate, b.g_attn_norm);
+}
+
+template <typename Elem>
+void LlamaStage<Elem>::head_forward(int64_t slot, const int32_t* targets, double grad_scale,
+                                    double* loss_sum) {
+  (void)slot;
+  const int64_t C = m_.hidden, Vl = m_.vocab / l_.tp;
+  parallel::Comm& tp = *groups_.tp;
+  const auto& head = params_.specs[size_t(params_.index(ParamKind::lm_head))];
+  const auto& fnorm = params_.specs[size_t(params_.index(ParamKind::final_norm))];
+  Elem* x = table_->get<Elem>("final_norm.input");
+  Elem* y = table_->get<Elem>("final_norm.output");
+  A* rstd = table_->get<A>("final_norm.rstd");
+  A* xhat = table_->has("final_norm.normed_fp32") ? table_->get<A>("final_norm.normed_fp32") : nullptr;
+  norm_forward(x, nullptr, nullptr, weight(fnorm), y, rstd, xhat);
+  Elem* logits = table_->get<Elem>("head.logits");
+  run(kernels::linear_forward_gemm(M_, C, Vl, y, weight(head), logits), "gemm head");
+  if (capture_) capture_->assign(logits, logits + M_ * Vl);
+
+  int32_t* tgt = table_->get<int32_t>("loss.targets");
+  std::memcpy(tgt, targets, size_t(M_) * sizeof(int32_t));
+  A* row_max = table_->get<A>("loss.row_max");
+  A* sum_exp = table_->get<A>("loss.row_sumexp");
+  A* loss = table_->get<A>("loss.per_token");
+  run(kernels::CrossEntropyMaxParams<Elem>{.rows = M_, .V_local = Vl, .logits = logits, .row_max = row_max},
+      "cross_entropy_max");
+  tp.all_reduce(row_max, M_, parallel::ReduceOp::max);
+  run(kernels::CrossEntropySumExpParams<Elem>{.rows = M_, .V_local = Vl, .logits = logits,
+                                              .row_max = row_max, .sum_exp = sum_exp},
+      "cross_entropy_sumexp");
+  tp.all_reduce(sum_exp, M_);
+  run(kernels::CrossEntropyLossGradParams<Elem>{.rows = M_, .V = m_.vocab,
+                                                .vocab_start = groups_.tp_rank() * Vl,
+                                                .V_local = Vl, .logits = logits, .targets = tgt,
+                                                .row_max = row_max, .sum_exp = sum_exp,
+                                                .loss = loss, .grad_scale = grad_scale},
+      "cross_entropy_loss_grad");
+  double s = 0;
+  for (int64_t i = 0; i < M_; ++i) s += double(loss[i]);
+  *loss_sum = s;
+}
+
+template <typename Elem>
+void LlamaStage<Elem>::head_backward(Elem* dx) {
+  const int64_t C = m_.hidden, Vl = m_.vocab / l_.tp;
+  const auto& head = params_.specs[size_t(params_.index(ParamKind::lm_head))];
+  const auto& fnorm = params_.specs[size_t(params_.index(ParamKind::final_norm))];
+  Elem* dlogits = table_->get<Elem>("head.logits");
+  Elem* y = table_->get<Elem>("final_norm.output");
+  Elem* d_norm = table_->get<Elem>("scratch.d_norm");
+  run(kernels::linear_dgrad_gemm(M_, C, Vl, dlogits, weight(head), d_norm), "gemm head dgrad");
+  run(kernels::linear_wgrad_gemm(M_, C, Vl, dlogits, y, grad(head)), "gemm head wgrad");
+  groups_.tp->all_reduce(d_norm, M_ * C);
+  A* xhat = table_->has("final_norm.normed_fp32") ? table_->get<A>("final_norm.normed_fp32") : nullptr;
+  norm_backward(table_->get<Elem>("final_norm.input"), xhat, table_->get<A>("final_norm.rstd"),
+                weight(fnorm), d_norm, dx, Write::overwrite, grad(fnorm));
+}
+
+template <typename Elem>
+Elem* LlamaStage<Elem>::stage_input(int64_t slot) {
+  return table_->get<Elem>("layer.attn_norm.input", instance("layer.attn_norm.input", slot, 0));
+}
+template <typename Elem>
+Elem* LlamaStage<Elem>::stage_output() {
+  return table_->get<Elem>("comm.pp_p2p", 0);
+}
+template <typename Elem>
+Elem* LlamaStage<Elem>::output_grad() {
+  return plan_.has_head ? nullptr : table_->get<Elem>("comm.pp_p2p", 1);
+}
+template <typename Elem>
+Elem* LlamaStage<Elem>::input_grad() {
+  return table_->get<Elem>("scratch.d_residual");
+}
+
+template <typename Elem>
+double LlamaStage<Elem>::forward(int64_t slot, const int32_t* tokens, const int32_t* targets,
+                                 double grad_scale) {
+  const int64_t C = m_.hidden;
+  if (plan_.has_embedding) {
+    int32_t* tok = table_->get<int32_t>("embedding.tokens", slot);
+    std::memcpy(tok, tokens, size_t(M_) * sizeof(int32_t));
+    const auto& emb = params_.specs[size_t(params_.index(ParamKind::embed_tokens))];
+    const int64_t Vl = m_.vocab / l_.tp;
+    run(kernels::EmbeddingForwardParams<Elem>{.rows = M_, .C = C, .V = m_.vocab,
+                                              .vocab_start = groups_.tp_rank() * Vl, .V_local = Vl,
+                                              .tokens = tok, .table = weight(emb),
+                                              .out = stage_input(slot)},
+        "embedding_forward");
+    groups_.tp->all_reduce(stage_input(slot), M_ * C);  // vocab-parallel lookup
+  }
+  for (int64_t i = 0; i < plan_.layers; ++i) {
+    Elem* x_out = i + 1 < plan_.layers ? block(slot, i + 1).x_in
+                  : plan_.has_head     ? table_->get<Elem>("final_norm.input")
+                                       : stage_output();
+    block_forward(block(slot, i), x_out, false);
+  }
+  double loss = 0;
+  if (plan_.has_head) head_forward(slot, targets, grad_scale, &loss);
+  return loss;
+}
+
+template <typename Elem>
+void LlamaStage<Elem>::backward(int64_t slot) {
+  const int64_t C = m_.hidden;
+  Elem* dx = table_->get<Elem>("scratch.d_residual");
+  if (plan_.has_head)
+    head_backward(dx);
+  else
+    std::memcpy(dx, output_grad(), size_t(M_ * C) * sizeof(Elem));
+  for (int64_t i = plan_.layers - 1; i >= 0; --i) {
+    const Block b = block(slot, i);
+    block_recompute(b);
+    block_backward(b, dx);
+  }
+  if (plan_.has_embedding) {
+    const auto& emb = params_.specs[size_t(params_.index(ParamKind::embed_tokens))];
+    const int64_t Vl = m_.vocab / l_.tp;
+    // The vocab-parallel lookup's all-reduce is conjugate to the identity here.
+    run(kernels::EmbeddingBackwardParams<Elem>{.rows = M_, .C = C, .V = m_.vocab,
+                                               .vocab_start = groups_.tp_rank() * Vl,
+                                               .V_local = Vl,
+                                               .tokens = table_->get<int32_t>("embedding.tokens", slot),
+                                               .dout = dx, .dtable = grad(emb)},
+        "embedding_backward");
+  }
+}
+
+template class LlamaStage<float>;
+template class LlamaStage<double>;
+
+}  // namespace weft::trainer

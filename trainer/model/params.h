@@ -1,0 +1,63 @@
+// The parameters one rank holds: Hugging Face names, full and local shapes,
+// how tensor parallelism shards them, and their offsets in the stage's flat
+// weight/gradient buffers (the order of memory::stage_param_elements).
+// Initialisation is layout-independent: element (r, c) of a full tensor is a
+// pure function of (seed, name, r, c), so every rank draws its own shard
+// directly and any layout of a run starts from the same model.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/layout.h"
+#include "core/model_spec.h"
+#include "memory/shapes.h"
+#include "trainer/checkpoint/hf_names.h"
+
+namespace weft::trainer {
+
+enum class ShardDim { none, rows, cols };  // which dim tp splits
+enum class ParamInit { normal, ones };
+
+struct ParamSpec {
+  std::string name;    // Hugging Face name, e.g. model.layers.3.self_attn.q_proj.weight
+  int64_t rows = 0;    // full shape (out, in); norms are (C, 1)
+  int64_t cols = 0;
+  ShardDim shard = ShardDim::none;
+  int64_t local_rows = 0;
+  int64_t local_cols = 0;
+  int64_t row_begin = 0;  // this rank's block in the full tensor
+  int64_t col_begin = 0;
+  int64_t offset = 0;     // in the flat buffers, elements
+  bool decay = true;      // AdamW weight decay: 2-D weights yes, norms no
+  ParamInit init = ParamInit::normal;
+  int64_t local_elements() const { return local_rows * local_cols; }
+  // The full tensor's shape as checkpoints store it: (C) for norms.
+  std::vector<int64_t> shape() const {
+    return cols == 1 && shard == ShardDim::none ? std::vector<int64_t>{rows}
+                                                : std::vector<int64_t>{rows, cols};
+  }
+};
+
+// One naming table for the model, the checkpoints and the exporter.
+using checkpoint::ParamKind;
+
+struct StageParams {
+  std::vector<ParamSpec> specs;
+  int64_t elements = 0;
+  // Index into specs of each kind for local layer l (block kinds) or -1.
+  int64_t index(ParamKind kind, int64_t layer = 0) const;
+  int64_t first_layer = 0;  // global index of the stage's first block
+  int64_t layers = 0;
+  // The head reads the embedding table (tied embeddings on one stage).
+  bool head_is_embedding = false;
+};
+
+StageParams stage_params(const ModelSpec& m, const Layout& l, const memory::StagePlan& plan,
+                         int64_t tp_rank);
+
+// Value of element (r, c) of the full tensor `name` at initialisation.
+double param_init_value(const ParamSpec& p, uint64_t seed, int64_t r, int64_t c);
+
+}  // namespace weft::trainer

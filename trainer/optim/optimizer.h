@@ -1,0 +1,89 @@
+// AdamW with decoupled weight decay and bias correction over a stage's flat
+// parameters, gradient clipping by the global norm, a warm-up + cosine (or
+// constant) learning-rate schedule, and the non-finite guard: a step whose
+// loss or gradient norm is not finite is skipped and counted, and too many in
+// a row stop the run with a clear error.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "trainer/model/llama.h"
+
+namespace weft::trainer {
+
+enum class Schedule { cosine, constant };
+
+struct OptimConfig {
+  double lr = 3e-3;
+  double min_lr_ratio = 0.1;  // cosine floor as a fraction of lr
+  int64_t warmup_steps = 20;
+  int64_t total_steps = 1000;  // where the cosine reaches its floor
+  Schedule schedule = Schedule::cosine;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;  // 2-D weights only; norms never decay
+  double clip = 1.0;          // max global gradient norm; 0 disables clipping
+  int64_t max_nonfinite = 5;  // consecutive skipped steps before stopping
+
+  // InputError naming any value out of its range (non-finite lr included).
+  void validate() const;
+};
+
+// Learning rate of 1-based step `step`: linear warm-up from lr/warmup to lr
+// over warmup_steps, then cosine decay to lr * min_lr_ratio at total_steps
+// (or constant).
+double lr_at(const OptimConfig& c, int64_t step);
+
+// The step could not be taken: too many non-finite steps in a row.
+class NonFiniteError : public Error {
+ public:
+  using Error::Error;
+};
+
+struct StepStats {
+  double lr = 0;
+  double grad_norm = 0;  // before clipping
+  bool skipped = false;  // non-finite loss or gradient norm
+};
+
+template <typename Elem>
+class Optimizer {
+ public:
+  Optimizer(LlamaStage<Elem>& stage, const OptimConfig& config);
+
+  // Clips and applies the update for 1-based step `step` (the schedule's and
+  // the bias correction's count), given the step's mean loss.
+  StepStats step(int64_t step, double loss);
+
+  int64_t updates() const { return updates_; }  // applied (non-skipped) updates
+  int64_t nonfinite_in_a_row() const { return bad_in_a_row_; }
+  int64_t nonfinite_total() const { return bad_total_; }
+  void restore(int64_t updates, int64_t bad_total) {
+    updates_ = updates;
+    bad_total_ = bad_total;
+  }
+  Elem* adam_m() { return m_; }
+  Elem* adam_v() { return v_; }
+  const OptimConfig& config() const { return c_; }
+
+ private:
+  double grad_norm();
+  LlamaStage<Elem>& stage_;
+  OptimConfig c_;
+  Elem* m_;
+  Elem* v_;
+  int64_t updates_ = 0;
+  int64_t bad_in_a_row_ = 0;
+  int64_t bad_total_ = 0;
+};
+
+extern template class Optimizer<float>;
+extern template class Optimizer<double>;
+
+void to_json(nlohmann::json& j, const OptimConfig& c);
+
+}  // namespace weft::trainer

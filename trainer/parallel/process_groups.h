@@ -1,0 +1,28 @@
+// The process groups one rank takes part in, passed explicitly to everything
+// that communicates. Ranks are laid out tp fastest, then dp, then pp.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "trainer/parallel/comm.h"
+
+namespace weft::parallel {
+
+struct ProcessGroups {
+  Comm* world = nullptr;
+  Comm* tp = nullptr;
+  Comm* pp = nullptr;
+  Comm* dp = nullptr;
+  // Owns the communicators the pointers refer to.
+  std::vector<std::unique_ptr<Comm>> owned;
+
+  int64_t tp_rank() const { return tp->rank(); }
+  int64_t pp_rank() const { return pp->rank(); }
+  int64_t dp_rank() const { return dp->rank(); }
+};
+
+// One process: every group is the single-rank group.
+ProcessGroups single_process_groups();
+
+}  // namespace weft::parallel
