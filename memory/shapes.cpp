@@ -217,10 +217,21 @@ std::vector<TensorShape> stage_shapes(const ModelSpec& m, const RunSpec& run, co
   out.push_back({"scratch.d_attn_out", Category::workspace, d.B * d.T * d.Hl * d.D, d.a, 1});
   out.push_back({"scratch.d_mlp", Category::workspace, d.B * d.T * d.Fl, d.a, 3});
   // Kernel workspaces (their workspace_bytes; the trainer checks they fit).
-  if (l.attention == AttentionKind::flash)  // delta = rowsum(dO * O)
+  if (device.kind == DeviceKind::cpu) {
+    // Attention's forward and backward share fp32 score tiles
+    // (kernels/attention/attention_cpu.cpp): per (batch, kv head), tiles of
+    // (min(32, T) x T), one 64-byte piece each; flash takes 1 forward and 2
+    // backward (P, dP), materialized none forward (its scores go into the
+    // saved probs) and 1 backward (dP). In elements rounded to 16, a double
+    // run's 8-byte tiles fit too.
+    const int64_t tiles = l.attention == AttentionKind::flash ? 2 : 1;
+    const int64_t tile = piece(std::min<int64_t>(32, d.T) * d.T, kFp32);
+    out.push_back({"scratch.attn_tiles", Category::workspace, d.B * d.Kl * tiles * tile, kFp32, 1});
+  } else if (l.attention == AttentionKind::flash) {  // delta = rowsum(dO * O)
     out.push_back({"scratch.attn_delta", Category::workspace, piece(d.B * d.Hl * d.T, kFp32), kFp32, 1});
-  else  // dP
+  } else {  // dP
     out.push_back({"scratch.d_probs", Category::workspace, piece(d.B * d.Hl * d.T * d.T, d.a), d.a, 1});
+  }
   if (l.norm == NormKind::unfused)  // g = dy * w and mean(g * x_hat) of the unfused backward
     out.push_back({"scratch.norm_unfused", Category::workspace,
                    piece(d.B * d.Tsp * d.C, kFp32) + piece(d.B * d.Tsp, kFp32), kFp32, 1});

@@ -5,8 +5,8 @@
 // the layout's attention knob (weft::AttentionKind):
 //   flash        keeps the log-sum-exp per query row, lse (B, H, T) in Acc;
 //                the backward recomputes the probabilities from it.
-//   materialized keeps the probabilities P (B, H, T, T); its backward needs a
-//                (B, H, T, T) workspace for dP.
+//   materialized keeps the probabilities P (B, H, T, T); its backward reads
+//                them instead of recomputing.
 #pragma once
 
 #include <cstdint>
@@ -56,6 +56,11 @@ struct AttentionBackwardParams {
   Elem* dv = nullptr;               // (B, T, H_kv, D)
 };
 
+// Workspaces, forward and backward, depend on the backend. The CPU's holds
+// Acc score tiles per (batch, kv head) item (kernels/attention/attention_cpu.cpp):
+// B * H_kv items of n tiles of (min(32, T) x T) elements, each tile a 64-byte
+// aligned piece; n is 1 for the flash forward, 2 for the flash backward (P
+// and dP), 0 for the materialized forward and 1 for its backward (dP).
 template <typename Elem>
 bool supports(const AttentionForwardParams<Elem>& p, Backend backend = Backend::cpu);
 template <typename Elem>
@@ -63,7 +68,6 @@ int64_t workspace_bytes(const AttentionForwardParams<Elem>& p, Backend backend =
 template <typename Elem>
 Status launch(const AttentionForwardParams<Elem>& p, Workspace ws, Stream stream = {});
 
-// Workspace: flash (B, H, T) Acc for delta; materialized (B, H, T, T) Elem for dP.
 template <typename Elem>
 bool supports(const AttentionBackwardParams<Elem>& p, Backend backend = Backend::cpu);
 template <typename Elem>

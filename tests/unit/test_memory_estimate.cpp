@@ -36,7 +36,8 @@ TEST(MemoryEstimate, HandComputedSingleRank) {
   EXPECT_EQ(cat(s, Category::activations), 8 * block + 4 * 16 /*tokens*/ + 4 * 1'040 /*final norm*/);
   EXPECT_EQ(cat(s, Category::logits), 4 * (16 * 96 + 3 * 16 + 16));
   EXPECT_EQ(cat(s, Category::workspace),
-            4 * (512 + 512 + 512 + 16 * 8 * 8 + 512 + 3 * 1'280 + 64) +
+            4 * (512 + 512 + 512 + 16 * 8 * 8 + 512 + 3 * 1'280) +
+                4 * 1 * 2 * 2 * 16 * 16 /*attention tiles: B x H_kv x 2 (flash) x min(32, T) x T*/ +
                 4 * 2 * 16 * 4 /*rope cos, sin*/ + 64 /*grad-norm partials: 6 doubles for 92'704 / 2^14, one 64-byte piece*/);
   EXPECT_EQ(cat(s, Category::comm), 0);
   EXPECT_EQ(cat(s, Category::overhead), 0);

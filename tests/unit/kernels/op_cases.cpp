@@ -22,7 +22,8 @@ const std::vector<AttentionCase>& attention_cases() {
       {"b2_t13_h4_kv1_d6", 2, 13, 4, 1, 6},
       {"b2_t13_h4_kv4_d8", 2, 13, 4, 4, 8},
       {"b1_t1_h4_kv2_d6", 1, 1, 4, 2, 6},
-      {"b1_t113_h4_kv2_d8_two_key_blocks", 1, 113, 4, 2, 8},
+      {"b1_t113_h4_kv2_d8_query_blocks", 1, 113, 4, 2, 8},
+      {"b2_t130_h2_kv1_d5_last_block_of_2", 2, 130, 2, 1, 5},
   };
   return cases;
 }

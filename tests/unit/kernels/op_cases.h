@@ -2,9 +2,10 @@
 // 113; 3, 37; GQA groups of 2 and 4), shared by the CPU tests here, the GPU
 // tests (CUDA vs CPU) and the kernel benchmarks. Shapes are small enough for
 // finite differences; a case that needs a bigger shape to reach a code path
-// says so in its name: T = 113 walks two flash key blocks of 64, C = 130 three
-// column blocks, and "parallel" cases pass the CPU kernels' threshold for
-// running a loop on several threads (cpu::kParallelMinWork).
+// says so in its name: T = 113 walks several attention query blocks of 32
+// and T = 130 ends on a block of 2 rows, C = 130 three column blocks, and
+// "parallel" cases pass the CPU kernels' threshold for running a loop on
+// several threads (cpu::kParallelMinWork).
 #pragma once
 
 #include <cstdint>

@@ -221,7 +221,18 @@ TEST(AttentionArgs, RejectsImpossibleParams) {
                                     .H_kv = H_kv, .D = D, .q = q.data(), .k = kv.data(),
                                     .v = kv.data(), .out = out.data(), .lse = lse.data()};
   EXPECT_TRUE(supports(fwd));
-  EXPECT_EQ(workspace_bytes(fwd), 0);
+  // One (T x T) score tile per (batch, kv head) at this T; none materialized,
+  // whose scores go straight into the saved probabilities.
+  EXPECT_GE(workspace_bytes(fwd), int64_t{B * H_kv * T * T * 4}) << "score tiles";
+  EXPECT_EQ(launch(fwd, {}, {}), Status::invalid_argument) << "no workspace";
+  {
+    auto mat = fwd;
+    mat.kind = AttentionKind::materialized;
+    std::vector<float> probs(B * H * T * T);
+    mat.probs = probs.data();
+    EXPECT_EQ(workspace_bytes(mat), 0);
+    EXPECT_EQ(launch(mat, {}, {}), Status::ok);
+  }
 
   auto bad = fwd;
   bad.H_kv = 3;  // 4 query heads cannot share 3 kv heads evenly
@@ -243,13 +254,13 @@ TEST(AttentionArgs, RejectsImpossibleParams) {
                                      .v = kv.data(), .out = out.data(), .lse = lse.data(),
                                      .dout = out.data(), .dq = dq.data(), .dk = dk.data(),
                                      .dv = dv.data()};
-  EXPECT_GE(workspace_bytes(bwd), int64_t{B * H * T * 4}) << "delta (B, H, T) fp32";
+  EXPECT_GE(workspace_bytes(bwd), int64_t{2 * B * H_kv * T * T * 4}) << "P and dP tiles";
   EXPECT_EQ(launch(bwd, {}, {}), Status::invalid_argument) << "no workspace";
   auto mat = bwd;
   mat.kind = AttentionKind::materialized;
   std::vector<float> probs(B * H * T * T);
   mat.probs = probs.data();
-  EXPECT_GE(workspace_bytes(mat), int64_t{B * H * T * T * 4}) << "dP (B, H, T, T)";
+  EXPECT_GE(workspace_bytes(mat), int64_t{B * H_kv * T * T * 4}) << "dP tiles";
   mat.dv = nullptr;
   EXPECT_EQ(run(mat), Status::invalid_argument);
 }
