@@ -6,7 +6,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
+
+#include "core/error.h"
 
 namespace weft::parallel {
 
@@ -24,6 +27,15 @@ constexpr DType dtype_of<int32_t>() { return DType::i32; }
 template <>
 constexpr DType dtype_of<int64_t>() { return DType::i64; }
 
+// A pending non-blocking send or receive. wait() returns when the buffer may be
+// reused (send) or holds the message (recv). A request must be waited on
+// before its buffer goes away; the destructor waits if the caller did not.
+class CommRequest {
+ public:
+  virtual ~CommRequest() = default;
+  virtual void wait() = 0;
+};
+
 class Comm {
  public:
   virtual ~Comm() = default;
@@ -36,10 +48,26 @@ class Comm {
   // out (size * count) = concatenation of every rank's in (count), in rank order.
   virtual void all_gather(const void* in, void* out, int64_t count, DType t) = 0;
   // out (count) = the sum over ranks of this rank's block of in (size * count).
+  // With in == out the result lands in the first count elements.
   virtual void reduce_scatter(const void* in, void* out, int64_t count, DType t) = 0;
+  // Uneven variants; counts has size() entries, the same on every rank.
+  // all_gather_v: out (sum of counts) = every rank's in (counts[r]), in rank order.
+  virtual void all_gather_v(const void* in, void* out, std::span<const int64_t> counts,
+                            DType t) = 0;
+  // reduce_scatter_v: out (counts[rank]) = the sum over ranks of this rank's
+  // block of in (sum of counts; block r starts at counts[0] + ... + counts[r-1]).
+  virtual void reduce_scatter_v(const void* in, void* out, std::span<const int64_t> counts,
+                                DType t) = 0;
   virtual void broadcast(void* data, int64_t count, DType t, int64_t root) = 0;
+  // Blocking point-to-point; peer is a rank of this group, tag in [0, 32767].
+  // Two ranks that both send before they receive may deadlock on large
+  // messages: exchange with isend/irecv and wait instead.
   virtual void send(const void* data, int64_t count, DType t, int64_t peer, int64_t tag) = 0;
   virtual void recv(void* data, int64_t count, DType t, int64_t peer, int64_t tag) = 0;
+  virtual std::unique_ptr<CommRequest> isend(const void* data, int64_t count, DType t, int64_t peer,
+                                             int64_t tag) = 0;
+  virtual std::unique_ptr<CommRequest> irecv(void* data, int64_t count, DType t, int64_t peer,
+                                             int64_t tag) = 0;
   virtual void barrier() = 0;
 
   template <typename T>
@@ -54,11 +82,68 @@ class Comm {
   void reduce_scatter(const T* in, T* out, int64_t count) {
     reduce_scatter(static_cast<const void*>(in), static_cast<void*>(out), count, dtype_of<T>());
   }
+  template <typename T>
+  void all_gather_v(const T* in, T* out, std::span<const int64_t> counts) {
+    all_gather_v(static_cast<const void*>(in), static_cast<void*>(out), counts, dtype_of<T>());
+  }
+  template <typename T>
+  void reduce_scatter_v(const T* in, T* out, std::span<const int64_t> counts) {
+    reduce_scatter_v(static_cast<const void*>(in), static_cast<void*>(out), counts, dtype_of<T>());
+  }
+  template <typename T>
+  void broadcast(T* data, int64_t count, int64_t root) {
+    broadcast(static_cast<void*>(data), count, dtype_of<T>(), root);
+  }
+  template <typename T>
+  void send(const T* data, int64_t count, int64_t peer, int64_t tag) {
+    send(static_cast<const void*>(data), count, dtype_of<T>(), peer, tag);
+  }
+  template <typename T>
+  void recv(T* data, int64_t count, int64_t peer, int64_t tag) {
+    recv(static_cast<void*>(data), count, dtype_of<T>(), peer, tag);
+  }
+  template <typename T>
+  std::unique_ptr<CommRequest> isend(const T* data, int64_t count, int64_t peer, int64_t tag) {
+    return isend(static_cast<const void*>(data), count, dtype_of<T>(), peer, tag);
+  }
+  template <typename T>
+  std::unique_ptr<CommRequest> irecv(T* data, int64_t count, int64_t peer, int64_t tag) {
+    return irecv(static_cast<void*>(data), count, dtype_of<T>(), peer, tag);
+  }
 };
 
 // A group of one: every collective is the identity (copies where in != out).
 std::unique_ptr<Comm> single_rank_comm();
 
 int64_t dtype_bytes(DType t);
+const char* to_string(DType t);
+
+// A failed call into a communication library (MPI, NCCL) or the CUDA runtime.
+class CommError : public Error {
+ public:
+  using Error::Error;
+};
+
+// This process's rank in the world, for error messages; -1 until a backend
+// that knows it (MPI) records it. A process has one world rank, so unlike
+// communicators it is process state and not passed around.
+int64_t process_rank();
+void set_process_rank(int64_t rank);
+
+// Throws CommError "rank R: LIB call CALL failed at FILE:LINE: WHAT".
+[[noreturn]] void throw_call_error(const char* lib, const char* call, const std::string& what,
+                                   const char* file, int line);
 
 }  // namespace weft::parallel
+
+// The one check behind WEFT_MPI_CHECK (and the NCCL and CUDA checks to come):
+// `describe(status)` returns "" for success and the library's own text for a
+// failure, which is thrown as a CommError naming the rank, the call, the file
+// and the line.
+#define WEFT_CALL_CHECK(lib, describe, call)                                              \
+  do {                                                                                    \
+    const auto weft_call_status_ = (call);                                                \
+    const std::string weft_call_what_ = describe(weft_call_status_);                      \
+    if (!weft_call_what_.empty())                                                         \
+      ::weft::parallel::throw_call_error(lib, #call, weft_call_what_, __FILE__, __LINE__); \
+  } while (0)

@@ -1,4 +1,7 @@
+#include <atomic>
 #include <cstring>
+
+#include <fmt/format.h>
 
 #include "core/error.h"
 #include "trainer/parallel/comm.h"
@@ -15,6 +18,31 @@ int64_t dtype_bytes(DType t) {
   return 0;
 }
 
+const char* to_string(DType t) {
+  switch (t) {
+    case DType::f32: return "f32";
+    case DType::f64: return "f64";
+    case DType::i32: return "i32";
+    case DType::i64: return "i64";
+  }
+  return "?";
+}
+
+namespace {
+std::atomic<int64_t> g_process_rank{-1};
+}  // namespace
+
+int64_t process_rank() { return g_process_rank.load(std::memory_order_relaxed); }
+void set_process_rank(int64_t rank) { g_process_rank.store(rank, std::memory_order_relaxed); }
+
+void throw_call_error(const char* lib, const char* call, const std::string& what, const char* file,
+                      int line) {
+  const int64_t rank = process_rank();
+  const std::string who = rank >= 0 ? fmt::format("rank {}", rank) : std::string("rank ?");
+  throw CommError(
+      fmt::format("{}: {} call {} failed at {}:{}: {}", who, lib, call, file, line, what));
+}
+
 namespace {
 
 class SingleRankComm final : public Comm {
@@ -27,12 +55,27 @@ class SingleRankComm final : public Comm {
   void reduce_scatter(const void* in, void* out, int64_t count, DType t) override {
     copy(in, out, count, t);
   }
+  void all_gather_v(const void* in, void* out, std::span<const int64_t> counts, DType t) override {
+    WEFT_ASSERT(counts.size() == 1);
+    copy(in, out, counts[0], t);
+  }
+  void reduce_scatter_v(const void* in, void* out, std::span<const int64_t> counts,
+                        DType t) override {
+    WEFT_ASSERT(counts.size() == 1);
+    copy(in, out, counts[0], t);
+  }
   void broadcast(void*, int64_t, DType, int64_t root) override { WEFT_ASSERT(root == 0); }
   void send(const void*, int64_t, DType, int64_t, int64_t) override {
     throw InternalError("send on a single-rank group");
   }
   void recv(void*, int64_t, DType, int64_t, int64_t) override {
     throw InternalError("recv on a single-rank group");
+  }
+  std::unique_ptr<CommRequest> isend(const void*, int64_t, DType, int64_t, int64_t) override {
+    throw InternalError("isend on a single-rank group");
+  }
+  std::unique_ptr<CommRequest> irecv(void*, int64_t, DType, int64_t, int64_t) override {
+    throw InternalError("irecv on a single-rank group");
   }
   void barrier() override {}
 

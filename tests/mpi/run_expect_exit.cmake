@@ -1,0 +1,26 @@
+# Runs EXE under `MPIEXEC --oversubscribe -np NP` with ARGS and checks that the
+# job ends within TIMEOUT seconds with exit code EXPECT_CODE ("nonzero": any
+# but 0) and that its output contains EXPECT_TEXT and EXPECT_TEXT2 if given.
+separate_arguments(args UNIX_COMMAND "${ARGS}")
+string(TIMESTAMP t0 "%s")
+execute_process(COMMAND ${MPIEXEC} --oversubscribe -np ${NP} ${EXE} ${args}
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT ${TIMEOUT})
+string(TIMESTAMP t1 "%s")
+math(EXPR elapsed "${t1} - ${t0}")
+message("${out}${err}")
+message("exit: ${rc} after about ${elapsed} s")
+if(EXPECT_CODE STREQUAL "nonzero")
+  if(rc EQUAL 0 OR NOT rc MATCHES "^[0-9]+$")
+    message(FATAL_ERROR "expected a non-zero exit code, got '${rc}'")
+  endif()
+elseif(NOT rc STREQUAL "${EXPECT_CODE}")
+  message(FATAL_ERROR "expected exit code ${EXPECT_CODE}, got '${rc}'")
+endif()
+foreach(text IN ITEMS "${EXPECT_TEXT}" "${EXPECT_TEXT2}")
+  if(NOT text STREQUAL "")
+    string(FIND "${out}${err}" "${text}" pos)
+    if(pos EQUAL -1)
+      message(FATAL_ERROR "output lacks '${text}'")
+    endif()
+  endif()
+endforeach()

@@ -1,0 +1,197 @@
+// RankGrid: the pure map from (world, tp, pp, dp, order) to groups, checked
+// for worlds up to 4096 ranks over every factorization, with no MPI.
+#include <algorithm>
+#include <tuple>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "core/layout.h"
+#include "test_util.h"
+#include "trainer/parallel/rank_grid.h"
+
+namespace weft::parallel {
+namespace {
+
+using Groups = std::vector<std::vector<int64_t>>;
+constexpr Axis kAxes[] = {Axis::tp, Axis::pp, Axis::dp};
+
+std::vector<std::tuple<int64_t, int64_t, int64_t>> factorizations(int64_t world) {
+  std::vector<std::tuple<int64_t, int64_t, int64_t>> out;
+  for (int64_t tp = 1; tp <= world; ++tp) {
+    if (world % tp) continue;
+    for (int64_t pp = 1; pp <= world / tp; ++pp) {
+      if ((world / tp) % pp) continue;
+      out.emplace_back(tp, pp, world / tp / pp);
+    }
+  }
+  return out;
+}
+
+// Every property of one grid; O(world) per axis so that 4096-rank worlds over
+// all their factorizations stay fast.
+void check_grid(const RankGrid& g) {
+  const int64_t world = g.world();
+  SCOPED_TRACE(::testing::Message()
+               << "world " << world << " tp" << g.size(Axis::tp) << "-pp" << g.size(Axis::pp)
+               << "-dp" << g.size(Axis::dp) << " order " << g.order().to_string());
+  for (Axis a : kAxes) {
+    const Groups groups = g.all_groups(a);
+    ASSERT_EQ(int64_t(groups.size()), world / g.size(a)) << to_string(a);
+    // The groups partition the world: each rank exactly once.
+    std::vector<int> seen(size_t(world), 0);
+    for (size_t gi = 0; gi < groups.size(); ++gi) {
+      ASSERT_EQ(int64_t(groups[gi].size()), g.size(a)) << to_string(a) << " group " << gi;
+      for (size_t i = 0; i < groups[gi].size(); ++i) {
+        const int64_t r = groups[gi][i];
+        ASSERT_TRUE(r >= 0 && r < world);
+        ++seen[size_t(r)];
+        // Group rank = coordinate on the axis; the group is the rank's own.
+        ASSERT_EQ(g.coords(r)[a], int64_t(i));
+        ASSERT_EQ(g.group_index(a, r), int64_t(gi));
+        if (i > 0) {
+          ASSERT_GT(r, groups[gi][i - 1]) << "members ascend";
+        }
+      }
+    }
+    for (int64_t r = 0; r < world; ++r)
+      ASSERT_EQ(seen[size_t(r)], 1) << to_string(a) << " rank " << r;
+  }
+  for (int64_t r = 0; r < world; ++r) {
+    const RankCoords c = g.coords(r);
+    ASSERT_EQ(g.rank_of(c), r);
+    // Members of one group agree on the other two coordinates.
+    for (Axis a : kAxes) {
+      const int64_t next = g.shift(a, r, 1);
+      const int64_t prev = g.shift(a, r, -1);
+      const RankCoords cn = g.coords(next), cp = g.coords(prev);
+      ASSERT_EQ(cn[a], (c[a] + 1) % g.size(a));
+      ASSERT_EQ(cp[a], (c[a] + g.size(a) - 1) % g.size(a));
+      for (Axis b : kAxes) {
+        if (b == a) continue;
+        ASSERT_EQ(cn[b], c[b]);
+        ASSERT_EQ(cp[b], c[b]);
+      }
+      ASSERT_EQ(g.group_index(a, next), g.group_index(a, r));
+    }
+  }
+}
+
+TEST(RankGrid, MegatronExampleSixteenRanks) {
+  // Megatron's documented example: 16 ranks, tp 2, pp 4, so dp 2.
+  const RankGrid g(16, 2, 4, 2);
+  EXPECT_EQ(g.all_groups(Axis::tp),
+            (Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}, {12, 13}, {14, 15}}));
+  EXPECT_EQ(g.all_groups(Axis::dp),
+            (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}}));
+  EXPECT_EQ(g.all_groups(Axis::pp),
+            (Groups{{0, 4, 8, 12}, {1, 5, 9, 13}, {2, 6, 10, 14}, {3, 7, 11, 15}}));
+  EXPECT_EQ(g.coords(13), (RankCoords{.tp = 1, .pp = 3, .dp = 0}));
+  EXPECT_EQ(g.order().to_string(), "tp-dp-pp");
+}
+
+TEST(RankGrid, TensorGroupsAreConsecutiveRanks) {
+  for (int64_t world : {8, 24, 96, 4096}) {
+    for (auto [tp, pp, dp] : factorizations(world)) {
+      const RankGrid g(world, tp, pp, dp);
+      const Groups groups = g.all_groups(Axis::tp);
+      for (size_t gi = 0; gi < groups.size(); ++gi) {
+        for (int64_t i = 0; i < tp; ++i) ASSERT_EQ(groups[gi][size_t(i)], int64_t(gi) * tp + i);
+      }
+    }
+  }
+}
+
+TEST(RankGrid, CoordinatesFollowTheFormula) {
+  const RankGrid g(60, 3, 5, 4);
+  for (int64_t r = 0; r < 60; ++r) {
+    const RankCoords c = g.coords(r);
+    EXPECT_EQ(r, c.tp + 3 * (c.dp + 4 * c.pp));
+  }
+}
+
+TEST(RankGrid, PartitionsEveryFactorizationUpTo4096) {
+  int64_t grids = 0;
+  for (int64_t world : {1, 2, 3, 4, 6, 7, 8, 12, 16, 30, 64, 96, 128, 360, 1024, 4096}) {
+    for (auto [tp, pp, dp] : factorizations(world)) {
+      check_grid(RankGrid(world, tp, pp, dp));
+      if (HasFatalFailure()) return;
+      ++grids;
+    }
+  }
+  EXPECT_GT(grids, 300);
+}
+
+TEST(RankGrid, OtherOrdersPartitionToo) {
+  for (const char* text : {"tp-pp-dp", "dp-tp-pp", "pp-dp-tp"}) {
+    const RankOrder order = RankOrder::parse(text);
+    EXPECT_EQ(order.to_string(), text);
+    for (auto [tp, pp, dp] : factorizations(48)) {
+      check_grid(RankGrid(48, tp, pp, dp, order));
+      if (HasFatalFailure()) return;
+    }
+  }
+  // tp-pp-dp: pp second fastest, so the stages of a pipeline are tp ranks apart.
+  const RankGrid g(8, 2, 2, 2, RankOrder::parse("tp-pp-dp"));
+  EXPECT_EQ(g.group(Axis::pp, 0), (std::vector<int64_t>{0, 2}));
+  EXPECT_EQ(g.group(Axis::dp, 0), (std::vector<int64_t>{0, 4}));
+}
+
+TEST(RankGrid, PipelineNeighbours) {
+  // tp2-pp4-dp3 over 24 ranks: stage s+1 of rank r is r + tp * dp.
+  const RankGrid g(24, 2, 4, 3);
+  for (int64_t r = 0; r < 24; ++r) {
+    const RankCoords c = g.coords(r);
+    const int64_t next = g.shift(Axis::pp, r, 1);
+    const int64_t prev = g.shift(Axis::pp, r, -1);
+    EXPECT_EQ(next, c.pp == 3 ? r - 18 : r + 6) << r;
+    EXPECT_EQ(prev, c.pp == 0 ? r + 18 : r - 6) << r;
+    EXPECT_EQ(g.coords(next), (RankCoords{.tp = c.tp, .pp = (c.pp + 1) % 4, .dp = c.dp}));
+    EXPECT_EQ(g.shift(Axis::pp, r, 4), r);
+    EXPECT_EQ(g.shift(Axis::pp, r, -9), g.shift(Axis::pp, r, -1));
+  }
+}
+
+TEST(RankGrid, GroupsOfOneRankMatchTheWholeGrid) {
+  const RankGrid g(96, 4, 3, 8);
+  for (int64_t r = 0; r < 96; r += 7) {
+    const RankGroups mine = rank_groups(96, 4, 3, 8, r);
+    EXPECT_EQ(mine.rank, r);
+    EXPECT_EQ(mine.coords, g.coords(r));
+    for (Axis a : kAxes) {
+      EXPECT_EQ(mine.members(a), g.all_groups(a)[size_t(mine.group_index(a))]);
+      EXPECT_EQ(mine.members(a)[size_t(mine.coords[a])], r);
+    }
+  }
+}
+
+TEST(RankGrid, OfLayout) {
+  Layout l;
+  l.tp = 2;
+  l.pp = 3;
+  l.dp = 4;
+  const RankGrid g = RankGrid::of_layout(l, 24);
+  EXPECT_EQ(g.size(Axis::tp), 2);
+  EXPECT_EQ(g.size(Axis::pp), 3);
+  EXPECT_EQ(g.size(Axis::dp), 4);
+}
+
+TEST(RankGrid, BadInputNamesTheValues) {
+  WEFT_EXPECT_THROW_MSG(RankGrid(6, 2, 2, 2), InputError, "tp2-pp2-dp2", "8", "world has 6");
+  WEFT_EXPECT_THROW_MSG(RankGrid(4, 0, 2, 2), InputError, "tp0-pp2-dp2", "at least 1");
+  WEFT_EXPECT_THROW_MSG(RankGrid(0, 1, 1, 1), InputError, "world of 0");
+  WEFT_EXPECT_THROW_MSG(RankGrid(4, int64_t(1) << 40, int64_t(1) << 40, 1), InputError,
+                        "world has 4");
+  WEFT_EXPECT_THROW_MSG(RankOrder::parse("tp-dp"), InputError, "'tp-dp'", "tp-dp-pp");
+  WEFT_EXPECT_THROW_MSG(RankOrder::parse("tp-tp-dp"), InputError, "'tp-tp-dp'");
+  WEFT_EXPECT_THROW_MSG(RankOrder::parse("tp-dp-pp-tp"), InputError, "permutation");
+  WEFT_EXPECT_THROW_MSG(RankOrder::parse("tp-dp-xx"), InputError, "'tp-dp-xx'");
+  const RankGrid g(4, 2, 2, 1);
+  EXPECT_THROW(g.coords(4), InternalError);
+  EXPECT_THROW(g.coords(-1), InternalError);
+  EXPECT_THROW(g.rank_of(RankCoords{.tp = 2}), InternalError);
+}
+
+}  // namespace
+}  // namespace weft::parallel

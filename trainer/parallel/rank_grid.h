@@ -1,0 +1,104 @@
+// RankGrid: where each rank of a world sits in the (tp, pp, dp) decomposition,
+// as one pure function of (world size, tp, pp, dp, order). No MPI, no GPU: the
+// communicator backends build their groups from it, and the unit tests check it
+// for worlds of thousands of ranks.
+//
+// Ranks are numbered with the axes of `order` nested fastest first. The default
+// "tp-dp-pp" is Megatron's: tp fastest, so the ranks of one tp group are
+// consecutive and sit inside one node (tp traffic is the heaviest and the most
+// latency-bound), then dp, then pp slowest. With coordinates (t, d, p):
+//   rank = t + tp * (d + dp * p).
+// A group of kind `a` is the set of ranks that agree on every coordinate but a;
+// its members are listed by their coordinate along a, which is also their rank
+// inside the group (and, because the map is monotone, ascending world rank).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace weft {
+struct Layout;
+}
+
+namespace weft::parallel {
+
+enum class Axis { tp, pp, dp };
+const char* to_string(Axis a);
+
+// The nesting of the axes in the rank numbering, fastest first.
+struct RankOrder {
+  std::array<Axis, 3> fastest_first = {Axis::tp, Axis::dp, Axis::pp};
+
+  // "tp-dp-pp" and the other permutations of tp, dp, pp; InputError otherwise.
+  static RankOrder parse(const std::string& text);
+  std::string to_string() const;
+  bool operator==(const RankOrder&) const = default;
+};
+
+// A rank's position along each axis (its rank inside its tp, pp and dp group).
+struct RankCoords {
+  int64_t tp = 0;
+  int64_t pp = 0;
+  int64_t dp = 0;
+
+  int64_t operator[](Axis a) const { return a == Axis::tp ? tp : a == Axis::pp ? pp : dp; }
+  bool operator==(const RankCoords&) const = default;
+};
+
+// Everything one rank needs to build its communicators.
+struct RankGroups {
+  int64_t rank = 0;
+  RankCoords coords;
+  // World ranks of the members of this rank's groups, in group-rank order.
+  std::vector<int64_t> tp, pp, dp;
+  // Which group of each kind this rank is in, 0 .. world / size(kind) - 1: the
+  // "color" of an MPI_Comm_split.
+  int64_t tp_group = 0, pp_group = 0, dp_group = 0;
+
+  const std::vector<int64_t>& members(Axis a) const;
+  int64_t group_index(Axis a) const;
+};
+
+class RankGrid {
+ public:
+  // Throws InputError unless every degree is >= 1 and tp * pp * dp == world.
+  RankGrid(int64_t world, int64_t tp, int64_t pp, int64_t dp, RankOrder order = {});
+  // The (tp, pp, dp) of a layout over `world` ranks.
+  static RankGrid of_layout(const Layout& layout, int64_t world, RankOrder order = {});
+
+  int64_t world() const { return world_; }
+  int64_t size(Axis a) const;
+  const RankOrder& order() const { return order_; }
+
+  // InternalError for a rank outside [0, world) or coordinates outside the grid.
+  RankCoords coords(int64_t rank) const;
+  int64_t rank_of(const RankCoords& c) const;
+
+  // The world ranks of `rank`'s group along `a`, in group-rank order.
+  std::vector<int64_t> group(Axis a, int64_t rank) const;
+  // The index of `rank`'s group among all groups along `a`.
+  int64_t group_index(Axis a, int64_t rank) const;
+  // Every group along `a`, indexed by group_index.
+  std::vector<std::vector<int64_t>> all_groups(Axis a) const;
+
+  // The rank `delta` steps along `a` from `rank`, wrapping around the group
+  // (a pipeline ring: pp_rank + 1 is the next stage, the last wraps to the first).
+  int64_t shift(Axis a, int64_t rank, int64_t delta) const;
+
+  RankGroups groups_of(int64_t rank) const;
+
+ private:
+  int64_t stride(Axis a) const;
+
+  int64_t world_;
+  std::array<int64_t, 3> sizes_;  // indexed by Axis
+  RankOrder order_;
+};
+
+// The pure function the backends call: this rank's coordinates and groups.
+RankGroups rank_groups(int64_t world, int64_t tp, int64_t pp, int64_t dp, int64_t rank,
+                       RankOrder order = {});
+
+}  // namespace weft::parallel
