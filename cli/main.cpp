@@ -14,8 +14,11 @@ int main(int argc, char** argv) {
   CLI::App app{"weft: trains Llama-family models and tunes their parallel layout"};
   app.set_version_flag("--version", std::string("weft ") + WEFT_VERSION);
   app.require_subcommand(1);
+  // A repeated option takes its last value, as scripts that append overrides expect.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   const std::vector<weft::cli::Command> commands = {
       weft::cli::add_train_command(app),
+      weft::cli::add_eval_command(app),
       weft::cli::add_tune_command(app),
       weft::cli::add_presets_command(app),
       weft::cli::add_data_command(app),
@@ -51,6 +54,13 @@ int main(int argc, char** argv) {
   } catch (const weft::InputError& e) {
     std::fprintf(stderr, "weft: error: %s\n", e.what());
     return 2;
+  } catch (const weft::InternalError& e) {
+    std::fprintf(stderr, "weft: %s\n", e.what());
+    return 1;
+  } catch (const weft::Error& e) {
+    // A run that cannot go on (non-finite training, out of memory): not bad input.
+    std::fprintf(stderr, "weft: error: %s\n", e.what());
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "weft: internal error: %s\n", e.what());
     return 1;

@@ -101,18 +101,18 @@ tuner::SpaceLimits SpaceArgs::resolve() const {
 
 void add_space_options(CLI::App& app, SpaceArgs& a) {
   auto* g = app.add_option_group("layout space", "Pin or restrict knobs (comma-separated lists)");
-  g->add_option("--tp", a.tp, "Tensor-parallel degrees")->delimiter(',');
-  g->add_option("--pp", a.pp, "Pipeline-parallel degrees")->delimiter(',');
-  g->add_option("--mb", a.mb, "Micro-batch sizes")->delimiter(',');
-  g->add_option("--vpp", a.vpp, "Virtual pipeline chunks per stage")->delimiter(',');
-  g->add_option("--sp", a.sp, "Sequence parallelism: on, off")->delimiter(',');
-  g->add_option("--ckpt", a.ckpt, "Checkpointing: none, selective, ffn, full")->delimiter(',');
+  g->add_option("--tp", a.tp, "Tensor-parallel degrees")->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  g->add_option("--pp", a.pp, "Pipeline-parallel degrees")->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  g->add_option("--mb", a.mb, "Micro-batch sizes")->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  g->add_option("--vpp", a.vpp, "Virtual pipeline chunks per stage")->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  g->add_option("--sp", a.sp, "Sequence parallelism: on, off")->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  g->add_option("--ckpt", a.ckpt, "Checkpointing: none, selective, ffn, full")->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   g->add_option("--ckpt-layers", a.ckpt_layers,
                 "Checkpoint only the first K layers of each stage (0: all)")
-      ->delimiter(',');
-  g->add_option("--attn", a.attention, "Attention: flash, materialized")->delimiter(',');
-  g->add_option("--norm", a.norm, "Norm: fused, unfused")->delimiter(',');
-  g->add_option("--zero", a.zero, "ZeRO stages 0-3")->delimiter(',');
+      ->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  g->add_option("--attn", a.attention, "Attention: flash, materialized")->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  g->add_option("--norm", a.norm, "Norm: fused, unfused")->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  g->add_option("--zero", a.zero, "ZeRO stages 0-3")->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   g->add_option("--max-mb", a.max_mb, "Largest micro-batch tried when --mb is free")
       ->capture_default_str();
 }

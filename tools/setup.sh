@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 packages=(cmake g++ make ninja-build pkg-config
           libopenmpi-dev openmpi-bin libnlopt-dev libnlopt-cxx-dev libfmt-dev
-          libcli11-dev nlohmann-json3-dev libopenblas-dev
+          libcli11-dev nlohmann-json3-dev libopenblas-openmp-dev
           libgtest-dev libgmock-dev libbenchmark-dev fortunes)
 missing=()
 for p in "${packages[@]}"; do

@@ -18,6 +18,7 @@
 #include "trainer/data/corpus.h"
 #include "trainer/data/loader.h"
 #include "trainer/data/token_data.h"
+#include "trainer/state_io.h"
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -87,34 +88,21 @@ struct Run {
   }
 
   std::string save(int64_t step, double lr) {
-    std::vector<checkpoint::TensorRef> model, optimizer;
-    for (const auto& p : stage.params().specs) {
-      const auto shape = p.shape();
-      model.push_back({p.name, checkpoint::DType::F32, shape, stage.weight(p)});
-      optimizer.push_back({checkpoint::optim_state_name(checkpoint::OptimState::exp_avg, p.name),
-                           checkpoint::DType::F32, shape, optim.adam_m() + p.offset});
-      optimizer.push_back({checkpoint::optim_state_name(checkpoint::OptimState::exp_avg_sq, p.name),
-                           checkpoint::DType::F32, shape, optim.adam_v() + p.offset});
-    }
-    checkpoint::Manifest man;
-    man.step = step;
-    man.data_position = step * c.run.global_batch;
-    man.rng_state = {c.seed};
-    const auto& o = c.optim;
-    man.optimizer = {"adamw", lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.clip, optim.updates()};
-    man.layout = c.layout;
-    man.model = c.model;
-    man.run = {{"seq", c.run.seq},
-               {"global_batch", c.run.global_batch},
-               {"precision", to_string(c.run.precision)},
-               {"seed", c.seed},
-               {"nonfinite_total", optim.nonfinite_total()},
-               {"optim", c.optim}};
-    if (data.meta.is_object() && data.meta.contains("tokenizer")) man.run["tokenizer"] = data.meta["tokenizer"];
+    SaveInfo info;
+    info.step = step;
+    info.data_position = step * c.run.global_batch;
+    info.seed = c.seed;
+    info.lr = lr;
+    info.run = {{"seq", c.run.seq},
+                {"global_batch", c.run.global_batch},
+                {"precision", to_string(c.run.precision)},
+                {"seed", c.seed},
+                {"optim", c.optim}};
+    if (data.meta.is_object() && data.meta.contains("tokenizer")) info.run["tokenizer"] = data.meta["tokenizer"];
     const std::string dir =
         (fs::path(c.ckpt_dir.empty() ? c.out_dir + "/checkpoints" : c.ckpt_dir) /
          checkpoint::checkpoint_dir_name(step)).string();
-    checkpoint::save_checkpoint(dir, model, optimizer, man);
+    state_save(dir, stage, optim, info);
     return dir;
   }
 
@@ -130,21 +118,7 @@ struct Run {
           "and global batch {}; resume with the same values",
           dir, run.value("seq", int64_t{0}), run.value("global_batch", int64_t{0}), c.run.seq,
           c.run.global_batch));
-    auto copy = [&](const checkpoint::TensorRef& t, float* dst, const ParamSpec& p) {
-      WEFT_ASSERT(t.dtype == checkpoint::DType::F32);
-      const float* src = static_cast<const float*>(t.data);
-      for (int64_t r = 0; r < p.local_rows; ++r)
-        std::memcpy(dst + r * p.local_cols, src + (p.row_begin + r) * p.cols + p.col_begin,
-                    size_t(p.local_cols) * sizeof(float));
-    };
-    for (const auto& p : stage.params().specs) {
-      copy(ck.model.at(p.name), stage.weight(p), p);
-      copy(ck.optimizer.at(checkpoint::optim_state_name(checkpoint::OptimState::exp_avg, p.name)),
-           optim.adam_m() + p.offset, p);
-      copy(ck.optimizer.at(checkpoint::optim_state_name(checkpoint::OptimState::exp_avg_sq, p.name)),
-           optim.adam_v() + p.offset, p);
-    }
-    optim.restore(ck.manifest.optimizer.step, run.value("nonfinite_total", int64_t{0}));
+    state_load(ck, stage, &optim);
     return ck.manifest.step;
   }
 };

@@ -1,6 +1,11 @@
 #include "trainer/model/llama.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -22,9 +27,38 @@ using kernels::Write;
 
 namespace {
 
+// WEFT_PROFILE=1 prints the time spent in each op at exit.
+struct OpProfile {
+  bool on = std::getenv("WEFT_PROFILE") != nullptr;
+  std::map<std::string, std::pair<double, int64_t>> ops;
+  ~OpProfile() {
+    if (!on) return;
+    double total = 0;
+    for (auto& [n, v] : ops) total += v.first;
+    std::vector<std::pair<double, std::string>> by_time;
+    for (auto& [n, v] : ops) by_time.push_back({v.first, n});
+    std::sort(by_time.rbegin(), by_time.rend());
+    for (auto& [t, n] : by_time)
+      std::fprintf(stderr, "%-28s %9.3f s %5.1f%% %8lld calls\n", n.c_str(), t, 100 * t / total,
+                   static_cast<long long>(ops[n].second));
+  }
+};
+OpProfile& op_profile() {
+  static OpProfile p;
+  return p;
+}
+
 template <typename P>
 void run(const P& p, kernels::Workspace ws, const char* op) {
+  if (!op_profile().on) {
+    status_check(kernels::launch(p, ws, {}), op);
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
   status_check(kernels::launch(p, ws, {}), op);
+  auto& e = op_profile().ops[op];
+  e.first += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ++e.second;
 }
 template <typename P>
 void run(const P& p, const char* op) {
@@ -249,8 +283,7 @@ void LlamaStage<Elem>::block_forward(const Block& b, Elem* x_out, bool recompute
                                                      .T = run_.seq, .H = Hl, .H_kv = Kl, .D = D,
                                                      .q = b.q, .k = b.k, .v = b.v, .out = b.out,
                                                      .lse = b.lse, .probs = b.probs};
-    WEFT_ASSERT(kernels::workspace_bytes(attn) == 0);
-    run(attn, "attention_forward");
+    run(attn, scratch("scratch.attn_tiles", kernels::workspace_bytes(attn)), "attention_forward");
   }
   if (full) {
     run(kernels::linear_forward_gemm(M_, Hl * D, C, b.out, b.wo, lin), "gemm o");
@@ -314,10 +347,7 @@ void LlamaStage<Elem>::block_backward(const Block& b, Elem* dx) {
       .kind = l_.attention, .B = l_.mb, .T = run_.seq, .H = Hl, .H_kv = Kl, .D = D, .q = b.q,
       .k = b.k, .v = b.v, .out = b.out, .lse = b.lse, .probs = b.probs, .dout = d_out,
       .dq = dq, .dk = dk, .dv = dv};
-  run(attn,
-      scratch(l_.attention == AttentionKind::flash ? "scratch.attn_delta" : "scratch.d_probs",
-              kernels::workspace_bytes(attn)),
-      "attention_backward");
+  run(attn, scratch("scratch.attn_tiles", kernels::workspace_bytes(attn)), "attention_backward");
   const kernels::RopeParams<Elem> rope{.direction = kernels::RopeDirection::backward, .B = l_.mb,
                                        .T = run_.seq, .H = Hl, .H_kv = Kl, .D = D,
                                        .position_offset = 0, .theta = m_.rope_theta, .q = dq, .k = dk};

@@ -1,0 +1,172 @@
+// `weft train` end to end on the CPU: progress and metrics, exact resume from
+// a checkpoint, a clean stop on SIGINT, and one clear line with exit code 2
+// for bad input, with nothing overwritten.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "../unit/test_util.h"
+#include "cli_runner.h"
+
+namespace weft::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A small prepared corpus (byte tokens) shared by the tests.
+std::string corpus(const TempDir& dir) {
+  std::string text;
+  for (int i = 0; i < 400; ++i)
+    text += "The quick brown fox " + std::to_string(i * 7919 % 1000) + " jumps over the lazy dog.\n%\n";
+  const auto in = dir.file("corpus.txt", text);
+  const auto r = run_weft("data prepare --input " + in + " --out " + dir.path("data") + " --val-fraction 0.1");
+  EXPECT_EQ(r.code, 0) << r.out;
+  return dir.path("data");
+}
+
+const std::string kSmall = " --model tiny --seq 32 --global-batch 4 --mb 2 --threads 1 --log-every 1 --eval-samples 4";
+
+std::vector<double> losses(const std::string& metrics) {
+  std::vector<double> out;
+  std::ifstream in(metrics);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("loss")) out.push_back(j["loss"].get<double>());
+  }
+  return out;
+}
+
+TEST(CliTrain, TrainsAndReports) {
+  TempDir dir;
+  const auto data = corpus(dir);
+  const auto r = run_weft("train --data " + data + kSmall + " --steps 8 --eval-every 4 --out " + dir.path("run"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* s : {"step     8/8", "loss", "lr", "grad norm", "tok/s", "TFLOP/s", "MFU", "peak mem",
+                        "validation loss", "unigram baseline", "checkpoint", "measured peak vs memory model",
+                        "activations", "+0.00%"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << "missing '" << s << "' in\n" << r.out;
+  const auto l = losses(dir.path("run/metrics.jsonl"));
+  ASSERT_EQ(l.size(), 8u);
+  EXPECT_LT(l.back(), l.front());
+  EXPECT_TRUE(fs::exists(dir.path("run/checkpoints/step_000008/model.safetensors")));
+}
+
+TEST(CliTrain, ResumeIsBitIdentical) {
+  TempDir dir;
+  const auto data = corpus(dir);
+  const std::string common = "train --data " + data + kSmall + " --steps 6 --warmup 2";
+  auto r = run_weft(common + " --ckpt-every 3 --out " + dir.path("a"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = run_weft(common + " --resume-from " + dir.path("a/checkpoints/step_000003") + " --out " + dir.path("b"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("resumed from"), std::string::npos) << r.out;
+  const auto a = losses(dir.path("a/metrics.jsonl"));
+  const auto b = losses(dir.path("b/metrics.jsonl"));
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(a[3 + i], b[i]) << "step " << 4 + i;  // bit for bit
+  // --resume finds the newest checkpoint of a run folder by itself.
+  r = run_weft(common.substr(0, common.find("--steps")) + "--steps 7 --resume --out " + dir.path("a"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("at step 6"), std::string::npos) << r.out;
+}
+
+TEST(CliTrain, SigintSavesACheckpointAndExits) {
+  TempDir dir;
+  const auto data = corpus(dir);
+  const std::string out = dir.path("run");
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::freopen("/dev/null", "w", stdout);
+    // exec weft itself (not through a shell) so that the signal reaches it.
+    std::vector<std::string> words = {WEFT_BIN, "train", "--data", data, "--steps", "100000", "--out", out};
+    std::istringstream extra(kSmall);
+    for (std::string w; extra >> w;) words.push_back(w);
+    std::vector<char*> argv;
+    for (auto& w : words) argv.push_back(w.data());
+    argv.push_back(nullptr);
+    ::execv(WEFT_BIN, argv.data());
+    ::_exit(127);
+  }
+  // Wait until it has run a few steps, then interrupt it.
+  for (int i = 0; i < 600 && losses(out + "/metrics.jsonl").size() < 3; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_GE(losses(out + "/metrics.jsonl").size(), 3u);
+  ::kill(pid, SIGINT);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 130);
+  const size_t steps = losses(out + "/metrics.jsonl").size();
+  const auto dirs = std::distance(fs::directory_iterator(out + "/checkpoints"), fs::directory_iterator{});
+  EXPECT_EQ(dirs, 1);
+  char name[32];
+  std::snprintf(name, sizeof(name), "/step_%06zu", steps);
+  EXPECT_TRUE(fs::exists(out + "/checkpoints" + name + "/manifest.json")) << name;
+}
+
+TEST(CliTrain, BadInputIsOneClearLineAndNothingIsOverwritten) {
+  TempDir dir;
+  const auto data = corpus(dir);
+  // A good checkpoint to protect.
+  auto r = run_weft("train --data " + data + kSmall + " --steps 2 --out " + dir.path("good"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto ckpt = dir.path("good/checkpoints/step_000002");
+  const auto size_before = fs::file_size(ckpt + "/model.safetensors");
+
+  const auto empty = dir.file("empty.tok", "");
+  const auto tiny_text = dir.file("tiny.txt", "hello there\n");
+  ASSERT_EQ(run_weft("data prepare --input " + tiny_text + " --out " + dir.path("tinydata") +
+                     " --val-fraction 0").code, 0);
+  // A corrupted copy of the good checkpoint.
+  fs::copy(ckpt, dir.path("corrupt"), fs::copy_options::recursive);
+  {
+    std::fstream f(dir.path("corrupt/model.safetensors"), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-5, std::ios::end);
+    f.put('\x7f');
+  }
+  struct Case {
+    std::string args;
+    std::vector<const char*> says;
+  };
+  const std::vector<Case> cases = {
+      {"--data " + dir.path("missing"), {"missing"}},
+      {"--data " + empty, {"empty"}},
+      {"--data " + data + " --model tiny-test", {"vocab", "96"}},
+      {"--data " + dir.path("tinydata") + " --seq 4096", {"4096"}},
+      {"--data " + data + " --lr nan", {"--lr"}},
+      {"--data " + data + " --lr inf", {"--lr"}},
+      {"--data " + data + " --steps 0", {"--steps 0"}},
+      {"--data " + data + " --mb 3", {"global batch 4", "mb*dp"}},
+      {"--data " + data + " --ckpt sometimes", {"sometimes"}},
+      {"--data " + data + " --device cuda", {"cuda"}},
+      {"--data " + data + " --resume-from " + ckpt + " --vocab 300", {"vocab", "300", "256"}},
+      {"--data " + data + " --resume-from " + dir.path("corrupt"), {"model.safetensors"}},
+      {"--data " + data + " --resume-from " + dir.path("nope"), {"nope"}},
+  };
+  for (const auto& c : cases) {
+    // The failing runs write into the good run's folder: nothing may change there.
+    const auto res = run_weft("train" + kSmall + " --steps 3 --out " + dir.path("good") + " " + c.args);
+    EXPECT_EQ(res.code, 2) << c.args << "\n" << res.out;
+    EXPECT_EQ(std::count(res.out.begin(), res.out.end(), '\n'), 1) << c.args << "\n" << res.out;
+    EXPECT_EQ(res.out.rfind("weft: error: ", 0), 0u) << c.args << "\n" << res.out;
+    for (const char* s : c.says) EXPECT_NE(res.out.find(s), std::string::npos) << c.args << "\n" << res.out;
+  }
+  EXPECT_EQ(fs::file_size(ckpt + "/model.safetensors"), size_before);
+  EXPECT_FALSE(fs::exists(dir.path("good/checkpoints/step_000003")));
+  EXPECT_EQ(losses(dir.path("good/metrics.jsonl")).size(), 2u);
+}
+
+}  // namespace
+}  // namespace weft::test

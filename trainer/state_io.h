@@ -1,0 +1,30 @@
+// Between a model stage and checkpoint folders: gathers what a rank holds
+// into the full Hugging Face tensors a checkpoint stores, and slices them back
+// into the rank's shards on load, so a checkpoint loads under any layout.
+#pragma once
+
+#include <string>
+
+#include "trainer/checkpoint/checkpoint.h"
+#include "trainer/optim/optimizer.h"
+
+namespace weft::trainer {
+
+struct SaveInfo {
+  int64_t step = 0;
+  int64_t data_position = 0;
+  uint64_t seed = 0;
+  double lr = 0;
+  nlohmann::json run = nlohmann::json::object();
+};
+
+// Writes weights and Adam state as a checkpoint folder at `dir`.
+void state_save(const std::string& dir, LlamaStage<float>& stage, Optimizer<float>& optim,
+                const SaveInfo& info);
+
+// Copies this rank's slices of the checkpoint's weights (and, with an
+// optimizer, its Adam state and update count) into the stage. Throws
+// InputError when the checkpoint is of another model.
+void state_load(const checkpoint::Checkpoint& ck, LlamaStage<float>& stage, Optimizer<float>* optim);
+
+}  // namespace weft::trainer
