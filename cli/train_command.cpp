@@ -1,6 +1,7 @@
 // `weft train`: trains on this machine. With no arguments it trains the tiny
 // default model on the default corpus on the CPU.
 #include <csignal>
+#include <cstdlib>
 #include <cstdio>
 #include <memory>
 
@@ -10,6 +11,10 @@
 #include "cli/options.h"
 #include "core/error.h"
 #include "trainer/loop.h"
+#ifdef WEFT_HAVE_MPI
+#include "trainer/parallel/comm_mpi.h"
+#include "trainer/parallel/comm_watchdog.h"
+#endif
 
 namespace weft::cli {
 
@@ -31,7 +36,16 @@ struct TrainArgs {
   std::string precision = "fp32";
   trainer::TrainConfig cfg;
   std::string schedule = "cosine";
+  std::string layout;
+  double comm_timeout = 300;
 };
+
+// Launched by mpirun (or srun) with more than one rank?
+bool under_mpi() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS"})
+    if (const char* s = std::getenv(v); s && std::atoi(s) > 1) return true;
+  return false;
+}
 
 int run_train(TrainArgs& a) {
   trainer::TrainConfig c = a.cfg;
@@ -49,6 +63,26 @@ int run_train(TrainArgs& a) {
   if (at != std::string::npos) c.layout = Layout::parse(c.layout.to_string() + "-ckpt:" + a.ckpt);
   c.layout.attention = attention_parse(a.attention);
   c.layout.norm = norm_parse(a.norm);
+  if (!a.layout.empty()) c.layout = Layout::parse(a.layout);
+  // The watchdog outlives the groups it watches: a rank whose peer died
+  // leaves with a clear message instead of waiting forever.
+  std::unique_ptr<parallel::CommWatchdog> watchdog;
+  std::unique_ptr<parallel::ProcessGroups> groups;
+  std::unique_ptr<parallel::CommWatchdog::Scope> armed;
+  if (c.layout.world() > 1 || under_mpi()) {
+#ifdef WEFT_HAVE_MPI
+    if (!(a.comm_timeout > 0))
+      throw InputError(fmt::format("--comm-timeout {} must be a positive number of seconds", a.comm_timeout));
+    watchdog = std::make_unique<parallel::CommWatchdog>(a.comm_timeout);
+    groups = std::make_unique<parallel::ProcessGroups>(parallel::mpi_process_groups(c.layout));
+    watchdog->watch(*groups);
+    armed = std::make_unique<parallel::CommWatchdog::Scope>(*watchdog, "training");
+    c.groups = groups.get();
+#else
+    throw InputError(fmt::format("layout {} needs {} ranks, but this build has no MPI",
+                                 c.layout.to_string(), c.layout.world()));
+#endif
+  }
   if (a.schedule == "cosine") c.optim.schedule = trainer::Schedule::cosine;
   else if (a.schedule == "constant") c.optim.schedule = trainer::Schedule::constant;
   else throw InputError(fmt::format("--schedule '{}' is not valid; use cosine or constant", a.schedule));
@@ -77,6 +111,11 @@ Command add_train_command(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--attn", a->attention, "Attention: flash or materialized")->capture_default_str();
   sub->add_option("--norm", a->norm, "RMSNorm: fused or unfused")->capture_default_str();
+  sub->add_option("--layout", a->layout,
+                  "Parallel layout for mpirun, e.g. tp2-pp2-dp1-mb1 (overrides --mb/--ckpt/--attn/--norm)");
+  sub->add_option("--comm-timeout", a->comm_timeout,
+                  "Seconds without progress in a collective before a rank gives up (multi-rank)")
+      ->capture_default_str();
   sub->add_option("--device", a->device, "Device to train on")->capture_default_str();
   sub->add_option("--precision", a->precision, "fp32 (CPU)")->capture_default_str();
   sub->add_option("--steps", c.steps, "Optimizer steps")->capture_default_str();

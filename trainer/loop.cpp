@@ -12,6 +12,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/flops.h"
+#include "core/json_io.h"
+#include "core/pipeline_schedule.h"
 #include "core/units.h"
 #include "memory/estimate.h"
 #include "trainer/checkpoint/checkpoint.h"
@@ -42,16 +44,20 @@ void set_threads(int64_t threads) {
 struct Run {
   const TrainConfig& c;
   memory::Arena arena;
-  parallel::ProcessGroups groups = parallel::single_process_groups();
+  parallel::ProcessGroups own_groups;
+  parallel::ProcessGroups& groups;
   LlamaStage<float> stage;
   Optimizer<float> optim;
   data::TokenData data;
   std::unique_ptr<data::Loader> loader, val_loader;
   std::ofstream metrics;
   std::vector<int32_t> tokens, targets;
+  std::unique_ptr<parallel::CommRequest> send_act, send_grad;
 
   Run(const TrainConfig& cfg, data::TokenData d)
-      : c(cfg), stage(cfg.model, cfg.run, cfg.layout, 0, cfg.device, arena, groups),
+      : c(cfg), own_groups(cfg.groups ? parallel::ProcessGroups{} : parallel::single_process_groups()),
+        groups(cfg.groups ? *cfg.groups : own_groups),
+        stage(cfg.model, cfg.run, cfg.layout, groups.pp_rank(), cfg.device, arena, groups),
         optim(stage, cfg.optim), data(std::move(d)) {
     loader = std::make_unique<data::Loader>(*data.train, c.run.seq, c.seed);
     if (data.val) val_loader = std::make_unique<data::Loader>(data::validation_loader(*data.val, c.run.seq));
@@ -60,31 +66,83 @@ struct Run {
     targets.resize(size_t(rows));
   }
 
-  // One optimizer step over the global batch's samples
-  // [step0 * global_batch, (step0 + 1) * global_batch), in micro-batches.
+  bool first() const { return stage.plan().has_embedding; }
+  bool last() const { return stage.plan().has_head; }
+  int64_t act_count() const { return c.layout.mb * c.run.seq * c.model.hidden; }
+
+  // Micro-batch j of this dp replica reads global samples
+  // first_sample + dp_rank * (global_batch / dp) + j * mb + [0, mb): the
+  // global batch is the same whatever the layout.
+  double micro_forward(int64_t first_sample, int64_t j, int64_t slot, double scale) {
+    const int64_t per_replica = c.run.global_batch / c.layout.dp;
+    loader->batch(first_sample + groups.dp_rank() * per_replica + j * c.layout.mb, c.layout.mb,
+                  tokens.data(), targets.data());
+    return stage.forward(slot, tokens.data(), targets.data(), scale);
+  }
+
+  // One optimizer step's forward and backward over the global batch's
+  // samples, following the 1F1B schedule of this stage; gradients end up
+  // summed over the data-parallel replicas. Returns the step's mean loss.
   double step_loss(int64_t step0) {
-    const int64_t gb = c.run.global_batch, mb = c.layout.mb;
+    const int64_t gb = c.run.global_batch, m = c.layout.micro_batches(c.run);
     const double scale = 1.0 / double(gb * c.run.seq);
+    const int64_t in_flight = stage.plan().in_flight_chunks;
+    auto& pp = *groups.pp;
     stage.zero_grads();
     double loss = 0;
-    for (int64_t first = step0 * gb; first < (step0 + 1) * gb; first += mb) {
-      loader->batch(first, mb, tokens.data(), targets.data());
-      loss += stage.forward(0, tokens.data(), targets.data(), scale);
-      stage.backward(0);
+    for (const PipeOp& op : pipeline_schedule(c.layout.pp, 1, m, groups.pp_rank())) {
+      const int64_t slot = op.micro_batch % in_flight;
+      switch (op.kind) {
+        case PipeOpKind::recv_forward:
+          pp.recv(stage.stage_input(slot), act_count(), op.peer, 2 * op.micro_batch);
+          break;
+        case PipeOpKind::forward:
+          if (send_act) send_act->wait();  // the output buffer is about to be rewritten
+          loss += micro_forward(step0 * gb, op.micro_batch, slot, scale);
+          break;
+        case PipeOpKind::send_forward:
+          send_act = pp.isend(stage.stage_output(), act_count(), op.peer, 2 * op.micro_batch);
+          break;
+        case PipeOpKind::recv_backward:
+          pp.recv(stage.output_grad(), act_count(), op.peer, 2 * op.micro_batch + 1);
+          break;
+        case PipeOpKind::backward:
+          if (send_grad) send_grad->wait();
+          stage.backward(slot);
+          break;
+        case PipeOpKind::send_backward:
+          send_grad = pp.isend(stage.input_grad(), act_count(), op.peer, 2 * op.micro_batch + 1);
+          break;
+      }
     }
+    if (send_act) send_act->wait();
+    if (send_grad) send_grad->wait();
+    send_act.reset();
+    send_grad.reset();
+    groups.dp->all_reduce(stage.grads(), stage.param_elements());
+    // The logging all-reduce: only the last stage holds losses, split over tp
+    // (each rank the rows whose target is in its vocab shard) and dp.
+    groups.world->all_reduce(&loss, 1);
     return loss * scale;
   }
 
+  // Mean loss over the first eval_samples validation samples, spread over the
+  // dp replicas and walked forward through the pipeline.
   double validation_loss() {
     if (!val_loader) return std::numeric_limits<double>::quiet_NaN();
-    const int64_t mb = c.layout.mb;
-    const int64_t n = std::max(mb, c.eval_samples / mb * mb);
+    const int64_t mb = c.layout.mb, dp = c.layout.dp;
+    const int64_t rounds = std::max<int64_t>(1, c.eval_samples / (mb * dp));
+    auto& pp = *groups.pp;
+    const int64_t s = groups.pp_rank();
     double loss = 0;
-    for (int64_t first = 0; first < n; first += mb) {
-      val_loader->batch(first, mb, tokens.data(), targets.data());
+    for (int64_t j = 0; j < rounds; ++j) {
+      if (!first()) pp.recv(stage.stage_input(0), act_count(), s - 1, 2 * j);
+      val_loader->batch(groups.dp_rank() * rounds * mb + j * mb, mb, tokens.data(), targets.data());
       loss += stage.forward(0, tokens.data(), targets.data(), 0.0);
+      if (!last()) pp.send(stage.stage_output(), act_count(), s + 1, 2 * j);
     }
-    return loss / double(n * c.run.seq);
+    groups.world->all_reduce(&loss, 1);
+    return loss / double(rounds * mb * dp * c.run.seq);
   }
 
   std::string save(int64_t step, double lr) {
@@ -143,11 +201,29 @@ std::string memory_table(const TrainReport& r, const DeviceSpec& d) {
 
 }  // namespace
 
-TrainReport train(const TrainConfig& c, std::FILE* log) {
+void check_trainable(const Layout& l, const ModelSpec& m) {
+  auto no = [&](const char* what) {
+    throw LayoutError(fmt::format("layout {}: {} is not supported by the trainer yet (the memory and "
+                                  "cost models and `weft tune --dry-run` cover it)",
+                                  l.to_string(), what));
+  };
+  if (l.zero > 0 && l.dp > 1) no(l.zero == 3 ? "ZeRO-3" : "ZeRO-1/2 optimizer sharding");
+  if (l.sp) no("sequence parallelism");
+  if (l.vpp > 1) no("interleaved 1F1B (vpp > 1)");
+  if (m.tied_embeddings && l.pp > 1) no("tied embeddings across pipeline stages");
+}
+
+TrainReport train(const TrainConfig& c, std::FILE* log_all) {
   c.model.validate();
   c.run.validate();
   c.optim.validate();
-  c.layout.validate(c.model, c.run, 1);
+  const int64_t world = c.groups ? c.groups->world->size() : 1;
+  c.layout.validate(c.model, c.run, world);
+  check_trainable(c.layout, c.model);
+  const bool rank0 = !c.groups || c.groups->world->rank() == 0;
+  // Only world rank 0 reports; the others write their progress nowhere.
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> devnull(std::fopen("/dev/null", "w"), &std::fclose);
+  std::FILE* log = rank0 ? log_all : devnull.get();
   if (c.steps < 1) throw InputError(fmt::format("--steps {} must be at least 1", c.steps));
   if (c.run.precision != Precision::fp32)
     throw InputError("the CPU trainer runs in fp32; pass --precision fp32 (bf16 needs a GPU)");
@@ -162,8 +238,10 @@ TrainReport train(const TrainConfig& c, std::FILE* log) {
   Run run(c, std::move(data));
   TrainReport report;
   report.baseline = data::token_data_baseline(run.data);
-  const auto mem = memory::estimate(c.model, c.run, c.layout, c.device);
-  report.predicted = mem.stages[0].bytes;
+  memory::MemoryOptions all;
+  all.all_stages = true;
+  const auto mem = memory::estimate(c.model, c.run, c.layout, c.device, all);
+  report.predicted = mem.stages[size_t(run.groups.pp_rank())].bytes;
 
   int64_t done = 0;
   std::string resume = c.resume_from;
@@ -176,12 +254,12 @@ TrainReport train(const TrainConfig& c, std::FILE* log) {
   } else {
     run.stage.init_weights(c.seed);
   }
-  run.metrics.open(fs::path(c.out_dir) / "metrics.jsonl", std::ios::app);
+  if (rank0) run.metrics.open(fs::path(c.out_dir) / "metrics.jsonl", std::ios::app);
 
   const double peak = c.device.peak_flops(to_string(c.run.precision));
   const double flops_per_step = model_flops_per_step(c.model, c.run);
-  fmt::print(log, "training {} on {} ({}), layout {}\n", c.model.summary(), c.device.summary(),
-             to_string(c.run.precision), c.layout.to_string());
+  fmt::print(log, "training {} on {} x {} ({}), layout {}\n", c.model.summary(), world,
+             c.device.summary(), to_string(c.run.precision), c.layout.to_string());
   fmt::print(log, "data {}: {} train tokens, {} samples of {} tokens per step; unigram baseline "
                   "{:.4f} nats/token\n",
              data_path, run.data.train->size(), c.run.global_batch, c.run.seq, report.baseline);
@@ -195,7 +273,10 @@ TrainReport train(const TrainConfig& c, std::FILE* log) {
   const auto t_start = Clock::now();
   double train_time = 0;
   for (int64_t step = done + 1; step <= c.steps; ++step) {
-    if (c.stop && c.stop->load()) {
+    // Every rank stops at the same step: the signal may reach them apart.
+    int32_t stop = c.stop && c.stop->load() ? 1 : 0;
+    run.groups.world->all_reduce(&stop, 1, parallel::ReduceOp::max);
+    if (stop) {
       report.interrupted = true;
       break;
     }
@@ -216,13 +297,13 @@ TrainReport train(const TrainConfig& c, std::FILE* log) {
       fmt::print(log,
                  "step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | "
                  "{:.2f} TFLOP/s | MFU {:.1f}% | peak mem {}{}\n",
-                 step, c.steps, loss, s.lr, s.grad_norm, tps, fps / 1e12, 100 * mfu(fps, 1, peak),
+                 step, c.steps, loss, s.lr, s.grad_norm, tps, fps / 1e12, 100 * mfu(fps, world, peak),
                  format_bytes(double(run.arena.peak_total())), s.skipped ? " | SKIPPED (non-finite)" : "");
       std::fflush(log);
       run.metrics << nlohmann::json{{"step", step},         {"loss", loss},
                                     {"lr", s.lr},           {"grad_norm", s.grad_norm},
                                     {"tokens_per_s", tps},  {"tflops", fps / 1e12},
-                                    {"mfu", mfu(fps, 1, peak)}, {"peak_bytes", run.arena.peak_total()},
+                                    {"mfu", mfu(fps, world, peak)}, {"peak_bytes", run.arena.peak_total()},
                                     {"skipped", s.skipped}}
                          .dump()
                   << "\n";
@@ -254,6 +335,17 @@ TrainReport train(const TrainConfig& c, std::FILE* log) {
               << "\n";
   report.measured = run.arena.peaks();
   fmt::print(log, "{}", memory_table(report, c.device));
+  // Every rank records its measured peaks beside the memory model's
+  // prediction for its stage, so multi-rank runs can be checked stage by stage.
+  nlohmann::json mj{{"rank", run.groups.world->rank()}, {"pp_rank", run.groups.pp_rank()},
+                    {"tp_rank", run.groups.tp_rank()}, {"dp_rank", run.groups.dp_rank()},
+                    {"layout", c.layout.to_string()}};
+  for (auto cat : memory::kAllCategories) {
+    mj["measured"][memory::to_string(cat)] = report.measured[size_t(cat)];
+    mj["predicted"][memory::to_string(cat)] = report.predicted[size_t(cat)];
+  }
+  file_write_atomic((fs::path(c.out_dir) / "memory" / fmt::format("rank{}.json", run.groups.world->rank())).string(),
+                    mj.dump(1) + "\n");
   return report;
 }
 

@@ -1,5 +1,6 @@
-// The training loop on one rank: data, forward/backward over the micro-batches
-// of each step, the optimizer, logging and metrics, validation, checkpoints
+// The training loop of one rank: data, the 1F1B pipeline schedule over the
+// micro-batches of each step, tensor- and data-parallel reductions, the
+// optimizer, logging and metrics (world rank 0), validation, checkpoints
 // (periodic, final, and on a stop request such as SIGINT) and exact resume.
 #pragma once
 
@@ -13,6 +14,7 @@
 #include "core/layout.h"
 #include "memory/shapes.h"
 #include "trainer/optim/optimizer.h"
+#include "trainer/parallel/process_groups.h"
 
 namespace weft::trainer {
 
@@ -22,7 +24,7 @@ struct TrainConfig {
   Layout layout;
   DeviceSpec device;
   OptimConfig optim;
-  int64_t steps = 300;
+  int64_t steps = 1000;
   uint64_t seed = 1234;
   std::string data;             // token file or folder; empty: the default corpus
   int64_t log_every = 10;
@@ -35,6 +37,8 @@ struct TrainConfig {
   std::string resume_from;      // or from this checkpoint folder
   int64_t threads = 0;          // 0: every core
   const std::atomic<bool>* stop = nullptr;  // set asynchronously: checkpoint and return
+  // The rank's process groups (MPI); null: a single process.
+  parallel::ProcessGroups* groups = nullptr;
 };
 
 struct TrainReport {

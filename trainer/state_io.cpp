@@ -1,6 +1,9 @@
 #include "trainer/state_io.h"
 
 #include <cstring>
+#include <vector>
+
+#include "memory/shapes.h"
 
 namespace weft::trainer {
 
@@ -15,18 +18,90 @@ void slice_into(const checkpoint::TensorRef& t, float* dst, const ParamSpec& p) 
 
 }  // namespace
 
+namespace {
+
+// The full tensor of parameter p from every tp rank's shard of `local`.
+void gather_tp(parallel::Comm& tp, const ParamSpec& p, const float* local, float* full) {
+  const int64_t n = p.local_elements(), t = tp.size();
+  if (p.shard == ShardDim::none || t == 1) {
+    std::memcpy(full, local, size_t(n) * sizeof(float));
+    return;
+  }
+  if (p.shard == ShardDim::rows) {  // row blocks concatenate into the full tensor
+    tp.all_gather(local, full, n);
+    return;
+  }
+  std::vector<float> blocks(size_t(n * t));  // (t, rows, cols / t) -> (rows, cols)
+  tp.all_gather(local, blocks.data(), n);
+  for (int64_t r = 0; r < t; ++r)
+    for (int64_t i = 0; i < p.rows; ++i)
+      std::memcpy(full + i * p.cols + r * p.local_cols, blocks.data() + r * n + i * p.local_cols,
+                  size_t(p.local_cols) * sizeof(float));
+}
+
+// A stage's weights, Adam m and v as full tensors, back to back in the order
+// of its param specs.
+std::vector<float> stage_full_state(LlamaStage<float>& stage, Optimizer<float>& opt) {
+  int64_t total = 0;
+  for (const auto& p : stage.params().specs) total += 3 * p.rows * p.cols;
+  std::vector<float> out(static_cast<size_t>(total));
+  float* dst = out.data();
+  auto& tp = *stage.groups().tp;
+  for (const auto& p : stage.params().specs) {
+    const float* parts[] = {stage.weight(p), opt.adam_m() + p.offset, opt.adam_v() + p.offset};
+    for (const float* src : parts) {
+      gather_tp(tp, p, src, dst);
+      dst += p.rows * p.cols;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 void state_save(const std::string& dir, LlamaStage<float>& stage, Optimizer<float>& opt,
                 const SaveInfo& info) {
+  // Every tp rank takes part in the gathers; the first tp/dp rank of each
+  // stage sends its stage to world rank 0 over the pp group, which writes.
+  auto& g = stage.groups();
+  const ModelSpec& m = stage.model();
+  const Layout& l = stage.layout();
+  std::vector<float> mine = stage_full_state(stage, opt);
+  const bool leader = g.tp_rank() == 0 && g.dp_rank() == 0;
+  if (leader && g.pp_rank() > 0) g.pp->send(mine.data(), int64_t(mine.size()), 0, 7000);
+  if (!(leader && g.pp_rank() == 0)) {
+    g.world->barrier();
+    return;
+  }
+  std::vector<std::vector<float>> stages(size_t(l.pp));
+  std::vector<StageParams> specs(size_t(l.pp));
+  RunSpec run{1, l.mb * l.dp, Precision::fp32};
+  for (int64_t s = 0; s < l.pp; ++s) {
+    specs[size_t(s)] = stage_params(m, l, memory::stage_plan(m, run, l, s), 0);
+    if (s == 0) {
+      stages[0] = std::move(mine);
+      continue;
+    }
+    int64_t n = 0;
+    for (const auto& p : specs[size_t(s)].specs) n += 3 * p.rows * p.cols;
+    stages[size_t(s)].resize(size_t(n));
+    g.pp->recv(stages[size_t(s)].data(), n, s, 7000);
+  }
   std::vector<checkpoint::TensorRef> model, state;
-  for (const auto& p : stage.params().specs) {
-    // One rank holds every parameter whole (multi-rank runs gather first).
-    WEFT_ASSERT(p.local_rows == p.rows && p.local_cols == p.cols);
-    const auto shape = p.shape();
-    model.push_back({p.name, checkpoint::DType::F32, shape, stage.weight(p)});
-    state.push_back({optim_state_name(OptimState::exp_avg, p.name), checkpoint::DType::F32, shape,
-                     opt.adam_m() + p.offset});
-    state.push_back({optim_state_name(OptimState::exp_avg_sq, p.name), checkpoint::DType::F32, shape,
-                     opt.adam_v() + p.offset});
+  for (int64_t s = 0; s < l.pp; ++s) {
+    const float* src = stages[size_t(s)].data();
+    for (const auto& p : specs[size_t(s)].specs) {
+      const int64_t n = p.rows * p.cols;
+      const auto shape = p.shape();
+      // A tied head on the last stage is a copy of the embedding: stored once.
+      const bool dup = s > 0 && p.name == checkpoint::hf_param_name(ParamKind::embed_tokens);
+      if (!dup) {
+        model.push_back({p.name, checkpoint::DType::F32, shape, src});
+        state.push_back({optim_state_name(OptimState::exp_avg, p.name), checkpoint::DType::F32, shape, src + n});
+        state.push_back({optim_state_name(OptimState::exp_avg_sq, p.name), checkpoint::DType::F32, shape, src + 2 * n});
+      }
+      src += 3 * n;
+    }
   }
   checkpoint::Manifest man;
   man.step = info.step;
@@ -34,11 +109,12 @@ void state_save(const std::string& dir, LlamaStage<float>& stage, Optimizer<floa
   man.rng_state = {info.seed};
   const auto& c = opt.config();
   man.optimizer = {"adamw", info.lr, c.beta1, c.beta2, c.eps, c.weight_decay, c.clip, opt.updates()};
-  man.layout = stage.layout();
-  man.model = stage.model();
+  man.layout = l;
+  man.model = m;
   man.run = info.run;
   man.run["nonfinite_total"] = opt.nonfinite_total();
   checkpoint::save_checkpoint(dir, model, state, man);
+  g.world->barrier();
 }
 
 void state_load(const checkpoint::Checkpoint& ck, LlamaStage<float>& stage, Optimizer<float>* optim) {

@@ -45,6 +45,7 @@ class LlamaStage {
   const Layout& layout() const { return l_; }
   const memory::StagePlan& plan() const { return plan_; }
   const StageParams& params() const { return params_; }
+  parallel::ProcessGroups& groups() { return groups_; }
   TensorTable& tensors() { return *table_; }
   Elem* weights() { return weights_; }
   Elem* grads() { return grads_; }

@@ -59,8 +59,11 @@ double Optimizer<Elem>::grad_norm() {
     kernels::status_check(
         kernels::launch(sq, {table.template get<std::byte>("scratch.grad_norm"), need}, {}), "sum_squares");
   }
-  // (The groups reduce these in the multi-rank trainer; one rank has nothing to add.)
-  return std::sqrt(sharded + replicated);
+  // Replicated parameters are equal on every tp rank: counted by tp rank 0 only.
+  double sum = sharded + (stage_.groups().tp_rank() == 0 ? replicated : 0.0);
+  stage_.groups().tp->all_reduce(&sum, 1);
+  stage_.groups().pp->all_reduce(&sum, 1);
+  return std::sqrt(sum);
 }
 
 template <typename Elem>
