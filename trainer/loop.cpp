@@ -68,7 +68,7 @@ struct Run {
 
   bool first() const { return stage.plan().has_embedding; }
   bool last() const { return stage.plan().has_head; }
-  int64_t act_count() const { return c.layout.mb * c.run.seq * c.model.hidden; }
+  int64_t act_count() const { return stage.boundary_elements(); }
 
   // Micro-batch j of this dp replica reads global samples
   // first_sample + dp_rank * (global_batch / dp) + j * mb + [0, mb): the
@@ -119,7 +119,8 @@ struct Run {
     if (send_grad) send_grad->wait();
     send_act.reset();
     send_grad.reset();
-    groups.dp->all_reduce(stage.grads(), stage.param_elements());
+    stage.reduce_replicated_grads();
+    optim.reduce_grads();
     // The logging all-reduce: only the last stage holds losses, split over tp
     // (each rank the rows whose target is in its vocab shard) and dp.
     groups.world->all_reduce(&loss, 1);
@@ -207,8 +208,7 @@ void check_trainable(const Layout& l, const ModelSpec& m) {
                                   "cost models and `weft tune --dry-run` cover it)",
                                   l.to_string(), what));
   };
-  if (l.zero > 0 && l.dp > 1) no(l.zero == 3 ? "ZeRO-3" : "ZeRO-1/2 optimizer sharding");
-  if (l.sp) no("sequence parallelism");
+  if (l.zero >= 2 && l.dp > 1) no(l.zero == 3 ? "ZeRO-3" : "ZeRO-2 gradient sharding");
   if (l.vpp > 1) no("interleaved 1F1B (vpp > 1)");
   if (m.tied_embeddings && l.pp > 1) no("tied embeddings across pipeline stages");
 }

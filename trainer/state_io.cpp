@@ -42,13 +42,15 @@ void gather_tp(parallel::Comm& tp, const ParamSpec& p, const float* local, float
 // A stage's weights, Adam m and v as full tensors, back to back in the order
 // of its param specs.
 std::vector<float> stage_full_state(LlamaStage<float>& stage, Optimizer<float>& opt) {
+  std::vector<float> m, v;
+  opt.state_full(m, v);
   int64_t total = 0;
   for (const auto& p : stage.params().specs) total += 3 * p.rows * p.cols;
   std::vector<float> out(static_cast<size_t>(total));
   float* dst = out.data();
   auto& tp = *stage.groups().tp;
   for (const auto& p : stage.params().specs) {
-    const float* parts[] = {stage.weight(p), opt.adam_m() + p.offset, opt.adam_v() + p.offset};
+    const float* parts[] = {stage.weight(p), m.data() + p.offset, v.data() + p.offset};
     for (const float* src : parts) {
       gather_tp(tp, p, src, dst);
       dst += p.rows * p.cols;
@@ -119,13 +121,16 @@ void state_save(const std::string& dir, LlamaStage<float>& stage, Optimizer<floa
 
 void state_load(const checkpoint::Checkpoint& ck, LlamaStage<float>& stage, Optimizer<float>* optim) {
   checkpoint::check_compatible(ck.manifest, stage.model(), ck.dir);
+  std::vector<float> m(size_t(stage.param_elements())), v(m.size());
   for (const auto& p : stage.params().specs) {
     slice_into(ck.model.at(p.name), stage.weight(p), p);
     if (!optim) continue;
-    slice_into(ck.optimizer.at(optim_state_name(OptimState::exp_avg, p.name)), optim->adam_m() + p.offset, p);
-    slice_into(ck.optimizer.at(optim_state_name(OptimState::exp_avg_sq, p.name)), optim->adam_v() + p.offset, p);
+    slice_into(ck.optimizer.at(optim_state_name(OptimState::exp_avg, p.name)), m.data() + p.offset, p);
+    slice_into(ck.optimizer.at(optim_state_name(OptimState::exp_avg_sq, p.name)), v.data() + p.offset, p);
   }
-  if (optim) optim->restore(ck.manifest.optimizer.step, ck.manifest.run.value("nonfinite_total", int64_t{0}));
+  if (!optim) return;
+  optim->state_set(m, v);
+  optim->restore(ck.manifest.optimizer.step, ck.manifest.run.value("nonfinite_total", int64_t{0}));
 }
 
 }  // namespace weft::trainer

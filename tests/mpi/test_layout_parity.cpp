@@ -1,6 +1,6 @@
 // Layout parity with real mpirun processes: a tiny GQA Llama trained 5 steps
-// from the same seed and data under many layouts (tp, pp 1F1B, dp, micro-batch
-// 1 and 2, checkpointing modes, attention and norm variants) on 1, 2, 4 and 8
+// from the same seed and data under many layouts (tp, sp, pp 1F1B, dp, ZeRO-1,
+// micro-batch 1 and 2, checkpointing modes, attention and norm variants) on 1, 2, 4 and 8
 // ranks must give the single-rank losses within a relative 1e-5 (fp32). Every
 // rank's arena peaks must match the memory model's prediction for its stage
 // within 5% per category. A checkpoint saved under one layout resumes under
@@ -108,6 +108,11 @@ TEST(LayoutParity, LossesMatchTheSingleRankRunAndMemoryMatchesTheModel) {
       "tp1-pp8-dp1-mb1",
       "tp2-pp1-dp4-mb1-ckpt:full",
       "tp4-pp2-dp1-mb2",
+      "tp2-pp1-dp1-mb2-sp",
+      "tp2-pp2-dp2-mb1-sp-ckpt:selective",
+      "tp1-pp1-dp2-mb2-zero1",
+      "tp2-pp1-dp2-mb1-sp-zero1-norm:unfused",
+      "tp1-pp2-dp4-mb1-zero1",
   };
   std::string table = fmt::format("{:<52} {:>5} {:>12} {:>14}\n", "layout", "ranks", "max rel dev",
                                   "worst mem dev");
@@ -138,15 +143,22 @@ TEST(LayoutParity, LossesMatchTheSingleRankRunAndMemoryMatchesTheModel) {
 TEST(LayoutParity, CheckpointsReshardAcrossLayouts) {
   Fixture f;
   const auto ref = f.train("tp1-pp1-dp1-mb2", f.dir.path("ref"));
-  // Save at step 3 under tp2-pp2, resume to step 5 under tp1-pp1-dp2 and under tp4-pp1.
-  f.train("tp2-pp2-dp1-mb1", f.dir.path("a"), "--ckpt-every 3");
-  const auto ckpt = f.dir.path("a/checkpoints/step_000003");
-  ASSERT_TRUE(fs::exists(ckpt + "/manifest.json"));
-  for (const char* layout : {"tp1-pp1-dp2-mb1", "tp4-pp1-dp1-mb2", "tp1-pp1-dp1-mb1"}) {
-    const auto losses = f.train(layout, f.dir.path(std::string("b-") + layout), "--resume-from " + ckpt);
-    ASSERT_EQ(losses.size(), 2u) << layout;
-    for (size_t i = 0; i < 2; ++i)
-      EXPECT_NEAR(losses[i], ref[3 + i], 1e-5 * ref[3 + i]) << layout << " step " << 4 + i;
+  // Save at step 3 under one layout, resume to step 5 under others.
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"tp2-pp2-dp1-mb1", {"tp1-pp1-dp2-mb1", "tp4-pp1-dp1-mb2", "tp1-pp1-dp1-mb1"}},
+      {"tp2-pp1-dp2-mb1-sp-zero1", {"tp1-pp2-dp1-mb2", "tp1-pp1-dp2-mb1-zero1"}},
+  };
+  for (const auto& [from, tos] : cases) {
+    const auto saved = f.dir.path("a-" + from);
+    f.train(from, saved, "--ckpt-every 3");
+    const auto ckpt = saved + "/checkpoints/step_000003";
+    ASSERT_TRUE(fs::exists(ckpt + "/manifest.json")) << from;
+    for (const auto& to : tos) {
+      const auto losses = f.train(to, f.dir.path("b-" + from + "-" + to), "--resume-from " + ckpt);
+      ASSERT_EQ(losses.size(), 2u) << from << " -> " << to;
+      for (size_t i = 0; i < 2; ++i)
+        EXPECT_NEAR(losses[i], ref[3 + i], 1e-5 * ref[3 + i]) << from << " -> " << to << " step " << 4 + i;
+    }
   }
 }
 

@@ -103,12 +103,11 @@ LlamaStage<Elem>::LlamaStage(const ModelSpec& m, const RunSpec& run, const Layou
     : m_(m), run_(run), l_(l), plan_(memory::stage_plan(m, run, l, stage)),
       params_(stage_params(m, l, plan_, groups.tp_rank())), groups_(groups) {
   M_ = l.mb * run.seq;
-  WEFT_ASSERT(!l.sp);  // sequence-parallel regions come with the multi-rank trainer
+  Msp_ = l.sp ? M_ / l.tp : M_;
   table_ = std::make_unique<TensorTable>(memory::stage_shapes(m, run, l, device, plan_), arena,
                                          sizeof(Elem) == 8);
   weights_ = table_->get<Elem>("weights.flat");
   grads_ = table_->get<Elem>("grads.flat");
-  WEFT_ASSERT(l.zero == 0 || l.dp == 1);  // sharded optimizer state comes with data parallelism
 
   // Which layers keep each saved tensor, and where: slot-major, then the
   // keeping layers in order; the rebuilt copy (if any) is the last instance.
@@ -227,7 +226,7 @@ void LlamaStage<Elem>::norm_forward(const Elem* x, const Elem* residual, Elem* s
                                     Elem* y, A* rstd, A* x_hat) {
   const int64_t C = m_.hidden;
   if (l_.norm == NormKind::fused) {
-    run(kernels::RmsnormForwardParams<Elem>{.rows = M_, .C = C, .eps = m_.norm_eps, .x = x,
+    run(kernels::RmsnormForwardParams<Elem>{.rows = Msp_, .C = C, .eps = m_.norm_eps, .x = x,
                                             .residual = residual, .sum = sum, .weight = w, .y = y,
                                             .rstd = rstd},
         "rmsnorm_forward");
@@ -235,10 +234,10 @@ void LlamaStage<Elem>::norm_forward(const Elem* x, const Elem* residual, Elem* s
   }
   const Elem* in = x;
   if (residual) {
-    run(kernels::AddParams<Elem>{.n = M_ * C, .a = x, .b = residual, .out = sum}, "add");
+    run(kernels::AddParams<Elem>{.n = Msp_ * C, .a = x, .b = residual, .out = sum}, "add");
     in = sum;
   }
-  run(kernels::RmsnormUnfusedForwardParams<Elem>{.rows = M_, .C = C, .eps = m_.norm_eps, .x = in,
+  run(kernels::RmsnormUnfusedForwardParams<Elem>{.rows = Msp_, .C = C, .eps = m_.norm_eps, .x = in,
                                                  .weight = w, .y = y, .rstd = rstd, .x_hat = x_hat},
       "rmsnorm_unfused_forward");
 }
@@ -248,12 +247,12 @@ void LlamaStage<Elem>::norm_backward(const Elem* x, const A* x_hat, const A* rst
                                      const Elem* dy, Elem* dx, Write write, Elem* dw) {
   const int64_t C = m_.hidden;
   if (l_.norm == NormKind::fused) {
-    run(kernels::RmsnormBackwardParams<Elem>{.rows = M_, .C = C, .x = x, .weight = w, .rstd = rstd,
+    run(kernels::RmsnormBackwardParams<Elem>{.rows = Msp_, .C = C, .x = x, .weight = w, .rstd = rstd,
                                              .dy = dy, .dx = dx, .dx_write = write, .dweight = dw},
         "rmsnorm_backward");
     return;
   }
-  const kernels::RmsnormUnfusedBackwardParams<Elem> p{.rows = M_, .C = C, .x_hat = x_hat,
+  const kernels::RmsnormUnfusedBackwardParams<Elem> p{.rows = Msp_, .C = C, .x_hat = x_hat,
                                                       .rstd = rstd, .weight = w, .dy = dy,
                                                       .dx = dx, .dx_write = write, .dweight = dw};
   run(p, scratch("scratch.norm_unfused", kernels::workspace_bytes(p)), "rmsnorm_unfused_backward");
@@ -265,13 +264,14 @@ void LlamaStage<Elem>::block_forward(const Block& b, Elem* x_out, bool recompute
   const int64_t Hl = m_.heads / t, Kl = m_.kv_heads / t, Fl = m_.intermediate / t;
   const bool full = !recompute || b.mode == Checkpointing::full;
   Elem* lin = table_->get<Elem>("scratch.linear_out");
-  parallel::Comm& tp = *groups_.tp;
+  Elem* all_rows = l_.sp ? table_->get<Elem>("comm.sp_gather") : nullptr;
 
   if (full) {
     norm_forward(b.x_in, nullptr, nullptr, b.w_attn_norm, b.ln1, b.rstd1, b.xhat1);
-    run(kernels::linear_forward_gemm(M_, C, Hl * D, b.ln1, b.wq, b.q), "gemm q");
-    run(kernels::linear_forward_gemm(M_, C, Kl * D, b.ln1, b.wk, b.k), "gemm k");
-    run(kernels::linear_forward_gemm(M_, C, Kl * D, b.ln1, b.wv, b.v), "gemm v");
+    const Elem* ln1 = gathered(b.ln1, all_rows);  // column-parallel input
+    run(kernels::linear_forward_gemm(M_, C, Hl * D, ln1, b.wq, b.q), "gemm q");
+    run(kernels::linear_forward_gemm(M_, C, Kl * D, ln1, b.wk, b.k), "gemm k");
+    run(kernels::linear_forward_gemm(M_, C, Kl * D, ln1, b.wv, b.v), "gemm v");
     const kernels::RopeParams<Elem> rope{.direction = kernels::RopeDirection::forward, .B = l_.mb,
                                          .T = run_.seq, .H = Hl, .H_kv = Kl, .D = D,
                                          .position_offset = 0, .theta = m_.rope_theta, .q = b.q,
@@ -287,7 +287,7 @@ void LlamaStage<Elem>::block_forward(const Block& b, Elem* x_out, bool recompute
   }
   if (full) {
     run(kernels::linear_forward_gemm(M_, Hl * D, C, b.out, b.wo, lin), "gemm o");
-    tp.all_reduce(lin, M_ * C);  // row-parallel output
+    reduce_rows(lin);  // row-parallel output
   }
   if (full || b.mode == Checkpointing::ffn) {
     // The residual add is fused into the norm: x_mid = x_in + attention.
@@ -295,16 +295,17 @@ void LlamaStage<Elem>::block_forward(const Block& b, Elem* x_out, bool recompute
       norm_forward(lin, b.x_in, b.x_mid, b.w_mlp_norm, b.ln2, b.rstd2, b.xhat2);
     else
       norm_forward(b.x_mid, nullptr, nullptr, b.w_mlp_norm, b.ln2, b.rstd2, b.xhat2);
-    run(kernels::linear_forward_gemm(M_, C, Fl, b.ln2, b.wg, b.gate), "gemm gate");
-    run(kernels::linear_forward_gemm(M_, C, Fl, b.ln2, b.wu, b.up), "gemm up");
+    const Elem* ln2 = gathered(b.ln2, all_rows);
+    run(kernels::linear_forward_gemm(M_, C, Fl, ln2, b.wg, b.gate), "gemm gate");
+    run(kernels::linear_forward_gemm(M_, C, Fl, ln2, b.wu, b.up), "gemm up");
     run(kernels::SwigluForwardParams<Elem>{.rows = M_, .F = Fl, .gate = b.gate, .up = b.up, .act = b.act},
         "swiglu_forward");
   }
   // A rebuild stops here: the block's output was consumed already.
   if (recompute) return;
   run(kernels::linear_forward_gemm(M_, Fl, C, b.act, b.wd, lin), "gemm down");
-  tp.all_reduce(lin, M_ * C);
-  run(kernels::AddParams<Elem>{.n = M_ * C, .a = b.x_mid, .b = lin, .out = x_out}, "add");
+  reduce_rows(lin);
+  run(kernels::AddParams<Elem>{.n = Msp_ * C, .a = b.x_mid, .b = lin, .out = x_out}, "add");
 }
 
 template <typename Elem>
@@ -316,8 +317,9 @@ template <typename Elem>
 void LlamaStage<Elem>::block_backward(const Block& b, Elem* dx) {
   const int64_t C = m_.hidden, D = m_.head_dim, t = l_.tp;
   const int64_t Hl = m_.heads / t, Kl = m_.kv_heads / t, Fl = m_.intermediate / t;
-  parallel::Comm& tp = *groups_.tp;
   Elem* d_norm = table_->get<Elem>("scratch.d_norm");
+  Elem* lin = table_->get<Elem>("scratch.linear_out");
+  Elem* all_rows = l_.sp ? table_->get<Elem>("comm.sp_gather") : nullptr;
   Elem* d_act = table_->get<Elem>("scratch.d_mlp", 0);
   Elem* d_gate = table_->get<Elem>("scratch.d_mlp", 1);
   Elem* d_up = table_->get<Elem>("scratch.d_mlp", 2);
@@ -328,21 +330,26 @@ void LlamaStage<Elem>::block_backward(const Block& b, Elem* dx) {
 
   // MLP: dx holds the gradient of the block output, which the residual
   // passes to x_mid unchanged; the norm's backward adds its part in place.
-  run(kernels::linear_dgrad_gemm(M_, Fl, C, dx, b.wd, d_act), "gemm down dgrad");
-  run(kernels::linear_wgrad_gemm(M_, Fl, C, dx, b.act, b.gd), "gemm down wgrad");
+  // Under sequence parallelism dx holds this rank's rows: the conjugate of
+  // the forward's reduce-scatter gathers them.
+  const Elem* dxo = gathered(dx, lin);
+  run(kernels::linear_dgrad_gemm(M_, Fl, C, dxo, b.wd, d_act), "gemm down dgrad");
+  run(kernels::linear_wgrad_gemm(M_, Fl, C, dxo, b.act, b.gd), "gemm down wgrad");
   run(kernels::SwigluBackwardParams<Elem>{.rows = M_, .F = Fl, .gate = b.gate, .up = b.up,
                                           .dact = d_act, .dgate = d_gate, .dup = d_up},
       "swiglu_backward");
   run(kernels::linear_dgrad_gemm(M_, C, Fl, d_gate, b.wg, d_norm), "gemm gate dgrad");
   run(kernels::linear_dgrad_gemm(M_, C, Fl, d_up, b.wu, d_norm, Write::accumulate), "gemm up dgrad");
-  run(kernels::linear_wgrad_gemm(M_, C, Fl, d_gate, b.ln2, b.gg), "gemm gate wgrad");
-  run(kernels::linear_wgrad_gemm(M_, C, Fl, d_up, b.ln2, b.gu), "gemm up wgrad");
-  tp.all_reduce(d_norm, M_ * C);  // column-parallel input
+  const Elem* ln2 = gathered(b.ln2, all_rows);  // re-gathered for the weight gradients
+  run(kernels::linear_wgrad_gemm(M_, C, Fl, d_gate, ln2, b.gg), "gemm gate wgrad");
+  run(kernels::linear_wgrad_gemm(M_, C, Fl, d_up, ln2, b.gu), "gemm up wgrad");
+  reduce_rows(d_norm);  // column-parallel input
   norm_backward(b.x_mid, b.xhat2, b.rstd2, b.w_mlp_norm, d_norm, dx, Write::accumulate, b.g_mlp_norm);
 
   // Attention.
-  run(kernels::linear_dgrad_gemm(M_, Hl * D, C, dx, b.wo, d_out), "gemm o dgrad");
-  run(kernels::linear_wgrad_gemm(M_, Hl * D, C, dx, b.out, b.go), "gemm o wgrad");
+  const Elem* dxm = gathered(dx, lin);
+  run(kernels::linear_dgrad_gemm(M_, Hl * D, C, dxm, b.wo, d_out), "gemm o dgrad");
+  run(kernels::linear_wgrad_gemm(M_, Hl * D, C, dxm, b.out, b.go), "gemm o wgrad");
   const kernels::AttentionBackwardParams<Elem> attn{
       .kind = l_.attention, .B = l_.mb, .T = run_.seq, .H = Hl, .H_kv = Kl, .D = D, .q = b.q,
       .k = b.k, .v = b.v, .out = b.out, .lse = b.lse, .probs = b.probs, .dout = d_out,
@@ -355,10 +362,11 @@ void LlamaStage<Elem>::block_backward(const Block& b, Elem* dx) {
   run(kernels::linear_dgrad_gemm(M_, C, Hl * D, dq, b.wq, d_norm), "gemm q dgrad");
   run(kernels::linear_dgrad_gemm(M_, C, Kl * D, dk, b.wk, d_norm, Write::accumulate), "gemm k dgrad");
   run(kernels::linear_dgrad_gemm(M_, C, Kl * D, dv, b.wv, d_norm, Write::accumulate), "gemm v dgrad");
-  run(kernels::linear_wgrad_gemm(M_, C, Hl * D, dq, b.ln1, b.gq), "gemm q wgrad");
-  run(kernels::linear_wgrad_gemm(M_, C, Kl * D, dk, b.ln1, b.gk), "gemm k wgrad");
-  run(kernels::linear_wgrad_gemm(M_, C, Kl * D, dv, b.ln1, b.gv), "gemm v wgrad");
-  tp.all_reduce(d_norm, M_ * C);
+  const Elem* ln1 = gathered(b.ln1, all_rows);
+  run(kernels::linear_wgrad_gemm(M_, C, Hl * D, dq, ln1, b.gq), "gemm q wgrad");
+  run(kernels::linear_wgrad_gemm(M_, C, Kl * D, dk, ln1, b.gk), "gemm k wgrad");
+  run(kernels::linear_wgrad_gemm(M_, C, Kl * D, dv, ln1, b.gv), "gemm v wgrad");
+  reduce_rows(d_norm);
   norm_backward(b.x_in, b.xhat1, b.rstd1, b.w_attn_norm, d_norm, dx, Write::accumulate, b.g_attn_norm);
 }
 
@@ -376,7 +384,8 @@ void LlamaStage<Elem>::head_forward(int64_t slot, const int32_t* targets, double
   A* xhat = table_->has("final_norm.normed_fp32") ? table_->get<A>("final_norm.normed_fp32") : nullptr;
   norm_forward(x, nullptr, nullptr, weight(fnorm), y, rstd, xhat);
   Elem* logits = table_->get<Elem>("head.logits");
-  run(kernels::linear_forward_gemm(M_, C, Vl, y, weight(head), logits), "gemm head");
+  const Elem* y_all = gathered(y, l_.sp ? table_->get<Elem>("comm.sp_gather") : nullptr);
+  run(kernels::linear_forward_gemm(M_, C, Vl, y_all, weight(head), logits), "gemm head");
   if (capture_) capture_->assign(logits, logits + M_ * Vl);
 
   int32_t* tgt = table_->get<int32_t>("loss.targets");
@@ -411,11 +420,36 @@ void LlamaStage<Elem>::head_backward(Elem* dx) {
   Elem* y = table_->get<Elem>("final_norm.output");
   Elem* d_norm = table_->get<Elem>("scratch.d_norm");
   run(kernels::linear_dgrad_gemm(M_, C, Vl, dlogits, weight(head), d_norm), "gemm head dgrad");
-  run(kernels::linear_wgrad_gemm(M_, C, Vl, dlogits, y, grad(head)), "gemm head wgrad");
-  groups_.tp->all_reduce(d_norm, M_ * C);
+  const Elem* y_all = gathered(y, l_.sp ? table_->get<Elem>("comm.sp_gather") : nullptr);
+  run(kernels::linear_wgrad_gemm(M_, C, Vl, dlogits, y_all, grad(head)), "gemm head wgrad");
+  reduce_rows(d_norm);
   A* xhat = table_->has("final_norm.normed_fp32") ? table_->get<A>("final_norm.normed_fp32") : nullptr;
   norm_backward(table_->get<Elem>("final_norm.input"), xhat, table_->get<A>("final_norm.rstd"),
                 weight(fnorm), d_norm, dx, Write::overwrite, grad(fnorm));
+}
+
+template <typename Elem>
+const Elem* LlamaStage<Elem>::gathered(const Elem* rows, Elem* all) {
+  if (!l_.sp) return rows;
+  groups_.tp->all_gather(rows, all, Msp_ * m_.hidden);
+  return all;
+}
+
+template <typename Elem>
+void LlamaStage<Elem>::reduce_rows(Elem* buf) {
+  if (l_.sp)
+    groups_.tp->reduce_scatter(buf, buf, Msp_ * m_.hidden);  // this rank's rows land first
+  else
+    groups_.tp->all_reduce(buf, M_ * m_.hidden);
+}
+
+template <typename Elem>
+void LlamaStage<Elem>::reduce_replicated_grads() {
+  // Without sequence parallelism every tp rank sees all rows and computes the
+  // same norm-weight gradients; with it, each saw its own rows.
+  if (!l_.sp) return;
+  for (const auto& p : params_.specs)
+    if (p.shard == ShardDim::none) groups_.tp->all_reduce(grad(p), p.local_elements());
 }
 
 template <typename Elem>
@@ -447,9 +481,18 @@ double LlamaStage<Elem>::forward(int64_t slot, const int32_t* tokens, const int3
     run(kernels::EmbeddingForwardParams<Elem>{.rows = M_, .C = C, .V = m_.vocab,
                                               .vocab_start = groups_.tp_rank() * Vl, .V_local = Vl,
                                               .tokens = tok, .table = weight(emb),
-                                              .out = stage_input(slot)},
+                                              .out = l_.sp ? table_->get<Elem>("scratch.linear_out")
+                                                           : stage_input(slot)},
         "embedding_forward");
-    groups_.tp->all_reduce(stage_input(slot), M_ * C);  // vocab-parallel lookup
+    // The vocab-parallel lookup sums over tp (scattered to this rank's rows
+    // under sequence parallelism).
+    if (l_.sp) {
+      Elem* lin = table_->get<Elem>("scratch.linear_out");
+      reduce_rows(lin);
+      std::memcpy(stage_input(slot), lin, size_t(Msp_ * C) * sizeof(Elem));
+    } else {
+      reduce_rows(stage_input(slot));
+    }
   }
   for (int64_t i = 0; i < plan_.layers; ++i) {
     Elem* x_out = i + 1 < plan_.layers ? block(slot, i + 1).x_in
@@ -469,7 +512,7 @@ void LlamaStage<Elem>::backward(int64_t slot) {
   if (plan_.has_head)
     head_backward(dx);
   else
-    std::memcpy(dx, output_grad(), size_t(M_ * C) * sizeof(Elem));
+    std::memcpy(dx, output_grad(), size_t(Msp_ * C) * sizeof(Elem));
   for (int64_t i = plan_.layers - 1; i >= 0; --i) {
     const Block b = block(slot, i);
     block_recompute(b);
@@ -483,7 +526,8 @@ void LlamaStage<Elem>::backward(int64_t slot) {
                                                .vocab_start = groups_.tp_rank() * Vl,
                                                .V_local = Vl,
                                                .tokens = table_->get<int32_t>("embedding.tokens", slot),
-                                               .dout = dx, .dtable = grad(emb)},
+                                               .dout = gathered(dx, table_->get<Elem>("scratch.linear_out")),
+                                               .dtable = grad(emb)},
         "embedding_backward");
   }
 }

@@ -66,8 +66,15 @@ class LlamaStage {
   // Backward of the micro-batch in `slot`, accumulating parameter gradients.
   void backward(int64_t slot);
 
+  // Sums the gradients of tp-replicated parameters (the norms) over the tp
+  // group where sequence parallelism split their rows; call after the last
+  // backward of a step.
+  void reduce_replicated_grads();
+
   // Pipeline boundaries: a non-first stage's input activations, and a
-  // non-last stage's output activations and their gradient, (B, T, C).
+  // non-last stage's output activations and their gradient, (B, T_sp, C)
+  // with T_sp = T / tp under sequence parallelism.
+  int64_t boundary_elements() const { return Msp_ * m_.hidden; }
   Elem* stage_input(int64_t slot);
   Elem* stage_output();
   Elem* output_grad();
@@ -91,6 +98,12 @@ class LlamaStage {
   void head_forward(int64_t slot, const int32_t* targets, double grad_scale, double* loss_sum);
   void head_backward(Elem* dx);
   kernels::Workspace scratch(const char* name, int64_t need);
+  // Sequence parallelism: norm regions hold a contiguous 1/tp of the B*T rows.
+  // gathered: this rank's rows -> all rows in `all` (the rows themselves
+  // without sp). reduce_rows: a row-parallel output summed over tp, in place:
+  // all-reduced, or reduce-scattered so this rank's rows come first.
+  const Elem* gathered(const Elem* rows, Elem* all);
+  void reduce_rows(Elem* buf);
   // Instance of saved tensor `name` for (slot, layer), or its recompute instance.
   int64_t instance(const char* name, int64_t slot, int64_t layer) const;
 
@@ -111,7 +124,8 @@ class LlamaStage {
     int64_t saving = 0;
   };
   std::vector<std::pair<std::string, SavedIndex>> saved_;
-  int64_t M_ = 0;  // rows of a micro-batch: B * T
+  int64_t M_ = 0;    // rows of a micro-batch: B * T
+  int64_t Msp_ = 0;  // rows of the norm regions on this rank: M_ / tp under sp
 };
 
 extern template class LlamaStage<float>;

@@ -1,6 +1,8 @@
 #include "trainer/optim/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
+#include <span>
 #include <vector>
 
 #include <fmt/format.h>
@@ -43,26 +45,66 @@ Optimizer<Elem>::Optimizer(LlamaStage<Elem>& stage, const OptimConfig& config)
   c_.validate();
   m_ = stage.tensors().template get<Elem>("optimizer.adam_m");
   v_ = stage.tensors().template get<Elem>("optimizer.adam_v");
+  const Layout& l = stage.layout();
+  const int64_t dp = l.dp, psi = stage.param_elements();
+  sharded_ = dp > 1 && l.zero >= 1;
+  lo_ = 0;
+  hi_ = psi;
+  if (sharded_) {
+    // ZeRO-1: rank r of the dp group owns elements [r * shard, (r + 1) * shard)
+    // of the stage's flat parameters (the last one fewer).
+    const int64_t shard = (psi + dp - 1) / dp;
+    for (int64_t r = 0; r < dp; ++r) counts_.push_back(std::max<int64_t>(0, std::min(psi, (r + 1) * shard) - r * shard));
+    lo_ = std::min(psi, stage.groups().dp_rank() * shard);
+    hi_ = lo_ + counts_[size_t(stage.groups().dp_rank())];
+    grad_shard_ = stage.tensors().template get<Elem>("comm.dp_grad_shard");
+  }
+}
+
+template <typename Elem>
+void Optimizer<Elem>::reduce_grads() {
+  auto& dp = *stage_.groups().dp;
+  if (sharded_)
+    dp.reduce_scatter_v(stage_.grads(), grad_shard_, std::span<const int64_t>(counts_));
+  else
+    dp.all_reduce(stage_.grads(), stage_.param_elements());
+}
+
+template <typename Elem>
+template <typename F>
+void Optimizer<Elem>::for_each_piece(F f) {
+  // The part of each parameter in this rank's range [lo, hi) of the flat buffer.
+  for (const auto& p : stage_.params().specs) {
+    const int64_t begin = std::max(lo_, p.offset), end = std::min(hi_, p.offset + p.local_elements());
+    if (begin < end) f(p, begin, end);
+  }
+}
+
+template <typename Elem>
+Elem* Optimizer<Elem>::grad_at(int64_t flat) {
+  return sharded_ ? grad_shard_ + (flat - lo_) : stage_.grads() + flat;
 }
 
 template <typename Elem>
 double Optimizer<Elem>::grad_norm() {
   // Parameters replicated over tp (the norms) count once; sharded ones sum
-  // over tp; stages sum over pp. Data-parallel replicas hold equal gradients.
+  // over tp; stages sum over pp; ZeRO shards sum over dp (without ZeRO the
+  // dp replicas hold equal gradients).
   double sharded = 0, replicated = 0;
   auto& table = stage_.tensors();
-  for (const auto& p : stage_.params().specs) {
-    const kernels::SumSquaresParams<Elem> sq{.n = p.local_elements(), .x = stage_.grad(p),
+  for_each_piece([&](const ParamSpec& p, int64_t begin, int64_t end) {
+    const kernels::SumSquaresParams<Elem> sq{.n = end - begin, .x = grad_at(begin),
                                              .sum = p.shard == ShardDim::none ? &replicated : &sharded};
     const int64_t need = kernels::workspace_bytes(sq);
     WEFT_ASSERT(need <= table.elements("scratch.grad_norm") * 8);
     kernels::status_check(
         kernels::launch(sq, {table.template get<std::byte>("scratch.grad_norm"), need}, {}), "sum_squares");
-  }
+  });
   // Replicated parameters are equal on every tp rank: counted by tp rank 0 only.
   double sum = sharded + (stage_.groups().tp_rank() == 0 ? replicated : 0.0);
   stage_.groups().tp->all_reduce(&sum, 1);
   stage_.groups().pp->all_reduce(&sum, 1);
+  if (sharded_) stage_.groups().dp->all_reduce(&sum, 1);
   return std::sqrt(sum);
 }
 
@@ -86,15 +128,41 @@ StepStats Optimizer<Elem>::step(int64_t step, double loss) {
   // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when below 1.
   const double scale = c_.clip > 0 ? std::min(1.0, c_.clip / (s.grad_norm + 1e-6)) : 1.0;
   std::vector<kernels::AdamwTensor<Elem>> tensors;
-  for (const auto& p : stage_.params().specs)
-    tensors.push_back({.param = stage_.weight(p), .grad = stage_.grad(p), .m = m_ + p.offset,
-                       .v = v_ + p.offset, .n = p.local_elements(),
+  for_each_piece([&](const ParamSpec& p, int64_t begin, int64_t end) {
+    tensors.push_back({.param = stage_.weights() + begin, .grad = grad_at(begin),
+                       .m = m_ + (begin - lo_), .v = v_ + (begin - lo_), .n = end - begin,
                        .decay = p.decay ? kernels::WeightDecay::apply : kernels::WeightDecay::skip});
+  });
   const kernels::AdamwParams<Elem> params{.tensors = tensors, .step = updates_, .lr = s.lr,
                                           .beta1 = c_.beta1, .beta2 = c_.beta2, .eps = c_.eps,
                                           .weight_decay = c_.weight_decay, .grad_scale = scale};
   kernels::status_check(kernels::launch(params, {}, {}), "adamw");
+  // ZeRO-1: every replica gathers the updated parameters from their owners.
+  if (sharded_)
+    stage_.groups().dp->all_gather_v(stage_.weights() + lo_, stage_.weights(),
+                                     std::span<const int64_t>(counts_));
   return s;
+}
+
+template <typename Elem>
+void Optimizer<Elem>::state_full(std::vector<Elem>& m, std::vector<Elem>& v) {
+  const int64_t psi = stage_.param_elements();
+  m.resize(size_t(psi));
+  v.resize(size_t(psi));
+  if (!sharded_) {
+    std::copy(m_, m_ + psi, m.begin());
+    std::copy(v_, v_ + psi, v.begin());
+    return;
+  }
+  auto& dp = *stage_.groups().dp;
+  dp.all_gather_v(m_, m.data(), std::span<const int64_t>(counts_));
+  dp.all_gather_v(v_, v.data(), std::span<const int64_t>(counts_));
+}
+
+template <typename Elem>
+void Optimizer<Elem>::state_set(const std::vector<Elem>& m, const std::vector<Elem>& v) {
+  std::copy(m.begin() + lo_, m.begin() + hi_, m_);
+  std::copy(v.begin() + lo_, v.begin() + hi_, v_);
 }
 
 template class Optimizer<float>;

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -55,9 +56,16 @@ class Optimizer {
  public:
   Optimizer(LlamaStage<Elem>& stage, const OptimConfig& config);
 
+  // Sums the step's gradients over the data-parallel replicas: an all-reduce,
+  // or under ZeRO-1 a reduce-scatter into this rank's shard.
+  void reduce_grads();
   // Clips and applies the update for 1-based step `step` (the schedule's and
-  // the bias correction's count), given the step's mean loss.
+  // the bias correction's count), given the step's mean loss. Under ZeRO-1
+  // each rank updates its shard and the replicas all-gather the parameters.
   StepStats step(int64_t step, double loss);
+  // Adam m and v of the whole stage (gathered over dp under ZeRO-1), and back.
+  void state_full(std::vector<Elem>& m, std::vector<Elem>& v);
+  void state_set(const std::vector<Elem>& m, const std::vector<Elem>& v);
 
   int64_t updates() const { return updates_; }  // applied (non-skipped) updates
   int64_t nonfinite_in_a_row() const { return bad_in_a_row_; }
@@ -66,13 +74,18 @@ class Optimizer {
     updates_ = updates;
     bad_total_ = bad_total;
   }
-  Elem* adam_m() { return m_; }
-  Elem* adam_v() { return v_; }
   const OptimConfig& config() const { return c_; }
 
  private:
   double grad_norm();
+  template <typename F>
+  void for_each_piece(F f);
+  Elem* grad_at(int64_t flat);
   LlamaStage<Elem>& stage_;
+  bool sharded_ = false;      // ZeRO-1 over dp
+  int64_t lo_ = 0, hi_ = 0;   // this rank's range of the flat parameters
+  std::vector<int64_t> counts_;  // every dp rank's shard size
+  Elem* grad_shard_ = nullptr;
   OptimConfig c_;
   Elem* m_;
   Elem* v_;
