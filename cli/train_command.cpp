@@ -78,6 +78,7 @@ int run_train(TrainArgs& a) {
     watchdog->watch(*groups);
     armed = std::make_unique<parallel::CommWatchdog::Scope>(*watchdog, "training");
     c.groups = groups.get();
+    c.watchdog = watchdog.get();
 #else
     throw InputError(fmt::format("layout {} needs {} ranks, but this build has no MPI",
                                  c.layout.to_string(), c.layout.world()));

@@ -267,7 +267,7 @@ TrainReport train(const TrainConfig& c, std::FILE* log_all) {
              c.device.kind == DeviceKind::cpu ? "cores x clock x fp32 FMA lanes" : "dense bf16");
 
   report.first_step = done + 1;
-  double window_time = 0;
+  double window_time = 0, window_comm = 0;
   int64_t window_steps = 0;
   double lr = 0;
   const auto t_start = Clock::now();
@@ -281,9 +281,11 @@ TrainReport train(const TrainConfig& c, std::FILE* log_all) {
       break;
     }
     const auto t0 = Clock::now();
+    const double comm0 = c.watchdog ? c.watchdog->comm_seconds() : 0.0;
     const double loss = run.step_loss(step - 1);
     const StepStats s = run.optim.step(step, loss);
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    window_comm += c.watchdog ? c.watchdog->comm_seconds() - comm0 : 0.0;
     lr = s.lr;
     window_time += dt;
     ++window_steps;
@@ -294,21 +296,27 @@ TrainReport train(const TrainConfig& c, std::FILE* log_all) {
       const double sps = window_steps / window_time;
       const double tps = sps * double(c.run.tokens_per_step());
       const double fps = sps * flops_per_step;
+      const double comm = window_comm / window_steps;  // rank 0's seconds in communication per step
       fmt::print(log,
                  "step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | "
-                 "{:.2f} TFLOP/s | MFU {:.1f}% | peak mem {}{}\n",
+                 "{:.2f} TFLOP/s | MFU {:.1f}% | peak mem {}{}{}\n",
                  step, c.steps, loss, s.lr, s.grad_norm, tps, fps / 1e12, 100 * mfu(fps, world, peak),
-                 format_bytes(double(run.arena.peak_total())), s.skipped ? " | SKIPPED (non-finite)" : "");
+                 format_bytes(double(run.arena.peak_total())),
+                 c.watchdog ? fmt::format(" | comm {}/step", format_seconds(comm)) : "",
+                 s.skipped ? " | SKIPPED (non-finite)" : "");
       std::fflush(log);
       run.metrics << nlohmann::json{{"step", step},         {"loss", loss},
                                     {"lr", s.lr},           {"grad_norm", s.grad_norm},
                                     {"tokens_per_s", tps},  {"tflops", fps / 1e12},
                                     {"mfu", mfu(fps, world, peak)}, {"peak_bytes", run.arena.peak_total()},
-                                    {"skipped", s.skipped}}
+                                    {"skipped", s.skipped},
+                                    {"step_s", window_time / window_steps},
+                                    {"comm_s", window_comm / window_steps}}
                          .dump()
                   << "\n";
       run.metrics.flush();
       window_time = 0;
+      window_comm = 0;
       window_steps = 0;
     }
     if (c.eval_every > 0 && step % c.eval_every == 0 && step != c.steps) {

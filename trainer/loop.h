@@ -14,6 +14,7 @@
 #include "core/layout.h"
 #include "memory/shapes.h"
 #include "trainer/optim/optimizer.h"
+#include "trainer/parallel/comm_watchdog.h"
 #include "trainer/parallel/process_groups.h"
 
 namespace weft::trainer {
@@ -39,6 +40,8 @@ struct TrainConfig {
   const std::atomic<bool>* stop = nullptr;  // set asynchronously: checkpoint and return
   // The rank's process groups (MPI); null: a single process.
   parallel::ProcessGroups* groups = nullptr;
+  // Watches those groups; also measures the time spent communicating.
+  const parallel::CommWatchdog* watchdog = nullptr;
 };
 
 struct TrainReport {

@@ -160,6 +160,7 @@ void CommWatchdog::progress() {
 void CommWatchdog::call_begin(const char* op, const std::string& group) {
   std::lock_guard lk(mu_);
   in_call_ = fmt::format("{} on the {} group", op, group);
+  call_start_ = Clock::now();
   deadline_ = next_deadline();
 }
 
@@ -167,7 +168,14 @@ void CommWatchdog::call_end() {
   std::lock_guard lk(mu_);
   last_call_ = std::move(in_call_);
   in_call_.clear();
+  const auto now = Clock::now();
+  comm_seconds_ += std::chrono::duration<double>(now - call_start_).count();
   deadline_ = next_deadline();
+}
+
+double CommWatchdog::comm_seconds() const {
+  std::lock_guard lk(mu_);
+  return comm_seconds_;
 }
 
 void CommWatchdog::watch(ProcessGroups& groups) {

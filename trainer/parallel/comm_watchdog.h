@@ -83,6 +83,10 @@ class CommWatchdog {
   // The line printed on timeout, for the current state.
   std::string timeout_message() const;
   double timeout_s() const { return timeout_s_; }
+  // Seconds this rank has spent inside watched communication calls (blocking
+  // collectives, sends and receives, and waits on requests): the exposed
+  // communication time, for the progress line and the cost model.
+  double comm_seconds() const;
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -103,6 +107,8 @@ class CommWatchdog {
   std::string region_;     // what arm() named
   std::string in_call_;    // "all_reduce on the tp group" while a call runs, else ""
   std::string last_call_;  // the last call that returned
+  Clock::time_point call_start_;
+  double comm_seconds_ = 0;
   std::thread thread_;
 };
 
