@@ -158,6 +158,10 @@ std::vector<std::string> Layout::violations(const ModelSpec& m, const RunSpec& r
   if (ckpt_layers > 0 && m.layers % pp == 0 && ckpt_layers > stage_layers(m))
     v.push_back(fmt::format("ckpt@{} exceeds the {} layers of a pipeline stage (L={} / pp={})",
                             ckpt_layers, stage_layers(m), m.layers, pp));
+  if (vpp > 1 && ckpt_layers > 0 && ckpt_layers % vpp != 0)
+    v.push_back(fmt::format("ckpt@{} with vpp={} must be divisible by vpp (K/vpp layers of each "
+                            "chunk are checkpointed)",
+                            ckpt_layers, vpp));
   if (zero < 0 || zero > 3) v.push_back(fmt::format("zero={} must be 0, 1, 2 or 3", zero));
   return v;
 }

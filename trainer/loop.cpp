@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -73,45 +74,70 @@ struct Run {
   // Micro-batch j of this dp replica reads global samples
   // first_sample + dp_rank * (global_batch / dp) + j * mb + [0, mb): the
   // global batch is the same whatever the layout.
-  double micro_forward(int64_t first_sample, int64_t j, int64_t slot, double scale) {
+  double micro_forward(int64_t first_sample, int64_t j, int64_t slot, double scale, int64_t chunk) {
     const int64_t per_replica = c.run.global_batch / c.layout.dp;
     loader->batch(first_sample + groups.dp_rank() * per_replica + j * c.layout.mb, c.layout.mb,
                   tokens.data(), targets.data());
-    return stage.forward(slot, tokens.data(), targets.data(), scale);
+    return stage.forward(slot, tokens.data(), targets.data(), scale, chunk);
   }
 
+  // Message tags: micro-batch, the receiver's model chunk, and the direction.
+  int64_t tag(int64_t mb, int64_t chunk, int dir) const { return 2 * (mb * c.layout.vpp + chunk) + dir; }
+
   // One optimizer step's forward and backward over the global batch's
-  // samples, following the 1F1B schedule of this stage; gradients end up
-  // summed over the data-parallel replicas. Returns the step's mean loss.
+  // samples, following this stage's (interleaved) 1F1B schedule; gradients
+  // end up summed over the data-parallel replicas. Returns the step's mean loss.
   double step_loss(int64_t step0) {
     const int64_t gb = c.run.global_batch, m = c.layout.micro_batches(c.run);
+    const int64_t pp_size = c.layout.pp, s = groups.pp_rank();
     const double scale = 1.0 / double(gb * c.run.seq);
-    const int64_t in_flight = stage.plan().in_flight_chunks;
     auto& pp = *groups.pp;
+    // Activation slots: a chunk-micro-batch takes one from its forward (or the
+    // receive before it) to its backward; the schedule never holds more than
+    // the memory model's in-flight count.
+    std::vector<int64_t> free_slots;
+    for (int64_t i = stage.plan().in_flight_chunks - 1; i >= 0; --i) free_slots.push_back(i);
+    std::map<std::pair<int64_t, int64_t>, int64_t> slot_of;
+    auto slot_for = [&](int64_t mb, int64_t chunk) {
+      auto [it, fresh] = slot_of.try_emplace({mb, chunk}, -1);
+      if (fresh) {
+        WEFT_ASSERT(!free_slots.empty());
+        it->second = free_slots.back();
+        free_slots.pop_back();
+      }
+      return it->second;
+    };
     stage.zero_grads();
     double loss = 0;
-    for (const PipeOp& op : pipeline_schedule(c.layout.pp, 1, m, groups.pp_rank())) {
-      const int64_t slot = op.micro_batch % in_flight;
+    for (const PipeOp& op : pipeline_schedule(pp_size, c.layout.vpp, m, s)) {
+      const int64_t mb = op.micro_batch, ch = op.chunk;
       switch (op.kind) {
         case PipeOpKind::recv_forward:
-          pp.recv(stage.stage_input(slot), act_count(), op.peer, 2 * op.micro_batch);
+          pp.recv(stage.stage_input(slot_for(mb, ch)), act_count(), op.peer, tag(mb, ch, 0));
           break;
         case PipeOpKind::forward:
           if (send_act) send_act->wait();  // the output buffer is about to be rewritten
-          loss += micro_forward(step0 * gb, op.micro_batch, slot, scale);
+          loss += micro_forward(step0 * gb, mb, slot_for(mb, ch), scale, ch);
           break;
         case PipeOpKind::send_forward:
-          send_act = pp.isend(stage.stage_output(), act_count(), op.peer, 2 * op.micro_batch);
+          send_act = pp.isend(stage.stage_output(), act_count(), op.peer,
+                              tag(mb, s == pp_size - 1 ? ch + 1 : ch, 0));
           break;
         case PipeOpKind::recv_backward:
-          pp.recv(stage.output_grad(), act_count(), op.peer, 2 * op.micro_batch + 1);
+          pp.recv(stage.output_grad(), act_count(), op.peer, tag(mb, ch, 1));
           break;
-        case PipeOpKind::backward:
+        case PipeOpKind::backward: {
           if (send_grad) send_grad->wait();
-          stage.backward(slot);
+          const auto it = slot_of.find({mb, ch});
+          WEFT_ASSERT(it != slot_of.end());
+          stage.backward(it->second, ch);
+          free_slots.push_back(it->second);
+          slot_of.erase(it);
           break;
+        }
         case PipeOpKind::send_backward:
-          send_grad = pp.isend(stage.input_grad(), act_count(), op.peer, 2 * op.micro_batch + 1);
+          send_grad = pp.isend(stage.input_grad(), act_count(), op.peer,
+                               tag(mb, s == 0 ? ch - 1 : ch, 1));
           break;
       }
     }
@@ -136,11 +162,17 @@ struct Run {
     auto& pp = *groups.pp;
     const int64_t s = groups.pp_rank();
     double loss = 0;
+    const int64_t pp_size = c.layout.pp, vpp = c.layout.vpp;
     for (int64_t j = 0; j < rounds; ++j) {
-      if (!first()) pp.recv(stage.stage_input(0), act_count(), s - 1, 2 * j);
-      val_loader->batch(groups.dp_rank() * rounds * mb + j * mb, mb, tokens.data(), targets.data());
-      loss += stage.forward(0, tokens.data(), targets.data(), 0.0);
-      if (!last()) pp.send(stage.stage_output(), act_count(), s + 1, 2 * j);
+      // Walk the virtual stages in order; this rank runs those it holds.
+      for (int64_t v = 0; v < pp_size * vpp; ++v) {
+        if (v % pp_size != s) continue;
+        if (v > 0) pp.recv(stage.stage_input(0), act_count(), (s + pp_size - 1) % pp_size, 2 * (j * pp_size * vpp + v));
+        val_loader->batch(groups.dp_rank() * rounds * mb + j * mb, mb, tokens.data(), targets.data());
+        loss += stage.forward(0, tokens.data(), targets.data(), 0.0, v / pp_size);
+        if (v + 1 < pp_size * vpp)
+          pp.send(stage.stage_output(), act_count(), (s + 1) % pp_size, 2 * (j * pp_size * vpp + v + 1));
+      }
     }
     groups.world->all_reduce(&loss, 1);
     return loss / double(rounds * mb * dp * c.run.seq);
@@ -209,7 +241,6 @@ void check_trainable(const Layout& l, const ModelSpec& m) {
                                   l.to_string(), what));
   };
   if (l.zero >= 2 && l.dp > 1) no(l.zero == 3 ? "ZeRO-3" : "ZeRO-2 gradient sharding");
-  if (l.vpp > 1) no("interleaved 1F1B (vpp > 1)");
   if (m.tied_embeddings && l.pp > 1) no("tied embeddings across pipeline stages");
 }
 

@@ -1,5 +1,5 @@
 // Layout parity with real mpirun processes: a tiny GQA Llama trained 5 steps
-// from the same seed and data under many layouts (tp, sp, pp 1F1B, dp, ZeRO-1,
+// from the same seed and data under many layouts (tp, sp, pp 1F1B and interleaved, dp, ZeRO-1,
 // micro-batch 1 and 2, checkpointing modes, attention and norm variants) on 1, 2, 4 and 8
 // ranks must give the single-rank losses within a relative 1e-5 (fp32). Every
 // rank's arena peaks must match the memory model's prediction for its stage
@@ -51,7 +51,7 @@ struct Fixture {
   }
   // Trains under `layout` on its world size; returns the metrics file's losses.
   std::vector<double> train(const std::string& layout, const std::string& out, const std::string& extra = "") {
-    const std::regex axis("(tp|pp|dp)(\\d+)");
+    const std::regex axis("(?:^|-)(tp|pp|dp)(\\d+)");
     int64_t world = 1;
     for (auto it = std::sregex_iterator(layout.begin(), layout.end(), axis); it != std::sregex_iterator(); ++it)
       world *= std::stoll((*it)[2]);
@@ -113,6 +113,9 @@ TEST(LayoutParity, LossesMatchTheSingleRankRunAndMemoryMatchesTheModel) {
       "tp1-pp1-dp2-mb2-zero1",
       "tp2-pp1-dp2-mb1-sp-zero1-norm:unfused",
       "tp1-pp2-dp4-mb1-zero1",
+      "tp1-pp2-dp1-mb1-vpp2",
+      "tp1-pp4-dp1-mb1-vpp2",
+      "tp2-pp2-dp2-mb1-vpp2-sp-zero1-ckpt:full@2",
   };
   std::string table = fmt::format("{:<52} {:>5} {:>12} {:>14}\n", "layout", "ranks", "max rel dev",
                                   "worst mem dev");
@@ -147,6 +150,7 @@ TEST(LayoutParity, CheckpointsReshardAcrossLayouts) {
   const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
       {"tp2-pp2-dp1-mb1", {"tp1-pp1-dp2-mb1", "tp4-pp1-dp1-mb2", "tp1-pp1-dp1-mb1"}},
       {"tp2-pp1-dp2-mb1-sp-zero1", {"tp1-pp2-dp1-mb2", "tp1-pp1-dp2-mb1-zero1"}},
+      {"tp1-pp4-dp1-mb1-vpp2", {"tp2-pp2-dp1-mb1-sp"}},
   };
   for (const auto& [from, tos] : cases) {
     const auto saved = f.dir.path("a-" + from);

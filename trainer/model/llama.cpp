@@ -104,6 +104,7 @@ LlamaStage<Elem>::LlamaStage(const ModelSpec& m, const RunSpec& run, const Layou
       params_(stage_params(m, l, plan_, groups.tp_rank())), groups_(groups) {
   M_ = l.mb * run.seq;
   Msp_ = l.sp ? M_ / l.tp : M_;
+  Lc_ = plan_.layers / l.vpp;
   table_ = std::make_unique<TensorTable>(memory::stage_shapes(m, run, l, device, plan_), arena,
                                          sizeof(Elem) == 8);
   weights_ = table_->get<Elem>("weights.flat");
@@ -120,7 +121,7 @@ LlamaStage<Elem>::LlamaStage(const ModelSpec& m, const RunSpec& run, const Layou
       return std::any_of(v.begin(), v.end(), [&](const auto& t) { return std::strcmp(t.name, name) == 0; });
     };
     SavedIndex idx;
-    for (int64_t i = 0; i < plan_.layers; ++i) {
+    for (int64_t i = 0; i < Lc_; ++i) {
       const bool saved = mode(i) == Checkpointing::none ? keeps(kept) : keeps(ckpt);
       idx.of_layer.push_back(saved ? idx.saving++ : -1);
     }
@@ -135,7 +136,8 @@ LlamaStage<Elem>::~LlamaStage() = default;
 
 template <typename Elem>
 Checkpointing LlamaStage<Elem>::mode(int64_t layer) const {
-  return layer < plan_.checkpointed ? l_.ckpt : Checkpointing::none;
+  // ckpt@K checkpoints the first K / vpp blocks of each chunk.
+  return layer < plan_.checkpointed / l_.vpp ? l_.ckpt : Checkpointing::none;
 }
 
 template <typename Elem>
@@ -149,12 +151,13 @@ int64_t LlamaStage<Elem>::instance(const char* name, int64_t slot, int64_t layer
 }
 
 template <typename Elem>
-typename LlamaStage<Elem>::Block LlamaStage<Elem>::block(int64_t slot, int64_t layer) {
+typename LlamaStage<Elem>::Block LlamaStage<Elem>::block(int64_t slot, int64_t chunk, int64_t layer) {
   Block b{};
   b.layer = layer;
   b.mode = mode(layer);
-  auto w = [&](ParamKind k) { return weights_ + params_.specs[size_t(params_.index(k, layer))].offset; };
-  auto g = [&](ParamKind k) { return grads_ + params_.specs[size_t(params_.index(k, layer))].offset; };
+  const int64_t local = chunk * Lc_ + layer;  // the stage's block index
+  auto w = [&](ParamKind k) { return weights_ + params_.specs[size_t(params_.index(k, local))].offset; };
+  auto g = [&](ParamKind k) { return grads_ + params_.specs[size_t(params_.index(k, local))].offset; };
   b.w_attn_norm = w(ParamKind::input_layernorm);
   b.wq = w(ParamKind::q_proj);
   b.wk = w(ParamKind::k_proj);
@@ -462,7 +465,7 @@ Elem* LlamaStage<Elem>::stage_output() {
 }
 template <typename Elem>
 Elem* LlamaStage<Elem>::output_grad() {
-  return plan_.has_head ? nullptr : table_->get<Elem>("comm.pp_p2p", 1);
+  return table_->has("comm.pp_p2p") ? table_->get<Elem>("comm.pp_p2p", 1) : nullptr;
 }
 template <typename Elem>
 Elem* LlamaStage<Elem>::input_grad() {
@@ -471,9 +474,11 @@ Elem* LlamaStage<Elem>::input_grad() {
 
 template <typename Elem>
 double LlamaStage<Elem>::forward(int64_t slot, const int32_t* tokens, const int32_t* targets,
-                                 double grad_scale) {
+                                 double grad_scale, int64_t chunk) {
   const int64_t C = m_.hidden;
-  if (plan_.has_embedding) {
+  const bool embeds = plan_.has_embedding && chunk == 0;
+  const bool heads = plan_.has_head && chunk == l_.vpp - 1;
+  if (embeds) {
     int32_t* tok = table_->get<int32_t>("embedding.tokens", slot);
     std::memcpy(tok, tokens, size_t(M_) * sizeof(int32_t));
     const auto& emb = params_.specs[size_t(params_.index(ParamKind::embed_tokens))];
@@ -494,31 +499,31 @@ double LlamaStage<Elem>::forward(int64_t slot, const int32_t* tokens, const int3
       reduce_rows(stage_input(slot));
     }
   }
-  for (int64_t i = 0; i < plan_.layers; ++i) {
-    Elem* x_out = i + 1 < plan_.layers ? block(slot, i + 1).x_in
-                  : plan_.has_head     ? table_->get<Elem>("final_norm.input")
-                                       : stage_output();
-    block_forward(block(slot, i), x_out, false);
+  for (int64_t i = 0; i < Lc_; ++i) {
+    Elem* x_out = i + 1 < Lc_ ? block(slot, chunk, i + 1).x_in
+                  : heads     ? table_->get<Elem>("final_norm.input")
+                              : stage_output();
+    block_forward(block(slot, chunk, i), x_out, false);
   }
   double loss = 0;
-  if (plan_.has_head) head_forward(slot, targets, grad_scale, &loss);
+  if (heads) head_forward(slot, targets, grad_scale, &loss);
   return loss;
 }
 
 template <typename Elem>
-void LlamaStage<Elem>::backward(int64_t slot) {
+void LlamaStage<Elem>::backward(int64_t slot, int64_t chunk) {
   const int64_t C = m_.hidden;
   Elem* dx = table_->get<Elem>("scratch.d_residual");
-  if (plan_.has_head)
+  if (plan_.has_head && chunk == l_.vpp - 1)
     head_backward(dx);
   else
     std::memcpy(dx, output_grad(), size_t(Msp_ * C) * sizeof(Elem));
-  for (int64_t i = plan_.layers - 1; i >= 0; --i) {
-    const Block b = block(slot, i);
+  for (int64_t i = Lc_ - 1; i >= 0; --i) {
+    const Block b = block(slot, chunk, i);
     block_recompute(b);
     block_backward(b, dx);
   }
-  if (plan_.has_embedding) {
+  if (plan_.has_embedding && chunk == 0) {
     const auto& emb = params_.specs[size_t(params_.index(ParamKind::embed_tokens))];
     const int64_t Vl = m_.vocab / l_.tp;
     // The vocab-parallel lookup's all-reduce is conjugate to the identity here.

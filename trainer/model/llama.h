@@ -62,9 +62,14 @@ class LlamaStage {
   // targets (B*T), leaves the gradient of loss * grad_scale over its logits,
   // and returns the sum of this rank's per-token losses (summed over tp it
   // is the micro-batch's total loss). Other stages return 0.
-  double forward(int64_t slot, const int32_t* tokens, const int32_t* targets, double grad_scale);
-  // Backward of the micro-batch in `slot`, accumulating parameter gradients.
-  void backward(int64_t slot);
+  // With interleaved pipelining (vpp > 1) a stage runs one model chunk at a
+  // time: chunk c holds the stage's blocks of virtual stage c * pp + stage;
+  // the first chunk of stage 0 embeds, the last chunk of the last stage ends
+  // in the loss. Slots then hold chunk-micro-batches.
+  double forward(int64_t slot, const int32_t* tokens, const int32_t* targets, double grad_scale,
+                 int64_t chunk = 0);
+  // Backward of the micro-batch (chunk) in `slot`, accumulating parameter gradients.
+  void backward(int64_t slot, int64_t chunk = 0);
 
   // Sums the gradients of tp-replicated parameters (the norms) over the tp
   // group where sequence parallelism split their rows; call after the last
@@ -86,7 +91,7 @@ class LlamaStage {
 
  private:
   struct Block;  // pointers to one block's tensors for one slot
-  Block block(int64_t slot, int64_t layer);
+  Block block(int64_t slot, int64_t chunk, int64_t layer);
   Checkpointing mode(int64_t layer) const;
   void block_forward(const Block& b, Elem* x_out, bool recompute);
   void block_recompute(const Block& b);
@@ -126,6 +131,7 @@ class LlamaStage {
   std::vector<std::pair<std::string, SavedIndex>> saved_;
   int64_t M_ = 0;    // rows of a micro-batch: B * T
   int64_t Msp_ = 0;  // rows of the norm regions on this rank: M_ / tp under sp
+  int64_t Lc_ = 0;   // blocks per model chunk: the stage's blocks / vpp
 };
 
 extern template class LlamaStage<float>;

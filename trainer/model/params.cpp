@@ -62,7 +62,9 @@ StageParams stage_params(const ModelSpec& m, const Layout& l, const memory::Stag
   };
   if (plan.has_embedding) add(ParamKind::embed_tokens, 0, m.vocab, C, ShardDim::rows);
   for (int64_t i = 0; i < plan.layers; ++i) {
-    const int64_t layer = sp.first_layer + i;
+    // Local block i sits in chunk i / Lc, which is virtual stage chunk * pp + stage.
+    const int64_t Lc = plan.layers / l.vpp;
+    const int64_t layer = ((i / Lc) * l.pp + plan.stage) * Lc + i % Lc;
     add(ParamKind::input_layernorm, layer, C, 1, ShardDim::none);
     add(ParamKind::q_proj, layer, m.heads * D, C, ShardDim::rows);
     add(ParamKind::k_proj, layer, m.kv_heads * D, C, ShardDim::rows);

@@ -48,7 +48,7 @@ struct StageParams {
   int64_t elements = 0;
   // Index into specs of each kind for local layer l (block kinds) or -1.
   int64_t index(ParamKind kind, int64_t layer = 0) const;
-  int64_t first_layer = 0;  // global index of the stage's first block
+  int64_t first_layer = 0;  // global index of the stage's first block (vpp = 1)
   int64_t layers = 0;
   // The head reads the embedding table (tied embeddings on one stage).
   bool head_is_embedding = false;
