@@ -86,7 +86,9 @@ std::vector<Layout> enumerate(const ModelSpec& m, const RunSpec& run, int64_t wo
       for (int64_t mb : pick(limits.mb, mbs))
         for (int64_t vpp : pick(limits.vpp, vpps))
           for (bool sp : pick(limits.sp, sps))
-            for (auto [ckpt, k] : ckpts)
+            for (auto [ckpt, k] : ckpts) {
+              // Partial checkpointing splits evenly over the chunks of a stage.
+              if (vpp > 1 && k % vpp != 0 && limits.ckpt_layers.empty()) continue;
               for (AttentionKind attn :
                    pick(limits.attention, {AttentionKind::flash, AttentionKind::materialized}))
                 for (NormKind norm : pick(limits.norm, {NormKind::fused, NormKind::unfused}))
@@ -105,6 +107,7 @@ std::vector<Layout> enumerate(const ModelSpec& m, const RunSpec& run, int64_t wo
                     l.zero = zero;
                     out.push_back(l);
                   }
+            }
     }
   }
   return out;

@@ -107,11 +107,11 @@ TEST(Layout, ValidationPrintsEveryValue) {
 TEST(Layout, ValidLayoutsPass) {
   const auto m = model_preset("llama-13b");
   RunSpec run{2048, 2048, Precision::bf16};
-  const auto l = Layout::parse("tp2-pp4-dp8-mb1-vpp2-sp-ckpt:full@3-zero1");
+  const auto l = Layout::parse("tp2-pp4-dp8-mb1-vpp2-sp-ckpt:full@4-zero1");
   EXPECT_NO_THROW(l.validate(m, run, 64));
   EXPECT_EQ(l.micro_batches(run), 256);
   EXPECT_EQ(l.stage_layers(m), 10);
-  EXPECT_EQ(l.checkpointed_layers(m), 3);
+  EXPECT_EQ(l.checkpointed_layers(m), 4);
   EXPECT_TRUE(l.violations(m, run, 64).empty());
 }
 
