@@ -5,6 +5,11 @@
 // rank's arena peaks must match the memory model's prediction for its stage
 // within 5% per category. A checkpoint saved under one layout resumes under
 // another with the same losses. Prints the table of layouts and deviations.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -180,6 +185,60 @@ TEST(LayoutParity, BadLayoutsAreClearErrors) {
                               f.dir.path("y"));
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("pp*vpp"), std::string::npos) << r.out;
+}
+
+// A rank killed mid-run: the others must not hang. mpirun ends the job, and
+// if it did not, each survivor's communication watchdog would (--comm-timeout).
+TEST(LayoutParity, ARankThatDiesEndsTheJobInBoundedTime) {
+  Fixture f;
+  const std::string out = f.dir.path("dying");
+  const std::string cmd = fmt::format(
+      "{} --oversubscribe -np 2 {} train --data {} --model {} --seq 16 --global-batch 8 --steps 1000000 "
+      "--threads 1 --comm-timeout 10 --layout tp1-pp2-dp1-mb1 --out {} > /dev/null 2>&1",
+      MPIEXEC, WEFT_BIN, f.data, f.config, out);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), nullptr);
+    ::_exit(127);
+  }
+  // Wait until training runs, then kill one rank.
+  for (int i = 0; i < 300 && !fs::exists(out + "/metrics.jsonl"); ++i) ::usleep(100000);
+  ::usleep(500000);
+  FILE* p = ::popen(("pgrep -f -- '--out " + out + "'").c_str(), "r");
+  std::vector<int> pids;
+  for (int x; std::fscanf(p, "%d", &x) == 1;) pids.push_back(x);
+  ::pclose(p);
+  std::vector<int> ranks;
+  for (int x : pids) {
+    std::ifstream comm("/proc/" + std::to_string(x) + "/comm");
+    std::string name;
+    comm >> name;
+    if (name == "weft") ranks.push_back(x);
+  }
+  ASSERT_EQ(ranks.size(), 2u) << "could not find the two ranks";
+  const auto t0 = std::chrono::steady_clock::now();
+  ::kill(ranks.back(), SIGKILL);
+  int status = 0;
+  for (int i = 0; i < 600; ++i) {
+    if (::waitpid(pid, &status, WNOHANG) == pid) break;
+    ::usleep(100000);
+  }
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_LT(waited, 60.0) << "the job did not end";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0);
+  // Every rank process is gone (or a zombie awaiting its parent) soon after.
+  auto alive = [](int x) {
+    std::ifstream st("/proc/" + std::to_string(x) + "/status");
+    for (std::string line; std::getline(st, line);)
+      if (line.rfind("State:", 0) == 0) return line.find('Z') == std::string::npos;
+    return false;
+  };
+  for (int x : ranks) {
+    for (int i = 0; i < 100 && alive(x); ++i) ::usleep(100000);
+    EXPECT_FALSE(alive(x)) << "rank process " << x << " still running";
+  }
+  std::printf("job ended %.1f s after a rank was killed\n", waited);
 }
 
 }  // namespace
