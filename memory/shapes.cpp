@@ -249,9 +249,10 @@ std::vector<TensorShape> stage_shapes(const ModelSpec& m, const RunSpec& run, co
   if (l.dp > 1 && l.zero == 1)
     out.push_back({"comm.dp_grad_shard", Category::comm, shard, kFp32, 1});
   if (l.dp > 1 && l.zero >= 2) {
-    // Gradients are reduce-scattered a bucket at a time; a bucket holds the
-    // largest parameter group (a block, or the vocab table).
-    const int64_t group = std::max(block_param_elements(m, l), (m.vocab / l.tp) * m.hidden);
+    // Gradients are reduce-scattered a group at a time, every micro-batch; the
+    // bucket holds the largest group: a block, the vocab table, or the final
+    // norm with the LM head.
+    const int64_t group = std::max(block_param_elements(m, l), (m.vocab / l.tp) * m.hidden + m.hidden);
     out.push_back({"comm.dp_grad_bucket", Category::comm, std::min(group, psi), kFp32, 1});
   }
   if (l.dp > 1 && l.zero >= 3)  // the block in use and the next, prefetched

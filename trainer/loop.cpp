@@ -240,7 +240,8 @@ void check_trainable(const Layout& l, const ModelSpec& m) {
                                   "cost models and `weft tune --dry-run` cover it)",
                                   l.to_string(), what));
   };
-  if (l.zero >= 2 && l.dp > 1) no(l.zero == 3 ? "ZeRO-3" : "ZeRO-2 gradient sharding");
+  if (l.zero >= 3 && l.dp > 1) no("ZeRO-3 parameter sharding");
+  if (l.zero == 2 && l.dp > 1 && m.tied_embeddings) no("ZeRO-2 with tied embeddings");
   if (m.tied_embeddings && l.pp > 1) no("tied embeddings across pipeline stages");
 }
 

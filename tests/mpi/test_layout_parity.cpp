@@ -1,5 +1,5 @@
 // Layout parity with real mpirun processes: a tiny GQA Llama trained 5 steps
-// from the same seed and data under many layouts (tp, sp, pp 1F1B and interleaved, dp, ZeRO-1,
+// from the same seed and data under many layouts (tp, sp, pp 1F1B and interleaved, dp, ZeRO-1 and 2,
 // micro-batch 1 and 2, checkpointing modes, attention and norm variants) on 1, 2, 4 and 8
 // ranks must give the single-rank losses within a relative 1e-5 (fp32). Every
 // rank's arena peaks must match the memory model's prediction for its stage
@@ -121,6 +121,9 @@ TEST(LayoutParity, LossesMatchTheSingleRankRunAndMemoryMatchesTheModel) {
       "tp1-pp2-dp1-mb1-vpp2",
       "tp1-pp4-dp1-mb1-vpp2",
       "tp2-pp2-dp2-mb1-vpp2-sp-zero1-ckpt:full@2",
+      "tp1-pp1-dp2-mb2-zero2",
+      "tp2-pp2-dp2-mb1-vpp2-sp-zero2",
+      "tp1-pp1-dp4-mb1-zero2-ckpt:full",
   };
   std::string table = fmt::format("{:<52} {:>5} {:>12} {:>14}\n", "layout", "ranks", "max rel dev",
                                   "worst mem dev");
@@ -156,6 +159,7 @@ TEST(LayoutParity, CheckpointsReshardAcrossLayouts) {
       {"tp2-pp2-dp1-mb1", {"tp1-pp1-dp2-mb1", "tp4-pp1-dp1-mb2", "tp1-pp1-dp1-mb1"}},
       {"tp2-pp1-dp2-mb1-sp-zero1", {"tp1-pp2-dp1-mb2", "tp1-pp1-dp2-mb1-zero1"}},
       {"tp1-pp4-dp1-mb1-vpp2", {"tp2-pp2-dp1-mb1-sp"}},
+      {"tp1-pp1-dp4-mb1-zero2", {"tp1-pp1-dp2-mb1-zero1"}},
   };
   for (const auto& [from, tos] : cases) {
     const auto saved = f.dir.path("a-" + from);

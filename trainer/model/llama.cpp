@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <span>
 #include <string>
 #include <cstring>
 
@@ -109,6 +110,17 @@ LlamaStage<Elem>::LlamaStage(const ModelSpec& m, const RunSpec& run, const Layou
                                          sizeof(Elem) == 8);
   weights_ = table_->get<Elem>("weights.flat");
   grads_ = table_->get<Elem>("grads.flat");
+  zero2_ = l.dp > 1 && l.zero >= 2;
+  if (zero2_) {
+    bucket_ = table_->get<Elem>("comm.dp_grad_bucket");
+    bucket_elements_ = table_->elements("comm.dp_grad_bucket");
+    const int64_t psi = params_.elements, shard = (psi + l.dp - 1) / l.dp;
+    for (int64_t r = 0; r < l.dp; ++r)
+      shard_counts_.push_back(std::max<int64_t>(0, std::min(psi, (r + 1) * shard) - r * shard));
+    shard_lo_ = std::min(psi, groups.dp_rank() * shard);
+    shard_hi_ = shard_lo_ + shard_counts_[size_t(groups.dp_rank())];
+    WEFT_ASSERT(table_->elements("grads.flat") == shard);
+  }
 
   // Which layers keep each saved tensor, and where: slot-major, then the
   // keeping layers in order; the rebuilt copy (if any) is the last instance.
@@ -157,7 +169,7 @@ typename LlamaStage<Elem>::Block LlamaStage<Elem>::block(int64_t slot, int64_t c
   b.mode = mode(layer);
   const int64_t local = chunk * Lc_ + layer;  // the stage's block index
   auto w = [&](ParamKind k) { return weights_ + params_.specs[size_t(params_.index(k, local))].offset; };
-  auto g = [&](ParamKind k) { return grads_ + params_.specs[size_t(params_.index(k, local))].offset; };
+  auto g = [&](ParamKind k) { return grad_at(params_.specs[size_t(params_.index(k, local))].offset); };
   b.w_attn_norm = w(ParamKind::input_layernorm);
   b.wq = w(ParamKind::q_proj);
   b.wk = w(ParamKind::k_proj);
@@ -221,7 +233,45 @@ void LlamaStage<Elem>::init_weights(uint64_t seed) {
 
 template <typename Elem>
 void LlamaStage<Elem>::zero_grads() {
-  run(kernels::FillParams<Elem>{.n = params_.elements, .value = 0.0, .x = grads_}, "fill");
+  run(kernels::FillParams<Elem>{.n = table_->elements("grads.flat"), .value = 0.0, .x = grads_}, "fill");
+}
+
+template <typename Elem>
+Elem* LlamaStage<Elem>::grad_at(int64_t flat) {
+  if (!zero2_) return grads_ + flat;
+  // Only the group being back-propagated has gradients (elsewhere, e.g. the
+  // forward's block views, there are none to point at).
+  if (flat < group_begin_ || flat > group_end_ || group_end_ == 0) return nullptr;
+  return bucket_ + (flat - group_begin_);
+}
+
+template <typename Elem>
+void LlamaStage<Elem>::group_begin(int64_t begin, int64_t end) {
+  if (!zero2_) return;
+  WEFT_ASSERT(end - begin <= bucket_elements_);
+  group_begin_ = begin;
+  group_end_ = end;
+  run(kernels::FillParams<Elem>{.n = end - begin, .value = 0.0, .x = bucket_}, "fill");
+}
+
+template <typename Elem>
+void LlamaStage<Elem>::group_end() {
+  if (!zero2_) return;
+  // Each dp rank receives the part of the group inside its shard (the
+  // result lands at the bucket's start) and adds it to its accumulated shard.
+  std::vector<int64_t> counts;
+  for (size_t r = 0; r < shard_counts_.size(); ++r) {
+    int64_t lo = 0;
+    for (size_t q = 0; q < r; ++q) lo += shard_counts_[q];
+    counts.push_back(std::max<int64_t>(0, std::min(group_end_, lo + shard_counts_[r]) - std::max(group_begin_, lo)));
+  }
+  groups_.dp->reduce_scatter_v(bucket_, bucket_, std::span<const int64_t>(counts));
+  const int64_t mine = counts[size_t(groups_.dp_rank())];
+  if (mine > 0) {
+    Elem* dst = grads_ + (std::max(group_begin_, shard_lo_) - shard_lo_);
+    run(kernels::AxpyParams<Elem>{.n = mine, .alpha = 1.0, .x = bucket_, .y = dst}, "axpy");
+  }
+  group_begin_ = group_end_ = 0;
 }
 
 template <typename Elem>
@@ -451,8 +501,16 @@ void LlamaStage<Elem>::reduce_replicated_grads() {
   // Without sequence parallelism every tp rank sees all rows and computes the
   // same norm-weight gradients; with it, each saw its own rows.
   if (!l_.sp) return;
-  for (const auto& p : params_.specs)
-    if (p.shard == ShardDim::none) groups_.tp->all_reduce(grad(p), p.local_elements());
+  for (const auto& p : params_.specs) {
+    if (p.shard != ShardDim::none) continue;
+    if (!zero2_) {
+      groups_.tp->all_reduce(grad(p), p.local_elements());
+      continue;
+    }
+    // Under ZeRO-2 only this rank's shard of the gradients exists.
+    const int64_t begin = std::max(shard_lo_, p.offset), end = std::min(shard_hi_, p.offset + p.local_elements());
+    if (begin < end) groups_.tp->all_reduce(grads_ + (begin - shard_lo_), end - begin);
+  }
 }
 
 template <typename Elem>
@@ -514,16 +572,25 @@ template <typename Elem>
 void LlamaStage<Elem>::backward(int64_t slot, int64_t chunk) {
   const int64_t C = m_.hidden;
   Elem* dx = table_->get<Elem>("scratch.d_residual");
-  if (plan_.has_head && chunk == l_.vpp - 1)
+  if (plan_.has_head && chunk == l_.vpp - 1) {
+    // The final norm and the head are the last parameters of the stage.
+    group_begin(params_.specs[size_t(params_.index(ParamKind::final_norm))].offset, params_.elements);
     head_backward(dx);
-  else
+    group_end();
+  } else {
     std::memcpy(dx, output_grad(), size_t(Msp_ * C) * sizeof(Elem));
+  }
   for (int64_t i = Lc_ - 1; i >= 0; --i) {
+    const int64_t first = params_.specs[size_t(params_.index(ParamKind::input_layernorm, chunk * Lc_ + i))].offset;
+    const int64_t last_kind = params_.index(ParamKind::down_proj, chunk * Lc_ + i);
+    group_begin(first, params_.specs[size_t(last_kind)].offset + params_.specs[size_t(last_kind)].local_elements());
     const Block b = block(slot, chunk, i);
     block_recompute(b);
     block_backward(b, dx);
+    group_end();
   }
   if (plan_.has_embedding && chunk == 0) {
+    group_begin(0, params_.specs[0].local_elements());
     const auto& emb = params_.specs[size_t(params_.index(ParamKind::embed_tokens))];
     const int64_t Vl = m_.vocab / l_.tp;
     // The vocab-parallel lookup's all-reduce is conjugate to the identity here.
@@ -534,6 +601,7 @@ void LlamaStage<Elem>::backward(int64_t slot, int64_t chunk) {
                                                .dout = gathered(dx, table_->get<Elem>("scratch.linear_out")),
                                                .dtable = grad(emb)},
         "embedding_backward");
+    group_end();
   }
 }
 

@@ -51,7 +51,10 @@ class LlamaStage {
   Elem* grads() { return grads_; }
   int64_t param_elements() const { return params_.elements; }
   Elem* weight(const ParamSpec& p) { return weights_ + p.offset; }
-  Elem* grad(const ParamSpec& p) { return grads_ + p.offset; }
+  // Under ZeRO-2 a parameter's gradient exists only while its group is in the
+  // bucket (during that group's backward); grads() is then this rank's shard.
+  Elem* grad(const ParamSpec& p) { return grad_at(p.offset); }
+  bool grads_sharded() const { return zero2_; }
 
   // Layout-independent initialisation from the seed (params.h).
   void init_weights(uint64_t seed);
@@ -121,6 +124,18 @@ class LlamaStage {
   std::unique_ptr<TensorTable> table_;
   Elem* weights_ = nullptr;
   Elem* grads_ = nullptr;
+  // ZeRO-2: each parameter group's gradient of a micro-batch is built in the
+  // bucket, reduce-scattered over dp and added into this rank's shard
+  // [shard_lo_, shard_hi_) of the flat gradients.
+  bool zero2_ = false;
+  Elem* bucket_ = nullptr;
+  int64_t bucket_elements_ = 0;
+  int64_t group_begin_ = 0, group_end_ = 0;
+  int64_t shard_lo_ = 0, shard_hi_ = 0;
+  std::vector<int64_t> shard_counts_;
+  Elem* grad_at(int64_t flat);
+  void group_begin(int64_t begin, int64_t end);
+  void group_end();
   std::vector<Elem>* capture_ = nullptr;
   // Per saved tensor name: the instance of each layer (-1: rebuilt), and how
   // many layers keep it.

@@ -57,13 +57,17 @@ Optimizer<Elem>::Optimizer(LlamaStage<Elem>& stage, const OptimConfig& config)
     for (int64_t r = 0; r < dp; ++r) counts_.push_back(std::max<int64_t>(0, std::min(psi, (r + 1) * shard) - r * shard));
     lo_ = std::min(psi, stage.groups().dp_rank() * shard);
     hi_ = lo_ + counts_[size_t(stage.groups().dp_rank())];
-    grad_shard_ = stage.tensors().template get<Elem>("comm.dp_grad_shard");
+    // ZeRO-1 reduce-scatters the full gradients after the step's backward;
+    // under ZeRO-2 the stage already accumulated its shard group by group.
+    grad_shard_ = stage.grads_sharded() ? stage.grads()
+                                        : stage.tensors().template get<Elem>("comm.dp_grad_shard");
   }
 }
 
 template <typename Elem>
 void Optimizer<Elem>::reduce_grads() {
   auto& dp = *stage_.groups().dp;
+  if (stage_.grads_sharded()) return;
   if (sharded_)
     dp.reduce_scatter_v(stage_.grads(), grad_shard_, std::span<const int64_t>(counts_));
   else
