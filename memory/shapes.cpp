@@ -246,6 +246,10 @@ std::vector<TensorShape> stage_shapes(const ModelSpec& m, const RunSpec& run, co
   // Communication buffers.
   if (l.sp) out.push_back({"comm.sp_gather", Category::comm, d.B * d.T * d.C, d.a, 1});
   if (l.pp > 1) out.push_back({"comm.pp_p2p", Category::comm, d.B * d.Tsp * d.C, d.a, 2});
+  // Tied embeddings over several stages: the first stage receives the last
+  // stage's head gradient here to add it to the embedding's.
+  if (m.tied_embeddings && l.pp > 1 && plan.has_embedding)
+    out.push_back({"comm.tied_embedding_grad", Category::comm, d.Vl * d.C, kFp32, 1});
   if (l.dp > 1 && l.zero == 1)
     out.push_back({"comm.dp_grad_shard", Category::comm, shard, kFp32, 1});
   if (l.dp > 1 && l.zero >= 2) {

@@ -145,6 +145,7 @@ struct Run {
     if (send_grad) send_grad->wait();
     send_act.reset();
     send_grad.reset();
+    stage.sync_tied_grads();
     stage.reduce_replicated_grads();
     optim.reduce_grads();
     // The logging all-reduce: only the last stage holds losses, split over tp
@@ -242,7 +243,6 @@ void check_trainable(const Layout& l, const ModelSpec& m) {
   };
   if (l.zero >= 3 && l.dp > 1) no("ZeRO-3 parameter sharding");
   if (l.zero == 2 && l.dp > 1 && m.tied_embeddings) no("ZeRO-2 with tied embeddings");
-  if (m.tied_embeddings && l.pp > 1) no("tied embeddings across pipeline stages");
 }
 
 TrainReport train(const TrainConfig& c, std::FILE* log_all) {

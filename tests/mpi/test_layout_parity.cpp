@@ -44,13 +44,15 @@ constexpr const char* kConfig = R"({"vocab_size": 256, "hidden_size": 64, "inter
 struct Fixture {
   TempDir dir;
   std::string data, config;
-  Fixture() {
+  explicit Fixture(bool tied = false) {
     std::string text;
     for (int i = 0; i < 300; ++i)
       text += "Parallel layouts must agree " + std::to_string(i * 7919 % 1000) + " times over.\n%\n";
     const auto in = dir.file("c.txt", text);
     data = dir.path("data");
-    config = dir.file("model/config.json", kConfig);
+    std::string cfg = kConfig;
+    if (tied) cfg.replace(cfg.find("false"), 5, "true");
+    config = dir.file("model/config.json", cfg);
     const auto r = run_weft("data prepare --input " + in + " --out " + data + " --val-fraction 0.1");
     EXPECT_EQ(r.code, 0) << r.out;
   }
@@ -149,6 +151,18 @@ TEST(LayoutParity, LossesMatchTheSingleRankRunAndMemoryMatchesTheModel) {
     table += fmt::format("{:<52} {:>5} {:>12.2e} {:>13.2f}%\n", layout, ranks, dev, 100 * worst_mem);
   }
   std::printf("%s", table.c_str());
+}
+
+// Tied embeddings: over several stages the first stage's table and the last
+// stage's head copy are kept equal by summing their gradients.
+TEST(LayoutParity, TiedEmbeddingsAcrossStages) {
+  Fixture f(/*tied=*/true);
+  const auto ref = f.train("tp1-pp1-dp1-mb2", f.dir.path("ref"));
+  ASSERT_EQ(ref.size(), 5u);
+  for (const char* layout : {"tp1-pp2-dp1-mb1", "tp2-pp2-dp2-mb1-sp-zero1", "tp1-pp4-dp1-mb1-vpp2"}) {
+    const auto losses = f.train(layout, f.dir.path(std::string("t-") + layout));
+    EXPECT_LE(max_rel(losses, ref), 1e-5) << layout;
+  }
 }
 
 TEST(LayoutParity, CheckpointsReshardAcrossLayouts) {

@@ -497,6 +497,24 @@ void LlamaStage<Elem>::reduce_rows(Elem* buf) {
 }
 
 template <typename Elem>
+void LlamaStage<Elem>::sync_tied_grads() {
+  if (!m_.tied_embeddings || l_.pp == 1) return;
+  auto& pp = *groups_.pp;
+  constexpr int64_t kTag = 1 << 20;
+  if (plan_.has_head) {
+    const auto& head = params_.specs[size_t(params_.index(ParamKind::lm_head))];
+    pp.send(grad(head), head.local_elements(), 0, kTag);
+    pp.recv(grad(head), head.local_elements(), 0, kTag + 1);
+  } else if (plan_.has_embedding) {
+    const auto& emb = params_.specs[size_t(params_.index(ParamKind::embed_tokens))];
+    Elem* other = table_->get<Elem>("comm.tied_embedding_grad");
+    pp.recv(other, emb.local_elements(), l_.pp - 1, kTag);
+    run(kernels::AxpyParams<Elem>{.n = emb.local_elements(), .alpha = 1.0, .x = other, .y = grad(emb)}, "axpy");
+    pp.send(grad(emb), emb.local_elements(), l_.pp - 1, kTag + 1);
+  }
+}
+
+template <typename Elem>
 void LlamaStage<Elem>::reduce_replicated_grads() {
   // Without sequence parallelism every tp rank sees all rows and computes the
   // same norm-weight gradients; with it, each saw its own rows.

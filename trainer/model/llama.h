@@ -78,6 +78,10 @@ class LlamaStage {
   // group where sequence parallelism split their rows; call after the last
   // backward of a step.
   void reduce_replicated_grads();
+  // Tied embeddings across pipeline stages: the first stage's embedding and
+  // the last stage's head copy get the sum of both gradients, so the two
+  // copies take identical updates. Call after the last backward of a step.
+  void sync_tied_grads();
 
   // Pipeline boundaries: a non-first stage's input activations, and a
   // non-last stage's output activations and their gradient, (B, T_sp, C)

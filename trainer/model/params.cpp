@@ -83,7 +83,10 @@ StageParams stage_params(const ModelSpec& m, const Layout& l, const memory::Stag
       add(ParamKind::lm_head, 0, m.vocab, C, ShardDim::rows);
       // A tied head on another stage is a copy of the embedding table: it is
       // initialised from the embedding's name so both copies start equal.
-      if (m.tied_embeddings) sp.specs.back().name = hf_param_name(ParamKind::embed_tokens, 0);
+      if (m.tied_embeddings) {
+        sp.specs.back().name = hf_param_name(ParamKind::embed_tokens, 0);
+        sp.specs.back().tied_copy = true;
+      }
     }
   }
   WEFT_ASSERT(sp.elements == memory::stage_param_elements(m, l, plan));

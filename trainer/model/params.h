@@ -32,6 +32,9 @@ struct ParamSpec {
   int64_t offset = 0;     // in the flat buffers, elements
   bool decay = true;      // AdamW weight decay: 2-D weights yes, norms no
   ParamInit init = ParamInit::normal;
+  // The last stage's copy of a tied embedding (its gradient is synchronised
+  // with the first stage's, and counted once in the gradient norm).
+  bool tied_copy = false;
   int64_t local_elements() const { return local_rows * local_cols; }
   // The full tensor's shape as checkpoints store it: (C) for norms.
   std::vector<int64_t> shape() const {

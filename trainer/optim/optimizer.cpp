@@ -97,6 +97,7 @@ double Optimizer<Elem>::grad_norm() {
   double sharded = 0, replicated = 0;
   auto& table = stage_.tensors();
   for_each_piece([&](const ParamSpec& p, int64_t begin, int64_t end) {
+    if (p.tied_copy) return;  // the first stage counts the tied embedding
     const kernels::SumSquaresParams<Elem> sq{.n = end - begin, .x = grad_at(begin),
                                              .sum = p.shard == ShardDim::none ? &replicated : &sharded};
     const int64_t need = kernels::workspace_bytes(sq);
