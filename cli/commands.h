@@ -16,6 +16,7 @@ struct Command {
 Command add_train_command(CLI::App& app);
 Command add_eval_command(CLI::App& app);
 Command add_tune_command(CLI::App& app);
+Command add_recipe_command(CLI::App& app);
 Command add_presets_command(CLI::App& app);
 Command add_data_command(CLI::App& app);
 Command add_export_command(CLI::App& app);

@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
       weft::cli::add_train_command(app),
       weft::cli::add_eval_command(app),
       weft::cli::add_tune_command(app),
+      weft::cli::add_recipe_command(app),
       weft::cli::add_presets_command(app),
       weft::cli::add_data_command(app),
       weft::cli::add_export_command(app),

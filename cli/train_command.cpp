@@ -11,6 +11,7 @@
 #include "cli/options.h"
 #include "core/error.h"
 #include "trainer/loop.h"
+#include "tuner/recipe.h"
 #ifdef WEFT_HAVE_MPI
 #include "trainer/parallel/comm_mpi.h"
 #include "trainer/parallel/comm_watchdog.h"
@@ -37,6 +38,8 @@ struct TrainArgs {
   trainer::TrainConfig cfg;
   std::string schedule = "cosine";
   std::string layout;
+  std::string recipe;
+  bool force_recipe = false;
   double comm_timeout = 300;
 };
 
@@ -64,6 +67,23 @@ int run_train(TrainArgs& a) {
   c.layout.attention = attention_parse(a.attention);
   c.layout.norm = norm_parse(a.norm);
   if (!a.layout.empty()) c.layout = Layout::parse(a.layout);
+  if (!a.recipe.empty()) {
+    if (!a.layout.empty()) throw InputError("give either --layout or --recipe, not both");
+    const auto r = tuner::recipe_load(a.recipe);
+    ClusterSpec here;
+    here.device = c.device;
+    here.gpus = r.layout.world();
+    const char* world = std::getenv("OMPI_COMM_WORLD_SIZE");
+    if (world) here.gpus = std::atoll(world);
+    const auto diff = tuner::recipe_mismatches(r, c.model, here, c.run);
+    if (!diff.empty() && !a.force_recipe)
+      throw InputError(fmt::format("recipe '{}' does not match this run: {} (--force-recipe uses it anyway)",
+                                   a.recipe, fmt::join(diff, "; ")));
+    if (!diff.empty())
+      std::fprintf(stderr, "weft: warning: using recipe %s despite: %s\n", a.recipe.c_str(),
+                   fmt::format("{}", fmt::join(diff, "; ")).c_str());
+    c.layout = r.layout;
+  }
   // The watchdog outlives the groups it watches: a rank whose peer died
   // leaves with a clear message instead of waiting forever.
   std::unique_ptr<parallel::CommWatchdog> watchdog;
@@ -117,6 +137,8 @@ Command add_train_command(CLI::App& app) {
   sub->add_option("--comm-timeout", a->comm_timeout,
                   "Seconds without progress in a collective before a rank gives up (multi-rank)")
       ->capture_default_str();
+  sub->add_option("--recipe", a->recipe, "Train with a saved recipe's layout after checking it matches");
+  sub->add_flag("--force-recipe", a->force_recipe, "Use the recipe even where it does not match (warns)");
   sub->add_option("--device", a->device, "Device to train on")->capture_default_str();
   sub->add_option("--precision", a->precision, "fp32 (CPU)")->capture_default_str();
   sub->add_option("--steps", c.steps, "Optimizer steps")->capture_default_str();

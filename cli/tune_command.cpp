@@ -9,6 +9,7 @@
 #include "cli/options.h"
 #include "core/error.h"
 #include "core/json_io.h"
+#include "tuner/recipe.h"
 #include "tuner/report.h"
 
 namespace weft::cli {
@@ -24,6 +25,7 @@ struct TuneArgs {
   std::string format = "table";
   std::string out;
   std::string layout;
+  std::string save_recipe;
   int64_t top = 10;
   double margin = 0.05;
 };
@@ -77,6 +79,27 @@ int run_tune(const TuneArgs& a) {
     all.all_stages = true;
     best.memory = memory::estimate(ctx.model, ctx.run, best.layout, ctx.cluster.device, all);
   }
+  if (!a.save_recipe.empty()) {
+    if (report.fitting == 0)
+      throw InputError(fmt::format("no layout fits, so there is no recipe to save to '{}'", a.save_recipe));
+    const auto& best = report.candidates.front();
+    tuner::Recipe r;
+    r.weft_version = WEFT_VERSION;
+    r.model = ctx.model;
+    r.device = ctx.cluster.device.name;
+    r.device_memory = ctx.cluster.device.memory_bytes;
+    r.world = ctx.cluster.gpus;
+    r.gpus_per_node = ctx.cluster.gpus_per_node;
+    r.run = ctx.run;
+    r.layout = best.layout;
+    r.source = "dry-run";
+    r.predicted = {{"step_s", best.cost.step}, {"tokens_per_s", best.cost.tokens_per_second},
+                   {"mfu", best.cost.mfu}, {"peak_flops", best.cost.peak_flops},
+                   {"peak_bytes", best.memory.peak()}};
+    r.tuning = {{"evaluated", report.evaluated}, {"fitting", report.fitting}, {"pruned", report.pruned}};
+    tuner::recipe_save(a.save_recipe, r);
+    std::fprintf(stderr, "weft: saved recipe %s (%s)\n", a.save_recipe.c_str(), best.layout.to_string().c_str());
+  }
   const std::string text = tuner::report_render(format, report, ctx, a.top);
   if (a.out.empty()) {
     std::fwrite(text.data(), 1, text.size(), stdout);
@@ -104,6 +127,7 @@ Command add_tune_command(CLI::App& app) {
   sub->add_option("--out", args->out, "Write the report to this file instead of stdout");
   sub->add_option("--layout", args->layout,
                   "Evaluate this one layout (canonical text form) instead of the space");
+  sub->add_option("--save-recipe", args->save_recipe, "Save the best layout as a recipe file");
   sub->add_option("--top", args->top, "Rows in the ranked table")->capture_default_str();
   sub->add_option("--margin", args->margin,
                   "Fraction of device memory kept free for fragmentation")

@@ -168,5 +168,31 @@ TEST(CliTrain, BadInputIsOneClearLineAndNothingIsOverwritten) {
   EXPECT_EQ(losses(dir.path("good/metrics.jsonl")).size(), 2u);
 }
 
+TEST(CliTrain, RecipesFromTheDryRunAreCheckedAndReused) {
+  TempDir dir;
+  const auto data = corpus(dir);
+  const auto recipe = dir.path("tiny.json");
+  auto r = run_weft("tune --dry-run --model tiny --gpu cpu --gpus 1 --seq 32 --global-batch 4 --precision fp32 "
+                    "--save-recipe " + recipe);
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = run_weft("recipe show " + recipe);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("tiny on 1 x cpu"), std::string::npos) << r.out;
+  // A matching run uses it; a different sequence length is refused by name.
+  r = run_weft("train --data " + data + " --model tiny --seq 32 --global-batch 4 --threads 1 --steps 2 --recipe " +
+               recipe + " --out " + dir.path("a"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = run_weft("train --data " + data + " --model tiny --seq 16 --global-batch 4 --threads 1 --steps 2 --recipe " +
+               recipe + " --out " + dir.path("b"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("seq: recipe 32, this run 16"), std::string::npos) << r.out;
+  r = run_weft("train --data " + data + " --model tiny --seq 16 --global-batch 4 --threads 1 --steps 2 --recipe " +
+               recipe + " --force-recipe --out " + dir.path("c"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("warning: using recipe"), std::string::npos) << r.out;
+  r = run_weft("recipe list " + dir.path(""));
+  EXPECT_NE(r.out.find("tiny.json: tiny on 1 x cpu"), std::string::npos) << r.out;
+}
+
 }  // namespace
 }  // namespace weft::test

@@ -1,0 +1,82 @@
+#include <fstream>
+#include <iterator>
+
+#include "core/error.h"
+#include "test_util.h"
+#include "tuner/recipe.h"
+
+namespace weft::tuner {
+namespace {
+
+Recipe sample() {
+  Recipe r;
+  r.weft_version = WEFT_VERSION;
+  r.model = model_preset("llama-13b");
+  r.device = "a100-80gb";
+  r.device_memory = 80LL << 30;
+  r.world = 64;
+  r.gpus_per_node = 8;
+  r.run = RunSpec{2048, 2048, Precision::bf16};
+  r.layout = Layout::parse("tp1-pp2-dp32-mb1-zero1");
+  r.source = "dry-run";
+  r.predicted = {{"step_s", 23.9}, {"mfu", 0.723}};
+  return r;
+}
+
+TEST(Recipe, RoundTripsThroughAFile) {
+  test::TempDir dir;
+  const auto r = sample();
+  recipe_save(dir.path("r.json"), r);
+  const auto back = recipe_load(dir.path("r.json"));
+  EXPECT_EQ(back.layout, r.layout);
+  EXPECT_EQ(back.model.hash(), r.model.hash());
+  EXPECT_EQ(back.world, 64);
+  EXPECT_EQ(back.run.seq, 2048);
+  EXPECT_DOUBLE_EQ(back.predicted["mfu"].get<double>(), 0.723);
+  EXPECT_TRUE(recipe_diff(r, back).empty());
+}
+
+TEST(Recipe, MismatchesNameEachField) {
+  const auto r = sample();
+  auto m = model_preset("llama-13b");
+  auto c = cluster_resolve("a100-80gb", 64, 8);
+  RunSpec run{2048, 2048, Precision::bf16};
+  EXPECT_TRUE(recipe_mismatches(r, m, c, run).empty());
+  m = model_preset("llama-7b");
+  c = cluster_resolve("h100", 32, 8);
+  run.seq = 4096;
+  const auto d = recipe_mismatches(r, m, c, run);
+  ASSERT_EQ(d.size(), 4u);
+  EXPECT_NE(d[0].find("model hash"), std::string::npos);
+  EXPECT_EQ(d[1], "device: recipe a100-80gb, this run h100");
+  EXPECT_EQ(d[2], "world size: recipe 64, this run 32");
+  EXPECT_EQ(d[3], "seq: recipe 2048, this run 4096");
+}
+
+TEST(Recipe, MalformedOrTruncatedFilesAreRefused) {
+  test::TempDir dir;
+  recipe_save(dir.path("good.json"), sample());
+  std::ifstream in(dir.path("good.json"));
+  const std::string text((std::istreambuf_iterator<char>(in)), {});
+  WEFT_EXPECT_THROW_MSG(recipe_load(dir.file("cut.json", text.substr(0, text.size() / 2))), FileFormatError,
+                        "cut.json", "not valid JSON");
+  WEFT_EXPECT_THROW_MSG(recipe_load(dir.file("other.json", R"({"hello": 1})")), FileFormatError,
+                        "not a weft recipe");
+  std::string no_layout = text;
+  no_layout.replace(no_layout.find("\"layout\""), 8, "\"layouT\"");
+  WEFT_EXPECT_THROW_MSG(recipe_load(dir.file("nolayout.json", no_layout)), FileFormatError, "nolayout.json",
+                        "layout");
+  WEFT_EXPECT_THROW_MSG(recipe_load(dir.path("missing.json")), InputError, "missing.json");
+}
+
+TEST(Recipe, DiffListsChangedFields) {
+  auto a = sample(), b = sample();
+  b.layout = Layout::parse("tp2-pp1-dp32-mb1-zero1");
+  b.world = 64;
+  const auto d = recipe_diff(a, b);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_NE(d[0].find("/layout"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace weft::tuner

@@ -1,0 +1,104 @@
+#include "tuner/recipe.h"
+
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "core/json_io.h"
+
+namespace weft::tuner {
+
+nlohmann::json recipe_to_json(const Recipe& r) {
+  return nlohmann::json{{"format", "weft-recipe"},
+                        {"format_version", r.format_version},
+                        {"weft_version", r.weft_version},
+                        {"model", r.model},
+                        {"cluster", {{"device", r.device},
+                                     {"device_memory_bytes", r.device_memory},
+                                     {"world", r.world},
+                                     {"gpus_per_node", r.gpus_per_node}}},
+                        {"run", r.run},
+                        {"layout", r.layout.to_string()},
+                        {"source", r.source},
+                        {"predicted", r.predicted},
+                        {"measured", r.measured},
+                        {"tuning", r.tuning}};
+}
+
+Recipe recipe_from_json(const nlohmann::json& j, const std::string& origin) {
+  auto bad = [&](const std::string& what) {
+    return FileFormatError(fmt::format("recipe '{}': {}", origin, what));
+  };
+  if (!j.is_object() || j.value("format", std::string()) != "weft-recipe")
+    throw bad("not a weft recipe (no \"format\": \"weft-recipe\")");
+  Recipe r;
+  try {
+    r.format_version = j.at("format_version").get<int64_t>();
+    if (r.format_version > kRecipeFormatVersion)
+      throw bad(fmt::format("format version {} is newer than this weft reads ({})", r.format_version,
+                            kRecipeFormatVersion));
+    r.weft_version = j.at("weft_version").get<std::string>();
+    r.model = j.at("model").get<ModelSpec>();
+    const auto& c = j.at("cluster");
+    r.device = c.at("device").get<std::string>();
+    r.device_memory = c.at("device_memory_bytes").get<int64_t>();
+    r.world = c.at("world").get<int64_t>();
+    r.gpus_per_node = c.at("gpus_per_node").get<int64_t>();
+    r.run = j.at("run").get<RunSpec>();
+    r.layout = Layout::parse(j.at("layout").get<std::string>());
+    r.source = j.value("source", std::string("dry-run"));
+    r.predicted = j.value("predicted", nlohmann::json::object());
+    r.measured = j.value("measured", nlohmann::json::object());
+    r.tuning = j.value("tuning", nlohmann::json::object());
+  } catch (const nlohmann::json::exception& e) {
+    throw bad(fmt::format("missing or malformed field ({})", e.what()));
+  } catch (const FileFormatError&) {
+    throw;
+  } catch (const InputError& e) {
+    throw bad(e.what());
+  }
+  return r;
+}
+
+void recipe_save(const std::string& path, const Recipe& r) {
+  file_write_atomic(path, recipe_to_json(r).dump(2) + "\n");
+}
+
+Recipe recipe_load(const std::string& path) { return recipe_from_json(json_read_file(path, "recipe"), path); }
+
+std::vector<std::string> recipe_mismatches(const Recipe& r, const ModelSpec& m, const ClusterSpec& c,
+                                           const RunSpec& run) {
+  std::vector<std::string> d;
+  auto cmp = [&](const char* field, const auto& recipe, const auto& ours) {
+    if (!(recipe == ours)) d.push_back(fmt::format("{}: recipe {}, this run {}", field, recipe, ours));
+  };
+  cmp("model hash", r.model.hash(), m.hash());
+  cmp("device", r.device, c.device.name);
+  cmp("world size", r.world, c.gpus);
+  cmp("seq", r.run.seq, run.seq);
+  cmp("global batch", r.run.global_batch, run.global_batch);
+  cmp("precision", std::string(to_string(r.run.precision)), std::string(to_string(run.precision)));
+  cmp("weft version", r.weft_version, std::string(WEFT_VERSION));
+  return d;
+}
+
+std::vector<std::string> recipe_diff(const Recipe& a, const Recipe& b) {
+  std::vector<std::string> d;
+  const auto ja = recipe_to_json(a), jb = recipe_to_json(b);
+  const auto flat_a = ja.flatten(), flat_b = jb.flatten();
+  for (const auto& [k, v] : flat_a.items())
+    if (!flat_b.contains(k)) d.push_back(fmt::format("{}: {} vs (absent)", k, v.dump()));
+    else if (flat_b[k] != v) d.push_back(fmt::format("{}: {} vs {}", k, v.dump(), flat_b[k].dump()));
+  for (const auto& [k, v] : flat_b.items())
+    if (!flat_a.contains(k)) d.push_back(fmt::format("{}: (absent) vs {}", k, v.dump()));
+  return d;
+}
+
+std::string recipe_cache_dir() {
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/weft/recipes";
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/weft/recipes";
+  throw InputError("neither XDG_CACHE_HOME nor HOME is set; cannot locate the recipe cache");
+}
+
+}  // namespace weft::tuner
