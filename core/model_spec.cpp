@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/hash.h"
 #include "core/json_io.h"
 
 namespace weft {
@@ -55,11 +56,7 @@ std::string ModelSpec::hash() const {
   const std::string text = fmt::format("V{}C{}F{}L{}H{}K{}D{}r{:.17g}e{:.17g}t{}", vocab, hidden,
                                        intermediate, layers, heads, kv_heads, head_dim,
                                        rope_theta, norm_eps, tied_embeddings ? 1 : 0);
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : text) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
+  const uint64_t h = fnv1a64(text);
   return fmt::format("{:016x}", h);
 }
 

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/hash.h"
 
 namespace weft::trainer {
 
@@ -93,31 +94,11 @@ StageParams stage_params(const ModelSpec& m, const Layout& l, const memory::Stag
   return sp;
 }
 
-namespace {
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
-}  // namespace
-
 double param_init_value(const ParamSpec& p, uint64_t seed, int64_t r, int64_t c) {
   if (p.init == ParamInit::ones) return 1.0;
   // A counter-based draw: Box-Muller on two uniforms hashed from (seed, name,
   // element index), so no rank needs the full tensor or a shared stream.
-  const uint64_t key = splitmix64(seed ^ fnv1a(p.name)) + uint64_t(r * p.cols + c) * 2;
+  const uint64_t key = splitmix64(seed ^ fnv1a64(p.name)) + uint64_t(r * p.cols + c) * 2;
   const double u1 = (double(splitmix64(key) >> 11) + 0.5) * 0x1.0p-53;
   const double u2 = double(splitmix64(key + 1) >> 11) * 0x1.0p-53;
   // Hugging Face's initializer_range for Llama.
