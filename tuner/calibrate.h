@@ -1,0 +1,73 @@
+// Calibration of the cost model: a least-squares fit of the CostConstants
+// efficiencies to the step times the profiler measured, so that the analytic
+// model ranks the remaining layouts with this machine's rates.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/device_spec.h"
+#include "core/layout.h"
+#include "core/model_spec.h"
+#include "core/run_spec.h"
+#include "tuner/cost.h"
+
+namespace weft::tuner {
+
+struct Observation {            // one profiled layout
+  Layout layout;
+  double measured_step_s = 0;   // measured seconds per optimizer step (> 0)
+};
+
+struct CalibrationResult {
+  CostConstants constants;      // fitted
+  double rms_error_before = 0;  // RMS of relative error (predicted/measured - 1) with the start constants
+  double rms_error_after = 0;   // the same with the fitted constants
+  std::vector<double> error_before, error_after;  // per observation, relative (signed)
+  std::vector<std::string> fitted;  // names of the constants that were fitted, in fitting order
+  int evaluations = 0;          // objective evaluations nlopt used
+  // False unless the fit lowered the objective and did not raise the RMS
+  // relative error; the start constants are then returned unchanged.
+  bool accepted = false;
+};
+
+// One constant calibration may fit, with its bounds and the coordinate the
+// optimizer moves it in (the log for rates and times, the value itself for
+// fractions that may be 0).
+struct CalibrationParam {
+  const char* name;
+  double CostConstants::*field;
+  double lower, upper;
+  bool log_space;
+};
+
+// The fittable constants, most influential first: gemm_efficiency,
+// flash_efficiency, memory_efficiency, intra_efficiency, launch_overhead,
+// inter_efficiency, dp_overlap, tp_overlap, overlap_cost. Efficiencies lie in
+// [0.01, 1], launch_overhead in [1e-7, 1e-3] s (both fitted in log space),
+// the overlap fractions and overlap_cost in [0, 1] (fitted linearly). The GEMM
+// tile sizes are not fitted: they enter through ceil(), whose plateaus give a
+// local fit nothing to follow, and they describe the kernels' launch
+// configuration rather than a rate. Nor is gemm_k_half: on whole steps it
+// trades off against gemm_efficiency, and the GEMM microbenchmarks by shape
+// are what can tell the two apart.
+const std::vector<CalibrationParam>& calibration_params();
+
+// Fits the efficiency constants of `start` to the observations by least
+// squares on log(predicted / measured), with NLopt's BOBYQA (derivative-free,
+// bounded, quadratic models suit a smooth sum of squares).
+//
+// Constants that move no observation's prediction are skipped; of the rest,
+// the first min(count, observations) in the order of calibration_params() are
+// fitted, so that the fit is never under-determined. Stops at a relative
+// change of the objective below 1e-10, a step below 1e-7 in every coordinate,
+// or 100 + 60 per fitted constant evaluations. The best point evaluated is
+// kept (accepted) only when its objective is below the start's and its RMS
+// relative error is not above it; otherwise the start constants are returned.
+//
+// InputError for an empty list, a non-positive or non-finite measured time,
+// or a layout that cannot run (model, run, cluster.gpus), naming the value.
+CalibrationResult calibrate(const ModelSpec& m, const RunSpec& run, const ClusterSpec& cluster,
+                            const std::vector<Observation>& obs, const CostConstants& start);
+
+}  // namespace weft::tuner
