@@ -6,13 +6,17 @@
 //
 // Every rank runs the same sequence of collectives whatever its checks find:
 // no ASSERT_* that could skip a collective, so one failing rank
-// cannot leave the others waiting.
+// cannot leave the others waiting. The cancel tests break this on purpose, on
+// communicators of their own that they then abandon.
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <numeric>
 #include <random>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <type_traits>
 #include <vector>
@@ -381,7 +385,11 @@ TEST(CommMpi, MpiErrorsBecomeCommErrors) {
     ADD_FAILURE() << "expected a CommError";
   } catch (const CommError& e) {
     const std::string m = e.what();
-    EXPECT_NE(m.find(fmt::format("rank {}: MPI call MPI_Recv(", me)), std::string::npos) << m;
+    EXPECT_NE(m.find(fmt::format("rank {}: MPI call MPI_Irecv (recv on the world group from "
+                                 "rank {} with tag 11, completed by MPI_Test) failed at ",
+                                 me, prev)),
+              std::string::npos)
+        << m;
     EXPECT_NE(m.find("comm_mpi.cpp:"), std::string::npos) << m;
     EXPECT_NE(m.find("TRUNCATE"), std::string::npos) << m;
   }
@@ -402,6 +410,101 @@ TEST(CommMpi, MpiErrorsBecomeCommErrors) {
   EXPECT_THROW(g.world->send(five.data(), 5, world, 0), InternalError);
   EXPECT_THROW(g.world->send(five.data(), 5, next, -1), InternalError);
   g.world->barrier();
+}
+
+// Sets *flag after `delay` on a thread of its own, as the tuner's trial timer
+// would; the thread never calls MPI.
+std::thread set_after(std::atomic<bool>* flag, std::chrono::milliseconds delay) {
+  return std::thread([flag, delay] {
+    std::this_thread::sleep_for(delay);
+    flag->store(true);
+  });
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// A trial whose ranks no longer meet: rank 0 skips an all_reduce that the
+// others wait in until their cancel flags are set. The abandoned groups, the
+// flag they point to and the buffer of the pending all_reduce are leaked on
+// purpose (see comm_mpi.h): MPI may still complete the operation, and freeing
+// a communicator with a pending collective is erroneous. A fresh duplicate of
+// the world then works.
+TEST(CommMpi, CancelAbandonsACollectiveAPeerNeverJoins) {
+  const int64_t world = mpi_world_size(), me = mpi_world_rank();
+  auto* cancel = new std::atomic<bool>(false);
+  ProcessGroups g = mpi_process_groups(2, 1, world / 2, {}, cancel);
+  const int64_t n = 5;
+  auto* pending = new std::vector<int64_t>(size_t(n), me + 1);
+  if (me != 0) {
+    const auto start = std::chrono::steady_clock::now();
+    std::thread timer = set_after(cancel, std::chrono::milliseconds(300));
+    try {
+      g.world->all_reduce(pending->data(), n, ReduceOp::sum);
+      ADD_FAILURE() << "expected CommAbandoned";
+    } catch (const CommAbandoned& e) {
+      EXPECT_EQ(std::string(e.what()),
+                fmt::format("rank {}: all_reduce on the world group abandoned: the trial was "
+                            "cancelled",
+                            me));
+    }
+    timer.join();
+    const double waited = seconds_since(start);
+    EXPECT_GE(waited, 0.29) << "the all_reduce returned before the flag was set";
+    EXPECT_LT(waited, 10.0) << "the all_reduce noticed the flag late";
+  } else {
+    cancel->store(true);
+  }
+  // Every group of the trial carries the flag, and a call on a cancelled
+  // communicator starts nothing.
+  int64_t x = me;
+  EXPECT_THROW(g.tp->all_reduce(&x, 1, ReduceOp::sum), CommAbandoned);
+  EXPECT_THROW(g.dp->barrier(), CommAbandoned);
+  EXPECT_THROW(g.pp->isend(&x, 1, 0, 1), CommAbandoned);
+  for (std::unique_ptr<Comm>& c : g.owned) (void)c.release();
+
+  std::unique_ptr<Comm> control = mpi_world_dup("control");
+  EXPECT_EQ(control->name(), "control");
+  EXPECT_EQ(control->size(), world);
+  EXPECT_EQ(control->rank(), me);
+  std::vector<int64_t> sum(size_t(n), me + 1);
+  control->all_reduce(sum.data(), n, ReduceOp::sum);
+  EXPECT_EQ(sum, std::vector<int64_t>(size_t(n), world * (world + 1) / 2));
+  control->barrier();
+}
+
+// A receive whose sender never sends: wait() returns once the flag is set, by
+// throwing, and destroying the request leaves the receive to MPI instead of
+// waiting for it forever. The communicator, flag and buffer are leaked as above.
+TEST(CommMpi, CancelAbandonsAReceiveThatNeverCompletes) {
+  const int64_t world = mpi_world_size(), me = mpi_world_rank();
+  auto* cancel = new std::atomic<bool>(false);
+  std::unique_ptr<Comm> trial = mpi_world_dup("trial", cancel);
+  const int64_t from = (me + 1) % world;
+  auto* never = new std::vector<float>(16);
+  std::unique_ptr<CommRequest> r = trial->irecv(never->data(), 16, from, 5);
+  const auto start = std::chrono::steady_clock::now();
+  std::thread timer = set_after(cancel, std::chrono::milliseconds(200));
+  try {
+    r->wait();
+    ADD_FAILURE() << "expected CommAbandoned";
+  } catch (const CommAbandoned& e) {
+    EXPECT_EQ(std::string(e.what()),
+              fmt::format("rank {}: irecv on the trial group from rank {} with tag 5 abandoned: "
+                          "the trial was cancelled",
+                          me, from));
+  }
+  timer.join();
+  EXPECT_GE(seconds_since(start), 0.19);
+  r.reset();
+  EXPECT_LT(seconds_since(start), 10.0);
+  (void)trial.release();
+
+  std::unique_ptr<Comm> after = mpi_world_dup("after");
+  int64_t ranks = 1;
+  after->all_reduce(&ranks, 1, ReduceOp::sum);
+  EXPECT_EQ(ranks, world);
 }
 
 }  // namespace

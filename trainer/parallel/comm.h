@@ -29,7 +29,9 @@ constexpr DType dtype_of<int64_t>() { return DType::i64; }
 
 // A pending non-blocking send or receive. wait() returns when the buffer may be
 // reused (send) or holds the message (recv). A request must be waited on
-// before its buffer goes away; the destructor waits if the caller did not.
+// before its buffer goes away; the destructor waits if the caller did not,
+// unless its communicator was cancelled (see CommAbandoned): then it leaves the
+// operation to MPI and returns.
 class CommRequest {
  public:
   virtual ~CommRequest() = default;
@@ -122,6 +124,19 @@ const char* to_string(DType t);
 class CommError : public Error {
  public:
   using Error::Error;
+};
+
+// Thrown by a call that was waiting (for its peers, or for a message) when its
+// communicator's cancel flag became true, and by any call made on it while the
+// flag is true: the tuner abandons a trial whose ranks no longer meet, and the
+// process goes on. MPI cannot cancel a started collective, so it may still
+// complete the pending operations later: the communicator must not be used or
+// freed afterwards, and the buffers of its pending operations must stay
+// allocated; the caller leaks them on purpose. A fresh communicator (a new
+// duplicate of the world) works normally.
+class CommAbandoned : public CommError {
+ public:
+  using CommError::CommError;
 };
 
 // This process's rank in the world, for error messages; -1 until a backend
