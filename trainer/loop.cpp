@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -21,7 +22,7 @@
 #include "trainer/data/corpus.h"
 #include "trainer/data/loader.h"
 #include "trainer/data/token_data.h"
-#include "trainer/state_io.h"
+#include "trainer/run_state.h"
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -30,190 +31,7 @@ namespace weft::trainer {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-namespace fs = std::filesystem;
 
-void set_threads(int64_t threads) {
-  const int n = threads > 0 ? int(threads) : omp_get_num_procs();
-  omp_set_num_threads(n);
-  // The kernels parallelise over rows themselves; BLAS threads inside an
-  // OpenMP region would oversubscribe, so BLAS gets the same count and the
-  // model never calls it from inside a parallel region.
-  openblas_set_num_threads(n);
-}
-
-// One training run's state on this rank.
-struct Run {
-  const TrainConfig& c;
-  memory::Arena arena;
-  parallel::ProcessGroups own_groups;
-  parallel::ProcessGroups& groups;
-  LlamaStage<float> stage;
-  Optimizer<float> optim;
-  data::TokenData data;
-  std::unique_ptr<data::Loader> loader, val_loader;
-  std::ofstream metrics;
-  std::vector<int32_t> tokens, targets;
-  std::unique_ptr<parallel::CommRequest> send_act, send_grad;
-
-  Run(const TrainConfig& cfg, data::TokenData d)
-      : c(cfg), own_groups(cfg.groups ? parallel::ProcessGroups{} : parallel::single_process_groups()),
-        groups(cfg.groups ? *cfg.groups : own_groups),
-        stage(cfg.model, cfg.run, cfg.layout, groups.pp_rank(), cfg.device, arena, groups),
-        optim(stage, cfg.optim), data(std::move(d)) {
-    loader = std::make_unique<data::Loader>(*data.train, c.run.seq, c.seed);
-    if (data.val) val_loader = std::make_unique<data::Loader>(data::validation_loader(*data.val, c.run.seq));
-    const int64_t rows = c.layout.mb * c.run.seq;
-    tokens.resize(size_t(rows));
-    targets.resize(size_t(rows));
-  }
-
-  bool first() const { return stage.plan().has_embedding; }
-  bool last() const { return stage.plan().has_head; }
-  int64_t act_count() const { return stage.boundary_elements(); }
-
-  // Micro-batch j of this dp replica reads global samples
-  // first_sample + dp_rank * (global_batch / dp) + j * mb + [0, mb): the
-  // global batch is the same whatever the layout.
-  double micro_forward(int64_t first_sample, int64_t j, int64_t slot, double scale, int64_t chunk) {
-    const int64_t per_replica = c.run.global_batch / c.layout.dp;
-    loader->batch(first_sample + groups.dp_rank() * per_replica + j * c.layout.mb, c.layout.mb,
-                  tokens.data(), targets.data());
-    return stage.forward(slot, tokens.data(), targets.data(), scale, chunk);
-  }
-
-  // Message tags: micro-batch, the receiver's model chunk, and the direction.
-  int64_t tag(int64_t mb, int64_t chunk, int dir) const { return 2 * (mb * c.layout.vpp + chunk) + dir; }
-
-  // One optimizer step's forward and backward over the global batch's
-  // samples, following this stage's (interleaved) 1F1B schedule; gradients
-  // end up summed over the data-parallel replicas. Returns the step's mean loss.
-  double step_loss(int64_t step0) {
-    const int64_t gb = c.run.global_batch, m = c.layout.micro_batches(c.run);
-    const int64_t pp_size = c.layout.pp, s = groups.pp_rank();
-    const double scale = 1.0 / double(gb * c.run.seq);
-    auto& pp = *groups.pp;
-    // Activation slots: a chunk-micro-batch takes one from its forward (or the
-    // receive before it) to its backward; the schedule never holds more than
-    // the memory model's in-flight count.
-    std::vector<int64_t> free_slots;
-    for (int64_t i = stage.plan().in_flight_chunks - 1; i >= 0; --i) free_slots.push_back(i);
-    std::map<std::pair<int64_t, int64_t>, int64_t> slot_of;
-    auto slot_for = [&](int64_t mb, int64_t chunk) {
-      auto [it, fresh] = slot_of.try_emplace({mb, chunk}, -1);
-      if (fresh) {
-        WEFT_ASSERT(!free_slots.empty());
-        it->second = free_slots.back();
-        free_slots.pop_back();
-      }
-      return it->second;
-    };
-    stage.zero_grads();
-    double loss = 0;
-    for (const PipeOp& op : pipeline_schedule(pp_size, c.layout.vpp, m, s)) {
-      const int64_t mb = op.micro_batch, ch = op.chunk;
-      switch (op.kind) {
-        case PipeOpKind::recv_forward:
-          pp.recv(stage.stage_input(slot_for(mb, ch)), act_count(), op.peer, tag(mb, ch, 0));
-          break;
-        case PipeOpKind::forward:
-          if (send_act) send_act->wait();  // the output buffer is about to be rewritten
-          loss += micro_forward(step0 * gb, mb, slot_for(mb, ch), scale, ch);
-          break;
-        case PipeOpKind::send_forward:
-          send_act = pp.isend(stage.stage_output(), act_count(), op.peer,
-                              tag(mb, s == pp_size - 1 ? ch + 1 : ch, 0));
-          break;
-        case PipeOpKind::recv_backward:
-          pp.recv(stage.output_grad(), act_count(), op.peer, tag(mb, ch, 1));
-          break;
-        case PipeOpKind::backward: {
-          if (send_grad) send_grad->wait();
-          const auto it = slot_of.find({mb, ch});
-          WEFT_ASSERT(it != slot_of.end());
-          stage.backward(it->second, ch);
-          free_slots.push_back(it->second);
-          slot_of.erase(it);
-          break;
-        }
-        case PipeOpKind::send_backward:
-          send_grad = pp.isend(stage.input_grad(), act_count(), op.peer,
-                               tag(mb, s == 0 ? ch - 1 : ch, 1));
-          break;
-      }
-    }
-    if (send_act) send_act->wait();
-    if (send_grad) send_grad->wait();
-    send_act.reset();
-    send_grad.reset();
-    stage.sync_tied_grads();
-    stage.reduce_replicated_grads();
-    optim.reduce_grads();
-    // The logging all-reduce: only the last stage holds losses, split over tp
-    // (each rank the rows whose target is in its vocab shard) and dp.
-    groups.world->all_reduce(&loss, 1);
-    return loss * scale;
-  }
-
-  // Mean loss over the first eval_samples validation samples, spread over the
-  // dp replicas and walked forward through the pipeline.
-  double validation_loss() {
-    if (!val_loader) return std::numeric_limits<double>::quiet_NaN();
-    const int64_t mb = c.layout.mb, dp = c.layout.dp;
-    const int64_t rounds = std::max<int64_t>(1, c.eval_samples / (mb * dp));
-    auto& pp = *groups.pp;
-    const int64_t s = groups.pp_rank();
-    double loss = 0;
-    const int64_t pp_size = c.layout.pp, vpp = c.layout.vpp;
-    for (int64_t j = 0; j < rounds; ++j) {
-      // Walk the virtual stages in order; this rank runs those it holds.
-      for (int64_t v = 0; v < pp_size * vpp; ++v) {
-        if (v % pp_size != s) continue;
-        if (v > 0) pp.recv(stage.stage_input(0), act_count(), (s + pp_size - 1) % pp_size, 2 * (j * pp_size * vpp + v));
-        val_loader->batch(groups.dp_rank() * rounds * mb + j * mb, mb, tokens.data(), targets.data());
-        loss += stage.forward(0, tokens.data(), targets.data(), 0.0, v / pp_size);
-        if (v + 1 < pp_size * vpp)
-          pp.send(stage.stage_output(), act_count(), (s + 1) % pp_size, 2 * (j * pp_size * vpp + v + 1));
-      }
-    }
-    groups.world->all_reduce(&loss, 1);
-    return loss / double(rounds * mb * dp * c.run.seq);
-  }
-
-  std::string save(int64_t step, double lr) {
-    SaveInfo info;
-    info.step = step;
-    info.data_position = step * c.run.global_batch;
-    info.seed = c.seed;
-    info.lr = lr;
-    info.run = {{"seq", c.run.seq},
-                {"global_batch", c.run.global_batch},
-                {"precision", to_string(c.run.precision)},
-                {"seed", c.seed},
-                {"optim", c.optim}};
-    if (data.meta.is_object() && data.meta.contains("tokenizer")) info.run["tokenizer"] = data.meta["tokenizer"];
-    const std::string dir =
-        (fs::path(c.ckpt_dir.empty() ? c.out_dir + "/checkpoints" : c.ckpt_dir) /
-         checkpoint::checkpoint_dir_name(step)).string();
-    state_save(dir, stage, optim, info);
-    return dir;
-  }
-
-  // Loads weights, optimizer state and counters; returns the completed step.
-  int64_t load(const std::string& dir) {
-    const auto ck = checkpoint::load_checkpoint(dir);
-    checkpoint::check_compatible(ck.manifest, c.model, dir);
-    const auto& run = ck.manifest.run;
-    if (run.value("seq", c.run.seq) != c.run.seq ||
-        run.value("global_batch", c.run.global_batch) != c.run.global_batch)
-      throw InputError(fmt::format(
-          "checkpoint {} was trained with seq {} and global batch {}, this run asks for seq {} "
-          "and global batch {}; resume with the same values",
-          dir, run.value("seq", int64_t{0}), run.value("global_batch", int64_t{0}), c.run.seq,
-          c.run.global_batch));
-    state_load(ck, stage, &optim);
-    return ck.manifest.step;
-  }
-};
 
 std::string memory_table(const TrainReport& r, const DeviceSpec& d) {
   std::string s = fmt::format("memory per category (this rank, {}): measured peak vs memory model\n",
@@ -234,6 +52,23 @@ std::string memory_table(const TrainReport& r, const DeviceSpec& d) {
 }
 
 }  // namespace
+
+void set_threads(int64_t threads) {
+  // Ranks sharing a node share its cores: by default each takes its part, as
+  // oversubscribed threads would slow every rank and blur the tuner's timings.
+  int local_ranks = 1;
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"})
+    if (const char* e = std::getenv(v); e && std::atoi(e) > 0) {
+      local_ranks = std::atoi(e);
+      break;
+    }
+  const int n = threads > 0 ? int(threads) : std::max(1, omp_get_num_procs() / local_ranks);
+  omp_set_num_threads(n);
+  // The kernels parallelise over rows themselves; BLAS threads inside an
+  // OpenMP region would oversubscribe, so BLAS gets the same count and the
+  // model never calls it from inside a parallel region.
+  openblas_set_num_threads(n);
+}
 
 void check_trainable(const Layout& l, const ModelSpec& m) {
   auto no = [&](const char* what) {

@@ -57,6 +57,13 @@ struct TrainReport {
   std::array<int64_t, memory::kCategories> predicted{};  // memory model
 };
 
+// LayoutError when the trainer cannot run a valid layout yet (ZeRO-3 with
+// dp > 1, ZeRO-2 with tied embeddings and dp > 1); the models still cover it.
+void check_trainable(const Layout& l, const ModelSpec& m);
+
+// OpenMP and BLAS threads of this process (0: every core).
+void set_threads(int64_t threads);
+
 // Trains, printing progress to `log` and appending metrics to
 // <out_dir>/metrics.jsonl. Throws InputError for bad configuration or data,
 // NonFiniteError when too many steps in a row are non-finite.

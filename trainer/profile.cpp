@@ -1,0 +1,245 @@
+#include "trainer/profile.h"
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "memory/estimate.h"
+#include "trainer/data/corpus.h"
+#include "trainer/parallel/comm_watchdog.h"
+#include "trainer/parallel/rank_grid.h"
+#include "trainer/run_state.h"
+
+namespace weft::trainer {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// What one rank saw; the ranks then agree on the trial's outcome.
+struct Local {
+  TrialStatus status = TrialStatus::ok;
+  std::string reason;
+};
+
+// Every rank learns the most severe status any rank saw and the message of the
+// lowest rank that saw it.
+Local agree(parallel::Comm& control, const Local& mine) {
+  const int64_t n = control.size(), r = control.rank();
+  int64_t key = int64_t(mine.status) * n + (n - 1 - r);
+  control.all_reduce(&key, 1, parallel::ReduceOp::max);
+  Local all;
+  all.status = TrialStatus(key / n);
+  if (all.status == TrialStatus::ok) return all;
+  const int64_t from = n - 1 - key % n;
+  std::array<int64_t, 64> text{};  // the message, up to 511 bytes
+  if (r == from) std::memcpy(text.data(), mine.reason.data(), std::min<size_t>(mine.reason.size(), 511));
+  control.broadcast(text.data(), int64_t(text.size()), from);
+  all.reason = reinterpret_cast<const char*>(text.data());
+  if (all.reason.rfind("rank ", 0) != 0) all.reason = fmt::format("rank {}: {}", from, all.reason);
+  return all;
+}
+
+// Everything one trial builds. Kept alive past the trial when its
+// communicators were abandoned: MPI may still complete a pending operation
+// into these buffers.
+struct TrialState {
+  std::atomic<bool> cancel{false};
+  std::mutex mu;
+  std::string silence;  // the watchdog's message, once it fired
+  bool fired_twice = false;
+  TrainConfig cfg;
+  memory::Arena arena;
+  std::unique_ptr<parallel::ProcessGroups> groups;
+  std::unique_ptr<parallel::CommWatchdog> watchdog;
+  std::unique_ptr<Run> run;
+
+  explicit TrialState(std::unique_ptr<memory::Allocator> a) : arena(std::move(a)) {}
+};
+
+// Abandoned trials' state, freed only at process exit.
+std::vector<std::unique_ptr<TrialState>>& graveyard() {
+  static auto* g = new std::vector<std::unique_ptr<TrialState>>();
+  return *g;
+}
+
+int64_t reservation_bytes(const ProfileConfig& pc, int64_t world_rank, int64_t world) {
+  const auto& t = pc.train;
+  memory::MemoryOptions all;
+  all.all_stages = true;
+  const auto mem = memory::estimate(t.model, t.run, t.layout, t.device, all);
+  const auto grid = parallel::RankGrid::of_layout(t.layout, world);
+  const auto& stage = mem.stages[size_t(grid.coords(world_rank).pp)];
+  // The arena holds every category but the runtime overhead (the process and
+  // its libraries); the slack covers alignment and the model's rounding.
+  int64_t bytes = stage.total - stage.bytes[size_t(memory::Category::overhead)];
+  return int64_t(std::ceil(double(bytes) * (1 + pc.reserve_slack))) + (int64_t{1} << 20);
+}
+
+}  // namespace
+
+const char* to_string(TrialStatus s) {
+  switch (s) {
+    case TrialStatus::ok: return "ok";
+    case TrialStatus::timeout: return "timeout";
+    case TrialStatus::out_of_memory: return "oom";
+    case TrialStatus::failed: return "failed";
+  }
+  return "?";
+}
+
+TrialStatus trial_status_parse(const std::string& s) {
+  for (auto v : {TrialStatus::ok, TrialStatus::timeout, TrialStatus::out_of_memory, TrialStatus::failed})
+    if (s == to_string(v)) return v;
+  throw InputError(fmt::format("trial status '{}' is not one of ok, timeout, oom, failed", s));
+}
+
+TrialOutcome profile_layout(const ProfileConfig& pc, parallel::Comm& control, const GroupFactory& make_groups) {
+  const auto t_start = Clock::now();
+  const int64_t world = control.size(), rank = control.rank();
+  if (pc.fault == TrialFault::die) {
+    std::fprintf(stderr, "rank %lld: exiting in trial %s (test fault)\n", static_cast<long long>(rank),
+                 pc.train.layout.to_string().c_str());
+    std::fflush(stderr);
+    std::_Exit(137);
+  }
+  // The refuse_memory fault makes the host refuse any block over 1 MiB, as a
+  // full device would refuse the reservation.
+  auto st = std::make_unique<TrialState>(pc.fault == TrialFault::refuse_memory
+                                             ? memory::limited_allocator(int64_t{1} << 20, memory::host_allocator())
+                                             : memory::host_allocator());
+  st->cfg = pc.train;
+  TrainConfig& cfg = st->cfg;
+  TrialOutcome out;
+  Local mine;
+
+  // Up front and before any collective on the trial's groups: the memory.
+  try {
+    if (pc.reserve) st->arena.reserve(reservation_bytes(pc, rank, world));
+  } catch (const memory::OutOfMemory& e) {
+    mine = {TrialStatus::out_of_memory, e.what()};
+  }
+  Local all = agree(control, mine);
+
+  bool abandoned = false;
+  std::vector<double> times;
+  if (all.status == TrialStatus::ok) {
+    try {
+      if (make_groups) {
+        st->groups = std::make_unique<parallel::ProcessGroups>(make_groups(cfg.layout, &st->cancel));
+        TrialState* s = st.get();
+        st->watchdog = std::make_unique<parallel::CommWatchdog>(pc.silence_s, [s](const std::string& m) {
+          std::lock_guard lk(s->mu);
+          if (s->silence.empty()) {
+            // First silence: abandon the trial's waits, and give the rank
+            // one more period to reach the agreement.
+            s->silence = m;
+            s->cancel.store(true);
+            s->watchdog->arm("abandoning the trial");
+            return;
+          }
+          std::fprintf(stderr, "%s; the trial could not be abandoned, exiting (the tuning journal "
+                               "records the trial: a re-run skips it)\n", m.c_str());
+          std::fflush(stderr);
+          std::_Exit(parallel::CommWatchdog::kExitCode);
+        });
+        st->watchdog->watch(*st->groups);
+        cfg.groups = st->groups.get();
+        cfg.watchdog = st->watchdog.get();
+      }
+      const std::string data_path = cfg.data.empty() ? data::default_corpus_dir() : cfg.data;
+      data::TokenData data = data::token_data_open(data_path);
+      st->run = std::make_unique<Run>(cfg, std::move(data), &st->arena);
+      st->run->stage.init_weights(cfg.seed);
+    } catch (const memory::OutOfMemory& e) {
+      mine = {TrialStatus::out_of_memory, e.what()};
+    } catch (const std::exception& e) {
+      mine = {TrialStatus::failed, e.what()};
+    }
+    // Building the stage communicates nothing, so a failure here is agreed
+    // on before the first step.
+    all = agree(control, mine);
+  }
+
+  if (all.status == TrialStatus::ok) {
+    Run& run = *st->run;
+    if (st->watchdog) st->watchdog->arm(fmt::format("trial {}", cfg.layout.to_string()));
+    // Timed steps run until there are `timed_steps` of them and they took
+    // `min_timed_s` (short steps are noisy), up to `max_timed_steps`; the
+    // ranks agree on stopping in one all-reduce per step.
+    double timed = 0;
+    try {
+      for (int64_t i = 0;; ++i) {
+        if (pc.fault == TrialFault::hang && i == 0) {
+          while (!st->cancel.load()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          throw parallel::CommAbandoned(fmt::format("rank {}: stopped before its first step (test fault)", rank));
+        }
+        const auto t0 = Clock::now();
+        const double loss = run.step_loss(i);
+        run.optim.step(i + 1, loss);
+        const double dt = seconds_since(t0);
+        if (i >= pc.warmup_steps) {
+          times.push_back(dt);
+          timed += dt;
+        }
+        out.losses.push_back(loss);
+        out.steps = i + 1;
+        const int64_t n = int64_t(times.size());
+        std::array<int32_t, 2> flags{
+            n < pc.timed_steps || (timed < pc.min_timed_s && n < pc.max_timed_steps) ? 1 : 0,
+            pc.time_limit_s > 0 && seconds_since(t_start) > pc.time_limit_s ? 1 : 0};
+        run.groups.world->all_reduce(flags.data(), 2, parallel::ReduceOp::max);
+        if (!flags[0]) break;
+        if (flags[1]) {
+          mine = {TrialStatus::timeout, fmt::format("past the trial time limit of {:g} s after {} steps",
+                                                    pc.time_limit_s, i + 1)};
+          break;
+        }
+      }
+    } catch (const parallel::CommAbandoned& e) {
+      abandoned = true;
+      std::lock_guard lk(st->mu);
+      mine = {TrialStatus::timeout, st->silence.empty() ? std::string(e.what()) : std::string(st->silence)};
+    } catch (const memory::OutOfMemory& e) {
+      abandoned = true;
+      mine = {TrialStatus::out_of_memory, e.what()};
+    } catch (const std::exception& e) {
+      abandoned = true;
+      mine = {TrialStatus::failed, e.what()};
+    }
+    if (abandoned) st->cancel.store(true);  // no request may wait on a peer that left
+    all = agree(control, mine);
+    if (st->watchdog) st->watchdog->disarm();
+  }
+
+  // Measurements, agreed: the slowest rank's median step and every rank's peak.
+  if (all.status == TrialStatus::ok && !times.empty()) {
+    std::sort(times.begin(), times.end());
+    out.step_s = times[times.size() / 2];
+  }
+  control.all_reduce(&out.step_s, 1, parallel::ReduceOp::max);
+  out.peak_bytes.assign(size_t(world), 0);
+  const int64_t peak = st->arena.peak_total();
+  control.all_gather(&peak, out.peak_bytes.data(), 1);
+  out.status = all.status;
+  out.reason = all.reason;
+  if (abandoned || all.status == TrialStatus::timeout) {
+    if (st->watchdog) st->watchdog->disarm();
+    graveyard().push_back(std::move(st));
+  }
+  out.seconds = seconds_since(t_start);
+  return out;
+}
+
+}  // namespace weft::trainer

@@ -1,0 +1,76 @@
+// Profiling one layout with real training steps: the tuner's measurement.
+//
+// Every rank of the world calls profile_layout() for the same layout. It
+// builds the layout's process groups, reserves this rank's predicted memory up
+// front, builds the model stage (initialised from the seed) and optimizer,
+// runs warm-up then timed steps (forward, backward, optimizer step and the
+// logging all-reduce), and tears everything down. The ranks agree on the
+// outcome over a control communicator after setup and at the end, so every
+// rank returns the same TrialOutcome and goes on to the next trial together:
+//   - a reservation refused on any rank: out_of_memory, before any collective
+//     on the trial's groups;
+//   - no communication progress for `silence_s` (a rank hung, a peer stuck) or
+//     the trial past `time_limit_s` at a step boundary: timeout. A wait that
+//     the silence watchdog interrupts abandons the trial's communicators; their
+//     buffers are kept alive until the process exits (MPI may still complete
+//     the pending operations into them), which costs one trial's memory;
+//   - any other error on a rank: failed, with that rank's message.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "trainer/loop.h"
+
+namespace weft::trainer {
+
+enum class TrialStatus { ok, timeout, out_of_memory, failed };
+const char* to_string(TrialStatus s);
+TrialStatus trial_status_parse(const std::string& s);
+
+// Faults a test can ask of one rank during one trial.
+enum class TrialFault {
+  none,
+  refuse_memory,  // the allocator refuses the up-front reservation
+  hang,           // the rank stops before its first step until the trial is abandoned
+  die,            // the process exits at once with code 137, as if killed
+};
+
+struct ProfileConfig {
+  TrainConfig train;         // model, run, layout, device, optim, seed, data, threads
+  int64_t warmup_steps = 1;
+  int64_t timed_steps = 3;      // at least
+  double min_timed_s = 0.5;     // timed steps go on until they took this long...
+  int64_t max_timed_steps = 50;  // ...or there are this many
+  // Reserve this rank's stage as the memory model predicts it, times 1 + slack.
+  bool reserve = true;
+  double reserve_slack = 0.05;
+  double silence_s = 60;      // seconds without communication progress before abandoning
+  double time_limit_s = 0;    // whole-trial limit, checked between steps; 0: none
+  TrialFault fault = TrialFault::none;
+};
+
+// Builds the process groups of a layout whose waits give up (CommAbandoned)
+// once `cancel` is set; null cancel never gives up.
+using GroupFactory =
+    std::function<parallel::ProcessGroups(const Layout& layout, const std::atomic<bool>* cancel)>;
+
+struct TrialOutcome {
+  TrialStatus status = TrialStatus::ok;
+  std::string reason;                // "rank 1: ..." when not ok
+  double step_s = 0;                 // median timed step, slowest rank
+  std::vector<int64_t> peak_bytes;   // arena high-water mark per world rank
+  int64_t steps = 0;                 // steps completed (warm-up included)
+  double seconds = 0;                // wall time of the whole trial
+  std::vector<double> losses;        // per step, for checks
+};
+
+// `control` spans the same ranks as the layout's world and is used only to
+// agree (never abandoned); `make_groups` is null for a single process.
+TrialOutcome profile_layout(const ProfileConfig& config, parallel::Comm& control,
+                            const GroupFactory& make_groups);
+
+}  // namespace weft::trainer
