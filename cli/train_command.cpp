@@ -2,11 +2,13 @@
 // default model on the default corpus on the CPU.
 #include <csignal>
 #include <cstdlib>
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 
 #include <fmt/format.h>
 
+#include "cli/auto_tune.h"
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "core/error.h"
@@ -41,6 +43,11 @@ struct TrainArgs {
   std::string recipe;
   bool force_recipe = false;
   double comm_timeout = 300;
+  AutoArgs tune;
+  // The layout knobs: given without --auto they choose the layout by hand;
+  // with --auto they restrict the tuner's space.
+  std::vector<CLI::Option*> knobs;
+  CLI::Option* tune_top = nullptr;
 };
 
 // Launched by mpirun (or srun) with more than one rank?
@@ -50,12 +57,24 @@ bool under_mpi() {
   return false;
 }
 
+int64_t env_int(std::initializer_list<const char*> names, int64_t fallback) {
+  for (const char* v : names)
+    if (const char* s = std::getenv(v); s && std::atoll(s) > 0) return std::atoll(s);
+  return fallback;
+}
+int64_t mpi_world_size_from_env() { return env_int({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS"}, 1); }
+int64_t local_ranks_from_env() {
+  return env_int({"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"}, 1);
+}
+
 int run_train(TrainArgs& a) {
   trainer::TrainConfig c = a.cfg;
   c.model = a.model.resolve();
   if (a.device != "cpu")
     throw InputError(fmt::format("--device {} is not available in this build; valid: cpu", a.device));
   c.device = device_preset("cpu");
+  // Ranks on one node share its memory.
+  c.device.memory_bytes /= local_ranks_from_env();
   c.run.seq = a.seq;
   c.run.global_batch = a.global_batch;
   c.run.precision = precision_parse(a.precision);
@@ -67,14 +86,19 @@ int run_train(TrainArgs& a) {
   c.layout.attention = attention_parse(a.attention);
   c.layout.norm = norm_parse(a.norm);
   if (!a.layout.empty()) c.layout = Layout::parse(a.layout);
+  const bool knobs = std::any_of(a.knobs.begin(), a.knobs.end(), [](CLI::Option* o) { return o->count() > 0; });
+  if (a.tune.enabled && (!a.layout.empty() || !a.recipe.empty()))
+    throw InputError(fmt::format("--auto chooses the layout; drop {}", a.layout.empty() ? "--recipe" : "--layout"));
+  const bool tune = a.tune.enabled || (a.layout.empty() && a.recipe.empty() && !knobs);
+  if (a.tune.retune && !tune)
+    throw InputError("--retune applies to --auto; a run with --layout, --recipe or --mb/--ckpt/--attn/--norm "
+                     "does not tune");
   if (!a.recipe.empty()) {
     if (!a.layout.empty()) throw InputError("give either --layout or --recipe, not both");
     const auto r = tuner::recipe_load(a.recipe);
     ClusterSpec here;
     here.device = c.device;
-    here.gpus = r.layout.world();
-    const char* world = std::getenv("OMPI_COMM_WORLD_SIZE");
-    if (world) here.gpus = std::atoll(world);
+    here.gpus = mpi_world_size_from_env();
     const auto diff = tuner::recipe_mismatches(r, c.model, here, c.run);
     if (!diff.empty() && !a.force_recipe)
       throw InputError(fmt::format("recipe '{}' does not match this run: {} (--force-recipe uses it anyway)",
@@ -83,6 +107,23 @@ int run_train(TrainArgs& a) {
       std::fprintf(stderr, "weft: warning: using recipe %s despite: %s\n", a.recipe.c_str(),
                    fmt::format("{}", fmt::join(diff, "; ")).c_str());
     c.layout = r.layout;
+  }
+  if (tune) {
+    const int64_t world = mpi_world_size_from_env();
+    tuner::SpaceLimits limits;
+    for (CLI::Option* o : a.knobs) {
+      if (o->count() == 0) continue;
+      if (o->get_name() == "--mb") limits.mb = {c.layout.mb};
+      if (o->get_name() == "--ckpt") {
+        limits.ckpt = {c.layout.ckpt};
+        limits.ckpt_layers = {c.layout.ckpt_layers};
+      }
+      if (o->get_name() == "--attn") limits.attention = {c.layout.attention};
+      if (o->get_name() == "--norm") limits.norm = {c.layout.norm};
+    }
+    c.optim.total_steps = c.steps;
+    if (!a.tune.budget.empty() && a.tune_top->count() == 0) a.tune.top = int64_t{1} << 40;
+    c.layout = auto_layout(c, limits, a.tune, world, world > 1 || under_mpi(), stdout);
   }
   // The watchdog outlives the groups it watches: a rank whose peer died
   // leaves with a clear message instead of waiting forever.
@@ -127,11 +168,28 @@ Command add_train_command(CLI::App& app) {
   sub->add_option("--data", c.data, "Token file or folder (default: the prepared fortunes corpus)");
   sub->add_option("--seq", a->seq, "Sequence length T")->capture_default_str();
   sub->add_option("--global-batch", a->global_batch, "Sequences per optimizer step")->capture_default_str();
-  sub->add_option("--mb", a->mb, "Micro-batch size (gradient accumulation over the rest)")->capture_default_str();
-  sub->add_option("--ckpt", a->ckpt, "Activation checkpointing: none, selective, ffn, full, full@K")
+  a->knobs = {
+      sub->add_option("--mb", a->mb, "Micro-batch size (gradient accumulation over the rest)")->capture_default_str(),
+      sub->add_option("--ckpt", a->ckpt, "Activation checkpointing: none, selective, ffn, full, full@K")
+          ->capture_default_str(),
+      sub->add_option("--attn", a->attention, "Attention: flash or materialized")->capture_default_str(),
+      sub->add_option("--norm", a->norm, "RMSNorm: fused or unfused")->capture_default_str()};
+  auto& t = a->tune;
+  sub->add_flag("--auto", t.enabled,
+                "Choose the layout by tuning with real steps on every rank, or reuse a cached recipe that matches "
+                "(the default without --layout, --recipe or a layout knob; with knobs, they restrict the space)");
+  sub->add_flag("--retune", t.retune, "Tune even when a cached recipe matches");
+  a->tune_top = sub->add_option("--tune-top", t.top, "Profile at most this many candidates (default 8 without "
+                                                      "--tune-budget, else every candidate within the budget)");
+  sub->add_option("--tune-budget", t.budget, "Start no trial after this long, e.g. 10m, 90s (default: none)");
+  sub->add_option("--trial-warmup", t.trial_warmup, "Warm-up steps per trial")->capture_default_str();
+  sub->add_option("--trial-steps", t.trial_steps, "Timed steps per trial, at least")->capture_default_str();
+  sub->add_option("--trial-min-time", t.trial_min_time,
+                  "Seconds the timed steps of a trial take at least (more steps when they are short)")
       ->capture_default_str();
-  sub->add_option("--attn", a->attention, "Attention: flash or materialized")->capture_default_str();
-  sub->add_option("--norm", a->norm, "RMSNorm: fused or unfused")->capture_default_str();
+  sub->add_option("--trial-timeout", t.trial_timeout,
+                  "Seconds without communication progress before a trial is abandoned")
+      ->capture_default_str();
   sub->add_option("--layout", a->layout,
                   "Parallel layout for mpirun, e.g. tp2-pp2-dp1-mb1 (overrides --mb/--ckpt/--attn/--norm)");
   sub->add_option("--comm-timeout", a->comm_timeout,

@@ -32,8 +32,8 @@ struct TuneArgs {
 
 int run_tune(const TuneArgs& a) {
   if (!a.dry_run)
-    throw InputError("weft tune profiles layouts on real devices, which this build does not do yet; "
-                     "pass --dry-run for the analytic report");
+    throw InputError("weft tune ranks layouts with the models only: pass --dry-run; to tune with real steps "
+                     "on the devices (and train), run weft train --auto");
   if (a.top <= 0) throw InputError(fmt::format("--top {} must be positive", a.top));
   if (!(a.margin >= 0 && a.margin < 1))
     throw InputError(fmt::format("--margin {} must be in [0, 1)", a.margin));

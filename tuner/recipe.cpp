@@ -21,6 +21,7 @@ nlohmann::json recipe_to_json(const Recipe& r) {
                         {"run", r.run},
                         {"layout", r.layout.to_string()},
                         {"source", r.source},
+                        {"machine", r.machine},
                         {"predicted", r.predicted},
                         {"measured", r.measured},
                         {"tuning", r.tuning}};
@@ -40,6 +41,10 @@ Recipe recipe_from_json(const nlohmann::json& j, const std::string& origin) {
                             kRecipeFormatVersion));
     r.weft_version = j.at("weft_version").get<std::string>();
     r.model = j.at("model").get<ModelSpec>();
+    if (const auto& m = j.at("model"); m.contains("hash") && m["hash"].get<std::string>() != r.model.hash())
+      throw bad(fmt::format("model hash {} does not match the model's fields (hash {}): the file was edited or "
+                            "damaged",
+                            m["hash"].get<std::string>(), r.model.hash()));
     const auto& c = j.at("cluster");
     r.device = c.at("device").get<std::string>();
     r.device_memory = c.at("device_memory_bytes").get<int64_t>();
@@ -48,6 +53,7 @@ Recipe recipe_from_json(const nlohmann::json& j, const std::string& origin) {
     r.run = j.at("run").get<RunSpec>();
     r.layout = Layout::parse(j.at("layout").get<std::string>());
     r.source = j.value("source", std::string("dry-run"));
+    r.machine = j.value("machine", std::string());
     r.predicted = j.value("predicted", nlohmann::json::object());
     r.measured = j.value("measured", nlohmann::json::object());
     r.tuning = j.value("tuning", nlohmann::json::object());

@@ -29,6 +29,7 @@ struct Recipe {
   RunSpec run;
   Layout layout;
   std::string source;          // "dry-run" (predicted only) or "profiled"
+  std::string machine;         // what the measurements ran on, e.g. the CPU model and cores
   nlohmann::json predicted = nlohmann::json::object();  // step_s, tokens_per_s, mfu, peak bytes
   nlohmann::json measured = nlohmann::json::object();   // the same, from real steps
   nlohmann::json tuning = nlohmann::json::object();     // summary: evaluated, fitting, pruned

@@ -196,3 +196,104 @@ TEST(CliTrain, RecipesFromTheDryRunAreCheckedAndReused) {
 
 }  // namespace
 }  // namespace weft::test
+
+namespace weft::test {
+namespace {
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+TEST(CliTrain, AutoTunesThenReusesTheCachedRecipe) {
+  TempDir dir;
+  const auto data = corpus(dir);
+  ::setenv("XDG_CACHE_HOME", dir.path("cache").c_str(), 1);
+  const std::string cmd = "train --data " + data +
+                          " --model tiny --seq 32 --global-batch 4 --threads 1 --steps 2 --eval-samples 4 "
+                          "--tune-top 2 --trial-min-time 0.05 --out ";
+  // No layout, recipe or knob: --auto is the default.
+  auto r = run_weft(cmd + dir.path("a"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("tuning tiny on 1 x cpu"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[2/2] "), std::string::npos) << r.out;
+  const auto recipe = nlohmann::json::parse(slurp(dir.path("a/recipe.json")));
+  EXPECT_EQ(recipe["source"], "profiled");
+  EXPECT_FALSE(recipe["machine"].get<std::string>().empty());
+  EXPECT_NE(r.out.find("layout " + recipe["layout"].get<std::string>()), std::string::npos) << r.out;
+  r = run_weft(cmd + dir.path("b"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("using cached recipe"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("[1/"), std::string::npos) << r.out;
+  // A knob given without --auto chooses the layout by hand: no tuning.
+  r = run_weft(cmd + dir.path("c") + " --mb 2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("tuning"), std::string::npos) << r.out;
+  // With --auto, knobs restrict the space.
+  r = run_weft(cmd + dir.path("d") + " --auto --retune --mb 1 --attn materialized");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto pinned = nlohmann::json::parse(slurp(dir.path("d/tuning.json")));
+  for (const auto& t : pinned["trials"]) {
+    EXPECT_NE(t["layout"].get<std::string>().find("-mb1-"), std::string::npos) << t.dump();
+    EXPECT_NE(t["layout"].get<std::string>().find("attn:materialized"), std::string::npos) << t.dump();
+  }
+  ::unsetenv("XDG_CACHE_HOME");
+}
+
+TEST(CliTrain, RecipesOfAnotherRunOrMalformedAreRefusedByName) {
+  TempDir dir;
+  const auto data = corpus(dir);
+  const std::string run = "train --data " + data + " --model tiny --seq 32 --global-batch 4 --threads 1 --steps 1 "
+                          "--out " + dir.path("run") + " --recipe ";
+  auto r = run_weft("tune --dry-run --model tiny --gpu cpu --gpus 1 --seq 32 --global-batch 4 --precision fp32 "
+                    "--save-recipe " + dir.path("good.json"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto good = nlohmann::json::parse(slurp(dir.path("good.json")));
+  r = run_weft("tune --dry-run --model tiny-tied --gpu cpu --gpus 1 --seq 32 --global-batch 4 --precision fp32 "
+               "--save-recipe " + dir.path("tied.json"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string other_model = slurp(dir.path("tied.json"));
+  struct Case {
+    std::string name;
+    std::string text;
+    std::vector<std::string> says;
+  };
+  auto edited = [&](auto edit) {
+    auto j = good;
+    edit(j);
+    return j.dump(1);
+  };
+  const std::string text = good.dump(1);
+  const std::vector<Case> cases = {
+      {"model", other_model, {"model hash: recipe"}},
+      {"edited", edited([](auto& j) { j["model"]["layers"] = 8; }), {"edited.json", "hash"}},
+      {"world", edited([](auto& j) { j["cluster"]["world"] = 4; }), {"world size: recipe 4, this run 1"}},
+      {"device", edited([](auto& j) { j["cluster"]["device"] = "h100"; }), {"device: recipe h100, this run cpu"}},
+      {"truncated", text.substr(0, text.size() / 2), {"truncated.json"}},
+      {"malformed", edited([](auto& j) { j.erase("layout"); }), {"malformed.json", "layout"}},
+      {"not a recipe", R"({"layout": "tp1-pp1-dp1-mb1"})", {"not a weft recipe"}},
+  };
+  for (const auto& c : cases) {
+    const auto path = dir.file(c.name == "not a recipe" ? "other.json" : c.name + ".json", c.text);
+    r = run_weft(run + path);
+    EXPECT_EQ(r.code, 2) << c.name << "\n" << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << c.name << "\n" << r.out;
+    for (const auto& s : c.says) EXPECT_NE(r.out.find(s), std::string::npos) << c.name << "\n" << r.out;
+    EXPECT_EQ(slurp(path), c.text) << c.name;
+  }
+  EXPECT_FALSE(fs::exists(dir.path("run/checkpoints")));
+  // Tuning options that make no sense.
+  for (const auto& [args, says] : std::vector<std::pair<std::string, std::string>>{
+           {"--auto --layout tp1-pp1-dp1-mb1", "--auto chooses the layout"},
+           {"--tune-budget 10x", "duration '10x'"},
+           {"--tune-top 0", "--tune-top 0"},
+           {"--retune --mb 2", "--retune applies to --auto"}}) {
+    r = run_weft("train --data " + data + " --model tiny --seq 32 --global-batch 4 --steps 1 --out " +
+                 dir.path("run2") + " " + args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.out;
+    EXPECT_NE(r.out.find(says), std::string::npos) << args << "\n" << r.out;
+  }
+}
+
+}  // namespace
+}  // namespace weft::test

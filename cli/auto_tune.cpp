@@ -1,0 +1,150 @@
+#include "cli/auto_tune.h"
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/json_io.h"
+#include "tuner/recipe.h"
+#ifdef WEFT_HAVE_MPI
+#include "trainer/parallel/comm_mpi.h"
+#endif
+
+namespace weft::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string cache_name(const tuner::ReportContext& ctx) {
+  return fmt::format("{}-{}x{}-seq{}-gb{}-{}.json", ctx.model.name, ctx.cluster.gpus, ctx.cluster.device.name,
+                     ctx.run.seq, ctx.run.global_batch, ctx.model.hash().substr(0, 12));
+}
+
+// A profiled recipe in the cache that matches this run and whose layout the
+// space allows; empty when there is none. Unreadable files are skipped with a
+// warning: the cache must never stop a run.
+std::string find_cached(const tuner::ReportContext& ctx, const std::vector<Layout>& space, std::FILE* log) {
+  const fs::path dir = tuner::recipe_cache_dir();
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return {};
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.path().extension() == ".json") files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  const fs::path preferred = dir / cache_name(ctx);
+  std::stable_partition(files.begin(), files.end(), [&](const fs::path& p) { return p == preferred; });
+  for (const auto& f : files) {
+    try {
+      const auto r = tuner::recipe_load(f.string());
+      if (r.source != "profiled" || !tuner::recipe_mismatches(r, ctx.model, ctx.cluster, ctx.run).empty()) continue;
+      if (std::find(space.begin(), space.end(), r.layout) == space.end()) continue;
+      return f.string();
+    } catch (const Error& e) {
+      fmt::print(log, "warning: skipping cached recipe {}: {}\n", f.string(), e.what());
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+std::string machine_description() {
+  std::ifstream info("/proc/cpuinfo");
+  std::string model = "unknown CPU";
+  for (std::string line; std::getline(info, line);)
+    if (line.rfind("model name", 0) == 0) {
+      model = line.substr(line.find(':') + 2);
+      break;
+    }
+  return fmt::format("{}, {} cores", model, std::thread::hardware_concurrency());
+}
+
+Layout auto_layout(const trainer::TrainConfig& base, const tuner::SpaceLimits& limits, const AutoArgs& a,
+                   int64_t world, bool multi_rank, std::FILE* log) {
+  tuner::TuneOptions o;
+  o.top = a.top;
+  if (!a.budget.empty()) o.budget_s = tuner::duration_parse(a.budget);
+  o.warmup_steps = a.trial_warmup;
+  o.timed_steps = a.trial_steps;
+  o.min_timed_s = a.trial_min_time;
+  o.silence_s = a.trial_timeout;
+  if (const char* f = std::getenv("WEFT_TUNE_FAULT")) o.faults = f;
+
+  tuner::ReportContext ctx;
+  ctx.model = base.model;
+  ctx.run = base.run;
+  ctx.cluster.device = base.device;
+  ctx.cluster.gpus = world;
+  ctx.cluster.gpus_per_node = world;
+  ctx.constants = tuner::cost_defaults(base.device);
+
+  std::unique_ptr<parallel::Comm> control;
+  trainer::GroupFactory make_groups;
+#ifdef WEFT_HAVE_MPI
+  if (multi_rank) {
+    control = parallel::mpi_world_dup("control");
+    make_groups = [](const Layout& l, const std::atomic<bool>* cancel) {
+      return parallel::mpi_process_groups(l, {}, cancel);
+    };
+  }
+#else
+  if (multi_rank) throw InputError("tuning on several ranks needs MPI, which this build lacks");
+#endif
+  if (!control) control = parallel::single_rank_comm();
+  const bool rank0 = control->rank() == 0;
+  std::FILE* out = rank0 ? log : nullptr;
+
+  trainer::set_threads(base.threads);
+  const auto space = tuner::enumerate(ctx.model, ctx.run, world, limits);
+  if (!a.retune) {
+    std::string cached = rank0 ? find_cached(ctx, space, log) : std::string();
+    cached = tuner::share_text(*control, cached);
+    if (!cached.empty()) {
+      std::string layout = rank0 ? tuner::recipe_load(cached).layout.to_string() : std::string();
+      layout = tuner::share_text(*control, layout);
+      if (out)
+        fmt::print(out, "using cached recipe {} (layout {}); --retune tunes again\n", cached, layout);
+      return Layout::parse(layout);
+    }
+  }
+
+  const fs::path dir = base.out_dir;
+  o.journal = (dir / "tuning" / "journal.jsonl").string();
+  if (rank0) {
+    fs::create_directories(dir / "tuning");
+    // A fresh tuning keeps the previous journal beside the new one.
+    if (a.retune && fs::exists(o.journal)) fs::rename(o.journal, o.journal + ".prev");
+  }
+  const tuner::TuneResult r = tuner::tune(ctx, limits, base, o, *control, make_groups, out);
+  if (!r.winner) throw InputError(fmt::format("tuning found no layout that runs: every trial failed; see {}",
+                                              (dir / "tuning.md").string()));
+  const Layout chosen = r.trials[*r.winner].layout;
+  if (rank0) {
+    const std::string md = tuner::tune_report_md(r, ctx);
+    file_write_atomic((dir / "tuning.md").string(), md);
+    file_write_atomic((dir / "tuning.json").string(), tuner::tune_report_json(r, ctx).dump(1) + "\n");
+    const auto recipe = tuner::tune_recipe(r, ctx, machine_description());
+    tuner::recipe_save((dir / "recipe.json").string(), recipe);
+    std::string cached = (fs::path(tuner::recipe_cache_dir()) / cache_name(ctx)).string();
+    try {
+      tuner::recipe_save(cached, recipe);
+    } catch (const std::exception& e) {
+      cached = fmt::format("not cached ({})", e.what());
+    }
+    fmt::print(log, "\n{}\nrecipe {} (cache: {}); report {}\n\n", md, (dir / "recipe.json").string(), cached,
+               (dir / "tuning.md").string());
+    std::fflush(log);
+  }
+  return chosen;
+}
+
+}  // namespace weft::cli

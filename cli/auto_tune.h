@@ -1,0 +1,40 @@
+// `weft train --auto`: choose the layout before training, by reusing a cached
+// recipe that matches this run or by tuning with real steps on every rank.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/layout.h"
+#include "trainer/loop.h"
+#include "tuner/space.h"
+#include "tuner/tune.h"
+
+namespace weft::parallel {
+class Comm;
+}
+
+namespace weft::cli {
+
+struct AutoArgs {
+  bool enabled = false;  // --auto given
+  bool retune = false;
+  int64_t top = 8;
+  std::string budget;     // "10m"; empty: none
+  int64_t trial_warmup = 1;
+  int64_t trial_steps = 3;
+  double trial_min_time = 0.5;  // seconds of timed steps at least
+  double trial_timeout = 60;  // seconds without communication progress in a trial
+};
+
+// Every rank calls this together; all return the same layout. `base` holds the
+// model, run, device, optimizer, seed, data and threads of the run; rank 0
+// prints progress to `log` and writes the recipe, the report (markdown and
+// JSON) and the journal under base.out_dir, and the recipe into the cache.
+Layout auto_layout(const trainer::TrainConfig& base, const tuner::SpaceLimits& limits, const AutoArgs& a,
+                   int64_t world, bool multi_rank, std::FILE* log);
+
+// The machine the measurements run on: CPU model and cores.
+std::string machine_description();
+
+}  // namespace weft::cli

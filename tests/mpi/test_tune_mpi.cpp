@@ -1,0 +1,179 @@
+// `weft train --auto` on 4 real mpirun ranks: tuning with real steps, the
+// report, the recipe and its reuse, and the faults tuning must survive (a
+// reservation refused on one rank, a rank that hangs, a process killed mid-
+// tuning then resumed from the journal), each bounded by the test timeout.
+#include <sys/wait.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "../e2e/cli_runner.h"
+#include "../unit/test_util.h"
+
+namespace weft::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Env : ::testing::Environment {
+  void SetUp() override {
+    ::setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    ::setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+    ::setenv("OMP_WAIT_POLICY", "passive", 1);
+  }
+};
+const auto* env = ::testing::AddGlobalTestEnvironment(new Env);
+
+std::string read(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+struct Fixture {
+  TempDir dir;
+  std::string data;
+  Fixture() {
+    std::string text;
+    for (int i = 0; i < 200; ++i) text += "Tuning picks a layout " + std::to_string(i * 7919 % 1000) + " times.\n%\n";
+    const auto in = dir.file("c.txt", text);
+    data = dir.path("data");
+    const auto r = run_weft("data prepare --input " + in + " --out " + data + " --val-fraction 0.1");
+    EXPECT_EQ(r.code, 0) << r.out;
+  }
+  // mpirun -np 4 weft train --auto ... with its own recipe cache.
+  CliResult tune(const std::string& out, const std::string& extra = "", const std::string& env = "") const {
+    const std::string cmd = fmt::format(
+        "{} XDG_CACHE_HOME={} {} --oversubscribe -np 4 {} train --auto --model tiny --data {} --seq 32 "
+        "--global-batch 8 --steps 3 --threads 1 --eval-samples 8 --tune-top 4 --trial-warmup 1 "
+        "--trial-steps 2 --out {} {} 2>&1",
+        env, dir.path("cache"), MPIEXEC, WEFT_BIN, data, out, extra);
+    CliResult r;
+    FILE* p = ::popen(cmd.c_str(), "r");
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
+    const int status = ::pclose(p);
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+    return r;
+  }
+  static nlohmann::json report(const std::string& out) {
+    return nlohmann::json::parse(read(out + "/tuning.json"));
+  }
+};
+
+bool contains(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
+
+TEST(TuneMpi, TunesOnFourRanksTrainsTheWinnerAndReusesTheRecipe) {
+  Fixture f;
+  const auto out = f.dir.path("a");
+  auto r = f.tune(out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "tuning tiny on 4 x cpu")) << r.out;
+  EXPECT_TRUE(contains(r.out, "[4/4] ")) << r.out;
+  EXPECT_TRUE(contains(r.out, "| memory measured |")) << r.out;
+  const auto rep = Fixture::report(out);
+  ASSERT_EQ(rep["trials"].size(), 4u) << rep.dump(1);
+  for (const auto& t : rep["trials"]) {
+    EXPECT_EQ(t["status"], "ok") << t.dump();
+    EXPECT_GT(t["measured_s"].get<double>(), 0);
+    // The memory model against every rank's arena peak.
+    const double p = t["predicted_peak_bytes"].get<double>(), m = t["measured_peak_bytes"].get<double>();
+    EXPECT_NEAR(m / p, 1.0, 0.05) << t.dump();
+  }
+  const std::string winner = rep["winner"].get<std::string>();
+  EXPECT_TRUE(contains(r.out, "layout " + winner)) << r.out;  // training used it
+  const auto recipe = nlohmann::json::parse(read(out + "/recipe.json"));
+  EXPECT_EQ(recipe["layout"], winner);
+  EXPECT_EQ(recipe["source"], "profiled");
+  EXPECT_EQ(recipe["cluster"]["world"], 4);
+  EXPECT_GT(recipe["measured"]["tokens_per_s"].get<double>(), 0);
+  EXPECT_TRUE(fs::exists(out + "/tuning.md"));
+  EXPECT_TRUE(fs::exists(out + "/checkpoints/step_000003"));
+
+  // The same command again: the cached recipe, no profiling.
+  r = f.tune(f.dir.path("b"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "using cached recipe")) << r.out;
+  EXPECT_FALSE(contains(r.out, "[1/")) << r.out;
+  EXPECT_TRUE(contains(r.out, "layout " + winner)) << r.out;
+  // --retune profiles again.
+  r = f.tune(f.dir.path("c"), "--retune --tune-top 2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "[2/2] ")) << r.out;
+}
+
+TEST(TuneMpi, AReservationRefusedOnOneRankIsRecordedAsOutOfMemory) {
+  Fixture f;
+  const auto out = f.dir.path("a");
+  const auto r = f.tune(out, "--tune-top 3", "WEFT_TUNE_FAULT=refuse_memory:1:2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto rep = Fixture::report(out);
+  ASSERT_EQ(rep["trials"].size(), 3u) << rep.dump(1);
+  EXPECT_EQ(rep["trials"][0]["status"], "oom") << rep.dump(1);
+  EXPECT_TRUE(contains(rep["trials"][0]["reason"], "rank 2:")) << rep.dump(1);
+  EXPECT_TRUE(contains(rep["trials"][0]["reason"], "reserving")) << rep.dump(1);
+  EXPECT_EQ(rep["trials"][1]["status"], "ok");
+  EXPECT_NE(rep["winner"], rep["trials"][0]["layout"]);
+}
+
+TEST(TuneMpi, ARankThatHangsIsAbandonedByTheTrialWatchdog) {
+  Fixture f;
+  const auto out = f.dir.path("a");
+  const auto r = f.tune(out, "--tune-top 3 --trial-timeout 3", "WEFT_TUNE_FAULT=hang:2:3");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto rep = Fixture::report(out);
+  ASSERT_EQ(rep["trials"].size(), 3u) << rep.dump(1);
+  EXPECT_EQ(rep["trials"][1]["status"], "timeout") << rep.dump(1);
+  EXPECT_TRUE(contains(rep["trials"][1]["reason"], "no progress in 3 s")) << rep.dump(1);
+  EXPECT_EQ(rep["trials"][0]["status"], "ok");
+  EXPECT_EQ(rep["trials"][2]["status"], "ok");
+  EXPECT_TRUE(contains(r.out, "training tiny")) << r.out;
+}
+
+TEST(TuneMpi, AProcessKilledMidTuningResumesFromTheJournal) {
+  Fixture f;
+  const auto out = f.dir.path("a");
+  auto r = f.tune(out, "--tune-top 3", "WEFT_TUNE_FAULT=die:2:0");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_FALSE(fs::exists(out + "/recipe.json"));
+  const std::string journal = out + "/tuning/journal.jsonl";
+  const std::string before = read(journal);
+  EXPECT_EQ(std::count(before.begin(), before.end(), '\n'), 4) << before;  // header, start, result, start
+
+  // A journal cut off mid-line is refused, and left as it was.
+  {
+    std::ofstream(journal, std::ios::app) << R"({"kind":"result","res)";
+  }
+  const std::string torn = read(journal);
+  r = f.tune(out, "--tune-top 3");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(contains(r.out, "line 5")) << r.out;
+  EXPECT_EQ(read(journal), torn);
+  fs::resize_file(journal, before.size());
+
+  // A journal of another run (here another seq) is refused by name.
+  r = f.tune(out, "--tune-top 3 --seq 16");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(contains(r.out, "seq 32, this run has 16")) << r.out;
+  EXPECT_EQ(read(journal), before);
+
+  // The re-run reuses trial 1, records trial 2 as killed and goes on.
+  r = f.tune(out, "--tune-top 3");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "(from the journal)")) << r.out;
+  const auto rep = Fixture::report(out);
+  ASSERT_EQ(rep["trials"].size(), 3u) << rep.dump(1);
+  EXPECT_EQ(rep["trials"][0]["status"], "ok");
+  EXPECT_TRUE(rep["trials"][0]["from_journal"].get<bool>());
+  EXPECT_EQ(rep["trials"][1]["status"], "killed") << rep.dump(1);
+  EXPECT_EQ(rep["trials"][2]["status"], "ok");
+  EXPECT_TRUE(fs::exists(out + "/recipe.json"));
+}
+
+}  // namespace
+}  // namespace weft::test

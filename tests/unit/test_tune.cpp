@@ -1,0 +1,153 @@
+// The tuning driver on one process: profiling order, selection, the journal
+// (resume, a trial that killed the process, a journal of another run), a
+// refused reservation, and duration parsing.
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "test_util.h"
+#include "trainer/data/prepare.h"
+#include "tuner/tune.h"
+
+namespace weft::tuner {
+namespace {
+
+struct TuneFixture {
+  test::TempDir dir;
+  ReportContext ctx;
+  SpaceLimits limits;
+  trainer::TrainConfig base;
+  TuneOptions o;
+  std::unique_ptr<parallel::Comm> control = parallel::single_rank_comm();
+
+  TuneFixture() {
+    std::string text;
+    for (int i = 0; i < 200; ++i) text += "The tuner measures " + std::to_string(i * 7919 % 1000) + " layouts.\n%\n";
+    data::PrepareOptions p;
+    p.inputs = {dir.file("c.txt", text)};
+    p.out = dir.path("data");
+    p.val_fraction = 0.1;
+    data::data_prepare(p);
+    ctx.model = model_preset("tiny");
+    ctx.run = RunSpec{16, 4, Precision::fp32};
+    ctx.cluster.device = device_preset("cpu");
+    ctx.cluster.gpus = 1;
+    ctx.cluster.gpus_per_node = 1;
+    ctx.constants = cost_defaults(ctx.cluster.device);
+    limits.attention = {AttentionKind::flash};
+    limits.norm = {NormKind::fused};
+    base.model = ctx.model;
+    base.run = ctx.run;
+    base.device = ctx.cluster.device;
+    base.data = p.out;
+    base.threads = 1;
+    o.top = 3;
+    o.timed_steps = 2;
+    o.min_timed_s = 0.01;
+    o.calibrate_after = 2;
+    o.journal = dir.path("tuning/journal.jsonl");
+  }
+  TuneResult run() { return tune(ctx, limits, base, o, *control, nullptr, nullptr); }
+};
+
+TEST(Tune, ProfilesTheTopCandidatesAndPicksTheFastest) {
+  TuneFixture f;
+  const auto r = f.run();
+  ASSERT_EQ(r.trials.size(), 3u);
+  ASSERT_TRUE(r.winner.has_value());
+  double fastest = 1e30;
+  for (const auto& t : r.trials) {
+    EXPECT_EQ(t.status, "ok") << t.reason;
+    EXPECT_GT(t.measured_s, 0);
+    EXPECT_GT(t.mfu, 0);
+    // The arena's high-water mark against the memory model.
+    EXPECT_NEAR(double(t.measured_peak) / double(t.predicted_peak), 1.0, 0.05) << t.layout.to_string();
+    fastest = std::min(fastest, t.measured_s);
+  }
+  // Highest MFU, or within 1% of it with less memory.
+  EXPECT_LE(r.trials[*r.winner].measured_s, fastest * 1.01 + 1e-12);
+  ASSERT_TRUE(r.calibration.has_value());
+  EXPECT_LE(r.calibration->rms_error_after, r.calibration->rms_error_before + 1e-12);
+  EXPECT_EQ(r.stop_reason, "profiled the top 3");
+  // The recipe and report carry the measurements.
+  const auto recipe = tune_recipe(r, f.ctx, "test machine");
+  EXPECT_EQ(recipe.layout, r.trials[*r.winner].layout);
+  EXPECT_EQ(recipe.source, "profiled");
+  EXPECT_NE(tune_report_md(r, f.ctx).find("**winner**"), std::string::npos);
+  EXPECT_EQ(tune_report_json(r, f.ctx)["trials"].size(), 3u);
+}
+
+TEST(Tune, ResumesFromTheJournalAndSkipsATrialThatKilledTheProcess) {
+  TuneFixture f;
+  f.o.top = 2;
+  f.o.calibrate_after = 0;  // the order stays the models' one
+  const auto first = f.run();
+  ASSERT_EQ(first.trials.size(), 2u);
+  // A third trial started and never finished: the process died in it.
+  f.o.top = 4;
+  TuneFixture probe;  // learn the third candidate in order
+  probe.o = f.o;
+  probe.o.journal = probe.dir.path("j.jsonl");
+  probe.o.top = 3;
+  const std::string third = probe.run().trials[2].layout.to_string();
+  {
+    std::ofstream(f.o.journal, std::ios::app) << nlohmann::json{{"kind", "start"}, {"layout", third}}.dump() << "\n";
+  }
+  const auto again = f.run();
+  ASSERT_EQ(again.trials.size(), 4u);
+  EXPECT_TRUE(again.trials[0].from_journal);
+  EXPECT_TRUE(again.trials[1].from_journal);
+  EXPECT_EQ(again.trials[0].measured_s, first.trials[0].measured_s);
+  EXPECT_EQ(again.trials[2].layout.to_string(), third);
+  EXPECT_EQ(again.trials[2].status, "killed");
+  EXPECT_EQ(again.trials[3].status, "ok");
+  EXPECT_FALSE(again.trials[3].from_journal);
+}
+
+TEST(Tune, AJournalOfAnotherRunIsRefusedByName) {
+  TuneFixture f;
+  f.o.top = 1;
+  f.run();
+  f.ctx.run.global_batch = 8;
+  f.base.run.global_batch = 8;
+  try {
+    f.run();
+    FAIL() << "expected an error";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("global_batch 4, this run has 8"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Tune, ARefusedReservationIsRecordedAsOutOfMemory) {
+  TuneFixture f;
+  f.o.faults = "refuse_memory:1:0";
+  const auto r = f.run();
+  ASSERT_EQ(r.trials.size(), 3u);
+  EXPECT_EQ(r.trials[0].status, "oom");
+  EXPECT_NE(r.trials[0].reason.find("rank 0: host memory: reserving"), std::string::npos) << r.trials[0].reason;
+  EXPECT_EQ(r.trials[1].status, "ok");
+  EXPECT_NE(*r.winner, 0u);
+  f.o.faults = "melt:1:0";
+  EXPECT_THROW(f.run(), InputError);
+}
+
+TEST(Tune, DurationsParse) {
+  EXPECT_DOUBLE_EQ(duration_parse("90"), 90);
+  EXPECT_DOUBLE_EQ(duration_parse("45s"), 45);
+  EXPECT_DOUBLE_EQ(duration_parse("10m"), 600);
+  EXPECT_DOUBLE_EQ(duration_parse("1h30m"), 5400);
+  EXPECT_DOUBLE_EQ(duration_parse("1.5m"), 90);
+  for (const char* bad : {"", "10x", "m", "-5s", "0", "1h30", "abc"}) {
+    try {
+      duration_parse(bad);
+      ADD_FAILURE() << bad;
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("'") + bad + "'"), std::string::npos) << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace weft::tuner

@@ -1,0 +1,104 @@
+// Tuning with real steps: enumerate → validate → memory prune → cost rank →
+// profile → select. Every rank of the world calls tune() together; rank 0
+// decides which candidate comes next (and when to stop) and tells the others
+// over the control communicator, so clocks and files that differ between
+// ranks cannot split them. See trainer/profile.h for what one trial does and
+// how a failing trial is contained.
+//
+// The order: candidates that fit (and that the trainer can run) by predicted
+// step time. After `calibrate_after` measured trials the cost model's
+// efficiencies are refit to the measured steps (nlopt least squares, see
+// calibrate.h) after every trial and the remaining candidates re-ranked. Once
+// the refit model is confident that the next candidate cannot beat the best
+// measured one (predicted slower than best × (1 + 2·its RMS error + 5%)),
+// tuning stops: the rest are ranked slower still.
+//
+// The journal (JSONL, written by rank 0 after every trial) makes tuning
+// resumable: a re-run reuses completed trials and records a trial that was
+// started but never finished as "killed" instead of running it again.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "trainer/profile.h"
+#include "tuner/calibrate.h"
+#include "tuner/recipe.h"
+#include "tuner/report.h"
+#include "tuner/space.h"
+
+namespace weft::tuner {
+
+struct TuneOptions {
+  int64_t top = 8;               // profile at most this many candidates
+  double budget_s = 0;           // start no trial after this many seconds; 0: none
+  int64_t warmup_steps = 1;
+  int64_t timed_steps = 3;       // at least; more until they took min_timed_s
+  double min_timed_s = 0.5;
+  double silence_s = 60;         // a trial's communication watchdog
+  double trial_limit_s = 0;      // a trial's wall-time limit; 0: 10 × predicted + 30 s
+  int64_t calibrate_after = 3;   // measured trials before the first refit
+  std::string journal;           // JSONL path; empty: no journal
+  // Test faults, "KIND:TRIAL:RANK[,...]" with KIND refuse_memory, hang or die
+  // and TRIAL the 1-based position in the profiling order (WEFT_TUNE_FAULT).
+  std::string faults;
+};
+
+struct TrialRecord {
+  int64_t order = 0;              // 1-based position in the profiling order
+  Layout layout;
+  std::string status;             // ok, oom, timeout, failed, killed
+  std::string reason;
+  bool from_journal = false;
+  double predicted_s = 0;         // default constants
+  double calibrated_s = 0;        // constants refit before this trial (= predicted_s before any fit)
+  double measured_s = 0;          // median timed step, slowest rank
+  double tokens_per_s = 0;
+  double mfu = 0;
+  int64_t predicted_peak = 0;     // worst stage, memory model
+  int64_t measured_peak = 0;      // worst rank, arena high-water mark
+  double seconds = 0;             // wall time of the trial
+};
+
+struct TuneResult {
+  SpaceReport space;               // the analytic evaluation
+  int64_t candidates = 0;          // fitting layouts the trainer can run
+  std::vector<TrialRecord> trials; // in profiling order
+  std::optional<size_t> winner;    // index into trials
+  std::optional<CalibrationResult> calibration;  // the last refit, over every measured trial
+  std::string stop_reason;         // why profiling stopped
+  double profile_seconds = 0;      // wall time spent in trials
+  double seconds = 0;              // wall time of tune()
+  double peak_flops = 0;           // per device, what MFU is against
+};
+
+// `base` gives the model, run, device, optimizer, seed, data and threads of
+// every trial. `log` gets the progress lines (pass null on ranks other than 0).
+// Throws InputError when no layout fits, or a bad journal or fault spec.
+TuneResult tune(const ReportContext& ctx, const SpaceLimits& limits, const trainer::TrainConfig& base,
+                const TuneOptions& options, parallel::Comm& control,
+                const trainer::GroupFactory& make_groups, std::FILE* log);
+
+// The journal header: what a journal must match to be resumed.
+nlohmann::json tune_journal_header(const ReportContext& ctx, const SpaceLimits& limits, const TuneOptions& o);
+
+// The report: a table of the candidates with predicted vs measured step time
+// and memory, the pruning summary and the winner (markdown), and the same as JSON.
+std::string tune_report_md(const TuneResult& r, const ReportContext& ctx);
+nlohmann::json tune_report_json(const TuneResult& r, const ReportContext& ctx);
+
+// The recipe of the winner; InputError when no trial succeeded.
+Recipe tune_recipe(const TuneResult& r, const ReportContext& ctx, const std::string& machine);
+
+// Rank 0's `text`, returned on every rank of `control`.
+std::string share_text(parallel::Comm& control, const std::string& text);
+
+// "10m", "90s", "1h30m", "45" (seconds) → seconds; InputError naming the text.
+double duration_parse(const std::string& text);
+
+}  // namespace weft::tuner

@@ -1,0 +1,153 @@
+// The tuning report and the recipe of its winner.
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/units.h"
+#include "tuner/tune.h"
+
+namespace weft::tuner {
+
+namespace {
+
+std::string percent_error(double predicted, double measured) {
+  if (!(measured > 0) || !(predicted > 0)) return "";
+  return fmt::format("{:+.1f}%", 100 * (predicted / measured - 1));
+}
+
+}  // namespace
+
+std::string tune_report_md(const TuneResult& r, const ReportContext& ctx) {
+  std::string s = fmt::format("# Tuning {} on {} x {}\n\n", ctx.model.name, ctx.cluster.gpus,
+                              ctx.cluster.device.summary());
+  s += fmt::format("seq {}, global batch {}, {}; MFU against {:.1f} GFLOP/s per device.\n\n", ctx.run.seq,
+                   ctx.run.global_batch, to_string(ctx.run.precision), r.peak_flops / 1e9);
+  s += fmt::format("{} layouts evaluated, {} fit the memory model, {} candidates the trainer runs; "
+                   "{} trials in {} (tuning {} in all). Stopped: {}.\n\n",
+                   r.space.evaluated, r.space.fitting, r.candidates, r.trials.size(),
+                   format_seconds(r.profile_seconds), format_seconds(r.seconds), r.stop_reason);
+  if (!r.space.pruned.empty()) {
+    s += "Pruned before profiling:\n\n| reason | layouts |\n|---|---:|\n";
+    for (const auto& [why, n] : r.space.pruned) s += fmt::format("| {} | {} |\n", why, n);
+    s += "\n";
+  }
+  s += "| # | layout | status | predicted | refit | measured | error | tokens/s | MFU | memory predicted | "
+       "memory measured |\n|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+  for (size_t i = 0; i < r.trials.size(); ++i) {
+    const auto& t = r.trials[i];
+    const bool ok = t.status == "ok";
+    s += fmt::format("| {} | `{}`{} | {}{} | {} | {} | {} | {} | {} | {} | {} | {} |\n", t.order,
+                     t.layout.to_string(), r.winner && *r.winner == i ? " **winner**" : "", t.status,
+                     t.status == "ok" || t.reason.empty() ? "" : ": " + t.reason, format_seconds(t.predicted_s),
+                     format_seconds(t.calibrated_s), ok ? format_seconds(t.measured_s) : "-",
+                     ok ? percent_error(t.calibrated_s, t.measured_s) : "-",
+                     ok ? fmt::format("{:.0f}", t.tokens_per_s) : "-",
+                     ok ? fmt::format("{:.2f}%", 100 * t.mfu) : "-", format_bytes(double(t.predicted_peak)),
+                     t.measured_peak > 0 ? format_bytes(double(t.measured_peak)) : "-");
+  }
+  s += "\n";
+  if (r.calibration) {
+    const auto& c = *r.calibration;
+    s += fmt::format("Cost model against the measured steps ({} trials): RMS error {:.1f}% with the device "
+                     "defaults, {:.1f}% after the least-squares refit of {} ({}).\n\n",
+                     c.error_before.size(), 100 * c.rms_error_before, 100 * c.rms_error_after,
+                     fmt::join(c.fitted, ", "), c.accepted ? "accepted" : "rejected: no better than the defaults");
+  } else {
+    s += "Cost model: too few measured trials to refit.\n\n";
+  }
+  if (r.winner) {
+    const auto& w = r.trials[*r.winner];
+    s += fmt::format("Winner: `{}`: {} per step, {:.0f} tokens/s, MFU {:.2f}%, peak memory {} per rank.\n",
+                     w.layout.to_string(), format_seconds(w.measured_s), w.tokens_per_s, 100 * w.mfu,
+                     format_bytes(double(w.measured_peak)));
+  } else {
+    s += "No trial succeeded.\n";
+  }
+  return s;
+}
+
+nlohmann::json tune_report_json(const TuneResult& r, const ReportContext& ctx) {
+  nlohmann::json trials = nlohmann::json::array();
+  for (const auto& t : r.trials)
+    trials.push_back({{"order", t.order},
+                      {"layout", t.layout.to_string()},
+                      {"status", t.status},
+                      {"reason", t.reason},
+                      {"from_journal", t.from_journal},
+                      {"predicted_s", t.predicted_s},
+                      {"calibrated_s", t.calibrated_s},
+                      {"measured_s", t.measured_s},
+                      {"tokens_per_s", t.tokens_per_s},
+                      {"mfu", t.mfu},
+                      {"predicted_peak_bytes", t.predicted_peak},
+                      {"measured_peak_bytes", t.measured_peak},
+                      {"seconds", t.seconds}});
+  nlohmann::json j{{"model", ctx.model.name},
+                   {"model_hash", ctx.model.hash()},
+                   {"device", ctx.cluster.device.name},
+                   {"world", ctx.cluster.gpus},
+                   {"seq", ctx.run.seq},
+                   {"global_batch", ctx.run.global_batch},
+                   {"peak_flops", r.peak_flops},
+                   {"evaluated", r.space.evaluated},
+                   {"fitting", r.space.fitting},
+                   {"candidates", r.candidates},
+                   {"pruned", r.space.pruned},
+                   {"trials", trials},
+                   {"stop_reason", r.stop_reason},
+                   {"profile_seconds", r.profile_seconds},
+                   {"seconds", r.seconds},
+                   {"winner", r.winner ? nlohmann::json(r.trials[*r.winner].layout.to_string()) : nlohmann::json()}};
+  if (r.calibration) {
+    const auto& c = *r.calibration;
+    j["calibration"] = {{"observations", c.error_before.size()},
+                        {"rms_error_before", c.rms_error_before},
+                        {"rms_error_after", c.rms_error_after},
+                        {"fitted", c.fitted},
+                        {"accepted", c.accepted},
+                        {"constants", c.constants}};
+  }
+  return j;
+}
+
+Recipe tune_recipe(const TuneResult& r, const ReportContext& ctx, const std::string& machine) {
+  if (!r.winner) throw InputError("no trial succeeded, so there is no layout to save as a recipe");
+  const auto& w = r.trials[*r.winner];
+  Recipe rc;
+  rc.weft_version = WEFT_VERSION;
+  rc.model = ctx.model;
+  rc.device = ctx.cluster.device.name;
+  rc.device_memory = ctx.cluster.device.memory_bytes;
+  rc.world = ctx.cluster.gpus;
+  rc.gpus_per_node = ctx.cluster.gpus_per_node;
+  rc.run = ctx.run;
+  rc.layout = w.layout;
+  rc.source = "profiled";
+  rc.machine = machine;
+  rc.predicted = {{"step_s", w.predicted_s},
+                  {"step_s_refit", w.calibrated_s},
+                  {"peak_bytes", w.predicted_peak}};
+  rc.measured = {{"step_s", w.measured_s},
+                 {"tokens_per_s", w.tokens_per_s},
+                 {"mfu", w.mfu},
+                 {"peak_flops", r.peak_flops},
+                 {"peak_bytes", w.measured_peak}};
+  int64_t ok = 0;
+  for (const auto& t : r.trials) ok += t.status == "ok";
+  rc.tuning = {{"evaluated", r.space.evaluated},
+               {"fitting", r.space.fitting},
+               {"candidates", r.candidates},
+               {"pruned", r.space.pruned},
+               {"trials", r.trials.size()},
+               {"trials_ok", ok},
+               {"profile_seconds", r.profile_seconds},
+               {"stop_reason", r.stop_reason}};
+  if (r.calibration)
+    rc.tuning["cost_model_rms_error"] = {{"before", r.calibration->rms_error_before},
+                                         {"after", r.calibration->rms_error_after}};
+  return rc;
+}
+
+}  // namespace weft::tuner
