@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <thread>
 
 #include <fmt/format.h>
@@ -71,7 +72,8 @@ std::string machine_description() {
 Layout auto_layout(const trainer::TrainConfig& base, const tuner::SpaceLimits& limits, const AutoArgs& a,
                    int64_t world, bool multi_rank, std::FILE* log) {
   tuner::TuneOptions o;
-  o.top = a.top;
+  o.top = a.all ? std::numeric_limits<int64_t>::max() : a.top;
+  o.model_stop = !a.all;
   if (!a.budget.empty()) o.budget_s = tuner::duration_parse(a.budget);
   o.warmup_steps = a.trial_warmup;
   o.timed_steps = a.trial_steps;

@@ -19,8 +19,9 @@ namespace weft::cli {
 struct AutoArgs {
   bool enabled = false;  // --auto given
   bool retune = false;
-  int64_t top = 8;
+  int64_t top = 16;
   std::string budget;     // "10m"; empty: none
+  bool all = false;       // profile every candidate (brute force)
   int64_t trial_warmup = 1;
   int64_t trial_steps = 3;
   double trial_min_time = 0.5;  // seconds of timed steps at least

@@ -20,8 +20,9 @@ struct RecipeArgs {
 
 std::string one_line(const tuner::Recipe& r) {
   const double mfu = r.measured.value("mfu", r.predicted.value("mfu", 0.0));
-  return fmt::format("{} on {} x {} (seq {}, global batch {}): {} [{}; MFU {:.1f}%]", r.model.name, r.world,
-                     r.device, r.run.seq, r.run.global_batch, r.layout.to_string(), r.source, 100 * mfu);
+  return fmt::format("{} on {} x {} (seq {}, global batch {}): {} [{}; MFU {:.1f}%{}]", r.model.name, r.world,
+                     r.device, r.run.seq, r.run.global_batch, r.layout.to_string(), r.source, 100 * mfu,
+                     r.machine.empty() ? "" : "; measured on " + r.machine);
 }
 
 }  // namespace

@@ -73,8 +73,8 @@ int run_train(TrainArgs& a) {
   if (a.device != "cpu")
     throw InputError(fmt::format("--device {} is not available in this build; valid: cpu", a.device));
   c.device = device_preset("cpu");
-  // Ranks on one node share its memory.
-  c.device.memory_bytes /= local_ranks_from_env();
+  // Ranks on one node share its cores and memory: each rank is a device.
+  c.device = cpu_rank_share(c.device, local_ranks_from_env(), c.threads);
   c.run.seq = a.seq;
   c.run.global_batch = a.global_batch;
   c.run.precision = precision_parse(a.precision);
@@ -179,7 +179,9 @@ Command add_train_command(CLI::App& app) {
                 "Choose the layout by tuning with real steps on every rank, or reuse a cached recipe that matches "
                 "(the default without --layout, --recipe or a layout knob; with knobs, they restrict the space)");
   sub->add_flag("--retune", t.retune, "Tune even when a cached recipe matches");
-  a->tune_top = sub->add_option("--tune-top", t.top, "Profile at most this many candidates (default 8 without "
+  sub->add_flag("--tune-all", t.all,
+                "Profile every candidate (brute force: no --tune-top limit and no stop by the refit cost model)");
+  a->tune_top = sub->add_option("--tune-top", t.top, "Profile at most this many candidates (default 16 without "
                                                       "--tune-budget, else every candidate within the budget)");
   sub->add_option("--tune-budget", t.budget, "Start no trial after this long, e.g. 10m, 90s (default: none)");
   sub->add_option("--trial-warmup", t.trial_warmup, "Warm-up steps per trial")->capture_default_str();

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <fstream>
 #include <thread>
 
@@ -100,6 +101,21 @@ std::vector<std::string> device_preset_names() {
   for (const auto& d : gpu_presets()) names.push_back(d.name);
   names.push_back("cpu");
   return names;
+}
+
+DeviceSpec cpu_rank_share(const DeviceSpec& machine, int64_t local_ranks, int64_t threads) {
+  if (local_ranks <= 1 && threads <= 0) return machine;
+  const double cores = double(std::max<int64_t>(1, machine.sm_count));
+  const double ranks = double(std::max<int64_t>(1, local_ranks));
+  const double fair = cores / ranks;
+  const double used = threads > 0 ? std::min(double(threads), fair) : fair;
+  DeviceSpec d = machine;
+  d.peak_fp32_flops = machine.peak_fp32_flops * used / cores;
+  d.peak_bf16_flops = machine.peak_bf16_flops * used / cores;
+  d.sm_count = std::max<int64_t>(1, int64_t(std::lround(used)));
+  d.memory_bytes = int64_t(double(machine.memory_bytes) / ranks);
+  d.memory_bandwidth = machine.memory_bandwidth / ranks;
+  return d;
 }
 
 DeviceSpec device_detect_cpu() {

@@ -49,6 +49,11 @@ std::vector<std::string> device_preset_names();
 DeviceSpec device_preset(const std::string& name);
 // This machine's CPU: cores, and a peak from the vector width and clock.
 DeviceSpec device_detect_cpu();
+// What one of `local_ranks` processes sharing a CPU machine gets when each runs
+// `threads` threads (0: an equal share of the cores): its cores' part of the
+// peak (oversubscribed ranks split the cores), and an equal part of the memory
+// and its bandwidth. Device = rank, so MFU over all ranks is against the machine.
+DeviceSpec cpu_rank_share(const DeviceSpec& machine, int64_t local_ranks, int64_t threads);
 
 // --gpu NAME|FILE.json --gpus N --gpus-per-node G. A JSON file describes a
 // custom cluster: {"device": {"preset": "h100", ...overrides} or full fields,

@@ -24,6 +24,9 @@ CostConstants cost_defaults(const DeviceSpec& device) {
     k.memory_efficiency = 0.5;
     k.intra_efficiency = k.inter_efficiency = 0.5;
     k.launch_overhead = 1e-6;
+    // The CPU trainer reduces gradients over MPI after the backward pass,
+    // not overlapped with it.
+    k.dp_overlap = 0;
     return k;
   }
   if (device.name.rfind("a100", 0) == 0) {

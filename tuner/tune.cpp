@@ -5,6 +5,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <numeric>
+#include <set>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -246,72 +249,139 @@ TuneResult tune(const ReportContext& ctx, const SpaceLimits& limits, const train
                   o.warmup_steps, o.timed_steps, o.min_timed_s));
 
   CostConstants k = ctx.constants;
-  std::optional<size_t> best;  // index into r.trials
   const double tokens = double(ctx.run.tokens_per_step());
   const double flops = model_flops_per_step(ctx.model, ctx.run);
-  auto better = [&](const TrialRecord& a, const TrialRecord& b) {
-    // Highest MFU (the shortest step); within 1%, the one with less memory.
-    if (a.measured_s < b.measured_s * 0.99) return true;
-    if (b.measured_s < a.measured_s * 0.99) return false;
-    return a.measured_peak < b.measured_peak;
+  // A layout's measurement is the mean of its ok trials (the confirmation
+  // phase measures the leaders twice).
+  std::map<std::string, std::vector<double>> measured;
+  auto mean_of = [&](const std::string& l) {
+    const auto& v = measured.at(l);
+    return std::accumulate(v.begin(), v.end(), 0.0) / double(v.size());
   };
-  auto refit = [&] {
+  std::map<std::string, int64_t> peak_of;
+  // Highest MFU (the shortest mean step); within 1%, the one with less memory.
+  auto better = [&](const std::string& a, const std::string& b) {
+    const double ma = mean_of(a), mb = mean_of(b);
+    if (ma < mb * 0.99) return true;
+    if (mb < ma * 0.99) return false;
+    return peak_of[a] < peak_of[b];
+  };
+  auto leaders = [&](size_t n) {
+    std::vector<std::string> ls;
+    for (const auto& [l, v] : measured) ls.push_back(l);
+    std::sort(ls.begin(), ls.end(), better);
+    if (ls.size() > n) ls.resize(n);
+    return ls;
+  };
+  // Refits after every measured trial at first, then whenever the measured
+  // trials grew by a quarter (a fit costs time linear in them), and once at
+  // the end over all of them for the report.
+  size_t fitted_on = 0;
+  auto refit = [&](bool final) {
     std::vector<Observation> obs;
     for (const auto& t : r.trials)
       if (t.status == "ok") obs.push_back({t.layout, t.measured_s});
-    if (int64_t(obs.size()) < o.calibrate_after || o.calibrate_after <= 0) return;
+    if (o.calibrate_after <= 0 || int64_t(obs.size()) < o.calibrate_after || obs.size() == fitted_on) return;
+    if (!final && obs.size() > 12 && double(obs.size()) < 1.25 * double(fitted_on)) return;
+    fitted_on = obs.size();
     r.calibration = calibrate(ctx.model, ctx.run, ctx.cluster, obs, ctx.constants);
     k = r.calibration->constants;
     for (auto& c : cands)
       if (!c.done) c.calibrated_s = predict(ctx.model, ctx.run, c.layout, ctx.cluster, k).step;
   };
+  // The search. Layouts that share a parallel shape (tp, pp, dp, mb, vpp)
+  // and differ in kernel knobs are predicted alike, so the first half of the
+  // trials goes to distinct shapes, best predicted first; the rest refine the
+  // three best measured shapes; then the three leaders are measured again
+  // (trial noise on shared machines is several percent) and the mean decides.
+  auto shape_of = [](const Layout& l) { return fmt::format("tp{}-pp{}-dp{}-mb{}-vpp{}", l.tp, l.pp, l.dp, l.mb, l.vpp); };
+  std::set<std::string> shapes_tried;
+  std::set<std::string> confirmed;
+  const int64_t explore = (limit + 1) / 2;
+  std::string main_stop;
+  double trial_seconds = 0;  // mean wall time of a trial, for the budget
+  int64_t trials_run = 0;
 
   int64_t profiled = 0;
   for (int64_t order = 1;; ++order) {
-    // Rank 0 picks the next candidate (or -1 to stop) and whether the journal
-    // already holds its result (then nobody runs it).
-    int64_t pick = -1, known = 0;
+    // Rank 0 picks the next candidate (or -1 to stop) and how: 0 profile,
+    // 1 the journal holds its result, 2 measure a leader again.
+    int64_t pick = -1, mode = 0;
     if (rank0) {
+      auto best_of = [&](auto&& allowed) {
+        size_t next = cands.size();
+        for (size_t i = 0; i < cands.size(); ++i)
+          if (!cands[i].done && allowed(cands[i]) &&
+              (next == cands.size() || cands[i].calibrated_s < cands[next].calibrated_s))
+            next = i;
+        return next;
+      };
+      const double reserve = 3 * trial_seconds;  // for the confirmations
       size_t next = cands.size();
-      for (size_t i = 0; i < cands.size(); ++i)
-        if (!cands[i].done && (next == cands.size() || cands[i].calibrated_s < cands[next].calibrated_s)) next = i;
-      if (profiled >= limit) {
-        r.stop_reason = fmt::format("profiled the top {}", limit);
-      } else if (next == cands.size()) {
-        r.stop_reason = "profiled every candidate";
-      } else if (o.budget_s > 0 && since(t_start) > o.budget_s) {
-        r.stop_reason = fmt::format("time budget of {} spent", format_seconds(o.budget_s));
-      } else if (best && r.calibration && r.calibration->accepted &&
-                 cands[next].calibrated_s >
-                     r.trials[*best].measured_s * (1 + 2 * r.calibration->rms_error_after + 0.05)) {
-        r.stop_reason = fmt::format(
-            "the refit cost model (RMS error {:.1f}%) predicts the {} remaining candidates slower than the best "
-            "measured by more than its error",
-            100 * r.calibration->rms_error_after,
-            std::count_if(cands.begin(), cands.end(), [](const Cand& c) { return !c.done; }));
-      } else {
+      if (main_stop.empty()) {
+        if (profiled >= limit) main_stop = fmt::format("profiled the top {}", limit);
+        else if (o.budget_s > 0 && since(t_start) + reserve > o.budget_s)
+          main_stop = fmt::format("time budget of {} spent", format_seconds(o.budget_s));
+      }
+      if (main_stop.empty()) {
+        const bool exploring = profiled < explore;
+        if (exploring) next = best_of([&](const Cand& c) { return !shapes_tried.count(shape_of(c.layout)); });
+        if (next == cands.size()) {
+          std::set<std::string> top;
+          for (const auto& l : leaders(3)) top.insert(shape_of(Layout::parse(l)));
+          next = best_of([&](const Cand& c) { return top.count(shape_of(c.layout)) > 0; });
+        }
+        if (next == cands.size()) next = best_of([](const Cand&) { return true; });
+        if (next == cands.size()) {
+          main_stop = "profiled every candidate";
+        } else if (o.model_stop && !exploring && !measured.empty() && r.calibration && r.calibration->accepted &&
+                   cands[next].calibrated_s >
+                       mean_of(leaders(1)[0]) * (1 + 2 * r.calibration->rms_error_after + 0.05)) {
+          main_stop = fmt::format(
+              "the refit cost model (RMS error {:.1f}%) predicts the {} remaining candidates slower than the "
+              "best measured by more than its error",
+              100 * r.calibration->rms_error_after,
+              std::count_if(cands.begin(), cands.end(), [](const Cand& c) { return !c.done; }));
+          next = cands.size();
+        }
+      }
+      if (next < cands.size()) {
         pick = int64_t(next);
         const std::string text = cands[next].layout.to_string();
         if (journal) {
           const auto unfinished = journal->unfinished();
-          if (journal->result(text) || std::count(unfinished.begin(), unfinished.end(), text)) known = 1;
+          if (journal->result(text) || std::count(unfinished.begin(), unfinished.end(), text)) mode = 1;
         }
+      } else if (o.confirm && confirmed.size() < 3 && (o.budget_s <= 0 || since(t_start) < o.budget_s)) {
+        for (const auto& l : leaders(3))
+          if (measured[l].size() == 1 && !confirmed.count(l)) {
+            for (size_t i = 0; i < cands.size(); ++i)
+              if (cands[i].layout.to_string() == l) pick = int64_t(i);
+            mode = 2;
+            confirmed.insert(l);
+            break;
+          }
       }
+      if (pick < 0) r.stop_reason = main_stop;
     }
     pick = share(control, pick);
     if (pick < 0) break;
-    known = share(control, known);
+    mode = share(control, mode);
     Cand& cand = cands[size_t(pick)];
-    cand.done = true;
-    ++profiled;
+    if (mode != 2) {
+      cand.done = true;
+      ++profiled;
+    }
+    shapes_tried.insert(shape_of(cand.layout));
     TrialRecord t;
     t.order = order;
     t.layout = cand.layout;
     t.predicted_s = cand.predicted_s;
-    t.calibrated_s = cand.calibrated_s;
+    t.calibrated_s = mode == 2 ? predict(ctx.model, ctx.run, cand.layout, ctx.cluster, k).step : cand.calibrated_s;
     t.predicted_peak = cand.peak;
+    t.repeat = mode == 2;
     const std::string text = cand.layout.to_string();
-    if (known) {
+    if (mode == 1) {
       if (rank0) {
         if (const auto* j = journal->result(text)) {
           t = record_from_json(*j, journal->path());
@@ -336,7 +406,7 @@ TuneResult tune(const ReportContext& ctx, const SpaceLimits& limits, const train
                             : 10 * cand.calibrated_s * double(o.warmup_steps + o.timed_steps) + 30;
       for (const auto& f : faults)
         if (f.trial == order && f.rank == control.rank()) pc.fault = f.kind;
-      if (journal) journal->start(text);
+      if (journal && mode == 0) journal->start(text);
       const auto m = trainer::profile_layout(pc, control, make_groups);
       t.status = trainer::to_string(m.status);
       t.reason = m.reason;
@@ -344,17 +414,22 @@ TuneResult tune(const ReportContext& ctx, const SpaceLimits& limits, const train
       t.measured_peak = m.peak_bytes.empty() ? 0 : *std::max_element(m.peak_bytes.begin(), m.peak_bytes.end());
       t.seconds = m.seconds;
       r.profile_seconds += m.seconds;
+      ++trials_run;
+      trial_seconds += (m.seconds - trial_seconds) / double(trials_run);
       if (m.status == trainer::TrialStatus::ok) {
         t.tokens_per_s = tokens / m.step_s;
         t.mfu = mfu(flops / m.step_s, ctx.cluster.gpus, r.peak_flops);
       }
-      if (journal) journal->finish(record_to_json(t));
+      if (journal && mode == 0) journal->finish(record_to_json(t));
     }
     r.trials.push_back(t);
     if (!rank0) continue;
     const bool ok = t.status == "ok";
-    if (ok && (!best || better(t, r.trials[*best]))) best = r.trials.size() - 1;
-    if (ok) refit();
+    if (ok) {
+      measured[text].push_back(t.measured_s);
+      peak_of[text] = std::max(peak_of[text], t.measured_peak);
+      refit(false);
+    }
     std::string line = fmt::format("[{}/{}] {:<58} ", order, limit, text);
     if (ok)
       line += fmt::format("{} /step (predicted {}) | {:.0f} tok/s | MFU {:.2f}%", format_seconds(t.measured_s),
@@ -362,11 +437,31 @@ TuneResult tune(const ReportContext& ctx, const SpaceLimits& limits, const train
     else
       line += fmt::format("{}: {}", t.status, t.reason);
     if (t.from_journal) line += " (from the journal)";
-    if (best) line += fmt::format(" | best MFU {:.2f}%", 100 * r.trials[*best].mfu);
+    if (t.repeat) line += " (measured again)";
+    if (!measured.empty()) {
+      const auto lead = leaders(1)[0];
+      line += fmt::format(" | best MFU {:.2f}%", 100 * mfu(flops / mean_of(lead), ctx.cluster.gpus, r.peak_flops));
+    }
     if (o.budget_s > 0) line += fmt::format(" | {} left", format_seconds(std::max(0.0, o.budget_s - since(t_start))));
     say(line + "\n");
   }
-  if (rank0) say(fmt::format("tuning stopped: {}\n", r.stop_reason));
+  std::optional<size_t> best;
+  if (rank0) {
+    refit(true);
+    say(fmt::format("tuning stopped: {}\n", r.stop_reason));
+    // The winner's row: its last trial, carrying the mean over its trials.
+    if (!measured.empty()) {
+      const auto lead = leaders(1)[0];
+      for (size_t i = 0; i < r.trials.size(); ++i)
+        if (r.trials[i].status == "ok" && r.trials[i].layout.to_string() == lead) best = i;
+      auto& w = r.trials[*best];
+      w.measured_s = mean_of(lead);
+      w.measured_peak = peak_of[lead];
+      w.tokens_per_s = tokens / w.measured_s;
+      w.mfu = mfu(flops / w.measured_s, ctx.cluster.gpus, r.peak_flops);
+      w.repeats = int64_t(measured[lead].size());
+    }
+  }
   // Every rank learns the winner.
   const int64_t w = share(control, best ? int64_t(*best) : -1);
   if (w >= 0) r.winner = size_t(w);

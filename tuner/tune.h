@@ -5,13 +5,17 @@
 // ranks cannot split them. See trainer/profile.h for what one trial does and
 // how a failing trial is contained.
 //
-// The order: candidates that fit (and that the trainer can run) by predicted
-// step time. After `calibrate_after` measured trials the cost model's
-// efficiencies are refit to the measured steps (nlopt least squares, see
-// calibrate.h) after every trial and the remaining candidates re-ranked. Once
-// the refit model is confident that the next candidate cannot beat the best
-// measured one (predicted slower than best × (1 + 2·its RMS error + 5%)),
-// tuning stops: the rest are ranked slower still.
+// The search: candidates that fit (and that the trainer can run), ranked by
+// predicted step time. Layouts that share a parallel shape (tp, pp, dp, mb,
+// vpp) and differ only in kernel knobs are predicted alike, so the first half
+// of the trials goes to distinct shapes, best predicted first; the rest refine
+// the three best measured shapes. After `calibrate_after` measured trials the
+// cost model's efficiencies are refit to the measured steps (nlopt least
+// squares, see calibrate.h) and the remaining candidates re-ranked. Once the
+// refit model is confident that the next candidate cannot beat the best
+// measured one (predicted slower than best × (1 + 2·its RMS error + 5%)), the
+// search stops. Last, the three leaders are measured again, and the winner is
+// the layout with the shortest mean step (within 1%: the least memory).
 //
 // The journal (JSONL, written by rank 0 after every trial) makes tuning
 // resumable: a re-run reuses completed trials and records a trial that was
@@ -35,8 +39,10 @@
 namespace weft::tuner {
 
 struct TuneOptions {
-  int64_t top = 8;               // profile at most this many candidates
+  int64_t top = 16;              // profile at most this many candidates
   double budget_s = 0;           // start no trial after this many seconds; 0: none
+  bool model_stop = true;        // stop once the refit model is confident the rest are slower
+  bool confirm = true;           // measure the three leaders again at the end
   int64_t warmup_steps = 1;
   int64_t timed_steps = 3;       // at least; more until they took min_timed_s
   double min_timed_s = 0.5;
@@ -55,6 +61,8 @@ struct TrialRecord {
   std::string status;             // ok, oom, timeout, failed, killed
   std::string reason;
   bool from_journal = false;
+  bool repeat = false;            // a leader measured again
+  int64_t repeats = 1;            // on the winner's row: trials its measurement averages
   double predicted_s = 0;         // default constants
   double calibrated_s = 0;        // constants refit before this trial (= predicted_s before any fit)
   double measured_s = 0;          // median timed step, slowest rank

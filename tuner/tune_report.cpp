@@ -39,7 +39,8 @@ std::string tune_report_md(const TuneResult& r, const ReportContext& ctx) {
     const auto& t = r.trials[i];
     const bool ok = t.status == "ok";
     s += fmt::format("| {} | `{}`{} | {}{} | {} | {} | {} | {} | {} | {} | {} | {} |\n", t.order,
-                     t.layout.to_string(), r.winner && *r.winner == i ? " **winner**" : "", t.status,
+                     t.layout.to_string(), r.winner && *r.winner == i ? " **winner**" : "",
+                     t.repeat ? t.status + " (again)" : t.status,
                      t.status == "ok" || t.reason.empty() ? "" : ": " + t.reason, format_seconds(t.predicted_s),
                      format_seconds(t.calibrated_s), ok ? format_seconds(t.measured_s) : "-",
                      ok ? percent_error(t.calibrated_s, t.measured_s) : "-",
@@ -59,8 +60,9 @@ std::string tune_report_md(const TuneResult& r, const ReportContext& ctx) {
   }
   if (r.winner) {
     const auto& w = r.trials[*r.winner];
-    s += fmt::format("Winner: `{}`: {} per step, {:.0f} tokens/s, MFU {:.2f}%, peak memory {} per rank.\n",
-                     w.layout.to_string(), format_seconds(w.measured_s), w.tokens_per_s, 100 * w.mfu,
+    s += fmt::format("Winner: `{}`: {} per step (mean of {} trials), {:.0f} tokens/s, MFU {:.2f}%, peak memory {} "
+                     "per rank.\n",
+                     w.layout.to_string(), format_seconds(w.measured_s), w.repeats, w.tokens_per_s, 100 * w.mfu,
                      format_bytes(double(w.measured_peak)));
   } else {
     s += "No trial succeeded.\n";
@@ -76,6 +78,7 @@ nlohmann::json tune_report_json(const TuneResult& r, const ReportContext& ctx) {
                       {"status", t.status},
                       {"reason", t.reason},
                       {"from_journal", t.from_journal},
+                      {"repeat", t.repeat},
                       {"predicted_s", t.predicted_s},
                       {"calibrated_s", t.calibrated_s},
                       {"measured_s", t.measured_s},

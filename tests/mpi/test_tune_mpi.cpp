@@ -75,9 +75,10 @@ TEST(TuneMpi, TunesOnFourRanksTrainsTheWinnerAndReusesTheRecipe) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(contains(r.out, "tuning tiny on 4 x cpu")) << r.out;
   EXPECT_TRUE(contains(r.out, "[4/4] ")) << r.out;
+  EXPECT_TRUE(contains(r.out, "(measured again)")) << r.out;
   EXPECT_TRUE(contains(r.out, "| memory measured |")) << r.out;
   const auto rep = Fixture::report(out);
-  ASSERT_EQ(rep["trials"].size(), 4u) << rep.dump(1);
+  ASSERT_EQ(rep["trials"].size(), 7u) << rep.dump(1);  // 4 candidates, 3 leaders again
   for (const auto& t : rep["trials"]) {
     EXPECT_EQ(t["status"], "ok") << t.dump();
     EXPECT_GT(t["measured_s"].get<double>(), 0);
@@ -113,7 +114,7 @@ TEST(TuneMpi, AReservationRefusedOnOneRankIsRecordedAsOutOfMemory) {
   const auto r = f.tune(out, "--tune-top 3", "WEFT_TUNE_FAULT=refuse_memory:1:2");
   ASSERT_EQ(r.code, 0) << r.out;
   const auto rep = Fixture::report(out);
-  ASSERT_EQ(rep["trials"].size(), 3u) << rep.dump(1);
+  ASSERT_EQ(rep["trials"].size(), 5u) << rep.dump(1);  // 3 candidates, the 2 that ran measured again
   EXPECT_EQ(rep["trials"][0]["status"], "oom") << rep.dump(1);
   EXPECT_TRUE(contains(rep["trials"][0]["reason"], "rank 2:")) << rep.dump(1);
   EXPECT_TRUE(contains(rep["trials"][0]["reason"], "reserving")) << rep.dump(1);
@@ -127,7 +128,7 @@ TEST(TuneMpi, ARankThatHangsIsAbandonedByTheTrialWatchdog) {
   const auto r = f.tune(out, "--tune-top 3 --trial-timeout 3", "WEFT_TUNE_FAULT=hang:2:3");
   ASSERT_EQ(r.code, 0) << r.out;
   const auto rep = Fixture::report(out);
-  ASSERT_EQ(rep["trials"].size(), 3u) << rep.dump(1);
+  ASSERT_EQ(rep["trials"].size(), 5u) << rep.dump(1);  // 3 candidates, the 2 that ran measured again
   EXPECT_EQ(rep["trials"][1]["status"], "timeout") << rep.dump(1);
   EXPECT_TRUE(contains(rep["trials"][1]["reason"], "no progress in 3 s")) << rep.dump(1);
   EXPECT_EQ(rep["trials"][0]["status"], "ok");
@@ -167,7 +168,7 @@ TEST(TuneMpi, AProcessKilledMidTuningResumesFromTheJournal) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(contains(r.out, "(from the journal)")) << r.out;
   const auto rep = Fixture::report(out);
-  ASSERT_EQ(rep["trials"].size(), 3u) << rep.dump(1);
+  ASSERT_EQ(rep["trials"].size(), 5u) << rep.dump(1);  // 3 candidates, the 2 that ran measured again
   EXPECT_EQ(rep["trials"][0]["status"], "ok");
   EXPECT_TRUE(rep["trials"][0]["from_journal"].get<bool>());
   EXPECT_EQ(rep["trials"][1]["status"], "killed") << rep.dump(1);

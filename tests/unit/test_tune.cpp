@@ -2,6 +2,7 @@
 // (resume, a trial that killed the process, a journal of another run), a
 // refused reservation, and duration parsing.
 #include <fstream>
+#include <map>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -55,19 +56,25 @@ struct TuneFixture {
 TEST(Tune, ProfilesTheTopCandidatesAndPicksTheFastest) {
   TuneFixture f;
   const auto r = f.run();
-  ASSERT_EQ(r.trials.size(), 3u);
+  // Three candidates, then the three leaders measured again.
+  ASSERT_EQ(r.trials.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) EXPECT_EQ(r.trials[i].repeat, i >= 3);
   ASSERT_TRUE(r.winner.has_value());
-  double fastest = 1e30;
+  std::map<std::string, std::vector<double>> times;
   for (const auto& t : r.trials) {
     EXPECT_EQ(t.status, "ok") << t.reason;
     EXPECT_GT(t.measured_s, 0);
     EXPECT_GT(t.mfu, 0);
     // The arena's high-water mark against the memory model.
     EXPECT_NEAR(double(t.measured_peak) / double(t.predicted_peak), 1.0, 0.05) << t.layout.to_string();
-    fastest = std::min(fastest, t.measured_s);
+    times[t.layout.to_string()].push_back(t.measured_s);
   }
-  // Highest MFU, or within 1% of it with less memory.
-  EXPECT_LE(r.trials[*r.winner].measured_s, fastest * 1.01 + 1e-12);
+  // The shortest mean step, or within 1% of it with less memory.
+  double fastest = 1e30;
+  for (auto& [l, v] : times) fastest = std::min(fastest, (v[0] + v[1]) / 2);
+  const auto& w = r.trials[*r.winner];
+  EXPECT_EQ(w.repeats, 2);
+  EXPECT_LE(w.measured_s, fastest * 1.01 + 1e-12);
   ASSERT_TRUE(r.calibration.has_value());
   EXPECT_LE(r.calibration->rms_error_after, r.calibration->rms_error_before + 1e-12);
   EXPECT_EQ(r.stop_reason, "profiled the top 3");
@@ -76,32 +83,37 @@ TEST(Tune, ProfilesTheTopCandidatesAndPicksTheFastest) {
   EXPECT_EQ(recipe.layout, r.trials[*r.winner].layout);
   EXPECT_EQ(recipe.source, "profiled");
   EXPECT_NE(tune_report_md(r, f.ctx).find("**winner**"), std::string::npos);
-  EXPECT_EQ(tune_report_json(r, f.ctx)["trials"].size(), 3u);
+  EXPECT_EQ(tune_report_json(r, f.ctx)["trials"].size(), 6u);
 }
 
 TEST(Tune, ResumesFromTheJournalAndSkipsATrialThatKilledTheProcess) {
   TuneFixture f;
-  f.o.top = 2;
-  f.o.calibrate_after = 0;  // the order stays the models' one
-  const auto first = f.run();
-  ASSERT_EQ(first.trials.size(), 2u);
-  // A third trial started and never finished: the process died in it.
   f.o.top = 4;
-  TuneFixture probe;  // learn the third candidate in order
-  probe.o = f.o;
-  probe.o.journal = probe.dir.path("j.jsonl");
-  probe.o.top = 3;
-  const std::string third = probe.run().trials[2].layout.to_string();
+  f.o.calibrate_after = 0;  // the order stays the models' one
+  f.o.confirm = false;
+  const auto first = f.run();
+  ASSERT_EQ(first.trials.size(), 4u);
+  // Cut the journal back to a process that died in the third trial: header,
+  // two trials started and finished, the third started.
+  std::vector<std::string> lines;
   {
-    std::ofstream(f.o.journal, std::ios::app) << nlohmann::json{{"kind", "start"}, {"layout", third}}.dump() << "\n";
+    std::ifstream in(f.o.journal);
+    for (std::string l; std::getline(in, l);) lines.push_back(l);
+  }
+  ASSERT_EQ(lines.size(), 9u);
+  {
+    std::ofstream out(f.o.journal, std::ios::trunc);
+    for (size_t i = 0; i < 6; ++i) out << lines[i] << "\n";
   }
   const auto again = f.run();
   ASSERT_EQ(again.trials.size(), 4u);
   EXPECT_TRUE(again.trials[0].from_journal);
   EXPECT_TRUE(again.trials[1].from_journal);
   EXPECT_EQ(again.trials[0].measured_s, first.trials[0].measured_s);
-  EXPECT_EQ(again.trials[2].layout.to_string(), third);
+  EXPECT_EQ(again.trials[1].measured_s, first.trials[1].measured_s);
+  EXPECT_EQ(again.trials[2].layout, first.trials[2].layout);
   EXPECT_EQ(again.trials[2].status, "killed");
+  EXPECT_EQ(again.trials[3].layout, first.trials[3].layout);
   EXPECT_EQ(again.trials[3].status, "ok");
   EXPECT_FALSE(again.trials[3].from_journal);
 }
@@ -122,6 +134,7 @@ TEST(Tune, AJournalOfAnotherRunIsRefusedByName) {
 
 TEST(Tune, ARefusedReservationIsRecordedAsOutOfMemory) {
   TuneFixture f;
+  f.o.confirm = false;
   f.o.faults = "refuse_memory:1:0";
   const auto r = f.run();
   ASSERT_EQ(r.trials.size(), 3u);
