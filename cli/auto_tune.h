@@ -19,7 +19,7 @@ namespace weft::cli {
 struct AutoArgs {
   bool enabled = false;  // --auto given
   bool retune = false;
-  int64_t top = 16;
+  int64_t top = 0;  // 0: the tuner's default
   std::string budget;     // "10m"; empty: none
   bool all = false;       // profile every candidate (brute force)
   int64_t trial_warmup = 1;

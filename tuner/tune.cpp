@@ -109,6 +109,11 @@ int64_t share(parallel::Comm& control, int64_t v) {
   return v;
 }
 
+// Layouts that differ only in kernel knobs share a parallel shape.
+std::string shape_key(const Layout& l) {
+  return fmt::format("tp{}-pp{}-dp{}-mb{}-vpp{}", l.tp, l.pp, l.dp, l.mb, l.vpp);
+}
+
 }  // namespace
 
 std::string share_text(parallel::Comm& control, const std::string& text) {
@@ -175,7 +180,7 @@ TuneResult tune(const ReportContext& ctx, const SpaceLimits& limits, const train
                 std::FILE* log) {
   const auto t_start = Clock::now();
   const bool rank0 = control.rank() == 0;
-  if (o.top < 1) throw InputError(fmt::format("--tune-top {} must be at least 1", o.top));
+  if (o.top < 0) throw InputError(fmt::format("--tune-top {} must be at least 1", o.top));
   if (o.warmup_steps < 0 || o.timed_steps < 1)
     throw InputError(fmt::format("trial steps: warm-up {} must be >= 0 and timed {} >= 1", o.warmup_steps,
                                  o.timed_steps));
@@ -241,7 +246,13 @@ TuneResult tune(const ReportContext& ctx, const SpaceLimits& limits, const train
       std::fflush(log);
     }
   };
-  const int64_t limit = std::min<int64_t>(o.top, int64_t(cands.size()));
+  // Trials: by default every parallel shape (up to 32) and 8 more, at least
+  // 16; the first half of an explicit --tune-top explores shapes.
+  std::set<std::string> all_shapes;
+  for (const auto& c : cands) all_shapes.insert(shape_key(c.layout));
+  const int64_t shapes = std::min<int64_t>(32, int64_t(all_shapes.size()));
+  const int64_t limit = std::min<int64_t>(o.top > 0 ? o.top : std::max<int64_t>(16, shapes + 8), int64_t(cands.size()));
+  const int64_t explore = o.top > 0 ? (limit + 1) / 2 : shapes;
   say(fmt::format("tuning {} on {} x {}: {} layouts evaluated, {} fit, {} candidates; profiling up to {}{} "
                   "({} warm-up + at least {} timed steps and {:g} s each)\n",
                   ctx.model.name, ctx.cluster.gpus, ctx.cluster.device.name, r.space.evaluated, r.space.fitting,
@@ -294,10 +305,9 @@ TuneResult tune(const ReportContext& ctx, const SpaceLimits& limits, const train
   // trials goes to distinct shapes, best predicted first; the rest refine the
   // three best measured shapes; then the three leaders are measured again
   // (trial noise on shared machines is several percent) and the mean decides.
-  auto shape_of = [](const Layout& l) { return fmt::format("tp{}-pp{}-dp{}-mb{}-vpp{}", l.tp, l.pp, l.dp, l.mb, l.vpp); };
+  const auto& shape_of = shape_key;
   std::set<std::string> shapes_tried;
   std::set<std::string> confirmed;
-  const int64_t explore = (limit + 1) / 2;
   std::string main_stop;
   double trial_seconds = 0;  // mean wall time of a trial, for the budget
   int64_t trials_run = 0;

@@ -7,8 +7,9 @@
 //
 // The search: candidates that fit (and that the trainer can run), ranked by
 // predicted step time. Layouts that share a parallel shape (tp, pp, dp, mb,
-// vpp) and differ only in kernel knobs are predicted alike, so the first half
-// of the trials goes to distinct shapes, best predicted first; the rest refine
+// vpp) and differ only in kernel knobs are predicted alike, so the first
+// trials go to distinct shapes, best predicted first (every shape up to 32 by
+// default; half of an explicit trial count); the rest refine
 // the three best measured shapes. After `calibrate_after` measured trials the
 // cost model's efficiencies are refit to the measured steps (nlopt least
 // squares, see calibrate.h) and the remaining candidates re-ranked. Once the
@@ -39,7 +40,7 @@
 namespace weft::tuner {
 
 struct TuneOptions {
-  int64_t top = 16;              // profile at most this many candidates
+  int64_t top = 0;               // profile at most this many candidates; 0: every shape (up to 32) + 8, >= 16
   double budget_s = 0;           // start no trial after this many seconds; 0: none
   bool model_stop = true;        // stop once the refit model is confident the rest are slower
   bool confirm = true;           // measure the three leaders again at the end
