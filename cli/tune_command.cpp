@@ -83,16 +83,7 @@ int run_tune(const TuneArgs& a) {
     if (report.fitting == 0)
       throw InputError(fmt::format("no layout fits, so there is no recipe to save to '{}'", a.save_recipe));
     const auto& best = report.candidates.front();
-    tuner::Recipe r;
-    r.weft_version = WEFT_VERSION;
-    r.model = ctx.model;
-    r.device = ctx.cluster.device.name;
-    r.device_memory = ctx.cluster.device.memory_bytes;
-    r.world = ctx.cluster.gpus;
-    r.gpus_per_node = ctx.cluster.gpus_per_node;
-    r.run = ctx.run;
-    r.layout = best.layout;
-    r.source = "dry-run";
+    tuner::Recipe r = tuner::recipe_for(ctx.model, ctx.cluster, ctx.run, best.layout, "dry-run");
     r.predicted = {{"step_s", best.cost.step}, {"tokens_per_s", best.cost.tokens_per_second},
                    {"mfu", best.cost.mfu}, {"peak_flops", best.cost.peak_flops},
                    {"peak_bytes", best.memory.peak()}};

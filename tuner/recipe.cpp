@@ -9,6 +9,21 @@
 
 namespace weft::tuner {
 
+Recipe recipe_for(const ModelSpec& m, const ClusterSpec& c, const RunSpec& run, const Layout& layout,
+                  std::string source) {
+  Recipe r;
+  r.weft_version = WEFT_VERSION;
+  r.model = m;
+  r.device = c.device.name;
+  r.device_memory = c.device.memory_bytes;
+  r.world = c.gpus;
+  r.gpus_per_node = c.gpus_per_node;
+  r.run = run;
+  r.layout = layout;
+  r.source = std::move(source);
+  return r;
+}
+
 nlohmann::json recipe_to_json(const Recipe& r) {
   return nlohmann::json{{"format", "weft-recipe"},
                         {"format_version", r.format_version},

@@ -35,6 +35,11 @@ struct Recipe {
   nlohmann::json tuning = nlohmann::json::object();     // summary: evaluated, fitting, pruned
 };
 
+// A recipe of this weft version for a layout of (model, cluster, run), with
+// nothing predicted or measured yet.
+Recipe recipe_for(const ModelSpec& m, const ClusterSpec& c, const RunSpec& run, const Layout& layout,
+                  std::string source);
+
 nlohmann::json recipe_to_json(const Recipe& r);
 // FileFormatError naming `origin` and the field for a malformed recipe.
 Recipe recipe_from_json(const nlohmann::json& j, const std::string& origin);

@@ -64,11 +64,15 @@ std::vector<Fault> faults_parse(const std::string& spec) {
   return out;
 }
 
-nlohmann::json record_to_json(const TrialRecord& t) {
+}  // namespace
+
+nlohmann::json trial_to_json(const TrialRecord& t) {
   return {{"order", t.order},
           {"layout", t.layout.to_string()},
           {"status", t.status},
           {"reason", t.reason},
+          {"from_journal", t.from_journal},
+          {"repeat", t.repeat},
           {"predicted_s", t.predicted_s},
           {"calibrated_s", t.calibrated_s},
           {"measured_s", t.measured_s},
@@ -78,6 +82,8 @@ nlohmann::json record_to_json(const TrialRecord& t) {
           {"measured_peak_bytes", t.measured_peak},
           {"seconds", t.seconds}};
 }
+
+namespace {
 
 TrialRecord record_from_json(const nlohmann::json& j, const std::string& origin) {
   try {
@@ -399,7 +405,7 @@ TuneResult tune(const ReportContext& ctx, const SpaceLimits& limits, const train
         } else {
           t.status = "killed";
           t.reason = "the process died during this trial in an earlier run (tuning journal)";
-          journal->finish(record_to_json(t));
+          journal->finish(trial_to_json(t));
         }
       }
       t.from_journal = true;
@@ -430,7 +436,7 @@ TuneResult tune(const ReportContext& ctx, const SpaceLimits& limits, const train
         t.tokens_per_s = tokens / m.step_s;
         t.mfu = mfu(flops / m.step_s, ctx.cluster.gpus, r.peak_flops);
       }
-      if (journal && mode == 0) journal->finish(record_to_json(t));
+      if (journal && mode == 0) journal->finish(trial_to_json(t));
     }
     r.trials.push_back(t);
     if (!rank0) continue;

@@ -96,6 +96,9 @@ TuneResult tune(const ReportContext& ctx, const SpaceLimits& limits, const train
 // The journal header: what a journal must match to be resumed.
 nlohmann::json tune_journal_header(const ReportContext& ctx, const SpaceLimits& limits, const TuneOptions& o);
 
+// One trial as JSON: a journal entry and a row of the JSON report.
+nlohmann::json trial_to_json(const TrialRecord& t);
+
 // The report: a table of the candidates with predicted vs measured step time
 // and memory, the pruning summary and the winner (markdown), and the same as JSON.
 std::string tune_report_md(const TuneResult& r, const ReportContext& ctx);

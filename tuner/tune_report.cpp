@@ -73,20 +73,7 @@ std::string tune_report_md(const TuneResult& r, const ReportContext& ctx) {
 nlohmann::json tune_report_json(const TuneResult& r, const ReportContext& ctx) {
   nlohmann::json trials = nlohmann::json::array();
   for (const auto& t : r.trials)
-    trials.push_back({{"order", t.order},
-                      {"layout", t.layout.to_string()},
-                      {"status", t.status},
-                      {"reason", t.reason},
-                      {"from_journal", t.from_journal},
-                      {"repeat", t.repeat},
-                      {"predicted_s", t.predicted_s},
-                      {"calibrated_s", t.calibrated_s},
-                      {"measured_s", t.measured_s},
-                      {"tokens_per_s", t.tokens_per_s},
-                      {"mfu", t.mfu},
-                      {"predicted_peak_bytes", t.predicted_peak},
-                      {"measured_peak_bytes", t.measured_peak},
-                      {"seconds", t.seconds}});
+    trials.push_back(trial_to_json(t));
   nlohmann::json j{{"model", ctx.model.name},
                    {"model_hash", ctx.model.hash()},
                    {"device", ctx.cluster.device.name},
@@ -118,16 +105,7 @@ nlohmann::json tune_report_json(const TuneResult& r, const ReportContext& ctx) {
 Recipe tune_recipe(const TuneResult& r, const ReportContext& ctx, const std::string& machine) {
   if (!r.winner) throw InputError("no trial succeeded, so there is no layout to save as a recipe");
   const auto& w = r.trials[*r.winner];
-  Recipe rc;
-  rc.weft_version = WEFT_VERSION;
-  rc.model = ctx.model;
-  rc.device = ctx.cluster.device.name;
-  rc.device_memory = ctx.cluster.device.memory_bytes;
-  rc.world = ctx.cluster.gpus;
-  rc.gpus_per_node = ctx.cluster.gpus_per_node;
-  rc.run = ctx.run;
-  rc.layout = w.layout;
-  rc.source = "profiled";
+  Recipe rc = recipe_for(ctx.model, ctx.cluster, ctx.run, w.layout, "profiled");
   rc.machine = machine;
   rc.predicted = {{"step_s", w.predicted_s},
                   {"step_s_refit", w.calibrated_s},

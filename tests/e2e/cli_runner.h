@@ -14,8 +14,8 @@ struct CliResult {
   std::string out;  // stdout and stderr together
 };
 
-inline CliResult run_weft(const std::string& args) {
-  const std::string cmd = std::string(WEFT_BIN) + " " + args + " 2>&1";
+// Runs a shell command line; stderr is captured only if the line redirects it.
+inline CliResult run_shell(const std::string& cmd) {
   CliResult r;
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) return r;
@@ -26,5 +26,7 @@ inline CliResult run_weft(const std::string& args) {
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return r;
 }
+
+inline CliResult run_weft(const std::string& args) { return run_shell(std::string(WEFT_BIN) + " " + args + " 2>&1"); }
 
 }  // namespace weft::test

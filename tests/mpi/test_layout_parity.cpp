@@ -21,20 +21,14 @@
 
 #include "../e2e/cli_runner.h"
 #include "../unit/test_util.h"
+#include "mpi_env.h"
 
 namespace weft::test {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Env : ::testing::Environment {
-  void SetUp() override {
-    ::setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-    ::setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-    ::setenv("OMP_WAIT_POLICY", "passive", 1);  // 8 ranks share 2 cores
-  }
-};
-const auto* env = ::testing::AddGlobalTestEnvironment(new Env);
+const auto* env = ::testing::AddGlobalTestEnvironment(new MpiLaunchEnv);
 
 // V=256 (byte data), C=64, F=128, L=8, H=8, H_kv=4: tp up to 4, pp up to 8.
 constexpr const char* kConfig = R"({"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
@@ -79,15 +73,7 @@ struct Fixture {
   }
   static CliResult run_mpi(int64_t np, const std::string& args) {
     // run_weft prefixes the weft binary; mpirun goes in front of it.
-    const std::string cmd = fmt::format("{} --oversubscribe -np {} {} {} 2>&1", MPIEXEC, np, WEFT_BIN, args);
-    CliResult r;
-    FILE* p = ::popen(cmd.c_str(), "r");
-    char buf[4096];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-    const int status = ::pclose(p);
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-    return r;
+    return run_shell(fmt::format("{} --oversubscribe -np {} {} {} 2>&1", MPIEXEC, np, WEFT_BIN, args));
   }
 };
 

@@ -14,20 +14,14 @@
 
 #include "../e2e/cli_runner.h"
 #include "../unit/test_util.h"
+#include "mpi_env.h"
 
 namespace weft::test {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Env : ::testing::Environment {
-  void SetUp() override {
-    ::setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-    ::setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-    ::setenv("OMP_WAIT_POLICY", "passive", 1);
-  }
-};
-const auto* env = ::testing::AddGlobalTestEnvironment(new Env);
+const auto* env = ::testing::AddGlobalTestEnvironment(new MpiLaunchEnv);
 
 std::string read(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -52,14 +46,7 @@ struct Fixture {
         "--global-batch 8 --steps 3 --threads 1 --eval-samples 8 --tune-top 4 --trial-warmup 1 "
         "--trial-steps 2 --out {} {} 2>&1",
         env, dir.path("cache"), MPIEXEC, WEFT_BIN, data, out, extra);
-    CliResult r;
-    FILE* p = ::popen(cmd.c_str(), "r");
-    char buf[4096];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-    const int status = ::pclose(p);
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-    return r;
+    return run_shell(cmd);
   }
   static nlohmann::json report(const std::string& out) {
     return nlohmann::json::parse(read(out + "/tuning.json"));
