@@ -13,7 +13,8 @@
 
 namespace weft::parallel {
 
-enum class DType { f32, f64, i32, i64 };
+// bf16 travels only on devices (NCCL); the MPI backend refuses it.
+enum class DType { f32, f64, i32, i64, bf16 };
 enum class ReduceOp { sum, max };
 
 template <typename T>

@@ -14,6 +14,7 @@ int64_t dtype_bytes(DType t) {
     case DType::f64: return 8;
     case DType::i32: return 4;
     case DType::i64: return 8;
+    case DType::bf16: return 2;
   }
   return 0;
 }
@@ -24,6 +25,7 @@ const char* to_string(DType t) {
     case DType::f64: return "f64";
     case DType::i32: return "i32";
     case DType::i64: return "i64";
+    case DType::bf16: return "bf16";
   }
   return "?";
 }

@@ -1,0 +1,152 @@
+// The NCCL backend under mpirun, one GPU per rank: every collective and the
+// point-to-point calls on device buffers, against values computed on the host
+// from every rank's contribution (fresh random integers stored as floats, so
+// sums are exact). Exits 77 (skipped) on every rank unless each rank has a GPU
+// of its own.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "core/layout.h"
+#include "trainer/parallel/comm_mpi.h"
+#include "trainer/parallel/comm_nccl.h"
+
+namespace weft::parallel {
+namespace {
+
+uint64_t seed() {
+  static const uint64_t s = [] {
+    auto c = mpi_world_dup("seed");
+    int64_t v = c->rank() == 0 ? int64_t(std::random_device{}()) : 0;
+    c->broadcast(&v, 1, 0);
+    return uint64_t(v);
+  }();
+  return s;
+}
+
+// Rank r's contribution to collective `salt`: integers in [-100, 100].
+std::vector<float> part(uint64_t salt, int64_t r, int64_t n) {
+  std::mt19937_64 rng(seed() ^ (salt << 20) ^ uint64_t(r + 1));
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = float(int(rng() % 201) - 100);
+  return v;
+}
+
+struct Device {
+  float* p = nullptr;
+  explicit Device(int64_t n) { EXPECT_EQ(cudaMalloc(&p, size_t(std::max<int64_t>(n, 1)) * 4), cudaSuccess); }
+  ~Device() { cudaFree(p); }
+  void put(const std::vector<float>& v) { cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice); }
+  std::vector<float> get(int64_t n) {
+    cudaDeviceSynchronize();
+    std::vector<float> v(static_cast<size_t>(n));
+    cudaMemcpy(v.data(), p, size_t(n) * 4, cudaMemcpyDeviceToHost);
+    return v;
+  }
+};
+
+TEST(CommNccl, EveryCollectiveOnDeviceBuffers) {
+  const int64_t world = mpi_world_size();
+  ProcessGroups g = nccl_process_groups(Layout::parse(fmt::format("tp1-pp1-dp{}-mb1", world)), nullptr);
+  Comm& c = *g.world;
+  const int64_t r = c.rank(), n = 1037;
+  // all_reduce
+  {
+    Device d(n);
+    d.put(part(1, r, n));
+    c.all_reduce(d.p, n, DType::f32, ReduceOp::sum);
+    std::vector<float> want(static_cast<size_t>(n), 0);
+    for (int64_t q = 0; q < world; ++q)
+      for (int64_t i = 0; i < n; ++i) want[size_t(i)] += part(1, q, n)[size_t(i)];
+    EXPECT_EQ(d.get(n), want);
+  }
+  // all_gather, in place
+  {
+    Device d(n * world);
+    d.put(std::vector<float>(size_t(n * world), NAN));
+    cudaMemcpy(d.p + r * n, part(2, r, n).data(), size_t(n) * 4, cudaMemcpyHostToDevice);
+    c.all_gather(d.p + r * n, d.p, n, DType::f32);
+    const auto got = d.get(n * world);
+    for (int64_t q = 0; q < world; ++q)
+      EXPECT_EQ(std::vector<float>(got.begin() + q * n, got.begin() + (q + 1) * n), part(2, q, n));
+  }
+  // reduce_scatter, in place: the result lands in the first n elements
+  {
+    Device d(n * world);
+    d.put(part(3, r, n * world));
+    c.reduce_scatter(d.p, d.p, n, DType::f32);
+    std::vector<float> want(static_cast<size_t>(n), 0);
+    for (int64_t q = 0; q < world; ++q)
+      for (int64_t i = 0; i < n; ++i) want[size_t(i)] += part(3, q, n * world)[size_t(r * n + i)];
+    EXPECT_EQ(d.get(n), want);
+  }
+  // uneven all_gather and reduce_scatter
+  {
+    std::vector<int64_t> counts;
+    int64_t total = 0;
+    for (int64_t q = 0; q < world; ++q) total += counts.emplace_back(5 + 7 * q);
+    Device in(counts[size_t(r)]), out(total);
+    in.put(part(4, r, counts[size_t(r)]));
+    c.all_gather_v(in.p, out.p, counts, DType::f32);
+    const auto got = out.get(total);
+    int64_t off = 0;
+    for (int64_t q = 0; q < world; ++q) {
+      EXPECT_EQ(std::vector<float>(got.begin() + off, got.begin() + off + counts[size_t(q)]),
+                part(4, q, counts[size_t(q)]));
+      off += counts[size_t(q)];
+    }
+    Device full(total), mine(counts[size_t(r)]);
+    full.put(part(5, r, total));
+    c.reduce_scatter_v(full.p, mine.p, counts, DType::f32);
+    int64_t start = 0;
+    for (int64_t q = 0; q < r; ++q) start += counts[size_t(q)];
+    std::vector<float> want(static_cast<size_t>(counts[size_t(r)]), 0);
+    for (int64_t q = 0; q < world; ++q)
+      for (size_t i = 0; i < want.size(); ++i) want[i] += part(5, q, total)[size_t(start) + i];
+    EXPECT_EQ(mine.get(counts[size_t(r)]), want);
+  }
+  // broadcast from the last rank, and a ring of sends
+  {
+    Device d(n);
+    d.put(part(6, r, n));
+    c.broadcast(d.p, n, DType::f32, world - 1);
+    EXPECT_EQ(d.get(n), part(6, world - 1, n));
+    Device s(n), t(n);
+    s.put(part(7, r, n));
+    auto recv = c.irecv(t.p, n, DType::f32, (r + world - 1) % world, 0);
+    auto send = c.isend(s.p, n, DType::f32, (r + 1) % world, 0);
+    recv->wait();
+    send->wait();
+    EXPECT_EQ(t.get(n), part(7, (r + world - 1) % world, n));
+  }
+  c.barrier();
+}
+
+}  // namespace
+}  // namespace weft::parallel
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  weft::parallel::mpi_init();
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  const int local_rank = local ? std::atoi(local) : 0;
+  // Every rank must agree, or a rank with a GPU would wait for one without.
+  auto c = weft::parallel::mpi_world_dup("probe");
+  int32_t ok = local_rank < devices ? 1 : 0;
+  c->all_reduce(&ok, 1, weft::parallel::ReduceOp::sum);
+  if (ok < c->size()) {
+    if (c->rank() == 0) std::printf("skipped: %d of %lld ranks have a GPU of their own\n", ok, (long long)c->size());
+    return 77;
+  }
+  cudaSetDevice(local_rank);
+  return RUN_ALL_TESTS();
+}
