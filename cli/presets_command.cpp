@@ -15,6 +15,8 @@ Command add_presets_command(CLI::App& app) {
     fmt::print("devices:\n");
     for (const auto& name : device_preset_names())
       fmt::print("  {}\n", device_preset(name).summary());
+    if (const auto gpu = gpu_detect()) fmt::print("this machine's GPU:\n  {} ({} SMs)\n", gpu->summary(), gpu->sm_count);
+    else fmt::print("this machine: no GPU (or a build without CUDA)\n");
     return 0;
   }};
 }

@@ -103,6 +103,42 @@ std::vector<std::string> device_preset_names() {
   return names;
 }
 
+DeviceSpec device_from_gpu(const GpuProperties& p) {
+  std::string upper = p.name;
+  for (char& ch : upper) ch = char(std::toupper(static_cast<unsigned char>(ch)));
+  const double gib = double(p.memory_bytes) / double(int64_t{1} << 30);
+  std::string preset;
+  if (upper.find("H200") != std::string::npos) preset = "h200";
+  else if (upper.find("H100") != std::string::npos) preset = "h100";
+  else if (upper.find("A100") != std::string::npos) preset = gib > 60 ? "a100-80gb" : "a100-40gb";
+  DeviceSpec d;
+  if (!preset.empty()) {
+    d = device_preset(preset);
+  } else {
+    // Dense bf16 tensor-core FLOPs per SM per clock: 1024 FMA on Ampere and
+    // Ada, 2048 on Hopper (A100: 108 x 1.41 GHz x 2048 = 312 TFLOP/s; H100
+    // SXM: 132 x 1.83 GHz x 4096 = 989 TFLOP/s).
+    const double per_sm = p.compute_major >= 9 ? 4096 : 2048;
+    d.peak_bf16_flops = double(p.sm_count) * p.clock_hz * per_sm;
+    d.peak_fp32_flops = double(p.sm_count) * p.clock_hz * (p.compute_major >= 9 ? 256 : 128);
+    d.memory_bandwidth = 2.0 * p.memory_clock_hz * p.memory_bus_bits / 8.0;
+    d.intra_node_bandwidth = 25e9;  // PCIe 4 x16 without NVLink, stated
+    d.inter_node_bandwidth = 12.5e9;
+    d.intra_node_latency = 10e-6;
+    d.inter_node_latency = 20e-6;
+    d.runtime_overhead_bytes = int64_t{1} << 30;
+  }
+  d.name = preset.empty() ? p.name : preset;
+  d.kind = DeviceKind::gpu;
+  d.memory_bytes = p.memory_bytes;
+  if (p.sm_count > 0) d.sm_count = p.sm_count;
+  return d;
+}
+
+#ifndef WEFT_HAVE_CUDA_RUNTIME
+std::optional<DeviceSpec> gpu_detect(int) { return std::nullopt; }
+#endif
+
 DeviceSpec cpu_rank_share(const DeviceSpec& machine, int64_t local_ranks, int64_t threads) {
   if (local_ranks <= 1 && threads <= 0) return machine;
   const double cores = double(std::max<int64_t>(1, machine.sm_count));

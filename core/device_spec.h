@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,29 @@ std::vector<std::string> device_preset_names();
 DeviceSpec device_preset(const std::string& name);
 // This machine's CPU: cores, and a peak from the vector width and clock.
 DeviceSpec device_detect_cpu();
+// What a CUDA device reports about itself (filled by the CUDA runtime in
+// gpu_detect(); plain data so the mapping below is testable anywhere).
+struct GpuProperties {
+  std::string name;            // "NVIDIA H100 80GB HBM3"
+  int64_t memory_bytes = 0;    // total global memory
+  int64_t sm_count = 0;
+  int64_t compute_major = 0;   // compute capability
+  int64_t compute_minor = 0;
+  double clock_hz = 0;         // SM boost clock
+  double memory_bus_bits = 0;  // for the bandwidth of an unknown part
+  double memory_clock_hz = 0;
+};
+
+// The DeviceSpec of a real GPU: the matching preset (A100 40/80 GB, H100,
+// H200) with the device's own name, memory and SM count; an unknown part gets
+// its dense bf16 peak from SMs x clock x tensor-core FLOPs per SM per clock
+// (2048 on sm_80/86/89, 4096 on sm_90) and its bandwidth from the memory bus.
+DeviceSpec device_from_gpu(const GpuProperties& p);
+
+// The GPU this process would use (device `ordinal`), or nothing when the
+// build has no CUDA or the machine no GPU.
+std::optional<DeviceSpec> gpu_detect(int ordinal = 0);
+
 // What one of `local_ranks` processes sharing a CPU machine gets when each runs
 // `threads` threads (0: an equal share of the cores): its cores' part of the
 // peak (oversubscribed ranks split the cores), and an equal part of the memory

@@ -99,3 +99,44 @@ TEST(Units, DurationsAndSizes) {
 
 }  // namespace
 }  // namespace weft
+
+namespace weft {
+namespace {
+
+TEST(DeviceSpec, RealGpusMapToTheirPresetsAndUnknownOnesGetTheirPeakFromTheClock) {
+  GpuProperties h100{"NVIDIA H100 80GB HBM3", 85520809984, 132, 9, 0, 1.98e9, 5120, 2.619e9};
+  auto d = device_from_gpu(h100);
+  EXPECT_EQ(d.name, "h100");
+  EXPECT_EQ(d.memory_bytes, 85520809984);
+  EXPECT_DOUBLE_EQ(d.peak_bf16_flops, device_preset("h100").peak_bf16_flops);
+  GpuProperties h200{"NVIDIA H200", 150754820096, 132, 9, 0, 1.98e9, 6144, 3.2e9};
+  EXPECT_EQ(device_from_gpu(h200).name, "h200");
+  GpuProperties a40{"NVIDIA A100-SXM4-40GB", 42505273344, 108, 8, 0, 1.41e9, 5120, 1.215e9};
+  GpuProperties a80{"NVIDIA A100-SXM4-80GB", 85198045184, 108, 8, 0, 1.41e9, 5120, 1.593e9};
+  EXPECT_EQ(device_from_gpu(a40).name, "a100-40gb");
+  EXPECT_EQ(device_from_gpu(a80).name, "a100-80gb");
+  // An unknown Ampere part: 84 SMs at 1.74 GHz, 2048 bf16 FLOPs per SM per clock.
+  GpuProperties other{"NVIDIA RTX A6000", 51050315776, 84, 8, 6, 1.74e9, 384, 8.0e9};
+  d = device_from_gpu(other);
+  EXPECT_EQ(d.name, "NVIDIA RTX A6000");
+  EXPECT_NEAR(d.peak_bf16_flops, 84 * 1.74e9 * 2048, 1e6);
+  EXPECT_NEAR(d.memory_bandwidth, 768e9, 1e9);
+  EXPECT_EQ(d.sm_count, 84);
+  // This machine: a GPU when there is one, else nothing (never an error).
+  const auto here = gpu_detect();
+  if (here) EXPECT_GT(here->peak_bf16_flops, 0);
+}
+
+TEST(DeviceSpec, CpuRanksShareTheMachine) {
+  DeviceSpec m = device_preset("cpu");
+  m.sm_count = 2;
+  const auto quarter = cpu_rank_share(m, 4, 1);  // 4 ranks of 1 thread on 2 cores
+  EXPECT_DOUBLE_EQ(quarter.peak_fp32_flops, m.peak_fp32_flops / 4);
+  EXPECT_EQ(quarter.memory_bytes, m.memory_bytes / 4);
+  const auto half = cpu_rank_share(m, 2, 0);
+  EXPECT_DOUBLE_EQ(half.peak_fp32_flops, m.peak_fp32_flops / 2);
+  EXPECT_DOUBLE_EQ(cpu_rank_share(m, 1, 0).peak_fp32_flops, m.peak_fp32_flops);
+}
+
+}  // namespace
+}  // namespace weft

@@ -1,0 +1,30 @@
+// gpu_detect with the CUDA runtime (built only with CUDA; device_spec.cpp
+// answers "no GPU" otherwise).
+#include <cuda_runtime.h>
+
+#include "core/device_spec.h"
+
+namespace weft {
+
+std::optional<DeviceSpec> gpu_detect(int ordinal) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || ordinal < 0 || ordinal >= count) {
+    cudaGetLastError();  // a machine without a driver is not an error here
+    return std::nullopt;
+  }
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, ordinal) != cudaSuccess) return std::nullopt;
+  GpuProperties p;
+  p.name = prop.name;
+  p.memory_bytes = int64_t(prop.totalGlobalMem);
+  p.sm_count = prop.multiProcessorCount;
+  p.compute_major = prop.major;
+  p.compute_minor = prop.minor;
+  p.memory_bus_bits = prop.memoryBusWidth;
+  int khz = 0;
+  if (cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, ordinal) == cudaSuccess) p.clock_hz = khz * 1e3;
+  if (cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, ordinal) == cudaSuccess) p.memory_clock_hz = khz * 1e3;
+  return device_from_gpu(p);
+}
+
+}  // namespace weft
