@@ -276,17 +276,22 @@ TuneResult tune(const ReportContext& ctx, const SpaceLimits& limits, const train
     return std::accumulate(v.begin(), v.end(), 0.0) / double(v.size());
   };
   std::map<std::string, int64_t> peak_of;
-  // Highest MFU (the shortest mean step); within 1%, the one with less memory.
-  auto better = [&](const std::string& a, const std::string& b) {
-    const double ma = mean_of(a), mb = mean_of(b);
-    if (ma < mb * 0.99) return true;
-    if (mb < ma * 0.99) return false;
-    return peak_of[a] < peak_of[b];
-  };
+  // The measured layouts by mean step, shortest first; the first is the one
+  // with the least memory among those within 1% of the shortest (a tie rule
+  // applied once: as a sort order it would not be transitive).
   auto leaders = [&](size_t n) {
     std::vector<std::string> ls;
     for (const auto& [l, v] : measured) ls.push_back(l);
-    std::sort(ls.begin(), ls.end(), better);
+    std::sort(ls.begin(), ls.end(), [&](const std::string& a, const std::string& b) {
+      return std::make_pair(mean_of(a), a) < std::make_pair(mean_of(b), b);
+    });
+    if (!ls.empty()) {
+      const double fastest = mean_of(ls.front());
+      auto pick = ls.begin();
+      for (auto it = ls.begin(); it != ls.end() && mean_of(*it) <= fastest * 1.01; ++it)
+        if (peak_of[*it] < peak_of[*pick]) pick = it;
+      std::rotate(ls.begin(), pick, pick + 1);
+    }
     if (ls.size() > n) ls.resize(n);
     return ls;
   };

@@ -61,18 +61,21 @@ TEST(Tune, ProfilesTheTopCandidatesAndPicksTheFastest) {
   for (size_t i = 0; i < 6; ++i) EXPECT_EQ(r.trials[i].repeat, i >= 3);
   ASSERT_TRUE(r.winner.has_value());
   std::map<std::string, std::vector<double>> times;
-  for (const auto& t : r.trials) {
+  for (size_t i = 0; i < r.trials.size(); ++i) {
+    const auto& t = r.trials[i];
     EXPECT_EQ(t.status, "ok") << t.reason;
     EXPECT_GT(t.measured_s, 0);
     EXPECT_GT(t.mfu, 0);
     // The arena's high-water mark against the memory model.
     EXPECT_NEAR(double(t.measured_peak) / double(t.predicted_peak), 1.0, 0.05) << t.layout.to_string();
-    times[t.layout.to_string()].push_back(t.measured_s);
+    if (i != *r.winner) times[t.layout.to_string()].push_back(t.measured_s);
   }
-  // The shortest mean step, or within 1% of it with less memory.
-  double fastest = 1e30;
-  for (auto& [l, v] : times) fastest = std::min(fastest, (v[0] + v[1]) / 2);
+  // The winner's row carries the mean of its two trials; the shortest mean
+  // step wins, or one within 1% of it with less memory.
   const auto& w = r.trials[*r.winner];
+  double fastest = w.measured_s;
+  for (auto& [l, v] : times)
+    if (v.size() == 2) fastest = std::min(fastest, (v[0] + v[1]) / 2);
   EXPECT_EQ(w.repeats, 2);
   EXPECT_LE(w.measured_s, fastest * 1.01 + 1e-12);
   ASSERT_TRUE(r.calibration.has_value());
