@@ -21,6 +21,15 @@
 // thread's OpenMP team; apart from gemm, which is as reproducible as OpenBLAS,
 // they give bit-identical results for any thread count, since every reduction
 // runs in a fixed order.
+//
+// The CUDA backend instantiates bf16 (fp32 arithmetic and statistics): each
+// family's <family>.cu defines the bf16 functions, which accept only
+// Backend::cuda and run on the stream's cudaStream_t, and a build without
+// CUDA compiles kernels/cuda_unavailable.cpp instead, whose bf16 functions
+// refuse (false, 0, Status::unsupported). float and double launches on a
+// CUDA stream are unsupported. CUDA launches are asynchronous; their
+// reductions run in a fixed order, so results repeat run to run, except where
+// a family's .cu file says otherwise.
 #pragma once
 
 #include <cstdint>
@@ -54,6 +63,27 @@ struct Workspace {
 
 // Whether an output is overwritten or added to (gradient accumulation).
 enum class Write { overwrite, accumulate };
+
+// bfloat16 storage, the GPU training type, without CUDA headers: the bits of
+// a bfloat16 (sign, 8 exponent, 7 mantissa bits). The CUDA backend
+// reinterprets it as __nv_bfloat16; host code converts with the two helpers
+// (round to nearest even; NaN stays NaN).
+struct bf16 {
+  uint16_t bits = 0;
+};
+inline float bf16_to_float(bf16 v) {
+  const uint32_t u = uint32_t(v.bits) << 16;
+  float f;
+  __builtin_memcpy(&f, &u, sizeof f);
+  return f;
+}
+inline bf16 float_to_bf16(float f) {
+  uint32_t u;
+  __builtin_memcpy(&u, &f, sizeof u);
+  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) return bf16{uint16_t((u >> 16) | 0x40)};
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return bf16{uint16_t(u >> 16)};
+}
 
 // Accumulator and saved-statistic type (rstd, lse, row max, sum-exp): fp32
 // for fp32 and narrower elements, fp64 in the double instantiation so that

@@ -47,6 +47,12 @@ class Allocator {
 // 64-byte aligned, zero-filled host memory.
 std::unique_ptr<Allocator> host_allocator();
 
+// Zero-filled memory of the current CUDA device (cudaMalloc, 256-byte
+// aligned; cudaFree; fill_zero through cudaMemset, complete when it returns).
+// It exists in every build; in a build without CUDA it refuses every
+// allocation, so an arena over it fails with an OutOfMemory that says so.
+std::unique_ptr<Allocator> device_allocator();
+
 // Forwards to `inner` but refuses (returns nullptr for) any single allocation
 // of more than `limit` bytes: tests use it to make a reservation fail the way
 // a full device would.

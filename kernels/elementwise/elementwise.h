@@ -5,8 +5,12 @@
 //   AxpyParams        y += alpha * x         gradient accumulation
 //   FillParams        x = value              zeroing gradients and accumulators
 //   SumSquaresParams  *sum += sum of x^2     the global gradient norm, in double
+//   WidenParams       out (+)= x, Elem->Acc  bf16 gradients into fp32 main gradients
+//   NarrowParams      out = x, Acc->Elem     fp32 master weights to the bf16 compute copy
 //
-// n counts elements of flat tensors; outputs may alias inputs.
+// n counts elements of flat tensors; outputs may alias inputs of the same
+// type. Widen and Narrow are the casts of mixed precision; for fp32 and fp64,
+// where Acc is the element type, they are copies (Widen: or adds).
 #pragma once
 
 #include <cstdint>
@@ -59,6 +63,22 @@ struct SumSquaresParams {
 constexpr int64_t kSumChunk = 1 << 14;
 
 template <typename Elem>
+struct WidenParams {
+  int64_t n = 0;
+  const Elem* x = nullptr;   // (n)
+  Acc<Elem>* out = nullptr;  // (n) overwritten or, with Write::accumulate, added to
+  Write write = Write::overwrite;
+};
+
+// Rounds to nearest even; NaN stays NaN and values past Elem's range become inf.
+template <typename Elem>
+struct NarrowParams {
+  int64_t n = 0;
+  const Acc<Elem>* x = nullptr;  // (n)
+  Elem* out = nullptr;           // (n)
+};
+
+template <typename Elem>
 bool supports(const AddParams<Elem>& p, Backend backend = Backend::cpu);
 template <typename Elem>
 int64_t workspace_bytes(const AddParams<Elem>& p, Backend backend = Backend::cpu);
@@ -93,5 +113,19 @@ template <typename Elem>
 int64_t workspace_bytes(const SumSquaresParams<Elem>& p, Backend backend = Backend::cpu);
 template <typename Elem>
 Status launch(const SumSquaresParams<Elem>& p, Workspace ws, Stream stream = {});
+
+template <typename Elem>
+bool supports(const WidenParams<Elem>& p, Backend backend = Backend::cpu);
+template <typename Elem>
+int64_t workspace_bytes(const WidenParams<Elem>& p, Backend backend = Backend::cpu);
+template <typename Elem>
+Status launch(const WidenParams<Elem>& p, Workspace ws, Stream stream = {});
+
+template <typename Elem>
+bool supports(const NarrowParams<Elem>& p, Backend backend = Backend::cpu);
+template <typename Elem>
+int64_t workspace_bytes(const NarrowParams<Elem>& p, Backend backend = Backend::cpu);
+template <typename Elem>
+Status launch(const NarrowParams<Elem>& p, Workspace ws, Stream stream = {});
 
 }  // namespace weft::kernels

@@ -32,6 +32,14 @@ template <typename Elem>
 Status check(const SumSquaresParams<Elem>& p) {
   return cpu::status_of(p.n >= 0 && cpu::present(p.x, p.n) && p.sum != nullptr);
 }
+template <typename Elem>
+Status check(const WidenParams<Elem>& p) {
+  return cpu::status_of(p.n >= 0 && cpu::present(p.x, p.n) && cpu::present(p.out, p.n));
+}
+template <typename Elem>
+Status check(const NarrowParams<Elem>& p) {
+  return cpu::status_of(p.n >= 0 && cpu::present(p.x, p.n) && cpu::present(p.out, p.n));
+}
 
 int64_t chunks(int64_t n) { return (n + kSumChunk - 1) / kSumChunk; }
 
@@ -50,6 +58,8 @@ WEFT_NO_WORKSPACE(AddParams)
 WEFT_NO_WORKSPACE(ScaleParams)
 WEFT_NO_WORKSPACE(AxpyParams)
 WEFT_NO_WORKSPACE(FillParams)
+WEFT_NO_WORKSPACE(WidenParams)
+WEFT_NO_WORKSPACE(NarrowParams)
 #undef WEFT_NO_WORKSPACE
 
 template <typename Elem>
@@ -119,10 +129,30 @@ Status launch(const SumSquaresParams<Elem>& p, Workspace ws, Stream stream) {
   return Status::ok;
 }
 
+template <typename Elem>
+Status launch(const WidenParams<Elem>& p, Workspace ws, Stream stream) {
+  using A = Acc<Elem>;
+  if (Status s = cpu::preflight(check(p), 0, ws, stream); s != Status::ok) return s;
+  const bool add = p.write == Write::accumulate;
+#pragma omp parallel for simd schedule(static) if (cpu::worth_parallel(p.n))
+  for (int64_t i = 0; i < p.n; ++i) p.out[i] = add ? p.out[i] + A(p.x[i]) : A(p.x[i]);
+  return Status::ok;
+}
+
+template <typename Elem>
+Status launch(const NarrowParams<Elem>& p, Workspace ws, Stream stream) {
+  if (Status s = cpu::preflight(check(p), 0, ws, stream); s != Status::ok) return s;
+#pragma omp parallel for simd schedule(static) if (cpu::worth_parallel(p.n))
+  for (int64_t i = 0; i < p.n; ++i) p.out[i] = Elem(p.x[i]);
+  return Status::ok;
+}
+
 WEFT_CPU_INSTANTIATE(AddParams)
 WEFT_CPU_INSTANTIATE(ScaleParams)
 WEFT_CPU_INSTANTIATE(AxpyParams)
 WEFT_CPU_INSTANTIATE(FillParams)
 WEFT_CPU_INSTANTIATE(SumSquaresParams)
+WEFT_CPU_INSTANTIATE(WidenParams)
+WEFT_CPU_INSTANTIATE(NarrowParams)
 
 }  // namespace weft::kernels

@@ -1,6 +1,10 @@
 // gemm: row-major C = alpha * op(A) * op(B) + beta * C, optionally strided-
 // batched. Training uses three forms per linear layer (forward, dgrad, wgrad);
 // the linear_*_gemm helpers build them for Hugging Face weights (out, in).
+//
+// alpha and beta are Acc<Elem>: the element type for fp32 and fp64, fp32 for
+// bf16, since the CUDA backend hands them to cuBLASLt as its fp32 scale type
+// and a bf16 alpha would round values such as 1/3 before the product.
 #pragma once
 
 #include <cstdint>
@@ -24,8 +28,8 @@ struct GemmParams {
   int64_t m = 0;
   int64_t n = 0;
   int64_t k = 0;
-  Elem alpha = 1;
-  Elem beta = 0;
+  Acc<Elem> alpha = 1;
+  Acc<Elem> beta = 0;
   const Elem* a = nullptr;  // (m, k), or (k, m) when trans_a
   int64_t lda = 0;
   const Elem* b = nullptr;  // (k, n), or (n, k) when trans_b
@@ -38,12 +42,46 @@ struct GemmParams {
   int64_t stride_c = 0;
 };
 
+// The same product with C in the accumulator type: A and B in Elem, C in
+// Acc<Elem>. Weight gradients use it on the GPU, where bf16 activations and
+// output gradients accumulate (beta = 1) straight into the fp32 main
+// gradients, with no bf16 copy of dW rounded once per micro-batch. Every
+// field means what it means in GemmParams. For fp32 and fp64 it is GemmParams.
+template <typename Elem>
+struct GemmAccParams {
+  Trans trans_a = Trans::no;
+  Trans trans_b = Trans::no;
+  int64_t m = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+  Acc<Elem> alpha = 1;
+  Acc<Elem> beta = 0;
+  const Elem* a = nullptr;  // (m, k), or (k, m) when trans_a
+  int64_t lda = 0;
+  const Elem* b = nullptr;  // (k, n), or (n, k) when trans_b
+  int64_t ldb = 0;
+  Acc<Elem>* c = nullptr;  // (m, n)
+  int64_t ldc = 0;
+  int64_t batch = 1;
+  int64_t stride_a = 0;
+  int64_t stride_b = 0;
+  int64_t stride_c = 0;
+};
+
+// Workspace: none on the CPU; on CUDA, cuBLASLt's scratch (kernels/gemm/gemm.cu).
 template <typename Elem>
 bool supports(const GemmParams<Elem>& p, Backend backend = Backend::cpu);
 template <typename Elem>
 int64_t workspace_bytes(const GemmParams<Elem>& p, Backend backend = Backend::cpu);
 template <typename Elem>
 Status launch(const GemmParams<Elem>& p, Workspace ws, Stream stream = {});
+
+template <typename Elem>
+bool supports(const GemmAccParams<Elem>& p, Backend backend = Backend::cpu);
+template <typename Elem>
+int64_t workspace_bytes(const GemmAccParams<Elem>& p, Backend backend = Backend::cpu);
+template <typename Elem>
+Status launch(const GemmAccParams<Elem>& p, Workspace ws, Stream stream = {});
 
 // A linear layer y = x W^T over `rows` tokens with weight W (out, in).
 
@@ -55,7 +93,7 @@ GemmParams<Elem> linear_forward_gemm(int64_t rows, int64_t in, int64_t out,
                                      Elem* y,        // (rows, out)
                                      Write write = Write::overwrite) {
   return {.trans_a = Trans::no, .trans_b = Trans::yes, .m = rows, .n = out, .k = in,
-          .alpha = Elem(1), .beta = write == Write::accumulate ? Elem(1) : Elem(0),
+          .alpha = Acc<Elem>(1), .beta = write == Write::accumulate ? Acc<Elem>(1) : Acc<Elem>(0),
           .a = x, .lda = in, .b = w, .ldb = in, .c = y, .ldc = out};
 }
 
@@ -68,7 +106,7 @@ GemmParams<Elem> linear_dgrad_gemm(int64_t rows, int64_t in, int64_t out,
                                    Elem* dx,        // (rows, in)
                                    Write write = Write::overwrite) {
   return {.trans_a = Trans::no, .trans_b = Trans::no, .m = rows, .n = in, .k = out,
-          .alpha = Elem(1), .beta = write == Write::accumulate ? Elem(1) : Elem(0),
+          .alpha = Acc<Elem>(1), .beta = write == Write::accumulate ? Acc<Elem>(1) : Acc<Elem>(0),
           .a = dy, .lda = out, .b = w, .ldb = in, .c = dx, .ldc = in};
 }
 
@@ -80,7 +118,19 @@ GemmParams<Elem> linear_wgrad_gemm(int64_t rows, int64_t in, int64_t out,
                                    Elem* dw,        // (out, in)
                                    Write write = Write::accumulate) {
   return {.trans_a = Trans::yes, .trans_b = Trans::no, .m = out, .n = in, .k = rows,
-          .alpha = Elem(1), .beta = write == Write::accumulate ? Elem(1) : Elem(0),
+          .alpha = Acc<Elem>(1), .beta = write == Write::accumulate ? Acc<Elem>(1) : Acc<Elem>(0),
+          .a = dy, .lda = out, .b = x, .ldb = in, .c = dw, .ldc = in};
+}
+
+// Weight gradient into main gradients kept in Acc (fp32 under bf16 compute).
+template <typename Elem>
+GemmAccParams<Elem> linear_wgrad_gemm_acc(int64_t rows, int64_t in, int64_t out,
+                                          const Elem* dy,    // (rows, out)
+                                          const Elem* x,     // (rows, in)
+                                          Acc<Elem>* dw,     // (out, in)
+                                          Write write = Write::accumulate) {
+  return {.trans_a = Trans::yes, .trans_b = Trans::no, .m = out, .n = in, .k = rows,
+          .alpha = Acc<Elem>(1), .beta = write == Write::accumulate ? Acc<Elem>(1) : Acc<Elem>(0),
           .a = dy, .lda = out, .b = x, .ldb = in, .c = dw, .ldc = in};
 }
 

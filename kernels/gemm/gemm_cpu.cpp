@@ -3,12 +3,14 @@
 // OpenBLAS threads each call itself (its own pool), so the batch loop stays
 // serial: an OpenMP loop around BLAS calls would oversubscribe the cores.
 // BLAS takes 32-bit sizes; anything larger is reported unsupported rather than
-// silently truncated.
+// silently truncated. GemmAccParams is GemmParams here (Acc is the element
+// type for fp32 and fp64) and forwards to it.
 #include "kernels/gemm/gemm.h"
 
 #include <cblas.h>
 
 #include <climits>
+#include <type_traits>
 
 #include "kernels/cpu_common.h"
 
@@ -84,6 +86,35 @@ Status launch(const GemmParams<Elem>& p, Workspace ws, Stream stream) {
   return Status::ok;
 }
 
+namespace {
+
+template <typename Elem>
+GemmParams<Elem> as_gemm(const GemmAccParams<Elem>& p) {
+  static_assert(std::is_same_v<Acc<Elem>, Elem>);
+  return {.trans_a = p.trans_a, .trans_b = p.trans_b, .m = p.m, .n = p.n, .k = p.k,
+          .alpha = p.alpha, .beta = p.beta, .a = p.a, .lda = p.lda, .b = p.b, .ldb = p.ldb,
+          .c = p.c, .ldc = p.ldc, .batch = p.batch, .stride_a = p.stride_a,
+          .stride_b = p.stride_b, .stride_c = p.stride_c};
+}
+
+}  // namespace
+
+template <typename Elem>
+bool supports(const GemmAccParams<Elem>& p, Backend backend) {
+  return supports(as_gemm(p), backend);
+}
+
+template <typename Elem>
+int64_t workspace_bytes(const GemmAccParams<Elem>& p, Backend backend) {
+  return workspace_bytes(as_gemm(p), backend);
+}
+
+template <typename Elem>
+Status launch(const GemmAccParams<Elem>& p, Workspace ws, Stream stream) {
+  return launch(as_gemm(p), ws, stream);
+}
+
 WEFT_CPU_INSTANTIATE(GemmParams)
+WEFT_CPU_INSTANTIATE(GemmAccParams)
 
 }  // namespace weft::kernels

@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""weft's CUDA flash attention next to PyTorch's scaled_dot_product_attention
+(flash backend), forward and forward + backward, side by side.
+
+Shapes as in bench_gpu_attention: bf16, causal, H 32, H_kv 8 (GQA 4:1),
+D 128, T 2048 with B 8 and T 8192 with B 2. TFLOP/s count the causal work
+only: 4 B H D T (T + 1) / 2 for the forward, 2.5 times that for the backward.
+PyTorch is timed with CUDA events, median of --repeats after --warmup runs,
+on random inputs. GQA goes through enable_gqa=True where the flash backend
+takes it; otherwise K and V are expanded to H heads beforehand, outside the
+timed region, and the table says so.
+
+    python3 benchmarks/attention_vs_pytorch.py [--build build] [--repeats 20]
+
+Needs a CUDA GPU, torch with CUDA, and a CUDA build of weft
+(benchmarks/bench_gpu_attention).
+"""
+import argparse, json, os, statistics, subprocess, sys
+
+SHAPES = [(8, 2048), (2, 8192)]  # (B, T)
+H, H_KV, D = 32, 8, 128
+
+
+def forward_flops(B, T):
+    return 4.0 * B * H * D * T * (T + 1) / 2
+
+
+def torch_times(B, T, warmup, repeats):
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    dev = "cuda"
+    g = torch.Generator(device=dev).manual_seed(0)
+    q = (torch.rand(B, H, T, D, device=dev, generator=g) * 4 - 2).bfloat16().requires_grad_()
+    k = (torch.rand(B, H_KV, T, D, device=dev, generator=g) * 4 - 2).bfloat16().requires_grad_()
+    v = (torch.rand(B, H_KV, T, D, device=dev, generator=g) * 2 - 1).bfloat16().requires_grad_()
+    dout = (torch.rand(B, H, T, D, device=dev, generator=g) * 2 - 1).bfloat16()
+
+    gqa = "enable_gqa"
+    kk, vv, kwargs = k, v, {"enable_gqa": True}
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        try:
+            F.scaled_dot_product_attention(q, k, v, is_causal=True, **kwargs)
+        except (RuntimeError, TypeError):
+            gqa = "kv expanded"
+            kk = k.detach().repeat_interleave(H // H_KV, dim=1).requires_grad_()
+            vv = v.detach().repeat_interleave(H // H_KV, dim=1).requires_grad_()
+            kwargs = {}
+
+        def fwd():
+            return F.scaled_dot_product_attention(q, kk, vv, is_causal=True, **kwargs)
+
+        def fwd_bwd():
+            o = fwd()
+            o.backward(dout)
+
+        def timed(fn):
+            for _ in range(warmup):
+                fn()
+            torch.cuda.synchronize()
+            times = []
+            for _ in range(repeats):
+                q.grad = kk.grad = vv.grad = None
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end))
+            return statistics.median(times)
+
+        with torch.no_grad():
+            f_ms = timed(fwd)
+        fb_ms = timed(fwd_bwd)
+    return {"fwd_ms": f_ms, "fwd_bwd_ms": fb_ms, "gqa": gqa, "torch": torch.__version__,
+            "device": torch.cuda.get_device_name()}
+
+
+def weft_times(build, repeats):
+    exe = os.path.join(build, "benchmarks", "bench_gpu_attention")
+    out = subprocess.run([exe, "--benchmark_filter=flash", "--benchmark_format=json",
+                          f"--benchmark_repetitions={repeats}",
+                          "--benchmark_report_aggregates_only=true"],
+                         check=True, capture_output=True, text=True).stdout
+    rows = {}
+    for b in json.loads(out)["benchmarks"]:
+        if b.get("aggregate_name") != "median":
+            continue
+        # name: attention_fwd_bwd/flash/B8_T2048_H32_Hkv8_D128/manual_time_median
+        shape = b["name"].split("/")[2]
+        B = int(shape.split("_")[0][1:])
+        T = int(shape.split("_")[1][1:])
+        rows[(B, T)] = {"fwd_ms": b["fwd_ms"], "fwd_bwd_ms": b["fwd_ms"] + b["bwd_ms"]}
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    a = ap.parse_args()
+    weft = weft_times(a.build, max(3, a.repeats // 4))
+    print(f"{'shape':>22} | {'impl':>14} | {'fwd ms':>8} {'fwd TFLOP/s':>12} | "
+          f"{'fwd+bwd ms':>10} {'fwd+bwd TFLOP/s':>16}")
+    device = None
+    for B, T in SHAPES:
+        ff = forward_flops(B, T)
+        t = torch_times(B, T, a.warmup, a.repeats)
+        device = t["device"]
+        rows = [("weft flash", weft.get((B, T))), (f"torch ({t['gqa']})", t)]
+        for name, r in rows:
+            if r is None:
+                print(f"{f'B{B} T{T}':>22} | {name:>14} | (no result)")
+                continue
+            print(f"{f'B{B} T{T} H{H}/{H_KV} D{D}':>22} | {name:>14} | {r['fwd_ms']:8.3f} "
+                  f"{ff / r['fwd_ms'] / 1e9:12.1f} | {r['fwd_bwd_ms']:10.3f} "
+                  f"{3.5 * ff / r['fwd_bwd_ms'] / 1e9:16.1f}")
+    print(f"device: {device}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

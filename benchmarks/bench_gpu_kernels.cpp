@@ -1,0 +1,489 @@
+// bench_gpu_kernels: the CUDA kernel families other than attention
+// (bench_gpu_attention has those), bf16, at the sizes of a Llama-7B
+// micro-batch of 8192 tokens (C 4096, F 11008, V 32000, H 32, D 128).
+//
+// Each benchmark reports what it achieved beside the ceiling measured at the
+// start of the same run on the same device:
+//   memory-bound families: GB/s over the bytes the kernel must move (each
+//     input read once, each output written once; the unfused rmsnorm counts
+//     the fp32 intermediates its design writes and reads back), against a
+//     device-to-device cudaMemcpy of 1 GiB (bytes read plus bytes written);
+//   gemm: TFLOP/s (2 m n k per product), against an 8192 x 8192 x 8192 bf16
+//     product through the same cuBLASLt path.
+// Time comes from CUDA events around each launch (manual time), after a
+// warm-up launch that takes module loading and cuBLASLt's plan out of the
+// numbers. Inputs are random, never zeros. Buffers exceed the L2 cache, so
+// repeated launches read DRAM. Without a CUDA device it says so and exits 0.
+//
+//   bench_gpu_kernels [--benchmark_filter=rmsnorm] [--benchmark_format=json] ...
+#include <benchmark/benchmark.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "kernels/adamw/adamw.h"
+#include "kernels/cross_entropy/cross_entropy.h"
+#include "kernels/cuda_check.h"
+#include "kernels/elementwise/elementwise.h"
+#include "kernels/embedding/embedding.h"
+#include "kernels/gemm/gemm.h"
+#include "kernels/rmsnorm/rmsnorm.h"
+#include "kernels/rope/rope.h"
+#include "kernels/swiglu/swiglu.h"
+
+namespace {
+
+using namespace weft::kernels;
+
+constexpr int64_t kRows = 8192, kC = 4096, kF = 11008, kV = 32000, kH = 32, kD = 128;
+constexpr int64_t kB = 4, kT = 2048;  // kB * kT = kRows
+
+cudaStream_t stream() {
+  static const cudaStream_t s = [] {
+    cudaStream_t created = nullptr;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&created, cudaStreamNonBlocking));
+    return created;
+  }();
+  return s;
+}
+
+template <typename T>
+class DeviceArray {
+ public:
+  explicit DeviceArray(int64_t n) : n_(n) {
+    if (n_ > 0) CUDA_CHECK(cudaMalloc(&ptr_, size_t(n_) * sizeof(T)));
+  }
+  ~DeviceArray() { (void)cudaFree(ptr_); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  T* data() const { return static_cast<T*>(ptr_); }
+
+ private:
+  int64_t n_;
+  void* ptr_ = nullptr;
+};
+
+// Random values in [lo, hi): a block of 2^22 drawn on the host, repeated.
+template <typename T>
+void fill_random(T* dst, int64_t n, double lo = -1.0, double hi = 1.0) {
+  static std::mt19937_64 gen(12345);
+  std::uniform_real_distribution<double> dist(lo, hi);
+  std::vector<T> block(size_t(std::min<int64_t>(n, int64_t{1} << 22)));
+  for (T& v : block) {
+    if constexpr (std::is_same_v<T, bf16>)
+      v = float_to_bf16(float(dist(gen)));
+    else
+      v = T(dist(gen));
+  }
+  for (int64_t done = 0; done < n; done += int64_t(block.size())) {
+    const int64_t count = std::min<int64_t>(int64_t(block.size()), n - done);
+    CUDA_CHECK(cudaMemcpy(dst + done, block.data(), size_t(count) * sizeof(T), cudaMemcpyHostToDevice));
+  }
+}
+
+template <typename T>
+DeviceArray<T>* random_array(std::vector<std::shared_ptr<void>>& keep, int64_t n, double lo = -1.0,
+                             double hi = 1.0) {
+  auto a = std::make_shared<DeviceArray<T>>(n);
+  fill_random(a->data(), n, lo, hi);
+  keep.push_back(a);
+  return a.get();
+}
+
+// Median milliseconds of `reps` timed runs of op after one warm-up.
+double median_ms(const std::function<void()>& op, int reps) {
+  cudaEvent_t start, stop;
+  CUDA_CHECK(cudaEventCreate(&start));
+  CUDA_CHECK(cudaEventCreate(&stop));
+  op();
+  CUDA_CHECK(cudaStreamSynchronize(stream()));
+  std::vector<float> ms(size_t(reps), 0.0f);
+  for (float& m : ms) {
+    CUDA_CHECK(cudaEventRecord(start, stream()));
+    op();
+    CUDA_CHECK(cudaEventRecord(stop, stream()));
+    CUDA_CHECK(cudaEventSynchronize(stop));
+    CUDA_CHECK(cudaEventElapsedTime(&m, start, stop));
+  }
+  CUDA_CHECK(cudaEventDestroy(start));
+  CUDA_CHECK(cudaEventDestroy(stop));
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+template <typename P>
+Status launch_with_workspace(const P& p, DeviceArray<std::byte>& ws, int64_t bytes) {
+  return launch(p, Workspace{ws.data(), bytes}, make_cuda_stream(stream()));
+}
+
+// Launches p, checking its status (a refused launch would time nothing).
+template <typename P>
+std::function<void()> op_of(const P& p, std::vector<std::shared_ptr<void>>& keep) {
+  const int64_t bytes = workspace_bytes(p, Backend::cuda);
+  auto ws = std::make_shared<DeviceArray<std::byte>>(bytes);
+  keep.push_back(ws);
+  return [p, ws, bytes] { status_check(launch_with_workspace(p, *ws, bytes), "benchmark"); };
+}
+
+// The two ceilings of this device, measured once.
+struct Ceilings {
+  double copy_gbps = 0, gemm_tflops = 0;
+};
+Ceilings g_ceilings;
+
+Ceilings measure_ceilings() {
+  Ceilings c;
+  {
+    const int64_t bytes = int64_t{1} << 30;
+    DeviceArray<char> src(bytes), dst(bytes);
+    CUDA_CHECK(cudaMemset(src.data(), 1, size_t(bytes)));
+    const double ms = median_ms(
+        [&] { CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), size_t(bytes), cudaMemcpyDeviceToDevice, stream())); },
+        20);
+    c.copy_gbps = 2.0 * double(bytes) / (ms * 1e-3) / 1e9;
+  }
+  {
+    const int64_t n = 8192;
+    std::vector<std::shared_ptr<void>> keep;
+    auto* a = random_array<bf16>(keep, n * n);
+    auto* b = random_array<bf16>(keep, n * n);
+    auto* out = random_array<bf16>(keep, n * n);
+    const GemmParams<bf16> p{.m = n, .n = n, .k = n, .a = a->data(), .lda = n, .b = b->data(),
+                             .ldb = n, .c = out->data(), .ldc = n};
+    const double ms = median_ms(op_of(p, keep), 20);
+    c.gemm_tflops = 2.0 * double(n) * double(n) * double(n) / (ms * 1e-3) / 1e12;
+  }
+  return c;
+}
+
+// One benchmark: times op per iteration and reports the rate next to its ceiling.
+void run(benchmark::State& state, const std::function<void()>& op, double bytes, double flops) {
+  cudaEvent_t start, stop;
+  CUDA_CHECK(cudaEventCreate(&start));
+  CUDA_CHECK(cudaEventCreate(&stop));
+  op();
+  CUDA_CHECK(cudaStreamSynchronize(stream()));
+  double total_s = 0;
+  for (auto _ : state) {
+    CUDA_CHECK(cudaEventRecord(start, stream()));
+    op();
+    CUDA_CHECK(cudaEventRecord(stop, stream()));
+    CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    state.SetIterationTime(ms * 1e-3);
+    total_s += ms * 1e-3;
+  }
+  CUDA_CHECK(cudaEventDestroy(start));
+  CUDA_CHECK(cudaEventDestroy(stop));
+  const double per_s = double(state.iterations()) / total_s;
+  if (flops > 0) {
+    const double tflops = flops * per_s / 1e12;
+    state.counters["TFLOP/s"] = tflops;
+    state.counters["ceiling_TFLOP/s"] = g_ceilings.gemm_tflops;
+    state.counters["pct_of_ceiling"] = 100.0 * tflops / g_ceilings.gemm_tflops;
+  } else {
+    const double gbps = bytes * per_s / 1e9;
+    state.counters["GB/s"] = gbps;
+    state.counters["ceiling_GB/s"] = g_ceilings.copy_gbps;
+    state.counters["pct_of_ceiling"] = 100.0 * gbps / g_ceilings.copy_gbps;
+  }
+}
+
+using Setup = std::function<void(benchmark::State&)>;
+
+// Registers name -> setup; the setup allocates and fills its buffers, then calls run().
+void add(const std::string& name, Setup setup) {
+  benchmark::RegisterBenchmark(name.c_str(), std::move(setup))
+      ->UseManualTime()
+      ->Unit(benchmark::kMicrosecond);
+}
+
+void register_gemm() {
+  struct Shape {
+    const char* name;
+    Trans ta, tb;
+    int64_t m, n, k;
+  };
+  // Forward y = x W^T (NT), dgrad dx = dy W (NN), wgrad dW += dy^T x (TN, into fp32).
+  for (const Shape& s : {Shape{"gemm/forward_q_8192x4096x4096", Trans::no, Trans::yes, kRows, kC, kC},
+                         Shape{"gemm/forward_up_8192x11008x4096", Trans::no, Trans::yes, kRows, kF, kC},
+                         Shape{"gemm/dgrad_down_8192x11008x4096", Trans::no, Trans::no, kRows, kF, kC},
+                         Shape{"gemm/wgrad_down_fp32C_4096x11008x8192", Trans::yes, Trans::no, kC, kF, kRows}}) {
+    add(s.name, [s](benchmark::State& state) {
+      std::vector<std::shared_ptr<void>> keep;
+      const int64_t a_cols = s.ta == Trans::no ? s.k : s.m, b_cols = s.tb == Trans::no ? s.n : s.k;
+      auto* a = random_array<bf16>(keep, s.m * s.k);
+      auto* b = random_array<bf16>(keep, s.k * s.n);
+      const double flops = 2.0 * double(s.m) * double(s.n) * double(s.k);
+      if (s.ta == Trans::yes) {
+        auto* c = random_array<float>(keep, s.m * s.n);
+        const GemmAccParams<bf16> p{.trans_a = s.ta, .trans_b = s.tb, .m = s.m, .n = s.n, .k = s.k,
+                                    .beta = 1.0f, .a = a->data(), .lda = a_cols, .b = b->data(),
+                                    .ldb = b_cols, .c = c->data(), .ldc = s.n};
+        run(state, op_of(p, keep), 0, flops);
+      } else {
+        auto* c = random_array<bf16>(keep, s.m * s.n);
+        const GemmParams<bf16> p{.trans_a = s.ta, .trans_b = s.tb, .m = s.m, .n = s.n, .k = s.k,
+                                 .a = a->data(), .lda = a_cols, .b = b->data(), .ldb = b_cols,
+                                 .c = c->data(), .ldc = s.n};
+        run(state, op_of(p, keep), 0, flops);
+      }
+    });
+  }
+}
+
+void register_rmsnorm() {
+  const double n = double(kRows * kC);
+  add("rmsnorm/fused_forward_residual_8192x4096", [n](benchmark::State& state) {
+    std::vector<std::shared_ptr<void>> keep;
+    auto* x = random_array<bf16>(keep, kRows * kC);
+    auto* res = random_array<bf16>(keep, kRows * kC);
+    auto* sum = random_array<bf16>(keep, kRows * kC);
+    auto* y = random_array<bf16>(keep, kRows * kC);
+    auto* w = random_array<bf16>(keep, kC, 0.5, 1.5);
+    auto* rstd = random_array<float>(keep, kRows);
+    const RmsnormForwardParams<bf16> p{kRows, kC, 1e-6, x->data(), res->data(), sum->data(),
+                                       w->data(), y->data(), rstd->data()};
+    run(state, op_of(p, keep), 2.0 * 4 * n + 4.0 * kRows, 0);  // x, residual in; sum, y out
+  });
+  add("rmsnorm/fused_backward_8192x4096", [n](benchmark::State& state) {
+    std::vector<std::shared_ptr<void>> keep;
+    auto* x = random_array<bf16>(keep, kRows * kC);
+    auto* dy = random_array<bf16>(keep, kRows * kC);
+    auto* dx = random_array<bf16>(keep, kRows * kC);
+    auto* w = random_array<bf16>(keep, kC, 0.5, 1.5);
+    auto* dw = random_array<bf16>(keep, kC);
+    auto* rstd = random_array<float>(keep, kRows, 0.5, 2.0);
+    const RmsnormBackwardParams<bf16> p{kRows, kC, x->data(), w->data(), rstd->data(), dy->data(),
+                                        dx->data(), Write::overwrite, dw->data()};
+    run(state, op_of(p, keep), 2.0 * 3 * n + 4.0 * kRows, 0);  // x, dy in; dx out
+  });
+  add("rmsnorm/unfused_forward_8192x4096", [n](benchmark::State& state) {
+    std::vector<std::shared_ptr<void>> keep;
+    auto* x = random_array<bf16>(keep, kRows * kC);
+    auto* y = random_array<bf16>(keep, kRows * kC);
+    auto* w = random_array<bf16>(keep, kC, 0.5, 1.5);
+    auto* rstd = random_array<float>(keep, kRows);
+    auto* x_hat = random_array<float>(keep, kRows * kC);
+    const RmsnormUnfusedForwardParams<bf16> p{kRows, kC, 1e-6, x->data(), w->data(), y->data(),
+                                              rstd->data(), x_hat->data()};
+    // x read twice, x_hat written then read (fp32), y written.
+    run(state, op_of(p, keep), 2.0 * 2 * n + 4.0 * 2 * n + 2.0 * n, 0);
+  });
+  add("rmsnorm/unfused_backward_8192x4096", [n](benchmark::State& state) {
+    std::vector<std::shared_ptr<void>> keep;
+    auto* x_hat = random_array<float>(keep, kRows * kC);
+    auto* dy = random_array<bf16>(keep, kRows * kC);
+    auto* dx = random_array<bf16>(keep, kRows * kC);
+    auto* w = random_array<bf16>(keep, kC, 0.5, 1.5);
+    auto* dw = random_array<bf16>(keep, kC);
+    auto* rstd = random_array<float>(keep, kRows, 0.5, 2.0);
+    const RmsnormUnfusedBackwardParams<bf16> p{kRows, kC, x_hat->data(), rstd->data(), w->data(),
+                                               dy->data(), dx->data(), Write::overwrite, dw->data()};
+    // dy twice, x_hat three times (fp32), g written and read twice (fp32), dx written.
+    run(state, op_of(p, keep), 2.0 * 2 * n + 4.0 * 3 * n + 4.0 * 3 * n + 2.0 * n, 0);
+  });
+}
+
+void register_rope_swiglu() {
+  add("rope/forward_b4_t2048_h32_kv32_d128", [](benchmark::State& state) {
+    std::vector<std::shared_ptr<void>> keep;
+    const int64_t n = kB * kT * kH * kD;
+    auto* q = random_array<bf16>(keep, n);
+    auto* k = random_array<bf16>(keep, n);
+    const RopeParams<bf16> p{RopeDirection::forward, kB, kT, kH, kH, kD, 0, 10000.0, q->data(), k->data()};
+    run(state, op_of(p, keep), 2.0 * 2 * 2 * double(n), 0);  // q and k read and written
+  });
+  add("swiglu/forward_8192x11008", [](benchmark::State& state) {
+    std::vector<std::shared_ptr<void>> keep;
+    const int64_t n = kRows * kF;
+    auto* gate = random_array<bf16>(keep, n, -4.0, 4.0);
+    auto* up = random_array<bf16>(keep, n);
+    auto* act = random_array<bf16>(keep, n);
+    run(state, op_of(SwigluForwardParams<bf16>{kRows, kF, gate->data(), up->data(), act->data()}, keep),
+        2.0 * 3 * double(n), 0);
+  });
+  add("swiglu/backward_8192x11008", [](benchmark::State& state) {
+    std::vector<std::shared_ptr<void>> keep;
+    const int64_t n = kRows * kF;
+    auto* gate = random_array<bf16>(keep, n, -4.0, 4.0);
+    auto* up = random_array<bf16>(keep, n);
+    auto* dact = random_array<bf16>(keep, n);
+    auto* dgate = random_array<bf16>(keep, n);
+    auto* dup = random_array<bf16>(keep, n);
+    run(state,
+        op_of(SwigluBackwardParams<bf16>{kRows, kF, gate->data(), up->data(), dact->data(),
+                                         dgate->data(), dup->data()},
+              keep),
+        2.0 * 5 * double(n), 0);
+  });
+}
+
+void register_embedding_cross_entropy() {
+  static std::vector<int32_t> tokens = [] {
+    std::mt19937 gen(7);
+    // Zipf-like: frequent tokens repeat, as in text.
+    std::vector<int32_t> t(kRows);
+    for (int32_t& v : t) v = int32_t(std::min<double>(kV - 1, std::pow(double(gen() % 100000) / 100000.0, 3.0) * kV));
+    return t;
+  }();
+  const double distinct = double(std::set<int32_t>(tokens.begin(), tokens.end()).size());
+  add("embedding/forward_8192x4096_v32000", [](benchmark::State& state) {
+    std::vector<std::shared_ptr<void>> keep;
+    auto d_tokens = std::make_shared<DeviceArray<int32_t>>(kRows);
+    CUDA_CHECK(cudaMemcpy(d_tokens->data(), tokens.data(), kRows * sizeof(int32_t), cudaMemcpyHostToDevice));
+    keep.push_back(d_tokens);
+    auto* table = random_array<bf16>(keep, kV * kC);
+    auto* out = random_array<bf16>(keep, kRows * kC);
+    run(state,
+        op_of(EmbeddingForwardParams<bf16>{kRows, kC, kV, 0, kV, d_tokens->data(), table->data(), out->data()},
+              keep),
+        2.0 * 2 * double(kRows * kC) + 4.0 * kRows, 0);
+  });
+  add("embedding/backward_8192x4096_v32000", [distinct](benchmark::State& state) {
+    std::vector<std::shared_ptr<void>> keep;
+    auto d_tokens = std::make_shared<DeviceArray<int32_t>>(kRows);
+    CUDA_CHECK(cudaMemcpy(d_tokens->data(), tokens.data(), kRows * sizeof(int32_t), cudaMemcpyHostToDevice));
+    keep.push_back(d_tokens);
+    auto* dout = random_array<bf16>(keep, kRows * kC);
+    auto* dtable = random_array<bf16>(keep, kV * kC);
+    // dout read; the distinct tokens' table rows read and written.
+    run(state,
+        op_of(EmbeddingBackwardParams<bf16>{kRows, kC, kV, 0, kV, d_tokens->data(), dout->data(),
+                                            dtable->data()},
+              keep),
+        2.0 * double(kRows * kC) + 2.0 * 2 * distinct * kC + 4.0 * kRows, 0);
+  });
+
+  const double logits_bytes = 2.0 * double(kRows * kV);
+  add("cross_entropy/max_8192x32000", [logits_bytes](benchmark::State& state) {
+    std::vector<std::shared_ptr<void>> keep;
+    auto* logits = random_array<bf16>(keep, kRows * kV, -8.0, 8.0);
+    auto* m = random_array<float>(keep, kRows);
+    run(state, op_of(CrossEntropyMaxParams<bf16>{kRows, kV, logits->data(), m->data()}, keep), logits_bytes, 0);
+  });
+  add("cross_entropy/sum_exp_8192x32000", [logits_bytes](benchmark::State& state) {
+    std::vector<std::shared_ptr<void>> keep;
+    auto* logits = random_array<bf16>(keep, kRows * kV, -8.0, 8.0);
+    auto* m = random_array<float>(keep, kRows, 8.0, 8.0);
+    auto* s = random_array<float>(keep, kRows);
+    run(state, op_of(CrossEntropySumExpParams<bf16>{kRows, kV, logits->data(), m->data(), s->data()}, keep),
+        logits_bytes, 0);
+  });
+  add("cross_entropy/loss_grad_8192x32000", [logits_bytes](benchmark::State& state) {
+    std::vector<std::shared_ptr<void>> keep;
+    auto* logits = random_array<bf16>(keep, kRows * kV, -8.0, 8.0);
+    auto* m = random_array<float>(keep, kRows, 8.0, 8.0);
+    auto* s = random_array<float>(keep, kRows, 1000.0, 2000.0);
+    auto* loss = random_array<float>(keep, kRows);
+    auto d_targets = std::make_shared<DeviceArray<int32_t>>(kRows);
+    CUDA_CHECK(cudaMemcpy(d_targets->data(), tokens.data(), kRows * sizeof(int32_t), cudaMemcpyHostToDevice));
+    keep.push_back(d_targets);
+    // Repeated launches keep overwriting the logits with gradients, which are
+    // valid logits too: the work per launch is the same.
+    run(state,
+        op_of(CrossEntropyLossGradParams<bf16>{kRows, kV, 0, kV, logits->data(), d_targets->data(),
+                                               m->data(), s->data(), loss->data(), 1.0 / kRows},
+              keep),
+        2.0 * logits_bytes, 0);
+  });
+}
+
+void register_adamw_elementwise() {
+  add("adamw/64_tensors_of_4M", [](benchmark::State& state) {
+    std::vector<std::shared_ptr<void>> keep;
+    constexpr int64_t kTensors = 64, kEach = int64_t{1} << 22;
+    std::vector<AdamwTensor<bf16>> tensors;
+    for (int64_t i = 0; i < kTensors; ++i)
+      tensors.push_back({random_array<bf16>(keep, kEach)->data(), random_array<bf16>(keep, kEach)->data(),
+                         random_array<bf16>(keep, kEach, -0.01, 0.01)->data(),
+                         random_array<bf16>(keep, kEach, 0.0, 1e-4)->data(), kEach,
+                         i % 2 ? WeightDecay::skip : WeightDecay::apply});
+    auto shared = std::make_shared<std::vector<AdamwTensor<bf16>>>(std::move(tensors));
+    keep.push_back(shared);
+    const AdamwParams<bf16> p{.tensors = *shared, .step = 10, .lr = 1e-4};
+    run(state, op_of(p, keep), 14.0 * double(kTensors * kEach), 0);  // param, m, v r/w; grad read
+  });
+  constexpr int64_t n = int64_t{1} << 28;
+  const double e = double(n);
+  add("elementwise/add_256M", [e](benchmark::State& state) {
+    std::vector<std::shared_ptr<void>> keep;
+    auto* a = random_array<bf16>(keep, n);
+    auto* b = random_array<bf16>(keep, n);
+    auto* out = random_array<bf16>(keep, n);
+    run(state, op_of(AddParams<bf16>{n, a->data(), b->data(), out->data()}, keep), 6.0 * e, 0);
+  });
+  add("elementwise/axpy_256M", [e](benchmark::State& state) {
+    std::vector<std::shared_ptr<void>> keep;
+    auto* x = random_array<bf16>(keep, n);
+    auto* y = random_array<bf16>(keep, n);
+    run(state, op_of(AxpyParams<bf16>{n, 1e-3, x->data(), y->data()}, keep), 6.0 * e, 0);
+  });
+  add("elementwise/scale_256M", [e](benchmark::State& state) {
+    std::vector<std::shared_ptr<void>> keep;
+    auto* x = random_array<bf16>(keep, n);
+    run(state, op_of(ScaleParams<bf16>{n, 1.0, x->data(), x->data()}, keep), 4.0 * e, 0);
+  });
+  add("elementwise/fill_256M", [e](benchmark::State& state) {
+    std::vector<std::shared_ptr<void>> keep;
+    auto* x = random_array<bf16>(keep, n);
+    run(state, op_of(FillParams<bf16>{n, 0.0, x->data()}, keep), 2.0 * e, 0);
+  });
+  add("elementwise/sum_squares_256M", [e](benchmark::State& state) {
+    std::vector<std::shared_ptr<void>> keep;
+    auto* x = random_array<bf16>(keep, n);
+    auto* sum = random_array<double>(keep, 1);
+    run(state, op_of(SumSquaresParams<bf16>{n, x->data(), sum->data()}, keep), 2.0 * e, 0);
+  });
+  add("elementwise/widen_accumulate_256M", [e](benchmark::State& state) {
+    std::vector<std::shared_ptr<void>> keep;
+    auto* x = random_array<bf16>(keep, n);
+    auto* out = random_array<float>(keep, n);
+    run(state, op_of(WidenParams<bf16>{n, x->data(), out->data(), Write::accumulate}, keep), 10.0 * e, 0);
+  });
+  add("elementwise/narrow_256M", [e](benchmark::State& state) {
+    std::vector<std::shared_ptr<void>> keep;
+    auto* x = random_array<float>(keep, n);
+    auto* out = random_array<bf16>(keep, n);
+    run(state, op_of(NarrowParams<bf16>{n, x->data(), out->data()}, keep), 6.0 * e, 0);
+  });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int devices = 0;
+  const cudaError_t status = cudaGetDeviceCount(&devices);
+  if (status != cudaSuccess || devices == 0) {
+    std::printf("bench_gpu_kernels: no CUDA device (%s); nothing to measure\n",
+                status != cudaSuccess ? cudaGetErrorString(status) : "none found");
+    return 0;
+  }
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  g_ceilings = measure_ceilings();
+  std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+  std::printf("ceilings measured now: device-to-device copy %.0f GB/s (read + write), "
+              "bf16 GEMM 8192^3 through cuBLASLt %.0f TFLOP/s\n",
+              g_ceilings.copy_gbps, g_ceilings.gemm_tflops);
+  register_gemm();
+  register_rmsnorm();
+  register_rope_swiglu();
+  register_embedding_cross_entropy();
+  register_adamw_elementwise();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,170 @@
+// adamw on CUDA: the update of every tensor of a step in one launch (one per
+// kTensorsPerLaunch tensors), bf16 storage, fp32 arithmetic.
+//
+// Each tensor is cut into chunks of kChunk elements and the chunks of all
+// tensors are numbered in one sequence. A grid sized to fill the SMs walks
+// that sequence (grid-stride); a block finds its chunk's tensor by binary
+// search over the launch's table of tensors, which travels as the kernel's
+// __grid_constant__ parameter (up to 32 KB since CUDA 12.1 on sm_70+), so
+// there is no host-to-device copy and the launch can be captured in a graph.
+// Every thread of a block searches the same chunk, so the table reads
+// broadcast from the constant cache.
+//
+// The update fuses decay, both moments and the step, so each element's
+// param, m and v are read and written once and its grad read once: 14 bytes
+// an element, the minimum. 16-byte accesses where a tensor's four pointers
+// are aligned (the arena aligns to 64 bytes), element by element otherwise
+// and for each tensor's tail. The per-step scalars are computed once in
+// double, as the CPU backend and PyTorch compute them, then rounded to fp32.
+#include <cmath>
+
+#include "kernels/adamw/adamw.h"
+#include "kernels/cuda_common.cuh"
+
+namespace weft::kernels {
+namespace {
+
+using gpu::Float8;
+using gpu::kVec;
+using gpu::nv_bf16;
+
+// 4096 elements: two 16-byte steps of a 256-thread block, few enough that the
+// last chunks of a step spread over many SMs.
+constexpr int64_t kChunk = 4096;
+constexpr int kThreads = 256;
+// 512 tensors of 56 bytes, a 28 KB parameter: one launch for Llama-13B's 363
+// tensors (9 a block), two for Llama-65B's 723.
+constexpr int kTensorsPerLaunch = 512;
+
+struct Scalars {
+  float step_size, bias2_sqrt, beta2, one_minus_beta1, one_minus_beta2, eps, grad_scale,
+      decay_factor;
+};
+
+struct TensorArg {
+  nv_bf16* param;       // (n)
+  const nv_bf16* grad;  // (n)
+  nv_bf16* m;           // (n)
+  nv_bf16* v;           // (n)
+  int64_t n;
+  int64_t first_chunk;  // chunks of the launch's earlier tensors
+  int32_t decay;        // apply weight decay
+  int32_t vec;          // all four pointers 16-byte aligned
+};
+
+struct Batch {
+  Scalars s;
+  int32_t count = 0;
+  int64_t chunks = 0;
+  TensorArg t[kTensorsPerLaunch];
+};
+
+// CUDA 12.1+ takes kernel parameters up to 32764 bytes on sm_70 and newer.
+static_assert(sizeof(Batch) <= 32764, "the tensor table must fit a kernel parameter");
+
+__device__ __forceinline__ void adam_update(float& param, float grad, float& m, float& v,
+                                            const Scalars& s, bool decay) {
+  const float g = grad * s.grad_scale;
+  if (decay) param *= s.decay_factor;
+  // torch: m.lerp_(g, 1 - beta1); v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+  m = m + s.one_minus_beta1 * (g - m);
+  v = s.beta2 * v + s.one_minus_beta2 * g * g;
+  param -= s.step_size * (m / (sqrtf(v) / s.bias2_sqrt + s.eps));
+}
+
+__global__ void __launch_bounds__(kThreads) adamw_kernel(const __grid_constant__ Batch b) {
+  for (int64_t chunk = blockIdx.x; chunk < b.chunks; chunk += gridDim.x) {
+    int lo = 0, hi = b.count - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (b.t[mid].first_chunk <= chunk)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    const TensorArg& t = b.t[lo];
+    const bool decay = t.decay != 0;
+    const int64_t begin = (chunk - t.first_chunk) * kChunk;
+    const int64_t end = min(t.n, begin + kChunk);
+    // Chunks start at multiples of kChunk, so aligned tensors stay aligned.
+    const int64_t vec_end = t.vec ? begin + (end - begin) / kVec * kVec : begin;
+    for (int64_t i = begin + int64_t(threadIdx.x) * kVec; i < vec_end; i += int64_t(kThreads) * kVec) {
+      Float8 param = gpu::load8(t.param + i), m = gpu::load8(t.m + i), v = gpu::load8(t.v + i);
+      const Float8 grad = gpu::load8(t.grad + i);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) adam_update(param.v[j], grad.v[j], m.v[j], v.v[j], b.s, decay);
+      gpu::store8(t.param + i, param);
+      gpu::store8(t.m + i, m);
+      gpu::store8(t.v + i, v);
+    }
+    for (int64_t i = vec_end + threadIdx.x; i < end; i += kThreads) {
+      float param = gpu::to_float(t.param[i]), m = gpu::to_float(t.m[i]), v = gpu::to_float(t.v[i]);
+      adam_update(param, gpu::to_float(t.grad[i]), m, v, b.s, decay);
+      t.param[i] = gpu::to_bf16(param);
+      t.m[i] = gpu::to_bf16(m);
+      t.v[i] = gpu::to_bf16(v);
+    }
+  }
+}
+
+Status check(const AdamwParams<bf16>& p) {
+  const bool finite = std::isfinite(p.lr) && std::isfinite(p.beta1) && std::isfinite(p.beta2) &&
+                      std::isfinite(p.eps) && std::isfinite(p.weight_decay) &&
+                      std::isfinite(p.grad_scale);
+  if (!finite || p.step < 1 || p.lr < 0 || p.beta1 < 0 || p.beta1 >= 1 || p.beta2 < 0 ||
+      p.beta2 >= 1 || p.eps < 0 || p.weight_decay < 0)
+    return Status::invalid_argument;
+  for (const AdamwTensor<bf16>& t : p.tensors)
+    if (t.n < 0 || !cpu::present(t.param, t.n) || !cpu::present(t.grad, t.n) ||
+        !cpu::present(t.m, t.n) || !cpu::present(t.v, t.n))
+      return Status::invalid_argument;
+  return Status::ok;
+}
+
+int64_t scratch(const AdamwParams<bf16>&) { return 0; }
+
+void flush(Batch& batch, cudaStream_t stream) {
+  if (batch.count == 0) return;
+  adamw_kernel<<<gpu::grid_blocks(batch.chunks * kThreads, kThreads), kThreads, 0, stream>>>(batch);
+  WEFT_LAUNCH_CHECK(stream, "adamw_kernel");
+  batch.count = 0;
+  batch.chunks = 0;
+}
+
+Status run(const AdamwParams<bf16>& p, Workspace, cudaStream_t stream) {
+  const double t = static_cast<double>(p.step);
+  const double bias1 = 1.0 - std::pow(p.beta1, t);
+  const double bias2 = 1.0 - std::pow(p.beta2, t);
+  Batch batch;
+  batch.s = Scalars{.step_size = float(p.lr / bias1),
+                    .bias2_sqrt = float(std::sqrt(bias2)),
+                    .beta2 = float(p.beta2),
+                    .one_minus_beta1 = float(1.0 - p.beta1),
+                    .one_minus_beta2 = float(1.0 - p.beta2),
+                    .eps = float(p.eps),
+                    .grad_scale = float(p.grad_scale),
+                    .decay_factor = float(1.0 - p.lr * p.weight_decay)};
+  for (const AdamwTensor<bf16>& tensor : p.tensors) {
+    if (tensor.n == 0) continue;
+    TensorArg& a = batch.t[batch.count++];
+    a = TensorArg{.param = gpu::dev(tensor.param),
+                  .grad = gpu::dev(tensor.grad),
+                  .m = gpu::dev(tensor.m),
+                  .v = gpu::dev(tensor.v),
+                  .n = tensor.n,
+                  .first_chunk = batch.chunks,
+                  .decay = tensor.decay == WeightDecay::apply && p.weight_decay != 0,
+                  .vec = gpu::aligned16(tensor.param) && gpu::aligned16(tensor.grad) &&
+                         gpu::aligned16(tensor.m) && gpu::aligned16(tensor.v)};
+    batch.chunks += (tensor.n + kChunk - 1) / kChunk;
+    if (batch.count == kTensorsPerLaunch) flush(batch, stream);
+  }
+  flush(batch, stream);
+  return Status::ok;
+}
+
+}  // namespace
+
+WEFT_CUDA_INSTANTIATE(AdamwParams)
+
+}  // namespace weft::kernels

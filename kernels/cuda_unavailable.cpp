@@ -1,0 +1,63 @@
+// The bf16 protocol functions of every kernel family in a build without CUDA
+// (kernels/CMakeLists.txt compiles this file instead of the .cu files): bf16
+// runs only on the CUDA backend, so each one refuses. The symbols exist so
+// that code written for both backends (the trainer's GPU path, the tuner's
+// "would this run?") links and runs in a CPU-only build and gets a clear
+// answer: supports() false, no workspace, launch() Status::unsupported.
+//
+// A family's <family>.cu defines the same specializations in CUDA builds;
+// a new params struct with a bf16 CUDA launch gets a line here as well.
+#include "kernels/adamw/adamw.h"
+#include "kernels/attention/attention.h"
+#include "kernels/cross_entropy/cross_entropy.h"
+#include "kernels/elementwise/elementwise.h"
+#include "kernels/embedding/embedding.h"
+#include "kernels/gemm/gemm.h"
+#include "kernels/rmsnorm/rmsnorm.h"
+#include "kernels/rope/rope.h"
+#include "kernels/swiglu/swiglu.h"
+
+namespace weft::kernels {
+
+#define WEFT_CUDA_UNAVAILABLE(Params)                                                \
+  template <>                                                                        \
+  bool supports<bf16>(const Params<bf16>&, Backend) {                                \
+    return false;                                                                    \
+  }                                                                                  \
+  template <>                                                                        \
+  int64_t workspace_bytes<bf16>(const Params<bf16>&, Backend) {                      \
+    return 0;                                                                        \
+  }                                                                                  \
+  template <>                                                                        \
+  Status launch<bf16>(const Params<bf16>&, Workspace, Stream) {                      \
+    return Status::unsupported;                                                      \
+  }
+
+WEFT_CUDA_UNAVAILABLE(GemmParams)
+WEFT_CUDA_UNAVAILABLE(GemmAccParams)
+WEFT_CUDA_UNAVAILABLE(AttentionForwardParams)
+WEFT_CUDA_UNAVAILABLE(AttentionBackwardParams)
+WEFT_CUDA_UNAVAILABLE(RmsnormForwardParams)
+WEFT_CUDA_UNAVAILABLE(RmsnormBackwardParams)
+WEFT_CUDA_UNAVAILABLE(RmsnormUnfusedForwardParams)
+WEFT_CUDA_UNAVAILABLE(RmsnormUnfusedBackwardParams)
+WEFT_CUDA_UNAVAILABLE(RopeParams)
+WEFT_CUDA_UNAVAILABLE(SwigluForwardParams)
+WEFT_CUDA_UNAVAILABLE(SwigluBackwardParams)
+WEFT_CUDA_UNAVAILABLE(EmbeddingForwardParams)
+WEFT_CUDA_UNAVAILABLE(EmbeddingBackwardParams)
+WEFT_CUDA_UNAVAILABLE(CrossEntropyMaxParams)
+WEFT_CUDA_UNAVAILABLE(CrossEntropySumExpParams)
+WEFT_CUDA_UNAVAILABLE(CrossEntropyLossGradParams)
+WEFT_CUDA_UNAVAILABLE(AdamwParams)
+WEFT_CUDA_UNAVAILABLE(AddParams)
+WEFT_CUDA_UNAVAILABLE(ScaleParams)
+WEFT_CUDA_UNAVAILABLE(AxpyParams)
+WEFT_CUDA_UNAVAILABLE(FillParams)
+WEFT_CUDA_UNAVAILABLE(SumSquaresParams)
+WEFT_CUDA_UNAVAILABLE(WidenParams)
+WEFT_CUDA_UNAVAILABLE(NarrowParams)
+
+#undef WEFT_CUDA_UNAVAILABLE
+
+}  // namespace weft::kernels

@@ -1,0 +1,254 @@
+// gemm on CUDA through cuBLASLt: bf16 A and B, fp32 accumulation and fp32
+// alpha/beta, C in bf16 (GemmParams<bf16>) or fp32 (GemmAccParams<bf16>,
+// weight gradients accumulating into fp32 main gradients).
+//
+// cuBLASLt is column-major, weft row-major. A row-major (m, n) C is the
+// column-major (n, m) matrix C^T = op(B)^T op(A)^T, so the call swaps the
+// operands (cuBLASLt's A is weft's B and the reverse) and keeps each one's
+// transpose flag; no data moves. Strided batches map onto the layouts' batch
+// count and strides, so a batch is one cuBLASLt call.
+//
+// cuBLASLt picks a kernel by heuristic for the shape, the leading dimensions
+// and the pointers' alignment. That query costs tens of microseconds, so each
+// thread keeps a plan per (device, shape, alignment) with its descriptors and
+// chosen algorithm, and a repeated GEMM (every step repeats every shape)
+// costs one cublasLtMatmul call. The alignment is part of the key because a
+// kernel chosen for 16-byte aligned operands must not see a less aligned one.
+//
+// With beta = 0, C is not read (cuBLAS's documented contract, so NaN there
+// does not propagate); k = 0 is done here as C = beta * C, which cuBLASLt
+// does not accept.
+#include <climits>
+#include <map>
+#include <tuple>
+#include <unordered_map>
+
+#include "kernels/cuda_common.cuh"
+#include "kernels/gemm/gemm.h"
+
+namespace weft::kernels {
+namespace {
+
+// cuBLASLt's scratch: 32 MiB is what NVIDIA recommends for Hopper (4 MiB
+// suffices on Ampere); the extra 256 bytes let the launch align it to 256.
+constexpr int64_t kLtWorkspace = int64_t{32} << 20;
+constexpr int64_t kLtAlign = 256;
+
+// What both params structs describe, C's type aside.
+struct GemmView {
+  Trans trans_a, trans_b;
+  int64_t m, n, k;
+  float alpha, beta;
+  const void* a;  // (m, k), or (k, m) when trans_a; bf16
+  int64_t lda;
+  const void* b;  // (k, n), or (n, k) when trans_b; bf16
+  int64_t ldb;
+  void* c;  // (m, n); bf16 or fp32
+  int64_t ldc;
+  int64_t batch, stride_a, stride_b, stride_c;
+  cudaDataType_t c_type;
+  int64_t c_bytes;  // of one element
+};
+
+template <typename P>
+GemmView view(const P& p, cudaDataType_t c_type, int64_t c_bytes) {
+  return {p.trans_a, p.trans_b, p.m, p.n, p.k, float(p.alpha), float(p.beta),
+          p.a, p.lda, p.b, p.ldb, p.c, p.ldc, p.batch, p.stride_a, p.stride_b, p.stride_c,
+          c_type, c_bytes};
+}
+
+GemmView view(const GemmParams<bf16>& p) { return view(p, CUDA_R_16BF, 2); }
+GemmView view(const GemmAccParams<bf16>& p) { return view(p, CUDA_R_32F, 4); }
+
+// The CPU backend's rules; cuBLASLt takes 64-bit sizes and a 32-bit batch.
+Status check_view(const GemmView& p) {
+  if (p.m < 0 || p.n < 0 || p.k < 0 || p.batch < 1) return Status::invalid_argument;
+  if (p.stride_a < 0 || p.stride_b < 0 || p.stride_c < 0) return Status::invalid_argument;
+  const int64_t a_cols = p.trans_a == Trans::no ? p.k : p.m;
+  const int64_t b_cols = p.trans_b == Trans::no ? p.n : p.k;
+  if (p.lda < std::max<int64_t>(1, a_cols) || p.ldb < std::max<int64_t>(1, b_cols) ||
+      p.ldc < std::max<int64_t>(1, p.n))
+    return Status::invalid_argument;
+  const bool empty_c = p.m == 0 || p.n == 0;
+  const bool empty_ab = empty_c || p.k == 0;
+  if (!empty_c && p.c == nullptr) return Status::invalid_argument;
+  if (!empty_ab && (p.a == nullptr || p.b == nullptr)) return Status::invalid_argument;
+  if (p.batch > 1 && !empty_c && p.stride_c < (p.m - 1) * p.ldc + p.n) return Status::invalid_argument;
+  if (p.batch > INT_MAX) return Status::unsupported;
+  return Status::ok;
+}
+
+// The largest power of two up to 256 dividing the address and, across a
+// batch, the stride in bytes.
+uint32_t alignment(const void* p, int64_t batch, int64_t stride_bytes) {
+  uint64_t bits = reinterpret_cast<uintptr_t>(p) | uint64_t(kLtAlign);
+  if (batch > 1 && stride_bytes > 0) bits |= uint64_t(stride_bytes);
+  return uint32_t(bits & (~bits + 1));
+}
+
+using PlanKey = std::tuple<int, int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                           int64_t, int64_t, int64_t, int64_t, int, uint32_t, uint32_t, uint32_t,
+                           int64_t>;
+
+struct Plan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;  // cuBLASLt's A, B, C (= D)
+  cublasLtMatmulAlgo_t algo{};
+  bool found = false;
+};
+
+// One cuBLASLt handle per device and thread, and the thread's plans. They
+// live until the process ends: destroying them from a thread_local
+// destructor could run after the CUDA runtime has shut down.
+struct ThreadState {
+  std::unordered_map<int, cublasLtHandle_t> handles;
+  std::map<PlanKey, Plan> plans;
+};
+ThreadState& thread_state() {
+  static thread_local ThreadState* state = new ThreadState;
+  return *state;
+}
+
+cublasLtHandle_t handle_for(int device) {
+  auto& handles = thread_state().handles;
+  auto it = handles.find(device);
+  if (it == handles.end()) {
+    cublasLtHandle_t h = nullptr;
+    CUBLAS_CHECK(cublasLtCreate(&h));
+    it = handles.emplace(device, h).first;
+  }
+  return it->second;
+}
+
+cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld,
+                                   int64_t batch, int64_t stride) {
+  cublasLtMatrixLayout_t layout = nullptr;
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, type, uint64_t(rows), uint64_t(cols), ld));
+  if (batch > 1) {
+    const int32_t count = int32_t(batch);
+    CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                                                  sizeof count));
+    CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+        layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
+  }
+  return layout;
+}
+
+const Plan& plan_for(cublasLtHandle_t handle, int device, const GemmView& p, int64_t ws_bytes) {
+  const uint32_t align_a = alignment(p.b, p.batch, p.stride_b * 2);  // cuBLASLt's A is weft's B
+  const uint32_t align_b = alignment(p.a, p.batch, p.stride_a * 2);
+  const uint32_t align_c = alignment(p.c, p.batch, p.stride_c * p.c_bytes);
+  const PlanKey key{device, int(p.trans_a), int(p.trans_b), p.m, p.n, p.k, p.lda, p.ldb, p.ldc,
+                    p.batch, p.stride_a, p.stride_b, p.stride_c, int(p.c_type), align_a, align_b,
+                    align_c, ws_bytes};
+  auto& plans = thread_state().plans;
+  if (auto it = plans.find(key); it != plans.end()) return it->second;
+
+  Plan plan;
+  const cublasOperation_t op_a = p.trans_b == Trans::yes ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = p.trans_a == Trans::yes ? CUBLAS_OP_T : CUBLAS_OP_N;
+  CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+  // Column-major: cuBLASLt's A is weft's B seen as (n, k) or (k, n), its B is
+  // weft's A seen as (k, m) or (m, k), and C is weft's C seen as (n, m).
+  plan.a = p.trans_b == Trans::no ? make_layout(CUDA_R_16BF, p.n, p.k, p.ldb, p.batch, p.stride_b)
+                                  : make_layout(CUDA_R_16BF, p.k, p.n, p.ldb, p.batch, p.stride_b);
+  plan.b = p.trans_a == Trans::no ? make_layout(CUDA_R_16BF, p.k, p.m, p.lda, p.batch, p.stride_a)
+                                  : make_layout(CUDA_R_16BF, p.m, p.k, p.lda, p.batch, p.stride_a);
+  plan.c = make_layout(p.c_type, p.n, p.m, p.ldc, p.batch, p.stride_c);
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const uint64_t max_ws = uint64_t(ws_bytes);
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                    &max_ws, sizeof max_ws));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof align_a));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof align_b));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof align_c));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof align_c));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle, plan.op, plan.a, plan.b, plan.c,
+                                                               plan.c, pref, 1, &result, &found);
+  CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+  // NOT_SUPPORTED means no algorithm fits: the params are valid but this
+  // backend cannot run them, which launch reports as unsupported.
+  if (status != CUBLAS_STATUS_NOT_SUPPORTED) CUBLAS_CHECK(status);
+  plan.found = status == CUBLAS_STATUS_SUCCESS && found > 0;
+  if (plan.found) plan.algo = result.algo;
+  return plans.emplace(key, plan).first->second;
+}
+
+// C = beta * C for k = 0 (beta = 0 writes zeros, so NaN does not survive).
+template <typename T>
+__global__ void __launch_bounds__(gpu::kElementwiseThreads)
+    scale_c_kernel(int64_t batch, int64_t m, int64_t n, int64_t ldc, int64_t stride_c, float beta,
+                   T* c) {  // (batch, m, n) with ldc and stride_c
+  const int64_t total = batch * m * n, stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total; idx += stride) {
+    const int64_t j = idx % n, i = (idx / n) % m, b = idx / (m * n);
+    T& e = c[b * stride_c + i * ldc + j];
+    if constexpr (sizeof(T) == 2) {
+      e = gpu::to_bf16(beta == 0.0f ? 0.0f : beta * gpu::to_float(e));
+    } else {
+      e = beta == 0.0f ? 0.0f : beta * e;
+    }
+  }
+}
+
+Status run_view(const GemmView& p, Workspace ws, cudaStream_t stream) {
+  if (p.m == 0 || p.n == 0) return Status::ok;
+  if (p.k == 0) {
+    const int64_t total = p.batch * p.m * p.n;
+    const int64_t blocks = gpu::grid_blocks(total, gpu::kElementwiseThreads);
+    if (p.c_type == CUDA_R_16BF)
+      scale_c_kernel<<<blocks, gpu::kElementwiseThreads, 0, stream>>>(
+          p.batch, p.m, p.n, p.ldc, p.stride_c, p.beta, static_cast<gpu::nv_bf16*>(p.c));
+    else
+      scale_c_kernel<<<blocks, gpu::kElementwiseThreads, 0, stream>>>(
+          p.batch, p.m, p.n, p.ldc, p.stride_c, p.beta, static_cast<float*>(p.c));
+    WEFT_LAUNCH_CHECK(stream, "scale_c_kernel");
+    return Status::ok;
+  }
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  const cublasLtHandle_t handle = handle_for(device);
+  // The workspace rounded up to cuBLASLt's preferred 256-byte alignment.
+  const uintptr_t base = reinterpret_cast<uintptr_t>(ws.data);
+  const uintptr_t aligned = (base + kLtAlign - 1) / kLtAlign * kLtAlign;
+  const int64_t ws_bytes = std::min<int64_t>(kLtWorkspace, ws.bytes - int64_t(aligned - base));
+  const Plan& plan = plan_for(handle, device, p, ws_bytes);
+  if (!plan.found) return Status::unsupported;
+  CUBLAS_CHECK(cublasLtMatmul(handle, plan.op, &p.alpha, p.b, plan.a, p.a, plan.b, &p.beta, p.c,
+                              plan.c, p.c, plan.c, &plan.algo, reinterpret_cast<void*>(aligned),
+                              size_t(ws_bytes), stream));
+  WEFT_LAUNCH_CHECK(stream, "cublasLtMatmul");
+  return Status::ok;
+}
+
+int64_t scratch_view(const GemmView& p) {
+  return p.m == 0 || p.n == 0 || p.k == 0 ? 0 : kLtWorkspace + kLtAlign;
+}
+
+Status check(const GemmParams<bf16>& p) { return check_view(view(p)); }
+Status check(const GemmAccParams<bf16>& p) { return check_view(view(p)); }
+int64_t scratch(const GemmParams<bf16>& p) { return scratch_view(view(p)); }
+int64_t scratch(const GemmAccParams<bf16>& p) { return scratch_view(view(p)); }
+Status run(const GemmParams<bf16>& p, Workspace ws, cudaStream_t stream) {
+  return run_view(view(p), ws, stream);
+}
+Status run(const GemmAccParams<bf16>& p, Workspace ws, cudaStream_t stream) {
+  return run_view(view(p), ws, stream);
+}
+
+}  // namespace
+
+WEFT_CUDA_INSTANTIATE(GemmParams)
+WEFT_CUDA_INSTANTIATE(GemmAccParams)
+
+}  // namespace weft::kernels
