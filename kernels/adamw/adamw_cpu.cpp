@@ -7,31 +7,14 @@
 
 #include <cmath>
 
+#include "kernels/adamw/adamw_check.h"
 #include "kernels/cpu_common.h"
 
 namespace weft::kernels {
-namespace {
-
-template <typename Elem>
-Status check(const AdamwParams<Elem>& p) {
-  const bool finite = std::isfinite(p.lr) && std::isfinite(p.beta1) && std::isfinite(p.beta2) &&
-                      std::isfinite(p.eps) && std::isfinite(p.weight_decay) &&
-                      std::isfinite(p.grad_scale);
-  if (!finite || p.step < 1 || p.lr < 0 || p.beta1 < 0 || p.beta1 >= 1 || p.beta2 < 0 ||
-      p.beta2 >= 1 || p.eps < 0 || p.weight_decay < 0)
-    return Status::invalid_argument;
-  for (const AdamwTensor<Elem>& t : p.tensors)
-    if (t.n < 0 || !cpu::present(t.param, t.n) || !cpu::present(t.grad, t.n) ||
-        !cpu::present(t.m, t.n) || !cpu::present(t.v, t.n))
-      return Status::invalid_argument;
-  return Status::ok;
-}
-
-}  // namespace
 
 template <typename Elem>
 bool supports(const AdamwParams<Elem>& p, Backend backend) {
-  return backend == Backend::cpu && check(p) == Status::ok;
+  return backend == Backend::cpu && params_check(p) == Status::ok;
 }
 
 template <typename Elem>
@@ -42,7 +25,7 @@ int64_t workspace_bytes(const AdamwParams<Elem>&, Backend) {
 template <typename Elem>
 Status launch(const AdamwParams<Elem>& p, Workspace ws, Stream stream) {
   using A = Acc<Elem>;
-  if (Status s = cpu::preflight(check(p), 0, ws, stream); s != Status::ok) return s;
+  if (Status s = cpu::preflight(params_check(p), 0, ws, stream); s != Status::ok) return s;
   const double t = static_cast<double>(p.step);
   const double bias1 = 1.0 - std::pow(p.beta1, t);
   const double bias2 = 1.0 - std::pow(p.beta2, t);

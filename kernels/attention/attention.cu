@@ -75,6 +75,7 @@
 #include <vector>
 
 #include "kernels/attention/attention.h"
+#include "kernels/attention/attention_check.h"
 #include "kernels/cuda_common.cuh"
 
 namespace weft::kernels {
@@ -842,10 +843,6 @@ void gemm_batched(cublasHandle_t handle, cublasOperation_t ta, cublasOperation_t
 
 int64_t piece(int64_t bytes) { return cpu::align_up(bytes); }
 
-bool dims_valid(int64_t B, int64_t T, int64_t H, int64_t H_kv, int64_t D) {
-  return B >= 0 && T >= 0 && H >= 1 && H_kv >= 1 && D >= 1 && H % H_kv == 0;
-}
-
 constexpr int64_t kGridYZ = 65535;  // gridDim.y and .z limit
 constexpr int64_t kInt = 2147483647;
 
@@ -863,31 +860,17 @@ bool materialized_handles(const P& p) {
   return p.T <= kInt && p.H * p.D <= kInt && p.B * p.H <= kInt;
 }
 
-// The CPU's rules for valid params (invalid_argument), then what this backend
-// implements (unsupported).
+// The shared rules for valid params (attention_check.h, invalid_argument),
+// then what this backend implements (unsupported).
 Status check(const AttentionForwardParams<bf16>& p) {
-  if (!dims_valid(p.B, p.T, p.H, p.H_kv, p.D)) return Status::invalid_argument;
-  const int64_t nq = p.B * p.T * p.H * p.D, nkv = p.B * p.T * p.H_kv * p.D;
-  bool ok = cpu::present(p.q, nq) && cpu::present(p.k, nkv) && cpu::present(p.v, nkv) &&
-            cpu::present(p.out, nq);
-  if (p.kind == AttentionKind::flash) ok = ok && cpu::present(p.lse, p.B * p.H * p.T);
-  if (p.kind == AttentionKind::materialized) ok = ok && cpu::present(p.probs, p.B * p.H * p.T * p.T);
-  if (!ok) return Status::invalid_argument;
+  if (Status s = params_check(p); s != Status::ok) return s;
   if (p.kind == AttentionKind::flash)
     return flash_handles(p) && gpu::aligned16(p.out) && aligned(p.lse, 4) ? Status::ok : Status::unsupported;
   return materialized_handles(p) ? Status::ok : Status::unsupported;
 }
 
 Status check(const AttentionBackwardParams<bf16>& p) {
-  if (!dims_valid(p.B, p.T, p.H, p.H_kv, p.D)) return Status::invalid_argument;
-  const int64_t nq = p.B * p.T * p.H * p.D, nkv = p.B * p.T * p.H_kv * p.D;
-  bool ok = cpu::present(p.q, nq) && cpu::present(p.k, nkv) && cpu::present(p.v, nkv) &&
-            cpu::present(p.dout, nq) && cpu::present(p.dq, nq) && cpu::present(p.dk, nkv) &&
-            cpu::present(p.dv, nkv);
-  if (p.kind == AttentionKind::flash)
-    ok = ok && cpu::present(p.out, nq) && cpu::present(p.lse, p.B * p.H * p.T);
-  if (p.kind == AttentionKind::materialized) ok = ok && cpu::present(p.probs, p.B * p.H * p.T * p.T);
-  if (!ok) return Status::invalid_argument;
+  if (Status s = params_check(p); s != Status::ok) return s;
   if (p.kind == AttentionKind::flash)
     return flash_handles(p) && gpu::aligned16(p.out) && gpu::aligned16(p.dout) && gpu::aligned16(p.dq) &&
                    gpu::aligned16(p.dk) && gpu::aligned16(p.dv) && aligned(p.lse, 4) && p.H_kv <= kGridYZ

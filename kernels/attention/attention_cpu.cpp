@@ -40,6 +40,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "kernels/attention/attention_check.h"
 #include "kernels/cpu_common.h"
 
 namespace weft::kernels {
@@ -207,37 +208,14 @@ bool items_in_parallel(const P& p) {
   return blas_on_calling_thread && cpu::worth_parallel(pair_work(p));
 }
 
-bool dims_valid(int64_t B, int64_t T, int64_t H, int64_t H_kv, int64_t D) {
-  return B >= 0 && T >= 0 && H >= 1 && H_kv >= 1 && D >= 1 && H % H_kv == 0;
-}
-
 // BLAS takes 32-bit sizes and leading dimensions.
 bool fits_blas(int64_t T, int64_t H, int64_t D) { return T <= INT_MAX && H * D <= INT_MAX; }
 
-template <typename Elem>
-Status check(const AttentionForwardParams<Elem>& p) {
-  if (!dims_valid(p.B, p.T, p.H, p.H_kv, p.D)) return Status::invalid_argument;
-  const int64_t nq = p.B * p.T * p.H * p.D, nkv = p.B * p.T * p.H_kv * p.D;
-  bool ok = cpu::present(p.q, nq) && cpu::present(p.k, nkv) && cpu::present(p.v, nkv) &&
-            cpu::present(p.out, nq);
-  if (p.kind == AttentionKind::flash) ok = ok && cpu::present(p.lse, p.B * p.H * p.T);
-  if (p.kind == AttentionKind::materialized) ok = ok && cpu::present(p.probs, p.B * p.H * p.T * p.T);
-  if (ok && !fits_blas(p.T, p.H, p.D)) return Status::unsupported;
-  return cpu::status_of(ok);
-}
-
-template <typename Elem>
-Status check(const AttentionBackwardParams<Elem>& p) {
-  if (!dims_valid(p.B, p.T, p.H, p.H_kv, p.D)) return Status::invalid_argument;
-  const int64_t nq = p.B * p.T * p.H * p.D, nkv = p.B * p.T * p.H_kv * p.D;
-  bool ok = cpu::present(p.q, nq) && cpu::present(p.k, nkv) && cpu::present(p.v, nkv) &&
-            cpu::present(p.dout, nq) && cpu::present(p.dq, nq) && cpu::present(p.dk, nkv) &&
-            cpu::present(p.dv, nkv);
-  if (p.kind == AttentionKind::flash)
-    ok = ok && cpu::present(p.out, nq) && cpu::present(p.lse, p.B * p.H * p.T);
-  if (p.kind == AttentionKind::materialized) ok = ok && cpu::present(p.probs, p.B * p.H * p.T * p.T);
-  if (ok && !fits_blas(p.T, p.H, p.D)) return Status::unsupported;
-  return cpu::status_of(ok);
+// The shared rules (attention_check.h), then BLAS's 32-bit sizes.
+template <typename P>
+Status check(const P& p) {
+  if (Status s = params_check(p); s != Status::ok) return s;
+  return fits_blas(p.T, p.H, p.D) ? Status::ok : Status::unsupported;
 }
 
 // The CPU instantiations compute in their element type, so tiles, saved

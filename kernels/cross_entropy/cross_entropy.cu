@@ -26,6 +26,7 @@
 
 #include "core/error.h"
 #include "kernels/cross_entropy/cross_entropy.h"
+#include "kernels/cross_entropy/cross_entropy_check.h"
 #include "kernels/cuda_common.cuh"
 
 namespace weft::kernels {
@@ -133,26 +134,20 @@ __global__ void __launch_bounds__(kMaxThreads)
 
 int threads_for(int64_t V_local) { return gpu::row_threads((V_local + kVec - 1) / kVec, kMaxThreads); }
 
+// The grid limit, then the shared rules (cross_entropy_check.h).
 Status check(const CrossEntropyMaxParams<bf16>& p) {
   if (p.rows > gpu::kMaxGridX) return Status::unsupported;
-  return cpu::status_of(p.rows >= 0 && p.V_local >= 1 && cpu::present(p.logits, p.rows * p.V_local) &&
-                        cpu::present(p.row_max, p.rows));
+  return params_check(p);
 }
 
 Status check(const CrossEntropySumExpParams<bf16>& p) {
   if (p.rows > gpu::kMaxGridX) return Status::unsupported;
-  return cpu::status_of(p.rows >= 0 && p.V_local >= 1 && cpu::present(p.logits, p.rows * p.V_local) &&
-                        cpu::present(p.row_max, p.rows) && cpu::present(p.sum_exp, p.rows));
+  return params_check(p);
 }
 
 Status check(const CrossEntropyLossGradParams<bf16>& p) {
   if (p.rows > gpu::kMaxGridX) return Status::unsupported;
-  const bool ok = p.rows >= 0 && p.V >= 1 && p.vocab_start >= 0 && p.V_local >= 1 &&
-                  p.vocab_start + p.V_local <= p.V && std::isfinite(p.grad_scale) &&
-                  (p.ignore_index < 0 || p.ignore_index >= p.V) &&
-                  cpu::present(p.logits, p.rows * p.V_local) && cpu::present(p.targets, p.rows) &&
-                  cpu::present(p.row_max, p.rows) && cpu::present(p.sum_exp, p.rows);
-  return cpu::status_of(ok);
+  return params_check(p);
 }
 
 int64_t scratch(const CrossEntropyMaxParams<bf16>&) { return 0; }

@@ -13,31 +13,10 @@
 
 #include "core/error.h"
 #include "kernels/cpu_common.h"
+#include "kernels/cross_entropy/cross_entropy_check.h"
 
 namespace weft::kernels {
 namespace {
-
-template <typename Elem>
-Status check(const CrossEntropyMaxParams<Elem>& p) {
-  return cpu::status_of(p.rows >= 0 && p.V_local >= 1 && cpu::present(p.logits, p.rows * p.V_local) &&
-                        cpu::present(p.row_max, p.rows));
-}
-
-template <typename Elem>
-Status check(const CrossEntropySumExpParams<Elem>& p) {
-  return cpu::status_of(p.rows >= 0 && p.V_local >= 1 && cpu::present(p.logits, p.rows * p.V_local) &&
-                        cpu::present(p.row_max, p.rows) && cpu::present(p.sum_exp, p.rows));
-}
-
-template <typename Elem>
-Status check(const CrossEntropyLossGradParams<Elem>& p) {
-  const bool ok = p.rows >= 0 && p.V >= 1 && p.vocab_start >= 0 && p.V_local >= 1 &&
-                  p.vocab_start + p.V_local <= p.V && std::isfinite(p.grad_scale) &&
-                  (p.ignore_index < 0 || p.ignore_index >= p.V) &&
-                  cpu::present(p.logits, p.rows * p.V_local) && cpu::present(p.targets, p.rows) &&
-                  cpu::present(p.row_max, p.rows) && cpu::present(p.sum_exp, p.rows);
-  return cpu::status_of(ok);
-}
 
 void targets_check(const int32_t* targets, int64_t rows, int64_t V, int32_t ignore_index) {
   for (int64_t i = 0; i < rows; ++i)
@@ -52,7 +31,7 @@ void targets_check(const int32_t* targets, int64_t rows, int64_t V, int32_t igno
 
 template <typename Elem>
 bool supports(const CrossEntropyMaxParams<Elem>& p, Backend backend) {
-  return backend == Backend::cpu && check(p) == Status::ok;
+  return backend == Backend::cpu && params_check(p) == Status::ok;
 }
 template <typename Elem>
 int64_t workspace_bytes(const CrossEntropyMaxParams<Elem>&, Backend) {
@@ -61,7 +40,7 @@ int64_t workspace_bytes(const CrossEntropyMaxParams<Elem>&, Backend) {
 template <typename Elem>
 Status launch(const CrossEntropyMaxParams<Elem>& p, Workspace ws, Stream stream) {
   using A = Acc<Elem>;
-  if (Status s = cpu::preflight(check(p), 0, ws, stream); s != Status::ok) return s;
+  if (Status s = cpu::preflight(params_check(p), 0, ws, stream); s != Status::ok) return s;
 #pragma omp parallel for schedule(static) if (cpu::worth_parallel(p.rows * p.V_local))
   for (int64_t r = 0; r < p.rows; ++r) {
     const Elem* x = p.logits + r * p.V_local;
@@ -74,7 +53,7 @@ Status launch(const CrossEntropyMaxParams<Elem>& p, Workspace ws, Stream stream)
 
 template <typename Elem>
 bool supports(const CrossEntropySumExpParams<Elem>& p, Backend backend) {
-  return backend == Backend::cpu && check(p) == Status::ok;
+  return backend == Backend::cpu && params_check(p) == Status::ok;
 }
 template <typename Elem>
 int64_t workspace_bytes(const CrossEntropySumExpParams<Elem>&, Backend) {
@@ -83,7 +62,7 @@ int64_t workspace_bytes(const CrossEntropySumExpParams<Elem>&, Backend) {
 template <typename Elem>
 Status launch(const CrossEntropySumExpParams<Elem>& p, Workspace ws, Stream stream) {
   using A = Acc<Elem>;
-  if (Status s = cpu::preflight(check(p), 0, ws, stream); s != Status::ok) return s;
+  if (Status s = cpu::preflight(params_check(p), 0, ws, stream); s != Status::ok) return s;
 #pragma omp parallel for schedule(static) if (cpu::worth_parallel(p.rows * p.V_local))
   for (int64_t r = 0; r < p.rows; ++r) {
     const Elem* x = p.logits + r * p.V_local;
@@ -97,7 +76,7 @@ Status launch(const CrossEntropySumExpParams<Elem>& p, Workspace ws, Stream stre
 
 template <typename Elem>
 bool supports(const CrossEntropyLossGradParams<Elem>& p, Backend backend) {
-  return backend == Backend::cpu && check(p) == Status::ok;
+  return backend == Backend::cpu && params_check(p) == Status::ok;
 }
 template <typename Elem>
 int64_t workspace_bytes(const CrossEntropyLossGradParams<Elem>&, Backend) {
@@ -106,7 +85,7 @@ int64_t workspace_bytes(const CrossEntropyLossGradParams<Elem>&, Backend) {
 template <typename Elem>
 Status launch(const CrossEntropyLossGradParams<Elem>& p, Workspace ws, Stream stream) {
   using A = Acc<Elem>;
-  if (Status s = cpu::preflight(check(p), 0, ws, stream); s != Status::ok) return s;
+  if (Status s = cpu::preflight(params_check(p), 0, ws, stream); s != Status::ok) return s;
   targets_check(p.targets, p.rows, p.V, p.ignore_index);
   const A scale = A(p.grad_scale);
 #pragma omp parallel for schedule(static) if (cpu::worth_parallel(p.rows * p.V_local))

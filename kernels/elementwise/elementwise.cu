@@ -16,6 +16,7 @@
 // since a gradient norm sums 10^9 squares.
 #include "kernels/cuda_common.cuh"
 #include "kernels/elementwise/elementwise.h"
+#include "kernels/elementwise/elementwise_check.h"
 
 namespace weft::kernels {
 namespace {
@@ -150,23 +151,11 @@ __global__ void __launch_bounds__(kTotalThreads)
 
 int64_t chunks(int64_t n) { return (n + kSumChunk - 1) / kSumChunk; }
 
+// The shared rules (elementwise_check.h); this backend adds no limits.
 template <typename P>
-Status check_n(const P& p, const void* in, const void* out) {
-  return cpu::status_of(p.n >= 0 && cpu::present(in, p.n) && cpu::present(out, p.n));
+Status check(const P& p) {
+  return params_check(p);
 }
-
-Status check(const AddParams<bf16>& p) {
-  return cpu::status_of(p.n >= 0 && cpu::present(p.a, p.n) && cpu::present(p.b, p.n) &&
-                        cpu::present(p.out, p.n));
-}
-Status check(const ScaleParams<bf16>& p) { return check_n(p, p.x, p.out); }
-Status check(const AxpyParams<bf16>& p) { return check_n(p, p.x, p.y); }
-Status check(const FillParams<bf16>& p) { return cpu::status_of(p.n >= 0 && cpu::present(p.x, p.n)); }
-Status check(const SumSquaresParams<bf16>& p) {
-  return cpu::status_of(p.n >= 0 && cpu::present(p.x, p.n) && p.sum != nullptr);
-}
-Status check(const WidenParams<bf16>& p) { return check_n(p, p.x, p.out); }
-Status check(const NarrowParams<bf16>& p) { return check_n(p, p.x, p.out); }
 
 int64_t scratch(const AddParams<bf16>&) { return 0; }
 int64_t scratch(const ScaleParams<bf16>&) { return 0; }

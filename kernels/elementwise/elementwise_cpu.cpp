@@ -7,39 +7,10 @@
 #include "kernels/elementwise/elementwise.h"
 
 #include "kernels/cpu_common.h"
+#include "kernels/elementwise/elementwise_check.h"
 
 namespace weft::kernels {
 namespace {
-
-template <typename Elem>
-Status check(const AddParams<Elem>& p) {
-  return cpu::status_of(p.n >= 0 && cpu::present(p.a, p.n) && cpu::present(p.b, p.n) &&
-                        cpu::present(p.out, p.n));
-}
-template <typename Elem>
-Status check(const ScaleParams<Elem>& p) {
-  return cpu::status_of(p.n >= 0 && cpu::present(p.x, p.n) && cpu::present(p.out, p.n));
-}
-template <typename Elem>
-Status check(const AxpyParams<Elem>& p) {
-  return cpu::status_of(p.n >= 0 && cpu::present(p.x, p.n) && cpu::present(p.y, p.n));
-}
-template <typename Elem>
-Status check(const FillParams<Elem>& p) {
-  return cpu::status_of(p.n >= 0 && cpu::present(p.x, p.n));
-}
-template <typename Elem>
-Status check(const SumSquaresParams<Elem>& p) {
-  return cpu::status_of(p.n >= 0 && cpu::present(p.x, p.n) && p.sum != nullptr);
-}
-template <typename Elem>
-Status check(const WidenParams<Elem>& p) {
-  return cpu::status_of(p.n >= 0 && cpu::present(p.x, p.n) && cpu::present(p.out, p.n));
-}
-template <typename Elem>
-Status check(const NarrowParams<Elem>& p) {
-  return cpu::status_of(p.n >= 0 && cpu::present(p.x, p.n) && cpu::present(p.out, p.n));
-}
 
 int64_t chunks(int64_t n) { return (n + kSumChunk - 1) / kSumChunk; }
 
@@ -48,7 +19,7 @@ int64_t chunks(int64_t n) { return (n + kSumChunk - 1) / kSumChunk; }
 #define WEFT_NO_WORKSPACE(Params)                                   \
   template <typename Elem>                                          \
   bool supports(const Params<Elem>& p, Backend backend) {           \
-    return backend == Backend::cpu && check(p) == Status::ok;       \
+    return backend == Backend::cpu && params_check(p) == Status::ok; \
   }                                                                 \
   template <typename Elem>                                          \
   int64_t workspace_bytes(const Params<Elem>&, Backend) {           \
@@ -64,7 +35,7 @@ WEFT_NO_WORKSPACE(NarrowParams)
 
 template <typename Elem>
 Status launch(const AddParams<Elem>& p, Workspace ws, Stream stream) {
-  if (Status s = cpu::preflight(check(p), 0, ws, stream); s != Status::ok) return s;
+  if (Status s = cpu::preflight(params_check(p), 0, ws, stream); s != Status::ok) return s;
 #pragma omp parallel for simd schedule(static) if (cpu::worth_parallel(p.n))
   for (int64_t i = 0; i < p.n; ++i) p.out[i] = p.a[i] + p.b[i];
   return Status::ok;
@@ -73,7 +44,7 @@ Status launch(const AddParams<Elem>& p, Workspace ws, Stream stream) {
 template <typename Elem>
 Status launch(const ScaleParams<Elem>& p, Workspace ws, Stream stream) {
   using A = Acc<Elem>;
-  if (Status s = cpu::preflight(check(p), 0, ws, stream); s != Status::ok) return s;
+  if (Status s = cpu::preflight(params_check(p), 0, ws, stream); s != Status::ok) return s;
   const A alpha = A(p.alpha);
 #pragma omp parallel for simd schedule(static) if (cpu::worth_parallel(p.n))
   for (int64_t i = 0; i < p.n; ++i) p.out[i] = Elem(alpha * A(p.x[i]));
@@ -83,7 +54,7 @@ Status launch(const ScaleParams<Elem>& p, Workspace ws, Stream stream) {
 template <typename Elem>
 Status launch(const AxpyParams<Elem>& p, Workspace ws, Stream stream) {
   using A = Acc<Elem>;
-  if (Status s = cpu::preflight(check(p), 0, ws, stream); s != Status::ok) return s;
+  if (Status s = cpu::preflight(params_check(p), 0, ws, stream); s != Status::ok) return s;
   const A alpha = A(p.alpha);
 #pragma omp parallel for simd schedule(static) if (cpu::worth_parallel(p.n))
   for (int64_t i = 0; i < p.n; ++i) p.y[i] = Elem(A(p.y[i]) + alpha * A(p.x[i]));
@@ -92,7 +63,7 @@ Status launch(const AxpyParams<Elem>& p, Workspace ws, Stream stream) {
 
 template <typename Elem>
 Status launch(const FillParams<Elem>& p, Workspace ws, Stream stream) {
-  if (Status s = cpu::preflight(check(p), 0, ws, stream); s != Status::ok) return s;
+  if (Status s = cpu::preflight(params_check(p), 0, ws, stream); s != Status::ok) return s;
   const Elem value = Elem(p.value);
 #pragma omp parallel for simd schedule(static) if (cpu::worth_parallel(p.n))
   for (int64_t i = 0; i < p.n; ++i) p.x[i] = value;
@@ -101,18 +72,19 @@ Status launch(const FillParams<Elem>& p, Workspace ws, Stream stream) {
 
 template <typename Elem>
 bool supports(const SumSquaresParams<Elem>& p, Backend backend) {
-  return backend == Backend::cpu && check(p) == Status::ok;
+  return backend == Backend::cpu && params_check(p) == Status::ok;
 }
 
 template <typename Elem>
 int64_t workspace_bytes(const SumSquaresParams<Elem>& p, Backend) {
-  if (check(p) != Status::ok) return 0;
+  if (params_check(p) != Status::ok) return 0;
   return cpu::piece_bytes<double>(chunks(p.n));
 }
 
 template <typename Elem>
 Status launch(const SumSquaresParams<Elem>& p, Workspace ws, Stream stream) {
-  if (Status s = cpu::preflight(check(p), workspace_bytes(p), ws, stream); s != Status::ok) return s;
+  if (Status s = cpu::preflight(params_check(p), workspace_bytes(p), ws, stream); s != Status::ok)
+    return s;
   const int64_t n_chunks = chunks(p.n);
   double* partial = cpu::WorkspaceCarver(ws).take<double>(n_chunks);
 #pragma omp parallel for schedule(static) if (cpu::worth_parallel(p.n))
@@ -132,7 +104,7 @@ Status launch(const SumSquaresParams<Elem>& p, Workspace ws, Stream stream) {
 template <typename Elem>
 Status launch(const WidenParams<Elem>& p, Workspace ws, Stream stream) {
   using A = Acc<Elem>;
-  if (Status s = cpu::preflight(check(p), 0, ws, stream); s != Status::ok) return s;
+  if (Status s = cpu::preflight(params_check(p), 0, ws, stream); s != Status::ok) return s;
   const bool add = p.write == Write::accumulate;
 #pragma omp parallel for simd schedule(static) if (cpu::worth_parallel(p.n))
   for (int64_t i = 0; i < p.n; ++i) p.out[i] = add ? p.out[i] + A(p.x[i]) : A(p.x[i]);
@@ -141,7 +113,7 @@ Status launch(const WidenParams<Elem>& p, Workspace ws, Stream stream) {
 
 template <typename Elem>
 Status launch(const NarrowParams<Elem>& p, Workspace ws, Stream stream) {
-  if (Status s = cpu::preflight(check(p), 0, ws, stream); s != Status::ok) return s;
+  if (Status s = cpu::preflight(params_check(p), 0, ws, stream); s != Status::ok) return s;
 #pragma omp parallel for simd schedule(static) if (cpu::worth_parallel(p.n))
   for (int64_t i = 0; i < p.n; ++i) p.out[i] = Elem(p.x[i]);
   return Status::ok;

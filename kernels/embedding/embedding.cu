@@ -23,6 +23,7 @@
 #include "core/error.h"
 #include "kernels/cuda_common.cuh"
 #include "kernels/embedding/embedding.h"
+#include "kernels/embedding/embedding_check.h"
 
 namespace weft::kernels {
 namespace {
@@ -47,11 +48,6 @@ void tokens_check(const gpu::InvalidId& bad, int64_t V) {
     throw InputError("embedding: token id " + std::to_string(bad.id) + " at position " +
                      std::to_string(bad.position) +
                      " is outside [0, V) for the model's vocabulary size V = " + std::to_string(V));
-}
-
-bool shard_valid(int64_t rows, int64_t C, int64_t V, int64_t vocab_start, int64_t V_local) {
-  return rows >= 0 && C >= 1 && V >= 1 && V <= (int64_t{1} << 31) && vocab_start >= 0 &&
-         V_local >= 1 && vocab_start + V_local <= V;
 }
 
 template <bool kVectorized>
@@ -126,18 +122,15 @@ __global__ void __launch_bounds__(kSumThreads)
   }
 }
 
+// The grid limit, then the shared rules (embedding_check.h).
 Status check(const EmbeddingForwardParams<bf16>& p) {
   if (p.rows > gpu::kMaxGridX) return Status::unsupported;
-  return cpu::status_of(shard_valid(p.rows, p.C, p.V, p.vocab_start, p.V_local) &&
-                        cpu::present(p.tokens, p.rows) &&
-                        cpu::present(p.table, p.V_local * p.C) && cpu::present(p.out, p.rows * p.C));
+  return params_check(p);
 }
 
 Status check(const EmbeddingBackwardParams<bf16>& p) {
   if (p.rows > gpu::kMaxGridX) return Status::unsupported;
-  return cpu::status_of(shard_valid(p.rows, p.C, p.V, p.vocab_start, p.V_local) &&
-                        cpu::present(p.tokens, p.rows) && cpu::present(p.dout, p.rows * p.C) &&
-                        cpu::present(p.dtable, p.V_local * p.C));
+  return params_check(p);
 }
 
 int64_t scratch(const EmbeddingForwardParams<bf16>&) { return gpu::kIdCheckBytes; }

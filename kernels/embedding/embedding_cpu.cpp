@@ -12,14 +12,10 @@
 
 #include "core/error.h"
 #include "kernels/cpu_common.h"
+#include "kernels/embedding/embedding_check.h"
 
 namespace weft::kernels {
 namespace {
-
-bool shard_valid(int64_t rows, int64_t C, int64_t V, int64_t vocab_start, int64_t V_local) {
-  return rows >= 0 && C >= 1 && V >= 1 && V <= (int64_t{1} << 31) && vocab_start >= 0 &&
-         V_local >= 1 && vocab_start + V_local <= V;
-}
 
 // Data errors are the user's (a corrupt token file, a tokenizer for another
 // vocabulary), so they name the first offending token.
@@ -32,25 +28,11 @@ void tokens_check(const int32_t* tokens, int64_t rows, int64_t V) {
           tokens[i], i, V));
 }
 
-template <typename Elem>
-Status check(const EmbeddingForwardParams<Elem>& p) {
-  return cpu::status_of(shard_valid(p.rows, p.C, p.V, p.vocab_start, p.V_local) &&
-                        cpu::present(p.tokens, p.rows) && cpu::present(p.table, p.V_local * p.C) &&
-                        cpu::present(p.out, p.rows * p.C));
-}
-
-template <typename Elem>
-Status check(const EmbeddingBackwardParams<Elem>& p) {
-  return cpu::status_of(shard_valid(p.rows, p.C, p.V, p.vocab_start, p.V_local) &&
-                        cpu::present(p.tokens, p.rows) && cpu::present(p.dout, p.rows * p.C) &&
-                        cpu::present(p.dtable, p.V_local * p.C));
-}
-
 }  // namespace
 
 template <typename Elem>
 bool supports(const EmbeddingForwardParams<Elem>& p, Backend backend) {
-  return backend == Backend::cpu && check(p) == Status::ok;
+  return backend == Backend::cpu && params_check(p) == Status::ok;
 }
 template <typename Elem>
 int64_t workspace_bytes(const EmbeddingForwardParams<Elem>&, Backend) {
@@ -58,7 +40,7 @@ int64_t workspace_bytes(const EmbeddingForwardParams<Elem>&, Backend) {
 }
 template <typename Elem>
 Status launch(const EmbeddingForwardParams<Elem>& p, Workspace ws, Stream stream) {
-  if (Status s = cpu::preflight(check(p), 0, ws, stream); s != Status::ok) return s;
+  if (Status s = cpu::preflight(params_check(p), 0, ws, stream); s != Status::ok) return s;
   tokens_check(p.tokens, p.rows, p.V);
 #pragma omp parallel for schedule(static) if (cpu::worth_parallel(p.rows * p.C))
   for (int64_t i = 0; i < p.rows; ++i) {
@@ -74,7 +56,7 @@ Status launch(const EmbeddingForwardParams<Elem>& p, Workspace ws, Stream stream
 
 template <typename Elem>
 bool supports(const EmbeddingBackwardParams<Elem>& p, Backend backend) {
-  return backend == Backend::cpu && check(p) == Status::ok;
+  return backend == Backend::cpu && params_check(p) == Status::ok;
 }
 template <typename Elem>
 int64_t workspace_bytes(const EmbeddingBackwardParams<Elem>&, Backend) {
@@ -82,7 +64,7 @@ int64_t workspace_bytes(const EmbeddingBackwardParams<Elem>&, Backend) {
 }
 template <typename Elem>
 Status launch(const EmbeddingBackwardParams<Elem>& p, Workspace ws, Stream stream) {
-  if (Status s = cpu::preflight(check(p), 0, ws, stream); s != Status::ok) return s;
+  if (Status s = cpu::preflight(params_check(p), 0, ws, stream); s != Status::ok) return s;
   tokens_check(p.tokens, p.rows, p.V);
 #pragma omp parallel for schedule(static) if (cpu::worth_parallel(p.rows * p.C))
   for (int64_t c0 = 0; c0 < p.C; c0 += cpu::kColumnBlock) {

@@ -25,6 +25,7 @@
 
 #include "kernels/cuda_common.cuh"
 #include "kernels/gemm/gemm.h"
+#include "kernels/gemm/gemm_check.h"
 
 namespace weft::kernels {
 namespace {
@@ -59,24 +60,6 @@ GemmView view(const P& p, cudaDataType_t c_type, int64_t c_bytes) {
 
 GemmView view(const GemmParams<bf16>& p) { return view(p, CUDA_R_16BF, 2); }
 GemmView view(const GemmAccParams<bf16>& p) { return view(p, CUDA_R_32F, 4); }
-
-// The CPU backend's rules; cuBLASLt takes 64-bit sizes and a 32-bit batch.
-Status check_view(const GemmView& p) {
-  if (p.m < 0 || p.n < 0 || p.k < 0 || p.batch < 1) return Status::invalid_argument;
-  if (p.stride_a < 0 || p.stride_b < 0 || p.stride_c < 0) return Status::invalid_argument;
-  const int64_t a_cols = p.trans_a == Trans::no ? p.k : p.m;
-  const int64_t b_cols = p.trans_b == Trans::no ? p.n : p.k;
-  if (p.lda < std::max<int64_t>(1, a_cols) || p.ldb < std::max<int64_t>(1, b_cols) ||
-      p.ldc < std::max<int64_t>(1, p.n))
-    return Status::invalid_argument;
-  const bool empty_c = p.m == 0 || p.n == 0;
-  const bool empty_ab = empty_c || p.k == 0;
-  if (!empty_c && p.c == nullptr) return Status::invalid_argument;
-  if (!empty_ab && (p.a == nullptr || p.b == nullptr)) return Status::invalid_argument;
-  if (p.batch > 1 && !empty_c && p.stride_c < (p.m - 1) * p.ldc + p.n) return Status::invalid_argument;
-  if (p.batch > INT_MAX) return Status::unsupported;
-  return Status::ok;
-}
 
 // The largest power of two up to 256 dividing the address and, across a
 // batch, the stride in bytes.
@@ -235,8 +218,14 @@ int64_t scratch_view(const GemmView& p) {
   return p.m == 0 || p.n == 0 || p.k == 0 ? 0 : kLtWorkspace + kLtAlign;
 }
 
-Status check(const GemmParams<bf16>& p) { return check_view(view(p)); }
-Status check(const GemmAccParams<bf16>& p) { return check_view(view(p)); }
+// The shared rules (gemm_check.h); cuBLASLt takes 64-bit sizes and a 32-bit batch.
+template <typename P>
+Status lt_check(const P& p) {
+  if (Status s = params_check(p); s != Status::ok) return s;
+  return p.batch > INT_MAX ? Status::unsupported : Status::ok;
+}
+Status check(const GemmParams<bf16>& p) { return lt_check(p); }
+Status check(const GemmAccParams<bf16>& p) { return lt_check(p); }
 int64_t scratch(const GemmParams<bf16>& p) { return scratch_view(view(p)); }
 int64_t scratch(const GemmAccParams<bf16>& p) { return scratch_view(view(p)); }
 Status run(const GemmParams<bf16>& p, Workspace ws, cudaStream_t stream) {

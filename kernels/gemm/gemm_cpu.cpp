@@ -13,24 +13,15 @@
 #include <type_traits>
 
 #include "kernels/cpu_common.h"
+#include "kernels/gemm/gemm_check.h"
 
 namespace weft::kernels {
 namespace {
 
+// The shared rules (gemm_check.h), then BLAS's 32-bit sizes.
 template <typename Elem>
 Status check(const GemmParams<Elem>& p) {
-  if (p.m < 0 || p.n < 0 || p.k < 0 || p.batch < 1) return Status::invalid_argument;
-  if (p.stride_a < 0 || p.stride_b < 0 || p.stride_c < 0) return Status::invalid_argument;
-  const int64_t a_cols = p.trans_a == Trans::no ? p.k : p.m;
-  const int64_t b_cols = p.trans_b == Trans::no ? p.n : p.k;
-  if (p.lda < std::max<int64_t>(1, a_cols) || p.ldb < std::max<int64_t>(1, b_cols) ||
-      p.ldc < std::max<int64_t>(1, p.n))
-    return Status::invalid_argument;
-  const bool empty_c = p.m == 0 || p.n == 0;
-  const bool empty_ab = empty_c || p.k == 0;
-  if (!empty_c && p.c == nullptr) return Status::invalid_argument;
-  if (!empty_ab && (p.a == nullptr || p.b == nullptr)) return Status::invalid_argument;
-  if (p.batch > 1 && !empty_c && p.stride_c < (p.m - 1) * p.ldc + p.n) return Status::invalid_argument;
+  if (Status s = params_check(p); s != Status::ok) return s;
   for (int64_t v : {p.m, p.n, p.k, p.lda, p.ldb, p.ldc})
     if (v > INT_MAX) return Status::unsupported;
   return Status::ok;

@@ -30,6 +30,7 @@
 // (N = 1); blocks have one 16-byte piece per thread up to 1024 threads.
 #include "kernels/cuda_common.cuh"
 #include "kernels/rmsnorm/rmsnorm.h"
+#include "kernels/rmsnorm/rmsnorm_check.h"
 
 #include <initializer_list>
 
@@ -348,42 +349,27 @@ void dweight_reduce(int64_t C, int64_t parts, const float* partial, bf16* dweigh
   WEFT_LAUNCH_CHECK(stream, "dweight_reduce_kernel");
 }
 
+// This backend's limits, then the shared rules (rmsnorm_check.h).
 Status check(const RmsnormForwardParams<bf16>& p) {
-  const int64_t n = p.rows * p.C;
   if (p.rows > gpu::kMaxGridX) return Status::unsupported;
-  const bool ok = p.rows >= 0 && p.C >= 1 && p.eps >= 0 && cpu::present(p.x, n) &&
-                  cpu::present(p.weight, p.C) && cpu::present(p.y, n) &&
-                  cpu::present(p.rstd, p.rows) && (p.residual == nullptr || cpu::present(p.sum, n));
-  return cpu::status_of(ok);
+  return params_check(p);
 }
 
 Status check(const RmsnormBackwardParams<bf16>& p) {
-  const int64_t n = p.rows * p.C;
   if (p.C > kMaxBackwardC) return Status::unsupported;
   if (p.rows > gpu::kMaxGridX) return Status::unsupported;
-  const bool ok = p.rows >= 0 && p.C >= 1 && cpu::present(p.x, n) && cpu::present(p.weight, p.C) &&
-                  cpu::present(p.rstd, p.rows) && cpu::present(p.dy, n) && cpu::present(p.dx, n) &&
-                  cpu::present(p.dweight, p.C);
-  return cpu::status_of(ok);
+  return params_check(p);
 }
 
 Status check(const RmsnormUnfusedForwardParams<bf16>& p) {
-  const int64_t n = p.rows * p.C;
   if (p.rows > gpu::kMaxGridX) return Status::unsupported;
-  const bool ok = p.rows >= 0 && p.C >= 1 && p.eps >= 0 && cpu::present(p.x, n) &&
-                  cpu::present(p.weight, p.C) && cpu::present(p.y, n) &&
-                  cpu::present(p.rstd, p.rows) && cpu::present(p.x_hat, n);
-  return cpu::status_of(ok);
+  return params_check(p);
 }
 
 Status check(const RmsnormUnfusedBackwardParams<bf16>& p) {
-  const int64_t n = p.rows * p.C;
   if (p.C > kMaxBackwardC) return Status::unsupported;
   if (p.rows > gpu::kMaxGridX) return Status::unsupported;
-  const bool ok = p.rows >= 0 && p.C >= 1 && cpu::present(p.x_hat, n) &&
-                  cpu::present(p.rstd, p.rows) && cpu::present(p.weight, p.C) &&
-                  cpu::present(p.dy, n) && cpu::present(p.dx, n) && cpu::present(p.dweight, p.C);
-  return cpu::status_of(ok);
+  return params_check(p);
 }
 
 int64_t scratch(const RmsnormForwardParams<bf16>&) { return 0; }

@@ -18,6 +18,7 @@
 #include <cmath>
 
 #include "kernels/cpu_common.h"
+#include "kernels/rmsnorm/rmsnorm_check.h"
 
 namespace weft::kernels {
 namespace {
@@ -47,42 +48,6 @@ void dweight_accumulate(int64_t rows, int64_t C, const Elem* dy, XHat x_hat, Ele
       for (int64_t c = c0; c < c1; ++c) acc[c - c0] += A(dy[r * C + c]) * x_hat(r, c);
     for (int64_t c = c0; c < c1; ++c) dweight[c] = Elem(A(dweight[c]) + acc[c - c0]);
   }
-}
-
-template <typename Elem>
-Status check(const RmsnormForwardParams<Elem>& p) {
-  const int64_t n = p.rows * p.C;
-  const bool ok = p.rows >= 0 && p.C >= 1 && p.eps >= 0 && cpu::present(p.x, n) &&
-                  cpu::present(p.weight, p.C) && cpu::present(p.y, n) &&
-                  cpu::present(p.rstd, p.rows) && (p.residual == nullptr || cpu::present(p.sum, n));
-  return cpu::status_of(ok);
-}
-
-template <typename Elem>
-Status check(const RmsnormBackwardParams<Elem>& p) {
-  const int64_t n = p.rows * p.C;
-  const bool ok = p.rows >= 0 && p.C >= 1 && cpu::present(p.x, n) && cpu::present(p.weight, p.C) &&
-                  cpu::present(p.rstd, p.rows) && cpu::present(p.dy, n) && cpu::present(p.dx, n) &&
-                  cpu::present(p.dweight, p.C);
-  return cpu::status_of(ok);
-}
-
-template <typename Elem>
-Status check(const RmsnormUnfusedForwardParams<Elem>& p) {
-  const int64_t n = p.rows * p.C;
-  const bool ok = p.rows >= 0 && p.C >= 1 && p.eps >= 0 && cpu::present(p.x, n) &&
-                  cpu::present(p.weight, p.C) && cpu::present(p.y, n) &&
-                  cpu::present(p.rstd, p.rows) && cpu::present(p.x_hat, n);
-  return cpu::status_of(ok);
-}
-
-template <typename Elem>
-Status check(const RmsnormUnfusedBackwardParams<Elem>& p) {
-  const int64_t n = p.rows * p.C;
-  const bool ok = p.rows >= 0 && p.C >= 1 && cpu::present(p.x_hat, n) &&
-                  cpu::present(p.rstd, p.rows) && cpu::present(p.weight, p.C) &&
-                  cpu::present(p.dy, n) && cpu::present(p.dx, n) && cpu::present(p.dweight, p.C);
-  return cpu::status_of(ok);
 }
 
 template <typename Elem>
@@ -171,7 +136,7 @@ void unfused_backward(const RmsnormUnfusedBackwardParams<Elem>& p, Acc<Elem>* g,
 
 template <typename Elem>
 bool supports(const RmsnormForwardParams<Elem>& p, Backend backend) {
-  return backend == Backend::cpu && check(p) == Status::ok;
+  return backend == Backend::cpu && params_check(p) == Status::ok;
 }
 template <typename Elem>
 int64_t workspace_bytes(const RmsnormForwardParams<Elem>&, Backend) {
@@ -179,14 +144,14 @@ int64_t workspace_bytes(const RmsnormForwardParams<Elem>&, Backend) {
 }
 template <typename Elem>
 Status launch(const RmsnormForwardParams<Elem>& p, Workspace ws, Stream stream) {
-  if (Status s = cpu::preflight(check(p), 0, ws, stream); s != Status::ok) return s;
+  if (Status s = cpu::preflight(params_check(p), 0, ws, stream); s != Status::ok) return s;
   fused_forward(p);
   return Status::ok;
 }
 
 template <typename Elem>
 bool supports(const RmsnormBackwardParams<Elem>& p, Backend backend) {
-  return backend == Backend::cpu && check(p) == Status::ok;
+  return backend == Backend::cpu && params_check(p) == Status::ok;
 }
 template <typename Elem>
 int64_t workspace_bytes(const RmsnormBackwardParams<Elem>&, Backend) {
@@ -194,14 +159,14 @@ int64_t workspace_bytes(const RmsnormBackwardParams<Elem>&, Backend) {
 }
 template <typename Elem>
 Status launch(const RmsnormBackwardParams<Elem>& p, Workspace ws, Stream stream) {
-  if (Status s = cpu::preflight(check(p), 0, ws, stream); s != Status::ok) return s;
+  if (Status s = cpu::preflight(params_check(p), 0, ws, stream); s != Status::ok) return s;
   fused_backward(p);
   return Status::ok;
 }
 
 template <typename Elem>
 bool supports(const RmsnormUnfusedForwardParams<Elem>& p, Backend backend) {
-  return backend == Backend::cpu && check(p) == Status::ok;
+  return backend == Backend::cpu && params_check(p) == Status::ok;
 }
 template <typename Elem>
 int64_t workspace_bytes(const RmsnormUnfusedForwardParams<Elem>&, Backend) {
@@ -209,23 +174,24 @@ int64_t workspace_bytes(const RmsnormUnfusedForwardParams<Elem>&, Backend) {
 }
 template <typename Elem>
 Status launch(const RmsnormUnfusedForwardParams<Elem>& p, Workspace ws, Stream stream) {
-  if (Status s = cpu::preflight(check(p), 0, ws, stream); s != Status::ok) return s;
+  if (Status s = cpu::preflight(params_check(p), 0, ws, stream); s != Status::ok) return s;
   unfused_forward(p);
   return Status::ok;
 }
 
 template <typename Elem>
 bool supports(const RmsnormUnfusedBackwardParams<Elem>& p, Backend backend) {
-  return backend == Backend::cpu && check(p) == Status::ok;
+  return backend == Backend::cpu && params_check(p) == Status::ok;
 }
 template <typename Elem>
 int64_t workspace_bytes(const RmsnormUnfusedBackwardParams<Elem>& p, Backend) {
-  if (check(p) != Status::ok) return 0;
+  if (params_check(p) != Status::ok) return 0;
   return cpu::piece_bytes<Acc<Elem>>(p.rows * p.C) + cpu::piece_bytes<Acc<Elem>>(p.rows);
 }
 template <typename Elem>
 Status launch(const RmsnormUnfusedBackwardParams<Elem>& p, Workspace ws, Stream stream) {
-  if (Status s = cpu::preflight(check(p), workspace_bytes(p), ws, stream); s != Status::ok) return s;
+  if (Status s = cpu::preflight(params_check(p), workspace_bytes(p), ws, stream); s != Status::ok)
+    return s;
   cpu::WorkspaceCarver carve(ws);
   Acc<Elem>* g = carve.take<Acc<Elem>>(p.rows * p.C);
   Acc<Elem>* g_dot_xhat = carve.take<Acc<Elem>>(p.rows);

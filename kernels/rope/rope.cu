@@ -19,6 +19,7 @@
 
 #include "kernels/cuda_common.cuh"
 #include "kernels/rope/rope.h"
+#include "kernels/rope/rope_check.h"
 
 namespace weft::kernels {
 namespace {
@@ -80,13 +81,10 @@ __global__ void __launch_bounds__(kMaxRotateThreads)
   }
 }
 
+// The grid limit, then the shared rules (rope_check.h).
 Status check(const RopeParams<bf16>& p) {
   if (p.B * p.T > gpu::kMaxGridX) return Status::unsupported;
-  const bool ok = p.B >= 0 && p.T >= 0 && p.H >= 1 && p.H_kv >= 1 && p.D >= 2 && p.D % 2 == 0 &&
-                  p.position_offset >= 0 && p.theta > 0 &&
-                  cpu::present(p.q, p.B * p.T * p.H * p.D) &&
-                  cpu::present(p.k, p.B * p.T * p.H_kv * p.D);
-  return cpu::status_of(ok);
+  return params_check(p);
 }
 
 int64_t scratch(const RopeParams<bf16>& p) { return 2 * cpu::piece_bytes<float>(p.T * (p.D / 2)); }

@@ -10,18 +10,10 @@
 #include <cmath>
 
 #include "kernels/cpu_common.h"
+#include "kernels/rope/rope_check.h"
 
 namespace weft::kernels {
 namespace {
-
-template <typename Elem>
-Status check(const RopeParams<Elem>& p) {
-  const bool ok = p.B >= 0 && p.T >= 0 && p.H >= 1 && p.H_kv >= 1 && p.D >= 2 && p.D % 2 == 0 &&
-                  p.position_offset >= 0 && p.theta > 0 &&
-                  cpu::present(p.q, p.B * p.T * p.H * p.D) &&
-                  cpu::present(p.k, p.B * p.T * p.H_kv * p.D);
-  return cpu::status_of(ok);
-}
 
 template <typename Elem>
 void rotate_heads(Elem* x, int64_t heads, int64_t D, const Acc<Elem>* cos_t,
@@ -43,19 +35,20 @@ void rotate_heads(Elem* x, int64_t heads, int64_t D, const Acc<Elem>* cos_t,
 
 template <typename Elem>
 bool supports(const RopeParams<Elem>& p, Backend backend) {
-  return backend == Backend::cpu && check(p) == Status::ok;
+  return backend == Backend::cpu && params_check(p) == Status::ok;
 }
 
 template <typename Elem>
 int64_t workspace_bytes(const RopeParams<Elem>& p, Backend) {
-  if (check(p) != Status::ok) return 0;
+  if (params_check(p) != Status::ok) return 0;
   return 2 * cpu::piece_bytes<Acc<Elem>>(p.T * (p.D / 2));
 }
 
 template <typename Elem>
 Status launch(const RopeParams<Elem>& p, Workspace ws, Stream stream) {
   using A = Acc<Elem>;
-  if (Status s = cpu::preflight(check(p), workspace_bytes(p), ws, stream); s != Status::ok) return s;
+  if (Status s = cpu::preflight(params_check(p), workspace_bytes(p), ws, stream); s != Status::ok)
+    return s;
   const int64_t half = p.D / 2;
   cpu::WorkspaceCarver carve(ws);
   A* cos_table = carve.take<A>(p.T * half);

@@ -10,6 +10,7 @@
 // 1 / (1 + exp(-g)) saturates cleanly to 0 or 1 for large |g|.
 #include "kernels/cuda_common.cuh"
 #include "kernels/swiglu/swiglu.h"
+#include "kernels/swiglu/swiglu_check.h"
 
 namespace weft::kernels {
 namespace {
@@ -68,18 +69,9 @@ struct BackwardOp {
   }
 };
 
-Status check(const SwigluForwardParams<bf16>& p) {
-  const int64_t n = p.rows * p.F;
-  return cpu::status_of(p.rows >= 0 && p.F >= 0 && cpu::present(p.gate, n) &&
-                        cpu::present(p.up, n) && cpu::present(p.act, n));
-}
-
-Status check(const SwigluBackwardParams<bf16>& p) {
-  const int64_t n = p.rows * p.F;
-  return cpu::status_of(p.rows >= 0 && p.F >= 0 && cpu::present(p.gate, n) &&
-                        cpu::present(p.up, n) && cpu::present(p.dact, n) &&
-                        cpu::present(p.dgate, n) && cpu::present(p.dup, n));
-}
+// The shared rules (swiglu_check.h); this backend adds no limits.
+Status check(const SwigluForwardParams<bf16>& p) { return params_check(p); }
+Status check(const SwigluBackwardParams<bf16>& p) { return params_check(p); }
 
 int64_t scratch(const SwigluForwardParams<bf16>&) { return 0; }
 int64_t scratch(const SwigluBackwardParams<bf16>&) { return 0; }

@@ -10,6 +10,7 @@
 #include <cmath>
 
 #include "kernels/cpu_common.h"
+#include "kernels/swiglu/swiglu_check.h"
 
 namespace weft::kernels {
 namespace {
@@ -19,26 +20,11 @@ A sigmoid(A g) {
   return A(1) / (A(1) + std::exp(-g));
 }
 
-template <typename Elem>
-Status check(const SwigluForwardParams<Elem>& p) {
-  const int64_t n = p.rows * p.F;
-  return cpu::status_of(p.rows >= 0 && p.F >= 0 && cpu::present(p.gate, n) &&
-                        cpu::present(p.up, n) && cpu::present(p.act, n));
-}
-
-template <typename Elem>
-Status check(const SwigluBackwardParams<Elem>& p) {
-  const int64_t n = p.rows * p.F;
-  return cpu::status_of(p.rows >= 0 && p.F >= 0 && cpu::present(p.gate, n) &&
-                        cpu::present(p.up, n) && cpu::present(p.dact, n) &&
-                        cpu::present(p.dgate, n) && cpu::present(p.dup, n));
-}
-
 }  // namespace
 
 template <typename Elem>
 bool supports(const SwigluForwardParams<Elem>& p, Backend backend) {
-  return backend == Backend::cpu && check(p) == Status::ok;
+  return backend == Backend::cpu && params_check(p) == Status::ok;
 }
 template <typename Elem>
 int64_t workspace_bytes(const SwigluForwardParams<Elem>&, Backend) {
@@ -47,7 +33,7 @@ int64_t workspace_bytes(const SwigluForwardParams<Elem>&, Backend) {
 template <typename Elem>
 Status launch(const SwigluForwardParams<Elem>& p, Workspace ws, Stream stream) {
   using A = Acc<Elem>;
-  if (Status s = cpu::preflight(check(p), 0, ws, stream); s != Status::ok) return s;
+  if (Status s = cpu::preflight(params_check(p), 0, ws, stream); s != Status::ok) return s;
   const int64_t n = p.rows * p.F;
 #pragma omp parallel for schedule(static) if (cpu::worth_parallel(n))
   for (int64_t i = 0; i < n; ++i) {
@@ -59,7 +45,7 @@ Status launch(const SwigluForwardParams<Elem>& p, Workspace ws, Stream stream) {
 
 template <typename Elem>
 bool supports(const SwigluBackwardParams<Elem>& p, Backend backend) {
-  return backend == Backend::cpu && check(p) == Status::ok;
+  return backend == Backend::cpu && params_check(p) == Status::ok;
 }
 template <typename Elem>
 int64_t workspace_bytes(const SwigluBackwardParams<Elem>&, Backend) {
@@ -68,7 +54,7 @@ int64_t workspace_bytes(const SwigluBackwardParams<Elem>&, Backend) {
 template <typename Elem>
 Status launch(const SwigluBackwardParams<Elem>& p, Workspace ws, Stream stream) {
   using A = Acc<Elem>;
-  if (Status s = cpu::preflight(check(p), 0, ws, stream); s != Status::ok) return s;
+  if (Status s = cpu::preflight(params_check(p), 0, ws, stream); s != Status::ok) return s;
   const int64_t n = p.rows * p.F;
 #pragma omp parallel for schedule(static) if (cpu::worth_parallel(n))
   for (int64_t i = 0; i < n; ++i) {
