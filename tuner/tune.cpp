@@ -373,8 +373,10 @@ TuneResult tune(const ReportContext& ctx, const SpaceLimits& limits, const train
           const auto unfinished = journal->unfinished();
           if (journal->result(text) || std::count(unfinished.begin(), unfinished.end(), text)) mode = 1;
         }
-      } else if (o.confirm && confirmed.size() < 3 && (o.budget_s <= 0 || since(t_start) < o.budget_s)) {
-        for (const auto& l : leaders(3))
+      } else if (o.confirm && confirmed.size() < 6 && (o.budget_s <= 0 || since(t_start) < o.budget_s)) {
+        // The three leaders, then whichever layout leads after them if a
+        // second measurement moved it up: the winner is never one trial.
+        for (const auto& l : leaders(confirmed.size() < 3 ? 3 : 1))
           if (measured[l].size() == 1 && !confirmed.count(l)) {
             for (size_t i = 0; i < cands.size(); ++i)
               if (cands[i].layout.to_string() == l) pick = int64_t(i);

@@ -15,8 +15,9 @@
 // squares, see calibrate.h) and the remaining candidates re-ranked. Once the
 // refit model is confident that the next candidate cannot beat the best
 // measured one (predicted slower than best × (1 + 2·its RMS error + 5%)), the
-// search stops. Last, the three leaders are measured again, and the winner is
-// the layout with the shortest mean step (within 1%: the least memory).
+// search stops. Last, the three leaders are measured again (and whichever
+// layout then leads, if it had one trial), and the winner is the layout with
+// the shortest mean step (within 1%: the least memory).
 //
 // The journal (JSONL, written by rank 0 after every trial) makes tuning
 // resumable: a re-run reuses completed trials and records a trial that was

@@ -60,9 +60,10 @@ std::string tune_report_md(const TuneResult& r, const ReportContext& ctx) {
   }
   if (r.winner) {
     const auto& w = r.trials[*r.winner];
-    s += fmt::format("Winner: `{}`: {} per step (mean of {} trials), {:.0f} tokens/s, MFU {:.2f}%, peak memory {} "
+    s += fmt::format("Winner: `{}`: {} per step ({}), {:.0f} tokens/s, MFU {:.2f}%, peak memory {} "
                      "per rank.\n",
-                     w.layout.to_string(), format_seconds(w.measured_s), w.repeats, w.tokens_per_s, 100 * w.mfu,
+                     w.layout.to_string(), format_seconds(w.measured_s),
+                     w.repeats == 1 ? std::string("one trial") : fmt::format("mean of {} trials", w.repeats), w.tokens_per_s, 100 * w.mfu,
                      format_bytes(double(w.measured_peak)));
   } else {
     s += "No trial succeeded.\n";

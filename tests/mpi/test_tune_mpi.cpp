@@ -65,7 +65,9 @@ TEST(TuneMpi, TunesOnFourRanksTrainsTheWinnerAndReusesTheRecipe) {
   EXPECT_TRUE(contains(r.out, "(measured again)")) << r.out;
   EXPECT_TRUE(contains(r.out, "| memory measured |")) << r.out;
   const auto rep = Fixture::report(out);
-  ASSERT_EQ(rep["trials"].size(), 7u) << rep.dump(1);  // 4 candidates, 3 leaders again
+  // 4 candidates, the 3 leaders again, and the 4th if it then leads.
+  ASSERT_GE(rep["trials"].size(), 7u) << rep.dump(1);
+  ASSERT_LE(rep["trials"].size(), 8u) << rep.dump(1);
   for (const auto& t : rep["trials"]) {
     EXPECT_EQ(t["status"], "ok") << t.dump();
     EXPECT_GT(t["measured_s"].get<double>(), 0);
