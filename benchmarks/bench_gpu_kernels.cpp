@@ -1,6 +1,7 @@
 // bench_gpu_kernels: the CUDA kernel families other than attention
-// (bench_gpu_attention has those), bf16, at the sizes of a Llama-7B
-// micro-batch of 8192 tokens (C 4096, F 11008, V 32000, H 32, D 128).
+// (bench_gpu_attention has those), bf16 with fp32 main gradients, master
+// weights and Adam moments (as bf16 training keeps them), at the sizes of a
+// Llama-7B micro-batch of 8192 tokens (C 4096, F 11008, V 32000, H 32, D 128).
 //
 // Each benchmark reports what it achieved beside the ceiling measured at the
 // start of the same run on the same device:
@@ -262,11 +263,12 @@ void register_rmsnorm() {
     auto* dy = random_array<bf16>(keep, kRows * kC);
     auto* dx = random_array<bf16>(keep, kRows * kC);
     auto* w = random_array<bf16>(keep, kC, 0.5, 1.5);
-    auto* dw = random_array<bf16>(keep, kC);
+    auto* dw = random_array<float>(keep, kC);
     auto* rstd = random_array<float>(keep, kRows, 0.5, 2.0);
     const RmsnormBackwardParams<bf16> p{kRows, kC, x->data(), w->data(), rstd->data(), dy->data(),
                                         dx->data(), Write::overwrite, dw->data()};
-    run(state, op_of(p, keep), 2.0 * 3 * n + 4.0 * kRows, 0);  // x, dy in; dx out
+    // x, dy in; dx out; the fp32 dweight read and written.
+    run(state, op_of(p, keep), 2.0 * 3 * n + 4.0 * kRows + 8.0 * kC, 0);
   });
   add("rmsnorm/unfused_forward_8192x4096", [n](benchmark::State& state) {
     std::vector<std::shared_ptr<void>> keep;
@@ -286,12 +288,13 @@ void register_rmsnorm() {
     auto* dy = random_array<bf16>(keep, kRows * kC);
     auto* dx = random_array<bf16>(keep, kRows * kC);
     auto* w = random_array<bf16>(keep, kC, 0.5, 1.5);
-    auto* dw = random_array<bf16>(keep, kC);
+    auto* dw = random_array<float>(keep, kC);
     auto* rstd = random_array<float>(keep, kRows, 0.5, 2.0);
     const RmsnormUnfusedBackwardParams<bf16> p{kRows, kC, x_hat->data(), rstd->data(), w->data(),
                                                dy->data(), dx->data(), Write::overwrite, dw->data()};
-    // dy twice, x_hat three times (fp32), g written and read twice (fp32), dx written.
-    run(state, op_of(p, keep), 2.0 * 2 * n + 4.0 * 3 * n + 4.0 * 3 * n + 2.0 * n, 0);
+    // dy twice, x_hat three times (fp32), g written and read twice (fp32), dx written, the
+    // fp32 dweight read and written.
+    run(state, op_of(p, keep), 2.0 * 2 * n + 4.0 * 3 * n + 4.0 * 3 * n + 2.0 * n + 8.0 * kC, 0);
   });
 }
 
@@ -356,13 +359,13 @@ void register_embedding_cross_entropy() {
     CUDA_CHECK(cudaMemcpy(d_tokens->data(), tokens.data(), kRows * sizeof(int32_t), cudaMemcpyHostToDevice));
     keep.push_back(d_tokens);
     auto* dout = random_array<bf16>(keep, kRows * kC);
-    auto* dtable = random_array<bf16>(keep, kV * kC);
-    // dout read; the distinct tokens' table rows read and written.
+    auto* dtable = random_array<float>(keep, kV * kC);
+    // dout read; the distinct tokens' fp32 table-gradient rows read and written.
     run(state,
         op_of(EmbeddingBackwardParams<bf16>{kRows, kC, kV, 0, kV, d_tokens->data(), dout->data(),
                                             dtable->data()},
               keep),
-        2.0 * double(kRows * kC) + 2.0 * 2 * distinct * kC + 4.0 * kRows, 0);
+        2.0 * double(kRows * kC) + 4.0 * 2 * distinct * kC + 4.0 * kRows, 0);
   });
 
   const double logits_bytes = 2.0 * double(kRows * kV);
@@ -405,14 +408,20 @@ void register_adamw_elementwise() {
     constexpr int64_t kTensors = 64, kEach = int64_t{1} << 22;
     std::vector<AdamwTensor<bf16>> tensors;
     for (int64_t i = 0; i < kTensors; ++i)
-      tensors.push_back({random_array<bf16>(keep, kEach)->data(), random_array<bf16>(keep, kEach)->data(),
-                         random_array<bf16>(keep, kEach, -0.01, 0.01)->data(),
-                         random_array<bf16>(keep, kEach, 0.0, 1e-4)->data(), kEach,
-                         i % 2 ? WeightDecay::skip : WeightDecay::apply});
+      tensors.push_back({.param = random_array<bf16>(keep, kEach)->data(),
+                         .master = random_array<float>(keep, kEach)->data(),
+                         .grad = random_array<float>(keep, kEach, -0.01, 0.01)->data(),
+                         .m = random_array<float>(keep, kEach, -0.01, 0.01)->data(),
+                         .v = random_array<float>(keep, kEach, 0.0, 1e-4)->data(),
+                         .n = kEach,
+                         .decay = i % 2 ? WeightDecay::skip : WeightDecay::apply});
     auto shared = std::make_shared<std::vector<AdamwTensor<bf16>>>(std::move(tensors));
     keep.push_back(shared);
     const AdamwParams<bf16> p{.tensors = *shared, .step = 10, .lr = 1e-4};
-    run(state, op_of(p, keep), 14.0 * double(kTensors * kEach), 0);  // param, m, v r/w; grad read
+    // Per element: bf16 param written (2), fp32 master, m and v read and
+    // written (3 x 8), fp32 grad read (4).
+    constexpr double kBytesPerElement = 2.0 + 3 * 8.0 + 4.0;
+    run(state, op_of(p, keep), kBytesPerElement * double(kTensors * kEach), 0);
   });
   constexpr int64_t n = int64_t{1} << 28;
   const double e = double(n);
@@ -444,6 +453,29 @@ void register_adamw_elementwise() {
     auto* x = random_array<bf16>(keep, n);
     auto* sum = random_array<double>(keep, 1);
     run(state, op_of(SumSquaresParams<bf16>{n, x->data(), sum->data()}, keep), 2.0 * e, 0);
+  });
+  // The fp32 forms, on bf16 training's main gradients.
+  add("elementwise/axpy_fp32_256M", [e](benchmark::State& state) {
+    std::vector<std::shared_ptr<void>> keep;
+    auto* x = random_array<float>(keep, n);
+    auto* y = random_array<float>(keep, n);
+    run(state, op_of(AxpyParams<float>{n, 1e-3, x->data(), y->data()}, keep), 12.0 * e, 0);
+  });
+  add("elementwise/scale_fp32_256M", [e](benchmark::State& state) {
+    std::vector<std::shared_ptr<void>> keep;
+    auto* x = random_array<float>(keep, n);
+    run(state, op_of(ScaleParams<float>{n, 1.0, x->data(), x->data()}, keep), 8.0 * e, 0);
+  });
+  add("elementwise/fill_fp32_256M", [e](benchmark::State& state) {
+    std::vector<std::shared_ptr<void>> keep;
+    auto* x = random_array<float>(keep, n);
+    run(state, op_of(FillParams<float>{n, 0.0, x->data()}, keep), 4.0 * e, 0);
+  });
+  add("elementwise/sum_squares_fp32_256M", [e](benchmark::State& state) {
+    std::vector<std::shared_ptr<void>> keep;
+    auto* x = random_array<float>(keep, n);
+    auto* sum = random_array<double>(keep, 1);
+    run(state, op_of(SumSquaresParams<float>{n, x->data(), sum->data()}, keep), 4.0 * e, 0);
   });
   add("elementwise/widen_accumulate_256M", [e](benchmark::State& state) {
     std::vector<std::shared_ptr<void>> keep;

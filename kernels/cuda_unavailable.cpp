@@ -11,6 +11,7 @@
 #include "kernels/attention/attention.h"
 #include "kernels/cross_entropy/cross_entropy.h"
 #include "kernels/elementwise/elementwise.h"
+#include "kernels/elementwise/elementwise_fp32_cuda.h"
 #include "kernels/embedding/embedding.h"
 #include "kernels/gemm/gemm.h"
 #include "kernels/rmsnorm/rmsnorm.h"
@@ -57,6 +58,14 @@ WEFT_CUDA_UNAVAILABLE(FillParams)
 WEFT_CUDA_UNAVAILABLE(SumSquaresParams)
 WEFT_CUDA_UNAVAILABLE(WidenParams)
 WEFT_CUDA_UNAVAILABLE(NarrowParams)
+
+namespace fp32_cuda {
+bool available() { return false; }
+Status launch(const FillParams<float>&, Workspace, Stream) { return Status::unsupported; }
+Status launch(const AxpyParams<float>&, Workspace, Stream) { return Status::unsupported; }
+Status launch(const ScaleParams<float>&, Workspace, Stream) { return Status::unsupported; }
+Status launch(const SumSquaresParams<float>&, Workspace, Stream) { return Status::unsupported; }
+}  // namespace fp32_cuda
 
 #undef WEFT_CUDA_UNAVAILABLE
 

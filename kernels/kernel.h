@@ -27,7 +27,8 @@
 // Backend::cuda and run on the stream's cudaStream_t, and a build without
 // CUDA compiles kernels/cuda_unavailable.cpp instead, whose bf16 functions
 // refuse (false, 0, Status::unsupported). float and double launches on a
-// CUDA stream are unsupported. CUDA launches are asynchronous; their
+// CUDA stream are unsupported, except the few fp32 elementwise ops on the
+// main gradients of bf16 training (kernels/elementwise). CUDA launches are asynchronous; their
 // reductions run in a fixed order, so results repeat run to run, except where
 // a family's .cu file says otherwise.
 #pragma once

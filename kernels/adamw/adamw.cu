@@ -1,5 +1,6 @@
 // adamw on CUDA: the update of every tensor of a step in one launch (one per
-// kTensorsPerLaunch tensors), bf16 storage, fp32 arithmetic.
+// kTensorsPerLaunch tensors), mixed precision: fp32 master weights, gradients
+// and moments, and the bf16 weights the model computes with.
 //
 // Each tensor is cut into chunks of kChunk elements and the chunks of all
 // tensors are numbered in one sequence. A grid sized to fill the SMs walks
@@ -10,12 +11,16 @@
 // Every thread of a block searches the same chunk, so the table reads
 // broadcast from the constant cache.
 //
-// The update fuses decay, both moments and the step, so each element's
-// param, m and v are read and written once and its grad read once: 14 bytes
-// an element, the minimum. 16-byte accesses where a tensor's four pointers
-// are aligned (the arena aligns to 64 bytes), element by element otherwise
-// and for each tensor's tail. The per-step scalars are computed once in
-// double, as the CPU backend and PyTorch compute them, then rounded to fp32.
+// The update fuses decay, both moments and the step on the fp32 master, in
+// the CPU backend's (PyTorch's) order of operations, and writes the bf16
+// param as the master's rounding to nearest even in the same pass, so no
+// separate narrowing pass over the weights is needed. Each element's master,
+// m and v are read and written once, its grad read once and its param
+// written once (never read): 30 bytes an element, the minimum. 16-byte
+// accesses where a tensor's five pointers are aligned (the arena aligns to
+// 64 bytes), element by element otherwise and for each tensor's tail. The
+// per-step scalars are computed once in double, as the CPU backend and
+// PyTorch compute them, then rounded to fp32.
 #include <cmath>
 
 #include "kernels/adamw/adamw.h"
@@ -33,9 +38,9 @@ using gpu::nv_bf16;
 // last chunks of a step spread over many SMs.
 constexpr int64_t kChunk = 4096;
 constexpr int kThreads = 256;
-// 512 tensors of 56 bytes, a 28 KB parameter: one launch for Llama-13B's 363
+// 480 tensors of 64 bytes, a 30 KB parameter: one launch for Llama-13B's 363
 // tensors (9 a block), two for Llama-65B's 723.
-constexpr int kTensorsPerLaunch = 512;
+constexpr int kTensorsPerLaunch = 480;
 
 struct Scalars {
   float step_size, bias2_sqrt, beta2, one_minus_beta1, one_minus_beta2, eps, grad_scale,
@@ -43,14 +48,15 @@ struct Scalars {
 };
 
 struct TensorArg {
-  nv_bf16* param;       // (n)
-  const nv_bf16* grad;  // (n)
-  nv_bf16* m;           // (n)
-  nv_bf16* v;           // (n)
+  nv_bf16* param;     // (n) written, never read
+  float* master;      // (n)
+  const float* grad;  // (n)
+  float* m;           // (n)
+  float* v;           // (n)
   int64_t n;
   int64_t first_chunk;  // chunks of the launch's earlier tensors
   int32_t decay;        // apply weight decay
-  int32_t vec;          // all four pointers 16-byte aligned
+  int32_t vec;          // all five pointers 16-byte aligned
 };
 
 struct Batch {
@@ -90,20 +96,22 @@ __global__ void __launch_bounds__(kThreads) adamw_kernel(const __grid_constant__
     // Chunks start at multiples of kChunk, so aligned tensors stay aligned.
     const int64_t vec_end = t.vec ? begin + (end - begin) / kVec * kVec : begin;
     for (int64_t i = begin + int64_t(threadIdx.x) * kVec; i < vec_end; i += int64_t(kThreads) * kVec) {
-      Float8 param = gpu::load8(t.param + i), m = gpu::load8(t.m + i), v = gpu::load8(t.v + i);
+      Float8 master = gpu::load8(t.master + i), m = gpu::load8(t.m + i), v = gpu::load8(t.v + i);
       const Float8 grad = gpu::load8(t.grad + i);
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) adam_update(param.v[j], grad.v[j], m.v[j], v.v[j], b.s, decay);
-      gpu::store8(t.param + i, param);
+      for (int j = 0; j < kVec; ++j) adam_update(master.v[j], grad.v[j], m.v[j], v.v[j], b.s, decay);
+      gpu::store8(t.master + i, master);
+      gpu::store8(t.param + i, master);  // rounds to nearest even
       gpu::store8(t.m + i, m);
       gpu::store8(t.v + i, v);
     }
     for (int64_t i = vec_end + threadIdx.x; i < end; i += kThreads) {
-      float param = gpu::to_float(t.param[i]), m = gpu::to_float(t.m[i]), v = gpu::to_float(t.v[i]);
-      adam_update(param, gpu::to_float(t.grad[i]), m, v, b.s, decay);
-      t.param[i] = gpu::to_bf16(param);
-      t.m[i] = gpu::to_bf16(m);
-      t.v[i] = gpu::to_bf16(v);
+      float master = t.master[i], m = t.m[i], v = t.v[i];
+      adam_update(master, t.grad[i], m, v, b.s, decay);
+      t.master[i] = master;
+      t.param[i] = gpu::to_bf16(master);
+      t.m[i] = m;
+      t.v[i] = v;
     }
   }
 }
@@ -138,14 +146,16 @@ Status run(const AdamwParams<bf16>& p, Workspace, cudaStream_t stream) {
     if (tensor.n == 0) continue;
     TensorArg& a = batch.t[batch.count++];
     a = TensorArg{.param = gpu::dev(tensor.param),
-                  .grad = gpu::dev(tensor.grad),
-                  .m = gpu::dev(tensor.m),
-                  .v = gpu::dev(tensor.v),
+                  .master = tensor.master,
+                  .grad = tensor.grad,
+                  .m = tensor.m,
+                  .v = tensor.v,
                   .n = tensor.n,
                   .first_chunk = batch.chunks,
                   .decay = tensor.decay == WeightDecay::apply && p.weight_decay != 0,
-                  .vec = gpu::aligned16(tensor.param) && gpu::aligned16(tensor.grad) &&
-                         gpu::aligned16(tensor.m) && gpu::aligned16(tensor.v)};
+                  .vec = gpu::aligned16(tensor.param) && gpu::aligned16(tensor.master) &&
+                         gpu::aligned16(tensor.grad) && gpu::aligned16(tensor.m) &&
+                         gpu::aligned16(tensor.v)};
     batch.chunks += (tensor.n + kChunk - 1) / kChunk;
     if (batch.count == kTensorsPerLaunch) flush(batch, stream);
   }

@@ -8,6 +8,12 @@
 // in PyTorch's order of operations, so fp32 runs track torch to rounding.
 // grad_scale folds gradient clipping (and loss-scale division) into the
 // update instead of a separate pass over the gradients.
+//
+// Mixed precision: gradients, moments and the master weights are in Acc. For
+// fp32 and fp64 the weights are their own master (master is nullptr); for
+// bf16 the update runs on the fp32 master and param receives its rounding
+// (to nearest even) in the same pass, so the bf16 compute copy never needs a
+// separate cast over the parameters.
 #pragma once
 
 #include <cstdint>
@@ -21,10 +27,11 @@ enum class WeightDecay { skip, apply };  // norms and (by convention) embeddings
 
 template <typename Elem>
 struct AdamwTensor {
-  Elem* param = nullptr;       // (n)
-  const Elem* grad = nullptr;  // (n)
-  Elem* m = nullptr;           // (n) first moment
-  Elem* v = nullptr;           // (n) second moment
+  Elem* param = nullptr;            // (n) the weights the model computes with
+  Acc<Elem>* master = nullptr;      // (n) required exactly when Elem is narrower than Acc
+  const Acc<Elem>* grad = nullptr;  // (n)
+  Acc<Elem>* m = nullptr;           // (n) first moment
+  Acc<Elem>* v = nullptr;           // (n) second moment
   int64_t n = 0;
   WeightDecay decay = WeightDecay::apply;
 };

@@ -18,9 +18,12 @@ Status params_check(const AdamwParams<Elem>& p) {
   if (!finite || p.step < 1 || p.lr < 0 || p.beta1 < 0 || p.beta1 >= 1 || p.beta2 < 0 ||
       p.beta2 >= 1 || p.eps < 0 || p.weight_decay < 0)
     return Status::invalid_argument;
+  // A master copy exists exactly where the weights are narrower than Acc.
+  constexpr bool needs_master = sizeof(Elem) < sizeof(Acc<Elem>);
   for (const AdamwTensor<Elem>& t : p.tensors)
     if (t.n < 0 || !cpu::present(t.param, t.n) || !cpu::present(t.grad, t.n) ||
-        !cpu::present(t.m, t.n) || !cpu::present(t.v, t.n))
+        !cpu::present(t.m, t.n) || !cpu::present(t.v, t.n) ||
+        (needs_master ? !cpu::present(t.master, t.n) : t.master != nullptr))
       return Status::invalid_argument;
   return Status::ok;
 }

@@ -39,16 +39,16 @@ Status launch(const AdamwParams<Elem>& p, Workspace ws, Stream stream) {
     const bool decay = tensor.decay == WeightDecay::apply && p.weight_decay != 0;
 #pragma omp parallel for schedule(static) if (cpu::worth_parallel(tensor.n))
     for (int64_t i = 0; i < tensor.n; ++i) {
-      const A g = A(tensor.grad[i]) * grad_scale;
-      A param = A(tensor.param[i]);
+      const A g = tensor.grad[i] * grad_scale;
+      A param = tensor.param[i];
       if (decay) param *= decay_factor;
       // torch: m.lerp_(g, 1 - beta1); v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-      const A m = A(tensor.m[i]) + one_minus_beta1 * (g - A(tensor.m[i]));
-      const A v = beta2 * A(tensor.v[i]) + one_minus_beta2 * g * g;
+      const A m = tensor.m[i] + one_minus_beta1 * (g - tensor.m[i]);
+      const A v = beta2 * tensor.v[i] + one_minus_beta2 * g * g;
       param -= step_size * (m / (std::sqrt(v) / bias2_sqrt + eps));
-      tensor.m[i] = Elem(m);
-      tensor.v[i] = Elem(v);
-      tensor.param[i] = Elem(param);
+      tensor.m[i] = m;
+      tensor.v[i] = v;
+      tensor.param[i] = param;
     }
   }
   return Status::ok;

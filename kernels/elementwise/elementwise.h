@@ -9,7 +9,9 @@
 //   NarrowParams      out = x, Acc->Elem     fp32 master weights to the bf16 compute copy
 //
 // n counts elements of flat tensors; outputs may alias inputs of the same
-// type. Widen and Narrow are the casts of mixed precision; for fp32 and fp64,
+// type. Fill, axpy, scale and the sum of squares run on CUDA in fp32 as well
+// as bf16: bf16 training keeps its main gradients in fp32 (on CUDA, *sum is
+// in device memory). Widen and Narrow are the casts of mixed precision; for fp32 and fp64,
 // where Acc is the element type, they are copies (Widen: or adds).
 #pragma once
 

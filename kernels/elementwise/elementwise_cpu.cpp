@@ -6,21 +6,33 @@
 // fp32's 2^24 of exact integer steps.
 #include "kernels/elementwise/elementwise.h"
 
+#include <type_traits>
+
 #include "kernels/cpu_common.h"
 #include "kernels/elementwise/elementwise_check.h"
+#include "kernels/elementwise/elementwise_fp32_cuda.h"
 
 namespace weft::kernels {
 namespace {
 
 int64_t chunks(int64_t n) { return (n + kSumChunk - 1) / kSumChunk; }
 
+// The fp32 ops that also run on CUDA (elementwise_fp32_cuda.h) are handed
+// over there when the backend is CUDA.
+template <typename P>
+bool on_cuda(Backend backend) {
+  return fp32_cuda::runs<P> && backend == Backend::cuda;
+}
+
 }  // namespace
 
-#define WEFT_NO_WORKSPACE(Params)                                   \
-  template <typename Elem>                                          \
-  bool supports(const Params<Elem>& p, Backend backend) {           \
-    return backend == Backend::cpu && params_check(p) == Status::ok; \
-  }                                                                 \
+#define WEFT_NO_WORKSPACE(Params)                                                  \
+  template <typename Elem>                                                         \
+  bool supports(const Params<Elem>& p, Backend backend) {                          \
+    if (on_cuda<Params<Elem>>(backend))                                            \
+      return fp32_cuda::available() && params_check(p) == Status::ok;              \
+    return backend == Backend::cpu && params_check(p) == Status::ok;               \
+  }                                                                                \
   template <typename Elem>                                          \
   int64_t workspace_bytes(const Params<Elem>&, Backend) {           \
     return 0;                                                       \
@@ -43,6 +55,8 @@ Status launch(const AddParams<Elem>& p, Workspace ws, Stream stream) {
 
 template <typename Elem>
 Status launch(const ScaleParams<Elem>& p, Workspace ws, Stream stream) {
+  if constexpr (fp32_cuda::runs<ScaleParams<Elem>>)
+    if (stream.backend == Backend::cuda) return fp32_cuda::launch(p, ws, stream);
   using A = Acc<Elem>;
   if (Status s = cpu::preflight(params_check(p), 0, ws, stream); s != Status::ok) return s;
   const A alpha = A(p.alpha);
@@ -53,6 +67,8 @@ Status launch(const ScaleParams<Elem>& p, Workspace ws, Stream stream) {
 
 template <typename Elem>
 Status launch(const AxpyParams<Elem>& p, Workspace ws, Stream stream) {
+  if constexpr (fp32_cuda::runs<AxpyParams<Elem>>)
+    if (stream.backend == Backend::cuda) return fp32_cuda::launch(p, ws, stream);
   using A = Acc<Elem>;
   if (Status s = cpu::preflight(params_check(p), 0, ws, stream); s != Status::ok) return s;
   const A alpha = A(p.alpha);
@@ -63,6 +79,8 @@ Status launch(const AxpyParams<Elem>& p, Workspace ws, Stream stream) {
 
 template <typename Elem>
 Status launch(const FillParams<Elem>& p, Workspace ws, Stream stream) {
+  if constexpr (fp32_cuda::runs<FillParams<Elem>>)
+    if (stream.backend == Backend::cuda) return fp32_cuda::launch(p, ws, stream);
   if (Status s = cpu::preflight(params_check(p), 0, ws, stream); s != Status::ok) return s;
   const Elem value = Elem(p.value);
 #pragma omp parallel for simd schedule(static) if (cpu::worth_parallel(p.n))
@@ -72,17 +90,21 @@ Status launch(const FillParams<Elem>& p, Workspace ws, Stream stream) {
 
 template <typename Elem>
 bool supports(const SumSquaresParams<Elem>& p, Backend backend) {
+  if (on_cuda<SumSquaresParams<Elem>>(backend)) return fp32_cuda::available() && params_check(p) == Status::ok;
   return backend == Backend::cpu && params_check(p) == Status::ok;
 }
 
 template <typename Elem>
-int64_t workspace_bytes(const SumSquaresParams<Elem>& p, Backend) {
+int64_t workspace_bytes(const SumSquaresParams<Elem>& p, Backend backend) {
   if (params_check(p) != Status::ok) return 0;
+  if (on_cuda<SumSquaresParams<Elem>>(backend) && !fp32_cuda::available()) return 0;
   return cpu::piece_bytes<double>(chunks(p.n));
 }
 
 template <typename Elem>
 Status launch(const SumSquaresParams<Elem>& p, Workspace ws, Stream stream) {
+  if constexpr (fp32_cuda::runs<SumSquaresParams<Elem>>)
+    if (stream.backend == Backend::cuda) return fp32_cuda::launch(p, ws, stream);
   if (Status s = cpu::preflight(params_check(p), workspace_bytes(p), ws, stream); s != Status::ok)
     return s;
   const int64_t n_chunks = chunks(p.n);

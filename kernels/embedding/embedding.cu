@@ -1,17 +1,19 @@
-// embedding on CUDA, bf16 table and rows, vocab-parallel.
+// embedding on CUDA, bf16 table and rows, fp32 table gradient, vocab-parallel.
 //
 // Forward: one block per token row copies the table row (or writes zeros for
 // a token of another shard) in 16-byte pieces; C = 4096 is 512 pieces, one
 // per thread. Bytes moved are the minimum, a row read and a row written.
 //
 // Backward: tokens repeat, so a scatter-add per row would race. Atomic adds
-// would resolve the race but sum in an arbitrary order (bf16 atomics would
-// also round at every add). Instead the rows are grouped by token with a
-// stable radix sort of (token, row) pairs (CUB; out-of-shard tokens get the
-// key V_local and sort last), and one block per run of equal tokens and per
-// 1024-column slice sums its rows' gradients in fp32 in row order and adds
-// the sum to the table row once. Deterministic on every run, one rounding per
-// table entry, and the dout traffic is the minimum (each row read once). A
+// would resolve the race but sum in an arbitrary order. Instead the rows are
+// grouped by token with a stable radix sort of (token, row) pairs (CUB;
+// out-of-shard tokens get the key V_local and sort last), and one block per
+// run of equal tokens and per 1024-column slice adds its rows' gradients in
+// row order to the fp32 table gradient, read once and written once. Starting
+// from the table entry makes the adds the CPU's own, in its order, so the
+// result is bit-identical to the CPU float backend on the same bf16 inputs;
+// deterministic on every run, and the dout traffic is the minimum (each row
+// read once). A
 // frequent token makes one long run, summed by one block per column slice;
 // at a few percent of the rows that costs little next to the GEMMs.
 //
@@ -88,37 +90,34 @@ __global__ void __launch_bounds__(kKeyThreads)
 
 // Block (position, column slice): when `position` starts a run of equal keys
 // in the sorted order, sum that run's dout rows over the slice (in row order,
-// the sort being stable) and add the sum to the table row.
+// the sort being stable) to the table gradient's row, starting from its value.
 template <bool kVectorized>
 __global__ void __launch_bounds__(kSumThreads)
     embedding_sum_runs_kernel(int64_t n, int64_t C, int64_t V_local,
                               const uint32_t* keys,   // (rows) sorted
                               const int32_t* rows,    // (rows) the row of each sorted key
                               const nv_bf16* dout,    // (rows, C)
-                              nv_bf16* dtable) {      // (V_local, C)
+                              float* dtable) {        // (V_local, C)
   const int64_t position = blockIdx.x;
   const uint32_t key = keys[position];
   if (key >= V_local || (position > 0 && keys[position - 1] == key)) return;
   const int64_t width = kVectorized ? kVec : 1;
   const int64_t c = (int64_t(blockIdx.y) * blockDim.x + threadIdx.x) * width;
   if (c >= C) return;
-  nv_bf16* dst = dtable + int64_t(key) * C + c;
+  float* dst = dtable + int64_t(key) * C + c;
   if constexpr (kVectorized) {
-    gpu::Float8 acc = {};
+    gpu::Float8 acc = gpu::load8(dst);
     for (int64_t j = position; j < n && keys[j] == key; ++j) {
       const gpu::Float8 g = gpu::load8(dout + int64_t(rows[j]) * C + c);
 #pragma unroll
       for (int e = 0; e < kVec; ++e) acc.v[e] += g.v[e];
     }
-    const gpu::Float8 old = gpu::load8(dst);
-#pragma unroll
-    for (int e = 0; e < kVec; ++e) acc.v[e] += old.v[e];
     gpu::store8(dst, acc);
   } else {
-    float acc = 0;
+    float acc = *dst;
     for (int64_t j = position; j < n && keys[j] == key; ++j)
       acc += gpu::to_float(dout[int64_t(rows[j]) * C + c]);
-    *dst = gpu::to_bf16(gpu::to_float(*dst) + acc);
+    *dst = acc;
   }
 }
 
@@ -193,10 +192,10 @@ Status run(const EmbeddingBackwardParams<bf16>& p, Workspace ws, cudaStream_t st
   const dim3 grid(unsigned(p.rows), unsigned((p.C + columns_per_block - 1) / columns_per_block));
   if (vec)
     embedding_sum_runs_kernel<true><<<grid, kSumThreads, 0, stream>>>(
-        p.rows, p.C, p.V_local, keys.Current(), rows.Current(), gpu::dev(p.dout), gpu::dev(p.dtable));
+        p.rows, p.C, p.V_local, keys.Current(), rows.Current(), gpu::dev(p.dout), p.dtable);
   else
     embedding_sum_runs_kernel<false><<<grid, kSumThreads, 0, stream>>>(
-        p.rows, p.C, p.V_local, keys.Current(), rows.Current(), gpu::dev(p.dout), gpu::dev(p.dtable));
+        p.rows, p.C, p.V_local, keys.Current(), rows.Current(), gpu::dev(p.dout), p.dtable);
   WEFT_LAUNCH_CHECK(stream, "embedding_sum_runs_kernel");
   return Status::ok;
 }

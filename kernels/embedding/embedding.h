@@ -5,7 +5,8 @@
 // the others, so summing the outputs over the tp ranks gives the full lookup.
 // The backward scatter-adds dout rows into the shard's table gradient. Token
 // ids outside [0, V) throw weft::InputError naming the id, its position and V,
-// before anything is written.
+// before anything is written. The table gradient is in Acc, the main-gradient
+// type (fp32 under bf16 compute).
 //
 // rows = B * T tokens.
 #pragma once
@@ -37,7 +38,7 @@ struct EmbeddingBackwardParams {
   int64_t V_local = 0;
   const int32_t* tokens = nullptr;  // (rows)
   const Elem* dout = nullptr;       // (rows, C)
-  Elem* dtable = nullptr;           // (V_local, C) accumulated
+  Acc<Elem>* dtable = nullptr;      // (V_local, C) accumulated
 };
 
 template <typename Elem>

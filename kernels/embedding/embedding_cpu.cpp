@@ -72,7 +72,7 @@ Status launch(const EmbeddingBackwardParams<Elem>& p, Workspace ws, Stream strea
     for (int64_t i = 0; i < p.rows; ++i) {
       const int64_t local = int64_t{p.tokens[i]} - p.vocab_start;
       if (local < 0 || local >= p.V_local) continue;
-      Elem* dst = p.dtable + local * p.C;
+      Acc<Elem>* dst = p.dtable + local * p.C;
       const Elem* src = p.dout + i * p.C;
       for (int64_t c = c0; c < c1; ++c) dst[c] += src[c];
     }

@@ -8,8 +8,10 @@
 //   unfused  a composition of separate simple ops, as an eager framework
 //            runs it; keeps rstd and the normalised x_hat (rows, C) in Acc,
 //            which the memory model counts.
-// In both backwards dweight accumulates (over rows and micro-batches) and dx
-// is overwritten or, with Write::accumulate, added to the residual stream's
+// In both backwards dweight accumulates (over rows and micro-batches) in Acc,
+// the main-gradient type (fp32 under bf16 compute, so a norm weight's
+// gradient is not rounded to bf16 once per micro-batch), and dx is
+// overwritten or, with Write::accumulate, added to the residual stream's
 // gradient.
 //
 // rows = B * T, or B * T / tp of a sequence-parallel shard.
@@ -44,7 +46,7 @@ struct RmsnormBackwardParams {
   const Elem* dy = nullptr;         // (rows, C)
   Elem* dx = nullptr;               // (rows, C)
   Write dx_write = Write::overwrite;
-  Elem* dweight = nullptr;  // (C) accumulated
+  Acc<Elem>* dweight = nullptr;  // (C) accumulated
 };
 
 template <typename Elem>
@@ -69,7 +71,7 @@ struct RmsnormUnfusedBackwardParams {
   const Elem* dy = nullptr;          // (rows, C)
   Elem* dx = nullptr;                // (rows, C)
   Write dx_write = Write::overwrite;
-  Elem* dweight = nullptr;  // (C) accumulated
+  Acc<Elem>* dweight = nullptr;  // (C) accumulated
 };
 
 template <typename Elem>

@@ -38,7 +38,7 @@ void store(Elem* dst, Acc<Elem> value, Write write) {
 
 // dweight[c] += sum_r dy[r, c] * x_hat(r, c), parallel over column blocks.
 template <typename Elem, typename XHat>
-void dweight_accumulate(int64_t rows, int64_t C, const Elem* dy, XHat x_hat, Elem* dweight) {
+void dweight_accumulate(int64_t rows, int64_t C, const Elem* dy, XHat x_hat, Acc<Elem>* dweight) {
   using A = Acc<Elem>;
 #pragma omp parallel for schedule(static) if (cpu::worth_parallel(rows * C))
   for (int64_t c0 = 0; c0 < C; c0 += cpu::kColumnBlock) {
@@ -46,7 +46,7 @@ void dweight_accumulate(int64_t rows, int64_t C, const Elem* dy, XHat x_hat, Ele
     A acc[cpu::kColumnBlock] = {};
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = c0; c < c1; ++c) acc[c - c0] += A(dy[r * C + c]) * x_hat(r, c);
-    for (int64_t c = c0; c < c1; ++c) dweight[c] = Elem(A(dweight[c]) + acc[c - c0]);
+    for (int64_t c = c0; c < c1; ++c) dweight[c] += acc[c - c0];
   }
 }
 

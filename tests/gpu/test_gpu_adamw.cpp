@@ -1,6 +1,8 @@
-// adamw on CUDA (bf16 state) against the CPU backend: several tensors in one
-// launch, with and without weight decay, clipping folded into grad_scale,
-// late steps, and more tensors than one launch's table holds.
+// adamw on CUDA (bf16 weights, fp32 master weights, gradients and moments)
+// against the CPU backend: several tensors in one launch, with and without
+// weight decay, clipping folded into grad_scale, late steps, more tensors
+// than one launch's table holds, and tensors one element off a 16-byte
+// boundary. The bf16 weights must be the new master's rounding, bit for bit.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -23,41 +25,71 @@ std::vector<AdamwCase> gpu_adamw_cases() {
   return cases;
 }
 
+// One tensor's fp32 state on the device, `offset` elements into each array
+// (offset 1 puts every pointer off a 16-byte boundary); param starts poisoned.
+struct DeviceTensor {
+  DeviceTensor(int64_t offset, const std::vector<float>& master0, const std::vector<float>& grad0,
+               const std::vector<float>& m0, const std::vector<float>& v0)
+      : offset(offset),
+        param(offset + int64_t(master0.size())),
+        master(padded(master0)),
+        grad(padded(grad0)),
+        m(padded(m0)),
+        v(padded(v0)) {}
+
+  std::vector<float> padded(const std::vector<float>& values) const {
+    std::vector<float> out(size_t(offset), 0.0f);
+    out.insert(out.end(), values.begin(), values.end());
+    return out;
+  }
+  template <typename T>
+  std::vector<T> download(const DeviceArray<T>& a) const {
+    std::vector<T> out = a.download();
+    out.erase(out.begin(), out.begin() + offset);
+    return out;
+  }
+
+  int64_t offset;
+  DeviceArray<bf16> param;
+  DeviceArray<float> master, grad, m, v;
+};
+
 class GpuAdamw : public ::testing::TestWithParam<AdamwCase> {};
 
 TEST_P(GpuAdamw, MatchesCpu) {
   const AdamwCase& c = GetParam();
   Rng rng;
   SCOPED_TRACE(rng.trace());
-  // lr large enough that one step moves a bf16 parameter by more than its rounding.
   const double lr = 0.02;
   const size_t count = c.sizes.size();
-  std::vector<Bf16Values> param, grad, m, v;
+  std::vector<std::vector<float>> master0, grad, m0, v0;
   for (int64_t n : c.sizes) {
-    param.push_back(random_bf16(rng, n));
-    grad.push_back(random_bf16(rng, n, -2.0, 2.0));
-    m.push_back(random_bf16(rng, n, -0.1, 0.1));
-    v.push_back(random_bf16(rng, n, 0.0, 0.05));
+    master0.push_back(rng.uniform<float>(n));
+    grad.push_back(rng.uniform<float>(n, -2.0, 2.0));
+    m0.push_back(rng.uniform<float>(n, -0.1, 0.1));
+    v0.push_back(rng.uniform<float>(n, 0.0, 0.05));
   }
-  std::vector<std::vector<double>> p_ref, m_ref, v_ref;
-  std::vector<std::vector<float>> p_cpu, m_cpu, v_cpu;
+  // fp32 and fp64 weights are their own master.
+  std::vector<std::vector<double>> p_ref, m_ref, v_ref, g_ref;
+  std::vector<std::vector<float>> p_cpu = master0, m_cpu = m0, v_cpu = v0;
+  for (size_t i = 0; i < count; ++i) {
+    p_ref.push_back(cast<double>(master0[i])), m_ref.push_back(cast<double>(m0[i]));
+    v_ref.push_back(cast<double>(v0[i])), g_ref.push_back(cast<double>(grad[i]));
+  }
   std::vector<AdamwTensor<double>> t_ref;
   std::vector<AdamwTensor<float>> t_cpu;
-  for (size_t i = 0; i < count; ++i) {
-    p_ref.push_back(param[i].d), m_ref.push_back(m[i].d), v_ref.push_back(v[i].d);
-    p_cpu.push_back(param[i].f), m_cpu.push_back(m[i].f), v_cpu.push_back(v[i].f);
-  }
-  std::vector<std::unique_ptr<DeviceArray<bf16>>> d;  // param, grad, m, v per tensor
+  std::vector<std::unique_ptr<DeviceTensor>> d;
   std::vector<AdamwTensor<bf16>> t_gpu;
   for (size_t i = 0; i < count; ++i) {
     const WeightDecay decay = i % 2 == 0 ? WeightDecay::apply : WeightDecay::skip;
     const int64_t n = c.sizes[i];
-    t_ref.push_back({p_ref[i].data(), grad[i].d.data(), m_ref[i].data(), v_ref[i].data(), n, decay});
-    t_cpu.push_back({p_cpu[i].data(), grad[i].f.data(), m_cpu[i].data(), v_cpu[i].data(), n, decay});
-    for (const Bf16Values* src : {&param[i], &grad[i], &m[i], &v[i]})
-      d.push_back(std::make_unique<DeviceArray<bf16>>(src->bits));
-    t_gpu.push_back({d[4 * i]->data(), d[4 * i + 1]->data(), d[4 * i + 2]->data(), d[4 * i + 3]->data(),
-                     n, decay});
+    t_ref.push_back({p_ref[i].data(), nullptr, g_ref[i].data(), m_ref[i].data(), v_ref[i].data(), n, decay});
+    t_cpu.push_back({p_cpu[i].data(), nullptr, grad[i].data(), m_cpu[i].data(), v_cpu[i].data(), n, decay});
+    const int64_t offset = i % 3 == 2 ? 1 : 0;
+    d.push_back(std::make_unique<DeviceTensor>(offset, master0[i], grad[i], m0[i], v0[i]));
+    const DeviceTensor& t = *d.back();
+    t_gpu.push_back({t.param.data() + offset, t.master.data() + offset, t.grad.data() + offset,
+                     t.m.data() + offset, t.v.data() + offset, n, decay});
   }
   ASSERT_EQ(run(AdamwParams<double>{.tensors = t_ref, .step = c.step, .lr = lr,
                                     .weight_decay = c.weight_decay, .grad_scale = c.grad_scale}),
@@ -68,26 +100,43 @@ TEST_P(GpuAdamw, MatchesCpu) {
   ASSERT_EQ(run_cuda(AdamwParams<bf16>{.tensors = t_gpu, .step = c.step, .lr = lr,
                                        .weight_decay = c.weight_decay, .grad_scale = c.grad_scale}),
             Status::ok);
-  // Concatenated over tensors, so that a tensor of 3 elements is not judged alone.
-  std::vector<bf16> got_p, got_m, got_v;
-  std::vector<float> cpu_p, cpu_m, cpu_v;
-  std::vector<double> ref_p, ref_m, ref_v;
+  // Concatenated over tensors, so that a tensor of 3 elements is not judged
+  // alone. The update (new master - old) is judged on its own too: against
+  // weights of order 1 a wrong step of order lr would hide under the rule.
+  std::vector<float> got_master, got_m, got_v, got_step, cpu_master, cpu_m, cpu_v, cpu_step;
+  std::vector<double> ref_master, ref_m, ref_v, ref_step;
   for (size_t i = 0; i < count; ++i) {
-    for (bf16 x : d[4 * i]->download()) got_p.push_back(x);
-    for (bf16 x : d[4 * i + 2]->download()) got_m.push_back(x);
-    for (bf16 x : d[4 * i + 3]->download()) got_v.push_back(x);
-    cpu_p.insert(cpu_p.end(), p_cpu[i].begin(), p_cpu[i].end());
+    const DeviceTensor& t = *d[i];
+    const std::vector<float> master = t.download(t.master);
+    const std::vector<bf16> param = t.download(t.param);
+    for (size_t j = 0; j < master.size(); ++j) {
+      ASSERT_EQ(param[j].bits, float_to_bf16(master[j]).bits)
+          << "tensor " << i << " element " << j << ": param " << bf16_to_float(param[j])
+          << " is not the rounding of master " << master[j];
+      got_step.push_back(float(double(master[j]) - master0[i][j]));
+      cpu_step.push_back(float(double(p_cpu[i][j]) - master0[i][j]));
+      ref_step.push_back(p_ref[i][j] - master0[i][j]);
+    }
+    const auto append = [&](std::vector<float>& to, const DeviceArray<float>& from) {
+      const std::vector<float> values = t.download(from);
+      to.insert(to.end(), values.begin(), values.end());
+    };
+    append(got_master, t.master);
+    append(got_m, t.m);
+    append(got_v, t.v);
+    cpu_master.insert(cpu_master.end(), p_cpu[i].begin(), p_cpu[i].end());
     cpu_m.insert(cpu_m.end(), m_cpu[i].begin(), m_cpu[i].end());
     cpu_v.insert(cpu_v.end(), v_cpu[i].begin(), v_cpu[i].end());
-    ref_p.insert(ref_p.end(), p_ref[i].begin(), p_ref[i].end());
+    ref_master.insert(ref_master.end(), p_ref[i].begin(), p_ref[i].end());
     ref_m.insert(ref_m.end(), m_ref[i].begin(), m_ref[i].end());
     ref_v.insert(ref_v.end(), v_ref[i].begin(), v_ref[i].end());
+    // The gradients are read only.
+    EXPECT_TRUE(t.download(t.grad) == grad[i]) << "tensor " << i << ": grad was written";
   }
-  expect_bf16_rule("param", got_p, cpu_p, ref_p);
-  expect_bf16_rule("m", got_m, cpu_m, ref_m);
-  expect_bf16_rule("v", got_v, cpu_v, ref_v);
-  // The gradients are read only.
-  for (size_t i = 0; i < count; ++i) expect_same_bits("grad", d[4 * i + 1]->download(), grad[i].bits);
+  expect_fp32_rule("master", got_master, cpu_master, ref_master);
+  expect_fp32_rule("update", got_step, cpu_step, ref_step);
+  expect_fp32_rule("m", got_m, cpu_m, ref_m);
+  expect_fp32_rule("v", got_v, cpu_v, ref_v);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, GpuAdamw, ::testing::ValuesIn(gpu_adamw_cases()), CaseName());

@@ -1,10 +1,16 @@
 // elementwise and reduce on CUDA (bf16) against the CPU backend: add, scale,
 // axpy, fill, the sum of squares and the two casts, on the shared cases
 // (n = 1, 37, 113, 40000: vector body plus tail, several sum chunks), in
-// place, and one element off a 16-byte boundary.
+// place, and one element off a 16-byte boundary. Then the fp32 forms of
+// fill, scale, axpy and the sum of squares (the main gradients of bf16
+// training), launched through the float params on a CUDA stream, against
+// the CPU's float launches on the same values.
 #include <gtest/gtest.h>
 
+#include <bit>
+#include <cfloat>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "kernels/elementwise/elementwise.h"
@@ -130,6 +136,120 @@ TEST_P(GpuElementwise, WidenNarrow) {
     else
       EXPECT_EQ(got[i].bits, want[i].bits) << "element " << i << " = " << wide[i];
   }
+}
+
+uint32_t bits_of(float f) { return std::bit_cast<uint32_t>(f); }
+
+// Bit-for-bit equality of fp32 values (a poisoned element is a NaN).
+void expect_same_floats(const std::string& what, const std::vector<float>& got,
+                        const std::vector<float>& want) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_EQ(bits_of(got[i]), bits_of(want[i]))
+        << what << ": element " << i << " is " << got[i] << ", expected " << want[i];
+}
+
+// What DeviceArray holds until written.
+const float kPoison = std::bit_cast<float>(0xffffffffu);
+
+// Elements [offset, offset + n) of a device array.
+std::vector<float> slice(const DeviceArray<float>& a, int64_t offset, int64_t n) {
+  const std::vector<float> all = a.download();
+  return std::vector<float>(all.begin() + offset, all.begin() + offset + n);
+}
+
+TEST_P(GpuElementwise, Fp32Fill) {
+  const int64_t n = GetParam().n;
+  DeviceArray<float> x(n + 1);
+  ASSERT_EQ(run_cuda(FillParams<float>{n, 0.37, x.data()}), Status::ok);
+  std::vector<float> want(n, 0.37f);
+  want.push_back(kPoison);  // untouched past n
+  expect_same_floats("fill", x.download(), want);
+  ASSERT_EQ(run_cuda(FillParams<float>{n, -2.0, misaligned(x)}), Status::ok);
+  want.assign(n + 1, -2.0f);
+  want[0] = 0.37f;
+  expect_same_floats("fill misaligned", x.download(), want);
+}
+
+// Scale is one fp32 multiply by the same fp32 alpha on both backends: equal
+// bits. Axpy may be one fma on the device and a multiply and an add on the
+// CPU: apart by at most 2 eps (|y| + |alpha x|).
+TEST_P(GpuElementwise, Fp32ScaleAxpy) {
+  const int64_t n = GetParam().n;
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  const std::vector<float> a = rng.uniform<float>(n + 1), b = rng.uniform<float>(n + 1, -3.0, 3.0);
+  const double alpha = -0.37;
+  for (int offset : {0, 1}) {
+    SCOPED_TRACE("offset " + std::to_string(offset));
+    const std::vector<float> x(a.begin() + offset, a.end()), y0(b.begin() + offset, b.end());
+    std::vector<float> scale_cpu(n), axpy_cpu = y0;
+    std::vector<double> axpy_ref = cast<double>(y0);
+    ASSERT_EQ(run(ScaleParams<float>{n, alpha, x.data(), scale_cpu.data()}), Status::ok);
+    ASSERT_EQ(run(AxpyParams<float>{n, alpha, x.data(), axpy_cpu.data()}), Status::ok);
+    const std::vector<double> x_ref = cast<double>(x);
+    ASSERT_EQ(run(AxpyParams<double>{n, double(float(alpha)), x_ref.data(), axpy_ref.data()}), Status::ok);
+
+    DeviceArray<float> da(a), out(n + 1), y(b), in_place(a);
+    ASSERT_EQ(run_cuda(ScaleParams<float>{n, alpha, da.data() + offset, out.data() + offset}), Status::ok);
+    const std::vector<float> untouched = slice(out, offset == 0 ? n : 0, 1);
+    EXPECT_EQ(bits_of(untouched[0]), bits_of(kPoison)) << "scale wrote outside its n elements";
+    expect_same_floats("scale", slice(out, offset, n), scale_cpu);
+
+    // In place: out aliases x.
+    ASSERT_EQ(run_cuda(ScaleParams<float>{n, alpha, in_place.data() + offset, in_place.data() + offset}),
+              Status::ok);
+    expect_same_floats("scale in place", slice(in_place, offset, n), scale_cpu);
+
+    ASSERT_EQ(run_cuda(AxpyParams<float>{n, alpha, da.data() + offset, y.data() + offset}), Status::ok);
+    const std::vector<float> got = slice(y, offset, n);
+    expect_fp32_rule("axpy", got, axpy_cpu, axpy_ref);
+    for (int64_t i = 0; i < n; ++i) {
+      const double bound = 2 * FLT_EPSILON * (std::fabs(y0[i]) + std::fabs(float(alpha) * x[i]));
+      ASSERT_LE(std::fabs(double(got[i]) - axpy_cpu[i]), bound)
+          << "axpy: element " << i << " is " << got[i] << ", the CPU's " << axpy_cpu[i];
+    }
+  }
+}
+
+TEST_P(GpuElementwise, Fp32SumSquares) {
+  const int64_t n = GetParam().n;
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  const std::vector<float> x = rng.uniform<float>(n + 1, -3.0, 3.0);
+  const std::vector<double> x_ref = cast<double>(x);
+  for (int offset : {0, 1}) {
+    double cpu = 1.5, ref = 1.5;
+    ASSERT_EQ(run(SumSquaresParams<float>{n, x.data() + offset, &cpu}), Status::ok);
+    ASSERT_EQ(run(SumSquaresParams<double>{n, x_ref.data() + offset, &ref}), Status::ok);
+    DeviceArray<float> dx(x);
+    DeviceArray<double> sum(std::vector<double>{1.5});
+    ASSERT_EQ(run_cuda(SumSquaresParams<float>{n, dx.data() + offset, sum.data()}), Status::ok);
+    // Every square is exact in double on both backends; only the order of
+    // the double adds differs.
+    const double got = sum.download()[0];
+    EXPECT_NEAR(got, cpu, 1e-12 * cpu) << "offset " << offset;
+    EXPECT_NEAR(got, ref, 1e-12 * ref) << "offset " << offset;
+  }
+}
+
+// The CPU's params rules and the workspace check hold for the fp32 launches.
+TEST(GpuElementwiseArgs, Fp32RefusesInvalidParams) {
+  DeviceArray<float> x(40000);
+  DeviceArray<double> sum(1);
+  const Stream stream = make_cuda_stream(gpu_stream());
+  EXPECT_FALSE(supports(ScaleParams<float>{5, 2.0, nullptr, x.data()}, Backend::cuda));
+  EXPECT_EQ(launch(ScaleParams<float>{5, 2.0, nullptr, x.data()}, Workspace{}, stream),
+            Status::invalid_argument);
+  EXPECT_EQ(launch(AxpyParams<float>{-1, 2.0, x.data(), x.data()}, Workspace{}, stream),
+            Status::invalid_argument);
+  EXPECT_EQ(launch(FillParams<float>{5, 1.0, nullptr}, Workspace{}, stream), Status::invalid_argument);
+  const SumSquaresParams<float> ss{40000, x.data(), sum.data()};
+  EXPECT_GT(workspace_bytes(ss, Backend::cuda), 0);
+  EXPECT_EQ(launch(ss, Workspace{}, stream), Status::invalid_argument);
+  EXPECT_EQ(launch(SumSquaresParams<float>{5, x.data(), nullptr}, Workspace{}, stream),
+            Status::invalid_argument);
+  CUDA_CHECK(cudaStreamSynchronize(gpu_stream()));
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, GpuElementwise, ::testing::ValuesIn(elementwise_cases()), CaseName());

@@ -1,7 +1,8 @@
 // embedding on CUDA (bf16) against the CPU backend: the forward gather bit
-// for bit, the backward scatter-add (with many repeated tokens) by the rule,
-// per vocabulary shard; and an invalid token id refused before anything is
-// written.
+// for bit, the backward scatter-add (with many repeated tokens) into the fp32
+// table gradient by the rule and bit for bit (both backends add each entry's
+// rows in row order, starting from the entry), per vocabulary shard; and an
+// invalid token id refused before anything is written.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -35,7 +36,8 @@ TEST_P(GpuEmbedding, ForwardBackwardPerShard) {
   for (int64_t rank = 0; rank < c.shards; ++rank) {
     SCOPED_TRACE("shard " + std::to_string(rank));
     const Shard s = shard_of(c.V, c.shards, rank);
-    const Bf16Values table = random_bf16(rng, s.size * c.C), dtable = random_bf16(rng, s.size * c.C);
+    const Bf16Values table = random_bf16(rng, s.size * c.C);
+    const std::vector<float> dtable = rng.uniform<float>(s.size * c.C);
 
     std::vector<float> out_cpu(c.rows * c.C);
     ASSERT_EQ(run(EmbeddingForwardParams<float>{c.rows, c.C, c.V, s.start, s.size, tokens.data(),
@@ -49,19 +51,22 @@ TEST_P(GpuEmbedding, ForwardBackwardPerShard) {
     for (float v : out_cpu) want.push_back(float_to_bf16(v));
     expect_same_bits("out", out.download(), want);
 
-    std::vector<double> dtable_ref = dtable.d;
-    std::vector<float> dtable_cpu = dtable.f;
+    std::vector<double> dtable_ref = cast<double>(dtable);
+    std::vector<float> dtable_cpu = dtable;
     ASSERT_EQ(run(EmbeddingBackwardParams<double>{c.rows, c.C, c.V, s.start, s.size, tokens.data(),
                                                   dout.d.data(), dtable_ref.data()}),
               Status::ok);
     ASSERT_EQ(run(EmbeddingBackwardParams<float>{c.rows, c.C, c.V, s.start, s.size, tokens.data(),
                                                  dout.f.data(), dtable_cpu.data()}),
               Status::ok);
-    DeviceArray<bf16> d_dtable(dtable.bits);
+    DeviceArray<float> d_dtable(dtable);
     ASSERT_EQ(run_cuda(EmbeddingBackwardParams<bf16>{c.rows, c.C, c.V, s.start, s.size,
                                                      d_tokens.data(), d_dout.data(), d_dtable.data()}),
               Status::ok);
-    expect_bf16_rule("dtable", d_dtable.download(), dtable_cpu, dtable_ref);
+    const std::vector<float> got = d_dtable.download();
+    expect_fp32_rule("dtable", got, dtable_cpu, dtable_ref);
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_EQ(got[i], dtable_cpu[i]) << "dtable: element " << i << " differs from the CPU's";
   }
 }
 
@@ -74,7 +79,8 @@ TEST_P(GpuEmbedding, InvalidTokenThrowsBeforeWriting) {
   tokens[bad] = int32_t(c.V);
   if (bad + 1 < c.rows) tokens[c.rows - 1] = -1;  // a later offender is not the one reported
   DeviceArray<int32_t> d_tokens(tokens);
-  DeviceArray<bf16> table(c.V * c.C), out(c.rows * c.C), dout(c.rows * c.C), dtable(c.V * c.C);
+  DeviceArray<bf16> table(c.V * c.C), out(c.rows * c.C), dout(c.rows * c.C);
+  DeviceArray<float> dtable(c.V * c.C);
   try {
     (void)run_cuda(EmbeddingForwardParams<bf16>{c.rows, c.C, c.V, 0, c.V, d_tokens.data(),
                                                 table.data(), out.data()});
@@ -83,12 +89,12 @@ TEST_P(GpuEmbedding, InvalidTokenThrowsBeforeWriting) {
     EXPECT_NE(std::string(e.what()).find("position " + std::to_string(bad)), std::string::npos)
         << e.what();
   }
-  dtable.upload(std::vector<bf16>(c.V * c.C, float_to_bf16(1.0f)));
+  dtable.upload(std::vector<float>(c.V * c.C, 1.0f));
   EXPECT_THROW((void)run_cuda(EmbeddingBackwardParams<bf16>{c.rows, c.C, c.V, 0, c.V, d_tokens.data(),
                                                             dout.data(), dtable.data()}),
                InputError);
   for (bf16 v : out.download()) ASSERT_EQ(v.bits, 0xffff) << "the forward wrote before refusing";
-  for (bf16 v : dtable.download()) ASSERT_EQ(bf16_to_float(v), 1.0f) << "the backward wrote before refusing";
+  for (float v : dtable.download()) ASSERT_EQ(v, 1.0f) << "the backward wrote before refusing";
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, GpuEmbedding, ::testing::ValuesIn(gpu_embedding_cases()), CaseName());

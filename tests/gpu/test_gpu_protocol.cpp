@@ -1,5 +1,6 @@
 // The CUDA backend's side of the launch protocol and its infrastructure:
-// bf16 runs only on CUDA streams, float only on the CPU; invalid params and
+// bf16 runs only on CUDA streams, float only on the CPU (apart from the fp32
+// elementwise ops on bf16 training's main gradients); invalid params and
 // short workspaces are refused without launching; CUDA_CHECK throws a
 // CudaError naming the call; the device allocator backs an arena with
 // zero-filled device memory.
@@ -24,8 +25,12 @@ TEST(GpuProtocol, BackendRouting) {
   EXPECT_EQ(launch(fill, Workspace{}, Stream{}), Status::unsupported);
 
   std::vector<float> host(64);
-  const FillParams<float> fill_cpu{64, 1.0, host.data()};
-  EXPECT_EQ(launch(fill_cpu, Workspace{}, make_cuda_stream(gpu_stream())), Status::unsupported);
+  const AddParams<float> add_cpu{64, host.data(), host.data(), host.data()};
+  EXPECT_FALSE(supports(add_cpu, Backend::cuda));
+  EXPECT_EQ(launch(add_cpu, Workspace{}, make_cuda_stream(gpu_stream())), Status::unsupported);
+  // The fp32 fill is one of the few float ops that also run on CUDA.
+  DeviceArray<float> main_grad(64);
+  EXPECT_TRUE(supports(FillParams<float>{64, 0.0, main_grad.data()}, Backend::cuda));
 }
 
 TEST(GpuProtocol, RefusalsDoNotLaunch) {

@@ -1,8 +1,9 @@
 // rmsnorm on CUDA (bf16) against the CPU backend: fused forward with and
 // without the residual add, fused backward overwriting and accumulating dx,
-// and the unfused forms. The shared cases have C = 3, 37, 130 (one element
-// per thread); the added ones take the 16-byte path, and one has more rows
-// than the backward's 512 partial-dweight blocks.
+// and the unfused forms. dweight is fp32 (the main gradient) and accumulates
+// onto a random start. The shared cases have C = 3, 37, 130 (one element per
+// thread); the added ones take the 16-byte path, and one has more rows than
+// the backward's 512 partial-dweight blocks.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -70,28 +71,28 @@ TEST_P(GpuRmsnorm, FusedBackward) {
   Rng rng;
   SCOPED_TRACE(rng.trace());
   const Bf16Values x = random_bf16(rng, n, -2.0, 2.0), w = random_bf16(rng, c.C, 0.5, 1.5),
-                   dy = random_bf16(rng, n), dx0 = random_bf16(rng, n),
-                   dw0 = random_bf16(rng, c.C);
+                   dy = random_bf16(rng, n), dx0 = random_bf16(rng, n);
   const std::vector<float> rstd_f = rng.uniform<float>(c.rows, 0.5, 2.0);
   const std::vector<double> rstd_d(rstd_f.begin(), rstd_f.end());
+  const std::vector<float> dw0 = rng.uniform<float>(c.C);
   for (Write write : {Write::overwrite, Write::accumulate}) {
     SCOPED_TRACE(write == Write::overwrite ? "overwrite dx" : "accumulate dx");
-    std::vector<double> dx_ref = dx0.d, dw_ref = dw0.d;
-    std::vector<float> dx_cpu = dx0.f, dw_cpu = dw0.f;
+    std::vector<double> dx_ref = dx0.d, dw_ref = cast<double>(dw0);
+    std::vector<float> dx_cpu = dx0.f, dw_cpu = dw0;
     ASSERT_EQ(run(RmsnormBackwardParams<double>{c.rows, c.C, x.d.data(), w.d.data(), rstd_d.data(),
                                                 dy.d.data(), dx_ref.data(), write, dw_ref.data()}),
               Status::ok);
     ASSERT_EQ(run(RmsnormBackwardParams<float>{c.rows, c.C, x.f.data(), w.f.data(), rstd_f.data(),
                                                dy.f.data(), dx_cpu.data(), write, dw_cpu.data()}),
               Status::ok);
-    DeviceArray<bf16> dx(n), dw(dw0.bits), dxs(x.bits), dws(w.bits), ddy(dy.bits);
+    DeviceArray<bf16> dx(n), dxs(x.bits), dws(w.bits), ddy(dy.bits);
     if (write == Write::accumulate) dx.upload(dx0.bits);
-    DeviceArray<float> rstd(rstd_f);
+    DeviceArray<float> rstd(rstd_f), dw(dw0);
     ASSERT_EQ(run_cuda(RmsnormBackwardParams<bf16>{c.rows, c.C, dxs.data(), dws.data(), rstd.data(),
                                                    ddy.data(), dx.data(), write, dw.data()}),
               Status::ok);
     expect_bf16_rule("dx", dx.download(), dx_cpu, dx_ref);
-    expect_bf16_rule("dweight", dw.download(), dw_cpu, dw_ref);
+    expect_fp32_rule("dweight", dw.download(), dw_cpu, dw_ref);
   }
 }
 
@@ -122,25 +123,26 @@ TEST_P(GpuRmsnorm, UnfusedForwardAndBackward) {
   const std::vector<float> xh_f = rng.uniform<float>(n, -2.0, 2.0);
   const std::vector<float> rs_f = rng.uniform<float>(c.rows, 0.5, 2.0);
   const std::vector<double> xh_d(xh_f.begin(), xh_f.end()), rs_d(rs_f.begin(), rs_f.end());
-  const Bf16Values dy = random_bf16(rng, n), dx0 = random_bf16(rng, n), dw0 = random_bf16(rng, c.C);
+  const Bf16Values dy = random_bf16(rng, n), dx0 = random_bf16(rng, n);
+  const std::vector<float> dw0 = rng.uniform<float>(c.C);
   for (Write write : {Write::overwrite, Write::accumulate}) {
     SCOPED_TRACE(write == Write::overwrite ? "overwrite dx" : "accumulate dx");
-    std::vector<double> dx_ref = dx0.d, dw_ref = dw0.d;
-    std::vector<float> dx_cpu = dx0.f, dw_cpu = dw0.f;
+    std::vector<double> dx_ref = dx0.d, dw_ref = cast<double>(dw0);
+    std::vector<float> dx_cpu = dx0.f, dw_cpu = dw0;
     ASSERT_EQ(run(RmsnormUnfusedBackwardParams<double>{c.rows, c.C, xh_d.data(), rs_d.data(), w.d.data(),
                                                        dy.d.data(), dx_ref.data(), write, dw_ref.data()}),
               Status::ok);
     ASSERT_EQ(run(RmsnormUnfusedBackwardParams<float>{c.rows, c.C, xh_f.data(), rs_f.data(), w.f.data(),
                                                       dy.f.data(), dx_cpu.data(), write, dw_cpu.data()}),
               Status::ok);
-    DeviceArray<float> dxh(xh_f), drs(rs_f);
-    DeviceArray<bf16> ddy(dy.bits), ddx(n), ddw(dw0.bits);
+    DeviceArray<float> dxh(xh_f), drs(rs_f), ddw(dw0);
+    DeviceArray<bf16> ddy(dy.bits), ddx(n);
     if (write == Write::accumulate) ddx.upload(dx0.bits);
     ASSERT_EQ(run_cuda(RmsnormUnfusedBackwardParams<bf16>{c.rows, c.C, dxh.data(), drs.data(), dw.data(),
                                                           ddy.data(), ddx.data(), write, ddw.data()}),
               Status::ok);
     expect_bf16_rule("dx", ddx.download(), dx_cpu, dx_ref);
-    expect_bf16_rule("dweight", ddw.download(), dw_cpu, dw_ref);
+    expect_fp32_rule("dweight", ddw.download(), dw_cpu, dw_ref);
   }
 }
 

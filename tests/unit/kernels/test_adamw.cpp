@@ -66,7 +66,7 @@ TEST_P(AdamwTest, ThreeStepsMatchFp64Reference) {
     for (size_t t = 0; t < c.sizes.size(); ++t) grads.push_back(rng.uniform<float>(c.sizes[t]));
     for (size_t t = 0; t < c.sizes.size(); ++t) {
       const bool decay = t % 2 == 0;
-      tensors.push_back({got.p[t].data(), grads[t].data(), got.m[t].data(), got.v[t].data(),
+      tensors.push_back({got.p[t].data(), nullptr, grads[t].data(), got.m[t].data(), got.v[t].data(),
                          c.sizes[t], decay ? WeightDecay::apply : WeightDecay::skip});
       reference_step(hp, c, step, decay, ref.p[t], cast<double>(grads[t]), ref.m[t], ref.v[t]);
       reference_step(hp, c, step, decay, naive.p[t], grads[t], naive.m[t], naive.v[t]);
@@ -91,7 +91,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, AdamwTest, ::testing::ValuesIn(adamw_cases()), C
 // = sign(g)), whatever the gradient's size: a check that needs no reference.
 TEST(Adamw, FirstStepMovesByLearningRate) {
   std::vector<float> p = {1.0f, -2.0f}, g = {1e-3f, -50.0f}, m = {0, 0}, v = {0, 0};
-  const AdamwTensor<float> t{p.data(), g.data(), m.data(), v.data(), 2, WeightDecay::skip};
+  const AdamwTensor<float> t{p.data(), nullptr, g.data(), m.data(), v.data(), 2, WeightDecay::skip};
   ASSERT_EQ(run(AdamwParams<float>{.tensors = {&t, 1}, .step = 1, .lr = 0.01, .eps = 0}), Status::ok);
   EXPECT_FLOAT_EQ(p[0], 0.99f);
   EXPECT_FLOAT_EQ(p[1], -1.99f);
@@ -99,7 +99,7 @@ TEST(Adamw, FirstStepMovesByLearningRate) {
 
 TEST(AdamwArgs, RejectsImpossibleParams) {
   std::vector<float> p(3), g(3), m(3), v(3);
-  const AdamwTensor<float> t{p.data(), g.data(), m.data(), v.data(), 3, WeightDecay::apply};
+  const AdamwTensor<float> t{p.data(), nullptr, g.data(), m.data(), v.data(), 3, WeightDecay::apply};
   const AdamwParams<float> ok{.tensors = {&t, 1}, .step = 1, .lr = 1e-3};
   EXPECT_TRUE(supports(ok));
   EXPECT_EQ(workspace_bytes(ok), 0);
@@ -116,7 +116,7 @@ TEST(AdamwArgs, RejectsImpossibleParams) {
   bad = ok;
   bad.lr = -1e-3;
   EXPECT_EQ(run(bad), Status::invalid_argument);
-  const AdamwTensor<float> no_grad{p.data(), nullptr, m.data(), v.data(), 3, WeightDecay::apply};
+  const AdamwTensor<float> no_grad{p.data(), nullptr, nullptr, m.data(), v.data(), 3, WeightDecay::apply};
   bad = ok;
   bad.tensors = {&no_grad, 1};
   EXPECT_EQ(run(bad), Status::invalid_argument);

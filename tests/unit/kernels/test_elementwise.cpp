@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/elementwise/elementwise.h"
+#include "kernels/elementwise/elementwise_fp32_cuda.h"
 #include "tests/unit/kernels/kernel_test_util.h"
 #include "tests/unit/kernels/op_cases.h"
 
@@ -103,7 +104,12 @@ TEST(ElementwiseArgs, RejectsImpossibleParams) {
   const SumSquaresParams<float> ok{.n = 4, .x = a.data(), .sum = &s};
   EXPECT_GE(workspace_bytes(ok), int64_t{8}) << "one partial sum per chunk";
   EXPECT_EQ(launch(ok, {}, {}), Status::invalid_argument) << "no workspace";
-  EXPECT_EQ(launch(ok, {}, Stream{Backend::cuda, nullptr}), Status::unsupported);
+  // fp32 sums of squares also run on CUDA (the main gradients of bf16
+  // training): there the missing workspace is the answer; without CUDA the backend is.
+  EXPECT_EQ(launch(ok, {}, Stream{Backend::cuda, nullptr}),
+            fp32_cuda::available() ? Status::invalid_argument : Status::unsupported);
+  const AddParams<float> add{.n = 4, .a = a.data(), .b = a.data(), .out = a.data()};
+  EXPECT_EQ(launch(add, {}, Stream{Backend::cuda, nullptr}), Status::unsupported) << "fp32 add is CPU only";
 }
 
 }  // namespace
