@@ -1,8 +1,12 @@
-// The arena's device allocator in CUDA builds.
+// The arena's device allocator and the device services of memory/device.h in
+// CUDA builds.
 #include <cuda_runtime.h>
+
+#include <cstring>
 
 #include "kernels/cuda_check.h"
 #include "memory/arena.h"
+#include "memory/device.h"
 
 namespace weft::memory {
 namespace {
@@ -41,5 +45,37 @@ class DeviceAllocator final : public Allocator {
 }  // namespace
 
 std::unique_ptr<Allocator> device_allocator() { return std::make_unique<DeviceAllocator>(); }
+
+void copy(void* dst, const void* src, int64_t bytes, kernels::Stream stream) {
+  if (bytes <= 0) return;
+  if (stream.backend == kernels::Backend::cpu) {
+    std::memcpy(dst, src, size_t(bytes));
+    return;
+  }
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyDefault,
+                             static_cast<cudaStream_t>(stream.handle)));
+}
+
+void synchronize(kernels::Stream stream) {
+  if (stream.backend == kernels::Backend::cuda)
+    CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream.handle)));
+}
+
+OwnedStream::OwnedStream(kernels::Backend backend) : stream_{backend, nullptr} {
+  if (backend != kernels::Backend::cuda) return;
+  cudaStream_t s = nullptr;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  stream_.handle = s;
+}
+
+OwnedStream::~OwnedStream() {
+  if (stream_.handle) (void)cudaStreamDestroy(static_cast<cudaStream_t>(stream_.handle));
+}
+
+DeviceMemory device_memory() {
+  size_t free = 0, total = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return {int64_t(total), int64_t(free)};
+}
 
 }  // namespace weft::memory

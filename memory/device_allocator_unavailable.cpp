@@ -1,6 +1,11 @@
 // The arena's device allocator in builds without CUDA: it refuses every
-// allocation, and its name tells the reader of the OutOfMemory why.
+// allocation, and its name tells the reader of the OutOfMemory why. The
+// device services of memory/device.h serve the CPU backend only.
+#include <cstring>
+#include <string>
+
 #include "memory/arena.h"
+#include "memory/device.h"
 
 namespace weft::memory {
 namespace {
@@ -16,5 +21,27 @@ class NoDeviceAllocator final : public Allocator {
 }  // namespace
 
 std::unique_ptr<Allocator> device_allocator() { return std::make_unique<NoDeviceAllocator>(); }
+
+namespace {
+[[noreturn]] void no_cuda(const char* what) {
+  throw InternalError(std::string(what) + " on a CUDA stream, in a build without CUDA");
+}
+}  // namespace
+
+void copy(void* dst, const void* src, int64_t bytes, kernels::Stream stream) {
+  if (stream.backend != kernels::Backend::cpu) no_cuda("memory::copy");
+  if (bytes > 0) std::memcpy(dst, src, size_t(bytes));
+}
+
+void synchronize(kernels::Stream stream) {
+  if (stream.backend != kernels::Backend::cpu) no_cuda("memory::synchronize");
+}
+
+OwnedStream::OwnedStream(kernels::Backend backend) : stream_{backend, nullptr} {
+  if (backend != kernels::Backend::cpu) no_cuda("memory::OwnedStream");
+}
+OwnedStream::~OwnedStream() = default;
+
+DeviceMemory device_memory() { no_cuda("memory::device_memory"); }
 
 }  // namespace weft::memory

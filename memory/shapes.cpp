@@ -27,8 +27,9 @@ namespace {
 constexpr int64_t kFp32 = 4;
 constexpr int64_t kInt32 = 4;
 // cuBLASLt workspace weft hands to every GEMM on a GPU (32 MiB is what cuBLAS
-// recommends for Hopper); CPU GEMMs need none.
-constexpr int64_t kGpuGemmWorkspace = 32 * MiB;
+// recommends for Hopper, plus 256 bytes to align it; kernels/gemm/gemm.cu);
+// CPU GEMMs need none.
+constexpr int64_t kGpuGemmWorkspace = 32 * MiB + 256;
 
 struct Dims {
   int64_t B, T, Tsp, C, Hl, Kl, D, Fl, Vl, a;
@@ -61,6 +62,33 @@ void norm_saved(const Dims& d, const Layout& l, const char* input, const char* r
     out.push_back({normed, Category::activations, d.B * d.Tsp * d.C, kFp32, 1});
     if (d.a != kFp32) out.push_back({upcast, Category::activations, d.B * d.Tsp * d.C, kFp32, 1});
   }
+}
+
+// On a GPU the kernels run one at a time on the stage's stream and share one
+// workspace, as large as the largest of them needs: the scratch() of each
+// family's .cu file for this stage's shapes (tests/unit/test_gpu_workspace
+// checks every one against it in CUDA builds). Bytes.
+int64_t gpu_kernel_scratch(const Dims& d, const Layout& l) {
+  auto bytes = [](int64_t n) { return ceil_div(n, 64) * 64; };
+  const int64_t rows = d.B * d.T, norm_rows = d.B * d.Tsp;
+  int64_t need = 0;
+  // attention.cu: flash keeps delta = rowsum(dO * O) and an fp32 dQ; the
+  // materialized backward dP, fp32 dK and dV, and its batched-GEMM pointers.
+  const int64_t pointers = bytes(9 * d.B * d.Hl * 8);
+  if (l.attention == AttentionKind::flash)
+    need = bytes(d.B * d.Hl * d.T * 4) + bytes(rows * d.Hl * d.D * 4);
+  else
+    need = bytes(d.B * d.Hl * d.T * d.T * 2) + 2 * bytes(rows * d.Kl * d.D * 4) + pointers;
+  // rmsnorm.cu: up to 512 partial dweight rows; the unfused backward adds
+  // g (rows, C) and mean(g * x_hat) (rows).
+  int64_t norm = bytes(std::min<int64_t>(norm_rows, 512) * d.C * 4);
+  if (l.norm == NormKind::unfused) norm += bytes(norm_rows * d.C * 4) + bytes(norm_rows * 4);
+  need = std::max(need, norm);
+  // embedding.cu: the id check, two key and two value arrays and CUB's sort.
+  need = std::max(need, 64 + 4 * bytes(rows * 4) + bytes((int64_t{64} << 10) + 8 * rows));
+  // rope.cu: the cos and sin tables.
+  need = std::max(need, 2 * bytes(d.T * (d.D / 2) * 4));
+  return need;
 }
 
 }  // namespace
@@ -199,14 +227,19 @@ std::vector<TensorShape> stage_shapes(const ModelSpec& m, const RunSpec& run, co
                "final_norm.input_fp32", fn);
     fn.push_back({"final_norm.output", Category::activations, d.B * d.Tsp * d.C, d.a, 1});
     out.insert(out.end(), fn.begin(), fn.end());
-    // Vocab-parallel loss: fp32 logits of this rank's vocab shard, overwritten
-    // in place by their gradient; per-token max and sum-exp for the reduction
-    // over tp; the loss per token and the targets.
-    out.push_back({"head.logits", Category::logits, d.B * d.T * d.Vl, kFp32, 1});
+    // Vocab-parallel loss: the logits of this rank's vocab shard in the
+    // compute type (the loss reads them in fp32 and never stores an fp32
+    // copy), overwritten in place by their gradient; per-token max and
+    // sum-exp for the reduction over tp; the loss per token and the targets.
+    // On a GPU the per-token losses of a step's micro-batches add up on the
+    // device, read once per step.
+    out.push_back({"head.logits", Category::logits, d.B * d.T * d.Vl, d.a, 1});
     out.push_back({"loss.row_max", Category::logits, d.B * d.T, kFp32, 1});
     out.push_back({"loss.row_sumexp", Category::logits, d.B * d.T, kFp32, 1});
     out.push_back({"loss.per_token", Category::logits, d.B * d.T, kFp32, 1});
     out.push_back({"loss.targets", Category::logits, d.B * d.T, kInt32, 1});
+    if (device.kind == DeviceKind::gpu)
+      out.push_back({"loss.step_sum", Category::logits, d.B * d.T, kFp32, 1});
   }
 
   // Scratch of one block's forward and backward, reused by every block.
@@ -227,19 +260,19 @@ std::vector<TensorShape> stage_shapes(const ModelSpec& m, const RunSpec& run, co
     const int64_t tiles = l.attention == AttentionKind::flash ? 2 : 1;
     const int64_t tile = piece(std::min<int64_t>(32, d.T) * d.T, kFp32);
     out.push_back({"scratch.attn_tiles", Category::workspace, d.B * d.Kl * tiles * tile, kFp32, 1});
-  } else if (l.attention == AttentionKind::flash) {  // delta = rowsum(dO * O)
-    out.push_back({"scratch.attn_delta", Category::workspace, piece(d.B * d.Hl * d.T, kFp32), kFp32, 1});
-  } else {  // dP
-    out.push_back({"scratch.d_probs", Category::workspace, piece(d.B * d.Hl * d.T * d.T, d.a), d.a, 1});
+    if (l.norm == NormKind::unfused)  // g = dy * w and mean(g * x_hat) of the unfused backward
+      out.push_back({"scratch.norm_unfused", Category::workspace,
+                     piece(d.B * d.Tsp * d.C, kFp32) + piece(d.B * d.Tsp, kFp32), kFp32, 1});
+    // RoPE's cos and sin tables, (T, D/2) each.
+    out.push_back({"scratch.rope_table", Category::workspace, 2 * piece(d.T * (d.D / 2), kFp32), kFp32, 1});
+  } else {
+    out.push_back({"scratch.kernels", Category::workspace, gpu_kernel_scratch(d, l), 1, 1});
   }
-  if (l.norm == NormKind::unfused)  // g = dy * w and mean(g * x_hat) of the unfused backward
-    out.push_back({"scratch.norm_unfused", Category::workspace,
-                   piece(d.B * d.Tsp * d.C, kFp32) + piece(d.B * d.Tsp, kFp32), kFp32, 1});
-  // RoPE's cos and sin tables, (T, D/2) each.
-  out.push_back({"scratch.rope_table", Category::workspace, 2 * piece(d.T * (d.D / 2), kFp32), kFp32, 1});
   // The gradient norm's per-chunk partial sums (one double per 2^14
   // elements, kernels/elementwise's kSumChunk), added in a fixed order.
   out.push_back({"scratch.grad_norm", Category::workspace, piece(ceil_div(psi, int64_t{1} << 14), 8), 8, 1});
+  // On a GPU the two sums (tp-sharded, tp-replicated parameters) stay on the device.
+  if (device.kind == DeviceKind::gpu) out.push_back({"scratch.grad_norm_sum", Category::workspace, 2, 8, 1});
   if (device.kind == DeviceKind::gpu)
     out.push_back({"scratch.gemm", Category::workspace, kGpuGemmWorkspace, 1, 1});
 

@@ -1,0 +1,49 @@
+// The few device-runtime services code written for both backends needs
+// besides allocation: moving bytes between host and device, waiting for a
+// stream, owning a stream, and asking the device how much memory is in use.
+// On the CPU backend a copy is a memcpy and a wait does nothing. In a build
+// without CUDA, anything asked of Backend::cuda throws weft::InternalError
+// (callers reach it only after a device was found).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "kernels/kernel.h"
+
+namespace weft::memory {
+
+// Copies `bytes` from src to dst, ordered on the stream. On CUDA either side
+// may be host or device memory (cudaMemcpyDefault); a copy into host memory
+// is complete only after synchronize(), a copy from pageable host memory may
+// reuse the source as soon as the call returns.
+void copy(void* dst, const void* src, int64_t bytes, kernels::Stream stream);
+
+// Waits until everything queued on the stream has run.
+void synchronize(kernels::Stream stream);
+
+// A non-blocking CUDA stream of the current device, destroyed with the
+// object; on the CPU backend the plain CPU stream.
+class OwnedStream {
+ public:
+  explicit OwnedStream(kernels::Backend backend);
+  ~OwnedStream();
+  OwnedStream(const OwnedStream&) = delete;
+  OwnedStream& operator=(const OwnedStream&) = delete;
+  kernels::Stream get() const { return stream_; }
+
+ private:
+  kernels::Stream stream_;
+};
+
+// The current device's memory as the driver sees it (cudaMemGetInfo): what
+// every allocation of the process takes, the CUDA context, cuBLAS and NCCL
+// workspaces included.
+struct DeviceMemory {
+  int64_t total = 0;
+  int64_t free = 0;
+  int64_t used() const { return total - free; }
+};
+DeviceMemory device_memory();
+
+}  // namespace weft::memory

@@ -1,0 +1,93 @@
+// The GPU shape table's shared kernel workspace (memory/shapes.cpp,
+// scratch.kernels) against what each CUDA kernel family asks for, on the
+// shapes the trainer launches, for several layouts. workspace_bytes only
+// reads the params, so this runs in CUDA builds without a GPU; the pointers
+// are placeholders that are never dereferenced.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "core/device_spec.h"
+#include "core/model_spec.h"
+#include "kernels/attention/attention.h"
+#include "kernels/cross_entropy/cross_entropy.h"
+#include "kernels/embedding/embedding.h"
+#include "kernels/gemm/gemm.h"
+#include "kernels/rmsnorm/rmsnorm.h"
+#include "kernels/rope/rope.h"
+#include "memory/shapes.h"
+
+namespace weft {
+namespace {
+
+using kernels::Backend;
+using kernels::bf16;
+
+int64_t table_bytes(const std::vector<memory::TensorShape>& shapes, const std::string& name) {
+  for (const auto& t : shapes)
+    if (name == t.name) return t.elements * t.element_bytes;
+  return 0;
+}
+
+class GpuWorkspace : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GpuWorkspace, EveryKernelFitsTheTable) {
+  const ModelSpec m = model_preset("llama3.2-1b");
+  const RunSpec run{2048, 16, Precision::bf16};
+  const Layout l = Layout::parse(GetParam());
+  const DeviceSpec dev = device_preset("h100");
+  const auto shapes = memory::stage_shapes(m, run, l, dev, memory::stage_plan(m, run, l, 0));
+  const int64_t have = table_bytes(shapes, "scratch.kernels");
+  ASSERT_GT(have, 0);
+  // Placeholders, 256-byte aligned as the arena's are.
+  auto* e = reinterpret_cast<bf16*>(uintptr_t{1} << 20);
+  auto* f = reinterpret_cast<float*>(uintptr_t{2} << 20);
+  auto* ids = reinterpret_cast<int32_t*>(uintptr_t{3} << 20);
+  const int64_t B = l.mb, T = run.seq, C = m.hidden, D = m.head_dim, H = m.heads / l.tp,
+                K = m.kv_heads / l.tp, V = m.vocab / l.tp, rows = B * T, norm_rows = l.sp ? rows / l.tp : rows;
+  auto fits = [&](int64_t need, const char* op) {
+    EXPECT_GT(need, 0) << op << ": the CUDA backend refused the params";
+    EXPECT_LE(need, have) << op;
+  };
+  const kernels::AttentionBackwardParams<bf16> ab{.kind = l.attention, .B = B, .T = T, .H = H, .H_kv = K,
+                                                  .D = D, .q = e, .k = e, .v = e, .out = e,
+                                                  .lse = l.attention == AttentionKind::flash ? f : nullptr,
+                                                  .probs = l.attention == AttentionKind::flash ? nullptr : e,
+                                                  .dout = e, .dq = e, .dk = e, .dv = e};
+  fits(kernels::workspace_bytes(ab, Backend::cuda), "attention backward");
+  if (l.attention == AttentionKind::materialized) {
+    const kernels::AttentionForwardParams<bf16> af{.kind = l.attention, .B = B, .T = T, .H = H, .H_kv = K,
+                                                   .D = D, .q = e, .k = e, .v = e, .out = e, .probs = e};
+    fits(kernels::workspace_bytes(af, Backend::cuda), "attention forward");
+  }
+  if (l.norm == NormKind::fused) {
+    const kernels::RmsnormBackwardParams<bf16> rb{.rows = norm_rows, .C = C, .x = e, .weight = e, .rstd = f,
+                                                  .dy = e, .dx = e, .dweight = f};
+    fits(kernels::workspace_bytes(rb, Backend::cuda), "rmsnorm backward");
+  } else {
+    const kernels::RmsnormUnfusedBackwardParams<bf16> rb{.rows = norm_rows, .C = C, .x_hat = f, .rstd = f,
+                                                         .weight = e, .dy = e, .dx = e, .dweight = f};
+    fits(kernels::workspace_bytes(rb, Backend::cuda), "rmsnorm unfused backward");
+  }
+  const kernels::EmbeddingBackwardParams<bf16> eb{.rows = rows, .C = C, .V = m.vocab, .vocab_start = 0,
+                                                  .V_local = V, .tokens = ids, .dout = e, .dtable = f};
+  fits(kernels::workspace_bytes(eb, Backend::cuda), "embedding backward");
+  const kernels::RopeParams<bf16> rope{.B = B, .T = T, .H = H, .H_kv = K, .D = D, .q = e, .k = e};
+  fits(kernels::workspace_bytes(rope, Backend::cuda), "rope");
+  const kernels::CrossEntropyLossGradParams<bf16> ce{.rows = rows, .V = m.vocab, .V_local = V, .logits = e,
+                                                     .targets = ids, .row_max = f, .sum_exp = f, .loss = f};
+  fits(kernels::workspace_bytes(ce, Backend::cuda), "cross entropy");
+  // GEMMs take the cuBLASLt workspace, scratch.gemm.
+  const auto g = kernels::linear_wgrad_gemm_acc(rows, C, m.intermediate / l.tp, e, e, f);
+  const int64_t need = kernels::workspace_bytes(g, Backend::cuda);
+  EXPECT_GT(need, 0);
+  EXPECT_LE(need, table_bytes(shapes, "scratch.gemm"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, GpuWorkspace,
+                         ::testing::Values("tp1-pp1-dp1-mb1", "tp1-pp1-dp1-mb4-attn:materialized",
+                                           "tp1-pp1-dp1-mb2-norm:unfused", "tp2-pp1-dp1-mb1-sp",
+                                           "tp1-pp1-dp1-mb1-ckpt:full-attn:materialized-norm:unfused"));
+
+}  // namespace
+}  // namespace weft
