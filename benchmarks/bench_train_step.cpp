@@ -57,7 +57,8 @@ int main(int argc, char** argv) {
 
   auto one = [&](int64_t step) {
     stage.zero_grads();
-    const double loss = stage.forward(0, tokens.data(), targets.data(), 1.0 / double(batch * seq));
+    stage.forward(0, tokens.data(), targets.data(), 1.0 / double(batch * seq));
+    const double loss = stage.take_loss();
     stage.backward(0);
     opt.step(step, loss / double(batch * seq));
   };

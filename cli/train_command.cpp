@@ -12,11 +12,15 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "core/error.h"
+#include "memory/device.h"
 #include "trainer/loop.h"
 #include "tuner/recipe.h"
 #ifdef WEFT_HAVE_MPI
 #include "trainer/parallel/comm_mpi.h"
 #include "trainer/parallel/comm_watchdog.h"
+#ifdef WEFT_HAVE_NCCL
+#include "trainer/parallel/comm_nccl.h"
+#endif
 #endif
 
 namespace weft::cli {
@@ -35,8 +39,8 @@ struct TrainArgs {
   std::string ckpt = "none";
   std::string attention = "flash";
   std::string norm = "fused";
-  std::string device = "cpu";
-  std::string precision = "fp32";
+  std::string device = "auto";
+  std::string precision = "auto";
   trainer::TrainConfig cfg;
   std::string schedule = "cosine";
   std::string layout;
@@ -63,6 +67,11 @@ int64_t env_int(std::initializer_list<const char*> names, int64_t fallback) {
   return fallback;
 }
 int64_t mpi_world_size_from_env() { return env_int({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS"}, 1); }
+int64_t local_rank_from_env() {
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
+    if (const char* s = std::getenv(v)) return std::atoll(s);
+  return 0;
+}
 int64_t local_ranks_from_env() {
   return env_int({"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"}, 1);
 }
@@ -70,14 +79,23 @@ int64_t local_ranks_from_env() {
 int run_train(TrainArgs& a) {
   trainer::TrainConfig c = a.cfg;
   c.model = a.model.resolve();
-  if (a.device != "cpu")
-    throw InputError(fmt::format("--device {} is not available in this build; valid: cpu", a.device));
-  c.device = device_preset("cpu");
-  // Ranks on one node share its cores and memory: each rank is a device.
-  c.device = cpu_rank_share(c.device, local_ranks_from_env(), c.threads);
+  // The device: a GPU when there is one (each rank on a node takes the next),
+  // else the CPU, whose cores the node's ranks share.
+  if (a.device != "auto" && a.device != "cpu" && a.device != "gpu")
+    throw InputError(fmt::format("--device {} is not valid; use auto, cpu or gpu", a.device));
+  const bool gpu = a.device == "gpu" || (a.device == "auto" && gpu_count() > 0);
+  if (gpu) {
+    if (gpu_count() == 0)
+      throw InputError("--device gpu: no CUDA device found (or this build has no CUDA); use --device cpu");
+    const int ordinal = int(local_rank_from_env() % gpu_count());
+    gpu_select(ordinal);
+    c.device = *gpu_detect(ordinal);
+  } else {
+    c.device = cpu_rank_share(device_preset("cpu"), local_ranks_from_env(), c.threads);
+  }
   c.run.seq = a.seq;
   c.run.global_batch = a.global_batch;
-  c.run.precision = precision_parse(a.precision);
+  c.run.precision = a.precision == "auto" ? (gpu ? Precision::bf16 : Precision::fp32) : precision_parse(a.precision);
   c.run.validate();
   c.layout.mb = a.mb;
   const auto at = a.ckpt.find('@');
@@ -112,6 +130,10 @@ int run_train(TrainArgs& a) {
   }
   if (tune) {
     const int64_t world = mpi_world_size_from_env();
+    if (gpu && world > 1)
+      throw InputError(fmt::format("tuning over {} GPUs is not wired yet (trials would need NCCL groups); "
+                                   "pass --layout or --recipe, or tune with one GPU per run",
+                                   world));
     tuner::SpaceLimits limits;
     for (CLI::Option* o : a.knobs) {
       if (o->count() == 0) continue;
@@ -132,6 +154,10 @@ int run_train(TrainArgs& a) {
   std::unique_ptr<parallel::CommWatchdog> watchdog;
   std::unique_ptr<parallel::ProcessGroups> groups;
   std::unique_ptr<parallel::CommWatchdog::Scope> armed;
+  // GPU runs over several ranks: NCCL groups for the tensors, ordered on the
+  // run's stream, beside the MPI groups for the host's scalars.
+  std::unique_ptr<memory::OwnedStream> stream;
+  std::unique_ptr<parallel::ProcessGroups> device_groups;
   if (c.layout.world() > 1 || under_mpi()) {
 #ifdef WEFT_HAVE_MPI
     if (!(a.comm_timeout > 0))
@@ -142,6 +168,18 @@ int run_train(TrainArgs& a) {
     armed = std::make_unique<parallel::CommWatchdog::Scope>(*watchdog, "training");
     c.groups = groups.get();
     c.watchdog = watchdog.get();
+    if (gpu) {
+#ifdef WEFT_HAVE_NCCL
+      stream = std::make_unique<memory::OwnedStream>(kernels::Backend::cuda);
+      device_groups = std::make_unique<parallel::ProcessGroups>(
+          parallel::nccl_process_groups(c.layout, stream->get().handle));
+      device_groups->host = groups.get();
+      c.groups = device_groups.get();
+      c.cuda_stream = stream->get().handle;
+#else
+      throw InputError("a GPU run over several ranks needs NCCL, which this build lacks; use --device cpu");
+#endif
+    }
 #else
     throw InputError(fmt::format("layout {} needs {} ranks, but this build has no MPI",
                                  c.layout.to_string(), c.layout.world()));
@@ -202,8 +240,10 @@ Command add_train_command(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--recipe", a->recipe, "Train with a saved recipe's layout after checking it matches");
   sub->add_flag("--force-recipe", a->force_recipe, "Use the recipe even where it does not match (warns)");
-  sub->add_option("--device", a->device, "Device to train on")->capture_default_str();
-  sub->add_option("--precision", a->precision, "fp32 (CPU)")->capture_default_str();
+  sub->add_option("--device", a->device, "Device to train on: auto (a GPU when there is one), cpu or gpu")
+      ->capture_default_str();
+  sub->add_option("--precision", a->precision, "auto (bf16 on a GPU, fp32 on the CPU), bf16 or fp32")
+      ->capture_default_str();
   sub->add_option("--steps", c.steps, "Optimizer steps")->capture_default_str();
   sub->add_option("--lr", c.optim.lr, "Peak learning rate")->capture_default_str();
   sub->add_option("--min-lr-ratio", c.optim.min_lr_ratio, "Cosine floor as a fraction of --lr")

@@ -137,6 +137,10 @@ DeviceSpec device_from_gpu(const GpuProperties& p) {
 
 #ifndef WEFT_HAVE_CUDA_RUNTIME
 std::optional<DeviceSpec> gpu_detect(int) { return std::nullopt; }
+int gpu_count() { return 0; }
+void gpu_select(int ordinal) {
+  throw InputError(fmt::format("GPU {} cannot be used: this build has no CUDA", ordinal));
+}
 #endif
 
 DeviceSpec cpu_rank_share(const DeviceSpec& machine, int64_t local_ranks, int64_t threads) {

@@ -72,6 +72,11 @@ DeviceSpec device_from_gpu(const GpuProperties& p);
 // The GPU this process would use (device `ordinal`), or nothing when the
 // build has no CUDA or the machine no GPU.
 std::optional<DeviceSpec> gpu_detect(int ordinal = 0);
+// CUDA devices this process sees (0 without CUDA, a driver or a GPU).
+int gpu_count();
+// Makes device `ordinal` this thread's current device (cudaSetDevice);
+// InputError naming the ordinal and the count when there is no such device.
+void gpu_select(int ordinal);
 
 // What one of `local_ranks` processes sharing a CPU machine gets when each runs
 // `threads` threads (0: an equal share of the cores): its cores' part of the

@@ -2,7 +2,10 @@
 // answers "no GPU" otherwise).
 #include <cuda_runtime.h>
 
+#include <fmt/format.h>
+
 #include "core/device_spec.h"
+#include "core/error.h"
 
 namespace weft {
 
@@ -25,6 +28,24 @@ std::optional<DeviceSpec> gpu_detect(int ordinal) {
   if (cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, ordinal) == cudaSuccess) p.clock_hz = khz * 1e3;
   if (cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, ordinal) == cudaSuccess) p.memory_clock_hz = khz * 1e3;
   return device_from_gpu(p);
+}
+
+int gpu_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+void gpu_select(int ordinal) {
+  const int count = gpu_count();
+  if (ordinal < 0 || ordinal >= count || cudaSetDevice(ordinal) != cudaSuccess) {
+    cudaGetLastError();
+    throw InputError(fmt::format("GPU {} cannot be used: this machine has {} (valid: 0..{})", ordinal,
+                                 count, count - 1));
+  }
 }
 
 }  // namespace weft

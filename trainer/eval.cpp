@@ -59,7 +59,8 @@ EvalResult evaluate(const EvalConfig& c, std::FILE* log) {
   for (int64_t i = 0; i < c.samples; ++i) {
     loader.batch(i, 1, tokens.data(), targets.data());
     stage.capture_logits(i == 0 && !c.dump_dir.empty() ? &logits : nullptr);
-    loss += stage.forward(0, tokens.data(), targets.data(), 0.0);
+    stage.forward(0, tokens.data(), targets.data(), 0.0);
+    loss += stage.take_loss();
     if (i == 0 && !c.dump_dir.empty()) {
       npy_write(c.dump_dir + "/tokens.npy", tokens.data(), "<i4", {run.seq});
       npy_write(c.dump_dir + "/logits.npy", logits.data(), "<f4", {run.seq, m.vocab});

@@ -17,6 +17,7 @@
 #include "core/json_io.h"
 #include "core/pipeline_schedule.h"
 #include "core/units.h"
+#include "memory/device.h"
 #include "memory/estimate.h"
 #include "trainer/checkpoint/checkpoint.h"
 #include "trainer/data/corpus.h"
@@ -80,29 +81,16 @@ void check_trainable(const Layout& l, const ModelSpec& m) {
   if (l.zero == 2 && l.dp > 1 && m.tied_embeddings) no("ZeRO-2 with tied embeddings");
 }
 
-TrainReport train(const TrainConfig& c, std::FILE* log_all) {
-  c.model.validate();
-  c.run.validate();
-  c.optim.validate();
-  const int64_t world = c.groups ? c.groups->world->size() : 1;
-  c.layout.validate(c.model, c.run, world);
-  check_trainable(c.layout, c.model);
-  const bool rank0 = !c.groups || c.groups->world->rank() == 0;
-  // Only world rank 0 reports; the others write their progress nowhere.
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> devnull(std::fopen("/dev/null", "w"), &std::fclose);
-  std::FILE* log = rank0 ? log_all : devnull.get();
-  if (c.steps < 1) throw InputError(fmt::format("--steps {} must be at least 1", c.steps));
-  if (c.run.precision != Precision::fp32)
-    throw InputError("the CPU trainer runs in fp32; pass --precision fp32 (bf16 needs a GPU)");
-  if (c.log_every < 1) throw InputError(fmt::format("--log-every {} must be at least 1", c.log_every));
-  set_threads(c.threads);
+namespace {
 
-  const std::string data_path = c.data.empty() ? data::default_corpus_dir() : c.data;
-  data::TokenData data = data::token_data_open(data_path);
-  data::token_data_validate(data, c.model.vocab, c.run.seq);
-  fs::create_directories(c.out_dir);
-
-  Run run(c, std::move(data));
+// The run itself, on the CPU (float) or the current GPU (bf16).
+template <typename Elem>
+TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t world,
+                     const std::string& data_path, data::TokenData data) {
+  // On a GPU the driver's count of used memory before the run, so the run's
+  // own share (arena, CUDA context, cuBLAS and NCCL workspaces) can be shown.
+  const int64_t device_before = Run<Elem>::kDevice ? memory::device_memory().used() : 0;
+  Run<Elem> run(c, std::move(data));
   TrainReport report;
   report.baseline = data::token_data_baseline(run.data);
   memory::MemoryOptions all;
@@ -119,7 +107,7 @@ TrainReport train(const TrainConfig& c, std::FILE* log_all) {
     done = run.load(resume);
     fmt::print(log, "resumed from {} at step {}\n", resume, done);
   } else {
-    run.stage.init_weights(c.seed);
+    run.init(c.seed);
   }
   if (rank0) run.metrics.open(fs::path(c.out_dir) / "metrics.jsonl", std::ios::app);
 
@@ -142,7 +130,7 @@ TrainReport train(const TrainConfig& c, std::FILE* log_all) {
   for (int64_t step = done + 1; step <= c.steps; ++step) {
     // Every rank stops at the same step: the signal may reach them apart.
     int32_t stop = c.stop && c.stop->load() ? 1 : 0;
-    run.groups.world->all_reduce(&stop, 1, parallel::ReduceOp::max);
+    run.groups.host_groups().world->all_reduce(&stop, 1, parallel::ReduceOp::max);
     if (stop) {
       report.interrupted = true;
       break;
@@ -151,6 +139,9 @@ TrainReport train(const TrainConfig& c, std::FILE* log_all) {
     const double comm0 = c.watchdog ? c.watchdog->comm_seconds() : 0.0;
     const double loss = run.step_loss(step - 1);
     const StepStats s = run.optim.step(step, loss);
+    // The host waits once per step (the loss and the gradient norm above
+    // already did): the update belongs to this step's time.
+    memory::synchronize(run.stage.stream());
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     window_comm += c.watchdog ? c.watchdog->comm_seconds() - comm0 : 0.0;
     lr = s.lr;
@@ -195,7 +186,9 @@ TrainReport train(const TrainConfig& c, std::FILE* log_all) {
     if (c.ckpt_every > 0 && step % c.ckpt_every == 0 && step != c.steps) report.checkpoint = run.save(step, lr);
   }
   (void)t_start;
-  if (report.last_step > 0 && report.last_step >= report.first_step) {
+  if (Run<Elem>::kDevice) {
+    fmt::print(log, "no checkpoint: a bf16 GPU run does not write checkpoints yet\n");
+  } else if (report.last_step > 0 && report.last_step >= report.first_step) {
     report.checkpoint = run.save(report.last_step, lr);
     fmt::print(log, "{}checkpoint {}\n", report.interrupted ? "stopped early; " : "", report.checkpoint);
   }
@@ -209,6 +202,15 @@ TrainReport train(const TrainConfig& c, std::FILE* log_all) {
                      .dump()
               << "\n";
   report.measured = run.arena.peaks();
+  if constexpr (Run<Elem>::kDevice) {
+    // The runtime's share is what the driver counts beyond the arena; the
+    // memory model's "overhead" category predicts it.
+    const int64_t used = memory::device_memory().used() - device_before;
+    const int64_t arena = run.arena.reserved() > 0 ? run.arena.reserved() : run.arena.in_use_total();
+    report.measured[size_t(memory::Category::overhead)] = std::max<int64_t>(0, used - arena);
+    fmt::print(log, "device memory: {} in use by this run (cudaMemGetInfo), arena peak {}\n",
+               format_bytes(double(used)), format_bytes(double(run.arena.peak_total())));
+  }
   fmt::print(log, "{}", memory_table(report, c.device));
   // Every rank records its measured peaks beside the memory model's
   // prediction for its stage, so multi-rank runs can be checked stage by stage.
@@ -223,5 +225,42 @@ TrainReport train(const TrainConfig& c, std::FILE* log_all) {
                     mj.dump(1) + "\n");
   return report;
 }
+
+}  // namespace
+
+TrainReport train(const TrainConfig& c, std::FILE* log_all) {
+  c.model.validate();
+  c.run.validate();
+  c.optim.validate();
+  const int64_t world = c.groups ? c.groups->world->size() : 1;
+  c.layout.validate(c.model, c.run, world);
+  check_trainable(c.layout, c.model);
+  const bool rank0 = !c.groups || c.groups->world->rank() == 0;
+  // Only world rank 0 reports; the others write their progress nowhere.
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> devnull(std::fopen("/dev/null", "w"), &std::fclose);
+  std::FILE* log = rank0 ? log_all : devnull.get();
+  if (c.steps < 1) throw InputError(fmt::format("--steps {} must be at least 1", c.steps));
+  const bool gpu = c.device.kind == DeviceKind::gpu;
+  if (!gpu && c.run.precision != Precision::fp32)
+    throw InputError(fmt::format("precision {}: the CPU trainer runs in fp32; pass --precision fp32 "
+                                 "(bf16 needs a GPU)", to_string(c.run.precision)));
+  if (gpu && c.run.precision != Precision::bf16)
+    throw InputError(fmt::format("precision {}: the GPU trainer runs in bf16 with fp32 master weights; "
+                                 "pass --precision bf16, or --device cpu for fp32",
+                                 to_string(c.run.precision)));
+  if (gpu && (c.ckpt_every > 0 || c.resume || !c.resume_from.empty()))
+    throw InputError("checkpoints of a bf16 GPU run are not written or read yet; pass --ckpt-every 0 "
+                     "and no --resume, or --device cpu");
+  if (c.log_every < 1) throw InputError(fmt::format("--log-every {} must be at least 1", c.log_every));
+  set_threads(c.threads);
+
+  const std::string data_path = c.data.empty() ? data::default_corpus_dir() : c.data;
+  data::TokenData data = data::token_data_open(data_path);
+  data::token_data_validate(data, c.model.vocab, c.run.seq);
+  fs::create_directories(c.out_dir);
+  if (gpu) return train_on<kernels::bf16>(c, log, rank0, world, data_path, std::move(data));
+  return train_on<float>(c, log, rank0, world, data_path, std::move(data));
+}
+
 
 }  // namespace weft::trainer

@@ -63,7 +63,9 @@ struct TrialState {
   memory::Arena arena;
   std::unique_ptr<parallel::ProcessGroups> groups;
   std::unique_ptr<parallel::CommWatchdog> watchdog;
-  std::unique_ptr<Run> run;
+  // One of the two: the trial on the CPU (fp32) or on the GPU (bf16).
+  std::unique_ptr<Run<float>> cpu_run;
+  std::unique_ptr<Run<kernels::bf16>> gpu_run;
 
   explicit TrialState(std::unique_ptr<memory::Allocator> a) : arena(std::move(a)) {}
 };
@@ -116,9 +118,11 @@ TrialOutcome profile_layout(const ProfileConfig& pc, parallel::Comm& control, co
   }
   // The refuse_memory fault makes the host refuse any block over 1 MiB, as a
   // full device would refuse the reservation.
+  const bool gpu = pc.train.device.kind == DeviceKind::gpu;
+  auto memory_from = [&] { return gpu ? memory::device_allocator() : memory::host_allocator(); };
   auto st = std::make_unique<TrialState>(pc.fault == TrialFault::refuse_memory
-                                             ? memory::limited_allocator(int64_t{1} << 20, memory::host_allocator())
-                                             : memory::host_allocator());
+                                             ? memory::limited_allocator(int64_t{1} << 20, memory_from())
+                                             : memory_from());
   st->cfg = pc.train;
   TrainConfig& cfg = st->cfg;
   TrialOutcome out;
@@ -160,8 +164,13 @@ TrialOutcome profile_layout(const ProfileConfig& pc, parallel::Comm& control, co
       }
       const std::string data_path = cfg.data.empty() ? data::default_corpus_dir() : cfg.data;
       data::TokenData data = data::token_data_open(data_path);
-      st->run = std::make_unique<Run>(cfg, std::move(data), &st->arena);
-      st->run->stage.init_weights(cfg.seed);
+      if (gpu) {
+        st->gpu_run = std::make_unique<Run<kernels::bf16>>(cfg, std::move(data), &st->arena);
+        st->gpu_run->init(cfg.seed);
+      } else {
+        st->cpu_run = std::make_unique<Run<float>>(cfg, std::move(data), &st->arena);
+        st->cpu_run->init(cfg.seed);
+      }
     } catch (const memory::OutOfMemory& e) {
       mine = {TrialStatus::out_of_memory, e.what()};
     } catch (const std::exception& e) {
@@ -172,8 +181,8 @@ TrialOutcome profile_layout(const ProfileConfig& pc, parallel::Comm& control, co
     all = agree(control, mine);
   }
 
-  if (all.status == TrialStatus::ok) {
-    Run& run = *st->run;
+  // The timed steps, for either run.
+  auto timed_steps = [&](auto& run) {
     if (st->watchdog) st->watchdog->arm(fmt::format("trial {}", cfg.layout.to_string()));
     // Timed steps run until there are `timed_steps` of them and they took
     // `min_timed_s` (short steps are noisy), up to `max_timed_steps`; the
@@ -188,6 +197,7 @@ TrialOutcome profile_layout(const ProfileConfig& pc, parallel::Comm& control, co
         const auto t0 = Clock::now();
         const double loss = run.step_loss(i);
         run.optim.step(i + 1, loss);
+        memory::synchronize(run.stage.stream());  // the update is part of the step
         const double dt = seconds_since(t0);
         if (i >= pc.warmup_steps) {
           times.push_back(dt);
@@ -199,7 +209,7 @@ TrialOutcome profile_layout(const ProfileConfig& pc, parallel::Comm& control, co
         std::array<int32_t, 2> flags{
             n < pc.timed_steps || (timed < pc.min_timed_s && n < pc.max_timed_steps) ? 1 : 0,
             pc.time_limit_s > 0 && seconds_since(t_start) > pc.time_limit_s ? 1 : 0};
-        run.groups.world->all_reduce(flags.data(), 2, parallel::ReduceOp::max);
+        run.groups.host_groups().world->all_reduce(flags.data(), 2, parallel::ReduceOp::max);
         if (!flags[0]) break;
         if (flags[1]) {
           mine = {TrialStatus::timeout, fmt::format("past the trial time limit of {:g} s after {} steps",
@@ -221,6 +231,12 @@ TrialOutcome profile_layout(const ProfileConfig& pc, parallel::Comm& control, co
     if (abandoned) st->cancel.store(true);  // no request may wait on a peer that left
     all = agree(control, mine);
     if (st->watchdog) st->watchdog->disarm();
+  };
+  if (all.status == TrialStatus::ok) {
+    if (gpu)
+      timed_steps(*st->gpu_run);
+    else
+      timed_steps(*st->cpu_run);
   }
 
   // Measurements, agreed: the slowest rank's median step and every rank's peak.

@@ -16,6 +16,7 @@
 
 #include "core/pipeline_schedule.h"
 #include "memory/arena.h"
+#include "memory/device.h"
 #include "trainer/checkpoint/checkpoint.h"
 #include "trainer/data/loader.h"
 #include "trainer/data/token_data.h"
@@ -26,15 +27,22 @@ namespace weft::trainer {
 
 namespace fs = std::filesystem;
 
-// One training run's state on this rank.
+// One training run's state on this rank: Run<float> on the CPU, Run<bf16> on
+// the current CUDA device (its own stream, tensors in device memory).
+template <typename Elem>
 struct Run {
+  static constexpr bool kDevice = std::is_same_v<Elem, kernels::bf16>;
   const TrainConfig& c;
+  // The run's stream: the one its groups were built for, or its own.
+  memory::OwnedStream own_stream{kDevice && !c.cuda_stream ? kernels::Backend::cuda : kernels::Backend::cpu};
+  kernels::Stream stream = kDevice && c.cuda_stream ? kernels::Stream{kernels::Backend::cuda, c.cuda_stream}
+                                                    : own_stream.get();
   std::unique_ptr<memory::Arena> own_arena;
   memory::Arena& arena;  // own_arena, or one the caller reserved up front
   parallel::ProcessGroups own_groups;
   parallel::ProcessGroups& groups;
-  LlamaStage<float> stage;
-  Optimizer<float> optim;
+  LlamaStage<Elem> stage;
+  Optimizer<Elem> optim;
   data::TokenData data;
   std::unique_ptr<data::Loader> loader, val_loader;
   std::ofstream metrics;
@@ -42,16 +50,25 @@ struct Run {
   std::unique_ptr<parallel::CommRequest> send_act, send_grad;
 
   Run(const TrainConfig& cfg, data::TokenData d, memory::Arena* external = nullptr)
-      : c(cfg), own_arena(external ? nullptr : std::make_unique<memory::Arena>()),
+      : c(cfg),
+        own_arena(external ? nullptr
+                           : std::make_unique<memory::Arena>(kDevice ? memory::device_allocator()
+                                                                     : memory::host_allocator())),
         arena(external ? *external : *own_arena), own_groups(cfg.groups ? parallel::ProcessGroups{} : parallel::single_process_groups()),
         groups(cfg.groups ? *cfg.groups : own_groups),
-        stage(cfg.model, cfg.run, cfg.layout, groups.pp_rank(), cfg.device, arena, groups),
+        stage(cfg.model, cfg.run, cfg.layout, groups.pp_rank(), cfg.device, arena, groups, stream),
         optim(stage, cfg.optim), data(std::move(d)) {
     loader = std::make_unique<data::Loader>(*data.train, c.run.seq, c.seed);
     if (data.val) val_loader = std::make_unique<data::Loader>(data::validation_loader(*data.val, c.run.seq));
     const int64_t rows = c.layout.mb * c.run.seq;
     tokens.resize(size_t(rows));
     targets.resize(size_t(rows));
+  }
+
+  // A fresh model from the seed (layout-independent).
+  void init(uint64_t seed) {
+    stage.init_weights(seed);
+    optim.reset_master();
   }
 
   bool first() const { return stage.plan().has_embedding; }
@@ -61,11 +78,11 @@ struct Run {
   // Micro-batch j of this dp replica reads global samples
   // first_sample + dp_rank * (global_batch / dp) + j * mb + [0, mb): the
   // global batch is the same whatever the layout.
-  double micro_forward(int64_t first_sample, int64_t j, int64_t slot, double scale, int64_t chunk) {
+  void micro_forward(int64_t first_sample, int64_t j, int64_t slot, double scale, int64_t chunk) {
     const int64_t per_replica = c.run.global_batch / c.layout.dp;
     loader->batch(first_sample + groups.dp_rank() * per_replica + j * c.layout.mb, c.layout.mb,
                   tokens.data(), targets.data());
-    return stage.forward(slot, tokens.data(), targets.data(), scale, chunk);
+    stage.forward(slot, tokens.data(), targets.data(), scale, chunk);
   }
 
   // Message tags: micro-batch, the receiver's model chunk, and the direction.
@@ -95,7 +112,6 @@ struct Run {
       return it->second;
     };
     stage.zero_grads();
-    double loss = 0;
     for (const PipeOp& op : pipeline_schedule(pp_size, c.layout.vpp, m, s)) {
       const int64_t mb = op.micro_batch, ch = op.chunk;
       switch (op.kind) {
@@ -104,7 +120,7 @@ struct Run {
           break;
         case PipeOpKind::forward:
           if (send_act) send_act->wait();  // the output buffer is about to be rewritten
-          loss += micro_forward(step0 * gb, mb, slot_for(mb, ch), scale, ch);
+          micro_forward(step0 * gb, mb, slot_for(mb, ch), scale, ch);
           break;
         case PipeOpKind::send_forward:
           send_act = pp.isend(stage.stage_output(), act_count(), op.peer,
@@ -137,7 +153,8 @@ struct Run {
     optim.reduce_grads();
     // The logging all-reduce: only the last stage holds losses, split over tp
     // (each rank the rows whose target is in its vocab shard) and dp.
-    groups.world->all_reduce(&loss, 1);
+    double loss = stage.take_loss();
+    groups.host_groups().world->all_reduce(&loss, 1);
     return loss * scale;
   }
 
@@ -157,16 +174,18 @@ struct Run {
         if (v % pp_size != s) continue;
         if (v > 0) pp.recv(stage.stage_input(0), act_count(), (s + pp_size - 1) % pp_size, 2 * (j * pp_size * vpp + v));
         val_loader->batch(groups.dp_rank() * rounds * mb + j * mb, mb, tokens.data(), targets.data());
-        loss += stage.forward(0, tokens.data(), targets.data(), 0.0, v / pp_size);
+        stage.forward(0, tokens.data(), targets.data(), 0.0, v / pp_size);
+        loss += stage.take_loss();
         if (v + 1 < pp_size * vpp)
           pp.send(stage.stage_output(), act_count(), (s + 1) % pp_size, 2 * (j * pp_size * vpp + v + 1));
       }
     }
-    groups.world->all_reduce(&loss, 1);
+    groups.host_groups().world->all_reduce(&loss, 1);
     return loss / double(rounds * mb * dp * c.run.seq);
   }
 
   std::string save(int64_t step, double lr) {
+    if constexpr (kDevice) no_device_checkpoints();
     SaveInfo info;
     info.step = step;
     info.data_position = step * c.run.global_batch;
@@ -181,12 +200,13 @@ struct Run {
     const std::string dir =
         (fs::path(c.ckpt_dir.empty() ? c.out_dir + "/checkpoints" : c.ckpt_dir) /
          checkpoint::checkpoint_dir_name(step)).string();
-    state_save(dir, stage, optim, info);
+    if constexpr (!kDevice) state_save(dir, stage, optim, info);
     return dir;
   }
 
   // Loads weights, optimizer state and counters; returns the completed step.
   int64_t load(const std::string& dir) {
+    if constexpr (kDevice) no_device_checkpoints();
     const auto ck = checkpoint::load_checkpoint(dir);
     checkpoint::check_compatible(ck.manifest, c.model, dir);
     const auto& run = ck.manifest.run;
@@ -197,8 +217,14 @@ struct Run {
           "and global batch {}; resume with the same values",
           dir, run.value("seq", int64_t{0}), run.value("global_batch", int64_t{0}), c.run.seq,
           c.run.global_batch));
-    state_load(ck, stage, &optim);
+    if constexpr (!kDevice) state_load(ck, stage, &optim);
     return ck.manifest.step;
+  }
+
+  [[noreturn]] static void no_device_checkpoints() {
+    throw InputError(
+        "checkpoints of a bf16 GPU run are not written or read yet (the fp32 master weights are "
+        "not in the checkpoint format); pass --ckpt-every 0 and no --resume, or --device cpu");
   }
 };
 

@@ -8,6 +8,7 @@
 #include <span>
 #include <string>
 #include <cstring>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -20,6 +21,7 @@
 #include "kernels/rmsnorm/rmsnorm.h"
 #include "kernels/rope/rope.h"
 #include "kernels/swiglu/swiglu.h"
+#include "memory/device.h"
 #include "trainer/model/op_run.h"
 
 namespace weft::trainer {
@@ -46,7 +48,7 @@ struct LlamaStage<Elem>::Block {
   Checkpointing mode = Checkpointing::none;
   // Parameters and their gradients.
   const Elem *w_attn_norm, *wq, *wk, *wv, *wo, *w_mlp_norm, *wg, *wu, *wd;
-  Elem *g_attn_norm, *gq, *gk, *gv, *go, *g_mlp_norm, *gg, *gu, *gd;
+  A *g_attn_norm, *gq, *gk, *gv, *go, *g_mlp_norm, *gg, *gu, *gd;
   // Activations (nullptr where the layout has none).
   Elem* x_in;
   A* rstd1;
@@ -63,19 +65,23 @@ struct LlamaStage<Elem>::Block {
 template <typename Elem>
 LlamaStage<Elem>::LlamaStage(const ModelSpec& m, const RunSpec& run, const Layout& l, int64_t stage,
                              const DeviceSpec& device, memory::Arena& arena,
-                             parallel::ProcessGroups& groups)
+                             parallel::ProcessGroups& groups, kernels::Stream stream)
     : m_(m), run_(run), l_(l), plan_(memory::stage_plan(m, run, l, stage)),
-      params_(stage_params(m, l, plan_, groups.tp_rank())), groups_(groups) {
+      params_(stage_params(m, l, plan_, groups.tp_rank())), groups_(groups), stream_(stream) {
+  if (std::is_same_v<Elem, kernels::bf16> != on_device() || on_device() != (device.kind == DeviceKind::gpu))
+    throw InternalError(fmt::format("a {}-byte stage on a {} stream for device {}", sizeof(Elem),
+                                    on_device() ? "CUDA" : "CPU", device.name));
   M_ = l.mb * run.seq;
   Msp_ = l.sp ? M_ / l.tp : M_;
   Lc_ = plan_.layers / l.vpp;
   table_ = std::make_unique<TensorTable>(memory::stage_shapes(m, run, l, device, plan_), arena,
                                          sizeof(Elem) == 8);
   weights_ = table_->get<Elem>("weights.flat");
-  grads_ = table_->get<Elem>("grads.flat");
+  grads_ = table_->get<A>("grads.flat");
+  if (table_->has("loss.step_sum")) loss_device_ = table_->get<A>("loss.step_sum");
   zero2_ = l.dp > 1 && l.zero >= 2;
   if (zero2_) {
-    bucket_ = table_->get<Elem>("comm.dp_grad_bucket");
+    bucket_ = table_->get<A>("comm.dp_grad_bucket");
     bucket_elements_ = table_->elements("comm.dp_grad_bucket");
     const int64_t psi = params_.elements, shard = (psi + l.dp - 1) / l.dp;
     for (int64_t r = 0; r < l.dp; ++r)
@@ -174,33 +180,66 @@ typename LlamaStage<Elem>::Block LlamaStage<Elem>::block(int64_t slot, int64_t c
   return b;
 }
 
+template <typename P>
+inline constexpr bool kIsGemm = false;
+template <typename E>
+inline constexpr bool kIsGemm<kernels::GemmParams<E>> = true;
+template <typename E>
+inline constexpr bool kIsGemm<kernels::GemmAccParams<E>> = true;
+
 template <typename Elem>
-kernels::Workspace LlamaStage<Elem>::scratch(const char* name, int64_t need) {
-  if (need == 0) return {};
-  const int64_t have = table_->elements(name) * (sizeof(Elem) == 8 ? 8 : 4);
-  if (need > have)
-    throw InternalError(fmt::format("kernel workspace {} needs {} bytes, the shape table has {}",
-                                    name, need, have));
-  return {table_->get<std::byte>(name), have};
+template <typename P>
+void LlamaStage<Elem>::run(const P& p, const char* op, const char* cpu_scratch) {
+  kernels::Workspace ws;
+  if (const int64_t need = kernels::workspace_bytes(p, stream_.backend); need > 0) {
+    const char* name = !on_device() ? cpu_scratch : kIsGemm<P> ? "scratch.gemm" : "scratch.kernels";
+    const int64_t have = name && table_->has(name) ? table_->bytes(name) : 0;
+    if (need > have)
+      throw InternalError(fmt::format("kernel workspace of {} needs {} bytes, the shape table's {} has {}",
+                                      op, need, name ? name : "(none)", have));
+    ws = {table_->get<std::byte>(name), have};
+  }
+  trainer::run(p, ws, op, stream_);
 }
 
 template <typename Elem>
+void LlamaStage<Elem>::copy(void* dst, const void* src, int64_t bytes) {
+  memory::copy(dst, src, bytes, stream_);
+}
+
+namespace {
+
+template <typename Elem>
+Elem to_elem(double v) {
+  if constexpr (std::is_same_v<Elem, kernels::bf16>)
+    return kernels::float_to_bf16(float(v));
+  else
+    return Elem(v);
+}
+
+}  // namespace
+
+template <typename Elem>
 void LlamaStage<Elem>::init_weights(uint64_t seed) {
+  // Built on the host a parameter at a time, then copied (on the CPU, into place).
+  std::vector<Elem> host;
   for (const auto& p : params_.specs) {
-    Elem* w = weights_ + p.offset;
+    host.resize(size_t(p.local_elements()));
     for (int64_t r = 0; r < p.local_rows; ++r)
       for (int64_t c = 0; c < p.local_cols; ++c)
-        w[r * p.local_cols + c] = Elem(param_init_value(p, seed, p.row_begin + r, p.col_begin + c));
+        host[size_t(r * p.local_cols + c)] = to_elem<Elem>(param_init_value(p, seed, p.row_begin + r, p.col_begin + c));
+    copy(weights_ + p.offset, host.data(), p.local_elements() * int64_t(sizeof(Elem)));
+    memory::synchronize(stream_);  // before the host buffer is rewritten
   }
 }
 
 template <typename Elem>
 void LlamaStage<Elem>::zero_grads() {
-  run(kernels::FillParams<Elem>{.n = table_->elements("grads.flat"), .value = 0.0, .x = grads_}, "fill");
+  run(kernels::FillParams<A>{.n = table_->elements("grads.flat"), .value = 0.0, .x = grads_}, "fill");
 }
 
 template <typename Elem>
-Elem* LlamaStage<Elem>::grad_at(int64_t flat) {
+typename LlamaStage<Elem>::A* LlamaStage<Elem>::grad_at(int64_t flat) {
   if (!zero2_) return grads_ + flat;
   // Only the group being back-propagated has gradients (elsewhere, e.g. the
   // forward's block views, there are none to point at).
@@ -214,7 +253,7 @@ void LlamaStage<Elem>::group_begin(int64_t begin, int64_t end) {
   WEFT_ASSERT(end - begin <= bucket_elements_);
   group_begin_ = begin;
   group_end_ = end;
-  run(kernels::FillParams<Elem>{.n = end - begin, .value = 0.0, .x = bucket_}, "fill");
+  run(kernels::FillParams<A>{.n = end - begin, .value = 0.0, .x = bucket_}, "fill");
 }
 
 template <typename Elem>
@@ -231,8 +270,8 @@ void LlamaStage<Elem>::group_end() {
   groups_.dp->reduce_scatter_v(bucket_, bucket_, std::span<const int64_t>(counts));
   const int64_t mine = counts[size_t(groups_.dp_rank())];
   if (mine > 0) {
-    Elem* dst = grads_ + (std::max(group_begin_, shard_lo_) - shard_lo_);
-    run(kernels::AxpyParams<Elem>{.n = mine, .alpha = 1.0, .x = bucket_, .y = dst}, "axpy");
+    A* dst = grads_ + (std::max(group_begin_, shard_lo_) - shard_lo_);
+    run(kernels::AxpyParams<A>{.n = mine, .alpha = 1.0, .x = bucket_, .y = dst}, "axpy");
   }
   group_begin_ = group_end_ = 0;
 }
@@ -260,7 +299,7 @@ void LlamaStage<Elem>::norm_forward(const Elem* x, const Elem* residual, Elem* s
 
 template <typename Elem>
 void LlamaStage<Elem>::norm_backward(const Elem* x, const A* x_hat, const A* rstd, const Elem* w,
-                                     const Elem* dy, Elem* dx, Write write, Elem* dw) {
+                                     const Elem* dy, Elem* dx, Write write, A* dw) {
   const int64_t C = m_.hidden;
   if (l_.norm == NormKind::fused) {
     run(kernels::RmsnormBackwardParams<Elem>{.rows = Msp_, .C = C, .x = x, .weight = w, .rstd = rstd,
@@ -271,7 +310,7 @@ void LlamaStage<Elem>::norm_backward(const Elem* x, const A* x_hat, const A* rst
   const kernels::RmsnormUnfusedBackwardParams<Elem> p{.rows = Msp_, .C = C, .x_hat = x_hat,
                                                       .rstd = rstd, .weight = w, .dy = dy,
                                                       .dx = dx, .dx_write = write, .dweight = dw};
-  run(p, scratch("scratch.norm_unfused", kernels::workspace_bytes(p)), "rmsnorm_unfused_backward");
+  run(p, "rmsnorm_unfused_backward", "scratch.norm_unfused");
 }
 
 template <typename Elem>
@@ -292,14 +331,14 @@ void LlamaStage<Elem>::block_forward(const Block& b, Elem* x_out, bool recompute
                                          .T = run_.seq, .H = Hl, .H_kv = Kl, .D = D,
                                          .position_offset = 0, .theta = m_.rope_theta, .q = b.q,
                                          .k = b.k};
-    run(rope, scratch("scratch.rope_table", kernels::workspace_bytes(rope)), "rope_forward");
+    run(rope, "rope_forward", "scratch.rope_table");
   }
   if (full || b.mode == Checkpointing::selective) {
     const kernels::AttentionForwardParams<Elem> attn{.kind = l_.attention, .B = l_.mb,
                                                      .T = run_.seq, .H = Hl, .H_kv = Kl, .D = D,
                                                      .q = b.q, .k = b.k, .v = b.v, .out = b.out,
                                                      .lse = b.lse, .probs = b.probs};
-    run(attn, scratch("scratch.attn_tiles", kernels::workspace_bytes(attn)), "attention_forward");
+    run(attn, "attention_forward", "scratch.attn_tiles");
   }
   if (full) {
     run(kernels::linear_forward_gemm(M_, Hl * D, C, b.out, b.wo, lin), "gemm o");
@@ -350,45 +389,44 @@ void LlamaStage<Elem>::block_backward(const Block& b, Elem* dx) {
   // the forward's reduce-scatter gathers them.
   const Elem* dxo = gathered(dx, lin);
   run(kernels::linear_dgrad_gemm(M_, Fl, C, dxo, b.wd, d_act), "gemm down dgrad");
-  run(kernels::linear_wgrad_gemm(M_, Fl, C, dxo, b.act, b.gd), "gemm down wgrad");
+  run(kernels::linear_wgrad_gemm_acc(M_, Fl, C, dxo, b.act, b.gd), "gemm down wgrad");
   run(kernels::SwigluBackwardParams<Elem>{.rows = M_, .F = Fl, .gate = b.gate, .up = b.up,
                                           .dact = d_act, .dgate = d_gate, .dup = d_up},
       "swiglu_backward");
   run(kernels::linear_dgrad_gemm(M_, C, Fl, d_gate, b.wg, d_norm), "gemm gate dgrad");
   run(kernels::linear_dgrad_gemm(M_, C, Fl, d_up, b.wu, d_norm, Write::accumulate), "gemm up dgrad");
   const Elem* ln2 = gathered(b.ln2, all_rows);  // re-gathered for the weight gradients
-  run(kernels::linear_wgrad_gemm(M_, C, Fl, d_gate, ln2, b.gg), "gemm gate wgrad");
-  run(kernels::linear_wgrad_gemm(M_, C, Fl, d_up, ln2, b.gu), "gemm up wgrad");
+  run(kernels::linear_wgrad_gemm_acc(M_, C, Fl, d_gate, ln2, b.gg), "gemm gate wgrad");
+  run(kernels::linear_wgrad_gemm_acc(M_, C, Fl, d_up, ln2, b.gu), "gemm up wgrad");
   reduce_rows(d_norm);  // column-parallel input
   norm_backward(b.x_mid, b.xhat2, b.rstd2, b.w_mlp_norm, d_norm, dx, Write::accumulate, b.g_mlp_norm);
 
   // Attention.
   const Elem* dxm = gathered(dx, lin);
   run(kernels::linear_dgrad_gemm(M_, Hl * D, C, dxm, b.wo, d_out), "gemm o dgrad");
-  run(kernels::linear_wgrad_gemm(M_, Hl * D, C, dxm, b.out, b.go), "gemm o wgrad");
+  run(kernels::linear_wgrad_gemm_acc(M_, Hl * D, C, dxm, b.out, b.go), "gemm o wgrad");
   const kernels::AttentionBackwardParams<Elem> attn{
       .kind = l_.attention, .B = l_.mb, .T = run_.seq, .H = Hl, .H_kv = Kl, .D = D, .q = b.q,
       .k = b.k, .v = b.v, .out = b.out, .lse = b.lse, .probs = b.probs, .dout = d_out,
       .dq = dq, .dk = dk, .dv = dv};
-  run(attn, scratch("scratch.attn_tiles", kernels::workspace_bytes(attn)), "attention_backward");
+  run(attn, "attention_backward", "scratch.attn_tiles");
   const kernels::RopeParams<Elem> rope{.direction = kernels::RopeDirection::backward, .B = l_.mb,
                                        .T = run_.seq, .H = Hl, .H_kv = Kl, .D = D,
                                        .position_offset = 0, .theta = m_.rope_theta, .q = dq, .k = dk};
-  run(rope, scratch("scratch.rope_table", kernels::workspace_bytes(rope)), "rope_backward");
+  run(rope, "rope_backward", "scratch.rope_table");
   run(kernels::linear_dgrad_gemm(M_, C, Hl * D, dq, b.wq, d_norm), "gemm q dgrad");
   run(kernels::linear_dgrad_gemm(M_, C, Kl * D, dk, b.wk, d_norm, Write::accumulate), "gemm k dgrad");
   run(kernels::linear_dgrad_gemm(M_, C, Kl * D, dv, b.wv, d_norm, Write::accumulate), "gemm v dgrad");
   const Elem* ln1 = gathered(b.ln1, all_rows);
-  run(kernels::linear_wgrad_gemm(M_, C, Hl * D, dq, ln1, b.gq), "gemm q wgrad");
-  run(kernels::linear_wgrad_gemm(M_, C, Kl * D, dk, ln1, b.gk), "gemm k wgrad");
-  run(kernels::linear_wgrad_gemm(M_, C, Kl * D, dv, ln1, b.gv), "gemm v wgrad");
+  run(kernels::linear_wgrad_gemm_acc(M_, C, Hl * D, dq, ln1, b.gq), "gemm q wgrad");
+  run(kernels::linear_wgrad_gemm_acc(M_, C, Kl * D, dk, ln1, b.gk), "gemm k wgrad");
+  run(kernels::linear_wgrad_gemm_acc(M_, C, Kl * D, dv, ln1, b.gv), "gemm v wgrad");
   reduce_rows(d_norm);
   norm_backward(b.x_in, b.xhat1, b.rstd1, b.w_attn_norm, d_norm, dx, Write::accumulate, b.g_attn_norm);
 }
 
 template <typename Elem>
-void LlamaStage<Elem>::head_forward(int64_t slot, const int32_t* targets, double grad_scale,
-                                    double* loss_sum) {
+void LlamaStage<Elem>::head_forward(int64_t slot, const int32_t* targets, double grad_scale) {
   (void)slot;
   const int64_t C = m_.hidden, Vl = m_.vocab / l_.tp;
   parallel::Comm& tp = *groups_.tp;
@@ -402,10 +440,14 @@ void LlamaStage<Elem>::head_forward(int64_t slot, const int32_t* targets, double
   Elem* logits = table_->get<Elem>("head.logits");
   const Elem* y_all = gathered(y, l_.sp ? table_->get<Elem>("comm.sp_gather") : nullptr);
   run(kernels::linear_forward_gemm(M_, C, Vl, y_all, weight(head), logits), "gemm head");
-  if (capture_) capture_->assign(logits, logits + M_ * Vl);
+  if (capture_) {
+    capture_->resize(size_t(M_ * Vl));
+    copy(capture_->data(), logits, M_ * Vl * int64_t(sizeof(Elem)));
+    memory::synchronize(stream_);
+  }
 
   int32_t* tgt = table_->get<int32_t>("loss.targets");
-  std::memcpy(tgt, targets, size_t(M_) * sizeof(int32_t));
+  copy(tgt, targets, M_ * int64_t(sizeof(int32_t)));
   A* row_max = table_->get<A>("loss.row_max");
   A* sum_exp = table_->get<A>("loss.row_sumexp");
   A* loss = table_->get<A>("loss.per_token");
@@ -422,9 +464,25 @@ void LlamaStage<Elem>::head_forward(int64_t slot, const int32_t* targets, double
                                                 .row_max = row_max, .sum_exp = sum_exp,
                                                 .loss = loss, .grad_scale = grad_scale},
       "cross_entropy_loss_grad");
+  if (loss_device_) {  // summed on the device, read once per step
+    run(kernels::AxpyParams<A>{.n = M_, .alpha = 1.0, .x = loss, .y = loss_device_}, "axpy");
+    return;
+  }
   double s = 0;
   for (int64_t i = 0; i < M_; ++i) s += double(loss[i]);
-  *loss_sum = s;
+  loss_host_ += s;
+}
+
+template <typename Elem>
+double LlamaStage<Elem>::take_loss() {
+  if (!loss_device_) return std::exchange(loss_host_, 0.0);
+  std::vector<A> host(static_cast<size_t>(M_));
+  copy(host.data(), loss_device_, M_ * int64_t(sizeof(A)));
+  memory::synchronize(stream_);
+  run(kernels::FillParams<A>{.n = M_, .value = 0.0, .x = loss_device_}, "fill");
+  double s = 0;
+  for (A v : host) s += double(v);
+  return s;
 }
 
 template <typename Elem>
@@ -437,7 +495,7 @@ void LlamaStage<Elem>::head_backward(Elem* dx) {
   Elem* d_norm = table_->get<Elem>("scratch.d_norm");
   run(kernels::linear_dgrad_gemm(M_, C, Vl, dlogits, weight(head), d_norm), "gemm head dgrad");
   const Elem* y_all = gathered(y, l_.sp ? table_->get<Elem>("comm.sp_gather") : nullptr);
-  run(kernels::linear_wgrad_gemm(M_, C, Vl, dlogits, y_all, grad(head)), "gemm head wgrad");
+  run(kernels::linear_wgrad_gemm_acc(M_, C, Vl, dlogits, y_all, grad(head)), "gemm head wgrad");
   reduce_rows(d_norm);
   A* xhat = table_->has("final_norm.normed_fp32") ? table_->get<A>("final_norm.normed_fp32") : nullptr;
   norm_backward(table_->get<Elem>("final_norm.input"), xhat, table_->get<A>("final_norm.rstd"),
@@ -470,9 +528,9 @@ void LlamaStage<Elem>::sync_tied_grads() {
     pp.recv(grad(head), head.local_elements(), 0, kTag + 1);
   } else if (plan_.has_embedding) {
     const auto& emb = params_.specs[size_t(params_.index(ParamKind::embed_tokens))];
-    Elem* other = table_->get<Elem>("comm.tied_embedding_grad");
+    A* other = table_->get<A>("comm.tied_embedding_grad");
     pp.recv(other, emb.local_elements(), l_.pp - 1, kTag);
-    run(kernels::AxpyParams<Elem>{.n = emb.local_elements(), .alpha = 1.0, .x = other, .y = grad(emb)}, "axpy");
+    run(kernels::AxpyParams<A>{.n = emb.local_elements(), .alpha = 1.0, .x = other, .y = grad(emb)}, "axpy");
     pp.send(grad(emb), emb.local_elements(), l_.pp - 1, kTag + 1);
   }
 }
@@ -512,14 +570,14 @@ Elem* LlamaStage<Elem>::input_grad() {
 }
 
 template <typename Elem>
-double LlamaStage<Elem>::forward(int64_t slot, const int32_t* tokens, const int32_t* targets,
-                                 double grad_scale, int64_t chunk) {
+void LlamaStage<Elem>::forward(int64_t slot, const int32_t* tokens, const int32_t* targets,
+                               double grad_scale, int64_t chunk) {
   const int64_t C = m_.hidden;
   const bool embeds = plan_.has_embedding && chunk == 0;
   const bool heads = plan_.has_head && chunk == l_.vpp - 1;
   if (embeds) {
     int32_t* tok = table_->get<int32_t>("embedding.tokens", slot);
-    std::memcpy(tok, tokens, size_t(M_) * sizeof(int32_t));
+    copy(tok, tokens, M_ * int64_t(sizeof(int32_t)));
     const auto& emb = params_.specs[size_t(params_.index(ParamKind::embed_tokens))];
     const int64_t Vl = m_.vocab / l_.tp;
     run(kernels::EmbeddingForwardParams<Elem>{.rows = M_, .C = C, .V = m_.vocab,
@@ -533,7 +591,7 @@ double LlamaStage<Elem>::forward(int64_t slot, const int32_t* tokens, const int3
     if (l_.sp) {
       Elem* lin = table_->get<Elem>("scratch.linear_out");
       reduce_rows(lin);
-      std::memcpy(stage_input(slot), lin, size_t(Msp_ * C) * sizeof(Elem));
+      copy(stage_input(slot), lin, Msp_ * C * int64_t(sizeof(Elem)));
     } else {
       reduce_rows(stage_input(slot));
     }
@@ -544,9 +602,7 @@ double LlamaStage<Elem>::forward(int64_t slot, const int32_t* tokens, const int3
                               : stage_output();
     block_forward(block(slot, chunk, i), x_out, false);
   }
-  double loss = 0;
-  if (heads) head_forward(slot, targets, grad_scale, &loss);
-  return loss;
+  if (heads) head_forward(slot, targets, grad_scale);
 }
 
 template <typename Elem>
@@ -559,7 +615,7 @@ void LlamaStage<Elem>::backward(int64_t slot, int64_t chunk) {
     head_backward(dx);
     group_end();
   } else {
-    std::memcpy(dx, output_grad(), size_t(Msp_ * C) * sizeof(Elem));
+    copy(dx, output_grad(), Msp_ * C * int64_t(sizeof(Elem)));
   }
   for (int64_t i = Lc_ - 1; i >= 0; --i) {
     const int64_t first = params_.specs[size_t(params_.index(ParamKind::input_layernorm, chunk * Lc_ + i))].offset;
@@ -588,5 +644,6 @@ void LlamaStage<Elem>::backward(int64_t slot, int64_t chunk) {
 
 template class LlamaStage<float>;
 template class LlamaStage<double>;
+template class LlamaStage<kernels::bf16>;
 
 }  // namespace weft::trainer

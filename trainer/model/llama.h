@@ -17,6 +17,14 @@
 // only what its mode keeps and rebuilds the rest, in the one recompute
 // instance, right before its backward; the rebuild runs the same kernels on
 // the same inputs, so gradients equal those without checkpointing bit for bit.
+//
+// Backends: LlamaStage<float> (and <double>, for gradient checks) runs on the
+// CPU; LlamaStage<bf16> runs on a CUDA stream, with bf16 weights and
+// activations and fp32 main gradients (Acc<Elem>): weight gradients
+// accumulate in fp32 straight from the GEMMs and kernels, and the optimizer
+// keeps fp32 master weights. Every launch and copy is queued on the stage's
+// stream; the host waits only in take_loss() and where a caller reads device
+// memory back.
 #pragma once
 
 #include <cstdint>
@@ -37,8 +45,11 @@ class LlamaStage {
  public:
   using A = kernels::Acc<Elem>;
 
+  // stream: where every launch goes (the CPU's by default; a CUDA stream for
+  // bf16, whose tensors the arena must hand out in device memory).
   LlamaStage(const ModelSpec& m, const RunSpec& run, const Layout& l, int64_t stage,
-             const DeviceSpec& device, memory::Arena& arena, parallel::ProcessGroups& groups);
+             const DeviceSpec& device, memory::Arena& arena, parallel::ProcessGroups& groups,
+             kernels::Stream stream = {});
   ~LlamaStage();
 
   const ModelSpec& model() const { return m_; }
@@ -47,30 +58,38 @@ class LlamaStage {
   const StageParams& params() const { return params_; }
   parallel::ProcessGroups& groups() { return groups_; }
   TensorTable& tensors() { return *table_; }
+  kernels::Stream stream() const { return stream_; }
+  bool on_device() const { return stream_.backend != kernels::Backend::cpu; }
   Elem* weights() { return weights_; }
-  Elem* grads() { return grads_; }
+  A* grads() { return grads_; }
   int64_t param_elements() const { return params_.elements; }
   Elem* weight(const ParamSpec& p) { return weights_ + p.offset; }
   // Under ZeRO-2 a parameter's gradient exists only while its group is in the
   // bucket (during that group's backward); grads() is then this rank's shard.
-  Elem* grad(const ParamSpec& p) { return grad_at(p.offset); }
+  A* grad(const ParamSpec& p) { return grad_at(p.offset); }
   bool grads_sharded() const { return zero2_; }
 
-  // Layout-independent initialisation from the seed (params.h).
+  // Layout-independent initialisation from the seed (params.h), computed on
+  // the host and rounded once to Elem.
   void init_weights(uint64_t seed);
   void zero_grads();
 
   // Forward of one micro-batch of B sequences into in-flight slot `slot`.
-  // The first stage embeds tokens (B*T); the last computes the loss against
-  // targets (B*T), leaves the gradient of loss * grad_scale over its logits,
-  // and returns the sum of this rank's per-token losses (summed over tp it
-  // is the micro-batch's total loss). Other stages return 0.
+  // The first stage embeds tokens (B*T, host memory); the last computes the
+  // loss against targets (B*T, host memory), leaves the gradient of
+  // loss * grad_scale over its logits, and adds this rank's per-token losses
+  // to the loss sum (summed over tp it is the micro-batch's total loss),
+  // which take_loss() reads.
   // With interleaved pipelining (vpp > 1) a stage runs one model chunk at a
   // time: chunk c holds the stage's blocks of virtual stage c * pp + stage;
   // the first chunk of stage 0 embeds, the last chunk of the last stage ends
   // in the loss. Slots then hold chunk-micro-batches.
-  double forward(int64_t slot, const int32_t* tokens, const int32_t* targets, double grad_scale,
-                 int64_t chunk = 0);
+  void forward(int64_t slot, const int32_t* tokens, const int32_t* targets, double grad_scale,
+               int64_t chunk = 0);
+  // The sum of the per-token losses of the forwards since the last call (0
+  // on a stage without the head), and a fresh sum. On a device this waits
+  // for the stream.
+  double take_loss();
   // Backward of the micro-batch (chunk) in `slot`, accumulating parameter gradients.
   void backward(int64_t slot, int64_t chunk = 0);
 
@@ -92,8 +111,8 @@ class LlamaStage {
   Elem* output_grad();
   Elem* input_grad();
 
-  // Copies the logits (B*T, V/tp) of each forward, before the loss overwrites
-  // them with their gradient (reference tests).
+  // Copies the logits (B*T, V/tp) of each forward to the host, before the
+  // loss overwrites them with their gradient (reference tests, eval dumps).
   void capture_logits(std::vector<Elem>* out) { capture_ = out; }
 
  private:
@@ -106,10 +125,15 @@ class LlamaStage {
   void norm_forward(const Elem* x, const Elem* residual, Elem* sum, const Elem* w, Elem* y, A* rstd,
                     A* x_hat);
   void norm_backward(const Elem* x, const A* x_hat, const A* rstd, const Elem* w, const Elem* dy,
-                     Elem* dx, kernels::Write write, Elem* dw);
-  void head_forward(int64_t slot, const int32_t* targets, double grad_scale, double* loss_sum);
+                     Elem* dx, kernels::Write write, A* dw);
+  void head_forward(int64_t slot, const int32_t* targets, double grad_scale);
   void head_backward(Elem* dx);
-  kernels::Workspace scratch(const char* name, int64_t need);
+  // Launches an op on the stage's stream, with the kernel workspace it needs
+  // (on the CPU the table's `cpu_scratch` entry, on a GPU the shared
+  // scratch.kernels; GEMMs get scratch.gemm there).
+  template <typename P>
+  void run(const P& p, const char* op, const char* cpu_scratch = nullptr);
+  void copy(void* dst, const void* src, int64_t bytes);
   // Sequence parallelism: norm regions hold a contiguous 1/tp of the B*T rows.
   // gathered: this rank's rows -> all rows in `all` (the rows themselves
   // without sp). reduce_rows: a row-parallel output summed over tp, in place:
@@ -126,18 +150,21 @@ class LlamaStage {
   StageParams params_;
   parallel::ProcessGroups& groups_;
   std::unique_ptr<TensorTable> table_;
+  kernels::Stream stream_;
   Elem* weights_ = nullptr;
-  Elem* grads_ = nullptr;
+  A* grads_ = nullptr;
+  double loss_host_ = 0;      // CPU: the loss sum since take_loss()
+  A* loss_device_ = nullptr;  // GPU: per-token losses summed since take_loss()
   // ZeRO-2: each parameter group's gradient of a micro-batch is built in the
   // bucket, reduce-scattered over dp and added into this rank's shard
   // [shard_lo_, shard_hi_) of the flat gradients.
   bool zero2_ = false;
-  Elem* bucket_ = nullptr;
+  A* bucket_ = nullptr;
   int64_t bucket_elements_ = 0;
   int64_t group_begin_ = 0, group_end_ = 0;
   int64_t shard_lo_ = 0, shard_hi_ = 0;
   std::vector<int64_t> shard_counts_;
-  Elem* grad_at(int64_t flat);
+  A* grad_at(int64_t flat);
   void group_begin(int64_t begin, int64_t end);
   void group_end();
   std::vector<Elem>* capture_ = nullptr;
@@ -155,5 +182,6 @@ class LlamaStage {
 
 extern template class LlamaStage<float>;
 extern template class LlamaStage<double>;
+extern template class LlamaStage<kernels::bf16>;
 
 }  // namespace weft::trainer

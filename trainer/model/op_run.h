@@ -35,15 +35,16 @@ inline OpProfile& op_profile() {
   return p;
 }
 
+// On a CUDA stream the profile times the enqueue, not the kernel.
 template <typename P>
-void run(const P& p, kernels::Workspace ws, const char* op) {
+void run(const P& p, kernels::Workspace ws, const char* op, kernels::Stream stream = {}) {
   using kernels::status_check;
   if (!op_profile().on) {
-    status_check(kernels::launch(p, ws, {}), op);
+    status_check(kernels::launch(p, ws, stream), op);
     return;
   }
   const auto t0 = std::chrono::steady_clock::now();
-  status_check(kernels::launch(p, ws, {}), op);
+  status_check(kernels::launch(p, ws, stream), op);
   auto& e = op_profile().ops[op];
   e.first += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ++e.second;

@@ -43,6 +43,12 @@ int64_t TensorTable::elements(const std::string& name) const {
   return it->second.elements;
 }
 
+int64_t TensorTable::bytes(const std::string& name) const {
+  auto it = entries_.find(name);
+  WEFT_ASSERT(it != entries_.end());
+  return it->second.elements * it->second.element_bytes;
+}
+
 void* TensorTable::instance_ptr(const std::string& name, int64_t instance, int64_t elem_size) const {
   auto it = entries_.find(name);
   if (it == entries_.end())

@@ -26,6 +26,7 @@ class TensorTable {
   bool has(const std::string& name) const { return entries_.count(name) != 0; }
   int64_t count(const std::string& name) const;
   int64_t elements(const std::string& name) const;
+  int64_t bytes(const std::string& name) const;  // of one instance
   // Instance i of the tensor, viewed as T.
   template <typename T>
   T* get(const std::string& name, int64_t instance = 0) const {

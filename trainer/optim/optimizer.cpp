@@ -10,6 +10,7 @@
 
 #include "kernels/adamw/adamw.h"
 #include "kernels/elementwise/elementwise.h"
+#include "memory/device.h"
 
 namespace weft::trainer {
 
@@ -43,8 +44,10 @@ template <typename Elem>
 Optimizer<Elem>::Optimizer(LlamaStage<Elem>& stage, const OptimConfig& config)
     : stage_(stage), c_(config) {
   c_.validate();
-  m_ = stage.tensors().template get<Elem>("optimizer.adam_m");
-  v_ = stage.tensors().template get<Elem>("optimizer.adam_v");
+  m_ = stage.tensors().template get<A>("optimizer.adam_m");
+  v_ = stage.tensors().template get<A>("optimizer.adam_v");
+  if (stage.tensors().has("optimizer.master")) master_ = stage.tensors().template get<A>("optimizer.master");
+  WEFT_ASSERT((master_ != nullptr) == (sizeof(Elem) < sizeof(A)));
   const Layout& l = stage.layout();
   const int64_t dp = l.dp, psi = stage.param_elements();
   sharded_ = dp > 1 && l.zero >= 1;
@@ -60,8 +63,17 @@ Optimizer<Elem>::Optimizer(LlamaStage<Elem>& stage, const OptimConfig& config)
     // ZeRO-1 reduce-scatters the full gradients after the step's backward;
     // under ZeRO-2 the stage already accumulated its shard group by group.
     grad_shard_ = stage.grads_sharded() ? stage.grads()
-                                        : stage.tensors().template get<Elem>("comm.dp_grad_shard");
+                                        : stage.tensors().template get<A>("comm.dp_grad_shard");
   }
+}
+
+template <typename Elem>
+void Optimizer<Elem>::reset_master() {
+  if (!master_) return;
+  kernels::status_check(kernels::launch(kernels::WidenParams<Elem>{.n = hi_ - lo_, .x = stage_.weights() + lo_,
+                                                                   .out = master_},
+                                        {}, stage_.stream()),
+                        "widen");
 }
 
 template <typename Elem>
@@ -85,7 +97,7 @@ void Optimizer<Elem>::for_each_piece(F f) {
 }
 
 template <typename Elem>
-Elem* Optimizer<Elem>::grad_at(int64_t flat) {
+typename Optimizer<Elem>::A* Optimizer<Elem>::grad_at(int64_t flat) {
   return sharded_ ? grad_shard_ + (flat - lo_) : stage_.grads() + flat;
 }
 
@@ -94,22 +106,32 @@ double Optimizer<Elem>::grad_norm() {
   // Parameters replicated over tp (the norms) count once; sharded ones sum
   // over tp; stages sum over pp; ZeRO shards sum over dp (without ZeRO the
   // dp replicas hold equal gradients).
-  double sharded = 0, replicated = 0;
+  // sums[0]: tp-sharded parameters, sums[1]: tp-replicated ones; in device
+  // memory on a GPU, read back once.
+  double host_sums[2] = {0, 0};
   auto& table = stage_.tensors();
+  const kernels::Stream stream = stage_.stream();
+  double* sums = stage_.on_device() ? table.template get<double>("scratch.grad_norm_sum") : host_sums;
+  if (stage_.on_device()) memory::copy(sums, host_sums, sizeof host_sums, stream);
   for_each_piece([&](const ParamSpec& p, int64_t begin, int64_t end) {
     if (p.tied_copy) return;  // the first stage counts the tied embedding
-    const kernels::SumSquaresParams<Elem> sq{.n = end - begin, .x = grad_at(begin),
-                                             .sum = p.shard == ShardDim::none ? &replicated : &sharded};
-    const int64_t need = kernels::workspace_bytes(sq);
-    WEFT_ASSERT(need <= table.elements("scratch.grad_norm") * 8);
+    const kernels::SumSquaresParams<A> sq{.n = end - begin, .x = grad_at(begin),
+                                          .sum = p.shard == ShardDim::none ? &sums[1] : &sums[0]};
+    const int64_t need = kernels::workspace_bytes(sq, stream.backend);
+    WEFT_ASSERT(need <= table.bytes("scratch.grad_norm"));
     kernels::status_check(
-        kernels::launch(sq, {table.template get<std::byte>("scratch.grad_norm"), need}, {}), "sum_squares");
+        kernels::launch(sq, {table.template get<std::byte>("scratch.grad_norm"), need}, stream), "sum_squares");
   });
+  if (stage_.on_device()) {
+    memory::copy(host_sums, sums, sizeof host_sums, stream);
+    memory::synchronize(stream);
+  }
   // Replicated parameters are equal on every tp rank: counted by tp rank 0 only.
-  double sum = sharded + (stage_.groups().tp_rank() == 0 ? replicated : 0.0);
-  stage_.groups().tp->all_reduce(&sum, 1);
-  stage_.groups().pp->all_reduce(&sum, 1);
-  if (sharded_) stage_.groups().dp->all_reduce(&sum, 1);
+  double sum = host_sums[0] + (stage_.groups().tp_rank() == 0 ? host_sums[1] : 0.0);
+  const parallel::ProcessGroups& host = stage_.groups().host_groups();
+  host.tp->all_reduce(&sum, 1);
+  host.pp->all_reduce(&sum, 1);
+  if (sharded_) host.dp->all_reduce(&sum, 1);
   return std::sqrt(sum);
 }
 
@@ -134,14 +156,16 @@ StepStats Optimizer<Elem>::step(int64_t step, double loss) {
   const double scale = c_.clip > 0 ? std::min(1.0, c_.clip / (s.grad_norm + 1e-6)) : 1.0;
   std::vector<kernels::AdamwTensor<Elem>> tensors;
   for_each_piece([&](const ParamSpec& p, int64_t begin, int64_t end) {
-    tensors.push_back({.param = stage_.weights() + begin, .grad = grad_at(begin),
+    tensors.push_back({.param = stage_.weights() + begin,
+                       .master = master_ ? master_ + (begin - lo_) : nullptr,
+                       .grad = grad_at(begin),
                        .m = m_ + (begin - lo_), .v = v_ + (begin - lo_), .n = end - begin,
                        .decay = p.decay ? kernels::WeightDecay::apply : kernels::WeightDecay::skip});
   });
   const kernels::AdamwParams<Elem> params{.tensors = tensors, .step = updates_, .lr = s.lr,
                                           .beta1 = c_.beta1, .beta2 = c_.beta2, .eps = c_.eps,
                                           .weight_decay = c_.weight_decay, .grad_scale = scale};
-  kernels::status_check(kernels::launch(params, {}, {}), "adamw");
+  kernels::status_check(kernels::launch(params, {}, stage_.stream()), "adamw");
   // ZeRO-1: every replica gathers the updated parameters from their owners.
   if (sharded_)
     stage_.groups().dp->all_gather_v(stage_.weights() + lo_, stage_.weights(),
@@ -150,13 +174,14 @@ StepStats Optimizer<Elem>::step(int64_t step, double loss) {
 }
 
 template <typename Elem>
-void Optimizer<Elem>::state_full(std::vector<Elem>& m, std::vector<Elem>& v) {
+void Optimizer<Elem>::state_full(std::vector<A>& m, std::vector<A>& v) {
   const int64_t psi = stage_.param_elements();
   m.resize(size_t(psi));
   v.resize(size_t(psi));
   if (!sharded_) {
-    std::copy(m_, m_ + psi, m.begin());
-    std::copy(v_, v_ + psi, v.begin());
+    memory::copy(m.data(), m_, psi * int64_t(sizeof(A)), stage_.stream());
+    memory::copy(v.data(), v_, psi * int64_t(sizeof(A)), stage_.stream());
+    memory::synchronize(stage_.stream());
     return;
   }
   auto& dp = *stage_.groups().dp;
@@ -165,13 +190,15 @@ void Optimizer<Elem>::state_full(std::vector<Elem>& m, std::vector<Elem>& v) {
 }
 
 template <typename Elem>
-void Optimizer<Elem>::state_set(const std::vector<Elem>& m, const std::vector<Elem>& v) {
-  std::copy(m.begin() + lo_, m.begin() + hi_, m_);
-  std::copy(v.begin() + lo_, v.begin() + hi_, v_);
+void Optimizer<Elem>::state_set(const std::vector<A>& m, const std::vector<A>& v) {
+  memory::copy(m_, m.data() + lo_, (hi_ - lo_) * int64_t(sizeof(A)), stage_.stream());
+  memory::copy(v_, v.data() + lo_, (hi_ - lo_) * int64_t(sizeof(A)), stage_.stream());
+  memory::synchronize(stage_.stream());
 }
 
 template class Optimizer<float>;
 template class Optimizer<double>;
+template class Optimizer<kernels::bf16>;
 
 void to_json(nlohmann::json& j, const OptimConfig& c) {
   j = nlohmann::json{{"lr", c.lr},

@@ -51,10 +51,19 @@ struct StepStats {
   bool skipped = false;  // non-finite loss or gradient norm
 };
 
+// Gradients, Adam moments and (for bf16 weights) the master weights are in
+// Acc<Elem>, fp32 under bf16 compute; the update runs on the stage's stream.
 template <typename Elem>
 class Optimizer {
  public:
+  using A = kernels::Acc<Elem>;
   Optimizer(LlamaStage<Elem>& stage, const OptimConfig& config);
+
+  // Where the stage keeps its weights in a narrower type than Acc (bf16), the
+  // optimizer updates an fp32 master copy of this rank's range and writes
+  // back their rounding. Call after the stage's weights were initialised or
+  // loaded: the master takes their values. Nothing to do for fp32 and fp64.
+  void reset_master();
 
   // Sums the step's gradients over the data-parallel replicas: an all-reduce,
   // or under ZeRO-1 a reduce-scatter into this rank's shard.
@@ -64,8 +73,8 @@ class Optimizer {
   // each rank updates its shard and the replicas all-gather the parameters.
   StepStats step(int64_t step, double loss);
   // Adam m and v of the whole stage (gathered over dp under ZeRO-1), and back.
-  void state_full(std::vector<Elem>& m, std::vector<Elem>& v);
-  void state_set(const std::vector<Elem>& m, const std::vector<Elem>& v);
+  void state_full(std::vector<A>& m, std::vector<A>& v);
+  void state_set(const std::vector<A>& m, const std::vector<A>& v);
 
   int64_t updates() const { return updates_; }  // applied (non-skipped) updates
   int64_t nonfinite_in_a_row() const { return bad_in_a_row_; }
@@ -80,15 +89,16 @@ class Optimizer {
   double grad_norm();
   template <typename F>
   void for_each_piece(F f);
-  Elem* grad_at(int64_t flat);
+  A* grad_at(int64_t flat);
   LlamaStage<Elem>& stage_;
   bool sharded_ = false;      // ZeRO-1 over dp
   int64_t lo_ = 0, hi_ = 0;   // this rank's range of the flat parameters
   std::vector<int64_t> counts_;  // every dp rank's shard size
-  Elem* grad_shard_ = nullptr;
+  A* grad_shard_ = nullptr;
   OptimConfig c_;
-  Elem* m_;
-  Elem* v_;
+  A* m_;
+  A* v_;
+  A* master_ = nullptr;  // bf16 weights only: this rank's range [lo_, hi_) in fp32
   int64_t updates_ = 0;
   int64_t bad_in_a_row_ = 0;
   int64_t bad_total_ = 0;
@@ -96,6 +106,7 @@ class Optimizer {
 
 extern template class Optimizer<float>;
 extern template class Optimizer<double>;
+extern template class Optimizer<kernels::bf16>;
 
 void to_json(nlohmann::json& j, const OptimConfig& c);
 

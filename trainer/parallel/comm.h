@@ -10,6 +10,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "kernels/kernel.h"
 
 namespace weft::parallel {
 
@@ -27,6 +28,8 @@ template <>
 constexpr DType dtype_of<int32_t>() { return DType::i32; }
 template <>
 constexpr DType dtype_of<int64_t>() { return DType::i64; }
+template <>
+constexpr DType dtype_of<kernels::bf16>() { return DType::bf16; }
 
 // A pending non-blocking send or receive. wait() returns when the buffer may be
 // reused (send) or holds the message (recv). A request must be waited on

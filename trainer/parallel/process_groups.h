@@ -16,6 +16,11 @@ struct ProcessGroups {
   Comm* dp = nullptr;
   // Owns the communicators the pointers refer to.
   std::vector<std::unique_ptr<Comm>> owned;
+  // The same groups over host memory, for the scalars a step reduces on the
+  // host (the logged loss, the gradient norm), where these communicate
+  // device buffers (NCCL); nullptr: these groups take host memory.
+  const ProcessGroups* host = nullptr;
+  const ProcessGroups& host_groups() const { return host ? *host : *this; }
 
   int64_t tp_rank() const { return tp->rank(); }
   int64_t pp_rank() const { return pp->rank(); }

@@ -64,7 +64,8 @@ struct Stage {
     stage.zero_grads();
     double loss = 0;
     for (size_t first = 0; first < in.size(); first += size_t(rows)) {
-      loss += stage.forward(0, in.data() + first, tg.data() + first, scale);
+      stage.forward(0, in.data() + first, tg.data() + first, scale);
+      loss += stage.take_loss();
       stage.backward(0);
     }
     return loss * scale;

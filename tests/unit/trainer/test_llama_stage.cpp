@@ -56,7 +56,8 @@ struct Harness {
     const double scale = 1.0 / double(b.tokens.size());
     double loss = 0;
     for (int64_t i = 0; i < micro_batches; ++i) {
-      loss += stage.forward(0, b.tokens.data() + i * rows, b.targets.data() + i * rows, scale);
+      stage.forward(0, b.tokens.data() + i * rows, b.targets.data() + i * rows, scale);
+      loss += stage.take_loss();
       stage.backward(0);
     }
     return loss * scale;
@@ -64,8 +65,10 @@ struct Harness {
   double loss_only(const Batch& b, int64_t micro_batches) {
     const int64_t rows = b.tokens.size() / micro_batches;
     double loss = 0;
-    for (int64_t i = 0; i < micro_batches; ++i)
-      loss += stage.forward(0, b.tokens.data() + i * rows, b.targets.data() + i * rows, 1.0);
+    for (int64_t i = 0; i < micro_batches; ++i) {
+      stage.forward(0, b.tokens.data() + i * rows, b.targets.data() + i * rows, 1.0);
+      loss += stage.take_loss();
+    }
     return loss / double(b.tokens.size());
   }
 };
