@@ -133,7 +133,9 @@ struct Run {
           if (send_grad) send_grad->wait();
           const auto it = slot_of.find({mb, ch});
           WEFT_ASSERT(it != slot_of.end());
-          stage.backward(it->second, ch);
+          // Micro-batches run in order within a chunk, so the last one's
+          // backward leaves the chunk's gradients complete.
+          stage.backward(it->second, ch, mb == m - 1);
           free_slots.push_back(it->second);
           slot_of.erase(it);
           break;
@@ -148,6 +150,7 @@ struct Run {
     if (send_grad) send_grad->wait();
     send_act.reset();
     send_grad.reset();
+    stage.finish_dp_reduction();
     stage.sync_tied_grads();
     stage.reduce_replicated_grads();
     optim.reduce_grads();

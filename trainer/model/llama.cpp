@@ -80,6 +80,7 @@ LlamaStage<Elem>::LlamaStage(const ModelSpec& m, const RunSpec& run, const Layou
   grads_ = table_->get<A>("grads.flat");
   if (table_->has("loss.step_sum")) loss_device_ = table_->get<A>("loss.step_sum");
   zero2_ = l.dp > 1 && l.zero >= 2;
+  overlap_dp_ = l.dp > 1 && l.zero == 0;
   if (zero2_) {
     bucket_ = table_->get<A>("comm.dp_grad_bucket");
     bucket_elements_ = table_->elements("comm.dp_grad_bucket");
@@ -235,6 +236,7 @@ void LlamaStage<Elem>::init_weights(uint64_t seed) {
 
 template <typename Elem>
 void LlamaStage<Elem>::zero_grads() {
+  reduced_ = false;
   run(kernels::FillParams<A>{.n = table_->elements("grads.flat"), .value = 0.0, .x = grads_}, "fill");
 }
 
@@ -249,16 +251,21 @@ typename LlamaStage<Elem>::A* LlamaStage<Elem>::grad_at(int64_t flat) {
 
 template <typename Elem>
 void LlamaStage<Elem>::group_begin(int64_t begin, int64_t end) {
-  if (!zero2_) return;
-  WEFT_ASSERT(end - begin <= bucket_elements_);
   group_begin_ = begin;
   group_end_ = end;
+  if (!zero2_) return;
+  WEFT_ASSERT(end - begin <= bucket_elements_);
   run(kernels::FillParams<A>{.n = end - begin, .value = 0.0, .x = bucket_}, "fill");
 }
 
 template <typename Elem>
 void LlamaStage<Elem>::group_end() {
-  if (!zero2_) return;
+  if (!zero2_) {
+    if (overlap_dp_ && final_)
+      dp_pending_.push_back(groups_.dp->iall_reduce(grads_ + group_begin_, group_end_ - group_begin_));
+    group_begin_ = group_end_ = 0;
+    return;
+  }
   // Each dp rank receives the part of the group inside its shard (the
   // result lands at the bucket's start) and adds it to its accumulated shard.
   std::vector<int64_t> counts;
@@ -606,8 +613,16 @@ void LlamaStage<Elem>::forward(int64_t slot, const int32_t* tokens, const int32_
 }
 
 template <typename Elem>
-void LlamaStage<Elem>::backward(int64_t slot, int64_t chunk) {
+void LlamaStage<Elem>::finish_dp_reduction() {
+  reduced_ = !dp_pending_.empty();
+  for (auto& r : dp_pending_) r->wait();
+  dp_pending_.clear();
+}
+
+template <typename Elem>
+void LlamaStage<Elem>::backward(int64_t slot, int64_t chunk, bool final) {
   const int64_t C = m_.hidden;
+  final_ = final;
   Elem* dx = table_->get<Elem>("scratch.d_residual");
   if (plan_.has_head && chunk == l_.vpp - 1) {
     // The final norm and the head are the last parameters of the stage.

@@ -91,7 +91,16 @@ class LlamaStage {
   // for the stream.
   double take_loss();
   // Backward of the micro-batch (chunk) in `slot`, accumulating parameter gradients.
-  void backward(int64_t slot, int64_t chunk = 0);
+  // final: no later backward of this step touches the chunk's parameters.
+  // Without ZeRO and with dp > 1, each parameter group's (a block's, the
+  // head's, the embedding's) gradient is then complete when its backward
+  // ends, and its all-reduce over dp starts right there, running beside the
+  // backward of the groups below it (on NCCL; MPI runs it at once).
+  void backward(int64_t slot, int64_t chunk = 0, bool final = false);
+  // Waits for the all-reduces the final backwards started; call after the
+  // step's last backward. grads_reduced(): they summed the gradients over dp.
+  void finish_dp_reduction();
+  bool grads_reduced() const { return reduced_; }
 
   // Sums the gradients of tp-replicated parameters (the norms) over the tp
   // group where sequence parallelism split their rows; call after the last
@@ -159,6 +168,11 @@ class LlamaStage {
   // bucket, reduce-scattered over dp and added into this rank's shard
   // [shard_lo_, shard_hi_) of the flat gradients.
   bool zero2_ = false;
+  // ZeRO-0 over dp > 1: gradients all-reduced group by group in the final backwards.
+  bool overlap_dp_ = false;
+  bool final_ = false;
+  bool reduced_ = false;  // this step's gradients were all-reduced over dp
+  std::vector<std::unique_ptr<parallel::CommRequest>> dp_pending_;
   A* bucket_ = nullptr;
   int64_t bucket_elements_ = 0;
   int64_t group_begin_ = 0, group_end_ = 0;

@@ -79,7 +79,7 @@ void Optimizer<Elem>::reset_master() {
 template <typename Elem>
 void Optimizer<Elem>::reduce_grads() {
   auto& dp = *stage_.groups().dp;
-  if (stage_.grads_sharded()) return;
+  if (stage_.grads_sharded() || stage_.grads_reduced()) return;  // done during the backward
   if (sharded_)
     dp.reduce_scatter_v(stage_.grads(), grad_shard_, std::span<const int64_t>(counts_));
   else

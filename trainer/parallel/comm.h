@@ -51,6 +51,12 @@ class Comm {
 
   // In place over `count` elements.
   virtual void all_reduce(void* data, int64_t count, DType t, ReduceOp op) = 0;
+  // The same all-reduce, begun now and complete once the request's wait()
+  // returns: until then the buffer must be left alone. A backend whose
+  // collectives run beside the caller's work (NCCL on its own stream)
+  // overlaps it with what the caller does meanwhile; this default runs it at
+  // once and returns a finished request.
+  virtual std::unique_ptr<CommRequest> iall_reduce(void* data, int64_t count, DType t, ReduceOp op);
   // out (size * count) = concatenation of every rank's in (count), in rank order.
   virtual void all_gather(const void* in, void* out, int64_t count, DType t) = 0;
   // out (count) = the sum over ranks of this rank's block of in (size * count).
@@ -79,6 +85,10 @@ class Comm {
   template <typename T>
   void all_reduce(T* data, int64_t count, ReduceOp op = ReduceOp::sum) {
     all_reduce(static_cast<void*>(data), count, dtype_of<T>(), op);
+  }
+  template <typename T>
+  std::unique_ptr<CommRequest> iall_reduce(T* data, int64_t count, ReduceOp op = ReduceOp::sum) {
+    return iall_reduce(static_cast<void*>(data), count, dtype_of<T>(), op);
   }
   template <typename T>
   void all_gather(const T* in, T* out, int64_t count) {

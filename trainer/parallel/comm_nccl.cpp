@@ -101,6 +101,14 @@ class NcclComm final : public Comm {
     end();
   }
 
+  // On the communication stream only: the compute stream goes on with later
+  // work (the next block's backward) until the request's wait().
+  std::unique_ptr<CommRequest> iall_reduce(void* data, int64_t count, DType t, ReduceOp op) override {
+    start();
+    WEFT_NCCL_CHECK(ncclAllReduce(data, data, size_t(count), nccl_type(t), nccl_op(op), comm_, stream_));
+    return finish();
+  }
+
   void all_gather(const void* in, void* out, int64_t count, DType t) override {
     start();
     // NCCL's in-place form is exactly ours: in == this rank's block of out.
