@@ -51,7 +51,7 @@ EvalResult evaluate(const EvalConfig& c, std::FILE* log) {
   memory::Arena arena;
   auto groups = parallel::single_process_groups();
   LlamaStage<float> stage(m, run, Layout::parse("mb1"), 0, device_preset("cpu"), arena, groups);
-  state_load(ck, stage, nullptr);
+  state_load<float>(ck, stage, nullptr);
   std::vector<float> logits;
   std::vector<int32_t> tokens(size_t(run.seq)), targets(size_t(run.seq));
   EvalResult r;

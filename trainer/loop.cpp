@@ -186,9 +186,7 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
     if (c.ckpt_every > 0 && step % c.ckpt_every == 0 && step != c.steps) report.checkpoint = run.save(step, lr);
   }
   (void)t_start;
-  if (Run<Elem>::kDevice) {
-    fmt::print(log, "no checkpoint: a bf16 GPU run does not write checkpoints yet\n");
-  } else if (report.last_step > 0 && report.last_step >= report.first_step) {
+  if (report.last_step > 0 && report.last_step >= report.first_step) {
     report.checkpoint = run.save(report.last_step, lr);
     fmt::print(log, "{}checkpoint {}\n", report.interrupted ? "stopped early; " : "", report.checkpoint);
   }
@@ -248,9 +246,6 @@ TrainReport train(const TrainConfig& c, std::FILE* log_all) {
     throw InputError(fmt::format("precision {}: the GPU trainer runs in bf16 with fp32 master weights; "
                                  "pass --precision bf16, or --device cpu for fp32",
                                  to_string(c.run.precision)));
-  if (gpu && (c.ckpt_every > 0 || c.resume || !c.resume_from.empty()))
-    throw InputError("checkpoints of a bf16 GPU run are not written or read yet; pass --ckpt-every 0 "
-                     "and no --resume, or --device cpu");
   if (c.log_every < 1) throw InputError(fmt::format("--log-every {} must be at least 1", c.log_every));
   set_threads(c.threads);
 

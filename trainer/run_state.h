@@ -188,7 +188,6 @@ struct Run {
   }
 
   std::string save(int64_t step, double lr) {
-    if constexpr (kDevice) no_device_checkpoints();
     SaveInfo info;
     info.step = step;
     info.data_position = step * c.run.global_batch;
@@ -203,13 +202,12 @@ struct Run {
     const std::string dir =
         (fs::path(c.ckpt_dir.empty() ? c.out_dir + "/checkpoints" : c.ckpt_dir) /
          checkpoint::checkpoint_dir_name(step)).string();
-    if constexpr (!kDevice) state_save(dir, stage, optim, info);
+    state_save(dir, stage, optim, info);
     return dir;
   }
 
   // Loads weights, optimizer state and counters; returns the completed step.
   int64_t load(const std::string& dir) {
-    if constexpr (kDevice) no_device_checkpoints();
     const auto ck = checkpoint::load_checkpoint(dir);
     checkpoint::check_compatible(ck.manifest, c.model, dir);
     const auto& run = ck.manifest.run;
@@ -220,14 +218,8 @@ struct Run {
           "and global batch {}; resume with the same values",
           dir, run.value("seq", int64_t{0}), run.value("global_batch", int64_t{0}), c.run.seq,
           c.run.global_batch));
-    if constexpr (!kDevice) state_load(ck, stage, &optim);
+    state_load(ck, stage, &optim);
     return ck.manifest.step;
-  }
-
-  [[noreturn]] static void no_device_checkpoints() {
-    throw InputError(
-        "checkpoints of a bf16 GPU run are not written or read yet (the fp32 master weights are "
-        "not in the checkpoint format); pass --ckpt-every 0 and no --resume, or --device cpu");
   }
 };
 

@@ -41,16 +41,18 @@ void gather_tp(parallel::Comm& tp, const ParamSpec& p, const float* local, float
 
 // A stage's weights, Adam m and v as full tensors, back to back in the order
 // of its param specs.
-std::vector<float> stage_full_state(LlamaStage<float>& stage, Optimizer<float>& opt) {
-  std::vector<float> m, v;
+template <typename Elem>
+std::vector<float> stage_full_state(LlamaStage<Elem>& stage, Optimizer<Elem>& opt) {
+  std::vector<float> w, m, v;
+  opt.weights_full(w);
   opt.state_full(m, v);
   int64_t total = 0;
   for (const auto& p : stage.params().specs) total += 3 * p.rows * p.cols;
   std::vector<float> out(static_cast<size_t>(total));
   float* dst = out.data();
-  auto& tp = *stage.groups().tp;
+  auto& tp = *stage.groups().host_groups().tp;
   for (const auto& p : stage.params().specs) {
-    const float* parts[] = {stage.weight(p), m.data() + p.offset, v.data() + p.offset};
+    const float* parts[] = {w.data() + p.offset, m.data() + p.offset, v.data() + p.offset};
     for (const float* src : parts) {
       gather_tp(tp, p, src, dst);
       dst += p.rows * p.cols;
@@ -61,11 +63,13 @@ std::vector<float> stage_full_state(LlamaStage<float>& stage, Optimizer<float>& 
 
 }  // namespace
 
-void state_save(const std::string& dir, LlamaStage<float>& stage, Optimizer<float>& opt,
+template <typename Elem>
+void state_save(const std::string& dir, LlamaStage<Elem>& stage, Optimizer<Elem>& opt,
                 const SaveInfo& info) {
   // Every tp rank takes part in the gathers; the first tp/dp rank of each
   // stage sends its stage to world rank 0 over the pp group, which writes.
-  auto& g = stage.groups();
+  // All of it in host memory, over the host groups.
+  const auto& g = stage.groups().host_groups();
   const ModelSpec& m = stage.model();
   const Layout& l = stage.layout();
   std::vector<float> mine = stage_full_state(stage, opt);
@@ -119,18 +123,29 @@ void state_save(const std::string& dir, LlamaStage<float>& stage, Optimizer<floa
   g.world->barrier();
 }
 
-void state_load(const checkpoint::Checkpoint& ck, LlamaStage<float>& stage, Optimizer<float>* optim) {
+template <typename Elem>
+void state_load(const checkpoint::Checkpoint& ck, LlamaStage<Elem>& stage, Optimizer<Elem>* optim) {
   checkpoint::check_compatible(ck.manifest, stage.model(), ck.dir);
-  std::vector<float> m(size_t(stage.param_elements())), v(m.size());
+  std::vector<float> w(size_t(stage.param_elements())), m(w.size()), v(w.size());
   for (const auto& p : stage.params().specs) {
-    slice_into(ck.model.at(p.name), stage.weight(p), p);
+    slice_into(ck.model.at(p.name), w.data() + p.offset, p);
     if (!optim) continue;
     slice_into(ck.optimizer.at(optim_state_name(OptimState::exp_avg, p.name)), m.data() + p.offset, p);
     slice_into(ck.optimizer.at(optim_state_name(OptimState::exp_avg_sq, p.name)), v.data() + p.offset, p);
   }
-  if (!optim) return;
+  if (!optim) {
+    stage.set_weights(w);
+    return;
+  }
+  optim->weights_set(w);
   optim->state_set(m, v);
   optim->restore(ck.manifest.optimizer.step, ck.manifest.run.value("nonfinite_total", int64_t{0}));
 }
+
+template void state_save(const std::string&, LlamaStage<float>&, Optimizer<float>&, const SaveInfo&);
+template void state_save(const std::string&, LlamaStage<kernels::bf16>&, Optimizer<kernels::bf16>&,
+                         const SaveInfo&);
+template void state_load(const checkpoint::Checkpoint&, LlamaStage<float>&, Optimizer<float>*);
+template void state_load(const checkpoint::Checkpoint&, LlamaStage<kernels::bf16>&, Optimizer<kernels::bf16>*);
 
 }  // namespace weft::trainer

@@ -18,13 +18,17 @@ struct SaveInfo {
   nlohmann::json run = nlohmann::json::object();
 };
 
-// Writes weights and Adam state as a checkpoint folder at `dir`.
-void state_save(const std::string& dir, LlamaStage<float>& stage, Optimizer<float>& optim,
+// Writes weights and Adam state as a checkpoint folder at `dir`, in fp32: a
+// bf16 run stores its fp32 master weights, so it resumes exactly.
+template <typename Elem>
+void state_save(const std::string& dir, LlamaStage<Elem>& stage, Optimizer<Elem>& optim,
                 const SaveInfo& info);
 
 // Copies this rank's slices of the checkpoint's weights (and, with an
-// optimizer, its Adam state and update count) into the stage. Throws
-// InputError when the checkpoint is of another model.
-void state_load(const checkpoint::Checkpoint& ck, LlamaStage<float>& stage, Optimizer<float>* optim);
+// optimizer, its Adam state and update count) into the stage; a bf16 stage
+// gets their rounding and, with an optimizer, the fp32 values as its master.
+// Throws InputError when the checkpoint is of another model.
+template <typename Elem>
+void state_load(const checkpoint::Checkpoint& ck, LlamaStage<Elem>& stage, Optimizer<Elem>* optim);
 
 }  // namespace weft::trainer

@@ -235,6 +235,19 @@ void LlamaStage<Elem>::init_weights(uint64_t seed) {
 }
 
 template <typename Elem>
+void LlamaStage<Elem>::set_weights(const std::vector<A>& full) {
+  WEFT_ASSERT(int64_t(full.size()) == params_.elements);
+  if constexpr (std::is_same_v<Elem, A>) {
+    copy(weights_, full.data(), params_.elements * int64_t(sizeof(Elem)));
+  } else {
+    std::vector<Elem> rounded(full.size());
+    for (size_t i = 0; i < full.size(); ++i) rounded[i] = to_elem<Elem>(full[i]);
+    copy(weights_, rounded.data(), params_.elements * int64_t(sizeof(Elem)));
+  }
+  memory::synchronize(stream_);
+}
+
+template <typename Elem>
 void LlamaStage<Elem>::zero_grads() {
   reduced_ = false;
   run(kernels::FillParams<A>{.n = table_->elements("grads.flat"), .value = 0.0, .x = grads_}, "fill");

@@ -72,6 +72,9 @@ class LlamaStage {
   // Layout-independent initialisation from the seed (params.h), computed on
   // the host and rounded once to Elem.
   void init_weights(uint64_t seed);
+  // The weights from full Acc values on the host (this rank's slices, in the
+  // flat layout), rounded once to Elem.
+  void set_weights(const std::vector<A>& full);
   void zero_grads();
 
   // Forward of one micro-batch of B sequences into in-flight slot `slot`.

@@ -174,19 +174,47 @@ StepStats Optimizer<Elem>::step(int64_t step, double loss) {
 }
 
 template <typename Elem>
-void Optimizer<Elem>::state_full(std::vector<A>& m, std::vector<A>& v) {
+void Optimizer<Elem>::host_full(const A* mine, std::vector<A>& full) {
+  // This rank's range to the host, then (ZeRO-1) every replica's range over
+  // the host dp group.
   const int64_t psi = stage_.param_elements();
-  m.resize(size_t(psi));
-  v.resize(size_t(psi));
+  full.resize(size_t(psi));
   if (!sharded_) {
-    memory::copy(m.data(), m_, psi * int64_t(sizeof(A)), stage_.stream());
-    memory::copy(v.data(), v_, psi * int64_t(sizeof(A)), stage_.stream());
+    memory::copy(full.data(), mine, psi * int64_t(sizeof(A)), stage_.stream());
     memory::synchronize(stage_.stream());
     return;
   }
-  auto& dp = *stage_.groups().dp;
-  dp.all_gather_v(m_, m.data(), std::span<const int64_t>(counts_));
-  dp.all_gather_v(v_, v.data(), std::span<const int64_t>(counts_));
+  std::vector<A> shard(size_t(hi_ - lo_));
+  memory::copy(shard.data(), mine, (hi_ - lo_) * int64_t(sizeof(A)), stage_.stream());
+  memory::synchronize(stage_.stream());
+  stage_.groups().host_groups().dp->all_gather_v(shard.data(), full.data(), std::span<const int64_t>(counts_));
+}
+
+template <typename Elem>
+void Optimizer<Elem>::weights_full(std::vector<A>& w) {
+  if (master_) {
+    host_full(master_, w);
+    return;
+  }
+  // The weights are the master; every replica holds all of them.
+  const int64_t psi = stage_.param_elements();
+  w.resize(size_t(psi));
+  memory::copy(w.data(), stage_.weights(), psi * int64_t(sizeof(A)), stage_.stream());
+  memory::synchronize(stage_.stream());
+}
+
+template <typename Elem>
+void Optimizer<Elem>::weights_set(const std::vector<A>& w) {
+  stage_.set_weights(w);
+  if (!master_) return;
+  memory::copy(master_, w.data() + lo_, (hi_ - lo_) * int64_t(sizeof(A)), stage_.stream());
+  memory::synchronize(stage_.stream());
+}
+
+template <typename Elem>
+void Optimizer<Elem>::state_full(std::vector<A>& m, std::vector<A>& v) {
+  host_full(m_, m);
+  host_full(v_, v);
 }
 
 template <typename Elem>

@@ -73,6 +73,12 @@ class Optimizer {
   // the bias correction's count), given the step's mean loss. Under ZeRO-1
   // each rank updates its shard and the replicas all-gather the parameters.
   StepStats step(int64_t step, double loss);
+  // The stage's weights in Acc on the host: the master weights (gathered over
+  // dp under ZeRO-1), where the weights are their own master a copy of them.
+  void weights_full(std::vector<A>& w);
+  // The stage's weights (rounded to Elem) and this rank's master from full
+  // Acc values on the host.
+  void weights_set(const std::vector<A>& w);
   // Adam m and v of the whole stage (gathered over dp under ZeRO-1), and back.
   void state_full(std::vector<A>& m, std::vector<A>& v);
   void state_set(const std::vector<A>& m, const std::vector<A>& v);
@@ -91,6 +97,7 @@ class Optimizer {
   template <typename F>
   void for_each_piece(F f);
   A* grad_at(int64_t flat);
+  void host_full(const A* mine, std::vector<A>& full);
   LlamaStage<Elem>& stage_;
   bool sharded_ = false;      // ZeRO-1 over dp
   int64_t lo_ = 0, hi_ = 0;   // this rank's range of the flat parameters
