@@ -18,6 +18,9 @@
 #ifdef WEFT_HAVE_MPI
 #include "trainer/parallel/comm_mpi.h"
 #endif
+#ifdef WEFT_HAVE_NCCL
+#include "trainer/parallel/comm_nccl.h"
+#endif
 
 namespace weft::cli {
 
@@ -94,9 +97,19 @@ Layout auto_layout(const trainer::TrainConfig& base, const tuner::SpaceLimits& l
 #ifdef WEFT_HAVE_MPI
   if (multi_rank) {
     control = parallel::mpi_world_dup("control");
-    make_groups = [](const Layout& l, const std::atomic<bool>* cancel) {
-      return parallel::mpi_process_groups(l, {}, cancel);
-    };
+    if (base.device.kind == DeviceKind::gpu) {
+#ifdef WEFT_HAVE_NCCL
+      make_groups = [](const Layout& l, const std::atomic<bool>* cancel) {
+        return parallel::nccl_device_groups(l, cancel);
+      };
+#else
+      throw InputError("tuning on several GPUs needs NCCL, which this build lacks; use --device cpu");
+#endif
+    } else {
+      make_groups = [](const Layout& l, const std::atomic<bool>* cancel) {
+        return parallel::mpi_process_groups(l, {}, cancel);
+      };
+    }
   }
 #else
   if (multi_rank) throw InputError("tuning on several ranks needs MPI, which this build lacks");

@@ -130,10 +130,6 @@ int run_train(TrainArgs& a) {
   }
   if (tune) {
     const int64_t world = mpi_world_size_from_env();
-    if (gpu && world > 1)
-      throw InputError(fmt::format("tuning over {} GPUs is not wired yet (trials would need NCCL groups); "
-                                   "pass --layout or --recipe, or tune with one GPU per run",
-                                   world));
     tuner::SpaceLimits limits;
     for (CLI::Option* o : a.knobs) {
       if (o->count() == 0) continue;
@@ -152,34 +148,29 @@ int run_train(TrainArgs& a) {
   // The watchdog outlives the groups it watches: a rank whose peer died
   // leaves with a clear message instead of waiting forever.
   std::unique_ptr<parallel::CommWatchdog> watchdog;
+  // On GPUs: NCCL groups for the tensors, with the MPI groups beside them for
+  // the host's scalars.
   std::unique_ptr<parallel::ProcessGroups> groups;
   std::unique_ptr<parallel::CommWatchdog::Scope> armed;
-  // GPU runs over several ranks: NCCL groups for the tensors, ordered on the
-  // run's stream, beside the MPI groups for the host's scalars.
-  std::unique_ptr<memory::OwnedStream> stream;
-  std::unique_ptr<parallel::ProcessGroups> device_groups;
   if (c.layout.world() > 1 || under_mpi()) {
 #ifdef WEFT_HAVE_MPI
     if (!(a.comm_timeout > 0))
       throw InputError(fmt::format("--comm-timeout {} must be a positive number of seconds", a.comm_timeout));
     watchdog = std::make_unique<parallel::CommWatchdog>(a.comm_timeout);
-    groups = std::make_unique<parallel::ProcessGroups>(parallel::mpi_process_groups(c.layout));
-    watchdog->watch(*groups);
-    armed = std::make_unique<parallel::CommWatchdog::Scope>(*watchdog, "training");
-    c.groups = groups.get();
-    c.watchdog = watchdog.get();
     if (gpu) {
 #ifdef WEFT_HAVE_NCCL
-      stream = std::make_unique<memory::OwnedStream>(kernels::Backend::cuda);
-      device_groups = std::make_unique<parallel::ProcessGroups>(
-          parallel::nccl_process_groups(c.layout, stream->get().handle));
-      device_groups->host = groups.get();
-      c.groups = device_groups.get();
-      c.cuda_stream = stream->get().handle;
+      groups = std::make_unique<parallel::ProcessGroups>(parallel::nccl_device_groups(c.layout, nullptr));
+      watchdog->watch(*groups->host);  // the host groups; NCCL waits are not watched
 #else
       throw InputError("a GPU run over several ranks needs NCCL, which this build lacks; use --device cpu");
 #endif
+    } else {
+      groups = std::make_unique<parallel::ProcessGroups>(parallel::mpi_process_groups(c.layout));
+      watchdog->watch(*groups);
     }
+    armed = std::make_unique<parallel::CommWatchdog::Scope>(*watchdog, "training");
+    c.groups = groups.get();
+    c.watchdog = watchdog.get();
 #else
     throw InputError(fmt::format("layout {} needs {} ranks, but this build has no MPI",
                                  c.layout.to_string(), c.layout.world()));

@@ -42,9 +42,6 @@ struct TrainConfig {
   parallel::ProcessGroups* groups = nullptr;
   // Watches those groups; also measures the time spent communicating.
   const parallel::CommWatchdog* watchdog = nullptr;
-  // GPU runs: the cudaStream_t the groups order their collectives on, which
-  // the run then computes on; null: the run makes its own stream.
-  void* cuda_stream = nullptr;
 };
 
 struct TrainReport {

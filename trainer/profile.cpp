@@ -158,7 +158,8 @@ TrialOutcome profile_layout(const ProfileConfig& pc, parallel::Comm& control, co
           std::fflush(stderr);
           std::_Exit(parallel::CommWatchdog::kExitCode);
         });
-        st->watchdog->watch(*st->groups);
+        // On GPUs the host (MPI) groups: their waits are the ones a cancel ends.
+        st->watchdog->watch(st->groups->host ? *st->groups->host : *st->groups);
         cfg.groups = st->groups.get();
         cfg.watchdog = st->watchdog.get();
       }

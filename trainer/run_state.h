@@ -33,10 +33,11 @@ template <typename Elem>
 struct Run {
   static constexpr bool kDevice = std::is_same_v<Elem, kernels::bf16>;
   const TrainConfig& c;
-  // The run's stream: the one its groups were built for, or its own.
-  memory::OwnedStream own_stream{kDevice && !c.cuda_stream ? kernels::Backend::cuda : kernels::Backend::cpu};
-  kernels::Stream stream = kDevice && c.cuda_stream ? kernels::Stream{kernels::Backend::cuda, c.cuda_stream}
-                                                    : own_stream.get();
+  // The run's stream: the one its device groups order their work after, or its own.
+  void* group_stream = c.groups ? c.groups->cuda_stream : nullptr;
+  memory::OwnedStream own_stream{kDevice && !group_stream ? kernels::Backend::cuda : kernels::Backend::cpu};
+  kernels::Stream stream = kDevice && group_stream ? kernels::Stream{kernels::Backend::cuda, group_stream}
+                                                   : own_stream.get();
   std::unique_ptr<memory::Arena> own_arena;
   memory::Arena& arena;  // own_arena, or one the caller reserved up front
   parallel::ProcessGroups own_groups;

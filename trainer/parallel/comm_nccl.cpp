@@ -237,14 +237,27 @@ std::unique_ptr<Comm> nccl_comm(Comm& bootstrap, const std::string& name, void* 
   return std::make_unique<NcclComm>(bootstrap, name, static_cast<cudaStream_t>(compute_stream));
 }
 
-ProcessGroups nccl_process_groups(const Layout& layout, void* compute_stream) {
-  ProcessGroups mpi = mpi_process_groups(layout);
+ProcessGroups nccl_process_groups(const Layout& layout, void* compute_stream,
+                                  const std::atomic<bool>* cancel) {
+  auto mpi = std::make_shared<ProcessGroups>(mpi_process_groups(layout, {}, cancel));
   ProcessGroups g;
-  for (auto [slot, mpi_comm, label] : {std::tuple{&g.world, mpi.world, "world"}, std::tuple{&g.tp, mpi.tp, "tp"},
-                                       std::tuple{&g.pp, mpi.pp, "pp"}, std::tuple{&g.dp, mpi.dp, "dp"}}) {
+  for (auto [slot, mpi_comm, label] : {std::tuple{&g.world, mpi->world, "world"}, std::tuple{&g.tp, mpi->tp, "tp"},
+                                       std::tuple{&g.pp, mpi->pp, "pp"}, std::tuple{&g.dp, mpi->dp, "dp"}}) {
     g.owned.push_back(nccl_comm(*mpi_comm, label, compute_stream));
     *slot = g.owned.back().get();
   }
+  g.host = std::move(mpi);
+  g.cuda_stream = compute_stream;
+  return g;
+}
+
+ProcessGroups nccl_device_groups(const Layout& layout, const std::atomic<bool>* cancel) {
+  cudaStream_t s = nullptr;
+  WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  // Destroyed after the communicators (ProcessGroups declares the owner first).
+  std::shared_ptr<void> owner(s, [](void* p) { cudaStreamDestroy(static_cast<cudaStream_t>(p)); });
+  ProcessGroups g = nccl_process_groups(layout, s, cancel);
+  g.stream_owner = std::move(owner);
   return g;
 }
 

@@ -16,6 +16,7 @@
 // reduce_scatter_v a group of reduces, one rooted at each rank.
 #pragma once
 
+#include <atomic>
 #include <memory>
 
 #include "trainer/parallel/process_groups.h"
@@ -27,10 +28,15 @@ struct Layout;
 namespace weft::parallel {
 
 // This rank's world, tp, pp and dp groups on NCCL for the layout, one per MPI
-// group of mpi_process_groups(layout): collective over the MPI world. Each
-// rank must have selected its device (cudaSetDevice) before the call;
-// `compute_stream` is a cudaStream_t (null: the legacy default stream).
-ProcessGroups nccl_process_groups(const Layout& layout, void* compute_stream);
+// group of mpi_process_groups(layout, {}, cancel), which stay beside them as
+// the host groups: collective over the MPI world. Each rank must have
+// selected its device (cudaSetDevice) before the call. `compute_stream` is a
+// cudaStream_t (null: the legacy default stream); nccl_device_groups makes a
+// stream of its own for them, which the run then computes on. `cancel` reaches the MPI host groups only: an
+// NCCL operation whose peer is gone is not abandoned.
+ProcessGroups nccl_process_groups(const Layout& layout, void* compute_stream,
+                                  const std::atomic<bool>* cancel = nullptr);
+ProcessGroups nccl_device_groups(const Layout& layout, const std::atomic<bool>* cancel);
 
 // A NCCL communicator spanning the ranks of `bootstrap` (an MPI group, or any
 // Comm whose broadcast reaches them), named for messages.

@@ -23,6 +23,11 @@ class WatchedComm final : public Comm {
   int64_t rank() const override { return inner_.rank(); }
   std::string name() const override { return inner_.name(); }
 
+  std::unique_ptr<CommRequest> iall_reduce(void* data, int64_t count, DType t, ReduceOp op) override {
+    Call c(*this, "iall_reduce");
+    return std::make_unique<WatchedRequest>(inner_.iall_reduce(data, count, t, op), *this,
+                                            "wait for iall_reduce");
+  }
   void all_reduce(void* data, int64_t count, DType t, ReduceOp op) override {
     Call c(*this, "all_reduce");
     inner_.all_reduce(data, count, t, op);

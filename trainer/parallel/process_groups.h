@@ -14,13 +14,21 @@ struct ProcessGroups {
   Comm* tp = nullptr;
   Comm* pp = nullptr;
   Comm* dp = nullptr;
+  // Keeps the CUDA stream of device groups that made their own (declared
+  // before the communicators, so it outlives them).
+  std::shared_ptr<void> stream_owner;
   // Owns the communicators the pointers refer to.
   std::vector<std::unique_ptr<Comm>> owned;
   // The same groups over host memory, for the scalars a step reduces on the
-  // host (the logged loss, the gradient norm), where these communicate
-  // device buffers (NCCL); nullptr: these groups take host memory.
-  const ProcessGroups* host = nullptr;
+  // host (the logged loss, the gradient norm) and the checkpoint's gathers,
+  // where these communicate device buffers (NCCL); null: these groups take
+  // host memory.
+  std::shared_ptr<ProcessGroups> host;
   const ProcessGroups& host_groups() const { return host ? *host : *this; }
+  // Device groups: the CUDA stream (a cudaStream_t) they order their work
+  // after, which the run computes on; null: the legacy default stream, or
+  // host groups.
+  void* cuda_stream = nullptr;
 
   int64_t tp_rank() const { return tp->rank(); }
   int64_t pp_rank() const { return pp->rank(); }
