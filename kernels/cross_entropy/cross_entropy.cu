@@ -20,7 +20,8 @@
 // at a barrier so that no thread overwrites it first, then writes p * scale
 // for every element and (p - 1) * scale for the target, each rounded once.
 // Targets are checked on the device before anything is written
-// (gpu::first_invalid_id, which synchronises the stream).
+// (gpu::first_invalid_id, which synchronises the stream), unless the caller
+// checked them (ids_checked).
 #include <cmath>
 #include <string>
 
@@ -172,7 +173,9 @@ Status run(const CrossEntropySumExpParams<bf16>& p, Workspace, cudaStream_t stre
 
 Status run(const CrossEntropyLossGradParams<bf16>& p, Workspace ws, cudaStream_t stream) {
   if (p.rows == 0) return Status::ok;
-  const gpu::InvalidId bad = gpu::first_invalid_id(p.targets, p.rows, p.V, p.ignore_index, ws.data, stream);
+  const gpu::InvalidId bad = p.ids_checked ? gpu::InvalidId{}
+                                           : gpu::first_invalid_id(p.targets, p.rows, p.V, p.ignore_index,
+                                                                   ws.data, stream);
   if (bad.position >= 0)
     throw InputError("cross_entropy: target id " + std::to_string(bad.id) + " at position " +
                      std::to_string(bad.position) +

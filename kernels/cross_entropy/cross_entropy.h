@@ -19,7 +19,10 @@
 // the loss, and that sum can ride on the logging all-reduce: the gradient does
 // not need it. Rows whose target is ignore_index get loss 0 and a zero
 // gradient on every rank. Targets outside [0, V) that are not ignore_index
-// throw weft::InputError naming the target, its row and V.
+// throw weft::InputError naming the target, its row and V, unless
+// ids_checked says the caller checked them (as for embedding: the CUDA
+// backend then skips the check and its stream synchronisation, and such a
+// target is owned by no rank: loss 0, and the softmax alone as gradient).
 //
 // rows = B * T tokens; V_local = V / tp.
 #pragma once
@@ -60,6 +63,7 @@ struct CrossEntropyLossGradParams {
   Acc<Elem>* loss = nullptr;           // (rows) optional: the row loss on the owning rank, else 0
   double grad_scale = 1.0;             // e.g. 1 / (non-ignored tokens of the step)
   int32_t ignore_index = -100;
+  bool ids_checked = false;
 };
 
 template <typename Elem>

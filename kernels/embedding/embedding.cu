@@ -18,7 +18,8 @@
 // at a few percent of the rows that costs little next to the GEMMs.
 //
 // Token ids are checked on the device before anything is written
-// (gpu::first_invalid_id, which synchronises the stream).
+// (gpu::first_invalid_id, which synchronises the stream), unless the caller
+// checked them (ids_checked).
 #include <cub/device/device_radix_sort.cuh>
 #include <string>
 
@@ -141,7 +142,8 @@ int64_t scratch(const EmbeddingBackwardParams<bf16>& p) {
 
 Status run(const EmbeddingForwardParams<bf16>& p, Workspace ws, cudaStream_t stream) {
   if (p.rows == 0) return Status::ok;
-  tokens_check(gpu::first_invalid_id(p.tokens, p.rows, p.V, int64_t{1} << 40, ws.data, stream), p.V);
+  if (!p.ids_checked)
+    tokens_check(gpu::first_invalid_id(p.tokens, p.rows, p.V, int64_t{1} << 40, ws.data, stream), p.V);
   const bool vec = p.C % kVec == 0 && gpu::aligned16(p.table) && gpu::aligned16(p.out);
   const int threads = gpu::row_threads(vec ? p.C / kVec : p.C, kForwardMaxThreads);
   if (vec)
@@ -164,8 +166,8 @@ Status run(const EmbeddingBackwardParams<bf16>& p, Workspace ws, cudaStream_t st
   int32_t* rows_b = carve.take<int32_t>(p.rows);
   void* sort_scratch = carve.take<std::byte>(sort_scratch_bound(p.rows));
 
-  tokens_check(gpu::first_invalid_id(p.tokens, p.rows, p.V, int64_t{1} << 40, id_scratch, stream),
-               p.V);
+  if (!p.ids_checked)
+    tokens_check(gpu::first_invalid_id(p.tokens, p.rows, p.V, int64_t{1} << 40, id_scratch, stream), p.V);
 
   embedding_keys_kernel<<<gpu::grid_blocks(p.rows, kKeyThreads), kKeyThreads, 0, stream>>>(
       p.rows, p.vocab_start, p.V_local, p.tokens, keys_a, rows_a);

@@ -5,7 +5,11 @@
 // the others, so summing the outputs over the tp ranks gives the full lookup.
 // The backward scatter-adds dout rows into the shard's table gradient. Token
 // ids outside [0, V) throw weft::InputError naming the id, its position and V,
-// before anything is written. The table gradient is in Acc, the main-gradient
+// before anything is written, unless ids_checked says the caller already
+// checked them (the trainer scans its token files when it opens them): the
+// CUDA backend then skips its check and the stream synchronisation the check
+// needs, and reads an id outside [0, V) as outside the shard (a zero row, no
+// gradient); the CPU checks either way, at no such cost. The table gradient is in Acc, the main-gradient
 // type (fp32 under bf16 compute).
 //
 // rows = B * T tokens.
@@ -27,6 +31,7 @@ struct EmbeddingForwardParams {
   const int32_t* tokens = nullptr;   // (rows)
   const Elem* table = nullptr;       // (V_local, C)
   Elem* out = nullptr;               // (rows, C)
+  bool ids_checked = false;
 };
 
 template <typename Elem>
@@ -39,6 +44,7 @@ struct EmbeddingBackwardParams {
   const int32_t* tokens = nullptr;  // (rows)
   const Elem* dout = nullptr;       // (rows, C)
   Acc<Elem>* dtable = nullptr;      // (V_local, C) accumulated
+  bool ids_checked = false;
 };
 
 template <typename Elem>

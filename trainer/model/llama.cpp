@@ -482,7 +482,8 @@ void LlamaStage<Elem>::head_forward(int64_t slot, const int32_t* targets, double
                                                 .vocab_start = groups_.tp_rank() * Vl,
                                                 .V_local = Vl, .logits = logits, .targets = tgt,
                                                 .row_max = row_max, .sum_exp = sum_exp,
-                                                .loss = loss, .grad_scale = grad_scale},
+                                                .loss = loss, .grad_scale = grad_scale,
+                                                .ids_checked = on_device()},
       "cross_entropy_loss_grad");
   if (loss_device_) {  // summed on the device, read once per step
     run(kernels::AxpyParams<A>{.n = M_, .alpha = 1.0, .x = loss, .y = loss_device_}, "axpy");
@@ -604,7 +605,8 @@ void LlamaStage<Elem>::forward(int64_t slot, const int32_t* tokens, const int32_
                                               .vocab_start = groups_.tp_rank() * Vl, .V_local = Vl,
                                               .tokens = tok, .table = weight(emb),
                                               .out = l_.sp ? table_->get<Elem>("scratch.linear_out")
-                                                           : stage_input(slot)},
+                                                           : stage_input(slot),
+                                              .ids_checked = on_device()},
         "embedding_forward");
     // The vocab-parallel lookup sums over tp (scattered to this rank's rows
     // under sequence parallelism).
@@ -664,7 +666,7 @@ void LlamaStage<Elem>::backward(int64_t slot, int64_t chunk, bool final) {
                                                .V_local = Vl,
                                                .tokens = table_->get<int32_t>("embedding.tokens", slot),
                                                .dout = gathered(dx, table_->get<Elem>("scratch.linear_out")),
-                                               .dtable = grad(emb)},
+                                               .dtable = grad(emb), .ids_checked = on_device()},
         "embedding_backward");
     group_end();
   }

@@ -78,6 +78,9 @@ class LlamaStage {
   void zero_grads();
 
   // Forward of one micro-batch of B sequences into in-flight slot `slot`.
+  // Token and target ids must lie in [0, V): on a device the kernels do not
+  // check them again (a check would synchronise the stream every
+  // micro-batch); the trainer checks its token files when it opens them.
   // The first stage embeds tokens (B*T, host memory); the last computes the
   // loss against targets (B*T, host memory), leaves the gradient of
   // loss * grad_scale over its logits, and adds this rank's per-token losses
