@@ -1,6 +1,8 @@
-// bench_gpu_attention: the CUDA attention kernels, forward + backward, bf16,
-// causal, GQA 4:1 (H 32, H_kv 8), D 128, at T 2048 (B 8) and T 8192 (B 2),
-// 16384 tokens either way; the weft side of attention_vs_pytorch.py.
+// bench_gpu_attention: the CUDA attention kernels (flash, materialized and
+// cudnn, cuDNN's fused SDPA, when built with the cuDNN frontend), forward +
+// backward, bf16, causal, GQA 4:1 (H 32, H_kv 8), D 128, at T 2048 (B 8) and
+// T 8192 (B 2), 16384 tokens either way; the weft side of
+// attention_vs_pytorch.py.
 //
 // Time comes from CUDA events around the forward and the backward of each
 // iteration (manual time, milliseconds); the counters give TFLOP/s counting
@@ -10,7 +12,7 @@
 // pairs and is counted the same, as useful work. Inputs are random bf16, not
 // zeros. Without a CUDA device it says so and exits 0.
 //
-//   bench_gpu_attention [--benchmark_filter=flash] [--benchmark_format=json] ...
+//   bench_gpu_attention [--benchmark_filter='flash|cudnn'] [--benchmark_format=json] ...
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
@@ -85,6 +87,10 @@ void bench_attention(benchmark::State& state, AttentionKind kind, Shape s) {
         .k = k.as<bf16>(), .v = v.as<bf16>(), .out = out.as<bf16>(), .lse = lse.as<float>(),
         .probs = probs.as<bf16>(), .dout = dout.as<bf16>(), .dq = dq.as<bf16>(), .dk = dk.as<bf16>(),
         .dv = dv.as<bf16>()};
+    if (!attention_available(kind, Backend::cuda)) {
+      state.SkipWithError("this build has no such kind (cudnn needs the cuDNN frontend at configure time)");
+      return;
+    }
     if (!supports(fwd, Backend::cuda) || !supports(bwd, Backend::cuda)) {
       state.SkipWithError("params not supported by the CUDA backend");
       return;
@@ -98,7 +104,8 @@ void bench_attention(benchmark::State& state, AttentionKind kind, Shape s) {
       status_check(launch(fwd, Workspace{ws.as<void>(), ws_fwd}, st), "attention forward");
       status_check(launch(bwd, Workspace{ws.as<void>(), ws_bwd}, st), "attention backward");
     };
-    // Warm-up: module load, the cuBLAS handle, the shared-memory attributes.
+    // Warm-up: module load, the cuBLAS and cuDNN handles, the shared-memory
+    // attributes, and the cudnn kind's graph builds (once per shape).
     step();
     cuda_ok(cudaStreamSynchronize(stream), "warm-up");
 
@@ -150,7 +157,7 @@ int main(int argc, char** argv) {
   }
   const Shape shapes[] = {{8, 2048, 32, 8, 128}, {2, 8192, 32, 8, 128}};
   for (const Shape& s : shapes)
-    for (AttentionKind kind : {AttentionKind::flash, AttentionKind::materialized}) {
+    for (AttentionKind kind : {AttentionKind::flash, AttentionKind::materialized, AttentionKind::cudnn}) {
       const std::string name = std::string("attention_fwd_bwd/") + weft::to_string(kind) +
                                "/B" + std::to_string(s.B) + "_T" + std::to_string(s.T) + "_H" +
                                std::to_string(s.H) + "_Hkv" + std::to_string(s.H_kv) + "_D" +

@@ -124,7 +124,7 @@ Layout auto_layout(const trainer::TrainConfig& base, const tuner::SpaceLimits& l
   // The data once, before any trial: its ids are not checked again on a GPU.
   data::token_data_validate(data::token_data_open(base.data.empty() ? data::default_corpus_dir() : base.data),
                             ctx.model.vocab, ctx.run.seq);
-  const auto space = tuner::enumerate(ctx.model, ctx.run, world, limits);
+  const auto space = tuner::enumerate(ctx.model, ctx.run, world, limits, ctx.cluster.device.kind);
   if (!a.retune) {
     std::string cached = rank0 ? find_cached(ctx, space, log) : std::string();
     cached = tuner::share_text(*control, cached);

@@ -110,7 +110,7 @@ void add_space_options(CLI::App& app, SpaceArgs& a) {
   g->add_option("--ckpt-layers", a.ckpt_layers,
                 "Checkpoint only the first K layers of each stage (0: all)")
       ->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  g->add_option("--attn", a.attention, "Attention: flash, materialized")->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  g->add_option("--attn", a.attention, "Attention: flash, materialized, cudnn (GPU)")->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   g->add_option("--norm", a.norm, "Norm: fused, unfused")->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   g->add_option("--zero", a.zero, "ZeRO stages 0-3")->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   g->add_option("--max-mb", a.max_mb, "Largest micro-batch tried when --mb is free")

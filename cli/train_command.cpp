@@ -203,7 +203,7 @@ Command add_train_command(CLI::App& app) {
       sub->add_option("--mb", a->mb, "Micro-batch size (gradient accumulation over the rest)")->capture_default_str(),
       sub->add_option("--ckpt", a->ckpt, "Activation checkpointing: none, selective, ffn, full, full@K")
           ->capture_default_str(),
-      sub->add_option("--attn", a->attention, "Attention: flash or materialized")->capture_default_str(),
+      sub->add_option("--attn", a->attention, "Attention: flash, materialized or cudnn (GPU builds with the cuDNN frontend)")->capture_default_str(),
       sub->add_option("--norm", a->norm, "RMSNorm: fused or unfused")->capture_default_str()};
   auto& t = a->tune;
   sub->add_flag("--auto", t.enabled,

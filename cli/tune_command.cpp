@@ -52,7 +52,7 @@ int run_tune(const TuneArgs& a) {
     l.validate(ctx.model, ctx.run, ctx.cluster.gpus);
     layouts.push_back(l);
   } else {
-    layouts = tuner::enumerate(ctx.model, ctx.run, ctx.cluster.gpus, a.space.resolve());
+    layouts = tuner::enumerate(ctx.model, ctx.run, ctx.cluster.gpus, a.space.resolve(), ctx.cluster.device.kind);
   }
   if (layouts.empty())
     throw InputError(fmt::format(

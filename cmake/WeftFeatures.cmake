@@ -82,3 +82,58 @@ macro(weft_feature_cuda)
   endif()
   _weft_require(WEFT_CUDA ${WEFT_HAVE_CUDA} "the CUDA toolkit (nvcc, cuBLAS)")
 endmacro()
+
+# cuDNN's fused attention (the attn:cudnn kind) through the cuDNN frontend's
+# header-only C++ graph API. The frontend comes from the PyPI package
+# nvidia-cudnn-frontend (tools/setup.sh installs it), whose headers land in
+# the Python purelib's include/; CUDNN_FRONTEND_INCLUDE (a CMake or
+# environment variable) points elsewhere. cuDNN 9 itself is looked for beside
+# the CUDA toolkit, then on the system. Needs the CUDA backend.
+macro(weft_feature_cudnn)
+  set(WEFT_HAVE_CUDNN_FRONTEND FALSE)
+  set(WEFT_CUDNN_DETAIL "")
+  if(WEFT_HAVE_CUDA AND NOT WEFT_CUDNN STREQUAL "OFF")
+    set(_weft_purelib_include "")
+    find_package(Python3 COMPONENTS Interpreter QUIET)
+    if(Python3_Interpreter_FOUND)
+      execute_process(COMMAND ${Python3_EXECUTABLE} -c
+                        "import sysconfig; p = sysconfig.get_paths(); print(p['purelib'] + '/include;' + p['platlib'] + '/include')"
+                      OUTPUT_VARIABLE _weft_purelib_include OUTPUT_STRIP_TRAILING_WHITESPACE
+                      RESULT_VARIABLE _weft_py_rc ERROR_QUIET)
+      if(NOT _weft_py_rc EQUAL 0)
+        set(_weft_purelib_include "")
+      endif()
+    endif()
+    find_path(WEFT_CUDNN_FRONTEND_INCLUDE cudnn_frontend.h
+              HINTS ${CUDNN_FRONTEND_INCLUDE} $ENV{CUDNN_FRONTEND_INCLUDE} ${_weft_purelib_include})
+    find_path(WEFT_CUDNN_INCLUDE cudnn_version.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
+    find_library(WEFT_CUDNN_LIB cudnn HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64)
+    set(_weft_cudnn_major 0)
+    if(WEFT_CUDNN_INCLUDE)
+      file(STRINGS ${WEFT_CUDNN_INCLUDE}/cudnn_version.h _weft_cudnn_v REGEX "^#define CUDNN_(MAJOR|MINOR|PATCHLEVEL) ")
+      string(REGEX REPLACE ".*CUDNN_MAJOR ([0-9]+).*" "\\1" _weft_cudnn_major "${_weft_cudnn_v}")
+      string(REGEX REPLACE ".*CUDNN_MINOR ([0-9]+).*" "\\1" _weft_cudnn_minor "${_weft_cudnn_v}")
+      string(REGEX REPLACE ".*CUDNN_PATCHLEVEL ([0-9]+).*" "\\1" _weft_cudnn_patch "${_weft_cudnn_v}")
+    endif()
+    # The frontend's headers also call NVRTC (kernels/CMakeLists.txt).
+    if(WEFT_CUDNN_FRONTEND_INCLUDE AND WEFT_CUDNN_LIB AND _weft_cudnn_major GREATER_EQUAL 9 AND TARGET CUDA::nvrtc)
+      set(WEFT_HAVE_CUDNN_FRONTEND TRUE)
+      file(STRINGS ${WEFT_CUDNN_FRONTEND_INCLUDE}/cudnn_frontend_version.h _weft_fe_v
+           REGEX "^#define CUDNN_FRONTEND_(MAJOR|MINOR|PATCH)_VERSION ")
+      string(REGEX REPLACE ".*MAJOR_VERSION ([0-9]+).*" "\\1" _weft_fe_major "${_weft_fe_v}")
+      string(REGEX REPLACE ".*MINOR_VERSION ([0-9]+).*" "\\1" _weft_fe_minor "${_weft_fe_v}")
+      string(REGEX REPLACE ".*PATCH_VERSION ([0-9]+).*" "\\1" _weft_fe_patch "${_weft_fe_v}")
+      set(WEFT_CUDNN_DETAIL
+          "frontend ${_weft_fe_major}.${_weft_fe_minor}.${_weft_fe_patch} (${WEFT_CUDNN_FRONTEND_INCLUDE}), cuDNN ${_weft_cudnn_major}.${_weft_cudnn_minor}.${_weft_cudnn_patch} (${WEFT_CUDNN_LIB})")
+    elseif(NOT WEFT_CUDNN_FRONTEND_INCLUDE)
+      set(WEFT_CUDNN_DETAIL "(pip install nvidia-cudnn-frontend, or set CUDNN_FRONTEND_INCLUDE)")
+    elseif(NOT TARGET CUDA::nvrtc)
+      set(WEFT_CUDNN_DETAIL "(the CUDA toolkit's NVRTC library, which the frontend's headers call, was not found)")
+    else()
+      set(WEFT_CUDNN_DETAIL "(cuDNN 9 expected at /usr/local/cuda or on the system; found major '${_weft_cudnn_major}')")
+    endif()
+  elseif(NOT WEFT_HAVE_CUDA)
+    set(WEFT_CUDNN_DETAIL "(needs the CUDA backend)")
+  endif()
+  _weft_require(WEFT_CUDNN ${WEFT_HAVE_CUDNN_FRONTEND} "the cuDNN frontend headers with cuDNN 9 (pip install nvidia-cudnn-frontend)")
+endmacro()

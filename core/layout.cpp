@@ -18,7 +18,14 @@ const char* to_string(Checkpointing c) {
   }
   return "?";
 }
-const char* to_string(AttentionKind a) { return a == AttentionKind::flash ? "flash" : "materialized"; }
+const char* to_string(AttentionKind a) {
+  switch (a) {
+    case AttentionKind::flash: return "flash";
+    case AttentionKind::materialized: return "materialized";
+    case AttentionKind::cudnn: return "cudnn";
+  }
+  return "?";
+}
 const char* to_string(NormKind n) { return n == NormKind::fused ? "fused" : "unfused"; }
 
 Checkpointing checkpointing_parse(const std::string& s) {
@@ -30,9 +37,9 @@ Checkpointing checkpointing_parse(const std::string& s) {
                                s));
 }
 AttentionKind attention_parse(const std::string& s) {
-  if (s == "flash") return AttentionKind::flash;
-  if (s == "materialized") return AttentionKind::materialized;
-  throw InputError(fmt::format("unknown attention kind '{}'; valid: flash, materialized", s));
+  for (auto a : {AttentionKind::flash, AttentionKind::materialized, AttentionKind::cudnn})
+    if (s == to_string(a)) return a;
+  throw InputError(fmt::format("unknown attention kind '{}'; valid: flash, materialized, cudnn (GPU only)", s));
 }
 NormKind norm_parse(const std::string& s) {
   if (s == "fused") return NormKind::fused;
@@ -110,7 +117,7 @@ Layout Layout::parse(const std::string& text) {
     } else {
       throw InputError(fmt::format(
           "layout '{}': unknown field '{}'; fields are tpN, ppN, dpN, mbN, vppN, sp|nosp, "
-          "ckpt:none|selective|ffn|full[@K], attn:flash|materialized, norm:fused|unfused, zeroN",
+          "ckpt:none|selective|ffn|full[@K], attn:flash|materialized|cudnn, norm:fused|unfused, zeroN",
           text, tok));
     }
     if (end == text.size()) break;

@@ -18,7 +18,9 @@ namespace weft {
 // ffn: the MLP (post-attention norm, gate/up projections and SwiGLU);
 // full: the whole block from its input.
 enum class Checkpointing { none, selective, ffn, full };
-enum class AttentionKind { flash, materialized };
+// flash and materialized are weft's own kernels (CPU and CUDA); cudnn is
+// cuDNN's fused SDPA, so it runs on GPUs only (kernels/attention/attention.h).
+enum class AttentionKind { flash, materialized, cudnn };
 enum class NormKind { fused, unfused };
 
 struct Layout {

@@ -59,6 +59,11 @@ WEFT_CUDA_UNAVAILABLE(SumSquaresParams)
 WEFT_CUDA_UNAVAILABLE(WidenParams)
 WEFT_CUDA_UNAVAILABLE(NarrowParams)
 
+// No CUDA backend: the CPU's kinds only (attention_cpu.cpp has no cudnn).
+bool attention_available(AttentionKind kind, Backend backend) {
+  return backend == Backend::cpu && kind != AttentionKind::cudnn;
+}
+
 namespace fp32_cuda {
 bool available() { return false; }
 Status launch(const FillParams<float>&, Workspace, Stream) { return Status::unsupported; }

@@ -30,6 +30,9 @@ constexpr int64_t kInt32 = 4;
 // recommends for Hopper, plus 256 bytes to align it; kernels/gemm/gemm.cu);
 // CPU GEMMs need none.
 constexpr int64_t kGpuGemmWorkspace = 32 * MiB + 256;
+// The fixed part of the cudnn attention's workspace bound: what its graphs
+// let a cuDNN engine take for itself (kernels/attention/attention_cudnn.h).
+constexpr int64_t kCudnnEngineAllowance = 16 * MiB;
 
 struct Dims {
   int64_t B, T, Tsp, C, Hl, Kl, D, Fl, Vl, a;
@@ -73,12 +76,23 @@ int64_t gpu_kernel_scratch(const Dims& d, const Layout& l) {
   const int64_t rows = d.B * d.T, norm_rows = d.B * d.Tsp;
   int64_t need = 0;
   // attention.cu: flash keeps delta = rowsum(dO * O) and an fp32 dQ; the
-  // materialized backward dP, fp32 dK and dV, and its batched-GEMM pointers.
+  // materialized backward dP, fp32 dK and dV, and its batched-GEMM pointers;
+  // cudnn the bound of attention_cudnn.h: the frontend's fp32 row sums and
+  // dQ, plus the engine allowance (16 MiB, and fp32 dK and dV at the kv heads
+  // in the backward, which is the larger direction).
   const int64_t pointers = bytes(9 * d.B * d.Hl * 8);
-  if (l.attention == AttentionKind::flash)
-    need = bytes(d.B * d.Hl * d.T * 4) + bytes(rows * d.Hl * d.D * 4);
-  else
-    need = bytes(d.B * d.Hl * d.T * d.T * 2) + 2 * bytes(rows * d.Kl * d.D * 4) + pointers;
+  switch (l.attention) {
+    case AttentionKind::flash:
+      need = bytes(d.B * d.Hl * d.T * 4) + bytes(rows * d.Hl * d.D * 4);
+      break;
+    case AttentionKind::materialized:
+      need = bytes(d.B * d.Hl * d.T * d.T * 2) + 2 * bytes(rows * d.Kl * d.D * 4) + pointers;
+      break;
+    case AttentionKind::cudnn:
+      need = bytes(d.B * d.Hl * d.T * 4) + bytes(rows * d.Hl * d.D * 4) + kCudnnEngineAllowance +
+             2 * bytes(rows * d.Kl * d.D * 4);
+      break;
+  }
   // rmsnorm.cu: up to 512 partial dweight rows; the unfused backward adds
   // g (rows, C) and mean(g * x_hat) (rows).
   int64_t norm = bytes(std::min<int64_t>(norm_rows, 512) * d.C * 4);
@@ -158,10 +172,11 @@ void block_saved_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l,
   out.push_back({"layer.attn.v", Category::activations, d.B * d.T * d.Kl * d.D, d.a, 1});
   if (mode != Checkpointing::selective) {
     // The attention output feeds o_proj's weight gradient and the flash
-    // backward's rowsum(dO * O); flash keeps the log-sum-exp per row, the
-    // materialized variant the T x T probabilities.
+    // backward's rowsum(dO * O); flash keeps the log-sum-exp per row (cudnn
+    // too: cuDNN's softmax stats, the same quantity), the materialized
+    // variant the T x T probabilities.
     out.push_back({"layer.attn.out", Category::activations, d.B * d.T * d.Hl * d.D, d.a, 1});
-    if (l.attention == AttentionKind::flash)
+    if (l.attention != AttentionKind::materialized)
       out.push_back({"layer.attn.lse", Category::activations, d.B * d.Hl * d.T, kFp32, 1});
     else
       out.push_back({"layer.attn.probs", Category::activations, d.B * d.Hl * d.T * d.T, d.a, 1});
@@ -256,8 +271,8 @@ std::vector<TensorShape> stage_shapes(const ModelSpec& m, const RunSpec& run, co
     // (min(32, T) x T), one 64-byte piece each; flash takes 1 forward and 2
     // backward (P, dP), materialized none forward (its scores go into the
     // saved probs) and 1 backward (dP). In elements rounded to 16, a double
-    // run's 8-byte tiles fit too.
-    const int64_t tiles = l.attention == AttentionKind::flash ? 2 : 1;
+    // run's 8-byte tiles fit too. (cudnn never runs on a CPU; sized as flash.)
+    const int64_t tiles = l.attention == AttentionKind::materialized ? 1 : 2;
     const int64_t tile = piece(std::min<int64_t>(32, d.T) * d.T, kFp32);
     out.push_back({"scratch.attn_tiles", Category::workspace, d.B * d.Kl * tiles * tile, kFp32, 1});
     if (l.norm == NormKind::unfused)  // g = dy * w and mean(g * x_hat) of the unfused backward

@@ -20,6 +20,21 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
+# With a CUDA toolkit, the cuDNN frontend's C++ headers (a PyPI package) for
+# the attn:cudnn kernels; CMake finds them in the Python purelib. Optional:
+# without them the build still has every other kernel, so a failed install
+# is reported and set-up goes on.
+if [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null 2>&1; then
+  py=$(command -v python3 || true)
+  if [ -z "$py" ]; then
+    echo "setup: no python3, so no cuDNN frontend (attn:cudnn stays unavailable)"
+  elif ! "$py" -m pip show -q nvidia-cudnn-frontend >/dev/null 2>&1; then
+    echo "setup: installing nvidia-cudnn-frontend (cuDNN frontend headers, for attn:cudnn)"
+    "$py" -m pip install -q --disable-pip-version-check nvidia-cudnn-frontend >/dev/null 2>&1 ||
+      echo "setup: could not install nvidia-cudnn-frontend; building without attn:cudnn"
+  fi
+fi
+
 jobs=${WEFT_JOBS:-$(nproc)}
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=${WEFT_BUILD_TYPE:-Release} "$@"
 cmake --build build -j "$jobs"

@@ -17,12 +17,14 @@
 #include "core/json_io.h"
 #include "core/pipeline_schedule.h"
 #include "core/units.h"
+#include "kernels/attention/attention.h"
 #include "memory/device.h"
 #include "memory/estimate.h"
 #include "trainer/checkpoint/checkpoint.h"
 #include "trainer/data/corpus.h"
 #include "trainer/data/loader.h"
 #include "trainer/data/token_data.h"
+#include "trainer/profile.h"
 #include "trainer/run_state.h"
 
 extern "C" void openblas_set_num_threads(int);
@@ -71,7 +73,7 @@ void set_threads(int64_t threads) {
   openblas_set_num_threads(n);
 }
 
-void check_trainable(const Layout& l, const ModelSpec& m) {
+void check_trainable(const Layout& l, const ModelSpec& m, DeviceKind device) {
   auto no = [&](const char* what) {
     throw LayoutError(fmt::format("layout {}: {} is not supported by the trainer yet (the memory and "
                                   "cost models and `weft tune --dry-run` cover it)",
@@ -79,6 +81,16 @@ void check_trainable(const Layout& l, const ModelSpec& m) {
   };
   if (l.zero >= 3 && l.dp > 1) no("ZeRO-3 parameter sharding");
   if (l.zero == 2 && l.dp > 1 && m.tied_embeddings) no("ZeRO-2 with tied embeddings");
+  const bool gpu = device == DeviceKind::gpu;
+  if (l.attention == AttentionKind::cudnn &&
+      !kernels::attention_available(l.attention, gpu ? kernels::Backend::cuda : kernels::Backend::cpu))
+    throw LayoutError(fmt::format(
+        "layout {}: attention cudnn runs cuDNN's fused attention, {}; attn:flash and attn:materialized run "
+        "everywhere",
+        l.to_string(),
+        gpu ? "which this build lacks (install nvidia-cudnn-frontend, e.g. with tools/setup.sh, and "
+              "reconfigure: CMake prints a line for the cuDNN frontend)"
+            : "which needs a GPU"));
 }
 
 namespace {
@@ -90,7 +102,24 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
   // On a GPU the driver's count of used memory before the run, so the run's
   // own share (arena, CUDA context, cuBLAS and NCCL workspaces) can be shown.
   const int64_t device_before = Run<Elem>::kDevice ? memory::device_memory().used() : 0;
-  Run<Elem> run(c, std::move(data));
+  // On a GPU the rank's predicted memory is reserved before the run builds
+  // anything: a device too small fails here, on every rank together and
+  // before any collective, with the sizes named.
+  std::unique_ptr<memory::Arena> reserved;
+  if constexpr (Run<Elem>::kDevice) {
+    reserved = std::make_unique<memory::Arena>(memory::device_allocator());
+    std::string failure;
+    try {
+      reserved->reserve(arena_reservation(c, c.groups ? c.groups->world->rank() : 0, world, 0.05));
+    } catch (const memory::OutOfMemory& e) {
+      failure = e.what();
+    }
+    int32_t failed = failure.empty() ? 0 : 1;
+    if (c.groups) c.groups->host_groups().world->all_reduce(&failed, 1, parallel::ReduceOp::max);
+    if (failed)
+      throw memory::OutOfMemory(failure.empty() ? "another rank could not reserve its predicted memory" : failure);
+  }
+  Run<Elem> run(c, std::move(data), reserved.get());
   TrainReport report;
   report.baseline = data::token_data_baseline(run.data);
   memory::MemoryOptions all;
@@ -232,7 +261,7 @@ TrainReport train(const TrainConfig& c, std::FILE* log_all) {
   c.optim.validate();
   const int64_t world = c.groups ? c.groups->world->size() : 1;
   c.layout.validate(c.model, c.run, world);
-  check_trainable(c.layout, c.model);
+  check_trainable(c.layout, c.model, c.device.kind);
   const bool rank0 = !c.groups || c.groups->world->rank() == 0;
   // Only world rank 0 reports; the others write their progress nowhere.
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> devnull(std::fopen("/dev/null", "w"), &std::fclose);

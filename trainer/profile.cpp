@@ -76,8 +76,9 @@ std::vector<std::unique_ptr<TrialState>>& graveyard() {
   return *g;
 }
 
-int64_t reservation_bytes(const ProfileConfig& pc, int64_t world_rank, int64_t world) {
-  const auto& t = pc.train;
+}  // namespace
+
+int64_t arena_reservation(const TrainConfig& t, int64_t world_rank, int64_t world, double slack) {
   memory::MemoryOptions all;
   all.all_stages = true;
   const auto mem = memory::estimate(t.model, t.run, t.layout, t.device, all);
@@ -86,10 +87,8 @@ int64_t reservation_bytes(const ProfileConfig& pc, int64_t world_rank, int64_t w
   // The arena holds every category but the runtime overhead (the process and
   // its libraries); the slack covers alignment and the model's rounding.
   int64_t bytes = stage.total - stage.bytes[size_t(memory::Category::overhead)];
-  return int64_t(std::ceil(double(bytes) * (1 + pc.reserve_slack))) + (int64_t{1} << 20);
+  return int64_t(std::ceil(double(bytes) * (1 + slack))) + (int64_t{1} << 20);
 }
-
-}  // namespace
 
 const char* to_string(TrialStatus s) {
   switch (s) {
@@ -130,7 +129,7 @@ TrialOutcome profile_layout(const ProfileConfig& pc, parallel::Comm& control, co
 
   // Up front and before any collective on the trial's groups: the memory.
   try {
-    if (pc.reserve) st->arena.reserve(reservation_bytes(pc, rank, world));
+    if (pc.reserve) st->arena.reserve(arena_reservation(pc.train, rank, world, pc.reserve_slack));
   } catch (const memory::OutOfMemory& e) {
     mine = {TrialStatus::out_of_memory, e.what()};
   }

@@ -68,6 +68,12 @@ struct TrialOutcome {
   std::vector<double> losses;        // per step, for checks
 };
 
+// The bytes a rank's arena reserves up front for a layout: the memory
+// model's prediction for the rank's stage without the runtime's share (the
+// arena never holds it), plus `slack` of it and 1 MiB for alignment and the
+// model's rounding.
+int64_t arena_reservation(const TrainConfig& t, int64_t world_rank, int64_t world, double slack);
+
 // `control` spans the same ranks as the layout's world and is used only to
 // agree (never abandoned); `make_groups` is null for a single process.
 TrialOutcome profile_layout(const ProfileConfig& config, parallel::Comm& control,

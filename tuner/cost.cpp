@@ -138,9 +138,12 @@ Part block_cost(const Model& x, Checkpointing mode) {
 
   // Attention core for B x Hl heads of T x T, causal.
   double attn_fwd, attn_bwd;
-  if (l.attention == AttentionKind::flash) {
+  if (l.attention != AttentionKind::materialized) {
     // Flash skips fully masked key blocks: half of the 4 B Hl T^2 D FLOPs;
-    // the backward does 2.5x the forward's matmul work.
+    // the backward does 2.5x the forward's matmul work. cuDNN's fused SDPA
+    // (cudnn) is modelled as flash, at the same efficiency: it is the same
+    // tiled algorithm, and which of the two is faster on a device is left to
+    // the profiler, which times both, rather than guessed here.
     const double flops = 4.0 * B * Hl * T * T * D * 0.5;
     attn_fwd = flops / (x.peak * x.k.flash_efficiency) + x.k.launch_overhead;
     attn_bwd = 2.5 * flops / (x.peak * x.k.flash_efficiency) + x.k.launch_overhead;

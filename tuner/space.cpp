@@ -4,6 +4,8 @@
 #include <chrono>
 #include <numeric>
 
+#include <fmt/format.h>
+
 namespace weft::tuner {
 
 const char* to_string(Verdict v) {
@@ -40,11 +42,14 @@ std::string rule_class(const std::string& violation) {
 }  // namespace
 
 std::vector<Layout> enumerate(const ModelSpec& m, const RunSpec& run, int64_t world,
-                              const SpaceLimits& limits) {
+                              const SpaceLimits& limits, DeviceKind device) {
   const int64_t model_tp = std::gcd(std::gcd(m.heads, m.kv_heads), std::gcd(m.vocab, m.intermediate));
   std::vector<int64_t> tps;
   for (int64_t d : divisors(world))
     if (model_tp % d == 0) tps.push_back(d);
+  std::vector<AttentionKind> attns = {AttentionKind::flash, AttentionKind::materialized};
+  if (device == DeviceKind::gpu) attns.push_back(AttentionKind::cudnn);
+  attns = pick(limits.attention, attns);
   std::vector<Layout> out;
   for (int64_t tp : pick(limits.tp, tps)) {
     if (tp <= 0 || world % tp != 0) continue;
@@ -89,8 +94,7 @@ std::vector<Layout> enumerate(const ModelSpec& m, const RunSpec& run, int64_t wo
             for (auto [ckpt, k] : ckpts) {
               // Partial checkpointing splits evenly over the chunks of a stage.
               if (vpp > 1 && k % vpp != 0 && limits.ckpt_layers.empty()) continue;
-              for (AttentionKind attn :
-                   pick(limits.attention, {AttentionKind::flash, AttentionKind::materialized}))
+              for (AttentionKind attn : attns)
                 for (NormKind norm : pick(limits.norm, {NormKind::fused, NormKind::unfused}))
                   for (int64_t zero : pick(limits.zero, zeros)) {
                     Layout l;
@@ -122,7 +126,9 @@ SpaceReport evaluate(const ModelSpec& m, const RunSpec& run, const ClusterSpec& 
   for (const Layout& l : layouts) {
     Candidate c;
     c.layout = l;
-    const auto bad = l.violations(m, run, cluster.gpus);
+    auto bad = l.violations(m, run, cluster.gpus);
+    if (l.attention == AttentionKind::cudnn && cluster.device.kind != DeviceKind::gpu)
+      bad.push_back(fmt::format("attention cudnn needs a GPU (device {} is a CPU)", cluster.device.name));
     if (!bad.empty()) {
       c.verdict = Verdict::invalid;
       c.reason = bad.front();

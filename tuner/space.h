@@ -31,9 +31,12 @@ struct SpaceLimits {
 // H_kv, F and V; pp over divisors of the rest that divide L; dp fills the world;
 // mb over powers of two dividing the per-replica batch; vpp over divisors of
 // L / pp (pp > 1); sp with tp > 1; ZeRO > 0 with dp > 1; full checkpointing
-// also on 1/4, 1/2 and 3/4 of a stage's layers. Pins replace these lists.
+// also on 1/4, 1/2 and 3/4 of a stage's layers; attention flash and
+// materialized, and cudnn on a GPU device (cuDNN has no CPU kernels). Pins
+// replace these lists (evaluate prunes a pinned cudnn on a CPU as invalid).
+// The device defaults to a GPU, as DeviceSpec does.
 std::vector<Layout> enumerate(const ModelSpec& m, const RunSpec& run, int64_t world,
-                              const SpaceLimits& limits);
+                              const SpaceLimits& limits, DeviceKind device = DeviceKind::gpu);
 
 enum class Verdict { fits, out_of_memory, invalid };
 
@@ -54,7 +57,8 @@ struct SpaceReport {
   double seconds = 0;                     // wall time of the evaluation
 };
 
-// Validates, memory-estimates and costs every layout; sorts fitting layouts
+// Validates (a cudnn layout on a CPU device is invalid), memory-estimates
+// and costs every layout; sorts fitting layouts
 // by predicted step time, then the rest. The first becomes the layout with
 // the least memory among those predicted within `tie` (a fraction) of the
 // fastest: the cost model cannot tell such layouts apart, and the one with

@@ -194,7 +194,7 @@ TuneResult tune(const ReportContext& ctx, const SpaceLimits& limits, const train
   const auto faults = faults_parse(o.faults);
 
   TuneResult r;
-  const auto layouts = enumerate(ctx.model, ctx.run, ctx.cluster.gpus, limits);
+  const auto layouts = enumerate(ctx.model, ctx.run, ctx.cluster.gpus, limits, ctx.cluster.device.kind);
   r.space = evaluate(ctx.model, ctx.run, ctx.cluster, layouts, ctx.constants, ctx.memory);
   r.peak_flops = ctx.cluster.device.peak_flops(to_string(ctx.run.precision));
 
@@ -211,7 +211,7 @@ TuneResult tune(const ReportContext& ctx, const SpaceLimits& limits, const train
   for (const auto& c : r.space.candidates) {
     if (c.verdict != Verdict::fits) continue;
     try {
-      trainer::check_trainable(c.layout, ctx.model);
+      trainer::check_trainable(c.layout, ctx.model, ctx.cluster.device.kind);
     } catch (const LayoutError&) {
       ++untrainable;
       continue;
@@ -221,7 +221,7 @@ TuneResult tune(const ReportContext& ctx, const SpaceLimits& limits, const train
   r.candidates = int64_t(cands.size());
   if (cands.empty())
     throw InputError(fmt::format("no layout of {} on {} x {} fits and is trainable ({} evaluated, {} fit, {} "
-                                 "need trainer features not built yet); see `weft tune --dry-run`",
+                                 "need trainer features or kernels this build lacks); see `weft tune --dry-run`",
                                  ctx.model.name, ctx.cluster.gpus, ctx.cluster.device.name, r.space.evaluated,
                                  r.space.fitting, untrainable));
 

@@ -1,11 +1,13 @@
-// attention on CUDA, bf16: weft's own flash attention (forward and backward)
-// and the materialized variant through cuBLAS, behind the protocol of
-// kernels/attention/attention.h. Both compute what attention_cpu.cpp computes:
-// causal softmax(scale Q K^T) V, scale = 1 / sqrt(D), query head h reading kv
-// head h / (H / H_kv).
+// attention on CUDA, bf16: weft's own flash attention (forward and backward),
+// the materialized variant through cuBLAS and cuDNN's fused SDPA, behind the
+// protocol of kernels/attention/attention.h. All compute what
+// attention_cpu.cpp computes: causal softmax(scale Q K^T) V, scale =
+// 1 / sqrt(D), query head h reading kv head h / (H / H_kv).
 //
 // The flash kernels are in attention_flash.cu (their algorithm and tiles are
-// described there).
+// described there); the cudnn kind's graphs in attention_cudnn.cpp, compiled
+// only when CMake found the cuDNN frontend (WEFT_HAVE_CUDNN_FRONTEND);
+// without it the kind is unsupported.
 //
 // Materialized, as an eager framework runs it: one batched cuBLAS GEMM
 // (bf16 in, fp32 compute, bf16 out) writes the scaled scores straight into
@@ -28,6 +30,9 @@
 #include "kernels/attention/attention_check.h"
 #include "kernels/attention/attention_cuda.cuh"
 #include "kernels/cuda_common.cuh"
+#ifdef WEFT_HAVE_CUDNN_FRONTEND
+#include "kernels/attention/attention_cudnn.h"
+#endif
 
 namespace weft::kernels {
 
@@ -260,10 +265,24 @@ bool materialized_handles(const P& p) {
   return p.T <= kInt && p.H * p.D <= kInt && p.B * p.H <= kInt;
 }
 
+// cudnn: what attention_cudnn.h says its graphs take, in builds that have it.
+template <typename P>
+bool cudnn_handles(const P& p) {
+#ifdef WEFT_HAVE_CUDNN_FRONTEND
+  return attention_cudnn::shape_handled(p.D) && gpu::aligned16(p.q) && gpu::aligned16(p.k) &&
+         gpu::aligned16(p.v) && gpu::aligned16(p.lse);
+#else
+  (void)p;
+  return false;
+#endif
+}
+
 // The shared rules for valid params (attention_check.h, invalid_argument),
 // then what this backend implements (unsupported).
 Status check(const AttentionForwardParams<bf16>& p) {
   if (Status s = params_check(p); s != Status::ok) return s;
+  if (p.kind == AttentionKind::cudnn)
+    return cudnn_handles(p) && gpu::aligned16(p.out) ? Status::ok : Status::unsupported;
   if (p.kind == AttentionKind::flash)
     return flash_handles(p) && gpu::aligned16(p.out) && aligned(p.lse, 4) ? Status::ok : Status::unsupported;
   return materialized_handles(p) ? Status::ok : Status::unsupported;
@@ -271,6 +290,11 @@ Status check(const AttentionForwardParams<bf16>& p) {
 
 Status check(const AttentionBackwardParams<bf16>& p) {
   if (Status s = params_check(p); s != Status::ok) return s;
+  if (p.kind == AttentionKind::cudnn)
+    return cudnn_handles(p) && gpu::aligned16(p.out) && gpu::aligned16(p.dout) && gpu::aligned16(p.dq) &&
+                   gpu::aligned16(p.dk) && gpu::aligned16(p.dv)
+               ? Status::ok
+               : Status::unsupported;
   if (p.kind == AttentionKind::flash)
     return flash_handles(p) && gpu::aligned16(p.out) && gpu::aligned16(p.dout) && gpu::aligned16(p.dq) &&
                    gpu::aligned16(p.dk) && gpu::aligned16(p.dv) && aligned(p.lse, 4) && p.H_kv <= kGridYZ
@@ -285,14 +309,22 @@ Status check(const AttentionBackwardParams<bf16>& p) {
 //   materialized forward:  pointer arrays
 //   materialized backward: dP, overwritten by dS, (B, H, T, T) bf16; dK and dV sums
 //                          (B, T, H_kv, D) fp32 each; pointer arrays
+//   cudnn:                 the bound of attention_cudnn.h (cuDNN lays it out)
 int64_t pointer_bytes(int64_t B, int64_t H) { return piece(kPtrArrays * B * H * int64_t(sizeof(void*))); }
 
 int64_t scratch(const AttentionForwardParams<bf16>& p) {
+#ifdef WEFT_HAVE_CUDNN_FRONTEND
+  if (p.kind == AttentionKind::cudnn) return attention_cudnn::forward_workspace_bound(p.B, p.T, p.H, p.H_kv, p.D);
+#endif
   if (p.kind == AttentionKind::flash) return 0;
   return pointer_bytes(p.B, p.H);
 }
 
 int64_t scratch(const AttentionBackwardParams<bf16>& p) {
+#ifdef WEFT_HAVE_CUDNN_FRONTEND
+  if (p.kind == AttentionKind::cudnn)
+    return attention_cudnn::backward_workspace_bound(p.B, p.T, p.H, p.H_kv, p.D);
+#endif
   if (p.kind == AttentionKind::flash) return flash_backward_workspace(p);
   return piece(p.B * p.H * p.T * p.T * 2) + 2 * piece(p.B * p.T * p.H_kv * p.D * 4) + pointer_bytes(p.B, p.H);
 }
@@ -405,6 +437,9 @@ void materialized_backward(const AttentionBackwardParams<bf16>& p, Workspace ws,
 Status run(const AttentionForwardParams<bf16>& p, Workspace ws, cudaStream_t stream) {
   if (p.B == 0 || p.T == 0) return Status::ok;
   if (!device_has_bf16_mma()) return Status::unsupported;
+#ifdef WEFT_HAVE_CUDNN_FRONTEND
+  if (p.kind == AttentionKind::cudnn) return attention_cudnn::forward(p, ws, stream);
+#endif
   if (p.kind == AttentionKind::materialized)
     materialized_forward(p, ws, stream);
   else
@@ -415,6 +450,9 @@ Status run(const AttentionForwardParams<bf16>& p, Workspace ws, cudaStream_t str
 Status run(const AttentionBackwardParams<bf16>& p, Workspace ws, cudaStream_t stream) {
   if (p.B == 0 || p.T == 0) return Status::ok;
   if (!device_has_bf16_mma()) return Status::unsupported;
+#ifdef WEFT_HAVE_CUDNN_FRONTEND
+  if (p.kind == AttentionKind::cudnn) return attention_cudnn::backward(p, ws, stream);
+#endif
   if (p.kind == AttentionKind::materialized)
     materialized_backward(p, ws, stream);
   else
@@ -439,5 +477,14 @@ using attention_cuda::scratch;
 
 WEFT_CUDA_INSTANTIATE(AttentionForwardParams)
 WEFT_CUDA_INSTANTIATE(AttentionBackwardParams)
+
+bool attention_available(AttentionKind kind, Backend backend) {
+  if (backend == Backend::cpu) return kind != AttentionKind::cudnn;  // as attention_cpu.cpp's check
+#ifdef WEFT_HAVE_CUDNN_FRONTEND
+  return true;
+#else
+  return kind != AttentionKind::cudnn;
+#endif
+}
 
 }  // namespace weft::kernels

@@ -1,12 +1,15 @@
 // attention: causal scaled-dot-product attention with grouped-query heads.
 //
-// Head h reads kv head h / (H / H_kv); the softmax scale is 1 / sqrt(D). Two
-// variants compute the same function and differ in what they keep, chosen by
-// the layout's attention knob (weft::AttentionKind):
+// Head h reads kv head h / (H / H_kv); the softmax scale is 1 / sqrt(D). Three
+// variants compute the same function and differ in what they keep and whose
+// kernels run, chosen by the layout's attention knob (weft::AttentionKind):
 //   flash        keeps the log-sum-exp per query row, lse (B, H, T) in Acc;
 //                the backward recomputes the probabilities from it.
 //   materialized keeps the probabilities P (B, H, T, T); its backward reads
 //                them instead of recomputing.
+//   cudnn        cuDNN's fused SDPA (kernels/attention/attention_cudnn.h),
+//                CUDA only; keeps what flash keeps, lse being cuDNN's own
+//                softmax stats, which only the cudnn backward reads.
 #pragma once
 
 #include <cstdint>
@@ -29,7 +32,7 @@ struct AttentionForwardParams {
   const Elem* v = nullptr;  // (B, T, H_kv, D)
   Elem* out = nullptr;      // (B, T, H, D)
   // (B, H, T) log-sum-exp of the scaled scores per query row: required by
-  // flash, written by materialized too when given.
+  // flash and cudnn, written by materialized too when given.
   Acc<Elem>* lse = nullptr;
   Elem* probs = nullptr;  // (B, H, T, T) materialized only; zero above the diagonal
 };
@@ -47,8 +50,8 @@ struct AttentionBackwardParams {
   const Elem* q = nullptr;          // (B, T, H, D)
   const Elem* k = nullptr;          // (B, T, H_kv, D)
   const Elem* v = nullptr;          // (B, T, H_kv, D)
-  const Elem* out = nullptr;        // (B, T, H, D) flash only (delta = rowsum(dO * O))
-  const Acc<Elem>* lse = nullptr;   // (B, H, T) flash only
+  const Elem* out = nullptr;        // (B, T, H, D) flash and cudnn (delta = rowsum(dO * O))
+  const Acc<Elem>* lse = nullptr;   // (B, H, T) flash and cudnn, from the same kind's forward
   const Elem* probs = nullptr;      // (B, H, T, T) materialized only
   const Elem* dout = nullptr;       // (B, T, H, D)
   Elem* dq = nullptr;               // (B, T, H, D)
@@ -60,7 +63,9 @@ struct AttentionBackwardParams {
 // Acc score tiles per (batch, kv head) item (kernels/attention/attention_cpu.cpp):
 // B * H_kv items of n tiles of (min(32, T) x T) elements, each tile a 64-byte
 // aligned piece; n is 1 for the flash forward, 2 for the flash backward (P
-// and dP), 0 for the materialized forward and 1 for its backward (dP).
+// and dP), 0 for the materialized forward and 1 for its backward (dP). The
+// CPU has no cuDNN: cudnn params are Status::unsupported there. The CUDA
+// workspaces are described in attention.cu and attention_cudnn.h.
 template <typename Elem>
 bool supports(const AttentionForwardParams<Elem>& p, Backend backend = Backend::cpu);
 template <typename Elem>
@@ -74,5 +79,11 @@ template <typename Elem>
 int64_t workspace_bytes(const AttentionBackwardParams<Elem>& p, Backend backend = Backend::cpu);
 template <typename Elem>
 Status launch(const AttentionBackwardParams<Elem>& p, Workspace ws, Stream stream = {});
+
+// Whether this build runs `kind` on `backend` at all, whatever the shapes:
+// the CPU runs flash and materialized; a CUDA build runs those and, when it
+// was built with cuDNN's frontend, cudnn. Needs no device. The trainer asks it
+// to reject a layout with a message instead of failing at the first launch.
+bool attention_available(AttentionKind kind, Backend backend);
 
 }  // namespace weft::kernels

@@ -1,5 +1,5 @@
 // The attention params' rules (Status::invalid_argument), defined once for
-// both backends: attention_cpu.cpp and attention.cu apply them, then what each
+// both backends (flash and cudnn keep the same tensors): attention_cpu.cpp and attention.cu apply them, then what each
 // implements (Status::unsupported). Free of CUDA and fmt, so nvcc compiles it
 // too.
 #pragma once
@@ -21,7 +21,7 @@ Status params_check(const AttentionForwardParams<Elem>& p) {
   const int64_t nq = p.B * p.T * p.H * p.D, nkv = p.B * p.T * p.H_kv * p.D;
   bool ok = cpu::present(p.q, nq) && cpu::present(p.k, nkv) && cpu::present(p.v, nkv) &&
             cpu::present(p.out, nq);
-  if (p.kind == AttentionKind::flash) ok = ok && cpu::present(p.lse, p.B * p.H * p.T);
+  if (p.kind != AttentionKind::materialized) ok = ok && cpu::present(p.lse, p.B * p.H * p.T);
   if (p.kind == AttentionKind::materialized) ok = ok && cpu::present(p.probs, p.B * p.H * p.T * p.T);
   return cpu::status_of(ok);
 }
@@ -33,7 +33,7 @@ Status params_check(const AttentionBackwardParams<Elem>& p) {
   bool ok = cpu::present(p.q, nq) && cpu::present(p.k, nkv) && cpu::present(p.v, nkv) &&
             cpu::present(p.dout, nq) && cpu::present(p.dq, nq) && cpu::present(p.dk, nkv) &&
             cpu::present(p.dv, nkv);
-  if (p.kind == AttentionKind::flash)
+  if (p.kind != AttentionKind::materialized)
     ok = ok && cpu::present(p.out, nq) && cpu::present(p.lse, p.B * p.H * p.T);
   if (p.kind == AttentionKind::materialized) ok = ok && cpu::present(p.probs, p.B * p.H * p.T * p.T);
   return cpu::status_of(ok);

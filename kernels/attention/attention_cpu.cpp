@@ -215,6 +215,8 @@ bool fits_blas(int64_t T, int64_t H, int64_t D) { return T <= INT_MAX && H * D <
 template <typename P>
 Status check(const P& p) {
   if (Status s = params_check(p); s != Status::ok) return s;
+  // cudnn is cuDNN's kernels, which only the CUDA backend has.
+  if (p.kind == AttentionKind::cudnn) return Status::unsupported;
   return fits_blas(p.T, p.H, p.D) ? Status::ok : Status::unsupported;
 }
 

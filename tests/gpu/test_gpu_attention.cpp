@@ -1,5 +1,6 @@
-// attention on CUDA (bf16): flash and materialized, forward and backward,
-// against an fp64 reference, the CPU float backend and each other.
+// attention on CUDA (bf16): flash, materialized and cudnn (cuDNN's fused
+// SDPA, in builds with the cuDNN frontend), forward and backward, against an
+// fp64 reference, the CPU float backend and each other.
 //
 // Inputs are drawn fresh each run (the seed is printed with a failure;
 // WEFT_TEST_SEED replays it) and rounded to bf16; every reference sees the
@@ -13,8 +14,8 @@
 // implementation is the textbook loop in fp32 that rounds to bf16 wherever
 // an eager bf16 framework stores a tensor: scores, P, O, dP, dS, dQ, dK and
 // dV (dK and dV summed over the group's heads in fp32 first). The materialized
-// path rounds at those same points and should land near 1x; flash rounds
-// fewer (P and dS only), so it lands under it. This naive is coarser than the
+// path rounds at those same points and should land near 1x; flash and cuDNN
+// round fewer (P and dS only), so they land under it. This naive is coarser than the
 // CPU fp32 result rounded once (the rule of the other GPU tests) on purpose:
 // the materialized variant stores its scores in bf16, as an eager framework
 // does, which puts its lse error near 1e-3 by design. 4 leaves room for other
@@ -30,9 +31,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/attention/attention.h"
@@ -383,6 +386,40 @@ TEST_P(GpuAttentionTest, FlashAndMaterializedMatchReferences) {
       << "materialized probs vs fp64: error " << e_probs << ", naive " << rel_l2(naive.probs, ref.probs);
 }
 
+// cuDNN's fused SDPA on the same inputs: against the fp64 reference by the
+// rule, and against weft's flash by the triangle inequality. Its lse is
+// cuDNN's softmax stats, the natural-log log-sum-exp of the scaled scores,
+// so it is held to the reference lse like the others.
+TEST_P(GpuAttentionTest, CudnnMatchesReferencesAndFlash) {
+  if (!attention_available(AttentionKind::cudnn, Backend::cuda))
+    GTEST_SKIP() << "built without the cuDNN frontend";
+  const AttentionCase& c = GetParam();
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  const Inputs in = draw(c, rng);
+  const auto ref = textbook<double, false>(c, in.q, in.k, in.v, in.dout);
+  const auto naive = textbook<float, true>(c, in.q, in.k, in.v, in.dout);
+  const DeviceInputs dev(c, in.bq, in.bk, in.bv, in.bdout);
+  const auto flash = run_gpu(c, AttentionKind::flash, dev);
+  const auto cudnn = run_gpu(c, AttentionKind::cudnn, dev);
+  const std::pair<const char*, std::vector<float> Result<float>::*> fields[] = {
+      {"out", &Result<float>::out}, {"lse", &Result<float>::lse}, {"dq", &Result<float>::dq},
+      {"dk", &Result<float>::dk},   {"dv", &Result<float>::dv}};
+  const std::vector<double> Result<double>::*refs[] = {&Result<double>::out, &Result<double>::lse,
+                                                       &Result<double>::dq, &Result<double>::dk,
+                                                       &Result<double>::dv};
+  for (size_t i = 0; i < std::size(fields); ++i) {
+    const auto& [name, member] = fields[i];
+    SCOPED_TRACE(name);
+    const std::vector<double>& r = ref.*refs[i];
+    const double bound = bound_of(naive.*member, r);
+    EXPECT_EQ(non_finite(cudnn.*member), 0) << "cudnn left elements unwritten or non-finite";
+    const double e = rel_l2(cudnn.*member, r);
+    EXPECT_LE(e, bound) << "cudnn vs fp64: error " << e << ", naive bf16 error " << rel_l2(naive.*member, r);
+    EXPECT_LE(rel_diff(cudnn.*member, flash.*member, r), 2 * bound) << "cudnn vs flash";
+  }
+}
+
 // A moving error is a race: the same inputs twice give the same bits, except
 // dQ, whose fp32 atomic sums may round differently at the last bf16 bit.
 TEST_P(GpuAttentionTest, FlashRepeatsItself) {
@@ -442,6 +479,32 @@ TEST(GpuAttentionProtocol, RefusesWhatItDoesNotHandle) {
   auto no_lse = fwd;
   no_lse.lse = nullptr;
   EXPECT_EQ(launch(no_lse, Workspace{}, cuda), Status::invalid_argument);
+
+  // cudnn: the bound of attention_cudnn.h as workspace, both directions;
+  // head dims of whole 16-byte rows up to 128; lse required as for flash.
+  auto cf = fwd;
+  cf.kind = AttentionKind::cudnn;
+  auto cb = bwd;
+  cb.kind = AttentionKind::cudnn;
+  if (!attention_available(AttentionKind::cudnn, Backend::cuda)) {
+    EXPECT_FALSE(supports(cf, Backend::cuda));
+    EXPECT_EQ(launch(cf, Workspace{}, cuda), Status::unsupported);
+    return;
+  }
+  EXPECT_TRUE(supports(cf, Backend::cuda));
+  EXPECT_TRUE(supports(cb, Backend::cuda));
+  EXPECT_GT(workspace_bytes(cf, Backend::cuda), 0);
+  EXPECT_GT(workspace_bytes(cb, Backend::cuda), workspace_bytes(cf, Backend::cuda));
+  EXPECT_EQ(launch(cb, Workspace{}, cuda), Status::invalid_argument) << "cudnn backward needs workspace";
+  auto c12 = cf;
+  c12.D = 12;
+  EXPECT_FALSE(supports(c12, Backend::cuda)) << "cudnn takes D in multiples of 8";
+  auto c256 = cf;
+  c256.D = 256;
+  EXPECT_FALSE(supports(c256, Backend::cuda)) << "cudnn takes D up to 128";
+  auto c_no_lse = cf;
+  c_no_lse.lse = nullptr;
+  EXPECT_EQ(launch(c_no_lse, Workspace{}, cuda), Status::invalid_argument);
 }
 
 }  // namespace

@@ -41,6 +41,8 @@ TEST_F(Cost, BubbleIsTheOneFOneBFraction) {
 TEST_F(Cost, KnobsCostWhatTheyShould) {
   const auto base = p("tp2-pp2-dp16-mb1-zero1");
   EXPECT_GT(p("tp2-pp2-dp16-mb1-zero1-attn:materialized").compute, base.compute);
+  // cuDNN's fused attention is priced as flash; the profiler tells them apart.
+  EXPECT_EQ(p("tp2-pp2-dp16-mb1-zero1-attn:cudnn").compute, base.compute);
   EXPECT_GT(p("tp2-pp2-dp16-mb1-zero1-norm:unfused").compute, base.compute);
   EXPECT_GT(p("tp2-pp2-dp16-mb1-zero1-ckpt:full").recompute, p("tp2-pp2-dp16-mb1-zero1-ckpt:selective").recompute);
   EXPECT_GT(p("tp2-pp2-dp16-mb1-zero1-ckpt:full").step, p("tp2-pp2-dp16-mb1-zero1-ckpt:full@5").step);

@@ -60,11 +60,21 @@ TEST(Layout, ParseAcceptsAnyOrderAndDefaults) {
   EXPECT_EQ(l.norm, NormKind::fused);
 }
 
+TEST(Layout, EveryAttentionKindRoundTrips) {
+  for (auto kind : {AttentionKind::flash, AttentionKind::materialized, AttentionKind::cudnn}) {
+    Layout l;
+    l.attention = kind;
+    EXPECT_EQ(Layout::parse(l.to_string()), l) << l.to_string();
+    EXPECT_EQ(attention_parse(to_string(kind)), kind);
+  }
+  EXPECT_EQ(Layout::parse("attn:cudnn").attention, AttentionKind::cudnn);
+}
+
 TEST(Layout, ParseErrorsNameTheField) {
   WEFT_EXPECT_THROW_MSG(Layout::parse("tp2-foo3"), InputError, "foo3", "tpN");
   WEFT_EXPECT_THROW_MSG(Layout::parse("tpX"), InputError, "tpX", "whole number");
   WEFT_EXPECT_THROW_MSG(Layout::parse("ckpt:most"), InputError, "most", "selective");
-  WEFT_EXPECT_THROW_MSG(Layout::parse("attn:sparse"), InputError, "sparse", "flash");
+  WEFT_EXPECT_THROW_MSG(Layout::parse("attn:sparse"), InputError, "sparse", "cudnn");
   WEFT_EXPECT_THROW_MSG(Layout::parse(""), InputError, "empty");
 }
 

@@ -141,6 +141,11 @@ TEST_F(Mono, MaterializedAttentionAddsTheSquareTerm) {
   EXPECT_NEAR(double(mat4 - flash4) / double(mat - flash), 4.0, 0.01);
 }
 
+TEST_F(Mono, CudnnAttentionSavesWhatFlashSaves) {
+  // out and cuDNN's softmax stats (the lse), as flash keeps out and lse.
+  EXPECT_EQ(part("tp4-pp2-dp8-attn:cudnn", Category::activations), part("tp4-pp2-dp8", Category::activations));
+}
+
 TEST_F(Mono, UnfusedNormKeepsFp32Intermediates) {
   const auto fused = part("tp4-pp2-dp8", Category::activations);
   const auto unfused = part("tp4-pp2-dp8-norm:unfused", Category::activations);

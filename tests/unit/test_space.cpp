@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -34,6 +35,7 @@ TEST_F(Space, EnumerationFollowsTheRules) {
   EXPECT_TRUE(has([](const Layout& l) { return l.pp == 4 && l.vpp == 5; }));
   EXPECT_TRUE(has([](const Layout& l) { return l.ckpt == Checkpointing::full && l.ckpt_layers > 0; }));
   EXPECT_TRUE(has([](const Layout& l) { return l.attention == AttentionKind::materialized; }));
+  EXPECT_TRUE(has([](const Layout& l) { return l.attention == AttentionKind::cudnn; }));
   EXPECT_TRUE(has([](const Layout& l) { return l.norm == NormKind::unfused; }));
   EXPECT_TRUE(has([](const Layout& l) { return l.zero == 3 && l.mb == 16; }));
 }
@@ -60,6 +62,34 @@ TEST_F(Space, PinsRestrictTheSpace) {
   bad.pp = {1};
   bad.mb = {1};
   EXPECT_TRUE(enumerate(m, run, 32, bad).empty());  // 3 does not divide 32
+}
+
+// cuDNN has no CPU kernels: a CPU's space leaves cudnn out, and a pinned one
+// is pruned with the reason.
+TEST_F(Space, CudnnAttentionOnlyOnGpus) {
+  SpaceLimits lim;
+  lim.tp = {1};
+  lim.pp = {1};
+  lim.mb = {1};
+  const auto gpu = enumerate(m, run, 32, lim, DeviceKind::gpu);
+  const auto cpu = enumerate(m, run, 32, lim, DeviceKind::cpu);
+  auto count = [](const std::vector<Layout>& ls, AttentionKind a) {
+    return std::count_if(ls.begin(), ls.end(), [&](const Layout& l) { return l.attention == a; });
+  };
+  EXPECT_GT(count(gpu, AttentionKind::cudnn), 0);
+  EXPECT_EQ(count(gpu, AttentionKind::cudnn), count(gpu, AttentionKind::flash));
+  EXPECT_EQ(count(cpu, AttentionKind::cudnn), 0);
+  EXPECT_EQ(count(cpu, AttentionKind::flash), count(gpu, AttentionKind::flash));
+
+  lim.attention = {AttentionKind::cudnn};
+  const ClusterSpec host = cluster_resolve("cpu", 32, 32);
+  ASSERT_EQ(host.device.kind, DeviceKind::cpu);
+  const auto r = evaluate(m, run, host, enumerate(m, run, 32, lim, DeviceKind::cpu), k);
+  ASSERT_FALSE(r.candidates.empty());
+  for (const auto& c : r.candidates) {
+    EXPECT_EQ(c.verdict, Verdict::invalid);
+    EXPECT_NE(c.reason.find("needs a GPU"), std::string::npos) << c.reason;
+  }
 }
 
 TEST_F(Space, EvaluateRanksFittingLayoutsAndExplainsTheRest) {

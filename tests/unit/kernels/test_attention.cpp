@@ -265,5 +265,35 @@ TEST(AttentionArgs, RejectsImpossibleParams) {
   EXPECT_EQ(run(mat), Status::invalid_argument);
 }
 
+// cudnn is cuDNN's kernels: valid params, but not the CPU's to run.
+TEST(AttentionArgs, CpuHasNoCudnn) {
+  const int64_t B = 1, T = 3, H = 4, H_kv = 2, D = 8;
+  std::vector<float> q(B * T * H * D), kv(B * T * H_kv * D), out(q.size()), lse(B * H * T);
+  std::vector<float> dq(q.size()), dk(kv.size()), dv(kv.size());
+  AttentionForwardParams<float> fwd{.kind = AttentionKind::cudnn, .B = B, .T = T, .H = H,
+                                    .H_kv = H_kv, .D = D, .q = q.data(), .k = kv.data(),
+                                    .v = kv.data(), .out = out.data(), .lse = lse.data()};
+  EXPECT_FALSE(supports(fwd));
+  EXPECT_EQ(workspace_bytes(fwd), 0);
+  EXPECT_EQ(launch(fwd, {}, {}), Status::unsupported);
+  auto no_lse = fwd;
+  no_lse.lse = nullptr;  // cudnn keeps lse as flash does: missing it is still invalid
+  EXPECT_EQ(launch(no_lse, {}, {}), Status::invalid_argument);
+  AttentionBackwardParams<float> bwd{.kind = AttentionKind::cudnn, .B = B, .T = T, .H = H,
+                                     .H_kv = H_kv, .D = D, .q = q.data(), .k = kv.data(),
+                                     .v = kv.data(), .out = out.data(), .lse = lse.data(),
+                                     .dout = out.data(), .dq = dq.data(), .dk = dk.data(),
+                                     .dv = dv.data()};
+  EXPECT_FALSE(supports(bwd));
+  EXPECT_EQ(launch(bwd, {}, {}), Status::unsupported);
+  auto no_out = bwd;
+  no_out.out = nullptr;
+  EXPECT_EQ(launch(no_out, {}, {}), Status::invalid_argument);
+
+  EXPECT_FALSE(attention_available(AttentionKind::cudnn, Backend::cpu));
+  EXPECT_TRUE(attention_available(AttentionKind::flash, Backend::cpu));
+  EXPECT_TRUE(attention_available(AttentionKind::materialized, Backend::cpu));
+}
+
 }  // namespace
 }  // namespace weft::kernels::test

@@ -7,7 +7,9 @@
 
 #include <fmt/format.h>
 
+#include "kernels/attention/attention.h"
 #include "memory/estimate.h"
+#include "trainer/loop.h"
 #include "trainer/model/llama.h"
 #include "../test_util.h"
 
@@ -178,6 +180,19 @@ TEST(LlamaStage, LayoutIndependentInitialisation) {
   Harness<float> c(m, run, Layout::parse("mb1"), 43);
   EXPECT_EQ(0, std::memcmp(a.stage.weights(), b.stage.weights(), size_t(a.stage.param_elements()) * 4));
   EXPECT_NE(0, std::memcmp(a.stage.weights(), c.stage.weights(), size_t(a.stage.param_elements()) * 4));
+}
+
+// cuDNN's attention is refused up front where it cannot run: on a CPU, and on
+// a GPU in a build without the cuDNN frontend.
+TEST(LlamaStage, CudnnAttentionOnlyWhereBuilt) {
+  const Layout l = Layout::parse("mb1-attn:cudnn");
+  WEFT_EXPECT_THROW_MSG(check_trainable(l, small_model(), DeviceKind::cpu), LayoutError, "attn:cudnn",
+                        "needs a GPU");
+  if (kernels::attention_available(AttentionKind::cudnn, kernels::Backend::cuda))
+    EXPECT_NO_THROW(check_trainable(l, small_model(), DeviceKind::gpu));
+  else
+    WEFT_EXPECT_THROW_MSG(check_trainable(l, small_model(), DeviceKind::gpu), LayoutError, "cuDNN frontend");
+  EXPECT_NO_THROW(check_trainable(Layout::parse("mb1-attn:flash"), small_model(), DeviceKind::cpu));
 }
 
 }  // namespace

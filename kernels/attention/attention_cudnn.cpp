@@ -1,0 +1,244 @@
+// The cudnn attention kind: graphs of cuDNN's fused SDPA built, cached and
+// executed (what they compute, their layout and their workspace bound are in
+// attention_cudnn.h). Compiled only in CUDA builds that found the cuDNN
+// frontend; CMake defines CUDNN_FRONTEND_SKIP_JSON_LIB for this file, so the
+// frontend's bundled copy of nlohmann::json does not meet the system copy
+// weft's core uses in the same binary.
+#include "kernels/attention/attention_cudnn.h"
+
+#include <cudnn.h>
+#include <cudnn_frontend.h>
+
+#include <cmath>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "kernels/cuda_check.h"
+
+namespace weft::kernels {
+namespace gpu {
+
+inline std::string describe(cudnnStatus_t status) {
+  if (status == CUDNN_STATUS_SUCCESS) return {};
+  return cudnnGetErrorString(status);
+}
+
+}  // namespace gpu
+
+#define CUDNN_CHECK(call) WEFT_CUDA_CALL_CHECK("cuDNN", call)
+
+namespace attention_cudnn {
+namespace {
+
+namespace fe = cudnn_frontend;
+
+// Tensor ids of the variant packs, shared by both directions.
+enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
+
+enum class Direction { forward, backward };
+
+struct Key {
+  int64_t B, T, H, H_kv, D;
+  Direction direction;
+  auto operator<=>(const Key&) const = default;
+};
+
+// A built graph, or why there is none (empty graph: Status::unsupported for
+// this shape on this device, remembered so the build is not retried at
+// every launch).
+struct Built {
+  std::shared_ptr<fe::graph::Graph> graph;
+  int64_t workspace = 0;
+  std::string why;
+};
+
+// One device's handle and graphs. Graph::execute is safe from several
+// threads, but a handle carries one stream, so setting it and enqueuing
+// happen under the lock.
+struct DeviceState {
+  std::mutex mu;
+  cudnnHandle_t handle = nullptr;  // never destroyed: the context may be gone at exit
+  std::map<Key, Built> graphs;
+};
+
+DeviceState& device_state() {
+  static std::mutex mu;
+  static std::deque<DeviceState> states;  // a deque: growing it keeps the others' addresses
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mu);
+  while (states.size() <= size_t(device)) states.emplace_back();
+  return states[size_t(device)];
+}
+
+// (B, T, heads, D) memory as cuDNN's (B, heads, T, D).
+fe::graph::Tensor_attributes bthd(const char* name, Uid uid, const Key& k, int64_t heads) {
+  return fe::graph::Tensor_attributes()
+      .set_name(name)
+      .set_uid(uid)
+      .set_dim({k.B, heads, k.T, k.D})
+      .set_stride({k.T * heads * k.D, k.D, heads * k.D, 1});
+}
+
+void set_bthd(fe::graph::Tensor_attributes& t, Uid uid, const Key& k, int64_t heads) {
+  t.set_output(true).set_uid(uid).set_dim({k.B, heads, k.T, k.D}).set_stride(
+      {k.T * heads * k.D, k.D, heads * k.D, 1});
+}
+
+// lse (B, H, T) fp32 as cuDNN's stats, (B, H, T, 1).
+void set_stats(fe::graph::Tensor_attributes& t, const Key& k) {
+  t.set_uid(kStats)
+      .set_data_type(fe::DataType_t::FLOAT)
+      .set_dim({k.B, k.H, k.T, 1})
+      .set_stride({k.H * k.T, k.T, 1, 1});
+}
+
+std::shared_ptr<fe::graph::Graph> describe_graph(const Key& k) {
+  auto g = std::make_shared<fe::graph::Graph>();
+  g->set_io_data_type(fe::DataType_t::BFLOAT16)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  const float scale = 1.f / std::sqrt(float(k.D));
+  auto q = g->tensor(bthd("Q", kQ, k, k.H));
+  auto kk = g->tensor(bthd("K", kK, k, k.H_kv));
+  auto v = g->tensor(bthd("V", kV, k, k.H_kv));
+  // Causal: key j is visible to query i when j <= i, the band's right edge
+  // on the diagonal from the top left (T_q = T_kv, so both corners agree).
+  if (k.direction == Direction::forward) {
+    auto attrs = fe::graph::SDPA_attributes()
+                     .set_name("weft_sdpa")
+                     .set_generate_stats(true)
+                     .set_attn_scale(scale)
+                     .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
+                     .set_diagonal_band_right_bound(0);
+    auto [o, stats] = g->sdpa(q, kk, v, attrs);
+    set_bthd(*o, kO, k, k.H);
+    stats->set_output(true);
+    set_stats(*stats, k);
+  } else {
+    auto o = g->tensor(bthd("O", kO, k, k.H));
+    auto d_o = g->tensor(bthd("dO", kDO, k, k.H));
+    fe::graph::Tensor_attributes s;
+    s.set_name("Stats");
+    set_stats(s, k);
+    auto stats = g->tensor(s);
+    auto attrs = fe::graph::SDPA_backward_attributes()
+                     .set_name("weft_sdpa_backward")
+                     .set_attn_scale(scale)
+                     .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
+                     .set_diagonal_band_right_bound(0);
+    auto [dq, dk, dv] = g->sdpa_backward(q, kk, v, o, d_o, stats, attrs);
+    set_bthd(*dq, kDQ, k, k.H);
+    set_bthd(*dk, kDK, k, k.H_kv);
+    set_bthd(*dv, kDV, k, k.H_kv);
+  }
+  return g;
+}
+
+int64_t bound_of(const Key& k) {
+  return k.direction == Direction::forward ? forward_workspace_bound(k.B, k.T, k.H, k.H_kv, k.D)
+                                           : backward_workspace_bound(k.B, k.T, k.H, k.H_kv, k.D);
+}
+
+int64_t engine_allowance_of(const Key& k) {
+  return k.direction == Direction::forward ? kEngineAllowance : backward_engine_allowance(k.B, k.T, k.H_kv, k.D);
+}
+
+// Validation, heuristics (mode A, the frontend's default), support check and
+// the plan. cap < 0: no limit on the engine's workspace.
+Built try_build(const Key& k, cudnnHandle_t handle, int64_t cap) {
+  Built b;
+  auto g = describe_graph(k);
+  auto failed = [&](const char* stage, fe::error_t e) {
+    b.why = fmt::format("{}: {}", stage, e.get_message());
+    return b;
+  };
+  if (auto e = g->validate(); e.is_bad()) return failed("validate", e);
+  if (auto e = g->build_operation_graph(handle); e.is_bad()) return failed("build_operation_graph", e);
+  if (cap >= 0) g->deselect_workspace_greater_than(cap);
+  if (auto e = g->create_execution_plans({fe::HeurMode_t::A}); e.is_bad()) return failed("create_execution_plans", e);
+  if (auto e = g->check_support(); e.is_bad()) return failed("check_support", e);
+  if (auto e = g->build_plans(fe::BuildPlanPolicy_t::HEURISTICS_CHOICE); e.is_bad()) return failed("build_plans", e);
+  if (auto e = g->get_workspace_size(b.workspace); e.is_bad()) return failed("get_workspace_size", e);
+  b.graph = std::move(g);
+  return b;
+}
+
+std::string shape_text(const Key& k) {
+  return fmt::format("cuDNN SDPA {} B {} T {} H {} H_kv {} D {}",
+                     k.direction == Direction::forward ? "forward" : "backward", k.B, k.T, k.H, k.H_kv, k.D);
+}
+
+// The graph of a key, built on first use. With the engine capped, a graph
+// that only builds uncapped means the allowance is too small; that and a
+// built graph above the whole bound are weft's bugs (attention_cudnn.h).
+const Built& graph_for(DeviceState& s, const Key& k) {
+  if (auto it = s.graphs.find(k); it != s.graphs.end()) return it->second;
+  Built b = try_build(k, s.handle, engine_allowance_of(k));
+  if (!b.graph) {
+    const Built uncapped = try_build(k, s.handle, -1);
+    if (uncapped.graph)
+      throw InternalError(fmt::format(
+          "{}: every cuDNN plan needs more engine workspace than weft's allowance of {} bytes (the plan "
+          "cuDNN would pick needs {} bytes in all); raise the allowance in kernels/attention/attention_cudnn.h "
+          "and the memory model's bound in memory/shapes.cpp",
+          shape_text(k), engine_allowance_of(k), uncapped.workspace));
+  } else if (b.workspace > bound_of(k)) {
+    throw InternalError(fmt::format(
+        "{}: the built graph needs {} bytes of workspace, above weft's bound of {} bytes; the frontend "
+        "lays out more than kernels/attention/attention_cudnn.h assumes",
+        shape_text(k), b.workspace, bound_of(k)));
+  }
+  return s.graphs.emplace(k, std::move(b)).first->second;
+}
+
+// cuDNN 9 or newer at run time: the frontend's SDPA backward switches to a
+// T^2 workspace layout on 8.9.x, which the bound does not cover.
+bool cudnn_9_loaded() {
+  static const bool yes = cudnnGetVersion() >= 90000;
+  return yes;
+}
+
+Status execute(const Key& k, std::unordered_map<int64_t, void*>& pack, Workspace ws, cudaStream_t stream) {
+  if (!cudnn_9_loaded()) return Status::unsupported;
+  DeviceState& s = device_state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (s.handle == nullptr) CUDNN_CHECK(cudnnCreate(&s.handle));
+  const Built& b = graph_for(s, k);
+  if (!b.graph) return Status::unsupported;
+  CUDNN_CHECK(cudnnSetStream(s.handle, stream));
+  if (auto e = b.graph->execute(s.handle, pack, b.workspace > 0 ? ws.data : nullptr); e.is_bad())
+    gpu::throw_call_error("cuDNN frontend", "Graph::execute", shape_text(k) + ": " + e.get_message(), __FILE__,
+                          __LINE__);
+  gpu::launch_check(stream, "cuDNN SDPA", __FILE__, __LINE__);
+  return Status::ok;
+}
+
+void* mut(const void* p) { return const_cast<void*>(p); }
+
+}  // namespace
+
+Status forward(const AttentionForwardParams<bf16>& p, Workspace ws, cudaStream_t stream) {
+  const Key k{p.B, p.T, p.H, p.H_kv, p.D, Direction::forward};
+  std::unordered_map<int64_t, void*> pack{{kQ, mut(p.q)}, {kK, mut(p.k)},   {kV, mut(p.v)},
+                                          {kO, p.out},    {kStats, p.lse}};
+  return execute(k, pack, ws, stream);
+}
+
+Status backward(const AttentionBackwardParams<bf16>& p, Workspace ws, cudaStream_t stream) {
+  const Key k{p.B, p.T, p.H, p.H_kv, p.D, Direction::backward};
+  std::unordered_map<int64_t, void*> pack{{kQ, mut(p.q)},       {kK, mut(p.k)},     {kV, mut(p.v)},
+                                          {kO, mut(p.out)},     {kDO, mut(p.dout)}, {kStats, mut(p.lse)},
+                                          {kDQ, p.dq},          {kDK, p.dk},        {kDV, p.dv}};
+  return execute(k, pack, ws, stream);
+}
+
+}  // namespace attention_cudnn
+}  // namespace weft::kernels

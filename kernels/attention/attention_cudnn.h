@@ -1,0 +1,97 @@
+// The cudnn attention kind: cuDNN's fused scaled-dot-product attention
+// through the cuDNN frontend's C++ graph API, forward and backward, bf16 in
+// and out with fp32 softmax and accumulation, causal, scale 1 / sqrt(D), GQA.
+// attention.cu routes AttentionKind::cudnn here in builds that found the
+// frontend (WEFT_HAVE_CUDNN_FRONTEND); elsewhere the kind is unsupported.
+//
+// Why a third kind: cuDNN ships tuned SDPA engines per architecture, and
+// whichever of it and weft's own flash kernels is faster depends on the
+// device, T and D, so the tuner times both instead of weft guessing.
+//
+// The graphs read weft's (B, T, H, D) tensors in place as cuDNN's
+// (B, H, T, D) dims with strides (T H D, D, H D, 1); K and V the same with
+// H_kv heads, which cuDNN maps to query heads h / (H / H_kv) as weft does.
+// The forward's softmax stats go into the params' lse, (B, H, T) fp32 as
+// dims (B, H, T, 1): cuDNN's stats are max + log(sum exp(s - max)) over each
+// row's scaled scores s, the natural-log log-sum-exp, which is what lse
+// means for flash too; only the cudnn backward reads them.
+//
+// Building a graph (heuristics, plan compilation) takes milliseconds to
+// seconds, so each is built once per shape and kept for the process, keyed
+// by (B, T, H, H_kv, D, direction, device). Each device has one cuDNN handle,
+// pointed at the launch's stream before each execute, and one lock around
+// building and enqueuing, so threads sharing a device take turns.
+//
+// This header is plain C++ (attention.cu includes it through nvcc); only
+// attention_cudnn.cpp sees the frontend's headers.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/attention/attention.h"
+#include "kernels/cpu_common.h"
+
+namespace weft::kernels::attention_cudnn {
+
+// ---------------------------------------------------------------- workspace
+//
+// workspace_bytes() must be cheap and free of side effects (the memory model
+// and the tuner ask it for thousands of layouts, without a device), so it
+// cannot build a graph and ask cuDNN. It returns this bound instead:
+//
+//   frontend part: what the frontend's SDPA backward lays out in the
+//     workspace for dense (non-ragged) tensors on cuDNN 9: the fp32
+//     rowsum(dO * O) per row, (B, H, T), and the fp32 dQ accumulator,
+//     (B, H, T, D). The forward has none.
+//   engine part: each graph is built with deselect_workspace_greater_than()
+//     at kEngineAllowance (backward: plus fp32 dK and dV at the kv heads, in
+//     case an engine accumulates the group's heads there), so heuristics only
+//     pick plans whose own scratch fits. The 16 MiB is an allowance, not a
+//     measurement (no GPU has checked it yet): small beside the activations
+//     of any real layout, and large for a fused kernel's own scratch.
+//
+// Each part is a 64-byte piece, as in the other CUDA workspaces. After a
+// graph is built, launch compares its get_workspace_size() with the bound
+// and throws InternalError with both numbers when it is larger, rather than
+// returning Status::unsupported: the caller gave all the bound promised, so
+// a larger need is weft's bug (a newer frontend laying out more), and an
+// unsupported status would let the tuner quietly drop the kind while the
+// memory model kept the wrong number.
+constexpr int64_t kEngineAllowance = int64_t{16} << 20;
+
+inline int64_t piece(int64_t bytes) { return cpu::align_up(bytes); }
+
+inline int64_t forward_workspace_bound(int64_t /*B*/, int64_t /*T*/, int64_t /*H*/, int64_t /*H_kv*/,
+                                       int64_t /*D*/) {
+  return kEngineAllowance;
+}
+
+inline int64_t backward_engine_allowance(int64_t B, int64_t T, int64_t H_kv, int64_t D) {
+  return kEngineAllowance + 2 * piece(B * T * H_kv * D * 4);
+}
+
+inline int64_t backward_workspace_bound(int64_t B, int64_t T, int64_t H, int64_t H_kv, int64_t D) {
+  return piece(B * H * T * 4) + piece(B * H * T * D * 4) + backward_engine_allowance(B, T, H_kv, D);
+}
+
+// ---------------------------------------------------------------- shapes
+//
+// What the graphs take on both sm80 and sm90 with cuDNN 9: D a multiple of 8
+// (16-byte rows) up to 128 (the Ampere engines' limit), and 16-byte aligned
+// tensors, lse included. Whether cuDNN has a plan for a shape on the device
+// at hand is known only once its graph is built, so launch may still answer
+// Status::unsupported for params this accepts.
+inline bool shape_handled(int64_t D) { return D % 8 == 0 && D <= 128; }
+
+// ---------------------------------------------------------------- launches
+//
+// Enqueue on `stream` (params already checked, workspace at least the bound).
+// Status::unsupported when cuDNN older than 9 is loaded or has no plan for
+// the graph on this device; cuDNN and frontend failures otherwise throw
+// gpu::CudaError.
+Status forward(const AttentionForwardParams<bf16>& p, Workspace ws, cudaStream_t stream);
+Status backward(const AttentionBackwardParams<bf16>& p, Workspace ws, cudaStream_t stream);
+
+}  // namespace weft::kernels::attention_cudnn
