@@ -39,7 +39,9 @@ struct TrainArgs {
   std::string ckpt = "none";
   std::string attention = "flash";
   std::string norm = "fused";
-  std::string device = "auto";
+  // --device's default: $WEFT_DEVICE when set (scripts and test suites pin
+  // the CPU this way on machines with a GPU), else auto.
+  std::string device = std::getenv("WEFT_DEVICE") ? std::getenv("WEFT_DEVICE") : "auto";
   std::string precision = "auto";
   trainer::TrainConfig cfg;
   std::string schedule = "cosine";
@@ -82,7 +84,8 @@ int run_train(TrainArgs& a) {
   // The device: a GPU when there is one (each rank on a node takes the next),
   // else the CPU, whose cores the node's ranks share.
   if (a.device != "auto" && a.device != "cpu" && a.device != "gpu")
-    throw InputError(fmt::format("--device {} is not valid; use auto, cpu or gpu", a.device));
+    throw InputError(fmt::format("--device {} is not valid; use auto, cpu or gpu (the default comes from "
+                                 "$WEFT_DEVICE when set)", a.device));
   const bool gpu = a.device == "gpu" || (a.device == "auto" && gpu_count() > 0);
   if (gpu) {
     if (gpu_count() == 0)
@@ -231,7 +234,8 @@ Command add_train_command(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--recipe", a->recipe, "Train with a saved recipe's layout after checking it matches");
   sub->add_flag("--force-recipe", a->force_recipe, "Use the recipe even where it does not match (warns)");
-  sub->add_option("--device", a->device, "Device to train on: auto (a GPU when there is one), cpu or gpu")
+  sub->add_option("--device", a->device, "Device to train on: auto (a GPU when there is one), cpu or gpu; "
+                  "the default is $WEFT_DEVICE when set")
       ->capture_default_str();
   sub->add_option("--precision", a->precision, "auto (bf16 on a GPU, fp32 on the CPU), bf16 or fp32")
       ->capture_default_str();

@@ -1,7 +1,8 @@
 # weft_add_test(NAME n SOURCES s... LIBS l... LABELS unit|mpi|gpu|e2e [NP ranks] [TIMEOUT s])
 # A GoogleTest binary registered with ctest under a label. With NP the test
 # runs under `mpirun --oversubscribe -np NP`. GPU tests exit 77 when no GPU is
-# present, which ctest reports as skipped.
+# present, which ctest reports as skipped. Tests not labelled gpu run with
+# WEFT_DEVICE=cpu.
 function(weft_add_test)
   cmake_parse_arguments(T "" "NAME;NP;TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
   add_executable(${T_NAME} ${T_SOURCES})
@@ -16,6 +17,12 @@ function(weft_add_test)
     add_test(NAME ${T_NAME} COMMAND ${T_NAME})
   endif()
   set_tests_properties(${T_NAME} PROPERTIES LABELS "${T_LABELS}" SKIP_RETURN_CODE 77)
+  # Every test but the GPU ones pins the CPU trainer: on a machine with a GPU,
+  # `weft train` (which the e2e and mpi tests run) would otherwise pick it,
+  # and several ranks would share one device.
+  if(NOT "gpu" IN_LIST T_LABELS)
+    set_property(TEST ${T_NAME} APPEND PROPERTY ENVIRONMENT "WEFT_DEVICE=cpu")
+  endif()
   if(T_TIMEOUT)
     set_tests_properties(${T_NAME} PROPERTIES TIMEOUT ${T_TIMEOUT})
   else()
