@@ -270,9 +270,12 @@ CostBreakdown predict(const ModelSpec& m, const RunSpec& run, const Layout& l,
   const double grad_bytes = 4 * psi, param_bytes = x.a * psi;
   double reduce = 0, gather = 0, window = 0;
   const double bwd_mb = slow.bwd + slow.recompute;
-  // Reductions start as soon as a bucket's gradients are final: in the last
-  // micro-batch's backward (ZeRO 0/1), or every micro-batch's (ZeRO 2/3,
-  // which reduce-scatter per micro-batch and so move m times the bytes).
+  // As weft's trainer reduces: ZeRO-0 all-reduces each parameter group (a
+  // block, the head, the embedding) as soon as the last micro-batch's
+  // backward finishes it, beside the backward of the groups below; ZeRO-1
+  // reduce-scatters after the backward, and ZeRO-2 reduce-scatters each group
+  // of every micro-batch in line with the backward (m times the bytes), so
+  // neither overlaps. ZeRO-3 (not trained yet) is modelled as overlapped.
   switch (l.zero) {
     case 0:
       reduce = all_reduce(grad_bytes, l.dp, dl);
@@ -281,12 +284,10 @@ CostBreakdown predict(const ModelSpec& m, const RunSpec& run, const Layout& l,
     case 1:
       reduce = reduce_scatter(grad_bytes, l.dp, dl);
       gather = all_gather(param_bytes, l.dp, dl);
-      window = bwd_mb;
       break;
     case 2:
       reduce = mbs * reduce_scatter(grad_bytes, l.dp, dl);
       gather = all_gather(param_bytes, l.dp, dl);
-      window = mbs * bwd_mb;
       break;
     default:
       reduce = mbs * (reduce_scatter(grad_bytes, l.dp, dl) + 2 * all_gather(param_bytes, l.dp, dl));
@@ -294,8 +295,9 @@ CostBreakdown predict(const ModelSpec& m, const RunSpec& run, const Layout& l,
       break;
   }
   if (l.dp > 1) {
-    // A 40M-element bucket (Megatron's default) is always exposed at the end.
-    const double tail = std::min(1.0, 40e6 / psi);
+    // The group reduced last is exposed: the embedding table, whose
+    // gradient is final only at the very end of the first stage's backward.
+    const double tail = std::min(1.0, Vl * C / stage_params(true, l.pp == 1));
     // Hidden communication is not free: NCCL kernels take SMs and memory
     // bandwidth from the compute they overlap (10-20% slowdowns are typical).
     const double exposed = std::max(reduce - k.dp_overlap * window, reduce * tail);
