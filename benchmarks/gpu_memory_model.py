@@ -22,7 +22,14 @@ def main():
     ap.add_argument("--model", default="llama3.2-1b")
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--vocab", type=int, default=128256, help="the model's vocabulary, for the random ids")
+    ap.add_argument("--data", help="token file or folder (default: random ids, memory does not depend on them)")
     a = ap.parse_args()
+    data = a.data
+    if not data:
+        import numpy as np
+        data = os.path.join(tempfile.mkdtemp(prefix="weft-tokens-"), "tokens.npy")
+        np.save(data, np.random.default_rng(0).integers(0, a.vocab, size=1 << 20, dtype=np.int32))
     gib = 1024.0 ** 3
     print(f"{'layout':<52}{'predicted':>11}{'measured':>11}{'error':>9}{'runtime pred/meas':>20}")
     worst = 0.0
@@ -30,9 +37,9 @@ def main():
                                            ("flash", "materialized", "cudnn")):
         layout = f"tp1-pp1-dp1-mb{mb}-ckpt:{ckpt}-attn:{attn}"
         out = tempfile.mkdtemp(prefix="weft-mem-")
-        p = subprocess.run([a.weft, "train", "--model", a.model, "--seq", str(a.seq), "--global-batch",
+        p = subprocess.run([a.weft, "train", "--data", data, "--model", a.model, "--seq", str(a.seq), "--global-batch",
                             str(2 * mb), "--layout", layout, "--steps", str(a.steps), "--eval-every", "0",
-                            "--eval-samples", str(mb), "--device", "gpu", "--out", out],
+                            "--eval-samples", str(mb), "--device", "gpu", "--no-checkpoint", "--out", out],
                            capture_output=True, text=True)
         if p.returncode != 0:
             print(f"{layout:<52}  failed: {p.stderr.strip()[-200:]}")

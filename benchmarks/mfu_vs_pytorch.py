@@ -42,11 +42,20 @@ def flops_per_token(V, C, F, L, H, Hkv, tied, T):
     return 6.0 * n + 12.0 * L * C * T
 
 
-def run_weft(weft, model, T, mb, steps, gb):
+def random_tokens(V, n=1 << 22):
+    """A token file of uniform random ids (throughput does not depend on the
+    text), so the benchmark needs no corpus on the GPU machine."""
+    import numpy as np
+    path = os.path.join(tempfile.mkdtemp(prefix="weft-tokens-"), "tokens.npy")
+    np.save(path, np.random.default_rng(0).integers(0, V, size=n, dtype=np.int32))
+    return path
+
+
+def run_weft(weft, model, T, mb, steps, gb, data):
     out = tempfile.mkdtemp(prefix="weft-mfu-")
-    cmd = [weft, "train", "--model", model, "--seq", str(T), "--global-batch", str(gb),
+    cmd = [weft, "train", "--data", data, "--model", model, "--seq", str(T), "--global-batch", str(gb),
            "--layout", f"tp1-pp1-dp1-mb{mb}", "--steps", str(steps), "--log-every", "5",
-           "--eval-every", "0", "--eval-samples", str(mb), "--device", "gpu", "--out", out]
+           "--eval-every", "0", "--eval-samples", str(mb), "--device", "gpu", "--no-checkpoint", "--out", out]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         return None, None, f"weft exited {p.returncode}: {p.stderr.strip()[-300:]}"
@@ -160,15 +169,17 @@ def main():
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--mb-list", default="1,2,4")
+    ap.add_argument("--data", help="token file or folder for weft (default: random ids)")
     a = ap.parse_args()
     shape = SHAPES[a.model]
+    data = a.data or random_tokens(shape[0])
     fpt = flops_per_token(*shape, a.seq)
     mbs = [int(x) for x in a.mb_list.split(",")]
     rows, peak = [], None
     print(f"model {a.model}, T {a.seq}, {fpt / 1e9:.2f} GFLOP per token (6N + 12LCT)")
     print(f"{'side':<10}{'mb':>4}{'tokens/s':>12}{'TFLOP/s':>10}{'MFU':>8}  note")
     for mb in mbs:
-        w, p, err = run_weft(a.weft, a.model, a.seq, mb, a.steps, gb=mb * 4)
+        w, p, err = run_weft(a.weft, a.model, a.seq, mb, a.steps, mb * 4, data)
         peak = peak or p
         if w:
             rows.append(("weft", mb, w["tokens_per_s"]))

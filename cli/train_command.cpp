@@ -263,6 +263,8 @@ Command add_train_command(CLI::App& app) {
   sub->add_option("--ckpt-dir", c.ckpt_dir, "Checkpoint folder (default: <out>/checkpoints)");
   sub->add_option("--ckpt-every", c.ckpt_every, "Steps between checkpoints (0: at the end only)")
       ->capture_default_str();
+  sub->add_flag("--no-checkpoint", [&c](int64_t) { c.checkpoints = false; },
+                "Write no checkpoint at all, not even at the end (benchmarks, throwaway runs)");
   sub->add_flag("--resume", c.resume, "Continue from the newest checkpoint in the checkpoint folder");
   sub->add_option("--resume-from", c.resume_from, "Continue from this checkpoint folder");
   return {sub, [a] { return run_train(*a); }};

@@ -212,10 +212,11 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
                  report.baseline);
       run.metrics << nlohmann::json{{"step", step}, {"val_loss", v}}.dump() << "\n";
     }
-    if (c.ckpt_every > 0 && step % c.ckpt_every == 0 && step != c.steps) report.checkpoint = run.save(step, lr);
+    if (c.checkpoints && c.ckpt_every > 0 && step % c.ckpt_every == 0 && step != c.steps)
+      report.checkpoint = run.save(step, lr);
   }
   (void)t_start;
-  if (report.last_step > 0 && report.last_step >= report.first_step) {
+  if (c.checkpoints && report.last_step > 0 && report.last_step >= report.first_step) {
     report.checkpoint = run.save(report.last_step, lr);
     fmt::print(log, "{}checkpoint {}\n", report.interrupted ? "stopped early; " : "", report.checkpoint);
   }

@@ -34,6 +34,7 @@ struct TrainConfig {
   std::string out_dir = "runs/default";  // metrics.jsonl, and checkpoints/ by default
   std::string ckpt_dir;         // empty: <out_dir>/checkpoints
   int64_t ckpt_every = 0;       // 0: only at the end and on a stop request
+  bool checkpoints = true;      // false: none at all (benchmarks, throwaway runs)
   bool resume = false;          // continue from the newest checkpoint in ckpt_dir
   std::string resume_from;      // or from this checkpoint folder
   int64_t threads = 0;          // 0: every core

@@ -59,6 +59,11 @@ TEST(CliTrain, TrainsAndReports) {
   ASSERT_EQ(l.size(), 8u);
   EXPECT_LT(l.back(), l.front());
   EXPECT_TRUE(fs::exists(dir.path("run/checkpoints/step_000008/model.safetensors")));
+  // --no-checkpoint trains the same and writes none.
+  const auto n = run_weft("train --data " + data + kSmall + " --steps 2 --no-checkpoint --out " + dir.path("none"));
+  ASSERT_EQ(n.code, 0) << n.out;
+  EXPECT_EQ(losses(dir.path("none/metrics.jsonl")).size(), 2u);
+  EXPECT_FALSE(fs::exists(dir.path("none/checkpoints")));
 }
 
 TEST(CliTrain, ResumeIsBitIdentical) {

@@ -19,14 +19,35 @@
 #include "core/device_spec.h"
 #include "core/model_spec.h"
 #include "memory/estimate.h"
+#include "trainer/data/prepare.h"
 #include "tests/unit/test_util.h"
 #include "trainer/loop.h"
 
 namespace weft::trainer {
 namespace {
 
+// A corpus of its own (a GPU machine need not have the default one): text
+// with enough variety for the loss to fall, prepared once per process.
+const std::string& corpus() {
+  static test::TempDir dir;
+  static const std::string path = [] {
+    std::string text;
+    for (int i = 0; i < 3000; ++i)
+      text += "Sample " + std::to_string(i * 7919 % 1000) + " of the GPU run: bf16 " +
+              std::to_string(i % 13) + " with fp32 master weights.\n%\n";
+    data::PrepareOptions p;
+    p.inputs = {dir.file("corpus.txt", text)};
+    p.out = dir.path("data");
+    p.val_fraction = 0.1;
+    data::data_prepare(p);
+    return dir.path("data");
+  }();
+  return path;
+}
+
 TrainConfig config(const std::string& out, bool gpu, const Layout& layout) {
   TrainConfig c;
+  c.data = corpus();
   c.model = model_preset("tiny");
   c.run = RunSpec{128, 8, gpu ? Precision::bf16 : Precision::fp32};
   c.layout = layout;

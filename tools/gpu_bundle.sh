@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Packs weft's GPU test and benchmark programs, with the shared libraries they
+# need that a bare CUDA machine lacks (OpenBLAS, fmt, nlopt, Open MPI and
+# their own dependencies), into one compressed archive. It is for a GPU
+# machine that has the NVIDIA driver, the CUDA runtime and cuBLAS (and, for
+# attn:cudnn and multi-GPU runs, cuDNN 9 and NCCL, e.g. from their PyPI
+# wheels) but none of weft's build dependencies: unpack it there and run
+# tools/gpu_checks.sh.
+#
+#   tools/gpu_bundle.sh [build-dir] [archive]     (defaults: build, gpu-bundle.tar.xz)
+#
+# The programs keep their names and relative paths under the build folder;
+# libraries go to lib/. CUDA's own libraries are left out on purpose: they
+# must match the machine's driver.
+set -euo pipefail
+build=${1:-build}
+archive=${2:-gpu-bundle.tar.xz}
+programs=(weft tests/gpu/test_gpu_kernels tests/gpu/test_gpu_attention tests/gpu/test_gpu_train
+          tests/unit/test_gpu_workspace tests/mpi/test_comm_nccl
+          benchmarks/bench_gpu_kernels benchmarks/bench_gpu_attention)
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+mkdir -p "$stage/lib"
+for p in "${programs[@]}"; do
+  if [ ! -x "$build/$p" ]; then
+    echo "gpu_bundle: $build/$p is missing; build with CUDA first (tools/setup.sh or cmake --build $build)" >&2
+    exit 2
+  fi
+  mkdir -p "$stage/$(dirname "$p")"
+  cp "$build/$p" "$stage/$p"
+  # Every library the loader resolves outside the CUDA toolkit, the C
+  # runtime and the kernel's vDSO travels.
+  ldd "$build/$p" | awk '$3 ~ /^\// {print $3}' | while read -r lib; do
+    case "$(basename "$lib")" in
+      libc.so*|libm.so*|libdl.so*|librt.so*|libpthread.so*|ld-linux*|libstdc++.so*|libgcc_s.so*) continue ;;
+      libcuda.so*|libcudart.so*|libcublas*|libnvrtc*|libcudnn*|libnccl*|libnvJitLink*) continue ;;
+    esac
+    cp -nL "$lib" "$stage/lib/"
+  done
+done
+tar -C "$stage" -cJf "$archive" .
+echo "gpu_bundle: $archive ($(du -h "$archive" | cut -f1)): ${#programs[@]} programs, $(ls "$stage/lib" | wc -l) libraries"

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Every GPU check of weft in one go, from a build folder or from an archive
+# made by tools/gpu_bundle.sh, writing each step's output to a log folder:
+#
+#   tools/gpu_checks.sh [--bundle gpu-bundle.tar.xz | --build build] [--out dir] [steps...]
+#
+# Steps (default: all, in this order, each under its own time limit):
+#   tests      the gpu-labelled tests (kernels, attention, training, workspace)
+#   sanitize   compute-sanitizer memcheck over the kernel and attention tests
+#   kernels    bench_gpu_kernels: each family against the measured copy and GEMM ceilings
+#   attention  bench_gpu_attention and benchmarks/attention_vs_pytorch.py
+#   mfu        benchmarks/mfu_vs_pytorch.py (Llama 3.2 1B, weft vs PyTorch)
+#   memory     benchmarks/gpu_memory_model.py (the memory model against the device)
+# Needs the NVIDIA driver and the CUDA runtime; cuDNN and NCCL are found in
+# the CUDA folder or in Python's nvidia-* wheels, when present.
+set -uo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+bundle="" build="$here/build" out="gpu-checks"
+steps=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --bundle) bundle=$2; shift 2 ;;
+    --build) build=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    tests|sanitize|kernels|attention|mfu|memory) steps+=("$1"); shift ;;
+    *) echo "gpu_checks: '$1' is not an option or step; see the top of $0" >&2; exit 2 ;;
+  esac
+done
+[ ${#steps[@]} -eq 0 ] && steps=(tests sanitize kernels attention mfu memory)
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+
+if [ -n "$bundle" ]; then
+  build=$(mktemp -d)
+  tar -C "$build" -xJf "$bundle" || { echo "gpu_checks: cannot unpack $bundle" >&2; exit 2; }
+  export LD_LIBRARY_PATH="$build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+# CUDA's libraries: the toolkit's, then those of the nvidia-* Python wheels.
+for d in /usr/local/cuda/lib64 /usr/local/cuda/lib; do
+  [ -d "$d" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
+done
+wheel_libs=$(python3 - <<'EOF' 2>/dev/null
+import importlib, os
+dirs = []
+for name in ("nvidia.cudnn", "nvidia.nccl", "nvidia.cublas", "nvidia.cuda_nvrtc", "nvidia.cuda_runtime"):
+    try:
+        m = importlib.import_module(name)
+    except ImportError:
+        continue
+    for p in getattr(m, "__path__", []):
+        if os.path.isdir(os.path.join(p, "lib")):
+            dirs.append(os.path.join(p, "lib"))
+print(":".join(dirs))
+EOF
+)
+[ -n "$wheel_libs" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$wheel_libs"
+export PYTHONUNBUFFERED=1
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$out/gpu.txt" 2>&1
+echo "gpu_checks: $(cat "$out/gpu.txt"); programs from $build; logs in $out"
+
+status=0
+run() {  # run <step> <seconds> <command...>: one step, its output in <step>.log
+  local step=$1 limit=$2
+  shift 2
+  echo "== $step: $*" | tee -a "$out/$step.log"
+  timeout "$limit" "$@" >> "$out/$step.log" 2>&1
+  local rc=$?
+  echo "== $step: exit $rc" | tee -a "$out/$step.log"
+  [ $rc -ne 0 ] && status=1
+  return 0
+}
+
+for s in "${steps[@]}"; do
+  case "$s" in
+    tests)
+      for t in tests/unit/test_gpu_workspace tests/gpu/test_gpu_kernels tests/gpu/test_gpu_attention \
+               tests/gpu/test_gpu_train; do
+        run tests 600 "$build/$t"
+      done ;;
+    sanitize)
+      for t in tests/gpu/test_gpu_kernels tests/gpu/test_gpu_attention; do
+        run sanitize 600 compute-sanitizer --tool memcheck --error-exitcode 1 "$build/$t"
+      done ;;
+    kernels) run kernels 600 "$build/benchmarks/bench_gpu_kernels" ;;
+    attention)
+      run attention 600 "$build/benchmarks/bench_gpu_attention"
+      run attention 600 python3 "$here/benchmarks/attention_vs_pytorch.py" --build "$build" ;;
+    mfu) run mfu 900 python3 "$here/benchmarks/mfu_vs_pytorch.py" --weft "$build/weft" ;;
+    memory) run memory 900 python3 "$here/benchmarks/gpu_memory_model.py" --weft "$build/weft" ;;
+  esac
+done
+echo "gpu_checks: done (exit $status); logs in $out"
+exit $status
