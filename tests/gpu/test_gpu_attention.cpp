@@ -339,31 +339,45 @@ Inputs draw(const AttentionCase& c, Rng& rng) {
   return in;
 }
 
+// One case's inputs with its references: fp64, and the naive bf16-rounding
+// one whose error sets the bound.
+struct Prepared {
+  Inputs in;
+  Result<double> ref;
+  Result<float> naive;
+};
+
+Prepared prepare(const AttentionCase& c, Rng& rng) {
+  Prepared p{draw(c, rng), {}, {}};
+  p.ref = textbook<double, false>(c, p.in.q, p.in.k, p.in.v, p.in.dout);
+  p.naive = textbook<float, true>(c, p.in.q, p.in.k, p.in.v, p.in.dout);
+  return p;
+}
+
+// The outputs every kind is held to, with their reference.
+struct Field {
+  const char* name;
+  std::vector<float> Result<float>::*member;
+  std::vector<double> Result<double>::*ref;
+};
+const Field kFields[] = {{"out", &Result<float>::out, &Result<double>::out},
+                         {"lse", &Result<float>::lse, &Result<double>::lse},
+                         {"dq", &Result<float>::dq, &Result<double>::dq},
+                         {"dk", &Result<float>::dk, &Result<double>::dk},
+                         {"dv", &Result<float>::dv, &Result<double>::dv}};
+
 class GpuAttentionTest : public ::testing::TestWithParam<AttentionCase> {};
 
 TEST_P(GpuAttentionTest, FlashAndMaterializedMatchReferences) {
   const AttentionCase& c = GetParam();
   Rng rng;
   SCOPED_TRACE(rng.trace());
-  const Inputs in = draw(c, rng);
-  const auto ref = textbook<double, false>(c, in.q, in.k, in.v, in.dout);
-  const auto naive = textbook<float, true>(c, in.q, in.k, in.v, in.dout);
+  const auto [in, ref, naive] = prepare(c, rng);
   const auto cpu = cpu_float(c, in.q, in.k, in.v, in.dout);
   const DeviceInputs dev(c, in.bq, in.bk, in.bv, in.bdout);
   const auto flash = run_gpu(c, AttentionKind::flash, dev);
   const auto mat = run_gpu(c, AttentionKind::materialized, dev);
-
-  struct Field {
-    const char* name;
-    std::vector<float> Result<float>::*member;
-    std::vector<double> Result<double>::*ref;
-  };
-  const Field fields[] = {{"out", &Result<float>::out, &Result<double>::out},
-                          {"lse", &Result<float>::lse, &Result<double>::lse},
-                          {"dq", &Result<float>::dq, &Result<double>::dq},
-                          {"dk", &Result<float>::dk, &Result<double>::dk},
-                          {"dv", &Result<float>::dv, &Result<double>::dv}};
-  for (const Field& f : fields) {
+  for (const Field& f : kFields) {
     SCOPED_TRACE(f.name);
     const std::vector<double>& r = ref.*f.ref;
     const double bound = bound_of(naive.*f.member, r);
@@ -396,27 +410,18 @@ TEST_P(GpuAttentionTest, CudnnMatchesReferencesAndFlash) {
   const AttentionCase& c = GetParam();
   Rng rng;
   SCOPED_TRACE(rng.trace());
-  const Inputs in = draw(c, rng);
-  const auto ref = textbook<double, false>(c, in.q, in.k, in.v, in.dout);
-  const auto naive = textbook<float, true>(c, in.q, in.k, in.v, in.dout);
+  const auto [in, ref, naive] = prepare(c, rng);
   const DeviceInputs dev(c, in.bq, in.bk, in.bv, in.bdout);
   const auto flash = run_gpu(c, AttentionKind::flash, dev);
   const auto cudnn = run_gpu(c, AttentionKind::cudnn, dev);
-  const std::pair<const char*, std::vector<float> Result<float>::*> fields[] = {
-      {"out", &Result<float>::out}, {"lse", &Result<float>::lse}, {"dq", &Result<float>::dq},
-      {"dk", &Result<float>::dk},   {"dv", &Result<float>::dv}};
-  const std::vector<double> Result<double>::*refs[] = {&Result<double>::out, &Result<double>::lse,
-                                                       &Result<double>::dq, &Result<double>::dk,
-                                                       &Result<double>::dv};
-  for (size_t i = 0; i < std::size(fields); ++i) {
-    const auto& [name, member] = fields[i];
-    SCOPED_TRACE(name);
-    const std::vector<double>& r = ref.*refs[i];
-    const double bound = bound_of(naive.*member, r);
-    EXPECT_EQ(non_finite(cudnn.*member), 0) << "cudnn left elements unwritten or non-finite";
-    const double e = rel_l2(cudnn.*member, r);
-    EXPECT_LE(e, bound) << "cudnn vs fp64: error " << e << ", naive bf16 error " << rel_l2(naive.*member, r);
-    EXPECT_LE(rel_diff(cudnn.*member, flash.*member, r), 2 * bound) << "cudnn vs flash";
+  for (const Field& f : kFields) {
+    SCOPED_TRACE(f.name);
+    const std::vector<double>& r = ref.*f.ref;
+    const double bound = bound_of(naive.*f.member, r);
+    EXPECT_EQ(non_finite(cudnn.*f.member), 0) << "cudnn left elements unwritten or non-finite";
+    const double e = rel_l2(cudnn.*f.member, r);
+    EXPECT_LE(e, bound) << "cudnn vs fp64: error " << e << ", naive bf16 error " << rel_l2(naive.*f.member, r);
+    EXPECT_LE(rel_diff(cudnn.*f.member, flash.*f.member, r), 2 * bound) << "cudnn vs flash";
   }
 }
 
