@@ -36,6 +36,14 @@ class OwnedStream {
   kernels::Stream stream_;
 };
 
+// Timing work on a stream: record_event() queues a timing event on the
+// stream and returns it; seconds_between() waits for the later one and gives
+// the time between them (0 if the device cannot say); release_event() frees
+// one. On the CPU backend an event is the host clock at the call.
+void* record_event(kernels::Stream stream);
+double seconds_between(void* start, void* stop);
+void release_event(void* event);
+
 // The current device's memory as the driver sees it (cudaMemGetInfo): what
 // every allocation of the process takes, the CUDA context, cuBLAS and NCCL
 // workspaces included.

@@ -72,6 +72,26 @@ OwnedStream::~OwnedStream() {
   if (stream_.handle) (void)cudaStreamDestroy(static_cast<cudaStream_t>(stream_.handle));
 }
 
+void* record_event(kernels::Stream stream) {
+  cudaEvent_t e = nullptr;
+  CUDA_CHECK(cudaEventCreate(&e));
+  CUDA_CHECK(cudaEventRecord(e, static_cast<cudaStream_t>(stream.handle)));
+  return e;
+}
+
+// Used from destructors at exit too: reports nothing rather than throw.
+double seconds_between(void* start, void* stop) {
+  float ms = 0;
+  if (cudaEventSynchronize(static_cast<cudaEvent_t>(stop)) != cudaSuccess ||
+      cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(stop)) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return ms / 1e3;
+}
+
+void release_event(void* event) { (void)cudaEventDestroy(static_cast<cudaEvent_t>(event)); }
+
 DeviceMemory device_memory() {
   size_t free = 0, total = 0;
   CUDA_CHECK(cudaMemGetInfo(&free, &total));

@@ -158,6 +158,13 @@ void check_all_reduce(const Group& gr, int64_t me, uint64_t salt) {
     for (size_t i = 0; i < want.size(); ++i) want[i] = std::max(want[i], c[i]);
   }
   EXPECT_EQ(mx, want) << gr.label << " all_reduce max " << to_string(dtype_of<T>());
+
+  // The non-blocking form gives the same sum once waited on.
+  std::vector<T> later = contribution<T>(salt + 2, me, n);
+  auto req = gr.comm->iall_reduce(later.data(), n, ReduceOp::sum);
+  req->wait();
+  expect_matches(later, reference_sum<T>(salt + 2, gr.members, n),
+                 gr.label + " iall_reduce sum " + to_string(dtype_of<T>()));
 }
 
 template <typename T>
