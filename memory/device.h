@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "kernels/kernel.h"
 
@@ -34,6 +35,30 @@ class OwnedStream {
 
  private:
   kernels::Stream stream_;
+};
+
+// Host buffers the device copies from asynchronously: a copy from ordinary
+// (pageable) host memory makes the driver stage it first, which can wait for
+// the stream and so stall the host that should be queuing the next kernels.
+// Pinned memory, in `slots` rotating buffers of `bytes`: take() hands out the
+// next one after waiting, if need be, until the copy queued from it `slots`
+// takes ago has run; queued() marks the copy just queued from it. On the CPU
+// backend the buffers are plain memory and nothing waits.
+class HostStaging {
+ public:
+  HostStaging(int64_t bytes, int slots, kernels::Backend backend);
+  ~HostStaging();
+  HostStaging(const HostStaging&) = delete;
+  HostStaging& operator=(const HostStaging&) = delete;
+  void* take();
+  void queued(kernels::Stream stream);
+
+ private:
+  kernels::Backend backend_;
+  int64_t bytes_;
+  std::vector<void*> buffers_;
+  std::vector<void*> events_;  // per slot: its last copy's completion (null: none yet)
+  int next_ = 0, current_ = -1;
 };
 
 // Timing work on a stream: record_event() queues a timing event on the

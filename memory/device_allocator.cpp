@@ -2,6 +2,8 @@
 // CUDA builds.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "kernels/cuda_check.h"
@@ -70,6 +72,49 @@ OwnedStream::OwnedStream(kernels::Backend backend) : stream_{backend, nullptr} {
 
 OwnedStream::~OwnedStream() {
   if (stream_.handle) (void)cudaStreamDestroy(static_cast<cudaStream_t>(stream_.handle));
+}
+
+HostStaging::HostStaging(int64_t bytes, int slots, kernels::Backend backend)
+    : backend_(backend), bytes_(bytes), events_(size_t(slots), nullptr) {
+  for (int i = 0; i < slots; ++i) {
+    void* p = nullptr;
+    if (backend == kernels::Backend::cuda)
+      CUDA_CHECK(cudaHostAlloc(&p, size_t(std::max<int64_t>(bytes, 1)), cudaHostAllocDefault));
+    else
+      p = std::malloc(size_t(std::max<int64_t>(bytes, 1)));
+    buffers_.push_back(p);
+  }
+}
+
+HostStaging::~HostStaging() {
+  for (size_t i = 0; i < buffers_.size(); ++i) {
+    if (events_[i]) {
+      (void)cudaEventSynchronize(static_cast<cudaEvent_t>(events_[i]));
+      (void)cudaEventDestroy(static_cast<cudaEvent_t>(events_[i]));
+    }
+    if (backend_ == kernels::Backend::cuda)
+      (void)cudaFreeHost(buffers_[i]);
+    else
+      std::free(buffers_[i]);
+  }
+}
+
+void* HostStaging::take() {
+  current_ = next_;
+  next_ = (next_ + 1) % int(buffers_.size());
+  if (void* e = events_[size_t(current_)]) CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(e)));
+  return buffers_[size_t(current_)];
+}
+
+void HostStaging::queued(kernels::Stream stream) {
+  if (backend_ != kernels::Backend::cuda || current_ < 0) return;
+  void*& e = events_[size_t(current_)];
+  if (!e) {
+    cudaEvent_t ev = nullptr;
+    CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    e = ev;
+  }
+  CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(e), static_cast<cudaStream_t>(stream.handle)));
 }
 
 void* record_event(kernels::Stream stream) {

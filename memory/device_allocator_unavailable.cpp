@@ -1,6 +1,7 @@
 // The arena's device allocator in builds without CUDA: it refuses every
 // allocation, and its name tells the reader of the OutOfMemory why. The
 // device services of memory/device.h serve the CPU backend only.
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -45,6 +46,21 @@ OwnedStream::~OwnedStream() = default;
 DeviceMemory device_memory() { no_cuda("memory::device_memory"); }
 
 void* record_event(kernels::Stream) { no_cuda("memory::record_event"); }
+
+HostStaging::HostStaging(int64_t bytes, int slots, kernels::Backend backend) : backend_(backend), bytes_(bytes) {
+  if (backend != kernels::Backend::cpu) no_cuda("memory::HostStaging");
+  for (int i = 0; i < slots; ++i) buffers_.push_back(std::malloc(size_t(bytes > 0 ? bytes : 1)));
+  events_.assign(size_t(slots), nullptr);
+}
+HostStaging::~HostStaging() {
+  for (void* p : buffers_) std::free(p);
+}
+void* HostStaging::take() {
+  current_ = next_;
+  next_ = (next_ + 1) % int(buffers_.size());
+  return buffers_[size_t(current_)];
+}
+void HostStaging::queued(kernels::Stream) {}
 double seconds_between(void*, void*) { return 0; }
 void release_event(void*) {}
 

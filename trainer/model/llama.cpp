@@ -78,6 +78,9 @@ LlamaStage<Elem>::LlamaStage(const ModelSpec& m, const RunSpec& run, const Layou
                                          sizeof(Elem) == 8);
   weights_ = table_->get<Elem>("weights.flat");
   grads_ = table_->get<A>("grads.flat");
+  // Tokens and targets of a few micro-batches in flight, M_ ids each.
+  if (on_device())
+    staging_ = std::make_unique<memory::HostStaging>(M_ * int64_t(sizeof(int32_t)), 8, stream_.backend);
   if (table_->has("loss.step_sum")) loss_device_ = table_->get<A>("loss.step_sum");
   zero2_ = l.dp > 1 && l.zero >= 2;
   overlap_dp_ = l.dp > 1 && l.zero == 0;
@@ -206,6 +209,18 @@ void LlamaStage<Elem>::run(const P& p, const char* op, const char* cpu_scratch) 
 template <typename Elem>
 void LlamaStage<Elem>::copy(void* dst, const void* src, int64_t bytes) {
   memory::copy(dst, src, bytes, stream_);
+}
+
+template <typename Elem>
+void LlamaStage<Elem>::upload(void* dst, const void* src, int64_t bytes) {
+  if (!staging_) {
+    copy(dst, src, bytes);
+    return;
+  }
+  void* pinned = staging_->take();
+  std::memcpy(pinned, src, size_t(bytes));
+  copy(dst, pinned, bytes);
+  staging_->queued(stream_);
 }
 
 namespace {
@@ -467,7 +482,7 @@ void LlamaStage<Elem>::head_forward(int64_t slot, const int32_t* targets, double
   }
 
   int32_t* tgt = table_->get<int32_t>("loss.targets");
-  copy(tgt, targets, M_ * int64_t(sizeof(int32_t)));
+  upload(tgt, targets, M_ * int64_t(sizeof(int32_t)));
   A* row_max = table_->get<A>("loss.row_max");
   A* sum_exp = table_->get<A>("loss.row_sumexp");
   A* loss = table_->get<A>("loss.per_token");
@@ -598,7 +613,7 @@ void LlamaStage<Elem>::forward(int64_t slot, const int32_t* tokens, const int32_
   const bool heads = plan_.has_head && chunk == l_.vpp - 1;
   if (embeds) {
     int32_t* tok = table_->get<int32_t>("embedding.tokens", slot);
-    copy(tok, tokens, M_ * int64_t(sizeof(int32_t)));
+    upload(tok, tokens, M_ * int64_t(sizeof(int32_t)));
     const auto& emb = params_.specs[size_t(params_.index(ParamKind::embed_tokens))];
     const int64_t Vl = m_.vocab / l_.tp;
     run(kernels::EmbeddingForwardParams<Elem>{.rows = M_, .C = C, .V = m_.vocab,

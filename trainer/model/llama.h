@@ -34,6 +34,7 @@
 #include "core/device_spec.h"
 #include "kernels/kernel.h"
 #include "memory/arena.h"
+#include "memory/device.h"
 #include "trainer/model/params.h"
 #include "trainer/model/tensor_table.h"
 #include "trainer/parallel/process_groups.h"
@@ -149,6 +150,9 @@ class LlamaStage {
   template <typename P>
   void run(const P& p, const char* op, const char* cpu_scratch = nullptr);
   void copy(void* dst, const void* src, int64_t bytes);
+  // Host ids to the device: through pinned staging on a GPU, so the copy
+  // never makes the host wait for the stream (memory::HostStaging).
+  void upload(void* dst, const void* src, int64_t bytes);
   // Sequence parallelism: norm regions hold a contiguous 1/tp of the B*T rows.
   // gathered: this rank's rows -> all rows in `all` (the rows themselves
   // without sp). reduce_rows: a row-parallel output summed over tp, in place:
@@ -166,6 +170,7 @@ class LlamaStage {
   parallel::ProcessGroups& groups_;
   std::unique_ptr<TensorTable> table_;
   kernels::Stream stream_;
+  std::unique_ptr<memory::HostStaging> staging_;  // GPU only
   Elem* weights_ = nullptr;
   A* grads_ = nullptr;
   double loss_host_ = 0;      // CPU: the loss sum since take_loss()
