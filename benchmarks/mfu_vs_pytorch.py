@@ -7,7 +7,7 @@ F 8192, tied embeddings) at T = 2048, bf16 compute with fp32 master weights
 and fused AdamW on both sides. For each micro-batch size (1 and --mb-list)
 the script runs
 
-  weft     `weft train --layout tp1-pp1-dp1-mb<mb>` on the GPU (it reads
+  weft     `weft train --layout tp1-pp1-dp1-mb<mb>-attn:<flash|cudnn>` on the GPU (it reads
            tokens/s, TFLOP/s and MFU from the run's metrics.jsonl, and the
            dense bf16 peak from its log);
   eager    a plain PyTorch Llama (nn.Linear, RMSNorm, rotary, GQA through
@@ -51,10 +51,10 @@ def random_tokens(V, n=1 << 22):
     return path
 
 
-def run_weft(weft, model, T, mb, steps, gb, data):
+def run_weft(weft, model, T, mb, attn, steps, gb, data):
     out = tempfile.mkdtemp(prefix="weft-mfu-")
     cmd = [weft, "train", "--data", data, "--model", model, "--seq", str(T), "--global-batch", str(gb),
-           "--layout", f"tp1-pp1-dp1-mb{mb}", "--steps", str(steps), "--log-every", "5",
+           "--layout", f"tp1-pp1-dp1-mb{mb}-attn:{attn}", "--steps", str(steps), "--log-every", "5",
            "--eval-every", "0", "--eval-samples", str(mb), "--device", "gpu", "--no-checkpoint", "--out", out]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
@@ -177,25 +177,28 @@ def main():
     mbs = [int(x) for x in a.mb_list.split(",")]
     rows, peak = [], None
     print(f"model {a.model}, T {a.seq}, {fpt / 1e9:.2f} GFLOP per token (6N + 12LCT)")
-    print(f"{'side':<10}{'mb':>4}{'tokens/s':>12}{'TFLOP/s':>10}{'MFU':>8}  note")
+    print(f"{'side':<13}{'mb':>4}{'tokens/s':>12}{'TFLOP/s':>10}{'MFU':>8}  note")
     for mb in mbs:
-        w, p, err = run_weft(a.weft, a.model, a.seq, mb, a.steps, mb * 4, data)
-        peak = peak or p
-        if w:
-            rows.append(("weft", mb, w["tokens_per_s"]))
-            print(f"{'weft':<10}{mb:>4}{w['tokens_per_s']:>12.0f}{w['tflops']:>10.1f}{100 * w['mfu']:>7.1f}%")
-        else:
-            print(f"{'weft':<10}{mb:>4}{'-':>12}{'-':>10}{'-':>8}  {err}")
+        # weft with each of its GPU attention kernels (the tuner would pick the faster).
+        for attn in ("flash", "cudnn"):
+            w, p, err = run_weft(a.weft, a.model, a.seq, mb, attn, a.steps, mb * 4, data)
+            peak = peak or p
+            side = f"weft-{attn}"
+            if w:
+                rows.append(("weft", mb, w["tokens_per_s"]))
+                print(f"{side:<13}{mb:>4}{w['tokens_per_s']:>12.0f}{w['tflops']:>10.1f}{100 * w['mfu']:>7.1f}%")
+            else:
+                print(f"{side:<13}{mb:>4}{'-':>12}{'-':>10}{'-':>8}  {err}")
         for compiled in (False, True):
             side = "compile" if compiled else "eager"
             try:
                 tps = run_torch(shape, a.seq, mb, a.steps, compiled)
             except Exception as e:  # out of memory, a compile failure: say so and go on
-                print(f"{side:<10}{mb:>4}{'-':>12}{'-':>10}{'-':>8}  {type(e).__name__}: {str(e)[:120]}")
+                print(f"{side:<13}{mb:>4}{'-':>12}{'-':>10}{'-':>8}  {type(e).__name__}: {str(e)[:120]}")
                 continue
             rows.append((side, mb, tps))
             mfu = f"{100 * tps * fpt / peak:>7.1f}%" if peak else "      ?"
-            print(f"{side:<10}{mb:>4}{tps:>12.0f}{tps * fpt / 1e12:>10.1f}{mfu}")
+            print(f"{side:<13}{mb:>4}{tps:>12.0f}{tps * fpt / 1e12:>10.1f}{mfu}")
     if peak:
         print(f"peak: {peak / 1e12:.0f} TFLOP/s dense bf16 (weft's DeviceSpec for this GPU)")
     best = {s: max((t for side, _, t in rows if side == s), default=None) for s in ("weft", "eager", "compile")}

@@ -4,7 +4,9 @@
 #
 #   tools/gpu_checks.sh [--bundle gpu-bundle.tar.xz | --build build] [--out dir] [steps...]
 #
-# Steps (default: all, in this order, each under its own time limit):
+# Steps (default: all, in this order; each program runs under a limit just
+# under 10 minutes, so a step can also be run on its own where a session's
+# commands are time-limited):
 #   tests      the gpu-labelled tests (kernels, attention, training, workspace)
 #   sanitize   compute-sanitizer memcheck over the kernel and attention tests
 #   kernels    bench_gpu_kernels: each family against the measured copy and GEMM ceilings
@@ -76,18 +78,18 @@ for s in "${steps[@]}"; do
     tests)
       for t in tests/unit/test_gpu_workspace tests/gpu/test_gpu_kernels tests/gpu/test_gpu_attention \
                tests/gpu/test_gpu_train; do
-        run tests 600 "$build/$t"
+        run tests 590 "$build/$t"
       done ;;
     sanitize)
       for t in tests/gpu/test_gpu_kernels tests/gpu/test_gpu_attention; do
-        run sanitize 600 compute-sanitizer --tool memcheck --error-exitcode 1 "$build/$t"
+        run sanitize 590 compute-sanitizer --tool memcheck --error-exitcode 1 "$build/$t"
       done ;;
-    kernels) run kernels 600 "$build/benchmarks/bench_gpu_kernels" ;;
+    kernels) run kernels 590 "$build/benchmarks/bench_gpu_kernels" ;;
     attention)
-      run attention 600 "$build/benchmarks/bench_gpu_attention"
-      run attention 600 python3 "$here/benchmarks/attention_vs_pytorch.py" --build "$build" ;;
-    mfu) run mfu 900 python3 "$here/benchmarks/mfu_vs_pytorch.py" --weft "$build/weft" ;;
-    memory) run memory 900 python3 "$here/benchmarks/gpu_memory_model.py" --weft "$build/weft" ;;
+      run attention 590 "$build/benchmarks/bench_gpu_attention"
+      run attention 590 python3 "$here/benchmarks/attention_vs_pytorch.py" --build "$build" ;;
+    mfu) run mfu 590 python3 "$here/benchmarks/mfu_vs_pytorch.py" --weft "$build/weft" ;;
+    memory) run memory 590 python3 "$here/benchmarks/gpu_memory_model.py" --weft "$build/weft" ;;
   esac
 done
 echo "gpu_checks: done (exit $status); logs in $out"
