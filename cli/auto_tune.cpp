@@ -14,8 +14,6 @@
 
 #include "core/error.h"
 #include "core/json_io.h"
-#include "trainer/data/corpus.h"
-#include "trainer/data/token_data.h"
 #include "tuner/recipe.h"
 #ifdef WEFT_HAVE_MPI
 #include "trainer/parallel/comm_mpi.h"
@@ -121,9 +119,6 @@ Layout auto_layout(const trainer::TrainConfig& base, const tuner::SpaceLimits& l
   std::FILE* out = rank0 ? log : nullptr;
 
   trainer::set_threads(base.threads);
-  // The data once, before any trial: its ids are not checked again on a GPU.
-  data::token_data_validate(data::token_data_open(base.data.empty() ? data::default_corpus_dir() : base.data),
-                            ctx.model.vocab, ctx.run.seq);
   const auto space = tuner::enumerate(ctx.model, ctx.run, world, limits, ctx.cluster.device.kind);
   if (!a.retune) {
     std::string cached = rank0 ? find_cached(ctx, space, log) : std::string();

@@ -13,6 +13,8 @@
 #include "cli/options.h"
 #include "core/error.h"
 #include "memory/device.h"
+#include "trainer/data/corpus.h"
+#include "trainer/data/token_data.h"
 #include "trainer/loop.h"
 #include "tuner/recipe.h"
 #ifdef WEFT_HAVE_MPI
@@ -131,6 +133,11 @@ int run_train(TrainArgs& a) {
                    fmt::format("{}", fmt::join(diff, "; ")).c_str());
     c.layout = r.layout;
   }
+  // The data is scanned once, before tuning and training: tuning trials and
+  // the GPU kernels then take its ids as checked.
+  data::token_data_validate(data::token_data_open(c.data.empty() ? data::default_corpus_dir() : c.data),
+                            c.model.vocab, c.run.seq);
+  c.data_checked = true;
   if (tune) {
     const int64_t world = mpi_world_size_from_env();
     tuner::SpaceLimits limits;

@@ -281,7 +281,7 @@ TrainReport train(const TrainConfig& c, std::FILE* log_all) {
 
   const std::string data_path = c.data.empty() ? data::default_corpus_dir() : c.data;
   data::TokenData data = data::token_data_open(data_path);
-  data::token_data_validate(data, c.model.vocab, c.run.seq);
+  if (!c.data_checked) data::token_data_validate(data, c.model.vocab, c.run.seq);
   fs::create_directories(c.out_dir);
   if (gpu) return train_on<kernels::bf16>(c, log, rank0, world, data_path, std::move(data));
   return train_on<float>(c, log, rank0, world, data_path, std::move(data));

@@ -28,6 +28,7 @@ struct TrainConfig {
   int64_t steps = 1000;
   uint64_t seed = 1234;
   std::string data;             // token file or folder; empty: the default corpus
+  bool data_checked = false;    // the caller ran token_data_validate on it already
   int64_t log_every = 10;
   int64_t eval_every = 100;     // 0: only at the end
   int64_t eval_samples = 64;    // validation sequences per evaluation
