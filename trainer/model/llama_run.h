@@ -1,0 +1,45 @@
+// The stage's launch and copy helpers, shared by the files that define
+// LlamaStage's members (llama.cpp, llama_parallel.cpp). Internal to
+// trainer/model.
+#pragma once
+
+#include <cstddef>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "kernels/gemm/gemm.h"
+#include "memory/device.h"
+#include "trainer/model/llama.h"
+#include "trainer/model/op_run.h"
+
+namespace weft::trainer {
+
+template <typename P>
+inline constexpr bool kIsGemm = false;
+template <typename E>
+inline constexpr bool kIsGemm<kernels::GemmParams<E>> = true;
+template <typename E>
+inline constexpr bool kIsGemm<kernels::GemmAccParams<E>> = true;
+
+template <typename Elem>
+template <typename P>
+void LlamaStage<Elem>::run(const P& p, const char* op, const char* cpu_scratch) {
+  kernels::Workspace ws;
+  if (const int64_t need = kernels::workspace_bytes(p, stream_.backend); need > 0) {
+    const char* name = !on_device() ? cpu_scratch : kIsGemm<P> ? "scratch.gemm" : "scratch.kernels";
+    const int64_t have = name && table_->has(name) ? table_->bytes(name) : 0;
+    if (need > have)
+      throw InternalError(fmt::format("kernel workspace of {} needs {} bytes, the shape table's {} has {}",
+                                      op, need, name ? name : "(none)", have));
+    ws = {table_->get<std::byte>(name), have};
+  }
+  trainer::run(p, ws, op, stream_);
+}
+
+template <typename Elem>
+void LlamaStage<Elem>::copy(void* dst, const void* src, int64_t bytes) {
+  memory::copy(dst, src, bytes, stream_);
+}
+
+}  // namespace weft::trainer
