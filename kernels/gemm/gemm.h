@@ -43,9 +43,9 @@ struct GemmParams {
 };
 
 // The same product with C in the accumulator type: A and B in Elem, C in
-// Acc<Elem>. Weight gradients use it on the GPU, where bf16 activations and
-// output gradients accumulate (beta = 1) straight into the fp32 main
-// gradients, with no bf16 copy of dW rounded once per micro-batch. Every
+// Acc<Elem>. Weight gradients use it (linear_wgrad_gemm): on the GPU bf16
+// activations and output gradients accumulate (beta = 1) straight into the
+// fp32 main gradients, with no bf16 copy of dW rounded once per micro-batch. Every
 // field means what it means in GemmParams. For fp32 and fp64 it is GemmParams.
 template <typename Elem>
 struct GemmAccParams {
@@ -110,25 +110,14 @@ GemmParams<Elem> linear_dgrad_gemm(int64_t rows, int64_t in, int64_t out,
           .a = dy, .lda = out, .b = w, .ldb = in, .c = dx, .ldc = in};
 }
 
-// Weight gradient: dW += dy^T x, accumulating over micro-batches by default.
+// Weight gradient: dW += dy^T x, accumulating over micro-batches by default,
+// into the main gradients, which are in Acc (fp32 under bf16 compute).
 template <typename Elem>
-GemmParams<Elem> linear_wgrad_gemm(int64_t rows, int64_t in, int64_t out,
-                                   const Elem* dy,  // (rows, out)
-                                   const Elem* x,   // (rows, in)
-                                   Elem* dw,        // (out, in)
-                                   Write write = Write::accumulate) {
-  return {.trans_a = Trans::yes, .trans_b = Trans::no, .m = out, .n = in, .k = rows,
-          .alpha = Acc<Elem>(1), .beta = write == Write::accumulate ? Acc<Elem>(1) : Acc<Elem>(0),
-          .a = dy, .lda = out, .b = x, .ldb = in, .c = dw, .ldc = in};
-}
-
-// Weight gradient into main gradients kept in Acc (fp32 under bf16 compute).
-template <typename Elem>
-GemmAccParams<Elem> linear_wgrad_gemm_acc(int64_t rows, int64_t in, int64_t out,
-                                          const Elem* dy,    // (rows, out)
-                                          const Elem* x,     // (rows, in)
-                                          Acc<Elem>* dw,     // (out, in)
-                                          Write write = Write::accumulate) {
+GemmAccParams<Elem> linear_wgrad_gemm(int64_t rows, int64_t in, int64_t out,
+                                      const Elem* dy,  // (rows, out)
+                                      const Elem* x,   // (rows, in)
+                                      Acc<Elem>* dw,   // (out, in)
+                                      Write write = Write::accumulate) {
   return {.trans_a = Trans::yes, .trans_b = Trans::no, .m = out, .n = in, .k = rows,
           .alpha = Acc<Elem>(1), .beta = write == Write::accumulate ? Acc<Elem>(1) : Acc<Elem>(0),
           .a = dy, .lda = out, .b = x, .ldb = in, .c = dw, .ldc = in};

@@ -84,7 +84,7 @@ TEST_P(GpuWorkspace, EveryKernelFitsTheTable) {
                                                      .targets = ids, .row_max = f, .sum_exp = f, .loss = f};
   fits(kernels::workspace_bytes(ce, Backend::cuda), "cross entropy");
   // GEMMs take the cuBLASLt workspace, scratch.gemm.
-  const auto g = kernels::linear_wgrad_gemm_acc(rows, C, m.intermediate / l.tp, e, e, f);
+  const auto g = kernels::linear_wgrad_gemm(rows, C, m.intermediate / l.tp, e, e, f);
   const int64_t need = kernels::workspace_bytes(g, Backend::cuda);
   EXPECT_GT(need, 0);
   EXPECT_LE(need, table_bytes(shapes, "scratch.gemm"));

@@ -355,22 +355,22 @@ void LlamaStage<Elem>::block_backward(const Block& b, Elem* dx) {
   // the forward's reduce-scatter gathers them.
   const Elem* dxo = gathered(dx, lin);
   run(kernels::linear_dgrad_gemm(M_, Fl, C, dxo, b.wd, d_act), "gemm down dgrad");
-  run(kernels::linear_wgrad_gemm_acc(M_, Fl, C, dxo, b.act, b.gd), "gemm down wgrad");
+  run(kernels::linear_wgrad_gemm(M_, Fl, C, dxo, b.act, b.gd), "gemm down wgrad");
   run(kernels::SwigluBackwardParams<Elem>{.rows = M_, .F = Fl, .gate = b.gate, .up = b.up,
                                           .dact = d_act, .dgate = d_gate, .dup = d_up},
       "swiglu_backward");
   run(kernels::linear_dgrad_gemm(M_, C, Fl, d_gate, b.wg, d_norm), "gemm gate dgrad");
   run(kernels::linear_dgrad_gemm(M_, C, Fl, d_up, b.wu, d_norm, Write::accumulate), "gemm up dgrad");
   const Elem* ln2 = gathered(b.ln2, all_rows);  // re-gathered for the weight gradients
-  run(kernels::linear_wgrad_gemm_acc(M_, C, Fl, d_gate, ln2, b.gg), "gemm gate wgrad");
-  run(kernels::linear_wgrad_gemm_acc(M_, C, Fl, d_up, ln2, b.gu), "gemm up wgrad");
+  run(kernels::linear_wgrad_gemm(M_, C, Fl, d_gate, ln2, b.gg), "gemm gate wgrad");
+  run(kernels::linear_wgrad_gemm(M_, C, Fl, d_up, ln2, b.gu), "gemm up wgrad");
   reduce_rows(d_norm);  // column-parallel input
   norm_backward(b.x_mid, b.xhat2, b.rstd2, b.w_mlp_norm, d_norm, dx, Write::accumulate, b.g_mlp_norm);
 
   // Attention.
   const Elem* dxm = gathered(dx, lin);
   run(kernels::linear_dgrad_gemm(M_, Hl * D, C, dxm, b.wo, d_out), "gemm o dgrad");
-  run(kernels::linear_wgrad_gemm_acc(M_, Hl * D, C, dxm, b.out, b.go), "gemm o wgrad");
+  run(kernels::linear_wgrad_gemm(M_, Hl * D, C, dxm, b.out, b.go), "gemm o wgrad");
   const kernels::AttentionBackwardParams<Elem> attn{
       .kind = l_.attention, .B = l_.mb, .T = run_.seq, .H = Hl, .H_kv = Kl, .D = D, .q = b.q,
       .k = b.k, .v = b.v, .out = b.out, .lse = b.lse, .probs = b.probs, .dout = d_out,
@@ -384,9 +384,9 @@ void LlamaStage<Elem>::block_backward(const Block& b, Elem* dx) {
   run(kernels::linear_dgrad_gemm(M_, C, Kl * D, dk, b.wk, d_norm, Write::accumulate), "gemm k dgrad");
   run(kernels::linear_dgrad_gemm(M_, C, Kl * D, dv, b.wv, d_norm, Write::accumulate), "gemm v dgrad");
   const Elem* ln1 = gathered(b.ln1, all_rows);
-  run(kernels::linear_wgrad_gemm_acc(M_, C, Hl * D, dq, ln1, b.gq), "gemm q wgrad");
-  run(kernels::linear_wgrad_gemm_acc(M_, C, Kl * D, dk, ln1, b.gk), "gemm k wgrad");
-  run(kernels::linear_wgrad_gemm_acc(M_, C, Kl * D, dv, ln1, b.gv), "gemm v wgrad");
+  run(kernels::linear_wgrad_gemm(M_, C, Hl * D, dq, ln1, b.gq), "gemm q wgrad");
+  run(kernels::linear_wgrad_gemm(M_, C, Kl * D, dk, ln1, b.gk), "gemm k wgrad");
+  run(kernels::linear_wgrad_gemm(M_, C, Kl * D, dv, ln1, b.gv), "gemm v wgrad");
   reduce_rows(d_norm);
   norm_backward(b.x_in, b.xhat1, b.rstd1, b.w_attn_norm, d_norm, dx, Write::accumulate, b.g_attn_norm);
 }
@@ -462,7 +462,7 @@ void LlamaStage<Elem>::head_backward(Elem* dx) {
   Elem* d_norm = table_->get<Elem>("scratch.d_norm");
   run(kernels::linear_dgrad_gemm(M_, C, Vl, dlogits, weight(head), d_norm), "gemm head dgrad");
   const Elem* y_all = gathered(y, l_.sp ? table_->get<Elem>("comm.sp_gather") : nullptr);
-  run(kernels::linear_wgrad_gemm_acc(M_, C, Vl, dlogits, y_all, grad(head)), "gemm head wgrad");
+  run(kernels::linear_wgrad_gemm(M_, C, Vl, dlogits, y_all, grad(head)), "gemm head wgrad");
   reduce_rows(d_norm);
   A* xhat = table_->has("final_norm.normed_fp32") ? table_->get<A>("final_norm.normed_fp32") : nullptr;
   norm_backward(table_->get<Elem>("final_norm.input"), xhat, table_->get<A>("final_norm.rstd"),
