@@ -24,8 +24,9 @@ CostConstants cost_defaults(const DeviceSpec& device) {
     k.memory_efficiency = 0.5;
     k.intra_efficiency = k.inter_efficiency = 0.5;
     k.launch_overhead = 1e-6;
-    // The CPU trainer reduces gradients over MPI after the backward pass,
-    // not overlapped with it.
+    // The CPU trainer starts its gradient reductions during the backward, but
+    // MPI moves them on only inside the rank's MPI calls (no progress
+    // thread): they finish in the wait after the backward, not beside it.
     k.dp_overlap = 0;
     return k;
   }
@@ -270,12 +271,13 @@ CostBreakdown predict(const ModelSpec& m, const RunSpec& run, const Layout& l,
   const double grad_bytes = 4 * psi, param_bytes = x.a * psi;
   double reduce = 0, gather = 0, window = 0;
   const double bwd_mb = slow.bwd + slow.recompute;
-  // As weft's trainer reduces: ZeRO-0 all-reduces each parameter group (a
-  // block, the head, the embedding) as soon as the last micro-batch's
-  // backward finishes it, beside the backward of the groups below; ZeRO-1
-  // reduce-scatters after the backward, and ZeRO-2 reduce-scatters each group
-  // of every micro-batch in line with the backward (m times the bytes), so
-  // neither overlaps. ZeRO-3 (not trained yet) is modelled as overlapped.
+  // As weft's trainer reduces: ZeRO-0 all-reduces, and ZeRO-1 reduce-scatters,
+  // each parameter group (a block, the head, the embedding) as soon as the
+  // last micro-batch's backward finishes it, beside the backward of the
+  // groups below (ZeRO-1 waits for the backward's end where tied embeddings
+  // span stages); ZeRO-2 reduce-scatters each group of every micro-batch in
+  // line with the backward (m times the bytes), not overlapped. ZeRO-3 (not
+  // trained yet) is modelled as overlapped.
   switch (l.zero) {
     case 0:
       reduce = all_reduce(grad_bytes, l.dp, dl);
@@ -284,6 +286,7 @@ CostBreakdown predict(const ModelSpec& m, const RunSpec& run, const Layout& l,
     case 1:
       reduce = reduce_scatter(grad_bytes, l.dp, dl);
       gather = all_gather(param_bytes, l.dp, dl);
+      if (!(m.tied_embeddings && l.pp > 1)) window = bwd_mb;
       break;
     case 2:
       reduce = mbs * reduce_scatter(grad_bytes, l.dp, dl);

@@ -232,6 +232,21 @@ void check_uneven(const Group& gr, int64_t me, uint64_t salt) {
   std::vector<T> block(static_cast<size_t>(counts[size_t(k)]));
   gr.comm->reduce_scatter_v(full.data(), block.data(), counts);
   expect_matches(block, mine, gr.label + " reduce_scatter_v");
+
+  // The non-blocking form, in flight beside an iall_reduce on the same group
+  // and waited for in the opposite order, after its counts are gone: the
+  // request keeps what the library reads until it completes.
+  std::vector<T> later(block.size()), other = contribution<T>(salt + 2, me, 7);
+  std::unique_ptr<CommRequest> scatter;
+  {
+    const std::vector<int64_t> gone(counts);
+    scatter = gr.comm->ireduce_scatter_v(full.data(), later.data(), gone);
+  }
+  auto reduce = gr.comm->iall_reduce(other.data(), 7, ReduceOp::sum);
+  reduce->wait();
+  scatter->wait();
+  expect_matches(later, mine, gr.label + " ireduce_scatter_v");
+  expect_matches(other, reference_sum<T>(salt + 2, gr.members, 7), gr.label + " iall_reduce beside it");
 }
 
 template <typename T>

@@ -84,16 +84,25 @@ LlamaStage<Elem>::LlamaStage(const ModelSpec& m, const RunSpec& run, const Layou
   if (table_->has("loss.step_sum")) loss_device_ = table_->get<A>("loss.step_sum");
   zero2_ = l.dp > 1 && l.zero >= 2;
   overlap_dp_ = l.dp > 1 && l.zero == 0;
-  if (zero2_) {
-    bucket_ = table_->get<A>("comm.dp_grad_bucket");
-    bucket_elements_ = table_->elements("comm.dp_grad_bucket");
+  // ZeRO-1 reduce-scatters each group as its final backward ends, except
+  // where tied embeddings span stages: their two copies' gradients are summed
+  // over pp after the backward, before the reduction may start.
+  scatter_dp_ = l.dp > 1 && l.zero == 1 && !(m.tied_embeddings && l.pp > 1);
+  if (l.dp > 1 && l.zero >= 1) {
+    // Rank r of the dp group owns elements [r * shard, (r + 1) * shard) of
+    // the flat parameters (the last one fewer); the optimizer uses the same.
     const int64_t psi = params_.elements, shard = (psi + l.dp - 1) / l.dp;
     for (int64_t r = 0; r < l.dp; ++r)
       shard_counts_.push_back(std::max<int64_t>(0, std::min(psi, (r + 1) * shard) - r * shard));
     shard_lo_ = std::min(psi, groups.dp_rank() * shard);
     shard_hi_ = shard_lo_ + shard_counts_[size_t(groups.dp_rank())];
-    WEFT_ASSERT(table_->elements("grads.flat") == shard);
   }
+  if (zero2_) {
+    bucket_ = table_->get<A>("comm.dp_grad_bucket");
+    bucket_elements_ = table_->elements("comm.dp_grad_bucket");
+    WEFT_ASSERT(table_->elements("grads.flat") == (params_.elements + l.dp - 1) / l.dp);
+  }
+  if (scatter_dp_) dp_shard_ = table_->get<A>("comm.dp_grad_shard");
 
   // Which layers keep each saved tensor, and where: slot-major, then the
   // keeping layers in order; the rebuilt copy (if any) is the last instance.

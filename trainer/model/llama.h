@@ -69,6 +69,11 @@ class LlamaStage {
   // bucket (during that group's backward); grads() is then this rank's shard.
   A* grad(const ParamSpec& p) { return grad_at(p.offset); }
   bool grads_sharded() const { return zero2_; }
+  // ZeRO-1 and -2 over dp > 1: every dp rank's shard size, rank r owning
+  // [r * shard, (r + 1) * shard) of the flat parameters; this rank's starts
+  // at dp_shard_begin(). Empty otherwise.
+  const std::vector<int64_t>& dp_shard_counts() const { return shard_counts_; }
+  int64_t dp_shard_begin() const { return shard_lo_; }
 
   // Layout-independent initialisation from the seed (params.h), computed on
   // the host and rounded once to Elem.
@@ -104,7 +109,10 @@ class LlamaStage {
   // ends, and its all-reduce over dp starts right there, running beside the
   // backward of the groups below it (on NCCL; MPI runs it at once).
   void backward(int64_t slot, int64_t chunk = 0, bool final = false);
-  // Waits for the all-reduces the final backwards started; call after the
+  // Under ZeRO-1 the final backwards reduce-scatter each group instead, into
+  // this rank's shard of comm.dp_grad_shard (where the optimizer reads it),
+  // unless tied embeddings span pipeline stages.
+  // Waits for the reductions the final backwards started; call after the
   // step's last backward. grads_reduced(): they summed the gradients over dp.
   void finish_dp_reduction();
   bool grads_reduced() const { return reduced_; }
@@ -181,15 +189,23 @@ class LlamaStage {
   bool zero2_ = false;
   // ZeRO-0 over dp > 1: gradients all-reduced group by group in the final backwards.
   bool overlap_dp_ = false;
+  // ZeRO-1 over dp > 1: each group's gradient reduce-scattered in the final
+  // backwards into this rank's shard, dp_shard_ (comm.dp_grad_shard).
+  bool scatter_dp_ = false;
+  A* dp_shard_ = nullptr;
   bool final_ = false;
-  bool reduced_ = false;  // this step's gradients were all-reduced over dp
+  bool reduced_ = false;  // this step's gradients were reduced over dp (see grads_reduced())
   std::vector<std::unique_ptr<parallel::CommRequest>> dp_pending_;
   A* bucket_ = nullptr;
   int64_t bucket_elements_ = 0;
   int64_t group_begin_ = 0, group_end_ = 0;
-  int64_t shard_lo_ = 0, shard_hi_ = 0;
-  std::vector<int64_t> shard_counts_;
+  int64_t shard_lo_ = 0, shard_hi_ = 0;  // ZeRO-1 and -2: this rank's shard
+  std::vector<int64_t> shard_counts_;     // every dp rank's shard size
   A* grad_at(int64_t flat);
+  // The part of the current group [group_begin_, group_end_) in each dp
+  // rank's shard, and where this rank's part starts in a shard-sized buffer.
+  std::vector<int64_t> group_shard_counts() const;
+  int64_t group_shard_offset() const;
   void group_begin(int64_t begin, int64_t end);
   void group_end();
   std::vector<Elem>* capture_ = nullptr;

@@ -1,7 +1,7 @@
 // LlamaStage's communication: the gradient groups and their data-parallel
-// reductions (ZeRO-2 buckets, ZeRO-0 all-reduces during the backward), the
-// tensor-parallel row gathers and reductions of sequence parallelism, and the
-// gradients of tied and replicated parameters.
+// reductions (ZeRO-2 buckets; ZeRO-0 all-reduces and ZeRO-1 reduce-scatters
+// during the backward), the tensor-parallel row gathers and reductions of
+// sequence parallelism, and the gradients of tied and replicated parameters.
 #include <algorithm>
 #include <span>
 #include <vector>
@@ -30,26 +30,38 @@ void LlamaStage<Elem>::group_begin(int64_t begin, int64_t end) {
 }
 
 template <typename Elem>
-void LlamaStage<Elem>::group_end() {
-  if (!zero2_) {
-    if (overlap_dp_ && final_)
-      dp_pending_.push_back(groups_.dp->iall_reduce(grads_ + group_begin_, group_end_ - group_begin_));
-    group_begin_ = group_end_ = 0;
-    return;
-  }
-  // Each dp rank receives the part of the group inside its shard (the
-  // result lands at the bucket's start) and adds it to its accumulated shard.
+std::vector<int64_t> LlamaStage<Elem>::group_shard_counts() const {
   std::vector<int64_t> counts;
-  for (size_t r = 0; r < shard_counts_.size(); ++r) {
-    int64_t lo = 0;
-    for (size_t q = 0; q < r; ++q) lo += shard_counts_[q];
-    counts.push_back(std::max<int64_t>(0, std::min(group_end_, lo + shard_counts_[r]) - std::max(group_begin_, lo)));
+  int64_t lo = 0;
+  for (int64_t c : shard_counts_) {
+    counts.push_back(std::max<int64_t>(0, std::min(group_end_, lo + c) - std::max(group_begin_, lo)));
+    lo += c;
   }
-  groups_.dp->reduce_scatter_v(bucket_, bucket_, std::span<const int64_t>(counts));
-  const int64_t mine = counts[size_t(groups_.dp_rank())];
-  if (mine > 0) {
-    A* dst = grads_ + (std::max(group_begin_, shard_lo_) - shard_lo_);
-    run(kernels::AxpyParams<A>{.n = mine, .alpha = 1.0, .x = bucket_, .y = dst}, "axpy");
+  return counts;
+}
+
+template <typename Elem>
+int64_t LlamaStage<Elem>::group_shard_offset() const {
+  return std::clamp(group_begin_, shard_lo_, shard_hi_) - shard_lo_;
+}
+
+template <typename Elem>
+void LlamaStage<Elem>::group_end() {
+  if (zero2_) {
+    // Each dp rank receives the part of the group inside its shard (the
+    // result lands at the bucket's start) and adds it to its accumulated shard.
+    const std::vector<int64_t> counts = group_shard_counts();
+    groups_.dp->reduce_scatter_v(bucket_, bucket_, std::span<const int64_t>(counts));
+    const int64_t mine = counts[size_t(groups_.dp_rank())];
+    if (mine > 0)
+      run(kernels::AxpyParams<A>{.n = mine, .alpha = 1.0, .x = bucket_, .y = grads_ + group_shard_offset()}, "axpy");
+  } else if (final_ && overlap_dp_) {
+    dp_pending_.push_back(groups_.dp->iall_reduce(grads_ + group_begin_, group_end_ - group_begin_));
+  } else if (final_ && scatter_dp_) {
+    // The group's gradient is complete: its sum over dp goes straight to the
+    // shard, while the backward of the groups below goes on.
+    dp_pending_.push_back(groups_.dp->ireduce_scatter_v(grads_ + group_begin_, dp_shard_ + group_shard_offset(),
+                                                        std::span<const int64_t>(group_shard_counts())));
   }
   group_begin_ = group_end_ = 0;
 }
@@ -94,13 +106,15 @@ void LlamaStage<Elem>::reduce_replicated_grads() {
   if (!l_.sp) return;
   for (const auto& p : params_.specs) {
     if (p.shard != ShardDim::none) continue;
-    if (!zero2_) {
+    // Under ZeRO-2, and ZeRO-1 once the backward reduced the gradients, the
+    // summed gradients are this rank's shard (equal ranges on every tp rank).
+    A* shard = zero2_ ? grads_ : scatter_dp_ && reduced_ ? dp_shard_ : nullptr;
+    if (!shard) {
       groups_.tp->all_reduce(grad(p), p.local_elements());
       continue;
     }
-    // Under ZeRO-2 only this rank's shard of the gradients exists.
     const int64_t begin = std::max(shard_lo_, p.offset), end = std::min(shard_hi_, p.offset + p.local_elements());
-    if (begin < end) groups_.tp->all_reduce(grads_ + (begin - shard_lo_), end - begin);
+    if (begin < end) groups_.tp->all_reduce(shard + (begin - shard_lo_), end - begin);
   }
 }
 
@@ -116,6 +130,8 @@ void LlamaStage<Elem>::finish_dp_reduction() {
   template LlamaStage<E>::A* LlamaStage<E>::grad_at(int64_t);                          \
   template void LlamaStage<E>::group_begin(int64_t, int64_t);                          \
   template void LlamaStage<E>::group_end();                                            \
+  template std::vector<int64_t> LlamaStage<E>::group_shard_counts() const;             \
+  template int64_t LlamaStage<E>::group_shard_offset() const;                          \
   template const E* LlamaStage<E>::gathered(const E*, E*);                             \
   template void LlamaStage<E>::reduce_rows(E*);                                        \
   template void LlamaStage<E>::sync_tied_grads();                                      \

@@ -54,14 +54,14 @@ Optimizer<Elem>::Optimizer(LlamaStage<Elem>& stage, const OptimConfig& config)
   lo_ = 0;
   hi_ = psi;
   if (sharded_) {
-    // ZeRO-1: rank r of the dp group owns elements [r * shard, (r + 1) * shard)
-    // of the stage's flat parameters (the last one fewer).
-    const int64_t shard = (psi + dp - 1) / dp;
-    for (int64_t r = 0; r < dp; ++r) counts_.push_back(std::max<int64_t>(0, std::min(psi, (r + 1) * shard) - r * shard));
-    lo_ = std::min(psi, stage.groups().dp_rank() * shard);
+    // This rank updates the stage's shard of the flat parameters.
+    counts_ = stage.dp_shard_counts();
+    WEFT_ASSERT(int64_t(counts_.size()) == dp);
+    lo_ = stage.dp_shard_begin();
     hi_ = lo_ + counts_[size_t(stage.groups().dp_rank())];
-    // ZeRO-1 reduce-scatters the full gradients after the step's backward;
-    // under ZeRO-2 the stage already accumulated its shard group by group.
+    // ZeRO-1 reduce-scatters the full gradients into comm.dp_grad_shard (the
+    // stage during its backward, or reduce_grads() after it); under ZeRO-2
+    // the stage already accumulated its shard group by group.
     grad_shard_ = stage.grads_sharded() ? stage.grads()
                                         : stage.tensors().template get<A>("comm.dp_grad_shard");
   }

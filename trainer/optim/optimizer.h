@@ -67,7 +67,7 @@ class Optimizer {
 
   // Sums the step's gradients over the data-parallel replicas: an all-reduce,
   // or under ZeRO-1 a reduce-scatter into this rank's shard. Nothing to do
-  // where the stage reduced them during the backward (ZeRO-0, ZeRO-2).
+  // where the stage reduced them during the backward (ZeRO-0, ZeRO-1, ZeRO-2).
   void reduce_grads();
   // Clips and applies the update for 1-based step `step` (the schedule's and
   // the bias correction's count), given the step's mean loss. Under ZeRO-1

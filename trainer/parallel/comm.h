@@ -55,7 +55,8 @@ class Comm {
   // returns: until then the buffer must be left alone. A backend whose
   // collectives run beside the caller's work (NCCL on its own stream)
   // overlaps it with what the caller does meanwhile; this default runs it at
-  // once and returns a finished request.
+  // once and returns a finished request; MPI starts it and leaves its
+  // progress to the library's later calls.
   virtual std::unique_ptr<CommRequest> iall_reduce(void* data, int64_t count, DType t, ReduceOp op);
   // out (size * count) = concatenation of every rank's in (count), in rank order.
   virtual void all_gather(const void* in, void* out, int64_t count, DType t) = 0;
@@ -70,6 +71,11 @@ class Comm {
   // block of in (sum of counts; block r starts at counts[0] + ... + counts[r-1]).
   virtual void reduce_scatter_v(const void* in, void* out, std::span<const int64_t> counts,
                                 DType t) = 0;
+  // The same uneven reduce-scatter begun now, like iall_reduce: in and out
+  // stay untouched by the caller until the request's wait() returns. The
+  // default runs it at once.
+  virtual std::unique_ptr<CommRequest> ireduce_scatter_v(const void* in, void* out,
+                                                         std::span<const int64_t> counts, DType t);
   virtual void broadcast(void* data, int64_t count, DType t, int64_t root) = 0;
   // Blocking point-to-point; peer is a rank of this group, tag in [0, 32767].
   // Two ranks that both send before they receive may deadlock on large
@@ -105,6 +111,10 @@ class Comm {
   template <typename T>
   void reduce_scatter_v(const T* in, T* out, std::span<const int64_t> counts) {
     reduce_scatter_v(static_cast<const void*>(in), static_cast<void*>(out), counts, dtype_of<T>());
+  }
+  template <typename T>
+  std::unique_ptr<CommRequest> ireduce_scatter_v(const T* in, T* out, std::span<const int64_t> counts) {
+    return ireduce_scatter_v(static_cast<const void*>(in), static_cast<void*>(out), counts, dtype_of<T>());
   }
   template <typename T>
   void broadcast(T* data, int64_t count, int64_t root) {

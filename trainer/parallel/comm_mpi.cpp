@@ -196,16 +196,19 @@ void check_received(const MPI_Status& status, MPI_Datatype type, int64_t expecte
 
 class MpiRequest final : public CommRequest {
  public:
-  // expected < 0 for a send; for a receive, the element count it must deliver.
-  // call: the MPI call that started `req`; what: the operation, for messages.
+  // expected < 0 for a send or a collective; for a receive, the element
+  // count it must deliver. call: the MPI call that started `req`; what: the
+  // operation, for messages. blocks: the counts an uneven collective was
+  // given, which MPI reads until the operation completes.
   MpiRequest(MPI_Request req, const char* call, std::string what, MPI_Datatype type,
-             int64_t expected, const std::atomic<bool>* cancel)
+             int64_t expected, const std::atomic<bool>* cancel, Blocks blocks = {})
       : req_(req),
         call_(call),
         what_(std::move(what)),
         type_(type),
         expected_(expected),
-        cancel_(cancel) {}
+        cancel_(cancel),
+        blocks_(std::move(blocks)) {}
   // Waits like wait(), without throwing; once the communicator is cancelled
   // the operation is left to MPI (MPI_Request_free) instead of waited for.
   ~MpiRequest() override {
@@ -231,6 +234,7 @@ class MpiRequest final : public CommRequest {
   MPI_Datatype type_;
   int64_t expected_;
   const std::atomic<bool>* cancel_;
+  Blocks blocks_;
 };
 
 class MpiComm final : public Comm {
@@ -261,6 +265,18 @@ class MpiComm final : public Comm {
     WEFT_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, mpi_count(count), mpi_type(t), mpi_op(op),
                                   comm_, &req));
     complete(req, "MPI_Iallreduce", "all_reduce");
+  }
+
+  // Started here; MPI moves it on inside this rank's later MPI calls (the
+  // tensor-parallel collectives and pipeline messages of the backward) and
+  // finishes it in wait().
+  std::unique_ptr<CommRequest> iall_reduce(void* data, int64_t count, DType t, ReduceOp op) override {
+    check_not_cancelled("iall_reduce");
+    MPI_Request req;
+    WEFT_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, mpi_count(count), mpi_type(t), mpi_op(op),
+                                  comm_, &req));
+    return std::make_unique<MpiRequest>(req, "MPI_Iallreduce", collective_what("iall_reduce"),
+                                        mpi_type(t), -1, cancel_);
   }
 
   void all_gather(const void* in, void* out, int64_t count, DType t) override {
@@ -301,6 +317,17 @@ class MpiComm final : public Comm {
     WEFT_MPI_CHECK(MPI_Ireduce_scatter(send, out, blocks_.counts.data(), mpi_type(t), MPI_SUM,
                                        comm_, &req));
     complete(req, "MPI_Ireduce_scatter", "reduce_scatter_v");
+  }
+
+  std::unique_ptr<CommRequest> ireduce_scatter_v(const void* in, void* out,
+                                                 std::span<const int64_t> counts, DType t) override {
+    check_not_cancelled("ireduce_scatter_v");
+    Blocks b = blocks_of(counts, size_);
+    const void* send = in == out ? MPI_IN_PLACE : in;
+    MPI_Request req;
+    WEFT_MPI_CHECK(MPI_Ireduce_scatter(send, out, b.counts.data(), mpi_type(t), MPI_SUM, comm_, &req));
+    return std::make_unique<MpiRequest>(req, "MPI_Ireduce_scatter", collective_what("ireduce_scatter_v"),
+                                        mpi_type(t), -1, cancel_, std::move(b));
   }
 
   void broadcast(void* data, int64_t count, DType t, int64_t root) override {

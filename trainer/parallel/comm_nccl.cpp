@@ -146,24 +146,16 @@ class NcclComm final : public Comm {
   }
 
   void reduce_scatter_v(const void* in, void* out, std::span<const int64_t> counts, DType t) override {
-    WEFT_ASSERT(int64_t(counts.size()) == size_);
     start();
-    int64_t offset = 0, mine = 0;
-    for (int64_t r = 0; r < rank_; ++r) mine += counts[size_t(r)];
-    // In place, the reduce into this rank's block would overwrite input the
-    // others still read: reduce into the block, then move it to the front.
-    char* dest = in == out ? at(out, mine, t) : static_cast<char*>(out);
-    WEFT_NCCL_CHECK(ncclGroupStart());
-    for (int64_t r = 0; r < size_; ++r) {
-      WEFT_NCCL_CHECK(ncclReduce(at(in, offset, t), r == rank_ ? dest : nullptr, size_t(counts[size_t(r)]),
-                                 nccl_type(t), ncclSum, int(r), comm_, stream_));
-      offset += counts[size_t(r)];
-    }
-    WEFT_NCCL_CHECK(ncclGroupEnd());
-    if (dest != out)
-      WEFT_CUDA_CHECK(cudaMemcpyAsync(out, dest, size_t(counts[size_t(rank_)] * dtype_bytes(t)),
-                                      cudaMemcpyDeviceToDevice, stream_));
+    enqueue_reduce_scatter_v(in, out, counts, t);
     end();
+  }
+
+  std::unique_ptr<CommRequest> ireduce_scatter_v(const void* in, void* out, std::span<const int64_t> counts,
+                                                 DType t) override {
+    start();
+    enqueue_reduce_scatter_v(in, out, counts, t);
+    return finish();
   }
 
   void broadcast(void* data, int64_t count, DType t, int64_t root) override {
@@ -205,6 +197,27 @@ class NcclComm final : public Comm {
   }
 
  private:
+  // reduce_scatter_v on the communication stream, as one NCCL group of
+  // reduces (NCCL has no uneven reduce-scatter).
+  void enqueue_reduce_scatter_v(const void* in, void* out, std::span<const int64_t> counts, DType t) {
+    WEFT_ASSERT(int64_t(counts.size()) == size_);
+    int64_t offset = 0, mine = 0;
+    for (int64_t r = 0; r < rank_; ++r) mine += counts[size_t(r)];
+    // In place, the reduce into this rank's block would overwrite input the
+    // others still read: reduce into the block, then move it to the front.
+    char* dest = in == out ? at(out, mine, t) : static_cast<char*>(out);
+    WEFT_NCCL_CHECK(ncclGroupStart());
+    for (int64_t r = 0; r < size_; ++r) {
+      WEFT_NCCL_CHECK(ncclReduce(at(in, offset, t), r == rank_ ? dest : nullptr, size_t(counts[size_t(r)]),
+                                 nccl_type(t), ncclSum, int(r), comm_, stream_));
+      offset += counts[size_t(r)];
+    }
+    WEFT_NCCL_CHECK(ncclGroupEnd());
+    if (dest != out)
+      WEFT_CUDA_CHECK(cudaMemcpyAsync(out, dest, size_t(counts[size_t(rank_)] * dtype_bytes(t)),
+                                      cudaMemcpyDeviceToDevice, stream_));
+  }
+
   // The communication stream waits for the compute stream's earlier work...
   void start() {
     WEFT_CUDA_CHECK(cudaEventRecord(before_, compute_));

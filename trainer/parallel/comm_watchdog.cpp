@@ -49,6 +49,12 @@ class WatchedComm final : public Comm {
     Call c(*this, "reduce_scatter_v");
     inner_.reduce_scatter_v(in, out, counts, t);
   }
+  std::unique_ptr<CommRequest> ireduce_scatter_v(const void* in, void* out,
+                                                 std::span<const int64_t> counts, DType t) override {
+    Call c(*this, "ireduce_scatter_v");
+    return std::make_unique<WatchedRequest>(inner_.ireduce_scatter_v(in, out, counts, t), *this,
+                                            "wait for ireduce_scatter_v");
+  }
   void broadcast(void* data, int64_t count, DType t, int64_t root) override {
     Call c(*this, "broadcast");
     inner_.broadcast(data, count, t, root);
