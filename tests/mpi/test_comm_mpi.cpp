@@ -233,6 +233,17 @@ void check_uneven(const Group& gr, int64_t me, uint64_t salt) {
   gr.comm->reduce_scatter_v(full.data(), block.data(), counts);
   expect_matches(block, mine, gr.label + " reduce_scatter_v");
 
+  // In place: the sum lands at the front; into this rank's own block of the
+  // input: the sum replaces that block.
+  std::vector<T> front(full), own(full);
+  gr.comm->reduce_scatter_v(front.data(), front.data(), counts);
+  front.resize(block.size());
+  expect_matches(front, mine, gr.label + " reduce_scatter_v in place");
+  T* own_block = own.data() + offsets[size_t(k)];
+  gr.comm->reduce_scatter_v(own.data(), own_block, counts);
+  expect_matches(std::vector<T>(own_block, own_block + counts[size_t(k)]), mine,
+                 gr.label + " reduce_scatter_v into its own block");
+
   // The non-blocking form, in flight beside an iall_reduce on the same group
   // and waited for in the opposite order, after its counts are gone: the
   // request keeps what the library reads until it completes.

@@ -111,6 +111,20 @@ TEST(CommNccl, EveryCollectiveOnDeviceBuffers) {
     for (int64_t q = 0; q < world; ++q)
       for (size_t i = 0; i < want.size(); ++i) want[i] += part(5, q, total)[size_t(start) + i];
     EXPECT_EQ(mine.get(counts[size_t(r)]), want);
+    // In place (the sum lands at the front, over part of this rank's own
+    // block for every rank but the first), into this rank's own block of the
+    // input, and non-blocking.
+    full.put(part(5, r, total));
+    c.reduce_scatter_v(full.p, full.p, counts, DType::f32);
+    EXPECT_EQ(full.get(counts[size_t(r)]), want);
+    full.put(part(5, r, total));
+    c.reduce_scatter_v(full.p, full.p + start, counts, DType::f32);
+    const auto own = full.get(total);
+    EXPECT_EQ(std::vector<float>(own.begin() + start, own.begin() + start + counts[size_t(r)]), want);
+    full.put(part(5, r, total));
+    mine.put(std::vector<float>(size_t(counts[size_t(r)]), NAN));
+    c.ireduce_scatter_v(full.p, mine.p, counts, DType::f32)->wait();
+    EXPECT_EQ(mine.get(counts[size_t(r)]), want);
   }
   // broadcast from the last rank, and a ring of sends
   {

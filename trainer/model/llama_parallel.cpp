@@ -3,6 +3,7 @@
 // during the backward), the tensor-parallel row gathers and reductions of
 // sequence parallelism, and the gradients of tied and replicated parameters.
 #include <algorithm>
+#include <numeric>
 #include <span>
 #include <vector>
 
@@ -48,13 +49,14 @@ int64_t LlamaStage<Elem>::group_shard_offset() const {
 template <typename Elem>
 void LlamaStage<Elem>::group_end() {
   if (zero2_) {
-    // Each dp rank receives the part of the group inside its shard (the
-    // result lands at the bucket's start) and adds it to its accumulated shard.
+    // Each dp rank sums the part of the group inside its shard over dp, in
+    // place in the bucket, and adds it to its accumulated shard.
     const std::vector<int64_t> counts = group_shard_counts();
-    groups_.dp->reduce_scatter_v(bucket_, bucket_, std::span<const int64_t>(counts));
-    const int64_t mine = counts[size_t(groups_.dp_rank())];
+    const int64_t rank = groups_.dp_rank(), mine = counts[size_t(rank)];
+    A* own = bucket_ + std::accumulate(counts.begin(), counts.begin() + rank, int64_t{0});
+    groups_.dp->reduce_scatter_v(bucket_, own, std::span<const int64_t>(counts));
     if (mine > 0)
-      run(kernels::AxpyParams<A>{.n = mine, .alpha = 1.0, .x = bucket_, .y = grads_ + group_shard_offset()}, "axpy");
+      run(kernels::AxpyParams<A>{.n = mine, .alpha = 1.0, .x = own, .y = grads_ + group_shard_offset()}, "axpy");
   } else if (final_ && overlap_dp_) {
     dp_pending_.push_back(groups_.dp->iall_reduce(grads_ + group_begin_, group_end_ - group_begin_));
   } else if (final_ && scatter_dp_) {

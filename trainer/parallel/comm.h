@@ -69,11 +69,14 @@ class Comm {
                             DType t) = 0;
   // reduce_scatter_v: out (counts[rank]) = the sum over ranks of this rank's
   // block of in (sum of counts; block r starts at counts[0] + ... + counts[r-1]).
+  // With in == out the result lands in the first counts[rank] elements; with
+  // out == this rank's own block of in, it replaces that block, which moves
+  // nothing on a device.
   virtual void reduce_scatter_v(const void* in, void* out, std::span<const int64_t> counts,
                                 DType t) = 0;
   // The same uneven reduce-scatter begun now, like iall_reduce: in and out
   // stay untouched by the caller until the request's wait() returns. The
-  // default runs it at once.
+  // default runs it at once. Out of place only (out does not overlap in).
   virtual std::unique_ptr<CommRequest> ireduce_scatter_v(const void* in, void* out,
                                                          std::span<const int64_t> counts, DType t);
   virtual void broadcast(void* data, int64_t count, DType t, int64_t root) = 0;

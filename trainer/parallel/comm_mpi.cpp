@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <climits>
+#include <cstring>
 #include <numeric>
 #include <string>
 #include <thread>
@@ -312,18 +313,24 @@ class MpiComm final : public Comm {
                         DType t) override {
     check_not_cancelled("reduce_scatter_v");
     blocks_ = blocks_of(counts, size_);
-    const void* send = in == out ? MPI_IN_PLACE : in;
+    // MPI forbids overlapping buffers: a result meant for this rank's own
+    // block of in is computed in place (landing at in's start) and moved.
+    const bool own_block = out != in && out == block(in, blocks_.displs[size_t(rank_)], t);
+    void* recv = own_block ? const_cast<void*>(in) : out;
+    const void* send = recv == in ? MPI_IN_PLACE : in;
     MPI_Request req;
-    WEFT_MPI_CHECK(MPI_Ireduce_scatter(send, out, blocks_.counts.data(), mpi_type(t), MPI_SUM,
+    WEFT_MPI_CHECK(MPI_Ireduce_scatter(send, recv, blocks_.counts.data(), mpi_type(t), MPI_SUM,
                                        comm_, &req));
     complete(req, "MPI_Ireduce_scatter", "reduce_scatter_v");
+    if (own_block) std::memmove(out, in, size_t(counts[size_t(rank_)] * dtype_bytes(t)));
   }
 
   std::unique_ptr<CommRequest> ireduce_scatter_v(const void* in, void* out,
                                                  std::span<const int64_t> counts, DType t) override {
     check_not_cancelled("ireduce_scatter_v");
     Blocks b = blocks_of(counts, size_);
-    const void* send = in == out ? MPI_IN_PLACE : in;
+    WEFT_ASSERT(in != out && out != block(in, b.displs[size_t(rank_)], t));
+    const void* send = in;
     MPI_Request req;
     WEFT_MPI_CHECK(MPI_Ireduce_scatter(send, out, b.counts.data(), mpi_type(t), MPI_SUM, comm_, &req));
     return std::make_unique<MpiRequest>(req, "MPI_Ireduce_scatter", collective_what("ireduce_scatter_v"),

@@ -203,8 +203,9 @@ class NcclComm final : public Comm {
     WEFT_ASSERT(int64_t(counts.size()) == size_);
     int64_t offset = 0, mine = 0;
     for (int64_t r = 0; r < rank_; ++r) mine += counts[size_t(r)];
-    // In place, the reduce into this rank's block would overwrite input the
-    // others still read: reduce into the block, then move it to the front.
+    // This rank's block of in is where NCCL reduces in place. With in == out
+    // the result must then move to the front (the others still read the
+    // rest of in during the reduce, so it cannot go there directly).
     char* dest = in == out ? at(out, mine, t) : static_cast<char*>(out);
     WEFT_NCCL_CHECK(ncclGroupStart());
     for (int64_t r = 0; r < size_; ++r) {
@@ -213,9 +214,20 @@ class NcclComm final : public Comm {
       offset += counts[size_t(r)];
     }
     WEFT_NCCL_CHECK(ncclGroupEnd());
-    if (dest != out)
-      WEFT_CUDA_CHECK(cudaMemcpyAsync(out, dest, size_t(counts[size_t(rank_)] * dtype_bytes(t)),
-                                      cudaMemcpyDeviceToDevice, stream_));
+    if (dest == out) return;
+    const size_t bytes = size_t(counts[size_t(rank_)] * dtype_bytes(t));
+    if (mine >= counts[size_t(rank_)]) {
+      WEFT_CUDA_CHECK(cudaMemcpyAsync(out, dest, bytes, cudaMemcpyDeviceToDevice, stream_));
+      return;
+    }
+    // The block overlaps the front, and cudaMemcpy does not move overlapping
+    // ranges: go through a stream-ordered temporary (callers that care pass
+    // their own block as out and move nothing).
+    void* tmp = nullptr;
+    WEFT_CUDA_CHECK(cudaMallocAsync(&tmp, bytes, stream_));
+    WEFT_CUDA_CHECK(cudaMemcpyAsync(tmp, dest, bytes, cudaMemcpyDeviceToDevice, stream_));
+    WEFT_CUDA_CHECK(cudaMemcpyAsync(out, tmp, bytes, cudaMemcpyDeviceToDevice, stream_));
+    WEFT_CUDA_CHECK(cudaFreeAsync(tmp, stream_));
   }
 
   // The communication stream waits for the compute stream's earlier work...
