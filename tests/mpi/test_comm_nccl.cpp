@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "core/error.h"
 #include "core/layout.h"
 #include "trainer/parallel/comm_mpi.h"
 #include "trainer/parallel/comm_nccl.h"
@@ -126,21 +127,51 @@ TEST(CommNccl, EveryCollectiveOnDeviceBuffers) {
     c.ireduce_scatter_v(full.p, mine.p, counts, DType::f32)->wait();
     EXPECT_EQ(mine.get(counts[size_t(r)]), want);
   }
-  // broadcast from the last rank, and a ring of sends
+  // broadcast from the last rank
   {
     Device d(n);
     d.put(part(6, r, n));
     c.broadcast(d.p, n, DType::f32, world - 1);
     EXPECT_EQ(d.get(n), part(6, world - 1, n));
-    Device s(n), t(n);
-    s.put(part(7, r, n));
-    auto recv = c.irecv(t.p, n, DType::f32, (r + world - 1) % world, 0);
-    auto send = c.isend(s.p, n, DType::f32, (r + 1) % world, 0);
-    recv->wait();
-    send->wait();
-    EXPECT_EQ(t.get(n), part(7, (r + world - 1) % world, n));
   }
+  // Groups without point-to-point refuse it by name.
+  EXPECT_THROW(c.send(nullptr, 1, DType::f32, (r + 1) % world, 0), InternalError);
   c.barrier();
+}
+
+// The pipeline's pattern on the pp group: every stage sends to both ring
+// neighbours before it receives from either, with messages far larger than
+// NCCL's buffers, then a second round with non-blocking receives. On one
+// stream per group this waits forever; each direction has a stream of its
+// own here.
+TEST(CommNccl, SendsBeforeReceivesOnThePipelineGroup) {
+  const int64_t world = mpi_world_size();
+  ProcessGroups g = nccl_process_groups(Layout::parse(fmt::format("tp1-pp{}-dp1-mb1", world)), nullptr);
+  Comm& c = *g.pp;
+  const int64_t r = c.rank(), n = 8 << 20;  // 32 MiB of fp32
+  const int64_t next = (r + 1) % world, prev = (r + world - 1) % world;
+  for (int round = 0; round < 2; ++round) {
+    Device to_next(n), to_prev(n), from_prev(n), from_next(n);
+    to_next.put(part(8 + 4 * round, r, n));
+    to_prev.put(part(9 + 4 * round, r, n));
+    auto a = c.isend(to_next.p, n, DType::f32, next, 0);
+    auto b = c.isend(to_prev.p, n, DType::f32, prev, 1);
+    if (round == 0) {
+      c.recv(from_prev.p, n, DType::f32, prev, 0);
+      c.recv(from_next.p, n, DType::f32, next, 1);
+    } else {
+      // Posted in the senders' order (with two ranks next and prev are the
+      // same peer, and NCCL matches by order, not tag), waited in reverse.
+      auto x = c.irecv(from_prev.p, n, DType::f32, prev, 0);
+      auto y = c.irecv(from_next.p, n, DType::f32, next, 1);
+      y->wait();
+      x->wait();
+    }
+    a->wait();
+    b->wait();
+    EXPECT_EQ(from_prev.get(n), part(8 + 4 * round, prev, n)) << "round " << round;
+    EXPECT_EQ(from_next.get(n), part(9 + 4 * round, next, n)) << "round " << round;
+  }
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 #include <nccl.h>
 
 #include <cstring>
+#include <map>
+#include <utility>
 #include <tuple>
 #include <vector>
 
@@ -64,28 +66,55 @@ class NcclRequest final : public CommRequest {
   cudaEvent_t done_;
 };
 
+// A NCCL communicator and the stream its operations run on.
+struct Channel {
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+};
+
+// The unique id of a communicator over the ranks of `bootstrap`: rank
+// `root` makes it and broadcasts it.
+ncclUniqueId unique_id_from(Comm& bootstrap, int64_t root) {
+  ncclUniqueId id;
+  if (bootstrap.rank() == root) WEFT_NCCL_CHECK(ncclGetUniqueId(&id));
+  static_assert(sizeof(id) % sizeof(int64_t) == 0);
+  std::vector<int64_t> words(sizeof(id) / sizeof(int64_t));
+  std::memcpy(words.data(), &id, sizeof(id));
+  bootstrap.broadcast(words.data(), int64_t(words.size()), root);
+  std::memcpy(&id, words.data(), sizeof(id));
+  return id;
+}
+
+// Joins communicator `id` of `ranks` ranks as `rank`, with a stream for it.
+Channel open_channel(const ncclUniqueId& id, int64_t ranks, int64_t rank) {
+  Channel c;
+  WEFT_NCCL_CHECK(ncclCommInitRank(&c.comm, int(ranks), id, int(rank)));
+  WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking));
+  return c;
+}
+
+void close_channel(Channel& c) {
+  if (c.stream) cudaStreamSynchronize(c.stream);
+  if (c.comm) ncclCommDestroy(c.comm);
+  if (c.stream) cudaStreamDestroy(c.stream);
+  c = {};
+}
+
 class NcclComm final : public Comm {
  public:
-  NcclComm(Comm& bootstrap, std::string name, cudaStream_t compute)
+  NcclComm(Comm& bootstrap, std::string name, cudaStream_t compute, bool ring_p2p)
       : name_(std::move(name)), compute_(compute), size_(bootstrap.size()), rank_(bootstrap.rank()) {
-    ncclUniqueId id;
-    if (rank_ == 0) WEFT_NCCL_CHECK(ncclGetUniqueId(&id));
-    static_assert(sizeof(id) % sizeof(int64_t) == 0);
-    std::vector<int64_t> words(sizeof(id) / sizeof(int64_t));
-    std::memcpy(words.data(), &id, sizeof(id));
-    bootstrap.broadcast(words.data(), int64_t(words.size()), 0);
-    std::memcpy(&id, words.data(), sizeof(id));
-    WEFT_NCCL_CHECK(ncclCommInitRank(&comm_, int(size_), id, int(rank_)));
-    WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    group_ = open_channel(unique_id_from(bootstrap, 0), size_, rank_);
     WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&before_, cudaEventDisableTiming));
     WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&after_, cudaEventDisableTiming));
+    if (ring_p2p) open_ring(bootstrap);
   }
   ~NcclComm() override {
-    cudaStreamSynchronize(stream_);
-    ncclCommDestroy(comm_);
+    for (auto& [peer, c] : to_) close_channel(c);
+    for (auto& [peer, c] : from_) close_channel(c);
+    close_channel(group_);
     cudaEventDestroy(before_);
     cudaEventDestroy(after_);
-    cudaStreamDestroy(stream_);
     if (scratch_) cudaFree(scratch_);
   }
   NcclComm(const NcclComm&) = delete;
@@ -97,7 +126,7 @@ class NcclComm final : public Comm {
 
   void all_reduce(void* data, int64_t count, DType t, ReduceOp op) override {
     start();
-    WEFT_NCCL_CHECK(ncclAllReduce(data, data, size_t(count), nccl_type(t), nccl_op(op), comm_, stream_));
+    WEFT_NCCL_CHECK(ncclAllReduce(data, data, size_t(count), nccl_type(t), nccl_op(op), group_.comm, group_.stream));
     end();
   }
 
@@ -105,29 +134,29 @@ class NcclComm final : public Comm {
   // work (the next block's backward) until the request's wait().
   std::unique_ptr<CommRequest> iall_reduce(void* data, int64_t count, DType t, ReduceOp op) override {
     start();
-    WEFT_NCCL_CHECK(ncclAllReduce(data, data, size_t(count), nccl_type(t), nccl_op(op), comm_, stream_));
+    WEFT_NCCL_CHECK(ncclAllReduce(data, data, size_t(count), nccl_type(t), nccl_op(op), group_.comm, group_.stream));
     return finish();
   }
 
   void all_gather(const void* in, void* out, int64_t count, DType t) override {
     start();
     // NCCL's in-place form is exactly ours: in == this rank's block of out.
-    WEFT_NCCL_CHECK(ncclAllGather(in, out, size_t(count), nccl_type(t), comm_, stream_));
+    WEFT_NCCL_CHECK(ncclAllGather(in, out, size_t(count), nccl_type(t), group_.comm, group_.stream));
     end();
   }
 
   void reduce_scatter(const void* in, void* out, int64_t count, DType t) override {
     start();
     if (in != out) {
-      WEFT_NCCL_CHECK(ncclReduceScatter(in, out, size_t(count), nccl_type(t), ncclSum, comm_, stream_));
+      WEFT_NCCL_CHECK(ncclReduceScatter(in, out, size_t(count), nccl_type(t), ncclSum, group_.comm, group_.stream));
       end();
       return;
     }
     // In place NCCL leaves the result in this rank's block; ours is the first.
     char* mine = at(out, rank_ * count, t);
-    WEFT_NCCL_CHECK(ncclReduceScatter(in, mine, size_t(count), nccl_type(t), ncclSum, comm_, stream_));
+    WEFT_NCCL_CHECK(ncclReduceScatter(in, mine, size_t(count), nccl_type(t), ncclSum, group_.comm, group_.stream));
     if (rank_ != 0)
-      WEFT_CUDA_CHECK(cudaMemcpyAsync(out, mine, size_t(count * dtype_bytes(t)), cudaMemcpyDeviceToDevice, stream_));
+      WEFT_CUDA_CHECK(cudaMemcpyAsync(out, mine, size_t(count * dtype_bytes(t)), cudaMemcpyDeviceToDevice, group_.stream));
     end();
   }
 
@@ -138,7 +167,7 @@ class NcclComm final : public Comm {
     int64_t offset = 0;
     for (int64_t r = 0; r < size_; ++r) {
       WEFT_NCCL_CHECK(ncclBroadcast(r == rank_ ? in : nullptr, at(out, offset, t), size_t(counts[size_t(r)]),
-                                    nccl_type(t), int(r), comm_, stream_));
+                                    nccl_type(t), int(r), group_.comm, group_.stream));
       offset += counts[size_t(r)];
     }
     WEFT_NCCL_CHECK(ncclGroupEnd());
@@ -161,39 +190,48 @@ class NcclComm final : public Comm {
   void broadcast(void* data, int64_t count, DType t, int64_t root) override {
     WEFT_ASSERT(root >= 0 && root < size_);
     start();
-    WEFT_NCCL_CHECK(ncclBroadcast(data, data, size_t(count), nccl_type(t), int(root), comm_, stream_));
+    WEFT_NCCL_CHECK(ncclBroadcast(data, data, size_t(count), nccl_type(t), int(root), group_.comm, group_.stream));
     end();
   }
 
-  // Tags order messages on MPI; NCCL delivers a pair's messages in the order
-  // they were posted, which the pipeline schedule already guarantees.
+  // Point-to-point runs over the ring channels (see open_ring): the sends to
+  // a peer in the order they were posted, on a stream of their own, and the
+  // receives from it likewise, so a send waiting for its receive never holds
+  // up this rank's receives, as MPI's non-blocking sends do not. Tags order
+  // messages on MPI; here each direction delivers in posting order, which
+  // the pipeline schedule already keeps (per pair and direction, its sends
+  // and receives come in the same order).
   void send(const void* data, int64_t count, DType t, int64_t peer, int64_t) override {
-    start();
-    WEFT_NCCL_CHECK(ncclSend(data, size_t(count), nccl_type(t), int(peer), comm_, stream_));
-    end();
+    const Channel& c = channel(to_, peer, "send to");
+    start(c.stream);
+    WEFT_NCCL_CHECK(ncclSend(data, size_t(count), nccl_type(t), 1, c.comm, c.stream));
+    end(c.stream);
   }
   void recv(void* data, int64_t count, DType t, int64_t peer, int64_t) override {
-    start();
-    WEFT_NCCL_CHECK(ncclRecv(data, size_t(count), nccl_type(t), int(peer), comm_, stream_));
-    end();
+    const Channel& c = channel(from_, peer, "receive from");
+    start(c.stream);
+    WEFT_NCCL_CHECK(ncclRecv(data, size_t(count), nccl_type(t), 0, c.comm, c.stream));
+    end(c.stream);
   }
   std::unique_ptr<CommRequest> isend(const void* data, int64_t count, DType t, int64_t peer, int64_t) override {
-    start();
-    WEFT_NCCL_CHECK(ncclSend(data, size_t(count), nccl_type(t), int(peer), comm_, stream_));
-    return finish();
+    const Channel& c = channel(to_, peer, "send to");
+    start(c.stream);
+    WEFT_NCCL_CHECK(ncclSend(data, size_t(count), nccl_type(t), 1, c.comm, c.stream));
+    return finish(c.stream);
   }
   std::unique_ptr<CommRequest> irecv(void* data, int64_t count, DType t, int64_t peer, int64_t) override {
-    start();
-    WEFT_NCCL_CHECK(ncclRecv(data, size_t(count), nccl_type(t), int(peer), comm_, stream_));
-    return finish();
+    const Channel& c = channel(from_, peer, "receive from");
+    start(c.stream);
+    WEFT_NCCL_CHECK(ncclRecv(data, size_t(count), nccl_type(t), 0, c.comm, c.stream));
+    return finish(c.stream);
   }
 
   void barrier() override {
     // A one-element all-reduce, then the host waits for it: the only call
     // that blocks the host.
     if (!scratch_) WEFT_CUDA_CHECK(cudaMalloc(&scratch_, sizeof(int32_t)));
-    WEFT_NCCL_CHECK(ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, stream_));
-    WEFT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    WEFT_NCCL_CHECK(ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, group_.comm, group_.stream));
+    WEFT_CUDA_CHECK(cudaStreamSynchronize(group_.stream));
   }
 
  private:
@@ -210,56 +248,101 @@ class NcclComm final : public Comm {
     WEFT_NCCL_CHECK(ncclGroupStart());
     for (int64_t r = 0; r < size_; ++r) {
       WEFT_NCCL_CHECK(ncclReduce(at(in, offset, t), r == rank_ ? dest : nullptr, size_t(counts[size_t(r)]),
-                                 nccl_type(t), ncclSum, int(r), comm_, stream_));
+                                 nccl_type(t), ncclSum, int(r), group_.comm, group_.stream));
       offset += counts[size_t(r)];
     }
     WEFT_NCCL_CHECK(ncclGroupEnd());
     if (dest == out) return;
     const size_t bytes = size_t(counts[size_t(rank_)] * dtype_bytes(t));
     if (mine >= counts[size_t(rank_)]) {
-      WEFT_CUDA_CHECK(cudaMemcpyAsync(out, dest, bytes, cudaMemcpyDeviceToDevice, stream_));
+      WEFT_CUDA_CHECK(cudaMemcpyAsync(out, dest, bytes, cudaMemcpyDeviceToDevice, group_.stream));
       return;
     }
     // The block overlaps the front, and cudaMemcpy does not move overlapping
     // ranges: go through a stream-ordered temporary (callers that care pass
     // their own block as out and move nothing).
     void* tmp = nullptr;
-    WEFT_CUDA_CHECK(cudaMallocAsync(&tmp, bytes, stream_));
-    WEFT_CUDA_CHECK(cudaMemcpyAsync(tmp, dest, bytes, cudaMemcpyDeviceToDevice, stream_));
-    WEFT_CUDA_CHECK(cudaMemcpyAsync(out, tmp, bytes, cudaMemcpyDeviceToDevice, stream_));
-    WEFT_CUDA_CHECK(cudaFreeAsync(tmp, stream_));
+    WEFT_CUDA_CHECK(cudaMallocAsync(&tmp, bytes, group_.stream));
+    WEFT_CUDA_CHECK(cudaMemcpyAsync(tmp, dest, bytes, cudaMemcpyDeviceToDevice, group_.stream));
+    WEFT_CUDA_CHECK(cudaMemcpyAsync(out, tmp, bytes, cudaMemcpyDeviceToDevice, group_.stream));
+    WEFT_CUDA_CHECK(cudaFreeAsync(tmp, group_.stream));
+  }
+
+  // Two-rank communicators between this rank and each neighbour on the
+  // ring of the group, one per direction (rank 0 of each sends, rank 1
+  // receives), each on its own stream. NCCL runs the calls of one stream in
+  // order and a lone send blocks its stream until the peer receives, so with
+  // sends and receives on one stream two stages that send to each other
+  // before receiving (as 1F1B does every step) would wait for each other
+  // forever. Made edge by edge, edge e joining ranks e and e + 1 (mod
+  // size): each rank makes its two edges in increasing order, so every
+  // two-rank creation finds its peer, and the last edge closes the ring.
+  void open_ring(Comm& bootstrap) {
+    if (size_ == 1) return;
+    constexpr int64_t kTag = 32000;
+    const int64_t edges = size_ == 2 ? 1 : size_;
+    for (int64_t e = 0; e < edges; ++e) {
+      const int64_t a = e, b = (e + 1) % size_;
+      if (rank_ != a && rank_ != b) continue;
+      for (auto [from, to] : {std::pair{a, b}, std::pair{b, a}}) {
+        // The sender makes the id and hands it to the receiver over the
+        // bootstrap group.
+        ncclUniqueId id;
+        static_assert(sizeof(id) % sizeof(int64_t) == 0);
+        std::vector<int64_t> words(sizeof(id) / sizeof(int64_t));
+        if (rank_ == from) {
+          WEFT_NCCL_CHECK(ncclGetUniqueId(&id));
+          std::memcpy(words.data(), &id, sizeof(id));
+          bootstrap.send(words.data(), int64_t(words.size()), to, kTag);
+          to_[to] = open_channel(id, 2, 0);
+        } else {
+          bootstrap.recv(words.data(), int64_t(words.size()), from, kTag);
+          std::memcpy(&id, words.data(), sizeof(id));
+          from_[from] = open_channel(id, 2, 1);
+        }
+      }
+    }
+  }
+
+  const Channel& channel(const std::map<int64_t, Channel>& of, int64_t peer, const char* what) const {
+    const auto it = of.find(peer);
+    if (it == of.end())
+      throw InternalError(fmt::format("NCCL {} rank {} on the {} group of {} ranks: point-to-point is set up "
+                                      "between ring neighbours of the pp group only",
+                                      what, peer, name_, size_));
+    return it->second;
   }
 
   // The communication stream waits for the compute stream's earlier work...
-  void start() {
+  void start(cudaStream_t on = nullptr) {
     WEFT_CUDA_CHECK(cudaEventRecord(before_, compute_));
-    WEFT_CUDA_CHECK(cudaStreamWaitEvent(stream_, before_, 0));
+    WEFT_CUDA_CHECK(cudaStreamWaitEvent(on ? on : group_.stream, before_, 0));
   }
   // ...and the compute stream's later work waits for the communication.
-  void end() {
-    WEFT_CUDA_CHECK(cudaEventRecord(after_, stream_));
+  void end(cudaStream_t on = nullptr) {
+    WEFT_CUDA_CHECK(cudaEventRecord(after_, on ? on : group_.stream));
     WEFT_CUDA_CHECK(cudaStreamWaitEvent(compute_, after_, 0));
   }
-  std::unique_ptr<CommRequest> finish() {
+  std::unique_ptr<CommRequest> finish(cudaStream_t on = nullptr) {
     cudaEvent_t done;
     WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-    WEFT_CUDA_CHECK(cudaEventRecord(done, stream_));
+    WEFT_CUDA_CHECK(cudaEventRecord(done, on ? on : group_.stream));
     return std::make_unique<NcclRequest>(compute_, done);
   }
 
   std::string name_;
   cudaStream_t compute_;
   int64_t size_, rank_;
-  ncclComm_t comm_ = nullptr;
-  cudaStream_t stream_ = nullptr;
+  Channel group_;  // the group's communicator, for collectives
+  std::map<int64_t, Channel> to_, from_;  // point-to-point, by peer (open_ring)
   cudaEvent_t before_ = nullptr, after_ = nullptr;
   void* scratch_ = nullptr;
 };
 
 }  // namespace
 
-std::unique_ptr<Comm> nccl_comm(Comm& bootstrap, const std::string& name, void* compute_stream) {
-  return std::make_unique<NcclComm>(bootstrap, name, static_cast<cudaStream_t>(compute_stream));
+std::unique_ptr<Comm> nccl_comm(Comm& bootstrap, const std::string& name, void* compute_stream, bool ring_p2p) {
+  return std::make_unique<NcclComm>(bootstrap, name, static_cast<cudaStream_t>(compute_stream), ring_p2p);
 }
 
 ProcessGroups nccl_process_groups(const Layout& layout, void* compute_stream,
@@ -268,7 +351,9 @@ ProcessGroups nccl_process_groups(const Layout& layout, void* compute_stream,
   ProcessGroups g;
   for (auto [slot, mpi_comm, label] : {std::tuple{&g.world, mpi->world, "world"}, std::tuple{&g.tp, mpi->tp, "tp"},
                                        std::tuple{&g.pp, mpi->pp, "pp"}, std::tuple{&g.dp, mpi->dp, "dp"}}) {
-    g.owned.push_back(nccl_comm(*mpi_comm, label, compute_stream));
+    // Only the pipeline sends and receives (stage boundaries, tied
+    // embedding gradients), always to its ring neighbours.
+    g.owned.push_back(nccl_comm(*mpi_comm, label, compute_stream, slot == &g.pp));
     *slot = g.owned.back().get();
   }
   g.host = std::move(mpi);

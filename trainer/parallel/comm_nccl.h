@@ -14,6 +14,11 @@
 //
 // NCCL has no uneven collectives: all_gather_v is a group of broadcasts and
 // reduce_scatter_v a group of reduces, one rooted at each rank.
+//
+// Point-to-point goes over two-rank communicators per direction between ring
+// neighbours (see nccl_comm), each on a stream of its own: NCCL runs one
+// stream's calls in order, and a send holds its stream until the peer
+// receives.
 #pragma once
 
 #include <atomic>
@@ -39,7 +44,12 @@ ProcessGroups nccl_process_groups(const Layout& layout, void* compute_stream,
 ProcessGroups nccl_device_groups(const Layout& layout, const std::atomic<bool>* cancel);
 
 // A NCCL communicator spanning the ranks of `bootstrap` (an MPI group, or any
-// Comm whose broadcast reaches them), named for messages.
-std::unique_ptr<Comm> nccl_comm(Comm& bootstrap, const std::string& name, void* compute_stream);
+// Comm whose broadcast and point-to-point reach them), named for messages.
+// With ring_p2p, sends and receives to the ring neighbours (rank ± 1 mod
+// size) go over two-rank communicators of their own, one per direction, so
+// that they behave as MPI's non-blocking ones (the pp group has them);
+// without, point-to-point is refused. Collective over the bootstrap group.
+std::unique_ptr<Comm> nccl_comm(Comm& bootstrap, const std::string& name, void* compute_stream,
+                                bool ring_p2p = false);
 
 }  // namespace weft::parallel
