@@ -15,8 +15,13 @@ std::optional<DeviceSpec> gpu_detect(int ordinal) {
     cudaGetLastError();  // a machine without a driver is not an error here
     return std::nullopt;
   }
+  // A failed query must not stay behind as the runtime's last error, which
+  // the first kernel launch would report as its own.
   cudaDeviceProp prop{};
-  if (cudaGetDeviceProperties(&prop, ordinal) != cudaSuccess) return std::nullopt;
+  if (cudaGetDeviceProperties(&prop, ordinal) != cudaSuccess) {
+    cudaGetLastError();
+    return std::nullopt;
+  }
   GpuProperties p;
   p.name = prop.name;
   p.memory_bytes = int64_t(prop.totalGlobalMem);
@@ -27,6 +32,7 @@ std::optional<DeviceSpec> gpu_detect(int ordinal) {
   int khz = 0;
   if (cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, ordinal) == cudaSuccess) p.clock_hz = khz * 1e3;
   if (cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, ordinal) == cudaSuccess) p.memory_clock_hz = khz * 1e3;
+  cudaGetLastError();  // either attribute may be missing; the preset's values stand in
   return device_from_gpu(p);
 }
 
