@@ -4,11 +4,13 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <exception>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
+#include <optional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -95,6 +97,22 @@ void check_trainable(const Layout& l, const ModelSpec& m, DeviceKind device) {
 
 namespace {
 
+// Runs `f` on this rank; if it throws here or on any other rank, every rank
+// throws: this one its own error, the others an error naming the step.
+template <typename F>
+void on_every_rank(const TrainConfig& c, const char* what, F&& f) {
+  std::exception_ptr mine;
+  try {
+    f();
+  } catch (...) {
+    mine = std::current_exception();
+  }
+  int32_t failed = mine ? 1 : 0;
+  if (c.groups) c.groups->host_groups().world->all_reduce(&failed, 1, parallel::ReduceOp::max);
+  if (mine) std::rethrow_exception(mine);
+  if (failed) throw Error(fmt::format("another rank failed while {} (its own message says why)", what));
+}
+
 // The run itself, on the CPU (float) or the current GPU (bf16).
 template <typename Elem>
 TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t world,
@@ -119,7 +137,21 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
     if (failed)
       throw memory::OutOfMemory(failure.empty() ? "another rank could not reserve its predicted memory" : failure);
   }
-  Run<Elem> run(c, std::move(data), reserved.get());
+  // Building the run and opening the checkpoint communicate nothing, and
+  // either may fail on one rank alone (host memory, a file one node lacks):
+  // the ranks agree before the first collective, so none waits for a peer
+  // that has given up.
+  std::string resume = c.resume_from;
+  if (resume.empty() && c.resume)
+    resume = checkpoint::latest_checkpoint(c.ckpt_dir.empty() ? c.out_dir + "/checkpoints" : c.ckpt_dir)
+                 .value_or("");
+  std::optional<Run<Elem>> built;
+  std::optional<checkpoint::Checkpoint> ck;
+  on_every_rank(c, "building the run", [&] {
+    built.emplace(c, std::move(data), reserved.get());
+    if (!resume.empty()) ck.emplace(built->open(resume));
+  });
+  Run<Elem>& run = *built;
   TrainReport report;
   report.baseline = data::token_data_baseline(run.data);
   memory::MemoryOptions all;
@@ -128,12 +160,8 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
   report.predicted = mem.stages[size_t(run.groups.pp_rank())].bytes;
 
   int64_t done = 0;
-  std::string resume = c.resume_from;
-  if (resume.empty() && c.resume)
-    resume = checkpoint::latest_checkpoint(c.ckpt_dir.empty() ? c.out_dir + "/checkpoints" : c.ckpt_dir)
-                 .value_or("");
-  if (!resume.empty()) {
-    done = run.load(resume);
+  if (ck) {
+    done = run.load(*ck);
     fmt::print(log, "resumed from {} at step {}\n", resume, done);
   } else {
     run.init(c.seed);

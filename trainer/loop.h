@@ -42,8 +42,10 @@ struct TrainConfig {
   const std::atomic<bool>* stop = nullptr;  // set asynchronously: checkpoint and return
   // The rank's process groups (MPI); null: a single process.
   parallel::ProcessGroups* groups = nullptr;
-  // Watches those groups; also measures the time spent communicating.
-  const parallel::CommWatchdog* watchdog = nullptr;
+  // Watches those groups; also measures the time spent communicating. Long
+  // stretches without communication (the weights' initialisation) tell it
+  // they are progress.
+  parallel::CommWatchdog* watchdog = nullptr;
 };
 
 struct TrainReport {

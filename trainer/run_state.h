@@ -33,11 +33,12 @@ template <typename Elem>
 struct Run {
   static constexpr bool kDevice = std::is_same_v<Elem, kernels::bf16>;
   const TrainConfig& c;
-  // The run's stream: the one its device groups order their work after, or its own.
-  void* group_stream = c.groups ? c.groups->cuda_stream : nullptr;
-  memory::OwnedStream own_stream{kDevice && !group_stream ? kernels::Backend::cuda : kernels::Backend::cpu};
-  kernels::Stream stream = kDevice && group_stream ? kernels::Stream{kernels::Backend::cuda, group_stream}
-                                                   : own_stream.get();
+  // The run's stream: the one its device (NCCL) groups order their work
+  // after, even the legacy default stream (null), or else its own.
+  bool device_groups = c.groups && c.groups->host;
+  memory::OwnedStream own_stream{kDevice && !device_groups ? kernels::Backend::cuda : kernels::Backend::cpu};
+  kernels::Stream stream = kDevice && device_groups ? kernels::Stream{kernels::Backend::cuda, c.groups->cuda_stream}
+                                                    : own_stream.get();
   std::unique_ptr<memory::Arena> own_arena;
   memory::Arena& arena;  // own_arena, or one the caller reserved up front
   parallel::ProcessGroups own_groups;
@@ -68,7 +69,9 @@ struct Run {
 
   // A fresh model from the seed (layout-independent).
   void init(uint64_t seed) {
-    stage.init_weights(seed);
+    stage.init_weights(seed, [this] {
+      if (c.watchdog) c.watchdog->progress();
+    });
     optim.reset_master();
   }
 
@@ -207,9 +210,9 @@ struct Run {
     return dir;
   }
 
-  // Loads weights, optimizer state and counters; returns the completed step.
-  int64_t load(const std::string& dir) {
-    const auto ck = checkpoint::load_checkpoint(dir);
+  // Maps and validates checkpoint `dir` for this run, communicating nothing.
+  checkpoint::Checkpoint open(const std::string& dir) const {
+    auto ck = checkpoint::load_checkpoint(dir);
     checkpoint::check_compatible(ck.manifest, c.model, dir);
     const auto& run = ck.manifest.run;
     if (run.value("seq", c.run.seq) != c.run.seq ||
@@ -219,6 +222,11 @@ struct Run {
           "and global batch {}; resume with the same values",
           dir, run.value("seq", int64_t{0}), run.value("global_batch", int64_t{0}), c.run.seq,
           c.run.global_batch));
+    return ck;
+  }
+
+  // Loads weights, optimizer state and counters; returns the completed step.
+  int64_t load(const checkpoint::Checkpoint& ck) {
     state_load(ck, stage, &optim);
     return ck.manifest.step;
   }

@@ -191,6 +191,32 @@ TEST(LayoutParity, BadLayoutsAreClearErrors) {
   EXPECT_NE(r.out.find("pp*vpp"), std::string::npos) << r.out;
 }
 
+// A rank that cannot open the checkpoint to resume from (as if its node
+// lacked the file) fails before any collective, and so does every other
+// rank, promptly and naming why, instead of waiting for it in the first step.
+TEST(LayoutParity, ARankThatCannotBuildItsRunFailsEveryRank) {
+  Fixture f;
+  const auto saved = f.dir.path("good");
+  f.train("tp1-pp1-dp2-mb1", saved, "--ckpt-every 3");
+  const auto ckpt = saved + "/checkpoints/step_000003";
+  ASSERT_TRUE(fs::exists(ckpt + "/manifest.json"));
+  const std::string args = fmt::format(
+      "train --data {} --model {} --seq 16 --global-batch 8 --steps 5 --threads 1 --comm-timeout 60 "
+      "--layout tp1-pp1-dp2-mb1 --out {}",
+      f.data, f.config, f.dir.path("resumed"));
+  // Two programs under one mpirun: rank 0 resumes from the checkpoint, rank
+  // 1 from a folder that is not there.
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto r = run_shell(fmt::format("{} --oversubscribe -np 1 {} {} --resume-from {} : -np 1 {} {} "
+                                       "--resume-from {} 2>&1",
+                                       MPIEXEC, WEFT_BIN, args, ckpt, WEFT_BIN, args, ckpt + "-missing"));
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_LT(waited, 30.0) << r.out;
+  EXPECT_NE(r.out.find("step_000003-missing"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("another rank failed while building the run"), std::string::npos) << r.out;
+}
+
 // A rank killed mid-run: the others must not hang. mpirun ends the job, and
 // if it did not, each survivor's communication watchdog would (--comm-timeout).
 TEST(LayoutParity, ARankThatDiesEndsTheJobInBoundedTime) {

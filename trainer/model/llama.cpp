@@ -1,6 +1,7 @@
 #include "trainer/model/llama.h"
 
 #include <algorithm>
+#include <functional>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -219,16 +220,20 @@ Elem to_elem(double v) {
 }  // namespace
 
 template <typename Elem>
-void LlamaStage<Elem>::init_weights(uint64_t seed) {
-  // Built on the host a parameter at a time, then copied (on the CPU, into place).
+void LlamaStage<Elem>::init_weights(uint64_t seed, const std::function<void()>& progress) {
+  // Built on the host a parameter at a time, then copied (on the CPU, into
+  // place). Each element's draw depends on its indices alone, so the rows
+  // are spread over the OpenMP team without changing a value.
   std::vector<Elem> host;
   for (const auto& p : params_.specs) {
     host.resize(size_t(p.local_elements()));
+#pragma omp parallel for schedule(static) if (p.local_elements() >= (int64_t{1} << 16))
     for (int64_t r = 0; r < p.local_rows; ++r)
       for (int64_t c = 0; c < p.local_cols; ++c)
         host[size_t(r * p.local_cols + c)] = to_elem<Elem>(param_init_value(p, seed, p.row_begin + r, p.col_begin + c));
     copy(weights_ + p.offset, host.data(), p.local_elements() * int64_t(sizeof(Elem)));
     memory::synchronize(stream_);  // before the host buffer is rewritten
+    if (progress) progress();
   }
 }
 

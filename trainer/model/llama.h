@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -76,8 +77,9 @@ class LlamaStage {
   int64_t dp_shard_begin() const { return shard_lo_; }
 
   // Layout-independent initialisation from the seed (params.h), computed on
-  // the host and rounded once to Elem.
-  void init_weights(uint64_t seed);
+  // the host and rounded once to Elem. `progress` runs after each parameter
+  // (a rank's watchdog: a billion-element stage takes a while).
+  void init_weights(uint64_t seed, const std::function<void()>& progress = {});
   // The weights from full Acc values on the host (this rank's slices, in the
   // flat layout), rounded once to Elem.
   void set_weights(const std::vector<A>& full);
