@@ -56,15 +56,14 @@ int64_t piece(int64_t n, int64_t element_bytes) {
 
 // Saved tensors of a block's norm: the fused kernel keeps its input and the
 // per-row 1/rms; the unfused composition also keeps the fp32 normalised x
-// (and, in bf16, the fp32 upcast of its input) for its separate backward ops.
+// for its separate backward ops (which read the input in its own type: no
+// fp32 copy of it is kept, in bf16 either).
 void norm_saved(const Dims& d, const Layout& l, const char* input, const char* rstd,
-                const char* normed, const char* upcast, std::vector<TensorShape>& out) {
+                const char* normed, std::vector<TensorShape>& out) {
   out.push_back({input, Category::activations, d.B * d.Tsp * d.C, d.a, 1});
   out.push_back({rstd, Category::activations, d.B * d.Tsp, kFp32, 1});
-  if (l.norm == NormKind::unfused) {
+  if (l.norm == NormKind::unfused)
     out.push_back({normed, Category::activations, d.B * d.Tsp * d.C, kFp32, 1});
-    if (d.a != kFp32) out.push_back({upcast, Category::activations, d.B * d.Tsp * d.C, kFp32, 1});
-  }
 }
 
 // On a GPU the kernels run one at a time on the stage's stream and share one
@@ -163,8 +162,7 @@ void block_saved_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l,
     out.push_back({"layer.attn_norm.input", Category::activations, d.B * d.Tsp * d.C, d.a, 1});
     return;
   }
-  norm_saved(d, l, "layer.attn_norm.input", "layer.attn_norm.rstd", "layer.attn_norm.normed_fp32",
-             "layer.attn_norm.input_fp32", out);
+  norm_saved(d, l, "layer.attn_norm.input", "layer.attn_norm.rstd", "layer.attn_norm.normed_fp32", out);
   out.push_back({"layer.attn_norm.output", Category::activations, d.B * d.Tsp * d.C, d.a, 1});
   // q and k after RoPE, v: the inputs of the attention backward.
   out.push_back({"layer.attn.q", Category::activations, d.B * d.T * d.Hl * d.D, d.a, 1});
@@ -185,8 +183,7 @@ void block_saved_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l,
     out.push_back({"layer.mlp_norm.input", Category::activations, d.B * d.Tsp * d.C, d.a, 1});
     return;
   }
-  norm_saved(d, l, "layer.mlp_norm.input", "layer.mlp_norm.rstd", "layer.mlp_norm.normed_fp32",
-             "layer.mlp_norm.input_fp32", out);
+  norm_saved(d, l, "layer.mlp_norm.input", "layer.mlp_norm.rstd", "layer.mlp_norm.normed_fp32", out);
   out.push_back({"layer.mlp_norm.output", Category::activations, d.B * d.Tsp * d.C, d.a, 1});
   out.push_back({"layer.mlp.gate", Category::activations, d.B * d.T * d.Fl, d.a, 1});
   out.push_back({"layer.mlp.up", Category::activations, d.B * d.T * d.Fl, d.a, 1});
@@ -238,8 +235,7 @@ std::vector<TensorShape> stage_shapes(const ModelSpec& m, const RunSpec& run, co
     // The last virtual stage runs each micro-batch's backward right after its
     // forward (pipeline_schedule), so one micro-batch of head state is live.
     std::vector<TensorShape> fn;
-    norm_saved(d, l, "final_norm.input", "final_norm.rstd", "final_norm.normed_fp32",
-               "final_norm.input_fp32", fn);
+    norm_saved(d, l, "final_norm.input", "final_norm.rstd", "final_norm.normed_fp32", fn);
     fn.push_back({"final_norm.output", Category::activations, d.B * d.Tsp * d.C, d.a, 1});
     out.insert(out.end(), fn.begin(), fn.end());
     // Vocab-parallel loss: the logits of this rank's vocab shard in the
