@@ -13,7 +13,15 @@ predicted and measured totals and their error; the target is within 5%.
 
 Needs a CUDA GPU and a CUDA build of weft.
 """
-import argparse, itertools, json, os, subprocess, sys, tempfile
+import argparse, itertools, json, os, re, subprocess, sys, tempfile
+
+
+def preset_vocab(weft, model):
+    """The vocabulary of a model preset, as `weft presets` lists it (None for
+    a model it does not list, e.g. a config.json)."""
+    out = subprocess.run([weft, "presets"], capture_output=True, text=True).stdout
+    m = re.search(rf"^\s*{re.escape(model)} \(.*?\bV=(\d+)", out, re.M)
+    return int(m.group(1)) if m else None
 
 
 def main():
@@ -22,14 +30,16 @@ def main():
     ap.add_argument("--model", default="llama3.2-1b")
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--vocab", type=int, default=128256, help="the model's vocabulary, for the random ids")
+    ap.add_argument("--vocab", type=int, help="the model's vocabulary, for the random ids (default: the preset's)")
     ap.add_argument("--data", help="token file or folder (default: random ids, memory does not depend on them)")
     a = ap.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # rows show as they come, also through a pipe
     data = a.data
     if not data:
         import numpy as np
+        vocab = a.vocab or preset_vocab(a.weft, a.model) or 128256
         data = os.path.join(tempfile.mkdtemp(prefix="weft-tokens-"), "tokens.npy")
-        np.save(data, np.random.default_rng(0).integers(0, a.vocab, size=1 << 20, dtype=np.int32))
+        np.save(data, np.random.default_rng(0).integers(0, vocab, size=1 << 20, dtype=np.int32))
     gib = 1024.0 ** 3
     print(f"{'layout':<52}{'predicted':>11}{'measured':>11}{'error':>9}{'runtime pred/meas':>20}")
     worst = 0.0

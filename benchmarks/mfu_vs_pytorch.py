@@ -5,7 +5,8 @@ by side in one run.
 The model is the Llama 3.2 1B shape (V 128256, C 2048, L 16, H 32, H_kv 8,
 F 8192, tied embeddings) at T = 2048, bf16 compute with fp32 master weights
 and fused AdamW on both sides. For each micro-batch size (1 and --mb-list)
-the script runs
+the script runs, each side accumulating gradients over 4 micro-batches per
+optimizer step (global batch 4 x mb) and clipping the gradient norm at 1,
 
   weft     `weft train --layout tp1-pp1-dp1-mb<mb>-attn:<flash|cudnn>` on the GPU (it reads
            tokens/s, TFLOP/s and MFU from the run's metrics.jsonl, and the
@@ -60,7 +61,10 @@ def run_weft(weft, model, T, mb, attn, steps, gb, data):
     if p.returncode != 0:
         return None, None, f"weft exited {p.returncode}: {p.stderr.strip()[-300:]}"
     peak = re.search(r"stated peak of ([0-9.]+) GFLOP/s", p.stdout)
-    rows = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl")) if '"tokens_per_s"' in l]
+    metrics = os.path.join(out, "metrics.jsonl")
+    rows = [json.loads(l) for l in open(metrics) if '"tokens_per_s"' in l] if os.path.exists(metrics) else []
+    if not rows:
+        return None, None, f"no step rows in {metrics}"
     last = rows[-1]  # the last window, past warm-up
     return last, float(peak.group(1)) * 1e9 if peak else None, None
 
@@ -133,7 +137,9 @@ def torch_model(V, C, F, L, H, Hkv, tied):
     return Llama
 
 
-def run_torch(shape, T, mb, steps, compiled):
+def run_torch(shape, T, mb, accum, steps, compiled):
+    """Tokens/s of optimizer steps of accum micro-batches of mb sequences
+    each (weft's global batch mb x accum), median over steps."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -150,16 +156,30 @@ def run_torch(shape, T, mb, steps, compiled):
         for i in range(warmup + steps):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = step_fn(inp, tgt)
-            loss.backward()
+            for _ in range(accum):
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    loss = step_fn(inp, tgt) / accum
+                loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             opt.zero_grad(set_to_none=True)
             torch.cuda.synchronize()
             if i >= warmup:
                 times.append(time.perf_counter() - t0)
     times.sort()
-    return mb * T / times[len(times) // 2]
+    return accum * mb * T / times[len(times) // 2]
+
+
+def release_torch():
+    """Hand the caching allocator's memory back to the driver and drop
+    torch.compile's caches, so the next weft run (a separate process) finds
+    the GPU free and the next compile starts afresh (not from a graph made
+    dynamic in the batch by the previous micro-batch size)."""
+    import gc
+    import torch
+    torch._dynamo.reset()
+    gc.collect()
+    torch.cuda.empty_cache()
 
 
 def main():
@@ -171,17 +191,19 @@ def main():
     ap.add_argument("--mb-list", default="1,2,4")
     ap.add_argument("--data", help="token file or folder for weft (default: random ids)")
     a = ap.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # rows show as they come, also through a pipe
     shape = SHAPES[a.model]
     data = a.data or random_tokens(shape[0])
     fpt = flops_per_token(*shape, a.seq)
     mbs = [int(x) for x in a.mb_list.split(",")]
+    accum = 4  # micro-batches per optimizer step on both sides
     rows, peak = [], None
     print(f"model {a.model}, T {a.seq}, {fpt / 1e9:.2f} GFLOP per token (6N + 12LCT)")
     print(f"{'side':<13}{'mb':>4}{'tokens/s':>12}{'TFLOP/s':>10}{'MFU':>8}  note")
     for mb in mbs:
         # weft with each of its GPU attention kernels (the tuner would pick the faster).
         for attn in ("flash", "cudnn"):
-            w, p, err = run_weft(a.weft, a.model, a.seq, mb, attn, a.steps, mb * 4, data)
+            w, p, err = run_weft(a.weft, a.model, a.seq, mb, attn, a.steps, mb * accum, data)
             peak = peak or p
             side = f"weft-{attn}"
             if w:
@@ -192,12 +214,14 @@ def main():
         for compiled in (False, True):
             side = "compile" if compiled else "eager"
             try:
-                tps = run_torch(shape, a.seq, mb, a.steps, compiled)
+                tps = run_torch(shape, a.seq, mb, accum, a.steps, compiled)
             except Exception as e:  # out of memory, a compile failure: say so and go on
                 print(f"{side:<13}{mb:>4}{'-':>12}{'-':>10}{'-':>8}  {type(e).__name__}: {str(e)[:120]}")
                 continue
+            finally:
+                release_torch()
             rows.append((side, mb, tps))
-            mfu = f"{100 * tps * fpt / peak:>7.1f}%" if peak else "      ?"
+            mfu = f"{100 * tps * fpt / peak:>7.1f}%" if peak else f"{'?':>8}"
             print(f"{side:<13}{mb:>4}{tps:>12.0f}{tps * fpt / 1e12:>10.1f}{mfu}")
     if peak:
         print(f"peak: {peak / 1e12:.0f} TFLOP/s dense bf16 (weft's DeviceSpec for this GPU)")
