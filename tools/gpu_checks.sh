@@ -11,8 +11,11 @@
 #   sanitize   compute-sanitizer memcheck over the kernel and attention tests
 #   kernels    bench_gpu_kernels: each family against the measured copy and GEMM ceilings
 #   attention  bench_gpu_attention and benchmarks/attention_vs_pytorch.py
-#   mfu        benchmarks/mfu_vs_pytorch.py (Llama 3.2 1B, weft vs PyTorch)
-#   memory     benchmarks/gpu_memory_model.py (the memory model against the device)
+#   mfu        benchmarks/mfu_vs_pytorch.py (Llama 3.2 1B, weft vs PyTorch): the
+#              steps mfu1, mfu2 and mfu4, one micro-batch size each
+#   memory     benchmarks/gpu_memory_model.py (the memory model against the
+#              device): memory-flash, memory-materialized and memory-cudnn
+# A whole step may take longer than 10 minutes; each of its parts fits.
 # Needs the NVIDIA driver and the CUDA runtime; cuDNN and NCCL are found in
 # the CUDA folder or in Python's nvidia-* wheels, when present.
 set -uo pipefail
@@ -24,11 +27,14 @@ while [ $# -gt 0 ]; do
     --bundle) bundle=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
-    tests|sanitize|kernels|attention|mfu|memory) steps+=("$1"); shift ;;
+    tests|sanitize|kernels|attention|mfu[124]|memory-flash|memory-materialized|memory-cudnn) steps+=("$1"); shift ;;
+    mfu) steps+=(mfu1 mfu2 mfu4); shift ;;
+    memory) steps+=(memory-flash memory-materialized memory-cudnn); shift ;;
     *) echo "gpu_checks: '$1' is not an option or step; see the top of $0" >&2; exit 2 ;;
   esac
 done
-[ ${#steps[@]} -eq 0 ] && steps=(tests sanitize kernels attention mfu memory)
+[ ${#steps[@]} -eq 0 ] && steps=(tests sanitize kernels attention mfu1 mfu2 mfu4 memory-flash memory-materialized
+                                 memory-cudnn)
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 
@@ -88,8 +94,9 @@ for s in "${steps[@]}"; do
     attention)
       run attention 590 "$build/benchmarks/bench_gpu_attention"
       run attention 590 python3 "$here/benchmarks/attention_vs_pytorch.py" --build "$build" ;;
-    mfu) run mfu 590 python3 "$here/benchmarks/mfu_vs_pytorch.py" --weft "$build/weft" ;;
-    memory) run memory 590 python3 "$here/benchmarks/gpu_memory_model.py" --weft "$build/weft" ;;
+    mfu[124]) run "$s" 590 python3 "$here/benchmarks/mfu_vs_pytorch.py" --weft "$build/weft" --mb-list "${s#mfu}" ;;
+    memory-*)
+      run "$s" 590 python3 "$here/benchmarks/gpu_memory_model.py" --weft "$build/weft" --attn "${s#memory-}" ;;
   esac
 done
 echo "gpu_checks: done (exit $status); logs in $out"
