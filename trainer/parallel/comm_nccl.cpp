@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/layout.h"
 #include "trainer/parallel/comm_mpi.h"
+#include "trainer/parallel/rank_grid.h"
 
 namespace weft::parallel {
 
@@ -274,32 +275,25 @@ class NcclComm final : public Comm {
   // order and a lone send blocks its stream until the peer receives, so with
   // sends and receives on one stream two stages that send to each other
   // before receiving (as 1F1B does every step) would wait for each other
-  // forever. Made edge by edge, edge e joining ranks e and e + 1 (mod
-  // size): each rank makes its two edges in increasing order, so every
-  // two-rank creation finds its peer, and the last edge closes the ring.
+  // forever. Made in ring_channels' order, in which every two-rank creation
+  // finds its peer.
   void open_ring(Comm& bootstrap) {
-    if (size_ == 1) return;
     constexpr int64_t kTag = 32000;
-    const int64_t edges = size_ == 2 ? 1 : size_;
-    for (int64_t e = 0; e < edges; ++e) {
-      const int64_t a = e, b = (e + 1) % size_;
-      if (rank_ != a && rank_ != b) continue;
-      for (auto [from, to] : {std::pair{a, b}, std::pair{b, a}}) {
-        // The sender makes the id and hands it to the receiver over the
-        // bootstrap group.
-        ncclUniqueId id;
-        static_assert(sizeof(id) % sizeof(int64_t) == 0);
-        std::vector<int64_t> words(sizeof(id) / sizeof(int64_t));
-        if (rank_ == from) {
-          WEFT_NCCL_CHECK(ncclGetUniqueId(&id));
-          std::memcpy(words.data(), &id, sizeof(id));
-          bootstrap.send(words.data(), int64_t(words.size()), to, kTag);
-          to_[to] = open_channel(id, 2, 0);
-        } else {
-          bootstrap.recv(words.data(), int64_t(words.size()), from, kTag);
-          std::memcpy(&id, words.data(), sizeof(id));
-          from_[from] = open_channel(id, 2, 1);
-        }
+    for (const RingChannel& ch : ring_channels(size_, rank_)) {
+      // The sender makes the id and hands it to the receiver over the
+      // bootstrap group.
+      ncclUniqueId id;
+      static_assert(sizeof(id) % sizeof(int64_t) == 0);
+      std::vector<int64_t> words(sizeof(id) / sizeof(int64_t));
+      if (rank_ == ch.from) {
+        WEFT_NCCL_CHECK(ncclGetUniqueId(&id));
+        std::memcpy(words.data(), &id, sizeof(id));
+        bootstrap.send(words.data(), int64_t(words.size()), ch.to, kTag);
+        to_[ch.to] = open_channel(id, 2, 0);
+      } else {
+        bootstrap.recv(words.data(), int64_t(words.size()), ch.from, kTag);
+        std::memcpy(&id, words.data(), sizeof(id));
+        from_[ch.from] = open_channel(id, 2, 1);
       }
     }
   }

@@ -189,4 +189,18 @@ RankGroups rank_groups(int64_t world, int64_t tp, int64_t pp, int64_t dp, int64_
   return RankGrid(world, tp, pp, dp, order).groups_of(rank);
 }
 
+std::vector<RingChannel> ring_channels(int64_t size, int64_t rank) {
+  WEFT_ASSERT(size >= 1 && rank >= 0 && rank < size);
+  std::vector<RingChannel> out;
+  if (size == 1) return out;
+  const int64_t edges = size == 2 ? 1 : size;
+  for (int64_t e = 0; e < edges; ++e) {
+    const int64_t a = e, b = (e + 1) % size;
+    if (rank != a && rank != b) continue;
+    out.push_back({a, b});
+    out.push_back({b, a});
+  }
+  return out;
+}
+
 }  // namespace weft::parallel

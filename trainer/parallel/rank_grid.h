@@ -101,4 +101,19 @@ class RankGrid {
 RankGroups rank_groups(int64_t world, int64_t tp, int64_t pp, int64_t dp, int64_t rank,
                        RankOrder order = {});
 
+// A one-way point-to-point channel between two ranks of a group.
+struct RingChannel {
+  int64_t from = 0, to = 0;
+  bool operator==(const RingChannel&) const = default;
+};
+
+// The channels between ring neighbours (r and r + 1 mod size, both ways)
+// that `rank` of a group of `size` takes part in, in the order it must make
+// them when making one blocks until its other rank makes it too: edge e
+// joins e and e + 1, each rank makes its edges in increasing e, and each
+// edge's two channels in a fixed order, so every creation finds its peer
+// (the NCCL backend's point-to-point communicators). Empty for one rank; a
+// group of two has one edge.
+std::vector<RingChannel> ring_channels(int64_t size, int64_t rank);
+
 }  // namespace weft::parallel

@@ -153,6 +153,50 @@ TEST(RankGrid, PipelineNeighbours) {
   }
 }
 
+// Every rank makes its ring channels in order, each creation blocking until
+// the channel's other rank makes it too: played out for groups of 1 to 64,
+// every rank must finish (no rank waits on a peer that waits elsewhere) and
+// hold exactly one channel to and one from each ring neighbour.
+TEST(RankGrid, RingChannelsAreMadeWithoutDeadlock) {
+  for (int64_t n = 1; n <= 64; ++n) {
+    std::vector<std::vector<RingChannel>> todo(static_cast<size_t>(n));
+    for (int64_t r = 0; r < n; ++r) {
+      todo[size_t(r)] = ring_channels(n, r);
+      std::vector<RingChannel> want;
+      if (n > 1) {
+        for (int64_t peer : {(r + 1) % n, (r + n - 1) % n}) {
+          for (RingChannel c : {RingChannel{r, peer}, RingChannel{peer, r}})
+            if (std::find(want.begin(), want.end(), c) == want.end()) want.push_back(c);
+        }
+      }
+      std::vector<RingChannel> got = todo[size_t(r)];
+      auto less = [](const RingChannel& a, const RingChannel& b) {
+        return std::tie(a.from, a.to) < std::tie(b.from, b.to);
+      };
+      std::sort(got.begin(), got.end(), less);
+      std::sort(want.begin(), want.end(), less);
+      EXPECT_EQ(got, want) << "group of " << n << ", rank " << r;
+    }
+    std::vector<size_t> next(static_cast<size_t>(n), 0);
+    for (bool progress = true; progress;) {
+      progress = false;
+      for (int64_t r = 0; r < n; ++r) {
+        if (next[size_t(r)] == todo[size_t(r)].size()) continue;
+        const RingChannel c = todo[size_t(r)][next[size_t(r)]];
+        const int64_t peer = c.from == r ? c.to : c.from;
+        const auto& theirs = todo[size_t(peer)];
+        if (next[size_t(peer)] < theirs.size() && theirs[next[size_t(peer)]] == c) {
+          ++next[size_t(r)];
+          ++next[size_t(peer)];
+          progress = true;
+        }
+      }
+    }
+    for (int64_t r = 0; r < n; ++r)
+      EXPECT_EQ(next[size_t(r)], todo[size_t(r)].size()) << "group of " << n << ": rank " << r << " waits forever";
+  }
+}
+
 TEST(RankGrid, GroupsOfOneRankMatchTheWholeGrid) {
   const RankGrid g(96, 4, 3, 8);
   for (int64_t r = 0; r < 96; r += 7) {
