@@ -58,15 +58,21 @@ TEST(PipelineSchedule, InFlightNeverExceedsTheMemoryModel) {
       }
       EXPECT_EQ(live, 0);
       EXPECT_EQ(peak, pipeline_max_in_flight(c.pp, c.vpp, c.m, s)) << name(c) << " stage " << s;
-      if (c.vpp == 1) EXPECT_EQ(peak, std::min(c.pp - s, c.m)) << name(c);
+      if (c.vpp == 1) {
+        EXPECT_EQ(peak, std::min(c.pp - s, c.m)) << name(c);
+      }
     }
   }
 }
 
 // Sends on one stage match receives on the neighbour, in the same order per
-// (direction, channel).
+// (direction, channel), and also per ordered pair of stages with forward and
+// backward messages together: NCCL matches a pair's messages by their order
+// alone (no tags), and with two stages (or the interleaved wrap-around) one
+// pair carries both kinds.
 TEST(PipelineSchedule, SendsMatchReceives) {
   for (const auto& c : cases()) {
+    std::map<std::pair<int64_t, int64_t>, std::vector<std::tuple<int64_t, int64_t, bool>>> sent_pair, recvd_pair;
     std::map<std::tuple<int64_t, int64_t, bool>, std::vector<std::pair<int64_t, int64_t>>> sent, recvd;
     for (int64_t s = 0; s < c.pp; ++s)
       for (const auto& op : pipeline_schedule(c.pp, c.vpp, c.m, s)) {
@@ -77,11 +83,14 @@ TEST(PipelineSchedule, SendsMatchReceives) {
           const int64_t chunk = fwd ? (s == c.pp - 1 ? op.chunk + 1 : op.chunk)
                                     : (s == 0 ? op.chunk - 1 : op.chunk);
           sent[{s, op.peer, fwd}].push_back({op.micro_batch, chunk});
+          sent_pair[{s, op.peer}].push_back({op.micro_batch, chunk, fwd});
         } else if (op.kind == PipeOpKind::recv_forward || op.kind == PipeOpKind::recv_backward) {
           recvd[{op.peer, s, fwd}].push_back({op.micro_batch, op.chunk});
+          recvd_pair[{op.peer, s}].push_back({op.micro_batch, op.chunk, fwd});
         }
       }
     EXPECT_EQ(sent, recvd) << name(c);
+    EXPECT_EQ(sent_pair, recvd_pair) << name(c);
   }
 }
 
