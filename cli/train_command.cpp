@@ -170,7 +170,10 @@ int run_train(TrainArgs& a) {
     if (gpu) {
 #ifdef WEFT_HAVE_NCCL
       groups = std::make_unique<parallel::ProcessGroups>(parallel::nccl_device_groups(c.layout, nullptr));
-      watchdog->watch(*groups->host);  // the host groups; NCCL waits are not watched
+      // The host groups' calls; NCCL operations are enqueued without
+      // waiting, and the run names its waits for the GPU (where a dead
+      // peer's NCCL operation would hang) to the watchdog itself.
+      watchdog->watch(*groups->host);
 #else
       throw InputError("a GPU run over several ranks needs NCCL, which this build lacks; use --device cpu");
 #endif

@@ -195,10 +195,14 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
     const auto t0 = Clock::now();
     const double comm0 = c.watchdog ? c.watchdog->comm_seconds() : 0.0;
     const double loss = run.step_loss(step - 1);
-    const StepStats s = run.optim.step(step, loss);
-    // The host waits once per step (the loss and the gradient norm above
-    // already did): the update belongs to this step's time.
-    memory::synchronize(run.stage.stream());
+    StepStats s;
+    {
+      parallel::CommWatchdog::Waiting w(Run<Elem>::kDevice ? c.watchdog : nullptr, Run<Elem>::kGpuWait);
+      s = run.optim.step(step, loss);
+      // The host waits once per step (the loss and the gradient norm above
+      // already did): the update belongs to this step's time.
+      memory::synchronize(run.stage.stream());
+    }
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     window_comm += c.watchdog ? c.watchdog->comm_seconds() - comm0 : 0.0;
     lr = s.lr;

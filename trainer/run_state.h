@@ -32,6 +32,8 @@ namespace fs = std::filesystem;
 template <typename Elem>
 struct Run {
   static constexpr bool kDevice = std::is_same_v<Elem, kernels::bf16>;
+  // How the watchdog names the host's waits for the GPU.
+  static constexpr const char* kGpuWait = "a wait for the GPU (the step's kernels and NCCL operations)";
   const TrainConfig& c;
   // The run's stream: the one its device (NCCL) groups order their work
   // after, even the legacy default stream (null), or else its own.
@@ -160,7 +162,11 @@ struct Run {
     optim.reduce_grads();
     // The logging all-reduce: only the last stage holds losses, split over tp
     // (each rank the rows whose target is in its vocab shard) and dp.
-    double loss = stage.take_loss();
+    double loss = 0;
+    {
+      parallel::CommWatchdog::Waiting w(kDevice ? c.watchdog : nullptr, kGpuWait);
+      loss = stage.take_loss();
+    }
     groups.host_groups().world->all_reduce(&loss, 1);
     return loss * scale;
   }

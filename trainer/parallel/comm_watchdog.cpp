@@ -184,6 +184,26 @@ void CommWatchdog::call_end() {
   deadline_ = next_deadline();
 }
 
+void CommWatchdog::wait_begin(std::string what) {
+  std::lock_guard lk(mu_);
+  waiting_ = std::move(what);
+  deadline_ = next_deadline();
+}
+
+void CommWatchdog::wait_end() {
+  std::lock_guard lk(mu_);
+  waiting_.clear();
+  deadline_ = next_deadline();
+}
+
+CommWatchdog::Waiting::Waiting(CommWatchdog* w, std::string what) : w_(w) {
+  if (w_) w_->wait_begin(std::move(what));
+}
+
+CommWatchdog::Waiting::~Waiting() {
+  if (w_) w_->wait_end();
+}
+
 double CommWatchdog::comm_seconds() const {
   std::lock_guard lk(mu_);
   return comm_seconds_;
@@ -217,9 +237,10 @@ std::string CommWatchdog::timeout_message() const {
 std::string CommWatchdog::message_locked() const {
   const int64_t rank = rank_ >= 0 ? rank_ : process_rank();
   const std::string who = rank >= 0 ? fmt::format("rank {}", rank) : std::string("this rank");
-  if (!in_call_.empty()) {
+  // A host call inside a wait is the more precise place.
+  if (!in_call_.empty() || !waiting_.empty()) {
     return fmt::format("{}: no progress in {:g} s in {}; another rank may have died", who,
-                       timeout_s_, in_call_);
+                       timeout_s_, in_call_.empty() ? waiting_ : in_call_);
   }
   const std::string after =
       last_call_.empty() ? std::string() : fmt::format(" after {}", last_call_);

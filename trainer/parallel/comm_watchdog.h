@@ -71,9 +71,26 @@ class CommWatchdog {
 
   // Marks progress outside communication (resets the deadline).
   void progress();
+
+  // A stretch in which the rank waits for something other than a host call:
+  // on a GPU, its stream, whose NCCL operations a dead peer leaves hanging
+  // forever. The timeout message names it ("in a wait for the GPU's ..."),
+  // and its time does not count as communication. Null watchdog: nothing.
+  class Waiting {
+   public:
+    Waiting(CommWatchdog* w, std::string what);
+    ~Waiting();
+    Waiting(const Waiting&) = delete;
+    Waiting& operator=(const Waiting&) = delete;
+
+   private:
+    CommWatchdog* w_;
+  };
   // A communication call on `group` starts / has returned.
   void call_begin(const char* op, const std::string& group);
   void call_end();
+  void wait_begin(std::string what);
+  void wait_end();
 
   // Replaces world/tp/pp/dp of `groups` by wrappers that report every call to
   // this watchdog (the wrappers join groups.owned). The watchdog must outlive
@@ -107,6 +124,7 @@ class CommWatchdog {
   std::string region_;     // what arm() named
   std::string in_call_;    // "all_reduce on the tp group" while a call runs, else ""
   std::string last_call_;  // the last call that returned
+  std::string waiting_;    // what a Waiting names while it lasts, else ""
   Clock::time_point call_start_;
   double comm_seconds_ = 0;
   std::thread thread_;

@@ -111,6 +111,30 @@ TEST(CommWatchdog, MessageAfterACallNamesTheLastOne) {
   w.disarm();
 }
 
+// A wait for the GPU is named while it lasts, a host call inside it more
+// precisely, and its time is not communication time.
+TEST(CommWatchdog, WaitingNamesTheWaitAndCountsNoCommunication) {
+  ProcessGroups g = single_process_groups();
+  CommWatchdog w(5.0, [](const std::string&) {});
+  w.watch(g);
+  w.arm("step 2");
+  {
+    CommWatchdog::Waiting waiting(&w, "a wait for the GPU");
+    EXPECT_EQ(w.timeout_message(), "rank 0: no progress in 5 s in a wait for the GPU; another rank may have died");
+    w.call_begin("all_reduce", "dp");
+    EXPECT_EQ(w.timeout_message(),
+              "rank 0: no progress in 5 s in all_reduce on the dp group; another rank may have died");
+    w.call_end();
+    std::this_thread::sleep_for(50ms);
+    EXPECT_EQ(w.timeout_message(), "rank 0: no progress in 5 s in a wait for the GPU; another rank may have died");
+  }
+  EXPECT_NE(w.timeout_message().find("in step 2 after all_reduce on the dp group"), std::string::npos)
+      << w.timeout_message();
+  EXPECT_LT(w.comm_seconds(), 0.04);
+  { CommWatchdog::Waiting nothing(nullptr, "ignored"); }
+  w.disarm();
+}
+
 TEST(CommWatchdog, CallsKeepItQuiet) {
   ProcessGroups g = single_process_groups();
   Fired fired;
