@@ -8,6 +8,7 @@
 #include <cstring>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 
 #include <fmt/format.h>
 
@@ -196,8 +197,12 @@ TrialOutcome profile_layout(const ProfileConfig& pc, parallel::Comm& control, co
         }
         const auto t0 = Clock::now();
         const double loss = run.step_loss(i);
-        run.optim.step(i + 1, loss);
-        memory::synchronize(run.stage.stream());  // the update is part of the step
+        {
+          using R = std::remove_reference_t<decltype(run)>;
+          parallel::CommWatchdog::Waiting w(R::kDevice ? st->watchdog.get() : nullptr, R::kGpuWait);
+          run.optim.step(i + 1, loss);
+          memory::synchronize(run.stage.stream());  // the update is part of the step
+        }
         const double dt = seconds_since(t0);
         if (i >= pc.warmup_steps) {
           times.push_back(dt);
