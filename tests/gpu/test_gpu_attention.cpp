@@ -40,6 +40,7 @@
 
 #include "kernels/attention/attention.h"
 #include "tests/unit/kernels/kernel_test_util.h"
+#include "tests/unit/kernels/attention_reference.h"
 #include "tests/unit/kernels/op_cases.h"
 
 namespace weft::kernels::test {
@@ -128,86 +129,8 @@ std::vector<float> to_float(const std::vector<bf16>& v) {
   return out;
 }
 
-struct Index {
-  const AttentionCase& c;
-  int64_t q(int64_t b, int64_t t, int64_t h) const { return ((b * c.T + t) * c.H + h) * c.D; }
-  int64_t kv(int64_t b, int64_t t, int64_t h) const { return ((b * c.T + t) * c.H_kv + h) * c.D; }
-  int64_t row(int64_t b, int64_t h, int64_t t) const { return (b * c.H + h) * c.T + t; }
-};
-
 template <typename R>
-struct Result {
-  std::vector<R> out, lse, probs, dq, dk, dv;
-};
-
-// Textbook causal attention, forward and backward. In double it is the
-// reference; in float with kRound it is the naive bf16 implementation of the
-// tolerance rule, rounding to bf16 where an eager framework stores a tensor.
-template <typename R, bool kRound>
-Result<R> textbook(const AttentionCase& c, const std::vector<float>& q, const std::vector<float>& k,
-                   const std::vector<float>& v, const std::vector<float>& dout) {
-  auto rnd = [](R x) -> R {
-    if constexpr (kRound)
-      return round_bf16(float(x));
-    else
-      return x;
-  };
-  const Index at{c};
-  const R scale = R(1) / std::sqrt(R(c.D));
-  const int64_t group = c.H / c.H_kv;
-  Result<R> r;
-  r.out.assign(q.size(), R(0));
-  r.dq.assign(q.size(), R(0));
-  r.dk.assign(k.size(), R(0));
-  r.dv.assign(v.size(), R(0));
-  r.lse.assign(c.B * c.H * c.T, R(0));
-  r.probs.assign(c.B * c.H * c.T * c.T, R(0));
-  std::vector<R> s(c.T), dp(c.T);
-  for (int64_t b = 0; b < c.B; ++b)
-    for (int64_t h = 0; h < c.H; ++h)
-      for (int64_t i = 0; i < c.T; ++i) {
-        const int64_t hk = h / group;
-        const float* qi = &q[at.q(b, i, h)];
-        const float* doi = &dout[at.q(b, i, h)];
-        R mx = -INFINITY;
-        for (int64_t j = 0; j <= i; ++j) {
-          const float* kj = &k[at.kv(b, j, hk)];
-          R dot = 0;
-          for (int64_t d = 0; d < c.D; ++d) dot += R(qi[d]) * R(kj[d]);
-          s[j] = rnd(scale * dot);
-          mx = std::max(mx, s[j]);
-        }
-        R sum = 0;
-        for (int64_t j = 0; j <= i; ++j) sum += std::exp(s[j] - mx);
-        r.lse[at.row(b, h, i)] = mx + std::log(sum);
-        R* prow = &r.probs[at.row(b, h, i) * c.T];
-        R delta = 0;
-        for (int64_t j = 0; j <= i; ++j) {
-          const float* vj = &v[at.kv(b, j, hk)];
-          prow[j] = rnd(std::exp(s[j] - mx) / sum);
-          R dot = 0;
-          for (int64_t d = 0; d < c.D; ++d) {
-            r.out[at.q(b, i, h) + d] += prow[j] * R(vj[d]);
-            dot += R(doi[d]) * R(vj[d]);
-          }
-          dp[j] = rnd(dot);
-          delta += prow[j] * dp[j];
-        }
-        for (int64_t j = 0; j <= i; ++j) {
-          const R ds = rnd(prow[j] * (dp[j] - delta));
-          const float* kj = &k[at.kv(b, j, hk)];
-          for (int64_t d = 0; d < c.D; ++d) {
-            r.dq[at.q(b, i, h) + d] += ds * R(kj[d]);
-            r.dk[at.kv(b, j, hk) + d] += scale * ds * R(qi[d]);
-            r.dv[at.kv(b, j, hk) + d] += prow[j] * R(doi[d]);
-          }
-        }
-      }
-  for (R& x : r.dq) x *= scale;
-  for (auto* t : {&r.out, &r.dq, &r.dk, &r.dv})
-    for (R& x : *t) x = rnd(x);
-  return r;
-}
+using Result = AttentionResult<R>;
 
 // The CPU float backend (flash) on the same rounded inputs.
 Result<float> cpu_float(const AttentionCase& c, const std::vector<float>& q, const std::vector<float>& k,
@@ -349,8 +272,8 @@ struct Prepared {
 
 Prepared prepare(const AttentionCase& c, Rng& rng) {
   Prepared p{draw(c, rng), {}, {}};
-  p.ref = textbook<double, false>(c, p.in.q, p.in.k, p.in.v, p.in.dout);
-  p.naive = textbook<float, true>(c, p.in.q, p.in.k, p.in.v, p.in.dout);
+  p.ref = textbook_attention<double>(c, p.in.q, p.in.k, p.in.v, p.in.dout);
+  p.naive = textbook_attention<float>(c, p.in.q, p.in.k, p.in.v, p.in.dout, round_bf16);
   return p;
 }
 

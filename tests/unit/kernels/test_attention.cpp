@@ -7,78 +7,13 @@
 
 #include "kernels/attention/attention.h"
 #include "tests/unit/kernels/kernel_test_util.h"
+#include "tests/unit/kernels/attention_reference.h"
 #include "tests/unit/kernels/op_cases.h"
 
 namespace weft::kernels::test {
 namespace {
 
 constexpr AttentionKind kKinds[] = {AttentionKind::flash, AttentionKind::materialized};
-
-struct Index {
-  const AttentionCase& c;
-  int64_t q(int64_t b, int64_t t, int64_t h) const { return ((b * c.T + t) * c.H + h) * c.D; }
-  int64_t kv(int64_t b, int64_t t, int64_t h) const { return ((b * c.T + t) * c.H_kv + h) * c.D; }
-  int64_t row(int64_t b, int64_t h, int64_t t) const { return (b * c.H + h) * c.T + t; }
-};
-
-template <typename R>
-struct Reference {
-  std::vector<R> out, lse, probs;  // (B, T, H, D), (B, H, T), (B, H, T, T)
-  std::vector<R> dq, dk, dv;
-};
-
-// Textbook causal softmax attention: materialise the row of scaled scores,
-// softmax it, multiply by V; backward through the softmax Jacobian.
-template <typename R>
-Reference<R> reference(const AttentionCase& c, const std::vector<R>& q, const std::vector<R>& k,
-                       const std::vector<R>& v, const std::vector<R>& dout) {
-  const Index at{c};
-  const R scale = R(1) / std::sqrt(R(c.D));
-  const int64_t group = c.H / c.H_kv;
-  Reference<R> r;
-  r.out.assign(q.size(), R(0));
-  r.dq.assign(q.size(), R(0));
-  r.dk.assign(k.size(), R(0));
-  r.dv.assign(v.size(), R(0));
-  r.lse.assign(c.B * c.H * c.T, R(0));
-  r.probs.assign(c.B * c.H * c.T * c.T, R(0));
-  for (int64_t b = 0; b < c.B; ++b)
-    for (int64_t h = 0; h < c.H; ++h)
-      for (int64_t i = 0; i < c.T; ++i) {
-        const int64_t hk = h / group;
-        std::vector<R> s(i + 1), dp(i + 1);
-        R mx = -INFINITY;
-        for (int64_t j = 0; j <= i; ++j) {
-          s[j] = 0;
-          for (int64_t d = 0; d < c.D; ++d) s[j] += q[at.q(b, i, h) + d] * k[at.kv(b, j, hk) + d];
-          s[j] *= scale;
-          mx = std::max(mx, s[j]);
-        }
-        R sum = 0;
-        for (int64_t j = 0; j <= i; ++j) sum += std::exp(s[j] - mx);
-        r.lse[at.row(b, h, i)] = mx + std::log(sum);
-        R* prow = &r.probs[at.row(b, h, i) * c.T];
-        R delta = 0;
-        for (int64_t j = 0; j <= i; ++j) {
-          prow[j] = std::exp(s[j] - mx) / sum;
-          dp[j] = 0;
-          for (int64_t d = 0; d < c.D; ++d) {
-            r.out[at.q(b, i, h) + d] += prow[j] * v[at.kv(b, j, hk) + d];
-            dp[j] += dout[at.q(b, i, h) + d] * v[at.kv(b, j, hk) + d];
-          }
-          delta += prow[j] * dp[j];
-        }
-        for (int64_t j = 0; j <= i; ++j) {
-          const R ds = prow[j] * (dp[j] - delta);
-          for (int64_t d = 0; d < c.D; ++d) {
-            r.dq[at.q(b, i, h) + d] += scale * ds * k[at.kv(b, j, hk) + d];
-            r.dk[at.kv(b, j, hk) + d] += scale * ds * q[at.q(b, i, h) + d];
-            r.dv[at.kv(b, j, hk) + d] += prow[j] * dout[at.q(b, i, h) + d];
-          }
-        }
-      }
-  return r;
-}
 
 // One forward and backward of the kernel; lse is written by both variants.
 template <typename E>
@@ -119,8 +54,8 @@ TEST_P(AttentionTest, ForwardBackwardMatchFp64Reference) {
   // Scores of order a few units, so the softmax is neither flat nor one-hot.
   auto q = rng.uniform<float>(nq, -2, 2), k = rng.uniform<float>(nkv, -2, 2);
   auto v = rng.uniform<float>(nkv), dout = rng.uniform<float>(nq);
-  const auto ref = reference(c, cast<double>(q), cast<double>(k), cast<double>(v), cast<double>(dout));
-  const auto naive = reference(c, q, k, v, dout);
+  const auto ref = textbook_attention<double>(c, q, k, v, dout);
+  const auto naive = textbook_attention<float>(c, q, k, v, dout);
   for (AttentionKind kind : kKinds) {
     SCOPED_TRACE(to_string(kind));
     const auto got = run_kernel(c, kind, q, k, v, dout);
@@ -142,8 +77,8 @@ TEST_P(AttentionTest, FlashAndMaterializedAgree) {
   const int64_t nq = c.B * c.T * c.H * c.D, nkv = c.B * c.T * c.H_kv * c.D;
   auto q = rng.uniform<float>(nq, -2, 2), k = rng.uniform<float>(nkv, -2, 2);
   auto v = rng.uniform<float>(nkv), dout = rng.uniform<float>(nq);
-  const auto ref = reference(c, cast<double>(q), cast<double>(k), cast<double>(v), cast<double>(dout));
-  const auto naive = reference(c, q, k, v, dout);
+  const auto ref = textbook_attention<double>(c, q, k, v, dout);
+  const auto naive = textbook_attention<float>(c, q, k, v, dout);
   const auto flash = run_kernel(c, AttentionKind::flash, q, k, v, dout);
   const auto mat = run_kernel(c, AttentionKind::materialized, q, k, v, dout);
   auto agree = [](const char* what, const std::vector<float>& a, const std::vector<float>& b,
