@@ -74,10 +74,15 @@ __device__ __forceinline__ void store8(float* p, const Float8& f) {
   reinterpret_cast<float4*>(p)[1] = make_float4(f.v[4], f.v[5], f.v[6], f.v[7]);
 }
 
+// One element of T from and to float: bf16 widened or rounded, fp32 as is.
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ void put(nv_bf16& p, float v) { p = to_bf16(v); }
+__device__ __forceinline__ void put(float& p, float v) { p = v; }
+
 // load<N> / store<N>: one 16-byte access of bf16 (two of fp32) for N = kVec,
-// elementwise otherwise; p aligned to N elements' bytes.
-template <int N>
-__device__ __forceinline__ Floats<N> load(const nv_bf16* p) {
+// elementwise otherwise; p aligned to N elements' bytes. T: nv_bf16 or float.
+template <int N, typename T>
+__device__ __forceinline__ Floats<N> load(const T* p) {
   if constexpr (N == kVec) {
     return load8(p);
   } else {
@@ -87,33 +92,13 @@ __device__ __forceinline__ Floats<N> load(const nv_bf16* p) {
     return f;
   }
 }
-template <int N>
-__device__ __forceinline__ Floats<N> load(const float* p) {
-  if constexpr (N == kVec) {
-    return load8(p);
-  } else {
-    Floats<N> f;
-#pragma unroll
-    for (int i = 0; i < N; ++i) f.v[i] = p[i];
-    return f;
-  }
-}
-template <int N>
-__device__ __forceinline__ void store(nv_bf16* p, const Floats<N>& f) {
+template <int N, typename T>
+__device__ __forceinline__ void store(T* p, const Floats<N>& f) {
   if constexpr (N == kVec) {
     store8(p, f);
   } else {
 #pragma unroll
-    for (int i = 0; i < N; ++i) p[i] = to_bf16(f.v[i]);
-  }
-}
-template <int N>
-__device__ __forceinline__ void store(float* p, const Floats<N>& f) {
-  if constexpr (N == kVec) {
-    store8(p, f);
-  } else {
-#pragma unroll
-    for (int i = 0; i < N; ++i) p[i] = f.v[i];
+    for (int i = 0; i < N; ++i) put(p[i], f.v[i]);
   }
 }
 
