@@ -98,8 +98,8 @@ void check_trainable(const Layout& l, const ModelSpec& m, DeviceKind device) {
 namespace {
 
 // Runs `f` on this rank; if it throws here or on any other rank, every rank
-// throws: this one its own error, the others an error naming the step.
-template <typename F>
+// throws: this one its own error, the others an Others naming the step.
+template <typename Others = Error, typename F>
 void on_every_rank(const TrainConfig& c, const char* what, F&& f) {
   std::exception_ptr mine;
   try {
@@ -110,7 +110,7 @@ void on_every_rank(const TrainConfig& c, const char* what, F&& f) {
   int32_t failed = mine ? 1 : 0;
   if (c.groups) c.groups->host_groups().world->all_reduce(&failed, 1, parallel::ReduceOp::max);
   if (mine) std::rethrow_exception(mine);
-  if (failed) throw Error(fmt::format("another rank failed while {} (its own message says why)", what));
+  if (failed) throw Others(fmt::format("another rank failed while {} (its own message says why)", what));
 }
 
 // The run itself, on the CPU (float) or the current GPU (bf16).
@@ -126,16 +126,9 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
   std::unique_ptr<memory::Arena> reserved;
   if constexpr (Run<Elem>::kDevice) {
     reserved = std::make_unique<memory::Arena>(memory::device_allocator());
-    std::string failure;
-    try {
+    on_every_rank<memory::OutOfMemory>(c, "reserving its predicted memory", [&] {
       reserved->reserve(arena_reservation(c, c.groups ? c.groups->world->rank() : 0, world, 0.05));
-    } catch (const memory::OutOfMemory& e) {
-      failure = e.what();
-    }
-    int32_t failed = failure.empty() ? 0 : 1;
-    if (c.groups) c.groups->host_groups().world->all_reduce(&failed, 1, parallel::ReduceOp::max);
-    if (failed)
-      throw memory::OutOfMemory(failure.empty() ? "another rank could not reserve its predicted memory" : failure);
+    });
   }
   // Building the run and opening the checkpoint communicate nothing, and
   // either may fail on one rank alone (host memory, a file one node lacks):
