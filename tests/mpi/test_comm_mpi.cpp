@@ -258,6 +258,23 @@ void check_uneven(const Group& gr, int64_t me, uint64_t salt) {
   scatter->wait();
   expect_matches(later, mine, gr.label + " ireduce_scatter_v");
   expect_matches(other, reference_sum<T>(salt + 2, gr.members, 7), gr.label + " iall_reduce beside it");
+
+  // Non-blocking into this rank's own block, two in flight on the same group
+  // (as ZeRO-2's two gradient buckets are), waited for oldest first.
+  std::vector<T> first(full), second = contribution<T>(salt + 3, me, total);
+  T* first_own = first.data() + offsets[size_t(k)];
+  T* second_own = second.data() + offsets[size_t(k)];
+  auto a = gr.comm->ireduce_scatter_v(first.data(), first_own, counts);
+  auto b = gr.comm->ireduce_scatter_v(second.data(), second_own, counts);
+  a->wait();
+  b->wait();
+  expect_matches(std::vector<T>(first_own, first_own + counts[size_t(k)]), mine,
+                 gr.label + " ireduce_scatter_v into its own block");
+  const auto sum2 = reference_sum<T>(salt + 3, gr.members, total);
+  expect_matches(std::vector<T>(second_own, second_own + counts[size_t(k)]),
+                 std::vector<std::decay_t<decltype(sum2[0])>>(sum2.begin() + offsets[size_t(k)],
+                                                              sum2.begin() + offsets[size_t(k) + 1]),
+                 gr.label + " second ireduce_scatter_v into its own block");
 }
 
 template <typename T>

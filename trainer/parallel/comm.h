@@ -76,7 +76,8 @@ class Comm {
                                 DType t) = 0;
   // The same uneven reduce-scatter begun now, like iall_reduce: in and out
   // stay untouched by the caller until the request's wait() returns. The
-  // default runs it at once. Out of place only (out does not overlap in).
+  // default runs it at once. Out of place, or into this rank's own block of
+  // in as above; not in place at in's start (unless that is its own block).
   virtual std::unique_ptr<CommRequest> ireduce_scatter_v(const void* in, void* out,
                                                          std::span<const int64_t> counts, DType t);
   virtual void broadcast(void* data, int64_t count, DType t, int64_t root) = 0;

@@ -195,21 +195,30 @@ void check_received(const MPI_Status& status, MPI_Datatype type, int64_t expecte
   }
 }
 
+// A move of bytes to do once a request completes.
+struct Move {
+  void* to = nullptr;
+  const void* from = nullptr;
+  size_t bytes = 0;
+};
+
 class MpiRequest final : public CommRequest {
  public:
   // expected < 0 for a send or a collective; for a receive, the element
   // count it must deliver. call: the MPI call that started `req`; what: the
   // operation, for messages. blocks: the counts an uneven collective was
-  // given, which MPI reads until the operation completes.
+  // given, which MPI reads until the operation completes. then: a move of
+  // the result once complete (a reduce-scatter into this rank's own block).
   MpiRequest(MPI_Request req, const char* call, std::string what, MPI_Datatype type,
-             int64_t expected, const std::atomic<bool>* cancel, Blocks blocks = {})
+             int64_t expected, const std::atomic<bool>* cancel, Blocks blocks = {}, Move then = {})
       : req_(req),
         call_(call),
         what_(std::move(what)),
         type_(type),
         expected_(expected),
         cancel_(cancel),
-        blocks_(std::move(blocks)) {}
+        blocks_(std::move(blocks)),
+        then_(then) {}
   // Waits like wait(), without throwing; once the communicator is cancelled
   // the operation is left to MPI (MPI_Request_free) instead of waited for.
   ~MpiRequest() override {
@@ -226,6 +235,8 @@ class MpiRequest final : public CommRequest {
     const auto what = [this] { return what_; };
     wait_request(req_, &status, cancel_, call_, what);
     if (expected_ >= 0) check_received(status, type_, expected_, what);
+    if (then_.bytes > 0) std::memmove(then_.to, then_.from, then_.bytes);
+    then_ = {};
   }
 
  private:
@@ -236,6 +247,7 @@ class MpiRequest final : public CommRequest {
   int64_t expected_;
   const std::atomic<bool>* cancel_;
   Blocks blocks_;
+  Move then_;
 };
 
 class MpiComm final : public Comm {
@@ -329,12 +341,17 @@ class MpiComm final : public Comm {
                                                  std::span<const int64_t> counts, DType t) override {
     check_not_cancelled("ireduce_scatter_v");
     Blocks b = blocks_of(counts, size_);
-    WEFT_ASSERT(in != out && out != block(in, b.displs[size_t(rank_)], t));
-    const void* send = in;
+    // As reduce_scatter_v: into this rank's own block of in (which may be
+    // in's start) by way of its start, the move done once it completes.
+    const bool own_block = out == block(in, b.displs[size_t(rank_)], t);
+    WEFT_ASSERT(own_block || in != out);
+    Move then;
+    if (own_block) then = {out, in, size_t(counts[size_t(rank_)] * dtype_bytes(t))};
     MPI_Request req;
-    WEFT_MPI_CHECK(MPI_Ireduce_scatter(send, out, b.counts.data(), mpi_type(t), MPI_SUM, comm_, &req));
+    WEFT_MPI_CHECK(MPI_Ireduce_scatter(own_block ? MPI_IN_PLACE : in, own_block ? const_cast<void*>(in) : out,
+                                       b.counts.data(), mpi_type(t), MPI_SUM, comm_, &req));
     return std::make_unique<MpiRequest>(req, "MPI_Ireduce_scatter", collective_what("ireduce_scatter_v"),
-                                        mpi_type(t), -1, cancel_, std::move(b));
+                                        mpi_type(t), -1, cancel_, std::move(b), then);
   }
 
   void broadcast(void* data, int64_t count, DType t, int64_t root) override {

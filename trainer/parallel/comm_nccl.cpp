@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <map>
+#include <numeric>
 #include <utility>
 #include <tuple>
 #include <vector>
@@ -183,6 +184,8 @@ class NcclComm final : public Comm {
 
   std::unique_ptr<CommRequest> ireduce_scatter_v(const void* in, void* out, std::span<const int64_t> counts,
                                                  DType t) override {
+    // Into this rank's own block or elsewhere, not in place at the front.
+    WEFT_ASSERT(in != out || std::accumulate(counts.begin(), counts.begin() + rank_, int64_t{0}) == 0);
     start();
     enqueue_reduce_scatter_v(in, out, counts, t);
     return finish();
