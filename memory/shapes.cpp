@@ -291,17 +291,21 @@ std::vector<TensorShape> stage_shapes(const ModelSpec& m, const RunSpec& run, co
   if (l.sp) out.push_back({"comm.sp_gather", Category::comm, d.B * d.T * d.C, d.a, 1});
   if (l.pp > 1) out.push_back({"comm.pp_p2p", Category::comm, d.B * d.Tsp * d.C, d.a, 2});
   // Tied embeddings over several stages: the first stage receives the last
-  // stage's head gradient here to add it to the embedding's.
-  if (m.tied_embeddings && l.pp > 1 && plan.has_embedding)
+  // stage's head gradient here to add it to the embedding's. Under ZeRO-1
+  // and -2 both stages gather their copy's reduced gradient over dp here.
+  if (m.tied_embeddings && l.pp > 1 && (plan.has_embedding || (plan.has_head && l.dp > 1 && l.zero >= 1)))
     out.push_back({"comm.tied_embedding_grad", Category::comm, d.Vl * d.C, kFp32, 1});
   if (l.dp > 1 && l.zero == 1)
     out.push_back({"comm.dp_grad_shard", Category::comm, shard, kFp32, 1});
   if (l.dp > 1 && l.zero >= 2) {
-    // Gradients are reduce-scattered a group at a time, every micro-batch; the
-    // bucket holds the largest group: a block, the vocab table, or the final
-    // norm with the LM head.
-    const int64_t group = std::max(block_param_elements(m, l), (m.vocab / l.tp) * m.hidden + m.hidden);
+    // Gradients are reduce-scattered a group at a time, every micro-batch,
+    // each beside the backward of the next group, so two buckets: one holds
+    // the largest group (a block, the vocab table, or the final norm with the
+    // LM head), the other a block.
+    const int64_t block = block_param_elements(m, l);
+    const int64_t group = std::max(block, (m.vocab / l.tp) * m.hidden + m.hidden);
     out.push_back({"comm.dp_grad_bucket", Category::comm, std::min(group, psi), kFp32, 1});
+    out.push_back({"comm.dp_grad_bucket_next", Category::comm, std::min(block, psi), kFp32, 1});
   }
   if (l.dp > 1 && l.zero >= 3)  // the block in use and the next, prefetched
     out.push_back({"comm.dp_param_gather", Category::comm, block_param_elements(m, l), d.a, 2});

@@ -75,14 +75,13 @@ void set_threads(int64_t threads) {
   openblas_set_num_threads(n);
 }
 
-void check_trainable(const Layout& l, const ModelSpec& m, DeviceKind device) {
+void check_trainable(const Layout& l, DeviceKind device) {
   auto no = [&](const char* what) {
     throw LayoutError(fmt::format("layout {}: {} is not supported by the trainer yet (the memory and "
                                   "cost models and `weft tune --dry-run` cover it)",
                                   l.to_string(), what));
   };
   if (l.zero >= 3 && l.dp > 1) no("ZeRO-3 parameter sharding");
-  if (l.zero == 2 && l.dp > 1 && m.tied_embeddings) no("ZeRO-2 with tied embeddings");
   const bool gpu = device == DeviceKind::gpu;
   if (l.attention == AttentionKind::cudnn &&
       !kernels::attention_available(l.attention, gpu ? kernels::Backend::cuda : kernels::Backend::cpu))
@@ -287,7 +286,7 @@ TrainReport train(const TrainConfig& c, std::FILE* log_all) {
   c.optim.validate();
   const int64_t world = c.groups ? c.groups->world->size() : 1;
   c.layout.validate(c.model, c.run, world);
-  check_trainable(c.layout, c.model, c.device.kind);
+  check_trainable(c.layout, c.device.kind);
   const bool rank0 = !c.groups || c.groups->world->rank() == 0;
   // Only world rank 0 reports; the others write their progress nowhere.
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> devnull(std::fopen("/dev/null", "w"), &std::fclose);

@@ -62,10 +62,10 @@ struct TrainReport {
 };
 
 // LayoutError when the trainer cannot run a valid layout yet (ZeRO-3 with
-// dp > 1, ZeRO-2 with tied embeddings and dp > 1; the models still cover it)
+// dp > 1; the models still cover it)
 // or not on this device in this build (attn:cudnn on a CPU, or in a build
 // without the cuDNN frontend).
-void check_trainable(const Layout& l, const ModelSpec& m, DeviceKind device = DeviceKind::gpu);
+void check_trainable(const Layout& l, DeviceKind device = DeviceKind::gpu);
 
 // OpenMP and BLAS threads of this process (0: every core).
 void set_threads(int64_t threads);

@@ -254,6 +254,14 @@ CostBreakdown predict(const ModelSpec& m, const RunSpec& run, const Layout& l,
     const Link pl = x.pp_link();
     const double hop = Msp * C * x.a / pl.bandwidth + pl.latency;
     b.pp_p2p = 2.0 * hop * (mbs * double(l.vpp) + double(l.pp - 1));
+    // Tied embeddings: the first and last stages exchange the table's fp32
+    // gradient after the backward, there and back; under ZeRO-1 and -2 each
+    // first gathers its copy's reduced gradient over dp.
+    if (m.tied_embeddings) {
+      const double table = 4 * Vl * C;
+      b.pp_p2p += 2 * (table / pl.bandwidth + pl.latency);
+      if (l.zero >= 1 && l.dp > 1) b.pp_p2p += all_gather(table, l.dp, x.dp_link());
+    }
   }
 
   // Data parallelism over the larger of the first and last stage's params.
@@ -274,10 +282,11 @@ CostBreakdown predict(const ModelSpec& m, const RunSpec& run, const Layout& l,
   // As weft's trainer reduces: ZeRO-0 all-reduces, and ZeRO-1 reduce-scatters,
   // each parameter group (a block, the head, the embedding) as soon as the
   // last micro-batch's backward finishes it, beside the backward of the
-  // groups below (ZeRO-1 waits for the backward's end where tied embeddings
-  // span stages); ZeRO-2 reduce-scatters each group of every micro-batch in
-  // line with the backward (m times the bytes), not overlapped. ZeRO-3 (not
-  // trained yet) is modelled as overlapped.
+  // groups below; ZeRO-2 reduce-scatters each group of every micro-batch (m
+  // times the bytes) beside the backward of the next group, so only the last
+  // micro-batch's last group is exposed. ZeRO-3 (not trained yet) is
+  // modelled as overlapped.
+  double tail_share = 1;  // of the exposed tail: the last micro-batch's under ZeRO-2
   switch (l.zero) {
     case 0:
       reduce = all_reduce(grad_bytes, l.dp, dl);
@@ -286,11 +295,13 @@ CostBreakdown predict(const ModelSpec& m, const RunSpec& run, const Layout& l,
     case 1:
       reduce = reduce_scatter(grad_bytes, l.dp, dl);
       gather = all_gather(param_bytes, l.dp, dl);
-      if (!(m.tied_embeddings && l.pp > 1)) window = bwd_mb;
+      window = bwd_mb;
       break;
     case 2:
       reduce = mbs * reduce_scatter(grad_bytes, l.dp, dl);
       gather = all_gather(param_bytes, l.dp, dl);
+      window = mbs * bwd_mb;
+      tail_share = 1.0 / mbs;
       break;
     default:
       reduce = mbs * (reduce_scatter(grad_bytes, l.dp, dl) + 2 * all_gather(param_bytes, l.dp, dl));
@@ -303,7 +314,7 @@ CostBreakdown predict(const ModelSpec& m, const RunSpec& run, const Layout& l,
     const double tail = std::min(1.0, Vl * C / stage_params(true, l.pp == 1));
     // Hidden communication is not free: NCCL kernels take SMs and memory
     // bandwidth from the compute they overlap (10-20% slowdowns are typical).
-    const double exposed = std::max(reduce - k.dp_overlap * window, reduce * tail);
+    const double exposed = std::max(reduce - k.dp_overlap * window, reduce * tail * tail_share);
     b.dp_comm = exposed + k.overlap_cost * (reduce - exposed) + gather;
   }
 

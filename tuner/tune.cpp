@@ -211,7 +211,7 @@ TuneResult tune(const ReportContext& ctx, const SpaceLimits& limits, const train
   for (const auto& c : r.space.candidates) {
     if (c.verdict != Verdict::fits) continue;
     try {
-      trainer::check_trainable(c.layout, ctx.model, ctx.cluster.device.kind);
+      trainer::check_trainable(c.layout, ctx.cluster.device.kind);
     } catch (const LayoutError&) {
       ++untrainable;
       continue;

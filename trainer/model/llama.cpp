@@ -85,10 +85,9 @@ LlamaStage<Elem>::LlamaStage(const ModelSpec& m, const RunSpec& run, const Layou
   if (table_->has("loss.step_sum")) loss_device_ = table_->get<A>("loss.step_sum");
   zero2_ = l.dp > 1 && l.zero >= 2;
   overlap_dp_ = l.dp > 1 && l.zero == 0;
-  // ZeRO-1 reduce-scatters each group as its final backward ends, except
-  // where tied embeddings span stages: their two copies' gradients are summed
-  // over pp after the backward, before the reduction may start.
-  scatter_dp_ = l.dp > 1 && l.zero == 1 && !(m.tied_embeddings && l.pp > 1);
+  // ZeRO-1 reduce-scatters each group as its final backward ends (tied
+  // embeddings across stages are summed on the shards afterwards).
+  scatter_dp_ = l.dp > 1 && l.zero == 1;
   if (l.dp > 1 && l.zero >= 1) {
     // Rank r of the dp group owns elements [r * shard, (r + 1) * shard) of
     // the flat parameters (the last one fewer); the optimizer uses the same.
@@ -99,8 +98,10 @@ LlamaStage<Elem>::LlamaStage(const ModelSpec& m, const RunSpec& run, const Layou
     shard_hi_ = shard_lo_ + shard_counts_[size_t(groups.dp_rank())];
   }
   if (zero2_) {
-    bucket_ = table_->get<A>("comm.dp_grad_bucket");
-    bucket_elements_ = table_->elements("comm.dp_grad_bucket");
+    for (size_t i = 0; const char* name : {"comm.dp_grad_bucket", "comm.dp_grad_bucket_next"}) {
+      buckets_[i].data = table_->get<A>(name);
+      buckets_[i++].elements = table_->elements(name);
+    }
     WEFT_ASSERT(table_->elements("grads.flat") == (params_.elements + l.dp - 1) / l.dp);
   }
   if (scatter_dp_) dp_shard_ = table_->get<A>("comm.dp_grad_shard");
@@ -471,16 +472,32 @@ void LlamaStage<Elem>::head_backward(Elem* dx) {
   const int64_t C = m_.hidden, Vl = m_.vocab / l_.tp;
   const auto& head = params_.specs[size_t(params_.index(ParamKind::lm_head))];
   const auto& fnorm = params_.specs[size_t(params_.index(ParamKind::final_norm))];
+  // The final norm and the head are the last parameters of the stage, one
+  // gradient group; a head tied to the embedding on this stage is the first
+  // parameter instead. Its gradient is complete only after the embedding's
+  // backward, so it joins the embedding's group, except under ZeRO-2, where
+  // a group's gradient is reduced as a sum of contributions and the head's
+  // is a group of its own.
+  const bool head_group = zero2_ && params_.head_is_embedding;
+  if (head_group)
+    group_begin(head.offset, head.offset + head.local_elements());
+  else
+    group_begin(fnorm.offset, params_.elements);
   Elem* dlogits = table_->get<Elem>("head.logits");
   Elem* y = table_->get<Elem>("final_norm.output");
   Elem* d_norm = table_->get<Elem>("scratch.d_norm");
   run(kernels::linear_dgrad_gemm(M_, C, Vl, dlogits, weight(head), d_norm), "gemm head dgrad");
   const Elem* y_all = gathered(y, l_.sp ? table_->get<Elem>("comm.sp_gather") : nullptr);
   run(kernels::linear_wgrad_gemm(M_, C, Vl, dlogits, y_all, grad(head)), "gemm head wgrad");
+  if (head_group) {
+    group_end();
+    group_begin(fnorm.offset, params_.elements);
+  }
   reduce_rows(d_norm);
   A* xhat = table_->has("final_norm.normed_fp32") ? table_->get<A>("final_norm.normed_fp32") : nullptr;
   norm_backward(table_->get<Elem>("final_norm.input"), xhat, table_->get<A>("final_norm.rstd"),
                 weight(fnorm), d_norm, dx, Write::overwrite, grad(fnorm));
+  group_end();
 }
 
 template <typename Elem>
@@ -543,10 +560,7 @@ void LlamaStage<Elem>::backward(int64_t slot, int64_t chunk, bool final) {
   final_ = final;
   Elem* dx = table_->get<Elem>("scratch.d_residual");
   if (plan_.has_head && chunk == l_.vpp - 1) {
-    // The final norm and the head are the last parameters of the stage.
-    group_begin(params_.specs[size_t(params_.index(ParamKind::final_norm))].offset, params_.elements);
     head_backward(dx);
-    group_end();
   } else {
     copy(dx, output_grad(), Msp_ * C * int64_t(sizeof(Elem)));
   }

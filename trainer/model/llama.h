@@ -27,6 +27,7 @@
 // memory back.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -112,10 +113,11 @@ class LlamaStage {
   // backward of the groups below it (on NCCL; MPI runs it at once).
   void backward(int64_t slot, int64_t chunk = 0, bool final = false);
   // Under ZeRO-1 the final backwards reduce-scatter each group instead, into
-  // this rank's shard of comm.dp_grad_shard (where the optimizer reads it),
-  // unless tied embeddings span pipeline stages.
-  // Waits for the reductions the final backwards started; call after the
-  // step's last backward. grads_reduced(): they summed the gradients over dp.
+  // this rank's shard of comm.dp_grad_shard (where the optimizer reads it).
+  // Under ZeRO-2 every backward reduce-scatters each group of its
+  // micro-batch, beside the backward of the next.
+  // Waits for the reductions the backwards started; call after the step's
+  // last backward. grads_reduced(): they summed the gradients over dp.
   void finish_dp_reduction();
   bool grads_reduced() const { return reduced_; }
 
@@ -125,7 +127,10 @@ class LlamaStage {
   void reduce_replicated_grads();
   // Tied embeddings across pipeline stages: the first stage's embedding and
   // the last stage's head copy get the sum of both gradients, so the two
-  // copies take identical updates. Call after the last backward of a step.
+  // copies take identical updates. Where the gradients were already reduced
+  // over dp into shards (ZeRO-1 and -2), each stage gathers its copy's
+  // over dp first and keeps its shard of the sum. Call after
+  // finish_dp_reduction().
   void sync_tied_grads();
 
   // Pipeline boundaries: a non-first stage's input activations, and a
@@ -198,8 +203,21 @@ class LlamaStage {
   bool final_ = false;
   bool reduced_ = false;  // this step's gradients were reduced over dp (see grads_reduced())
   std::vector<std::unique_ptr<parallel::CommRequest>> dp_pending_;
-  A* bucket_ = nullptr;
-  int64_t bucket_elements_ = 0;
+  // ZeRO-2's two buckets: the first holds the largest group, the second a
+  // block's. A group is built in the bucket the group before did not use,
+  // where it fits, while that one's reduce-scatter runs beside its backward;
+  // the result is added to the shard when the bucket is next needed.
+  struct Bucket {
+    A* data = nullptr;
+    int64_t elements = 0;
+    std::unique_ptr<parallel::CommRequest> pending;  // its reduce-scatter in flight
+    A* own = nullptr;           // where this rank's part of the sum lands
+    int64_t mine = 0;           // its size
+    int64_t shard_offset = 0;   // where it goes in the shard
+  };
+  std::array<Bucket, 2> buckets_;
+  int building_ = -1, built_ = -1;  // the bucket of the group being built, and of the last one
+  void drain(Bucket& b);           // waits for its reduce-scatter and adds the sum to the shard
   int64_t group_begin_ = 0, group_end_ = 0;
   int64_t shard_lo_ = 0, shard_hi_ = 0;  // ZeRO-1 and -2: this rank's shard
   std::vector<int64_t> shard_counts_;     // every dp rank's shard size

@@ -17,8 +17,8 @@ typename LlamaStage<Elem>::A* LlamaStage<Elem>::grad_at(int64_t flat) {
   if (!zero2_) return grads_ + flat;
   // Only the group being back-propagated has gradients (elsewhere, e.g. the
   // forward's block views, there are none to point at).
-  if (flat < group_begin_ || flat > group_end_ || group_end_ == 0) return nullptr;
-  return bucket_ + (flat - group_begin_);
+  if (building_ < 0 || flat < group_begin_ || flat > group_end_) return nullptr;
+  return buckets_[size_t(building_)].data + (flat - group_begin_);
 }
 
 template <typename Elem>
@@ -26,8 +26,23 @@ void LlamaStage<Elem>::group_begin(int64_t begin, int64_t end) {
   group_begin_ = begin;
   group_end_ = end;
   if (!zero2_) return;
-  WEFT_ASSERT(end - begin <= bucket_elements_);
-  run(kernels::FillParams<A>{.n = end - begin, .value = 0.0, .x = bucket_}, "fill");
+  // The bucket the last group did not use, unless only the other holds this one.
+  int b = built_ == 0 ? 1 : 0;
+  if (end - begin > buckets_[size_t(b)].elements) b = 1 - b;
+  Bucket& bucket = buckets_[size_t(b)];
+  WEFT_ASSERT(end - begin <= bucket.elements);
+  drain(bucket);
+  building_ = b;
+  run(kernels::FillParams<A>{.n = end - begin, .value = 0.0, .x = bucket.data}, "fill");
+}
+
+template <typename Elem>
+void LlamaStage<Elem>::drain(Bucket& b) {
+  if (!b.pending) return;
+  b.pending->wait();
+  b.pending.reset();
+  if (b.mine > 0)
+    run(kernels::AxpyParams<A>{.n = b.mine, .alpha = 1.0, .x = b.own, .y = grads_ + b.shard_offset}, "axpy");
 }
 
 template <typename Elem>
@@ -50,13 +65,17 @@ template <typename Elem>
 void LlamaStage<Elem>::group_end() {
   if (zero2_) {
     // Each dp rank sums the part of the group inside its shard over dp, in
-    // place in the bucket, and adds it to its accumulated shard.
+    // place in the bucket, while the backward goes on; drain() adds it to
+    // the accumulated shard.
     const std::vector<int64_t> counts = group_shard_counts();
-    const int64_t rank = groups_.dp_rank(), mine = counts[size_t(rank)];
-    A* own = bucket_ + std::accumulate(counts.begin(), counts.begin() + rank, int64_t{0});
-    groups_.dp->reduce_scatter_v(bucket_, own, std::span<const int64_t>(counts));
-    if (mine > 0)
-      run(kernels::AxpyParams<A>{.n = mine, .alpha = 1.0, .x = own, .y = grads_ + group_shard_offset()}, "axpy");
+    const int64_t rank = groups_.dp_rank();
+    Bucket& b = buckets_[size_t(building_)];
+    b.own = b.data + std::accumulate(counts.begin(), counts.begin() + rank, int64_t{0});
+    b.mine = counts[size_t(rank)];
+    b.shard_offset = group_shard_offset();
+    b.pending = groups_.dp->ireduce_scatter_v(b.data, b.own, std::span<const int64_t>(counts));
+    built_ = building_;
+    building_ = -1;
   } else if (final_ && overlap_dp_) {
     dp_pending_.push_back(groups_.dp->iall_reduce(grads_ + group_begin_, group_end_ - group_begin_));
   } else if (final_ && scatter_dp_) {
@@ -85,19 +104,52 @@ void LlamaStage<Elem>::reduce_rows(Elem* buf) {
 
 template <typename Elem>
 void LlamaStage<Elem>::sync_tied_grads() {
-  if (!m_.tied_embeddings || l_.pp == 1) return;
+  if (!m_.tied_embeddings || l_.pp == 1 || !(plan_.has_head || plan_.has_embedding)) return;
   auto& pp = *groups_.pp;
   constexpr int64_t kTag = 1 << 20;
+  const int64_t last = l_.pp - 1;
+  // This stage's copy: the last stage's head, or the first's embedding table.
+  const auto& p = params_.specs[size_t(params_.index(plan_.has_head ? ParamKind::lm_head : ParamKind::embed_tokens))];
+  const int64_t n = p.local_elements();
+  A* shard = zero2_ ? grads_ : scatter_dp_ && reduced_ ? dp_shard_ : nullptr;
+  if (!shard) {
+    // Full gradients, equal or not yet reduced over dp: the last stage sends
+    // its copy's, the first adds it to its own and sends the sum back.
+    if (plan_.has_head) {
+      pp.send(grad(p), n, 0, kTag);
+      pp.recv(grad(p), n, 0, kTag + 1);
+    } else {
+      A* other = table_->get<A>("comm.tied_embedding_grad");
+      pp.recv(other, n, last, kTag);
+      run(kernels::AxpyParams<A>{.n = n, .alpha = 1.0, .x = other, .y = grad(p)}, "axpy");
+      pp.send(grad(p), n, last, kTag + 1);
+    }
+    return;
+  }
+  // Reduced into shards, whose bounds differ between the two stages: each
+  // gathers its copy's gradient over dp (the first after adding the last's
+  // to its shard, so it gathers the sum) and keeps its shard of the sum.
+  std::vector<int64_t> counts;
+  int64_t lo = 0;
+  for (int64_t c : shard_counts_) {
+    counts.push_back(std::max<int64_t>(0, std::min(p.offset + n, lo + c) - std::max(p.offset, lo)));
+    lo += c;
+  }
+  const int64_t begin = std::clamp(p.offset, shard_lo_, shard_hi_);
+  const int64_t mine = counts[size_t(groups_.dp_rank())];
+  A* part = shard + (begin - shard_lo_);  // this rank's part of the copy
+  A* full = table_->get<A>("comm.tied_embedding_grad");
   if (plan_.has_head) {
-    const auto& head = params_.specs[size_t(params_.index(ParamKind::lm_head))];
-    pp.send(grad(head), head.local_elements(), 0, kTag);
-    pp.recv(grad(head), head.local_elements(), 0, kTag + 1);
-  } else if (plan_.has_embedding) {
-    const auto& emb = params_.specs[size_t(params_.index(ParamKind::embed_tokens))];
-    A* other = table_->get<A>("comm.tied_embedding_grad");
-    pp.recv(other, emb.local_elements(), l_.pp - 1, kTag);
-    run(kernels::AxpyParams<A>{.n = emb.local_elements(), .alpha = 1.0, .x = other, .y = grad(emb)}, "axpy");
-    pp.send(grad(emb), emb.local_elements(), l_.pp - 1, kTag + 1);
+    groups_.dp->all_gather_v(part, full, std::span<const int64_t>(counts));
+    pp.send(full, n, 0, kTag);
+    pp.recv(full, n, 0, kTag + 1);
+    copy(part, full + (begin - p.offset), mine * int64_t(sizeof(A)));
+  } else {
+    pp.recv(full, n, last, kTag);
+    if (mine > 0)
+      run(kernels::AxpyParams<A>{.n = mine, .alpha = 1.0, .x = full + (begin - p.offset), .y = part}, "axpy");
+    groups_.dp->all_gather_v(part, full, std::span<const int64_t>(counts));
+    pp.send(full, n, last, kTag + 1);
   }
 }
 
@@ -122,6 +174,12 @@ void LlamaStage<Elem>::reduce_replicated_grads() {
 
 template <typename Elem>
 void LlamaStage<Elem>::finish_dp_reduction() {
+  if (zero2_ && built_ >= 0) {
+    // Oldest first, so each shard element sums its micro-batches in order.
+    drain(buckets_[size_t(1 - built_)]);
+    drain(buckets_[size_t(built_)]);
+    built_ = -1;
+  }
   reduced_ = !dp_pending_.empty();
   for (auto& r : dp_pending_) r->wait();
   dp_pending_.clear();
@@ -132,6 +190,7 @@ void LlamaStage<Elem>::finish_dp_reduction() {
   template LlamaStage<E>::A* LlamaStage<E>::grad_at(int64_t);                          \
   template void LlamaStage<E>::group_begin(int64_t, int64_t);                          \
   template void LlamaStage<E>::group_end();                                            \
+  template void LlamaStage<E>::drain(Bucket&);                                         \
   template std::vector<int64_t> LlamaStage<E>::group_shard_counts() const;             \
   template int64_t LlamaStage<E>::group_shard_offset() const;                          \
   template const E* LlamaStage<E>::gathered(const E*, E*);                             \

@@ -186,13 +186,13 @@ TEST(LlamaStage, LayoutIndependentInitialisation) {
 // a GPU in a build without the cuDNN frontend.
 TEST(LlamaStage, CudnnAttentionOnlyWhereBuilt) {
   const Layout l = Layout::parse("mb1-attn:cudnn");
-  WEFT_EXPECT_THROW_MSG(check_trainable(l, small_model(), DeviceKind::cpu), LayoutError, "attn:cudnn",
+  WEFT_EXPECT_THROW_MSG(check_trainable(l, DeviceKind::cpu), LayoutError, "attn:cudnn",
                         "needs a GPU");
   if (kernels::attention_available(AttentionKind::cudnn, kernels::Backend::cuda))
-    EXPECT_NO_THROW(check_trainable(l, small_model(), DeviceKind::gpu));
+    EXPECT_NO_THROW(check_trainable(l, DeviceKind::gpu));
   else
-    WEFT_EXPECT_THROW_MSG(check_trainable(l, small_model(), DeviceKind::gpu), LayoutError, "cuDNN frontend");
-  EXPECT_NO_THROW(check_trainable(Layout::parse("mb1-attn:flash"), small_model(), DeviceKind::cpu));
+    WEFT_EXPECT_THROW_MSG(check_trainable(l, DeviceKind::gpu), LayoutError, "cuDNN frontend");
+  EXPECT_NO_THROW(check_trainable(Layout::parse("mb1-attn:flash"), DeviceKind::cpu));
 }
 
 }  // namespace
