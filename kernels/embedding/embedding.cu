@@ -158,6 +158,8 @@ Status run(const EmbeddingForwardParams<bf16>& p, Workspace ws, cudaStream_t str
 
 Status run(const EmbeddingBackwardParams<bf16>& p, Workspace ws, cudaStream_t stream) {
   if (p.rows == 0) return Status::ok;
+  // The sum's grid has a block per row and up to 65535 blocks of columns (C up to 8M).
+  if (p.C > int64_t{65535} * kSumThreads) return Status::unsupported;
   cpu::WorkspaceCarver carve(ws);
   void* id_scratch = carve.take<std::byte>(gpu::kIdCheckBytes);
   uint32_t* keys_a = carve.take<uint32_t>(p.rows);
@@ -191,7 +193,8 @@ Status run(const EmbeddingBackwardParams<bf16>& p, Workspace ws, cudaStream_t st
 
   const bool vec = p.C % kVec == 0 && gpu::aligned16(p.dout) && gpu::aligned16(p.dtable);
   const int64_t columns_per_block = int64_t(kSumThreads) * (vec ? kVec : 1);
-  const dim3 grid(unsigned(p.rows), unsigned((p.C + columns_per_block - 1) / columns_per_block));
+  const int64_t column_blocks = (p.C + columns_per_block - 1) / columns_per_block;
+  const dim3 grid(unsigned(p.rows), unsigned(column_blocks));
   if (vec)
     embedding_sum_runs_kernel<true><<<grid, kSumThreads, 0, stream>>>(
         p.rows, p.C, p.V_local, keys.Current(), rows.Current(), gpu::dev(p.dout), p.dtable);
