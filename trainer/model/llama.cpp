@@ -476,23 +476,18 @@ void LlamaStage<Elem>::head_backward(Elem* dx) {
   // gradient group; a head tied to the embedding on this stage is the first
   // parameter instead. Its gradient is complete only after the embedding's
   // backward, so it joins the embedding's group, except under ZeRO-2, where
-  // a group's gradient is reduced as a sum of contributions and the head's
-  // is a group of its own.
-  const bool head_group = zero2_ && params_.head_is_embedding;
-  if (head_group)
-    group_begin(head.offset, head.offset + head.local_elements());
+  // each micro-batch's part is reduced on its own: there the group is the
+  // table and the final norm.
+  if (zero2_ && params_.head_is_embedding)
+    group_begin({{head.offset, head.offset + head.local_elements()}, {fnorm.offset, params_.elements}});
   else
-    group_begin(fnorm.offset, params_.elements);
+    group_begin({{fnorm.offset, params_.elements}});
   Elem* dlogits = table_->get<Elem>("head.logits");
   Elem* y = table_->get<Elem>("final_norm.output");
   Elem* d_norm = table_->get<Elem>("scratch.d_norm");
   run(kernels::linear_dgrad_gemm(M_, C, Vl, dlogits, weight(head), d_norm), "gemm head dgrad");
   const Elem* y_all = gathered(y, l_.sp ? table_->get<Elem>("comm.sp_gather") : nullptr);
   run(kernels::linear_wgrad_gemm(M_, C, Vl, dlogits, y_all, grad(head)), "gemm head wgrad");
-  if (head_group) {
-    group_end();
-    group_begin(fnorm.offset, params_.elements);
-  }
   reduce_rows(d_norm);
   A* xhat = table_->has("final_norm.normed_fp32") ? table_->get<A>("final_norm.normed_fp32") : nullptr;
   norm_backward(table_->get<Elem>("final_norm.input"), xhat, table_->get<A>("final_norm.rstd"),
@@ -567,14 +562,14 @@ void LlamaStage<Elem>::backward(int64_t slot, int64_t chunk, bool final) {
   for (int64_t i = Lc_ - 1; i >= 0; --i) {
     const int64_t first = params_.specs[size_t(params_.index(ParamKind::input_layernorm, chunk * Lc_ + i))].offset;
     const int64_t last_kind = params_.index(ParamKind::down_proj, chunk * Lc_ + i);
-    group_begin(first, params_.specs[size_t(last_kind)].offset + params_.specs[size_t(last_kind)].local_elements());
+    group_begin({{first, params_.specs[size_t(last_kind)].offset + params_.specs[size_t(last_kind)].local_elements()}});
     const Block b = block(slot, chunk, i);
     block_recompute(b);
     block_backward(b, dx);
     group_end();
   }
   if (plan_.has_embedding && chunk == 0) {
-    group_begin(0, params_.specs[0].local_elements());
+    group_begin({{0, params_.specs[0].local_elements()}});
     const auto& emb = params_.specs[size_t(params_.index(ParamKind::embed_tokens))];
     const int64_t Vl = m_.vocab / l_.tp;
     // The vocab-parallel lookup's all-reduce is conjugate to the identity here.

@@ -30,7 +30,9 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "core/device_spec.h"
@@ -211,22 +213,28 @@ class LlamaStage {
     A* data = nullptr;
     int64_t elements = 0;
     std::unique_ptr<parallel::CommRequest> pending;  // its reduce-scatter in flight
-    A* own = nullptr;           // where this rank's part of the sum lands
-    int64_t mine = 0;           // its size
-    int64_t shard_offset = 0;   // where it goes in the shard
+    A* own = nullptr;  // where this rank's part of the sum lands
+    // Where the consecutive pieces of that part go in the shard: (offset, size).
+    std::vector<std::pair<int64_t, int64_t>> pieces;
   };
   std::array<Bucket, 2> buckets_;
   int building_ = -1, built_ = -1;  // the bucket of the group being built, and of the last one
   void drain(Bucket& b);           // waits for its reduce-scatter and adds the sum to the shard
-  int64_t group_begin_ = 0, group_end_ = 0;
+  // The group being back-propagated: ascending ranges of the flat
+  // parameters, one except under ZeRO-2 with the head tied to the embedding
+  // on this stage (the table, then the final norm: one reduction).
+  struct Range {
+    int64_t begin = 0, end = 0;
+  };
+  std::vector<Range> group_;
   int64_t shard_lo_ = 0, shard_hi_ = 0;  // ZeRO-1 and -2: this rank's shard
   std::vector<int64_t> shard_counts_;     // every dp rank's shard size
   A* grad_at(int64_t flat);
-  // The part of the current group [group_begin_, group_end_) in each dp
-  // rank's shard, and where this rank's part starts in a shard-sized buffer.
+  // The part of the current group in each dp rank's shard, and (one range)
+  // where this rank's part starts in a shard-sized buffer.
   std::vector<int64_t> group_shard_counts() const;
   int64_t group_shard_offset() const;
-  void group_begin(int64_t begin, int64_t end);
+  void group_begin(std::initializer_list<Range> ranges);
   void group_end();
   std::vector<Elem>* capture_ = nullptr;
   // Per saved tensor name: the instance of each layer (-1: rebuilt), and how

@@ -17,23 +17,30 @@ typename LlamaStage<Elem>::A* LlamaStage<Elem>::grad_at(int64_t flat) {
   if (!zero2_) return grads_ + flat;
   // Only the group being back-propagated has gradients (elsewhere, e.g. the
   // forward's block views, there are none to point at).
-  if (building_ < 0 || flat < group_begin_ || flat > group_end_) return nullptr;
-  return buckets_[size_t(building_)].data + (flat - group_begin_);
+  if (building_ < 0) return nullptr;
+  int64_t at = 0;
+  for (const Range& r : group_) {
+    if (flat >= r.begin && flat <= r.end) return buckets_[size_t(building_)].data + at + (flat - r.begin);
+    at += r.end - r.begin;
+  }
+  return nullptr;
 }
 
 template <typename Elem>
-void LlamaStage<Elem>::group_begin(int64_t begin, int64_t end) {
-  group_begin_ = begin;
-  group_end_ = end;
+void LlamaStage<Elem>::group_begin(std::initializer_list<Range> ranges) {
+  group_.assign(ranges);
+  WEFT_ASSERT(zero2_ || group_.size() == 1);
   if (!zero2_) return;
+  int64_t n = 0;
+  for (const Range& r : group_) n += r.end - r.begin;
   // The bucket the last group did not use, unless only the other holds this one.
   int b = built_ == 0 ? 1 : 0;
-  if (end - begin > buckets_[size_t(b)].elements) b = 1 - b;
+  if (n > buckets_[size_t(b)].elements) b = 1 - b;
   Bucket& bucket = buckets_[size_t(b)];
-  WEFT_ASSERT(end - begin <= bucket.elements);
+  WEFT_ASSERT(n <= bucket.elements);
   drain(bucket);
   building_ = b;
-  run(kernels::FillParams<A>{.n = end - begin, .value = 0.0, .x = bucket.data}, "fill");
+  run(kernels::FillParams<A>{.n = n, .value = 0.0, .x = bucket.data}, "fill");
 }
 
 template <typename Elem>
@@ -41,16 +48,23 @@ void LlamaStage<Elem>::drain(Bucket& b) {
   if (!b.pending) return;
   b.pending->wait();
   b.pending.reset();
-  if (b.mine > 0)
-    run(kernels::AxpyParams<A>{.n = b.mine, .alpha = 1.0, .x = b.own, .y = grads_ + b.shard_offset}, "axpy");
+  const A* x = b.own;
+  for (const auto& [offset, n] : b.pieces) {
+    run(kernels::AxpyParams<A>{.n = n, .alpha = 1.0, .x = x, .y = grads_ + offset}, "axpy");
+    x += n;
+  }
 }
 
 template <typename Elem>
 std::vector<int64_t> LlamaStage<Elem>::group_shard_counts() const {
+  // Shards and ranges both ascend, so each rank's part of the group is
+  // contiguous in the group's concatenated ranges.
   std::vector<int64_t> counts;
   int64_t lo = 0;
   for (int64_t c : shard_counts_) {
-    counts.push_back(std::max<int64_t>(0, std::min(group_end_, lo + c) - std::max(group_begin_, lo)));
+    int64_t n = 0;
+    for (const Range& r : group_) n += std::max<int64_t>(0, std::min(r.end, lo + c) - std::max(r.begin, lo));
+    counts.push_back(n);
     lo += c;
   }
   return counts;
@@ -58,7 +72,8 @@ std::vector<int64_t> LlamaStage<Elem>::group_shard_counts() const {
 
 template <typename Elem>
 int64_t LlamaStage<Elem>::group_shard_offset() const {
-  return std::clamp(group_begin_, shard_lo_, shard_hi_) - shard_lo_;
+  WEFT_ASSERT(group_.size() == 1);
+  return std::clamp(group_[0].begin, shard_lo_, shard_hi_) - shard_lo_;
 }
 
 template <typename Elem>
@@ -68,23 +83,26 @@ void LlamaStage<Elem>::group_end() {
     // place in the bucket, while the backward goes on; drain() adds it to
     // the accumulated shard.
     const std::vector<int64_t> counts = group_shard_counts();
-    const int64_t rank = groups_.dp_rank();
     Bucket& b = buckets_[size_t(building_)];
-    b.own = b.data + std::accumulate(counts.begin(), counts.begin() + rank, int64_t{0});
-    b.mine = counts[size_t(rank)];
-    b.shard_offset = group_shard_offset();
+    b.own = b.data + std::accumulate(counts.begin(), counts.begin() + groups_.dp_rank(), int64_t{0});
+    b.pieces.clear();
+    for (const Range& r : group_) {
+      const int64_t begin = std::max(r.begin, shard_lo_), end = std::min(r.end, shard_hi_);
+      if (begin < end) b.pieces.emplace_back(begin - shard_lo_, end - begin);
+    }
     b.pending = groups_.dp->ireduce_scatter_v(b.data, b.own, std::span<const int64_t>(counts));
     built_ = building_;
     building_ = -1;
   } else if (final_ && overlap_dp_) {
-    dp_pending_.push_back(groups_.dp->iall_reduce(grads_ + group_begin_, group_end_ - group_begin_));
+    const Range& r = group_[0];
+    dp_pending_.push_back(groups_.dp->iall_reduce(grads_ + r.begin, r.end - r.begin));
   } else if (final_ && scatter_dp_) {
     // The group's gradient is complete: its sum over dp goes straight to the
     // shard, while the backward of the groups below goes on.
-    dp_pending_.push_back(groups_.dp->ireduce_scatter_v(grads_ + group_begin_, dp_shard_ + group_shard_offset(),
+    dp_pending_.push_back(groups_.dp->ireduce_scatter_v(grads_ + group_[0].begin, dp_shard_ + group_shard_offset(),
                                                         std::span<const int64_t>(group_shard_counts())));
   }
-  group_begin_ = group_end_ = 0;
+  group_.clear();
 }
 
 template <typename Elem>
@@ -188,7 +206,7 @@ void LlamaStage<Elem>::finish_dp_reduction() {
 // The members defined here, for each stage type llama.cpp instantiates.
 #define WEFT_LLAMA_PARALLEL(E)                                                         \
   template LlamaStage<E>::A* LlamaStage<E>::grad_at(int64_t);                          \
-  template void LlamaStage<E>::group_begin(int64_t, int64_t);                          \
+  template void LlamaStage<E>::group_begin(std::initializer_list<Range>);              \
   template void LlamaStage<E>::group_end();                                            \
   template void LlamaStage<E>::drain(Bucket&);                                         \
   template std::vector<int64_t> LlamaStage<E>::group_shard_counts() const;             \
