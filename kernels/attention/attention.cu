@@ -269,7 +269,7 @@ bool materialized_handles(const P& p) {
 template <typename P>
 bool cudnn_handles(const P& p) {
 #ifdef WEFT_HAVE_CUDNN_FRONTEND
-  return attention_cudnn::shape_handled(p.D) && gpu::aligned16(p.q) && gpu::aligned16(p.k) &&
+  return attention_cudnn::shape_handled(p.T, p.D) && gpu::aligned16(p.q) && gpu::aligned16(p.k) &&
          gpu::aligned16(p.v) && gpu::aligned16(p.lse);
 #else
   (void)p;

@@ -50,13 +50,16 @@ struct Key {
   auto operator<=>(const Key&) const = default;
 };
 
-// A built graph, or why there is none (empty graph: Status::unsupported for
-// this shape on this device, remembered so the build is not retried at
-// every launch).
+// A built graph, or why there is none: the step that failed and cuDNN's
+// message (remembered, so a refused shape is not rebuilt at every launch).
 struct Built {
   std::shared_ptr<fe::graph::Graph> graph;
   int64_t workspace = 0;
+  const char* stage = nullptr;
   std::string why;
+  // cuDNN has no plan for the graph on this device (rather than weft
+  // describing it wrongly or the library failing).
+  bool unsupported = false;
 };
 
 // One device's handle and graphs. Graph::execute is safe from several
@@ -100,8 +103,10 @@ void set_stats(fe::graph::Tensor_attributes& t, const Key& k) {
       .set_stride({k.H * k.T, k.T, 1, 1});
 }
 
-std::shared_ptr<fe::graph::Graph> describe_graph(const Key& k) {
+// sm > 0: for that compute capability instead of the current device's.
+std::shared_ptr<fe::graph::Graph> describe_graph(const Key& k, int sm = 0) {
   auto g = std::make_shared<fe::graph::Graph>();
+  if (sm > 0) g->set_sm_version(sm);
   g->set_io_data_type(fe::DataType_t::BFLOAT16)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
@@ -155,11 +160,21 @@ int64_t engine_allowance_of(const Key& k) {
 // the plan. cap < 0: no limit on the engine's workspace.
 Built try_build(const Key& k, cudnnHandle_t handle, int64_t cap) {
   Built b;
-  auto g = describe_graph(k);
   auto failed = [&](const char* stage, fe::error_t e) {
-    b.why = fmt::format("{}: {}", stage, e.get_message());
+    b.stage = stage;
+    b.why = e.get_message();
+    const fe::error_code_t code = e.get_code();
+    b.unsupported = code == fe::error_code_t::GRAPH_NOT_SUPPORTED ||
+                    code == fe::error_code_t::GRAPH_EXECUTION_PLAN_CREATION_FAILED ||
+                    code == fe::error_code_t::HEURISTIC_QUERY_FAILED;
     return b;
   };
+  std::shared_ptr<fe::graph::Graph> g;
+  try {
+    g = describe_graph(k);
+  } catch (const std::exception& e) {  // the frontend's attribute checks throw
+    return failed("describe", fe::error_t{fe::error_code_t::INVALID_VALUE, e.what()});
+  }
   if (auto e = g->validate(); e.is_bad()) return failed("validate", e);
   if (auto e = g->build_operation_graph(handle); e.is_bad()) return failed("build_operation_graph", e);
   if (cap >= 0) g->deselect_workspace_greater_than(cap);
@@ -182,7 +197,7 @@ std::string shape_text(const Key& k) {
 const Built& graph_for(DeviceState& s, const Key& k) {
   if (auto it = s.graphs.find(k); it != s.graphs.end()) return it->second;
   Built b = try_build(k, s.handle, engine_allowance_of(k));
-  if (!b.graph) {
+  if (!b.graph && b.unsupported) {
     const Built uncapped = try_build(k, s.handle, -1);
     if (uncapped.graph)
       throw InternalError(fmt::format(
@@ -207,12 +222,24 @@ bool cudnn_9_loaded() {
 }
 
 Status execute(const Key& k, std::unordered_map<int64_t, void*>& pack, Workspace ws, cudaStream_t stream) {
-  if (!cudnn_9_loaded()) return Status::unsupported;
+  if (!cudnn_9_loaded())
+    gpu::throw_call_error("cuDNN", "cudnnGetVersion",
+                          fmt::format("{}: the cuDNN loaded is version {}; attn:cudnn needs cuDNN 9 or newer "
+                                      "(attn:flash and attn:materialized need no cuDNN)",
+                                      shape_text(k), cudnnGetVersion()),
+                          __FILE__, __LINE__);
   DeviceState& s = device_state();
   std::lock_guard<std::mutex> lock(s.mu);
   if (s.handle == nullptr) CUDNN_CHECK(cudnnCreate(&s.handle));
   const Built& b = graph_for(s, k);
-  if (!b.graph) return Status::unsupported;
+  if (!b.graph)
+    gpu::throw_call_error("cuDNN frontend", b.stage,
+                          fmt::format("{}: {}: {}", shape_text(k),
+                                      b.unsupported ? "cuDNN has no plan for this shape on this device (use "
+                                                      "attn:flash or attn:materialized)"
+                                                    : "the graph could not be built",
+                                      b.why),
+                          __FILE__, __LINE__);
   CUDNN_CHECK(cudnnSetStream(s.handle, stream));
   if (auto e = b.graph->execute(s.handle, pack, b.workspace > 0 ? ws.data : nullptr); e.is_bad())
     gpu::throw_call_error("cuDNN frontend", "Graph::execute", shape_text(k) + ": " + e.get_message(), __FILE__,
@@ -238,6 +265,16 @@ Status backward(const AttentionBackwardParams<bf16>& p, Workspace ws, cudaStream
                                           {kO, mut(p.out)},     {kDO, mut(p.dout)}, {kStats, mut(p.lse)},
                                           {kDQ, p.dq},          {kDK, p.dk},        {kDV, p.dv}};
   return execute(k, pack, ws, stream);
+}
+
+std::string validate_graph(int64_t B, int64_t T, int64_t H, int64_t H_kv, int64_t D, bool backward, int sm) {
+  const Key k{B, T, H, H_kv, D, backward ? Direction::backward : Direction::forward};
+  try {
+    auto e = describe_graph(k, sm)->validate();
+    return e.is_good() ? std::string() : e.get_message();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
 }
 
 }  // namespace attention_cudnn

@@ -29,6 +29,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string>
 
 #include "kernels/attention/attention.h"
 #include "kernels/cpu_common.h"
@@ -79,19 +80,29 @@ inline int64_t backward_workspace_bound(int64_t B, int64_t T, int64_t H, int64_t
 // ---------------------------------------------------------------- shapes
 //
 // What the graphs take on both sm80 and sm90 with cuDNN 9: D a multiple of 8
-// (16-byte rows) up to 128 (the Ampere engines' limit), and 16-byte aligned
-// tensors, lse included. Whether cuDNN has a plan for a shape on the device
-// at hand is known only once its graph is built, so launch may still answer
-// Status::unsupported for params this accepts.
-inline bool shape_handled(int64_t D) { return D % 8 == 0 && D <= 128; }
+// (16-byte rows) up to 128 (the Ampere engines' limit), T of at least 2 (the
+// frontend refuses a backward with one query and one key), and 16-byte
+// aligned tensors, lse included. Whether cuDNN has a plan for a shape on the
+// device at hand is known only once its graph is built (see launches).
+inline bool shape_handled(int64_t T, int64_t D) { return T >= 2 && D % 8 == 0 && D <= 128; }
 
 // ---------------------------------------------------------------- launches
 //
 // Enqueue on `stream` (params already checked, workspace at least the bound).
-// Status::unsupported when cuDNN older than 9 is loaded or has no plan for
-// the graph on this device; cuDNN and frontend failures otherwise throw
-// gpu::CudaError.
+// A shape cuDNN has no plan for on this device, a cuDNN older than 9 at run
+// time, and cuDNN and frontend failures throw gpu::CudaError with the shape
+// and cuDNN's own reason (remembered per shape, so a refused shape is not
+// rebuilt at every launch); nothing here answers Status::unsupported, which
+// would reach the user without the reason.
 Status forward(const AttentionForwardParams<bf16>& p, Workspace ws, cudaStream_t stream);
 Status backward(const AttentionBackwardParams<bf16>& p, Workspace ws, cudaStream_t stream);
+
+// ---------------------------------------------------------------- without a device
+//
+// The graph launch would build for a shape, described and validated by the
+// frontend for compute capability `sm` (80, 90) against the cuDNN library
+// loaded, without a device or a handle: empty when the frontend accepts it,
+// otherwise its reason. Plans are not built (that needs the device).
+std::string validate_graph(int64_t B, int64_t T, int64_t H, int64_t H_kv, int64_t D, bool backward, int sm);
 
 }  // namespace weft::kernels::attention_cudnn

@@ -331,6 +331,7 @@ TEST_P(GpuAttentionTest, CudnnMatchesReferencesAndFlash) {
   if (!attention_available(AttentionKind::cudnn, Backend::cuda))
     GTEST_SKIP() << "built without the cuDNN frontend";
   const AttentionCase& c = GetParam();
+  if (c.T < 2) GTEST_SKIP() << "cudnn takes T >= 2 (GpuAttentionProtocol checks that it refuses T = 1)";
   Rng rng;
   SCOPED_TRACE(rng.trace());
   const auto [in, ref, naive] = prepare(c, rng);
@@ -430,6 +431,9 @@ TEST(GpuAttentionProtocol, RefusesWhatItDoesNotHandle) {
   auto c256 = cf;
   c256.D = 256;
   EXPECT_FALSE(supports(c256, Backend::cuda)) << "cudnn takes D up to 128";
+  auto c_t1 = cb;
+  c_t1.T = 1;
+  EXPECT_FALSE(supports(c_t1, Backend::cuda)) << "cuDNN refuses a backward with one query and one key";
   auto c_no_lse = cf;
   c_no_lse.lse = nullptr;
   EXPECT_EQ(launch(c_no_lse, Workspace{}, cuda), Status::invalid_argument);
