@@ -138,6 +138,13 @@ void bench_attention(benchmark::State& state, AttentionKind kind, Shape s) {
       state.counters["bwd_TFLOPs"] = 2.5 * ff * double(iters) / bwd_s / 1e12;
       state.counters["TFLOPs"] = 3.5 * ff * double(iters) / (fwd_s + bwd_s) / 1e12;
     }
+    if (kind == AttentionKind::cudnn) {
+      // What cuDNN's graphs asked for against the bound weft reserves
+      // (attention_cudnn.h; the memory model uses the same bound).
+      state.counters["ws_fwd_MiB"] = double(cudnn_graph_workspace(fwd)) / (1 << 20);
+      state.counters["ws_bwd_MiB"] = double(cudnn_graph_workspace(bwd)) / (1 << 20);
+      state.counters["ws_bound_MiB"] = double(ws_bwd) / (1 << 20);
+    }
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
     cudaEventDestroy(e2);

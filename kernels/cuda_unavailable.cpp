@@ -63,6 +63,8 @@ WEFT_CUDA_UNAVAILABLE(NarrowParams)
 bool attention_available(AttentionKind kind, Backend backend) {
   return backend == Backend::cpu && kind != AttentionKind::cudnn;
 }
+int64_t cudnn_graph_workspace(const AttentionForwardParams<bf16>&) { return -1; }
+int64_t cudnn_graph_workspace(const AttentionBackwardParams<bf16>&) { return -1; }
 
 namespace fp32_cuda {
 bool available() { return false; }

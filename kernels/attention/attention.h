@@ -86,4 +86,11 @@ Status launch(const AttentionBackwardParams<Elem>& p, Workspace ws, Stream strea
 // to reject a layout with a message instead of failing at the first launch.
 bool attention_available(AttentionKind kind, Backend backend);
 
+// cudnn on CUDA: the workspace cuDNN asked for the graph of these params on
+// the current device, built by an earlier launch (-1: none built, or no
+// cuDNN in this build), to set beside workspace_bytes()'s bound, which the
+// build cannot measure without a device (benchmarks/bench_gpu_attention).
+int64_t cudnn_graph_workspace(const AttentionForwardParams<bf16>& p);
+int64_t cudnn_graph_workspace(const AttentionBackwardParams<bf16>& p);
+
 }  // namespace weft::kernels

@@ -267,6 +267,14 @@ Status backward(const AttentionBackwardParams<bf16>& p, Workspace ws, cudaStream
   return execute(k, pack, ws, stream);
 }
 
+int64_t graph_workspace(int64_t B, int64_t T, int64_t H, int64_t H_kv, int64_t D, bool backward) {
+  const Key k{B, T, H, H_kv, D, backward ? Direction::backward : Direction::forward};
+  DeviceState& s = device_state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  const auto it = s.graphs.find(k);
+  return it != s.graphs.end() && it->second.graph ? it->second.workspace : -1;
+}
+
 std::string validate_graph(int64_t B, int64_t T, int64_t H, int64_t H_kv, int64_t D, bool backward, int sm) {
   const Key k{B, T, H, H_kv, D, backward ? Direction::backward : Direction::forward};
   try {

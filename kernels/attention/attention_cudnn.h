@@ -97,6 +97,10 @@ inline bool shape_handled(int64_t T, int64_t D) { return T >= 2 && D % 8 == 0 &&
 Status forward(const AttentionForwardParams<bf16>& p, Workspace ws, cudaStream_t stream);
 Status backward(const AttentionBackwardParams<bf16>& p, Workspace ws, cudaStream_t stream);
 
+// The workspace the graph built for a shape on the current device asked
+// for (-1: none built yet).
+int64_t graph_workspace(int64_t B, int64_t T, int64_t H, int64_t H_kv, int64_t D, bool backward);
+
 // ---------------------------------------------------------------- without a device
 //
 // The graph launch would build for a shape, described and validated by the
