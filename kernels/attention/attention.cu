@@ -478,23 +478,20 @@ using attention_cuda::scratch;
 WEFT_CUDA_INSTANTIATE(AttentionForwardParams)
 WEFT_CUDA_INSTANTIATE(AttentionBackwardParams)
 
-int64_t cudnn_graph_workspace(const AttentionForwardParams<bf16>& p) {
+namespace {
+template <typename P>
+int64_t graph_workspace(const P& p, bool backward) {
 #ifdef WEFT_HAVE_CUDNN_FRONTEND
-  return attention_cudnn::graph_workspace(p.B, p.T, p.H, p.H_kv, p.D, false);
+  return attention_cudnn::graph_workspace(p.B, p.T, p.H, p.H_kv, p.D, backward);
 #else
-  (void)p;
+  (void)p, (void)backward;
   return -1;
 #endif
 }
+}  // namespace
 
-int64_t cudnn_graph_workspace(const AttentionBackwardParams<bf16>& p) {
-#ifdef WEFT_HAVE_CUDNN_FRONTEND
-  return attention_cudnn::graph_workspace(p.B, p.T, p.H, p.H_kv, p.D, true);
-#else
-  (void)p;
-  return -1;
-#endif
-}
+int64_t cudnn_graph_workspace(const AttentionForwardParams<bf16>& p) { return graph_workspace(p, false); }
+int64_t cudnn_graph_workspace(const AttentionBackwardParams<bf16>& p) { return graph_workspace(p, true); }
 
 bool attention_available(AttentionKind kind, Backend backend) {
   if (backend == Backend::cpu) return kind != AttentionKind::cudnn;  // as attention_cpu.cpp's check

@@ -124,7 +124,7 @@ TEST(DeviceSpec, RealGpusMapToTheirPresetsAndUnknownOnesGetTheirPeakFromTheClock
   EXPECT_EQ(d.sm_count, 84);
   // This machine: a GPU when there is one, else nothing (never an error).
   const auto here = gpu_detect();
-  if (here) EXPECT_GT(here->peak_bf16_flops, 0);
+  if (here) { EXPECT_GT(here->peak_bf16_flops, 0); }
 }
 
 TEST(DeviceSpec, CpuRanksShareTheMachine) {

@@ -25,9 +25,9 @@ TEST_F(Space, EnumerationFollowsTheRules) {
     EXPECT_EQ(l.world(), 32);
     EXPECT_EQ(m.heads % l.tp, 0);
     EXPECT_EQ(m.layers % l.pp, 0);
-    if (l.tp == 1) EXPECT_FALSE(l.sp);
-    if (l.dp == 1) EXPECT_EQ(l.zero, 0);
-    if (l.pp == 1) EXPECT_EQ(l.vpp, 1);
+    if (l.tp == 1) { EXPECT_FALSE(l.sp); }
+    if (l.dp == 1) { EXPECT_EQ(l.zero, 0); }
+    if (l.pp == 1) { EXPECT_EQ(l.vpp, 1); }
   }
   // Every knob value appears.
   auto has = [&](auto pred) { return std::any_of(all.begin(), all.end(), pred); };
@@ -112,7 +112,7 @@ TEST_F(Space, EvaluateRanksFittingLayoutsAndExplainsTheRest) {
       EXPECT_TRUE(x.memory.fits);
       EXPECT_LE(x.memory.peak(), x.memory.usable);
       EXPECT_TRUE(x.reason.empty());
-      if (i >= 2) EXPECT_LE(r.candidates[i - 1].cost.step, x.cost.step);
+      if (i >= 2) { EXPECT_LE(r.candidates[i - 1].cost.step, x.cost.step); }
     } else {
       EXPECT_NE(x.verdict, Verdict::fits);
       EXPECT_FALSE(x.reason.empty());
@@ -124,7 +124,7 @@ TEST_F(Space, EvaluateRanksFittingLayoutsAndExplainsTheRest) {
   const auto& first = r.candidates.front();
   for (int64_t i = 1; i < r.fitting; ++i) {
     const auto& x = r.candidates[size_t(i)];
-    if (x.cost.step <= first.cost.step) EXPECT_GE(x.memory.peak(), first.memory.peak());
+    if (x.cost.step <= first.cost.step) { EXPECT_GE(x.memory.peak(), first.memory.peak()); }
   }
 }
 
