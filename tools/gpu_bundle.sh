@@ -18,6 +18,8 @@ archive=${2:-gpu-bundle.tar.xz}
 programs=(weft tests/gpu/test_gpu_kernels tests/gpu/test_gpu_attention tests/gpu/test_gpu_train
           tests/unit/test_gpu_workspace tests/mpi/test_comm_nccl
           benchmarks/bench_gpu_kernels benchmarks/bench_gpu_attention)
+# Built only with the cuDNN frontend.
+[ -x "$build/tests/unit/test_cudnn_graphs" ] && programs+=(tests/unit/test_cudnn_graphs)
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/lib"
