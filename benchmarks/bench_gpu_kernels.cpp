@@ -10,7 +10,9 @@
 //     the fp32 intermediates its design writes and reads back), against a
 //     device-to-device cudaMemcpy of 1 GiB (bytes read plus bytes written);
 //   gemm: TFLOP/s (2 m n k per product), against an 8192 x 8192 x 8192 bf16
-//     product through the same cuBLASLt path.
+//     product through the same cuBLASLt path; and beside its peer, cuBLAS's
+//     own best for the same shape (every algorithm cuBLASLt's heuristic
+//     offers, each timed), as pct_of_cublas_best (the target: at least 95).
 // Time comes from CUDA events around each launch (manual time), after a
 // warm-up launch that takes module loading and cuBLASLt's plan out of the
 // numbers. Inputs are random, never zeros. Buffers exceed the L2 cache, so
@@ -209,6 +211,68 @@ void add(const std::string& name, Setup setup) {
       ->Unit(benchmark::kMicrosecond);
 }
 
+// cuBLAS's own best for a product (the peer of weft's gemm, which takes
+// cuBLASLt's first heuristic answer): every algorithm the heuristic offers
+// for the same layouts and workspace (up to 16), each timed on the same
+// buffers; the fastest one's median milliseconds (0 when none ran).
+// Row-major C (m, n) = op(A) op(B) is column-major C^T = op(B)^T op(A)^T,
+// so cuBLASLt's A is weft's B and its B is weft's A, as in kernels/gemm.
+double cublas_best_ms(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, const bf16* a, int64_t lda,
+                      const bf16* b, int64_t ldb, void* c, cudaDataType_t c_type, int64_t ldc, float beta,
+                      int* candidates) {
+  static cublasLtHandle_t handle = [] {
+    cublasLtHandle_t h = nullptr;
+    CUBLAS_CHECK(cublasLtCreate(&h));
+    return h;
+  }();
+  constexpr int64_t kWorkspace = int64_t{32} << 20;  // weft's cuBLASLt workspace
+  DeviceArray<std::byte> ws(kWorkspace);
+  const cublasOperation_t op_a = tb == Trans::yes ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = ta == Trans::yes ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasLtMatmulDesc_t op = nullptr;
+  CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  CUBLAS_CHECK(tb == Trans::no ? cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, uint64_t(n), uint64_t(k), ldb)
+                               : cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, uint64_t(k), uint64_t(n), ldb));
+  CUBLAS_CHECK(ta == Trans::no ? cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, uint64_t(k), uint64_t(m), lda)
+                               : cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, uint64_t(m), uint64_t(k), lda));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, c_type, uint64_t(n), uint64_t(m), ldc));
+  cublasLtMatmulPreference_t pref = nullptr;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const uint64_t max_ws = uint64_t(kWorkspace);
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_ws,
+                                                    sizeof max_ws));
+  cublasLtMatmulHeuristicResult_t results[16] = {};
+  int found = 0;
+  CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, op, la, lb, lc, lc, pref, 16, results, &found));
+  const float alpha = 1.0f;
+  double best = 0;
+  *candidates = 0;
+  for (int i = 0; i < found; ++i) {
+    if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
+    const cublasLtMatmulAlgo_t* algo = &results[i].algo;
+    bool ok = true;
+    const double ms = median_ms(
+        [&] {
+          if (!ok) return;
+          ok = cublasLtMatmul(handle, op, &alpha, b, la, a, lb, &beta, c, lc, c, lc, algo, ws.data(),
+                              size_t(kWorkspace), stream()) == CUBLAS_STATUS_SUCCESS;
+        },
+        10);
+    if (!ok) continue;
+    ++*candidates;
+    if (best == 0 || ms < best) best = ms;
+  }
+  CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+  CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(la));
+  CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lb));
+  CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lc));
+  CUBLAS_CHECK(cublasLtMatmulDescDestroy(op));
+  return best;
+}
+
 void register_gemm() {
   struct Shape {
     const char* name;
@@ -226,18 +290,32 @@ void register_gemm() {
       auto* a = random_array<bf16>(keep, s.m * s.k);
       auto* b = random_array<bf16>(keep, s.k * s.n);
       const double flops = 2.0 * double(s.m) * double(s.n) * double(s.k);
+      // The peer: cuBLAS's best algorithm for the same product, timed in the
+      // same run on the same buffers.
+      int candidates = 0;
+      double best_ms = 0;
       if (s.ta == Trans::yes) {
         auto* c = random_array<float>(keep, s.m * s.n);
         const GemmAccParams<bf16> p{.trans_a = s.ta, .trans_b = s.tb, .m = s.m, .n = s.n, .k = s.k,
                                     .beta = 1.0f, .a = a->data(), .lda = a_cols, .b = b->data(),
                                     .ldb = b_cols, .c = c->data(), .ldc = s.n};
+        best_ms = cublas_best_ms(s.ta, s.tb, s.m, s.n, s.k, a->data(), a_cols, b->data(), b_cols, c->data(),
+                                 CUDA_R_32F, s.n, 1.0f, &candidates);
         run(state, op_of(p, keep), 0, flops);
       } else {
         auto* c = random_array<bf16>(keep, s.m * s.n);
         const GemmParams<bf16> p{.trans_a = s.ta, .trans_b = s.tb, .m = s.m, .n = s.n, .k = s.k,
                                  .a = a->data(), .lda = a_cols, .b = b->data(), .ldb = b_cols,
                                  .c = c->data(), .ldc = s.n};
+        best_ms = cublas_best_ms(s.ta, s.tb, s.m, s.n, s.k, a->data(), a_cols, b->data(), b_cols, c->data(),
+                                 CUDA_R_16BF, s.n, 0.0f, &candidates);
         run(state, op_of(p, keep), 0, flops);
+      }
+      if (best_ms > 0) {
+        const double best = flops / (best_ms * 1e-3) / 1e12;
+        state.counters["cublas_best_TFLOP/s"] = best;
+        state.counters["pct_of_cublas_best"] = 100.0 * state.counters["TFLOP/s"] / best;
+        state.counters["cublas_candidates"] = candidates;
       }
     });
   }

@@ -9,7 +9,9 @@
 # commands are time-limited):
 #   tests      the gpu-labelled tests (kernels, attention, training, workspace)
 #   sanitize   compute-sanitizer memcheck over the kernel and attention tests
-#   kernels    bench_gpu_kernels: each family against the measured copy and GEMM ceilings
+#   kernels    bench_gpu_kernels: each family against the measured copy and GEMM ceilings,
+#              gemm beside cuBLAS's best; benchmarks/kernels_vs_pytorch.py: rmsnorm and
+#              cross-entropy beside PyTorch eager
 #   attention  bench_gpu_attention and benchmarks/attention_vs_pytorch.py
 #   mfu        benchmarks/mfu_vs_pytorch.py (Llama 3.2 1B, weft vs PyTorch): the
 #              steps mfu1, mfu2 and mfu4, one micro-batch size each
@@ -91,7 +93,9 @@ for s in "${steps[@]}"; do
       for t in tests/gpu/test_gpu_kernels tests/gpu/test_gpu_attention; do
         run sanitize 590 compute-sanitizer --tool memcheck --error-exitcode 1 "$build/$t"
       done ;;
-    kernels) run kernels 590 "$build/benchmarks/bench_gpu_kernels" ;;
+    kernels)
+      run kernels 590 "$build/benchmarks/bench_gpu_kernels"
+      run kernels 590 python3 "$here/benchmarks/kernels_vs_pytorch.py" --build "$build" ;;
     attention)
       run attention 590 "$build/benchmarks/bench_gpu_attention"
       run attention 590 python3 "$here/benchmarks/attention_vs_pytorch.py" --build "$build" ;;
