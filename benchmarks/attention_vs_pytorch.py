@@ -19,7 +19,9 @@ timed region, and the table says so.
 Needs a CUDA GPU, torch with CUDA, and a CUDA build of weft
 (benchmarks/bench_gpu_attention).
 """
-import argparse, json, os, statistics, subprocess, sys
+import json, os, subprocess, sys
+
+from vs_pytorch import median_ms, parse_args
 
 SHAPES = [(8, 2048), (2, 8192)]  # (B, T)
 H, H_KV, D = 32, 8, 128
@@ -59,20 +61,11 @@ def torch_times(B, T, warmup, repeats):
             o = fwd()
             o.backward(dout)
 
+        def clear_grads():
+            q.grad = kk.grad = vv.grad = None
+
         def timed(fn):
-            for _ in range(warmup):
-                fn()
-            torch.cuda.synchronize()
-            times = []
-            for _ in range(repeats):
-                q.grad = kk.grad = vv.grad = None
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end))
-            return statistics.median(times)
+            return median_ms(torch, fn, warmup, repeats, before_each=clear_grads)
 
         with torch.no_grad():
             f_ms = timed(fwd)
@@ -106,11 +99,7 @@ def weft_times(build, repeats):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--build", default="build")
-    ap.add_argument("--repeats", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=3)
-    a = ap.parse_args()
+    a = parse_args()
     weft = weft_times(a.build, max(3, a.repeats // 4))
     print(f"{'shape':>22} | {'impl':>22} | {'fwd ms':>8} {'fwd TFLOP/s':>12} | "
           f"{'fwd+bwd ms':>10} {'fwd+bwd TFLOP/s':>16} | {'vs torch':>8}")

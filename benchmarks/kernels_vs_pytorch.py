@@ -25,7 +25,9 @@ comparison.
 Needs a CUDA GPU, torch with CUDA, and a CUDA build of weft
 (benchmarks/bench_gpu_kernels).
 """
-import argparse, json, os, statistics, subprocess, sys
+import json, os, subprocess, sys
+
+from vs_pytorch import median_ms, parse_args
 
 ROWS, C, V = 8192, 4096, 32000
 EPS = 1e-6
@@ -51,21 +53,6 @@ def parse_weft(text):
         unit = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}[b.get("time_unit", "us")]
         rows[name] = b["real_time"] * unit
     return rows
-
-
-def median_ms(torch, fn, warmup, repeats):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def torch_rmsnorm(warmup, repeats):
@@ -128,11 +115,7 @@ def row(kernel, impl, fwd, bwd, weft_total):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--build", default="build")
-    ap.add_argument("--repeats", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=3)
-    a = ap.parse_args()
+    a = parse_args()
     weft = weft_times(a.build, max(3, a.repeats // 4))
     norm, device, version = torch_rmsnorm(a.warmup, a.repeats)
     ce = torch_cross_entropy(a.warmup, a.repeats)
