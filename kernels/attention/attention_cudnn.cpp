@@ -104,7 +104,7 @@ void set_stats(fe::graph::Tensor_attributes& t, const Key& k) {
 }
 
 // sm > 0: for that compute capability instead of the current device's.
-std::shared_ptr<fe::graph::Graph> describe_graph(const Key& k, int sm = 0) {
+std::shared_ptr<fe::graph::Graph> describe_graph(const Key& k, int sm) {
   auto g = std::make_shared<fe::graph::Graph>();
   if (sm > 0) g->set_sm_version(sm);
   g->set_io_data_type(fe::DataType_t::BFLOAT16)
@@ -156,6 +156,17 @@ int64_t engine_allowance_of(const Key& k) {
   return k.direction == Direction::forward ? kEngineAllowance : backward_engine_allowance(k.B, k.T, k.H_kv, k.D);
 }
 
+// The graph of a key, described (the frontend's attribute checks throw,
+// which comes back as INVALID_VALUE) and validated; sm as describe_graph.
+fe::error_t describe_and_validate(const Key& k, int sm, std::shared_ptr<fe::graph::Graph>& g) {
+  try {
+    g = describe_graph(k, sm);
+  } catch (const std::exception& e) {
+    return fe::error_t{fe::error_code_t::INVALID_VALUE, e.what()};
+  }
+  return g->validate();
+}
+
 // Validation, heuristics (mode A, the frontend's default), support check and
 // the plan. cap < 0: no limit on the engine's workspace.
 Built try_build(const Key& k, cudnnHandle_t handle, int64_t cap) {
@@ -170,12 +181,7 @@ Built try_build(const Key& k, cudnnHandle_t handle, int64_t cap) {
     return b;
   };
   std::shared_ptr<fe::graph::Graph> g;
-  try {
-    g = describe_graph(k);
-  } catch (const std::exception& e) {  // the frontend's attribute checks throw
-    return failed("describe", fe::error_t{fe::error_code_t::INVALID_VALUE, e.what()});
-  }
-  if (auto e = g->validate(); e.is_bad()) return failed("validate", e);
+  if (auto e = describe_and_validate(k, 0, g); e.is_bad()) return failed("validate", e);
   if (auto e = g->build_operation_graph(handle); e.is_bad()) return failed("build_operation_graph", e);
   if (cap >= 0) g->deselect_workspace_greater_than(cap);
   if (auto e = g->create_execution_plans({fe::HeurMode_t::A}); e.is_bad()) return failed("create_execution_plans", e);
@@ -277,12 +283,9 @@ int64_t graph_workspace(int64_t B, int64_t T, int64_t H, int64_t H_kv, int64_t D
 
 std::string validate_graph(int64_t B, int64_t T, int64_t H, int64_t H_kv, int64_t D, bool backward, int sm) {
   const Key k{B, T, H, H_kv, D, backward ? Direction::backward : Direction::forward};
-  try {
-    auto e = describe_graph(k, sm)->validate();
-    return e.is_good() ? std::string() : e.get_message();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
+  std::shared_ptr<fe::graph::Graph> g;
+  auto e = describe_and_validate(k, sm, g);
+  return e.is_good() ? std::string() : e.get_message();
 }
 
 }  // namespace attention_cudnn

@@ -32,6 +32,7 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -230,9 +231,10 @@ class LlamaStage {
   int64_t shard_lo_ = 0, shard_hi_ = 0;  // ZeRO-1 and -2: this rank's shard
   std::vector<int64_t> shard_counts_;     // every dp rank's shard size
   A* grad_at(int64_t flat);
-  // The part of the current group in each dp rank's shard, and (one range)
-  // where this rank's part starts in a shard-sized buffer.
-  std::vector<int64_t> group_shard_counts() const;
+  // The part of `ranges` (ascending) in each dp rank's shard, and (the
+  // current group of one range) where this rank's part starts in a
+  // shard-sized buffer.
+  std::vector<int64_t> shard_parts(std::span<const Range> ranges) const;
   int64_t group_shard_offset() const;
   void group_begin(std::initializer_list<Range> ranges);
   void group_end();

@@ -56,14 +56,14 @@ void LlamaStage<Elem>::drain(Bucket& b) {
 }
 
 template <typename Elem>
-std::vector<int64_t> LlamaStage<Elem>::group_shard_counts() const {
-  // Shards and ranges both ascend, so each rank's part of the group is
-  // contiguous in the group's concatenated ranges.
+std::vector<int64_t> LlamaStage<Elem>::shard_parts(std::span<const Range> ranges) const {
+  // Shards and ranges both ascend, so each rank's part is contiguous in the
+  // ranges' concatenation.
   std::vector<int64_t> counts;
   int64_t lo = 0;
   for (int64_t c : shard_counts_) {
     int64_t n = 0;
-    for (const Range& r : group_) n += std::max<int64_t>(0, std::min(r.end, lo + c) - std::max(r.begin, lo));
+    for (const Range& r : ranges) n += std::max<int64_t>(0, std::min(r.end, lo + c) - std::max(r.begin, lo));
     counts.push_back(n);
     lo += c;
   }
@@ -82,7 +82,7 @@ void LlamaStage<Elem>::group_end() {
     // Each dp rank sums the part of the group inside its shard over dp, in
     // place in the bucket, while the backward goes on; drain() adds it to
     // the accumulated shard.
-    const std::vector<int64_t> counts = group_shard_counts();
+    const std::vector<int64_t> counts = shard_parts(group_);
     Bucket& b = buckets_[size_t(building_)];
     b.own = b.data + std::accumulate(counts.begin(), counts.begin() + groups_.dp_rank(), int64_t{0});
     b.pieces.clear();
@@ -100,7 +100,7 @@ void LlamaStage<Elem>::group_end() {
     // The group's gradient is complete: its sum over dp goes straight to the
     // shard, while the backward of the groups below goes on.
     dp_pending_.push_back(groups_.dp->ireduce_scatter_v(grads_ + group_[0].begin, dp_shard_ + group_shard_offset(),
-                                                        std::span<const int64_t>(group_shard_counts())));
+                                                        std::span<const int64_t>(shard_parts(group_))));
   }
   group_.clear();
 }
@@ -147,12 +147,8 @@ void LlamaStage<Elem>::sync_tied_grads() {
   // Reduced into shards, whose bounds differ between the two stages: each
   // gathers its copy's gradient over dp (the first after adding the last's
   // to its shard, so it gathers the sum) and keeps its shard of the sum.
-  std::vector<int64_t> counts;
-  int64_t lo = 0;
-  for (int64_t c : shard_counts_) {
-    counts.push_back(std::max<int64_t>(0, std::min(p.offset + n, lo + c) - std::max(p.offset, lo)));
-    lo += c;
-  }
+  const Range copy_range{p.offset, p.offset + n};
+  const std::vector<int64_t> counts = shard_parts({&copy_range, 1});
   const int64_t begin = std::clamp(p.offset, shard_lo_, shard_hi_);
   const int64_t mine = counts[size_t(groups_.dp_rank())];
   A* part = shard + (begin - shard_lo_);  // this rank's part of the copy
@@ -209,7 +205,7 @@ void LlamaStage<Elem>::finish_dp_reduction() {
   template void LlamaStage<E>::group_begin(std::initializer_list<Range>);              \
   template void LlamaStage<E>::group_end();                                            \
   template void LlamaStage<E>::drain(Bucket&);                                         \
-  template std::vector<int64_t> LlamaStage<E>::group_shard_counts() const;             \
+  template std::vector<int64_t> LlamaStage<E>::shard_parts(std::span<const Range>) const; \
   template int64_t LlamaStage<E>::group_shard_offset() const;                          \
   template const E* LlamaStage<E>::gathered(const E*, E*);                             \
   template void LlamaStage<E>::reduce_rows(E*);                                        \
