@@ -96,6 +96,7 @@ tuner::SpaceLimits SpaceArgs::resolve() const {
   l.ckpt = parse_all<Checkpointing>(ckpt, checkpointing_parse);
   l.attention = parse_all<AttentionKind>(attention, attention_parse);
   l.norm = parse_all<NormKind>(norm, norm_parse);
+  l.grad = parse_all<GradPrecision>(grad, grad_precision_parse);
   return l;
 }
 
@@ -113,6 +114,10 @@ void add_space_options(CLI::App& app, SpaceArgs& a) {
   g->add_option("--attn", a.attention, "Attention: flash, materialized, cudnn (GPU)")->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   g->add_option("--norm", a.norm, "Norm: fused, unfused")->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   g->add_option("--zero", a.zero, "ZeRO stages 0-3")->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  g->add_option("--grad", a.grad,
+                "Gradient precision: fp32, bf16 (bf16 runs only; halves gradient memory and dp "
+                "traffic, rounds each accumulation and reduction to bf16)")
+      ->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   g->add_option("--max-mb", a.max_mb, "Largest micro-batch tried when --mb is free")
       ->capture_default_str();
 }

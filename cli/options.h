@@ -40,7 +40,7 @@ void add_run_options(CLI::App& app, RunArgs& a);
 
 struct SpaceArgs {
   std::vector<int64_t> tp, pp, mb, vpp, zero, ckpt_layers;
-  std::vector<std::string> sp, ckpt, attention, norm;
+  std::vector<std::string> sp, ckpt, attention, norm, grad;
   int64_t max_mb = 64;
   tuner::SpaceLimits resolve() const;
 };

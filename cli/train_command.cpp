@@ -41,6 +41,7 @@ struct TrainArgs {
   std::string ckpt = "none";
   std::string attention = "flash";
   std::string norm = "fused";
+  std::string grad = "fp32";
   // --device's default: $WEFT_DEVICE when set (scripts and test suites pin
   // the CPU this way on machines with a GPU), else auto.
   std::string device = std::getenv("WEFT_DEVICE") ? std::getenv("WEFT_DEVICE") : "auto";
@@ -108,6 +109,7 @@ int run_train(TrainArgs& a) {
   if (at != std::string::npos) c.layout = Layout::parse(c.layout.to_string() + "-ckpt:" + a.ckpt);
   c.layout.attention = attention_parse(a.attention);
   c.layout.norm = norm_parse(a.norm);
+  c.layout.grad = grad_precision_parse(a.grad);
   if (!a.layout.empty()) c.layout = Layout::parse(a.layout);
   const bool knobs = std::any_of(a.knobs.begin(), a.knobs.end(), [](CLI::Option* o) { return o->count() > 0; });
   if (a.tune.enabled && (!a.layout.empty() || !a.recipe.empty()))
@@ -116,7 +118,7 @@ int run_train(TrainArgs& a) {
   if (a.tune_top->count() > 0 && a.tune.top < 1)
     throw InputError(fmt::format("--tune-top {} must be at least 1", a.tune.top));
   if (a.tune.retune && !tune)
-    throw InputError("--retune applies to --auto; a run with --layout, --recipe or --mb/--ckpt/--attn/--norm "
+    throw InputError("--retune applies to --auto; a run with --layout, --recipe or --mb/--ckpt/--attn/--norm/--grad "
                      "does not tune");
   if (!a.recipe.empty()) {
     if (!a.layout.empty()) throw InputError("give either --layout or --recipe, not both");
@@ -150,6 +152,7 @@ int run_train(TrainArgs& a) {
       }
       if (o->get_name() == "--attn") limits.attention = {c.layout.attention};
       if (o->get_name() == "--norm") limits.norm = {c.layout.norm};
+      if (o->get_name() == "--grad") limits.grad = {c.layout.grad};
     }
     c.optim.total_steps = c.steps;
     if (!a.tune.budget.empty() && a.tune_top->count() == 0) a.tune.top = int64_t{1} << 40;
@@ -217,7 +220,11 @@ Command add_train_command(CLI::App& app) {
       sub->add_option("--ckpt", a->ckpt, "Activation checkpointing: none, selective, ffn, full, full@K")
           ->capture_default_str(),
       sub->add_option("--attn", a->attention, "Attention: flash, materialized or cudnn (GPU builds with the cuDNN frontend)")->capture_default_str(),
-      sub->add_option("--norm", a->norm, "RMSNorm: fused or unfused")->capture_default_str()};
+      sub->add_option("--norm", a->norm, "RMSNorm: fused or unfused")->capture_default_str(),
+      sub->add_option("--grad", a->grad,
+                      "Gradient precision: fp32, or bf16 (GPU bf16 runs: half the gradient memory and dp traffic, "
+                      "each accumulation and reduction rounded to bf16)")
+          ->capture_default_str()};
   auto& t = a->tune;
   sub->add_flag("--auto", t.enabled,
                 "Choose the layout by tuning with real steps on every rank, or reuse a cached recipe that matches "
@@ -238,7 +245,7 @@ Command add_train_command(CLI::App& app) {
                   "Seconds without communication progress before a trial is abandoned")
       ->capture_default_str();
   sub->add_option("--layout", a->layout,
-                  "Parallel layout for mpirun, e.g. tp2-pp2-dp1-mb1 (overrides --mb/--ckpt/--attn/--norm)");
+                  "Parallel layout for mpirun, e.g. tp2-pp2-dp1-mb1 (overrides --mb/--ckpt/--attn/--norm/--grad)");
   sub->add_option("--comm-timeout", a->comm_timeout,
                   "Seconds without progress in a collective before a rank gives up (multi-rank)")
       ->capture_default_str();

@@ -27,6 +27,7 @@ const char* to_string(AttentionKind a) {
   return "?";
 }
 const char* to_string(NormKind n) { return n == NormKind::fused ? "fused" : "unfused"; }
+const char* to_string(GradPrecision g) { return g == GradPrecision::fp32 ? "fp32" : "bf16"; }
 
 Checkpointing checkpointing_parse(const std::string& s) {
   for (auto c : {Checkpointing::none, Checkpointing::selective, Checkpointing::ffn,
@@ -46,6 +47,11 @@ NormKind norm_parse(const std::string& s) {
   if (s == "unfused") return NormKind::unfused;
   throw InputError(fmt::format("unknown norm kind '{}'; valid: fused, unfused", s));
 }
+GradPrecision grad_precision_parse(const std::string& s) {
+  if (s == "fp32") return GradPrecision::fp32;
+  if (s == "bf16") return GradPrecision::bf16;
+  throw InputError(fmt::format("unknown gradient precision '{}'; valid: fp32, bf16", s));
+}
 
 int64_t Layout::checkpointed_layers(const ModelSpec& m) const {
   if (ckpt == Checkpointing::none) return 0;
@@ -56,9 +62,9 @@ int64_t Layout::checkpointed_layers(const ModelSpec& m) const {
 std::string Layout::to_string() const {
   std::string ck = weft::to_string(ckpt);
   if (ckpt != Checkpointing::none && ckpt_layers > 0) ck += fmt::format("@{}", ckpt_layers);
-  return fmt::format("tp{}-pp{}-dp{}-mb{}-vpp{}-{}-ckpt:{}-attn:{}-norm:{}-zero{}", tp, pp, dp, mb,
-                     vpp, sp ? "sp" : "nosp", ck, weft::to_string(attention),
-                     weft::to_string(norm), zero);
+  return fmt::format("tp{}-pp{}-dp{}-mb{}-vpp{}-{}-ckpt:{}-attn:{}-norm:{}-zero{}-grad:{}", tp, pp,
+                     dp, mb, vpp, sp ? "sp" : "nosp", ck, weft::to_string(attention),
+                     weft::to_string(norm), zero, weft::to_string(grad));
 }
 
 namespace {
@@ -98,6 +104,8 @@ Layout Layout::parse(const std::string& text) {
       l.attention = attention_parse(after(5));
     } else if (tok.rfind("norm:", 0) == 0) {
       l.norm = norm_parse(after(5));
+    } else if (tok.rfind("grad:", 0) == 0) {
+      l.grad = grad_precision_parse(after(5));
     } else if (tok == "sp") {
       l.sp = true;
     } else if (tok == "nosp") {
@@ -117,7 +125,8 @@ Layout Layout::parse(const std::string& text) {
     } else {
       throw InputError(fmt::format(
           "layout '{}': unknown field '{}'; fields are tpN, ppN, dpN, mbN, vppN, sp|nosp, "
-          "ckpt:none|selective|ffn|full[@K], attn:flash|materialized|cudnn, norm:fused|unfused, zeroN",
+          "ckpt:none|selective|ffn|full[@K], attn:flash|materialized|cudnn, norm:fused|unfused, zeroN, "
+          "grad:fp32|bf16",
           text, tok));
     }
     if (end == text.size()) break;
@@ -170,6 +179,10 @@ std::vector<std::string> Layout::violations(const ModelSpec& m, const RunSpec& r
                             "chunk are checkpointed)",
                             ckpt_layers, vpp));
   if (zero < 0 || zero > 3) v.push_back(fmt::format("zero={} must be 0, 1, 2 or 3", zero));
+  if (grad == GradPrecision::bf16 && run.precision != Precision::bf16)
+    v.push_back(fmt::format("grad:bf16 needs bf16 compute, got precision {} (gradients are never "
+                            "kept narrower than the compute type; use grad:fp32)",
+                            weft::to_string(run.precision)));
   return v;
 }
 

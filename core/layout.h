@@ -1,5 +1,5 @@
 // Layout: how one run is laid out over the devices, and its one canonical
-// text form, e.g. "tp2-pp4-dp8-mb1-vpp1-sp-ckpt:none-attn:flash-norm:fused-zero1".
+// text form, e.g. "tp2-pp4-dp8-mb1-vpp1-sp-ckpt:none-attn:flash-norm:fused-zero1-grad:fp32".
 #pragma once
 
 #include <cstdint>
@@ -22,6 +22,12 @@ enum class Checkpointing { none, selective, ffn, full };
 // cuDNN's fused SDPA, so it runs on GPUs only (kernels/attention/attention.h).
 enum class AttentionKind { flash, materialized, cudnn };
 enum class NormKind { fused, unfused };
+// The dtype gradients accumulate over micro-batches and are reduced over dp
+// in. bf16 halves their memory and the data-parallel volume, at the cost of
+// rounding each micro-batch's sum and each reduction to 8 mantissa bits (a
+// gradient 2^-8 below the running sum is lost); fp32 is exact to fp32. bf16
+// needs bf16 compute: the CPU trainer runs in fp32 throughout.
+enum class GradPrecision { fp32, bf16 };
 
 struct Layout {
   int64_t tp = 1;   // tensor-parallel degree
@@ -35,6 +41,10 @@ struct Layout {
   AttentionKind attention = AttentionKind::flash;
   NormKind norm = NormKind::fused;
   int64_t zero = 0;  // ZeRO stage 0-3 over the dp axis
+  GradPrecision grad = GradPrecision::fp32;
+
+  // Bytes of one gradient element (and of the data-parallel reductions).
+  int64_t grad_bytes() const { return grad == GradPrecision::bf16 ? 2 : 4; }
 
   int64_t world() const { return tp * pp * dp; }
   // Micro-batches per optimizer step on each dp replica (gradient accumulation).
@@ -60,9 +70,11 @@ struct Layout {
 const char* to_string(Checkpointing c);
 const char* to_string(AttentionKind a);
 const char* to_string(NormKind n);
+const char* to_string(GradPrecision g);
 Checkpointing checkpointing_parse(const std::string& s);
 AttentionKind attention_parse(const std::string& s);
 NormKind norm_parse(const std::string& s);
+GradPrecision grad_precision_parse(const std::string& s);
 
 void to_json(nlohmann::json& j, const Layout& l);
 void from_json(const nlohmann::json& j, Layout& l);

@@ -205,7 +205,10 @@ std::vector<TensorShape> stage_shapes(const ModelSpec& m, const RunSpec& run, co
   const int64_t psi = stage_param_elements(m, l, plan);
   const int64_t shard = ceil_div(psi, l.dp);
   out.push_back({"weights.flat", Category::weights, l.zero >= 3 ? shard : psi, d.a, 1});
-  out.push_back({"grads.flat", Category::grads, l.zero >= 2 ? shard : psi, kFp32, 1});
+  // Gradients (and every buffer they are reduced through) are fp32 or, with
+  // grad:bf16, bf16: 2 + 2 + 12 / dp bytes per parameter under ZeRO-1.
+  const int64_t g = l.grad_bytes();
+  out.push_back({"grads.flat", Category::grads, l.zero >= 2 ? shard : psi, g, 1});
   const int64_t opt = l.zero >= 1 ? shard : psi;
   if (bf16) out.push_back({"optimizer.master", Category::optimizer, opt, kFp32, 1});
   out.push_back({"optimizer.adam_m", Category::optimizer, opt, kFp32, 1});
@@ -294,9 +297,9 @@ std::vector<TensorShape> stage_shapes(const ModelSpec& m, const RunSpec& run, co
   // stage's head gradient here to add it to the embedding's. Under ZeRO-1
   // and -2 both stages gather their copy's reduced gradient over dp here.
   if (m.tied_embeddings && l.pp > 1 && (plan.has_embedding || (plan.has_head && l.dp > 1 && l.zero >= 1)))
-    out.push_back({"comm.tied_embedding_grad", Category::comm, d.Vl * d.C, kFp32, 1});
+    out.push_back({"comm.tied_embedding_grad", Category::comm, d.Vl * d.C, g, 1});
   if (l.dp > 1 && l.zero == 1)
-    out.push_back({"comm.dp_grad_shard", Category::comm, shard, kFp32, 1});
+    out.push_back({"comm.dp_grad_shard", Category::comm, shard, g, 1});
   if (l.dp > 1 && l.zero >= 2) {
     // Gradients are reduce-scattered a group at a time, every micro-batch,
     // each beside the backward of the next group, so two buckets: one holds
@@ -304,8 +307,8 @@ std::vector<TensorShape> stage_shapes(const ModelSpec& m, const RunSpec& run, co
     // LM head), the other a block.
     const int64_t block = block_param_elements(m, l);
     const int64_t group = std::max(block, (m.vocab / l.tp) * m.hidden + m.hidden);
-    out.push_back({"comm.dp_grad_bucket", Category::comm, std::min(group, psi), kFp32, 1});
-    out.push_back({"comm.dp_grad_bucket_next", Category::comm, std::min(block, psi), kFp32, 1});
+    out.push_back({"comm.dp_grad_bucket", Category::comm, std::min(group, psi), g, 1});
+    out.push_back({"comm.dp_grad_bucket_next", Category::comm, std::min(block, psi), g, 1});
   }
   if (l.dp > 1 && l.zero >= 3)  // the block in use and the next, prefetched
     out.push_back({"comm.dp_param_gather", Category::comm, block_param_elements(m, l), d.a, 2});

@@ -83,6 +83,11 @@ void check_trainable(const Layout& l, DeviceKind device) {
   };
   if (l.zero >= 3 && l.dp > 1) no("ZeRO-3 parameter sharding");
   const bool gpu = device == DeviceKind::gpu;
+  if (l.grad == GradPrecision::bf16 && !gpu)
+    throw LayoutError(fmt::format("layout {}: grad:bf16 needs the GPU trainer; the CPU trainer computes and "
+                                  "accumulates in fp32 (use grad:fp32)",
+                                  l.to_string()));
+  if (l.grad == GradPrecision::bf16) no("bf16 gradients");
   if (l.attention == AttentionKind::cudnn &&
       !kernels::attention_available(l.attention, gpu ? kernels::Backend::cuda : kernels::Backend::cpu))
     throw LayoutError(fmt::format(

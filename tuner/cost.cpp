@@ -254,11 +254,11 @@ CostBreakdown predict(const ModelSpec& m, const RunSpec& run, const Layout& l,
     const Link pl = x.pp_link();
     const double hop = Msp * C * x.a / pl.bandwidth + pl.latency;
     b.pp_p2p = 2.0 * hop * (mbs * double(l.vpp) + double(l.pp - 1));
-    // Tied embeddings: the first and last stages exchange the table's fp32
-    // gradient after the backward, there and back; under ZeRO-1 and -2 each
+    // Tied embeddings: the first and last stages exchange the table's
+    // gradient (fp32 or bf16, as the layout keeps gradients) after the backward, there and back; under ZeRO-1 and -2 each
     // first gathers its copy's reduced gradient over dp.
     if (m.tied_embeddings) {
-      const double table = 4 * Vl * C;
+      const double table = double(l.grad_bytes()) * Vl * C;
       b.pp_p2p += 2 * (table / pl.bandwidth + pl.latency);
       if (l.zero >= 1 && l.dp > 1) b.pp_p2p += all_gather(table, l.dp, x.dp_link());
     }
@@ -276,7 +276,7 @@ CostBreakdown predict(const ModelSpec& m, const RunSpec& run, const Layout& l,
   };
   const double psi = std::max(stage_params(true, l.pp == 1), stage_params(l.pp == 1, true));
   const Link dl = x.dp_link();
-  const double grad_bytes = 4 * psi, param_bytes = x.a * psi;
+  const double grad_bytes = double(l.grad_bytes()) * psi, param_bytes = x.a * psi;
   double reduce = 0, gather = 0, window = 0;
   const double bwd_mb = slow.bwd + slow.recompute;
   // As weft's trainer reduces: ZeRO-0 all-reduces, and ZeRO-1 reduce-scatters,
@@ -321,7 +321,7 @@ CostBreakdown predict(const ModelSpec& m, const RunSpec& run, const Layout& l,
   // AdamW streams master, m, v (read and write), the gradient (read for the
   // norm, the update and the zeroing) and writes the compute copy.
   const double shard = l.zero >= 1 ? psi / double(l.dp) : psi;
-  b.optimizer = x.stream(shard * (36.0 + x.a), 4);
+  b.optimizer = x.stream(shard * (24.0 + 3.0 * double(l.grad_bytes()) + x.a), 4);
 
   b.step = b.compute + b.recompute + b.tp_comm + b.pp_bubble + b.pp_p2p + b.dp_comm + b.optimizer;
   b.tokens_per_second = double(run.tokens_per_step()) / b.step;

@@ -18,7 +18,11 @@ std::vector<Finding> check_findings(const Scenario& s) {
   const RunSpec run{s.seq, s.global_batch, Precision::bf16};
   const ClusterSpec c = cluster_resolve("a100-80gb", s.gpus, 8);
   const auto k = cost_defaults(c.device);
-  const auto r = evaluate(m, run, c, enumerate(m, run, s.gpus, {}), k);
+  // The findings were drawn from runs whose gradient precision the studies
+  // do not state; they are checked on the fp32-gradient space.
+  SpaceLimits limits;
+  limits.grad = {GradPrecision::fp32};
+  const auto r = evaluate(m, run, c, enumerate(m, run, s.gpus, limits), k);
   std::vector<Finding> out;
   if (r.fitting == 0) {
     out.push_back({"some layout fits", false, "no layout fits"});

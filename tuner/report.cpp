@@ -20,6 +20,15 @@ namespace {
 
 double gib(int64_t b) { return double(b) / double(GiB); }
 
+// The numerical side of grad:bf16, which the step time and memory columns do
+// not show.
+std::string grad_precision_note(const Layout& l) {
+  if (l.grad != GradPrecision::bf16) return {};
+  return "  gradients in bf16: half the gradient memory and data-parallel traffic of fp32, but each\n"
+         "  micro-batch's accumulation and each reduction over dp rounds to 8 mantissa bits, so a\n"
+         "  contribution below 2^-8 of the running sum is lost (--grad fp32 keeps them exact to fp32)\n";
+}
+
 std::string header(const SpaceReport& r, const ReportContext& c) {
   const double usable = double(c.cluster.device.memory_bytes) * (1 - c.memory.margin);
   std::string peak_kind = c.cluster.device.kind == DeviceKind::cpu ? "fp32" : "dense bf16";
@@ -57,6 +66,7 @@ std::string breakdown(const Candidate& c, const ReportContext& ctx) {
   s += part("compute", k.compute) + part("recompute", k.recompute) + part("tp comm", k.tp_comm) +
        part("pp bubble", k.pp_bubble) + part("pp p2p", k.pp_p2p) + part("dp comm", k.dp_comm) +
        part("optimizer", k.optimizer);
+  s += grad_precision_note(c.layout);
   (void)ctx;
   return s;
 }

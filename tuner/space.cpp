@@ -50,6 +50,9 @@ std::vector<Layout> enumerate(const ModelSpec& m, const RunSpec& run, int64_t wo
   std::vector<AttentionKind> attns = {AttentionKind::flash, AttentionKind::materialized};
   if (device == DeviceKind::gpu) attns.push_back(AttentionKind::cudnn);
   attns = pick(limits.attention, attns);
+  std::vector<GradPrecision> grads = {GradPrecision::fp32};
+  if (run.precision == Precision::bf16) grads.push_back(GradPrecision::bf16);
+  grads = pick(limits.grad, grads);
   std::vector<Layout> out;
   for (int64_t tp : pick(limits.tp, tps)) {
     if (tp <= 0 || world % tp != 0) continue;
@@ -96,7 +99,8 @@ std::vector<Layout> enumerate(const ModelSpec& m, const RunSpec& run, int64_t wo
               if (vpp > 1 && k % vpp != 0 && limits.ckpt_layers.empty()) continue;
               for (AttentionKind attn : attns)
                 for (NormKind norm : pick(limits.norm, {NormKind::fused, NormKind::unfused}))
-                  for (int64_t zero : pick(limits.zero, zeros)) {
+                  for (int64_t zero : pick(limits.zero, zeros))
+                    for (GradPrecision grad : grads) {
                     Layout l;
                     l.tp = tp;
                     l.pp = pp;
@@ -109,6 +113,7 @@ std::vector<Layout> enumerate(const ModelSpec& m, const RunSpec& run, int64_t wo
                     l.attention = attn;
                     l.norm = norm;
                     l.zero = zero;
+                    l.grad = grad;
                     out.push_back(l);
                   }
             }

@@ -24,6 +24,7 @@ struct SpaceLimits {
   std::vector<int64_t> ckpt_layers;  // 0 means every layer of a stage
   std::vector<AttentionKind> attention;
   std::vector<NormKind> norm;
+  std::vector<GradPrecision> grad;
   int64_t max_mb = 64;  // largest micro-batch tried when mb is free
 };
 
@@ -32,7 +33,8 @@ struct SpaceLimits {
 // mb over powers of two dividing the per-replica batch; vpp over divisors of
 // L / pp (pp > 1); sp with tp > 1; ZeRO > 0 with dp > 1; full checkpointing
 // also on 1/4, 1/2 and 3/4 of a stage's layers; attention flash and
-// materialized, and cudnn on a GPU device (cuDNN has no CPU kernels). Pins
+// materialized, and cudnn on a GPU device (cuDNN has no CPU kernels);
+// gradients in fp32, and in bf16 too when the run computes in bf16. Pins
 // replace these lists (evaluate prunes a pinned cudnn on a CPU as invalid).
 // The device defaults to a GPU, as DeviceSpec does.
 std::vector<Layout> enumerate(const ModelSpec& m, const RunSpec& run, int64_t world,

@@ -53,6 +53,18 @@ TEST_F(Cost, KnobsCostWhatTheyShould) {
   EXPECT_GT(p("tp16-pp1-dp4-mb1").tp_comm / p("tp8-pp1-dp8-mb1").tp_comm, 2.0);
 }
 
+TEST_F(Cost, Bf16GradientsHalveTheDataParallelVolume) {
+  // ZeRO-2 reduces every micro-batch, which no backward hides entirely.
+  c = cluster_resolve("a100-80gb", 64, 1);  // every dp group crosses nodes
+  const auto f = p("tp1-pp1-dp64-mb1-zero2");
+  const auto b = p("tp1-pp1-dp64-mb1-zero2-grad:bf16");
+  EXPECT_GT(f.dp_comm, 0);
+  EXPECT_LT(b.dp_comm, f.dp_comm);
+  EXPECT_LT(b.optimizer, f.optimizer);
+  EXPECT_EQ(b.compute, f.compute);
+  EXPECT_EQ(p("tp8-pp8-dp1-grad:bf16").dp_comm, 0);
+}
+
 TEST(CostModel, GemmEfficiencyGrowsWithSize) {
   const auto dev = device_preset("h100");
   const auto k = cost_defaults(dev);

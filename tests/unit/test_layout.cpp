@@ -47,7 +47,7 @@ TEST(Layout, CanonicalForm) {
   l.ckpt = Checkpointing::full;
   l.ckpt_layers = 3;
   l.zero = 1;
-  EXPECT_EQ(l.to_string(), "tp2-pp4-dp8-mb1-vpp1-sp-ckpt:full@3-attn:flash-norm:fused-zero1");
+  EXPECT_EQ(l.to_string(), "tp2-pp4-dp8-mb1-vpp1-sp-ckpt:full@3-attn:flash-norm:fused-zero1-grad:fp32");
 }
 
 TEST(Layout, ParseAcceptsAnyOrderAndDefaults) {
@@ -68,6 +68,23 @@ TEST(Layout, EveryAttentionKindRoundTrips) {
     EXPECT_EQ(attention_parse(to_string(kind)), kind);
   }
   EXPECT_EQ(Layout::parse("attn:cudnn").attention, AttentionKind::cudnn);
+}
+
+TEST(Layout, GradPrecisionRoundTripsAndNeedsBf16Compute) {
+  for (auto g : {GradPrecision::fp32, GradPrecision::bf16}) {
+    Layout l;
+    l.grad = g;
+    EXPECT_EQ(Layout::parse(l.to_string()), l) << l.to_string();
+  }
+  EXPECT_EQ(Layout::parse("tp1").grad, GradPrecision::fp32);
+  EXPECT_EQ(Layout::parse("grad:bf16").grad_bytes(), 2);
+  EXPECT_EQ(Layout::parse("grad:fp32").grad_bytes(), 4);
+  WEFT_EXPECT_THROW_MSG(Layout::parse("grad:fp16"), InputError, "fp16", "fp32, bf16");
+  const auto m = model_preset("tiny-test");
+  const auto l = Layout::parse("tp1-pp1-dp1-mb1-grad:bf16");
+  EXPECT_TRUE(l.violations(m, RunSpec{16, 4, Precision::bf16}, 1).empty());
+  WEFT_EXPECT_THROW_MSG(l.validate(m, RunSpec{16, 4, Precision::fp32}, 1), LayoutError, "grad:bf16",
+                        "precision fp32");
 }
 
 TEST(Layout, ParseErrorsNameTheField) {

@@ -79,6 +79,31 @@ TEST(MemoryEstimate, Bf16KeepsAnFp32MasterAndZeroShardsIt) {
   EXPECT_LT(e1.peak(), e0.peak());
 }
 
+// grad:bf16 halves the gradients and every buffer they are reduced through:
+// 2 + 2 + 12 / dp bytes per parameter under ZeRO-1, the rest unchanged.
+TEST(MemoryEstimate, Bf16GradientsHalveGradientsAndTheirBuffers) {
+  const auto m = model_preset("llama-13b");
+  const RunSpec run{2048, 2048, Precision::bf16};
+  const auto dev = device_preset("a100-80gb");
+  for (const char* base : {"tp1-pp1-dp64-zero1", "tp2-pp2-dp16-zero2", "tp1-pp4-dp16-zero1"}) {
+    MemoryOptions o;
+    o.all_stages = true;
+    const auto f = estimate(m, run, Layout::parse(base), dev, o);
+    const auto b = estimate(m, run, Layout::parse(std::string(base) + "-grad:bf16"), dev, o);
+    for (size_t s = 0; s < f.stages.size(); ++s) {
+      EXPECT_EQ(2 * cat(b.stages[s], Category::grads), cat(f.stages[s], Category::grads)) << base;
+      // The dp gradient shard or buckets (and the pipeline's activation buffers, unchanged).
+      EXPECT_LT(cat(b.stages[s], Category::comm), cat(f.stages[s], Category::comm)) << base;
+      for (auto c : {Category::weights, Category::optimizer, Category::activations, Category::logits,
+                     Category::workspace, Category::overhead})
+        EXPECT_EQ(cat(b.stages[s], c), cat(f.stages[s], c)) << base << " " << to_string(c);
+    }
+  }
+  // The public 13B run at tp1-pp1-dp64-mb1 (70.6% MFU) trained: it fits only with bf16 gradients.
+  EXPECT_FALSE(estimate(m, run, Layout::parse("tp1-pp1-dp64-mb1-zero1"), dev).fits);
+  EXPECT_TRUE(estimate(m, run, Layout::parse("tp1-pp1-dp64-mb1-zero1-grad:bf16"), dev).fits);
+}
+
 struct Mono : ::testing::Test {
   ModelSpec m = model_preset("llama-30b");
   RunSpec run{2048, 1024, Precision::bf16};

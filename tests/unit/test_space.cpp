@@ -40,6 +40,20 @@ TEST_F(Space, EnumerationFollowsTheRules) {
   EXPECT_TRUE(has([](const Layout& l) { return l.zero == 3 && l.mb == 16; }));
 }
 
+TEST_F(Space, Bf16GradientsOnlyWithBf16Compute) {
+  auto grads = [](const std::vector<Layout>& v) {
+    std::set<GradPrecision> g;
+    for (const auto& l : v) g.insert(l.grad);
+    return g;
+  };
+  EXPECT_EQ(grads(enumerate(m, run, 32, {})), (std::set{GradPrecision::fp32, GradPrecision::bf16}));
+  const RunSpec fp32{2048, 512, Precision::fp32};
+  EXPECT_EQ(grads(enumerate(m, fp32, 32, {}, DeviceKind::cpu)), (std::set{GradPrecision::fp32}));
+  SpaceLimits lim;
+  lim.grad = {GradPrecision::bf16};
+  EXPECT_EQ(grads(enumerate(m, run, 32, lim)), (std::set{GradPrecision::bf16}));
+}
+
 TEST_F(Space, PinsRestrictTheSpace) {
   SpaceLimits lim;
   lim.tp = {2};

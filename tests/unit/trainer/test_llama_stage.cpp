@@ -193,6 +193,8 @@ TEST(LlamaStage, CudnnAttentionOnlyWhereBuilt) {
   else
     WEFT_EXPECT_THROW_MSG(check_trainable(l, DeviceKind::gpu), LayoutError, "cuDNN frontend");
   EXPECT_NO_THROW(check_trainable(Layout::parse("mb1-attn:flash"), DeviceKind::cpu));
+  WEFT_EXPECT_THROW_MSG(check_trainable(Layout::parse("mb1-grad:bf16"), DeviceKind::cpu), LayoutError,
+                        "grad:bf16", "CPU trainer");
 }
 
 }  // namespace
