@@ -20,5 +20,6 @@ Command add_recipe_command(CLI::App& app);
 Command add_presets_command(CLI::App& app);
 Command add_data_command(CLI::App& app);
 Command add_export_command(CLI::App& app);
+Command add_calibrate_command(CLI::App& app);
 
 }  // namespace weft::cli

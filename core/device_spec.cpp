@@ -89,12 +89,54 @@ void ClusterSpec::validate() const {
     throw InputError(fmt::format(
         "--gpus {} spans more than one node but is not a multiple of --gpus-per-node {}", gpus,
         gpus_per_node));
+  if (nvlink_domain < 0)
+    throw InputError(fmt::format("cluster: nvlink_domain {} must be positive (0: one node)", nvlink_domain));
+  const int64_t d = domain();
+  if (d % gpus_per_node != 0 && gpus_per_node % d != 0)
+    throw InputError(fmt::format("cluster: nvlink_domain {} must divide or be a multiple of gpus_per_node {}",
+                                 d, gpus_per_node));
+  if (nics_per_node < 0)
+    throw InputError(fmt::format("cluster: nics_per_node {} must be positive (0: one per device)", nics_per_node));
+  if (!(nic_bandwidth >= 0) || !std::isfinite(nic_bandwidth))
+    throw InputError(fmt::format("cluster: nic_bandwidth {} must be a positive number of bytes/s "
+                                 "(0: the device's inter_node_bandwidth)",
+                                 nic_bandwidth));
 }
 
 std::string ClusterSpec::summary() const {
-  return fmt::format("{} x {} ({} node{} of {})", gpus, device.name, nodes(),
-                     nodes() == 1 ? "" : "s", std::min(gpus, gpus_per_node));
+  std::string s = fmt::format("{} x {} ({} node{} of {}", gpus, device.name, nodes(),
+                              nodes() == 1 ? "" : "s", std::min(gpus, gpus_per_node));
+  if (device.kind == DeviceKind::gpu && nodes() > 1)
+    s += fmt::format(", {} x {:.0f} Gb/s network per node", nics(), nic_bytes_per_s() * 8 / GB);
+  if (domain() != gpus_per_node) s += fmt::format(", NVLink domain of {}", domain());
+  return s + ")";
 }
+
+std::vector<std::string> cluster_preset_names() {
+  return {"dgx-a100", "dgx-a100-40gb", "dgx-h100", "dgx-h200"};
+}
+
+namespace {
+
+// A DGX-style cluster preset, or nothing for another name.
+std::optional<ClusterSpec> cluster_preset(const std::string& name) {
+  static const std::pair<const char*, const char*> kPresets[] = {
+      {"dgx-a100", "a100-80gb"}, {"dgx-a100-40gb", "a100-40gb"}, {"dgx-h100", "h100"}, {"dgx-h200", "h200"}};
+  for (auto [cluster, device] : kPresets)
+    if (lower(name) == cluster) {
+      ClusterSpec c;
+      c.device = device_preset(device);
+      c.device.name = device;
+      c.gpus_per_node = 8;
+      c.nvlink_domain = 8;
+      c.nics_per_node = 8;
+      c.nic_bandwidth = c.device.inter_node_bandwidth;
+      return c;
+    }
+  return std::nullopt;
+}
+
+}  // namespace
 
 std::vector<std::string> device_preset_names() {
   std::vector<std::string> names;
@@ -202,8 +244,9 @@ DeviceSpec device_preset(const std::string& name) {
   if (key == "cpu") return device_detect_cpu();
   for (const auto& d : gpu_presets())
     if (d.name == key) return d;
-  throw InputError(fmt::format("unknown device '{}'; valid devices: {} (or a cluster JSON file)",
-                               name, fmt::join(device_preset_names(), ", ")));
+  throw InputError(fmt::format("unknown device '{}'; valid devices: {}; clusters: {} (or a cluster JSON file)",
+                               name, fmt::join(device_preset_names(), ", "),
+                               fmt::join(cluster_preset_names(), ", ")));
 }
 
 void to_json(nlohmann::json& j, const DeviceSpec& d) {
@@ -263,7 +306,12 @@ void from_json(const nlohmann::json& j, DeviceSpec& d) {
 }
 
 void to_json(nlohmann::json& j, const ClusterSpec& c) {
-  j = nlohmann::json{{"device", c.device}, {"gpus", c.gpus}, {"gpus_per_node", c.gpus_per_node}};
+  j = nlohmann::json{{"device", c.device},
+                     {"gpus", c.gpus},
+                     {"gpus_per_node", c.gpus_per_node},
+                     {"nvlink_domain", c.domain()},
+                     {"nics_per_node", c.nics()},
+                     {"nic_bandwidth", c.nic_bytes_per_s()}};
 }
 
 ClusterSpec cluster_resolve(const std::string& gpu, int64_t gpus, int64_t gpus_per_node) {
@@ -277,13 +325,31 @@ ClusterSpec cluster_resolve(const std::string& gpu, int64_t gpus, int64_t gpus_p
                                    gpu));
     try {
       c.device = j["device"].get<DeviceSpec>();
-      if (j.contains("gpus")) file_gpus = j["gpus"].get<int64_t>();
-      if (j.contains("gpus_per_node")) file_gpn = j["gpus_per_node"].get<int64_t>();
+      auto count = [&](const char* key, int64_t& field) {
+        if (!j.contains(key)) return;
+        const auto& v = j[key];
+        if (!v.is_number_integer() || v.get<int64_t>() <= 0)
+          throw InputError(fmt::format("field '{}' must be a positive whole number, got {}", key, v.dump()));
+        field = v.get<int64_t>();
+      };
+      count("gpus", file_gpus);
+      count("gpus_per_node", file_gpn);
+      count("nvlink_domain", c.nvlink_domain);
+      count("nics_per_node", c.nics_per_node);
+      if (j.contains("nic_bandwidth")) {
+        const auto& v = j["nic_bandwidth"];
+        if (!v.is_number() || !(v.get<double>() > 0) || !std::isfinite(v.get<double>()))
+          throw InputError(fmt::format("field 'nic_bandwidth' must be a positive number of bytes/s, got {}",
+                                       v.dump()));
+        c.nic_bandwidth = v.get<double>();
+      }
     } catch (const nlohmann::json::exception& e) {
       throw InputError(fmt::format("cluster file '{}': {}", gpu, e.what()));
     } catch (const InputError& e) {
       throw InputError(fmt::format("cluster file '{}': {}", gpu, e.what()));
     }
+  } else if (auto preset = cluster_preset(gpu)) {
+    c = *preset;
   } else {
     c.device = device_preset(gpu);
   }

@@ -3,11 +3,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
+
+#include "core/measured_rates.h"
 
 namespace weft {
 
@@ -27,22 +30,44 @@ struct DeviceSpec {
   int64_t sm_count = 0;              // streaming multiprocessors (cores on CPU)
   int64_t runtime_overhead_bytes = 0;  // CUDA context, library handles; stated, not measured
   int64_t default_gpus_per_node = 8;
+  // Rates measured on this machine (a measured device profile), which the
+  // cost model prefers to the datasheet numbers above; none by default.
+  std::shared_ptr<const MeasuredRates> measured;
 
   // The peak that MFU is measured against for a precision ("bf16"/"fp32").
   double peak_flops(const std::string& precision) const;
   std::string summary() const;
 };
 
+// How the devices are wired. A node is the devices that share its network
+// ports; an NVLink domain is the devices that reach each other over the fast
+// link (a DGX node, or several nodes on one NVLink switch fabric). Ranks are
+// numbered so that consecutive ones share a node and a domain.
 struct ClusterSpec {
   DeviceSpec device;
   int64_t gpus = 1;           // world size
-  int64_t gpus_per_node = 8;  // devices sharing the fast intra-node link
+  int64_t gpus_per_node = 8;  // devices sharing a node's network ports
+  int64_t nvlink_domain = 0;  // devices sharing the fast link; 0: one node (gpus_per_node)
+  int64_t nics_per_node = 0;  // network ports per node; 0: one per device
+  double nic_bandwidth = 0;   // bytes/s per port, one direction; 0: device.inter_node_bandwidth
 
   int64_t nodes() const { return (gpus + gpus_per_node - 1) / gpus_per_node; }
-  // Throws InputError naming the values when gpus or gpus_per_node are invalid.
+  int64_t domain() const { return nvlink_domain > 0 ? nvlink_domain : gpus_per_node; }
+  int64_t nics() const { return nics_per_node > 0 ? nics_per_node : gpus_per_node; }
+  double nic_bytes_per_s() const { return nic_bandwidth > 0 ? nic_bandwidth : device.inter_node_bandwidth; }
+  // A device's share of its node's network when every device of the node
+  // sends at once (as all of them do in a data-parallel reduction).
+  double network_bandwidth_per_device() const {
+    return double(nics()) * nic_bytes_per_s() / double(gpus_per_node);
+  }
+  // Throws InputError naming the values when a count or bandwidth is invalid.
   void validate() const;
   std::string summary() const;
 };
+
+// Cluster presets: DGX-style nodes (8 devices on NVLink, one network port per
+// device: HDR 200 Gb/s for A100, NDR 400 Gb/s for H100 and H200).
+std::vector<std::string> cluster_preset_names();
 
 std::vector<std::string> device_preset_names();
 // A preset by name (case-insensitive, "h100-sxm" accepted for "h100");
@@ -84,9 +109,12 @@ void gpu_select(int ordinal);
 // and its bandwidth. Device = rank, so MFU over all ranks is against the machine.
 DeviceSpec cpu_rank_share(const DeviceSpec& machine, int64_t local_ranks, int64_t threads);
 
-// --gpu NAME|FILE.json --gpus N --gpus-per-node G. A JSON file describes a
-// custom cluster: {"device": {"preset": "h100", ...overrides} or full fields,
-// "gpus": N, "gpus_per_node": G}; explicit CLI values override the file.
+// --gpu NAME|FILE.json --gpus N --gpus-per-node G. NAME is a device preset
+// (DGX-style nodes) or a cluster preset (dgx-a100, dgx-h100, ...). A JSON
+// file describes a custom cluster: {"device": {"preset": "h100", ...overrides}
+// or full fields, "gpus": N, "gpus_per_node": G, "nvlink_domain": D,
+// "nics_per_node": K, "nic_bandwidth": bytes/s}; explicit CLI values override
+// the file.
 // kUnset for gpus or gpus_per_node takes the file's value, else 1 device and
 // the device's default per node.
 constexpr int64_t kUnset = INT64_MIN;

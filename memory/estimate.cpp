@@ -15,20 +15,19 @@ MemoryEstimate estimate(const ModelSpec& m, const RunSpec& run, const Layout& l,
   e.margin = opt.margin;
   e.usable = static_cast<int64_t>(double(device.memory_bytes) * (1.0 - opt.margin));
 
-  std::vector<int64_t> stages;
-  if (opt.all_stages || l.pp <= 2) {
-    for (int64_t s = 0; s < l.pp; ++s) stages.push_back(s);
-  } else {
-    stages = {0, l.pp - 1};
-  }
-  e.stages.reserve(stages.size());
-  for (int64_t s : stages) {
+  const bool every = opt.all_stages || l.pp <= 2;
+  const int64_t n = every ? l.pp : 2;
+  e.stages.reserve(size_t(n));
+  thread_local std::vector<TensorShape> shapes;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t s = every ? i : (i == 0 ? 0 : l.pp - 1);
     const StagePlan plan = stage_plan(m, run, l, s);
     StageMemory sm;
     sm.stage = s;
     sm.layers = plan.layers;
     sm.in_flight_chunks = plan.in_flight_chunks;
-    sm.bytes = sum_by_category(stage_shapes(m, run, l, device, plan));
+    stage_shapes(m, run, l, device, plan, shapes);
+    sm.bytes = sum_by_category(shapes);
     for (int64_t b : sm.bytes) sm.total += b;
     e.stages.push_back(sm);
   }

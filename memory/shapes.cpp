@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/error.h"
 #include "core/pipeline_schedule.h"
 #include "core/units.h"
 
@@ -193,6 +194,13 @@ void block_saved_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l,
 std::vector<TensorShape> stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l,
                                       const DeviceSpec& device, const StagePlan& plan) {
   std::vector<TensorShape> out;
+  stage_shapes(m, run, l, device, plan, out);
+  return out;
+}
+
+void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const DeviceSpec& device,
+                  const StagePlan& plan, std::vector<TensorShape>& out) {
+  out.clear();
   out.reserve(48);
   const Dims d = dims(m, run, l);
   const bool bf16 = run.precision == Precision::bf16;
@@ -218,13 +226,18 @@ std::vector<TensorShape> stage_shapes(const ModelSpec& m, const RunSpec& run, co
   // first K blocks of the stage use the mode (spread evenly over chunks).
   const int64_t n_ckpt = plan.checkpointed, n_keep = plan.layers - n_ckpt;
   const int64_t chunks = plan.in_flight_chunks;
-  std::vector<TensorShape> kept, ckpt;
+  thread_local std::vector<TensorShape> kept, ckpt;
+  kept.clear();
+  ckpt.clear();
   block_saved_shapes(m, run, l, Checkpointing::none, kept);
   if (n_ckpt > 0) block_saved_shapes(m, run, l, l.ckpt, ckpt);
+  // What a checkpointing mode keeps is a subsequence of what no
+  // checkpointing keeps, in the same order (block_saved_shapes), so one walk
+  // over both tells which of the kept tensors the mode keeps too.
+  size_t next_ckpt = 0;
   for (const auto& t : kept) {
-    const bool in_ckpt = std::any_of(ckpt.begin(), ckpt.end(), [&](const TensorShape& c) {
-      return std::strcmp(c.name, t.name) == 0;
-    });
+    const bool in_ckpt = next_ckpt < ckpt.size() && std::strcmp(ckpt[next_ckpt].name, t.name) == 0;
+    if (in_ckpt) ++next_ckpt;
     const int64_t saved_layers = n_keep + (in_ckpt ? n_ckpt : 0);
     // One block's dropped tensors are rebuilt at a time during the backward.
     const int64_t recompute = n_ckpt > 0 && !in_ckpt ? 1 : 0;
@@ -315,7 +328,7 @@ std::vector<TensorShape> stage_shapes(const ModelSpec& m, const RunSpec& run, co
 
   if (device.runtime_overhead_bytes > 0)
     out.push_back({"runtime", Category::overhead, device.runtime_overhead_bytes, 1, 1});
-  return out;
+  WEFT_ASSERT(next_ckpt == ckpt.size());
 }
 
 std::array<int64_t, kCategories> sum_by_category(const std::vector<TensorShape>& shapes) {

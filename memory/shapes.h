@@ -62,6 +62,10 @@ void block_saved_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l,
 // The whole table for one rank of `stage`, counts filled in.
 std::vector<TensorShape> stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l,
                                       const DeviceSpec& device, const StagePlan& plan);
+// The same table into `out` (cleared first), reusing its storage: the
+// memory model builds one per stage of hundreds of thousands of layouts.
+void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const DeviceSpec& device,
+                  const StagePlan& plan, std::vector<TensorShape>& out);
 
 // Bytes per category of a table.
 std::array<int64_t, kCategories> sum_by_category(const std::vector<TensorShape>& shapes);

@@ -59,14 +59,9 @@ double from_coord(const CalibrationParam& p, double u) {
 }
 
 struct Problem {
-  Problem(const ModelSpec& m, const RunSpec& run, const ClusterSpec& cluster,
-          const std::vector<Observation>& obs, const CostConstants& base)
-      : m(m), run(run), cluster(cluster), obs(obs), base(base) {}
+  Problem(const std::vector<MeasuredStep>& obs, const CostConstants& base) : obs(obs), base(base) {}
 
-  const ModelSpec& m;
-  const RunSpec& run;
-  const ClusterSpec& cluster;
-  const std::vector<Observation>& obs;
+  const std::vector<MeasuredStep>& obs;
   CostConstants base;                           // constants not being fitted
   std::vector<const CalibrationParam*> params;  // the fitted ones
   int evaluations = 0;
@@ -80,8 +75,12 @@ struct Problem {
   }
 };
 
-double log_ratio(const Problem& p, const Observation& o, const CostConstants& k) {
-  return std::log(predict(p.m, p.run, o.layout, p.cluster, k).step / o.measured_step_s);
+double predicted_step(const MeasuredStep& o, const CostConstants& k) {
+  return predict(*o.model, *o.run, o.layout, *o.cluster, k).step;
+}
+
+double log_ratio(const Problem& /*p*/, const MeasuredStep& o, const CostConstants& k) {
+  return std::log(predicted_step(o, k) / o.measured_step_s);
 }
 
 // Sum of squared log ratios; a non-finite prediction (none within the
@@ -110,7 +109,7 @@ std::vector<double> relative_errors(const Problem& p, const CostConstants& k) {
   std::vector<double> e;
   e.reserve(p.obs.size());
   for (const auto& o : p.obs)
-    e.push_back(predict(p.m, p.run, o.layout, p.cluster, k).step / o.measured_step_s - 1.0);
+    e.push_back(predicted_step(o, k) / o.measured_step_s - 1.0);
   return e;
 }
 
@@ -141,8 +140,7 @@ double influence(const Problem& p, const CalibrationParam& param, const CostCons
   return worst;
 }
 
-void check_observations(const ModelSpec& m, const RunSpec& run, const ClusterSpec& cluster,
-                        const std::vector<Observation>& obs) {
+void check_observations(const std::vector<MeasuredStep>& obs) {
   if (obs.empty())
     throw InputError("calibration needs at least one measured step; got 0 observations");
   for (size_t i = 0; i < obs.size(); ++i) {
@@ -152,10 +150,10 @@ void check_observations(const ModelSpec& m, const RunSpec& run, const ClusterSpe
           "observation {} ({}): measured step time {} s must be a positive, finite number of "
           "seconds",
           i, o.layout.to_string(), o.measured_step_s));
-    const auto broken = o.layout.violations(m, run, cluster.gpus);
+    const auto broken = o.layout.violations(*o.model, *o.run, o.cluster->gpus);
     if (!broken.empty())
       throw InputError(fmt::format("observation {} ({}): layout cannot run on {} ranks: {}", i,
-                                   o.layout.to_string(), cluster.gpus, fmt::join(broken, "; ")));
+                                   o.layout.to_string(), o.cluster->gpus, fmt::join(broken, "; ")));
   }
 }
 
@@ -163,9 +161,18 @@ void check_observations(const ModelSpec& m, const RunSpec& run, const ClusterSpe
 
 CalibrationResult calibrate(const ModelSpec& m, const RunSpec& run, const ClusterSpec& cluster,
                             const std::vector<Observation>& obs, const CostConstants& start) {
-  check_observations(m, run, cluster, obs);
+  std::vector<MeasuredStep> steps;
+  steps.reserve(obs.size());
+  for (const auto& o : obs) steps.push_back({&m, &run, &cluster, o.layout, o.measured_step_s});
+  return calibrate(steps, start);
+}
 
-  Problem p(m, run, cluster, obs, start);
+CalibrationResult calibrate(const std::vector<MeasuredStep>& obs, const CostConstants& start,
+                            int max_evaluations, const std::vector<CalibrationParam>* params) {
+  const auto& fittable = params ? *params : calibration_params();
+  check_observations(obs);
+
+  Problem p(obs, start);
   CalibrationResult r;
   r.constants = start;
   r.error_before = relative_errors(p, start);
@@ -176,11 +183,11 @@ CalibrationResult calibrate(const ModelSpec& m, const RunSpec& run, const Cluste
 
   // The starting point, clamped into the bounds, and the constants it moves.
   CostConstants x0 = start;
-  for (const auto& param : calibration_params())
+  for (const auto& param : fittable)
     x0.*(param.field) = std::clamp(start.*(param.field), param.lower, param.upper);
   std::vector<double> base_log;
   for (const auto& o : obs) base_log.push_back(log_ratio(p, o, x0));
-  for (const auto& param : calibration_params()) {
+  for (const auto& param : fittable) {
     if (p.params.size() == obs.size()) break;
     if (influence(p, param, x0, base_log) > kMinInfluence) p.params.push_back(&param);
   }
@@ -204,7 +211,7 @@ CalibrationResult calibrate(const ModelSpec& m, const RunSpec& run, const Cluste
   opt.set_initial_step(step);
   opt.set_ftol_rel(1e-10);
   opt.set_xtol_abs(1e-7);
-  opt.set_maxeval(100 + 60 * int(n));
+  opt.set_maxeval(max_evaluations > 0 ? max_evaluations : 100 + 60 * int(n));
   opt.set_min_objective(nlopt_objective, &p);
   double f = 0;
   try {

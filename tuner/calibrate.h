@@ -19,6 +19,16 @@ struct Observation {            // one profiled layout
   double measured_step_s = 0;   // measured seconds per optimizer step (> 0)
 };
 
+// A measured step of any model, run and cluster (the profiler's steps share
+// one; public measurements each have their own). The specs must outlive it.
+struct MeasuredStep {
+  const ModelSpec* model = nullptr;
+  const RunSpec* run = nullptr;
+  const ClusterSpec* cluster = nullptr;
+  Layout layout;
+  double measured_step_s = 0;
+};
+
 struct CalibrationResult {
   CostConstants constants;      // fitted
   double rms_error_before = 0;  // RMS of relative error (predicted/measured - 1) with the start constants
@@ -69,5 +79,10 @@ const std::vector<CalibrationParam>& calibration_params();
 // or a layout that cannot run (model, run, cluster.gpus), naming the value.
 CalibrationResult calibrate(const ModelSpec& m, const RunSpec& run, const ClusterSpec& cluster,
                             const std::vector<Observation>& obs, const CostConstants& start);
+// The same fit over steps of many models and clusters (public measurements),
+// over `params` (calibration_params() when null). max_evaluations 0 keeps
+// the rule above.
+CalibrationResult calibrate(const std::vector<MeasuredStep>& steps, const CostConstants& start,
+                            int max_evaluations = 0, const std::vector<CalibrationParam>* params = nullptr);
 
 }  // namespace weft::tuner

@@ -6,14 +6,33 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <mutex>
 
 #include <nlohmann/json.hpp>
 
 #include "core/flops.h"
+#include "tuner/device_profile.h"
 
 namespace weft::tuner {
 
 CostConstants cost_defaults(const DeviceSpec& device) {
+  if (device.kind == DeviceKind::gpu) {
+    // Parsed once per device name: the dry-run asks for every layout.
+    static std::mutex mutex;
+    static std::map<std::string, CostConstants> cache;
+    std::lock_guard lock(mutex);
+    auto it = cache.find(device.name);
+    if (it == cache.end()) {
+      const auto p = preset_profile(device);
+      it = cache.emplace(device.name, p ? p->constants : datasheet_constants(device)).first;
+    }
+    return it->second;
+  }
+  return datasheet_constants(device);
+}
+
+CostConstants datasheet_constants(const DeviceSpec& device) {
   CostConstants k;
   if (device.kind == DeviceKind::cpu) {
     // OpenBLAS sgemm reaches 60-80% of the AVX2/AVX-512 FMA peak on large
@@ -66,15 +85,40 @@ struct Link {
   double latency;    // seconds per hop
 };
 
-double all_reduce(double bytes, int64_t n, Link link) {
+double ring_all_reduce(double bytes, int64_t n, Link link) {
   if (n <= 1) return 0;
   return 2.0 * double(n - 1) / double(n) * bytes / link.bandwidth + 2.0 * double(n - 1) * link.latency;
 }
-double all_gather(double bytes_full, int64_t n, Link link) {
+double ring_all_gather(double bytes_full, int64_t n, Link link) {
   if (n <= 1) return 0;
   return double(n - 1) / double(n) * bytes_full / link.bandwidth + double(n - 1) * link.latency;
 }
-double reduce_scatter(double bytes_full, int64_t n, Link link) { return all_gather(bytes_full, n, link); }
+
+// A process group as the cluster wires it: n ranks, `inner` of them in each
+// NVLink domain it touches. A group within one domain runs its collectives
+// over NVLink; one that spans domains runs them hierarchically, as NCCL does
+// across nodes: a reduce-scatter inside each domain, the 1/inner part that
+// each rank then holds reduced across the domains over the network (every
+// rank of a node sends at once, so each gets its share of the node's ports),
+// and an all-gather inside the domain. So a group is priced by the slowest
+// link it spans, and only the part that must cross it crosses it.
+struct Group {
+  int64_t n = 1, inner = 1;
+  Link intra, inter;
+  int64_t outer() const { return n / inner; }
+};
+
+double all_reduce(double bytes, const Group& g) {
+  if (g.outer() <= 1) return ring_all_reduce(bytes, g.n, g.intra);
+  return 2 * ring_all_gather(bytes, g.inner, g.intra) +
+         ring_all_reduce(bytes / double(g.inner), g.outer(), g.inter);
+}
+double all_gather(double bytes_full, const Group& g) {
+  if (g.outer() <= 1) return ring_all_gather(bytes_full, g.n, g.intra);
+  return ring_all_gather(bytes_full, g.inner, g.intra) +
+         ring_all_gather(bytes_full / double(g.inner), g.outer(), g.inter);
+}
+double reduce_scatter(double bytes_full, const Group& g) { return all_gather(bytes_full, g); }
 
 struct Model {
   const ModelSpec& m;
@@ -95,16 +139,25 @@ struct Model {
   double stream(double bytes, int launches = 1) const {
     return bytes / (c.device.memory_bandwidth * k.memory_efficiency) + launches * k.launch_overhead;
   }
-  Link link(bool crosses_nodes) const {
-    if (crosses_nodes)
-      return {c.device.inter_node_bandwidth * k.inter_efficiency, c.device.inter_node_latency};
+  Link intra_link() const {
     return {c.device.intra_node_bandwidth * k.intra_efficiency, c.device.intra_node_latency};
   }
-  // Ranks are ordered tp fastest, then dp, then pp (rank grid): a group
-  // crosses nodes when its span exceeds a node.
-  Link tp_link() const { return link(l.tp > c.gpus_per_node); }
-  Link dp_link() const { return link(l.tp * l.dp > c.gpus_per_node); }
-  Link pp_link() const { return link(l.world() > c.gpus_per_node); }
+  Link inter_link() const {
+    return {c.network_bandwidth_per_device() * k.inter_efficiency, c.device.inter_node_latency};
+  }
+  // Ranks are ordered tp fastest, then dp, then pp (rank grid): a group of n
+  // ranks `stride` apart has min(n, domain / stride) of them in each NVLink
+  // domain it touches.
+  Group group(int64_t n, int64_t stride) const {
+    const int64_t domain = c.domain();
+    const int64_t inner = stride >= domain ? 1 : std::max<int64_t>(1, std::min(n, domain / stride));
+    return {n, n % inner == 0 ? inner : 1, intra_link(), inter_link()};
+  }
+  Group tp_group() const { return group(l.tp, 1); }
+  Group dp_group() const { return group(l.dp, l.tp); }
+  // A stage and the next are tp * dp ranks apart: the same domain only when
+  // a whole stage fits in part of one.
+  Link pp_link() const { return l.tp * l.dp < c.domain() ? intra_link() : inter_link(); }
 
   // RMSNorm over rows x C: fused reads x and writes y (backward: reads x and
   // dy, writes dx); the unfused composition upcasts, reduces, normalises and
@@ -177,11 +230,10 @@ Part block_cost(const Model& x, Checkpointing mode) {
   // conjugates in the backward. Sequence parallelism also re-gathers the two
   // saved norm outputs for the weight gradients.
   const double act = M * C * a;
-  const Link tl = x.tp_link();
-  const double pair = l.sp ? all_gather(act, l.tp, tl) + reduce_scatter(act, l.tp, tl)
-                           : all_reduce(act, l.tp, tl);
+  const Group tg = x.tp_group();
+  const double pair = l.sp ? all_gather(act, tg) + reduce_scatter(act, tg) : all_reduce(act, tg);
   const double tp_fwd = 2 * pair;
-  p.tp = 2 * tp_fwd + (l.sp ? 2 * all_gather(act, l.tp, tl) : 0);
+  p.tp = 2 * tp_fwd + (l.sp ? 2 * all_gather(act, tg) : 0);
 
   switch (mode) {
     case Checkpointing::none: break;
@@ -209,7 +261,7 @@ CostBreakdown predict(const ModelSpec& m, const RunSpec& run, const Layout& l,
   const double t = double(l.tp), M = double(l.mb * run.seq), C = double(m.hidden);
   const double Vl = double(m.vocab) / t, Msp = l.sp ? M / t : M;
   const double act = M * C * x.a;
-  const Link tl = x.tp_link();
+  const Group tg = x.tp_group();
 
   const Part keep = block_cost(x, Checkpointing::none);
   const Part ckpt = block_cost(x, l.ckpt);
@@ -228,13 +280,11 @@ CostBreakdown predict(const ModelSpec& m, const RunSpec& run, const Layout& l,
   StageCost first = body, last = body;
   first.fwd += x.stream(2 * x.a * M * C);
   first.bwd += x.stream(8 * M * C);
-  first.tp += l.sp ? reduce_scatter(act, l.tp, tl) + all_gather(act, l.tp, tl)
-                   : all_reduce(act, l.tp, tl);
+  first.tp += l.sp ? reduce_scatter(act, tg) + all_gather(act, tg) : all_reduce(act, tg);
   last.fwd += x.norm_fwd(Msp) + x.linear_fwd(M, Vl, C) + x.stream(4.0 * 4 * M * Vl, 3);
   last.bwd += x.norm_bwd(Msp) + x.linear_bwd(M, Vl, C);
-  last.tp += 3 * all_reduce(4 * M, l.tp, tl) +
-             (l.sp ? 2 * all_gather(act, l.tp, tl) + reduce_scatter(act, l.tp, tl)
-                   : all_reduce(act, l.tp, tl));
+  last.tp += 3 * all_reduce(4 * M, tg) +
+             (l.sp ? 2 * all_gather(act, tg) + reduce_scatter(act, tg) : all_reduce(act, tg));
   if (l.pp == 1) {
     first.fwd += last.fwd - body.fwd;
     first.bwd += last.bwd - body.bwd;
@@ -260,7 +310,7 @@ CostBreakdown predict(const ModelSpec& m, const RunSpec& run, const Layout& l,
     if (m.tied_embeddings) {
       const double table = double(l.grad_bytes()) * Vl * C;
       b.pp_p2p += 2 * (table / pl.bandwidth + pl.latency);
-      if (l.zero >= 1 && l.dp > 1) b.pp_p2p += all_gather(table, l.dp, x.dp_link());
+      if (l.zero >= 1 && l.dp > 1) b.pp_p2p += all_gather(table, x.dp_group());
     }
   }
 
@@ -275,7 +325,7 @@ CostBreakdown predict(const ModelSpec& m, const RunSpec& run, const Layout& l,
     return n;
   };
   const double psi = std::max(stage_params(true, l.pp == 1), stage_params(l.pp == 1, true));
-  const Link dl = x.dp_link();
+  const Group dg = x.dp_group();
   const double grad_bytes = double(l.grad_bytes()) * psi, param_bytes = x.a * psi;
   double reduce = 0, gather = 0, window = 0;
   const double bwd_mb = slow.bwd + slow.recompute;
@@ -289,22 +339,22 @@ CostBreakdown predict(const ModelSpec& m, const RunSpec& run, const Layout& l,
   double tail_share = 1;  // of the exposed tail: the last micro-batch's under ZeRO-2
   switch (l.zero) {
     case 0:
-      reduce = all_reduce(grad_bytes, l.dp, dl);
+      reduce = all_reduce(grad_bytes, dg);
       window = bwd_mb;
       break;
     case 1:
-      reduce = reduce_scatter(grad_bytes, l.dp, dl);
-      gather = all_gather(param_bytes, l.dp, dl);
+      reduce = reduce_scatter(grad_bytes, dg);
+      gather = all_gather(param_bytes, dg);
       window = bwd_mb;
       break;
     case 2:
-      reduce = mbs * reduce_scatter(grad_bytes, l.dp, dl);
-      gather = all_gather(param_bytes, l.dp, dl);
+      reduce = mbs * reduce_scatter(grad_bytes, dg);
+      gather = all_gather(param_bytes, dg);
       window = mbs * bwd_mb;
       tail_share = 1.0 / mbs;
       break;
     default:
-      reduce = mbs * (reduce_scatter(grad_bytes, l.dp, dl) + 2 * all_gather(param_bytes, l.dp, dl));
+      reduce = mbs * (reduce_scatter(grad_bytes, dg) + 2 * all_gather(param_bytes, dg));
       window = mbs * t_mb;
       break;
   }

@@ -34,8 +34,13 @@ struct CostConstants {
   bool operator==(const CostConstants&) const = default;
 };
 
-// Defaults for a device, with their sources beside them in cost.cpp.
+// The constants a device starts from: its preset's fitted profile
+// (calibration/profiles/, fitted to public measured runs) where it has one,
+// else datasheet_constants().
 CostConstants cost_defaults(const DeviceSpec& device);
+// Constants from datasheets and published kernel efficiencies, with their
+// sources beside them in cost.cpp (the fit's starting point).
+CostConstants datasheet_constants(const DeviceSpec& device);
 
 struct CostBreakdown {
   double compute = 0;    // GEMMs, attention, memory-bound ops: m micro-batches on the slowest stage

@@ -127,9 +127,13 @@ SpaceReport evaluate(const ModelSpec& m, const RunSpec& run, const ClusterSpec& 
                      const memory::MemoryOptions& mem, double tie) {
   const auto t0 = std::chrono::steady_clock::now();
   SpaceReport r;
-  r.candidates.reserve(layouts.size());
-  for (const Layout& l : layouts) {
-    Candidate c;
+  r.candidates.resize(layouts.size());
+  // Each layout is independent: the full space of a large model on a large
+  // cluster is hundreds of thousands of them, evaluated on every core.
+#pragma omp parallel for schedule(dynamic, 256)
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    const Layout& l = layouts[i];
+    Candidate& c = r.candidates[i];
     c.layout = l;
     auto bad = l.violations(m, run, cluster.gpus);
     if (l.attention == AttentionKind::cudnn && cluster.device.kind != DeviceKind::gpu)
@@ -149,15 +153,44 @@ SpaceReport evaluate(const ModelSpec& m, const RunSpec& run, const ClusterSpec& 
         c.prune_class = std::string("oom: ") + memory::to_string(c.memory.binding);
       }
     }
-    r.candidates.push_back(std::move(c));
   }
-  const auto rank = [](const Candidate& c) { return c.verdict == Verdict::fits ? 0 : c.verdict == Verdict::out_of_memory ? 1 : 2; };
-  std::stable_sort(r.candidates.begin(), r.candidates.end(), [&](const Candidate& a, const Candidate& b) {
-    if (rank(a) != rank(b)) return rank(a) < rank(b);
-    if (a.verdict == Verdict::invalid) return false;
-    if (a.cost.step != b.cost.step) return a.cost.step < b.cost.step;
-    return a.memory.peak() < b.memory.peak();
+  // Sorted through an index: a candidate is a few hundred bytes, and moving
+  // each of hundreds of thousands of them through a stable sort costs more
+  // than evaluating them.
+  struct Key {
+    int rank;  // fits, oom, invalid
+    double step;
+    int64_t peak;
+    uint32_t index;
+  };
+  std::vector<Key> keys(r.candidates.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const Candidate& c = r.candidates[i];
+    const int rank = c.verdict == Verdict::fits ? 0 : c.verdict == Verdict::out_of_memory ? 1 : 2;
+    // Invalid layouts keep their order: they have no step or memory.
+    keys[i] = rank == 2 ? Key{2, 0, 0, uint32_t(i)} : Key{rank, c.cost.step, c.memory.peak(), uint32_t(i)};
+  }
+  std::stable_sort(keys.begin(), keys.end(), [](const Key& a, const Key& b) {
+    if (a.rank != b.rank) return a.rank < b.rank;
+    if (a.step != b.step) return a.step < b.step;
+    return a.peak < b.peak;
   });
+  std::vector<uint32_t> order(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) order[i] = keys[i].index;
+  // Applied in place, cycle by cycle: position i takes candidate order[i].
+  for (size_t i = 0; i < order.size(); ++i) {
+    if (order[i] == i) continue;
+    Candidate held = std::move(r.candidates[i]);
+    size_t j = i;
+    while (order[j] != i) {
+      r.candidates[j] = std::move(r.candidates[order[j]]);
+      const size_t next = order[j];
+      order[j] = uint32_t(j);
+      j = next;
+    }
+    r.candidates[j] = std::move(held);
+    order[j] = uint32_t(j);
+  }
   if (!r.candidates.empty() && r.candidates.front().verdict == Verdict::fits) {
     const double limit = r.candidates.front().cost.step * (1.0 + tie);
     size_t best = 0;

@@ -1,0 +1,88 @@
+// The cost and memory models against the public measured runs
+// (calibration/public_runs.csv): per source and per sweep, with the
+// datasheet constants and with constants fitted to the non-held-out rows.
+//   model_fidelity [--csv PATH] [--sweeps]
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "tuner/fidelity.h"
+
+using namespace weft;
+using namespace weft::tuner;
+
+namespace {
+
+void print_stats(const char* label, const Fidelity& f) {
+  fmt::print("  {:<34} {:>5} {:>6} {:>7} {:>7} {:>7} {:>9} {:>7} {:>7}\n", label, "rows", "MAE", "bias",
+             "sweeps", "rho", "best<=2", "fit", "oom");
+  auto line = [](const std::string& name, const FidelityStats& s) {
+    fmt::print("  {:<34} {:>5} {:>6.1f} {:>+7.1f} {:>7} {:>7.2f} {:>9} {:>7} {:>7}\n", name, s.measured,
+               s.mae_points, s.bias_points, s.sweeps, s.mean_spearman,
+               fmt::format("{}/{}", s.best_within_2, s.sweeps),
+               fmt::format("{}/{}", s.fit_predicted, s.measured), fmt::format("{}/{}", s.oom_predicted, s.oom));
+  };
+  for (const auto& [src, s] : f.by_source) line(src, s);
+  line("all", f.total);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string csv = calibration_dir() + "/public_runs.csv";
+  bool sweeps = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) csv = argv[++i];
+    else if (!std::strcmp(argv[i], "--sweeps")) sweeps = true;
+  }
+  const auto set = public_runs_load(csv);
+  fmt::print("{} rows weft can express from {}; skipped:\n", set.runs.size(), csv);
+  for (const auto& [why, n] : set.skipped) fmt::print("  {:>5}  {}\n", n, why);
+
+  // Before: the datasheet constants; after: the presets' shipped profiles
+  // (calibration/profiles/, written by `weft calibrate --public`).
+  const ConstantsFor defaults = [](const DeviceSpec& d) { return datasheet_constants(d); };
+  const ConstantsFor fit = [](const DeviceSpec& d) { return cost_defaults(d); };
+  for (const char* family : {"a100", "hopper"}) {
+    const auto p = preset_profile(device_preset(family == std::string("a100") ? "a100-80gb" : "h100"));
+    if (!p) continue;
+    fmt::print("\nshipped profile {}: {}\n", family, nlohmann::json(p->constants).dump());
+    fmt::print("  fitted: rms error of the step time {:.1f}% -> {:.1f}% on {} \n",
+               100 * p->provenance.value("rms_error_before", 0.0), 100 * p->provenance.value("rms_error_after", 0.0),
+               p->provenance.value("fitted_rows", nlohmann::json::object()).dump());
+  }
+  for (auto [name, split] : {std::pair{"held-out", Split::held_out}, {"fitted", Split::fitted}}) {
+    fmt::print("\n{} rows, datasheet constants (MFU points; rho: mean Spearman per sweep):\n", name);
+    print_stats("source", fidelity_evaluate(set.runs, split, defaults));
+    fmt::print("{} rows, shipped fitted profiles:\n", name);
+    print_stats("source", fidelity_evaluate(set.runs, split, fit));
+  }
+  if (const char* want = std::getenv("WEFT_FIDELITY_SWEEP")) {
+    const auto f = fidelity_evaluate(set.runs, Split::all, fit);
+    for (const auto& x : f.rows)
+      if (x.run->sweep.find(want) != std::string::npos)
+        fmt::print("{:<80} {} pred {:5.1f} meas {:5.1f} mem {:5.1f} GiB {}\n", x.run->layout.to_string(),
+                   x.run->held_out ? "H" : " ", 100 * x.predicted_mfu, 100 * x.run->measured_mfu,
+                   x.peak_bytes / double(1 << 30), x.run->oom ? (x.predicted_fits ? "OOM (predicted fit)" : "OOM") : (x.predicted_fits ? "" : "ran (predicted OOM)"));
+    if (std::getenv("WEFT_FIDELITY_PARTS"))
+      for (const auto& x : f.rows)
+        if (x.run->sweep.find(want) != std::string::npos && !x.run->oom) {
+          const auto b = predict(x.run->model, x.run->run, x.run->layout, x.run->cluster, fit(x.run->cluster.device));
+          fmt::print("{:<60} meas {:6.2f} pred {:6.2f} = comp {:5.2f} rec {:5.2f} tp {:5.2f} bub {:5.2f} p2p {:5.2f} dp {:5.2f} opt {:5.2f}\n",
+                     x.run->layout.to_string().substr(0, 60), x.run->measured_step_s, b.step, b.compute, b.recompute, b.tp_comm,
+                     b.pp_bubble, b.pp_p2p, b.dp_comm, b.optimizer);
+        }
+  }
+  if (sweeps) {
+    const auto f = fidelity_evaluate(set.runs, Split::all, fit);
+    fmt::print("\nsweeps, all rows, fitted constants:\n");
+    for (const auto& s : f.sweeps)
+      fmt::print("  {:<52} {:>3} rho {:>5.2f}  best {:.1f}% {}  picked {:.1f}% {}\n", s.sweep, s.measured, s.spearman,
+                 100 * s.best_measured_mfu, s.best, 100 * s.picked_measured_mfu, s.picked);
+  }
+  return 0;
+}
