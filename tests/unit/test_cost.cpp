@@ -65,6 +65,30 @@ TEST_F(Cost, Bf16GradientsHalveTheDataParallelVolume) {
   EXPECT_EQ(p("tp8-pp8-dp1-grad:bf16").dp_comm, 0);
 }
 
+TEST_F(Cost, GroupsArePricedAtTheSlowestLinkTheySpan) {
+  // A data-parallel group inside a node crosses no network; one over nodes does.
+  c = cluster_resolve("a100-80gb", 8, 8);
+  const double inside = p("tp1-pp1-dp8-mb1-zero2").dp_comm;
+  c = cluster_resolve("a100-80gb", 8, 1);
+  const double across = p("tp1-pp1-dp8-mb1-zero2").dp_comm;
+  EXPECT_GT(across, 3 * inside);
+  // Fewer network ports per node: slower data-parallel reductions across nodes.
+  c = cluster_resolve("a100-80gb", 64, 8);
+  const double full = p("tp1-pp1-dp64-mb1-zero2").dp_comm;
+  c.nics_per_node = 2;
+  const double two_nics = p("tp1-pp1-dp64-mb1-zero2").dp_comm;
+  EXPECT_GT(two_nics, 2 * full);
+  // Tensor parallelism inside the NVLink domain is unaffected by the network.
+  const double tp8_two_nics = p("tp8-pp1-dp8-mb1").tp_comm;
+  c.nics_per_node = 8;
+  EXPECT_DOUBLE_EQ(p("tp8-pp1-dp8-mb1").tp_comm, tp8_two_nics);
+  // An NVLink domain of 16 (two nodes on one NVLink fabric) keeps tp16 off
+  // the network: about half the time of tp16 over two nodes' ports.
+  const double tp16_net = p("tp16-pp1-dp4-mb1").tp_comm;
+  c.nvlink_domain = 16;
+  EXPECT_LT(p("tp16-pp1-dp4-mb1").tp_comm, 0.6 * tp16_net);
+}
+
 TEST(CostModel, GemmEfficiencyGrowsWithSize) {
   const auto dev = device_preset("h100");
   const auto k = cost_defaults(dev);

@@ -74,6 +74,38 @@ TEST(ClusterSpec, FromJsonFile) {
       InputError, "preset");
 }
 
+TEST(ClusterSpec, TopologyFromPresetsAndJson) {
+  // Device presets are DGX-style nodes: a port per device, NVLink within the node.
+  const auto a = cluster_resolve("a100-80gb", 64, kUnset);
+  EXPECT_EQ(a.domain(), 8);
+  EXPECT_EQ(a.nics(), 8);
+  EXPECT_DOUBLE_EQ(a.network_bandwidth_per_device(), 25e9);
+  const auto dgx = cluster_resolve("dgx-h100", 16, kUnset);
+  EXPECT_EQ(dgx.device.name, "h100");
+  EXPECT_DOUBLE_EQ(dgx.network_bandwidth_per_device(), 50e9);
+  EXPECT_NE(dgx.summary().find("8 x 400 Gb/s network per node"), std::string::npos) << dgx.summary();
+
+  test::TempDir dir;
+  const auto path = dir.file("topo.json", R"({"device": {"preset": "a100-80gb"}, "gpus": 64,
+    "gpus_per_node": 8, "nics_per_node": 2, "nic_bandwidth": 25e9, "nvlink_domain": 8})");
+  const auto c = cluster_resolve(path, kUnset, kUnset);
+  EXPECT_EQ(c.nics(), 2);
+  EXPECT_DOUBLE_EQ(c.network_bandwidth_per_device(), 2 * 25e9 / 8);
+  const nlohmann::json j = c;
+  EXPECT_EQ(j["nics_per_node"], 2);
+  EXPECT_EQ(j["nvlink_domain"], 8);
+  WEFT_EXPECT_THROW_MSG(
+      cluster_resolve(dir.file("nics.json", R"({"device": {"preset": "h100"}, "nics_per_node": 0})"), kUnset, kUnset),
+      InputError, "nics_per_node", "positive whole number");
+  WEFT_EXPECT_THROW_MSG(
+      cluster_resolve(dir.file("bw.json", R"({"device": {"preset": "h100"}, "nic_bandwidth": -5})"), kUnset, kUnset),
+      InputError, "nic_bandwidth", "-5");
+  WEFT_EXPECT_THROW_MSG(
+      cluster_resolve(dir.file("dom.json", R"({"device": {"preset": "h100"}, "nvlink_domain": 3, "gpus": 8})"),
+                      kUnset, kUnset),
+      InputError, "nvlink_domain 3");
+}
+
 TEST(DeviceSpec, JsonRoundTrip) {
   for (const auto& name : device_preset_names()) {
     const auto d = device_preset(name);
