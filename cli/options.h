@@ -15,6 +15,12 @@
 
 namespace weft::cli {
 
+// What the launcher (mpirun, srun) tells a process about its world.
+bool under_mpi();  // launched with more than one rank
+int64_t mpi_world_size_from_env();
+int64_t local_rank_from_env();   // among the ranks of this node
+int64_t local_ranks_from_env();  // ranks on this node
+
 struct ModelArgs {
   std::string model = "llama-13b";
   int64_t vocab = 0;  // 0: the model's own

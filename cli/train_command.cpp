@@ -59,28 +59,6 @@ struct TrainArgs {
   CLI::Option* tune_top = nullptr;
 };
 
-// Launched by mpirun (or srun) with more than one rank?
-bool under_mpi() {
-  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS"})
-    if (const char* s = std::getenv(v); s && std::atoi(s) > 1) return true;
-  return false;
-}
-
-int64_t env_int(std::initializer_list<const char*> names, int64_t fallback) {
-  for (const char* v : names)
-    if (const char* s = std::getenv(v); s && std::atoll(s) > 0) return std::atoll(s);
-  return fallback;
-}
-int64_t mpi_world_size_from_env() { return env_int({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS"}, 1); }
-int64_t local_rank_from_env() {
-  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
-    if (const char* s = std::getenv(v)) return std::atoll(s);
-  return 0;
-}
-int64_t local_ranks_from_env() {
-  return env_int({"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"}, 1);
-}
-
 int run_train(TrainArgs& a) {
   trainer::TrainConfig c = a.cfg;
   c.model = a.model.resolve();

@@ -3,7 +3,44 @@
 #include <cmath>
 #include <limits>
 
+#include "core/error.h"
+
 namespace weft {
+
+const std::vector<std::string>& stream_families() {
+  static const std::vector<std::string> f = {
+      "rmsnorm_fwd", "rmsnorm_bwd",   "rmsnorm_unfused_fwd", "rmsnorm_unfused_bwd", "rope",          "residual",
+      "swiglu_fwd",  "swiglu_bwd",    "embedding_fwd",       "embedding_bwd",       "cross_entropy", "adamw"};
+  return f;
+}
+
+StreamWork stream_work(const std::string& family, double rows, double width, double a) {
+  const double n = rows * width;
+  // RMSNorm fused reads x and writes y (backward: reads x and dy, writes dx);
+  // the unfused composition upcasts, reduces, normalises and scales in
+  // separate passes over fp32 intermediates, and its backward is two of those.
+  const double upcast = a == 4 ? 0 : a + 4;
+  if (family == "rmsnorm_fwd") return {2 * a * n, 1};
+  if (family == "rmsnorm_bwd") return {3 * a * n, 1};
+  if (family == "rmsnorm_unfused_fwd") return {(upcast + 16 + a) * n, a == 4 ? 3 : 4};
+  if (family == "rmsnorm_unfused_bwd") return {2 * (upcast + 16 + a) * n, a == 4 ? 6 : 8};
+  // RoPE rotates q and k in place (width: (H + H_kv) D); the residual add
+  // reads two and writes one; SwiGLU reads gate and up and writes the
+  // product (backward: reads three, writes two).
+  if (family == "rope") return {2 * a * n, 1};
+  if (family == "residual") return {3 * a * n, 1};
+  if (family == "swiglu_fwd") return {3 * a * n, 1};
+  if (family == "swiglu_bwd") return {5 * a * n, 1};
+  // The embedding gathers rows (backward: scatter-adds them into fp32).
+  if (family == "embedding_fwd") return {2 * a * n, 1};
+  if (family == "embedding_bwd") return {8 * n, 1};
+  // The vocab-parallel loss reads the logits in fp32 four times in three passes.
+  if (family == "cross_entropy") return {16 * n, 3};
+  // AdamW streams master, m, v (read and write), the gradient (read for the
+  // norm, the update and the zeroing) and writes the compute copy.
+  if (family == "adamw") return {rows * (24 + 3 * width + a), 4};
+  throw InternalError("unknown stream family '" + family + "'");
+}
 
 namespace {
 

@@ -45,6 +45,21 @@ struct CommRate {
   double bytes_per_s = 0;
 };
 
+// The memory-bound kernel families the cost model prices by bytes moved, by
+// the names measured profiles time them under:
+// rmsnorm_fwd, rmsnorm_bwd, rmsnorm_unfused_fwd, rmsnorm_unfused_bwd, rope,
+// residual, swiglu_fwd, swiglu_bwd, embedding_fwd, embedding_bwd,
+// cross_entropy, adamw.
+const std::vector<std::string>& stream_families();
+// Bytes the model counts for one call of a family over `rows` rows of
+// `width` elements of `a` bytes (for adamw: `rows` parameters whose
+// gradients are `width` bytes each), and the kernel launches it takes.
+struct StreamWork {
+  double bytes = 0;
+  int launches = 1;
+};
+StreamWork stream_work(const std::string& family, double rows, double width, double a);
+
 struct MeasuredRates {
   std::vector<GemmRate> gemm;
   std::map<std::string, StreamRate> streams;  // by family: rmsnorm, rope, swiglu, ...

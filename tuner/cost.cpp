@@ -8,9 +8,11 @@
 #include <cmath>
 #include <map>
 #include <mutex>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
+#include "core/error.h"
 #include "core/flops.h"
 #include "tuner/device_profile.h"
 
@@ -105,20 +107,33 @@ double ring_all_gather(double bytes_full, int64_t n, Link link) {
 struct Group {
   int64_t n = 1, inner = 1;
   Link intra, inter;
+  const MeasuredRates* rates = nullptr;  // measured collectives of this machine
   int64_t outer() const { return n / inner; }
+  // The measured time of `op` over this group's size, if there is one.
+  std::optional<double> measured(const char* op, double bytes) const {
+    return rates ? rates->comm_seconds(op, n, bytes) : std::nullopt;
+  }
 };
 
 double all_reduce(double bytes, const Group& g) {
+  if (auto t = g.measured("all_reduce", bytes)) return *t;
   if (g.outer() <= 1) return ring_all_reduce(bytes, g.n, g.intra);
   return 2 * ring_all_gather(bytes, g.inner, g.intra) +
          ring_all_reduce(bytes / double(g.inner), g.outer(), g.inter);
 }
-double all_gather(double bytes_full, const Group& g) {
+double hierarchical_gather(double bytes_full, const Group& g) {
   if (g.outer() <= 1) return ring_all_gather(bytes_full, g.n, g.intra);
   return ring_all_gather(bytes_full, g.inner, g.intra) +
          ring_all_gather(bytes_full / double(g.inner), g.outer(), g.inter);
 }
-double reduce_scatter(double bytes_full, const Group& g) { return all_gather(bytes_full, g); }
+double all_gather(double bytes_full, const Group& g) {
+  if (auto t = g.measured("all_gather", bytes_full)) return *t;
+  return hierarchical_gather(bytes_full, g);
+}
+double reduce_scatter(double bytes_full, const Group& g) {
+  if (auto t = g.measured("reduce_scatter", bytes_full)) return *t;
+  return hierarchical_gather(bytes_full, g);
+}
 
 struct Model {
   const ModelSpec& m;
@@ -129,15 +144,29 @@ struct Model {
   double peak;
   double a;  // bytes per activation element
 
+  const MeasuredRates* rates;  // the device's measured rates, or null
+
   double gemm(double M, double N, double K) const {
+    if (rates)
+      if (auto t = rates->gemm_seconds(M, N, K)) return *t;
     return 2.0 * M * N * K / (peak * gemm_efficiency(M, N, K, c.device, k)) + k.launch_overhead;
   }
   // A linear layer X(M x K) W^T -> Y(M x N): forward, and the data- and weight-
   // gradient GEMMs of its backward.
   double linear_fwd(double M, double N, double K) const { return gemm(M, N, K); }
   double linear_bwd(double M, double N, double K) const { return gemm(M, K, N) + gemm(N, K, M); }
-  double stream(double bytes, int launches = 1) const {
-    return bytes / (c.device.memory_bandwidth * k.memory_efficiency) + launches * k.launch_overhead;
+  // A memory-bound kernel of `family` over rows x width: its measured rate
+  // where the device has one, else the bytes at the streaming bandwidth.
+  double stream(const char* family, double rows, double width) const {
+    const StreamWork w = stream_work(family, rows, width, a);
+    if (rates)
+      if (auto t = rates->stream_seconds(family, w.bytes)) return *t;
+    return w.bytes / (c.device.memory_bandwidth * k.memory_efficiency) + w.launches * k.launch_overhead;
+  }
+  // Materialized attention's softmax over its scores (no measured family:
+  // measured profiles time the whole attention call).
+  double stream_bytes(double bytes) const {
+    return bytes / (c.device.memory_bandwidth * k.memory_efficiency) + k.launch_overhead;
   }
   Link intra_link() const {
     return {c.device.intra_node_bandwidth * k.intra_efficiency, c.device.intra_node_latency};
@@ -151,27 +180,29 @@ struct Model {
   Group group(int64_t n, int64_t stride) const {
     const int64_t domain = c.domain();
     const int64_t inner = stride >= domain ? 1 : std::max<int64_t>(1, std::min(n, domain / stride));
-    return {n, n % inner == 0 ? inner : 1, intra_link(), inter_link()};
+    return {n, n % inner == 0 ? inner : 1, intra_link(), inter_link(), rates};
   }
   Group tp_group() const { return group(l.tp, 1); }
   Group dp_group() const { return group(l.dp, l.tp); }
   // A stage and the next are tp * dp ranks apart: the same domain only when
   // a whole stage fits in part of one.
   Link pp_link() const { return l.tp * l.dp < c.domain() ? intra_link() : inter_link(); }
+  // One stage-to-stage message of `bytes`.
+  double p2p(double bytes) const {
+    if (rates)
+      if (auto t = rates->comm_seconds("p2p", 2, bytes)) return *t;
+    const Link pl = pp_link();
+    return bytes / pl.bandwidth + pl.latency;
+  }
 
   // RMSNorm over rows x C: fused reads x and writes y (backward: reads x and
   // dy, writes dx); the unfused composition upcasts, reduces, normalises and
   // scales in separate passes over fp32 intermediates.
   double norm_fwd(double rows) const {
-    const double C = double(m.hidden);
-    if (l.norm == NormKind::fused) return stream(2 * a * rows * C);
-    const double upcast = a == 4 ? 0 : (a + 4);
-    return stream((upcast + 4 + 8 + 4 + a) * rows * C, a == 4 ? 3 : 4);
+    return stream(l.norm == NormKind::fused ? "rmsnorm_fwd" : "rmsnorm_unfused_fwd", rows, double(m.hidden));
   }
   double norm_bwd(double rows) const {
-    const double C = double(m.hidden);
-    if (l.norm == NormKind::fused) return stream(3 * a * rows * C);
-    return 2.0 * norm_fwd(rows);
+    return stream(l.norm == NormKind::fused ? "rmsnorm_bwd" : "rmsnorm_unfused_bwd", rows, double(m.hidden));
   }
 };
 
@@ -209,21 +240,26 @@ Part block_cost(const Model& x, Checkpointing mode) {
       return bh * 2.0 * Mi * Ni * Ki / (x.peak * gemm_efficiency(Mi, Ni, Ki, x.c.device, x.k)) +
              x.k.launch_overhead;
     };
-    attn_fwd = bgemm(T, T, D) + bgemm(T, D, T) + x.stream(2 * a * scores);
-    attn_bwd = bgemm(T, T, D) + 3 * bgemm(T, D, T) + x.stream(3 * a * scores);
+    attn_fwd = bgemm(T, T, D) + bgemm(T, D, T) + x.stream_bytes(2 * a * scores);
+    attn_bwd = bgemm(T, T, D) + 3 * bgemm(T, D, T) + x.stream_bytes(3 * a * scores);
+  }
+  if (x.rates) {
+    const char* kind = to_string(l.attention);
+    if (auto f = x.rates->attention_seconds(kind, false, B, Hl, Kl, T, D)) attn_fwd = *f;
+    if (auto b = x.rates->attention_seconds(kind, true, B, Hl, Kl, T, D)) attn_bwd = *b;
   }
 
   const double qkv_n = (Hl + 2 * Kl) * D;
-  const double rope = x.stream(2 * a * M * (Hl + Kl) * D);
-  const double resid = x.stream(3 * a * Msp * C);
+  const double rope = x.stream("rope", M, (Hl + Kl) * D);
+  const double resid = x.stream("residual", Msp, C);
   Part p;
   const double attn_pre = x.norm_fwd(Msp) + x.linear_fwd(M, qkv_n, C) + rope;
-  const double mlp_pre = x.norm_fwd(Msp) + x.linear_fwd(M, 2 * Fl, C) + x.stream(3 * a * M * Fl);
+  const double mlp_pre = x.norm_fwd(Msp) + x.linear_fwd(M, 2 * Fl, C) + x.stream("swiglu_fwd", M, Fl);
   p.fwd = attn_pre + attn_fwd + x.linear_fwd(M, C, Hl * D) + resid + mlp_pre +
           x.linear_fwd(M, C, Fl) + resid;
   p.bwd = x.norm_bwd(Msp) + x.linear_bwd(M, qkv_n, C) + rope + attn_bwd +
           x.linear_bwd(M, C, Hl * D) + resid + x.norm_bwd(Msp) + x.linear_bwd(M, 2 * Fl, C) +
-          x.stream(5 * a * M * Fl) + x.linear_bwd(M, C, Fl) + resid;
+          x.stream("swiglu_bwd", M, Fl) + x.linear_bwd(M, C, Fl) + resid;
 
   // Two column/row-parallel pairs per block: forward all-reduce (or, with
   // sequence parallelism, all-gather before and reduce-scatter after) and the
@@ -257,7 +293,7 @@ struct StageCost {
 CostBreakdown predict(const ModelSpec& m, const RunSpec& run, const Layout& l,
                       const ClusterSpec& cluster, const CostConstants& k) {
   const Model x{m, run, l, cluster, k, cluster.device.peak_flops(to_string(run.precision)),
-                double(run.compute_bytes())};
+                double(run.compute_bytes()), cluster.device.measured.get()};
   const double t = double(l.tp), M = double(l.mb * run.seq), C = double(m.hidden);
   const double Vl = double(m.vocab) / t, Msp = l.sp ? M / t : M;
   const double act = M * C * x.a;
@@ -278,10 +314,10 @@ CostBreakdown predict(const ModelSpec& m, const RunSpec& run, const Layout& l,
   // last stage: final norm, LM head and the fused vocab-parallel loss, whose
   // max, sum-exp and target logit are reduced over tp.
   StageCost first = body, last = body;
-  first.fwd += x.stream(2 * x.a * M * C);
-  first.bwd += x.stream(8 * M * C);
+  first.fwd += x.stream("embedding_fwd", M, C);
+  first.bwd += x.stream("embedding_bwd", M, C);
   first.tp += l.sp ? reduce_scatter(act, tg) + all_gather(act, tg) : all_reduce(act, tg);
-  last.fwd += x.norm_fwd(Msp) + x.linear_fwd(M, Vl, C) + x.stream(4.0 * 4 * M * Vl, 3);
+  last.fwd += x.norm_fwd(Msp) + x.linear_fwd(M, Vl, C) + x.stream("cross_entropy", M, Vl);
   last.bwd += x.norm_bwd(Msp) + x.linear_bwd(M, Vl, C);
   last.tp += 3 * all_reduce(4 * M, tg) +
              (l.sp ? 2 * all_gather(act, tg) + reduce_scatter(act, tg) : all_reduce(act, tg));
@@ -301,15 +337,14 @@ CostBreakdown predict(const ModelSpec& m, const RunSpec& run, const Layout& l,
   b.tp_comm = mbs * slow.tp * (1.0 - k.tp_overlap * (1.0 - k.overlap_cost));
   b.pp_bubble = double(l.pp - 1) / double(l.vpp) * t_mb;
   if (l.pp > 1) {
-    const Link pl = x.pp_link();
-    const double hop = Msp * C * x.a / pl.bandwidth + pl.latency;
+    const double hop = x.p2p(Msp * C * x.a);
     b.pp_p2p = 2.0 * hop * (mbs * double(l.vpp) + double(l.pp - 1));
     // Tied embeddings: the first and last stages exchange the table's
     // gradient (fp32 or bf16, as the layout keeps gradients) after the backward, there and back; under ZeRO-1 and -2 each
     // first gathers its copy's reduced gradient over dp.
     if (m.tied_embeddings) {
       const double table = double(l.grad_bytes()) * Vl * C;
-      b.pp_p2p += 2 * (table / pl.bandwidth + pl.latency);
+      b.pp_p2p += 2 * x.p2p(table);
       if (l.zero >= 1 && l.dp > 1) b.pp_p2p += all_gather(table, x.dp_group());
     }
   }
@@ -368,10 +403,8 @@ CostBreakdown predict(const ModelSpec& m, const RunSpec& run, const Layout& l,
     b.dp_comm = exposed + k.overlap_cost * (reduce - exposed) + gather;
   }
 
-  // AdamW streams master, m, v (read and write), the gradient (read for the
-  // norm, the update and the zeroing) and writes the compute copy.
   const double shard = l.zero >= 1 ? psi / double(l.dp) : psi;
-  b.optimizer = x.stream(shard * (24.0 + 3.0 * double(l.grad_bytes()) + x.a), 4);
+  b.optimizer = x.stream("adamw", shard, double(l.grad_bytes()));
 
   b.step = b.compute + b.recompute + b.tp_comm + b.pp_bubble + b.pp_p2p + b.dp_comm + b.optimizer;
   b.tokens_per_second = double(run.tokens_per_step()) / b.step;

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -66,6 +67,7 @@ CostBreakdown predict(const ModelSpec& m, const RunSpec& run, const Layout& l,
 // the prologue cost of a short K loop.
 double gemm_efficiency(double M, double N, double K, const DeviceSpec& device,
                        const CostConstants& k);
+
 
 void to_json(nlohmann::json& j, const CostConstants& k);
 void from_json(const nlohmann::json& j, CostConstants& k);

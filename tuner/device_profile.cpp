@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/json_io.h"
+#include <fmt/ranges.h>
 
 namespace weft::tuner {
 
@@ -157,10 +158,14 @@ void profile_save(const DeviceProfile& p, const std::string& path) {
   file_write_atomic(path, profile_to_json(p).dump(1) + "\n");
 }
 
+std::string device_family_name(const DeviceSpec& device) {
+  if (device.name.rfind("a100", 0) == 0) return "a100";
+  if (device.name.rfind("h100", 0) == 0 || device.name.rfind("h200", 0) == 0) return "hopper";
+  return device.name;
+}
+
 std::optional<DeviceProfile> preset_profile(const DeviceSpec& device) {
-  std::string family = device.name;
-  if (family.rfind("a100", 0) == 0) family = "a100";
-  else if (family.rfind("h100", 0) == 0 || family.rfind("h200", 0) == 0) family = "hopper";
+  const std::string family = device_family_name(device);
   for (int i = 0; i < kPresetProfileCount; ++i)
     if (family == kPresetProfiles[i].first)
       return profile_from_json(nlohmann::json::parse(kPresetProfiles[i].second),
@@ -194,6 +199,21 @@ std::vector<std::string> profile_mismatches(const DeviceProfile& p, const nlohma
                                 b ? here[key].dump() : "(none)"));
   }
   return out;
+}
+
+void profile_use(const DeviceProfile& p, const std::string& path, const nlohmann::json& here,
+                 ClusterSpec& cluster, CostConstants& k) {
+  if (p.origin == ProfileOrigin::measured) {
+    const auto diff = profile_mismatches(p, here);
+    if (!diff.empty())
+      throw InputError(fmt::format("device profile {} was measured elsewhere or under another set-up ({}); "
+                                   "measure this one with `weft calibrate` under the same mpirun and --threads",
+                                   path, fmt::join(diff, "; ")));
+    cluster.device.measured = p.rates;
+  } else if (p.device != cluster.device.name && p.device != device_family_name(cluster.device)) {
+    throw InputError(fmt::format("device profile {} is for {}, not {}", path, p.device, cluster.device.name));
+  }
+  k = p.constants;
 }
 
 }  // namespace weft::tuner

@@ -39,6 +39,10 @@ DeviceProfile profile_load(const std::string& path);
 // Written through a temporary file and a rename (never half-written).
 void profile_save(const DeviceProfile& p, const std::string& path);
 
+// The family whose fitted profile a device shares: "a100" (40 and 80 GB),
+// "hopper" (H100, H200), else the device's own name.
+std::string device_family_name(const DeviceSpec& device);
+
 // The fitted profile a device preset ships with (its family's), if any.
 std::optional<DeviceProfile> preset_profile(const DeviceSpec& device);
 
@@ -51,5 +55,13 @@ nlohmann::json machine_fingerprint(const DeviceSpec& device, int64_t ranks_per_n
 // differs from this machine's, as "field: profile X, here Y". Empty when it
 // matches.
 std::vector<std::string> profile_mismatches(const DeviceProfile& p, const nlohmann::json& here);
+
+// Puts a profile to use for `cluster`: a measured one's rates onto the
+// device (the cost model prefers them to the datasheet), its constants into
+// `k`. InputError naming `path` and every fingerprint field that differs
+// from `here` (another machine, rank count, thread count or weft version),
+// or a profile of another device: a stale profile is never used.
+void profile_use(const DeviceProfile& p, const std::string& path, const nlohmann::json& here,
+                 ClusterSpec& cluster, CostConstants& k);
 
 }  // namespace weft::tuner

@@ -10,12 +10,6 @@
 
 namespace weft::tuner {
 
-std::string device_family(const DeviceSpec& d) {
-  if (d.name.rfind("a100", 0) == 0) return "a100";
-  if (d.name.rfind("h100", 0) == 0 || d.name.rfind("h200", 0) == 0) return "hopper";
-  return d.name;
-}
-
 namespace {
 
 std::vector<double> ranks(const std::vector<double>& v) {
@@ -137,7 +131,7 @@ CalibrationResult fidelity_fit(const std::vector<PublicRun>& runs, const std::st
                                const CostConstants& start) {
   std::vector<MeasuredStep> steps;
   for (const auto& r : runs)
-    if (!r.oom && !r.held_out && device_family(r.cluster.device) == family)
+    if (!r.oom && !r.held_out && device_family_name(r.cluster.device) == family)
       steps.push_back({&r.model, &r.run, &r.cluster, r.layout, r.measured_step_s});
   // The public runs' frameworks never overlap tensor-parallel communication
   // with compute (Megatron-style TP, FSDP without TP), and their kernels
@@ -165,7 +159,7 @@ DeviceProfile fidelity_profile(const PublicRunSet& set, const std::string& famil
   p.constants = fit.constants;
   std::map<std::string, int64_t> rows, held;
   for (const auto& r : set.runs)
-    if (!r.oom && device_family(r.cluster.device) == family) ++(r.held_out ? held : rows)[r.source];
+    if (!r.oom && device_family_name(r.cluster.device) == family) ++(r.held_out ? held : rows)[r.source];
   p.provenance = {{"csv", csv},
                   {"fitted_rows", rows},
                   {"held_out_rows", held},

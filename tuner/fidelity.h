@@ -69,10 +69,6 @@ using ConstantsFor = std::function<CostConstants(const DeviceSpec&)>;
 // check use the measured rows of the split within each sweep.
 Fidelity fidelity_evaluate(const std::vector<PublicRun>& runs, Split split, const ConstantsFor& constants);
 
-// The device family whose constants a device shares: "a100" (40 and 80 GB),
-// "hopper" (H100, H200), else the device's own name.
-std::string device_family(const DeviceSpec& d);
-
 // Fits one family's constants to its measured, non-held-out rows by least
 // squares on log step time (tuner/calibrate.h), starting from `start`.
 CalibrationResult fidelity_fit(const std::vector<PublicRun>& runs, const std::string& family,
