@@ -21,6 +21,9 @@ using nv_bf16 = __nv_bfloat16;
 
 inline nv_bf16* dev(bf16* p) { return reinterpret_cast<nv_bf16*>(p); }
 inline const nv_bf16* dev(const bf16* p) { return reinterpret_cast<const nv_bf16*>(p); }
+// fp32 tensors (gradients in either type) pass as they are.
+inline float* dev(float* p) { return p; }
+inline const float* dev(const float* p) { return p; }
 
 __device__ __forceinline__ float to_float(nv_bf16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ nv_bf16 to_bf16(float v) { return __float2bfloat16_rn(v); }
@@ -222,17 +225,23 @@ inline Status preflight(Status checked, int64_t needed, Workspace ws) {
 //   Status  check(const P&)                          valid params? (the CPU's rules)
 //   int64_t scratch(const P&)                        workspace, for params that pass check
 //   Status  run(const P&, Workspace, cudaStream_t)   enqueue the work
-#define WEFT_CUDA_INSTANTIATE(Params)                                                          \
+// WEFT_CUDA_INSTANTIATE_BF16_GRAD does the same for Params<bf16, bf16>, the
+// params whose gradient output has a type of its own (rmsnorm's dweight,
+// embedding's dtable, adamw's grad), with bf16 gradients (grad:bf16).
+#define WEFT_CUDA_INSTANTIATE(Params) WEFT_CUDA_SPECIALIZE(Params<bf16>)
+#define WEFT_CUDA_INSTANTIATE_BF16_GRAD(Params) WEFT_CUDA_SPECIALIZE(Params<bf16, bf16>)
+// The specializations' template arguments are deduced from the params type.
+#define WEFT_CUDA_SPECIALIZE(...)                                                              \
   template <>                                                                                  \
-  bool supports<bf16>(const Params<bf16>& p, Backend backend) {                                \
+  bool supports(const __VA_ARGS__& p, Backend backend) {                                       \
     return backend == Backend::cuda && check(p) == Status::ok;                                 \
   }                                                                                            \
   template <>                                                                                  \
-  int64_t workspace_bytes<bf16>(const Params<bf16>& p, Backend backend) {                      \
+  int64_t workspace_bytes(const __VA_ARGS__& p, Backend backend) {                             \
     return backend == Backend::cuda && check(p) == Status::ok ? scratch(p) : 0;                \
   }                                                                                            \
   template <>                                                                                  \
-  Status launch<bf16>(const Params<bf16>& p, Workspace ws, Stream stream) {                    \
+  Status launch(const __VA_ARGS__& p, Workspace ws, Stream stream) {                           \
     if (stream.backend != Backend::cuda) return Status::unsupported;                           \
     const Status checked = check(p);                                                           \
     if (Status s = gpu::preflight(checked, checked == Status::ok ? scratch(p) : 0, ws);        \

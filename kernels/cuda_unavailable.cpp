@@ -59,6 +59,26 @@ WEFT_CUDA_UNAVAILABLE(SumSquaresParams)
 WEFT_CUDA_UNAVAILABLE(WidenParams)
 WEFT_CUDA_UNAVAILABLE(NarrowParams)
 
+// The bf16-gradient forms (grad:bf16) of the params with a gradient type.
+#define WEFT_CUDA_UNAVAILABLE_BF16_GRAD(Params)                                      \
+  template <>                                                                        \
+  bool supports<bf16, bf16>(const Params<bf16, bf16>&, Backend) {                    \
+    return false;                                                                    \
+  }                                                                                  \
+  template <>                                                                        \
+  int64_t workspace_bytes<bf16, bf16>(const Params<bf16, bf16>&, Backend) {          \
+    return 0;                                                                        \
+  }                                                                                  \
+  template <>                                                                        \
+  Status launch<bf16, bf16>(const Params<bf16, bf16>&, Workspace, Stream) {          \
+    return Status::unsupported;                                                      \
+  }
+
+WEFT_CUDA_UNAVAILABLE_BF16_GRAD(RmsnormBackwardParams)
+WEFT_CUDA_UNAVAILABLE_BF16_GRAD(RmsnormUnfusedBackwardParams)
+WEFT_CUDA_UNAVAILABLE_BF16_GRAD(EmbeddingBackwardParams)
+WEFT_CUDA_UNAVAILABLE_BF16_GRAD(AdamwParams)
+
 // No CUDA backend: the CPU's kinds only (attention_cpu.cpp has no cudnn).
 bool attention_available(AttentionKind kind, Backend backend) {
   return backend == Backend::cpu && kind != AttentionKind::cudnn;
@@ -75,5 +95,6 @@ Status launch(const SumSquaresParams<float>&, Workspace, Stream) { return Status
 }  // namespace fp32_cuda
 
 #undef WEFT_CUDA_UNAVAILABLE
+#undef WEFT_CUDA_UNAVAILABLE_BF16_GRAD
 
 }  // namespace weft::kernels

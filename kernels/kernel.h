@@ -28,9 +28,13 @@
 // CUDA compiles kernels/cuda_unavailable.cpp instead, whose bf16 functions
 // refuse (false, 0, Status::unsupported). float and double launches on a
 // CUDA stream are unsupported, except the few fp32 elementwise ops on the
-// main gradients of bf16 training (kernels/elementwise). CUDA launches are asynchronous; their
-// reductions run in a fixed order, so results repeat run to run, except where
-// a family's .cu file says otherwise.
+// main gradients of bf16 training (kernels/elementwise). The params that
+// write or read gradients (rmsnorm's and embedding's backwards, adamw) take
+// the gradients' type as a second parameter, Acc<Elem> by default; the CUDA
+// backend also instantiates them with bf16 gradients, <bf16, bf16>, for
+// grad:bf16 (the weight-gradient GEMM is then GemmParams<bf16>, gemm.h).
+// CUDA launches are asynchronous; their reductions run in a fixed order, so
+// results repeat run to run, except where a family's .cu file says otherwise.
 #pragma once
 
 #include <cstdint>

@@ -87,7 +87,6 @@ void check_trainable(const Layout& l, DeviceKind device) {
     throw LayoutError(fmt::format("layout {}: grad:bf16 needs the GPU trainer; the CPU trainer computes and "
                                   "accumulates in fp32 (use grad:fp32)",
                                   l.to_string()));
-  if (l.grad == GradPrecision::bf16) no("bf16 gradients");
   if (l.attention == AttentionKind::cudnn &&
       !kernels::attention_available(l.attention, gpu ? kernels::Backend::cuda : kernels::Backend::cpu))
     throw LayoutError(fmt::format(
@@ -117,18 +116,20 @@ void on_every_rank(const TrainConfig& c, const char* what, F&& f) {
   if (failed) throw Others(fmt::format("another rank failed while {} (its own message says why)", what));
 }
 
-// The run itself, on the CPU (float) or the current GPU (bf16).
-template <typename Elem>
+// The run itself, on the CPU (float) or the current GPU (bf16), with
+// gradients in G (fp32, or bf16 under grad:bf16).
+template <typename Elem, typename G>
 TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t world,
                      const std::string& data_path, data::TokenData data) {
   // On a GPU the driver's count of used memory before the run, so the run's
   // own share (arena, CUDA context, cuBLAS and NCCL workspaces) can be shown.
-  const int64_t device_before = Run<Elem>::kDevice ? memory::device_memory().used() : 0;
+  using R = Run<Elem, G>;
+  const int64_t device_before = R::kDevice ? memory::device_memory().used() : 0;
   // On a GPU the rank's predicted memory is reserved before the run builds
   // anything: a device too small fails here, on every rank together and
   // before any collective, with the sizes named.
   std::unique_ptr<memory::Arena> reserved;
-  if constexpr (Run<Elem>::kDevice) {
+  if constexpr (R::kDevice) {
     reserved = std::make_unique<memory::Arena>(memory::device_allocator());
     on_every_rank<memory::OutOfMemory>(c, "reserving its predicted memory", [&] {
       reserved->reserve(arena_reservation(c, c.groups ? c.groups->world->rank() : 0, world, 0.05));
@@ -142,13 +143,13 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
   if (resume.empty() && c.resume)
     resume = checkpoint::latest_checkpoint(c.ckpt_dir.empty() ? c.out_dir + "/checkpoints" : c.ckpt_dir)
                  .value_or("");
-  std::optional<Run<Elem>> built;
+  std::optional<R> built;
   std::optional<checkpoint::Checkpoint> ck;
   on_every_rank(c, "building the run", [&] {
     built.emplace(c, std::move(data), reserved.get());
     if (!resume.empty()) ck.emplace(built->open(resume));
   });
-  Run<Elem>& run = *built;
+  R& run = *built;
   TrainReport report;
   report.baseline = data::token_data_baseline(run.data);
   memory::MemoryOptions all;
@@ -194,7 +195,7 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
     const double loss = run.step_loss(step - 1);
     StepStats s;
     {
-      parallel::CommWatchdog::Waiting w(Run<Elem>::kDevice ? c.watchdog : nullptr, Run<Elem>::kGpuWait);
+      parallel::CommWatchdog::Waiting w(R::kDevice ? c.watchdog : nullptr, R::kGpuWait);
       s = run.optim.step(step, loss);
       // The host waits once per step (the loss and the gradient norm above
       // already did): the update belongs to this step's time.
@@ -259,7 +260,7 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
                      .dump()
               << "\n";
   report.measured = run.arena.peaks();
-  if constexpr (Run<Elem>::kDevice) {
+  if constexpr (R::kDevice) {
     // The runtime's share is what the driver counts beyond the arena; the
     // memory model's "overhead" category predicts it.
     const int64_t used = memory::device_memory().used() - device_before;
@@ -312,8 +313,10 @@ TrainReport train(const TrainConfig& c, std::FILE* log_all) {
   data::TokenData data = data::token_data_open(data_path);
   if (!c.data_checked) data::token_data_validate(data, c.model.vocab, c.run.seq);
   fs::create_directories(c.out_dir);
-  if (gpu) return train_on<kernels::bf16>(c, log, rank0, world, data_path, std::move(data));
-  return train_on<float>(c, log, rank0, world, data_path, std::move(data));
+  if (gpu && c.layout.grad == GradPrecision::bf16)
+    return train_on<kernels::bf16, kernels::bf16>(c, log, rank0, world, data_path, std::move(data));
+  if (gpu) return train_on<kernels::bf16, float>(c, log, rank0, world, data_path, std::move(data));
+  return train_on<float, float>(c, log, rank0, world, data_path, std::move(data));
 }
 
 

@@ -64,7 +64,7 @@ struct TrainReport {
 // LayoutError when the trainer cannot run a valid layout yet (ZeRO-3 with
 // dp > 1; the models still cover it)
 // or not on this device in this build (attn:cudnn on a CPU, or in a build
-// without the cuDNN frontend).
+// without the cuDNN frontend; grad:bf16 on a CPU, which trains in fp32).
 void check_trainable(const Layout& l, DeviceKind device = DeviceKind::gpu);
 
 // OpenMP and BLAS threads of this process (0: every core).

@@ -64,9 +64,11 @@ struct TrialState {
   memory::Arena arena;
   std::unique_ptr<parallel::ProcessGroups> groups;
   std::unique_ptr<parallel::CommWatchdog> watchdog;
-  // One of the two: the trial on the CPU (fp32) or on the GPU (bf16).
+  // One of these: the trial on the CPU (fp32), or on the GPU (bf16) with
+  // fp32 or bf16 gradients (the layout's grad knob).
   std::unique_ptr<Run<float>> cpu_run;
   std::unique_ptr<Run<kernels::bf16>> gpu_run;
+  std::unique_ptr<Run<kernels::bf16, kernels::bf16>> gpu_run_bf16_grads;
 
   explicit TrialState(std::unique_ptr<memory::Allocator> a) : arena(std::move(a)) {}
 };
@@ -165,13 +167,16 @@ TrialOutcome profile_layout(const ProfileConfig& pc, parallel::Comm& control, co
       }
       const std::string data_path = cfg.data.empty() ? data::default_corpus_dir() : cfg.data;
       data::TokenData data = data::token_data_open(data_path);
-      if (gpu) {
-        st->gpu_run = std::make_unique<Run<kernels::bf16>>(cfg, std::move(data), &st->arena);
-        st->gpu_run->init(cfg.seed);
-      } else {
-        st->cpu_run = std::make_unique<Run<float>>(cfg, std::move(data), &st->arena);
-        st->cpu_run->init(cfg.seed);
-      }
+      auto build = [&]<typename R>(std::unique_ptr<R>& run) {
+        run = std::make_unique<R>(cfg, std::move(data), &st->arena);
+        run->init(cfg.seed);
+      };
+      if (!gpu)
+        build(st->cpu_run);
+      else if (cfg.layout.grad == GradPrecision::bf16)
+        build(st->gpu_run_bf16_grads);
+      else
+        build(st->gpu_run);
     } catch (const memory::OutOfMemory& e) {
       mine = {TrialStatus::out_of_memory, e.what()};
     } catch (const std::exception& e) {
@@ -238,7 +243,9 @@ TrialOutcome profile_layout(const ProfileConfig& pc, parallel::Comm& control, co
     if (st->watchdog) st->watchdog->disarm();
   };
   if (all.status == TrialStatus::ok) {
-    if (gpu)
+    if (st->gpu_run_bf16_grads)
+      timed_steps(*st->gpu_run_bf16_grads);
+    else if (st->gpu_run)
       timed_steps(*st->gpu_run);
     else
       timed_steps(*st->cpu_run);

@@ -28,8 +28,9 @@ namespace weft::trainer {
 namespace fs = std::filesystem;
 
 // One training run's state on this rank: Run<float> on the CPU, Run<bf16> on
-// the current CUDA device (its own stream, tensors in device memory).
-template <typename Elem>
+// the current CUDA device (its own stream, tensors in device memory), with
+// fp32 gradients or, as Run<bf16, bf16>, bf16 ones (grad:bf16).
+template <typename Elem, typename G = kernels::Acc<Elem>>
 struct Run {
   static constexpr bool kDevice = std::is_same_v<Elem, kernels::bf16>;
   // How the watchdog names the host's waits for the GPU.
@@ -45,8 +46,8 @@ struct Run {
   memory::Arena& arena;  // own_arena, or one the caller reserved up front
   parallel::ProcessGroups own_groups;
   parallel::ProcessGroups& groups;
-  LlamaStage<Elem> stage;
-  Optimizer<Elem> optim;
+  LlamaStage<Elem, G> stage;
+  Optimizer<Elem, G> optim;
   data::TokenData data;
   std::unique_ptr<data::Loader> loader, val_loader;
   std::ofstream metrics;

@@ -41,8 +41,8 @@ void gather_tp(parallel::Comm& tp, const ParamSpec& p, const float* local, float
 
 // A stage's weights, Adam m and v as full tensors, back to back in the order
 // of its param specs.
-template <typename Elem>
-std::vector<float> stage_full_state(LlamaStage<Elem>& stage, Optimizer<Elem>& opt) {
+template <typename Elem, typename G>
+std::vector<float> stage_full_state(LlamaStage<Elem, G>& stage, Optimizer<Elem, G>& opt) {
   std::vector<float> w, m, v;
   opt.weights_full(w);
   opt.state_full(m, v);
@@ -63,8 +63,8 @@ std::vector<float> stage_full_state(LlamaStage<Elem>& stage, Optimizer<Elem>& op
 
 }  // namespace
 
-template <typename Elem>
-void state_save(const std::string& dir, LlamaStage<Elem>& stage, Optimizer<Elem>& opt,
+template <typename Elem, typename G>
+void state_save(const std::string& dir, LlamaStage<Elem, G>& stage, Optimizer<Elem, G>& opt,
                 const SaveInfo& info) {
   // Every tp rank takes part in the gathers; the first tp/dp rank of each
   // stage sends its stage to world rank 0 over the pp group, which writes.
@@ -123,8 +123,9 @@ void state_save(const std::string& dir, LlamaStage<Elem>& stage, Optimizer<Elem>
   g.world->barrier();
 }
 
-template <typename Elem>
-void state_load(const checkpoint::Checkpoint& ck, LlamaStage<Elem>& stage, Optimizer<Elem>* optim) {
+template <typename Elem, typename G>
+void state_load(const checkpoint::Checkpoint& ck, LlamaStage<Elem, G>& stage,
+                std::type_identity_t<Optimizer<Elem, G>>* optim) {
   checkpoint::check_compatible(ck.manifest, stage.model(), ck.dir);
   std::vector<float> w(size_t(stage.param_elements())), m(w.size()), v(w.size());
   for (const auto& p : stage.params().specs) {
@@ -142,10 +143,13 @@ void state_load(const checkpoint::Checkpoint& ck, LlamaStage<Elem>& stage, Optim
   optim->restore(ck.manifest.optimizer.step, ck.manifest.run.value("nonfinite_total", int64_t{0}));
 }
 
-template void state_save(const std::string&, LlamaStage<float>&, Optimizer<float>&, const SaveInfo&);
-template void state_save(const std::string&, LlamaStage<kernels::bf16>&, Optimizer<kernels::bf16>&,
-                         const SaveInfo&);
-template void state_load(const checkpoint::Checkpoint&, LlamaStage<float>&, Optimizer<float>*);
-template void state_load(const checkpoint::Checkpoint&, LlamaStage<kernels::bf16>&, Optimizer<kernels::bf16>*);
+// The stage types a run trains: CPU fp32, and bf16 with fp32 or bf16 gradients.
+#define WEFT_STATE_IO(E, G)                                                                          \
+  template void state_save(const std::string&, LlamaStage<E, G>&, Optimizer<E, G>&, const SaveInfo&); \
+  template void state_load<E, G>(const checkpoint::Checkpoint&, LlamaStage<E, G>&, Optimizer<E, G>*);
+WEFT_STATE_IO(float, float)
+WEFT_STATE_IO(kernels::bf16, float)
+WEFT_STATE_IO(kernels::bf16, kernels::bf16)
+#undef WEFT_STATE_IO
 
 }  // namespace weft::trainer

@@ -1,6 +1,7 @@
 // adamw on CUDA: the update of every tensor of a step in one launch (one per
-// kTensorsPerLaunch tensors), mixed precision: fp32 master weights, gradients
-// and moments, and the bf16 weights the model computes with.
+// kTensorsPerLaunch tensors), mixed precision: fp32 master weights and
+// moments, fp32 or bf16 gradients (grad:bf16; widened as they are read), and
+// the bf16 weights the model computes with.
 //
 // Each tensor is cut into chunks of kChunk elements and the chunks of all
 // tensors are numbered in one sequence. A grid sized to fill the SMs walks
@@ -16,12 +17,14 @@
 // param as the master's rounding to nearest even in the same pass, so no
 // separate narrowing pass over the weights is needed. Each element's master,
 // m and v are read and written once, its grad read once and its param
-// written once (never read): 30 bytes an element, the minimum. 16-byte
+// written once (never read): 30 bytes an element (28 with bf16 gradients),
+// the minimum. 16-byte
 // accesses where a tensor's five pointers are aligned (the arena aligns to
 // 64 bytes), element by element otherwise and for each tensor's tail. The
 // per-step scalars are computed once in double, as the CPU backend and
 // PyTorch compute them, then rounded to fp32.
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/adamw/adamw.h"
 #include "kernels/adamw/adamw_check.h"
@@ -47,10 +50,12 @@ struct Scalars {
       decay_factor;
 };
 
+// G: the gradients' device type, float or nv_bf16.
+template <typename G>
 struct TensorArg {
   nv_bf16* param;     // (n) written, never read
   float* master;      // (n)
-  const float* grad;  // (n)
+  const G* grad;      // (n)
   float* m;           // (n)
   float* v;           // (n)
   int64_t n;
@@ -59,15 +64,17 @@ struct TensorArg {
   int32_t vec;          // all five pointers 16-byte aligned
 };
 
+template <typename G>
 struct Batch {
   Scalars s;
   int32_t count = 0;
   int64_t chunks = 0;
-  TensorArg t[kTensorsPerLaunch];
+  TensorArg<G> t[kTensorsPerLaunch];
 };
 
 // CUDA 12.1+ takes kernel parameters up to 32764 bytes on sm_70 and newer.
-static_assert(sizeof(Batch) <= 32764, "the tensor table must fit a kernel parameter");
+static_assert(sizeof(Batch<float>) <= 32764 && sizeof(Batch<nv_bf16>) <= 32764,
+              "the tensor table must fit a kernel parameter");
 
 __device__ __forceinline__ void adam_update(float& param, float grad, float& m, float& v,
                                             const Scalars& s, bool decay) {
@@ -79,7 +86,8 @@ __device__ __forceinline__ void adam_update(float& param, float grad, float& m, 
   param -= s.step_size * (m / (sqrtf(v) / s.bias2_sqrt + s.eps));
 }
 
-__global__ void __launch_bounds__(kThreads) adamw_kernel(const __grid_constant__ Batch b) {
+template <typename G>
+__global__ void __launch_bounds__(kThreads) adamw_kernel(const __grid_constant__ Batch<G> b) {
   for (int64_t chunk = blockIdx.x; chunk < b.chunks; chunk += gridDim.x) {
     int lo = 0, hi = b.count - 1;
     while (lo < hi) {
@@ -89,7 +97,7 @@ __global__ void __launch_bounds__(kThreads) adamw_kernel(const __grid_constant__
       else
         hi = mid - 1;
     }
-    const TensorArg& t = b.t[lo];
+    const TensorArg<G>& t = b.t[lo];
     const bool decay = t.decay != 0;
     const int64_t begin = (chunk - t.first_chunk) * kChunk;
     const int64_t end = min(t.n, begin + kChunk);
@@ -107,7 +115,7 @@ __global__ void __launch_bounds__(kThreads) adamw_kernel(const __grid_constant__
     }
     for (int64_t i = vec_end + threadIdx.x; i < end; i += kThreads) {
       float master = t.master[i], m = t.m[i], v = t.v[i];
-      adam_update(master, t.grad[i], m, v, b.s, decay);
+      adam_update(master, gpu::to_float(t.grad[i]), m, v, b.s, decay);
       t.master[i] = master;
       t.param[i] = gpu::to_bf16(master);
       t.m[i] = m;
@@ -117,23 +125,32 @@ __global__ void __launch_bounds__(kThreads) adamw_kernel(const __grid_constant__
 }
 
 // The shared rules (adamw_check.h); this backend adds no limits.
-Status check(const AdamwParams<bf16>& p) { return params_check(p); }
+template <typename G>
+Status check(const AdamwParams<bf16, G>& p) {
+  return params_check(p);
+}
 
-int64_t scratch(const AdamwParams<bf16>&) { return 0; }
+template <typename G>
+int64_t scratch(const AdamwParams<bf16, G>&) {
+  return 0;
+}
 
-void flush(Batch& batch, cudaStream_t stream) {
+template <typename G>
+void flush(Batch<G>& batch, cudaStream_t stream) {
   if (batch.count == 0) return;
-  adamw_kernel<<<gpu::grid_blocks(batch.chunks * kThreads, kThreads), kThreads, 0, stream>>>(batch);
+  adamw_kernel<G><<<gpu::grid_blocks(batch.chunks * kThreads, kThreads), kThreads, 0, stream>>>(batch);
   WEFT_LAUNCH_CHECK(stream, "adamw_kernel");
   batch.count = 0;
   batch.chunks = 0;
 }
 
-Status run(const AdamwParams<bf16>& p, Workspace, cudaStream_t stream) {
+template <typename G>
+Status run(const AdamwParams<bf16, G>& p, Workspace, cudaStream_t stream) {
   const double t = static_cast<double>(p.step);
   const double bias1 = 1.0 - std::pow(p.beta1, t);
   const double bias2 = 1.0 - std::pow(p.beta2, t);
-  Batch batch;
+  using DeviceGrad = std::conditional_t<std::is_same_v<G, bf16>, nv_bf16, float>;
+  Batch<DeviceGrad> batch;
   batch.s = Scalars{.step_size = float(p.lr / bias1),
                     .bias2_sqrt = float(std::sqrt(bias2)),
                     .beta2 = float(p.beta2),
@@ -142,20 +159,20 @@ Status run(const AdamwParams<bf16>& p, Workspace, cudaStream_t stream) {
                     .eps = float(p.eps),
                     .grad_scale = float(p.grad_scale),
                     .decay_factor = float(1.0 - p.lr * p.weight_decay)};
-  for (const AdamwTensor<bf16>& tensor : p.tensors) {
+  for (const AdamwTensor<bf16, G>& tensor : p.tensors) {
     if (tensor.n == 0) continue;
-    TensorArg& a = batch.t[batch.count++];
-    a = TensorArg{.param = gpu::dev(tensor.param),
-                  .master = tensor.master,
-                  .grad = tensor.grad,
-                  .m = tensor.m,
-                  .v = tensor.v,
-                  .n = tensor.n,
-                  .first_chunk = batch.chunks,
-                  .decay = tensor.decay == WeightDecay::apply && p.weight_decay != 0,
-                  .vec = gpu::aligned16(tensor.param) && gpu::aligned16(tensor.master) &&
-                         gpu::aligned16(tensor.grad) && gpu::aligned16(tensor.m) &&
-                         gpu::aligned16(tensor.v)};
+    TensorArg<DeviceGrad>& a = batch.t[batch.count++];
+    a = TensorArg<DeviceGrad>{.param = gpu::dev(tensor.param),
+                              .master = tensor.master,
+                              .grad = gpu::dev(tensor.grad),
+                              .m = tensor.m,
+                              .v = tensor.v,
+                              .n = tensor.n,
+                              .first_chunk = batch.chunks,
+                              .decay = tensor.decay == WeightDecay::apply && p.weight_decay != 0,
+                              .vec = gpu::aligned16(tensor.param) && gpu::aligned16(tensor.master) &&
+                                     gpu::aligned16(tensor.grad) && gpu::aligned16(tensor.m) &&
+                                     gpu::aligned16(tensor.v)};
     batch.chunks += (tensor.n + kChunk - 1) / kChunk;
     if (batch.count == kTensorsPerLaunch) flush(batch, stream);
   }
@@ -166,5 +183,6 @@ Status run(const AdamwParams<bf16>& p, Workspace, cudaStream_t stream) {
 }  // namespace
 
 WEFT_CUDA_INSTANTIATE(AdamwParams)
+WEFT_CUDA_INSTANTIATE_BF16_GRAD(AdamwParams)
 
 }  // namespace weft::kernels

@@ -9,11 +9,12 @@
 // grad_scale folds gradient clipping (and loss-scale division) into the
 // update instead of a separate pass over the gradients.
 //
-// Mixed precision: gradients, moments and the master weights are in Acc. For
-// fp32 and fp64 the weights are their own master (master is nullptr); for
-// bf16 the update runs on the fp32 master and param receives its rounding
-// (to nearest even) in the same pass, so the bf16 compute copy never needs a
-// separate cast over the parameters.
+// Mixed precision: moments and the master weights are in Acc, gradients in
+// G: by default Acc too, or bf16 (grad:bf16, the CUDA backend only), each
+// widened to fp32 as it is read. For fp32 and fp64 the weights are their own
+// master (master is nullptr); for bf16 the update runs on the fp32 master and
+// param receives its rounding (to nearest even) in the same pass, so the bf16
+// compute copy never needs a separate cast over the parameters.
 #pragma once
 
 #include <cstdint>
@@ -25,20 +26,20 @@ namespace weft::kernels {
 
 enum class WeightDecay { skip, apply };  // norms and (by convention) embeddings skip
 
-template <typename Elem>
+template <typename Elem, typename G = Acc<Elem>>
 struct AdamwTensor {
   Elem* param = nullptr;            // (n) the weights the model computes with
   Acc<Elem>* master = nullptr;      // (n) required exactly when Elem is narrower than Acc
-  const Acc<Elem>* grad = nullptr;  // (n)
+  const G* grad = nullptr;          // (n)
   Acc<Elem>* m = nullptr;           // (n) first moment
   Acc<Elem>* v = nullptr;           // (n) second moment
   int64_t n = 0;
   WeightDecay decay = WeightDecay::apply;
 };
 
-template <typename Elem>
+template <typename Elem, typename G = Acc<Elem>>
 struct AdamwParams {
-  std::span<const AdamwTensor<Elem>> tensors;
+  std::span<const AdamwTensor<Elem, G>> tensors;
   int64_t step = 1;  // 1-based count of updates including this one (bias correction)
   double lr = 1e-3;
   double beta1 = 0.9;
@@ -48,11 +49,11 @@ struct AdamwParams {
   double grad_scale = 1.0;
 };
 
-template <typename Elem>
-bool supports(const AdamwParams<Elem>& p, Backend backend = Backend::cpu);
-template <typename Elem>
-int64_t workspace_bytes(const AdamwParams<Elem>& p, Backend backend = Backend::cpu);
-template <typename Elem>
-Status launch(const AdamwParams<Elem>& p, Workspace ws, Stream stream = {});
+template <typename Elem, typename G>
+bool supports(const AdamwParams<Elem, G>& p, Backend backend = Backend::cpu);
+template <typename Elem, typename G>
+int64_t workspace_bytes(const AdamwParams<Elem, G>& p, Backend backend = Backend::cpu);
+template <typename Elem, typename G>
+Status launch(const AdamwParams<Elem, G>& p, Workspace ws, Stream stream = {});
 
 }  // namespace weft::kernels

@@ -10,8 +10,8 @@
 
 namespace weft::kernels {
 
-template <typename Elem>
-Status params_check(const AdamwParams<Elem>& p) {
+template <typename Elem, typename G>
+Status params_check(const AdamwParams<Elem, G>& p) {
   const bool finite = std::isfinite(p.lr) && std::isfinite(p.beta1) && std::isfinite(p.beta2) &&
                       std::isfinite(p.eps) && std::isfinite(p.weight_decay) &&
                       std::isfinite(p.grad_scale);
@@ -20,7 +20,7 @@ Status params_check(const AdamwParams<Elem>& p) {
     return Status::invalid_argument;
   // A master copy exists exactly where the weights are narrower than Acc.
   constexpr bool needs_master = sizeof(Elem) < sizeof(Acc<Elem>);
-  for (const AdamwTensor<Elem>& t : p.tensors)
+  for (const AdamwTensor<Elem, G>& t : p.tensors)
     if (t.n < 0 || !cpu::present(t.param, t.n) || !cpu::present(t.grad, t.n) ||
         !cpu::present(t.m, t.n) || !cpu::present(t.v, t.n) ||
         (needs_master ? !cpu::present(t.master, t.n) : t.master != nullptr))

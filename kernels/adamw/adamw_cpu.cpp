@@ -12,18 +12,18 @@
 
 namespace weft::kernels {
 
-template <typename Elem>
-bool supports(const AdamwParams<Elem>& p, Backend backend) {
+template <typename Elem, typename G>
+bool supports(const AdamwParams<Elem, G>& p, Backend backend) {
   return backend == Backend::cpu && params_check(p) == Status::ok;
 }
 
-template <typename Elem>
-int64_t workspace_bytes(const AdamwParams<Elem>&, Backend) {
+template <typename Elem, typename G>
+int64_t workspace_bytes(const AdamwParams<Elem, G>&, Backend) {
   return 0;
 }
 
-template <typename Elem>
-Status launch(const AdamwParams<Elem>& p, Workspace ws, Stream stream) {
+template <typename Elem, typename G>
+Status launch(const AdamwParams<Elem, G>& p, Workspace ws, Stream stream) {
   using A = Acc<Elem>;
   if (Status s = cpu::preflight(params_check(p), 0, ws, stream); s != Status::ok) return s;
   const double t = static_cast<double>(p.step);
@@ -35,7 +35,7 @@ Status launch(const AdamwParams<Elem>& p, Workspace ws, Stream stream) {
   const A beta2 = A(p.beta2), one_minus_beta1 = A(1.0 - p.beta1), one_minus_beta2 = A(1.0 - p.beta2);
   const A eps = A(p.eps), grad_scale = A(p.grad_scale);
   const A decay_factor = A(1.0 - p.lr * p.weight_decay);
-  for (const AdamwTensor<Elem>& tensor : p.tensors) {
+  for (const AdamwTensor<Elem, G>& tensor : p.tensors) {
     const bool decay = tensor.decay == WeightDecay::apply && p.weight_decay != 0;
 #pragma omp parallel for schedule(static) if (cpu::worth_parallel(tensor.n))
     for (int64_t i = 0; i < tensor.n; ++i) {

@@ -1,4 +1,5 @@
-// embedding on CUDA, bf16 table and rows, fp32 table gradient, vocab-parallel.
+// embedding on CUDA, bf16 table and rows, fp32 or bf16 table gradient,
+// vocab-parallel.
 //
 // Forward: one block per token row copies the table row (or writes zeros for
 // a token of another shard) in 16-byte pieces; C = 4096 is 512 pieces, one
@@ -9,11 +10,12 @@
 // grouped by token with a stable radix sort of (token, row) pairs (CUB;
 // out-of-shard tokens get the key V_local and sort last), and one block per
 // run of equal tokens and per 1024-column slice adds its rows' gradients in
-// row order to the fp32 table gradient, read once and written once. Starting
-// from the table entry makes the adds the CPU's own, in its order, so the
-// result is bit-identical to the CPU float backend on the same bf16 inputs;
-// deterministic on every run, and the dout traffic is the minimum (each row
-// read once). A
+// row order to the table gradient, read once and written once. Starting
+// from the table entry makes the adds the CPU's own, in its order, so an
+// fp32 result is bit-identical to the CPU float backend on the same bf16
+// inputs, and a bf16 one (grad:bf16: the sum is kept in fp32 and rounded
+// once, at the store) is that result's rounding; deterministic on every run,
+// and the dout traffic is the minimum (each row read once). A
 // frequent token makes one long run, summed by one block per column slice;
 // at a few percent of the rows that costs little next to the GEMMs.
 //
@@ -92,20 +94,21 @@ __global__ void __launch_bounds__(kKeyThreads)
 // Block (position, column slice): when `position` starts a run of equal keys
 // in the sorted order, sum that run's dout rows over the slice (in row order,
 // the sort being stable) to the table gradient's row, starting from its value.
-template <bool kVectorized>
+// G: float, or nv_bf16 (the fp32 sum rounded once).
+template <bool kVectorized, typename G>
 __global__ void __launch_bounds__(kSumThreads)
     embedding_sum_runs_kernel(int64_t n, int64_t C, int64_t V_local,
                               const uint32_t* keys,   // (rows) sorted
                               const int32_t* rows,    // (rows) the row of each sorted key
                               const nv_bf16* dout,    // (rows, C)
-                              float* dtable) {        // (V_local, C)
+                              G* dtable) {            // (V_local, C)
   const int64_t position = blockIdx.x;
   const uint32_t key = keys[position];
   if (key >= V_local || (position > 0 && keys[position - 1] == key)) return;
   const int64_t width = kVectorized ? kVec : 1;
   const int64_t c = (int64_t(blockIdx.y) * blockDim.x + threadIdx.x) * width;
   if (c >= C) return;
-  float* dst = dtable + int64_t(key) * C + c;
+  G* dst = dtable + int64_t(key) * C + c;
   if constexpr (kVectorized) {
     gpu::Float8 acc = gpu::load8(dst);
     for (int64_t j = position; j < n && keys[j] == key; ++j) {
@@ -115,10 +118,10 @@ __global__ void __launch_bounds__(kSumThreads)
     }
     gpu::store8(dst, acc);
   } else {
-    float acc = *dst;
+    float acc = gpu::to_float(*dst);
     for (int64_t j = position; j < n && keys[j] == key; ++j)
       acc += gpu::to_float(dout[int64_t(rows[j]) * C + c]);
-    *dst = acc;
+    gpu::put(*dst, acc);
   }
 }
 
@@ -128,14 +131,16 @@ Status check(const EmbeddingForwardParams<bf16>& p) {
   return params_check(p);
 }
 
-Status check(const EmbeddingBackwardParams<bf16>& p) {
+template <typename G>
+Status check(const EmbeddingBackwardParams<bf16, G>& p) {
   if (p.rows > gpu::kMaxGridX) return Status::unsupported;
   return params_check(p);
 }
 
 int64_t scratch(const EmbeddingForwardParams<bf16>&) { return gpu::kIdCheckBytes; }
 
-int64_t scratch(const EmbeddingBackwardParams<bf16>& p) {
+template <typename G>
+int64_t scratch(const EmbeddingBackwardParams<bf16, G>& p) {
   return gpu::kIdCheckBytes + 2 * cpu::piece_bytes<uint32_t>(p.rows) +
          2 * cpu::piece_bytes<int32_t>(p.rows) + cpu::align_up(sort_scratch_bound(p.rows));
 }
@@ -156,7 +161,8 @@ Status run(const EmbeddingForwardParams<bf16>& p, Workspace ws, cudaStream_t str
   return Status::ok;
 }
 
-Status run(const EmbeddingBackwardParams<bf16>& p, Workspace ws, cudaStream_t stream) {
+template <typename G>
+Status run(const EmbeddingBackwardParams<bf16, G>& p, Workspace ws, cudaStream_t stream) {
   if (p.rows == 0) return Status::ok;
   // The sum's grid has a block per row and up to 65535 blocks of columns (C up to 8M).
   if (p.C > int64_t{65535} * kSumThreads) return Status::unsupported;
@@ -197,10 +203,10 @@ Status run(const EmbeddingBackwardParams<bf16>& p, Workspace ws, cudaStream_t st
   const dim3 grid(unsigned(p.rows), unsigned(column_blocks));
   if (vec)
     embedding_sum_runs_kernel<true><<<grid, kSumThreads, 0, stream>>>(
-        p.rows, p.C, p.V_local, keys.Current(), rows.Current(), gpu::dev(p.dout), p.dtable);
+        p.rows, p.C, p.V_local, keys.Current(), rows.Current(), gpu::dev(p.dout), gpu::dev(p.dtable));
   else
     embedding_sum_runs_kernel<false><<<grid, kSumThreads, 0, stream>>>(
-        p.rows, p.C, p.V_local, keys.Current(), rows.Current(), gpu::dev(p.dout), p.dtable);
+        p.rows, p.C, p.V_local, keys.Current(), rows.Current(), gpu::dev(p.dout), gpu::dev(p.dtable));
   WEFT_LAUNCH_CHECK(stream, "embedding_sum_runs_kernel");
   return Status::ok;
 }
@@ -209,5 +215,6 @@ Status run(const EmbeddingBackwardParams<bf16>& p, Workspace ws, cudaStream_t st
 
 WEFT_CUDA_INSTANTIATE(EmbeddingForwardParams)
 WEFT_CUDA_INSTANTIATE(EmbeddingBackwardParams)
+WEFT_CUDA_INSTANTIATE_BF16_GRAD(EmbeddingBackwardParams)
 
 }  // namespace weft::kernels

@@ -9,8 +9,10 @@
 // checked them (the trainer scans its token files when it opens them): the
 // CUDA backend then skips its check and the stream synchronisation the check
 // needs, and reads an id outside [0, V) as outside the shard (a zero row, no
-// gradient); the CPU checks either way, at no such cost. The table gradient is in Acc, the main-gradient
-// type (fp32 under bf16 compute).
+// gradient); the CPU checks either way, at no such cost. The table gradient
+// is in G: by default Acc, the main-gradient type (fp32 under bf16 compute);
+// with bf16 gradients (grad:bf16, the CUDA backend only) each entry's rows
+// are added in fp32 to its value and the sum rounded once per launch.
 //
 // rows = B * T tokens.
 #pragma once
@@ -34,7 +36,7 @@ struct EmbeddingForwardParams {
   bool ids_checked = false;
 };
 
-template <typename Elem>
+template <typename Elem, typename G = Acc<Elem>>
 struct EmbeddingBackwardParams {
   int64_t rows = 0;
   int64_t C = 0;
@@ -43,7 +45,7 @@ struct EmbeddingBackwardParams {
   int64_t V_local = 0;
   const int32_t* tokens = nullptr;  // (rows)
   const Elem* dout = nullptr;       // (rows, C)
-  Acc<Elem>* dtable = nullptr;      // (V_local, C) accumulated
+  G* dtable = nullptr;              // (V_local, C) accumulated
   bool ids_checked = false;
 };
 
@@ -54,11 +56,11 @@ int64_t workspace_bytes(const EmbeddingForwardParams<Elem>& p, Backend backend =
 template <typename Elem>
 Status launch(const EmbeddingForwardParams<Elem>& p, Workspace ws, Stream stream = {});
 
-template <typename Elem>
-bool supports(const EmbeddingBackwardParams<Elem>& p, Backend backend = Backend::cpu);
-template <typename Elem>
-int64_t workspace_bytes(const EmbeddingBackwardParams<Elem>& p, Backend backend = Backend::cpu);
-template <typename Elem>
-Status launch(const EmbeddingBackwardParams<Elem>& p, Workspace ws, Stream stream = {});
+template <typename Elem, typename G>
+bool supports(const EmbeddingBackwardParams<Elem, G>& p, Backend backend = Backend::cpu);
+template <typename Elem, typename G>
+int64_t workspace_bytes(const EmbeddingBackwardParams<Elem, G>& p, Backend backend = Backend::cpu);
+template <typename Elem, typename G>
+Status launch(const EmbeddingBackwardParams<Elem, G>& p, Workspace ws, Stream stream = {});
 
 }  // namespace weft::kernels

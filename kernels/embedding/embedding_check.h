@@ -23,8 +23,8 @@ Status params_check(const EmbeddingForwardParams<Elem>& p) {
                         cpu::present(p.out, p.rows * p.C));
 }
 
-template <typename Elem>
-Status params_check(const EmbeddingBackwardParams<Elem>& p) {
+template <typename Elem, typename G>
+Status params_check(const EmbeddingBackwardParams<Elem, G>& p) {
   return cpu::status_of(embedding_shard_valid(p.rows, p.C, p.V, p.vocab_start, p.V_local) &&
                         cpu::present(p.tokens, p.rows) && cpu::present(p.dout, p.rows * p.C) &&
                         cpu::present(p.dtable, p.V_local * p.C));

@@ -54,16 +54,16 @@ Status launch(const EmbeddingForwardParams<Elem>& p, Workspace ws, Stream stream
   return Status::ok;
 }
 
-template <typename Elem>
-bool supports(const EmbeddingBackwardParams<Elem>& p, Backend backend) {
+template <typename Elem, typename G>
+bool supports(const EmbeddingBackwardParams<Elem, G>& p, Backend backend) {
   return backend == Backend::cpu && params_check(p) == Status::ok;
 }
-template <typename Elem>
-int64_t workspace_bytes(const EmbeddingBackwardParams<Elem>&, Backend) {
+template <typename Elem, typename G>
+int64_t workspace_bytes(const EmbeddingBackwardParams<Elem, G>&, Backend) {
   return 0;
 }
-template <typename Elem>
-Status launch(const EmbeddingBackwardParams<Elem>& p, Workspace ws, Stream stream) {
+template <typename Elem, typename G>
+Status launch(const EmbeddingBackwardParams<Elem, G>& p, Workspace ws, Stream stream) {
   if (Status s = cpu::preflight(params_check(p), 0, ws, stream); s != Status::ok) return s;
   tokens_check(p.tokens, p.rows, p.V);
 #pragma omp parallel for schedule(static) if (cpu::worth_parallel(p.rows * p.C))
@@ -72,7 +72,7 @@ Status launch(const EmbeddingBackwardParams<Elem>& p, Workspace ws, Stream strea
     for (int64_t i = 0; i < p.rows; ++i) {
       const int64_t local = int64_t{p.tokens[i]} - p.vocab_start;
       if (local < 0 || local >= p.V_local) continue;
-      Acc<Elem>* dst = p.dtable + local * p.C;
+      G* dst = p.dtable + local * p.C;
       const Elem* src = p.dout + i * p.C;
       for (int64_t c = c0; c < c1; ++c) dst[c] += src[c];
     }

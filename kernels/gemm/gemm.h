@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/kernel.h"
 
@@ -110,14 +111,25 @@ GemmParams<Elem> linear_dgrad_gemm(int64_t rows, int64_t in, int64_t out,
           .a = dy, .lda = out, .b = w, .ldb = in, .c = dx, .ldc = in};
 }
 
+// The GEMM of a weight gradient in G: GemmAccParams when G is Acc<Elem> (the
+// fp32 main gradients of bf16 compute; the element type itself in fp32 and
+// fp64), GemmParams when the gradients are in the element type, bf16
+// (grad:bf16): cuBLASLt then reads dW in bf16, adds the fp32 product and
+// rounds once per call.
+template <typename Elem, typename G>
+using WgradGemmParams =
+    std::conditional_t<std::is_same_v<G, Acc<Elem>>, GemmAccParams<Elem>, GemmParams<Elem>>;
+
 // Weight gradient: dW += dy^T x, accumulating over micro-batches by default,
-// into the main gradients, which are in Acc (fp32 under bf16 compute).
-template <typename Elem>
-GemmAccParams<Elem> linear_wgrad_gemm(int64_t rows, int64_t in, int64_t out,
-                                      const Elem* dy,  // (rows, out)
-                                      const Elem* x,   // (rows, in)
-                                      Acc<Elem>* dw,   // (out, in)
-                                      Write write = Write::accumulate) {
+// into the gradients, which are in Acc (fp32 under bf16 compute) or, with
+// bf16 gradients, in Elem.
+template <typename Elem, typename G = Acc<Elem>>
+WgradGemmParams<Elem, G> linear_wgrad_gemm(int64_t rows, int64_t in, int64_t out,
+                                           const Elem* dy,  // (rows, out)
+                                           const Elem* x,   // (rows, in)
+                                           G* dw,           // (out, in)
+                                           Write write = Write::accumulate) {
+  static_assert(std::is_same_v<G, Acc<Elem>> || std::is_same_v<G, Elem>);
   return {.trans_a = Trans::yes, .trans_b = Trans::no, .m = out, .n = in, .k = rows,
           .alpha = Acc<Elem>(1), .beta = write == Write::accumulate ? Acc<Elem>(1) : Acc<Elem>(0),
           .a = dy, .lda = out, .b = x, .ldb = in, .c = dw, .ldc = in};

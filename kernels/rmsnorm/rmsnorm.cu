@@ -1,4 +1,5 @@
-// rmsnorm on CUDA, bf16 rows, fp32 statistics and arithmetic.
+// rmsnorm on CUDA, bf16 rows, fp32 statistics and arithmetic, dweight in fp32
+// or bf16.
 //
 // Fused forward: one block per row. The first pass adds the residual (writing
 // the rounded sum, the next residual stream) and accumulates the sum of
@@ -16,10 +17,12 @@
 // (grid-stride), each block summing its rows' dweight terms in shared memory
 // (one slot per column, owned by one thread) and writing them as one partial
 // row; a second kernel adds the partials in a fixed order, 32 x 32 threads
-// per 32 columns, and adds the total to dweight, which is fp32 (the main
-// gradient, so a norm weight's gradient is not rounded to bf16 once per
-// micro-batch). Deterministic on every run; the partials (512 x C fp32,
-// written and read back) add about 4% to the row traffic at 16k rows.
+// per 32 columns, and adds the total to dweight: fp32 main gradients by
+// default, so a norm weight's gradient is not rounded to bf16 once per
+// micro-batch; with bf16 gradients (grad:bf16) the entry is read, the fp32
+// total added and the sum rounded once. Deterministic on every run; the
+// partials (512 x C fp32, written and read back) add about 4% to the row
+// traffic at 16k rows.
 //
 // Unfused: the same math as separate launches with materialised fp32
 // intermediates (rstd; x_hat; y / dweight; g; mean(g * x_hat); dx), the
@@ -162,11 +165,12 @@ __global__ void __launch_bounds__(kMaxThreads)
 
 // dweight[c] += sum over the parts of partial[part, c], in part order: thread
 // (tx, ty) sums parts ty, ty + 32, ... of column tx, then row ty = 0 adds the
-// 32 sums in order.
+// 32 sums in order. G: float, or nv_bf16 (one rounding, of the final sum).
+template <typename G>
 __global__ void __launch_bounds__(kReduceTile* kReduceTile)
     dweight_reduce_kernel(int64_t C, int64_t parts,
                           const float* partial,  // (parts, C)
-                          float* dweight) {      // (C)
+                          G* dweight) {          // (C)
   __shared__ float sums[kReduceTile][kReduceTile + 1];
   const int64_t c = int64_t(blockIdx.x) * kReduceTile + threadIdx.x;
   float s = 0;
@@ -177,7 +181,7 @@ __global__ void __launch_bounds__(kReduceTile* kReduceTile)
   if (threadIdx.y == 0 && c < C) {
     float total = 0;
     for (int i = 0; i < kReduceTile; ++i) total += sums[i][threadIdx.x];
-    dweight[c] += total;
+    gpu::put(dweight[c], gpu::to_float(dweight[c]) + total);
   }
 }
 
@@ -342,7 +346,8 @@ void allow_shared(Kernel kernel, int64_t bytes) {
 }
 
 // dweight += the partial sums (parts, C).
-void dweight_reduce(int64_t C, int64_t parts, const float* partial, float* dweight,
+template <typename G>
+void dweight_reduce(int64_t C, int64_t parts, const float* partial, G* dweight,
                     cudaStream_t stream) {
   const dim3 threads(kReduceTile, kReduceTile);
   dweight_reduce_kernel<<<(C + kReduceTile - 1) / kReduceTile, threads, 0, stream>>>(
@@ -356,7 +361,8 @@ Status check(const RmsnormForwardParams<bf16>& p) {
   return params_check(p);
 }
 
-Status check(const RmsnormBackwardParams<bf16>& p) {
+template <typename G>
+Status check(const RmsnormBackwardParams<bf16, G>& p) {
   if (p.C > kMaxBackwardC) return Status::unsupported;
   if (p.rows > gpu::kMaxGridX) return Status::unsupported;
   return params_check(p);
@@ -367,7 +373,8 @@ Status check(const RmsnormUnfusedForwardParams<bf16>& p) {
   return params_check(p);
 }
 
-Status check(const RmsnormUnfusedBackwardParams<bf16>& p) {
+template <typename G>
+Status check(const RmsnormUnfusedBackwardParams<bf16, G>& p) {
   if (p.C > kMaxBackwardC) return Status::unsupported;
   if (p.rows > gpu::kMaxGridX) return Status::unsupported;
   return params_check(p);
@@ -377,13 +384,15 @@ int64_t scratch(const RmsnormForwardParams<bf16>&) { return 0; }
 int64_t scratch(const RmsnormUnfusedForwardParams<bf16>&) { return 0; }
 
 // The partial dweight rows.
-int64_t scratch(const RmsnormBackwardParams<bf16>& p) {
+template <typename G>
+int64_t scratch(const RmsnormBackwardParams<bf16, G>& p) {
   return cpu::piece_bytes<float>(partials(p.rows) * p.C);
 }
 
 // As the header says, g (rows, C) and mean(g * x_hat) (rows), then the
 // partial dweight rows.
-int64_t scratch(const RmsnormUnfusedBackwardParams<bf16>& p) {
+template <typename G>
+int64_t scratch(const RmsnormUnfusedBackwardParams<bf16, G>& p) {
   return cpu::piece_bytes<float>(p.rows * p.C) + cpu::piece_bytes<float>(p.rows) +
          cpu::piece_bytes<float>(partials(p.rows) * p.C);
 }
@@ -398,7 +407,8 @@ Status run(const RmsnormForwardParams<bf16>& p, Workspace, cudaStream_t stream) 
   return Status::ok;
 }
 
-Status run(const RmsnormBackwardParams<bf16>& p, Workspace ws, cudaStream_t stream) {
+template <typename G>
+Status run(const RmsnormBackwardParams<bf16, G>& p, Workspace ws, cudaStream_t stream) {
   if (p.rows == 0) return Status::ok;
   const int64_t parts = partials(p.rows);
   float* partial = cpu::WorkspaceCarver(ws).take<float>(parts * p.C);
@@ -409,7 +419,7 @@ Status run(const RmsnormBackwardParams<bf16>& p, Workspace ws, cudaStream_t stre
   WEFT_RMSNORM_LAUNCH(fused_backward_kernel, vec, parts, threads_for(p.C, vec), smem, stream,
                       p.rows, p.C, gpu::dev(p.x), gpu::dev(p.weight), p.rstd, gpu::dev(p.dy),
                       gpu::dev(p.dx), p.dx_write == Write::accumulate, partial);
-  dweight_reduce(p.C, parts, partial, p.dweight, stream);
+  dweight_reduce(p.C, parts, partial, gpu::dev(p.dweight), stream);
   return Status::ok;
 }
 
@@ -426,7 +436,8 @@ Status run(const RmsnormUnfusedForwardParams<bf16>& p, Workspace, cudaStream_t s
   return Status::ok;
 }
 
-Status run(const RmsnormUnfusedBackwardParams<bf16>& p, Workspace ws, cudaStream_t stream) {
+template <typename G>
+Status run(const RmsnormUnfusedBackwardParams<bf16, G>& p, Workspace ws, cudaStream_t stream) {
   if (p.rows == 0) return Status::ok;
   const int64_t parts = partials(p.rows);
   cpu::WorkspaceCarver carve(ws);
@@ -440,7 +451,7 @@ Status run(const RmsnormUnfusedBackwardParams<bf16>& p, Workspace ws, cudaStream
   allow_shared(dweight_partial_kernel<1>, smem);
   WEFT_RMSNORM_LAUNCH(dweight_partial_kernel, vec, parts, threads, smem, stream, p.rows, p.C,
                       gpu::dev(p.dy), p.x_hat, partial);
-  dweight_reduce(p.C, parts, partial, p.dweight, stream);
+  dweight_reduce(p.C, parts, partial, gpu::dev(p.dweight), stream);
   WEFT_RMSNORM_LAUNCH(dy_times_weight_kernel, vec, p.rows, threads, 0, stream, p.C, gpu::dev(p.dy),
                       gpu::dev(p.weight), g);
   WEFT_RMSNORM_LAUNCH(row_mean_kernel, vec, p.rows, threads, 0, stream, p.C, g, p.x_hat, mean);
@@ -455,5 +466,7 @@ WEFT_CUDA_INSTANTIATE(RmsnormForwardParams)
 WEFT_CUDA_INSTANTIATE(RmsnormBackwardParams)
 WEFT_CUDA_INSTANTIATE(RmsnormUnfusedForwardParams)
 WEFT_CUDA_INSTANTIATE(RmsnormUnfusedBackwardParams)
+WEFT_CUDA_INSTANTIATE_BF16_GRAD(RmsnormBackwardParams)
+WEFT_CUDA_INSTANTIATE_BF16_GRAD(RmsnormUnfusedBackwardParams)
 
 }  // namespace weft::kernels

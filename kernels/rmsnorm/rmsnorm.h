@@ -8,11 +8,13 @@
 //   unfused  a composition of separate simple ops, as an eager framework
 //            runs it; keeps rstd and the normalised x_hat (rows, C) in Acc,
 //            which the memory model counts.
-// In both backwards dweight accumulates (over rows and micro-batches) in Acc,
-// the main-gradient type (fp32 under bf16 compute, so a norm weight's
-// gradient is not rounded to bf16 once per micro-batch), and dx is
-// overwritten or, with Write::accumulate, added to the residual stream's
-// gradient.
+// In both backwards dweight accumulates (over rows and micro-batches) in the
+// gradient type G: by default Acc, the main-gradient type (fp32 under bf16
+// compute, so a norm weight's gradient is not rounded to bf16 once per
+// micro-batch); with bf16 gradients (grad:bf16, the CUDA backend only) the
+// sum over rows is taken in fp32 and added to dweight with one rounding per
+// launch. dx is overwritten or, with Write::accumulate, added to the
+// residual stream's gradient.
 //
 // rows = B * T, or B * T / tp of a sequence-parallel shard.
 #pragma once
@@ -36,7 +38,7 @@ struct RmsnormForwardParams {
   Acc<Elem>* rstd = nullptr;       // (rows) saved for the backward
 };
 
-template <typename Elem>
+template <typename Elem, typename G = Acc<Elem>>
 struct RmsnormBackwardParams {
   int64_t rows = 0;
   int64_t C = 0;
@@ -46,7 +48,7 @@ struct RmsnormBackwardParams {
   const Elem* dy = nullptr;         // (rows, C)
   Elem* dx = nullptr;               // (rows, C)
   Write dx_write = Write::overwrite;
-  Acc<Elem>* dweight = nullptr;  // (C) accumulated
+  G* dweight = nullptr;  // (C) accumulated
 };
 
 template <typename Elem>
@@ -61,7 +63,7 @@ struct RmsnormUnfusedForwardParams {
   Acc<Elem>* x_hat = nullptr;    // (rows, C) x * rstd, kept
 };
 
-template <typename Elem>
+template <typename Elem, typename G = Acc<Elem>>
 struct RmsnormUnfusedBackwardParams {
   int64_t rows = 0;
   int64_t C = 0;
@@ -71,7 +73,7 @@ struct RmsnormUnfusedBackwardParams {
   const Elem* dy = nullptr;          // (rows, C)
   Elem* dx = nullptr;                // (rows, C)
   Write dx_write = Write::overwrite;
-  Acc<Elem>* dweight = nullptr;  // (C) accumulated
+  G* dweight = nullptr;  // (C) accumulated
 };
 
 template <typename Elem>
@@ -81,12 +83,12 @@ int64_t workspace_bytes(const RmsnormForwardParams<Elem>& p, Backend backend = B
 template <typename Elem>
 Status launch(const RmsnormForwardParams<Elem>& p, Workspace ws, Stream stream = {});
 
-template <typename Elem>
-bool supports(const RmsnormBackwardParams<Elem>& p, Backend backend = Backend::cpu);
-template <typename Elem>
-int64_t workspace_bytes(const RmsnormBackwardParams<Elem>& p, Backend backend = Backend::cpu);
-template <typename Elem>
-Status launch(const RmsnormBackwardParams<Elem>& p, Workspace ws, Stream stream = {});
+template <typename Elem, typename G>
+bool supports(const RmsnormBackwardParams<Elem, G>& p, Backend backend = Backend::cpu);
+template <typename Elem, typename G>
+int64_t workspace_bytes(const RmsnormBackwardParams<Elem, G>& p, Backend backend = Backend::cpu);
+template <typename Elem, typename G>
+Status launch(const RmsnormBackwardParams<Elem, G>& p, Workspace ws, Stream stream = {});
 
 template <typename Elem>
 bool supports(const RmsnormUnfusedForwardParams<Elem>& p, Backend backend = Backend::cpu);
@@ -97,11 +99,11 @@ Status launch(const RmsnormUnfusedForwardParams<Elem>& p, Workspace ws, Stream s
 
 // Workspace: the intermediates of its separate ops, g = dy * w (rows, C) and
 // mean(g * x_hat) (rows), in Acc.
-template <typename Elem>
-bool supports(const RmsnormUnfusedBackwardParams<Elem>& p, Backend backend = Backend::cpu);
-template <typename Elem>
-int64_t workspace_bytes(const RmsnormUnfusedBackwardParams<Elem>& p, Backend backend = Backend::cpu);
-template <typename Elem>
-Status launch(const RmsnormUnfusedBackwardParams<Elem>& p, Workspace ws, Stream stream = {});
+template <typename Elem, typename G>
+bool supports(const RmsnormUnfusedBackwardParams<Elem, G>& p, Backend backend = Backend::cpu);
+template <typename Elem, typename G>
+int64_t workspace_bytes(const RmsnormUnfusedBackwardParams<Elem, G>& p, Backend backend = Backend::cpu);
+template <typename Elem, typename G>
+Status launch(const RmsnormUnfusedBackwardParams<Elem, G>& p, Workspace ws, Stream stream = {});
 
 }  // namespace weft::kernels

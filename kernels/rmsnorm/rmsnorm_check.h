@@ -19,8 +19,8 @@ Status params_check(const RmsnormForwardParams<Elem>& p) {
   return cpu::status_of(ok);
 }
 
-template <typename Elem>
-Status params_check(const RmsnormBackwardParams<Elem>& p) {
+template <typename Elem, typename G>
+Status params_check(const RmsnormBackwardParams<Elem, G>& p) {
   const int64_t n = p.rows * p.C;
   const bool ok = p.rows >= 0 && p.C >= 1 && cpu::present(p.x, n) && cpu::present(p.weight, p.C) &&
                   cpu::present(p.rstd, p.rows) && cpu::present(p.dy, n) && cpu::present(p.dx, n) &&
@@ -37,8 +37,8 @@ Status params_check(const RmsnormUnfusedForwardParams<Elem>& p) {
   return cpu::status_of(ok);
 }
 
-template <typename Elem>
-Status params_check(const RmsnormUnfusedBackwardParams<Elem>& p) {
+template <typename Elem, typename G>
+Status params_check(const RmsnormUnfusedBackwardParams<Elem, G>& p) {
   const int64_t n = p.rows * p.C;
   const bool ok = p.rows >= 0 && p.C >= 1 && cpu::present(p.x_hat, n) &&
                   cpu::present(p.rstd, p.rows) && cpu::present(p.weight, p.C) &&

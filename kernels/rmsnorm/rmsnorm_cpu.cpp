@@ -37,8 +37,8 @@ void store(Elem* dst, Acc<Elem> value, Write write) {
 }
 
 // dweight[c] += sum_r dy[r, c] * x_hat(r, c), parallel over column blocks.
-template <typename Elem, typename XHat>
-void dweight_accumulate(int64_t rows, int64_t C, const Elem* dy, XHat x_hat, Acc<Elem>* dweight) {
+template <typename Elem, typename G, typename XHat>
+void dweight_accumulate(int64_t rows, int64_t C, const Elem* dy, XHat x_hat, G* dweight) {
   using A = Acc<Elem>;
 #pragma omp parallel for schedule(static) if (cpu::worth_parallel(rows * C))
   for (int64_t c0 = 0; c0 < C; c0 += cpu::kColumnBlock) {
@@ -70,8 +70,8 @@ void fused_forward(const RmsnormForwardParams<Elem>& p) {
   }
 }
 
-template <typename Elem>
-void fused_backward(const RmsnormBackwardParams<Elem>& p) {
+template <typename Elem, typename G>
+void fused_backward(const RmsnormBackwardParams<Elem, G>& p) {
   using A = Acc<Elem>;
   const int64_t C = p.C;
 #pragma omp parallel for schedule(static) if (cpu::worth_parallel(p.rows * C))
@@ -109,8 +109,8 @@ void unfused_forward(const RmsnormUnfusedForwardParams<Elem>& p) {
       p.y[r * C + c] = Elem(A(p.weight[c]) * A(Elem(p.x_hat[r * C + c])));
 }
 
-template <typename Elem>
-void unfused_backward(const RmsnormUnfusedBackwardParams<Elem>& p, Acc<Elem>* g,
+template <typename Elem, typename G>
+void unfused_backward(const RmsnormUnfusedBackwardParams<Elem, G>& p, Acc<Elem>* g,
                       Acc<Elem>* g_dot_xhat) {
   using A = Acc<Elem>;
   const int64_t C = p.C;
@@ -149,16 +149,16 @@ Status launch(const RmsnormForwardParams<Elem>& p, Workspace ws, Stream stream) 
   return Status::ok;
 }
 
-template <typename Elem>
-bool supports(const RmsnormBackwardParams<Elem>& p, Backend backend) {
+template <typename Elem, typename G>
+bool supports(const RmsnormBackwardParams<Elem, G>& p, Backend backend) {
   return backend == Backend::cpu && params_check(p) == Status::ok;
 }
-template <typename Elem>
-int64_t workspace_bytes(const RmsnormBackwardParams<Elem>&, Backend) {
+template <typename Elem, typename G>
+int64_t workspace_bytes(const RmsnormBackwardParams<Elem, G>&, Backend) {
   return 0;
 }
-template <typename Elem>
-Status launch(const RmsnormBackwardParams<Elem>& p, Workspace ws, Stream stream) {
+template <typename Elem, typename G>
+Status launch(const RmsnormBackwardParams<Elem, G>& p, Workspace ws, Stream stream) {
   if (Status s = cpu::preflight(params_check(p), 0, ws, stream); s != Status::ok) return s;
   fused_backward(p);
   return Status::ok;
@@ -179,17 +179,17 @@ Status launch(const RmsnormUnfusedForwardParams<Elem>& p, Workspace ws, Stream s
   return Status::ok;
 }
 
-template <typename Elem>
-bool supports(const RmsnormUnfusedBackwardParams<Elem>& p, Backend backend) {
+template <typename Elem, typename G>
+bool supports(const RmsnormUnfusedBackwardParams<Elem, G>& p, Backend backend) {
   return backend == Backend::cpu && params_check(p) == Status::ok;
 }
-template <typename Elem>
-int64_t workspace_bytes(const RmsnormUnfusedBackwardParams<Elem>& p, Backend) {
+template <typename Elem, typename G>
+int64_t workspace_bytes(const RmsnormUnfusedBackwardParams<Elem, G>& p, Backend) {
   if (params_check(p) != Status::ok) return 0;
   return cpu::piece_bytes<Acc<Elem>>(p.rows * p.C) + cpu::piece_bytes<Acc<Elem>>(p.rows);
 }
-template <typename Elem>
-Status launch(const RmsnormUnfusedBackwardParams<Elem>& p, Workspace ws, Stream stream) {
+template <typename Elem, typename G>
+Status launch(const RmsnormUnfusedBackwardParams<Elem, G>& p, Workspace ws, Stream stream) {
   if (Status s = cpu::preflight(params_check(p), workspace_bytes(p), ws, stream); s != Status::ok)
     return s;
   cpu::WorkspaceCarver carve(ws);

@@ -1,11 +1,15 @@
-// adamw on CUDA (bf16 weights, fp32 master weights, gradients and moments)
-// against the CPU backend: several tensors in one launch, with and without
-// weight decay, clipping folded into grad_scale, late steps, more tensors
-// than one launch's table holds, and tensors one element off a 16-byte
-// boundary. The bf16 weights must be the new master's rounding, bit for bit.
+// adamw on CUDA (bf16 weights, fp32 master weights and moments, fp32 or
+// bf16 gradients) against the CPU backend: several tensors in one launch,
+// with and without weight decay, clipping folded into grad_scale, late
+// steps, more tensors than one launch's table holds, and tensors one element
+// off a 16-byte boundary. The bf16 weights must be the new master's
+// rounding, bit for bit. bf16 gradients (grad:bf16) are random values
+// rounded to bf16, which the CPU and the fp64 reference read exactly.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/adamw/adamw.h"
@@ -25,10 +29,12 @@ std::vector<AdamwCase> gpu_adamw_cases() {
   return cases;
 }
 
-// One tensor's fp32 state on the device, `offset` elements into each array
-// (offset 1 puts every pointer off a 16-byte boundary); param starts poisoned.
+// One tensor's state on the device, `offset` elements into each array
+// (offset 1 puts every pointer off a 16-byte boundary); param starts
+// poisoned. G: the gradients' type, float or bf16.
+template <typename G>
 struct DeviceTensor {
-  DeviceTensor(int64_t offset, const std::vector<float>& master0, const std::vector<float>& grad0,
+  DeviceTensor(int64_t offset, const std::vector<float>& master0, const std::vector<G>& grad0,
                const std::vector<float>& m0, const std::vector<float>& v0)
       : offset(offset),
         param(offset + int64_t(master0.size())),
@@ -37,8 +43,9 @@ struct DeviceTensor {
         m(padded(m0)),
         v(padded(v0)) {}
 
-  std::vector<float> padded(const std::vector<float>& values) const {
-    std::vector<float> out(size_t(offset), 0.0f);
+  template <typename T>
+  std::vector<T> padded(const std::vector<T>& values) const {
+    std::vector<T> out(size_t(offset), T{});
     out.insert(out.end(), values.begin(), values.end());
     return out;
   }
@@ -51,21 +58,31 @@ struct DeviceTensor {
 
   int64_t offset;
   DeviceArray<bf16> param;
-  DeviceArray<float> master, grad, m, v;
+  DeviceArray<float> master;
+  DeviceArray<G> grad;
+  DeviceArray<float> m, v;
 };
 
-class GpuAdamw : public ::testing::TestWithParam<AdamwCase> {};
-
-TEST_P(GpuAdamw, MatchesCpu) {
-  const AdamwCase& c = GetParam();
+// The update on the GPU with gradients in G against the CPU's fp32 and fp64
+// updates on the same (for bf16, the rounded) gradient values.
+template <typename G>
+void expect_adamw_matches_cpu(const AdamwCase& c) {
   Rng rng;
   SCOPED_TRACE(rng.trace());
   const double lr = 0.02;
   const size_t count = c.sizes.size();
   std::vector<std::vector<float>> master0, grad, m0, v0;
+  std::vector<std::vector<G>> grad_gpu;
   for (int64_t n : c.sizes) {
     master0.push_back(rng.uniform<float>(n));
-    grad.push_back(rng.uniform<float>(n, -2.0, 2.0));
+    if constexpr (std::is_same_v<G, bf16>) {
+      const Bf16Values g = random_bf16(rng, n, -2.0, 2.0);
+      grad.push_back(g.f);
+      grad_gpu.push_back(g.bits);
+    } else {
+      grad.push_back(rng.uniform<float>(n, -2.0, 2.0));
+      grad_gpu.push_back(grad.back());
+    }
     m0.push_back(rng.uniform<float>(n, -0.1, 0.1));
     v0.push_back(rng.uniform<float>(n, 0.0, 0.05));
   }
@@ -78,16 +95,16 @@ TEST_P(GpuAdamw, MatchesCpu) {
   }
   std::vector<AdamwTensor<double>> t_ref;
   std::vector<AdamwTensor<float>> t_cpu;
-  std::vector<std::unique_ptr<DeviceTensor>> d;
-  std::vector<AdamwTensor<bf16>> t_gpu;
+  std::vector<std::unique_ptr<DeviceTensor<G>>> d;
+  std::vector<AdamwTensor<bf16, G>> t_gpu;
   for (size_t i = 0; i < count; ++i) {
     const WeightDecay decay = i % 2 == 0 ? WeightDecay::apply : WeightDecay::skip;
     const int64_t n = c.sizes[i];
     t_ref.push_back({p_ref[i].data(), nullptr, g_ref[i].data(), m_ref[i].data(), v_ref[i].data(), n, decay});
     t_cpu.push_back({p_cpu[i].data(), nullptr, grad[i].data(), m_cpu[i].data(), v_cpu[i].data(), n, decay});
     const int64_t offset = i % 3 == 2 ? 1 : 0;
-    d.push_back(std::make_unique<DeviceTensor>(offset, master0[i], grad[i], m0[i], v0[i]));
-    const DeviceTensor& t = *d.back();
+    d.push_back(std::make_unique<DeviceTensor<G>>(offset, master0[i], grad_gpu[i], m0[i], v0[i]));
+    const DeviceTensor<G>& t = *d.back();
     t_gpu.push_back({t.param.data() + offset, t.master.data() + offset, t.grad.data() + offset,
                      t.m.data() + offset, t.v.data() + offset, n, decay});
   }
@@ -97,8 +114,8 @@ TEST_P(GpuAdamw, MatchesCpu) {
   ASSERT_EQ(run(AdamwParams<float>{.tensors = t_cpu, .step = c.step, .lr = lr,
                                    .weight_decay = c.weight_decay, .grad_scale = c.grad_scale}),
             Status::ok);
-  ASSERT_EQ(run_cuda(AdamwParams<bf16>{.tensors = t_gpu, .step = c.step, .lr = lr,
-                                       .weight_decay = c.weight_decay, .grad_scale = c.grad_scale}),
+  ASSERT_EQ(run_cuda(AdamwParams<bf16, G>{.tensors = t_gpu, .step = c.step, .lr = lr,
+                                          .weight_decay = c.weight_decay, .grad_scale = c.grad_scale}),
             Status::ok);
   // Concatenated over tensors, so that a tensor of 3 elements is not judged
   // alone. The update (new master - old) is judged on its own too: against
@@ -106,7 +123,7 @@ TEST_P(GpuAdamw, MatchesCpu) {
   std::vector<float> got_master, got_m, got_v, got_step, cpu_master, cpu_m, cpu_v, cpu_step;
   std::vector<double> ref_master, ref_m, ref_v, ref_step;
   for (size_t i = 0; i < count; ++i) {
-    const DeviceTensor& t = *d[i];
+    const DeviceTensor<G>& t = *d[i];
     const std::vector<float> master = t.download(t.master);
     const std::vector<bf16> param = t.download(t.param);
     for (size_t j = 0; j < master.size(); ++j) {
@@ -131,13 +148,23 @@ TEST_P(GpuAdamw, MatchesCpu) {
     ref_m.insert(ref_m.end(), m_ref[i].begin(), m_ref[i].end());
     ref_v.insert(ref_v.end(), v_ref[i].begin(), v_ref[i].end());
     // The gradients are read only.
-    EXPECT_TRUE(t.download(t.grad) == grad[i]) << "tensor " << i << ": grad was written";
+    const std::vector<G> grad_after = t.download(t.grad);
+    for (size_t j = 0; j < grad_after.size(); ++j)
+      ASSERT_EQ(std::memcmp(&grad_after[j], &grad_gpu[i][j], sizeof(G)), 0)
+          << "tensor " << i << " element " << j << ": grad was written";
   }
   expect_fp32_rule("master", got_master, cpu_master, ref_master);
   expect_fp32_rule("update", got_step, cpu_step, ref_step);
   expect_fp32_rule("m", got_m, cpu_m, ref_m);
   expect_fp32_rule("v", got_v, cpu_v, ref_v);
 }
+
+class GpuAdamw : public ::testing::TestWithParam<AdamwCase> {};
+
+TEST_P(GpuAdamw, MatchesCpu) { expect_adamw_matches_cpu<float>(GetParam()); }
+
+// grad:bf16: the same update, reading each bf16 gradient as its fp32 value.
+TEST_P(GpuAdamw, MatchesCpuWithBf16Gradients) { expect_adamw_matches_cpu<bf16>(GetParam()); }
 
 INSTANTIATE_TEST_SUITE_P(Cases, GpuAdamw, ::testing::ValuesIn(gpu_adamw_cases()), CaseName());
 

@@ -1,8 +1,10 @@
 // embedding on CUDA (bf16) against the CPU backend: the forward gather bit
 // for bit, the backward scatter-add (with many repeated tokens) into the fp32
 // table gradient by the rule and bit for bit (both backends add each entry's
-// rows in row order, starting from the entry), per vocabulary shard; and an
-// invalid token id refused before anything is written.
+// rows in row order, starting from the entry), and into a bf16 one
+// (grad:bf16) as the rounding of the CPU's fp32 sum from the same bf16
+// start, per vocabulary shard; and an invalid token id refused before
+// anything is written.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -67,6 +69,27 @@ TEST_P(GpuEmbedding, ForwardBackwardPerShard) {
     expect_fp32_rule("dtable", got, dtable_cpu, dtable_ref);
     for (size_t i = 0; i < got.size(); ++i)
       ASSERT_EQ(got[i], dtable_cpu[i]) << "dtable: element " << i << " differs from the CPU's";
+
+    // bf16 table gradient: the fp32 sum from the bf16 start, rounded once.
+    const Bf16Values dtable16 = random_bf16(rng, s.size * c.C);
+    std::vector<double> ref16 = dtable16.d;
+    std::vector<float> cpu16 = dtable16.f;
+    ASSERT_EQ(run(EmbeddingBackwardParams<double>{c.rows, c.C, c.V, s.start, s.size, tokens.data(),
+                                                  dout.d.data(), ref16.data()}),
+              Status::ok);
+    ASSERT_EQ(run(EmbeddingBackwardParams<float>{c.rows, c.C, c.V, s.start, s.size, tokens.data(),
+                                                 dout.f.data(), cpu16.data()}),
+              Status::ok);
+    DeviceArray<bf16> d_dtable16(dtable16.bits);
+    ASSERT_EQ(run_cuda(EmbeddingBackwardParams<bf16, bf16>{c.rows, c.C, c.V, s.start, s.size,
+                                                           d_tokens.data(), d_dout.data(),
+                                                           d_dtable16.data()}),
+              Status::ok);
+    const std::vector<bf16> got16 = d_dtable16.download();
+    expect_bf16_rule("dtable (bf16)", got16, cpu16, ref16);
+    std::vector<bf16> want16;
+    for (float v : cpu16) want16.push_back(float_to_bf16(v));
+    expect_same_bits("dtable (bf16)", got16, want16);
   }
 }
 

@@ -1,7 +1,8 @@
 // gemm on CUDA (cuBLASLt, bf16 operands, fp32 accumulation) against the CPU
 // backend: every transpose pair, alpha and beta, strided batches, padded
 // leading dimensions (which also break 16-byte alignment), k = 0, and both C
-// types (bf16 GemmParams, fp32 GemmAccParams). C starts as NaN wherever
+// types (bf16 GemmParams, fp32 GemmAccParams), and the weight-gradient
+// helper into fp32 and into bf16 gradients. C starts as NaN wherever
 // beta = 0 (it must not be read) and in the padding (it must not be written).
 #include <gtest/gtest.h>
 
@@ -153,6 +154,29 @@ TEST(GpuGemmHelpers, LinearWgradIntoFp32) {
   ASSERT_EQ(run_cuda(linear_wgrad_gemm<bf16>(rows, in, out, ddy.data(), dx.data(), dw.data())),
             Status::ok);
   expect_fp32_rule("dW accumulated in fp32", dw.download(), cpu, ref);
+}
+
+// grad:bf16: two micro-batches' weight gradients added to bf16 gradients
+// (GemmParams<bf16>, beta = 1), each rounded once; the CPU accumulates the
+// same bf16 start in fp32 and the rule rounds its result once.
+TEST(GpuGemmHelpers, LinearWgradIntoBf16) {
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  const int64_t rows = 37, in = 24, out = 16;
+  const Bf16Values dw0 = random_bf16(rng, out * in);
+  std::vector<double> ref = dw0.d;
+  std::vector<float> cpu = dw0.f;
+  DeviceArray<bf16> dw(dw0.bits);
+  for (int micro_batch = 0; micro_batch < 2; ++micro_batch) {
+    const Bf16Values dy = random_bf16(rng, rows * out), x = random_bf16(rng, rows * in);
+    ASSERT_EQ(run(linear_wgrad_gemm<double>(rows, in, out, dy.d.data(), x.d.data(), ref.data())), Status::ok);
+    ASSERT_EQ(run(linear_wgrad_gemm<float>(rows, in, out, dy.f.data(), x.f.data(), cpu.data())), Status::ok);
+    DeviceArray<bf16> ddy(dy.bits), dx(x.bits);
+    const GemmParams<bf16> p = linear_wgrad_gemm<bf16>(rows, in, out, ddy.data(), dx.data(), dw.data());
+    EXPECT_EQ(p.beta, 1.0f);
+    ASSERT_EQ(run_cuda(p), Status::ok);
+  }
+  expect_bf16_rule("dW accumulated in bf16", dw.download(), cpu, ref);
 }
 
 }  // namespace

@@ -1,13 +1,16 @@
 // rmsnorm on CUDA (bf16) against the CPU backend: fused forward with and
 // without the residual add, fused backward overwriting and accumulating dx,
 // and the unfused forms. dweight is fp32 (the main gradient) and accumulates
-// onto a random start. The shared cases have C = 3, 37, 130 (one element per
+// onto a random start; with bf16 gradients (grad:bf16) it starts from random
+// bf16 values, which the CPU and the fp64 reference read exactly, and the
+// result is judged by the bf16 rule. The shared cases have C = 3, 37, 130 (one element per
 // thread); the added ones take the 16-byte path, and one has more rows than
 // the backward's 512 partial-dweight blocks.
 #include <gtest/gtest.h>
 
 #include <vector>
 
+#include "core/layout.h"
 #include "kernels/rmsnorm/rmsnorm.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/unit/kernels/op_cases.h"
@@ -143,6 +146,58 @@ TEST_P(GpuRmsnorm, UnfusedForwardAndBackward) {
               Status::ok);
     expect_bf16_rule("dx", ddx.download(), dx_cpu, dx_ref);
     expect_fp32_rule("dweight", ddw.download(), dw_cpu, dw_ref);
+  }
+}
+
+// grad:bf16: both backwards add their fp32 sum over rows to a bf16 dweight
+// with one rounding; dx is as with fp32 gradients.
+TEST_P(GpuRmsnorm, BackwardsIntoBf16Dweight) {
+  const NormCase& c = GetParam();
+  const int64_t n = c.rows * c.C;
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  const Bf16Values x = random_bf16(rng, n, -2.0, 2.0), w = random_bf16(rng, c.C, 0.5, 1.5),
+                   dy = random_bf16(rng, n), dw0 = random_bf16(rng, c.C);
+  const std::vector<float> rstd_f = rng.uniform<float>(c.rows, 0.5, 2.0);
+  const std::vector<float> xh_f = rng.uniform<float>(n, -2.0, 2.0);
+  const std::vector<double> rstd_d = cast<double>(rstd_f), xh_d = cast<double>(xh_f);
+  DeviceArray<bf16> dx(n), dxs(x.bits), dws(w.bits), ddy(dy.bits);
+  DeviceArray<float> rstd(rstd_f), xhat(xh_f);
+  for (NormKind kind : {NormKind::fused, NormKind::unfused}) {
+    SCOPED_TRACE(kind == NormKind::fused ? "fused" : "unfused");
+    std::vector<double> dx_ref(n), dw_ref = dw0.d;
+    std::vector<float> dx_cpu(n), dw_cpu = dw0.f;
+    DeviceArray<bf16> dw(dw0.bits);
+    dx.poison();
+    if (kind == NormKind::fused) {
+      ASSERT_EQ(run(RmsnormBackwardParams<double>{c.rows, c.C, x.d.data(), w.d.data(), rstd_d.data(),
+                                                  dy.d.data(), dx_ref.data(), Write::overwrite,
+                                                  dw_ref.data()}),
+                Status::ok);
+      ASSERT_EQ(run(RmsnormBackwardParams<float>{c.rows, c.C, x.f.data(), w.f.data(), rstd_f.data(),
+                                                 dy.f.data(), dx_cpu.data(), Write::overwrite,
+                                                 dw_cpu.data()}),
+                Status::ok);
+      ASSERT_EQ(run_cuda(RmsnormBackwardParams<bf16, bf16>{c.rows, c.C, dxs.data(), dws.data(),
+                                                           rstd.data(), ddy.data(), dx.data(),
+                                                           Write::overwrite, dw.data()}),
+                Status::ok);
+    } else {
+      ASSERT_EQ(run(RmsnormUnfusedBackwardParams<double>{c.rows, c.C, xh_d.data(), rstd_d.data(),
+                                                         w.d.data(), dy.d.data(), dx_ref.data(),
+                                                         Write::overwrite, dw_ref.data()}),
+                Status::ok);
+      ASSERT_EQ(run(RmsnormUnfusedBackwardParams<float>{c.rows, c.C, xh_f.data(), rstd_f.data(),
+                                                        w.f.data(), dy.f.data(), dx_cpu.data(),
+                                                        Write::overwrite, dw_cpu.data()}),
+                Status::ok);
+      ASSERT_EQ(run_cuda(RmsnormUnfusedBackwardParams<bf16, bf16>{c.rows, c.C, xhat.data(), rstd.data(),
+                                                                  dws.data(), ddy.data(), dx.data(),
+                                                                  Write::overwrite, dw.data()}),
+                Status::ok);
+    }
+    expect_bf16_rule("dx", dx.download(), dx_cpu, dx_ref);
+    expect_bf16_rule("dweight (bf16)", dw.download(), dw_cpu, dw_ref);
   }
 }
 

@@ -10,11 +10,17 @@
 // 2^-8, is what a correct mixed-precision run gives; a wrong gradient, a
 // missing master-weight update or a dropped micro-batch moves the loss by
 // far more within 20 steps at this learning rate.
+//
+// Then bf16 gradients (grad:bf16) against fp32 ones, both on the GPU, and
+// the tuner's trial profiling of a grad:bf16 layout.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "core/device_spec.h"
 #include "core/model_spec.h"
@@ -22,6 +28,8 @@
 #include "trainer/data/prepare.h"
 #include "tests/unit/test_util.h"
 #include "trainer/loop.h"
+#include "trainer/parallel/comm.h"
+#include "trainer/profile.h"
 
 namespace weft::trainer {
 namespace {
@@ -95,11 +103,14 @@ TEST_P(GpuTrain, FirstTwentyLossesFollowTheFp32CpuRun) {
 // resumed at step 10 takes the same steps 11..20 as one that never stopped.
 // The materialized attention keeps the run deterministic (the flash
 // backward's dQ sums with atomics, whose order varies), so the losses must
-// match exactly.
-TEST(GpuTrainResume, ResumedRunMatchesTheUninterruptedOne) {
+// match exactly. Gradients are not checkpointed (each step starts them from
+// zero), so the same holds with bf16 gradients.
+class GpuTrainResume : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GpuTrainResume, ResumedRunMatchesTheUninterruptedOne) {
   test::TempDir dir;
   std::FILE* quiet = std::fopen("/dev/null", "w");
-  const Layout l = layout_of("tp1-pp1-dp1-mb2-attn:materialized");
+  const Layout l = layout_of(GetParam());
   const TrainReport whole = train(config(dir.path("whole"), true, l), quiet);
   TrainConfig first = config(dir.path("split"), true, l);
   first.steps = 10;
@@ -117,6 +128,104 @@ TEST(GpuTrainResume, ResumedRunMatchesTheUninterruptedOne) {
 INSTANTIATE_TEST_SUITE_P(Layouts, GpuTrain,
                          ::testing::Values("tp1-pp1-dp1-mb1", "tp1-pp1-dp1-mb4-ckpt:full",
                                            "tp1-pp1-dp1-mb2-ckpt:selective-attn:materialized-norm:unfused"));
+INSTANTIATE_TEST_SUITE_P(Grads, GpuTrainResume,
+                         ::testing::Values("tp1-pp1-dp1-mb2-attn:materialized",
+                                           "tp1-pp1-dp1-mb2-attn:materialized-grad:bf16"));
+
+// The gradient norm a run logged for step 1 (<out>/metrics.jsonl).
+double first_grad_norm(const std::string& out) {
+  std::ifstream in(out + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("grad_norm") && j.value("step", int64_t{0}) == 1) return j["grad_norm"].get<double>();
+  }
+  ADD_FAILURE() << "no step-1 gradient norm in " << out << "/metrics.jsonl";
+  return NAN;
+}
+
+struct GradCase {
+  std::string layout;  // without the grad knob
+  bool tied = false;   // the head tied to the embedding (one bf16 gradient for both)
+};
+void PrintTo(const GradCase& c, std::ostream* os) { *os << c.layout << (c.tied ? " tied" : ""); }
+
+// grad:bf16 against grad:fp32 on the GPU: the same model, data, seed and
+// kernels, only the gradients' type differs. With 8 samples a step and
+// mb = 1, a step accumulates 8 micro-batches, so each weight gradient is
+// rounded to bf16 8 times (relative error up to 2^-8 each, random in sign).
+// Tolerances:
+//   - step 1's gradient norm within 2^-8: the weights are still equal, so
+//     the norms differ by the roundings alone, whose errors are independent
+//     and cancel in the norm's sum over every parameter; a micro-batch's
+//     gradient dropped or counted twice, a wrong scale, or a norm or
+//     embedding gradient missing moves it by several percent at least;
+//   - every step's loss within 2 x 2^-8 of the fp32 run's and their mean
+//     within 2^-9, half the allowance of bf16 compute against the fp32 CPU
+//     run (the forward is the same here; only the update sees the
+//     roundings, which AdamW's normalised step passes on as a relative
+//     change of the same order, of random sign, per element);
+//   - the arena equals the memory model in every category (its gradient
+//     buffers are 2-byte), and holds half the fp32 run's gradient bytes.
+class GpuTrainBf16Grads : public ::testing::TestWithParam<GradCase> {};
+
+TEST_P(GpuTrainBf16Grads, FollowTheFp32GradientRun) {
+  test::TempDir dir;
+  std::FILE* quiet = std::fopen("/dev/null", "w");
+  auto cfg = [&](const char* name, const char* grad) {
+    TrainConfig c = config(dir.path(name), true, layout_of(GetParam().layout + "-grad:" + grad));
+    c.model.tied_embeddings = GetParam().tied;
+    return c;
+  };
+  const TrainReport fp32 = train(cfg("fp32", "fp32"), quiet);
+  const TrainReport bf16 = train(cfg("bf16", "bf16"), quiet);
+  std::fclose(quiet);
+  ASSERT_EQ(fp32.losses.size(), 20u);
+  ASSERT_EQ(bf16.losses.size(), 20u);
+  const double norm32 = first_grad_norm(dir.path("fp32")), norm16 = first_grad_norm(dir.path("bf16"));
+  EXPECT_LE(std::abs(norm16 - norm32), norm32 / 256) << "step-1 gradient norm: bf16 " << norm16
+                                                     << ", fp32 " << norm32;
+  double mean_rel = 0;
+  for (size_t i = 0; i < 20; ++i) {
+    const double rel = std::abs(bf16.losses[i] - fp32.losses[i]) / std::abs(fp32.losses[i]);
+    EXPECT_LE(rel, 2.0 / 256) << "step " << i + 1 << ": grad:bf16 " << bf16.losses[i] << ", grad:fp32 "
+                              << fp32.losses[i];
+    mean_rel += rel / 20;
+  }
+  EXPECT_LE(mean_rel, 1.0 / 512);
+  EXPECT_LT(bf16.losses.back(), bf16.losses.front()) << "the grad:bf16 run learns";
+  for (auto cat : memory::kAllCategories) {
+    if (cat == memory::Category::overhead) continue;
+    EXPECT_EQ(bf16.measured[size_t(cat)], bf16.predicted[size_t(cat)]) << memory::to_string(cat);
+  }
+  const auto grads = size_t(memory::Category::grads);
+  EXPECT_GT(bf16.measured[grads], 0);
+  EXPECT_EQ(2 * bf16.measured[grads], fp32.measured[grads]);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, GpuTrainBf16Grads,
+                         ::testing::Values(GradCase{"tp1-pp1-dp1-mb1"},
+                                           GradCase{"tp1-pp1-dp1-mb2-ckpt:selective-attn:materialized-norm:unfused"},
+                                           GradCase{"tp1-pp1-dp1-mb2", true}));
+
+// The tuner times a grad:bf16 layout on the GPU with the same real steps
+// (trainer/profile.cpp builds the bf16-gradient run for it).
+TEST(GpuProfile, TimesABf16GradientLayout) {
+  test::TempDir dir;
+  ProfileConfig pc;
+  pc.train = config(dir.path("trial"), true, layout_of("tp1-pp1-dp1-mb2-grad:bf16"));
+  pc.train.checkpoints = false;
+  pc.warmup_steps = 1;
+  pc.timed_steps = 2;
+  pc.min_timed_s = 0;
+  const auto control = parallel::single_rank_comm();
+  const TrialOutcome out = profile_layout(pc, *control, {});
+  ASSERT_EQ(out.status, TrialStatus::ok) << out.reason;
+  EXPECT_GE(out.steps, 3);
+  EXPECT_GT(out.step_s, 0);
+  for (double loss : out.losses) EXPECT_TRUE(std::isfinite(loss));
+  ASSERT_EQ(out.peak_bytes.size(), 1u);
+  EXPECT_GT(out.peak_bytes[0], 0);
+}
 
 }  // namespace
 }  // namespace weft::trainer

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <span>
 #include <vector>
 
 #include <fmt/format.h>
@@ -136,6 +137,65 @@ TEST(CommNccl, EveryCollectiveOnDeviceBuffers) {
   }
   // Groups without point-to-point refuse it by name.
   EXPECT_THROW(c.send(nullptr, 1, DType::f32, (r + 1) % world, 0), InternalError);
+  c.barrier();
+}
+
+// grad:bf16 reduces gradients in bf16: the non-blocking all-reduce (ZeRO-0)
+// and uneven reduce-scatter into this rank's shard (ZeRO-1 and -2) on bf16
+// device buffers. Integers in [-16, 16] and their sums over up to 16 ranks
+// are exact in bf16, so the results must be too.
+TEST(CommNccl, Bf16GradientReductions) {
+  using kernels::bf16;
+  const int64_t world = mpi_world_size();
+  ASSERT_LE(world, 16);
+  ProcessGroups g = nccl_process_groups(Layout::parse(fmt::format("tp1-pp1-dp{}-mb1", world)), nullptr);
+  Comm& c = *g.dp;
+  const int64_t r = c.rank(), n = 1037;
+  auto values = [&](uint64_t salt, int64_t q, int64_t count) {
+    std::vector<float> v = part(salt, q, count);
+    for (float& x : v) x = std::round(x / 6.25f);  // [-16, 16]
+    return v;
+  };
+  auto to_bf16 = [](const std::vector<float>& v) {
+    std::vector<bf16> out;
+    for (float x : v) out.push_back(kernels::float_to_bf16(x));
+    return out;
+  };
+  auto sum_over_ranks = [&](uint64_t salt, int64_t count, int64_t from, int64_t size) {
+    std::vector<float> want(static_cast<size_t>(size), 0);
+    for (int64_t q = 0; q < world; ++q)
+      for (int64_t i = 0; i < size; ++i) want[size_t(i)] += values(salt, q, count)[size_t(from + i)];
+    return want;
+  };
+  auto download = [](const bf16* p, int64_t count) {
+    cudaDeviceSynchronize();
+    std::vector<bf16> host(static_cast<size_t>(count));
+    cudaMemcpy(host.data(), p, size_t(count) * sizeof(bf16), cudaMemcpyDeviceToHost);
+    std::vector<float> out;
+    for (bf16 x : host) out.push_back(kernels::bf16_to_float(x));
+    return out;
+  };
+  bf16* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, size_t(n) * sizeof(bf16)), cudaSuccess);
+  const std::vector<bf16> mine = to_bf16(values(11, r, n));
+  cudaMemcpy(d, mine.data(), size_t(n) * sizeof(bf16), cudaMemcpyHostToDevice);
+  c.iall_reduce(d, n)->wait();
+  EXPECT_EQ(download(d, n), sum_over_ranks(11, n, 0, n));
+
+  std::vector<int64_t> counts;
+  int64_t total = 0, start = 0;
+  for (int64_t q = 0; q < world; ++q) {
+    if (q == r) start = total;
+    total += counts.emplace_back(9 + 5 * q);
+  }
+  bf16* full = nullptr;
+  ASSERT_EQ(cudaMalloc(&full, size_t(total) * sizeof(bf16)), cudaSuccess);
+  const std::vector<bf16> all = to_bf16(values(12, r, total));
+  cudaMemcpy(full, all.data(), size_t(total) * sizeof(bf16), cudaMemcpyHostToDevice);
+  c.ireduce_scatter_v(full, full + start, std::span<const int64_t>(counts))->wait();
+  EXPECT_EQ(download(full + start, counts[size_t(r)]), sum_over_ranks(12, total, start, counts[size_t(r)]));
+  cudaFree(full);
+  cudaFree(d);
   c.barrier();
 }
 

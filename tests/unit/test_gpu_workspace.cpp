@@ -66,35 +66,45 @@ TEST_P(GpuWorkspace, EveryKernelFitsTheTable) {
   } else {
     EXPECT_EQ(l.attention, AttentionKind::cudnn);
   }
-  if (l.norm == NormKind::fused) {
-    const kernels::RmsnormBackwardParams<bf16> rb{.rows = norm_rows, .C = C, .x = e, .weight = e, .rstd = f,
-                                                  .dy = e, .dx = e, .dweight = f};
-    fits(kernels::workspace_bytes(rb, Backend::cuda), "rmsnorm backward");
-  } else {
-    const kernels::RmsnormUnfusedBackwardParams<bf16> rb{.rows = norm_rows, .C = C, .x_hat = f, .rstd = f,
-                                                         .weight = e, .dy = e, .dx = e, .dweight = f};
-    fits(kernels::workspace_bytes(rb, Backend::cuda), "rmsnorm unfused backward");
-  }
-  const kernels::EmbeddingBackwardParams<bf16> eb{.rows = rows, .C = C, .V = m.vocab, .vocab_start = 0,
-                                                  .V_local = V, .tokens = ids, .dout = e, .dtable = f};
-  fits(kernels::workspace_bytes(eb, Backend::cuda), "embedding backward");
+  // The kernels that write gradients, in the layout's gradient type (the
+  // <bf16, bf16> forms under grad:bf16).
+  auto gradient_kernels_fit = [&]<typename G>(G* g) {
+    if (l.norm == NormKind::fused) {
+      const kernels::RmsnormBackwardParams<bf16, G> rb{.rows = norm_rows, .C = C, .x = e, .weight = e,
+                                                       .rstd = f, .dy = e, .dx = e, .dweight = g};
+      fits(kernels::workspace_bytes(rb, Backend::cuda), "rmsnorm backward");
+    } else {
+      const kernels::RmsnormUnfusedBackwardParams<bf16, G> rb{.rows = norm_rows, .C = C, .x_hat = f,
+                                                              .rstd = f, .weight = e, .dy = e, .dx = e,
+                                                              .dweight = g};
+      fits(kernels::workspace_bytes(rb, Backend::cuda), "rmsnorm unfused backward");
+    }
+    const kernels::EmbeddingBackwardParams<bf16, G> eb{.rows = rows, .C = C, .V = m.vocab, .vocab_start = 0,
+                                                       .V_local = V, .tokens = ids, .dout = e, .dtable = g};
+    fits(kernels::workspace_bytes(eb, Backend::cuda), "embedding backward");
+    // GEMMs take the cuBLASLt workspace, scratch.gemm.
+    const auto wgrad = kernels::linear_wgrad_gemm(rows, C, m.intermediate / l.tp, e, e, g);
+    const int64_t need = kernels::workspace_bytes(wgrad, Backend::cuda);
+    EXPECT_GT(need, 0);
+    EXPECT_LE(need, table_bytes(shapes, "scratch.gemm"));
+  };
+  if (l.grad == GradPrecision::bf16)
+    gradient_kernels_fit(e);
+  else
+    gradient_kernels_fit(f);
   const kernels::RopeParams<bf16> rope{.B = B, .T = T, .H = H, .H_kv = K, .D = D, .q = e, .k = e};
   fits(kernels::workspace_bytes(rope, Backend::cuda), "rope");
   const kernels::CrossEntropyLossGradParams<bf16> ce{.rows = rows, .V = m.vocab, .V_local = V, .logits = e,
                                                      .targets = ids, .row_max = f, .sum_exp = f, .loss = f};
   fits(kernels::workspace_bytes(ce, Backend::cuda), "cross entropy");
-  // GEMMs take the cuBLASLt workspace, scratch.gemm.
-  const auto g = kernels::linear_wgrad_gemm(rows, C, m.intermediate / l.tp, e, e, f);
-  const int64_t need = kernels::workspace_bytes(g, Backend::cuda);
-  EXPECT_GT(need, 0);
-  EXPECT_LE(need, table_bytes(shapes, "scratch.gemm"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, GpuWorkspace,
                          ::testing::Values("tp1-pp1-dp1-mb1", "tp1-pp1-dp1-mb4-attn:materialized",
                                            "tp1-pp1-dp1-mb2-norm:unfused", "tp2-pp1-dp1-mb1-sp",
                                            "tp1-pp1-dp1-mb1-ckpt:full-attn:materialized-norm:unfused",
-                                           "tp1-pp1-dp1-mb4-attn:cudnn", "tp2-pp1-dp1-mb1-sp-attn:cudnn"));
+                                           "tp1-pp1-dp1-mb4-attn:cudnn", "tp2-pp1-dp1-mb1-sp-attn:cudnn",
+                                           "tp1-pp1-dp1-mb1-grad:bf16", "tp2-pp1-dp1-mb2-sp-norm:unfused-grad:bf16"));
 
 }  // namespace
 }  // namespace weft

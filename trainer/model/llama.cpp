@@ -43,13 +43,13 @@ constexpr const char* kSavedNames[] = {
 
 }  // namespace
 
-template <typename Elem>
-struct LlamaStage<Elem>::Block {
+template <typename Elem, typename G>
+struct LlamaStage<Elem, G>::Block {
   int64_t layer = 0;  // local index
   Checkpointing mode = Checkpointing::none;
   // Parameters and their gradients.
   const Elem *w_attn_norm, *wq, *wk, *wv, *wo, *w_mlp_norm, *wg, *wu, *wd;
-  A *g_attn_norm, *gq, *gk, *gv, *go, *g_mlp_norm, *gg, *gu, *gd;
+  G *g_attn_norm, *gq, *gk, *gv, *go, *g_mlp_norm, *gg, *gu, *gd;
   // Activations (nullptr where the layout has none).
   Elem* x_in;
   A* rstd1;
@@ -63,22 +63,26 @@ struct LlamaStage<Elem>::Block {
   Elem *ln2, *gate, *up, *act;
 };
 
-template <typename Elem>
-LlamaStage<Elem>::LlamaStage(const ModelSpec& m, const RunSpec& run, const Layout& l, int64_t stage,
-                             const DeviceSpec& device, memory::Arena& arena,
-                             parallel::ProcessGroups& groups, kernels::Stream stream)
+template <typename Elem, typename G>
+LlamaStage<Elem, G>::LlamaStage(const ModelSpec& m, const RunSpec& run, const Layout& l, int64_t stage,
+                                const DeviceSpec& device, memory::Arena& arena,
+                                parallel::ProcessGroups& groups, kernels::Stream stream)
     : m_(m), run_(run), l_(l), plan_(memory::stage_plan(m, run, l, stage)),
       params_(stage_params(m, l, plan_, groups.tp_rank())), groups_(groups), stream_(stream) {
   if (std::is_same_v<Elem, kernels::bf16> != on_device() || on_device() != (device.kind == DeviceKind::gpu))
     throw InternalError(fmt::format("a {}-byte stage on a {} stream for device {}", sizeof(Elem),
                                     on_device() ? "CUDA" : "CPU", device.name));
+  // The shape table sizes the gradients by the layout's grad knob (fp64
+  // stages widen every fp32 tensor).
+  if (int64_t(sizeof(G)) != (sizeof(Elem) == 8 ? 8 : l.grad_bytes()))
+    throw InternalError(fmt::format("a stage with {}-byte gradients for layout {}", sizeof(G), l.to_string()));
   M_ = l.mb * run.seq;
   Msp_ = l.sp ? M_ / l.tp : M_;
   Lc_ = plan_.layers / l.vpp;
   table_ = std::make_unique<TensorTable>(memory::stage_shapes(m, run, l, device, plan_), arena,
                                          sizeof(Elem) == 8);
   weights_ = table_->get<Elem>("weights.flat");
-  grads_ = table_->get<A>("grads.flat");
+  grads_ = table_->get<G>("grads.flat");
   // Tokens and targets of a few micro-batches in flight, M_ ids each.
   if (on_device())
     staging_ = std::make_unique<memory::HostStaging>(M_ * int64_t(sizeof(int32_t)), 8, stream_.backend);
@@ -99,12 +103,12 @@ LlamaStage<Elem>::LlamaStage(const ModelSpec& m, const RunSpec& run, const Layou
   }
   if (zero2_) {
     for (size_t i = 0; const char* name : {"comm.dp_grad_bucket", "comm.dp_grad_bucket_next"}) {
-      buckets_[i].data = table_->get<A>(name);
+      buckets_[i].data = table_->get<G>(name);
       buckets_[i++].elements = table_->elements(name);
     }
     WEFT_ASSERT(table_->elements("grads.flat") == (params_.elements + l.dp - 1) / l.dp);
   }
-  if (scatter_dp_) dp_shard_ = table_->get<A>("comm.dp_grad_shard");
+  if (scatter_dp_) dp_shard_ = table_->get<G>("comm.dp_grad_shard");
 
   // Which layers keep each saved tensor, and where: slot-major, then the
   // keeping layers in order; the rebuilt copy (if any) is the last instance.
@@ -127,17 +131,17 @@ LlamaStage<Elem>::LlamaStage(const ModelSpec& m, const RunSpec& run, const Layou
   }
 }
 
-template <typename Elem>
-LlamaStage<Elem>::~LlamaStage() = default;
+template <typename Elem, typename G>
+LlamaStage<Elem, G>::~LlamaStage() = default;
 
-template <typename Elem>
-Checkpointing LlamaStage<Elem>::mode(int64_t layer) const {
+template <typename Elem, typename G>
+Checkpointing LlamaStage<Elem, G>::mode(int64_t layer) const {
   // ckpt@K checkpoints the first K / vpp blocks of each chunk.
   return layer < plan_.checkpointed / l_.vpp ? l_.ckpt : Checkpointing::none;
 }
 
-template <typename Elem>
-int64_t LlamaStage<Elem>::instance(const char* name, int64_t slot, int64_t layer) const {
+template <typename Elem, typename G>
+int64_t LlamaStage<Elem, G>::instance(const char* name, int64_t slot, int64_t layer) const {
   for (const auto& [n, idx] : saved_) {
     if (n != name) continue;
     const int64_t i = idx.of_layer[size_t(layer)];
@@ -146,8 +150,8 @@ int64_t LlamaStage<Elem>::instance(const char* name, int64_t slot, int64_t layer
   throw InternalError(fmt::format("no saved tensor '{}'", name));
 }
 
-template <typename Elem>
-typename LlamaStage<Elem>::Block LlamaStage<Elem>::block(int64_t slot, int64_t chunk, int64_t layer) {
+template <typename Elem, typename G>
+typename LlamaStage<Elem, G>::Block LlamaStage<Elem, G>::block(int64_t slot, int64_t chunk, int64_t layer) {
   Block b{};
   b.layer = layer;
   b.mode = mode(layer);
@@ -196,8 +200,8 @@ typename LlamaStage<Elem>::Block LlamaStage<Elem>::block(int64_t slot, int64_t c
 }
 
 
-template <typename Elem>
-void LlamaStage<Elem>::upload(void* dst, const void* src, int64_t bytes) {
+template <typename Elem, typename G>
+void LlamaStage<Elem, G>::upload(void* dst, const void* src, int64_t bytes) {
   if (!staging_) {
     copy(dst, src, bytes);
     return;
@@ -220,8 +224,8 @@ Elem to_elem(double v) {
 
 }  // namespace
 
-template <typename Elem>
-void LlamaStage<Elem>::init_weights(uint64_t seed, const std::function<void()>& progress) {
+template <typename Elem, typename G>
+void LlamaStage<Elem, G>::init_weights(uint64_t seed, const std::function<void()>& progress) {
   // Built on the host a parameter at a time, then copied (on the CPU, into
   // place). Each element's draw depends on its indices alone, so the rows
   // are spread over the OpenMP team without changing a value.
@@ -238,8 +242,8 @@ void LlamaStage<Elem>::init_weights(uint64_t seed, const std::function<void()>& 
   }
 }
 
-template <typename Elem>
-void LlamaStage<Elem>::set_weights(const std::vector<A>& full) {
+template <typename Elem, typename G>
+void LlamaStage<Elem, G>::set_weights(const std::vector<A>& full) {
   WEFT_ASSERT(int64_t(full.size()) == params_.elements);
   if constexpr (std::is_same_v<Elem, A>) {
     copy(weights_, full.data(), params_.elements * int64_t(sizeof(Elem)));
@@ -251,15 +255,15 @@ void LlamaStage<Elem>::set_weights(const std::vector<A>& full) {
   memory::synchronize(stream_);
 }
 
-template <typename Elem>
-void LlamaStage<Elem>::zero_grads() {
+template <typename Elem, typename G>
+void LlamaStage<Elem, G>::zero_grads() {
   reduced_ = false;
-  run(kernels::FillParams<A>{.n = table_->elements("grads.flat"), .value = 0.0, .x = grads_}, "fill");
+  run(kernels::FillParams<G>{.n = table_->elements("grads.flat"), .value = 0.0, .x = grads_}, "fill");
 }
 
-template <typename Elem>
-void LlamaStage<Elem>::norm_forward(const Elem* x, const Elem* residual, Elem* sum, const Elem* w,
-                                    Elem* y, A* rstd, A* x_hat) {
+template <typename Elem, typename G>
+void LlamaStage<Elem, G>::norm_forward(const Elem* x, const Elem* residual, Elem* sum, const Elem* w,
+                                       Elem* y, A* rstd, A* x_hat) {
   const int64_t C = m_.hidden;
   if (l_.norm == NormKind::fused) {
     run(kernels::RmsnormForwardParams<Elem>{.rows = Msp_, .C = C, .eps = m_.norm_eps, .x = x,
@@ -278,24 +282,25 @@ void LlamaStage<Elem>::norm_forward(const Elem* x, const Elem* residual, Elem* s
       "rmsnorm_unfused_forward");
 }
 
-template <typename Elem>
-void LlamaStage<Elem>::norm_backward(const Elem* x, const A* x_hat, const A* rstd, const Elem* w,
-                                     const Elem* dy, Elem* dx, Write write, A* dw) {
+template <typename Elem, typename G>
+void LlamaStage<Elem, G>::norm_backward(const Elem* x, const A* x_hat, const A* rstd, const Elem* w,
+                                        const Elem* dy, Elem* dx, Write write, G* dw) {
   const int64_t C = m_.hidden;
   if (l_.norm == NormKind::fused) {
-    run(kernels::RmsnormBackwardParams<Elem>{.rows = Msp_, .C = C, .x = x, .weight = w, .rstd = rstd,
-                                             .dy = dy, .dx = dx, .dx_write = write, .dweight = dw},
+    run(kernels::RmsnormBackwardParams<Elem, G>{.rows = Msp_, .C = C, .x = x, .weight = w,
+                                                .rstd = rstd, .dy = dy, .dx = dx, .dx_write = write,
+                                                .dweight = dw},
         "rmsnorm_backward");
     return;
   }
-  const kernels::RmsnormUnfusedBackwardParams<Elem> p{.rows = Msp_, .C = C, .x_hat = x_hat,
-                                                      .rstd = rstd, .weight = w, .dy = dy,
-                                                      .dx = dx, .dx_write = write, .dweight = dw};
+  const kernels::RmsnormUnfusedBackwardParams<Elem, G> p{.rows = Msp_, .C = C, .x_hat = x_hat,
+                                                         .rstd = rstd, .weight = w, .dy = dy,
+                                                         .dx = dx, .dx_write = write, .dweight = dw};
   run(p, "rmsnorm_unfused_backward", "scratch.norm_unfused");
 }
 
-template <typename Elem>
-void LlamaStage<Elem>::block_forward(const Block& b, Elem* x_out, bool recompute) {
+template <typename Elem, typename G>
+void LlamaStage<Elem, G>::block_forward(const Block& b, Elem* x_out, bool recompute) {
   const int64_t C = m_.hidden, D = m_.head_dim, t = l_.tp;
   const int64_t Hl = m_.heads / t, Kl = m_.kv_heads / t, Fl = m_.intermediate / t;
   const bool full = !recompute || b.mode == Checkpointing::full;
@@ -344,13 +349,13 @@ void LlamaStage<Elem>::block_forward(const Block& b, Elem* x_out, bool recompute
   run(kernels::AddParams<Elem>{.n = Msp_ * C, .a = b.x_mid, .b = lin, .out = x_out}, "add");
 }
 
-template <typename Elem>
-void LlamaStage<Elem>::block_recompute(const Block& b) {
+template <typename Elem, typename G>
+void LlamaStage<Elem, G>::block_recompute(const Block& b) {
   if (b.mode != Checkpointing::none) block_forward(b, nullptr, true);
 }
 
-template <typename Elem>
-void LlamaStage<Elem>::block_backward(const Block& b, Elem* dx) {
+template <typename Elem, typename G>
+void LlamaStage<Elem, G>::block_backward(const Block& b, Elem* dx) {
   const int64_t C = m_.hidden, D = m_.head_dim, t = l_.tp;
   const int64_t Hl = m_.heads / t, Kl = m_.kv_heads / t, Fl = m_.intermediate / t;
   Elem* d_norm = table_->get<Elem>("scratch.d_norm");
@@ -406,8 +411,8 @@ void LlamaStage<Elem>::block_backward(const Block& b, Elem* dx) {
   norm_backward(b.x_in, b.xhat1, b.rstd1, b.w_attn_norm, d_norm, dx, Write::accumulate, b.g_attn_norm);
 }
 
-template <typename Elem>
-void LlamaStage<Elem>::head_forward(int64_t slot, const int32_t* targets, double grad_scale) {
+template <typename Elem, typename G>
+void LlamaStage<Elem, G>::head_forward(int64_t slot, const int32_t* targets, double grad_scale) {
   (void)slot;
   const int64_t C = m_.hidden, Vl = m_.vocab / l_.tp;
   parallel::Comm& tp = *groups_.tp;
@@ -455,8 +460,8 @@ void LlamaStage<Elem>::head_forward(int64_t slot, const int32_t* targets, double
   loss_host_ += s;
 }
 
-template <typename Elem>
-double LlamaStage<Elem>::take_loss() {
+template <typename Elem, typename G>
+double LlamaStage<Elem, G>::take_loss() {
   if (!loss_device_) return std::exchange(loss_host_, 0.0);
   std::vector<A> host(static_cast<size_t>(M_));
   copy(host.data(), loss_device_, M_ * int64_t(sizeof(A)));
@@ -467,8 +472,8 @@ double LlamaStage<Elem>::take_loss() {
   return s;
 }
 
-template <typename Elem>
-void LlamaStage<Elem>::head_backward(Elem* dx) {
+template <typename Elem, typename G>
+void LlamaStage<Elem, G>::head_backward(Elem* dx) {
   const int64_t C = m_.hidden, Vl = m_.vocab / l_.tp;
   const auto& head = params_.specs[size_t(params_.index(ParamKind::lm_head))];
   const auto& fnorm = params_.specs[size_t(params_.index(ParamKind::final_norm))];
@@ -495,26 +500,26 @@ void LlamaStage<Elem>::head_backward(Elem* dx) {
   group_end();
 }
 
-template <typename Elem>
-Elem* LlamaStage<Elem>::stage_input(int64_t slot) {
+template <typename Elem, typename G>
+Elem* LlamaStage<Elem, G>::stage_input(int64_t slot) {
   return table_->get<Elem>("layer.attn_norm.input", instance("layer.attn_norm.input", slot, 0));
 }
-template <typename Elem>
-Elem* LlamaStage<Elem>::stage_output() {
+template <typename Elem, typename G>
+Elem* LlamaStage<Elem, G>::stage_output() {
   return table_->get<Elem>("comm.pp_p2p", 0);
 }
-template <typename Elem>
-Elem* LlamaStage<Elem>::output_grad() {
+template <typename Elem, typename G>
+Elem* LlamaStage<Elem, G>::output_grad() {
   return table_->has("comm.pp_p2p") ? table_->get<Elem>("comm.pp_p2p", 1) : nullptr;
 }
-template <typename Elem>
-Elem* LlamaStage<Elem>::input_grad() {
+template <typename Elem, typename G>
+Elem* LlamaStage<Elem, G>::input_grad() {
   return table_->get<Elem>("scratch.d_residual");
 }
 
-template <typename Elem>
-void LlamaStage<Elem>::forward(int64_t slot, const int32_t* tokens, const int32_t* targets,
-                               double grad_scale, int64_t chunk) {
+template <typename Elem, typename G>
+void LlamaStage<Elem, G>::forward(int64_t slot, const int32_t* tokens, const int32_t* targets,
+                                  double grad_scale, int64_t chunk) {
   const int64_t C = m_.hidden;
   const bool embeds = plan_.has_embedding && chunk == 0;
   const bool heads = plan_.has_head && chunk == l_.vpp - 1;
@@ -549,8 +554,8 @@ void LlamaStage<Elem>::forward(int64_t slot, const int32_t* tokens, const int32_
   if (heads) head_forward(slot, targets, grad_scale);
 }
 
-template <typename Elem>
-void LlamaStage<Elem>::backward(int64_t slot, int64_t chunk, bool final) {
+template <typename Elem, typename G>
+void LlamaStage<Elem, G>::backward(int64_t slot, int64_t chunk, bool final) {
   const int64_t C = m_.hidden;
   final_ = final;
   Elem* dx = table_->get<Elem>("scratch.d_residual");
@@ -573,12 +578,12 @@ void LlamaStage<Elem>::backward(int64_t slot, int64_t chunk, bool final) {
     const auto& emb = params_.specs[size_t(params_.index(ParamKind::embed_tokens))];
     const int64_t Vl = m_.vocab / l_.tp;
     // The vocab-parallel lookup's all-reduce is conjugate to the identity here.
-    run(kernels::EmbeddingBackwardParams<Elem>{.rows = M_, .C = C, .V = m_.vocab,
-                                               .vocab_start = groups_.tp_rank() * Vl,
-                                               .V_local = Vl,
-                                               .tokens = table_->get<int32_t>("embedding.tokens", slot),
-                                               .dout = gathered(dx, table_->get<Elem>("scratch.linear_out")),
-                                               .dtable = grad(emb), .ids_checked = on_device()},
+    run(kernels::EmbeddingBackwardParams<Elem, G>{.rows = M_, .C = C, .V = m_.vocab,
+                                                  .vocab_start = groups_.tp_rank() * Vl,
+                                                  .V_local = Vl,
+                                                  .tokens = table_->get<int32_t>("embedding.tokens", slot),
+                                                  .dout = gathered(dx, table_->get<Elem>("scratch.linear_out")),
+                                                  .dtable = grad(emb), .ids_checked = on_device()},
         "embedding_backward");
     group_end();
   }
@@ -587,5 +592,6 @@ void LlamaStage<Elem>::backward(int64_t slot, int64_t chunk, bool final) {
 template class LlamaStage<float>;
 template class LlamaStage<double>;
 template class LlamaStage<kernels::bf16>;
+template class LlamaStage<kernels::bf16, kernels::bf16>;
 
 }  // namespace weft::trainer

@@ -22,9 +22,13 @@
 // CPU; LlamaStage<bf16> runs on a CUDA stream, with bf16 weights and
 // activations and fp32 main gradients (Acc<Elem>): weight gradients
 // accumulate in fp32 straight from the GEMMs and kernels, and the optimizer
-// keeps fp32 master weights. Every launch and copy is queued on the stage's
-// stream; the host waits only in take_loss() and where a caller reads device
-// memory back.
+// keeps fp32 master weights. The second parameter G is the gradients' type,
+// the layout's grad knob: LlamaStage<bf16, bf16> (grad:bf16) keeps them in
+// bf16, as Megatron's bf16-gradient mode does: each GEMM and kernel adds its
+// fp32 result to them with one rounding, and they are reduced over dp, and
+// exchanged between tied copies, in bf16. Every launch and copy is queued on
+// the stage's stream; the host waits only in take_loss() and where a caller
+// reads device memory back.
 #pragma once
 
 #include <array>
@@ -46,10 +50,10 @@
 
 namespace weft::trainer {
 
-template <typename Elem>
+template <typename Elem, typename G = kernels::Acc<Elem>>
 class LlamaStage {
  public:
-  using A = kernels::Acc<Elem>;
+  using A = kernels::Acc<Elem>;  // saved statistics, the loss, full weights on the host
 
   // stream: where every launch goes (the CPU's by default; a CUDA stream for
   // bf16, whose tensors the arena must hand out in device memory).
@@ -67,12 +71,12 @@ class LlamaStage {
   kernels::Stream stream() const { return stream_; }
   bool on_device() const { return stream_.backend != kernels::Backend::cpu; }
   Elem* weights() { return weights_; }
-  A* grads() { return grads_; }
+  G* grads() { return grads_; }
   int64_t param_elements() const { return params_.elements; }
   Elem* weight(const ParamSpec& p) { return weights_ + p.offset; }
   // Under ZeRO-2 a parameter's gradient exists only while its group is in the
   // bucket (during that group's backward); grads() is then this rank's shard.
-  A* grad(const ParamSpec& p) { return grad_at(p.offset); }
+  G* grad(const ParamSpec& p) { return grad_at(p.offset); }
   bool grads_sharded() const { return zero2_; }
   // ZeRO-1 and -2 over dp > 1: every dp rank's shard size, rank r owning
   // [r * shard, (r + 1) * shard) of the flat parameters; this rank's starts
@@ -159,7 +163,7 @@ class LlamaStage {
   void norm_forward(const Elem* x, const Elem* residual, Elem* sum, const Elem* w, Elem* y, A* rstd,
                     A* x_hat);
   void norm_backward(const Elem* x, const A* x_hat, const A* rstd, const Elem* w, const Elem* dy,
-                     Elem* dx, kernels::Write write, A* dw);
+                     Elem* dx, kernels::Write write, G* dw);
   void head_forward(int64_t slot, const int32_t* targets, double grad_scale);
   void head_backward(Elem* dx);
   // Launches an op on the stage's stream, with the kernel workspace it needs
@@ -190,7 +194,7 @@ class LlamaStage {
   kernels::Stream stream_;
   std::unique_ptr<memory::HostStaging> staging_;  // GPU only
   Elem* weights_ = nullptr;
-  A* grads_ = nullptr;
+  G* grads_ = nullptr;
   double loss_host_ = 0;      // CPU: the loss sum since take_loss()
   A* loss_device_ = nullptr;  // GPU: per-token losses summed since take_loss()
   // ZeRO-2: each parameter group's gradient of a micro-batch is built in the
@@ -202,7 +206,7 @@ class LlamaStage {
   // ZeRO-1 over dp > 1: each group's gradient reduce-scattered in the final
   // backwards into this rank's shard, dp_shard_ (comm.dp_grad_shard).
   bool scatter_dp_ = false;
-  A* dp_shard_ = nullptr;
+  G* dp_shard_ = nullptr;
   bool final_ = false;
   bool reduced_ = false;  // this step's gradients were reduced over dp (see grads_reduced())
   std::vector<std::unique_ptr<parallel::CommRequest>> dp_pending_;
@@ -211,10 +215,10 @@ class LlamaStage {
   // where it fits, while that one's reduce-scatter runs beside its backward;
   // the result is added to the shard when the bucket is next needed.
   struct Bucket {
-    A* data = nullptr;
+    G* data = nullptr;
     int64_t elements = 0;
     std::unique_ptr<parallel::CommRequest> pending;  // its reduce-scatter in flight
-    A* own = nullptr;  // where this rank's part of the sum lands
+    G* own = nullptr;  // where this rank's part of the sum lands
     // Where the consecutive pieces of that part go in the shard: (offset, size).
     std::vector<std::pair<int64_t, int64_t>> pieces;
   };
@@ -230,7 +234,7 @@ class LlamaStage {
   std::vector<Range> group_;
   int64_t shard_lo_ = 0, shard_hi_ = 0;  // ZeRO-1 and -2: this rank's shard
   std::vector<int64_t> shard_counts_;     // every dp rank's shard size
-  A* grad_at(int64_t flat);
+  G* grad_at(int64_t flat);
   // The part of `ranges` (ascending) in each dp rank's shard, and (the
   // current group of one range) where this rank's part starts in a
   // shard-sized buffer.
@@ -254,5 +258,6 @@ class LlamaStage {
 extern template class LlamaStage<float>;
 extern template class LlamaStage<double>;
 extern template class LlamaStage<kernels::bf16>;
+extern template class LlamaStage<kernels::bf16, kernels::bf16>;
 
 }  // namespace weft::trainer

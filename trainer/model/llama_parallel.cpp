@@ -12,8 +12,8 @@
 
 namespace weft::trainer {
 
-template <typename Elem>
-typename LlamaStage<Elem>::A* LlamaStage<Elem>::grad_at(int64_t flat) {
+template <typename Elem, typename G>
+G* LlamaStage<Elem, G>::grad_at(int64_t flat) {
   if (!zero2_) return grads_ + flat;
   // Only the group being back-propagated has gradients (elsewhere, e.g. the
   // forward's block views, there are none to point at).
@@ -26,8 +26,8 @@ typename LlamaStage<Elem>::A* LlamaStage<Elem>::grad_at(int64_t flat) {
   return nullptr;
 }
 
-template <typename Elem>
-void LlamaStage<Elem>::group_begin(std::initializer_list<Range> ranges) {
+template <typename Elem, typename G>
+void LlamaStage<Elem, G>::group_begin(std::initializer_list<Range> ranges) {
   group_.assign(ranges);
   WEFT_ASSERT(zero2_ || group_.size() == 1);
   if (!zero2_) return;
@@ -40,23 +40,23 @@ void LlamaStage<Elem>::group_begin(std::initializer_list<Range> ranges) {
   WEFT_ASSERT(n <= bucket.elements);
   drain(bucket);
   building_ = b;
-  run(kernels::FillParams<A>{.n = n, .value = 0.0, .x = bucket.data}, "fill");
+  run(kernels::FillParams<G>{.n = n, .value = 0.0, .x = bucket.data}, "fill");
 }
 
-template <typename Elem>
-void LlamaStage<Elem>::drain(Bucket& b) {
+template <typename Elem, typename G>
+void LlamaStage<Elem, G>::drain(Bucket& b) {
   if (!b.pending) return;
   b.pending->wait();
   b.pending.reset();
-  const A* x = b.own;
+  const G* x = b.own;
   for (const auto& [offset, n] : b.pieces) {
-    run(kernels::AxpyParams<A>{.n = n, .alpha = 1.0, .x = x, .y = grads_ + offset}, "axpy");
+    run(kernels::AxpyParams<G>{.n = n, .alpha = 1.0, .x = x, .y = grads_ + offset}, "axpy");
     x += n;
   }
 }
 
-template <typename Elem>
-std::vector<int64_t> LlamaStage<Elem>::shard_parts(std::span<const Range> ranges) const {
+template <typename Elem, typename G>
+std::vector<int64_t> LlamaStage<Elem, G>::shard_parts(std::span<const Range> ranges) const {
   // Shards and ranges both ascend, so each rank's part is contiguous in the
   // ranges' concatenation.
   std::vector<int64_t> counts;
@@ -70,14 +70,14 @@ std::vector<int64_t> LlamaStage<Elem>::shard_parts(std::span<const Range> ranges
   return counts;
 }
 
-template <typename Elem>
-int64_t LlamaStage<Elem>::group_shard_offset() const {
+template <typename Elem, typename G>
+int64_t LlamaStage<Elem, G>::group_shard_offset() const {
   WEFT_ASSERT(group_.size() == 1);
   return std::clamp(group_[0].begin, shard_lo_, shard_hi_) - shard_lo_;
 }
 
-template <typename Elem>
-void LlamaStage<Elem>::group_end() {
+template <typename Elem, typename G>
+void LlamaStage<Elem, G>::group_end() {
   if (zero2_) {
     // Each dp rank sums the part of the group inside its shard over dp, in
     // place in the bucket, while the backward goes on; drain() adds it to
@@ -105,23 +105,23 @@ void LlamaStage<Elem>::group_end() {
   group_.clear();
 }
 
-template <typename Elem>
-const Elem* LlamaStage<Elem>::gathered(const Elem* rows, Elem* all) {
+template <typename Elem, typename G>
+const Elem* LlamaStage<Elem, G>::gathered(const Elem* rows, Elem* all) {
   if (!l_.sp) return rows;
   groups_.tp->all_gather(rows, all, Msp_ * m_.hidden);
   return all;
 }
 
-template <typename Elem>
-void LlamaStage<Elem>::reduce_rows(Elem* buf) {
+template <typename Elem, typename G>
+void LlamaStage<Elem, G>::reduce_rows(Elem* buf) {
   if (l_.sp)
     groups_.tp->reduce_scatter(buf, buf, Msp_ * m_.hidden);  // this rank's rows land first
   else
     groups_.tp->all_reduce(buf, M_ * m_.hidden);
 }
 
-template <typename Elem>
-void LlamaStage<Elem>::sync_tied_grads() {
+template <typename Elem, typename G>
+void LlamaStage<Elem, G>::sync_tied_grads() {
   if (!m_.tied_embeddings || l_.pp == 1 || !(plan_.has_head || plan_.has_embedding)) return;
   auto& pp = *groups_.pp;
   constexpr int64_t kTag = 1 << 20;
@@ -129,7 +129,7 @@ void LlamaStage<Elem>::sync_tied_grads() {
   // This stage's copy: the last stage's head, or the first's embedding table.
   const auto& p = params_.specs[size_t(params_.index(plan_.has_head ? ParamKind::lm_head : ParamKind::embed_tokens))];
   const int64_t n = p.local_elements();
-  A* shard = zero2_ ? grads_ : scatter_dp_ && reduced_ ? dp_shard_ : nullptr;
+  G* shard = zero2_ ? grads_ : scatter_dp_ && reduced_ ? dp_shard_ : nullptr;
   if (!shard) {
     // Full gradients, equal or not yet reduced over dp: the last stage sends
     // its copy's, the first adds it to its own and sends the sum back.
@@ -137,9 +137,9 @@ void LlamaStage<Elem>::sync_tied_grads() {
       pp.send(grad(p), n, 0, kTag);
       pp.recv(grad(p), n, 0, kTag + 1);
     } else {
-      A* other = table_->get<A>("comm.tied_embedding_grad");
+      G* other = table_->get<G>("comm.tied_embedding_grad");
       pp.recv(other, n, last, kTag);
-      run(kernels::AxpyParams<A>{.n = n, .alpha = 1.0, .x = other, .y = grad(p)}, "axpy");
+      run(kernels::AxpyParams<G>{.n = n, .alpha = 1.0, .x = other, .y = grad(p)}, "axpy");
       pp.send(grad(p), n, last, kTag + 1);
     }
     return;
@@ -151,24 +151,24 @@ void LlamaStage<Elem>::sync_tied_grads() {
   const std::vector<int64_t> counts = shard_parts({&copy_range, 1});
   const int64_t begin = std::clamp(p.offset, shard_lo_, shard_hi_);
   const int64_t mine = counts[size_t(groups_.dp_rank())];
-  A* part = shard + (begin - shard_lo_);  // this rank's part of the copy
-  A* full = table_->get<A>("comm.tied_embedding_grad");
+  G* part = shard + (begin - shard_lo_);  // this rank's part of the copy
+  G* full = table_->get<G>("comm.tied_embedding_grad");
   if (plan_.has_head) {
     groups_.dp->all_gather_v(part, full, std::span<const int64_t>(counts));
     pp.send(full, n, 0, kTag);
     pp.recv(full, n, 0, kTag + 1);
-    copy(part, full + (begin - p.offset), mine * int64_t(sizeof(A)));
+    copy(part, full + (begin - p.offset), mine * int64_t(sizeof(G)));
   } else {
     pp.recv(full, n, last, kTag);
     if (mine > 0)
-      run(kernels::AxpyParams<A>{.n = mine, .alpha = 1.0, .x = full + (begin - p.offset), .y = part}, "axpy");
+      run(kernels::AxpyParams<G>{.n = mine, .alpha = 1.0, .x = full + (begin - p.offset), .y = part}, "axpy");
     groups_.dp->all_gather_v(part, full, std::span<const int64_t>(counts));
     pp.send(full, n, last, kTag + 1);
   }
 }
 
-template <typename Elem>
-void LlamaStage<Elem>::reduce_replicated_grads() {
+template <typename Elem, typename G>
+void LlamaStage<Elem, G>::reduce_replicated_grads() {
   // Without sequence parallelism every tp rank sees all rows and computes the
   // same norm-weight gradients; with it, each saw its own rows.
   if (!l_.sp) return;
@@ -176,7 +176,7 @@ void LlamaStage<Elem>::reduce_replicated_grads() {
     if (p.shard != ShardDim::none) continue;
     // Under ZeRO-2, and ZeRO-1 once the backward reduced the gradients, the
     // summed gradients are this rank's shard (equal ranges on every tp rank).
-    A* shard = zero2_ ? grads_ : scatter_dp_ && reduced_ ? dp_shard_ : nullptr;
+    G* shard = zero2_ ? grads_ : scatter_dp_ && reduced_ ? dp_shard_ : nullptr;
     if (!shard) {
       groups_.tp->all_reduce(grad(p), p.local_elements());
       continue;
@@ -186,8 +186,8 @@ void LlamaStage<Elem>::reduce_replicated_grads() {
   }
 }
 
-template <typename Elem>
-void LlamaStage<Elem>::finish_dp_reduction() {
+template <typename Elem, typename G>
+void LlamaStage<Elem, G>::finish_dp_reduction() {
   if (zero2_ && built_ >= 0) {
     // Oldest first, so each shard element sums its micro-batches in order.
     drain(buckets_[size_t(1 - built_)]);
@@ -200,21 +200,22 @@ void LlamaStage<Elem>::finish_dp_reduction() {
 }
 
 // The members defined here, for each stage type llama.cpp instantiates.
-#define WEFT_LLAMA_PARALLEL(E)                                                         \
-  template LlamaStage<E>::A* LlamaStage<E>::grad_at(int64_t);                          \
-  template void LlamaStage<E>::group_begin(std::initializer_list<Range>);              \
-  template void LlamaStage<E>::group_end();                                            \
-  template void LlamaStage<E>::drain(Bucket&);                                         \
-  template std::vector<int64_t> LlamaStage<E>::shard_parts(std::span<const Range>) const; \
-  template int64_t LlamaStage<E>::group_shard_offset() const;                          \
-  template const E* LlamaStage<E>::gathered(const E*, E*);                             \
-  template void LlamaStage<E>::reduce_rows(E*);                                        \
-  template void LlamaStage<E>::sync_tied_grads();                                      \
-  template void LlamaStage<E>::reduce_replicated_grads();                              \
-  template void LlamaStage<E>::finish_dp_reduction();
-WEFT_LLAMA_PARALLEL(float)
-WEFT_LLAMA_PARALLEL(double)
-WEFT_LLAMA_PARALLEL(kernels::bf16)
+#define WEFT_LLAMA_PARALLEL(E, G)                                                            \
+  template G* LlamaStage<E, G>::grad_at(int64_t);                                            \
+  template void LlamaStage<E, G>::group_begin(std::initializer_list<Range>);                 \
+  template void LlamaStage<E, G>::group_end();                                               \
+  template void LlamaStage<E, G>::drain(Bucket&);                                            \
+  template std::vector<int64_t> LlamaStage<E, G>::shard_parts(std::span<const Range>) const; \
+  template int64_t LlamaStage<E, G>::group_shard_offset() const;                             \
+  template const E* LlamaStage<E, G>::gathered(const E*, E*);                                \
+  template void LlamaStage<E, G>::reduce_rows(E*);                                           \
+  template void LlamaStage<E, G>::sync_tied_grads();                                         \
+  template void LlamaStage<E, G>::reduce_replicated_grads();                                 \
+  template void LlamaStage<E, G>::finish_dp_reduction();
+WEFT_LLAMA_PARALLEL(float, float)
+WEFT_LLAMA_PARALLEL(double, double)
+WEFT_LLAMA_PARALLEL(kernels::bf16, float)
+WEFT_LLAMA_PARALLEL(kernels::bf16, kernels::bf16)
 #undef WEFT_LLAMA_PARALLEL
 
 }  // namespace weft::trainer

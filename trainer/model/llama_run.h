@@ -22,9 +22,9 @@ inline constexpr bool kIsGemm<kernels::GemmParams<E>> = true;
 template <typename E>
 inline constexpr bool kIsGemm<kernels::GemmAccParams<E>> = true;
 
-template <typename Elem>
+template <typename Elem, typename G>
 template <typename P>
-void LlamaStage<Elem>::run(const P& p, const char* op, const char* cpu_scratch) {
+void LlamaStage<Elem, G>::run(const P& p, const char* op, const char* cpu_scratch) {
   kernels::Workspace ws;
   if (const int64_t need = kernels::workspace_bytes(p, stream_.backend); need > 0) {
     const char* name = !on_device() ? cpu_scratch : kIsGemm<P> ? "scratch.gemm" : "scratch.kernels";
@@ -37,8 +37,8 @@ void LlamaStage<Elem>::run(const P& p, const char* op, const char* cpu_scratch) 
   trainer::run(p, ws, op, stream_);
 }
 
-template <typename Elem>
-void LlamaStage<Elem>::copy(void* dst, const void* src, int64_t bytes) {
+template <typename Elem, typename G>
+void LlamaStage<Elem, G>::copy(void* dst, const void* src, int64_t bytes) {
   memory::copy(dst, src, bytes, stream_);
 }
 

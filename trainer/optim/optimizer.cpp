@@ -40,8 +40,8 @@ double lr_at(const OptimConfig& c, int64_t step) {
   return floor + 0.5 * (c.lr - floor) * (1.0 + std::cos(M_PI * progress));
 }
 
-template <typename Elem>
-Optimizer<Elem>::Optimizer(LlamaStage<Elem>& stage, const OptimConfig& config)
+template <typename Elem, typename G>
+Optimizer<Elem, G>::Optimizer(LlamaStage<Elem, G>& stage, const OptimConfig& config)
     : stage_(stage), c_(config) {
   c_.validate();
   m_ = stage.tensors().template get<A>("optimizer.adam_m");
@@ -63,12 +63,12 @@ Optimizer<Elem>::Optimizer(LlamaStage<Elem>& stage, const OptimConfig& config)
     // stage during its backward, or reduce_grads() after it); under ZeRO-2
     // the stage already accumulated its shard group by group.
     grad_shard_ = stage.grads_sharded() ? stage.grads()
-                                        : stage.tensors().template get<A>("comm.dp_grad_shard");
+                                        : stage.tensors().template get<G>("comm.dp_grad_shard");
   }
 }
 
-template <typename Elem>
-void Optimizer<Elem>::reset_master() {
+template <typename Elem, typename G>
+void Optimizer<Elem, G>::reset_master() {
   if (!master_) return;
   kernels::status_check(kernels::launch(kernels::WidenParams<Elem>{.n = hi_ - lo_, .x = stage_.weights() + lo_,
                                                                    .out = master_},
@@ -76,8 +76,8 @@ void Optimizer<Elem>::reset_master() {
                         "widen");
 }
 
-template <typename Elem>
-void Optimizer<Elem>::reduce_grads() {
+template <typename Elem, typename G>
+void Optimizer<Elem, G>::reduce_grads() {
   auto& dp = *stage_.groups().dp;
   if (stage_.grads_sharded() || stage_.grads_reduced()) return;  // done during the backward
   if (sharded_)
@@ -86,9 +86,9 @@ void Optimizer<Elem>::reduce_grads() {
     dp.all_reduce(stage_.grads(), stage_.param_elements());
 }
 
-template <typename Elem>
+template <typename Elem, typename G>
 template <typename F>
-void Optimizer<Elem>::for_each_piece(F f) {
+void Optimizer<Elem, G>::for_each_piece(F f) {
   // The part of each parameter in this rank's range [lo, hi) of the flat buffer.
   for (const auto& p : stage_.params().specs) {
     const int64_t begin = std::max(lo_, p.offset), end = std::min(hi_, p.offset + p.local_elements());
@@ -96,13 +96,13 @@ void Optimizer<Elem>::for_each_piece(F f) {
   }
 }
 
-template <typename Elem>
-typename Optimizer<Elem>::A* Optimizer<Elem>::grad_at(int64_t flat) {
+template <typename Elem, typename G>
+G* Optimizer<Elem, G>::grad_at(int64_t flat) {
   return sharded_ ? grad_shard_ + (flat - lo_) : stage_.grads() + flat;
 }
 
-template <typename Elem>
-double Optimizer<Elem>::grad_norm() {
+template <typename Elem, typename G>
+double Optimizer<Elem, G>::grad_norm() {
   // Parameters replicated over tp (the norms) count once; sharded ones sum
   // over tp; stages sum over pp; ZeRO shards sum over dp (without ZeRO the
   // dp replicas hold equal gradients).
@@ -115,7 +115,7 @@ double Optimizer<Elem>::grad_norm() {
   if (stage_.on_device()) memory::copy(sums, host_sums, sizeof host_sums, stream);
   for_each_piece([&](const ParamSpec& p, int64_t begin, int64_t end) {
     if (p.tied_copy) return;  // the first stage counts the tied embedding
-    const kernels::SumSquaresParams<A> sq{.n = end - begin, .x = grad_at(begin),
+    const kernels::SumSquaresParams<G> sq{.n = end - begin, .x = grad_at(begin),
                                           .sum = p.shard == ShardDim::none ? &sums[1] : &sums[0]};
     const int64_t need = kernels::workspace_bytes(sq, stream.backend);
     WEFT_ASSERT(need <= table.bytes("scratch.grad_norm"));
@@ -135,8 +135,8 @@ double Optimizer<Elem>::grad_norm() {
   return std::sqrt(sum);
 }
 
-template <typename Elem>
-StepStats Optimizer<Elem>::step(int64_t step, double loss) {
+template <typename Elem, typename G>
+StepStats Optimizer<Elem, G>::step(int64_t step, double loss) {
   StepStats s;
   s.lr = lr_at(c_, step);
   s.grad_norm = grad_norm();
@@ -154,7 +154,7 @@ StepStats Optimizer<Elem>::step(int64_t step, double loss) {
   ++updates_;
   // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when below 1.
   const double scale = c_.clip > 0 ? std::min(1.0, c_.clip / (s.grad_norm + 1e-6)) : 1.0;
-  std::vector<kernels::AdamwTensor<Elem>> tensors;
+  std::vector<kernels::AdamwTensor<Elem, G>> tensors;
   for_each_piece([&](const ParamSpec& p, int64_t begin, int64_t end) {
     tensors.push_back({.param = stage_.weights() + begin,
                        .master = master_ ? master_ + (begin - lo_) : nullptr,
@@ -162,9 +162,9 @@ StepStats Optimizer<Elem>::step(int64_t step, double loss) {
                        .m = m_ + (begin - lo_), .v = v_ + (begin - lo_), .n = end - begin,
                        .decay = p.decay ? kernels::WeightDecay::apply : kernels::WeightDecay::skip});
   });
-  const kernels::AdamwParams<Elem> params{.tensors = tensors, .step = updates_, .lr = s.lr,
-                                          .beta1 = c_.beta1, .beta2 = c_.beta2, .eps = c_.eps,
-                                          .weight_decay = c_.weight_decay, .grad_scale = scale};
+  const kernels::AdamwParams<Elem, G> params{.tensors = tensors, .step = updates_, .lr = s.lr,
+                                             .beta1 = c_.beta1, .beta2 = c_.beta2, .eps = c_.eps,
+                                             .weight_decay = c_.weight_decay, .grad_scale = scale};
   kernels::status_check(kernels::launch(params, {}, stage_.stream()), "adamw");
   // ZeRO-1: every replica gathers the updated parameters from their owners.
   if (sharded_)
@@ -173,8 +173,8 @@ StepStats Optimizer<Elem>::step(int64_t step, double loss) {
   return s;
 }
 
-template <typename Elem>
-void Optimizer<Elem>::host_full(const A* mine, std::vector<A>& full) {
+template <typename Elem, typename G>
+void Optimizer<Elem, G>::host_full(const A* mine, std::vector<A>& full) {
   // This rank's range to the host, then (ZeRO-1) every replica's range over
   // the host dp group.
   const int64_t psi = stage_.param_elements();
@@ -190,8 +190,8 @@ void Optimizer<Elem>::host_full(const A* mine, std::vector<A>& full) {
   stage_.groups().host_groups().dp->all_gather_v(shard.data(), full.data(), std::span<const int64_t>(counts_));
 }
 
-template <typename Elem>
-void Optimizer<Elem>::weights_full(std::vector<A>& w) {
+template <typename Elem, typename G>
+void Optimizer<Elem, G>::weights_full(std::vector<A>& w) {
   if (master_) {
     host_full(master_, w);
     return;
@@ -203,22 +203,22 @@ void Optimizer<Elem>::weights_full(std::vector<A>& w) {
   memory::synchronize(stage_.stream());
 }
 
-template <typename Elem>
-void Optimizer<Elem>::weights_set(const std::vector<A>& w) {
+template <typename Elem, typename G>
+void Optimizer<Elem, G>::weights_set(const std::vector<A>& w) {
   stage_.set_weights(w);
   if (!master_) return;
   memory::copy(master_, w.data() + lo_, (hi_ - lo_) * int64_t(sizeof(A)), stage_.stream());
   memory::synchronize(stage_.stream());
 }
 
-template <typename Elem>
-void Optimizer<Elem>::state_full(std::vector<A>& m, std::vector<A>& v) {
+template <typename Elem, typename G>
+void Optimizer<Elem, G>::state_full(std::vector<A>& m, std::vector<A>& v) {
   host_full(m_, m);
   host_full(v_, v);
 }
 
-template <typename Elem>
-void Optimizer<Elem>::state_set(const std::vector<A>& m, const std::vector<A>& v) {
+template <typename Elem, typename G>
+void Optimizer<Elem, G>::state_set(const std::vector<A>& m, const std::vector<A>& v) {
   memory::copy(m_, m.data() + lo_, (hi_ - lo_) * int64_t(sizeof(A)), stage_.stream());
   memory::copy(v_, v.data() + lo_, (hi_ - lo_) * int64_t(sizeof(A)), stage_.stream());
   memory::synchronize(stage_.stream());
@@ -227,6 +227,7 @@ void Optimizer<Elem>::state_set(const std::vector<A>& m, const std::vector<A>& v
 template class Optimizer<float>;
 template class Optimizer<double>;
 template class Optimizer<kernels::bf16>;
+template class Optimizer<kernels::bf16, kernels::bf16>;
 
 void to_json(nlohmann::json& j, const OptimConfig& c) {
   j = nlohmann::json{{"lr", c.lr},

@@ -51,13 +51,15 @@ struct StepStats {
   bool skipped = false;  // non-finite loss or gradient norm
 };
 
-// Gradients, Adam moments and (for bf16 weights) the master weights are in
-// Acc<Elem>, fp32 under bf16 compute; the update runs on the stage's stream.
-template <typename Elem>
+// Adam moments and (for bf16 weights) the master weights are in Acc<Elem>,
+// fp32 under bf16 compute; gradients are in the stage's G: Acc<Elem> too, or
+// bf16 (grad:bf16), which the gradient norm and the update widen to fp32 as
+// they read them. The update runs on the stage's stream.
+template <typename Elem, typename G = kernels::Acc<Elem>>
 class Optimizer {
  public:
   using A = kernels::Acc<Elem>;
-  Optimizer(LlamaStage<Elem>& stage, const OptimConfig& config);
+  Optimizer(LlamaStage<Elem, G>& stage, const OptimConfig& config);
 
   // Where the stage keeps its weights in a narrower type than Acc (bf16), the
   // optimizer updates an fp32 master copy of this rank's range and writes
@@ -96,13 +98,13 @@ class Optimizer {
   double grad_norm();
   template <typename F>
   void for_each_piece(F f);
-  A* grad_at(int64_t flat);
+  G* grad_at(int64_t flat);
   void host_full(const A* mine, std::vector<A>& full);
-  LlamaStage<Elem>& stage_;
+  LlamaStage<Elem, G>& stage_;
   bool sharded_ = false;      // ZeRO-1 over dp
   int64_t lo_ = 0, hi_ = 0;   // this rank's range of the flat parameters
   std::vector<int64_t> counts_;  // every dp rank's shard size
-  A* grad_shard_ = nullptr;
+  G* grad_shard_ = nullptr;
   OptimConfig c_;
   A* m_;
   A* v_;
@@ -115,6 +117,7 @@ class Optimizer {
 extern template class Optimizer<float>;
 extern template class Optimizer<double>;
 extern template class Optimizer<kernels::bf16>;
+extern template class Optimizer<kernels::bf16, kernels::bf16>;
 
 void to_json(nlohmann::json& j, const OptimConfig& c);
 

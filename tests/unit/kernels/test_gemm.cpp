@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/gemm/gemm.h"
@@ -12,6 +13,15 @@
 
 namespace weft::kernels::test {
 namespace {
+
+// The weight-gradient helper writes into the gradients' type: the
+// accumulator form for Acc gradients (fp32 and fp64 runs, the fp32 main
+// gradients of bf16 compute), the bf16 GEMM itself for bf16 gradients
+// (grad:bf16).
+static_assert(std::is_same_v<WgradGemmParams<float, float>, GemmAccParams<float>>);
+static_assert(std::is_same_v<WgradGemmParams<double, double>, GemmAccParams<double>>);
+static_assert(std::is_same_v<WgradGemmParams<bf16, float>, GemmAccParams<bf16>>);
+static_assert(std::is_same_v<WgradGemmParams<bf16, bf16>, GemmParams<bf16>>);
 
 // Stored shapes and leading dimensions of a case, with a little padding in
 // every leading dimension so that lda != columns is exercised.

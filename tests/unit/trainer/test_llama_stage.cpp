@@ -193,8 +193,25 @@ TEST(LlamaStage, CudnnAttentionOnlyWhereBuilt) {
   else
     WEFT_EXPECT_THROW_MSG(check_trainable(l, DeviceKind::gpu), LayoutError, "cuDNN frontend");
   EXPECT_NO_THROW(check_trainable(Layout::parse("mb1-attn:flash"), DeviceKind::cpu));
-  WEFT_EXPECT_THROW_MSG(check_trainable(Layout::parse("mb1-grad:bf16"), DeviceKind::cpu), LayoutError,
-                        "grad:bf16", "CPU trainer");
+}
+
+// bf16 gradients are the GPU trainer's (LlamaStage<bf16, bf16>); the CPU
+// trainer computes and accumulates in fp32 and refuses them up front, and a
+// stage whose gradient type is not the layout's is a bug caught before it
+// allocates anything.
+TEST(LlamaStage, Bf16GradientsOnlyOnTheGpu) {
+  for (const char* text : {"mb1-grad:bf16", "tp2-pp2-dp2-mb1-sp-zero2-grad:bf16", "dp4-mb1-zero1-grad:bf16"}) {
+    const Layout l = Layout::parse(text);
+    EXPECT_NO_THROW(check_trainable(l, DeviceKind::gpu)) << text;
+    WEFT_EXPECT_THROW_MSG(check_trainable(l, DeviceKind::cpu), LayoutError, "grad:bf16", "CPU trainer");
+  }
+  const ModelSpec m = small_model();
+  memory::Arena arena;
+  parallel::ProcessGroups groups = parallel::single_process_groups();
+  WEFT_EXPECT_THROW_MSG(LlamaStage<float>(m, RunSpec{7, 4, Precision::fp32}, Layout::parse("mb1-grad:bf16"), 0,
+                                          cpu(), arena, groups),
+                        InternalError, "4-byte gradients", "grad:bf16");
+  EXPECT_EQ(arena.in_use_total(), 0);
 }
 
 }  // namespace
