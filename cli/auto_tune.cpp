@@ -1,4 +1,5 @@
 #include "cli/auto_tune.h"
+#include "cli/options.h"
 
 #include <array>
 #include <cstdio>
@@ -14,6 +15,7 @@
 
 #include "core/error.h"
 #include "core/json_io.h"
+#include "tuner/device_profile.h"
 #include "tuner/recipe.h"
 #ifdef WEFT_HAVE_MPI
 #include "trainer/parallel/comm_mpi.h"
@@ -91,6 +93,11 @@ Layout auto_layout(const trainer::TrainConfig& base, const tuner::SpaceLimits& l
   ctx.cluster.gpus = world;
   ctx.cluster.gpus_per_node = world;
   ctx.constants = tuner::cost_defaults(base.device);
+  if (!a.profile.empty()) {
+    const auto p = tuner::profile_load(a.profile);
+    tuner::profile_use(p, a.profile, tuner::machine_fingerprint(base.device, local_ranks_from_env(), base.threads),
+                       ctx.cluster, ctx.constants);
+  }
 
   std::unique_ptr<parallel::Comm> control;
   trainer::GroupFactory make_groups;

@@ -26,6 +26,7 @@ struct AutoArgs {
   int64_t trial_steps = 3;
   double trial_min_time = 0.5;  // seconds of timed steps at least
   double trial_timeout = 60;  // seconds without communication progress in a trial
+  std::string profile;        // a measured device profile (weft calibrate); empty: the device's defaults
 };
 
 // Every rank calls this together; all return the same layout. `base` holds the

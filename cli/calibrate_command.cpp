@@ -36,6 +36,7 @@ struct CalibrateArgs {
   int64_t threads = 0;
   double min_time = 0.05;
   int max_log2_bytes = 24;
+  int64_t flush_mib = 0;
   std::string device = std::getenv("WEFT_DEVICE") ? std::getenv("WEFT_DEVICE") : "auto";
 };
 
@@ -112,6 +113,8 @@ int run_measure(const CalibrateArgs& a) {
   for (const auto& s : a.attention) c.attention.push_back(attention_parse(s));
   c.min_seconds = a.min_time;
   c.max_log2_bytes = a.max_log2_bytes;
+  if (a.flush_mib < 0) throw InputError(fmt::format("--flush-mib {} must be 0 (from the caches) or positive", a.flush_mib));
+  c.flush_bytes = a.flush_mib << 20;
   if (rank0) c.progress = [](const std::string& s) { fmt::print("calibrate: {}\n", s), std::fflush(stdout); };
   if (rank0)
     fmt::print("calibrate: {} on {} rank{} ({} per node, {} threads each), {} at T={}, tp {}, mb {}\n",
@@ -126,7 +129,13 @@ int run_measure(const CalibrateArgs& a) {
   p.fingerprint = tuner::machine_fingerprint(device, local_ranks_from_env(), a.threads);
   p.provenance = {{"command", "weft calibrate"}, {"model", m.name}, {"seq", a.seq}, {"world", world->size()},
                   {"tp", c.tps}, {"mb", c.mbs}, {"attention", a.attention}};
-  p.rates = std::make_shared<const MeasuredRates>(trainer::measure_device(c, device, *world, groups_for));
+  auto rates = trainer::measure_device(c, device, *world, groups_for);
+  if (!gpu) {
+    const int64_t cores = device_preset("cpu").sm_count, ranks = local_ranks_from_env();
+    const int64_t threads = a.threads > 0 ? a.threads : std::max<int64_t>(1, cores / ranks);
+    rates.shared_cores = ranks * threads > cores;
+  }
+  p.rates = std::make_shared<const MeasuredRates>(std::move(rates));
   if (rank0) {
     const std::string out = a.out.empty() ? "device-profile.json" : a.out;
     tuner::profile_save(p, out);
@@ -155,6 +164,10 @@ Command add_calibrate_command(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--min-time", a->min_time, "Seconds each measurement runs at least")->capture_default_str();
   sub->add_option("--max-message-log2", a->max_log2_bytes, "Largest collective message, log2 bytes")
+      ->capture_default_str();
+  sub->add_option("--flush-mib", a->flush_mib,
+                  "MiB of buffer copies each measurement cycles through, so that operands come from memory as in "
+                  "training (0: from the cache sizes)")
       ->capture_default_str();
   sub->add_option("--device", a->device, "auto, cpu or gpu (default $WEFT_DEVICE, else auto)");
   sub->add_option("--out", a->out,

@@ -219,6 +219,8 @@ Command add_train_command(CLI::App& app) {
   sub->add_option("--trial-min-time", t.trial_min_time,
                   "Seconds the timed steps of a trial take at least (more steps when they are short)")
       ->capture_default_str();
+  sub->add_option("--profile", t.profile,
+                  "Device profile (weft calibrate, measured under this mpirun and --threads) the tuner ranks with");
   sub->add_option("--trial-timeout", t.trial_timeout,
                   "Seconds without communication progress before a trial is abandoned")
       ->capture_default_str();

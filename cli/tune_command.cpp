@@ -9,6 +9,7 @@
 #include "cli/options.h"
 #include "core/error.h"
 #include "core/json_io.h"
+#include "tuner/device_profile.h"
 #include "tuner/recipe.h"
 #include "tuner/report.h"
 
@@ -28,6 +29,7 @@ struct TuneArgs {
   std::string save_recipe;
   int64_t top = 10;
   double margin = 0.05;
+  std::string profile;
 };
 
 int run_tune(const TuneArgs& a) {
@@ -44,6 +46,14 @@ int run_tune(const TuneArgs& a) {
   ctx.cluster = a.cluster.resolve();
   ctx.run = a.run.resolve(ctx.cluster.device);
   ctx.constants = tuner::cost_defaults(ctx.cluster.device);
+  if (!a.profile.empty()) {
+    // A measured profile describes this machine with the dry-run's ranks per
+    // node; the threads it was measured with are its own (a dry-run runs none).
+    const auto p = tuner::profile_load(a.profile);
+    const auto here = tuner::machine_fingerprint(ctx.cluster.device, std::min(ctx.cluster.gpus, ctx.cluster.gpus_per_node),
+                                                 p.fingerprint.value("threads", int64_t{0}));
+    tuner::profile_use(p, a.profile, here, ctx.cluster, ctx.constants);
+  }
   ctx.memory.margin = a.margin;
 
   std::vector<Layout> layouts;
@@ -120,6 +130,8 @@ Command add_tune_command(CLI::App& app) {
                   "Evaluate this one layout (canonical text form) instead of the space");
   sub->add_option("--save-recipe", args->save_recipe, "Save the best layout as a recipe file");
   sub->add_option("--top", args->top, "Rows in the ranked table")->capture_default_str();
+  sub->add_option("--profile", args->profile,
+                  "Device profile (weft calibrate) whose measured rates and constants price the layouts");
   sub->add_option("--margin", args->margin,
                   "Fraction of device memory kept free for fragmentation")
       ->capture_default_str();

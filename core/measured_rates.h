@@ -65,6 +65,11 @@ struct MeasuredRates {
   std::map<std::string, StreamRate> streams;  // by family: rmsnorm, rope, swiglu, ...
   std::vector<AttentionRate> attention;
   std::vector<CommRate> comm;
+  // The ranks measured outnumbered the cores (ranks x threads > cores, as
+  // when CPU ranks oversubscribe a small machine): each rate was measured
+  // with every rank computing at once, and a rank that waits (a pipeline
+  // bubble) yields its core to the others instead of leaving it idle.
+  bool shared_cores = false;
 
   // Seconds of a GEMM: the measured shape's own time, else the nearest
   // measured shape (in log M, N, K) scaled by the FLOP ratio; nothing when no

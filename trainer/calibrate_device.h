@@ -28,6 +28,10 @@ struct DeviceCalibration {
   std::vector<int64_t> mbs = {1};  // micro-batch sizes
   std::vector<AttentionKind> attention = {AttentionKind::flash, AttentionKind::materialized};
   double min_seconds = 0.05;  // each measurement repeats until it took this long (and 3 times at least)
+  // Bytes of buffer copies each measurement cycles through, so that every
+  // call finds its operands where training leaves them; 0: the step's
+  // working set at that shard (the memory model's), at least a few caches.
+  int64_t flush_bytes = 0;
   // Collectives over the group sizes that divide the world (2 .. world), of
   // 2^10 .. 2^max_log2_bytes bytes in steps of 4x.
   int max_log2_bytes = 24;

@@ -249,17 +249,20 @@ Part block_cost(const Model& x, Checkpointing mode) {
     if (auto b = x.rates->attention_seconds(kind, true, B, Hl, Kl, T, D)) attn_bwd = *b;
   }
 
-  const double qkv_n = (Hl + 2 * Kl) * D;
   const double rope = x.stream("rope", M, (Hl + Kl) * D);
   const double resid = x.stream("residual", Msp, C);
   Part p;
-  const double attn_pre = x.norm_fwd(Msp) + x.linear_fwd(M, qkv_n, C) + rope;
-  const double mlp_pre = x.norm_fwd(Msp) + x.linear_fwd(M, 2 * Fl, C) + x.stream("swiglu_fwd", M, Fl);
+  // The trainer runs q, k and v, and gate and up, as separate GEMMs (their
+  // weights are separate Hugging Face tensors), so they are priced apart:
+  // three narrow GEMMs reach a lower efficiency than one wide one.
+  const double qkv_fwd = x.linear_fwd(M, Hl * D, C) + 2 * x.linear_fwd(M, Kl * D, C);
+  const double qkv_bwd = x.linear_bwd(M, Hl * D, C) + 2 * x.linear_bwd(M, Kl * D, C);
+  const double attn_pre = x.norm_fwd(Msp) + qkv_fwd + rope;
+  const double mlp_pre = x.norm_fwd(Msp) + 2 * x.linear_fwd(M, Fl, C) + x.stream("swiglu_fwd", M, Fl);
   p.fwd = attn_pre + attn_fwd + x.linear_fwd(M, C, Hl * D) + resid + mlp_pre +
           x.linear_fwd(M, C, Fl) + resid;
-  p.bwd = x.norm_bwd(Msp) + x.linear_bwd(M, qkv_n, C) + rope + attn_bwd +
-          x.linear_bwd(M, C, Hl * D) + resid + x.norm_bwd(Msp) + x.linear_bwd(M, 2 * Fl, C) +
-          x.stream("swiglu_bwd", M, Fl) + x.linear_bwd(M, C, Fl) + resid;
+  p.bwd = x.norm_bwd(Msp) + qkv_bwd + rope + attn_bwd + x.linear_bwd(M, C, Hl * D) + resid + x.norm_bwd(Msp) +
+          2 * x.linear_bwd(M, Fl, C) + x.stream("swiglu_bwd", M, Fl) + x.linear_bwd(M, C, Fl) + resid;
 
   // Two column/row-parallel pairs per block: forward all-reduce (or, with
   // sequence parallelism, all-gather before and reduce-scatter after) and the
@@ -335,7 +338,11 @@ CostBreakdown predict(const ModelSpec& m, const RunSpec& run, const Layout& l,
   b.compute = mbs * (slow.fwd + slow.bwd);
   b.recompute = mbs * slow.recompute;
   b.tp_comm = mbs * slow.tp * (1.0 - k.tp_overlap * (1.0 - k.overlap_cost));
-  b.pp_bubble = double(l.pp - 1) / double(l.vpp) * t_mb;
+  // Ranks that share cores (a measured profile says so) give a waiting
+  // rank's core to the others, whose measured rates already assume every
+  // rank computing: the bubble costs no wall time of its own there.
+  const bool shared_cores = x.rates && x.rates->shared_cores;
+  b.pp_bubble = shared_cores ? 0.0 : double(l.pp - 1) / double(l.vpp) * t_mb;
   if (l.pp > 1) {
     const double hop = x.p2p(Msp * C * x.a);
     b.pp_p2p = 2.0 * hop * (mbs * double(l.vpp) + double(l.pp - 1));

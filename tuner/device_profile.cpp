@@ -62,6 +62,7 @@ nlohmann::json rates_to_json(const MeasuredRates& r) {
   auto& c = j["comm"] = nlohmann::json::array();
   for (const auto& x : r.comm)
     c.push_back({{"op", x.op}, {"ranks", x.ranks}, {"latency_s", x.latency_s}, {"bytes_per_s", x.bytes_per_s}});
+  j["shared_cores"] = r.shared_cores;
   return j;
 }
 
@@ -90,6 +91,11 @@ MeasuredRates rates_from_json(const nlohmann::json& j, const std::string& where)
     if (!op.is_string()) throw InputError(fmt::format("device profile {}: 'op' must be a name", at));
     r.comm.push_back({op.get<std::string>(), count(x, "ranks", at), positive(x, "latency_s", at, true),
                       positive(x, "bytes_per_s", at)});
+  }
+  if (j.contains("shared_cores")) {
+    if (!j["shared_cores"].is_boolean())
+      throw InputError(fmt::format("device profile {}: 'shared_cores' must be true or false", where));
+    r.shared_cores = j["shared_cores"].get<bool>();
   }
   return r;
 }

@@ -68,10 +68,9 @@ TEST(Fidelity, HeldOutSweepsWithinBounds) {
   EXPECT_LT(std::abs(t.bias_points), 2.5);
   // Layouts of one model on one cluster ranked as measured.
   EXPECT_GE(t.mean_spearman, 0.8);
-  // The layout ranked first measured within 2 MFU points of the best in all
-  // but one held-out sweep (the issue asks 90%: 2 of 3 today; see the note
-  // in benchmarks/model_fidelity's sweep listing).
-  EXPECT_GE(t.best_within_2, t.sweeps - 1);
+  // The layout ranked first measured within 2 MFU points of the best in 90%
+  // of the held-out sweeps.
+  EXPECT_GE(double(t.best_within_2), 0.9 * double(t.sweeps));
   // Runs that trained are predicted to fit; most measured OOMs predicted OOM.
   EXPECT_GE(double(t.fit_predicted), 0.95 * double(t.measured));
   EXPECT_GE(double(t.oom_predicted), 0.5 * double(t.oom));

@@ -1,0 +1,325 @@
+#include "tuner/tune_search.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/flops.h"
+#include "core/units.h"
+#include "trainer/loop.h"
+
+namespace weft::tuner {
+
+std::vector<SearchCandidate> search_candidates(const ReportContext& ctx, const SpaceLimits& limits, TuneResult& r) {
+  const auto layouts = enumerate(ctx.model, ctx.run, ctx.cluster.gpus, limits, ctx.cluster.device.kind);
+  r.space = evaluate(ctx.model, ctx.run, ctx.cluster, layouts, ctx.constants, ctx.memory);
+  r.peak_flops = ctx.cluster.device.peak_flops(to_string(ctx.run.precision));
+  std::vector<SearchCandidate> cands;
+  int64_t untrainable = 0;
+  for (const auto& c : r.space.candidates) {
+    if (c.verdict != Verdict::fits) continue;
+    try {
+      trainer::check_trainable(c.layout, ctx.cluster.device.kind);
+    } catch (const LayoutError&) {
+      ++untrainable;
+      continue;
+    }
+    cands.push_back({c.layout, c.cost.step, c.cost.step, c.memory.peak()});
+  }
+  r.candidates = int64_t(cands.size());
+  if (cands.empty())
+    throw InputError(fmt::format("no layout of {} on {} x {} fits and is trainable ({} evaluated, {} fit, {} "
+                                 "need trainer features or kernels this build lacks); see `weft tune --dry-run`",
+                                 ctx.model.name, ctx.cluster.gpus, ctx.cluster.device.name, r.space.evaluated,
+                                 r.space.fitting, untrainable));
+  return cands;
+}
+
+std::optional<Journal> open_journal(const ReportContext& ctx, const SpaceLimits& limits, const TuneOptions& o,
+                                    parallel::Comm& control) {
+  std::optional<Journal> journal;
+  int64_t bad = 0;
+  std::string why;
+  if (control.rank() == 0 && !o.journal.empty()) {
+    try {
+      journal.emplace(Journal::open(o.journal, tune_journal_header(ctx, limits, o)));
+    } catch (const FileFormatError& e) {
+      bad = 2;
+      why = e.what();
+    } catch (const InputError& e) {
+      bad = 1;
+      why = fmt::format("{}; --retune starts a new journal", e.what());
+    }
+  }
+  bad = share(control, bad);
+  if (bad) {
+    why = share_text(control, why);
+    if (bad == 2) throw FileFormatError(why);
+    throw InputError(why);
+  }
+  return journal;
+}
+
+Search::Search(const ReportContext& ctx, const TuneOptions& o, const trainer::TrainConfig& base,
+               parallel::Comm& control, const trainer::GroupFactory& make_groups, std::FILE* log,
+               std::optional<Journal> journal, std::vector<Fault> faults, std::vector<SearchCandidate> candidates,
+               TuneResult& r, Clock::time_point start)
+    : ctx_(ctx), o_(o), base_(base), control_(control), make_groups_(make_groups), log_(log),
+      journal_(std::move(journal)), faults_(std::move(faults)), cands_(std::move(candidates)), r_(r), start_(start),
+      rank0_(control.rank() == 0), k_(ctx.constants) {
+  tokens_ = double(ctx.run.tokens_per_step());
+  flops_ = model_flops_per_step(ctx.model, ctx.run);
+  // Trials: by default every parallel shape (up to 32) and 8 more, at least
+  // 16; the first half of an explicit --tune-top explores shapes.
+  std::set<std::string> all_shapes;
+  for (const auto& c : cands_) all_shapes.insert(shape_key(c.layout));
+  const int64_t shapes = std::min<int64_t>(32, int64_t(all_shapes.size()));
+  limit_ = std::min<int64_t>(o.top > 0 ? o.top : std::max<int64_t>(16, shapes + 8), int64_t(cands_.size()));
+  explore_ = o.top > 0 ? (limit_ + 1) / 2 : shapes;
+  say(fmt::format("tuning {} on {} x {}: {} layouts evaluated, {} fit, {} candidates; profiling up to {}{} "
+                  "({} warm-up + at least {} timed steps and {:g} s each)\n",
+                  ctx.model.name, ctx.cluster.gpus, ctx.cluster.device.name, r.space.evaluated, r.space.fitting,
+                  cands_.size(), limit_, o.budget_s > 0 ? fmt::format(" within {}", format_seconds(o.budget_s)) : "",
+                  o.warmup_steps, o.timed_steps, o.min_timed_s));
+}
+
+void Search::say(const std::string& s) {
+  if (log_) {
+    std::fputs(s.c_str(), log_);
+    std::fflush(log_);
+  }
+}
+
+double Search::mean_of(const std::string& l) const {
+  const auto& v = measured_.at(l);
+  return std::accumulate(v.begin(), v.end(), 0.0) / double(v.size());
+}
+
+// The measured layouts by mean step, shortest first; the first is the one
+// with the least memory among those within 1% of the shortest (a tie rule
+// applied once: as a sort order it would not be transitive).
+std::vector<std::string> Search::leaders(size_t n) {
+  std::vector<std::string> ls;
+  for (const auto& [l, v] : measured_) ls.push_back(l);
+  std::sort(ls.begin(), ls.end(), [&](const std::string& a, const std::string& b) {
+    return std::make_pair(mean_of(a), a) < std::make_pair(mean_of(b), b);
+  });
+  if (!ls.empty()) {
+    const double fastest = mean_of(ls.front());
+    auto pick = ls.begin();
+    for (auto it = ls.begin(); it != ls.end() && mean_of(*it) <= fastest * 1.01; ++it)
+      if (peak_of_[*it] < peak_of_[*pick]) pick = it;
+    std::rotate(ls.begin(), pick, pick + 1);
+  }
+  if (ls.size() > n) ls.resize(n);
+  return ls;
+}
+
+// Refits after every measured trial at first, then whenever the measured
+// trials grew by a quarter (a fit costs time linear in them), and once at the
+// end over all of them for the report.
+void Search::refit(bool final) {
+  std::vector<Observation> obs;
+  for (const auto& t : r_.trials)
+    if (t.status == "ok") obs.push_back({t.layout, t.measured_s});
+  if (o_.calibrate_after <= 0 || int64_t(obs.size()) < o_.calibrate_after || obs.size() == fitted_on_) return;
+  if (!final && obs.size() > 12 && double(obs.size()) < 1.25 * double(fitted_on_)) return;
+  fitted_on_ = obs.size();
+  r_.calibration = calibrate(ctx_.model, ctx_.run, ctx_.cluster, obs, ctx_.constants);
+  k_ = r_.calibration->constants;
+  for (auto& c : cands_)
+    if (!c.done) c.calibrated_s = predict(ctx_.model, ctx_.run, c.layout, ctx_.cluster, k_).step;
+}
+
+// Layouts that share a parallel shape (tp, pp, dp, mb, vpp) and differ in
+// kernel knobs are predicted alike, so the first trials go to distinct
+// shapes, best predicted first; the rest refine the three best measured
+// shapes; then the three leaders are measured again (trial noise on shared
+// machines is several percent) and the mean decides.
+Search::Next Search::choose() {
+  auto best_of = [&](auto&& allowed) {
+    size_t next = cands_.size();
+    for (size_t i = 0; i < cands_.size(); ++i)
+      if (!cands_[i].done && allowed(cands_[i]) &&
+          (next == cands_.size() || cands_[i].calibrated_s < cands_[next].calibrated_s))
+        next = i;
+    return next;
+  };
+  const double reserve = 3 * trial_seconds_;  // for the confirmations
+  size_t next = cands_.size();
+  if (main_stop_.empty()) {
+    if (profiled_ >= limit_) main_stop_ = fmt::format("profiled the top {}", limit_);
+    else if (o_.budget_s > 0 && since(start_) + reserve > o_.budget_s)
+      main_stop_ = fmt::format("time budget of {} spent", format_seconds(o_.budget_s));
+  }
+  if (main_stop_.empty()) {
+    const bool exploring = profiled_ < explore_;
+    if (exploring) next = best_of([&](const SearchCandidate& c) { return !shapes_tried_.count(shape_key(c.layout)); });
+    if (next == cands_.size()) {
+      std::set<std::string> top;
+      for (const auto& l : leaders(3)) top.insert(shape_key(Layout::parse(l)));
+      next = best_of([&](const SearchCandidate& c) { return top.count(shape_key(c.layout)) > 0; });
+    }
+    if (next == cands_.size()) next = best_of([](const SearchCandidate&) { return true; });
+    if (next == cands_.size()) {
+      main_stop_ = "profiled every candidate";
+    } else if (o_.model_stop && !exploring && !measured_.empty() && r_.calibration && r_.calibration->accepted &&
+               cands_[next].calibrated_s >
+                   mean_of(leaders(1)[0]) * (1 + 2 * r_.calibration->rms_error_after + 0.05)) {
+      main_stop_ = fmt::format(
+          "the refit cost model (RMS error {:.1f}%) predicts the {} remaining candidates slower than the "
+          "best measured by more than its error",
+          100 * r_.calibration->rms_error_after,
+          std::count_if(cands_.begin(), cands_.end(), [](const SearchCandidate& c) { return !c.done; }));
+      next = cands_.size();
+    }
+  }
+  Next n;
+  if (next < cands_.size()) {
+    n.pick = int64_t(next);
+    const std::string text = cands_[next].layout.to_string();
+    if (journal_) {
+      const auto unfinished = journal_->unfinished();
+      if (journal_->result(text) || std::count(unfinished.begin(), unfinished.end(), text))
+        n.mode = Mode::from_journal;
+    }
+  } else if (o_.confirm && confirmed_.size() < 6 && (o_.budget_s <= 0 || since(start_) < o_.budget_s)) {
+    // The three leaders, then whichever layout leads after them if a second
+    // measurement moved it up: the winner is never one trial.
+    for (const auto& l : leaders(confirmed_.size() < 3 ? 3 : 1))
+      if (measured_[l].size() == 1 && !confirmed_.count(l)) {
+        for (size_t i = 0; i < cands_.size(); ++i)
+          if (cands_[i].layout.to_string() == l) n.pick = int64_t(i);
+        n.mode = Mode::confirm;
+        confirmed_.insert(l);
+        break;
+      }
+  }
+  if (n.pick < 0) r_.stop_reason = main_stop_;
+  return n;
+}
+
+TrialRecord Search::trial(SearchCandidate& cand, int64_t order, Mode mode) {
+  TrialRecord t;
+  t.order = order;
+  t.layout = cand.layout;
+  t.predicted_s = cand.predicted_s;
+  t.calibrated_s =
+      mode == Mode::confirm ? predict(ctx_.model, ctx_.run, cand.layout, ctx_.cluster, k_).step : cand.calibrated_s;
+  t.predicted_peak = cand.peak;
+  t.repeat = mode == Mode::confirm;
+  const std::string text = cand.layout.to_string();
+  if (mode == Mode::from_journal) {
+    if (rank0_) {
+      if (const auto* j = journal_->result(text)) {
+        t = record_from_json(*j, journal_->path());
+        t.order = order;
+      } else {
+        t.status = "killed";
+        t.reason = "the process died during this trial in an earlier run (tuning journal)";
+        journal_->finish(trial_to_json(t));
+      }
+    }
+    t.from_journal = true;
+    return t;
+  }
+  trainer::ProfileConfig pc;
+  pc.train = base_;
+  pc.train.layout = cand.layout;
+  pc.warmup_steps = o_.warmup_steps;
+  pc.timed_steps = o_.timed_steps;
+  pc.min_timed_s = o_.min_timed_s;
+  pc.silence_s = o_.silence_s;
+  pc.time_limit_s = o_.trial_limit_s > 0 ? o_.trial_limit_s
+                                         : 10 * cand.calibrated_s * double(o_.warmup_steps + o_.timed_steps) + 30;
+  for (const auto& f : faults_)
+    if (f.trial == order && f.rank == control_.rank()) pc.fault = f.kind;
+  const bool journaled = journal_ && mode == Mode::profile;
+  if (journaled) journal_->start(text);
+  const auto m = trainer::profile_layout(pc, control_, make_groups_);
+  t.status = trainer::to_string(m.status);
+  t.reason = m.reason;
+  t.measured_s = m.step_s;
+  t.measured_peak = m.peak_bytes.empty() ? 0 : *std::max_element(m.peak_bytes.begin(), m.peak_bytes.end());
+  t.seconds = m.seconds;
+  r_.profile_seconds += m.seconds;
+  ++trials_run_;
+  trial_seconds_ += (m.seconds - trial_seconds_) / double(trials_run_);
+  if (m.status == trainer::TrialStatus::ok) {
+    t.tokens_per_s = tokens_ / m.step_s;
+    t.mfu = mfu(flops_ / m.step_s, ctx_.cluster.gpus, r_.peak_flops);
+  }
+  if (journaled) journal_->finish(trial_to_json(t));
+  return t;
+}
+
+void Search::record(const TrialRecord& t) {
+  const std::string text = t.layout.to_string();
+  const bool ok = t.status == "ok";
+  if (ok) {
+    measured_[text].push_back(t.measured_s);
+    peak_of_[text] = std::max(peak_of_[text], t.measured_peak);
+    refit(false);
+  }
+  std::string line = fmt::format("[{}/{}] {:<58} ", t.order, limit_, text);
+  if (ok)
+    line += fmt::format("{} /step (predicted {}) | {:.0f} tok/s | MFU {:.2f}%", format_seconds(t.measured_s),
+                        format_seconds(t.calibrated_s), t.tokens_per_s, 100 * t.mfu);
+  else
+    line += fmt::format("{}: {}", t.status, t.reason);
+  if (t.from_journal) line += " (from the journal)";
+  if (t.repeat) line += " (measured again)";
+  if (!measured_.empty())
+    line += fmt::format(" | best MFU {:.2f}%",
+                        100 * mfu(flops_ / mean_of(leaders(1)[0]), ctx_.cluster.gpus, r_.peak_flops));
+  if (o_.budget_s > 0)
+    line += fmt::format(" | {} left", format_seconds(std::max(0.0, o_.budget_s - since(start_))));
+  say(line + "\n");
+}
+
+void Search::run() {
+  for (int64_t order = 1;; ++order) {
+    // Rank 0 decides; every rank follows, so that clocks and files that
+    // differ between ranks cannot split them.
+    Next n;
+    if (rank0_) n = choose();
+    n.pick = share(control_, n.pick);
+    if (n.pick < 0) break;
+    n.mode = Mode(share(control_, int64_t(n.mode)));
+    SearchCandidate& cand = cands_[size_t(n.pick)];
+    if (n.mode != Mode::confirm) {
+      cand.done = true;
+      ++profiled_;
+    }
+    shapes_tried_.insert(shape_key(cand.layout));
+    r_.trials.push_back(trial(cand, order, n.mode));
+    if (rank0_) record(r_.trials.back());
+  }
+}
+
+void Search::finish() {
+  std::optional<size_t> best;
+  if (rank0_) {
+    refit(true);
+    say(fmt::format("tuning stopped: {}\n", r_.stop_reason));
+    // The winner's row: its last trial, carrying the mean over its trials.
+    if (!measured_.empty()) {
+      const auto lead = leaders(1)[0];
+      for (size_t i = 0; i < r_.trials.size(); ++i)
+        if (r_.trials[i].status == "ok" && r_.trials[i].layout.to_string() == lead) best = i;
+      auto& w = r_.trials[*best];
+      w.measured_s = mean_of(lead);
+      w.measured_peak = peak_of_[lead];
+      w.tokens_per_s = tokens_ / w.measured_s;
+      w.mfu = mfu(flops_ / w.measured_s, ctx_.cluster.gpus, r_.peak_flops);
+      w.repeats = int64_t(measured_[lead].size());
+    }
+  }
+  // Every rank learns the winner.
+  const int64_t w = share(control_, best ? int64_t(*best) : -1);
+  if (w >= 0) r_.winner = size_t(w);
+}
+
+}  // namespace weft::tuner
