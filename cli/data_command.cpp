@@ -1,12 +1,14 @@
 // `weft data`: prepare text into token files, inspect token data, and locate
 // (preparing on first use) the built-in default corpus.
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "cli/commands.h"
+#include "cli/progress.h"
 #include "core/error.h"
 #include "trainer/data/corpus.h"
 #include "trainer/data/loader.h"
@@ -23,10 +25,34 @@ struct InfoArgs {
   int64_t seq = 0;    // 0: no window count
 };
 
-int run_prepare(const data::PrepareOptions& o) {
+// Inputs this large get a progress display (a second or more to tokenize).
+constexpr int64_t kProgressMinBytes = 32 << 20;
+
+int run_prepare(data::PrepareOptions o) {
+  std::optional<Progress> progress;
+  o.progress = [&](const data::PrepareProgress& p) {
+    if (!progress)
+      progress.emplace(stdout, Progress::style_for(stdout, p.bytes_total, kProgressMinBytes),
+                       "tokenizing");
+    progress->update(p.bytes_done, p.bytes_total, p.seconds);
+  };
   const auto r = data::data_prepare(o);
-  fmt::print("weft: prepared {} from {} file(s), {} documents, {} tokenizer (vocab {})\n", r.dir,
-             o.inputs.size(), r.documents, o.tokenizer, r.vocab);
+  if (progress) progress->finish();
+  const std::string tokenizer =
+      r.tokenizer == "byte" ? "byte tokenizer" : fmt::format("{} tokenizer {}", r.tokenizer, o.tokenizer);
+  fmt::print("weft: prepared {} from {} file(s), {} documents, {} (vocab {})\n", r.dir,
+             o.inputs.size(), r.documents, tokenizer, r.vocab);
+  fmt::print("  documents: {}\n", r.document_tokens);
+  fmt::print("  {:.1f} MB of text in {:.2f} s ({:.1f} MB/s on {} thread{})\n",
+             double(r.text_bytes) / 1e6, r.seconds,
+             r.seconds > 0 ? double(r.text_bytes) / 1e6 / r.seconds : 0.0, r.threads,
+             r.threads == 1 ? "" : "s");
+  if (r.invalid_utf8 > 0)
+    fmt::print(stderr,
+               "weft: warning: {} invalid UTF-8 sequence{} replaced by U+FFFD, the first in '{}' "
+               "at byte {}\n",
+               r.invalid_utf8, r.invalid_utf8 == 1 ? "" : "s", r.invalid_utf8_file,
+               r.invalid_utf8_offset);
   fmt::print("  train.tok  {} tokens, {} documents\n", r.train_tokens, r.documents_train);
   if (o.val_fraction > 0)
     fmt::print("  val.tok    {} tokens, {} documents\n", r.val_tokens, r.documents_val);
@@ -86,9 +112,16 @@ Command add_data_command(CLI::App& app) {
   auto* p = sub->add_subcommand(
       "prepare", "Tokenize text files into DIR/train.tok, DIR/val.tok and DIR/meta.json");
   p->add_option("--input", prep->inputs,
-                "Text files; fortune files split into documents at '%' lines");
+                "Text files (one document each; fortune files split at '%' lines) and JSONL "
+                "files (*.jsonl: one document a line)");
   p->add_option("--out", prep->out, "Folder to create (must not exist or be empty)");
-  p->add_option("--tokenizer", prep->tokenizer, "Tokenizer: byte (vocab 256)")
+  p->add_option("--tokenizer", prep->tokenizer,
+                "byte (vocab 256), a Hugging Face tokenizer.json (byte-level BPE: Llama 3, "
+                "GPT-2) or a SentencePiece tokenizer.model (Llama 2)")
+      ->capture_default_str();
+  p->add_option("--text-field", prep->text_field, "The field of JSONL objects that holds the text")
+      ->capture_default_str();
+  p->add_option("--threads", prep->threads, "Threads that tokenize (0: every core)")
       ->capture_default_str();
   p->add_option("--val-fraction", prep->val_fraction,
                 "Share of the text, in whole documents, held out for validation (0 to 0.5)")

@@ -137,3 +137,34 @@ macro(weft_feature_cudnn)
   endif()
   _weft_require(WEFT_CUDNN ${WEFT_HAVE_CUDNN_FRONTEND} "the cuDNN frontend headers with cuDNN 9 (pip install nvidia-cudnn-frontend)")
 endmacro()
+
+# The tokenizers of `weft data prepare` beyond the built-in byte one: PCRE2
+# runs a Hugging Face tokenizer.json's pre-tokenizer regex (its JIT and UTF
+# mode), libsentencepiece reads a SentencePiece tokenizer.model. Each is its
+# own feature: without it weft builds and `--tokenizer` refuses that format,
+# naming the package to install.
+macro(weft_feature_tokenizers)
+  find_package(PkgConfig QUIET)
+  set(WEFT_HAVE_PCRE2 FALSE)
+  set(WEFT_PCRE2_DETAIL "(Debian: libpcre2-dev)")
+  if(NOT WEFT_PCRE2 STREQUAL "OFF" AND PKG_CONFIG_FOUND)
+    pkg_check_modules(WEFT_PCRE2_PC QUIET IMPORTED_TARGET libpcre2-8)
+    if(WEFT_PCRE2_PC_FOUND)
+      set(WEFT_HAVE_PCRE2 TRUE)
+      set(WEFT_PCRE2_DETAIL "${WEFT_PCRE2_PC_VERSION}")
+    endif()
+  endif()
+  _weft_require(WEFT_PCRE2 ${WEFT_HAVE_PCRE2} "PCRE2 (Debian: libpcre2-dev)")
+
+  set(WEFT_HAVE_SENTENCEPIECE FALSE)
+  set(WEFT_SENTENCEPIECE_DETAIL "(Debian: libsentencepiece-dev)")
+  if(NOT WEFT_SENTENCEPIECE STREQUAL "OFF" AND PKG_CONFIG_FOUND)
+    pkg_check_modules(WEFT_SENTENCEPIECE_PC QUIET IMPORTED_TARGET sentencepiece)
+    if(WEFT_SENTENCEPIECE_PC_FOUND)
+      set(WEFT_HAVE_SENTENCEPIECE TRUE)
+      set(WEFT_SENTENCEPIECE_DETAIL "${WEFT_SENTENCEPIECE_PC_VERSION}")
+    endif()
+  endif()
+  _weft_require(WEFT_SENTENCEPIECE ${WEFT_HAVE_SENTENCEPIECE}
+                "SentencePiece (Debian: libsentencepiece-dev)")
+endmacro()

@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 packages=(cmake g++ make ninja-build pkg-config
           libopenmpi-dev openmpi-bin libnlopt-dev libnlopt-cxx-dev libfmt-dev
           libcli11-dev nlohmann-json3-dev libopenblas-openmp-dev
-          libgtest-dev libgmock-dev libbenchmark-dev fortunes procps)
+          libgtest-dev libgmock-dev libbenchmark-dev fortunes procps
+          libpcre2-dev libsentencepiece-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
