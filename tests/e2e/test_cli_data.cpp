@@ -54,6 +54,53 @@ TEST(CliData, DefaultCorpusIntoTheCache) {
   EXPECT_TRUE(std::filesystem::exists(dir.path("cache/weft/data/fortunes/train.tok")));
 }
 
+TEST(CliData, PrepareWithTokenizerFiles) {
+  TempDir dir;
+  const auto a = dir.file("a.txt", fortune_text(40));
+  const auto j = dir.file("b.jsonl", "{\"text\": \"caf\\u00e9 \\ud83c\\udf0d\"}\n{\"text\": \"two\"}\n");
+  const auto bad = dir.file("c.txt", "broken \xC3( text\n");
+  struct Case {
+    std::string tokenizer;
+    bool built;
+    std::vector<std::string> says;
+  };
+  const std::vector<Case> cases = {
+      {std::string(WEFT_FIXTURES_DIR) + "/tokenizer_bpe.json", WEFT_HAVE_PCRE2,
+       {"43 documents", "hf-bpe tokenizer", "vocab 1006", "<|begin_of_text|> (1000) before each",
+        "MB/s", "1 invalid UTF-8 sequence replaced by U+FFFD", "c.txt' at byte 7"}},
+      {std::string(WEFT_FIXTURES_DIR) + "/tokenizer_sp.model", WEFT_HAVE_SENTENCEPIECE,
+       {"43 documents", "sentencepiece tokenizer", "vocab 1000", "BOS <s> (1)", "EOS </s> (2)"}},
+  };
+  for (const auto& c : cases) {
+    if (!c.built) continue;
+    const auto out = dir.path("out" + std::to_string(&c - cases.data()));
+    auto r = run_weft("data prepare --input " + a + " " + j + " " + bad + " --out " + out +
+                      " --tokenizer " + c.tokenizer);
+    ASSERT_EQ(r.code, 0) << r.out;
+    for (const auto& s : c.says)
+      EXPECT_NE(r.out.find(s), std::string::npos) << "missing '" << s << "' in\n" << r.out;
+    r = run_weft("data info " + out);
+    EXPECT_EQ(r.code, 0) << r.out;
+  }
+}
+
+TEST(CliData, AFileThatIsNotATokenizerIsOneLineNamingIt) {
+  TempDir dir;
+  const auto text = dir.file("t.txt", fortune_text(10));
+  const auto not_json = dir.file("tok/tokenizer.json", "{ not json");
+  const auto not_sp = dir.file("tok/tokenizer.model", "not a model at all");
+  const auto unsupported = dir.file("tok/wordpiece.json", "{\"model\": {\"type\": \"WordPiece\"}, "
+                                    "\"pre_tokenizer\": {\"type\": \"BertPreTokenizer\"}}");
+  for (const auto& tok : {not_json, not_sp, unsupported}) {
+    const auto r = run_weft("data prepare --input " + text + " --out " + dir.path("out") +
+                            " --tokenizer " + tok);
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+    EXPECT_NE(r.out.find("weft: error: tokenizer '" + tok + "'"), std::string::npos) << r.out;
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir.path("out")));
+}
+
 struct BadInput {
   std::string args;
   std::vector<const char*> says;
@@ -75,7 +122,10 @@ TEST(CliData, BadInputIsOneClearLineAndExitTwo) {
       {"data prepare --input " + text + " --out " + out + " --tokenizer bpe",
        {"unknown tokenizer 'bpe'", "byte"}},
       {"data prepare --input " + text + " --out " + out + " --tokenizer tokenizer.json",
-       {"not supported yet"}},
+       {"tokenizer file 'tokenizer.json' does not exist"}},
+      {"data prepare --input " + text + " --out " + out + " --tokenizer " + text + ".json",
+       {"t.txt.json", "does not exist"}},
+      {"data prepare --input " + text + " --out " + out + " --threads -1", {"--threads -1"}},
       {"data prepare --input " + text + " --out " + out + " --val-fraction 2",
        {"--val-fraction 2"}},
       {"data prepare --input " + text + " --out " + dir.path("taken"), {"already exists"}},

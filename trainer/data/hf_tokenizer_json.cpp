@@ -240,8 +240,8 @@ class Reader {
 
 HfTokenizerSpec hf_tokenizer_parse(const nlohmann::json& file, const std::string& path) {
   const Reader r(path);
-  if (!file.is_object() || !file.contains("model"))
-    r.malformed("it is not a JSON object with a \"model\"");
+  if (!file.is_object() || !file.contains("model") || !file["model"].is_object())
+    r.malformed("it is not a JSON object with a \"model\" object");
   HfTokenizerSpec spec;
   try {
     for (const char* key : {"truncation", "padding"})

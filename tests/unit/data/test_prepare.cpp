@@ -66,11 +66,12 @@ TEST(ByteTokenizer, RoundTripsAnyBytes) {
   WEFT_EXPECT_THROW_MSG(t.decode({65, 256}), InputError, "256", "position 1");
 }
 
-TEST(Tokenizer, UnknownAndNotYetSupported) {
+TEST(Tokenizer, ByteAndUnknownNames) {
   EXPECT_EQ(tokenizer_create("byte")->name(), "byte");
+  EXPECT_TRUE(tokenizer_create("byte")->document_tokens().prefix.empty());
   WEFT_EXPECT_THROW_MSG(tokenizer_create("gpt2"), InputError, "gpt2", "byte");
   WEFT_EXPECT_THROW_MSG(tokenizer_create("models/tokenizer.json"), InputError,
-                        "models/tokenizer.json", "not supported yet", "--tokenizer byte");
+                        "models/tokenizer.json", "does not exist");
 }
 
 TEST(TextDocuments, FortuneSeparatorsEndDocumentsAndConcatenateBack) {
@@ -202,7 +203,8 @@ TEST_F(Prepare, BadInputIsRefusedAndNothingIsWritten) {
       {[&](auto& o) { o.inputs.push_back(dir.path("src")); }, {"is a folder"}},
       {[](auto& o) { o.tokenizer = "sentencepiece"; },
        {"unknown tokenizer 'sentencepiece'", "byte"}},
-      {[](auto& o) { o.tokenizer = "tok/tokenizer.json"; }, {"not supported yet"}},
+      {[](auto& o) { o.tokenizer = "tok/tokenizer.json"; }, {"tok/tokenizer.json", "does not exist"}},
+      {[](auto& o) { o.threads = -2; }, {"--threads -2"}},
       {[](auto& o) { o.val_fraction = 0.7; }, {"--val-fraction 0.7", "[0, 0.5]"}},
       {[](auto& o) { o.val_fraction = -1; }, {"--val-fraction -1"}},
       {[](auto& o) { o.out = ""; }, {"--out"}},
