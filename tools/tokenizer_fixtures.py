@@ -78,23 +78,31 @@ def fortune_files(root):
     return names
 
 
-def fortune_documents(root):
-    docs = []
-    for path in fortune_files(root):
-        with open(path, "rb") as f:
-            text = f.read().decode("utf-8", errors="replace")
-        doc = []
-        for line in text.splitlines(keepends=True):
-            doc.append(line)
-            if line.rstrip("\r\n") == "%":
-                docs.append("".join(doc))
-                doc = []
-        if doc:
-            docs.append("".join(doc))
+def text_documents(data):
+    """A text file's documents as weft splits them (trainer/data/documents.h):
+    a line holding only "%" (lines end at "\\n" only) ends a document, which
+    keeps its bytes, separator included."""
+    docs, doc_start, line_start = [], 0, 0
+    while line_start < len(data):
+        nl = data.find(b"\n", line_start)
+        line_end = len(data) if nl < 0 else nl
+        following = len(data) if nl < 0 else nl + 1
+        if data[line_start:line_end] in (b"%", b"%\r"):
+            docs.append(data[doc_start:following])
+            doc_start = following
+        line_start = following
+    if doc_start < len(data):
+        docs.append(data[doc_start:])
     return docs
 
 
-def train_hf(docs):
+def fortune_documents(root):
+    return [d.decode("utf-8", errors="replace")
+            for path in fortune_files(root) for d in text_documents(open(path, "rb").read())]
+
+
+def train_hf(docs, vocab=VOCAB):
+    """A Llama-3-style byte-level BPE trained on `docs`; returns it and its BOS id."""
     from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers,
                             processors, trainers)
 
@@ -104,7 +112,7 @@ def train_hf(docs):
         pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
     ])
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB, show_progress=False,
+    trainer = trainers.BpeTrainer(vocab_size=vocab, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(docs, trainer)
     tok.add_special_tokens(SPECIAL_TOKENS)
