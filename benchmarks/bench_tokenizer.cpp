@@ -91,10 +91,11 @@ int main(int argc, char** argv) {
         best_wall = std::min(best_wall, wall);
       }
     }
-    fmt::print("weft {}: {:.1f} MB/s ({} documents, {:.2f} MB, {} tokens, {:.3f} s CPU and {:.3f} s "
-               "wall, best of {}, 1 thread) checksum {:016x}\n",
-               tokenizer->name(), double(bytes) / 1e6 / best, docs.size(), double(bytes) / 1e6,
-               tokens, best, best_wall, repeats, checksum);
+    fmt::print(
+        "weft {}: {:.1f} MB/s ({} documents, {:.2f} MB, {} tokens, {:.3f} s CPU and {:.3f} s "
+        "wall, best of {}, 1 thread) checksum {:016x}\n",
+        tokenizer->name(), double(bytes) / 1e6 / best, docs.size(), double(bytes) / 1e6, tokens,
+        best, best_wall, repeats, checksum);
     return 0;
   } catch (const weft::InputError& e) {
     std::fprintf(stderr, "bench_tokenizer: %s\n", e.what());

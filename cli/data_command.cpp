@@ -38,8 +38,9 @@ int run_prepare(data::PrepareOptions o) {
   };
   const auto r = data::data_prepare(o);
   if (progress) progress->finish();
-  const std::string tokenizer =
-      r.tokenizer == "byte" ? "byte tokenizer" : fmt::format("{} tokenizer {}", r.tokenizer, o.tokenizer);
+  const std::string tokenizer = r.tokenizer == "byte"
+                                    ? "byte tokenizer"
+                                    : fmt::format("{} tokenizer {}", r.tokenizer, o.tokenizer);
   fmt::print("weft: prepared {} from {} file(s), {} documents, {} (vocab {})\n", r.dir,
              o.inputs.size(), r.documents, tokenizer, r.vocab);
   fmt::print("  documents: {}\n", r.document_tokens);

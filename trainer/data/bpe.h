@@ -8,11 +8,11 @@
 // whole first. A byte without a token becomes the unk token when the model
 // has one (consecutive ones fused with fuse_unk), and is dropped otherwise.
 //
-// Short words (nearly all) scan an array of pair ranks, which beats a heap
-// below some tens of symbols; longer ones use a min-heap of (rank, position)
-// with lazy deletion, as the reference does, so a megabyte-long "word"
-// costs n log n, not n^2. Both give the same merges (tests check them
-// against each other). Words that needed merging are cached per encoder.
+// Short words (nearly all) scan an array of pair ranks; longer ones use a
+// min-heap of (rank, position) with lazy deletion, as the reference does,
+// so a megabyte-long "word" costs n log n, not n^2. Both give the same
+// merges (tests check them against each other). Words that needed merging
+// are cached per thread.
 #pragma once
 
 #include <array>

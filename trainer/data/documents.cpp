@@ -43,8 +43,8 @@ std::string_view jsonl_text(const MappedFile& f, std::string_view line, int64_t 
     std::string keys;
     for (const auto& [k, v] : j.items()) keys += (keys.empty() ? "" : ", ") + k;
     throw InputError(fmt::format(
-        "'{}' line {} has no string field '{}' (its fields: {}); pass --text-field NAME",
-        f.path(), line_no, field, keys.empty() ? "none" : keys));
+        "'{}' line {} has no string field '{}' (its fields: {}); pass --text-field NAME", f.path(),
+        line_no, field, keys.empty() ? "none" : keys));
   }
   scratch = it->get_ref<const std::string&>();
   return scratch;
@@ -60,8 +60,7 @@ void scan_text(size_t index, InputFile& in, std::vector<Piece>& pieces) {
   }
 }
 
-void scan_jsonl(size_t index, InputFile& in, const std::string& field,
-                std::vector<Piece>& pieces) {
+void scan_jsonl(size_t index, InputFile& in, const std::string& field, std::vector<Piece>& pieces) {
   const std::string_view text = file_text(*in.file);
   std::string scratch;
   int64_t line_no = 0;
@@ -127,10 +126,11 @@ std::vector<Piece> documents_scan(const std::vector<std::string>& paths,
 std::string_view piece_text(const std::vector<InputFile>& files, const std::string& text_field,
                             const Piece& p, std::string& scratch) {
   const InputFile& in = files[p.file];
-  const std::string_view raw = file_text(*in.file).substr(static_cast<size_t>(p.offset),
-                                                          static_cast<size_t>(p.bytes));
-  const std::string_view doc =
-      in.format == InputFormat::jsonl ? jsonl_text(*in.file, raw, p.line, text_field, scratch) : raw;
+  const std::string_view raw =
+      file_text(*in.file).substr(static_cast<size_t>(p.offset), static_cast<size_t>(p.bytes));
+  const std::string_view doc = in.format == InputFormat::jsonl
+                                   ? jsonl_text(*in.file, raw, p.line, text_field, scratch)
+                                   : raw;
   return doc.substr(static_cast<size_t>(p.text_begin), static_cast<size_t>(p.text_bytes));
 }
 

@@ -36,11 +36,11 @@ struct InputFile {
 enum class Split { train, val };
 
 struct Piece {
-  size_t file = 0;          // index into the input files
-  int64_t offset = 0;       // the document's raw span in the file
-  int64_t bytes = 0;        //   (a JSONL document: its line, newline excluded)
-  int64_t line = 0;         // JSONL: the line's 1-based number, for messages
-  int64_t text_begin = 0;   // the piece's range of the document's text
+  size_t file = 0;         // index into the input files
+  int64_t offset = 0;      // the document's raw span in the file
+  int64_t bytes = 0;       //   (a JSONL document: its line, newline excluded)
+  int64_t line = 0;        // JSONL: the line's 1-based number, for messages
+  int64_t text_begin = 0;  // the piece's range of the document's text
   int64_t text_bytes = 0;
   Split split = Split::train;
 };

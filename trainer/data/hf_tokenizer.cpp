@@ -23,7 +23,7 @@ std::string names_with_ids(const std::vector<std::string>& names, const std::vec
 
 class HfTokenizer final : public Tokenizer {
  public:
-  HfTokenizer(const HfTokenizerSpec& spec, TokenizerFile file)
+  HfTokenizer(const HfTokenizerSpec& spec, const std::string& path, TokenizerFile file)
       : splits_(spec.splits),
         prefix_space_(spec.prefix_space),
         model_(spec),
@@ -31,7 +31,8 @@ class HfTokenizer final : public Tokenizer {
         vocab_(spec.vocab_size),
         file_(std::move(file)) {
     for (const auto& rule : spec.splits)
-      regexes_.push_back(std::make_unique<SplitRegex>(rule.pattern, "tokenizer '" + file_.path + "'"));
+      regexes_.push_back(
+          std::make_unique<SplitRegex>(rule.pattern, "tokenizer '" + path + "'"));
     if (spec.byte_level_regex)
       byte_level_regex_ = std::make_unique<SplitRegex>(kGpt2Pattern, "ByteLevel");
     documents_.prefix = spec.prefix;
@@ -83,7 +84,8 @@ class HfEncoder final : public TokenEncoder {
  public:
   explicit HfEncoder(const HfTokenizer& t) : t_(t), pieces_(t.regexes_.size() + 1) {
     for (const auto& r : t.regexes_) matchers_.push_back(std::make_unique<SplitRegex::Matcher>(*r));
-    if (t.byte_level_regex_) byte_level_ = std::make_unique<SplitRegex::Matcher>(*t.byte_level_regex_);
+    if (t.byte_level_regex_)
+      byte_level_ = std::make_unique<SplitRegex::Matcher>(*t.byte_level_regex_);
   }
 
   void encode(std::string_view text, std::vector<int32_t>& out) override {
@@ -107,7 +109,8 @@ class HfEncoder final : public TokenEncoder {
     std::vector<TextPiece>& pieces = pieces_[stage];
     pieces.clear();
     matchers_[stage]->split(text, t_.splits_[stage].remove_matches, pieces);
-    for (const auto& [offset, bytes] : pieces) pre_tokenize(stage + 1, text.substr(offset, bytes), out);
+    for (const auto& [offset, bytes] : pieces)
+      pre_tokenize(stage + 1, text.substr(offset, bytes), out);
   }
 
   void byte_level(std::string_view piece, std::vector<int32_t>& out) {
@@ -123,7 +126,8 @@ class HfEncoder final : public TokenEncoder {
     std::vector<TextPiece>& words = pieces_.back();
     words.clear();
     byte_level_->split(piece, false, words);
-    for (const auto& [offset, bytes] : words) t_.model_.encode_word(piece.substr(offset, bytes), out, bpe_);
+    for (const auto& [offset, bytes] : words)
+      t_.model_.encode_word(piece.substr(offset, bytes), out, bpe_);
   }
 
   const HfTokenizer& t_;
@@ -147,11 +151,12 @@ std::unique_ptr<Tokenizer> hf_tokenizer_load(const std::string& path) {
   try {
     j = nlohmann::json::parse(f.data(), f.data() + f.size());
   } catch (const nlohmann::json::exception& e) {
-    throw FileFormatError(fmt::format("tokenizer '{}' is not a Hugging Face tokenizer.json: {}",
-                                      path, e.what()));
+    throw FileFormatError(
+        fmt::format("tokenizer '{}' is not a Hugging Face tokenizer.json: {}", path, e.what()));
   }
   const HfTokenizerSpec spec = hf_tokenizer_parse(j, path);
-  return std::make_unique<HfTokenizer>(spec, tokenizer_file_describe(path, f.data(), f.size()));
+  return std::make_unique<HfTokenizer>(spec, path,
+                                       tokenizer_file_describe(path, f.data(), f.size()));
 }
 
 }  // namespace weft::data

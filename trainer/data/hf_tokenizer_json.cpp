@@ -39,7 +39,8 @@ class Reader {
   }
 
   // A boolean field that must hold `expected` (absent counts as `expected`).
-  void require_flag(const json& obj, const char* key, bool expected, const std::string& where) const {
+  void require_flag(const json& obj, const char* key, bool expected,
+                    const std::string& where) const {
     if (!obj.contains(key) || obj[key].is_null()) return;
     if (!obj[key].is_boolean()) malformed(fmt::format("{}.{} is not a boolean", where, key));
     if (obj[key].get<bool>() != expected)
@@ -117,13 +118,15 @@ class Reader {
       if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= (1ll << 31))
         malformed(fmt::format("model.vocab[\"{}\"] is not an id in [0, 2^31)", text));
       by_text.emplace(text, id.get<int32_t>());
-      if (auto raw = byte_level_decode(text)) spec.vocab.emplace_back(std::move(*raw), id.get<int32_t>());
+      if (auto raw = byte_level_decode(text))
+        spec.vocab.emplace_back(std::move(*raw), id.get<int32_t>());
       spec.vocab_size = std::max<int64_t>(spec.vocab_size, id.get<int64_t>() + 1);
     }
     if (m.contains("unk_token") && !m["unk_token"].is_null()) {
       const auto unk = m["unk_token"].get<std::string>();
       const auto it = by_text.find(unk);
-      if (it == by_text.end()) malformed(fmt::format("model.unk_token '{}' is not in the vocab", unk));
+      if (it == by_text.end())
+        malformed(fmt::format("model.unk_token '{}' is not in the vocab", unk));
       spec.unk = it->second;
     }
 
@@ -197,8 +200,9 @@ class Reader {
         continue;
       }
       if (!piece.contains("SpecialToken"))
-        malformed("a piece of TemplateProcessing's single template is neither Sequence nor "
-                  "SpecialToken");
+        malformed(
+            "a piece of TemplateProcessing's single template is neither Sequence nor "
+            "SpecialToken");
       const std::string name = piece["SpecialToken"].value("id", "");
       if (!specials.contains(name) || !specials[name].contains("ids"))
         malformed(fmt::format("TemplateProcessing names special token '{}' but does not define it",

@@ -46,7 +46,7 @@ struct HfTokenizerSpec {
   // Pre-tokenizer: the Split rules in order, each applied to every piece of
   // the one before; then ByteLevel's optional prefix space and regex.
   std::vector<HfSplitRule> splits;
-  bool prefix_space = false;     // ByteLevel add_prefix_space
+  bool prefix_space = false;      // ByteLevel add_prefix_space
   bool byte_level_regex = false;  // ByteLevel use_regex: kGpt2Pattern after the prefix space
 
   // BPE over raw bytes: the vocab's byte-level strings decoded at load.

@@ -151,7 +151,9 @@ class BatchEncoder {
  public:
   BatchEncoder(const Tokenizer& tokenizer, const std::vector<InputFile>& files,
                const std::string& text_field, int64_t threads)
-      : tokenizer_(tokenizer), files_(files), text_field_(text_field),
+      : tokenizer_(tokenizer),
+        files_(files),
+        text_field_(text_field),
         workers_(static_cast<size_t>(threads)) {
     for (auto& w : workers_) w.encoder = tokenizer.encoder();
   }
@@ -186,7 +188,7 @@ class BatchEncoder {
  private:
   struct Worker {
     std::unique_ptr<TokenEncoder> encoder;
-    size_t begin = 0, end = 0;   // its pieces of the batch
+    size_t begin = 0, end = 0;    // its pieces of the batch
     std::vector<int32_t> tokens;  // theirs, back to back
     std::vector<size_t> ends;     // where each piece's tokens end
     std::exception_ptr error;
@@ -196,8 +198,8 @@ class BatchEncoder {
     try {
       std::string scratch;
       for (size_t i = w.begin; i < w.end; ++i) {
-        tokenizer_.encode_document(*w.encoder,
-                                   piece_text(files_, text_field_, pieces[i], scratch), w.tokens);
+        tokenizer_.encode_document(*w.encoder, piece_text(files_, text_field_, pieces[i], scratch),
+                                   w.tokens);
         w.ends.push_back(w.tokens.size());
       }
     } catch (...) {
@@ -274,8 +276,7 @@ PrepareResult prepare_checked(const PrepareOptions& o) {
   r.documents = documents;
   r.vocab = tokenizer->vocab();
   r.text_bytes = total;
-  r.threads = o.threads > 0 ? o.threads
-                            : std::max<int64_t>(1, std::thread::hardware_concurrency());
+  r.threads = o.threads > 0 ? o.threads : std::max<int64_t>(1, std::thread::hardware_concurrency());
   if (tokenizer->reads_utf8()) utf8_report(files, r);
   for (const auto& p : pieces) ++(p.split == Split::val ? r.documents_val : r.documents_train);
 
@@ -289,7 +290,8 @@ PrepareResult prepare_checked(const PrepareOptions& o) {
     std::unique_ptr<TokenFileWriter> val;
     if (o.val_fraction > 0)
       val = std::make_unique<TokenFileWriter>((tmp / "val.tok").string(), r.vocab);
-    BatchEncoder(*tokenizer, files, o.text_field, r.threads).run(pieces, train, val.get(), o, total);
+    BatchEncoder(*tokenizer, files, o.text_field, r.threads)
+        .run(pieces, train, val.get(), o, total);
     if (train.count() == 0)
       throw InputError("the train split came out empty; add text or lower --val-fraction");
     const TokenFileHeader train_h = train.finish();

@@ -30,8 +30,8 @@ class SpTokenizer final : public Tokenizer {
       return id >= 0 ? fmt::format("{} {} ({})", what, sp_->IdToPiece(id), id)
                      : fmt::format("no {} (the model defines none)", what);
     };
-    documents_.description =
-        fmt::format("{} before each document, {} after", describe(bos, "BOS"), describe(eos, "EOS"));
+    documents_.description = fmt::format("{} before each document, {} after", describe(bos, "BOS"),
+                                         describe(eos, "EOS"));
   }
 
   std::string name() const override { return "sentencepiece"; }
@@ -39,9 +39,7 @@ class SpTokenizer final : public Tokenizer {
   const DocumentTokens& document_tokens() const override { return documents_; }
   std::optional<TokenizerFile> file() const override { return file_; }
 
-  std::unique_ptr<TokenEncoder> encoder() const override {
-    return std::make_unique<Encoder>(*sp_);
-  }
+  std::unique_ptr<TokenEncoder> encoder() const override { return std::make_unique<Encoder>(*sp_); }
 
   std::string decode(const std::vector<int32_t>& tokens) const override {
     for (size_t i = 0; i < tokens.size(); ++i)
@@ -89,7 +87,8 @@ std::unique_ptr<Tokenizer> sp_tokenizer_load(const std::string& path) {
   if (!status.ok())
     throw FileFormatError(fmt::format("tokenizer '{}' is not a SentencePiece model: {}", path,
                                       one_line(status.ToString())));
-  return std::make_unique<SpTokenizer>(std::move(sp), tokenizer_file_describe(path, f.data(), f.size()));
+  return std::make_unique<SpTokenizer>(std::move(sp),
+                                       tokenizer_file_describe(path, f.data(), f.size()));
 }
 
 }  // namespace weft::data

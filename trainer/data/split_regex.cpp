@@ -80,9 +80,9 @@ SplitRegex::SplitRegex(std::string_view pattern, const std::string& where)
   impl_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(),
                               PCRE2_UTF | PCRE2_UCP, &error, &offset, nullptr);
   if (!impl_->code)
-    throw FileFormatError(fmt::format("{}: the pre-tokenizer regex '{}' does not compile: {} at "
-                                      "offset {}",
-                                      where, pattern, pcre2_message(error), offset));
+    throw FileFormatError(
+        fmt::format("{}: the pre-tokenizer regex '{}' does not compile: {} at offset {}", where,
+                    pattern, pcre2_message(error), offset));
   // Without JIT support (some platforms) the interpreter gives the same
   // matches, several times slower.
   impl_->jit = pcre2_jit_compile(impl_->code, PCRE2_JIT_COMPLETE) == 0;
@@ -123,15 +123,14 @@ void SplitRegex::Matcher::split(std::string_view text, bool remove_matches,
                                 std::vector<TextPiece>& out) {
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   const size_t n = text.size();
-  size_t prev = 0;      // end of the last piece
-  size_t from = 0;      // where the next search starts
+  size_t prev = 0;             // end of the last piece
+  size_t from = 0;             // where the next search starts
   size_t last_end = SIZE_MAX;  // end of the last match
   while (from <= n) {
-    const int rc =
-        impl_->regex->jit
-            ? pcre2_jit_match(impl_->regex->code, subject, n, from, 0, impl_->data, impl_->context)
-            : pcre2_match(impl_->regex->code, subject, n, from, PCRE2_NO_UTF_CHECK, impl_->data,
-                          impl_->context);
+    const int rc = impl_->regex->jit ? pcre2_jit_match(impl_->regex->code, subject, n, from, 0,
+                                                       impl_->data, impl_->context)
+                                     : pcre2_match(impl_->regex->code, subject, n, from,
+                                                   PCRE2_NO_UTF_CHECK, impl_->data, impl_->context);
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0)
       throw InputError(fmt::format("the pre-tokenizer regex failed on a piece of {} bytes: {}", n,

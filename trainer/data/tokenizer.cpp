@@ -27,7 +27,8 @@ class ByteEncoder final : public TokenEncoder {
 };
 
 bool ends_with(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 enum class TokenizerKind { hf_json, sentencepiece };
@@ -46,8 +47,7 @@ TokenizerKind kind_of(const std::string& path) {
 
 }  // namespace
 
-TokenizerFile tokenizer_file_describe(const std::string& path, const uint8_t* data,
-                                      int64_t bytes) {
+TokenizerFile tokenizer_file_describe(const std::string& path, const uint8_t* data, int64_t bytes) {
   return {std::filesystem::absolute(path).lexically_normal().string(), bytes,
           checksum64(data, bytes)};
 }

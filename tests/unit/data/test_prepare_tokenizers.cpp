@@ -47,7 +47,9 @@ TEST(PrepareJsonl, OneDocumentPerLineFromTheTextField) {
   const auto d = token_data_open(o.out);
   const auto ids = tokens_of(*d.train);
   EXPECT_EQ(ByteTokenizer().decode(ids),
-            "first\nline" "caf\xC3\xA9 \xF0\x9F\x8C\x8D" "plain text file\n");
+            "first\nline"
+            "caf\xC3\xA9 \xF0\x9F\x8C\x8D"
+            "plain text file\n");
   EXPECT_EQ(d.meta["text_field"], "body");
   EXPECT_EQ(d.meta["sources"][0]["format"], "jsonl");
   EXPECT_EQ(d.meta["sources"][0]["documents"], 2);
@@ -91,8 +93,10 @@ class PrepareHf : public ::testing::Test {
     std::string text;
     for (int i = 0; i < 300; ++i)
       text += "Fortune " + std::to_string(i * 7919) + ": caf\xC3\xA9 \xF0\x9F\x8C\x8D " +
-              std::string(static_cast<size_t>(i % 13), 'x') + "  <|eot_id|>\n\t--- said someone\n%\n";
-    opts.inputs = {dir.file("src/fortunes", text), dir.file("src/notes.txt", "one\n\nwhole file\n")};
+              std::string(static_cast<size_t>(i % 13), 'x') +
+              "  <|eot_id|>\n\t--- said someone\n%\n";
+    opts.inputs = {dir.file("src/fortunes", text),
+                   dir.file("src/notes.txt", "one\n\nwhole file\n")};
     opts.tokenizer = fixture_path("tokenizer_bpe.json");
     opts.out = dir.path("out");
     opts.val_fraction = 0;
@@ -137,7 +141,8 @@ TEST_F(PrepareHf, TheSameFilesForAnyThreadCount) {
   EXPECT_GE(reports, 1);
   EXPECT_EQ(last_done, total);
   EXPECT_EQ(total, one.text_bytes);
-  const std::string train = read_all(opts.out + "/train.tok"), val = read_all(opts.out + "/val.tok");
+  const std::string train = read_all(opts.out + "/train.tok"),
+                    val = read_all(opts.out + "/val.tok");
   opts.threads = 3;
   opts.out = dir.path("out3");
   opts.progress = nullptr;

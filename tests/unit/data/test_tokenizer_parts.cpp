@@ -32,16 +32,18 @@ TEST(Utf8, RepairsEachMaximalSubpartWithOneReplacement) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"plain ascii", "plain ascii"},
       {"caf\xC3\xA9 \xF0\x9F\x8C\x8D", "caf\xC3\xA9 \xF0\x9F\x8C\x8D"},
-      {"abc\x80" "def", "abc" + r + "def"},                      // lone continuation
-      {"caf\xC3 ok", "caf" + r + " ok"},                        // truncated 2-byte
-      {"\xE2\x82 end", r + " end"},                             // truncated 3-byte: one
-      {"x\xC0\xAFy", "x" + r + r + "y"},                        // overlong: C0 never starts
-      {"\xED\xA0\x80", r + r + r},                              // a surrogate
-      {"\xF4\x90\x80\x80", r + r + r + r},                      // above U+10FFFF
-      {"\xF0\x9F\x8C", r},                                      // truncated at the end
+      {"abc\x80"
+       "def",
+       "abc" + r + "def"},                  // lone continuation
+      {"caf\xC3 ok", "caf" + r + " ok"},    // truncated 2-byte
+      {"\xE2\x82 end", r + " end"},         // truncated 3-byte: one
+      {"x\xC0\xAFy", "x" + r + r + "y"},    // overlong: C0 never starts
+      {"\xED\xA0\x80", r + r + r},          // a surrogate
+      {"\xF4\x90\x80\x80", r + r + r + r},  // above U+10FFFF
+      {"\xF0\x9F\x8C", r},                  // truncated at the end
       {"\xFF\xFE", r + r},
-      {"\xE0\x80\x80", r + r + r},                              // overlong 3-byte
-      {"\xF0\x80\x80\x80", r + r + r + r},                      // overlong 4-byte
+      {"\xE0\x80\x80", r + r + r},          // overlong 3-byte
+      {"\xF0\x80\x80\x80", r + r + r + r},  // overlong 4-byte
   };
   for (const auto& [in, want] : cases) {
     std::string scratch;
@@ -96,8 +98,14 @@ TEST(HfTokenizerJson, RefusesWhatItDoesNotSupportNamingTheComponent) {
     std::vector<const char*> says;
   };
   const std::vector<Case> cases = {
-      {[](json& j) { j["normalizer"] = {{"type", "NFC"}}; }, {"normalizer NFC"}},
-      {[](json& j) { j["pre_tokenizer"] = {{"type", "Whitespace"}}; }, {"pre_tokenizer Whitespace"}},
+      {[](json& j) {
+         j["normalizer"] = {{"type", "NFC"}};
+       },
+       {"normalizer NFC"}},
+      {[](json& j) {
+         j["pre_tokenizer"] = {{"type", "Whitespace"}};
+       },
+       {"pre_tokenizer Whitespace"}},
       {[](json& j) { j["pre_tokenizer"] = nullptr; }, {"without a pre_tokenizer"}},
       {[](json& j) {
          j["pre_tokenizer"] = {{"type", "Sequence"},
@@ -129,10 +137,18 @@ TEST(HfTokenizerJson, RefusesWhatItDoesNotSupportNamingTheComponent) {
       {[](json& j) { j["model"]["dropout"] = 0.1; }, {"dropout"}},
       {[](json& j) { j["model"]["continuing_subword_prefix"] = "##"; },
        {"continuing_subword_prefix"}},
-      {[](json& j) { j["decoder"] = {{"type", "Metaspace"}}; }, {"decoder Metaspace"}},
-      {[](json& j) { j["post_processor"] = {{"type", "BertProcessing"}}; },
+      {[](json& j) {
+         j["decoder"] = {{"type", "Metaspace"}};
+       },
+       {"decoder Metaspace"}},
+      {[](json& j) {
+         j["post_processor"] = {{"type", "BertProcessing"}};
+       },
        {"post_processor BertProcessing"}},
-      {[](json& j) { j["truncation"] = {{"max_length", 512}}; }, {"truncation"}},
+      {[](json& j) {
+         j["truncation"] = {{"max_length", 512}};
+       },
+       {"truncation"}},
       {[](json& j) {
          j["added_tokens"] = {{{"id", 263}, {"content", "<x>"}, {"lstrip", true}}};
        },
@@ -159,15 +175,18 @@ TEST(HfTokenizerJson, RefusesMalformedFiles) {
   json j = tiny_tokenizer(true);
   j["model"]["merges"].push_back("q z");
   j["model"]["vocab"].erase("o");
-  WEFT_EXPECT_THROW_MSG(hf_tokenizer_parse(j, "t.json"), FileFormatError, "merge", "not in the vocab");
+  WEFT_EXPECT_THROW_MSG(hf_tokenizer_parse(j, "t.json"), FileFormatError, "merge",
+                        "not in the vocab");
   j = tiny_tokenizer(true);
   j["model"]["merges"].push_back("a b c");
   WEFT_EXPECT_THROW_MSG(hf_tokenizer_parse(j, "t.json"), FileFormatError, "merge 6");
   j = tiny_tokenizer(true);
-  j["post_processor"] = {{"type", "TemplateProcessing"},
-                         {"single", {{{"SpecialToken", {{"id", "<s>"}}}}, {{"Sequence", {{"id", "A"}}}}}},
-                         {"special_tokens", json::object()}};
-  WEFT_EXPECT_THROW_MSG(hf_tokenizer_parse(j, "t.json"), FileFormatError, "'<s>'", "does not define");
+  j["post_processor"] = {
+      {"type", "TemplateProcessing"},
+      {"single", {{{"SpecialToken", {{"id", "<s>"}}}}, {{"Sequence", {{"id", "A"}}}}}},
+      {"special_tokens", json::object()}};
+  WEFT_EXPECT_THROW_MSG(hf_tokenizer_parse(j, "t.json"), FileFormatError, "'<s>'",
+                        "does not define");
 }
 
 TEST(HfTokenizerJson, ReadsTheTemplatesDocumentTokensAndBothMergeForms) {
@@ -178,17 +197,17 @@ TEST(HfTokenizerJson, ReadsTheTemplatesDocumentTokensAndBothMergeForms) {
   }
   j["added_tokens"] = {{{"id", 263}, {"content", "<s>"}, {"special", true}},
                        {{"id", 264}, {"content", "</s>"}, {"special", true}}};
-  j["post_processor"] = {
-      {"type", "Sequence"},
-      {"processors",
-       {{{"type", "ByteLevel"}},
-        {{"type", "TemplateProcessing"},
-         {"single",
-          {{{"SpecialToken", {{"id", "<s>"}}}},
-           {{"Sequence", {{"id", "A"}}}},
-           {{"SpecialToken", {{"id", "</s>"}}}}}},
-         {"special_tokens",
-          {{"<s>", {{"id", "<s>"}, {"ids", {263}}}}, {"</s>", {{"id", "</s>"}, {"ids", {264}}}}}}}}}};
+  j["post_processor"] = {{"type", "Sequence"},
+                         {"processors",
+                          {{{"type", "ByteLevel"}},
+                           {{"type", "TemplateProcessing"},
+                            {"single",
+                             {{{"SpecialToken", {{"id", "<s>"}}}},
+                              {{"Sequence", {{"id", "A"}}}},
+                              {{"SpecialToken", {{"id", "</s>"}}}}}},
+                            {"special_tokens",
+                             {{"<s>", {{"id", "<s>"}, {"ids", {263}}}},
+                              {"</s>", {{"id", "</s>"}, {"ids", {264}}}}}}}}}};
   const auto spec = hf_tokenizer_parse(j, "t.json");
   EXPECT_EQ(spec.prefix, std::vector<int32_t>{263});
   EXPECT_EQ(spec.suffix, std::vector<int32_t>{264});
@@ -224,13 +243,16 @@ TEST(SplitRegex, SpaceClassesIncludeNextLineAsOnigurumasDo) {
             R"([\s\x{85}]+(?![^\s\x{85}])|[^\s\x{85}\p{L}]|[\s\x{85}]|\d)");
   EXPECT_EQ(split_regex_translate(R"([[:alpha:]\s]\\s)", "t"), R"([[:alpha:]\s\x{85}]\\s)");
   EXPECT_EQ(split_regex_translate(R"([]\s])", "t"), R"([]\s\x{85}])");
-  WEFT_EXPECT_THROW_MSG(split_regex_translate(R"([^\S\r\n])", "t.json"), FileFormatError,
-                        "t.json", "\\S inside a character class");
+  WEFT_EXPECT_THROW_MSG(split_regex_translate(R"([^\S\r\n])", "t.json"), FileFormatError, "t.json",
+                        "\\S inside a character class");
 
   const SplitRegex re(R"(\s+|\S+)", "t");
   SplitRegex::Matcher m(re);
   std::vector<TextPiece> pieces;
-  m.split("a\xC2\x85" "b", false, pieces);  // U+0085 is a space to Oniguruma
+  m.split(
+      "a\xC2\x85"
+      "b",
+      false, pieces);  // U+0085 is a space to Oniguruma
   EXPECT_EQ(pieces, (std::vector<TextPiece>{{0, 1}, {1, 2}, {3, 1}}));
 }
 
@@ -258,8 +280,8 @@ TEST(SplitRegex, EmptyMatchesSplitAsOnigurumasFindIterDoes) {
 // ---- merges -----------------------------------------------------------------
 
 TEST(Bpe, ScanAndHeapMergeAlike) {
-  const auto spec = hf_tokenizer_parse(json::parse(std::ifstream(fixture_path("tokenizer_bpe.json"))),
-                                       "tokenizer_bpe.json");
+  const auto spec = hf_tokenizer_parse(
+      json::parse(std::ifstream(fixture_path("tokenizer_bpe.json"))), "tokenizer_bpe.json");
   const BpeModel model(spec);
   std::mt19937 rng(3);
   const std::string alphabet = "etaoinshrdlu ETAO.,'\n\xC3\xA9";

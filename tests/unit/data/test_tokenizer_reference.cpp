@@ -42,8 +42,8 @@ int compare_cases(const char* kind, bool with_document_tokens) {
   auto encoder = tokenizer->encoder();
   int equal = 0;
   for (const auto& c : file["cases"]) {
-    const std::string text = c.contains("text") ? c["text"].get<std::string>()
-                                                : hex_bytes(c["hex"].get<std::string>());
+    const std::string text =
+        c.contains("text") ? c["text"].get<std::string>() : hex_bytes(c["hex"].get<std::string>());
     std::vector<int32_t> got;
     if (with_document_tokens)
       tokenizer->encode_document(*encoder, text, got);
@@ -181,9 +181,13 @@ TEST(Tokenizer, FilesThatAreNotTokenizersAreNamedInOneLine) {
   cases.push_back({not_json, {not_json, "is not a Hugging Face tokenizer.json"}});
   cases.push_back({no_model, {no_model, "is not a valid Hugging Face tokenizer.json"}});
   cases.push_back({sniffed, {sniffed, "tokenizer.json"}});
+#else
+  cases.push_back({not_json, {not_json, "built without PCRE2", "libpcre2-dev"}});
 #endif
 #if WEFT_HAVE_SENTENCEPIECE
   cases.push_back({not_sp, {not_sp, "is not a SentencePiece model"}});
+#else
+  cases.push_back({not_sp, {not_sp, "built without SentencePiece", "libsentencepiece-dev"}});
 #endif
   for (const auto& c : cases) {
     try {
