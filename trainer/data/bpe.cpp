@@ -25,10 +25,10 @@ uint64_t mix(uint64_t key) { return key * 0x9E3779B97F4A7C15ull; }
 // ---- cache ------------------------------------------------------------------
 
 const int32_t* BpeState::find(std::string_view word, size_t& count) const {
-  const auto it = index_.find(word);
-  if (it == index_.end()) return nullptr;
-  count = it->second.second;
-  return ids_.data() + it->second.first;
+  const uint64_t* v = index_.find(word);
+  if (!v) return nullptr;
+  count = static_cast<size_t>(*v & 0xFFFF);
+  return ids_.data() + (*v >> 16);
 }
 
 void BpeState::insert(std::string_view word, const int32_t* ids, size_t count) {
@@ -37,8 +37,8 @@ void BpeState::insert(std::string_view word, const int32_t* ids, size_t count) {
     index_.clear();
     ids_.clear();
   }
-  index_.emplace(std::string(word),
-                 std::make_pair(static_cast<uint32_t>(ids_.size()), static_cast<uint32_t>(count)));
+  // A word of at most 64 bytes merges into at most 64 ids: the count fits 16 bits.
+  index_.insert(word, (uint64_t{ids_.size()} << 16) | count);
   ids_.insert(ids_.end(), ids, ids + count);
 }
 
@@ -46,13 +46,16 @@ void BpeState::insert(std::string_view word, const int32_t* ids, size_t count) {
 
 BpeModel::BpeModel(const HfTokenizerSpec& spec)
     : ignore_merges_(spec.ignore_merges), unk_(spec.unk), fuse_unk_(spec.fuse_unk) {
-  vocab_.reserve(spec.vocab.size());
-  for (const auto& [bytes, id] : spec.vocab) vocab_.insert_or_assign(bytes, id);
+  for (const auto& [bytes, id] : spec.vocab) vocab_.insert(bytes, static_cast<uint64_t>(id));
   byte_ids_.fill(-1);
   for (int b = 0; b < 256; ++b) {
-    const auto it = vocab_.find(std::string_view(reinterpret_cast<const char*>(&b), 1));
-    if (it != vocab_.end()) byte_ids_[b] = it->second;
+    const char c = static_cast<char>(b);
+    if (const uint64_t* id = vocab_.find(std::string_view(&c, 1)))
+      byte_ids_[b] = static_cast<int32_t>(*id);
   }
+  const auto id_of = [&](const std::string& bytes) {
+    return static_cast<int32_t>(*vocab_.find(bytes));
+  };
   std::vector<std::pair<int32_t, int32_t>> pairs;
   std::vector<int32_t> results;
   pairs.reserve(spec.merges.size());
@@ -64,8 +67,8 @@ BpeModel::BpeModel(const HfTokenizerSpec& spec)
       continue;
     }
     // hf_tokenizer_parse checked that both sides and the result are in the vocab.
-    pairs.emplace_back(vocab_.find(a)->second, vocab_.find(b)->second);
-    results.push_back(vocab_.find(a + b)->second);
+    pairs.emplace_back(id_of(a), id_of(b));
+    results.push_back(id_of(a + b));
   }
   merges_build(pairs, results);
 }
@@ -184,9 +187,8 @@ void BpeModel::merge_heap(std::vector<int32_t>& symbols) const {
 void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out, BpeState& state,
                            MergeStrategy strategy) const {
   if (ignore_merges_) {
-    const auto it = vocab_.find(word);
-    if (it != vocab_.end()) {
-      out.push_back(it->second);
+    if (const uint64_t* id = vocab_.find(word)) {
+      out.push_back(static_cast<int32_t>(*id));
       return;
     }
   }

@@ -19,10 +19,10 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "trainer/data/hf_tokenizer_json.h"
+#include "trainer/data/string_table.h"
 
 namespace weft::data {
 
@@ -33,17 +33,13 @@ enum class MergeStrategy { automatic, scan, heap };
 class BpeState {
  public:
   static constexpr size_t kMaxWordBytes = 64;
-  static constexpr size_t kMaxWords = 1 << 16;
+  static constexpr int64_t kMaxWords = 1 << 16;
 
   const int32_t* find(std::string_view word, size_t& count) const;
   void insert(std::string_view word, const int32_t* ids, size_t count);
 
  private:
-  struct Hash {
-    using is_transparent = void;
-    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-  };
-  std::unordered_map<std::string, std::pair<uint32_t, uint32_t>, Hash, std::equal_to<>> index_;
+  StringTable index_;  // word -> (offset into ids_) << 16 | count
   std::vector<int32_t> ids_;
   std::vector<int32_t> symbols_;
   friend class BpeModel;
@@ -79,11 +75,7 @@ class BpeModel {
   void merge_scan(std::vector<int32_t>& symbols) const;
   void merge_heap(std::vector<int32_t>& symbols) const;
 
-  struct Hash {
-    using is_transparent = void;
-    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-  };
-  std::unordered_map<std::string, int32_t, Hash, std::equal_to<>> vocab_;  // raw bytes -> id
+  StringTable vocab_;  // raw bytes -> id
   std::array<int32_t, 256> byte_ids_;  // the token of each single byte, -1 when none
   std::vector<Slot> slots_;
   uint64_t slot_mask_ = 0;

@@ -13,6 +13,7 @@
 #include "trainer/data/bpe.h"
 #include "trainer/data/byte_level.h"
 #include "trainer/data/hf_tokenizer_json.h"
+#include "trainer/data/string_table.h"
 #include "trainer/data/utf8.h"
 #if WEFT_HAVE_PCRE2
 #include "trainer/data/split_regex.h"
@@ -278,6 +279,29 @@ TEST(SplitRegex, EmptyMatchesSplitAsOnigurumasFindIterDoes) {
 #endif
 
 // ---- merges -----------------------------------------------------------------
+
+TEST(StringTable, FindsWhatWasInsertedThroughGrowthAndClear) {
+  StringTable t;
+  std::vector<std::string> keys = {"", "a", std::string("\0b", 2), "ab", "abc"};
+  for (int i = 0; i < 5000; ++i) keys.push_back("key" + std::to_string(i * 7919));
+  for (size_t i = 0; i < keys.size(); ++i) t.insert(keys[i], i * 3);
+  EXPECT_EQ(t.size(), static_cast<int64_t>(keys.size()));
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const uint64_t* v = t.find(keys[i]);
+    ASSERT_NE(v, nullptr) << keys[i];
+    EXPECT_EQ(*v, i * 3);
+  }
+  EXPECT_EQ(t.find("key1"), nullptr);
+  EXPECT_EQ(t.find(std::string("\0", 1)), nullptr);
+  t.insert("ab", 42);  // a value is replaced, not added
+  EXPECT_EQ(*t.find("ab"), 42u);
+  EXPECT_EQ(t.size(), static_cast<int64_t>(keys.size()));
+  t.clear();
+  EXPECT_EQ(t.size(), 0);
+  EXPECT_EQ(t.find("abc"), nullptr);
+  t.insert("abc", 1);
+  EXPECT_EQ(*t.find("abc"), 1u);
+}
 
 TEST(Bpe, ScanAndHeapMergeAlike) {
   const auto spec = hf_tokenizer_parse(
