@@ -6,6 +6,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "cli/progress.h"
@@ -80,12 +81,18 @@ int run_info(const InfoArgs& a) {
   }
   const double baseline = data::token_data_baseline(d);
 
-  if (d.meta.is_object())
+  if (d.meta.is_object()) {
     fmt::print("{}: prepared by {}, {} tokenizer, vocab {}\n", d.path,
                d.meta.value("created_by", "?"), d.meta.value("tokenizer", "?"),
                d.meta.value("vocab", int64_t{0}));
-  else
+    // Older folders have neither field.
+    const auto file = d.meta.value("tokenizer_file", nlohmann::json());
+    if (file.is_object()) fmt::print("  tokenizer file {}\n", file.value("path", "?"));
+    const auto doc = d.meta.value("document_tokens", nlohmann::json());
+    if (doc.is_object()) fmt::print("  documents: {}\n", doc.value("description", "?"));
+  } else {
     fmt::print("{}\n", d.path);
+  }
   size_t w = 0;
   for (const auto& [name, src] : splits) {
     if (!src) {
