@@ -76,12 +76,6 @@ void set_threads(int64_t threads) {
 }
 
 void check_trainable(const Layout& l, DeviceKind device) {
-  auto no = [&](const char* what) {
-    throw LayoutError(fmt::format("layout {}: {} is not supported by the trainer yet (the memory and "
-                                  "cost models and `weft tune --dry-run` cover it)",
-                                  l.to_string(), what));
-  };
-  if (l.zero >= 3 && l.dp > 1) no("ZeRO-3 parameter sharding");
   const bool gpu = device == DeviceKind::gpu;
   if (l.grad == GradPrecision::bf16 && !gpu)
     throw LayoutError(fmt::format("layout {}: grad:bf16 needs the GPU trainer; the CPU trainer computes and "

@@ -168,7 +168,8 @@ std::string report_table(const SpaceReport& r, const ReportContext& ctx, int64_t
   if (r.pruned.empty()) s += "  (none)\n";
   for (const auto& [why, n] : r.pruned) s += fmt::format("  {:>8}  {}\n", n, why);
   if (!r.candidates.empty() && r.candidates.front().verdict == Verdict::fits) {
-    s += "\n" + breakdown(r.candidates.front(), ctx);
+    s += '\n';
+    s += breakdown(r.candidates.front(), ctx);
   } else if (const Candidate* c = nearest_to_fitting(r)) {
     s += fmt::format("\nnearest to fitting: {}\n  {}\n", c->layout.to_string(), c->reason);
   }
@@ -252,7 +253,10 @@ std::string report_md(const SpaceReport& r, const ReportContext& ctx, int64_t to
                      gib(c.memory.usable), format_seconds(c.cost.step), c.cost.tokens_per_second,
                      c.cost.model_flops_per_gpu / 1e12, 100 * c.cost.mfu);
   }
-  if (!rows.empty()) s += "\n" + table_notes(rows, ctx.tie);
+  if (!rows.empty()) {
+    s += '\n';
+    s += table_notes(rows, ctx.tie);
+  }
   s += "\n## Pruned\n\n| layouts | reason |\n|---:|---|\n";
   for (const auto& [why, n] : r.pruned) s += fmt::format("| {} | {} |\n", n, why);
   if (!r.candidates.empty() && r.candidates.front().verdict == Verdict::fits)
