@@ -277,7 +277,11 @@ void LlamaStage<Elem, G>::set_weights(const std::vector<A>& full) {
 
 template <typename Elem, typename G>
 void LlamaStage<Elem, G>::weights_updated() {
-  for (auto& g : gathered_) g.ranges.clear();
+  for (auto& g : gathered_) {
+    for (auto& p : g.pending) p->wait();
+    g.pending.clear();
+    g.ranges.clear();
+  }
   in_use_ = -1;
 }
 

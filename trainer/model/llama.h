@@ -244,13 +244,16 @@ class LlamaStage {
   // ZeRO-3: the weights live in shards; a group's are all-gathered over dp
   // into one of two buffers before it computes, in the forward and again in
   // the backward of every micro-batch, and the next block's are gathered
-  // into the other buffer before this one computes (on a GPU the gather is
-  // queued on the stage's stream: ordered, not yet overlapped).
+  // into the other buffer while this one computes (on NCCL's stream beside
+  // the compute stream; MPI completes it at once).
   bool zero3_ = false;
   struct Gathered {
     Elem* data = nullptr;
     int64_t elements = 0;
     std::vector<Range> ranges;  // the group it holds (empty: none)
+    // A prefetch in flight into it: waited for before the group computes or
+    // the buffer is gathered into again.
+    std::vector<std::unique_ptr<parallel::CommRequest>> pending;
   };
   std::array<Gathered, 2> gathered_;
   int in_use_ = -1;  // the buffer of the group computing now

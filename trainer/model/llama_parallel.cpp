@@ -44,26 +44,39 @@ template <typename Elem, typename G>
 void LlamaStage<Elem, G>::gather(std::initializer_list<Range> ranges, bool next) {
   if (!zero3_) return;
   const std::vector<Range> want(ranges);
+  auto settle = [](Gathered& g) {
+    for (auto& p : g.pending) p->wait();
+    g.pending.clear();
+  };
   for (int i = 0; i < 2; ++i)
     if (gathered_[size_t(i)].ranges == want) {
-      if (!next) in_use_ = i;
+      if (!next) {
+        settle(gathered_[size_t(i)]);
+        in_use_ = i;
+      }
       return;
     }
   const int b = in_use_ == 0 ? 1 : 0;
   Gathered& g = gathered_[size_t(b)];
+  settle(g);
   // Each range on its own: this rank's part of it is contiguous in its
   // shard (the parts of two ranges need not be), and the gathered range
-  // lands after the ones before it.
+  // lands after the ones before it. The communication waits for the compute
+  // queued so far (the last use of this buffer among it).
   int64_t at = 0;
   for (const Range& r : want) {
     const std::vector<int64_t> counts = shard_parts({&r, 1});
     const int64_t begin = std::clamp(r.begin, shard_lo_, shard_hi_);
     WEFT_ASSERT(at + (r.end - r.begin) <= g.elements);
-    groups_.dp->all_gather_v(weights_ + (begin - shard_lo_), g.data + at, std::span<const int64_t>(counts));
+    g.pending.push_back(
+        groups_.dp->iall_gather_v(weights_ + (begin - shard_lo_), g.data + at, std::span<const int64_t>(counts)));
     at += r.end - r.begin;
   }
   g.ranges = want;
-  if (!next) in_use_ = b;
+  if (!next) {
+    settle(g);
+    in_use_ = b;
+  }
 }
 
 template <typename Elem, typename G>

@@ -168,6 +168,9 @@ StepStats Optimizer<Elem, G>::step(int64_t step, double loss) {
   const kernels::AdamwParams<Elem, G> params{.tensors = tensors, .step = updates_, .lr = s.lr,
                                              .beta1 = c_.beta1, .beta2 = c_.beta2, .eps = c_.eps,
                                              .weight_decay = c_.weight_decay, .grad_scale = scale};
+  // The gathered copies of the weights are stale from here on (and a gather
+  // still reading the shard must finish before the update writes it).
+  stage_.weights_updated();
   kernels::status_check(kernels::launch(params, {}, stage_.stream()), "adamw");
   // ZeRO-1 and -2: every replica gathers the updated parameters from their
   // owners; under ZeRO-3 they stay sharded, gathered group by group as the
@@ -175,7 +178,6 @@ StepStats Optimizer<Elem, G>::step(int64_t step, double loss) {
   if (sharded_ && !stage_.weights_sharded())
     stage_.groups().dp->all_gather_v(stage_.weights() + lo_, stage_.weights(),
                                      std::span<const int64_t>(counts_));
-  stage_.weights_updated();
   return s;
 }
 
