@@ -133,6 +133,7 @@ def main():
                                     "(for byte-tokenized text)")
     a = ap.parse_args()
     if a.cmd == "fixtures":
+        os.makedirs(a.out, exist_ok=True)
         fixtures(a.out)
         return 0
     dtype, docs = read(a.prefix)

@@ -39,12 +39,37 @@ bool exists(const std::string& path) {
   return fs::exists(path, ec);
 }
 
-// Writes and syncs `bytes` to `path` (a temporary name the caller renames).
-void synced_write(const std::string& path, const std::string& bytes) {
+// Writes the .idx to `path` (a temporary name the caller renames) and syncs
+// it. The arrays go out as they are in memory: weft runs on little-endian
+// hosts only, as every reader of its files assumes.
+void idx_write(const std::string& path, TokenDtype dtype, uint8_t code,
+               const std::vector<int32_t>& lengths, const std::vector<int64_t>& document_index) {
   std::FILE* f = std::fopen(path.c_str(), "wb");
   if (!f) throw InputError(fmt::format("cannot write '{}': {}", path, std::strerror(errno)));
-  const bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size() &&
-                  std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
+  bool ok = true;
+  const auto put = [&](const void* data, size_t bytes) {
+    ok = ok && std::fwrite(data, 1, bytes, f) == bytes;
+  };
+  const uint64_t version = kMegatronIdxVersion, s = lengths.size(), d = document_index.size();
+  put(kMegatronIdxMagic, sizeof(kMegatronIdxMagic));
+  put(&version, 8);
+  put(&code, 1);
+  put(&s, 8);
+  put(&d, 8);
+  put(lengths.data(), lengths.size() * 4);
+  // The byte offsets, a chunk at a time rather than a second array of S.
+  std::vector<int64_t> pointers;
+  int64_t pointer = 0;
+  for (size_t i = 0; i < lengths.size(); i += 4096) {
+    pointers.clear();
+    for (size_t j = i; j < std::min(lengths.size(), i + 4096); ++j) {
+      pointers.push_back(pointer);
+      pointer += lengths[j] * dtype_bytes(dtype);
+    }
+    put(pointers.data(), pointers.size() * 8);
+  }
+  put(document_index.data(), document_index.size() * 8);
+  ok = ok && std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
   const int err = errno;
   const bool closed = std::fclose(f) == 0;
   if (!ok || !closed) throw InputError(fmt::format("cannot write '{}': {}", path, std::strerror(err)));
@@ -285,11 +310,10 @@ MegatronWriter::MegatronWriter(std::string prefix, int64_t vocab)
 }
 
 MegatronWriter::~MegatronWriter() {
+  // After a finish() that renamed them, neither temporary name exists.
+  if (bin_) std::fclose(bin_);
   std::error_code ec;
-  if (bin_) {
-    std::fclose(bin_);
-    fs::remove(bin_tmp_, ec);
-  }
+  fs::remove(bin_tmp_, ec);
   fs::remove(idx_tmp_, ec);
 }
 
@@ -345,20 +369,7 @@ MegatronWritten MegatronWriter::finish() {
   if (!ok || !closed)
     throw InputError(fmt::format("cannot write '{}': {}", bin_tmp_, std::strerror(err)));
 
-  std::string idx(kMegatronIdxMagic, sizeof(kMegatronIdxMagic));
-  const auto put = [&idx](auto v) { idx.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
-  put(kMegatronIdxVersion);
-  put(code_from_dtype(dtype_));
-  put(static_cast<uint64_t>(lengths_.size()));
-  put(static_cast<uint64_t>(document_index_.size()));
-  for (const int32_t n : lengths_) put(n);
-  int64_t pointer = 0;
-  for (const int32_t n : lengths_) {
-    put(pointer);
-    pointer += n * dtype_bytes(dtype_);
-  }
-  for (const int64_t d : document_index_) put(d);
-  synced_write(idx_tmp_, idx);
+  idx_write(idx_tmp_, dtype_, code_from_dtype(dtype_), lengths_, document_index_);
 
   std::error_code ec;
   fs::rename(bin_tmp_, paths_.bin, ec);
