@@ -97,7 +97,8 @@ Command add_data_command(CLI::App& app) {
   auto prep = std::make_shared<data::PrepareOptions>();
   auto format = std::make_shared<std::string>("weft");
   auto* p = sub->add_subcommand(
-      "prepare", "Tokenize text files into DIR/train.tok, DIR/val.tok and DIR/meta.json");
+      "prepare", "Tokenize text files into DIR/train.tok, DIR/val.tok (or, with --format megatron, "
+                 "DIR/train.bin/.idx, DIR/val.bin/.idx) and DIR/meta.json");
   p->add_option("--input", prep->inputs,
                 "Text files; fortune files split into documents at '%' lines");
   p->add_option("--out", prep->out, "Folder to create (must not exist or be empty)");

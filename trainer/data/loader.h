@@ -22,9 +22,9 @@
 // sequences in index order, which is how its .bin stores them. Windows are
 // cut from that stream without regard to document ends, exactly as for
 // weft .tok or llm.c .bin files, so a sample may hold the end of one document
-// and the start of the next (the separator token, such as the EOD that
-// Megatron's preprocess_data appends, tells the model where); documents are
-// never reordered. Megatron's GPTDataset also packs samples across documents,
+// and the start of the next (a separator token, such as the EOD that
+// Megatron's preprocess_data appends with --append-eod, tells the model
+// where); documents are never reordered. Megatron's GPTDataset also packs samples across documents,
 // but in a per-epoch shuffled document order.
 //
 // A blend (blend.h) is sampled part by part: its schedule says which part
