@@ -115,8 +115,7 @@ int run_train(TrainArgs& a) {
   }
   // The data is scanned once, before tuning and training: tuning trials and
   // the GPU kernels then take its ids as checked.
-  data::token_data_validate(data::token_data_open(c.data.empty() ? data::default_corpus_dir() : c.data),
-                            c.model.vocab, c.run.seq);
+  data::token_data_validate(data::token_data_open(data::data_spec_or_corpus(c.data)), c.model.vocab, c.run.seq);
   c.data_checked = true;
   if (tune) {
     const int64_t world = mpi_world_size_from_env();
@@ -190,7 +189,10 @@ Command add_train_command(CLI::App& app) {
                                           "the default corpus, on the CPU)");
   add_model_options(*sub, a->model);
   auto& c = a->cfg;
-  sub->add_option("--data", c.data, "Token file or folder (default: the prepared fortunes corpus)");
+  sub->add_option("--data", c.data,
+                  "Token data: a folder, a .tok, llm.c .bin or .npy file, or a Megatron prefix; several are read "
+                  "back to back; a blend alternates weights and paths: 0.7 A 0.3 B (default: the prepared "
+                  "fortunes corpus)");
   sub->add_option("--seq", a->seq, "Sequence length T")->capture_default_str();
   sub->add_option("--global-batch", a->global_batch, "Sequences per optimizer step")->capture_default_str();
   a->knobs = {

@@ -114,7 +114,7 @@ void on_every_rank(const TrainConfig& c, const char* what, F&& f) {
 // gradients in G (fp32, or bf16 under grad:bf16).
 template <typename Elem, typename G>
 TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t world,
-                     const std::string& data_path, data::TokenData data) {
+                     data::TokenData data) {
   // On a GPU the driver's count of used memory before the run, so the run's
   // own share (arena, CUDA context, cuBLAS and NCCL workspaces) can be shown.
   using R = Run<Elem, G>;
@@ -166,7 +166,7 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
              c.device.summary(), to_string(c.run.precision), c.layout.to_string());
   fmt::print(log, "data {}: {} train tokens, {} samples of {} tokens per step; unigram baseline "
                   "{:.4f} nats/token\n",
-             data_path, run.data.train->size(), c.run.global_batch, c.run.seq, report.baseline);
+             run.data.path, run.data.train->size(), c.run.global_batch, c.run.seq, report.baseline);
   fmt::print(log, "MFU is against the stated peak of {:.1f} GFLOP/s ({})\n", peak / 1e9,
              c.device.kind == DeviceKind::cpu ? "cores x clock x fp32 FMA lanes" : "dense bf16");
 
@@ -303,14 +303,13 @@ TrainReport train(const TrainConfig& c, std::FILE* log_all) {
   if (c.log_every < 1) throw InputError(fmt::format("--log-every {} must be at least 1", c.log_every));
   set_threads(c.threads);
 
-  const std::string data_path = c.data.empty() ? data::default_corpus_dir() : c.data;
-  data::TokenData data = data::token_data_open(data_path);
+  data::TokenData data = data::token_data_open(data::data_spec_or_corpus(c.data));
   if (!c.data_checked) data::token_data_validate(data, c.model.vocab, c.run.seq);
   fs::create_directories(c.out_dir);
   if (gpu && c.layout.grad == GradPrecision::bf16)
-    return train_on<kernels::bf16, kernels::bf16>(c, log, rank0, world, data_path, std::move(data));
-  if (gpu) return train_on<kernels::bf16, float>(c, log, rank0, world, data_path, std::move(data));
-  return train_on<float, float>(c, log, rank0, world, data_path, std::move(data));
+    return train_on<kernels::bf16, kernels::bf16>(c, log, rank0, world, std::move(data));
+  if (gpu) return train_on<kernels::bf16, float>(c, log, rank0, world, std::move(data));
+  return train_on<float, float>(c, log, rank0, world, std::move(data));
 }
 
 

@@ -27,7 +27,7 @@ struct TrainConfig {
   OptimConfig optim;
   int64_t steps = 1000;
   uint64_t seed = 1234;
-  std::string data;             // token file or folder; empty: the default corpus
+  std::vector<std::string> data;  // --data's items (data_spec.h); empty: the default corpus
   bool data_checked = false;    // the caller ran token_data_validate on it already
   int64_t log_every = 10;
   int64_t eval_every = 100;     // 0: only at the end

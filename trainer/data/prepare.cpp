@@ -14,6 +14,7 @@
 #include "core/json_io.h"
 #include "trainer/data/mapped_file.h"
 #include "trainer/data/permutation.h"
+#include "trainer/data/split_writer.h"
 #include "trainer/data/token_data.h"
 #include "trainer/data/token_file.h"
 #include "trainer/data/tokenizer.h"
@@ -124,12 +125,12 @@ void split_assign(std::vector<Piece>& pieces, const std::vector<std::shared_ptr<
   pieces.push_back({last.file, cut, end - cut, Split::val});
 }
 
-nlohmann::json split_meta(const std::string& file, const TokenFileHeader& h, int64_t documents) {
-  return {{"file", file},
-          {"tokens", h.count},
-          {"documents", documents},
-          {"dtype", dtype_name(h.dtype)},
-          {"checksum", fmt::format("{:016x}", h.checksum)}};
+nlohmann::json split_meta(const SplitFile& f) {
+  return {{"file", f.file},
+          {"tokens", f.tokens},
+          {"documents", f.documents},
+          {"dtype", dtype_name(f.dtype)},
+          {"checksum", fmt::format("{:016x}", f.checksum)}};
 }
 
 }  // namespace
@@ -198,10 +199,9 @@ PrepareResult prepare_checked(const PrepareOptions& o) {
     r.dir = out.string();
     r.documents = documents;
     r.vocab = tokenizer->vocab();
-    TokenFileWriter train((tmp / "train.tok").string(), r.vocab);
-    std::unique_ptr<TokenFileWriter> val;
-    if (o.val_fraction > 0)
-      val = std::make_unique<TokenFileWriter>((tmp / "val.tok").string(), r.vocab);
+    const auto train = split_writer_create(o.format, tmp.string(), "train", r.vocab);
+    std::unique_ptr<SplitWriter> val;
+    if (o.val_fraction > 0) val = split_writer_create(o.format, tmp.string(), "val", r.vocab);
     std::vector<int32_t> tokens;
     for (const auto& p : pieces) {
       tokens.clear();
@@ -209,22 +209,22 @@ PrepareResult prepare_checked(const PrepareOptions& o) {
           std::string_view(reinterpret_cast<const char*>(files[p.file]->data()) + p.offset,
                            static_cast<size_t>(p.bytes)),
           tokens);
-      (p.split == Split::val ? *val : train).append(tokens);
+      (p.split == Split::val ? *val : *train).document_append(tokens);
       ++(p.split == Split::val ? r.documents_val : r.documents_train);
     }
-    if (train.count() == 0)
+    if (train->count() == 0)
       throw InputError("the train split came out empty; add text or lower --val-fraction");
-    const TokenFileHeader train_h = train.finish();
-    r.train_tokens = train_h.count;
+    const SplitFile train_f = train->finish();
+    r.train_tokens = train_f.tokens;
     nlohmann::json val_meta = nullptr;
     if (val) {
-      const TokenFileHeader val_h = val->finish();
-      r.val_tokens = val_h.count;
-      val_meta = split_meta("val.tok", val_h, r.documents_val);
+      const SplitFile val_f = val->finish();
+      r.val_tokens = val_f.tokens;
+      val_meta = split_meta(val_f);
     }
     // Read back through the normal path: checks what was written, and the
     // baseline is computed by the same code the trainer would use.
-    r.unigram_entropy = unigram_entropy(*token_source_open((tmp / "train.tok").string()));
+    r.unigram_entropy = unigram_entropy(*token_source_open((tmp / train_f.file).string()));
 
     nlohmann::json sources = nlohmann::json::array();
     for (size_t f = 0; f < files.size(); ++f)
@@ -236,6 +236,7 @@ PrepareResult prepare_checked(const PrepareOptions& o) {
         {"version", 1},
         {"created_by", std::string("weft ") + WEFT_VERSION},
         {"tokenizer", tokenizer->name()},
+        {"token_format", token_format_name(o.format)},
         {"vocab", r.vocab},
         {"sources", sources},
         {"documents", documents},
@@ -244,7 +245,7 @@ PrepareResult prepare_checked(const PrepareOptions& o) {
           {"unit", "bytes"},
           {"val_fraction", o.val_fraction},
           {"seed", o.seed}}},
-        {"train", split_meta("train.tok", train_h, r.documents_train)},
+        {"train", split_meta(train_f)},
         {"val", val_meta},
         {"unigram_entropy_nats", r.unigram_entropy},
     };

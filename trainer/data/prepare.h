@@ -1,8 +1,10 @@
 // `weft data prepare`: text files in, a prepared data folder out.
 //
-// The folder holds train.tok and val.tok (weft token files) and meta.json:
-// the source files, tokenizer, vocab, token and document counts, the split
-// rule and the unigram entropy of the train split (the loss baseline).
+// The folder holds train.tok and val.tok (weft token files; with
+// TokenFormat::megatron, train.bin/.idx and val.bin/.idx, one sequence per
+// document) and meta.json: the source files, tokenizer, vocab, token and
+// document counts, the split rule and the unigram entropy of the train split
+// (the loss baseline).
 //
 // Documents: in a file with lines holding only "%" (the fortune format) each
 // such line ends a document; any other file is one document. A document keeps
@@ -21,12 +23,15 @@
 #include <string_view>
 #include <vector>
 
+#include "trainer/data/split_writer.h"
+
 namespace weft::data {
 
 struct PrepareOptions {
   std::vector<std::string> inputs;  // text files
   std::string out;                  // the folder to create
   std::string tokenizer = "byte";
+  TokenFormat format = TokenFormat::weft;  // of the token files
   double val_fraction = 0.05;  // in [0, 0.5]; 0 writes no val split
   uint64_t seed = 0;
   bool force = false;  // replace `out` when it holds a prepared dataset
