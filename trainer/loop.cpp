@@ -173,7 +173,7 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
     fmt::print(log, "initialised from {}: step 0, fresh optimizer state and data position{}\n",
                init->describe(),
                Vp > V ? fmt::format("; vocabulary padded from {} to {}, rows {}..{} of the embedding{} "
-                                    "start as the mean of its pretrained rows",
+                                    "start as the mean of the pretrained rows",
                                     V, Vp, V, Vp - 1, c.model.tied_embeddings ? " (tied head)" : " and head")
                       : "");
     init.reset();  // the stage holds its copy; unmap the files
