@@ -122,7 +122,9 @@ int run_train(TrainArgs& a) {
   const bool knobs = std::any_of(a.knobs.begin(), a.knobs.end(), [](CLI::Option* o) { return o->count() > 0; });
   if (a.tune.enabled && (!a.layout.empty() || !a.recipe.empty()))
     throw InputError(fmt::format("--auto chooses the layout; drop {}", a.layout.empty() ? "--recipe" : "--layout"));
-  const bool tune = a.tune.enabled || (a.layout.empty() && a.recipe.empty() && !knobs);
+  // A run that trains nothing (--init with --steps 0) has no layout to tune
+  // unless --auto asks.
+  const bool tune = a.tune.enabled || (a.layout.empty() && a.recipe.empty() && !knobs && c.steps > 0);
   if (a.tune_top->count() > 0 && a.tune.top < 1)
     throw InputError(fmt::format("--tune-top {} must be at least 1", a.tune.top));
   if (a.tune.retune && !tune)

@@ -96,9 +96,12 @@ TEST(CliInit, AWeftCheckpointStartsANewRun) {
   EXPECT_EQ(man["step"], 2);
   EXPECT_EQ(man["optimizer"]["step"], 2);  // a fresh optimizer: not 3 + 2
   EXPECT_EQ(man["run"]["init"], ckpt);
-  // --steps 0 from the checkpoint exports what exporting the checkpoint does.
-  r = run_weft(hf_train_args(kOneRank, dir.path("zero")) + " --steps 0 --init " + ckpt);
+  // --steps 0 from the checkpoint exports what exporting the checkpoint
+  // does; without a layout it tunes nothing (and takes the default mb 4).
+  r = run_weft(fmt::format("train --data {} --seq 12 --global-batch 4 --threads 1 --steps 0 --out {} --init {}",
+                           hf_fixture("tokens.npy"), dir.path("zero"), ckpt));
   ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("recipe"), std::string::npos) << r.out;
   ASSERT_EQ(run_weft("export --checkpoint " + ckpt + " --out " + dir.path("a")).code, 0);
   ASSERT_EQ(run_weft("export --checkpoint " + dir.path("zero/checkpoints/step_000000") + " --out " +
                      dir.path("b")).code, 0);
