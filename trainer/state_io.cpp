@@ -148,7 +148,8 @@ void state_load(const checkpoint::Checkpoint& ck, LlamaStage<Elem, G>& stage,
 
 namespace {
 
-// The mean of the rows of a 2-D stored tensor, accumulated in fp64.
+// The mean of the rows of a stored (rows, cols) tensor, accumulated in fp64:
+// (cols).
 std::vector<float> mean_row(const checkpoint::TensorRef& t) {
   const int64_t rows = t.shape[0], cols = t.shape[1];
   std::vector<double> sum(static_cast<size_t>(cols), 0.0);

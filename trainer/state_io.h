@@ -51,10 +51,11 @@ void state_load(const checkpoint::Checkpoint& ck, LlamaStage<Elem, G>& stage,
 // is then the mean of the real ids' logits, so by Jensen (exp(mean) <= mean
 // exp) the padding adds at most log(1 + pad / V) nats to the starting loss,
 // whatever the hidden state; zero rows would give logit 0, which may exceed
-// every real logit. Rows the data never uses get no gradient through the
-// embedding and learn to fall in the head. This is the mean initialisation
-// transformers' resize_token_embeddings uses, without its random part, so
-// that every layout starts from the same model.
+// every real logit. Rows of ids the data never uses get no gradient through
+// the embedding and learn to fall in the head; ids it does use (tokens added
+// to the tokenizer) start from the average token. This is the mean
+// initialisation of transformers' resize_token_embeddings without its random
+// part, so that every layout starts from the same model.
 //
 // Throws InputError when the pretrained model differs from the stage's
 // (pretrained_check).
