@@ -14,6 +14,7 @@
 #include "trainer/data/corpus.h"
 #include "trainer/data/loader.h"
 #include "trainer/data/prepare.h"
+#include "trainer/data/split_writer.h"
 #include "trainer/data/token_data.h"
 
 namespace weft::cli {
@@ -21,7 +22,7 @@ namespace weft::cli {
 namespace {
 
 struct InfoArgs {
-  std::string path;
+  std::vector<std::string> paths, data;  // the positional items, or --data's
   int64_t vocab = 0;  // 0: the vocab the data declares
   int64_t seq = 0;    // 0: no window count
 };
@@ -29,7 +30,8 @@ struct InfoArgs {
 // Inputs this large get a progress display (a second or more to tokenize).
 constexpr int64_t kProgressMinBytes = 32 << 20;
 
-int run_prepare(data::PrepareOptions o) {
+int run_prepare(data::PrepareOptions o, const std::string& format) {
+  o.format = data::token_format_parse(format);
   std::optional<Progress> progress;
   o.progress = [&](const data::PrepareProgress& p) {
     if (!progress)
@@ -39,6 +41,7 @@ int run_prepare(data::PrepareOptions o) {
   };
   const auto r = data::data_prepare(o);
   if (progress) progress->finish();
+  const char* ext = o.format == data::TokenFormat::megatron ? ".bin/.idx" : ".tok";
   const std::string tokenizer = r.tokenizer == "byte"
                                     ? "byte tokenizer"
                                     : fmt::format("{} tokenizer {}", r.tokenizer, o.tokenizer);
@@ -55,9 +58,11 @@ int run_prepare(data::PrepareOptions o) {
                "at byte {}\n",
                r.invalid_utf8, r.invalid_utf8 == 1 ? "" : "s", r.invalid_utf8_file,
                r.invalid_utf8_offset);
-  fmt::print("  train.tok  {} tokens, {} documents\n", r.train_tokens, r.documents_train);
+  fmt::print("  {:14} {} tokens, {} documents\n", fmt::format("train{}", ext), r.train_tokens,
+             r.documents_train);
   if (o.val_fraction > 0)
-    fmt::print("  val.tok    {} tokens, {} documents\n", r.val_tokens, r.documents_val);
+    fmt::print("  {:14} {} tokens, {} documents\n", fmt::format("val{}", ext), r.val_tokens,
+               r.documents_val);
   else
     fmt::print("  no validation split (--val-fraction 0)\n");
   fmt::print("  unigram entropy of train: {:.4f} nats/token (the loss baseline)\n",
@@ -68,8 +73,15 @@ int run_prepare(data::PrepareOptions o) {
 int run_info(const InfoArgs& a) {
   if (a.vocab < 0) throw InputError(fmt::format("--vocab {} must be positive", a.vocab));
   if (a.seq < 0) throw InputError(fmt::format("--seq {} must be positive", a.seq));
-  const auto d = data::token_data_open(a.path);
-  const int64_t vocab = a.vocab > 0 ? a.vocab : d.train->vocab();
+  if (!a.paths.empty() && !a.data.empty())
+    throw InputError("name the data either as arguments or with --data, not both");
+  const auto spec = data::data_spec_parse(a.paths.empty() ? a.data : a.paths);
+  if (spec.paths.empty()) throw InputError("no data given: pass a path, or --data");
+  const auto d = data::token_data_open(spec);
+  // The vocab to check against: --vocab, else what the files declare, else
+  // meta.json's (Megatron files do not record one).
+  int64_t vocab = a.vocab > 0 ? a.vocab : d.train->vocab();
+  if (vocab == 0 && d.meta.is_object()) vocab = d.meta.value("vocab", int64_t{0});
   // Every check before any output, so a failure is one line.
   const std::pair<const char*, const data::TokenSource*> splits[] = {{"train", d.train.get()},
                                                                      {"val", d.val.get()}};
@@ -117,8 +129,10 @@ Command add_data_command(CLI::App& app) {
   sub->require_subcommand(1);
 
   auto prep = std::make_shared<data::PrepareOptions>();
+  auto format = std::make_shared<std::string>("weft");
   auto* p = sub->add_subcommand(
-      "prepare", "Tokenize text files into DIR/train.tok, DIR/val.tok and DIR/meta.json");
+      "prepare", "Tokenize text files into DIR/train.tok, DIR/val.tok (or, with --format megatron, "
+                 "DIR/train.bin/.idx, DIR/val.bin/.idx) and DIR/meta.json");
   p->add_option("--input", prep->inputs,
                 "Text files (one document each; fortune files split at '%' lines) and JSONL "
                 "files (*.jsonl: one document a line)");
@@ -136,11 +150,17 @@ Command add_data_command(CLI::App& app) {
       ->capture_default_str();
   p->add_option("--seed", prep->seed, "Seed of the train/validation split")->capture_default_str();
   p->add_flag("--force", prep->force, "Replace DIR when it already holds a prepared dataset");
+  p->add_option("--format", *format,
+                "Token files: weft (train.tok, val.tok) or megatron (train.bin/.idx, val.bin/.idx, one "
+                "sequence per document)")
+      ->capture_default_str();
 
   auto info = std::make_shared<InfoArgs>();
   auto* i = sub->add_subcommand("info", "Describe a token file or data folder and check it");
-  i->add_option("path", info->path, "Token file (.tok, llm.c .bin, .npy) or data folder")
-      ->required();
+  i->add_option("path", info->paths,
+                "Data folder, token file (.tok, llm.c .bin, .npy) or Megatron prefix; several are read back "
+                "to back; a blend alternates weights and paths: 0.7 A 0.3 B");
+  i->add_option("--data", info->data, "The same as the arguments, as train and eval take it");
   i->add_option("--vocab", info->vocab, "Check that every token id is below this vocab");
   i->add_option("--seq", info->seq,
                 "Report how many training windows of this length the data holds");
@@ -149,7 +169,7 @@ Command add_data_command(CLI::App& app) {
       "corpus", "Print the built-in default corpus folder, preparing it on first use");
 
   return {sub, [=] {
-            if (p->parsed()) return run_prepare(*prep);
+            if (p->parsed()) return run_prepare(*prep, *format);
             if (i->parsed()) return run_info(*info);
             if (c->parsed()) {
               fmt::print("{}\n", data::default_corpus_dir());

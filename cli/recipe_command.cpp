@@ -35,7 +35,7 @@ Command add_recipe_command(CLI::App& app) {
   list->add_option("dir", a->dir, "Folder of recipe .json files");
   auto* show = sub->add_subcommand("show", "Print a recipe");
   show->add_option("file", a->file, "Recipe file")->required();
-  auto* diff = sub->add_subcommand("diff", "Fields that differ between two recipes");
+  auto* diff = sub->add_subcommand("diff", "Fields that differ between two recipes (exit 1 when they differ, as diff does)");
   diff->add_option("a", a->file, "First recipe")->required();
   diff->add_option("b", a->other, "Second recipe")->required();
   return {sub, [a, list, show, diff] {
@@ -68,7 +68,7 @@ Command add_recipe_command(CLI::App& app) {
             if (d.empty()) fmt::print("the recipes are the same\n");
             for (const auto& line : d) fmt::print("{}\n", line);
             (void)diff;
-            return 0;
+            return d.empty() ? 0 : 1;  // as diff(1): 1 when they differ
           }};
 }
 

@@ -13,6 +13,7 @@
 #include "cli/options.h"
 #include "core/error.h"
 #include "memory/device.h"
+#include "trainer/checkpoint/pretrained.h"
 #include "trainer/data/corpus.h"
 #include "trainer/data/token_data.h"
 #include "trainer/loop.h"
@@ -57,11 +58,40 @@ struct TrainArgs {
   // with --auto they restrict the tuner's space.
   std::vector<CLI::Option*> knobs;
   CLI::Option* tune_top = nullptr;
+  CLI::Option* model_option = nullptr;
 };
+
+// The model of a run with --init: the folder's own unless --model names one
+// (--vocab pads either), checked against the folder's config or manifest and
+// tensors here, before the data scan and any tuning, so that a bad folder
+// costs nothing. A relaunched --resume run that has a checkpoint takes the
+// model from it and no longer needs the folder.
+ModelSpec init_model(const TrainArgs& a, const trainer::TrainConfig& c) {
+  ModelSpec m = a.model.resolve();
+  const bool given = a.model_option->count() > 0;
+  const auto with_vocab = [&](ModelSpec from) {
+    if (a.model.vocab > 0) from.vocab = a.model.vocab;
+    from.validate();
+    return from;
+  };
+  if (c.resume)
+    if (const auto latest =
+            checkpoint::latest_checkpoint(c.ckpt_dir.empty() ? c.out_dir + "/checkpoints" : c.ckpt_dir))
+      return given ? m : with_vocab(checkpoint::pretrained_model(*latest));
+  const auto pretrained = checkpoint::pretrained_open(c.init, checkpoint::Verify::structure);
+  if (!given) m = with_vocab(pretrained.model);
+  try {
+    checkpoint::pretrained_check(pretrained.model, m, c.init);
+  } catch (const InputError& e) {
+    if (!given) throw;
+    throw InputError(fmt::format("{}; without --model the run takes the folder's own model", e.what()));
+  }
+  return m;
+}
 
 int run_train(TrainArgs& a) {
   trainer::TrainConfig c = a.cfg;
-  c.model = a.model.resolve();
+  c.model = c.init.empty() ? a.model.resolve() : init_model(a, c);
   // The device: a GPU when there is one (each rank on a node takes the next),
   // else the CPU, whose cores the node's ranks share.
   if (a.device != "auto" && a.device != "cpu" && a.device != "gpu")
@@ -92,7 +122,9 @@ int run_train(TrainArgs& a) {
   const bool knobs = std::any_of(a.knobs.begin(), a.knobs.end(), [](CLI::Option* o) { return o->count() > 0; });
   if (a.tune.enabled && (!a.layout.empty() || !a.recipe.empty()))
     throw InputError(fmt::format("--auto chooses the layout; drop {}", a.layout.empty() ? "--recipe" : "--layout"));
-  const bool tune = a.tune.enabled || (a.layout.empty() && a.recipe.empty() && !knobs);
+  // A run that trains nothing (--init with --steps 0) has no layout to tune
+  // unless --auto asks.
+  const bool tune = a.tune.enabled || (a.layout.empty() && a.recipe.empty() && !knobs && c.steps > 0);
   if (a.tune_top->count() > 0 && a.tune.top < 1)
     throw InputError(fmt::format("--tune-top {} must be at least 1", a.tune.top));
   if (a.tune.retune && !tune)
@@ -115,8 +147,7 @@ int run_train(TrainArgs& a) {
   }
   // The data is scanned once, before tuning and training: tuning trials and
   // the GPU kernels then take its ids as checked.
-  data::token_data_validate(data::token_data_open(c.data.empty() ? data::default_corpus_dir() : c.data),
-                            c.model.vocab, c.run.seq);
+  data::token_data_validate(data::token_data_open(data::data_spec_or_corpus(c.data)), c.model.vocab, c.run.seq);
   c.data_checked = true;
   if (tune) {
     const int64_t world = mpi_world_size_from_env();
@@ -189,8 +220,12 @@ Command add_train_command(CLI::App& app) {
   auto* sub = app.add_subcommand("train", "Train a model (no arguments: the tiny default model on "
                                           "the default corpus, on the CPU)");
   add_model_options(*sub, a->model);
+  a->model_option = sub->get_option("--model");
   auto& c = a->cfg;
-  sub->add_option("--data", c.data, "Token file or folder (default: the prepared fortunes corpus)");
+  sub->add_option("--data", c.data,
+                  "Token data: a folder, a .tok, llm.c .bin or .npy file, or a Megatron prefix; several are read "
+                  "back to back; a blend alternates weights and paths: 0.7 A 0.3 B (default: the prepared "
+                  "fortunes corpus)");
   sub->add_option("--seq", a->seq, "Sequence length T")->capture_default_str();
   sub->add_option("--global-batch", a->global_batch, "Sequences per optimizer step")->capture_default_str();
   a->knobs = {
@@ -264,6 +299,12 @@ Command add_train_command(CLI::App& app) {
                 "Write no checkpoint at all, not even at the end (benchmarks, throwaway runs)");
   sub->add_flag("--resume", c.resume, "Continue from the newest checkpoint in the checkpoint folder");
   sub->add_option("--resume-from", c.resume_from, "Continue from this checkpoint folder");
+  sub->add_option("--init", c.init,
+                  "Start from pretrained weights: a Hugging Face model folder (config.json and safetensors in "
+                  "fp32, bf16 or fp16, one file or sharded) or a weft checkpoint folder. Training starts at step "
+                  "0 with a fresh optimizer and data position (unlike --resume); the model is the folder's "
+                  "unless --model names one, and --vocab may pad its vocabulary. --steps 0 writes the loaded "
+                  "model as a checkpoint");
   return {sub, [a] { return run_train(*a); }};
 }
 

@@ -1,5 +1,6 @@
 // `weft tune --dry-run`: the analytic half of tuning, no GPU needed.
 #include <algorithm>
+#include <limits>
 #include <cstdio>
 #include <memory>
 
@@ -28,6 +29,7 @@ struct TuneArgs {
   std::string layout;
   std::string save_recipe;
   int64_t top = 10;
+  bool all = false;
   double margin = 0.05;
   std::string profile;
 };
@@ -101,7 +103,8 @@ int run_tune(const TuneArgs& a) {
     tuner::recipe_save(a.save_recipe, r);
     std::fprintf(stderr, "weft: saved recipe %s (%s)\n", a.save_recipe.c_str(), best.layout.to_string().c_str());
   }
-  const std::string text = tuner::report_render(format, report, ctx, a.top);
+  const std::string text =
+      tuner::report_render(format, report, ctx, a.all ? std::numeric_limits<int64_t>::max() : a.top);
   if (a.out.empty()) {
     std::fwrite(text.data(), 1, text.size(), stdout);
   } else {
@@ -129,7 +132,9 @@ Command add_tune_command(CLI::App& app) {
   sub->add_option("--layout", args->layout,
                   "Evaluate this one layout (canonical text form) instead of the space");
   sub->add_option("--save-recipe", args->save_recipe, "Save the best layout as a recipe file");
-  sub->add_option("--top", args->top, "Rows in the ranked table")->capture_default_str();
+  sub->add_option("--top", args->top, "Layouts listed, in every format (fitting ones by rank first)")
+      ->capture_default_str();
+  sub->add_flag("--all", args->all, "List every layout evaluated (overrides --top)");
   sub->add_option("--profile", args->profile,
                   "Device profile (weft calibrate) whose measured rates and constants price the layouts");
   sub->add_option("--margin", args->margin,

@@ -185,6 +185,16 @@ ModelSpec model_from_hf_config_json(const nlohmann::json& j, const std::string& 
     return j[key].get<double>();
   };
   m.rope_theta = number("rope_theta", 10000.0);
+  // transformers 5 writes the RoPE settings as one object, rope_parameters,
+  // with rope_theta inside it and none at the top level.
+  if (j.contains("rope_parameters") && j["rope_parameters"].is_object() &&
+      j["rope_parameters"].contains("rope_theta")) {
+    const auto& t = j["rope_parameters"]["rope_theta"];
+    if (!t.is_number())
+      throw InputError(fmt::format("{}: field 'rope_parameters.rope_theta' must be a number, got {}",
+                                   origin, t.dump()));
+    m.rope_theta = t.get<double>();
+  }
   m.norm_eps = number("rms_norm_eps", 1e-6);
   m.max_seq = j.contains("max_position_embeddings") ? require_int(j, "max_position_embeddings", origin)
                                                     : 2048;

@@ -323,8 +323,18 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
     out.push_back({"comm.dp_grad_bucket", Category::comm, std::min(group, psi), g, 1});
     out.push_back({"comm.dp_grad_bucket_next", Category::comm, std::min(block, psi), g, 1});
   }
-  if (l.dp > 1 && l.zero >= 3)  // the block in use and the next, prefetched
-    out.push_back({"comm.dp_param_gather", Category::comm, block_param_elements(m, l), d.a, 2});
+  if (l.dp > 1 && l.zero >= 3) {
+    // ZeRO-3 gathers each parameter group's weights over dp before it
+    // computes (every micro-batch, forward and backward): two buffers, the
+    // group in use and the next one prefetched, each as large as the largest
+    // group of the stage (a block, the embedding table, or the final norm
+    // with the LM head or the tied table).
+    int64_t largest = plan.layers > 0 ? block_param_elements(m, l) : 0;
+    const int64_t table = (m.vocab / l.tp) * m.hidden;
+    if (plan.has_embedding) largest = std::max(largest, table);
+    if (plan.has_head) largest = std::max(largest, m.hidden + table);
+    out.push_back({"comm.dp_param_gather", Category::comm, largest, d.a, 2});
+  }
 
   if (device.runtime_overhead_bytes > 0)
     out.push_back({"runtime", Category::overhead, device.runtime_overhead_bytes, 1, 1});

@@ -1,5 +1,7 @@
 #include "trainer/eval.h"
 
+#include <cmath>
+
 #include <fmt/format.h>
 
 #include "core/json_io.h"
@@ -32,6 +34,22 @@ void npy_write(const std::string& path, const void* data, const char* descr,
   file_write_atomic(path, out);
 }
 
+double EvalLoss::perplexity() const { return std::exp(loss); }
+double EvalResult::perplexity() const { return std::exp(loss); }
+
+namespace {
+
+// One dataset to evaluate, opened and checked before anything is computed,
+// so that bad data is one error and no partial output.
+struct EvalData {
+  std::string path;
+  double weight = 1;
+  data::TokenData data;
+  const data::TokenSource* source = nullptr;  // val split, else train
+};
+
+}  // namespace
+
 EvalResult evaluate(const EvalConfig& c, std::FILE* log) {
   const auto ck = checkpoint::load_checkpoint(c.checkpoint);
   const ModelSpec m = ck.manifest.model;
@@ -42,11 +60,16 @@ EvalResult evaluate(const EvalConfig& c, std::FILE* log) {
   run.precision = Precision::fp32;
   if (c.samples < 1) throw InputError(fmt::format("--samples {} must be at least 1", c.samples));
 
-  const std::string path = c.data.empty() ? data::default_corpus_dir() : c.data;
-  data::TokenData td = data::token_data_open(path);
-  data::token_data_validate(td, m.vocab, run.seq);
-  const data::TokenSource& src = td.val ? *td.val : *td.train;
-  const data::Loader loader = data::validation_loader(src, run.seq);
+  const data::DataSpec spec = data::data_spec_or_corpus(c.data);
+  std::vector<EvalData> sets;
+  for (size_t i = 0; i < spec.paths.size(); ++i) {
+    EvalData& e = sets.emplace_back();
+    e.path = spec.paths[i];
+    e.weight = spec.blend() ? spec.weights[i] : 1.0;
+    e.data = data::token_data_open(e.path);
+    data::token_data_validate(e.data, m.vocab, run.seq);
+    e.source = e.data.val ? e.data.val.get() : e.data.train.get();
+  }
 
   memory::Arena arena;
   auto groups = parallel::single_process_groups();
@@ -55,22 +78,54 @@ EvalResult evaluate(const EvalConfig& c, std::FILE* log) {
   std::vector<float> logits;
   std::vector<int32_t> tokens(size_t(run.seq)), targets(size_t(run.seq));
   EvalResult r;
-  double loss = 0;
-  for (int64_t i = 0; i < c.samples; ++i) {
-    loader.batch(i, 1, tokens.data(), targets.data());
-    stage.capture_logits(i == 0 && !c.dump_dir.empty() ? &logits : nullptr);
-    stage.forward(0, tokens.data(), targets.data(), 0.0);
-    loss += stage.take_loss();
-    if (i == 0 && !c.dump_dir.empty()) {
-      npy_write(c.dump_dir + "/tokens.npy", tokens.data(), "<i4", {run.seq});
-      npy_write(c.dump_dir + "/logits.npy", logits.data(), "<f4", {run.seq, m.vocab});
+  for (const EvalData& e : sets) {
+    const data::Loader loader = data::validation_loader(*e.source, run.seq);
+    const bool dump = r.parts.empty() && !c.dump_dir.empty();
+    double loss = 0;
+    for (int64_t i = 0; i < c.samples; ++i) {
+      loader.batch(i, 1, tokens.data(), targets.data());
+      stage.capture_logits(i == 0 && dump ? &logits : nullptr);
+      stage.forward(0, tokens.data(), targets.data(), 0.0);
+      loss += stage.take_loss();
+      if (i == 0 && dump) {
+        npy_write(c.dump_dir + "/tokens.npy", tokens.data(), "<i4", {run.seq});
+        npy_write(c.dump_dir + "/logits.npy", logits.data(), "<f4", {run.seq, m.vocab});
+      }
     }
+    EvalLoss& part = r.parts.emplace_back();
+    part.data = e.path;
+    part.weight = e.weight;
+    part.tokens = c.samples * run.seq;
+    part.loss = loss / double(part.tokens);
+    r.tokens += part.tokens;
   }
-  r.tokens = c.samples * run.seq;
-  r.loss = loss / double(r.tokens);
-  fmt::print(log, "{} at step {}: {} loss {:.6f} nats/token over {} {} samples of {} tokens\n",
-             c.checkpoint, ck.manifest.step, m.summary(), r.loss, c.samples,
-             td.val ? "validation" : "training", run.seq);
+  // Every dataset gave the same number of tokens, so the token mean is the
+  // mean of the losses, and a blend's is their weighted mean.
+  double weights = 0;
+  for (const EvalLoss& p : r.parts) {
+    r.loss += p.weight * p.loss;
+    weights += p.weight;
+  }
+  r.loss /= weights;
+
+  const auto samples_of = [&](const EvalData& e) {
+    return fmt::format("{} {} samples of {} tokens", c.samples, e.data.val ? "validation" : "training",
+                       run.seq);
+  };
+  if (sets.size() == 1) {
+    fmt::print(log, "{} at step {}: {} loss {:.6f} nats/token, perplexity {:.4f}, over {}\n", c.checkpoint,
+               ck.manifest.step, m.summary(), r.loss, r.perplexity(), samples_of(sets[0]));
+    return r;
+  }
+  fmt::print(log, "{} at step {}: {}\n", c.checkpoint, ck.manifest.step, m.summary());
+  for (size_t i = 0; i < sets.size(); ++i) {
+    const EvalLoss& p = r.parts[i];
+    fmt::print(log, "  {}{}: loss {:.6f} nats/token, perplexity {:.4f}, over {}\n",
+               spec.blend() ? fmt::format("{} x ", p.weight) : "", p.data, p.loss, p.perplexity(),
+               samples_of(sets[i]));
+  }
+  fmt::print(log, "  overall: loss {:.6f} nats/token, perplexity {:.4f}, {}\n", r.loss, r.perplexity(),
+             spec.blend() ? "the parts' losses weighted by the blend" : "the mean over every token");
   return r;
 }
 

@@ -1,6 +1,14 @@
-// Evaluating a checkpoint: its mean loss on validation samples, and
-// optionally the logits of the first sample for comparison with another
-// implementation (tools/verify_export.py checks the Hugging Face export).
+// Evaluating a checkpoint: its mean loss and perplexity on validation
+// samples of one dataset or of each of several, and optionally the logits of
+// the first sample for comparison with another implementation
+// (tools/verify_export.py checks the Hugging Face export).
+//
+// Each dataset is read as a whole (its val split when it has one, else its
+// train split) with the fixed validation order (loader.h), `samples`
+// sequences each. The overall loss is the mean over every evaluated token;
+// for a blend (`--data 0.7 A 0.3 B`) it is the mean of the parts' losses
+// weighted by the blend's weights: the loss expected on the samples the
+// blend draws.
 #pragma once
 
 #include <cstdint>
@@ -12,16 +20,27 @@ namespace weft::trainer {
 
 struct EvalConfig {
   std::string checkpoint;  // checkpoint folder
-  std::string data;        // token file or folder; empty: the default corpus
-  int64_t samples = 64;    // validation sequences
+  std::vector<std::string> data;  // --data's items (data_spec.h); empty: the default corpus
+  int64_t samples = 64;    // validation sequences per dataset
   int64_t seq = 0;         // 0: the sequence length the checkpoint was trained with
-  std::string dump_dir;    // if set: tokens.npy (T) int32 and logits.npy (T, V) fp32 of sample 0
+  std::string dump_dir;    // if set: tokens.npy (T) int32 and logits.npy (T, V) fp32 of the first
+                           // dataset's sample 0
   int64_t threads = 0;
 };
 
-struct EvalResult {
-  double loss = 0;  // nats/token
+struct EvalLoss {
+  std::string data;  // the dataset's path
+  double weight = 1;  // its blend weight (1 outside a blend)
+  double loss = 0;    // nats/token
   int64_t tokens = 0;
+  double perplexity() const;
+};
+
+struct EvalResult {
+  std::vector<EvalLoss> parts;  // one per dataset
+  double loss = 0;              // overall, nats/token
+  int64_t tokens = 0;
+  double perplexity() const;
 };
 
 EvalResult evaluate(const EvalConfig& config, std::FILE* log);

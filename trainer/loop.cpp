@@ -76,12 +76,6 @@ void set_threads(int64_t threads) {
 }
 
 void check_trainable(const Layout& l, DeviceKind device) {
-  auto no = [&](const char* what) {
-    throw LayoutError(fmt::format("layout {}: {} is not supported by the trainer yet (the memory and "
-                                  "cost models and `weft tune --dry-run` cover it)",
-                                  l.to_string(), what));
-  };
-  if (l.zero >= 3 && l.dp > 1) no("ZeRO-3 parameter sharding");
   const bool gpu = device == DeviceKind::gpu;
   if (l.grad == GradPrecision::bf16 && !gpu)
     throw LayoutError(fmt::format("layout {}: grad:bf16 needs the GPU trainer; the CPU trainer computes and "
@@ -120,7 +114,7 @@ void on_every_rank(const TrainConfig& c, const char* what, F&& f) {
 // gradients in G (fp32, or bf16 under grad:bf16).
 template <typename Elem, typename G>
 TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t world,
-                     const std::string& data_path, data::TokenData data) {
+                     data::TokenData data) {
   // On a GPU the driver's count of used memory before the run, so the run's
   // own share (arena, CUDA context, cuBLAS and NCCL workspaces) can be shown.
   using R = Run<Elem, G>;
@@ -145,10 +139,15 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
                  .value_or("");
   std::optional<R> built;
   std::optional<checkpoint::Checkpoint> ck;
+  std::optional<checkpoint::Pretrained> init;
   on_every_rank(c, "building the run", [&] {
     built.emplace(c, std::move(data), reserved.get());
     if (!resume.empty()) ck.emplace(built->open(resume));
+    else if (!c.init.empty()) init.emplace(built->open_init(c.init));
   });
+  // Only now that every input has been checked: a run refused above leaves
+  // no trace in its folder.
+  fs::create_directories(c.out_dir);
   R& run = *built;
   TrainReport report;
   report.baseline = data::token_data_baseline(run.data);
@@ -160,7 +159,18 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
   int64_t done = 0;
   if (ck) {
     done = run.load(*ck);
-    fmt::print(log, "resumed from {} at step {}\n", resume, done);
+    fmt::print(log, "resumed from {} at step {}{}\n", resume, done,
+               c.init.empty() ? "" : " (--init applies to a run without checkpoints)");
+  } else if (init) {
+    run.init_from(*init);
+    const int64_t V = init->model.vocab, Vp = c.model.vocab;
+    fmt::print(log, "initialised from {}: step 0, fresh optimizer state and data position{}\n",
+               init->describe(),
+               Vp > V ? fmt::format("; vocabulary padded from {} to {}, rows {}..{} of the embedding{} "
+                                    "start as the mean of the pretrained rows",
+                                    V, Vp, V, Vp - 1, c.model.tied_embeddings ? " (tied head)" : " and head")
+                      : "");
+    init.reset();  // the stage holds its copy; unmap the files
   } else {
     run.init(c.seed);
   }
@@ -172,7 +182,7 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
              c.device.summary(), to_string(c.run.precision), c.layout.to_string());
   fmt::print(log, "data {}: {} train tokens, {} samples of {} tokens per step; unigram baseline "
                   "{:.4f} nats/token\n",
-             data_path, run.data.train->size(), c.run.global_batch, c.run.seq, report.baseline);
+             run.data.path, run.data.train->size(), c.run.global_batch, c.run.seq, report.baseline);
   fmt::print(log, "MFU is against the stated peak of {:.1f} GFLOP/s ({})\n", peak / 1e9,
              c.device.kind == DeviceKind::cpu ? "cores x clock x fp32 FMA lanes" : "dense bf16");
 
@@ -246,7 +256,11 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
       report.checkpoint = run.save(step, lr);
   }
   (void)t_start;
-  if (c.checkpoints && report.last_step > 0 && report.last_step >= report.first_step) {
+  // --steps 0 with --init: the loaded model itself, as a step-0 checkpoint
+  // to evaluate or export.
+  const bool trained = report.last_step > 0 && report.last_step >= report.first_step;
+  const bool imported = c.steps == 0 && !run.init_dir.empty() && !ck;
+  if (c.checkpoints && (trained || imported)) {
     report.checkpoint = run.save(report.last_step, lr);
     fmt::print(log, "{}checkpoint {}\n", report.interrupted ? "stopped early; " : "", report.checkpoint);
   }
@@ -297,7 +311,15 @@ TrainReport train(const TrainConfig& c, std::FILE* log_all) {
   // Only world rank 0 reports; the others write their progress nowhere.
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> devnull(std::fopen("/dev/null", "w"), &std::fclose);
   std::FILE* log = rank0 ? log_all : devnull.get();
-  if (c.steps < 1) throw InputError(fmt::format("--steps {} must be at least 1", c.steps));
+  if (c.steps < 1 && !(c.steps == 0 && !c.init.empty()))
+    throw InputError(fmt::format("--steps {} must be at least 1 (0 only with --init: it writes the loaded "
+                                 "model as a step-0 checkpoint)",
+                                 c.steps));
+  if (!c.init.empty() && !c.resume_from.empty())
+    throw InputError(fmt::format("--init {} starts a new run from pretrained weights and --resume-from {} "
+                                 "continues one; give one of them (--init with --resume continues the run "
+                                 "when it has a checkpoint and starts from --init when it has none)",
+                                 c.init, c.resume_from));
   const bool gpu = c.device.kind == DeviceKind::gpu;
   if (!gpu && c.run.precision != Precision::fp32)
     throw InputError(fmt::format("precision {}: the CPU trainer runs in fp32; pass --precision fp32 "
@@ -309,14 +331,12 @@ TrainReport train(const TrainConfig& c, std::FILE* log_all) {
   if (c.log_every < 1) throw InputError(fmt::format("--log-every {} must be at least 1", c.log_every));
   set_threads(c.threads);
 
-  const std::string data_path = c.data.empty() ? data::default_corpus_dir() : c.data;
-  data::TokenData data = data::token_data_open(data_path);
+  data::TokenData data = data::token_data_open(data::data_spec_or_corpus(c.data));
   if (!c.data_checked) data::token_data_validate(data, c.model.vocab, c.run.seq);
-  fs::create_directories(c.out_dir);
   if (gpu && c.layout.grad == GradPrecision::bf16)
-    return train_on<kernels::bf16, kernels::bf16>(c, log, rank0, world, data_path, std::move(data));
-  if (gpu) return train_on<kernels::bf16, float>(c, log, rank0, world, data_path, std::move(data));
-  return train_on<float, float>(c, log, rank0, world, data_path, std::move(data));
+    return train_on<kernels::bf16, kernels::bf16>(c, log, rank0, world, std::move(data));
+  if (gpu) return train_on<kernels::bf16, float>(c, log, rank0, world, std::move(data));
+  return train_on<float, float>(c, log, rank0, world, std::move(data));
 }
 
 

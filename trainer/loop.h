@@ -27,7 +27,7 @@ struct TrainConfig {
   OptimConfig optim;
   int64_t steps = 1000;
   uint64_t seed = 1234;
-  std::string data;             // token file or folder; empty: the default corpus
+  std::vector<std::string> data;  // --data's items (data_spec.h); empty: the default corpus
   bool data_checked = false;    // the caller ran token_data_validate on it already
   int64_t log_every = 10;
   int64_t eval_every = 100;     // 0: only at the end
@@ -38,6 +38,12 @@ struct TrainConfig {
   bool checkpoints = true;      // false: none at all (benchmarks, throwaway runs)
   bool resume = false;          // continue from the newest checkpoint in ckpt_dir
   std::string resume_from;      // or from this checkpoint folder
+  // Start from these pretrained weights (a Hugging Face model folder or a
+  // weft checkpoint; checkpoint/pretrained.h) at step 0 with a fresh optimizer
+  // and data position. With `resume`, only when ckpt_dir has no checkpoint
+  // yet, so a relaunched job continues instead of starting over. steps may
+  // then be 0: the loaded model is written as a step-0 checkpoint.
+  std::string init;
   int64_t threads = 0;          // 0: every core
   const std::atomic<bool>* stop = nullptr;  // set asynchronously: checkpoint and return
   // The rank's process groups (MPI); null: a single process.

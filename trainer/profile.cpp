@@ -165,8 +165,7 @@ TrialOutcome profile_layout(const ProfileConfig& pc, parallel::Comm& control, co
         cfg.groups = st->groups.get();
         cfg.watchdog = st->watchdog.get();
       }
-      const std::string data_path = cfg.data.empty() ? data::default_corpus_dir() : cfg.data;
-      data::TokenData data = data::token_data_open(data_path);
+      data::TokenData data = data::token_data_open(data::data_spec_or_corpus(cfg.data));
       auto build = [&]<typename R>(std::unique_ptr<R>& run) {
         run = std::make_unique<R>(cfg, std::move(data), &st->arena);
         run->init(cfg.seed);

@@ -53,6 +53,12 @@ struct Run {
   std::ofstream metrics;
   std::vector<int32_t> tokens, targets;
   std::unique_ptr<parallel::CommRequest> send_act, send_grad;
+  // Where the run's weights started (--init's folder; empty: from the seed)
+  // and the tokenizer's ids the model was pretrained with (-1: unknown),
+  // carried from --init or a resumed checkpoint into the checkpoints this run
+  // writes, and from there into `weft export`'s config.json.
+  std::string init_dir;
+  int64_t bos_token_id = -1, eos_token_id = -1;
 
   Run(const TrainConfig& cfg, data::TokenData d, memory::Arena* external = nullptr)
       : c(cfg),
@@ -210,6 +216,9 @@ struct Run {
                 {"seed", c.seed},
                 {"optim", c.optim}};
     if (data.meta.is_object() && data.meta.contains("tokenizer")) info.run["tokenizer"] = data.meta["tokenizer"];
+    if (!init_dir.empty()) info.run["init"] = init_dir;
+    info.bos_token_id = bos_token_id;
+    info.eos_token_id = eos_token_id;
     const std::string dir =
         (fs::path(c.ckpt_dir.empty() ? c.out_dir + "/checkpoints" : c.ckpt_dir) /
          checkpoint::checkpoint_dir_name(step)).string();
@@ -235,7 +244,26 @@ struct Run {
   // Loads weights, optimizer state and counters; returns the completed step.
   int64_t load(const checkpoint::Checkpoint& ck) {
     state_load(ck, stage, &optim);
+    init_dir = ck.manifest.run.value("init", std::string());
+    bos_token_id = ck.manifest.bos_token_id;
+    eos_token_id = ck.manifest.eos_token_id;
     return ck.manifest.step;
+  }
+
+  // Maps and validates pretrained weights (--init) for this run's model,
+  // communicating nothing.
+  checkpoint::Pretrained open_init(const std::string& dir) const {
+    auto p = checkpoint::pretrained_open(dir);
+    checkpoint::pretrained_check(p.model, c.model, dir);
+    return p;
+  }
+
+  // Starts the run from pretrained weights: step 0, a fresh optimizer.
+  void init_from(const checkpoint::Pretrained& p) {
+    state_init(p, stage, optim);
+    init_dir = p.dir;
+    bos_token_id = p.bos_token_id;
+    eos_token_id = p.eos_token_id;
   }
 };
 

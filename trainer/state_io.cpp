@@ -1,5 +1,6 @@
 #include "trainer/state_io.h"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -119,6 +120,8 @@ void state_save(const std::string& dir, LlamaStage<Elem, G>& stage, Optimizer<El
   man.model = m;
   man.run = info.run;
   man.run["nonfinite_total"] = opt.nonfinite_total();
+  man.bos_token_id = info.bos_token_id;
+  man.eos_token_id = info.eos_token_id;
   checkpoint::save_checkpoint(dir, model, state, man);
   g.world->barrier();
 }
@@ -143,10 +146,55 @@ void state_load(const checkpoint::Checkpoint& ck, LlamaStage<Elem, G>& stage,
   optim->restore(ck.manifest.optimizer.step, ck.manifest.run.value("nonfinite_total", int64_t{0}));
 }
 
+namespace {
+
+// The mean of the rows of a stored (rows, cols) tensor, accumulated in fp64:
+// (cols).
+std::vector<float> mean_row(const checkpoint::TensorRef& t) {
+  const int64_t rows = t.shape[0], cols = t.shape[1];
+  std::vector<double> sum(static_cast<size_t>(cols), 0.0);
+  std::vector<float> row(static_cast<size_t>(cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    checkpoint::tensor_read_f32_block(t, r, 1, 0, cols, row.data());
+    for (int64_t c = 0; c < cols; ++c) sum[size_t(c)] += row[size_t(c)];
+  }
+  std::vector<float> mean(static_cast<size_t>(cols));
+  for (int64_t c = 0; c < cols; ++c) mean[size_t(c)] = float(sum[size_t(c)] / double(rows));
+  return mean;
+}
+
+bool is_vocab_param(const ParamSpec& p) {
+  return p.name == checkpoint::hf_param_name(ParamKind::embed_tokens) ||
+         p.name == checkpoint::hf_param_name(ParamKind::lm_head);
+}
+
+}  // namespace
+
+template <typename Elem, typename G>
+void state_init(const checkpoint::Pretrained& src, LlamaStage<Elem, G>& stage, Optimizer<Elem, G>& optim) {
+  checkpoint::pretrained_check(src.model, stage.model(), src.dir);
+  const int64_t V = src.model.vocab;
+  std::vector<float> w(size_t(stage.param_elements()));
+  for (const auto& p : stage.params().specs) {
+    const checkpoint::TensorRef& t = src.param(p.name);
+    float* dst = w.data() + p.offset;
+    // Only the embedding and the head have vocabulary rows beyond V, and tp
+    // splits them by rows: this rank's block may lie past V or straddle it.
+    const int64_t stored = is_vocab_param(p) ? std::clamp<int64_t>(V - p.row_begin, 0, p.local_rows) : p.local_rows;
+    if (stored > 0) checkpoint::tensor_read_f32_block(t, p.row_begin, stored, p.col_begin, p.local_cols, dst);
+    if (stored == p.local_rows) continue;
+    const std::vector<float> mean = mean_row(t);
+    for (int64_t r = stored; r < p.local_rows; ++r)
+      std::copy_n(mean.data() + p.col_begin, p.local_cols, dst + r * p.local_cols);
+  }
+  optim.weights_set(w);
+}
+
 // The stage types a run trains: CPU fp32, and bf16 with fp32 or bf16 gradients.
 #define WEFT_STATE_IO(E, G)                                                                          \
   template void state_save(const std::string&, LlamaStage<E, G>&, Optimizer<E, G>&, const SaveInfo&); \
-  template void state_load<E, G>(const checkpoint::Checkpoint&, LlamaStage<E, G>&, Optimizer<E, G>*);
+  template void state_load<E, G>(const checkpoint::Checkpoint&, LlamaStage<E, G>&, Optimizer<E, G>*); \
+  template void state_init(const checkpoint::Pretrained&, LlamaStage<E, G>&, Optimizer<E, G>&);
 WEFT_STATE_IO(float, float)
 WEFT_STATE_IO(kernels::bf16, float)
 WEFT_STATE_IO(kernels::bf16, kernels::bf16)

@@ -1,12 +1,15 @@
 // Between a model stage and checkpoint folders: gathers what a rank holds
 // into the full Hugging Face tensors a checkpoint stores, and slices them back
-// into the rank's shards on load, so a checkpoint loads under any layout.
+// into the rank's shards on load, so a checkpoint loads under any layout; and
+// slices pretrained weights (a Hugging Face folder or a checkpoint) into a
+// new run's stage the same way.
 #pragma once
 
 #include <string>
 #include <type_traits>
 
 #include "trainer/checkpoint/checkpoint.h"
+#include "trainer/checkpoint/pretrained.h"
 #include "trainer/optim/optimizer.h"
 
 namespace weft::trainer {
@@ -17,6 +20,8 @@ struct SaveInfo {
   uint64_t seed = 0;
   double lr = 0;
   nlohmann::json run = nlohmann::json::object();
+  int64_t bos_token_id = -1;  // -1: unknown
+  int64_t eos_token_id = -1;
 };
 
 // Writes weights and Adam state as a checkpoint folder at `dir`, in fp32: a
@@ -34,5 +39,28 @@ void state_save(const std::string& dir, LlamaStage<Elem, G>& stage, Optimizer<El
 template <typename Elem, typename G>
 void state_load(const checkpoint::Checkpoint& ck, LlamaStage<Elem, G>& stage,
                 std::type_identity_t<Optimizer<Elem, G>>* optim);
+
+// Pretrained weights as the start of a new run: this rank's slices of them,
+// widened to fp32 from their stored dtype and rounded once to Elem (a bf16
+// stage keeps the fp32 values as its master). The optimizer keeps the state
+// it was built with: zero moments and no updates, so the run starts at step 0.
+//
+// Where the run's vocabulary is larger than the pretrained one (--vocab pads
+// it, e.g. to a multiple of tp), every extra row of the embedding and of an
+// untied head starts as the mean of the pretrained rows. A padded id's logit
+// is then the mean of the real ids' logits, so by Jensen (exp(mean) <= mean
+// exp) the padding adds at most log(1 + pad / V) nats to the starting loss,
+// whatever the hidden state; zero rows would give logit 0, which may exceed
+// every real logit. Rows of ids the data never uses get no gradient through
+// the embedding and learn to fall in the head; ids it does use (tokens added
+// to the tokenizer) start from the average token. This is the mean
+// initialisation of transformers' resize_token_embeddings without its random
+// part, so that every layout starts from the same model.
+//
+// Throws InputError when the pretrained model differs from the stage's
+// (pretrained_check).
+template <typename Elem, typename G>
+void state_init(const checkpoint::Pretrained& src, LlamaStage<Elem, G>& stage,
+                Optimizer<Elem, G>& optim);
 
 }  // namespace weft::trainer

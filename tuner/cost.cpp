@@ -376,8 +376,11 @@ CostBreakdown predict(const ModelSpec& m, const RunSpec& run, const Layout& l,
   // last micro-batch's backward finishes it, beside the backward of the
   // groups below; ZeRO-2 reduce-scatters each group of every micro-batch (m
   // times the bytes) beside the backward of the next group, so only the last
-  // micro-batch's last group is exposed. ZeRO-3 (not trained yet) is
-  // modelled as overlapped.
+  // micro-batch's last group is exposed. ZeRO-3 also gathers each group's
+  // weights before its forward and again before its backward, every
+  // micro-batch, priced as FSDP overlaps them (the public runs the GPU
+  // profiles are fitted to); weft's trainer gathers in order on the stage's
+  // stream (on the CPU, blocking), which the profiler measures.
   double tail_share = 1;  // of the exposed tail: the last micro-batch's under ZeRO-2
   switch (l.zero) {
     case 0:

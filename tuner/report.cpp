@@ -1,10 +1,14 @@
 #include "tuner/report.h"
 
+#include <algorithm>
+#include <unordered_map>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/units.h"
+#include "trainer/loop.h"
 
 namespace weft::tuner {
 
@@ -71,38 +75,108 @@ std::string breakdown(const Candidate& c, const ReportContext& ctx) {
   return s;
 }
 
+// One row of a ranked table: a fitting layout and the attention kinds
+// predicted exactly alike with it (weft's flash and cuDNN's fused attention
+// are priced alike; the profiler tells them apart), and why the trainer
+// cannot run it yet, if it cannot.
+struct Row {
+  const Candidate* c;
+  std::vector<AttentionKind> kinds;
+  std::string untrainable;
+  std::string layout() const {
+    std::string text = c->layout.to_string();
+    if (kinds.size() < 2) return text;
+    std::string alts;
+    for (auto k : kinds) alts += std::string(alts.empty() ? "" : "|") + to_string(k);
+    const std::string from = std::string("attn:") + to_string(c->layout.attention);
+    return text.replace(text.find(from), from.size(), "attn:" + alts);
+  }
+};
+
+std::vector<Row> ranked_rows(const SpaceReport& r, const ReportContext& ctx, int64_t top) {
+  // Twins have the same step, so they sit together in the ranking, except
+  // the least-memory layout that the tie rule moved to the front: every
+  // fitting layout is looked up, and joins its twin's row if it has one.
+  auto key = [](const Candidate& c) {
+    Layout l = c.layout;
+    l.attention = AttentionKind::flash;
+    return fmt::format("{} {:a}", l.to_string(), c.cost.step);
+  };
+  std::vector<Row> rows;
+  std::unordered_map<std::string, size_t> row_of;
+  for (const auto& c : r.candidates) {
+    if (c.verdict != Verdict::fits) break;
+    const std::string k = key(c);
+    if (auto it = row_of.find(k); it != row_of.end()) {
+      rows[it->second].kinds.push_back(c.layout.attention);
+      continue;
+    }
+    if (int64_t(rows.size()) >= top) continue;
+    Row row{&c, {c.layout.attention}, {}};
+    try {
+      trainer::check_trainable(c.layout, ctx.cluster.device.kind);
+    } catch (const LayoutError& e) {
+      // The reason, without the "layout <text>: " it starts with.
+      const std::string what = e.what(), prefix = "layout " + c.layout.to_string() + ": ";
+      row.untrainable = what.rfind(prefix, 0) == 0 ? what.substr(prefix.size()) : what;
+    }
+    row_of.emplace(k, rows.size());
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+// The rules behind the order, and what a mark means.
+std::string table_notes(const std::vector<Row>& rows, double tie) {
+  std::string s = fmt::format(
+      "  order: predicted step time; of the layouts within {:g}% of the fastest, the one with the least memory "
+      "comes first (the model cannot tell them apart). Kinds joined by | are predicted alike.\n",
+      100 * tie);
+  for (const auto& row : rows)
+    if (!row.untrainable.empty()) {
+      s += "  * the trainer cannot run this layout yet: " + row.untrainable + "\n";
+      break;
+    }
+  return s;
+}
+
+// When nothing fits: the layout that misses by the least memory.
+const Candidate* nearest_to_fitting(const SpaceReport& r) {
+  const Candidate* best = nullptr;
+  for (const auto& c : r.candidates)
+    if (c.verdict == Verdict::out_of_memory && (!best || c.memory.peak() < best->memory.peak())) best = &c;
+  return best;
+}
+
 }  // namespace
 
 std::string report_table(const SpaceReport& r, const ReportContext& ctx, int64_t top) {
   std::string s = header(r, ctx) + "\n";
-  s += fmt::format("{:>4}  {:<70} {:>16} {:>10} {:>11} {:>10} {:>6}\n", "rank", "layout",
+  s += fmt::format("{:>4}  {:<78} {:>16} {:>10} {:>11} {:>10} {:>6}\n", "rank", "layout",
                    "mem GiB (worst)", "step", "tokens/s", "TFLOP/s/dev", "MFU");
-  int64_t shown = 0;
-  for (const auto& c : r.candidates) {
-    if (c.verdict != Verdict::fits || shown >= top) break;
-    ++shown;
-    s += fmt::format("{:>4}  {:<70} {:>7.1f} / {:<6.1f} {:>10} {:>11.0f} {:>10.1f} {:>5.1f}%\n",
-                     shown, c.layout.to_string(), gib(c.memory.peak()), gib(c.memory.usable),
-                     format_seconds(c.cost.step), c.cost.tokens_per_second,
+  const auto rows = ranked_rows(r, ctx, top);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Candidate& c = *rows[i].c;
+    s += fmt::format("{:>4}  {:<78} {:>7.1f} / {:<6.1f} {:>10} {:>11.0f} {:>10.1f} {:>5.1f}%\n", i + 1,
+                     rows[i].layout() + (rows[i].untrainable.empty() ? "" : " *"), gib(c.memory.peak()),
+                     gib(c.memory.usable), format_seconds(c.cost.step), c.cost.tokens_per_second,
                      c.cost.model_flops_per_gpu / 1e12, 100 * c.cost.mfu);
   }
-  if (shown == 0) s += "  (no layout fits; see the pruning reasons below)\n";
+  if (rows.empty()) s += "  (no layout fits; see the pruning reasons below)\n";
+  else s += table_notes(rows, ctx.tie);
   s += "\npruned by reason:\n";
   if (r.pruned.empty()) s += "  (none)\n";
   for (const auto& [why, n] : r.pruned) s += fmt::format("  {:>8}  {}\n", n, why);
   if (!r.candidates.empty() && r.candidates.front().verdict == Verdict::fits) {
-    s += "\n" + breakdown(r.candidates.front(), ctx);
-  } else {
-    for (const auto& c : r.candidates)
-      if (c.verdict == Verdict::out_of_memory) {
-        s += fmt::format("\nclosest layout: {}\n  {}\n", c.layout.to_string(), c.reason);
-        break;
-      }
+    s += '\n';
+    s += breakdown(r.candidates.front(), ctx);
+  } else if (const Candidate* c = nearest_to_fitting(r)) {
+    s += fmt::format("\nnearest to fitting: {}\n  {}\n", c->layout.to_string(), c->reason);
   }
   return s;
 }
 
-nlohmann::json report_json(const SpaceReport& r, const ReportContext& ctx) {
+nlohmann::json report_json(const SpaceReport& r, const ReportContext& ctx, int64_t top) {
   nlohmann::json j;
   j["model"] = ctx.model;
   j["run"] = ctx.run;
@@ -115,7 +189,9 @@ nlohmann::json report_json(const SpaceReport& r, const ReportContext& ctx) {
   j["seconds"] = r.seconds;
   auto& rows = j["layouts"] = nlohmann::json::array();
   int64_t rank = 0;
+  j["listed"] = std::min<int64_t>(top, int64_t(r.candidates.size()));
   for (const auto& c : r.candidates) {
+    if (int64_t(rows.size()) >= top) break;
     nlohmann::json row{{"layout", c.layout.to_string()}, {"verdict", to_string(c.verdict)}};
     if (c.verdict == Verdict::fits) row["rank"] = ++rank;
     if (!c.reason.empty()) row["reason"] = c.reason;
@@ -138,13 +214,14 @@ nlohmann::json report_json(const SpaceReport& r, const ReportContext& ctx) {
   return j;
 }
 
-std::string report_csv(const SpaceReport& r, const ReportContext& ctx) {
+std::string report_csv(const SpaceReport& r, const ReportContext& ctx, int64_t top) {
   (void)ctx;
   std::string s =
       "rank,layout,verdict,reason,peak_bytes,usable_bytes,step_s,tokens_per_s,model_tflops_per_dev,"
       "mfu,compute_s,recompute_s,tp_comm_s,pp_bubble_s,pp_p2p_s,dp_comm_s,optimizer_s\n";
-  int64_t rank = 0;
+  int64_t rank = 0, listed = 0;
   for (const auto& c : r.candidates) {
+    if (listed++ >= top) break;
     std::string reason = c.reason;
     for (char& ch : reason)
       if (ch == '"') ch = '\'';
@@ -168,19 +245,24 @@ std::string report_md(const SpaceReport& r, const ReportContext& ctx, int64_t to
   std::string s = "# weft dry-run tuning report\n\n```\n" + header(r, ctx) + "```\n\n";
   s += "| rank | layout | memory (worst stage) | step | tokens/s | TFLOP/s/dev | MFU |\n";
   s += "|---:|---|---:|---:|---:|---:|---:|\n";
-  int64_t rank = 0;
-  for (const auto& c : r.candidates) {
-    if (c.verdict != Verdict::fits || rank >= top) break;
-    ++rank;
-    s += fmt::format("| {} | `{}` | {:.1f} / {:.1f} GiB | {} | {:.0f} | {:.1f} | {:.1f}% |\n", rank,
-                     c.layout.to_string(), gib(c.memory.peak()), gib(c.memory.usable),
-                     format_seconds(c.cost.step), c.cost.tokens_per_second,
+  const auto rows = ranked_rows(r, ctx, top);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Candidate& c = *rows[i].c;
+    s += fmt::format("| {} | `{}`{} | {:.1f} / {:.1f} GiB | {} | {:.0f} | {:.1f} | {:.1f}% |\n", i + 1,
+                     rows[i].layout(), rows[i].untrainable.empty() ? "" : " \\*", gib(c.memory.peak()),
+                     gib(c.memory.usable), format_seconds(c.cost.step), c.cost.tokens_per_second,
                      c.cost.model_flops_per_gpu / 1e12, 100 * c.cost.mfu);
+  }
+  if (!rows.empty()) {
+    s += '\n';
+    s += table_notes(rows, ctx.tie);
   }
   s += "\n## Pruned\n\n| layouts | reason |\n|---:|---|\n";
   for (const auto& [why, n] : r.pruned) s += fmt::format("| {} | {} |\n", n, why);
   if (!r.candidates.empty() && r.candidates.front().verdict == Verdict::fits)
     s += "\n## Best layout\n\n```\n" + breakdown(r.candidates.front(), ctx) + "```\n";
+  else if (const Candidate* c = nearest_to_fitting(r))
+    s += fmt::format("\n## Nearest to fitting\n\n`{}`: {}\n", c->layout.to_string(), c->reason);
   return s;
 }
 
@@ -188,8 +270,8 @@ std::string report_render(ReportFormat f, const SpaceReport& r, const ReportCont
                           int64_t top) {
   switch (f) {
     case ReportFormat::table: return report_table(r, ctx, top);
-    case ReportFormat::json: return report_json(r, ctx).dump(1) + "\n";
-    case ReportFormat::csv: return report_csv(r, ctx);
+    case ReportFormat::json: return report_json(r, ctx, top).dump(1) + "\n";
+    case ReportFormat::csv: return report_csv(r, ctx, top);
     case ReportFormat::md: return report_md(r, ctx, top);
   }
   return {};

@@ -16,17 +16,23 @@ struct ReportContext {
   ClusterSpec cluster;
   CostConstants constants;
   memory::MemoryOptions memory;
+  double tie = 0.01;  // evaluate()'s tie rule: within this fraction of the fastest, less memory first
 };
 
 enum class ReportFormat { table, json, csv, md };
 ReportFormat report_format_parse(const std::string& s);
 
-// The top `top` fitting layouts, the pruning summary and the best layout's
-// memory and time breakdown.
+// The top `top` fitting layouts (layouts predicted alike but for the
+// attention kind share a row; a * marks those the trainer cannot run yet),
+// the rule behind their order, the pruning summary and the best layout's
+// memory and time breakdown (or, when nothing fits, the layout nearest to
+// fitting).
 std::string report_table(const SpaceReport& r, const ReportContext& ctx, int64_t top);
-// Every layout with its verdict, memory, predictions and pruning reason.
-nlohmann::json report_json(const SpaceReport& r, const ReportContext& ctx);
-std::string report_csv(const SpaceReport& r, const ReportContext& ctx);
+// The first `top` layouts (fitting ones by rank, then the pruned ones) with
+// their verdict, memory, predictions and pruning reason; every layout with
+// top = the count (`--all`).
+nlohmann::json report_json(const SpaceReport& r, const ReportContext& ctx, int64_t top);
+std::string report_csv(const SpaceReport& r, const ReportContext& ctx, int64_t top);
 std::string report_md(const SpaceReport& r, const ReportContext& ctx, int64_t top);
 
 std::string report_render(ReportFormat f, const SpaceReport& r, const ReportContext& ctx,

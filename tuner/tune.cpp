@@ -108,6 +108,7 @@ std::string share_text(parallel::Comm& control, const std::string& text) {
   int64_t n = int64_t(text.size());
   control.broadcast(&n, 1, 0);
   std::vector<int64_t> words(size_t((n + 7) / 8), 0);
+  if (n == 0) return {};  // nothing to send (and memcpy from an empty vector's null data is undefined)
   if (control.rank() == 0) std::memcpy(words.data(), text.data(), size_t(n));
   control.broadcast(words.data(), int64_t(words.size()), 0);
   return std::string(reinterpret_cast<const char*>(words.data()), size_t(n));

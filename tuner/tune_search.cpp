@@ -263,7 +263,10 @@ void Search::record(const TrialRecord& t) {
     peak_of_[text] = std::max(peak_of_[text], t.measured_peak);
     refit(false);
   }
-  std::string line = fmt::format("[{}/{}] {:<58} ", t.order, limit_, text);
+  // Confirmations come after the profiled trials: they are counted apart,
+  // so the counter never reads past its total.
+  std::string line = t.repeat ? fmt::format("[again {}] {:<58} ", confirmed_.size(), text)
+                              : fmt::format("[{}/{}] {:<58} ", profiled_, limit_, text);
   if (ok)
     line += fmt::format("{} /step (predicted {}) | {:.0f} tok/s | MFU {:.2f}%", format_seconds(t.measured_s),
                         format_seconds(t.calibrated_s), t.tokens_per_s, 100 * t.mfu);

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "../unit/data/data_test_util.h"
 #include "../unit/test_util.h"
 #include "cli_runner.h"
 
@@ -40,6 +41,33 @@ TEST(CliData, PrepareThenInfo) {
   for (const char* s :
        {"byte tokenizer", "weft .tok", "windows of 16 + 1", "every token id is below 256"})
     EXPECT_NE(r.out.find(s), std::string::npos) << "missing '" << s << "' in\n" << r.out;
+}
+
+TEST(CliData, PrepareMegatronThenInfoByFolderPrefixAndBlend) {
+  TempDir dir;
+  const auto a = dir.file("a.txt", fortune_text(50));
+  const auto out = dir.path("m");
+  auto r = run_weft("data prepare --format megatron --input " + a + " --out " + out + " --val-fraction 0.1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* s : {"train.bin/.idx", "val.bin/.idx", "50 documents"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << "missing '" << s << "' in\n" << r.out;
+  for (const char* f : {"train.bin", "train.idx", "val.bin", "val.idx"})
+    EXPECT_TRUE(std::filesystem::exists(out + "/" + f)) << f;
+
+  r = run_weft("data info " + out + " --seq 16");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* s : {"byte tokenizer", "Megatron .bin/.idx", "sequences in", "documents)", "windows of 16 + 1",
+                        "every token id is below 256"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << "missing '" << s << "' in\n" << r.out;
+  // The prefix, either file, and --data name the same dataset.
+  for (const std::string& p : {out + "/train", out + "/train.bin", out + "/train.idx"}) {
+    r = run_weft("data info --data " + p + " --vocab 256");
+    ASSERT_EQ(r.code, 0) << p << "\n" << r.out;
+    EXPECT_NE(r.out.find("Megatron .bin/.idx '" + out + "/train'"), std::string::npos) << r.out;
+  }
+  r = run_weft("data info 0.7 " + out + " 0.3 " + out + "/val --seq 8");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("blend of 0.7 x Megatron"), std::string::npos) << r.out;
 }
 
 TEST(CliData, DefaultCorpusIntoTheCache) {
@@ -114,6 +142,13 @@ TEST(CliData, BadInputIsOneClearLineAndExitTwo) {
   const auto taken = dir.file("taken/keep.txt", "mine");
   const auto tok = dir.path("d");
   ASSERT_EQ(run_weft("data prepare --input " + text + " --out " + tok).code, 0);
+  // A Megatron pair with a wrong magic, and one whose .idx has lost a byte.
+  ASSERT_EQ(run_weft("data prepare --format megatron --input " + text + " --out " + dir.path("m")).code, 0);
+  std::string idx = file_bytes(dir.path("m/train.idx"));
+  dir.file("magic.bin", file_bytes(dir.path("m/train.bin")));
+  dir.file("magic.idx", "X" + idx.substr(1));
+  dir.file("short.bin", file_bytes(dir.path("m/train.bin")));
+  dir.file("short.idx", idx.substr(0, idx.size() - 1));
   const std::vector<BadInput> cases = {
       {"data prepare --out " + out, {"no input files"}},
       {"data prepare --input " + dir.path("nope.txt") + " --out " + out,
@@ -134,6 +169,11 @@ TEST(CliData, BadInputIsOneClearLineAndExitTwo) {
       {"data info " + tok + " --vocab 50", {"token id", "vocab [0, 50)"}},
       {"data info " + tok + " --seq 100000", {"sequence length 100000", "100001"}},
       {"data", {"subcommand"}},
+      {"data info " + dir.path("magic"), {"magic.idx", "not a Megatron index"}},
+      {"data info " + dir.path("short.bin"), {"short.idx", "bytes"}},
+      {"data info 0.5 " + tok + " 0.5", {"no path"}},
+      {"data info 0.5 " + tok + " heavy " + tok, {"weight 'heavy'"}},
+      {"data prepare --input " + text + " --out " + out + " --format arrow", {"--format 'arrow'", "megatron"}},
   };
   for (const auto& c : cases) {
     const auto r = run_weft(c.args);

@@ -121,6 +121,61 @@ TEST(CliTrain, SigintSavesACheckpointAndExits) {
   EXPECT_TRUE(fs::exists(out + "/checkpoints" + name + "/manifest.json")) << name;
 }
 
+// The same text prepared as Megatron .bin/.idx trains exactly as weft's .tok
+// does; a blend of the two trains, resumes bit-identically, and `weft eval`
+// reports each dataset and the whole.
+TEST(CliTrain, MegatronDataAndBlendsTrainResumeAndEvaluate) {
+  TempDir dir;
+  const auto data = corpus(dir);
+  const auto r0 = run_weft("data prepare --input " + dir.path("corpus.txt") + " --out " + dir.path("mdata") +
+                           " --val-fraction 0.1 --format megatron");
+  ASSERT_EQ(r0.code, 0) << r0.out;
+  const auto mdata = dir.path("mdata");
+  const std::string steps = kSmall + " --steps 4 --warmup 2";
+  auto r = run_weft("train --data " + data + steps + " --out " + dir.path("tok"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = run_weft("train --data " + mdata + steps + " --out " + dir.path("meg"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(losses(dir.path("meg/metrics.jsonl")), losses(dir.path("tok/metrics.jsonl")));
+
+  const std::string blend = " --data 0.7 " + mdata + "/train 0.3 " + data;
+  r = run_weft("train" + blend + steps + " --ckpt-every 2 --out " + dir.path("a"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("data 0.7 " + mdata + "/train 0.3 " + data), std::string::npos) << r.out;
+  r = run_weft("train" + blend + steps + " --resume-from " + dir.path("a/checkpoints/step_000002") + " --out " +
+               dir.path("b"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto a = losses(dir.path("a/metrics.jsonl"));
+  const auto b = losses(dir.path("b/metrics.jsonl"));
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), 2u);
+  EXPECT_EQ(b[0], a[2]);
+  EXPECT_EQ(b[1], a[3]);
+  EXPECT_NE(a, losses(dir.path("tok/metrics.jsonl")));
+
+  const auto ckpt = dir.path("a/checkpoints/step_000004");
+  r = run_weft("eval --checkpoint " + ckpt + " --samples 3 --data " + mdata + " " + data);
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const std::string& s : std::vector<std::string>{"  " + mdata + ": loss ", "  " + data + ": loss ", "overall: loss ", "perplexity",
+                              "3 validation samples of 32 tokens", "the mean over every token"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << "missing '" << s << "' in\n" << r.out;
+  // The two hold the same validation tokens, so their losses agree.
+  const auto loss_of = [&](const std::string& out, const std::string& label) {
+    const auto at = out.find(label + ": loss ");
+    return at == std::string::npos ? -1.0 : std::stod(out.substr(at + label.size() + 7));
+  };
+  EXPECT_GT(loss_of(r.out, "  " + mdata), 0);
+  EXPECT_EQ(loss_of(r.out, "  " + mdata), loss_of(r.out, "  " + data));
+  r = run_weft("eval --checkpoint " + ckpt + " --samples 3 --data 0.25 " + mdata + "/train 0.75 " + data);
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const std::string& s : std::vector<std::string>{"0.25 x " + mdata + "/train: loss", "0.75 x " + data + ": loss", "3 training samples",
+                              "weighted by the blend"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << "missing '" << s << "' in\n" << r.out;
+  const double overall = loss_of(r.out, "overall");
+  EXPECT_NEAR(overall, 0.25 * loss_of(r.out, "0.25 x " + mdata + "/train") + 0.75 * loss_of(r.out, "0.75 x " + data),
+              2e-6);
+}
+
 TEST(CliTrain, BadInputIsOneClearLineAndNothingIsOverwritten) {
   TempDir dir;
   const auto data = corpus(dir);
@@ -131,6 +186,12 @@ TEST(CliTrain, BadInputIsOneClearLineAndNothingIsOverwritten) {
   const auto size_before = fs::file_size(ckpt + "/model.safetensors");
 
   const auto empty = dir.file("empty.tok", "");
+  // A Megatron pair whose .bin has two bytes more than its .idx describes.
+  ASSERT_EQ(run_weft("data prepare --input " + dir.path("corpus.txt") + " --out " + dir.path("mdata") +
+                     " --format megatron").code, 0);
+  fs::copy(dir.path("mdata/train.idx"), dir.path("broken.idx"));
+  fs::copy(dir.path("mdata/train.bin"), dir.path("broken.bin"));
+  std::ofstream(dir.path("broken.bin"), std::ios::app | std::ios::binary) << "xx";
   const auto tiny_text = dir.file("tiny.txt", "hello there\n");
   ASSERT_EQ(run_weft("data prepare --input " + tiny_text + " --out " + dir.path("tinydata") +
                      " --val-fraction 0").code, 0);
@@ -147,6 +208,12 @@ TEST(CliTrain, BadInputIsOneClearLineAndNothingIsOverwritten) {
   };
   const std::vector<Case> cases = {
       {"--data " + dir.path("missing"), {"missing"}},
+      {"--data " + dir.path("broken"), {"broken.bin", "broken.idx", "bytes"}},
+      {"--data 0.7 " + data + " x " + data, {"weight 'x'", "not a number"}},
+      {"--data 0.7 " + data + " -0.3 " + data, {"weight -0.3", ">= 0"}},
+      {"--data 0 " + data + " 0 " + data, {"summing to 0"}},
+      {"--data 0.7 " + data + " 0.3", {"no path"}},
+      {"--data 1 " + data + " 1 " + dir.path("tinydata") + " --seq 64", {"sequence length 64", "tinydata"}},
       {"--data " + empty, {"empty"}},
       {"--data " + data + " --model tiny-test", {"vocab", "96"}},
       {"--data " + dir.path("tinydata") + " --seq 4096", {"4096"}},

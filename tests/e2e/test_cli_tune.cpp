@@ -24,7 +24,7 @@ TEST(CliTune, ReadmeDryRunReport) {
 
 TEST(CliTune, MachineFormatsListEveryLayout) {
   TempDir dir;
-  const std::string common = "tune --dry-run --model llama-7b --gpu h100 --gpus 16 --mb 1,2 --tp 1,2,4";
+  const std::string common = "tune --dry-run --model llama-7b --gpu h100 --gpus 16 --mb 1,2 --tp 1,2,4 --all";
   auto r = run_weft(common + " --format json --out " + dir.path("r.json"));
   ASSERT_EQ(r.code, 0) << r.out;
   std::ifstream in(dir.path("r.json"));
@@ -37,6 +37,40 @@ TEST(CliTune, MachineFormatsListEveryLayout) {
   r = run_weft(common + " --format md");
   ASSERT_EQ(r.code, 0);
   EXPECT_NE(r.out.find("| rank | layout |"), std::string::npos);
+}
+
+TEST(CliTune, TopIsHonouredEverywhereAndTheTableExplainsItself) {
+  const std::string common = "tune --dry-run --model llama-13b --gpu h100 --gpus 64 --top 3";
+  auto r = run_weft(common + " --format json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["layouts"].size(), 3u);
+  r = run_weft(common + " --format csv");
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 4);
+  // Flash and cuDNN attention are predicted alike: one row lists both kinds;
+  // the order's rule is stated; ZeRO-3 layouts are marked.
+  r = run_weft("tune --dry-run --model llama-13b --gpu h100 --gpus 64 --top 40");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("attn:flash|cudnn"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("-attn:cudnn-"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("order: predicted step time"), std::string::npos) << r.out;
+  // bf16 gradients priced for CPU ranks: the CPU trainer computes in fp32.
+  r = run_weft("tune --dry-run --model tiny --gpu cpu --gpus 2 --precision bf16 --grad bf16 --top 3");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("-grad:bf16 *"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("the trainer cannot run this layout yet: grad:bf16 needs the GPU trainer"),
+            std::string::npos)
+      << r.out;
+}
+
+TEST(CliTune, NothingFitsPointsAtTheNearestLayout) {
+  const auto r = run_weft("tune --dry-run --model llama-65b --gpu a100-40gb --gpus 8 --global-batch 8");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto at = r.out.find("nearest to fitting: ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  // The one that needs the least memory: micro-batch 1, every layer recomputed.
+  const std::string line = r.out.substr(at, r.out.find('\n', at) - at);
+  EXPECT_NE(line.find("mb1-"), std::string::npos) << line;
+  EXPECT_NE(line.find("ckpt:full-"), std::string::npos) << line;
 }
 
 TEST(CliTune, OneExplicitLayout) {

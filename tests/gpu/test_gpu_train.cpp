@@ -55,7 +55,7 @@ const std::string& corpus() {
 
 TrainConfig config(const std::string& out, bool gpu, const Layout& layout) {
   TrainConfig c;
-  c.data = corpus();
+  c.data = {corpus()};
   c.model = model_preset("tiny");
   c.run = RunSpec{128, 8, gpu ? Precision::bf16 : Precision::fp32};
   c.layout = layout;

@@ -1,5 +1,5 @@
 // Layout parity with real mpirun processes: a tiny GQA Llama trained 5 steps
-// from the same seed and data under many layouts (tp, sp, pp 1F1B and interleaved, dp, ZeRO-1 and 2,
+// from the same seed and data under many layouts (tp, sp, pp 1F1B and interleaved, dp, ZeRO-1, 2 and 3,
 // micro-batch 1 and 2, checkpointing modes, attention and norm variants) on 1, 2, 4 and 8
 // ranks must give the single-rank losses within a relative 1e-5 (fp32). Every
 // rank's arena peaks must match the memory model's prediction for its stage
@@ -112,6 +112,12 @@ TEST(LayoutParity, LossesMatchTheSingleRankRunAndMemoryMatchesTheModel) {
       "tp1-pp1-dp2-mb2-zero2",
       "tp2-pp2-dp2-mb1-vpp2-sp-zero2",
       "tp1-pp1-dp4-mb1-zero2-ckpt:full",
+      "tp1-pp1-dp2-mb2-zero3",
+      "tp2-pp2-dp2-mb1-sp-zero3",
+      "tp1-pp2-dp4-mb1-zero3-ckpt:full",
+      "tp1-pp4-dp2-mb1-vpp2-zero3",
+      "tp2-pp1-dp2-mb1-zero3-ckpt:selective-attn:materialized-norm:unfused",
+      "tp1-pp1-dp4-mb1-zero3-ckpt:ffn",
   };
   std::string table = fmt::format("{:<52} {:>5} {:>12} {:>14}\n", "layout", "ranks", "max rel dev",
                                   "worst mem dev");
@@ -141,14 +147,16 @@ TEST(LayoutParity, LossesMatchTheSingleRankRunAndMemoryMatchesTheModel) {
 
 // Tied embeddings: over several stages the first stage's table and the last
 // stage's head copy are kept equal by summing their gradients, on the
-// reduced shards under ZeRO-1 and -2; on one stage under ZeRO-2 the head's
-// part of the table's gradient is reduced as a group of its own.
+// reduced shards under ZeRO-1, -2 and -3; on one stage under ZeRO-2 and -3
+// the head's part of the table's gradient is reduced as a group of its own,
+// and under ZeRO-3 the head gathers the table with the final norm.
 TEST(LayoutParity, TiedEmbeddings) {
   Fixture f(/*tied=*/true);
   const auto ref = f.train("tp1-pp1-dp1-mb2", f.dir.path("ref"));
   ASSERT_EQ(ref.size(), 5u);
   for (const char* layout : {"tp1-pp2-dp1-mb1", "tp2-pp2-dp2-mb1-sp-zero1", "tp1-pp4-dp1-mb1-vpp2",
-                             "tp1-pp1-dp2-mb1-zero2", "tp2-pp2-dp2-mb1-sp-zero2"}) {
+                             "tp1-pp1-dp2-mb1-zero2", "tp2-pp2-dp2-mb1-sp-zero2", "tp1-pp1-dp2-mb1-zero3",
+                             "tp1-pp2-dp2-mb1-zero3", "tp2-pp2-dp2-mb1-sp-zero3"}) {
     const auto losses = f.train(layout, f.dir.path(std::string("t-") + layout));
     EXPECT_LE(max_rel(losses, ref), 1e-5) << layout;
   }
@@ -159,7 +167,8 @@ TEST(LayoutParity, CheckpointsReshardAcrossLayouts) {
   const auto ref = f.train("tp1-pp1-dp1-mb2", f.dir.path("ref"));
   // Save at step 3 under one layout, resume to step 5 under others.
   const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
-      {"tp2-pp2-dp1-mb1", {"tp1-pp1-dp2-mb1", "tp4-pp1-dp1-mb2", "tp1-pp1-dp1-mb1"}},
+      {"tp2-pp2-dp1-mb1", {"tp1-pp1-dp2-mb1", "tp4-pp1-dp1-mb2", "tp1-pp1-dp1-mb1", "tp1-pp1-dp4-mb1-zero3"}},
+      {"tp1-pp2-dp2-mb1-zero3", {"tp1-pp1-dp2-mb1-zero1", "tp2-pp1-dp2-mb1-sp-zero3"}},
       {"tp2-pp1-dp2-mb1-sp-zero1", {"tp1-pp2-dp1-mb2", "tp1-pp1-dp2-mb1-zero1"}},
       {"tp1-pp4-dp1-mb1-vpp2", {"tp2-pp2-dp1-mb1-sp"}},
       {"tp1-pp1-dp4-mb1-zero2", {"tp1-pp1-dp2-mb1-zero1"}},

@@ -71,6 +71,19 @@ TEST(ModelSpec, HfConfigImport) {
   EXPECT_EQ(model_resolve(dir.path("llama3")).param_count(), m.param_count());
 }
 
+// transformers 5 keeps rope_theta inside rope_parameters.
+TEST(ModelSpec, HfConfigRopeParameters) {
+  test::TempDir dir;
+  const auto m = model_from_hf_config(dir.file("c.json", R"({"vocab_size": 100, "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}})"));
+  EXPECT_DOUBLE_EQ(m.rope_theta, 500000.0);
+  WEFT_EXPECT_THROW_MSG(model_from_hf_config(dir.file("d.json", R"({"vocab_size": 100,
+    "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "rope_parameters": {"rope_theta": "high"}})")),
+                        InputError, "rope_parameters.rope_theta", "high");
+}
+
 TEST(ModelSpec, HfConfigDefaultsAndTies) {
   test::TempDir dir;
   const auto path = dir.file("c.json", R"({"vocab_size": 100, "hidden_size": 64,

@@ -148,7 +148,7 @@ TEST_F(Space, ReportsCoverEveryLayout) {
   lim.mb = {1, 2};
   const auto r = evaluate(m, run, c, enumerate(m, run, 32, lim), k);
   ReportContext ctx{m, run, c, k, {}};
-  const auto j = nlohmann::json::parse(report_json(r, ctx).dump());
+  const auto j = nlohmann::json::parse(report_json(r, ctx, INT64_MAX).dump());
   ASSERT_EQ(int64_t(j["layouts"].size()), r.evaluated);
   int64_t fits = 0;
   for (const auto& row : j["layouts"]) {
@@ -163,7 +163,7 @@ TEST_F(Space, ReportsCoverEveryLayout) {
   }
   EXPECT_EQ(fits, r.fitting);
   EXPECT_EQ(j["model"]["hash"], m.hash());
-  const auto csv = report_csv(r, ctx);
+  const auto csv = report_csv(r, ctx, INT64_MAX);
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), r.evaluated + 1);
   const auto md = report_md(r, ctx, 5);
   EXPECT_NE(md.find("| 1 | `"), std::string::npos);

@@ -42,7 +42,7 @@ struct TuneFixture {
     base.model = ctx.model;
     base.run = ctx.run;
     base.device = ctx.cluster.device;
-    base.data = p.out;
+    base.data = {p.out};
     base.threads = 1;
     o.top = 3;
     o.timed_steps = 2;

@@ -63,10 +63,15 @@ struct Checkpoint {
   SafetensorsFile optimizer;
 };
 
+// How much of a checkpoint loading verifies. The checksums read every byte
+// of its files: a run that uses the tensors verifies them; a check of the
+// command line before the run starts needs only the structure.
+enum class Verify { structure, checksums };
+
 // Loads `dir`. InputError when it does not exist; FileFormatError naming the
 // folder, file and fault for a bad manifest, a size or checksum mismatch
 // (truncated or corrupted file), or a missing, unexpected or misshapen tensor.
-Checkpoint load_checkpoint(const std::string& dir);
+Checkpoint load_checkpoint(const std::string& dir, Verify verify = Verify::checksums);
 
 // Each architecture field that differs between the checkpoint's model and
 // `model`, as "layers: checkpoint 8, this run 4"; empty when compatible (the

@@ -108,4 +108,10 @@ std::string default_corpus_dir(const std::string& source_dir, const std::string&
   return target.string();
 }
 
+DataSpec data_spec_or_corpus(const std::vector<std::string>& items) {
+  DataSpec spec = data_spec_parse(items);
+  if (spec.paths.empty()) spec.paths = {default_corpus_dir()};
+  return spec;
+}
+
 }  // namespace weft::data

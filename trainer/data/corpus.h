@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "trainer/data/data_spec.h"
+
 namespace weft::data {
 
 inline constexpr const char* kFortunesDir = "/usr/share/games/fortunes";
@@ -28,5 +30,8 @@ std::string data_cache_dir();
 // corpus, and when two runs race the first rename wins and both use it.
 std::string default_corpus_dir(const std::string& source_dir = kFortunesDir,
                                const std::string& cache_dir = data_cache_dir());
+
+// `--data`'s items parsed (data_spec.h), or the default corpus when there are none.
+DataSpec data_spec_or_corpus(const std::vector<std::string>& items);
 
 }  // namespace weft::data

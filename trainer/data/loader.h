@@ -17,10 +17,28 @@
 // The permutation is a Feistel bijection evaluated per index (permutation.h)
 // rather than a shuffled index array: O(1) memory and set-up at any corpus
 // size, and no epoch-sized work on the first sample of each epoch.
+//
+// Every format is read as one stream of tokens: a Megatron dataset as its
+// sequences in index order, which is how its .bin stores them. Windows are
+// cut from that stream without regard to document ends, exactly as for
+// weft .tok or llm.c .bin files, so a sample may hold the end of one document
+// and the start of the next (a separator token, such as the EOD that
+// Megatron's preprocess_data appends with --append-eod, tells the model
+// where); documents are never reordered. Megatron's GPTDataset also packs samples across documents,
+// but in a per-epoch shuffled document order.
+//
+// A blend (blend.h) is sampled part by part: its schedule says which part
+// sample i comes from and that it is the part's k-th sample, and the part
+// reads window perm_e(k mod W_part) of its own windows, as above, with a seed
+// of its own drawn from the run's seed. A source that is not a blend is one
+// part and reads exactly as described above.
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <vector>
 
+#include "trainer/data/blend.h"
 #include "trainer/data/permutation.h"
 #include "trainer/data/token_source.h"
 
@@ -34,13 +52,19 @@ class Loader {
   };
 
   // `source` must outlive the loader. InputError when seq < 1 or the source
-  // holds fewer than seq + 1 tokens.
+  // (each part of weight > 0, for a blend) holds fewer than seq + 1 tokens.
   Loader(const TokenSource& source, int64_t seq, uint64_t seed, Order order = Order::shuffled);
 
   int64_t seq() const { return seq_; }
-  int64_t windows() const { return windows_; }
-  int64_t epoch(int64_t global_index) const { return global_index / windows_; }
-  // The window sample `global_index` reads, in [0, windows()).
+  // Windows of all parts together.
+  int64_t windows() const;
+  int64_t parts() const { return static_cast<int64_t>(parts_.size()); }
+  // The part sample `global_index` comes from and its index among that
+  // part's samples: {0, global_index} unless the source is a blend.
+  BlendSchedule::Pick pick(int64_t global_index) const;
+  // The epoch of the part's windows the sample falls in.
+  int64_t epoch(int64_t global_index) const;
+  // The window the sample reads, in [0, windows of its part).
   int64_t window(int64_t global_index) const;
 
   // Thread-safe: reads only the immutable source.
@@ -50,11 +74,16 @@ class Loader {
              int32_t* targets /* (B, T) */) const;
 
  private:
-  const TokenSource& source_;
+  struct Part {
+    const TokenSource* source;
+    int64_t windows;  // 0 for a part of weight 0, which is never read
+    uint64_t seed;
+  };
+  int64_t part_window(BlendSchedule::Pick pick) const;
   int64_t seq_;
-  uint64_t seed_;
   Order order_;
-  int64_t windows_;
+  std::vector<Part> parts_;
+  std::optional<BlendSchedule> schedule_;  // for two parts or more
 };
 
 // Validation samples: a fixed order of the val split's windows, the same for

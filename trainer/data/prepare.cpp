@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "core/json_io.h"
 #include "trainer/data/permutation.h"
+#include "trainer/data/split_writer.h"
 #include "trainer/data/token_data.h"
 #include "trainer/data/token_file.h"
 #include "trainer/data/tokenizer.h"
@@ -137,12 +138,12 @@ void utf8_report(const std::vector<InputFile>& files, PrepareResult& r) {
   }
 }
 
-nlohmann::json split_meta(const std::string& file, const TokenFileHeader& h, int64_t documents) {
-  return {{"file", file},
-          {"tokens", h.count},
-          {"documents", documents},
-          {"dtype", dtype_name(h.dtype)},
-          {"checksum", fmt::format("{:016x}", h.checksum)}};
+nlohmann::json split_meta(const SplitFile& f) {
+  return {{"file", f.file},
+          {"tokens", f.tokens},
+          {"documents", f.documents},
+          {"dtype", dtype_name(f.dtype)},
+          {"checksum", fmt::format("{:016x}", f.checksum)}};
 }
 
 // Encodes the pieces on `threads` threads, batch by batch, and appends each
@@ -158,7 +159,7 @@ class BatchEncoder {
     for (auto& w : workers_) w.encoder = tokenizer.encoder();
   }
 
-  void run(const std::vector<Piece>& pieces, TokenFileWriter& train, TokenFileWriter* val,
+  void run(const std::vector<Piece>& pieces, SplitWriter& train, SplitWriter* val,
            const PrepareOptions& o, int64_t total_bytes) {
     const auto start = std::chrono::steady_clock::now();
     PrepareProgress progress;
@@ -173,7 +174,7 @@ class BatchEncoder {
         for (size_t i = 0; i < w.ends.size(); ++i) {
           const size_t from = i == 0 ? 0 : w.ends[i - 1];
           const std::span<const int32_t> t(w.tokens.data() + from, w.ends[i] - from);
-          (pieces[w.begin + i].split == Split::val ? *val : train).append(t);
+          (pieces[w.begin + i].split == Split::val ? *val : train).document_append(t);
           progress.tokens += static_cast<int64_t>(t.size());
         }
       }
@@ -286,26 +287,25 @@ PrepareResult prepare_checked(const PrepareOptions& o) {
   fs::create_directories(tmp);
   try {
     const auto start = std::chrono::steady_clock::now();
-    TokenFileWriter train((tmp / "train.tok").string(), r.vocab);
-    std::unique_ptr<TokenFileWriter> val;
-    if (o.val_fraction > 0)
-      val = std::make_unique<TokenFileWriter>((tmp / "val.tok").string(), r.vocab);
+    const auto train = split_writer_create(o.format, tmp.string(), "train", r.vocab);
+    std::unique_ptr<SplitWriter> val;
+    if (o.val_fraction > 0) val = split_writer_create(o.format, tmp.string(), "val", r.vocab);
     BatchEncoder(*tokenizer, files, o.text_field, r.threads)
-        .run(pieces, train, val.get(), o, total);
-    if (train.count() == 0)
+        .run(pieces, *train, val.get(), o, total);
+    if (train->count() == 0)
       throw InputError("the train split came out empty; add text or lower --val-fraction");
-    const TokenFileHeader train_h = train.finish();
-    r.train_tokens = train_h.count;
+    const SplitFile train_f = train->finish();
+    r.train_tokens = train_f.tokens;
     nlohmann::json val_meta = nullptr;
     if (val) {
-      const TokenFileHeader val_h = val->finish();
-      r.val_tokens = val_h.count;
-      val_meta = split_meta("val.tok", val_h, r.documents_val);
+      const SplitFile val_f = val->finish();
+      r.val_tokens = val_f.tokens;
+      val_meta = split_meta(val_f);
     }
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     // Read back through the normal path: checks what was written, and the
     // baseline is computed by the same code the trainer would use.
-    r.unigram_entropy = unigram_entropy(*token_source_open((tmp / "train.tok").string()));
+    r.unigram_entropy = unigram_entropy(*token_source_open((tmp / train_f.file).string()));
 
     nlohmann::json sources = nlohmann::json::array();
     for (const auto& in : files)
@@ -326,6 +326,7 @@ PrepareResult prepare_checked(const PrepareOptions& o) {
         {"created_by", std::string("weft ") + WEFT_VERSION},
         {"tokenizer", r.tokenizer},
         {"tokenizer_file", tokenizer_meta(*tokenizer)},
+        {"token_format", token_format_name(o.format)},
         {"vocab", r.vocab},
         {"document_tokens",
          {{"prefix", doc_tokens.prefix},
@@ -339,7 +340,7 @@ PrepareResult prepare_checked(const PrepareOptions& o) {
           {"unit", "bytes"},
           {"val_fraction", o.val_fraction},
           {"seed", o.seed}}},
-        {"train", split_meta("train.tok", train_h, r.documents_train)},
+        {"train", split_meta(train_f)},
         {"val", val_meta},
         {"unigram_entropy_nats", r.unigram_entropy},
     };

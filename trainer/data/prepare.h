@@ -1,9 +1,11 @@
 // `weft data prepare`: text files in, a prepared data folder out.
 //
-// The folder holds train.tok and val.tok (weft token files) and meta.json:
-// the source files, the tokenizer (and its file's checksum), the vocab, the
-// tokens put around each document, token and document counts, the split
-// rule and the unigram entropy of the train split (the loss baseline).
+// The folder holds train.tok and val.tok (weft token files; with
+// TokenFormat::megatron, train.bin/.idx and val.bin/.idx, one sequence per
+// document) and meta.json: the source files, the tokenizer (and its file's
+// checksum), the vocab, the tokens put around each document, token and
+// document counts, the split rule and the unigram entropy of the train split
+// (the loss baseline).
 //
 // Documents: see documents.h (text files, fortune-format files, JSONL).
 // Each document is encoded on its own and wrapped in the tokenizer's
@@ -26,6 +28,7 @@
 #include <vector>
 
 #include "trainer/data/documents.h"
+#include "trainer/data/split_writer.h"
 
 namespace weft::data {
 
@@ -39,9 +42,10 @@ struct PrepareProgress {
 struct PrepareOptions {
   std::vector<std::string> inputs;  // text and JSONL files
   std::string out;                  // the folder to create
-  std::string tokenizer = "byte";   // "byte" or a tokenizer file (tokenizer.h)
-  std::string text_field = "text";  // of JSONL objects
-  double val_fraction = 0.05;       // in [0, 0.5]; 0 writes no val split
+  std::string tokenizer = "byte";          // "byte" or a tokenizer file (tokenizer.h)
+  std::string text_field = "text";         // of JSONL objects
+  TokenFormat format = TokenFormat::weft;  // of the token files
+  double val_fraction = 0.05;              // in [0, 0.5]; 0 writes no val split
   uint64_t seed = 0;
   int64_t threads = 0;  // 0: every core
   bool force = false;   // replace `out` when it holds a prepared dataset

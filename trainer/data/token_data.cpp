@@ -9,20 +9,15 @@
 
 #include "core/error.h"
 #include "core/json_io.h"
+#include "trainer/data/blend.h"
 #include "trainer/data/formats.h"
+#include "trainer/data/megatron_file.h"
 
 namespace weft::data {
 
 namespace fs = std::filesystem;
 
 namespace {
-
-constexpr char kMegatronIdxMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', '\0', '\0'};
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 // Text never tokenized is the likeliest wrong input; it deserves a hint.
 bool looks_like_text(const MappedFile& f) {
@@ -99,18 +94,17 @@ TokenData shard_dir_open(const fs::path& dir, Integrity integrity) {
 }  // namespace
 
 std::unique_ptr<TokenSource> token_source_open(const std::string& path, Integrity integrity) {
+  if (const auto megatron = megatron_paths(path)) return megatron_open(*megatron, integrity);
   auto file = std::make_shared<const MappedFile>(path);
   const uint8_t* b = file->data();
   const int64_t n = file->size();
   if (n >= 8 && std::memcmp(b, kTokenFileMagic, 8) == 0) return weft_tok_source(file, integrity);
   if (npy_detect(*file)) return npy_source(file);
   if (llmc_bin_detect(*file)) return llmc_bin_source(file);
-  const bool megatron_idx = n >= 9 && std::memcmp(b, kMegatronIdxMagic, 9) == 0;
-  if (megatron_idx ||
-      (ends_with(path, ".bin") && fs::exists(path.substr(0, path.size() - 4) + ".idx")))
+  if (n >= 9 && std::memcmp(b, kMegatronIdxMagic, 9) == 0)
     throw FileFormatError(fmt::format(
-        "'{}' is a Megatron .bin/.idx dataset, which weft does not read yet; convert it to "
-        "weft .tok, llm.c .bin or numpy .npy",
+        "'{}' is a Megatron index whose name does not end in .idx; name the pair PREFIX.bin and "
+        "PREFIX.idx and pass PREFIX",
         path));
   if (looks_like_text(*file))
     throw FileFormatError(fmt::format(
@@ -119,7 +113,7 @@ std::unique_ptr<TokenSource> token_source_open(const std::string& path, Integrit
         path, path));
   throw FileFormatError(fmt::format(
       "'{}' is not a token file weft can read: expected weft .tok (magic WEFTTOK), llm.c .bin "
-      "(magic {} or {}) or numpy .npy",
+      "(magic {} or {}), numpy .npy, or a Megatron PREFIX.bin with its PREFIX.idx beside it",
       path, kLlmcMagicU16, kLlmcMagicU32));
 }
 
@@ -127,8 +121,10 @@ TokenData token_data_open(const std::string& path, Integrity integrity) {
   if (path.empty()) throw InputError("no data path given");
   std::error_code ec;
   const auto st = fs::status(path, ec);
-  if (ec || !fs::exists(st)) throw InputError(fmt::format("data path '{}' does not exist", path));
-  if (fs::is_directory(st)) {
+  const bool megatron_prefix = !fs::exists(st) && megatron_paths(path);
+  if (!megatron_prefix && (ec || !fs::exists(st)))
+    throw InputError(fmt::format("data path '{}' does not exist", path));
+  if (!megatron_prefix && fs::is_directory(st)) {
     const fs::path dir(path);
     if (fs::exists(dir / "meta.json")) return prepared_dir_open(dir, integrity);
     return shard_dir_open(dir, integrity);
@@ -139,16 +135,47 @@ TokenData token_data_open(const std::string& path, Integrity integrity) {
   return d;
 }
 
+TokenData token_data_open(const DataSpec& spec, Integrity integrity) {
+  if (spec.paths.empty()) throw InputError("no data path given");
+  if (spec.paths.size() == 1) return token_data_open(spec.paths[0], integrity);
+  std::vector<std::unique_ptr<TokenSource>> train, val;
+  std::vector<double> train_weights, val_weights;
+  for (size_t i = 0; i < spec.paths.size(); ++i) {
+    TokenData part = token_data_open(spec.paths[i], integrity);
+    const double w = spec.blend() ? spec.weights[i] : 1.0;
+    train.push_back(std::move(part.train));
+    train_weights.push_back(w);
+    if (part.val) {
+      val.push_back(std::move(part.val));
+      val_weights.push_back(w);
+    }
+  }
+  TokenData d;
+  d.path = spec.describe();
+  const auto join = [&](std::vector<std::unique_ptr<TokenSource>> parts,
+                        std::vector<double> weights) -> std::unique_ptr<TokenSource> {
+    if (spec.blend())
+      return std::make_unique<BlendTokenSource>(std::move(parts), std::move(weights));
+    return std::make_unique<ConcatTokenSource>(std::move(parts));
+  };
+  d.train = join(std::move(train), std::move(train_weights));
+  double val_weight = 0;
+  for (const double w : val_weights) val_weight += w;
+  if (!val.empty() && val_weight > 0) d.val = join(std::move(val), std::move(val_weights));
+  return d;
+}
+
 void token_data_validate(const TokenData& data, int64_t vocab, int64_t seq) {
   WEFT_ASSERT(data.train != nullptr);
   if (seq <= 0) throw InputError(fmt::format("sequence length {} must be positive", seq));
   for (const TokenSource* s : {data.train.get(), data.val.get()}) {
     if (!s) continue;
-    if (s->size() < seq + 1)
-      throw InputError(fmt::format(
-          "sequence length {} needs at least {} tokens (seq + 1) but {} is shorter; use a "
-          "shorter --seq or more data",
-          seq, seq + 1, s->describe()));
+    for (const WeightedPart& part : s->blend_parts())
+      if (part.weight > 0 && part.source->size() < seq + 1)
+        throw InputError(fmt::format(
+            "sequence length {} needs at least {} tokens (seq + 1) but {} is shorter; use a "
+            "shorter --seq or more data",
+            seq, seq + 1, part.source->describe()));
     validate_vocab(*s, vocab);
   }
 }

@@ -15,8 +15,10 @@ namespace weft::data {
 int64_t dtype_bytes(TokenDtype dtype) {
   switch (dtype) {
     case TokenDtype::u8:
+    case TokenDtype::i8:
       return 1;
     case TokenDtype::u16:
+    case TokenDtype::i16:
       return 2;
     case TokenDtype::u32:
     case TokenDtype::i32:
@@ -32,8 +34,12 @@ const char* dtype_name(TokenDtype dtype) {
   switch (dtype) {
     case TokenDtype::u8:
       return "uint8";
+    case TokenDtype::i8:
+      return "int8";
     case TokenDtype::u16:
       return "uint16";
+    case TokenDtype::i16:
+      return "int16";
     case TokenDtype::u32:
       return "uint32";
     case TokenDtype::i32:
@@ -99,8 +105,12 @@ int64_t MappedTokenSource::token(int64_t index) const {
   switch (dtype_) {
     case TokenDtype::u8:
       return payload_[index];
+    case TokenDtype::i8:
+      return load<int8_t>(payload_, index);
     case TokenDtype::u16:
       return load<uint16_t>(payload_, index);
+    case TokenDtype::i16:
+      return load<int16_t>(payload_, index);
     case TokenDtype::u32:
       return load<uint32_t>(payload_, index);
     case TokenDtype::i32:
@@ -117,8 +127,14 @@ void MappedTokenSource::tokens_copy(int64_t start, int64_t count, int32_t* out) 
     case TokenDtype::u8:
       copy_as_int32<uint8_t>(payload_, start, count, out);
       break;
+    case TokenDtype::i8:
+      copy_as_int32<int8_t>(payload_, start, count, out);
+      break;
     case TokenDtype::u16:
       copy_as_int32<uint16_t>(payload_, start, count, out);
+      break;
+    case TokenDtype::i16:
+      copy_as_int32<int16_t>(payload_, start, count, out);
       break;
     case TokenDtype::u32:
       copy_as_int32<uint32_t>(payload_, start, count, out);
@@ -136,8 +152,12 @@ std::optional<BadToken> MappedTokenSource::token_find_bad(int64_t vocab) const {
   switch (dtype_) {
     case TokenDtype::u8:
       return find_bad<uint8_t>(payload_, count_, vocab);
+    case TokenDtype::i8:
+      return find_bad<int8_t>(payload_, count_, vocab);
     case TokenDtype::u16:
       return find_bad<uint16_t>(payload_, count_, vocab);
+    case TokenDtype::i16:
+      return find_bad<int16_t>(payload_, count_, vocab);
     case TokenDtype::u32:
       return find_bad<uint32_t>(payload_, count_, vocab);
     case TokenDtype::i32:
@@ -239,36 +259,75 @@ void validate_vocab(const TokenSource& source, int64_t vocab) {
       bad->value, bad->position, source.describe(), vocab, bad->value));
 }
 
-double unigram_entropy(const TokenSource& source) {
-  const int64_t n = source.size();
-  if (n == 0) return 0.0;
-  // A dense histogram when the declared vocab is small (every prepared
-  // dataset); a map otherwise, since foreign files may hold ids up to 2^32.
-  std::vector<int64_t> dense;
-  std::unordered_map<int64_t, int64_t> sparse;
-  const int64_t v = source.vocab();
-  const bool use_dense = v > 0 && v <= (int64_t{1} << 24);
-  if (use_dense) dense.assign(static_cast<size_t>(v), 0);
-  std::vector<int32_t> buf(1 << 16);
-  for (int64_t start = 0; start < n; start += static_cast<int64_t>(buf.size())) {
-    const int64_t m = std::min<int64_t>(static_cast<int64_t>(buf.size()), n - start);
-    source.tokens_copy(start, m, buf.data());
-    for (int64_t i = 0; i < m; ++i) {
-      const int32_t t = buf[static_cast<size_t>(i)];
-      if (use_dense && t >= 0 && t < v)
-        ++dense[static_cast<size_t>(t)];
-      else
-        ++sparse[t];
+namespace {
+
+// How often each id occurs in `source`.
+class UnigramCounts {
+ public:
+  explicit UnigramCounts(const TokenSource& source) : total_(source.size()) {
+    // A dense histogram when the declared vocab is small (every prepared
+    // dataset); a map otherwise, since foreign files may hold ids up to 2^32.
+    const int64_t v = source.vocab();
+    if (v > 0 && v <= (int64_t{1} << 24)) dense_.assign(static_cast<size_t>(v), 0);
+    std::vector<int32_t> buf(1 << 16);
+    for (int64_t start = 0; start < total_; start += static_cast<int64_t>(buf.size())) {
+      const int64_t m = std::min<int64_t>(static_cast<int64_t>(buf.size()), total_ - start);
+      source.tokens_copy(start, m, buf.data());
+      for (int64_t i = 0; i < m; ++i) {
+        const int32_t t = buf[static_cast<size_t>(i)];
+        if (t >= 0 && static_cast<size_t>(t) < dense_.size())
+          ++dense_[static_cast<size_t>(t)];
+        else
+          ++sparse_[t];
+      }
     }
   }
+  int64_t total() const { return total_; }
+  // Calls f(id, count) for every id that occurs.
+  template <typename F>
+  void each(F&& f) const {
+    for (size_t t = 0; t < dense_.size(); ++t)
+      if (dense_[t] > 0) f(static_cast<int64_t>(t), dense_[t]);
+    for (const auto& [t, c] : sparse_) f(t, c);
+  }
+
+ private:
+  int64_t total_;
+  std::vector<int64_t> dense_;
+  std::unordered_map<int64_t, int64_t> sparse_;
+};
+
+double entropy_of(const std::unordered_map<int64_t, double>& p) {
   double h = 0.0;
-  auto add = [&](int64_t c) {
-    if (c == 0) return;
-    const double p = static_cast<double>(c) / static_cast<double>(n);
-    h -= p * std::log(p);
-  };
-  for (int64_t c : dense) add(c);
-  for (const auto& [t, c] : sparse) add(c);
+  for (const auto& [t, q] : p)
+    if (q > 0) h -= q * std::log(q);
+  return h;
+}
+
+}  // namespace
+
+double unigram_entropy(const TokenSource& source) {
+  const auto parts = source.blend_parts();
+  if (parts.size() > 1) {
+    double weights = 0;
+    for (const auto& part : parts) weights += part.weight;
+    std::unordered_map<int64_t, double> p;
+    for (const auto& part : parts) {
+      if (part.weight <= 0 || part.source->size() == 0) continue;
+      const UnigramCounts counts(*part.source);
+      const double scale = part.weight / weights / static_cast<double>(counts.total());
+      counts.each([&](int64_t t, int64_t c) { p[t] += scale * static_cast<double>(c); });
+    }
+    return entropy_of(p);
+  }
+  const int64_t n = source.size();
+  if (n == 0) return 0.0;
+  const UnigramCounts counts(source);
+  double h = 0.0;
+  counts.each([&](int64_t, int64_t c) {
+    const double q = static_cast<double>(c) / static_cast<double>(n);
+    h -= q * std::log(q);
+  });
   return h;
 }
 

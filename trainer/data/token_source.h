@@ -1,10 +1,10 @@
 // TokenSource: one read-only sequence of token ids, whatever file holds it.
 //
-// Every on-disk format (weft's .tok, llm.c .bin, numpy .npy) comes down to a
-// header followed by a little-endian array of one integer type, so a single
-// mmap-backed implementation serves them all; a format only has to say where
-// the array starts, its dtype and its length. Directories of shards are read
-// as the concatenation of their files.
+// Every on-disk format (weft's .tok, llm.c .bin, numpy .npy, Megatron
+// .bin/.idx) comes down to a little-endian array of one integer type at some
+// offset of a file, so a single mmap-backed implementation serves them all; a
+// format only has to say where the array starts, its dtype and its length.
+// Directories of shards are read as the concatenation of their files.
 #pragma once
 
 #include <cstdint>
@@ -17,7 +17,7 @@ namespace weft::data {
 
 class MappedFile;
 
-enum class TokenDtype { u8, u16, u32, i32, i64 };
+enum class TokenDtype { u8, i8, u16, i16, u32, i32, i64 };
 
 int64_t dtype_bytes(TokenDtype dtype);
 const char* dtype_name(TokenDtype dtype);  // "uint16", ...
@@ -26,6 +26,14 @@ const char* dtype_name(TokenDtype dtype);  // "uint16", ...
 struct BadToken {
   int64_t position = 0;  // index in the source
   int64_t value = 0;     // the id as stored
+};
+
+class TokenSource;
+
+// One part of the data that samples are drawn from, and its share of them.
+struct WeightedPart {
+  const TokenSource* source = nullptr;
+  double weight = 1;
 };
 
 class TokenSource {
@@ -43,6 +51,9 @@ class TokenSource {
   virtual std::optional<BadToken> token_find_bad(int64_t vocab) const;
   // For messages: "llm.c .bin 'data/x.bin' (uint16, 1000 tokens)".
   virtual std::string describe() const = 0;
+  // The parts the loader draws samples from, each with its weight: a blend's
+  // parts (blend.h); any other source is one part of weight 1, itself.
+  virtual std::vector<WeightedPart> blend_parts() const { return {{this, 1.0}}; }
 };
 
 // A source over tokens stored in a mapped file region.
@@ -61,6 +72,7 @@ class MappedTokenSource final : public TokenSource {
   TokenDtype dtype() const { return dtype_; }
   const std::string& format() const { return format_; }
   const uint8_t* payload() const { return payload_; }
+  const MappedFile& file() const { return *file_; }
 
  private:
   std::shared_ptr<const MappedFile> file_;
@@ -98,6 +110,8 @@ class ConcatTokenSource final : public TokenSource {
   void tokens_copy(int64_t start, int64_t count, int32_t* out) const override;
   std::optional<BadToken> token_find_bad(int64_t vocab) const override;
   std::string describe() const override;
+  int64_t parts() const { return static_cast<int64_t>(parts_.size()); }
+  const TokenSource& part(int64_t p) const { return *parts_[static_cast<size_t>(p)]; }
 
  private:
   int64_t part_of(int64_t index) const;
@@ -112,6 +126,8 @@ void validate_vocab(const TokenSource& source, int64_t vocab);
 
 // The entropy in nats/token of the source's token frequencies: the loss of a
 // model that knows only how often each token occurs (the unigram baseline).
+// For a blend, of the mixture its weights draw: sum over parts of weight times
+// the part's frequency of each token.
 double unigram_entropy(const TokenSource& source);
 
 }  // namespace weft::data

@@ -88,6 +88,7 @@ LlamaStage<Elem, G>::LlamaStage(const ModelSpec& m, const RunSpec& run, const La
     staging_ = std::make_unique<memory::HostStaging>(M_ * int64_t(sizeof(int32_t)), 8, stream_.backend);
   if (table_->has("loss.step_sum")) loss_device_ = table_->get<A>("loss.step_sum");
   zero2_ = l.dp > 1 && l.zero >= 2;
+  zero3_ = l.dp > 1 && l.zero >= 3;
   overlap_dp_ = l.dp > 1 && l.zero == 0;
   // ZeRO-1 reduce-scatters each group as its final backward ends (tied
   // embeddings across stages are summed on the shards afterwards).
@@ -109,6 +110,13 @@ LlamaStage<Elem, G>::LlamaStage(const ModelSpec& m, const RunSpec& run, const La
     WEFT_ASSERT(table_->elements("grads.flat") == (params_.elements + l.dp - 1) / l.dp);
   }
   if (scatter_dp_) dp_shard_ = table_->get<G>("comm.dp_grad_shard");
+  if (zero3_) {
+    WEFT_ASSERT(table_->elements("weights.flat") == (params_.elements + l.dp - 1) / l.dp);
+    for (int i = 0; i < 2; ++i) {
+      gathered_[size_t(i)].data = table_->get<Elem>("comm.dp_param_gather", i);
+      gathered_[size_t(i)].elements = table_->elements("comm.dp_param_gather");
+    }
+  }
 
   // Which layers keep each saved tensor, and where: slot-major, then the
   // keeping layers in order; the rebuilt copy (if any) is the last instance.
@@ -156,7 +164,7 @@ typename LlamaStage<Elem, G>::Block LlamaStage<Elem, G>::block(int64_t slot, int
   b.layer = layer;
   b.mode = mode(layer);
   const int64_t local = chunk * Lc_ + layer;  // the stage's block index
-  auto w = [&](ParamKind k) { return weights_ + params_.specs[size_t(params_.index(k, local))].offset; };
+  auto w = [&](ParamKind k) { return weight_at(params_.specs[size_t(params_.index(k, local))].offset); };
   auto g = [&](ParamKind k) { return grad_at(params_.specs[size_t(params_.index(k, local))].offset); };
   b.w_attn_norm = w(ParamKind::input_layernorm);
   b.wq = w(ParamKind::q_proj);
@@ -229,30 +237,52 @@ void LlamaStage<Elem, G>::init_weights(uint64_t seed, const std::function<void()
   // Built on the host a parameter at a time, then copied (on the CPU, into
   // place). Each element's draw depends on its indices alone, so the rows
   // are spread over the OpenMP team without changing a value.
+  // Under ZeRO-3 a rank keeps the part of each parameter in its shard.
+  const int64_t lo = zero3_ ? shard_lo_ : 0, hi = zero3_ ? shard_hi_ : params_.elements;
   std::vector<Elem> host;
   for (const auto& p : params_.specs) {
-    host.resize(size_t(p.local_elements()));
-#pragma omp parallel for schedule(static) if (p.local_elements() >= (int64_t{1} << 16))
-    for (int64_t r = 0; r < p.local_rows; ++r)
-      for (int64_t c = 0; c < p.local_cols; ++c)
-        host[size_t(r * p.local_cols + c)] = to_elem<Elem>(param_init_value(p, seed, p.row_begin + r, p.col_begin + c));
-    copy(weights_ + p.offset, host.data(), p.local_elements() * int64_t(sizeof(Elem)));
-    memory::synchronize(stream_);  // before the host buffer is rewritten
+    const int64_t begin = std::max(lo, p.offset), end = std::min(hi, p.offset + p.local_elements());
+    if (begin < end) {
+      host.resize(size_t(end - begin));
+      // Element i of the parameter is (r, c) = (i / local_cols, i % local_cols).
+#pragma omp parallel for schedule(static) if (end - begin >= (int64_t{1} << 16))
+      for (int64_t i = begin - p.offset; i < end - p.offset; ++i) {
+        const int64_t r = i / p.local_cols, c = i % p.local_cols;
+        host[size_t(i - (begin - p.offset))] =
+            to_elem<Elem>(param_init_value(p, seed, p.row_begin + r, p.col_begin + c));
+      }
+      copy(weights_ + (begin - lo), host.data(), (end - begin) * int64_t(sizeof(Elem)));
+      memory::synchronize(stream_);  // before the host buffer is rewritten
+    }
     if (progress) progress();
   }
+  weights_updated();
 }
 
 template <typename Elem, typename G>
 void LlamaStage<Elem, G>::set_weights(const std::vector<A>& full) {
   WEFT_ASSERT(int64_t(full.size()) == params_.elements);
+  // Under ZeRO-3 this rank's shard of them.
+  const int64_t lo = zero3_ ? shard_lo_ : 0, n = zero3_ ? shard_hi_ - shard_lo_ : params_.elements;
   if constexpr (std::is_same_v<Elem, A>) {
-    copy(weights_, full.data(), params_.elements * int64_t(sizeof(Elem)));
+    copy(weights_, full.data() + lo, n * int64_t(sizeof(Elem)));
   } else {
-    std::vector<Elem> rounded(full.size());
-    for (size_t i = 0; i < full.size(); ++i) rounded[i] = to_elem<Elem>(full[i]);
-    copy(weights_, rounded.data(), params_.elements * int64_t(sizeof(Elem)));
+    std::vector<Elem> rounded(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) rounded[size_t(i)] = to_elem<Elem>(full[size_t(lo + i)]);
+    copy(weights_, rounded.data(), n * int64_t(sizeof(Elem)));
   }
   memory::synchronize(stream_);
+  weights_updated();
+}
+
+template <typename Elem, typename G>
+void LlamaStage<Elem, G>::weights_updated() {
+  for (auto& g : gathered_) {
+    for (auto& p : g.pending) p->wait();
+    g.pending.clear();
+    g.ranges.clear();
+  }
+  in_use_ = -1;
 }
 
 template <typename Elem, typename G>
@@ -524,6 +554,7 @@ void LlamaStage<Elem, G>::forward(int64_t slot, const int32_t* tokens, const int
   const bool embeds = plan_.has_embedding && chunk == 0;
   const bool heads = plan_.has_head && chunk == l_.vpp - 1;
   if (embeds) {
+    gather({{0, params_.specs[0].local_elements()}});
     int32_t* tok = table_->get<int32_t>("embedding.tokens", slot);
     upload(tok, tokens, M_ * int64_t(sizeof(int32_t)));
     const auto& emb = params_.specs[size_t(params_.index(ParamKind::embed_tokens))];
@@ -546,12 +577,17 @@ void LlamaStage<Elem, G>::forward(int64_t slot, const int32_t* tokens, const int
     }
   }
   for (int64_t i = 0; i < Lc_; ++i) {
+    gather_block(chunk, i);
+    if (i + 1 < Lc_) gather_block(chunk, i + 1, true);
     Elem* x_out = i + 1 < Lc_ ? block(slot, chunk, i + 1).x_in
                   : heads     ? table_->get<Elem>("final_norm.input")
                               : stage_output();
     block_forward(block(slot, chunk, i), x_out, false);
   }
-  if (heads) head_forward(slot, targets, grad_scale);
+  if (heads) {
+    gather_head();
+    head_forward(slot, targets, grad_scale);
+  }
 }
 
 template <typename Elem, typename G>
@@ -560,6 +596,8 @@ void LlamaStage<Elem, G>::backward(int64_t slot, int64_t chunk, bool final) {
   final_ = final;
   Elem* dx = table_->get<Elem>("scratch.d_residual");
   if (plan_.has_head && chunk == l_.vpp - 1) {
+    gather_head();
+    if (Lc_ > 0) gather_block(chunk, Lc_ - 1, true);
     head_backward(dx);
   } else {
     copy(dx, output_grad(), Msp_ * C * int64_t(sizeof(Elem)));
@@ -568,6 +606,8 @@ void LlamaStage<Elem, G>::backward(int64_t slot, int64_t chunk, bool final) {
     const int64_t first = params_.specs[size_t(params_.index(ParamKind::input_layernorm, chunk * Lc_ + i))].offset;
     const int64_t last_kind = params_.index(ParamKind::down_proj, chunk * Lc_ + i);
     group_begin({{first, params_.specs[size_t(last_kind)].offset + params_.specs[size_t(last_kind)].local_elements()}});
+    gather_block(chunk, i);
+    if (i > 0) gather_block(chunk, i - 1, true);
     const Block b = block(slot, chunk, i);
     block_recompute(b);
     block_backward(b, dx);

@@ -70,15 +70,20 @@ class LlamaStage {
   TensorTable& tensors() { return *table_; }
   kernels::Stream stream() const { return stream_; }
   bool on_device() const { return stream_.backend != kernels::Backend::cpu; }
+  // The flat weights; under ZeRO-3 (dp > 1) only this rank's shard,
+  // [dp_shard_begin(), dp_shard_begin() + its count) of the flat parameters.
   Elem* weights() { return weights_; }
   G* grads() { return grads_; }
   int64_t param_elements() const { return params_.elements; }
-  Elem* weight(const ParamSpec& p) { return weights_ + p.offset; }
+  // Under ZeRO-3 a parameter's weights exist only while its group is
+  // gathered (null elsewhere).
+  Elem* weight(const ParamSpec& p) { return weight_at(p.offset); }
+  bool weights_sharded() const { return zero3_; }
   // Under ZeRO-2 a parameter's gradient exists only while its group is in the
   // bucket (during that group's backward); grads() is then this rank's shard.
   G* grad(const ParamSpec& p) { return grad_at(p.offset); }
   bool grads_sharded() const { return zero2_; }
-  // ZeRO-1 and -2 over dp > 1: every dp rank's shard size, rank r owning
+  // ZeRO-1, -2 and -3 over dp > 1: every dp rank's shard size, rank r owning
   // [r * shard, (r + 1) * shard) of the flat parameters; this rank's starts
   // at dp_shard_begin(). Empty otherwise.
   const std::vector<int64_t>& dp_shard_counts() const { return shard_counts_; }
@@ -89,8 +94,11 @@ class LlamaStage {
   // (a rank's watchdog: a billion-element stage takes a while).
   void init_weights(uint64_t seed, const std::function<void()>& progress = {});
   // The weights from full Acc values on the host (this rank's slices, in the
-  // flat layout), rounded once to Elem.
+  // flat layout; under ZeRO-3 it keeps its shard of them), rounded once to Elem.
   void set_weights(const std::vector<A>& full);
+  // The weights changed (an optimizer step): under ZeRO-3 the gathered
+  // copies are stale and the next use gathers again.
+  void weights_updated();
   void zero_grads();
 
   // Forward of one micro-batch of B sequences into in-flight slot `slot`.
@@ -230,9 +238,33 @@ class LlamaStage {
   // on this stage (the table, then the final norm: one reduction).
   struct Range {
     int64_t begin = 0, end = 0;
+    bool operator==(const Range&) const = default;
   };
   std::vector<Range> group_;
-  int64_t shard_lo_ = 0, shard_hi_ = 0;  // ZeRO-1 and -2: this rank's shard
+  // ZeRO-3: the weights live in shards; a group's are all-gathered over dp
+  // into one of two buffers before it computes, in the forward and again in
+  // the backward of every micro-batch, and the next block's are gathered
+  // into the other buffer while this one computes (on NCCL's stream beside
+  // the compute stream; MPI completes it at once).
+  bool zero3_ = false;
+  struct Gathered {
+    Elem* data = nullptr;
+    int64_t elements = 0;
+    std::vector<Range> ranges;  // the group it holds (empty: none)
+    // A prefetch in flight into it: waited for before the group computes or
+    // the buffer is gathered into again.
+    std::vector<std::unique_ptr<parallel::CommRequest>> pending;
+  };
+  std::array<Gathered, 2> gathered_;
+  int in_use_ = -1;  // the buffer of the group computing now
+  Elem* weight_at(int64_t flat);
+  // Makes the weights of `ranges` (a group) available; `next`: into the
+  // buffer not in use, without making it the one in use (a prefetch).
+  void gather(std::initializer_list<Range> ranges, bool next = false);
+  void gather_block(int64_t chunk, int64_t layer, bool next = false);
+  void gather_head();
+  Range block_range(int64_t chunk, int64_t layer) const;
+  int64_t shard_lo_ = 0, shard_hi_ = 0;  // ZeRO-1, -2 and -3: this rank's shard
   std::vector<int64_t> shard_counts_;     // every dp rank's shard size
   G* grad_at(int64_t flat);
   // The part of `ranges` (ascending) in each dp rank's shard, and (the

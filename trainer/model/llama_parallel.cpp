@@ -1,4 +1,5 @@
-// LlamaStage's communication: the gradient groups and their data-parallel
+// LlamaStage's communication: ZeRO-3's gathers of each group's weights, the
+// gradient groups and their data-parallel
 // reductions (ZeRO-2 buckets; ZeRO-0 all-reduces and ZeRO-1 reduce-scatters
 // during the backward), the tensor-parallel row gathers and reductions of
 // sequence parallelism, and the gradients of tied and replicated parameters.
@@ -24,6 +25,83 @@ G* LlamaStage<Elem, G>::grad_at(int64_t flat) {
     at += r.end - r.begin;
   }
   return nullptr;
+}
+
+template <typename Elem, typename G>
+Elem* LlamaStage<Elem, G>::weight_at(int64_t flat) {
+  if (!zero3_) return weights_ + flat;
+  for (const Gathered& g : gathered_) {
+    int64_t at = 0;
+    for (const Range& r : g.ranges) {
+      if (flat >= r.begin && flat < r.end) return g.data + at + (flat - r.begin);
+      at += r.end - r.begin;
+    }
+  }
+  return nullptr;
+}
+
+template <typename Elem, typename G>
+void LlamaStage<Elem, G>::gather(std::initializer_list<Range> ranges, bool next) {
+  if (!zero3_) return;
+  const std::vector<Range> want(ranges);
+  auto settle = [](Gathered& g) {
+    for (auto& p : g.pending) p->wait();
+    g.pending.clear();
+  };
+  for (int i = 0; i < 2; ++i)
+    if (gathered_[size_t(i)].ranges == want) {
+      if (!next) {
+        settle(gathered_[size_t(i)]);
+        in_use_ = i;
+      }
+      return;
+    }
+  const int b = in_use_ == 0 ? 1 : 0;
+  Gathered& g = gathered_[size_t(b)];
+  settle(g);
+  // Each range on its own: this rank's part of it is contiguous in its
+  // shard (the parts of two ranges need not be), and the gathered range
+  // lands after the ones before it. The communication waits for the compute
+  // queued so far (the last use of this buffer among it).
+  int64_t at = 0;
+  for (const Range& r : want) {
+    const std::vector<int64_t> counts = shard_parts({&r, 1});
+    const int64_t begin = std::clamp(r.begin, shard_lo_, shard_hi_);
+    WEFT_ASSERT(at + (r.end - r.begin) <= g.elements);
+    g.pending.push_back(
+        groups_.dp->iall_gather_v(weights_ + (begin - shard_lo_), g.data + at, std::span<const int64_t>(counts)));
+    at += r.end - r.begin;
+  }
+  g.ranges = want;
+  if (!next) {
+    settle(g);
+    in_use_ = b;
+  }
+}
+
+template <typename Elem, typename G>
+typename LlamaStage<Elem, G>::Range LlamaStage<Elem, G>::block_range(int64_t chunk, int64_t layer) const {
+  const int64_t local = chunk * Lc_ + layer;
+  const auto& first = params_.specs[size_t(params_.index(ParamKind::input_layernorm, local))];
+  const auto& last = params_.specs[size_t(params_.index(ParamKind::down_proj, local))];
+  return {first.offset, last.offset + last.local_elements()};
+}
+
+template <typename Elem, typename G>
+void LlamaStage<Elem, G>::gather_block(int64_t chunk, int64_t layer, bool next) {
+  if (zero3_) gather({block_range(chunk, layer)}, next);
+}
+
+template <typename Elem, typename G>
+void LlamaStage<Elem, G>::gather_head() {
+  if (!zero3_) return;
+  // The final norm and the head are the stage's last parameters; a head
+  // tied to the embedding on this stage is the table at its start instead.
+  const auto& fnorm = params_.specs[size_t(params_.index(ParamKind::final_norm))];
+  if (params_.head_is_embedding)
+    gather({{0, params_.specs[0].local_elements()}, {fnorm.offset, params_.elements}});
+  else
+    gather({{fnorm.offset, params_.elements}});
 }
 
 template <typename Elem, typename G>
@@ -211,7 +289,12 @@ void LlamaStage<Elem, G>::finish_dp_reduction() {
   template void LlamaStage<E, G>::reduce_rows(E*);                                           \
   template void LlamaStage<E, G>::sync_tied_grads();                                         \
   template void LlamaStage<E, G>::reduce_replicated_grads();                                 \
-  template void LlamaStage<E, G>::finish_dp_reduction();
+  template void LlamaStage<E, G>::finish_dp_reduction();                                     \
+  template E* LlamaStage<E, G>::weight_at(int64_t);                                          \
+  template void LlamaStage<E, G>::gather(std::initializer_list<Range>, bool);                \
+  template typename LlamaStage<E, G>::Range LlamaStage<E, G>::block_range(int64_t, int64_t) const; \
+  template void LlamaStage<E, G>::gather_block(int64_t, int64_t, bool);                      \
+  template void LlamaStage<E, G>::gather_head();
 WEFT_LLAMA_PARALLEL(float, float)
 WEFT_LLAMA_PARALLEL(double, double)
 WEFT_LLAMA_PARALLEL(kernels::bf16, float)

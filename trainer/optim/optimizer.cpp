@@ -70,7 +70,9 @@ Optimizer<Elem, G>::Optimizer(LlamaStage<Elem, G>& stage, const OptimConfig& con
 template <typename Elem, typename G>
 void Optimizer<Elem, G>::reset_master() {
   if (!master_) return;
-  kernels::status_check(kernels::launch(kernels::WidenParams<Elem>{.n = hi_ - lo_, .x = stage_.weights() + lo_,
+  // Under ZeRO-3 the stage holds only its shard: the range starts its weights.
+  const Elem* mine = stage_.weights() + (stage_.weights_sharded() ? 0 : lo_);
+  kernels::status_check(kernels::launch(kernels::WidenParams<Elem>{.n = hi_ - lo_, .x = mine,
                                                                    .out = master_},
                                         {}, stage_.stream()),
                         "widen");
@@ -155,8 +157,9 @@ StepStats Optimizer<Elem, G>::step(int64_t step, double loss) {
   // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when below 1.
   const double scale = c_.clip > 0 ? std::min(1.0, c_.clip / (s.grad_norm + 1e-6)) : 1.0;
   std::vector<kernels::AdamwTensor<Elem, G>> tensors;
+  const int64_t weights_from = stage_.weights_sharded() ? lo_ : 0;  // the flat index of weights()[0]
   for_each_piece([&](const ParamSpec& p, int64_t begin, int64_t end) {
-    tensors.push_back({.param = stage_.weights() + begin,
+    tensors.push_back({.param = stage_.weights() + (begin - weights_from),
                        .master = master_ ? master_ + (begin - lo_) : nullptr,
                        .grad = grad_at(begin),
                        .m = m_ + (begin - lo_), .v = v_ + (begin - lo_), .n = end - begin,
@@ -165,9 +168,14 @@ StepStats Optimizer<Elem, G>::step(int64_t step, double loss) {
   const kernels::AdamwParams<Elem, G> params{.tensors = tensors, .step = updates_, .lr = s.lr,
                                              .beta1 = c_.beta1, .beta2 = c_.beta2, .eps = c_.eps,
                                              .weight_decay = c_.weight_decay, .grad_scale = scale};
+  // The gathered copies of the weights are stale from here on (and a gather
+  // still reading the shard must finish before the update writes it).
+  stage_.weights_updated();
   kernels::status_check(kernels::launch(params, {}, stage_.stream()), "adamw");
-  // ZeRO-1: every replica gathers the updated parameters from their owners.
-  if (sharded_)
+  // ZeRO-1 and -2: every replica gathers the updated parameters from their
+  // owners; under ZeRO-3 they stay sharded, gathered group by group as the
+  // next forward needs them.
+  if (sharded_ && !stage_.weights_sharded())
     stage_.groups().dp->all_gather_v(stage_.weights() + lo_, stage_.weights(),
                                      std::span<const int64_t>(counts_));
   return s;
@@ -196,7 +204,13 @@ void Optimizer<Elem, G>::weights_full(std::vector<A>& w) {
     host_full(master_, w);
     return;
   }
-  // The weights are the master; every replica holds all of them.
+  // The weights are the master: sharded under ZeRO-3, else every replica
+  // holds all of them.
+  if constexpr (std::is_same_v<Elem, A>)
+    if (stage_.weights_sharded()) {
+      host_full(stage_.weights(), w);
+      return;
+    }
   const int64_t psi = stage_.param_elements();
   w.resize(size_t(psi));
   memory::copy(w.data(), stage_.weights(), psi * int64_t(sizeof(A)), stage_.stream());

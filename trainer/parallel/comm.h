@@ -67,6 +67,12 @@ class Comm {
   // all_gather_v: out (sum of counts) = every rank's in (counts[r]), in rank order.
   virtual void all_gather_v(const void* in, void* out, std::span<const int64_t> counts,
                             DType t) = 0;
+  // The same uneven all-gather begun now, like iall_reduce: in and out stay
+  // untouched by the caller until the request's wait() returns. The default
+  // runs it at once (MPI too: without a progress thread it would not move
+  // beside the caller's work anyway).
+  virtual std::unique_ptr<CommRequest> iall_gather_v(const void* in, void* out, std::span<const int64_t> counts,
+                                                     DType t);
   // reduce_scatter_v: out (counts[rank]) = the sum over ranks of this rank's
   // block of in (sum of counts; block r starts at counts[0] + ... + counts[r-1]).
   // With in == out the result lands in the first counts[rank] elements; with
@@ -111,6 +117,10 @@ class Comm {
   template <typename T>
   void all_gather_v(const T* in, T* out, std::span<const int64_t> counts) {
     all_gather_v(static_cast<const void*>(in), static_cast<void*>(out), counts, dtype_of<T>());
+  }
+  template <typename T>
+  std::unique_ptr<CommRequest> iall_gather_v(const T* in, T* out, std::span<const int64_t> counts) {
+    return iall_gather_v(static_cast<const void*>(in), static_cast<void*>(out), counts, dtype_of<T>());
   }
   template <typename T>
   void reduce_scatter_v(const T* in, T* out, std::span<const int64_t> counts) {

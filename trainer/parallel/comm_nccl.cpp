@@ -163,8 +163,22 @@ class NcclComm final : public Comm {
   }
 
   void all_gather_v(const void* in, void* out, std::span<const int64_t> counts, DType t) override {
-    WEFT_ASSERT(int64_t(counts.size()) == size_);
     start();
+    enqueue_all_gather_v(in, out, counts, t);
+    end();
+  }
+
+  // On the communication stream only, like iall_reduce: ZeRO-3 gathers the
+  // next block's weights there while the compute stream runs this block.
+  std::unique_ptr<CommRequest> iall_gather_v(const void* in, void* out, std::span<const int64_t> counts,
+                                             DType t) override {
+    start();
+    enqueue_all_gather_v(in, out, counts, t);
+    return finish();
+  }
+
+  void enqueue_all_gather_v(const void* in, void* out, std::span<const int64_t> counts, DType t) {
+    WEFT_ASSERT(int64_t(counts.size()) == size_);
     WEFT_NCCL_CHECK(ncclGroupStart());
     int64_t offset = 0;
     for (int64_t r = 0; r < size_; ++r) {
@@ -173,7 +187,6 @@ class NcclComm final : public Comm {
       offset += counts[size_t(r)];
     }
     WEFT_NCCL_CHECK(ncclGroupEnd());
-    end();
   }
 
   void reduce_scatter_v(const void* in, void* out, std::span<const int64_t> counts, DType t) override {

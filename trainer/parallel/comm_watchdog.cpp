@@ -44,6 +44,12 @@ class WatchedComm final : public Comm {
     Call c(*this, "all_gather_v");
     inner_.all_gather_v(in, out, counts, t);
   }
+  std::unique_ptr<CommRequest> iall_gather_v(const void* in, void* out, std::span<const int64_t> counts,
+                                             DType t) override {
+    Call c(*this, "iall_gather_v");
+    return std::make_unique<WatchedRequest>(inner_.iall_gather_v(in, out, counts, t), *this,
+                                            "wait for iall_gather_v");
+  }
   void reduce_scatter_v(const void* in, void* out, std::span<const int64_t> counts,
                         DType t) override {
     Call c(*this, "reduce_scatter_v");

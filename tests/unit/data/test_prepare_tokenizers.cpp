@@ -152,6 +152,19 @@ TEST_F(PrepareHf, TheSameFilesForAnyThreadCount) {
   EXPECT_EQ(read_all(opts.out + "/val.tok"), val);
 }
 
+TEST_F(PrepareHf, MegatronOutputHoldsTheSameTokens) {
+  opts.val_fraction = 0.1;
+  data_prepare(opts);
+  const auto weft = token_data_open(opts.out);
+  opts.format = TokenFormat::megatron;
+  opts.out = dir.path("megatron");
+  data_prepare(opts);
+  const auto megatron = token_data_open(opts.out);
+  EXPECT_EQ(tokens_of(*megatron.train), tokens_of(*weft.train));
+  EXPECT_EQ(tokens_of(*megatron.val), tokens_of(*weft.val));
+  EXPECT_EQ(megatron.meta["tokenizer_file"], weft.meta["tokenizer_file"]);
+}
+
 TEST_F(PrepareHf, InvalidUtf8IsReplacedAndReported) {
   opts.inputs.push_back(dir.file("src/broken.txt", "good line\nbad \xC3( here \xFF\n"));
   const auto r = data_prepare(opts);
