@@ -1,5 +1,5 @@
 // The stage's launch and copy helpers, shared by the files that define
-// LlamaStage's members (llama.cpp, llama_parallel.cpp). Internal to
+// LlamaStage's members (llama.cpp, llama_parallel.cpp, llama_head.cpp). Internal to
 // trainer/model.
 #pragma once
 
