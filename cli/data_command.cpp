@@ -11,6 +11,7 @@
 #include "cli/commands.h"
 #include "cli/progress.h"
 #include "core/error.h"
+#include "core/stop.h"
 #include "trainer/data/corpus.h"
 #include "trainer/data/loader.h"
 #include "trainer/data/prepare.h"
@@ -31,6 +32,7 @@ struct InfoArgs {
 constexpr int64_t kProgressMinBytes = 32 << 20;
 
 int run_prepare(data::PrepareOptions o, const std::string& format) {
+  StopScope stoppable;
   o.format = data::token_format_parse(format);
   std::optional<Progress> progress;
   o.progress = [&](const data::PrepareProgress& p) {

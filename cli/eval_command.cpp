@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "core/stop.h"
 #include "trainer/eval.h"
 
 namespace weft::cli {
@@ -19,6 +20,7 @@ Command add_eval_command(CLI::App& app) {
   sub->add_option("--seq", c->seq, "Sequence length (default: the checkpoint's)");
   sub->add_option("--dump", c->dump_dir, "Write tokens.npy and logits.npy of the first dataset's first sample here");
   return {sub, [c] {
+            StopScope stoppable;
             trainer::evaluate(*c, stdout);
             return 0;
           }};

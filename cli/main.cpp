@@ -1,6 +1,7 @@
 // The weft executable. Library code throws typed errors; this is the one place
-// that turns them into a message and an exit code: 2 for bad input, 1 for
-// anything else.
+// that turns them into a message and an exit code: 2 for bad input, 130 or
+// 143 for work stopped by SIGINT or SIGTERM (core/stop.h), 1 for anything
+// else.
 #include <algorithm>
 #include <cstdio>
 #include <vector>
@@ -9,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/stop.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"weft: trains Llama-family models and tunes their parallel layout"};
@@ -49,10 +51,21 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "weft: error: %s (see weft --help)\n", e.what());
     return 2;
   }
+  weft::stop_handlers_install();
   try {
     for (const auto& c : commands)
-      if (c.sub->parsed()) return c.run();
+      if (c.sub->parsed()) {
+        const int code = c.run();
+        if (weft::stop_requested() && (code == 0 || code >= 128)) {
+          std::fprintf(stderr, "weft: stopped by %s\n", weft::stop_signal_name());
+          return weft::stop_exit_code();
+        }
+        return code;
+      }
     return 2;
+  } catch (const weft::StopRequested& e) {
+    std::fprintf(stderr, "weft: %s\n", e.what());
+    return weft::stop_exit_code();
   } catch (const weft::InputError& e) {
     std::fprintf(stderr, "weft: error: %s\n", e.what());
     return 2;

@@ -25,6 +25,11 @@ int64_t env_int(std::initializer_list<const char*> names, int64_t fallback) {
 }  // namespace
 
 int64_t mpi_world_size_from_env() { return env_int({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS"}, 1); }
+int64_t world_rank_from_env() {
+  for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"})
+    if (const char* s = std::getenv(v)) return std::atoll(s);
+  return 0;
+}
 int64_t local_rank_from_env() {
   for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
     if (const char* s = std::getenv(v)) return std::atoll(s);

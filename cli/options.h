@@ -18,6 +18,7 @@ namespace weft::cli {
 // What the launcher (mpirun, srun) tells a process about its world.
 bool under_mpi();  // launched with more than one rank
 int64_t mpi_world_size_from_env();
+int64_t world_rank_from_env();
 int64_t local_rank_from_env();   // among the ranks of this node
 int64_t local_ranks_from_env();  // ranks on this node
 

@@ -3,6 +3,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 
@@ -12,11 +13,14 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "core/error.h"
+#include "core/stop.h"
+#include "core/units.h"
 #include "memory/device.h"
 #include "trainer/checkpoint/pretrained.h"
 #include "trainer/data/corpus.h"
 #include "trainer/data/token_data.h"
 #include "trainer/loop.h"
+#include "trainer/run_folder.h"
 #include "tuner/recipe.h"
 #ifdef WEFT_HAVE_MPI
 #include "trainer/parallel/comm_mpi.h"
@@ -29,10 +33,6 @@
 namespace weft::cli {
 
 namespace {
-
-std::atomic<bool> g_stop{false};
-
-extern "C" void on_signal(int) { g_stop.store(true); }
 
 struct TrainArgs {
   ModelArgs model{"tiny"};
@@ -52,6 +52,7 @@ struct TrainArgs {
   std::string layout;
   std::string recipe;
   bool force_recipe = false;
+  bool overwrite = false;
   double comm_timeout = 300;
   AutoArgs tune;
   // The layout knobs: given without --auto they choose the layout by hand;
@@ -89,8 +90,30 @@ ModelSpec init_model(const TrainArgs& a, const trainer::TrainConfig& c) {
   return m;
 }
 
+// The end-of-run summary: what ran, how fast, how well, and where the files are.
+void print_summary(const trainer::TrainConfig& c, const trainer::TrainReport& r) {
+  const int64_t ran = std::max<int64_t>(0, r.last_step - r.first_step + 1);
+  std::string s = fmt::format("\n{} after {} step{} ({}..{} of {}) in {}: {} tokens, {:.0f} tok/s\n",
+                              r.interrupted ? fmt::format("stopped by {}", stop_signal_name()) : "finished", ran,
+                              ran == 1 ? "" : "s", r.first_step, r.last_step, c.steps, format_seconds(r.seconds),
+                              ran * c.run.tokens_per_step(), r.tokens_per_second);
+  if (!r.losses.empty())
+    s += fmt::format("  loss {:.4f} -> {:.4f}", r.losses.front(), r.losses.back());
+  if (!std::isnan(r.val_loss)) s += fmt::format(" | validation {:.4f} (unigram baseline {:.4f})", r.val_loss, r.baseline);
+  if (!r.losses.empty() || !std::isnan(r.val_loss)) s += "\n";
+  if (!r.checkpoint.empty()) s += fmt::format("  checkpoint  {}\n", r.checkpoint);
+  s += fmt::format("  metrics     {}/metrics.jsonl\n", c.out_dir);
+  s += fmt::format("  memory      {}/memory/\n", c.out_dir);
+  if (r.interrupted) s += "  continue with the same command and --resume\n";
+  std::fputs(s.c_str(), stdout);
+}
+
 int run_train(TrainArgs& a) {
+  StopScope stoppable;  // tuning, training, validation: signals are requests from here on
   trainer::TrainConfig c = a.cfg;
+  const bool resuming = c.resume || !c.resume_from.empty();
+  if (a.overwrite && resuming)
+    throw InputError("--overwrite starts a new run and --resume continues one; give one of them");
   c.model = c.init.empty() ? a.model.resolve() : init_model(a, c);
   // The device: a GPU when there is one (each rank on a node takes the next),
   // else the CPU, whose cores the node's ranks share.
@@ -149,6 +172,21 @@ int run_train(TrainArgs& a) {
   // the GPU kernels then take its ids as checked.
   data::token_data_validate(data::token_data_open(data::data_spec_or_corpus(c.data)), c.model.vocab, c.run.seq);
   c.data_checked = true;
+  if (!(a.comm_timeout > 0 && std::isfinite(a.comm_timeout)))
+    throw InputError(fmt::format("--comm-timeout {} must be a positive number of seconds", a.comm_timeout));
+  trainer::validate_config(c);
+  if (!tune) {
+    c.layout.validate(c.model, c.run, mpi_world_size_from_env());
+    trainer::check_trainable(c.layout, c.device.kind);
+  }
+  // The run folder, once every cheap check has passed and before tuning or
+  // training write anything: a run refused up to here changed nothing.
+  const auto folder_mode = resuming      ? trainer::RunFolderMode::resume
+                           : a.overwrite ? trainer::RunFolderMode::overwrite
+                                         : trainer::RunFolderMode::fresh;
+  const std::string moved =
+      trainer::run_folder_prepare(c.out_dir, c.ckpt_dir, folder_mode, world_rank_from_env() == 0);
+  if (!moved.empty()) std::fputs(moved.c_str(), stdout);
   if (tune) {
     const int64_t world = mpi_world_size_from_env();
     tuner::SpaceLimits limits;
@@ -176,8 +214,6 @@ int run_train(TrainArgs& a) {
   std::unique_ptr<parallel::CommWatchdog::Scope> armed;
   if (c.layout.world() > 1 || under_mpi()) {
 #ifdef WEFT_HAVE_MPI
-    if (!(a.comm_timeout > 0))
-      throw InputError(fmt::format("--comm-timeout {} must be a positive number of seconds", a.comm_timeout));
     watchdog = std::make_unique<parallel::CommWatchdog>(a.comm_timeout);
     if (gpu) {
 #ifdef WEFT_HAVE_NCCL
@@ -206,11 +242,10 @@ int run_train(TrainArgs& a) {
   else throw InputError(fmt::format("--schedule '{}' is not valid; use cosine or constant", a.schedule));
   c.optim.total_steps = c.steps;
   if (c.eval_samples < 1) throw InputError(fmt::format("--eval-samples {} must be at least 1", c.eval_samples));
-  c.stop = &g_stop;
-  std::signal(SIGINT, on_signal);
-  std::signal(SIGTERM, on_signal);
+  c.stop = &stop_flag();
   const auto report = trainer::train(c, stdout);
-  return report.interrupted ? 130 : 0;
+  if (world_rank_from_env() == 0 && !report.nothing_to_do) print_summary(c, report);
+  return report.interrupted ? stop_exit_code() : 0;
 }
 
 }  // namespace
@@ -297,7 +332,11 @@ Command add_train_command(CLI::App& app) {
       ->capture_default_str();
   sub->add_flag("--no-checkpoint", [&c](int64_t) { c.checkpoints = false; },
                 "Write no checkpoint at all, not even at the end (benchmarks, throwaway runs)");
-  sub->add_flag("--resume", c.resume, "Continue from the newest checkpoint in the checkpoint folder");
+  sub->add_flag("--resume", c.resume,
+                "Continue the run in --out from its newest checkpoint (or start it there when it has none)");
+  sub->add_flag("--overwrite", a->overwrite,
+                "Start a new run in an --out that holds one, moving the earlier run aside to "
+                "<out>.prev-<time> (nothing is deleted)");
   sub->add_option("--resume-from", c.resume_from, "Continue from this checkpoint folder");
   sub->add_option("--init", c.init,
                   "Start from pretrained weights: a Hugging Face model folder (config.json and safetensors in "

@@ -1,5 +1,7 @@
 #include "trainer/eval.h"
 
+#include "core/stop.h"
+
 #include <cmath>
 
 #include <fmt/format.h>
@@ -83,6 +85,7 @@ EvalResult evaluate(const EvalConfig& c, std::FILE* log) {
     const bool dump = r.parts.empty() && !c.dump_dir.empty();
     double loss = 0;
     for (int64_t i = 0; i < c.samples; ++i) {
+      stop_check();
       loader.batch(i, 1, tokens.data(), targets.data());
       stage.capture_logits(i == 0 && dump ? &logits : nullptr);
       stage.forward(0, tokens.data(), targets.data(), 0.0);

@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <chrono>
+#include <ctime>
 #include <cstdlib>
 #include <exception>
 #include <cmath>
@@ -17,11 +18,13 @@
 
 #include "core/flops.h"
 #include "core/json_io.h"
+#include "core/stop.h"
 #include "core/pipeline_schedule.h"
 #include "core/units.h"
 #include "kernels/attention/attention.h"
 #include "memory/device.h"
 #include "memory/estimate.h"
+#include "memory/host_usage.h"
 #include "trainer/checkpoint/checkpoint.h"
 #include "trainer/data/corpus.h"
 #include "trainer/data/loader.h"
@@ -36,6 +39,33 @@ namespace weft::trainer {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// The first record of each launch in metrics.jsonl: what the records after
+// it belong to.
+nlohmann::json metrics_header(const TrainConfig& c, int64_t world, int64_t done, const std::string& resumed_from,
+                              const std::string& data) {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char start[32];
+  std::strftime(start, sizeof start, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return {{"kind", "run"},
+          {"weft_version", WEFT_VERSION},
+          {"commit", WEFT_COMMIT},
+          {"start", start},
+          {"model", c.model},
+          {"layout", c.layout.to_string()},
+          {"run", c.run},
+          {"device", c.device.summary()},
+          {"world", world},
+          {"seed", c.seed},
+          {"steps", c.steps},
+          {"first_step", done + 1},
+          {"resumed_from", resumed_from.empty() ? nlohmann::json() : nlohmann::json(resumed_from)},
+          {"init", c.init.empty() ? nlohmann::json() : nlohmann::json(c.init)},
+          {"data", data},
+          {"optim", c.optim}};
+}
 
 
 std::string memory_table(const TrainReport& r, const DeviceSpec& d) {
@@ -53,6 +83,13 @@ std::string memory_table(const TrainReport& r, const DeviceSpec& d) {
   }
   s += fmt::format("  {:<12} {:>12} {:>12} {:>+8.2f}%\n", "total", format_bytes(double(mt)),
                    format_bytes(double(pt)), pt > 0 ? 100.0 * double(mt - pt) / double(pt) : 0.0);
+  // The rows above are the arena the model sized, so they agree by
+  // construction; this one is counted by the kernel or the driver.
+  if (r.independent > 0)
+    s += fmt::format("  {:<12} {:>12} {:>12} {:>+8.2f}%   ({})\n", "independent", format_bytes(double(r.independent)),
+                     format_bytes(double(pt)), pt > 0 ? 100.0 * double(r.independent - pt) / double(pt) : 0.0,
+                     d.kind == DeviceKind::cpu ? "growth of the process's peak resident memory over the run, VmHWM"
+                                               : "device memory in use by the run, cudaMemGetInfo");
   return s;
 }
 
@@ -119,6 +156,10 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
   // own share (arena, CUDA context, cuBLAS and NCCL workspaces) can be shown.
   using R = Run<Elem, G>;
   const int64_t device_before = R::kDevice ? memory::device_memory().used() : 0;
+  // On the CPU the kernel's count of resident memory: its high-water mark
+  // restarts here, so its growth is what this run added.
+  const bool host_peak = !R::kDevice && memory::host_peak_reset();
+  const int64_t host_before = host_peak ? memory::host_usage().rss : 0;
   // On a GPU the rank's predicted memory is reserved before the run builds
   // anything: a device too small fails here, on every rank together and
   // before any collective, with the sizes named.
@@ -174,7 +215,23 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
   } else {
     run.init(c.seed);
   }
-  if (rank0) run.metrics.open(fs::path(c.out_dir) / "metrics.jsonl", std::ios::app);
+  if (ck && done >= c.steps) {
+    // A relaunched job that already finished: say so and touch nothing.
+    fmt::print(log, "nothing to train: {} is at step {} and --steps is {}; give a larger --steps to go on\n",
+               resume, done, c.steps);
+    report.first_step = done + 1;
+    report.last_step = done;
+    report.nothing_to_do = true;
+    report.val_loss = std::numeric_limits<double>::quiet_NaN();
+    return report;
+  }
+  if (rank0) {
+    run.metrics.open(fs::path(c.out_dir) / "metrics.jsonl", std::ios::app);
+    // Every launch starts with a header: a resumed run's records follow
+    // their own, so the file tells the launches apart.
+    run.metrics << metrics_header(c, world, done, ck ? resume : std::string(), run.data.path).dump() << "\n";
+    run.metrics.flush();
+  }
 
   const double peak = c.device.peak_flops(to_string(c.run.precision));
   const double flops_per_step = model_flops_per_step(c.model, c.run);
@@ -232,7 +289,7 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
                  c.watchdog ? fmt::format(" | comm {}/step", format_seconds(comm)) : "",
                  s.skipped ? " | SKIPPED (non-finite)" : "");
       std::fflush(log);
-      run.metrics << nlohmann::json{{"step", step},         {"loss", loss},
+      run.metrics << nlohmann::json{{"kind", "train"},      {"step", step},         {"loss", loss},
                                     {"lr", s.lr},           {"grad_norm", s.grad_norm},
                                     {"tokens_per_s", tps},  {"tflops", fps / 1e12},
                                     {"mfu", mfu(fps, world, peak)}, {"peak_bytes", run.arena.peak_total()},
@@ -248,9 +305,11 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
     }
     if (c.eval_every > 0 && step % c.eval_every == 0 && step != c.steps) {
       const double v = run.validation_loss();
+      if (std::isnan(v) && c.stop && c.stop->load()) continue;  // stopped midway: the next step stops
       fmt::print(log, "step {:>5} | validation loss {:.4f} (unigram baseline {:.4f})\n", step, v,
                  report.baseline);
-      run.metrics << nlohmann::json{{"step", step}, {"val_loss", v}}.dump() << "\n";
+      run.metrics << nlohmann::json{{"kind", "val"}, {"step", step}, {"val_loss", v}}.dump() << "\n";
+      run.metrics.flush();
     }
     if (c.checkpoints && c.ckpt_every > 0 && step % c.ckpt_every == 0 && step != c.steps)
       report.checkpoint = run.save(step, lr);
@@ -264,22 +323,32 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
     report.checkpoint = run.save(report.last_step, lr);
     fmt::print(log, "{}checkpoint {}\n", report.interrupted ? "stopped early; " : "", report.checkpoint);
   }
-  report.val_loss = run.validation_loss();
+  // A stopped run skips the final validation (it may take minutes); one
+  // stopped midway through it reads NaN.
+  report.val_loss = report.interrupted ? std::numeric_limits<double>::quiet_NaN() : run.validation_loss();
   const int64_t ran = report.last_step - report.first_step + 1;
   report.tokens_per_second = ran > 0 ? double(ran * c.run.tokens_per_step()) / train_time : 0;
-  fmt::print(log, "validation loss {:.4f} nats/token vs unigram baseline {:.4f} ({:+.1f}%)\n",
-             report.val_loss, report.baseline, 100 * (report.val_loss - report.baseline) / report.baseline);
-  run.metrics << nlohmann::json{{"step", report.last_step}, {"val_loss", report.val_loss},
-                                {"baseline", report.baseline}}
-                     .dump()
-              << "\n";
+  report.seconds = train_time;
+  if (!std::isnan(report.val_loss)) {
+    fmt::print(log, "validation loss {:.4f} nats/token vs unigram baseline {:.4f} ({:+.1f}%)\n",
+               report.val_loss, report.baseline, 100 * (report.val_loss - report.baseline) / report.baseline);
+    run.metrics << nlohmann::json{{"kind", "val"},           {"step", report.last_step},
+                                  {"val_loss", report.val_loss}, {"baseline", report.baseline},
+                                  {"final", true}}
+                       .dump()
+                << "\n";
+  } else if (report.interrupted) {
+    fmt::print(log, "final validation skipped: stopped by {}\n", stop_signal_name());
+  }
   report.measured = run.arena.peaks();
+  if (host_peak) report.independent = std::max<int64_t>(0, memory::host_usage().peak - host_before);
   if constexpr (R::kDevice) {
     // The runtime's share is what the driver counts beyond the arena; the
     // memory model's "overhead" category predicts it.
     const int64_t used = memory::device_memory().used() - device_before;
     const int64_t arena = run.arena.reserved() > 0 ? run.arena.reserved() : run.arena.in_use_total();
     report.measured[size_t(memory::Category::overhead)] = std::max<int64_t>(0, used - arena);
+    report.independent = std::max<int64_t>(0, used);
     fmt::print(log, "device memory: {} in use by this run (cudaMemGetInfo), arena peak {}\n",
                format_bytes(double(used)), format_bytes(double(run.arena.peak_total())));
   }
@@ -293,6 +362,22 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
     mj["measured"][memory::to_string(cat)] = report.measured[size_t(cat)];
     mj["predicted"][memory::to_string(cat)] = report.predicted[size_t(cat)];
   }
+  if (report.independent > 0)
+    mj["independent"] = {{"bytes", report.independent},
+                         {"what", R::kDevice ? "device memory in use by the run (cudaMemGetInfo)"
+                                             : "growth of the peak resident set over the run (VmHWM)"}};
+  run.metrics << nlohmann::json{{"kind", "end"},
+                                {"last_step", report.last_step},
+                                {"steps_run", std::max<int64_t>(0, ran)},
+                                {"interrupted", report.interrupted},
+                                {"signal", report.interrupted ? stop_signal_name() : ""},
+                                {"seconds", train_time},
+                                {"tokens", std::max<int64_t>(0, ran) * c.run.tokens_per_step()},
+                                {"tokens_per_s", report.tokens_per_second},
+                                {"checkpoint", report.checkpoint}}
+                     .dump()
+              << "\n";
+  run.metrics.flush();
   file_write_atomic((fs::path(c.out_dir) / "memory" / fmt::format("rank{}.json", run.groups.world->rank())).string(),
                     mj.dump(1) + "\n");
   return report;
@@ -300,17 +385,10 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
 
 }  // namespace
 
-TrainReport train(const TrainConfig& c, std::FILE* log_all) {
+void validate_config(const TrainConfig& c) {
   c.model.validate();
   c.run.validate();
   c.optim.validate();
-  const int64_t world = c.groups ? c.groups->world->size() : 1;
-  c.layout.validate(c.model, c.run, world);
-  check_trainable(c.layout, c.device.kind);
-  const bool rank0 = !c.groups || c.groups->world->rank() == 0;
-  // Only world rank 0 reports; the others write their progress nowhere.
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> devnull(std::fopen("/dev/null", "w"), &std::fclose);
-  std::FILE* log = rank0 ? log_all : devnull.get();
   if (c.steps < 1 && !(c.steps == 0 && !c.init.empty()))
     throw InputError(fmt::format("--steps {} must be at least 1 (0 only with --init: it writes the loaded "
                                  "model as a step-0 checkpoint)",
@@ -329,8 +407,29 @@ TrainReport train(const TrainConfig& c, std::FILE* log_all) {
                                  "pass --precision bf16, or --device cpu for fp32",
                                  to_string(c.run.precision)));
   if (c.log_every < 1) throw InputError(fmt::format("--log-every {} must be at least 1", c.log_every));
+  if (c.eval_every < 0)
+    throw InputError(fmt::format("--eval-every {} is not valid; use 0 (at the end only) or a number of steps",
+                                 c.eval_every));
+  if (c.eval_samples < 1) throw InputError(fmt::format("--eval-samples {} must be at least 1", c.eval_samples));
+  if (c.ckpt_every < 0)
+    throw InputError(fmt::format("--ckpt-every {} is not valid; use 0 (at the end only) or a number of steps",
+                                 c.ckpt_every));
+  if (c.threads < 0)
+    throw InputError(fmt::format("--threads {} is not valid; use 0 (every core) or a number of threads", c.threads));
+}
+
+TrainReport train(const TrainConfig& c, std::FILE* log_all) {
+  validate_config(c);
+  const int64_t world = c.groups ? c.groups->world->size() : 1;
+  c.layout.validate(c.model, c.run, world);
+  check_trainable(c.layout, c.device.kind);
+  const bool rank0 = !c.groups || c.groups->world->rank() == 0;
+  // Only world rank 0 reports; the others write their progress nowhere.
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> devnull(std::fopen("/dev/null", "w"), &std::fclose);
+  std::FILE* log = rank0 ? log_all : devnull.get();
   set_threads(c.threads);
 
+  const bool gpu = c.device.kind == DeviceKind::gpu;
   data::TokenData data = data::token_data_open(data::data_spec_or_corpus(c.data));
   if (!c.data_checked) data::token_data_validate(data, c.model.vocab, c.run.seq);
   if (gpu && c.layout.grad == GradPrecision::bf16)

@@ -65,6 +65,12 @@ struct TrainReport {
   std::string checkpoint;      // the last checkpoint written
   std::array<int64_t, memory::kCategories> measured{};   // arena peaks
   std::array<int64_t, memory::kCategories> predicted{};  // memory model
+  // Measured apart from the arena: on the CPU the growth of the process's
+  // resident high-water mark over the run (memory/host_usage.h), on a GPU
+  // the driver's count of device memory in use (cudaMemGetInfo). 0: none.
+  int64_t independent = 0;
+  double seconds = 0;          // wall time of the training steps
+  bool nothing_to_do = false;  // resumed at or past --steps
 };
 
 // LayoutError when the trainer cannot run a valid layout yet (ZeRO-3 with
@@ -72,6 +78,11 @@ struct TrainReport {
 // or not on this device in this build (attn:cudnn on a CPU, or in a build
 // without the cuDNN frontend; grad:bf16 on a CPU, which trains in fp32).
 void check_trainable(const Layout& l, DeviceKind device = DeviceKind::gpu);
+
+// InputError naming the value for settings train() cannot run with, apart
+// from the layout (steps, intervals, threads, precision against the device,
+// --init against --resume-from, the model, run and optimizer specs).
+void validate_config(const TrainConfig& c);
 
 // OpenMP and BLAS threads of this process (0: every core).
 void set_threads(int64_t threads);

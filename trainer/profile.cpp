@@ -1,5 +1,7 @@
 #include "trainer/profile.h"
 
+#include "core/stop.h"
+
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -99,12 +101,14 @@ const char* to_string(TrialStatus s) {
     case TrialStatus::timeout: return "timeout";
     case TrialStatus::out_of_memory: return "oom";
     case TrialStatus::failed: return "failed";
+    case TrialStatus::stopped: return "stopped";
   }
   return "?";
 }
 
 TrialStatus trial_status_parse(const std::string& s) {
-  for (auto v : {TrialStatus::ok, TrialStatus::timeout, TrialStatus::out_of_memory, TrialStatus::failed})
+  for (auto v : {TrialStatus::ok, TrialStatus::timeout, TrialStatus::out_of_memory, TrialStatus::failed,
+                 TrialStatus::stopped})
     if (s == to_string(v)) return v;
   throw InputError(fmt::format("trial status '{}' is not one of ok, timeout, oom, failed", s));
 }
@@ -215,10 +219,14 @@ TrialOutcome profile_layout(const ProfileConfig& pc, parallel::Comm& control, co
         out.losses.push_back(loss);
         out.steps = i + 1;
         const int64_t n = int64_t(times.size());
-        std::array<int32_t, 2> flags{
+        std::array<int32_t, 3> flags{
             n < pc.timed_steps || (timed < pc.min_timed_s && n < pc.max_timed_steps) ? 1 : 0,
-            pc.time_limit_s > 0 && seconds_since(t_start) > pc.time_limit_s ? 1 : 0};
-        run.groups.host_groups().world->all_reduce(flags.data(), 2, parallel::ReduceOp::max);
+            pc.time_limit_s > 0 && seconds_since(t_start) > pc.time_limit_s ? 1 : 0, stop_requested() ? 1 : 0};
+        run.groups.host_groups().world->all_reduce(flags.data(), 3, parallel::ReduceOp::max);
+        if (flags[2]) {
+          mine = {TrialStatus::stopped, fmt::format("stopped by a signal after {} steps", i + 1)};
+          break;
+        }
         if (!flags[0]) break;
         if (flags[1]) {
           mine = {TrialStatus::timeout, fmt::format("past the trial time limit of {:g} s after {} steps",

@@ -27,7 +27,8 @@
 
 namespace weft::trainer {
 
-enum class TrialStatus { ok, timeout, out_of_memory, failed };
+// stopped: a signal asked the process to stop (core/stop.h); no measurement.
+enum class TrialStatus { ok, timeout, out_of_memory, failed, stopped };
 const char* to_string(TrialStatus s);
 TrialStatus trial_status_parse(const std::string& s);
 

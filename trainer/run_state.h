@@ -189,6 +189,11 @@ struct Run {
     double loss = 0;
     const int64_t pp_size = c.layout.pp, vpp = c.layout.vpp;
     for (int64_t j = 0; j < rounds; ++j) {
+      // A stop request ends validation on every rank at the same sample
+      // (the signal may reach them apart): the result is then NaN.
+      int32_t stop = c.stop && c.stop->load() ? 1 : 0;
+      groups.host_groups().world->all_reduce(&stop, 1, parallel::ReduceOp::max);
+      if (stop) return std::numeric_limits<double>::quiet_NaN();
       // Walk the virtual stages in order; this rank runs those it holds.
       for (int64_t v = 0; v < pp_size * vpp; ++v) {
         if (v % pp_size != s) continue;
@@ -223,6 +228,7 @@ struct Run {
         (fs::path(c.ckpt_dir.empty() ? c.out_dir + "/checkpoints" : c.ckpt_dir) /
          checkpoint::checkpoint_dir_name(step)).string();
     state_save(dir, stage, optim, info);
+    if (groups.world->rank() == 0) checkpoint::mark_latest(fs::path(dir).parent_path().string(), fs::path(dir).filename().string());
     return dir;
   }
 

@@ -128,8 +128,13 @@ Journal Journal::open(const std::string& path, const nlohmann::json& header) {
             !e["result"]["layout"].is_string())
           throw bad(line_no, "a result without an object \"result\" holding a string \"layout\"");
         j.note_result(e["result"]);
+      } else if (kind == "abandon") {
+        if (!e.contains("layout") || !e["layout"].is_string())
+          throw bad(line_no, "an abandon without a string \"layout\"");
+        j.running_.erase(e["layout"].get<std::string>());
       } else {
-        throw bad(line_no, fmt::format("unknown kind \"{}\" (expected header, start or result)", kind));
+        throw bad(line_no,
+                  fmt::format("unknown kind \"{}\" (expected header, start, result or abandon)", kind));
       }
     }
   }
@@ -191,6 +196,11 @@ void Journal::note_result(const nlohmann::json& result) {
   const std::string layout = result["layout"].get<std::string>();
   latest_[layout] = results_.size();
   results_.push_back(result);
+  running_.erase(layout);
+}
+
+void Journal::abandon(const std::string& layout) {
+  append(json{{"kind", "abandon"}, {"layout", layout}});
   running_.erase(layout);
 }
 

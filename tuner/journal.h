@@ -5,6 +5,8 @@
 //   {"kind":"header", ...what the trials depend on: model hash, world, ...}
 //   {"kind":"start","layout":"tp2-pp1-dp4-mb1"}
 //   {"kind":"result","result":{"layout":"tp2-pp1-dp4-mb1","step_s":0.41,...}}
+//   {"kind":"abandon","layout":"tp2-pp1-dp4-mb1"}   (stopped by a signal: no
+//                                                   result, and not a crash)
 //
 // Every entry is appended with one write() of the whole line and fsync'ed
 // before the call returns, so a crash leaves each line either whole or, for
@@ -43,6 +45,9 @@ class Journal {
   // Records a trial's result, an object with a string "layout"; on disk
   // before returning.
   void finish(const nlohmann::json& result);
+  // Records that the started trial of `layout` was stopped on request (a
+  // signal): a re-run profiles it again instead of taking it for a crash.
+  void abandon(const std::string& layout);
 
   // Completed results in the order they were recorded, each the object given
   // to finish().

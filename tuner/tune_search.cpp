@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/flops.h"
+#include "core/stop.h"
 #include "core/units.h"
 #include "trainer/loop.h"
 
@@ -251,7 +252,10 @@ TrialRecord Search::trial(SearchCandidate& cand, int64_t order, Mode mode) {
     t.tokens_per_s = tokens_ / m.step_s;
     t.mfu = mfu(flops_ / m.step_s, ctx_.cluster.gpus, r_.peak_flops);
   }
-  if (journaled) journal_->finish(trial_to_json(t));
+  if (journaled) {
+    if (m.status == trainer::TrialStatus::stopped) journal_->abandon(text);
+    else journal_->finish(trial_to_json(t));
+  }
   return t;
 }
 
@@ -287,7 +291,8 @@ void Search::run() {
     // Rank 0 decides; every rank follows, so that clocks and files that
     // differ between ranks cannot split them.
     Next n;
-    if (rank0_) n = choose();
+    if (rank0_ && stop_requested()) r_.stop_reason = fmt::format("stopped by {}", stop_signal_name());
+    else if (rank0_) n = choose();
     n.pick = share(control_, n.pick);
     if (n.pick < 0) break;
     n.mode = Mode(share(control_, int64_t(n.mode)));

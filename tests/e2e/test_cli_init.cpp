@@ -196,6 +196,9 @@ TEST(CliInit, BadInputIsOneClearLineAndNothingIsWritten) {
       EXPECT_EQ(res.code, 2) << c.args << "\n" << res.out;
       EXPECT_EQ(std::count(res.out.begin(), res.out.end(), '\n'), 1) << c.args << "\n" << res.out;
       EXPECT_EQ(res.out.rfind("weft: error: ", 0), 0u) << c.args << "\n" << res.out;
+      // Into the good run's folder, the folder's own refusal may come
+      // first: it is checked before the checksums are read.
+      if (out == good && res.out.find("already holds a run") != std::string::npos) continue;
       for (const auto& s : c.says) EXPECT_NE(res.out.find(s), std::string::npos) << c.args << "\n" << res.out;
     }
   }

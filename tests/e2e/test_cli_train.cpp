@@ -114,11 +114,86 @@ TEST(CliTrain, SigintSavesACheckpointAndExits) {
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 130);
   const size_t steps = losses(out + "/metrics.jsonl").size();
-  const auto dirs = std::distance(fs::directory_iterator(out + "/checkpoints"), fs::directory_iterator{});
+  int64_t dirs = 0;
+  for (const auto& e : fs::directory_iterator(out + "/checkpoints")) dirs += e.is_directory() ? 1 : 0;
   EXPECT_EQ(dirs, 1);
   char name[32];
-  std::snprintf(name, sizeof(name), "/step_%06zu", steps);
-  EXPECT_TRUE(fs::exists(out + "/checkpoints" + name + "/manifest.json")) << name;
+  std::snprintf(name, sizeof(name), "step_%06zu", steps);
+  EXPECT_TRUE(fs::exists(out + "/checkpoints/" + name + "/manifest.json")) << name;
+  std::ifstream latest(out + "/checkpoints/latest");
+  std::string named;
+  std::getline(latest, named);
+  EXPECT_EQ(named, name);
+  // The run's records end with one saying it was stopped, and the final
+  // validation was skipped.
+  std::string line, last;
+  for (std::ifstream in(out + "/metrics.jsonl"); std::getline(in, line);) last = line;
+  const auto end = nlohmann::json::parse(last);
+  EXPECT_EQ(end["kind"], "end");
+  EXPECT_EQ(end["interrupted"], true);
+  EXPECT_EQ(end["signal"], "SIGINT");
+}
+
+// Two runs into one folder never lose the first: the second is refused
+// naming the ways on; --resume continues from the checkpoint written last
+// (not the highest step number lying around); --overwrite moves the earlier
+// run aside whole.
+TEST(CliTrain, RunFolderIsNeverLost) {
+  TempDir dir;
+  const auto data = corpus(dir);
+  const auto out = dir.path("run");
+  const std::string args = "train --data " + data + kSmall + " --eval-samples 2 --out " + out;
+  auto r = run_weft(args + " --steps 4");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* s : {"finished after 4 steps", "checkpoint", "metrics.jsonl"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+  const auto ckpt4 = out + "/checkpoints/step_000004/model.safetensors";
+  const auto bytes4 = fs::file_size(ckpt4);
+
+  r = run_weft(args + " --steps 6");
+  EXPECT_EQ(r.code, 2) << r.out;
+  for (const char* s : {"already holds a run", "metrics.jsonl", "step_000004", "--resume", "--out", "--overwrite"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+  EXPECT_EQ(losses(out + "/metrics.jsonl").size(), 4u);
+
+  // A stray higher-numbered checkpoint (an older run's, copied in by hand)
+  // does not win over the one this run wrote last.
+  fs::copy(out + "/checkpoints/step_000004", out + "/checkpoints/step_000100", fs::copy_options::recursive);
+  r = run_weft(args + " --steps 6 --resume");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("step_000004 at step 4"), std::string::npos) << r.out;
+  EXPECT_EQ(losses(out + "/metrics.jsonl").size(), 6u);
+  int64_t headers = 0;
+  std::string line;
+  for (std::ifstream in(out + "/metrics.jsonl"); std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    ASSERT_TRUE(j.contains("kind")) << line;
+    if (j["kind"] == "run") {
+      ++headers;
+      for (const char* k : {"model", "layout", "seed", "commit", "start", "first_step"})
+        EXPECT_TRUE(j.contains(k)) << k << " " << line;
+      EXPECT_EQ(j["first_step"], headers == 1 ? 1 : 5) << line;
+    }
+  }
+  EXPECT_EQ(headers, 2);
+
+  // At or past --steps, a resumed run says so and changes nothing.
+  r = run_weft(args + " --steps 6 --resume");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("nothing to train"), std::string::npos) << r.out;
+  EXPECT_EQ(losses(out + "/metrics.jsonl").size(), 6u);
+
+  r = run_weft(args + " --steps 2 --overwrite");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("aside to"), std::string::npos) << r.out;
+  EXPECT_EQ(losses(out + "/metrics.jsonl").size(), 2u);
+  std::vector<fs::path> aside;
+  for (const auto& e : fs::directory_iterator(dir.path("")))
+    if (e.path().filename().string().rfind("run.prev-", 0) == 0) aside.push_back(e.path());
+  ASSERT_EQ(aside.size(), 1u);
+  EXPECT_EQ(fs::file_size(aside[0] / "checkpoints/step_000004/model.safetensors"), bytes4);
+  EXPECT_TRUE(fs::exists(aside[0] / "checkpoints/step_000006/manifest.json"));
+  EXPECT_EQ(losses((aside[0] / "metrics.jsonl").string()).size(), 6u);
 }
 
 // The same text prepared as Megatron .bin/.idx trains exactly as weft's .tok

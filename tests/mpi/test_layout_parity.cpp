@@ -194,7 +194,7 @@ TEST(LayoutParity, BadLayoutsAreClearErrors) {
                                    " --seq 16 --global-batch 8 --steps 2 --layout tp2-pp2-dp1 --out " +
                                    f.dir.path("x"));
   EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.out.find("needs 4 ranks"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("tp*pp*dp = 2*2*1 = 4 must equal the world size 3"), std::string::npos) << r.out;
   // A layout that does not divide the model.
   r = Fixture::run_mpi(2, "train --data " + f.data + " --model " + f.config +
                               " --seq 16 --global-batch 8 --steps 2 --layout tp1-pp2-dp1-vpp3 --out " +

@@ -8,6 +8,7 @@
 #include <charconv>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <set>
 
@@ -284,9 +285,20 @@ bool looks_complete(const fs::path& dir) {
 
 }  // namespace
 
+void mark_latest(const std::string& root, const std::string& dir_name) {
+  file_write_atomic((fs::path(root) / "latest").string(), dir_name + "\n");
+}
+
 std::optional<std::string> latest_checkpoint(const std::string& root) {
   std::error_code ec;
   if (!fs::is_directory(root, ec)) return std::nullopt;
+  if (std::ifstream in(fs::path(root) / "latest"); in) {
+    std::string name;
+    std::getline(in, name);
+    bool moved_aside = false;
+    if (parse_step_name(name, moved_aside) && !moved_aside && looks_complete(fs::path(root) / name))
+      return (fs::path(root) / name).string();
+  }
   // step -> (folder, moved aside); a plain step_N wins over a moved-aside one.
   std::map<int64_t, std::vector<std::pair<fs::path, bool>>> candidates;
   for (const auto& entry : fs::directory_iterator(root, ec)) {

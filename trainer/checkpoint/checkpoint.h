@@ -86,8 +86,15 @@ void check_compatible(const Manifest& manifest, const ModelSpec& model,
 // "step_000100": the folder name of a step's checkpoint under a root.
 std::string checkpoint_dir_name(int64_t step);
 
+// Records `dir_name` (a step_N folder under `root`) as the newest checkpoint
+// of the run: "<root>/latest", written atomically after the folder is in
+// place, so --resume continues from the checkpoint written last even where a
+// higher step number is lying around.
+void mark_latest(const std::string& root, const std::string& dir_name);
+
 // The newest complete checkpoint under `root` (a folder of step_N folders):
-// the highest N whose manifest parses and whose files exist with their
+// the one "<root>/latest" names when it is complete; else the highest N
+// whose manifest parses and whose files exist with their
 // recorded sizes (checksums are left to load_checkpoint). Temporary folders
 // are ignored; a "step_N.old-<pid>" folder left by a save that died between
 // moving the old folder aside and putting the new one in place counts as

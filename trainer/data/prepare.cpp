@@ -1,5 +1,7 @@
 #include "trainer/data/prepare.h"
 
+#include "core/stop.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -165,6 +167,7 @@ class BatchEncoder {
     PrepareProgress progress;
     progress.bytes_total = total_bytes;
     for (size_t begin = 0; begin < pieces.size();) {
+      stop_check();  // the caller removes the unfinished folder
       size_t end = begin;
       int64_t bytes = 0;
       while (end < pieces.size() && end - begin < kBatchPieces && bytes < kBatchBytes)
