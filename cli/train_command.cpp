@@ -11,6 +11,7 @@
 #include "cli/auto_tune.h"
 #include "cli/commands.h"
 #include "cli/options.h"
+#include "cli/progress.h"
 #include "core/error.h"
 #include "memory/device.h"
 #include "trainer/checkpoint/pretrained.h"
@@ -209,7 +210,11 @@ int run_train(TrainArgs& a) {
   c.stop = &g_stop;
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
-  const auto report = trainer::train(c, stdout);
+  CountProgress bar(stdout, "training");
+  c.on_step = [&bar](int64_t step, int64_t steps) { bar.update(step, steps); };
+  const auto report = trainer::train(c, bar.log());
+  bar.finish();
+  if (!c.groups || c.groups->world->rank() == 0) write_run_report(c.out_dir, stdout);
   return report.interrupted ? 130 : 0;
 }
 
