@@ -14,6 +14,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "tuner/report.h"
+
 namespace weft::tuner {
 
 // Above this many layouts with a prediction, a dry-run page keeps the top
@@ -27,6 +29,9 @@ inline constexpr size_t kReportTrainRecords = 20000;
 // MFU, peak bytes, step), bins of the points not kept exact, the top layouts'
 // step breakdown and the best layout's memory per stage.
 nlohmann::json report_data_dry_run(const nlohmann::json& dry_run);
+// The same straight from an evaluated space (weft tune --dry-run --format
+// html), without the JSON of every layout in between.
+nlohmann::json report_data_space(const SpaceReport& r, const ReportContext& ctx);
 // A tuning's data from its tuning.json (tune_report_json): copied as it is,
 // with the trials' start times added for the timeline.
 nlohmann::json report_data_tuning(const nlohmann::json& tuning);
