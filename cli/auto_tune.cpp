@@ -1,5 +1,6 @@
 #include "cli/auto_tune.h"
 #include "cli/options.h"
+#include "cli/progress.h"
 
 #include <array>
 #include <cstdio>
@@ -146,7 +147,10 @@ Layout auto_layout(const trainer::TrainConfig& base, const tuner::SpaceLimits& l
     // A fresh tuning keeps the previous journal beside the new one.
     if (a.retune && fs::exists(o.journal)) fs::rename(o.journal, o.journal + ".prev");
   }
-  const tuner::TuneResult r = tuner::tune(ctx, limits, base, o, *control, make_groups, out);
+  CountProgress bar(log, "tuning trials");
+  if (rank0) o.progress = [&bar](int64_t done, int64_t total) { bar.update(done, total); };
+  const tuner::TuneResult r = tuner::tune(ctx, limits, base, o, *control, make_groups, out ? bar.log() : nullptr);
+  bar.finish();
   if (!r.winner) throw InputError(fmt::format("tuning found no layout that runs: every trial failed; see {}",
                                               (dir / "tuning.md").string()));
   const Layout chosen = r.trials[*r.winner].layout;

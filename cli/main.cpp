@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
       weft::cli::add_data_command(app),
       weft::cli::add_export_command(app),
       weft::cli::add_calibrate_command(app),
+      weft::cli::add_report_command(app),
   };
 
   const bool known = argc > 1 && std::any_of(commands.begin(), commands.end(), [&](const auto& c) {

@@ -55,3 +55,72 @@ void Progress::finish() {
 }
 
 }  // namespace weft::cli
+
+namespace weft::cli {
+
+// The log stream of a CountProgress: each write lifts the bar off the line,
+// writes the text, and puts the bar back once the text ends a line.
+struct CountProgressCookie {
+  static ssize_t write(void* self, const char* buf, size_t n) {
+    auto* p = static_cast<CountProgress*>(self);
+    p->clear();
+    std::fwrite(buf, 1, n, p->terminal_);
+    if (n > 0 && buf[n - 1] == '\n') p->draw();
+    std::fflush(p->terminal_);
+    return ssize_t(n);
+  }
+};
+
+CountProgress::CountProgress(std::FILE* terminal, std::string what) : terminal_(terminal), what_(std::move(what)) {
+  if (!::isatty(fileno(terminal))) return;
+  cookie_io_functions_t io{nullptr, &CountProgressCookie::write, nullptr, nullptr};
+  log_ = ::fopencookie(this, "w", io);
+  // Line buffered: the bar comes back after whole lines, not halves.
+  if (log_) std::setvbuf(log_, nullptr, _IOLBF, 1 << 14);
+}
+
+CountProgress::~CountProgress() {
+  finish();
+  if (log_) std::fclose(log_);
+}
+
+void CountProgress::clear() {
+  if (bar_.empty()) return;
+  fmt::print(terminal_, "\r\x1b[K");
+}
+
+void CountProgress::draw() {
+  if (bar_.empty()) return;
+  fmt::print(terminal_, "\r{}\x1b[K", bar_);
+}
+
+void CountProgress::update(int64_t done, int64_t total) {
+  if (!log_ || total <= 0) return;
+  std::fflush(log_);
+  const auto now = std::chrono::steady_clock::now();
+  if (first_done_ < 0) {
+    first_done_ = done;
+    first_ = now;
+  }
+  const double frac = std::clamp(double(done) / double(total), 0.0, 1.0);
+  const int filled = static_cast<int>(frac * kBarWidth);
+  const double seconds = std::chrono::duration<double>(now - first_).count();
+  std::string eta;
+  if (done > first_done_ && done < total) {
+    const double left = seconds / double(done - first_done_) * double(total - done);
+    eta = left >= 90 ? fmt::format("  ETA {:.0f} min", left / 60) : fmt::format("  ETA {:.0f} s", left);
+  }
+  bar_ = fmt::format("  {} [{}{}] {}/{} {:3.0f}%{}", what_, std::string(filled, '#'),
+                     std::string(kBarWidth - filled, '.'), done, total, 100 * frac, eta);
+  draw();
+  std::fflush(terminal_);
+}
+
+void CountProgress::finish() {
+  if (log_) std::fflush(log_);
+  clear();
+  bar_.clear();
+  std::fflush(terminal_);
+}
+
+}  // namespace weft::cli

@@ -1,4 +1,5 @@
-// Progress of a long pass over bytes (tokenizing a corpus), for people.
+// Progress for people: of a long pass over bytes (tokenizing a corpus), and
+// of counted items (CountProgress, below).
 //
 // On a terminal: one line redrawn in place, a bar with percent, megabytes
 // and throughput, at most ten times a second. Elsewhere (a log file, a
@@ -6,8 +7,10 @@
 // Inputs below `min_bytes` print nothing: they finish before a bar helps.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <string>
 
 namespace weft::cli {
 
@@ -32,6 +35,37 @@ class Progress {
   double last_draw_ = -1;
   int last_tenth_ = 0;
   bool drawn_ = false;
+};
+
+// Progress over counted items (tuning trials, training steps) whose log lines
+// go to the same terminal. On a TTY a bar with the count and an ETA stays on
+// the bottom line and log lines written through log() scroll above it;
+// elsewhere log() is the stream itself and there is no bar (plain lines).
+class CountProgress {
+ public:
+  CountProgress(std::FILE* terminal, std::string what);
+  ~CountProgress();
+  CountProgress(const CountProgress&) = delete;
+  CountProgress& operator=(const CountProgress&) = delete;
+
+  // The stream to print log lines to.
+  std::FILE* log() { return log_ ? log_ : terminal_; }
+  // `done` of `total` items; the ETA is the mean time per item since the
+  // first update times the items left.
+  void update(int64_t done, int64_t total);
+  // Takes the bar off the terminal for good.
+  void finish();
+
+ private:
+  friend struct CountProgressCookie;
+  void clear();
+  void draw();
+  std::FILE* terminal_;
+  std::FILE* log_ = nullptr;  // writes through to terminal_ around the bar (TTY only)
+  std::string what_;
+  std::string bar_;           // the bar's current text; empty when none is shown
+  int64_t first_done_ = -1;
+  std::chrono::steady_clock::time_point first_;
 };
 
 }  // namespace weft::cli

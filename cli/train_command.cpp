@@ -1,6 +1,5 @@
 // `weft train`: trains on this machine. With no arguments it trains the tiny
 // default model on the default corpus on the CPU.
-#include <csignal>
 #include <cstdlib>
 #include <algorithm>
 #include <cmath>
@@ -12,6 +11,7 @@
 #include "cli/auto_tune.h"
 #include "cli/commands.h"
 #include "cli/options.h"
+#include "cli/progress.h"
 #include "core/error.h"
 #include "core/stop.h"
 #include "core/units.h"
@@ -243,8 +243,14 @@ int run_train(TrainArgs& a) {
   c.optim.total_steps = c.steps;
   if (c.eval_samples < 1) throw InputError(fmt::format("--eval-samples {} must be at least 1", c.eval_samples));
   c.stop = &stop_flag();
-  const auto report = trainer::train(c, stdout);
-  if (world_rank_from_env() == 0 && !report.nothing_to_do) print_summary(c, report);
+  CountProgress bar(stdout, "training");
+  c.on_step = [&bar](int64_t step, int64_t steps) { bar.update(step, steps); };
+  const auto report = trainer::train(c, bar.log());
+  bar.finish();
+  const bool rank0 = world_rank_from_env() == 0;
+  // The report also after a stop: it shows how far the run got.
+  if (rank0 && !report.nothing_to_do) write_run_report(c.out_dir, stdout);
+  if (rank0 && !report.nothing_to_do) print_summary(c, report);
   return report.interrupted ? stop_exit_code() : 0;
 }
 

@@ -126,7 +126,7 @@ Command add_tune_command(CLI::App& app) {
   add_space_options(*sub, args->space);
   sub->add_flag("--dry-run", args->dry_run,
                 "Evaluate with the memory and cost models only (no devices needed)");
-  sub->add_option("--format", args->format, "Output: table, json, csv or md")
+  sub->add_option("--format", args->format, "Output: table, json, csv, md, or html (a page with plots of every layout; see weft report)")
       ->capture_default_str();
   sub->add_option("--out", args->out, "Write the report to this file instead of stdout");
   sub->add_option("--layout", args->layout,

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what a fresh Debian machine lacks, then configures and builds weft
-# into build/. Safe to run again: it installs only missing packages and
+# into build/ (chromium is the headless browser the HTML report test renders
+# pages with; zlib reads its screenshots). Safe to run again: it installs only missing packages and
 # rebuilds incrementally. Extra arguments are passed to the CMake configure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,7 +10,8 @@ packages=(cmake g++ make ninja-build pkg-config
           libopenmpi-dev openmpi-bin libnlopt-dev libnlopt-cxx-dev libfmt-dev
           libcli11-dev nlohmann-json3-dev libopenblas-openmp-dev
           libgtest-dev libgmock-dev libbenchmark-dev fortunes procps
-          libpcre2-dev libsentencepiece-dev)
+          libpcre2-dev libsentencepiece-dev
+          zlib1g-dev chromium)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

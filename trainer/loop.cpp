@@ -313,6 +313,7 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
     }
     if (c.checkpoints && c.ckpt_every > 0 && step % c.ckpt_every == 0 && step != c.steps)
       report.checkpoint = run.save(step, lr);
+    if (c.on_step) c.on_step(step, c.steps);
   }
   (void)t_start;
   // --steps 0 with --init: the loaded model itself, as a step-0 checkpoint

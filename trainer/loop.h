@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,8 @@ struct TrainConfig {
   // stretches without communication (the weights' initialisation) tell it
   // they are progress.
   parallel::CommWatchdog* watchdog = nullptr;
+  // Called after every step with (step, steps): a progress bar. May be empty.
+  std::function<void(int64_t, int64_t)> on_step;
 };
 
 struct TrainReport {

@@ -1,6 +1,7 @@
 #include "tuner/report.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -9,6 +10,7 @@
 #include "core/error.h"
 #include "core/units.h"
 #include "trainer/loop.h"
+#include "tuner/html_report.h"
 
 namespace weft::tuner {
 
@@ -17,7 +19,8 @@ ReportFormat report_format_parse(const std::string& s) {
   if (s == "json") return ReportFormat::json;
   if (s == "csv") return ReportFormat::csv;
   if (s == "md") return ReportFormat::md;
-  throw InputError(fmt::format("unknown report format '{}'; valid: table, json, csv, md", s));
+  if (s == "html") return ReportFormat::html;
+  throw InputError(fmt::format("unknown report format '{}'; valid: table, json, csv, md, html", s));
 }
 
 namespace {
@@ -273,6 +276,8 @@ std::string report_render(ReportFormat f, const SpaceReport& r, const ReportCont
     case ReportFormat::json: return report_json(r, ctx, top).dump(1) + "\n";
     case ReportFormat::csv: return report_csv(r, ctx, top);
     case ReportFormat::md: return report_md(r, ctx, top);
+    case ReportFormat::html:
+      return report_html(report_data_space(r, ctx));
   }
   return {};
 }

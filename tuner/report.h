@@ -1,5 +1,6 @@
 // Dry-run reports of an evaluated layout space: a terminal table, and every
-// layout (fitting or not) as JSON, CSV or Markdown for scripts and docs.
+// layout (fitting or not) as JSON, CSV or Markdown for scripts and docs, and
+// as an HTML page with plots for people.
 #pragma once
 
 #include <string>
@@ -19,7 +20,7 @@ struct ReportContext {
   double tie = 0.01;  // evaluate()'s tie rule: within this fraction of the fastest, less memory first
 };
 
-enum class ReportFormat { table, json, csv, md };
+enum class ReportFormat { table, json, csv, md, html };
 ReportFormat report_format_parse(const std::string& s);
 
 // The top `top` fitting layouts (layouts predicted alike but for the
@@ -35,6 +36,8 @@ nlohmann::json report_json(const SpaceReport& r, const ReportContext& ctx, int64
 std::string report_csv(const SpaceReport& r, const ReportContext& ctx, int64_t top);
 std::string report_md(const SpaceReport& r, const ReportContext& ctx, int64_t top);
 
+// html: the page of tuner/html_report.h over every layout evaluated (its
+// plots need the whole space; `top` does not apply).
 std::string report_render(ReportFormat f, const SpaceReport& r, const ReportContext& ctx,
                           int64_t top);
 

@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -55,6 +56,9 @@ struct TuneOptions {
   // Test faults, "KIND:TRIAL:RANK[,...]" with KIND refuse_memory, hang or die
   // and TRIAL the 1-based position in the profiling order (WEFT_TUNE_FAULT).
   std::string faults;
+  // Called on rank 0 after each trial with the trials profiled and the most
+  // that will be (a progress bar); may be empty.
+  std::function<void(int64_t done, int64_t total)> progress;
 };
 
 struct TrialRecord {

@@ -284,6 +284,7 @@ void Search::record(const TrialRecord& t) {
   if (o_.budget_s > 0)
     line += fmt::format(" | {} left", format_seconds(std::max(0.0, o_.budget_s - since(start_))));
   say(line + "\n");
+  if (o_.progress) o_.progress(profiled_, limit_);
 }
 
 void Search::run() {

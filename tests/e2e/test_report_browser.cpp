@@ -1,0 +1,113 @@
+// The HTML reports in a real browser: headless Chromium renders each kind of
+// page; the page must draw without a script error (its body says
+// data-weft="ok") and its screenshot must not be blank. Prints each page's
+// size and open times (never asserted tightly: timing is for benchmarks/).
+// Skipped where no Chromium is installed (tools/setup.sh installs it).
+// WEFT_REPORT_SHOTS=<folder> keeps the pages and screenshots there.
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+
+#include <gtest/gtest.h>
+
+#include "../unit/test_util.h"
+#include "cli_runner.h"
+#include "png_reader.h"
+#include "report_page.h"
+
+namespace weft::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kFixtures = std::string(WEFT_FIXTURES_DIR) + "/report";
+
+std::string browser() {
+  if (const char* b = std::getenv("WEFT_BROWSER")) return b;
+  for (const char* name : {"chromium", "chromium-browser", "google-chrome", "google-chrome-stable"}) {
+    const auto r = run_shell(std::string("command -v ") + name + " 2>/dev/null");
+    if (r.code == 0 && !r.out.empty()) return r.out.substr(0, r.out.find('\n'));
+  }
+  return {};
+}
+
+class ReportBrowser : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    chromium_ = browser();
+    if (chromium_.empty()) GTEST_SKIP() << "no Chromium installed (apt-get install chromium; tools/setup.sh does)";
+    const char* keep = std::getenv("WEFT_REPORT_SHOTS");
+    out_ = keep ? std::string(keep) : dir_.path("shots");
+    fs::create_directories(out_);
+  }
+
+  std::string chrome(const std::string& args) const {
+    // A profile of its own, so parallel tests do not share one.
+    return chromium_ + " --headless --no-sandbox --disable-gpu --hide-scrollbars --user-data-dir=" +
+           dir_.path("profile") + " " + args;
+  }
+
+  // Renders `page`: the DOM after the script ran, and a screenshot.
+  void render(const std::string& name, const std::string& page) {
+    const std::string url = "file://" + fs::absolute(page).string();
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto dom = run_shell(chrome("--dump-dom " + url) + " 2>/dev/null");
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_EQ(dom.code, 0) << name;
+    EXPECT_NE(dom.out.find("data-weft=\"ok\""), std::string::npos) << name << ": the script did not finish";
+    // Script errors are written into this element (window.onerror): it stays empty.
+    const size_t err = dom.out.find("<div id=\"weft-errors\">");
+    ASSERT_NE(err, std::string::npos) << name;
+    EXPECT_EQ(dom.out.compare(err, 28, "<div id=\"weft-errors\"></div>"), 0) << name << ": " << dom.out.substr(err, 600);
+    auto attr = [&](const std::string& key) {
+      const size_t at = dom.out.find(key + "=\"");
+      return at == std::string::npos ? -1.0 : std::atof(dom.out.c_str() + at + key.size() + 2);
+    };
+    const std::string png = out_ + "/" + name + ".png";
+    const auto shot = run_shell(chrome("--window-size=1200,2400 --screenshot=" + png + " " + url) + " 2>/dev/null");
+    ASSERT_EQ(shot.code, 0) << name;
+    const Image img = png_read(png);
+    const int64_t ink = png_ink(img);
+    std::printf("[ report ] %-14s %8.1f KB  open %.0f ms (parse + draw, in the page), script %.0f ms, "
+                "chromium --dump-dom %.2f s in all; %lld of %lld pixels drawn\n",
+                name.c_str(), double(fs::file_size(page)) / 1e3, attr("data-open-ms"), attr("data-draw-ms"), wall,
+                static_cast<long long>(ink), static_cast<long long>(img.width * img.height));
+    EXPECT_GT(ink, img.width * img.height / 50) << name << ": the screenshot is nearly blank";
+    // A sanity bound, far above the 2 s the pages are meant to open in.
+    EXPECT_LT(attr("data-open-ms"), 10000) << name;
+    if (!std::getenv("WEFT_REPORT_SHOTS")) return;
+    fs::copy_file(page, out_ + "/" + name + ".html", fs::copy_options::overwrite_existing);
+  }
+
+  TempDir dir_;
+  std::string chromium_, out_;
+};
+
+TEST_F(ReportBrowser, DryRunPages) {
+  auto r = run_weft("tune --dry-run --model llama-7b --gpu h100 --gpus 16 --format html --out " +
+                    dir_.path("dry.html"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  render("dry-run", dir_.path("dry.html"));
+  r = run_weft("tune --dry-run --model llama-65b --gpu a100-80gb --gpus 1024 --format html --out " +
+               dir_.path("big.html"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  render("dry-run-65b", dir_.path("big.html"));
+}
+
+TEST_F(ReportBrowser, TuningPage) {
+  const auto r = run_weft("report " + kFixtures + "/tuning.json --out " + dir_.path("tuning.html"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  render("tuning", dir_.path("tuning.html"));
+}
+
+TEST_F(ReportBrowser, RunPage) {
+  fs::copy(kFixtures + "/resumed", dir_.path("run"), fs::copy_options::recursive);
+  // With a tuning beside it, as weft train --auto leaves one.
+  fs::copy_file(kFixtures + "/tuning.json", dir_.path("run/tuning.json"));
+  const auto r = run_weft("report " + dir_.path("run"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  render("run", dir_.path("run/report.html"));
+}
+
+}  // namespace
+}  // namespace weft::test
