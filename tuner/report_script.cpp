@@ -391,13 +391,13 @@ function memorySection(d) {
   if (!d.memory.length) { h("p", "No memory/rank*.json in this folder.", ms, "note"); return; }
   const sum = o => Object.values(o || {}).reduce((a, v) => a + (typeof v === "number" ? v : 0), 0);
   for (const m of d.memory.slice(0, 8)) {
+    // The trainer writes {"bytes": N, "what": "..."}: one number for the whole rank.
     const ind = m.independent, cats = d.categories.concat(["total"]);
-    const indOf = k => typeof ind === "number" ? (k === "total" ? ind : null)
-        : ind && typeof ind === "object" ? (k in ind ? ind[k] : k === "total" ? maxOf(Object.entries(ind)
-            .filter(([n]) => !d.categories.includes(n)), ([, v]) => v) : null) : null;
+    const indBytes = typeof ind === "number" ? ind : ind && typeof ind.bytes === "number" ? ind.bytes : null;
+    const indOf = k => k === "total" ? indBytes : null;
     const val = (src, k) => k === "total" ? sum(src) : (src || {})[k] || 0;
     const series = [["measured", m.measured, PALETTE[0]], ["predicted", m.predicted, PALETTE[1]]];
-    const hasInd = ind != null;
+    const hasInd = indBytes != null;
     const top = Math.max(...cats.map(k => Math.max(val(m.measured, k), val(m.predicted, k), indOf(k) || 0)));
     const c = chart(ms, {title: `Rank ${m.rank} (pipeline stage ${m.pp_rank})`, xlabel: "memory category",
                          ylabel: "memory (GiB)", cats, y: [0, gib(top)]});
@@ -413,7 +413,7 @@ function memorySection(d) {
       });
     });
     const items = [{label: "measured (arena peak)", color: PALETTE[0]}, {label: "predicted (memory model)", color: PALETTE[1]}];
-    if (hasInd) items.push({label: "independent" + (typeof ind === "object" ? ` (${Object.keys(ind).join(", ")})` : ""),
+    if (hasInd) items.push({label: "independent" + (ind && typeof ind.what === "string" ? `: ${ind.what}` : ""),
                             color: PALETTE[2]});
     legend(c, items);
   }

@@ -165,7 +165,7 @@ TEST(CliReport, RunFolderOfAResumedRun) {
   EXPECT_EQ(page["resumes"], json::array({6}));
   EXPECT_EQ(page["unreadable_lines"], 1);
   EXPECT_EQ(page["val"].size(), 3u);
-  EXPECT_EQ(page["memory"][0]["independent"]["peak_rss"], 410000000);
+  EXPECT_EQ(page["memory"][0]["independent"]["bytes"], 410000000);
   // The later record of step 6 (the resumed run's) is the one kept.
   std::istringstream in(read_text(dir.path("run/metrics.jsonl")));
   json last6;
