@@ -3,6 +3,10 @@
 // 143 for work stopped by SIGINT or SIGTERM (core/stop.h), 1 for anything
 // else.
 #include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <vector>
 
@@ -11,6 +15,45 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/stop.h"
+
+namespace {
+
+// Every number on the command line is checked as text before CLI11 converts
+// it, which would otherwise clamp 99999999999999999999 to INT64_MAX and take
+// nan and inf: whole numbers must fit 64 bits, real numbers must be finite.
+// Ranges are each option's own (the commands check them, naming the option).
+void add_number_checks(CLI::App& app) {
+  const CLI::Validator whole(
+      [](std::string& v) -> std::string {
+        int64_t x = 0;
+        const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+        if (ec == std::errc::result_out_of_range)
+          return "'" + v + "' is past the 64-bit range of a whole number (at most 9223372036854775807)";
+        if (ec != std::errc() || end != v.data() + v.size()) return "'" + v + "' is not a whole number";
+        return {};
+      },
+      "", "whole number");
+  const CLI::Validator finite(
+      [](std::string& v) -> std::string {
+        char* end = nullptr;
+        errno = 0;
+        const double x = std::strtod(v.c_str(), &end);
+        if (end == v.c_str() || *end != '\0') return "'" + v + "' is not a number";
+        if (!std::isfinite(x) || errno == ERANGE) return "'" + v + "' is not a finite number";
+        return {};
+      },
+      "", "finite number");
+  for (CLI::App* sub : app.get_subcommands({})) {
+    for (CLI::Option* o : sub->get_options()) {
+      const std::string type = o->get_type_name();
+      if (type.rfind("INT", 0) == 0 || type.rfind("UINT", 0) == 0) o->check(whole);
+      else if (type.rfind("FLOAT", 0) == 0) o->check(finite);
+    }
+    add_number_checks(*sub);
+  }
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"weft: trains Llama-family models and tunes their parallel layout"};
@@ -30,6 +73,7 @@ int main(int argc, char** argv) {
       weft::cli::add_report_command(app),
   };
 
+  add_number_checks(app);
   const bool known = argc > 1 && std::any_of(commands.begin(), commands.end(), [&](const auto& c) {
     return c.sub->get_name() == argv[1];
   });

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
+
 #include "core/error.h"
 
 namespace weft {
@@ -54,6 +56,12 @@ std::vector<PipeOp> pipeline_schedule(int64_t pp, int64_t vpp, int64_t m, int64_
   WEFT_ASSERT(pp >= 1 && vpp >= 1 && m >= 1 && stage >= 0 && stage < pp);
   WEFT_ASSERT(vpp == 1 || m % pp == 0);
   const int64_t total = m * vpp;
+  // Up to six operations per micro-batch chunk; past 2^24 chunks the list
+  // alone takes gigabytes, for a step no one would run.
+  if (total > (int64_t{1} << 24))
+    throw InputError(fmt::format("{} micro-batches per step{} make a pipeline schedule past weft's limit of 2^24; "
+                                 "use a larger micro-batch or a smaller global batch",
+                                 m, vpp > 1 ? fmt::format(" x {} virtual stages", vpp) : ""));
   const int64_t warmup = warmup_count(pp, vpp, m, stage);
   std::vector<PipeOp> ops;
   ops.reserve(size_t(total) * 6);

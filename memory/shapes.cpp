@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
+
+#include <fmt/format.h>
 
 #include "core/error.h"
 #include "core/pipeline_schedule.h"
@@ -39,7 +42,27 @@ struct Dims {
   int64_t B, T, Tsp, C, Hl, Kl, D, Fl, Vl, a;
 };
 
+// The largest tensor a layout's table holds is mb x seq x (the widest of
+// C, F/tp, V/tp, (H + 2 H_kv) D / tp) elements, or the materialized scores
+// mb x H/tp x seq x seq; the byte counts of the table and the workspaces
+// multiply these by at most 64 (fp32, several buffers, rounding). Sizes a
+// 64-bit count cannot hold are bad input, found here once instead of as
+// overflow in every product below.
+void check_representable(const ModelSpec& m, const RunSpec& run, const Layout& l) {
+  using Wide = __int128;
+  const Wide widest = std::max<Wide>({m.hidden, m.intermediate, m.vocab, Wide(m.heads + 2 * m.kv_heads) * m.head_dim});
+  const Wide rows = Wide(l.mb) * run.seq;
+  const Wide scores = rows * m.heads * run.seq;
+  const Wide limit = Wide(std::numeric_limits<int64_t>::max()) / 64;
+  if (rows * widest > limit || scores > limit)
+    throw InputError(fmt::format(
+        "micro-batch {} x sequence {} makes tensors of more than 2^57 elements ({} x {} x {}{}), past what "
+        "64-bit sizes hold; use a shorter --seq or a smaller micro-batch",
+        l.mb, run.seq, l.mb, run.seq, int64_t(widest), rows * widest > limit ? "" : " (attention scores)"));
+}
+
 Dims dims(const ModelSpec& m, const RunSpec& run, const Layout& l) {
+  check_representable(m, run, l);
   const int64_t t = l.tp;
   return Dims{l.mb,           run.seq,          l.sp ? run.seq / t : run.seq,
               m.hidden,       m.heads / t,      m.kv_heads / t,

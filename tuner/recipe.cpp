@@ -1,5 +1,6 @@
 #include "tuner/recipe.h"
 
+#include <cmath>
 #include <cstdlib>
 
 #include <fmt/format.h>
@@ -72,6 +73,21 @@ Recipe recipe_from_json(const nlohmann::json& j, const std::string& origin) {
     r.predicted = j.value("predicted", nlohmann::json::object());
     r.measured = j.value("measured", nlohmann::json::object());
     r.tuning = j.value("tuning", nlohmann::json::object());
+    // The figures are shown and compared: each must be an object of finite,
+    // non-negative numbers (or text).
+    for (const auto& [name, section] : {std::pair<const char*, const nlohmann::json*>{"predicted", &r.predicted},
+                                        {"measured", &r.measured}}) {
+      if (!section->is_object())
+        throw bad(fmt::format("field '{}' must be an object of figures, got {}", name, section->dump()));
+      for (const auto& [key, v] : section->items())
+        if (v.is_number() && !(v.get<double>() >= 0 && std::isfinite(v.get<double>())))
+          throw bad(fmt::format("field '{}.{}' must be a finite number >= 0, got {}", name, key, v.dump()));
+    }
+    if (!r.tuning.is_object()) throw bad(fmt::format("field 'tuning' must be an object, got {}", r.tuning.dump()));
+    for (const auto& [name, v] : {std::pair<const char*, int64_t>{"cluster.device_memory_bytes", r.device_memory},
+                                  {"cluster.world", r.world},
+                                  {"cluster.gpus_per_node", r.gpus_per_node}})
+      if (v <= 0) throw bad(fmt::format("field '{}' must be positive, got {}", name, v));
   } catch (const nlohmann::json::exception& e) {
     throw bad(fmt::format("missing or malformed field ({})", e.what()));
   } catch (const FileFormatError&) {

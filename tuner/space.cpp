@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 #include <numeric>
 
 #include <fmt/format.h>
+
+#include "core/error.h"
 
 namespace weft::tuner {
 
@@ -130,8 +133,11 @@ SpaceReport evaluate(const ModelSpec& m, const RunSpec& run, const ClusterSpec& 
   r.candidates.resize(layouts.size());
   // Each layout is independent: the full space of a large model on a large
   // cluster is hundreds of thousands of them, evaluated on every core.
+  // An exception may not leave an OpenMP loop: the first one is kept and
+  // thrown after it.
+  std::exception_ptr failed;
 #pragma omp parallel for schedule(dynamic, 256)
-  for (size_t i = 0; i < layouts.size(); ++i) {
+  for (size_t i = 0; i < layouts.size(); ++i) try {
     const Layout& l = layouts[i];
     Candidate& c = r.candidates[i];
     c.layout = l;
@@ -153,7 +159,17 @@ SpaceReport evaluate(const ModelSpec& m, const RunSpec& run, const ClusterSpec& 
         c.prune_class = std::string("oom: ") + memory::to_string(c.memory.binding);
       }
     }
+  } catch (const InputError& e) {
+    // Sizes past 64 bits or past the schedule's limit: this layout cannot be, others may.
+    Candidate& c = r.candidates[i];
+    c.verdict = Verdict::invalid;
+    c.reason = e.what();
+    c.prune_class = "size";
+  } catch (...) {
+#pragma omp critical(weft_space_failed)
+    if (!failed) failed = std::current_exception();
   }
+  if (failed) std::rethrow_exception(failed);
   // Sorted through an index: a candidate is a few hundred bytes, and moving
   // each of hundreds of thousands of them through a stable sort costs more
   // than evaluating them.

@@ -86,6 +86,16 @@ TrialRecord record_from_json(const nlohmann::json& j, const std::string& origin)
     t.measured_peak = j.value("measured_peak_bytes", int64_t{0});
     t.seconds = j.value("seconds", 0.0);
     if (t.status != "killed") trainer::trial_status_parse(t.status);
+    for (const auto& [name, v] : {std::pair<const char*, double>{"predicted_s", t.predicted_s},
+                                  {"calibrated_s", t.calibrated_s},
+                                  {"measured_s", t.measured_s},
+                                  {"tokens_per_s", t.tokens_per_s},
+                                  {"mfu", t.mfu},
+                                  {"predicted_peak_bytes", double(t.predicted_peak)},
+                                  {"measured_peak_bytes", double(t.measured_peak)},
+                                  {"seconds", t.seconds}})
+      if (!(v >= 0 && std::isfinite(v)))
+        throw InputError(fmt::format("field '{}' must be a finite number >= 0, got {}", name, v));
     if (t.status == "ok" && !(t.measured_s > 0))
       throw InputError(fmt::format("an ok trial with measured_s {}", t.measured_s));
     return t;

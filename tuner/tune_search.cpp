@@ -217,6 +217,12 @@ TrialRecord Search::trial(SearchCandidate& cand, int64_t order, Mode mode) {
       if (const auto* j = journal_->result(text)) {
         t = record_from_json(*j, journal_->path());
         t.order = order;
+        // Figures derived from the measured step are derived again, not
+        // taken from the file.
+        if (t.status == "ok") {
+          t.tokens_per_s = tokens_ / t.measured_s;
+          t.mfu = mfu(flops_ / t.measured_s, ctx_.cluster.gpus, r_.peak_flops);
+        }
       } else {
         t.status = "killed";
         t.reason = "the process died during this trial in an earlier run (tuning journal)";

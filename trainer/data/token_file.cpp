@@ -19,7 +19,7 @@ namespace {
 
 // Byte layout of the header; see token_file.h.
 constexpr int64_t kOffVersion = 8, kOffDtype = 12, kOffCount = 16, kOffVocab = 24,
-                  kOffChecksum = 32;
+                  kOffChecksum = 32, kOffHeaderChecksum = 40;
 
 template <typename T>
 T field(const uint8_t* bytes, int64_t offset) {
@@ -40,6 +40,7 @@ std::vector<uint8_t> header_bytes(const TokenFileHeader& h) {
   field_set<int64_t>(b.data(), kOffCount, h.count);
   field_set<int64_t>(b.data(), kOffVocab, h.vocab);
   field_set<uint64_t>(b.data(), kOffChecksum, h.checksum);
+  if (h.version >= 2) field_set<uint64_t>(b.data(), kOffHeaderChecksum, checksum64(b.data(), kOffHeaderChecksum));
   return b;
 }
 
@@ -158,9 +159,9 @@ TokenFileHeader token_file_header_parse(const uint8_t* bytes, int64_t size,
   }
   TokenFileHeader h;
   h.version = field<uint32_t>(bytes, kOffVersion);
-  if (h.version != kTokenFileVersion)
+  if (h.version != 1 && h.version != kTokenFileVersion)
     throw FileFormatError(
-        fmt::format("weft token file '{}' has format version {}; this weft reads version {}", path,
+        fmt::format("weft token file '{}' has format version {}; this weft reads versions 1 and {}", path,
                     h.version, kTokenFileVersion));
   const uint32_t width = field<uint32_t>(bytes, kOffDtype);
   if (width == 2)
@@ -187,6 +188,13 @@ TokenFileHeader token_file_header_parse(const uint8_t* bytes, int64_t size,
         path, short_file ? "truncated" : "longer than its header says", h.count,
         dtype_name(h.dtype), width, payload));
   }
+  // Last, so that the faults above keep their own messages; what is left
+  // is a field changed consistently with the file, such as the vocab.
+  if (h.version >= 2 && field<uint64_t>(bytes, kOffHeaderChecksum) != checksum64(bytes, kOffHeaderChecksum))
+    throw FileFormatError(fmt::format(
+        "weft token file '{}' is corrupt: its header (vocab, count or dtype) does not match the header checksum; "
+        "prepare the data again",
+        path));
   return h;
 }
 

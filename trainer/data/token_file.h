@@ -2,15 +2,20 @@
 //
 //   offset  size  field
 //        0     8  magic "WEFTTOK\0"
-//        8     4  format version (uint32), currently 1
+//        8     4  format version (uint32), currently 2
 //       12     4  dtype: bytes per token (uint32), 2 = uint16, 4 = uint32
 //       16     8  token count (int64)
 //       24     8  vocab size (int64), 0 when unknown
 //       32     8  XXH64 (seed 0) of the payload bytes (uint64)
-//       40    24  reserved, zero
+//       40     8  XXH64 (seed 0) of header bytes 0..39 (uint64); version 2 on
+//                 (version 1 files have zero here and are still read: only
+//                 their payload is covered)
+//       48    16  reserved, zero
 //       64     -  payload: count tokens, little-endian, unsigned
 //
-// All fields are little-endian. The checksum covers exactly the payload, so
+// All fields are little-endian. The header checksum makes a changed count or
+// vocab (which the payload checksum cannot see) a refused file, and it is
+// checked on every open: it costs nothing. The payload checksum covers exactly the payload, so
 // `tail -c +65 f.tok | xxhsum -H1` reproduces it. The payload starts 64 bytes
 // into a page-aligned mapping, so it is naturally aligned for both dtypes.
 #pragma once
@@ -27,7 +32,7 @@
 namespace weft::data {
 
 inline constexpr char kTokenFileMagic[8] = {'W', 'E', 'F', 'T', 'T', 'O', 'K', '\0'};
-inline constexpr uint32_t kTokenFileVersion = 1;
+inline constexpr uint32_t kTokenFileVersion = 2;
 inline constexpr int64_t kTokenFileHeaderBytes = 64;
 
 // How much of a file to check when opening it.

@@ -132,8 +132,24 @@ TEST_F(CorruptWeftFile, FlippedPayloadByte) {
 }
 
 TEST_F(CorruptWeftFile, FutureVersion) {
-  bytes[8] = 2;
-  expect_refused(bytes, "version 2", "version 1");
+  bytes[8] = 3;
+  expect_refused(bytes, "version 3", "versions 1 and 2");
+}
+
+// The vocab is outside the payload checksum; the header checksum covers it.
+TEST_F(CorruptWeftFile, ChangedVocab) {
+  bytes[24] = 0x7f;  // vocab 256 -> 383: still a plausible file
+  expect_refused(bytes, "header checksum");
+  // Even when only the header is checked.
+  WEFT_EXPECT_THROW_MSG(token_source_open(bad, Integrity::header), FileFormatError, "header checksum");
+}
+
+// Files written before the header checksum (version 1) are still read.
+TEST_F(CorruptWeftFile, VersionOneIsStillRead) {
+  bytes[8] = 1;
+  std::fill(bytes.begin() + 40, bytes.begin() + 48, '\0');
+  file_put(bad, bytes);
+  EXPECT_EQ(token_source_open(bad)->size(), 100);
 }
 
 TEST_F(CorruptWeftFile, UnknownDtype) {
