@@ -382,7 +382,8 @@ void register_rope_swiglu() {
     const int64_t n = kB * kT * kH * kD;
     auto* q = random_array<bf16>(keep, n);
     auto* k = random_array<bf16>(keep, n);
-    const RopeParams<bf16> p{RopeDirection::forward, kB, kT, kH, kH, kD, 0, 10000.0, q->data(), k->data()};
+    const RopeParams<bf16> p{.direction = RopeDirection::forward, .B = kB, .T = kT, .H = kH, .H_kv = kH,
+                             .D = kD, .theta = 10000.0, .q = q->data(), .k = k->data()};
     run(state, op_of(p, keep), 2.0 * 2 * 2 * double(n), 0);  // q and k read and written
   });
   add("swiglu/forward_8192x11008", [](benchmark::State& state) {

@@ -1,5 +1,6 @@
 #include "core/model_spec.h"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -47,15 +48,22 @@ void ModelSpec::validate() const {
     bad.push_back(fmt::format("head_dim={} must be even for rotary embeddings", head_dim));
   if (!(rope_theta > 0)) bad.push_back(fmt::format("rope_theta={} must be positive", rope_theta));
   if (!(norm_eps > 0)) bad.push_back(fmt::format("norm_eps={} must be positive", norm_eps));
+  for (auto& p : rope_scaling_problems(rope_scaling)) bad.push_back(std::move(p));
   if (!bad.empty())
     throw InputError(fmt::format("model '{}': {}", name, fmt::join(bad, "; ")));
 }
 
 std::string ModelSpec::hash() const {
   // FNV-1a over the canonical architecture text: stable across platforms.
-  const std::string text = fmt::format("V{}C{}F{}L{}H{}K{}D{}r{:.17g}e{:.17g}t{}", vocab, hidden,
-                                       intermediate, layers, heads, kv_heads, head_dim,
-                                       rope_theta, norm_eps, tied_embeddings ? 1 : 0);
+  std::string text = fmt::format("V{}C{}F{}L{}H{}K{}D{}r{:.17g}e{:.17g}t{}", vocab, hidden,
+                                 intermediate, layers, heads, kv_heads, head_dim, rope_theta,
+                                 norm_eps, tied_embeddings ? 1 : 0);
+  // Plain RoPE adds nothing, so the hashes of models without scaling (and the
+  // recipes and checkpoints that record them) stay what they were.
+  const RopeScaling& s = rope_scaling;
+  if (s.enabled())
+    text += fmt::format("s{}f{:.17g}l{:.17g}h{:.17g}o{}", rope_scaling_type_name(s.type), s.factor,
+                        s.low_freq_factor, s.high_freq_factor, s.original_max_position);
   const uint64_t h = fnv1a64(text);
   return fmt::format("{:016x}", h);
 }
@@ -65,9 +73,10 @@ std::string ModelSpec::summary() const {
   const std::string size = n >= 1e9 ? fmt::format("{:.2f}B", n / 1e9)
                            : n >= 1e6 ? fmt::format("{:.2f}M", n / 1e6)
                                       : fmt::format("{:.1f}K", n / 1e3);
-  return fmt::format("{} ({} params: V={} C={} F={} L={} H={} H_kv={} D={}{})", name, size, vocab,
+  const std::string rope = rope_scaling_summary(rope_scaling);
+  return fmt::format("{} ({} params: V={} C={} F={} L={} H={} H_kv={} D={}{}{}{})", name, size, vocab,
                      hidden, intermediate, layers, heads, kv_heads, head_dim,
-                     tied_embeddings ? " tied" : "");
+                     tied_embeddings ? " tied" : "", rope.empty() ? "" : " ", rope);
 }
 
 namespace {
@@ -78,9 +87,15 @@ struct Preset {
   double theta, eps;
   bool tied;
   int64_t max_seq;
+  // rope_scaling llama3 (factor, low_freq_factor, high_freq_factor,
+  // original_max_position_embeddings); factor 0 for plain RoPE.
+  double rope_factor = 0, rope_low = 0, rope_high = 0;
+  int64_t rope_original = 0;
 };
 
-// Values from each model's published Hugging Face config.json. The tiny
+// Values from each model's published Hugging Face config.json (Llama 3 has
+// "rope_scaling": null; Llama 3.1 and 3.2 have rope_type "llama3" with factor
+// 8 and 32, low_freq_factor 1, high_freq_factor 4, original 8192). The tiny
 // presets are weft's own, sized for tests and the CPU default run.
 constexpr Preset kPresets[] = {
     {"llama-7b", 32000, 4096, 11008, 32, 32, 32, 128, 1e4, 1e-6, false, 2048},
@@ -92,7 +107,10 @@ constexpr Preset kPresets[] = {
     {"llama2-70b", 32000, 8192, 28672, 80, 64, 8, 128, 1e4, 1e-5, false, 4096},
     {"llama3-8b", 128256, 4096, 14336, 32, 32, 8, 128, 5e5, 1e-5, false, 8192},
     {"llama3-70b", 128256, 8192, 28672, 80, 64, 8, 128, 5e5, 1e-5, false, 8192},
-    {"llama3.2-1b", 128256, 2048, 8192, 16, 32, 8, 64, 5e5, 1e-5, true, 131072},
+    {"llama3.1-8b", 128256, 4096, 14336, 32, 32, 8, 128, 5e5, 1e-5, false, 131072, 8, 1, 4, 8192},
+    {"llama3.1-70b", 128256, 8192, 28672, 80, 64, 8, 128, 5e5, 1e-5, false, 131072, 8, 1, 4, 8192},
+    {"llama3.2-1b", 128256, 2048, 8192, 16, 32, 8, 64, 5e5, 1e-5, true, 131072, 32, 1, 4, 8192},
+    {"llama3.2-3b", 128256, 3072, 8192, 28, 24, 8, 128, 5e5, 1e-5, true, 131072, 32, 1, 4, 8192},
     // Byte-level vocabulary; the default model of `weft train` on a CPU.
     {"tiny", 256, 128, 352, 4, 4, 2, 32, 1e4, 1e-5, false, 1024},
     // Smallest useful shapes for unit and multi-rank tests (GQA 4:2, 8 layers
@@ -128,6 +146,8 @@ ModelSpec model_preset(const std::string& name) {
       m.norm_eps = p.eps;
       m.tied_embeddings = p.tied;
       m.max_seq = p.max_seq;
+      if (p.rope_factor > 0)
+        m.rope_scaling = rope_scaling_llama3(p.rope_factor, p.rope_low, p.rope_high, p.rope_original);
       return m;
     }
   }
@@ -150,7 +170,92 @@ int64_t require_int(const nlohmann::json& j, const char* key, const std::string&
   return x;
 }
 
+// Parses a rope_scaling object into `s`, appending to `problems` each reason
+// it cannot be used (naming `field` and the key); `s` is plain RoPE then.
+RopeScaling rope_scaling_parse(const nlohmann::json& r, const std::string& field,
+                               std::vector<std::string>& problems) {
+  if (r.is_null()) return {};
+  if (!r.is_object()) {
+    problems.push_back(fmt::format("{} is {}, not an object or null", field, r.dump()));
+    return {};
+  }
+  std::string type = "default";
+  for (const char* key : {"rope_type", "type"}) {
+    if (!r.contains(key)) continue;
+    if (!r[key].is_string()) {
+      problems.push_back(fmt::format("{}.{} is {}, not a name", field, key, r[key].dump()));
+      return {};
+    }
+    type = r[key].get<std::string>();
+    break;
+  }
+  if (type == "default") return {};
+  if (type != "llama3") {
+    problems.push_back(fmt::format("{} has rope_type '{}' (weft computes rope_type 'default' and "
+                                   "'llama3' only)",
+                                   field, type));
+    return {};
+  }
+  const size_t before = problems.size();
+  const auto number = [&](const char* key) {
+    if (!r.contains(key) || !r[key].is_number()) {
+      problems.push_back(fmt::format("{}.{} is {} (rope_type 'llama3' needs the numbers factor, "
+                                     "low_freq_factor, high_freq_factor and "
+                                     "original_max_position_embeddings)",
+                                     field, key, r.contains(key) ? r[key].dump() : "missing"));
+      return 0.0;
+    }
+    return r[key].get<double>();
+  };
+  const double factor = number("factor");
+  const double low = number("low_freq_factor");
+  const double high = number("high_freq_factor");
+  const double original = number("original_max_position_embeddings");
+  if (problems.size() == before && original != std::floor(original))
+    problems.push_back(fmt::format("{}.original_max_position_embeddings={} must be a whole number",
+                                   field, original));
+  if (problems.size() != before) return {};
+  const RopeScaling s = rope_scaling_llama3(factor, low, high, static_cast<int64_t>(original));
+  for (auto& p : rope_scaling_problems(s, field)) problems.push_back(std::move(p));
+  return problems.size() == before ? s : RopeScaling{};
+}
+
+// The scaling a Hugging Face config asks for: transformers 4 writes
+// rope_scaling, transformers 5 rope_parameters (with rope_theta inside).
+RopeScaling hf_rope_scaling(const nlohmann::json& j, std::vector<std::string>& problems) {
+  RopeScaling found;
+  std::string found_in;
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
+    if (!j.contains(key)) continue;
+    const RopeScaling s = rope_scaling_parse(j[key], key, problems);
+    if (!s.enabled()) continue;
+    if (found.enabled() && !(found == s))
+      problems.push_back(fmt::format("{} and {} name different scalings", found_in, key));
+    found = s;
+    found_in = key;
+  }
+  return found;
+}
+
 }  // namespace
+
+nlohmann::json rope_scaling_to_json(const RopeScaling& s) {
+  if (!s.enabled()) return nullptr;
+  return {{"rope_type", rope_scaling_type_name(s.type)},
+          {"factor", s.factor},
+          {"low_freq_factor", s.low_freq_factor},
+          {"high_freq_factor", s.high_freq_factor},
+          {"original_max_position_embeddings", s.original_max_position}};
+}
+
+RopeScaling rope_scaling_from_json(const nlohmann::json& j, const std::string& origin,
+                                   const std::string& field) {
+  std::vector<std::string> problems;
+  const RopeScaling s = rope_scaling_parse(j, field, problems);
+  if (!problems.empty())
+    throw InputError(fmt::format("{}: {}", origin, fmt::join(problems, "; ")));
+  return s;
+}
 
 ModelSpec model_from_hf_config_json(const nlohmann::json& j, const std::string& origin) {
   if (!j.is_object()) throw InputError(fmt::format("{}: expected a JSON object", origin));
@@ -203,9 +308,37 @@ ModelSpec model_from_hf_config_json(const nlohmann::json& j, const std::string& 
       throw InputError(fmt::format("{}: field 'tie_word_embeddings' must be true or false", origin));
     m.tied_embeddings = j["tie_word_embeddings"].get<bool>();
   }
+  // Every field that asks for a computation weft's Llama lacks is refused,
+  // all of them in one message, so that weights are never loaded into a
+  // network that computes something else than what they were trained in.
+  std::vector<std::string> refused;
+  m.rope_scaling = hf_rope_scaling(j, refused);
+  for (const char* key : {"attention_bias", "mlp_bias"})
+    if (j.contains(key) && !j[key].is_null() && j[key] != false)
+      refused.push_back(fmt::format("{} is {} (weft's projections have no bias)", key, j[key].dump()));
   if (j.contains("hidden_act") && j["hidden_act"] != "silu")
-    throw InputError(fmt::format("{}: hidden_act {} is not supported; Llama uses \"silu\"", origin,
-                                 j["hidden_act"].dump()));
+    refused.push_back(fmt::format("hidden_act is {} (weft's MLP is SwiGLU with \"silu\")",
+                                  j["hidden_act"].dump()));
+  if (j.contains("attention_dropout") && !j["attention_dropout"].is_null() &&
+      !(j["attention_dropout"].is_number() && j["attention_dropout"].get<double>() == 0))
+    refused.push_back(fmt::format("attention_dropout is {} (weft trains without dropout: 0.0)",
+                                  j["attention_dropout"].dump()));
+  // transformers rotates only the first partial_rotary_factor * D dims of a
+  // head when a config sets it (transformers 5 keeps it in rope_parameters).
+  for (const nlohmann::json* where : {&j, j.contains("rope_parameters") && j["rope_parameters"].is_object()
+                                                ? &j["rope_parameters"]
+                                                : nullptr}) {
+    if (!where || !where->contains("partial_rotary_factor")) continue;
+    const auto& f = (*where)["partial_rotary_factor"];
+    if (!f.is_null() && !(f.is_number() && f.get<double>() == 1.0))
+      refused.push_back(fmt::format("{}partial_rotary_factor is {} (weft rotates every dim of a head: 1.0)",
+                                    where == &j ? "" : "rope_parameters.", f.dump()));
+  }
+  if (j.contains("quantization_config") && !j["quantization_config"].is_null())
+    refused.push_back("quantization_config is present (weft reads unquantized fp32, bf16 or fp16 weights)");
+  if (!refused.empty())
+    throw InputError(fmt::format("{}: weft's Llama does not compute this model: {}", origin,
+                                 fmt::join(refused, "; ")));
   m.validate();
   return m;
 }
@@ -239,6 +372,8 @@ void to_json(nlohmann::json& j, const ModelSpec& m) {
                      {"max_seq", m.max_seq},
                      {"params", m.param_count()},
                      {"hash", m.hash()}};
+  // Only when set, so that the JSON of models with plain RoPE is unchanged.
+  if (m.rope_scaling.enabled()) j["rope_scaling"] = rope_scaling_to_json(m.rope_scaling);
 }
 
 void from_json(const nlohmann::json& j, ModelSpec& m) {
@@ -260,6 +395,9 @@ void from_json(const nlohmann::json& j, ModelSpec& m) {
   m.norm_eps = j.value("norm_eps", 1e-5);
   m.tied_embeddings = j.value("tied_embeddings", false);
   m.max_seq = j.value("max_seq", int64_t{2048});
+  m.rope_scaling = j.contains("rope_scaling")
+                       ? rope_scaling_from_json(j["rope_scaling"], origin, "rope_scaling")
+                       : RopeScaling{};
   m.validate();
 }
 

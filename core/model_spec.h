@@ -8,6 +8,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "core/rope_scaling.h"
+
 namespace weft {
 
 struct ModelSpec {
@@ -20,6 +22,7 @@ struct ModelSpec {
   int64_t kv_heads = 0;      // H_kv (GQA when < H)
   int64_t head_dim = 0;      // D; H * D need not equal C
   double rope_theta = 10000.0;
+  RopeScaling rope_scaling;  // none for plain RoPE; llama3 for Llama 3.1 and 3.2
   double norm_eps = 1e-5;
   bool tied_embeddings = false;
   int64_t max_seq = 2048;    // max_position_embeddings, informational
@@ -55,6 +58,19 @@ ModelSpec model_from_hf_config(const std::string& path);
 ModelSpec model_from_hf_config_json(const nlohmann::json& j, const std::string& origin);
 // A preset name or a path to a config.json.
 ModelSpec model_resolve(const std::string& name_or_path);
+
+// rope_scaling in Hugging Face's form, which weft's own JSON shares:
+// {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+//  "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}, or
+// null for plain RoPE.
+nlohmann::json rope_scaling_to_json(const RopeScaling& s);
+// Reads that form (the type also under the older key "type"; null, a missing
+// type and "default" are plain RoPE) and validates it. InputError naming
+// `origin`, `field` and the offending key: a rope type weft does not compute
+// (linear, dynamic, yarn, longrope, ...), a missing or non-numeric value, or
+// a value out of range.
+RopeScaling rope_scaling_from_json(const nlohmann::json& j, const std::string& origin,
+                                   const std::string& field);
 
 void to_json(nlohmann::json& j, const ModelSpec& m);
 void from_json(const nlohmann::json& j, ModelSpec& m);

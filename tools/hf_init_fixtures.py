@@ -22,6 +22,14 @@ untied_fp16/   the same model cast to fp16
 tied_sharded/  V=64 C=16 F=40 L=2 H=4 H_kv=4 D=8, tie_word_embeddings (no
                lm_head tensor), fp32, split by max_shard_size into several
                model-0000k-of-0000n.safetensors with model.safetensors.index.json
+rope_llama3/   V=64 C=16 F=40 L=4 H=4 H_kv=2 D=16, untied, fp32, with Llama 3's
+               RoPE scaling (rope_type "llama3": factor 8, low_freq_factor 2,
+               high_freq_factor 8, original_max_position_embeddings 128;
+               max_position_embeddings 1024). Its 8 pairs' wavelengths
+               6.3 | 32 | 167, 860, ... put pair 0 in the kept band (< 128/8),
+               pair 1 in the interpolated one and pairs 2-7 in the slowed one
+               (> 128/2), and pair 1 turns by up to 2 radians over T=12, so the
+               scaling moves the loss by far more than the test's tolerance.
 All: rope_theta 500000 (stored by transformers 5 under rope_parameters) and
 rms_norm_eps 1e-3, values away from the defaults so that a misread field
 changes the loss.
@@ -48,6 +56,9 @@ tests/unit/golden/golden_file.h). Tensors, for each folder F:
     F.loss_vocab72  f32 ()      the loss after padding the vocabulary to 72
                                 rows the way weft does (embedding and head
                                 rows 64..71 set to the mean of rows 0..63)
+    F.loss_plain_rope f32 ()    (scaled folders only) the loss of the same
+                                weights with rope_type "default": how far
+                                the scaling moves it
 and tokens (N,) i32. The header's "scalars" hold seq, windows, vocab,
 padded_vocab and each F.loss as a JSON number; "folders" holds each folder's
 config and weight files.
@@ -91,6 +102,15 @@ MODELS = {
                     num_key_value_heads=4, head_dim=8,
                     tie_word_embeddings=True),
         seed=20250303),
+    "rope_llama3": dict(
+        config=dict(vocab_size=VOCAB, hidden_size=16, intermediate_size=40,
+                    num_hidden_layers=4, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=16,
+                    tie_word_embeddings=False),
+        rope=dict(rope_type="llama3", factor=8.0, low_freq_factor=2.0,
+                  high_freq_factor=8.0, original_max_position_embeddings=128),
+        max_position_embeddings=1024,
+        seed=20250304),
 }
 
 # Folder name -> (model, dtype of the saved weights, save_pretrained kwargs).
@@ -99,15 +119,18 @@ FOLDERS = {
     "untied_bf16": ("untied", torch.bfloat16, {}),
     "untied_fp16": ("untied", torch.float16, {}),
     "tied_sharded": ("tied", torch.float32, {"max_shard_size": "12KB"}),
+    "rope_llama3": ("rope_llama3", torch.float32, {}),
 }
 
 
-def make_model(spec: dict) -> LlamaForCausalLM:
+def make_model(spec: dict, rope: dict | None = None) -> LlamaForCausalLM:
+    """The model of `spec`, with `rope` in place of its RoPE settings if given."""
+    rope = rope if rope is not None else spec.get("rope", {"rope_type": "default"})
     config = LlamaConfig(
         **spec["config"],
-        rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA},
+        rope_parameters={**rope, "rope_theta": ROPE_THETA},
         rms_norm_eps=RMS_NORM_EPS,
-        max_position_embeddings=64,
+        max_position_embeddings=spec.get("max_position_embeddings", 64),
         hidden_act="silu",
         attention_bias=False,
         mlp_bias=False,
@@ -205,6 +228,15 @@ def generate(workdir: Path) -> tuple[dict, list]:
         folders[folder] = dict(model=name, dtype=str(dtype).removeprefix("torch."),
                                files=sorted(p.name for p in out.iterdir()), **kwargs,
                                config=MODELS[name]["config"], seed=MODELS[name]["seed"])
+        if "rope" in MODELS[name]:
+            # The loaded config keeps the scaling as written.
+            assert loaded.config.rope_parameters["rope_type"] == MODELS[name]["rope"]["rope_type"]
+            plain = make_model(MODELS[name], rope={"rope_type": "default"})
+            plain.load_state_dict(loaded.state_dict())
+            p = evaluate(plain, inputs, targets)
+            tensors.append((f"{folder}.loss_plain_rope", p["loss"].numpy()))
+            scalars[f"{folder}.loss_plain_rope"] = p["loss"].item()
+            folders[folder]["rope_parameters"] = MODELS[name]["rope"]
     header = {
         "generator": {
             "script": "tools/hf_init_fixtures.py",
@@ -242,7 +274,7 @@ def main() -> int:
         new = tree_bytes(work)
         total = sum(len(b) for b in new.values())
         for k, v in header["scalars"].items():
-            if k.endswith("loss"):
+            if k.endswith("loss") or k.endswith("loss_plain_rope"):
                 print(f"{k}: {v:.6f}")
         print(f"{len(new)} files, {total} bytes; torch {torch.__version__}, "
               f"transformers {transformers.__version__}")

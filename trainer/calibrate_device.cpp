@@ -339,7 +339,7 @@ void measure_streams(Bench<Elem>& b, const DeviceCalibration& c, MeasuredRates& 
         add("rope", double(rows), double((s.Hl + s.Kl) * s.D), b.time([&](int i) {
               b.run(kernels::RopeParams<Elem>{.direction = kernels::RopeDirection::forward, .B = B, .T = T,
                                               .H = s.Hl, .H_kv = s.Kl, .D = s.D, .theta = c.model.rope_theta,
-                                              .q = q[i], .k = k[i]},
+                                              .scaling = c.model.rope_scaling, .q = q[i], .k = k[i]},
                     "rope");
             }, n));
         b.clear();

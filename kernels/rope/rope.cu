@@ -10,7 +10,9 @@
 //
 // The table follows the CPU backend's fp32 arithmetic (Hugging Face's):
 // inv_freq = 1 / theta^(2i / D) and angle = position * inv_freq, each rounded
-// to fp32. pow, cos and sin are evaluated in double and rounded once, so the
+// to fp32; a scaled model's inv_freq is that value through
+// rope_scaled_inv_freq in double (core/rope_scaling.h, the CPU's function),
+// rounded once. pow, cos and sin are evaluated in double and rounded once, so the
 // table is the correctly rounded fp32 value where the CPU's libm is within an
 // ulp of it; the fast fp32 intrinsics would lose accuracy on the large angles
 // of long positions. It costs T * D/2 entries once per launch. The backward
@@ -33,14 +35,15 @@ constexpr int kMaxRotateThreads = 256;
 
 __global__ void __launch_bounds__(kTableThreads)
     rope_table_kernel(int64_t T, int64_t half, int64_t D, int64_t position_offset, float theta,
-                      float sign,
+                      RopeScaling scaling, float sign,
                       float* cos_table,    // (T, D/2)
                       float* sin_table) {  // (T, D/2)
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < T * half; idx += stride) {
     const int64_t t = idx / half, i = idx % half;
     const float exponent = float(2 * i) / float(D);
-    const float inv_freq = 1.0f / float(pow(double(theta), double(exponent)));
+    float inv_freq = 1.0f / float(pow(double(theta), double(exponent)));
+    if (scaling.enabled()) inv_freq = float(rope_scaled_inv_freq(double(inv_freq), scaling));
     const float angle = float(position_offset + t) * inv_freq;
     cos_table[idx] = float(cos(double(angle)));
     sin_table[idx] = sign * float(sin(double(angle)));
@@ -97,7 +100,7 @@ Status run(const RopeParams<bf16>& p, Workspace ws, cudaStream_t stream) {
   float* sin_table = carve.take<float>(p.T * half);
   const float sign = p.direction == RopeDirection::forward ? 1.0f : -1.0f;
   rope_table_kernel<<<gpu::grid_blocks(p.T * half, kTableThreads), kTableThreads, 0, stream>>>(
-      p.T, half, p.D, p.position_offset, float(p.theta), sign, cos_table, sin_table);
+      p.T, half, p.D, p.position_offset, float(p.theta), p.scaling, sign, cos_table, sin_table);
   WEFT_LAUNCH_CHECK(stream, "rope_table_kernel");
   const bool vec = half % kVec == 0 && gpu::aligned16(p.q) && gpu::aligned16(p.k);
   const int64_t units = (p.H + p.H_kv) * (vec ? half / kVec : half);

@@ -3,8 +3,10 @@
 //
 // The table follows Hugging Face's fp32 arithmetic (in Acc): inv_freq =
 // 1 / theta^(2i / D), angle = position * inv_freq, then cos and sin, so fp32
-// results match transformers to rounding. The backward uses the same table
-// with sin negated, which is exactly the transposed rotation.
+// results match transformers to rounding. A scaled model's inv_freq is that
+// value through rope_scaled_inv_freq in double, rounded once (transformers
+// applies the same rule in fp32: within an ulp of it). The backward uses the
+// same table with sin negated, which is exactly the transposed rotation.
 #include "kernels/rope/rope.h"
 
 #include <cmath>
@@ -58,7 +60,8 @@ Status launch(const RopeParams<Elem>& p, Workspace ws, Stream stream) {
 #pragma omp parallel for schedule(static) if (cpu::worth_parallel(p.T * half * 32))
   for (int64_t t = 0; t < p.T; ++t)
     for (int64_t i = 0; i < half; ++i) {
-      const A inv_freq = A(1) / std::pow(A(p.theta), A(2 * i) / A(p.D));
+      A inv_freq = A(1) / std::pow(A(p.theta), A(2 * i) / A(p.D));
+      if (p.scaling.enabled()) inv_freq = A(rope_scaled_inv_freq(double(inv_freq), p.scaling));
       const A angle = A(p.position_offset + t) * inv_freq;
       cos_table[t * half + i] = std::cos(angle);
       sin_table[t * half + i] = sign * std::sin(angle);

@@ -1,9 +1,11 @@
 // `weft train --init` end to end on one rank: from the Hugging Face folders
-// of tools/hf_init_fixtures.py (fp32, bf16, tied and sharded) the first
+// of tools/hf_init_fixtures.py (fp32, bf16, tied and sharded, Llama 3 RoPE
+// scaling) the first
 // step's loss is transformers' loss on the same tokens; --steps 0 and
 // `weft export` give the folder's tensors back bit for bit; a weft checkpoint
 // starts a new run at step 1; --init with --resume continues a relaunched
 // run; and each bad input is one line, exit code 2, with nothing written.
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -30,7 +32,7 @@ nlohmann::json read_json(const std::string& path) {
 
 TEST(CliInit, TheFirstLossIsTransformersLoss) {
   TempDir dir;
-  for (const char* folder : {"untied", "untied_bf16", "untied_fp16", "tied_sharded"}) {
+  for (const char* folder : {"untied", "untied_bf16", "untied_fp16", "tied_sharded", "rope_llama3"}) {
     const auto out = dir.path(folder);
     const auto r = run_weft(hf_train_args(kOneRank, out) + " --steps 2 --init " + hf_fixture(folder));
     ASSERT_EQ(r.code, 0) << r.out;
@@ -50,7 +52,7 @@ TEST(CliInit, TheFirstLossIsTransformersLoss) {
 
 TEST(CliInit, StepsZeroAndExportGiveTheTensorsBack) {
   TempDir dir;
-  for (const char* folder : {"untied", "untied_bf16", "tied_sharded"}) {
+  for (const char* folder : {"untied", "untied_bf16", "tied_sharded", "rope_llama3"}) {
     const auto out = dir.path(folder);
     auto r = run_weft(hf_train_args(kOneRank, out) + " --steps 0 --init " + hf_fixture(folder));
     ASSERT_EQ(r.code, 0) << r.out;
@@ -70,6 +72,12 @@ TEST(CliInit, StepsZeroAndExportGiveTheTensorsBack) {
                             "tie_word_embeddings", "bos_token_id", "eos_token_id"})
       EXPECT_EQ(cfg[key], src[key]) << folder << " " << key;
     EXPECT_EQ(cfg["rope_theta"], src["rope_parameters"]["rope_theta"]) << folder;
+    // rope_scaling as transformers 4 writes it: the folder's rope_parameters
+    // less rope_theta, or null for plain RoPE.
+    auto scaling = src["rope_parameters"];
+    scaling.erase("rope_theta");
+    EXPECT_EQ(cfg["rope_scaling"], scaling["rope_type"] == "default" ? nlohmann::json() : scaling) << folder;
+    EXPECT_EQ(man["model"].contains("rope_scaling"), scaling["rope_type"] != "default") << folder;
     // weft eval of the imported model: transformers' loss over every window.
     r = run_weft("eval --checkpoint " + ckpt + " --data " + hf_fixture("tokens.npy") + " --samples 6");
     ASSERT_EQ(r.code, 0) << r.out;
@@ -78,6 +86,13 @@ TEST(CliInit, StepsZeroAndExportGiveTheTensorsBack) {
     const double want = hf_reference_loss(folder);
     EXPECT_NEAR(std::stod(r.out.substr(at + 5)), want, 1e-6 + kLossTolerance * want) << r.out;
   }
+}
+
+// The scaled folder's test means something: transformers' loss of the same
+// weights with plain RoPE is far outside the tolerance.
+TEST(CliInit, TheRopeScalingFolderIsSensitiveToTheScaling) {
+  const double scaled = hf_reference_loss("rope_llama3"), plain = hf_reference_loss("rope_llama3", "loss_plain_rope");
+  EXPECT_GT(std::fabs(scaled - plain), 100 * kLossTolerance * scaled) << scaled << " vs " << plain;
 }
 
 TEST(CliInit, AWeftCheckpointStartsANewRun) {
@@ -171,6 +186,18 @@ TEST(CliInit, BadInputIsOneClearLineAndNothingIsWritten) {
     f.seekp(-3, std::ios::end);
     f.put('\x7f');
   }
+  const auto with_config = [&](const std::string& name, const nlohmann::json& patch) {
+    const auto folder = copy(name);
+    auto cfg = read_json(folder + "/config.json");
+    cfg.merge_patch(patch);
+    std::ofstream(folder + "/config.json") << cfg.dump(2);
+    return folder;
+  };
+  const auto yarn = with_config("yarn", {{"rope_parameters", {{"rope_type", "yarn"}, {"factor", 4.0}}},
+                                         {"attention_bias", true}});
+  const auto scaled = with_config("scaled", {{"rope_parameters", {{"rope_type", "llama3"}, {"factor", 8.0},
+                                                                  {"low_freq_factor", 2.0}, {"high_freq_factor", 8.0},
+                                                                  {"original_max_position_embeddings", 128}}}});
   const auto untied = hf_fixture("untied");
   struct Case {
     std::string args;
@@ -183,6 +210,9 @@ TEST(CliInit, BadInputIsOneClearLineAndNothingIsWritten) {
        {"hidden: checkpoint 16, this run 128", "intermediate: checkpoint 40, this run 352",
         "rope_theta: checkpoint 500000, this run 10000", "without --model"}},
       {"--init " + untied + " --vocab 32", {"vocab: checkpoint 64, this run 32", "pad"}},
+      {"--init " + yarn, {"rope_parameters has rope_type 'yarn'", "attention_bias is true"}},
+      {"--init " + untied + " --model " + scaled + "/config.json",
+       {"rope_scaling: checkpoint null, this run {", "\"rope_type\":\"llama3\""}},
       {"--init " + dir.path("empty"), {"not a checkpoint", "config.json", "manifest.json"}},
       {"--init " + dir.path("nope"), {"nope", "does not exist"}},
       {"--init " + untied + "/model.safetensors", {"is a file"}},

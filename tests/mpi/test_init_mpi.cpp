@@ -39,6 +39,9 @@ TEST(InitMpi, TheFirstLossIsTransformersLossOnEveryLayout) {
       {"untied", "tp1-pp4-dp1-mb1", "", "loss"},
       {"untied", "tp2-pp1-dp2-mb1-sp-zero1", "", "loss"},
       {"tied_sharded", "tp1-pp2-dp2-mb1-zero1", "", "loss"},
+      // Llama 3 RoPE scaling, on tp shards of the heads and on SP's row shards.
+      {"rope_llama3", "tp2-pp2-dp1-mb1", "", "loss"},
+      {"rope_llama3", "tp2-pp1-dp2-mb1-sp-zero1", "", "loss"},
       // 72 rows over tp2: rank 1 holds rows 36..71, pretrained up to 63.
       {"untied", "tp2-pp2-dp1-mb1", "--vocab 72", "loss_vocab72"},
       {"tied_sharded", "tp2-pp2-dp1-mb1", "--vocab 72", "loss_vocab72"},

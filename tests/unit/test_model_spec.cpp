@@ -19,6 +19,42 @@ TEST(ModelSpec, ExactParameterCounts) {
   EXPECT_EQ(model_preset("llama2-70b").param_count(), 68'976'648'192);
   EXPECT_EQ(model_preset("llama3-70b").param_count(), 70'553'706'496);
   EXPECT_EQ(model_preset("llama3.2-1b").param_count(), 1'235'814'400);
+  EXPECT_EQ(model_preset("llama3.2-3b").param_count(), 3'212'749'824);
+  EXPECT_EQ(model_preset("llama3.1-8b").param_count(), 8'030'261'248);
+  EXPECT_EQ(model_preset("llama3.1-70b").param_count(), 70'553'706'496);
+}
+
+// As published: Llama 3 has "rope_scaling": null, Llama 3.1 factor 8 and
+// Llama 3.2 factor 32, both with low 1, high 4 and 8192 original positions.
+TEST(ModelSpec, PresetRopeScaling) {
+  for (const char* name : {"llama3-8b", "llama3-70b", "llama2-7b", "tiny"})
+    EXPECT_FALSE(model_preset(name).rope_scaling.enabled()) << name;
+  for (const char* name : {"llama3.1-8b", "llama3.1-70b"})
+    EXPECT_EQ(model_preset(name).rope_scaling, rope_scaling_llama3(8.0, 1.0, 4.0, 8192)) << name;
+  for (const char* name : {"llama3.2-1b", "llama3.2-3b"})
+    EXPECT_EQ(model_preset(name).rope_scaling, rope_scaling_llama3(32.0, 1.0, 4.0, 8192)) << name;
+  EXPECT_EQ(model_preset("llama3.1-8b").max_seq, 131072);
+  EXPECT_NE(model_preset("llama3.1-8b").summary().find("rope llama3 x8 (1-4, 8192)"), std::string::npos)
+      << model_preset("llama3.1-8b").summary();
+  // The same weights shape with and without scaling are different models.
+  auto a = model_preset("llama3.1-8b");
+  auto b = model_preset("llama3-8b");
+  EXPECT_EQ(a.param_count(), b.param_count());
+  EXPECT_NE(a.hash(), b.hash());
+  b.rope_scaling = a.rope_scaling;
+  b.max_seq = a.max_seq;
+  EXPECT_EQ(a.hash(), b.hash());
+  b.rope_scaling.high_freq_factor = 5;
+  EXPECT_NE(a.hash(), b.hash());
+}
+
+TEST(ModelSpec, RopeScalingIsValidated) {
+  auto m = model_preset("tiny");
+  m.rope_scaling = rope_scaling_llama3(0.5, 1.0, 4.0, 8192);
+  WEFT_EXPECT_THROW_MSG(m.validate(), InputError, "rope_scaling.factor=0.5", ">= 1");
+  m.rope_scaling = rope_scaling_llama3(8.0, 4.0, 1.0, 0);
+  WEFT_EXPECT_THROW_MSG(m.validate(), InputError, "low_freq_factor=4 must be less than high_freq_factor=1",
+                        "original_max_position_embeddings=0");
 }
 
 TEST(ModelSpec, PresetShapes) {
@@ -67,6 +103,7 @@ TEST(ModelSpec, HfConfigImport) {
   EXPECT_EQ(m.head_dim, 128);
   EXPECT_DOUBLE_EQ(m.rope_theta, 500000.0);
   EXPECT_EQ(m.hash(), model_preset("llama3-8b").hash());
+  EXPECT_FALSE(m.rope_scaling.enabled());
   // A folder resolves to its config.json.
   EXPECT_EQ(model_resolve(dir.path("llama3")).param_count(), m.param_count());
 }
@@ -82,6 +119,114 @@ TEST(ModelSpec, HfConfigRopeParameters) {
     "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
     "rope_parameters": {"rope_theta": "high"}})")),
                         InputError, "rope_parameters.rope_theta", "high");
+}
+
+// Llama 3.1 and 3.2 configs: rope_scaling with rope_type "llama3" (or the
+// older key "type"), in transformers 4's rope_scaling or transformers 5's
+// rope_parameters; the model is the preset's.
+TEST(ModelSpec, HfConfigLlama3RopeScaling) {
+  test::TempDir dir;
+  const std::string base = R"("vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05, "max_position_embeddings": 131072, "hidden_act": "silu",
+    "attention_bias": false, "mlp_bias": false, "pretraining_tp": 1, "attention_dropout": 0.0)";
+  const auto v4 = model_from_hf_config(dir.file("v4.json", "{" + base + R"(, "rope_theta": 500000.0,
+    "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"}})"));
+  EXPECT_EQ(v4.rope_scaling, rope_scaling_llama3(8.0, 1.0, 4.0, 8192));
+  EXPECT_EQ(v4.hash(), model_preset("llama3.1-8b").hash());
+  const auto old_key = model_from_hf_config(dir.file("old.json", "{" + base + R"(, "rope_theta": 500000.0,
+    "rope_scaling": {"factor": 8, "high_freq_factor": 4, "low_freq_factor": 1,
+                     "original_max_position_embeddings": 8192, "type": "llama3"}})"));
+  EXPECT_EQ(old_key.hash(), v4.hash());
+  const auto v5 = model_from_hf_config(dir.file("v5.json", "{" + base + R"(,
+    "rope_parameters": {"rope_theta": 500000.0, "factor": 8.0, "high_freq_factor": 4.0,
+                        "low_freq_factor": 1.0, "original_max_position_embeddings": 8192,
+                        "rope_type": "llama3"}})"));
+  EXPECT_EQ(v5.hash(), v4.hash());
+  // "default", null and no type are plain RoPE.
+  for (const char* rope : {R"("rope_scaling": null)", R"("rope_scaling": {"rope_type": "default"})",
+                           R"("rope_parameters": {"rope_theta": 500000.0})"})
+    EXPECT_FALSE(model_from_hf_config(dir.file("plain.json", "{" + base + ", " + rope + "}"))
+                     .rope_scaling.enabled())
+        << rope;
+}
+
+TEST(ModelSpec, HfConfigBadRopeScalingNamesTheField) {
+  test::TempDir dir;
+  const std::string base = R"({"vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,
+    "num_hidden_layers": 2, "num_attention_heads": 4, )";
+  const auto config = [&](const std::string& rope) {
+    return model_from_hf_config(dir.file("c.json", base + rope + "}"));
+  };
+  WEFT_EXPECT_THROW_MSG(config(R"("rope_scaling": {"rope_type": "linear", "factor": 2.0})"), InputError,
+                        "rope_scaling has rope_type 'linear'", "'default' and 'llama3'");
+  WEFT_EXPECT_THROW_MSG(config(R"("rope_scaling": {"type": "dynamic", "factor": 2.0})"), InputError,
+                        "rope_scaling has rope_type 'dynamic'");
+  WEFT_EXPECT_THROW_MSG(config(R"("rope_parameters": {"rope_type": "yarn", "factor": 4.0})"), InputError,
+                        "rope_parameters has rope_type 'yarn'");
+  WEFT_EXPECT_THROW_MSG(config(R"("rope_scaling": {"rope_type": "llama3", "factor": 8.0})"), InputError,
+                        "rope_scaling.low_freq_factor is missing", "rope_scaling.high_freq_factor is missing",
+                        "original_max_position_embeddings is missing");
+  WEFT_EXPECT_THROW_MSG(config(R"("rope_scaling": {"rope_type": "llama3", "factor": "8", "low_freq_factor": 1,
+    "high_freq_factor": 4, "original_max_position_embeddings": 8192})"),
+                        InputError, "rope_scaling.factor is \"8\"");
+  WEFT_EXPECT_THROW_MSG(config(R"("rope_scaling": {"rope_type": "llama3", "factor": 0.5, "low_freq_factor": 4,
+    "high_freq_factor": 1, "original_max_position_embeddings": 8192.5})"),
+                        InputError, "original_max_position_embeddings=8192.5 must be a whole number");
+  WEFT_EXPECT_THROW_MSG(config(R"("rope_scaling": {"rope_type": "llama3", "factor": 0.5, "low_freq_factor": 4,
+    "high_freq_factor": 1, "original_max_position_embeddings": 8192})"),
+                        InputError, "rope_scaling.factor=0.5 must be a finite number >= 1",
+                        "rope_scaling.low_freq_factor=4 must be less than high_freq_factor=1");
+  WEFT_EXPECT_THROW_MSG(config(R"("rope_scaling": 8)"), InputError, "rope_scaling is 8, not an object");
+  WEFT_EXPECT_THROW_MSG(
+      config(R"("rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 1,
+        "high_freq_factor": 4, "original_max_position_embeddings": 8192},
+        "rope_parameters": {"rope_type": "llama3", "factor": 32, "low_freq_factor": 1,
+        "high_freq_factor": 4, "original_max_position_embeddings": 8192})"),
+      InputError, "rope_scaling and rope_parameters name different scalings");
+}
+
+// Fields that change the computation weft's Llama lacks are refused, all in
+// one message, each with its value.
+TEST(ModelSpec, HfConfigUnsupportedFeaturesAreRefusedByField) {
+  test::TempDir dir;
+  const auto path = dir.file("c.json", R"({"vocab_size": 100, "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "attention_bias": true, "mlp_bias": true, "hidden_act": "gelu", "attention_dropout": 0.1,
+    "partial_rotary_factor": 0.5, "quantization_config": {"quant_method": "gptq"},
+    "rope_scaling": {"rope_type": "longrope"}, "pretraining_tp": 2})");
+  WEFT_EXPECT_THROW_MSG(model_from_hf_config(path), InputError, "c.json", "attention_bias is true",
+                        "mlp_bias is true", "hidden_act is \"gelu\"", "attention_dropout is 0.1",
+                        "partial_rotary_factor is 0.5", "quantization_config",
+                        "rope_scaling has rope_type 'longrope'");
+  // pretraining_tp only splits transformers' matmuls into slices: same math.
+  const auto ok = model_from_hf_config(dir.file("ok.json", R"({"vocab_size": 100, "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "pretraining_tp": 2,
+    "attention_bias": false, "mlp_bias": null, "attention_dropout": 0.0, "partial_rotary_factor": 1.0,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0}})"));
+  EXPECT_EQ(ok.head_dim, 16);
+  WEFT_EXPECT_THROW_MSG(model_from_hf_config(dir.file("p.json", R"({"vocab_size": 100, "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.25}})")),
+                        InputError, "rope_parameters.partial_rotary_factor is 0.25");
+}
+
+// weft's own model JSON (recipes, checkpoint manifests) keeps the scaling.
+TEST(ModelSpec, JsonRoundTripOfRopeScaling) {
+  auto m = model_preset("tiny");
+  m.rope_scaling = rope_scaling_llama3(4.0, 2.0, 16.0, 100);
+  const nlohmann::json j = m;
+  EXPECT_EQ(j["rope_scaling"], nlohmann::json::parse(R"({"rope_type": "llama3", "factor": 4.0,
+    "low_freq_factor": 2.0, "high_freq_factor": 16.0, "original_max_position_embeddings": 100})"));
+  const auto back = nlohmann::json::parse(j.dump()).get<ModelSpec>();
+  EXPECT_EQ(back.rope_scaling, m.rope_scaling);
+  EXPECT_EQ(back.hash(), m.hash());
+  auto bad = j;
+  bad["rope_scaling"]["rope_type"] = "yarn";
+  WEFT_EXPECT_THROW_MSG(bad.get<ModelSpec>(), InputError, "model spec", "rope_type 'yarn'");
+  bad["rope_scaling"] = nullptr;
+  EXPECT_FALSE(bad.get<ModelSpec>().rope_scaling.enabled());
 }
 
 TEST(ModelSpec, HfConfigDefaultsAndTies) {
@@ -124,6 +269,9 @@ TEST(ModelSpec, JsonRoundTrip) {
     const nlohmann::json j = m;
     const auto back = nlohmann::json::parse(j.dump()).get<ModelSpec>();
     EXPECT_EQ(back.hash(), m.hash()) << name;
+    EXPECT_EQ(back.rope_scaling, m.rope_scaling) << name;
+    // Plain RoPE writes no key, so older files and today's read alike.
+    EXPECT_EQ(j.contains("rope_scaling"), m.rope_scaling.enabled()) << name;
     EXPECT_EQ(back.name, m.name);
     EXPECT_EQ(back.param_count(), m.param_count());
     EXPECT_EQ(back.max_seq, m.max_seq);

@@ -227,6 +227,10 @@ std::vector<std::string> model_differences(const ModelSpec& c, const ModelSpec& 
   cmp("kv_heads", c.kv_heads, m.kv_heads);
   cmp("head_dim", c.head_dim, m.head_dim);
   cmp("rope_theta", c.rope_theta, m.rope_theta);
+  if (!(c.rope_scaling == m.rope_scaling))
+    out.push_back(fmt::format("rope_scaling: checkpoint {}, this run {}",
+                              rope_scaling_to_json(c.rope_scaling).dump(),
+                              rope_scaling_to_json(m.rope_scaling).dump()));
   cmp("norm_eps", c.norm_eps, m.norm_eps);
   cmp("tied_embeddings", c.tied_embeddings, m.tied_embeddings);
   return out;

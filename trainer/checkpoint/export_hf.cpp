@@ -26,7 +26,7 @@ nlohmann::json hf_config_json(const ModelSpec& m, int64_t bos_token_id, int64_t 
       {"head_dim", m.head_dim},
       {"rms_norm_eps", m.norm_eps},
       {"rope_theta", m.rope_theta},
-      {"rope_scaling", nullptr},
+      {"rope_scaling", rope_scaling_to_json(m.rope_scaling)},
       {"max_position_embeddings", m.max_seq},
       {"tie_word_embeddings", m.tied_embeddings},
       {"hidden_act", "silu"},

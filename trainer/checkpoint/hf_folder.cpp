@@ -16,30 +16,6 @@ namespace {
 
 constexpr const char* kSingleFile = "model.safetensors";
 
-// "llama3" from {"rope_type": "llama3"} (or the older key "type"); "default"
-// when the object names none.
-std::string rope_type(const nlohmann::json& rope) {
-  for (const char* key : {"rope_type", "type"})
-    if (rope.contains(key) && rope[key].is_string()) return rope[key].get<std::string>();
-  return "default";
-}
-
-// Each config field that asks for a computation weft's Llama does not have.
-std::vector<std::string> unsupported_fields(const nlohmann::json& j) {
-  std::vector<std::string> out;
-  for (const char* key : {"rope_scaling", "rope_parameters"}) {
-    if (!j.contains(key) || j[key].is_null()) continue;
-    const std::string type = j[key].is_object() ? rope_type(j[key]) : j[key].dump();
-    if (type != "default")
-      out.push_back(fmt::format("{} has rope_type '{}' (weft applies plain RoPE, rope_type 'default')",
-                                key, type));
-  }
-  for (const char* key : {"attention_bias", "mlp_bias"})
-    if (j.contains(key) && j[key].is_boolean() && j[key].get<bool>())
-      out.push_back(fmt::format("{} is true (weft's projections have no bias)", key));
-  return out;
-}
-
 // The weight files of the folder, in name order: model.safetensors, or the
 // shards the index names. Fills `placed` with the index's tensor -> shard.
 std::vector<std::string> weight_files(const fs::path& dir,
@@ -86,11 +62,6 @@ ModelSpec hf_folder_model(const std::string& dir, nlohmann::json* config) {
   const std::string path = (fs::path(dir) / kHfConfigFile).string();
   nlohmann::json j = json_read_file(path, "Hugging Face model config");
   ModelSpec m = model_from_hf_config_json(j, path);
-  const auto unsupported = unsupported_fields(j);
-  if (!unsupported.empty())
-    throw InputError(fmt::format("'{}' describes a model weft's Llama does not compute: {}; its "
-                                 "weights would not do in weft what they were trained to",
-                                 path, fmt::join(unsupported, "; ")));
   if (config) *config = std::move(j);
   return m;
 }

@@ -40,11 +40,10 @@ struct HfFolder {
   std::map<std::string, std::string, std::less<>> file_of;
 };
 
-// config.json's model, refused with an InputError naming each field whose
-// computation weft's Llama lacks, so that a model is never loaded into a
-// network that computes something else: RoPE scaling other than the default
-// (rope_scaling, or rope_parameters' rope_type), and biases (attention_bias,
-// mlp_bias). Reads no weights.
+// config.json's model (model_from_hf_config_json: Llama 3's rope_scaling is
+// read; a field whose computation weft's Llama lacks, such as another RoPE
+// scaling, biases or another activation, is refused with an InputError
+// naming it). Reads no weights.
 ModelSpec hf_folder_model(const std::string& dir, nlohmann::json* config = nullptr);
 
 // Opens the folder: its model (as hf_folder_model) and its weight files.

@@ -345,8 +345,8 @@ void LlamaStage<Elem, G>::block_forward(const Block& b, Elem* x_out, bool recomp
     run(kernels::linear_forward_gemm(M_, C, Kl * D, ln1, b.wv, b.v), "gemm v");
     const kernels::RopeParams<Elem> rope{.direction = kernels::RopeDirection::forward, .B = l_.mb,
                                          .T = run_.seq, .H = Hl, .H_kv = Kl, .D = D,
-                                         .position_offset = 0, .theta = m_.rope_theta, .q = b.q,
-                                         .k = b.k};
+                                         .position_offset = 0, .theta = m_.rope_theta,
+                                         .scaling = m_.rope_scaling, .q = b.q, .k = b.k};
     run(rope, "rope_forward", "scratch.rope_table");
   }
   if (full || b.mode == Checkpointing::selective) {
@@ -428,7 +428,8 @@ void LlamaStage<Elem, G>::block_backward(const Block& b, Elem* dx) {
   run(attn, "attention_backward", "scratch.attn_tiles");
   const kernels::RopeParams<Elem> rope{.direction = kernels::RopeDirection::backward, .B = l_.mb,
                                        .T = run_.seq, .H = Hl, .H_kv = Kl, .D = D,
-                                       .position_offset = 0, .theta = m_.rope_theta, .q = dq, .k = dk};
+                                       .position_offset = 0, .theta = m_.rope_theta,
+                                       .scaling = m_.rope_scaling, .q = dq, .k = dk};
   run(rope, "rope_backward", "scratch.rope_table");
   run(kernels::linear_dgrad_gemm(M_, C, Hl * D, dq, b.wq, d_norm), "gemm q dgrad");
   run(kernels::linear_dgrad_gemm(M_, C, Kl * D, dk, b.wk, d_norm, Write::accumulate), "gemm k dgrad");

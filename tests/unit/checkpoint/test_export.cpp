@@ -70,6 +70,23 @@ TEST(ExportHf, ConfigImportsBackToTheSameModel) {
   }
 }
 
+// A model with Llama 3 scaling exports its rope_scaling as transformers
+// writes it, and reads back to the same model; plain RoPE writes null.
+TEST(ExportHf, RopeScalingIsWrittenAndReadBack) {
+  TempDir tmp;
+  TrainState s = make_state("tiny-test", 23);
+  s.model.rope_scaling = rope_scaling_llama3(8.0, 1.0, 4.0, 64);
+  const std::string out = tmp.path("hf");
+  export_hf(save(tmp, s, "ck"), out);
+  const nlohmann::json config = json_read_file(out + "/config.json", "config");
+  EXPECT_EQ(config["rope_scaling"], nlohmann::json::parse(R"({"rope_type": "llama3", "factor": 8.0,
+    "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64})"));
+  const ModelSpec back = model_from_hf_config(out + "/config.json");
+  EXPECT_EQ(back.rope_scaling, s.model.rope_scaling);
+  EXPECT_EQ(back.hash(), s.model.hash());
+  EXPECT_TRUE(hf_config_json(model_preset("tiny-test"))["rope_scaling"].is_null());
+}
+
 TEST(ExportHf, Bf16CheckpointExportsFp32) {
   TempDir tmp;
   // With master weights the export is exactly the fp32 master copy.

@@ -249,7 +249,13 @@ TEST(Pretrained, ConfigsWeftCannotComputeAreRefusedByField) {
                        {"rope_parameters", {{"rope_type", "yarn"}}},
                        {"mlp_bias", true}});
   WEFT_EXPECT_THROW_MSG(pretrained_open(folder), InputError, "rope_parameters", "yarn", "mlp_bias");
-  edit_config(folder, {{"mlp_bias", false}, {"rope_parameters", {{"rope_type", "default"}}}, {"model_type", "mistral"}});
+  // A complete llama3 scaling is read (tests/e2e checks the loss).
+  edit_config(folder, {{"mlp_bias", false},
+                       {"rope_parameters", {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                                            {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 32},
+                                            {"rope_theta", 500000.0}}}});
+  EXPECT_EQ(pretrained_open(folder).model.rope_scaling, rope_scaling_llama3(8.0, 1.0, 4.0, 32));
+  edit_config(folder, {{"rope_parameters", {{"rope_type", "default"}}}, {"model_type", "mistral"}});
   WEFT_EXPECT_THROW_MSG(pretrained_open(folder), InputError, "mistral");
 }
 

@@ -44,6 +44,15 @@ const std::vector<RopeCase>& rope_cases() {
       {"b2_t13_h4_kv1_d6_offset7", 2, 13, 4, 1, 6, 7, 10000.0},
       {"b1_t113_h4_kv2_d8_offset1000_theta5e5", 1, 113, 4, 2, 8, 1000, 500000.0},
       {"b4_t257_h4_kv2_d8_parallel", 4, 257, 4, 2, 8, 3, 10000.0},
+      // Llama 3 scaling with every region hit. D = 16, theta 1e4: wavelengths
+      // 6.3, 20, 63 (kept: < 1024/8), 199, 628 (interpolated), 1987, 6283,
+      // 19869 (divided by 8: > 1024/1).
+      {"b2_t37_h4_kv2_d16_offset5_llama3", 2, 37, 4, 2, 16, 5, 10000.0,
+       rope_scaling_llama3(8.0, 1.0, 8.0, 1024)},
+      // D = 6: wavelengths 6.3 (kept: < 2048/16), 135 (interpolated), 2916
+      // (divided by 4: > 2048/2).
+      {"b1_t29_h2_kv1_d6_offset300_llama3", 1, 29, 2, 1, 6, 300, 10000.0,
+       rope_scaling_llama3(4.0, 2.0, 16.0, 2048)},
   };
   return cases;
 }

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "core/rope_scaling.h"
 #include "kernels/gemm/gemm.h"
 
 namespace weft::kernels::test {
@@ -41,6 +42,7 @@ struct RopeCase {
   int64_t B, T, H, H_kv, D;
   int64_t position_offset;
   double theta;
+  RopeScaling scaling = {};  // none: plain RoPE
 };
 
 struct SwigluCase {

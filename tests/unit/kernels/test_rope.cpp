@@ -1,5 +1,6 @@
-// rope: the Hugging Face rotate_half layout against an fp64 reference, the
-// backward as the exact transpose (finite differences), and round trips.
+// rope: the Hugging Face rotate_half layout against an fp64 reference (plain
+// and with Llama 3 scaled frequencies), the backward as the exact transpose
+// (finite differences), and round trips.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,10 +13,24 @@
 namespace weft::kernels::test {
 namespace {
 
+// Llama 3's frequency, written from the Llama 3.1 reference code's view: a
+// pair that turns more than high_freq_factor times within the original
+// context keeps f, one that turns fewer than low_freq_factor times takes
+// f / factor, and in between the weight of f grows linearly with the turns.
+template <typename R>
+R llama3_frequency(R f, const RopeScaling& s) {
+  if (!s.enabled()) return f;
+  const R turns = R(s.original_max_position) * f / R(2 * 3.14159265358979323846);
+  if (turns > R(s.high_freq_factor)) return f;
+  if (turns < R(s.low_freq_factor)) return f / R(s.factor);
+  const R w = (turns - R(s.low_freq_factor)) / R(s.high_freq_factor - s.low_freq_factor);
+  return w * f + (R(1) - w) * f / R(s.factor);
+}
+
 // transformers' apply_rotary_pos_emb: x * cos + rotate_half(x) * sin with
 // rotate_half(x) = cat(-x[D/2:], x[:D/2]) and cos, sin of
-// cat(freqs, freqs), freqs = position * theta^(-2i / D). `sign` = -1 applies
-// the transpose (the backward).
+// cat(freqs, freqs), freqs = position * theta^(-2i / D) (scaled). `sign` = -1
+// applies the transpose (the backward).
 template <typename R>
 void reference(const RopeCase& c, int64_t heads, std::vector<R>& x, R sign) {
   const int64_t half = c.D / 2;
@@ -26,7 +41,8 @@ void reference(const RopeCase& c, int64_t heads, std::vector<R>& x, R sign) {
         R* v = &x[((b * c.T + t) * heads + h) * c.D];
         for (int64_t i = 0; i < c.D; ++i) {
           const int64_t f = i % half;
-          const R angle = R(c.position_offset + t) * std::pow(R(c.theta), -R(2 * f) / R(c.D));
+          const R angle = R(c.position_offset + t) *
+                          llama3_frequency(std::pow(R(c.theta), -R(2 * f) / R(c.D)), c.scaling);
           const R other = i < half ? -v[i + half] : v[i - half];
           rotated[i] = v[i] * std::cos(angle) + sign * other * std::sin(angle);
         }
@@ -37,7 +53,8 @@ void reference(const RopeCase& c, int64_t heads, std::vector<R>& x, R sign) {
 template <typename E>
 RopeParams<E> params(const RopeCase& c, RopeDirection dir, std::vector<E>& q, std::vector<E>& k) {
   return {.direction = dir, .B = c.B, .T = c.T, .H = c.H, .H_kv = c.H_kv, .D = c.D,
-          .position_offset = c.position_offset, .theta = c.theta, .q = q.data(), .k = k.data()};
+          .position_offset = c.position_offset, .theta = c.theta, .scaling = c.scaling,
+          .q = q.data(), .k = k.data()};
 }
 
 class RopeTest : public ::testing::TestWithParam<RopeCase> {};
@@ -128,6 +145,15 @@ TEST(RopeArgs, RejectsImpossibleParams) {
   bad = ok;
   bad.position_offset = -1;
   EXPECT_EQ(run(bad), Status::invalid_argument);
+  auto scaled = ok;
+  scaled.scaling = rope_scaling_llama3(8.0, 1.0, 4.0, 8192);
+  EXPECT_TRUE(supports(scaled));
+  for (auto broken : {rope_scaling_llama3(0.5, 1.0, 4.0, 8192), rope_scaling_llama3(8.0, 4.0, 4.0, 8192),
+                      rope_scaling_llama3(8.0, 1.0, 4.0, 0)}) {
+    bad = ok;
+    bad.scaling = broken;
+    EXPECT_EQ(run(bad), Status::invalid_argument);
+  }
   EXPECT_EQ(launch(ok, {}, {}), Status::invalid_argument) << "no workspace for the table";
 }
 

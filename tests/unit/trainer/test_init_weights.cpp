@@ -2,7 +2,7 @@
 // transformers computes with the same weights: tools/hf_init_fixtures.py
 // recorded transformers' fp32 loss on fixed tokens and the logits of the
 // first window, for folders saved in fp32, bf16 and fp16, in one file and
-// sharded, with untied and tied embeddings. Also: a padded vocabulary starts
+// sharded, with untied and tied embeddings, and with Llama 3 RoPE scaling. Also: a padded vocabulary starts
 // from the mean rows with the loss Python computes for that rule, the
 // optimizer starts fresh, and saving and exporting give the loaded tensors
 // back bit for bit.
@@ -29,7 +29,7 @@ namespace {
 constexpr double kEps32 = 1.1920928955078125e-07;
 constexpr double kLossTolerance = 1e-5;
 
-const char* const kFolders[] = {"untied", "untied_bf16", "untied_fp16", "tied_sharded"};
+const char* const kFolders[] = {"untied", "untied_bf16", "untied_fp16", "tied_sharded", "rope_llama3"};
 
 std::string fixture(const std::string& folder) {
   return std::string(WEFT_FIXTURES_DIR) + "/hf_init/" + folder;
