@@ -1,5 +1,6 @@
 // The weft executable. Library code throws typed errors; this is the one place
-// that turns them into a message and an exit code: 2 for bad input, 130 or
+// that turns them into a message and an exit code: 2 for bad input (also a
+// JSON value of the wrong type and a host allocation that cannot be had), 130 or
 // 143 for work stopped by SIGINT or SIGTERM (core/stop.h), 1 for anything
 // else.
 #include <algorithm>
@@ -7,10 +8,12 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <new>
 #include <cstdio>
 #include <vector>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "core/error.h"
@@ -113,6 +116,16 @@ int main(int argc, char** argv) {
     return weft::stop_exit_code();
   } catch (const weft::InputError& e) {
     std::fprintf(stderr, "weft: error: %s\n", e.what());
+    return 2;
+  } catch (const nlohmann::json::exception& e) {
+    // A JSON value of the wrong type that a reader did not check by name:
+    // still the input's fault, and still one line.
+    std::fprintf(stderr, "weft: error: a JSON input has a missing or mistyped value: %s\n", e.what());
+    return 2;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr,
+                 "weft: error: out of host memory: the sizes asked for (--global-batch, --seq, --eval-samples, "
+                 "the model) need more than this machine has\n");
     return 2;
   } catch (const weft::InternalError& e) {
     std::fprintf(stderr, "weft: %s\n", e.what());

@@ -33,6 +33,9 @@ std::string tune_report_md(const TuneResult& r, const ReportContext& ctx) {
     for (const auto& [why, n] : r.space.pruned) s += fmt::format("| {} | {} |\n", why, n);
     s += "\n";
   }
+  s += "Columns: *predicted* is the cost model with the device's constants; *refit* is the model refit to the "
+       "trials measured before this one, which chose the order; *error* is refit / measured - 1, so + means "
+       "the model expected a slower step than was measured.\n\n";
   s += "| # | layout | status | predicted | refit | measured | error | tokens/s | MFU | memory predicted | "
        "memory measured |\n|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   for (size_t i = 0; i < r.trials.size(); ++i) {
@@ -51,8 +54,9 @@ std::string tune_report_md(const TuneResult& r, const ReportContext& ctx) {
   s += "\n";
   if (r.calibration) {
     const auto& c = *r.calibration;
-    s += fmt::format("Cost model against the measured steps ({} trials): RMS error {:.1f}% with the device "
-                     "defaults, {:.1f}% after the least-squares refit of {} ({}).\n\n",
+    s += fmt::format("Cost model against all {} measured steps, refit once more at the end: RMS error {:.1f}% "
+                     "with the device defaults, {:.1f}% after the least-squares refit of {} ({}). (A figure "
+                     "printed while tuning covers the trials measured by then.)\n\n",
                      c.error_before.size(), 100 * c.rms_error_before, 100 * c.rms_error_after,
                      fmt::join(c.fitted, ", "), c.accepted ? "accepted" : "rejected: no better than the defaults");
   } else {

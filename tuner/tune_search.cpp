@@ -170,9 +170,9 @@ Search::Next Search::choose() {
                cands_[next].calibrated_s >
                    mean_of(leaders(1)[0]) * (1 + 2 * r_.calibration->rms_error_after + 0.05)) {
       main_stop_ = fmt::format(
-          "the refit cost model (RMS error {:.1f}%) predicts the {} remaining candidates slower than the "
-          "best measured by more than its error",
-          100 * r_.calibration->rms_error_after,
+          "the refit cost model (RMS error {:.1f}% over the {} trials measured so far) predicts the {} remaining "
+          "candidates slower than the best measured by more than its error",
+          100 * r_.calibration->rms_error_after, r_.calibration->error_before.size(),
           std::count_if(cands_.begin(), cands_.end(), [](const SearchCandidate& c) { return !c.done; }));
       next = cands_.size();
     }
