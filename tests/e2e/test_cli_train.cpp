@@ -46,6 +46,14 @@ std::vector<double> losses(const std::string& metrics) {
   return out;
 }
 
+#if defined(__SANITIZE_ADDRESS__)
+#define WEFT_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define WEFT_TEST_ASAN 1
+#endif
+#endif
+
 TEST(CliTrain, TrainsAndReports) {
   TempDir dir;
   const auto data = corpus(dir);
@@ -59,6 +67,21 @@ TEST(CliTrain, TrainsAndReports) {
   ASSERT_EQ(l.size(), 8u);
   EXPECT_LT(l.back(), l.front());
   EXPECT_TRUE(fs::exists(dir.path("run/checkpoints/step_000008/model.safetensors")));
+  // The memory measured apart from the arena: the process's resident peak
+  // grew by at least what the model predicts (the arena's pages are written,
+  // so resident), and by no more than the model plus the process's fixed
+  // share (code, OpenMP and BLAS buffers, data pages: about 20 MiB here).
+  EXPECT_NE(r.out.find("independent"), std::string::npos) << r.out;
+  const auto mem = nlohmann::json::parse(std::ifstream(dir.path("run/memory/rank0.json")));
+  int64_t model = 0;
+  for (const auto& [k, v] : mem["predicted"].items()) model += v.get<int64_t>();
+  ASSERT_TRUE(mem.contains("independent")) << mem.dump();
+  const int64_t rss = mem["independent"]["bytes"].get<int64_t>();
+  EXPECT_GE(rss, model) << "resident growth " << rss << " below the model's " << model;
+#ifndef WEFT_TEST_ASAN
+  // (Not under AddressSanitizer: its shadow memory and quarantine are resident too.)
+  EXPECT_LE(rss, model * 3 / 2 + (int64_t{64} << 20)) << "resident growth " << rss << " vs the model's " << model;
+#endif
   // --no-checkpoint trains the same and writes none.
   const auto n = run_weft("train --data " + data + kSmall + " --steps 2 --no-checkpoint --out " + dir.path("none"));
   ASSERT_EQ(n.code, 0) << n.out;
