@@ -109,6 +109,46 @@ TEST(CliTrain, ResumeIsBitIdentical) {
   EXPECT_NE(r.out.find("at step 6"), std::string::npos) << r.out;
 }
 
+// SIGTERM in the middle of a validation that would take minutes: the run
+// stops at the next sample on its way (not after the validation), keeps its
+// checkpoint and exits 143.
+TEST(CliTrain, SigtermDuringValidationStopsPromptly) {
+  TempDir dir;
+  const auto data = corpus(dir);
+  const auto out = dir.path("run");
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::freopen("/dev/null", "w", stdout);
+    std::vector<std::string> words = {WEFT_BIN, "train", "--data", data, "--steps", "1000", "--eval-every", "2",
+                                      "--out", out};
+    std::istringstream extra(kSmall + " --eval-samples 100000000");
+    for (std::string w; extra >> w;) words.push_back(w);
+    std::vector<char*> argv;
+    for (auto& w : words) argv.push_back(w.data());
+    argv.push_back(nullptr);
+    ::execv(WEFT_BIN, argv.data());
+    ::_exit(127);
+  }
+  // Step 2 logged: validation has begun (it runs right after).
+  for (int i = 0; i < 600 && losses(out + "/metrics.jsonl").size() < 2; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_EQ(losses(out + "/metrics.jsonl").size(), 2u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const auto t0 = std::chrono::steady_clock::now();
+  ::kill(pid, SIGTERM);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("exited %.2f s after SIGTERM\n", waited);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 143);
+  // Generous: the validation alone would take hours.
+  EXPECT_LT(waited, 30.0);
+  EXPECT_TRUE(fs::exists(out + "/checkpoints/step_000002/manifest.json"));
+  EXPECT_EQ(losses(out + "/metrics.jsonl").size(), 2u);
+}
+
 TEST(CliTrain, SigintSavesACheckpointAndExits) {
   TempDir dir;
   const auto data = corpus(dir);
