@@ -35,6 +35,22 @@ std::string corpus(const TempDir& dir) {
 
 const std::string kSmall = " --model tiny --seq 32 --global-batch 4 --mb 2 --threads 1 --log-every 1 --eval-samples 4";
 
+// Starts weft with `args` (split at spaces) as a child process with stdout
+// discarded: weft itself, not a shell, so that a signal reaches it.
+pid_t spawn_weft(const std::string& args) {
+  const pid_t pid = ::fork();
+  if (pid != 0) return pid;
+  ::freopen("/dev/null", "w", stdout);
+  std::vector<std::string> words = {WEFT_BIN};
+  std::istringstream in(args);
+  for (std::string w; in >> w;) words.push_back(w);
+  std::vector<char*> argv;
+  for (auto& w : words) argv.push_back(w.data());
+  argv.push_back(nullptr);
+  ::execv(WEFT_BIN, argv.data());
+  ::_exit(127);
+}
+
 std::vector<double> losses(const std::string& metrics) {
   std::vector<double> out;
   std::ifstream in(metrics);
@@ -116,20 +132,9 @@ TEST(CliTrain, SigtermDuringValidationStopsPromptly) {
   TempDir dir;
   const auto data = corpus(dir);
   const auto out = dir.path("run");
-  const pid_t pid = ::fork();
+  const pid_t pid = spawn_weft("train --data " + data + " --steps 1000 --eval-every 2 --out " + out + kSmall +
+                               " --eval-samples 100000000");
   ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    ::freopen("/dev/null", "w", stdout);
-    std::vector<std::string> words = {WEFT_BIN, "train", "--data", data, "--steps", "1000", "--eval-every", "2",
-                                      "--out", out};
-    std::istringstream extra(kSmall + " --eval-samples 100000000");
-    for (std::string w; extra >> w;) words.push_back(w);
-    std::vector<char*> argv;
-    for (auto& w : words) argv.push_back(w.data());
-    argv.push_back(nullptr);
-    ::execv(WEFT_BIN, argv.data());
-    ::_exit(127);
-  }
   // Step 2 logged: validation has begun (it runs right after).
   for (int i = 0; i < 600 && losses(out + "/metrics.jsonl").size() < 2; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -153,20 +158,8 @@ TEST(CliTrain, SigintSavesACheckpointAndExits) {
   TempDir dir;
   const auto data = corpus(dir);
   const std::string out = dir.path("run");
-  const pid_t pid = ::fork();
+  const pid_t pid = spawn_weft("train --data " + data + " --steps 100000 --out " + out + kSmall);
   ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    ::freopen("/dev/null", "w", stdout);
-    // exec weft itself (not through a shell) so that the signal reaches it.
-    std::vector<std::string> words = {WEFT_BIN, "train", "--data", data, "--steps", "100000", "--out", out};
-    std::istringstream extra(kSmall);
-    for (std::string w; extra >> w;) words.push_back(w);
-    std::vector<char*> argv;
-    for (auto& w : words) argv.push_back(w.data());
-    argv.push_back(nullptr);
-    ::execv(WEFT_BIN, argv.data());
-    ::_exit(127);
-  }
   // Wait until it has run a few steps, then interrupt it.
   for (int i = 0; i < 600 && losses(out + "/metrics.jsonl").size() < 3; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
