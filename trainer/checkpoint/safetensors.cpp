@@ -193,7 +193,10 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     size_t tensor;
   };
   std::vector<Span> spans;
-  for (const auto& [name, entry] : header.items()) {
+  for (const auto& item : header.items()) {
+    // Named, not a structured binding: clang before 16 cannot capture one in `bad`.
+    const std::string& name = item.key();
+    const nlohmann::json& entry = item.value();
     if (name == kMetadataKey) {
       if (!entry.is_object()) throw fail("'__metadata__' must be an object of strings");
       for (const auto& [k, v] : entry.items()) {
