@@ -22,14 +22,8 @@ all=$(cd tests/fuzz && ls fuzz_*.cpp | sed 's/\.cpp$//')
 if [ "${1:-}" = "--list" ]; then echo "$all"; exit 0; fi
 targets=${*:-$all}
 
-if [ ! -f "$build/build.ninja" ] || ! grep -q "WEFT_FUZZ:BOOL=ON" "$build/CMakeCache.txt"; then
-  cmake -S . -B "$build" -G Ninja \
-    -DCMAKE_CXX_COMPILER="${WEFT_SAN_CXX:-clang++}" \
-    -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only" \
-    -DWEFT_CUDA=OFF -DWEFT_SANITIZE=ON -DWEFT_FUZZ=ON \
-    -DWEFT_TESTS=ON -DWEFT_BENCHMARKS=OFF >"$build.configure.log" 2>&1 ||
-    { cat "$build.configure.log"; exit 1; }
+if [ ! -f "$build/CMakeCache.txt" ] || ! grep -q "WEFT_FUZZ:BOOL=ON" "$build/CMakeCache.txt"; then
+  tools/sanitize.sh --configure-only
 fi
 # shellcheck disable=SC2086
 cmake --build "$build" -j "$jobs" --target $targets

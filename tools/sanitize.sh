@@ -10,7 +10,7 @@
 #
 #   tools/sanitize.sh              # build, then ctest -L 'unit|e2e'
 #   WEFT_SAN_LABELS='unit|e2e|mpi' tools/sanitize.sh   # also the MPI tests
-#   tools/sanitize.sh --build-only
+#   tools/sanitize.sh --build-only      (or --configure-only)
 # Extra ctest arguments may follow, e.g. tools/sanitize.sh -R test_core.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,20 +18,19 @@ root=$PWD
 build=${WEFT_SAN_BUILD:-build-san}
 jobs=${WEFT_JOBS:-$(nproc)}
 
+mkdir -p "$build"
 cmake -S . -B "$build" -G Ninja \
   -DCMAKE_CXX_COMPILER="${WEFT_SAN_CXX:-clang++}" \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only" \
   -DWEFT_CUDA=OFF -DWEFT_SANITIZE=ON -DWEFT_FUZZ=ON \
-  -DWEFT_TESTS=ON -DWEFT_BENCHMARKS=OFF >"$build.configure.log" 2>&1 ||
-  { cat "$build.configure.log"; exit 1; }
-grep "weft feature" "$build.configure.log" || true
+  -DWEFT_TESTS=ON -DWEFT_BENCHMARKS=OFF >"$build/configure.log" 2>&1 ||
+  { cat "$build/configure.log"; exit 1; }
+grep "weft feature" "$build/configure.log" || true
+[ "${1:-}" = "--configure-only" ] && exit 0
 
-if [ "${1:-}" = "--build-only" ]; then
-  cmake --build "$build" -j "$jobs"
-  exit 0
-fi
 cmake --build "$build" -j "$jobs"
+[ "${1:-}" = "--build-only" ] && exit 0
 
 # OpenMPI and hwloc keep allocations for the life of the process that they
 # never free (MPI_Init's registries, hwloc's topology); the suppressions name
