@@ -9,6 +9,7 @@
 #   tools/fuzz.sh                          # every target, 30 s each
 #   WEFT_FUZZ_SECONDS=600 tools/fuzz.sh fuzz_recipe fuzz_journal
 #   tools/fuzz.sh --list
+#   WEFT_FUZZ_BUILD=0 tools/fuzz.sh   # run the targets as built, no build step
 # New inputs that reach new code stay in build-san/fuzz/<target>/corpus;
 # a regression input belongs in tests/fuzz/corpus/<name>/.
 set -euo pipefail
@@ -22,11 +23,13 @@ all=$(cd tests/fuzz && ls fuzz_*.cpp | sed 's/\.cpp$//')
 if [ "${1:-}" = "--list" ]; then echo "$all"; exit 0; fi
 targets=${*:-$all}
 
-if [ ! -f "$build/CMakeCache.txt" ] || ! grep -q "WEFT_FUZZ:BOOL=ON" "$build/CMakeCache.txt"; then
-  tools/sanitize.sh --configure-only
+if [ "${WEFT_FUZZ_BUILD:-1}" != 0 ]; then  # 0: run the targets as built
+  if [ ! -f "$build/CMakeCache.txt" ] || ! grep -q "WEFT_FUZZ:BOOL=ON" "$build/CMakeCache.txt"; then
+    tools/sanitize.sh --configure-only
+  fi
+  # shellcheck disable=SC2086
+  cmake --build "$build" -j "$jobs" --target $targets
 fi
-# shellcheck disable=SC2086
-cmake --build "$build" -j "$jobs" --target $targets
 
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
