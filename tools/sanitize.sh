@@ -39,6 +39,10 @@ export LSAN_OPTIONS="suppressions=$root/tools/lsan.supp:print_suppressions=0${LS
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:strict_string_checks=1:detect_stack_use_after_return=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# OpenMPI unloads its components at MPI_Finalize, after which their leak
+# stacks read "<unknown module>" and no suppression can name them; keeping
+# them loaded lets tools/lsan.supp match them by library.
+export OMPI_MCA_mca_base_component_disable_dlclose=1
 [ "${1:-}" = "--" ] && shift
 ctest --test-dir "$build" --output-on-failure -j "${WEFT_SAN_CTEST_JOBS:-2}" \
   -L "${WEFT_SAN_LABELS:-unit|e2e}" "$@"
