@@ -16,6 +16,7 @@
 #include <fstream>
 #include <string>
 #include <string_view>
+#include <typeinfo>
 
 #include "core/error.h"
 

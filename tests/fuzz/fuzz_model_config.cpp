@@ -6,7 +6,7 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace weft;
-  const std::string path = fuzz::fuzz_file("config.json", fuzz::fuzz_bytes(data, size));
+  fuzz::fuzz_file("config.json", fuzz::fuzz_bytes(data, size));
   fuzz::fuzz_parse([&] {
     const ModelSpec m = checkpoint::hf_folder_model(fuzz::fuzz_dir().string(), nullptr);
     (void)m.param_count();
