@@ -24,11 +24,23 @@ nlohmann::json json_read_file(const std::string& path, const std::string& what) 
   const std::string text = buf.str();
   if (text.find_first_not_of(" \t\r\n") == std::string::npos)
     throw FileFormatError(fmt::format("{} '{}' is empty", what, path));
+  // The last object key read, to name the field of a number the parser
+  // cannot hold (it stops without a position).
+  std::string key;
+  const auto track = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    if (event == nlohmann::json::parse_event_t::key) key = parsed.get<std::string>();
+    return true;
+  };
   try {
-    return nlohmann::json::parse(text);
+    return nlohmann::json::parse(text, track);
   } catch (const nlohmann::json::parse_error& e) {
     throw FileFormatError(fmt::format("{} '{}' is not valid JSON (byte {}): {}", what, path,
                                       e.byte, e.what()));
+  } catch (const nlohmann::json::exception& e) {
+    // A number beyond double's range, such as 1e999 (out_of_range.406).
+    throw FileFormatError(fmt::format("{} '{}'{}: {}; only finite numbers are valid", what, path,
+                                      key.empty() ? "" : fmt::format(", field '{}'", key),
+                                      e.what()));
   }
 }
 

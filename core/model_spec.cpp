@@ -13,6 +13,15 @@
 
 namespace weft {
 
+namespace {
+
+// The most parameters a ModelSpec may have: 2^50 (1.1e15, some 500 times the
+// largest published Llama), so that bytes per parameter times it stays far
+// inside int64.
+constexpr double kMaxParams = 1125899906842624.0;
+
+}  // namespace
+
 int64_t ModelSpec::block_params() const {
   const int64_t q = hidden * heads * head_dim;
   const int64_t kv = 2 * hidden * kv_heads * head_dim;
@@ -49,6 +58,20 @@ void ModelSpec::validate() const {
   if (!(rope_theta > 0)) bad.push_back(fmt::format("rope_theta={} must be positive", rope_theta));
   if (!(norm_eps > 0)) bad.push_back(fmt::format("norm_eps={} must be positive", norm_eps));
   for (auto& p : rope_scaling_problems(rope_scaling)) bad.push_back(std::move(p));
+  if (bad.empty()) {
+    // The counts are int64 and weft multiplies them by bytes per parameter
+    // (16 and more for the optimizer), so bound them, in double, before any
+    // int64 product can overflow.
+    const double c = double(hidden), block = c * double(heads) * double(head_dim) * 2 +
+                                             2 * c * double(kv_heads) * double(head_dim) +
+                                             3 * c * double(intermediate) + 2 * c;
+    const double params = double(vocab) * c * 2 + double(layers) * block + c;
+    if (params > kMaxParams)
+      bad.push_back(fmt::format("{:.3g} parameters (vocab={} hidden={} intermediate={} layers={} heads={} "
+                                "kv_heads={} head_dim={}) are more than the {:.3g} weft can count",
+                                params, vocab, hidden, intermediate, layers, heads, kv_heads, head_dim,
+                                kMaxParams));
+  }
   if (!bad.empty())
     throw InputError(fmt::format("model '{}': {}", name, fmt::join(bad, "; ")));
 }

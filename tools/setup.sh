@@ -11,7 +11,8 @@ packages=(cmake g++ make ninja-build pkg-config
           libcli11-dev nlohmann-json3-dev libopenblas-openmp-dev
           libgtest-dev libgmock-dev libbenchmark-dev fortunes procps
           libpcre2-dev libsentencepiece-dev
-          zlib1g-dev chromium)
+          zlib1g-dev chromium
+          clang libclang-rt-dev libomp-dev)  # tools/sanitize.sh and tools/fuzz.sh: clang, libFuzzer, OpenMP
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

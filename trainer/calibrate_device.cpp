@@ -186,8 +186,10 @@ void measure_gemms(Bench<Elem>& b, const DeviceCalibration& c, MeasuredRates& r)
   std::set<std::tuple<int, int64_t, int64_t, int64_t>> seen;
   for (const Shard& s : shards(c)) {
     b.use_shard(s);
-    for (auto [N, K] : {std::pair{s.Hl * s.D, s.C}, {s.Kl * s.D, s.C}, {s.C, s.Hl * s.D}, {s.Fl, s.C},
-                        {s.C, s.Fl}, {s.Vl, s.C}}) {
+    for (const auto& nk : {std::pair{s.Hl * s.D, s.C}, {s.Kl * s.D, s.C}, {s.C, s.Hl * s.D}, {s.Fl, s.C},
+                           {s.C, s.Fl}, {s.Vl, s.C}}) {
+      // Named, not a structured binding: clang before 16 cannot capture one in a lambda.
+      const int64_t N = nk.first, K = nk.second;
       const int64_t M = s.M;
       const int64_t e = int64_t(sizeof(Elem));
       const int n = b.copies_for(e * (2 * M * K + N * K + M * N) + int64_t(sizeof(A)) * N * K);

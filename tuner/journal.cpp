@@ -97,7 +97,7 @@ Journal Journal::open(const std::string& path, const nlohmann::json& header) {
       json e;
       try {
         e = json::parse(line);
-      } catch (const json::parse_error& err) {
+      } catch (const json::exception& err) {  // parse_error, or out_of_range for 1e999
         throw bad(line_no, fmt::format("not JSON ({})", err.what()));
       }
       if (!e.is_object() || !e.contains("kind") || !e["kind"].is_string())

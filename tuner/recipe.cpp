@@ -47,7 +47,7 @@ Recipe recipe_from_json(const nlohmann::json& j, const std::string& origin) {
   auto bad = [&](const std::string& what) {
     return FileFormatError(fmt::format("recipe '{}': {}", origin, what));
   };
-  if (!j.is_object() || j.value("format", std::string()) != "weft-recipe")
+  if (!j.is_object() || !j.contains("format") || j["format"] != "weft-recipe")
     throw bad("not a weft recipe (no \"format\": \"weft-recipe\")");
   Recipe r;
   try {

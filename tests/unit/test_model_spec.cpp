@@ -261,6 +261,16 @@ TEST(ModelSpec, HfConfigErrorsNameTheField) {
       InputError, "vocab_size", "positive");
   WEFT_EXPECT_THROW_MSG(model_from_hf_config(dir.file("g.json", R"({"model_type": "gpt2"})")),
                         InputError, "gpt2");
+  // Found by tests/fuzz: a number past double's range, and sizes whose
+  // parameter count overflows int64.
+  WEFT_EXPECT_THROW_MSG(model_from_hf_config(dir.file("h.json", R"({"vocab_size": 10,
+    "rope_theta": 1e999})")),
+                        FileFormatError, "h.json", "rope_theta", "finite");
+  WEFT_EXPECT_THROW_MSG(
+      model_from_hf_config(dir.file("i.json", R"({"vocab_size": 1099511627776,
+        "hidden_size": 1099511627776, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 1048576})")),
+      InputError, "parameters", "vocab=1099511627776");
 }
 
 TEST(ModelSpec, JsonRoundTrip) {

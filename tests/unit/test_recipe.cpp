@@ -62,6 +62,8 @@ TEST(Recipe, MalformedOrTruncatedFilesAreRefused) {
                         "cut.json", "not valid JSON");
   WEFT_EXPECT_THROW_MSG(recipe_load(dir.file("other.json", R"({"hello": 1})")), FileFormatError,
                         "not a weft recipe");
+  WEFT_EXPECT_THROW_MSG(recipe_load(dir.file("number.json", R"({"format": 7})")), FileFormatError,
+                        "not a weft recipe");
   std::string no_layout = text;
   no_layout.replace(no_layout.find("\"layout\""), 8, "\"layouT\"");
   WEFT_EXPECT_THROW_MSG(recipe_load(dir.file("nolayout.json", no_layout)), FileFormatError, "nolayout.json",

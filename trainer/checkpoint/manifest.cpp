@@ -87,7 +87,7 @@ class Reader {
 Manifest manifest_from_json(const nlohmann::json& j, const std::string& origin) {
   const Reader r(origin);
   if (!j.is_object()) throw FileFormatError(fmt::format("{}: not a JSON object", origin));
-  if (j.value("format", std::string()) != "weft-checkpoint")
+  if (!j.contains("format") || j["format"] != "weft-checkpoint")
     throw FileFormatError(
         fmt::format("{}: not a weft checkpoint manifest (field 'format' is not "
                     "\"weft-checkpoint\")",

@@ -180,6 +180,9 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     header = nlohmann::json::parse(base + 8, base + 8 + n);
   } catch (const nlohmann::json::parse_error& e) {
     throw fail(fmt::format("header is not valid JSON (byte {}): {}", e.byte, e.what()));
+  } catch (const nlohmann::json::exception& e) {
+    // A number beyond double's range, such as 1e999 (out_of_range.406).
+    throw fail(fmt::format("header holds a number that is not finite: {}", e.what()));
   }
   if (!header.is_object()) throw fail("header is not a JSON object");
 
@@ -190,7 +193,10 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     size_t tensor;
   };
   std::vector<Span> spans;
-  for (const auto& [name, entry] : header.items()) {
+  for (const auto& item : header.items()) {
+    // Named, not a structured binding: clang before 16 cannot capture one in `bad`.
+    const std::string& name = item.key();
+    const nlohmann::json& entry = item.value();
     if (name == kMetadataKey) {
       if (!entry.is_object()) throw fail("'__metadata__' must be an object of strings");
       for (const auto& [k, v] : entry.items()) {

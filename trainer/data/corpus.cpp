@@ -35,6 +35,8 @@ bool corpus_ready(const fs::path& dir) {
            fs::exists(dir / "train.tok") && fs::exists(dir / "val.tok");
   } catch (const InputError&) {
     return false;
+  } catch (const nlohmann::json::type_error&) {  // a field of another type: not ours either
+    return false;
   }
 }
 
