@@ -406,7 +406,17 @@ void from_json(const nlohmann::json& j, ModelSpec& m) {
       throw InputError(fmt::format("{}: missing or non-integer field '{}'", origin, key));
     return j[key].get<int64_t>();
   };
-  m.name = j.value("name", std::string("model"));
+  if (!j.is_object()) throw InputError(fmt::format("{}: not a JSON object", origin));
+  // Optional fields keep their default when absent, and are refused, named,
+  // when present with the wrong type.
+  auto optional = [&](const char* key, auto fallback, bool (nlohmann::json::*is)() const noexcept,
+                      const char* what) {
+    if (!j.contains(key)) return fallback;
+    if (!(j[key].*is)())
+      throw InputError(fmt::format("{}: field '{}' must be {}, got {}", origin, key, what, j[key].dump()));
+    return j[key].get<decltype(fallback)>();
+  };
+  m.name = optional("name", std::string("model"), &nlohmann::json::is_string, "a string");
   m.vocab = get_int("vocab");
   m.hidden = get_int("hidden");
   m.intermediate = get_int("intermediate");
@@ -414,10 +424,10 @@ void from_json(const nlohmann::json& j, ModelSpec& m) {
   m.heads = get_int("heads");
   m.kv_heads = get_int("kv_heads");
   m.head_dim = get_int("head_dim");
-  m.rope_theta = j.value("rope_theta", 10000.0);
-  m.norm_eps = j.value("norm_eps", 1e-5);
-  m.tied_embeddings = j.value("tied_embeddings", false);
-  m.max_seq = j.value("max_seq", int64_t{2048});
+  m.rope_theta = optional("rope_theta", 10000.0, &nlohmann::json::is_number, "a number");
+  m.norm_eps = optional("norm_eps", 1e-5, &nlohmann::json::is_number, "a number");
+  m.tied_embeddings = optional("tied_embeddings", false, &nlohmann::json::is_boolean, "true or false");
+  m.max_seq = optional("max_seq", int64_t{2048}, &nlohmann::json::is_number_integer, "an integer");
   m.rope_scaling = j.contains("rope_scaling")
                        ? rope_scaling_from_json(j["rope_scaling"], origin, "rope_scaling")
                        : RopeScaling{};

@@ -57,6 +57,21 @@ TEST(ModelSpec, RopeScalingIsValidated) {
                         "original_max_position_embeddings=0");
 }
 
+// weft's own model JSON (recipes, manifests): an optional field of the wrong
+// type is named, not a JSON library exception (found by fuzz_manifest).
+TEST(ModelSpec, MistypedOptionalFieldsAreNamed) {
+  nlohmann::json j = model_preset("tiny");
+  j["tied_embeddings"] = 16;
+  WEFT_EXPECT_THROW_MSG(j.get<ModelSpec>(), InputError, "tied_embeddings", "true or false", "16");
+  j = model_preset("tiny");
+  j["rope_theta"] = "big";
+  WEFT_EXPECT_THROW_MSG(j.get<ModelSpec>(), InputError, "rope_theta", "a number");
+  j = model_preset("tiny");
+  j["max_seq"] = 1.5;
+  WEFT_EXPECT_THROW_MSG(j.get<ModelSpec>(), InputError, "max_seq", "an integer");
+  EXPECT_EQ(nlohmann::json(model_preset("tiny")).get<ModelSpec>().hash(), model_preset("tiny").hash());
+}
+
 TEST(ModelSpec, PresetShapes) {
   const auto m = model_preset("llama-30b");
   EXPECT_EQ(m.layers, 60);
