@@ -188,6 +188,8 @@ TEST(CliTrain, SigintSavesACheckpointAndExits) {
   EXPECT_EQ(end["kind"], "end");
   EXPECT_EQ(end["interrupted"], true);
   EXPECT_EQ(end["signal"], "SIGINT");
+  // The report page is written after a stop too.
+  EXPECT_TRUE(fs::exists(out + "/report.html"));
 }
 
 // Two runs into one folder never lose the first: the second is refused
