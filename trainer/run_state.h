@@ -215,11 +215,15 @@ struct Run {
     info.data_position = step * c.run.global_batch;
     info.seed = c.seed;
     info.lr = lr;
-    info.run = {{"seq", c.run.seq},
-                {"global_batch", c.run.global_batch},
-                {"precision", to_string(c.run.precision)},
-                {"seed", c.seed},
-                {"optim", c.optim}};
+    // Built apart and moved in: assigned straight from the braced list, the
+    // member's first value (an empty object) was never freed in clang 14
+    // builds (LeakSanitizer, 48 bytes per checkpoint).
+    nlohmann::json run{{"seq", c.run.seq},
+                       {"global_batch", c.run.global_batch},
+                       {"precision", to_string(c.run.precision)},
+                       {"seed", c.seed},
+                       {"optim", c.optim}};
+    info.run = std::move(run);
     if (data.meta.is_object() && data.meta.contains("tokenizer")) info.run["tokenizer"] = data.meta["tokenizer"];
     if (!init_dir.empty()) info.run["init"] = init_dir;
     info.bos_token_id = bos_token_id;
