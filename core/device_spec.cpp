@@ -8,6 +8,8 @@
 #include <fstream>
 #include <thread>
 
+#include <type_traits>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -280,7 +282,8 @@ void from_json(const nlohmann::json& j, DeviceSpec& d) {
       throw InputError(fmt::format("device: field '{}' must be a number, got {}", key,
                                    j[key].dump()));
     using T = std::decay_t<decltype(field)>;
-    field = j[key].get<T>();
+    if constexpr (std::is_integral_v<T>) field = json_integer(j, key, "device");
+    else field = j[key].get<T>();
     if (field <= 0)
       throw InputError(fmt::format("device: field '{}'={} must be positive", key, j[key].dump()));
   };

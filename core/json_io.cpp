@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -42,6 +43,16 @@ nlohmann::json json_read_file(const std::string& path, const std::string& what) 
                                       key.empty() ? "" : fmt::format(", field '{}'", key),
                                       e.what()));
   }
+}
+
+int64_t json_integer(const nlohmann::json& j, const char* key, const std::string& origin) {
+  if (!j.is_object() || !j.contains(key))
+    throw InputError(fmt::format("{}: field '{}' is missing", origin, key));
+  const auto& v = j[key];
+  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX)))
+    throw InputError(fmt::format("{}: field '{}' must be a whole number within 64 bits, got {}", origin, key,
+                                 v.dump()));
+  return v.get<int64_t>();
 }
 
 void file_write_atomic(const std::string& path, const std::string& content) {

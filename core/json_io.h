@@ -1,6 +1,7 @@
 // JSON and file io shared by specs, recipes and reports.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -10,6 +11,11 @@ namespace weft {
 // Parses a JSON file; InputError naming the path (and `what` it should be)
 // when it is missing, unreadable or malformed, with the parser's position.
 nlohmann::json json_read_file(const std::string& path, const std::string& what);
+
+// The whole number at j[key]: InputError naming `origin` and the key when it
+// is missing or not an integer JSON value (a float such as 4e50 would
+// otherwise be cast to int64, which is undefined).
+int64_t json_integer(const nlohmann::json& j, const char* key, const std::string& origin);
 
 // Writes `content` to `path` through a temporary file in the same folder and
 // a rename, so readers never see a half-written file and an existing good

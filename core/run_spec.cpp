@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json_io.h"
 
 namespace weft {
 
@@ -30,8 +31,8 @@ void to_json(nlohmann::json& j, const RunSpec& r) {
 void from_json(const nlohmann::json& j, RunSpec& r) {
   if (!j.is_object() || !j.contains("seq") || !j.contains("global_batch"))
     throw InputError("run spec: expected {\"seq\": T, \"global_batch\": B, \"precision\": ...}");
-  r.seq = j["seq"].get<int64_t>();
-  r.global_batch = j["global_batch"].get<int64_t>();
+  r.seq = json_integer(j, "seq", "run spec");
+  r.global_batch = json_integer(j, "global_batch", "run spec");
   r.precision = precision_parse(j.value("precision", std::string("bf16")));
   r.validate();
 }

@@ -51,7 +51,7 @@ Recipe recipe_from_json(const nlohmann::json& j, const std::string& origin) {
     throw bad("not a weft recipe (no \"format\": \"weft-recipe\")");
   Recipe r;
   try {
-    r.format_version = j.at("format_version").get<int64_t>();
+    r.format_version = json_integer(j, "format_version", "recipe");
     if (r.format_version > kRecipeFormatVersion)
       throw bad(fmt::format("format version {} is newer than this weft reads ({})", r.format_version,
                             kRecipeFormatVersion));
@@ -63,9 +63,9 @@ Recipe recipe_from_json(const nlohmann::json& j, const std::string& origin) {
                             m["hash"].get<std::string>(), r.model.hash()));
     const auto& c = j.at("cluster");
     r.device = c.at("device").get<std::string>();
-    r.device_memory = c.at("device_memory_bytes").get<int64_t>();
-    r.world = c.at("world").get<int64_t>();
-    r.gpus_per_node = c.at("gpus_per_node").get<int64_t>();
+    r.device_memory = json_integer(c, "device_memory_bytes", "cluster");
+    r.world = json_integer(c, "world", "cluster");
+    r.gpus_per_node = json_integer(c, "gpus_per_node", "cluster");
     r.run = j.at("run").get<RunSpec>();
     r.layout = Layout::parse(j.at("layout").get<std::string>());
     r.source = j.value("source", std::string("dry-run"));

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/flops.h"
+#include "core/json_io.h"
 #include "core/units.h"
 #include "trainer/loop.h"
 #include "tuner/journal.h"
@@ -73,7 +74,7 @@ nlohmann::json trial_to_json(const TrialRecord& t) {
 TrialRecord record_from_json(const nlohmann::json& j, const std::string& origin) {
   try {
     TrialRecord t;
-    t.order = j.at("order").get<int64_t>();
+    t.order = json_integer(j, "order", "trial record");
     t.layout = Layout::parse(j.at("layout").get<std::string>());
     t.status = j.at("status").get<std::string>();
     t.reason = j.value("reason", "");
@@ -82,8 +83,8 @@ TrialRecord record_from_json(const nlohmann::json& j, const std::string& origin)
     t.measured_s = j.value("measured_s", 0.0);
     t.tokens_per_s = j.value("tokens_per_s", 0.0);
     t.mfu = j.value("mfu", 0.0);
-    t.predicted_peak = j.value("predicted_peak_bytes", int64_t{0});
-    t.measured_peak = j.value("measured_peak_bytes", int64_t{0});
+    t.predicted_peak = j.contains("predicted_peak_bytes") ? json_integer(j, "predicted_peak_bytes", "trial record") : 0;
+    t.measured_peak = j.contains("measured_peak_bytes") ? json_integer(j, "measured_peak_bytes", "trial record") : 0;
     t.seconds = j.value("seconds", 0.0);
     if (t.status != "killed") trainer::trial_status_parse(t.status);
     for (const auto& [name, v] : {std::pair<const char*, double>{"predicted_s", t.predicted_s},
