@@ -241,7 +241,6 @@ int run_train(TrainArgs& a) {
   else if (a.schedule == "constant") c.optim.schedule = trainer::Schedule::constant;
   else throw InputError(fmt::format("--schedule '{}' is not valid; use cosine or constant", a.schedule));
   c.optim.total_steps = c.steps;
-  if (c.eval_samples < 1) throw InputError(fmt::format("--eval-samples {} must be at least 1", c.eval_samples));
   c.stop = &stop_flag();
   CountProgress bar(stdout, "training");
   c.on_step = [&bar](int64_t step, int64_t steps) { bar.update(step, steps); };

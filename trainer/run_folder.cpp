@@ -89,7 +89,9 @@ std::string run_folder_prepare(const std::string& out_dir, const std::string& ck
   std::string said;
   const fs::path out(out_dir);
   const fs::path root = checkpoint_root(out_dir, ckpt_dir);
-  const bool inside = root.lexically_normal().string().rfind(out.lexically_normal().string(), 0) == 0;
+  // By path components, not text: runs/ab is not inside runs/a.
+  const fs::path rel = fs::absolute(root).lexically_normal().lexically_relative(fs::absolute(out).lexically_normal());
+  const bool inside = !rel.empty() && *rel.begin() != "..";
   if (!inside && !checkpoint_names(root).empty()) {
     const auto to = aside_name(root);
     move_aside(root, to);
