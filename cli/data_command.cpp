@@ -83,7 +83,7 @@ int run_info(const InfoArgs& a) {
   // The vocab to check against: --vocab, else what the files declare, else
   // meta.json's (Megatron files do not record one).
   int64_t vocab = a.vocab > 0 ? a.vocab : d.train->vocab();
-  if (vocab == 0 && d.meta.is_object()) vocab = d.meta.value("vocab", int64_t{0});
+  if (vocab == 0) vocab = data::token_data_meta_vocab(d);
   // Every check before any output, so a failure is one line.
   const std::pair<const char*, const data::TokenSource*> splits[] = {{"train", d.train.get()},
                                                                      {"val", d.val.get()}};
@@ -95,18 +95,9 @@ int run_info(const InfoArgs& a) {
   }
   const double baseline = data::token_data_baseline(d);
 
-  if (d.meta.is_object()) {
-    fmt::print("{}: prepared by {}, {} tokenizer, vocab {}\n", d.path,
-               d.meta.value("created_by", "?"), d.meta.value("tokenizer", "?"),
-               d.meta.value("vocab", int64_t{0}));
-    // Older folders have neither field.
-    const auto file = d.meta.value("tokenizer_file", nlohmann::json());
-    if (file.is_object()) fmt::print("  tokenizer file {}\n", file.value("path", "?"));
-    const auto doc = d.meta.value("document_tokens", nlohmann::json());
-    if (doc.is_object()) fmt::print("  documents: {}\n", doc.value("description", "?"));
-  } else {
-    fmt::print("{}\n", d.path);
-  }
+  const auto meta_lines = data::token_data_meta_lines(d);
+  if (meta_lines.empty()) fmt::print("{}\n", d.path);
+  for (const auto& line : meta_lines) fmt::print("{}\n", line);
   size_t w = 0;
   for (const auto& [name, src] : splits) {
     if (!src) {

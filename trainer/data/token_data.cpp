@@ -1,6 +1,7 @@
 #include "trainer/data/token_data.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <vector>
@@ -36,22 +37,66 @@ std::unique_ptr<TokenSource> shards_open(const std::vector<fs::path>& files, Int
   return std::make_unique<ConcatTokenSource>(std::move(parts));
 }
 
+// Checks the fields of a prepared folder's meta.json that weft reads, so a
+// hand-edited or damaged file is one FileFormatError naming the field rather
+// than a JSON type error deep in a reader. Fields weft only records are not
+// checked.
+void meta_check(const nlohmann::json& meta, const std::string& path) {
+  const auto bad = [&](const std::string& field, const std::string& want) {
+    return FileFormatError(fmt::format("data description '{}': \"{}\" must be {}", path, field, want));
+  };
+  if (!meta.is_object()) throw FileFormatError(fmt::format("data description '{}' is not a JSON object", path));
+  for (const char* split : {"train", "val"}) {
+    const auto it = meta.find(split);
+    if (it == meta.end() || it->is_null()) continue;
+    const std::string field = std::string(split) + ".file";
+    if (!it->is_object() || !it->contains("file") || !(*it)["file"].is_string())
+      throw FileFormatError(
+          fmt::format("data description '{}' has no \"{}\": {{\"file\": ...}}", path, split));
+    // A prepared folder names its own files; a path that leaves the folder
+    // is not one weft wrote.
+    const fs::path file((*it)["file"].get<std::string>());
+    bool escapes = file.empty() || file.is_absolute();
+    for (const auto& part : file) escapes = escapes || part == "..";
+    if (escapes)
+      throw bad(field, fmt::format("a file name inside the folder, got {}", (*it)["file"].dump()));
+  }
+  if (meta.contains("vocab")) {
+    const auto& v = meta["vocab"];
+    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t{1} << 32) ||
+        (!v.is_number_unsigned() && (v.get<int64_t>() < 0 || v.get<int64_t>() > int64_t{1} << 32)))
+      throw bad("vocab", fmt::format("a whole number from 0 to 2^32, got {}", v.dump()));
+  }
+  if (meta.contains("unigram_entropy_nats")) {
+    const auto& v = meta["unigram_entropy_nats"];
+    if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < 0)
+      throw bad("unigram_entropy_nats", fmt::format("a finite number >= 0, got {}", v.dump()));
+  }
+  for (const char* field : {"created_by", "tokenizer", "token_format"})
+    if (meta.contains(field) && !meta[field].is_string())
+      throw bad(field, fmt::format("a string, got {}", meta[field].dump()));
+  for (const auto& [field, key] : {std::pair{"tokenizer_file", "path"}, std::pair{"document_tokens", "description"}}) {
+    if (!meta.contains(field) || meta[field].is_null()) continue;
+    if (!meta[field].is_object()) throw bad(field, fmt::format("an object or null, got {}", meta[field].dump()));
+    if (meta[field].contains(key) && !meta[field][key].is_string())
+      throw bad(std::string(field) + "." + key, fmt::format("a string, got {}", meta[field][key].dump()));
+  }
+}
+
 TokenData prepared_dir_open(const fs::path& dir, Integrity integrity) {
   TokenData d;
   d.path = dir.string();
-  d.meta = json_read_file((dir / "meta.json").string(), "data description");
+  const std::string meta_path = (dir / "meta.json").string();
+  d.meta = json_read_file(meta_path, "data description");
+  meta_check(d.meta, meta_path);
   const auto split_file = [&](const char* split) -> std::string {
     const auto it = d.meta.find(split);
     if (it == d.meta.end() || it->is_null()) return "";
-    if (!it->is_object() || !it->contains("file") || !(*it)["file"].is_string())
-      throw FileFormatError(fmt::format("data description '{}' has no \"{}\": {{\"file\": ...}}",
-                                        (dir / "meta.json").string(), split));
     return (dir / (*it)["file"].get<std::string>()).string();
   };
   const std::string train = split_file("train");
   if (train.empty())
-    throw FileFormatError(
-        fmt::format("data description '{}' names no train file", (dir / "meta.json").string()));
+    throw FileFormatError(fmt::format("data description '{}' names no train file", meta_path));
   d.train = token_source_open(train, integrity);
   const std::string val = split_file("val");
   if (!val.empty()) d.val = token_source_open(val, integrity);
@@ -178,6 +223,24 @@ void token_data_validate(const TokenData& data, int64_t vocab, int64_t seq) {
             seq, seq + 1, part.source->describe()));
     validate_vocab(*s, vocab);
   }
+}
+
+int64_t token_data_meta_vocab(const TokenData& data) {
+  return data.meta.is_object() ? data.meta.value("vocab", int64_t{0}) : 0;
+}
+
+std::vector<std::string> token_data_meta_lines(const TokenData& data) {
+  std::vector<std::string> lines;
+  if (!data.meta.is_object()) return lines;
+  const auto& m = data.meta;
+  lines.push_back(fmt::format("{}: prepared by {}, {} tokenizer, vocab {}", data.path, m.value("created_by", "?"),
+                              m.value("tokenizer", "?"), token_data_meta_vocab(data)));
+  // Older folders have neither field.
+  const auto file = m.value("tokenizer_file", nlohmann::json());
+  if (file.is_object()) lines.push_back(fmt::format("  tokenizer file {}", file.value("path", "?")));
+  const auto doc = m.value("document_tokens", nlohmann::json());
+  if (doc.is_object()) lines.push_back(fmt::format("  documents: {}", doc.value("description", "?")));
+  return lines;
 }
 
 double token_data_baseline(const TokenData& data) {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -46,6 +47,15 @@ TokenData token_data_open(const DataSpec& spec, Integrity integrity = Integrity:
 // of each split) and at least seq + 1 tokens in each split (in each part of
 // weight above 0, for a blend). InputError naming the offending value otherwise.
 void token_data_validate(const TokenData& data, int64_t vocab, int64_t seq);
+
+// meta.json's vocab for prepared data (checked when the folder was opened),
+// else 0: Megatron files and folders of shards record none.
+int64_t token_data_meta_vocab(const TokenData& data);
+
+// What `weft data info` says of prepared data's meta.json: who prepared it,
+// with which tokenizer and vocab, the tokenizer file and the document tokens
+// where recorded. Empty for data without a meta.json.
+std::vector<std::string> token_data_meta_lines(const TokenData& data);
 
 // The unigram entropy of the train split in nats/token (the loss baseline):
 // meta.json's value for prepared data, else computed by a scan.

@@ -45,6 +45,46 @@ TEST(TokenData, PreparedFolderByMeta) {
   EXPECT_DOUBLE_EQ(token_data_baseline(d), 1.25);
 }
 
+// Every field of meta.json that weft reads is checked when the folder is
+// opened: a damaged or hand-edited file is one error naming the field.
+TEST(TokenData, PreparedFolderMetaFieldsAreChecked) {
+  TempDir dir;
+  token_file_write(dir.path("p/train.tok"), std::vector<int32_t>{1, 2, 3, 4}, 256);
+  token_file_write(dir.path("outside.tok"), std::vector<int32_t>{1, 2, 3, 4}, 256);
+  const auto open_with = [&](const std::string& meta) {
+    dir.file("p/meta.json", meta);
+    return token_data_open(dir.path("p"));
+  };
+  const auto good = open_with(R"({"train": {"file": "train.tok"}, "vocab": 256, "tokenizer": "byte",
+                                  "created_by": "weft 0.1.0", "document_tokens": {"description": "none"},
+                                  "tokenizer_file": null})");
+  EXPECT_EQ(token_data_meta_vocab(good), 256);
+  const auto lines = token_data_meta_lines(good);
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_NE(lines[0].find("prepared by weft 0.1.0, byte tokenizer, vocab 256"), std::string::npos);
+  EXPECT_EQ(lines[1], "  documents: none");
+
+  WEFT_EXPECT_THROW_MSG(open_with("[1, 2]"), FileFormatError, "meta.json", "not a JSON object");
+  WEFT_EXPECT_THROW_MSG(open_with(R"({"train": {"file": 7}})"), FileFormatError, "\"train\"");
+  WEFT_EXPECT_THROW_MSG(open_with(R"({"train": {"file": "../outside.tok"}})"), FileFormatError, "train.file",
+                        "inside the folder", "../outside.tok");
+  WEFT_EXPECT_THROW_MSG(open_with(R"({"train": {"file": "/etc/passwd"}})"), FileFormatError, "train.file");
+  WEFT_EXPECT_THROW_MSG(open_with(R"({"train": {"file": ""}})"), FileFormatError, "train.file");
+  for (const char* vocab : {"\"256\"", "-1", "2.5", "1e30", "4294967297", "18446744073709551615"})
+    WEFT_EXPECT_THROW_MSG(open_with(std::string(R"({"train": {"file": "train.tok"}, "vocab": )") + vocab + "}"),
+                          FileFormatError, "\"vocab\"", "whole number");
+  for (const char* h : {"-0.5", "\"x\"", "1e400"})
+    WEFT_EXPECT_THROW_MSG(
+        open_with(std::string(R"({"train": {"file": "train.tok"}, "unigram_entropy_nats": )") + h + "}"),
+        FileFormatError, "unigram_entropy_nats");
+  WEFT_EXPECT_THROW_MSG(open_with(R"({"train": {"file": "train.tok"}, "tokenizer": 3})"), FileFormatError,
+                        "\"tokenizer\"", "a string");
+  WEFT_EXPECT_THROW_MSG(open_with(R"({"train": {"file": "train.tok"}, "tokenizer_file": "x"})"),
+                        FileFormatError, "tokenizer_file", "an object or null");
+  WEFT_EXPECT_THROW_MSG(open_with(R"({"train": {"file": "train.tok"}, "document_tokens": {"description": 1}})"),
+                        FileFormatError, "document_tokens.description");
+}
+
 TEST(TokenData, SingleFileIsAllTrain) {
   TempDir dir;
   const auto path = dir.path("one.tok");
