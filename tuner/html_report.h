@@ -30,8 +30,9 @@ inline constexpr size_t kReportTrainRecords = 20000;
 // step breakdown and the best layout's memory per stage.
 nlohmann::json report_data_dry_run(const nlohmann::json& dry_run);
 // The same straight from an evaluated space (weft tune --dry-run --format
-// html), without the JSON of every layout in between.
-nlohmann::json report_data_space(const SpaceReport& r, const ReportContext& ctx);
+// html), without the JSON of every layout in between; the `top` fitting
+// layouts (at most 1000) are listed with their step breakdown.
+nlohmann::json report_data_space(const SpaceReport& r, const ReportContext& ctx, int64_t top = 10);
 // A tuning's data from its tuning.json (tune_report_json): copied as it is,
 // with the trials' start times added for the timeline.
 nlohmann::json report_data_tuning(const nlohmann::json& tuning);

@@ -277,7 +277,7 @@ std::string report_render(ReportFormat f, const SpaceReport& r, const ReportCont
     case ReportFormat::csv: return report_csv(r, ctx, top);
     case ReportFormat::md: return report_md(r, ctx, top);
     case ReportFormat::html:
-      return report_html(report_data_space(r, ctx));
+      return report_html(report_data_space(r, ctx, top));
   }
   return {};
 }

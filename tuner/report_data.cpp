@@ -26,8 +26,9 @@ using nlohmann::json;
 constexpr int kBinsX = 160, kBinsY = 100;
 // Fitting layouts kept exact by rank, whatever the space's size.
 constexpr size_t kTopExact = 200;
-// Layouts whose step breakdown is drawn.
-constexpr size_t kTopBreakdown = 10;
+// Fitting layouts listed in the page's table at most (--top asks for how
+// many; --all asks for every one, which no page table can hold).
+constexpr size_t kTopListed = 1000;
 
 double num(const json& j, const char* key) {
   const auto it = j.find(key);
@@ -148,10 +149,11 @@ json dry_run_data(const json& head, Collector c, int64_t invalid, double usable,
   d["bins"] = std::move(bins);
   d["binned"] = binned;
 
-  // The top layouts' step time by part, and the best one's memory by stage.
+  // The top layouts' step time by part (the page draws the first few and
+  // lists them all), and the best one's memory by stage.
   json top = json::array();
   for (const auto& row : head["layouts"]) {
-    if (top.size() >= kTopBreakdown || row.value("verdict", "") != "fits") break;
+    if (top.size() >= kTopListed || row.value("verdict", "") != "fits") break;
     json t{{"layout", row["layout"]}, {"rank", row.value("rank", int64_t{0})}};
     for (const char* k : {"compute_s", "recompute_s", "tp_comm_s", "pp_bubble_s", "pp_p2p_s", "dp_comm_s",
                           "optimizer_s", "step_s", "mfu", "tokens_per_s"})
@@ -196,10 +198,10 @@ json report_data_dry_run(const json& src) {
                       [&](size_t i) { return rows[i].value("layout", ""); });
 }
 
-json report_data_space(const SpaceReport& r, const ReportContext& ctx) {
+json report_data_space(const SpaceReport& r, const ReportContext& ctx, int64_t top) {
   // The header and the top rows as the JSON report has them; the points
   // straight from the candidates, with the same values report_json writes.
-  const json head = report_json(r, ctx, int64_t(kTopBreakdown));
+  const json head = report_json(r, ctx, std::clamp<int64_t>(top, 1, int64_t(kTopListed)));
   Collector c;
   int64_t invalid = 0, rank = 0;
   double usable = 0, peak_flops = 0;
@@ -233,12 +235,24 @@ json report_data_tuning(const json& src) {
   d["kind"] = "tuning";
   d["title"] = fmt::format("weft tuning: {} on {} x {}", src.value("model", "?"), src.value("world", int64_t{0}),
                            src.value("device", "?"));
-  // Trials run one after another: each starts where the previous ended.
+  // Trials this tuning ran carry their start (start_s); trials read from an
+  // earlier run's journal have none and stay off the timeline. A tuning.json
+  // from before start times were recorded has none at all: its trials are
+  // drawn back to back, and the page says the times are estimated.
+  bool any_start = false;
+  for (const auto& trial : d["trials"])
+    any_start = any_start || (trial.is_object() && trial.contains("start_s") && trial["start_s"].is_number());
   double t = 0;
   for (auto& trial : d["trials"]) {
-    trial["start_s"] = t;
-    t += num(trial, "seconds");
+    if (!trial.is_object()) continue;
+    if (!any_start) {
+      trial["start_s"] = t;
+      t += num(trial, "seconds");
+    } else if (!trial.contains("start_s") || !trial["start_s"].is_number()) {
+      trial["on_timeline"] = false;
+    }
   }
+  d["timeline_estimated"] = !any_start;
   return d;
 }
 

@@ -232,12 +232,16 @@ function dryRun(d) {
       .concat([{label: "usable memory", color: "#c53030", mark: "dash"}]));
 
   if (d.top.length) {
+    // Up to 30 bars stay readable; the table lists every layout asked for.
+    const bars = d.top.slice(0, 30);
     const sb = section("Predicted step time of the top layouts, by part",
-                       "Stacked parts of the cost model's step time (slowest stage); hover a bar for the layout.");
-    const bc = chart(sb, {title: `Step time of the ${d.top.length} best-ranked layouts`, xlabel: "rank",
-                          ylabel: "predicted step time", cats: d.top.map(t => "#" + t.rank),
-                          y: [0, maxOf(d.top, t => t.step_s)], yfmt: sec});
-    stacked(bc, d.top.map(t => PARTS.map(([k, name], j) =>
+                       "Stacked parts of the cost model's step time (slowest stage); hover a bar for the layout. " +
+                       `The table lists the ${d.top.length} best-ranked of ${d.fitting} fitting layouts` +
+                       (d.top.length < d.fitting ? " (--top N or --all for more; a page lists 1000 at most)." : "."));
+    const bc = chart(sb, {title: `Step time of the ${bars.length} best-ranked layouts`, xlabel: "rank",
+                          ylabel: "predicted step time", cats: bars.map(t => "#" + t.rank),
+                          y: [0, maxOf(bars, t => t.step_s)], yfmt: sec});
+    stacked(bc, bars.map(t => PARTS.map(([k, name], j) =>
         [t[k], PALETTE[j], `#${t.rank} ${t.layout}\n${name}: ${sec(t[k])} of ${sec(t.step_s)}`])));
     legend(bc, PARTS.map(([k, name], j) => ({label: name, color: PALETTE[j]})));
     table(sb, ["rank", "layout", "step", "MFU", "tokens/s", "peak memory (GiB)"],
@@ -304,12 +308,20 @@ function tuning(d) {
                {label: "refit constants", color: PALETTE[1]}, {label: "predicted = measured", color: "#a0aec0", mark: "dash"}]);
   }
   if (trials.length) {
-    const tl = section("Timeline of the trials", "One row per trial in the order they ran, coloured by outcome.");
-    const end = maxOf(trials, t => t.start_s + t.seconds);
-    const c = chart(tl, {title: "Trials over time", xlabel: "time since profiling began (s)", ylabel: "trial",
-                         x: [0, end > 0 ? end : 1], y: [0, trials.length], height: Math.min(900, 120 + 16 * trials.length),
+    const timed = trials.filter(t => t.on_timeline !== false);
+    const off = trials.length - timed.length;
+    const tl = section("Timeline of the trials",
+                       "One row per trial in the order they ran, coloured by outcome." +
+                       (d.timeline_estimated ? " This tuning.json records no start times: trials are drawn back to " +
+                                               "back, so the gaps between them (refits, set-up) are missing." : "") +
+                       (off ? ` ${off} trial${off > 1 ? "s" : ""} read from an earlier run's journal ` +
+                              `${off > 1 ? "are" : "is"} in the table, not on the timeline.` : ""));
+    const end = maxOf(timed, t => t.start_s + t.seconds);
+    const c = chart(tl, {title: "Trials over time", xlabel: "time since tuning began (s)", ylabel: "trial",
+                         x: [0, end > 0 ? end : 1], y: [0, Math.max(1, timed.length)],
+                         height: Math.min(900, 120 + 16 * timed.length),
                          yfmt: v => v === Math.round(v) ? String(v) : ""});
-    trials.forEach((t, i) => {
+    timed.forEach((t, i) => {
       const x = c.X(t.start_s), y = c.Y(i + 1);
       const r = s("rect", {x, y: y + 1, width: Math.max(2, c.X(t.start_s + t.seconds) - x),
                            height: Math.max(2, c.Y(i) - y - 2), fill: STATUS[t.status] || "#718096",
@@ -321,7 +333,7 @@ function tuning(d) {
         [{label: "winner (outlined)", color: "#000", mark: "line"}]));
     table(tl, ["#", "layout", "status", "predicted", "refit", "measured", "MFU", "memory measured (GiB)"],
           trials.map(t => [t.order, t.layout + (t.layout === d.winner ? "  (winner)" : ""),
-                           t.status + (t.reason ? ": " + t.reason : ""), sec(t.predicted_s), sec(t.calibrated_s),
+                           t.status + (t.reason ? ": " + t.reason : "") + (t.on_timeline === false ? " (earlier run)" : ""), sec(t.predicted_s), sec(t.calibrated_s),
                            t.status === "ok" ? sec(t.measured_s) : "-", t.status === "ok" ? pct(t.mfu) : "-",
                            t.measured_peak_bytes > 0 ? num(gib(t.measured_peak_bytes)) : "-"]));
   }

@@ -55,7 +55,7 @@ std::vector<Fault> faults_parse(const std::string& spec) {
 }
 
 nlohmann::json trial_to_json(const TrialRecord& t) {
-  return {{"order", t.order},
+  nlohmann::json j{{"order", t.order},
           {"layout", t.layout.to_string()},
           {"status", t.status},
           {"reason", t.reason},
@@ -69,6 +69,10 @@ nlohmann::json trial_to_json(const TrialRecord& t) {
           {"predicted_peak_bytes", t.predicted_peak},
           {"measured_peak_bytes", t.measured_peak},
           {"seconds", t.seconds}};
+  // Only trials run by this tuning have a start in its time; the journal's
+  // ran in an earlier process.
+  if (t.start_s >= 0) j["start_s"] = t.start_s;
+  return j;
 }
 
 TrialRecord record_from_json(const nlohmann::json& j, const std::string& origin) {

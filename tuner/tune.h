@@ -77,6 +77,7 @@ struct TrialRecord {
   int64_t predicted_peak = 0;     // worst stage, memory model
   int64_t measured_peak = 0;      // worst rank, arena high-water mark
   double seconds = 0;             // wall time of the trial
+  double start_s = -1;            // when it began, seconds since tuning began; -1: read from the journal
 };
 
 struct TuneResult {

@@ -245,6 +245,7 @@ TrialRecord Search::trial(SearchCandidate& cand, int64_t order, Mode mode) {
     if (f.trial == order && f.rank == control_.rank()) pc.fault = f.kind;
   const bool journaled = journal_ && mode == Mode::profile;
   if (journaled) journal_->start(text);
+  t.start_s = since(start_);
   const auto m = trainer::profile_layout(pc, control_, make_groups_);
   t.status = trainer::to_string(m.status);
   t.reason = m.reason;

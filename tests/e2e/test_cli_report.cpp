@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
@@ -74,6 +75,19 @@ TEST(CliReport, DryRunPageEmbedsEveryLayout) {
   ASSERT_EQ(r.code, 0);
   EXPECT_EQ(r.out.rfind("<!doctype html>", 0), 0u);
   EXPECT_EQ(report_embedded(r.out)["points"], b["points"]);
+  // --top lists that many fitting layouts on the page too, in rank order.
+  EXPECT_EQ(b["top"].size(), 10u);
+  r = run_weft(common + " --top 25 --format html --out " + dir.path("t25.html"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const json c = report_embedded(read_text(dir.path("t25.html")));
+  const size_t fitting = std::min<size_t>(25, c["fitting"].get<size_t>());
+  ASSERT_GT(fitting, 10u);
+  ASSERT_EQ(c["top"].size(), fitting);
+  for (size_t i = 0; i < fitting; ++i) {
+    EXPECT_EQ(c["top"][i]["layout"], src["layouts"][i]["layout"]) << i;
+    EXPECT_EQ(c["top"][i]["rank"], int64_t(i + 1));
+  }
+  EXPECT_EQ(c["points"], b["points"]);
   // Nothing to fetch (the SVG namespace URI is a name, never loaded).
   for (const char* s : {"https://", "<link", " src=", "@import", "url(", "fetch(", "XMLHttpRequest"})
     EXPECT_EQ(r.out.find(s), std::string::npos) << s;
@@ -147,6 +161,33 @@ TEST(CliReport, TuningPageEmbedsTheTrials) {
   }
   EXPECT_EQ(page["winner"], src["winner"]);
   EXPECT_EQ(page["calibration"], src["calibration"]);
+  EXPECT_EQ(page["timeline_estimated"], true);  // this tuning.json predates start times
+}
+
+// Recorded start times are kept as they are (the gaps between trials are
+// refits and set-up); a trial from an earlier run's journal has none and is
+// left off the timeline.
+TEST(CliReport, TuningPageKeepsRecordedStartTimes) {
+  TempDir dir;
+  json src = json::parse(read_text(kFixtures + "/tuning.json"));
+  ASSERT_GE(src["trials"].size(), 3u);
+  src["trials"][0]["from_journal"] = true;
+  double start = 0.75;
+  for (size_t i = 1; i < src["trials"].size(); ++i) {
+    src["trials"][i]["start_s"] = start;
+    start += src["trials"][i]["seconds"].get<double>() + 0.5;
+  }
+  std::ofstream(dir.path("tuning.json")) << src.dump();
+  const auto r = run_weft("report " + dir.path("tuning.json"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const json page = report_embedded(read_text(dir.path("tuning.html")));
+  EXPECT_EQ(page["timeline_estimated"], false);
+  EXPECT_EQ(page["trials"][0]["on_timeline"], false);
+  EXPECT_FALSE(page["trials"][0].contains("start_s"));
+  for (size_t i = 1; i < src["trials"].size(); ++i) {
+    EXPECT_EQ(page["trials"][i]["start_s"], src["trials"][i]["start_s"]);
+    EXPECT_FALSE(page["trials"][i].contains("on_timeline"));
+  }
 }
 
 // Old records without "kind", a second run header after a resume, a step

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 
 #include <gtest/gtest.h>
 
@@ -88,6 +89,11 @@ TEST_F(ReportBrowser, DryRunPages) {
                     dir_.path("dry.html"));
   ASSERT_EQ(r.code, 0) << r.out;
   render("dry-run", dir_.path("dry.html"));
+  // More layouts listed than the bar chart draws.
+  r = run_weft("tune --dry-run --model llama-7b --gpu h100 --gpus 16 --top 60 --format html --out " +
+               dir_.path("dry60.html"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  render("dry-run-top60", dir_.path("dry60.html"));
   r = run_weft("tune --dry-run --model llama-65b --gpu a100-80gb --gpus 1024 --format html --out " +
                dir_.path("big.html"));
   ASSERT_EQ(r.code, 0) << r.out;
@@ -95,9 +101,22 @@ TEST_F(ReportBrowser, DryRunPages) {
 }
 
 TEST_F(ReportBrowser, TuningPage) {
-  const auto r = run_weft("report " + kFixtures + "/tuning.json --out " + dir_.path("tuning.html"));
+  auto r = run_weft("report " + kFixtures + "/tuning.json --out " + dir_.path("tuning.html"));
   ASSERT_EQ(r.code, 0) << r.out;
   render("tuning", dir_.path("tuning.html"));
+  // Recorded start times, and a first trial from an earlier run's journal
+  // (in the table, off the timeline).
+  auto src = nlohmann::json::parse(read_text(kFixtures + "/tuning.json"));
+  src["trials"][0]["from_journal"] = true;
+  double start = 0.5;
+  for (size_t i = 1; i < src["trials"].size(); ++i) {
+    src["trials"][i]["start_s"] = start;
+    start += src["trials"][i]["seconds"].get<double>() + 0.25;
+  }
+  std::ofstream(dir_.path("timed.json")) << src.dump();
+  r = run_weft("report " + dir_.path("timed.json") + " --out " + dir_.path("timed.html"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  render("tuning-timed", dir_.path("timed.html"));
 }
 
 TEST_F(ReportBrowser, RunPage) {

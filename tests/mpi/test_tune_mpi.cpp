@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../e2e/cli_runner.h"
+#include "../e2e/report_page.h"
 #include "../unit/test_util.h"
 #include "mpi_env.h"
 
@@ -75,6 +76,14 @@ TEST(TuneMpi, TunesOnFourRanksTrainsTheWinnerAndReusesTheRecipe) {
     const double p = t["predicted_peak_bytes"].get<double>(), m = t["measured_peak_bytes"].get<double>();
     EXPECT_NEAR(m / p, 1.0, 0.05) << t.dump();
   }
+  // Each trial's start in the tuning's time: one after another, inside it.
+  double end = 0;
+  for (const auto& t : rep["trials"]) {
+    ASSERT_TRUE(t.contains("start_s")) << t.dump();
+    EXPECT_GE(t["start_s"].get<double>(), end - 1e-6) << t.dump();
+    end = t["start_s"].get<double>() + t["seconds"].get<double>();
+  }
+  EXPECT_LE(end, rep["seconds"].get<double>() + 1e-6);
   const std::string winner = rep["winner"].get<std::string>();
   EXPECT_TRUE(contains(r.out, "layout " + winner)) << r.out;  // training used it
   const auto recipe = nlohmann::json::parse(read(out + "/recipe.json"));
@@ -163,6 +172,18 @@ TEST(TuneMpi, AProcessKilledMidTuningResumesFromTheJournal) {
   EXPECT_EQ(rep["trials"][1]["status"], "killed") << rep.dump(1);
   EXPECT_EQ(rep["trials"][2]["status"], "ok");
   EXPECT_TRUE(fs::exists(out + "/recipe.json"));
+  // Trials of the earlier process have no start in this tuning's time: the
+  // report's timeline leaves them off and says so.
+  EXPECT_FALSE(rep["trials"][0].contains("start_s")) << rep.dump(1);
+  EXPECT_FALSE(rep["trials"][1].contains("start_s")) << rep.dump(1);
+  EXPECT_TRUE(rep["trials"][2].contains("start_s")) << rep.dump(1);
+  r = run_shell(fmt::format("{} report {}/tuning.json --out {}/t.html 2>&1", WEFT_BIN, out, out));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto page = report_embedded(read(out + "/t.html"));
+  EXPECT_EQ(page["timeline_estimated"], false);
+  EXPECT_EQ(page["trials"][0]["on_timeline"], false);
+  EXPECT_EQ(page["trials"][1]["on_timeline"], false);
+  EXPECT_FALSE(page["trials"][2].contains("on_timeline"));
 }
 
 }  // namespace
