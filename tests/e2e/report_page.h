@@ -24,4 +24,17 @@ inline nlohmann::json report_embedded(const std::string& html) {
   return nlohmann::json::parse(html.substr(a + open.size(), b - a - open.size()));
 }
 
+// A tuning.json as weft now writes it after a resume: the first trial read
+// from an earlier run's journal (no start time), the others with recorded
+// starts from `first` on, `gap` seconds apart (refits, set-up).
+inline nlohmann::json tuning_with_start_times(nlohmann::json src, double first, double gap) {
+  src["trials"][0]["from_journal"] = true;
+  double start = first;
+  for (size_t i = 1; i < src["trials"].size(); ++i) {
+    src["trials"][i]["start_s"] = start;
+    start += src["trials"][i]["seconds"].get<double>() + gap;
+  }
+  return src;
+}
+
 }  // namespace weft::test

@@ -169,14 +169,8 @@ TEST(CliReport, TuningPageEmbedsTheTrials) {
 // left off the timeline.
 TEST(CliReport, TuningPageKeepsRecordedStartTimes) {
   TempDir dir;
-  json src = json::parse(read_text(kFixtures + "/tuning.json"));
+  const json src = tuning_with_start_times(json::parse(read_text(kFixtures + "/tuning.json")), 0.75, 0.5);
   ASSERT_GE(src["trials"].size(), 3u);
-  src["trials"][0]["from_journal"] = true;
-  double start = 0.75;
-  for (size_t i = 1; i < src["trials"].size(); ++i) {
-    src["trials"][i]["start_s"] = start;
-    start += src["trials"][i]["seconds"].get<double>() + 0.5;
-  }
   std::ofstream(dir.path("tuning.json")) << src.dump();
   const auto r = run_weft("report " + dir.path("tuning.json"));
   ASSERT_EQ(r.code, 0) << r.out;

@@ -106,14 +106,8 @@ TEST_F(ReportBrowser, TuningPage) {
   render("tuning", dir_.path("tuning.html"));
   // Recorded start times, and a first trial from an earlier run's journal
   // (in the table, off the timeline).
-  auto src = nlohmann::json::parse(read_text(kFixtures + "/tuning.json"));
-  src["trials"][0]["from_journal"] = true;
-  double start = 0.5;
-  for (size_t i = 1; i < src["trials"].size(); ++i) {
-    src["trials"][i]["start_s"] = start;
-    start += src["trials"][i]["seconds"].get<double>() + 0.25;
-  }
-  std::ofstream(dir_.path("timed.json")) << src.dump();
+  std::ofstream(dir_.path("timed.json"))
+      << tuning_with_start_times(nlohmann::json::parse(read_text(kFixtures + "/tuning.json")), 0.5, 0.25).dump();
   r = run_weft("report " + dir_.path("timed.json") + " --out " + dir_.path("timed.html"));
   ASSERT_EQ(r.code, 0) << r.out;
   render("tuning-timed", dir_.path("timed.html"));
