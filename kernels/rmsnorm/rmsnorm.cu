@@ -338,10 +338,14 @@ int threads_for(int64_t C, bool vec) { return gpu::row_threads(vec ? C / kVec : 
   } while (0)
 
 // A kernel with C fp32 of dynamic shared memory; past the default 48 KiB the
-// kernel must opt in first.
+// kernel must opt in first. The 48 KiB hold its static shared memory too
+// (block_reduce's slots in the fused backward), so the dynamic part alone
+// may not reach 48 KiB without the opt-in.
 template <typename Kernel>
 void allow_shared(Kernel kernel, int64_t bytes) {
-  if (bytes > 48 * 1024)
+  cudaFuncAttributes attributes{};
+  CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+  if (bytes + int64_t(attributes.sharedSizeBytes) > 48 * 1024)
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
 }
 

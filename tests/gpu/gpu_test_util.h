@@ -61,12 +61,18 @@ class DeviceArray {
   int64_t size() const { return n_; }
   size_t bytes() const { return size_t(n_) * sizeof(T); }
 
+  // cudaMemset and cudaMemcpy run on the legacy default stream, which the
+  // non-blocking test stream does not wait for (cudaMemset of device memory
+  // and a copy from pageable memory may return before the device is done):
+  // both are followed by a device-wide synchronisation.
   void poison() {
     if (n_ > 0) CUDA_CHECK(cudaMemset(ptr_, 0xff, bytes()));
+    CUDA_CHECK(cudaDeviceSynchronize());
   }
   void upload(const std::vector<T>& host) {
     EXPECT_EQ(int64_t(host.size()), n_);
     if (n_ > 0) CUDA_CHECK(cudaMemcpy(ptr_, host.data(), bytes(), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaDeviceSynchronize());
   }
   // Waits for the test stream first.
   std::vector<T> download() const {
