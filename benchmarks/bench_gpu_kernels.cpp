@@ -107,6 +107,9 @@ double median_ms(const std::function<void()>& op, int reps) {
   cudaEvent_t start, stop;
   CUDA_CHECK(cudaEventCreate(&start));
   CUDA_CHECK(cudaEventCreate(&stop));
+  // The inputs were filled by cudaMemcpy/cudaMemset on the legacy default
+  // stream, which the non-blocking bench stream does not wait for.
+  CUDA_CHECK(cudaDeviceSynchronize());
   op();
   CUDA_CHECK(cudaStreamSynchronize(stream()));
   std::vector<float> ms(size_t(reps), 0.0f);
@@ -173,6 +176,9 @@ void run(benchmark::State& state, const std::function<void()>& op, double bytes,
   cudaEvent_t start, stop;
   CUDA_CHECK(cudaEventCreate(&start));
   CUDA_CHECK(cudaEventCreate(&stop));
+  // The inputs were filled by cudaMemcpy/cudaMemset on the legacy default
+  // stream, which the non-blocking bench stream does not wait for.
+  CUDA_CHECK(cudaDeviceSynchronize());
   op();
   CUDA_CHECK(cudaStreamSynchronize(stream()));
   double total_s = 0;
