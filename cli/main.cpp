@@ -18,6 +18,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/stop.h"
+#include "trainer/build_info.h"
 
 namespace {
 
@@ -60,7 +61,7 @@ void add_number_checks(CLI::App& app) {
 
 int main(int argc, char** argv) {
   CLI::App app{"weft: trains Llama-family models and tunes their parallel layout"};
-  app.set_version_flag("--version", std::string("weft ") + WEFT_VERSION);
+  app.set_version_flag("--version", fmt::format("weft {} (commit {})", WEFT_VERSION, weft::build_commit()));
   app.require_subcommand(1);
   // A repeated option takes its last value, as scripts that append overrides expect.
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);

@@ -25,6 +25,7 @@
 #include "memory/device.h"
 #include "memory/estimate.h"
 #include "memory/host_usage.h"
+#include "trainer/build_info.h"
 #include "trainer/checkpoint/checkpoint.h"
 #include "trainer/data/corpus.h"
 #include "trainer/data/loader.h"
@@ -51,7 +52,7 @@ nlohmann::json metrics_header(const TrainConfig& c, int64_t world, int64_t done,
   std::strftime(start, sizeof start, "%Y-%m-%dT%H:%M:%SZ", &tm);
   return {{"kind", "run"},
           {"weft_version", WEFT_VERSION},
-          {"commit", WEFT_COMMIT},
+          {"commit", build_commit()},
           {"start", start},
           {"model", c.model},
           {"layout", c.layout.to_string()},

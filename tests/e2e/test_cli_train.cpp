@@ -231,6 +231,13 @@ TEST(CliTrain, RunFolderIsNeverLost) {
       for (const char* k : {"model", "layout", "seed", "commit", "start", "first_step"})
         EXPECT_TRUE(j.contains(k)) << k << " " << line;
       EXPECT_EQ(j["first_step"], headers == 1 ? 1 : 5) << line;
+      // The commit the binary was built from (stamped at build time), as
+      // --version says, and the checkout's HEAD where there is one.
+      const std::string commit = j["commit"].get<std::string>();
+      EXPECT_NE(run_weft("--version").out.find("(commit " + commit + ")"), std::string::npos) << commit;
+      const auto head = run_shell(std::string("git -C ") + WEFT_SOURCE_DIR + " rev-parse --short=12 HEAD 2>/dev/null");
+      if (head.code == 0 && commit != "unknown")
+        EXPECT_EQ(commit.substr(0, 12), head.out.substr(0, 12)) << "a stale commit stamp";
     }
   }
   EXPECT_EQ(headers, 2);
