@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include <fmt/format.h>
@@ -16,9 +17,18 @@ constexpr double kRedrawSeconds = 0.1;
 
 }  // namespace
 
+bool draws_bars(std::FILE* stream) {
+  // mpirun gives every rank a pseudo-terminal whatever its own output is, so
+  // under it a terminal proves nothing: a redirected log would fill with
+  // redrawn bars, one set per rank. Plain lines there.
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"})
+    if (std::getenv(v)) return false;
+  return ::isatty(fileno(stream));
+}
+
 ProgressStyle Progress::style_for(std::FILE* stream, int64_t total, int64_t min_bytes) {
   if (total < min_bytes) return ProgressStyle::none;
-  return ::isatty(fileno(stream)) ? ProgressStyle::bar : ProgressStyle::lines;
+  return draws_bars(stream) ? ProgressStyle::bar : ProgressStyle::lines;
 }
 
 void Progress::update(int64_t done, int64_t total, double seconds) {
@@ -72,7 +82,7 @@ struct CountProgressCookie {
 };
 
 CountProgress::CountProgress(std::FILE* terminal, std::string what) : terminal_(terminal), what_(std::move(what)) {
-  if (!::isatty(fileno(terminal))) return;
+  if (!draws_bars(terminal)) return;
   cookie_io_functions_t io{nullptr, &CountProgressCookie::write, nullptr, nullptr};
   log_ = ::fopencookie(this, "w", io);
   // Line buffered: the bar comes back after whole lines, not halves.

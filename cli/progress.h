@@ -16,6 +16,11 @@ namespace weft::cli {
 
 enum class ProgressStyle { bar, lines, none };
 
+// Whether progress on `stream` is drawn as a bar: a terminal, and not a rank
+// started by mpirun (which hands ranks a pseudo-terminal even when its own
+// output goes to a file).
+bool draws_bars(std::FILE* stream);
+
 class Progress {
  public:
   // The style for `stream` and a pass over `total` bytes.

@@ -65,6 +65,10 @@ TEST(TuneMpi, TunesOnFourRanksTrainsTheWinnerAndReusesTheRecipe) {
   EXPECT_TRUE(contains(r.out, "[4/4] ")) << r.out;
   EXPECT_TRUE(contains(r.out, "(measured again)")) << r.out;
   EXPECT_TRUE(contains(r.out, "| memory measured |")) << r.out;
+  // mpirun hands the ranks a pseudo-terminal even into a pipe: still plain
+  // lines, no bars redrawn in place.
+  EXPECT_FALSE(contains(r.out, "\x1b[K")) << r.out;
+  EXPECT_FALSE(contains(r.out, "\r")) << r.out;
   const auto rep = Fixture::report(out);
   // 4 candidates, the 3 leaders again, and the 4th if it then leads.
   ASSERT_GE(rep["trials"].size(), 7u) << rep.dump(1);
