@@ -34,6 +34,23 @@ namespace weft::cli {
 
 namespace {
 
+// On Ctrl-C, Open MPI's mpirun sends the ranks SIGTERM after
+// odls_base_sigkill_timeout seconds (1 by default) and SIGKILL as long again
+// later: too little time, on most models, to finish the step and save the
+// checkpoint a stop saves. A note with the ways to keep it; empty when the
+// setting gives them 10 s or more, or outside Open MPI.
+std::string mpirun_stop_note() {
+  if (!std::getenv("OMPI_COMM_WORLD_SIZE")) return "";
+  const char* v = std::getenv("OMPI_MCA_odls_base_sigkill_timeout");
+  const long grace = v ? std::strtol(v, nullptr, 10) : 1;
+  if (grace >= 10) return "";
+  return fmt::format(
+      "note: on Ctrl-C mpirun gives the ranks {} s before it kills them, likely too little to save the stop's "
+      "checkpoint; to keep it, send SIGTERM to the weft processes instead, or run mpirun --mca "
+      "odls_base_sigkill_timeout 20\n",
+      grace);
+}
+
 struct TrainArgs {
   ModelArgs model{"tiny"};
   int64_t seq = 256;
@@ -230,6 +247,7 @@ int run_train(TrainArgs& a) {
       watchdog->watch(*groups);
     }
     armed = std::make_unique<parallel::CommWatchdog::Scope>(*watchdog, "training");
+    if (world_rank_from_env() == 0) std::fputs(mpirun_stop_note().c_str(), stdout);
     c.groups = groups.get();
     c.watchdog = watchdog.get();
 #else

@@ -1,8 +1,11 @@
 #include "core/stop.h"
 
+#include <fcntl.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <csignal>
+#include <cstdlib>
 #include <string>
 
 namespace weft {
@@ -13,8 +16,22 @@ std::atomic<bool> g_requested{false};
 std::atomic<int> g_signal{0};
 std::atomic<int> g_scopes{0};
 
-extern "C" void on_stop_signal(int sig) {
-  // Only async-signal-safe calls here: atomics, signal() and raise().
+// Set once at install, read by the handlers.
+pthread_t g_main_thread;
+// A rank of Open MPI's mpirun whose output is the pseudo-terminal mpirun
+// gives it. On Ctrl-C mpirun starts aborting the job, signals the ranks from
+// their parent process (mpirun, or the node's orted) and stops reading those
+// terminals, so a rank that writes a log line then blocks for good (until
+// mpirun's SIGKILL) and never reaches its checkpoint.
+bool g_mpirun_terminal = false;
+
+// The main thread's nudge: interrupts a write blocked on the terminal, which
+// SA_RESTART then re-issues on the same descriptor, by now /dev/null.
+extern "C" void on_nudge(int) {}
+
+extern "C" void on_stop_signal(int sig, siginfo_t* info, void*) {
+  // Only async-signal-safe calls here: atomics, signal(), raise(), write(),
+  // getppid(), open(), dup2(), close() and pthread_kill().
   if (g_scopes.load() == 0 || g_requested.load()) {
     std::signal(sig, SIG_DFL);
     std::raise(sig);
@@ -22,6 +39,20 @@ extern "C" void on_stop_signal(int sig) {
   }
   g_signal.store(sig);
   g_requested.store(true);
+  if (g_mpirun_terminal && info && info->si_code == SI_USER && info->si_pid == ::getppid()) {
+    // mpirun is aborting: nothing written from here on reaches anyone, so
+    // output goes to /dev/null and no write can block the way to the
+    // checkpoint; a write already blocked is re-issued there. (A signal
+    // sent to the rank by anyone else leaves the output as it is.)
+    const int null = ::open("/dev/null", O_WRONLY);
+    if (null >= 0) {
+      ::dup2(null, STDOUT_FILENO);
+      ::dup2(null, STDERR_FILENO);
+      ::close(null);
+    }
+    if (!pthread_equal(pthread_self(), g_main_thread)) pthread_kill(g_main_thread, SIGURG);
+    return;
+  }
   static const char msg[] = "\nweft: stopping at the next safe point (signal again to stop at once)\n";
   [[maybe_unused]] const auto n = ::write(STDERR_FILENO, msg, sizeof msg - 1);
 }
@@ -30,14 +61,25 @@ extern "C" void on_stop_signal(int sig) {
 
 void stop_handlers_install() {
   static const bool installed = [] {
+    g_main_thread = pthread_self();
+    g_mpirun_terminal = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr && ::isatty(STDOUT_FILENO);
     struct sigaction sa {};
-    sa.sa_handler = on_stop_signal;
+    sa.sa_sigaction = on_stop_signal;
     sigemptyset(&sa.sa_mask);
     // Not SA_RESTART: a blocking read or wait returns EINTR and the caller
-    // gets to look at the flag.
-    sa.sa_flags = 0;
+    // gets to look at the flag. Under mpirun's terminals SA_RESTART, so a
+    // write blocked on one is re-issued to /dev/null (see on_stop_signal)
+    // rather than failing; weft's waits there poll the flag anyway.
+    sa.sa_flags = SA_SIGINFO | (g_mpirun_terminal ? SA_RESTART : 0);
     sigaction(SIGINT, &sa, nullptr);
     sigaction(SIGTERM, &sa, nullptr);
+    if (g_mpirun_terminal) {
+      struct sigaction nudge {};
+      nudge.sa_handler = on_nudge;
+      sigemptyset(&nudge.sa_mask);
+      nudge.sa_flags = SA_RESTART;
+      sigaction(SIGURG, &nudge, nullptr);
+    }
     return true;
   }();
   (void)installed;

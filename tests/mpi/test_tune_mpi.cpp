@@ -110,6 +110,63 @@ TEST(TuneMpi, TunesOnFourRanksTrainsTheWinnerAndReusesTheRecipe) {
   EXPECT_TRUE(contains(r.out, "[2/2] ")) << r.out;
 }
 
+// The checkpoint of the last step run, and an end record saying so.
+void expect_stopped_with_checkpoint(const std::string& out) {
+  std::ifstream latest(out + "/checkpoints/latest");
+  std::string named;
+  std::getline(latest, named);
+  ASSERT_FALSE(named.empty()) << out;
+  EXPECT_TRUE(fs::exists(out + "/checkpoints/" + named + "/manifest.json")) << named;
+  std::string line, last;
+  for (std::ifstream in(out + "/metrics.jsonl"); std::getline(in, line);) last = line;
+  const auto end = nlohmann::json::parse(last);
+  EXPECT_EQ(named, fmt::format("step_{:06d}", end["last_step"].get<int64_t>())) << "the checkpoint is of the last step run";
+  EXPECT_EQ(end["kind"], "end") << last;
+  EXPECT_EQ(end["interrupted"], true) << last;
+  EXPECT_EQ(end["signal"], "SIGTERM") << last;
+  EXPECT_TRUE(fs::exists(out + "/report.html"));
+}
+
+// Stopping a run under mpirun keeps its checkpoint, both ways: SIGTERM to
+// the ranks (mpirun keeps forwarding their output), and Ctrl-C to mpirun,
+// which stops reading the ranks' terminals, signals them after
+// odls_base_sigkill_timeout seconds and kills them as long after that (a
+// rank blocked writing a log line then never reached its checkpoint). The
+// default 1 s is named in a note at the start.
+TEST(TuneMpi, StoppingUnderMpirunKeepsTheCheckpoint) {
+  Fixture f;
+  const std::string train = fmt::format(
+      "{} --oversubscribe -np 2 {} train --model tiny --data {} --seq 32 --global-batch 8 --threads 1 "
+      "--layout tp1-pp1-dp2-mb4 --eval-samples 8 --steps 100000",
+      MPIEXEC, WEFT_BIN, f.data);
+  // Runs `train` into `out` in the background, a line per step, and once
+  // `records` steps are logged sends `signal` to `whom` ($p: mpirun's pid).
+  const auto stop = [&](const std::string& out, const std::string& env, const std::string& signal,
+                        const std::string& whom, int64_t records) {
+    return run_shell(fmt::format(
+        "{} {} --log-every 1 --out {} > {}.log 2>&1 & p=$!; i=0; "
+        "while [ \"$(cat {}/metrics.jsonl 2>/dev/null | grep -c '\"kind\":\"train\"')\" -lt {} ] && [ $i -lt 1200 ]; "
+        "do sleep 0.1; i=$((i+1)); done; kill -{} {}; "
+        "( sleep 120; kill -KILL $p ) >/dev/null 2>&1 & w=$!; wait $p; echo \"mpirun exit $?\"; kill $w 2>/dev/null",
+        env, train, out, out, out, records, signal, whom));
+  };
+  const std::string a = f.dir.path("ranks");
+  auto r = stop(a, "", "TERM", "$(pgrep -P $p)", 3);
+  std::string log = read(a + ".log");
+  EXPECT_TRUE(contains(log, "note: on Ctrl-C mpirun gives the ranks 1 s before it kills them")) << log;
+  EXPECT_TRUE(contains(log, "stopped early; checkpoint")) << log;
+  EXPECT_TRUE(contains(r.out, "mpirun exit 143")) << r.out;
+  expect_stopped_with_checkpoint(a);
+
+  const std::string b = f.dir.path("ctrl-c");
+  // A line per step: the terminal mpirun no longer reads fills within the
+  // grace (without the fix, rank 0 blocked there and wrote no end record).
+  r = stop(b, "OMPI_MCA_odls_base_sigkill_timeout=10", "INT", "$p", 50);
+  log = read(b + ".log");
+  EXPECT_FALSE(contains(log, "note: on Ctrl-C")) << log;
+  expect_stopped_with_checkpoint(b);
+}
+
 TEST(TuneMpi, AReservationRefusedOnOneRankIsRecordedAsOutOfMemory) {
   Fixture f;
   const auto out = f.dir.path("a");
