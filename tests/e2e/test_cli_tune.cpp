@@ -12,6 +12,17 @@
 namespace weft::test {
 namespace {
 
+// `weft presets` lists every name --model and --gpu take, cluster presets too.
+TEST(CliPresets, ListsModelsDevicesAndClusters) {
+  const auto r = run_weft("presets");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* name : {"llama3.2-1b", "tiny", "a100-80gb", "h100", "cpu", "dgx-a100", "dgx-a100-40gb", "dgx-h100",
+                           "dgx-h200"})
+    EXPECT_NE(r.out.find(std::string("  ") + name + " "), std::string::npos) << name << "\n" << r.out;
+  // Each cluster name is accepted where the list says.
+  EXPECT_EQ(run_weft("tune --dry-run --model tiny --gpu dgx-h100 --gpus 16 --top 1").code, 0);
+}
+
 TEST(CliTune, ReadmeDryRunReport) {
   const auto r = run_weft(
       "tune --dry-run --model llama-13b --gpu a100-80gb --gpus 64 --seq 2048 --global-batch 2048");
