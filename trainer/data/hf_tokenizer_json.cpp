@@ -260,6 +260,14 @@ HfTokenizerSpec hf_tokenizer_parse(const nlohmann::json& file, const std::string
   } catch (const nlohmann::json::exception& e) {
     r.malformed(e.what());
   }
+  // Real vocabularies number their tokens from 0 with few gaps; a table
+  // indexed by id (decoding) is sized by the largest id, so one stray huge id
+  // would ask for gigabytes. Gaps up to 2^20 ids (32 MiB of table) pass.
+  const int64_t entries = int64_t(spec.vocab.size() + spec.added.size());
+  if (spec.vocab_size > 2 * entries + (int64_t{1} << 20))
+    r.malformed(fmt::format("its ids go up to {} but it has only {} tokens; a vocabulary numbers its tokens "
+                            "from 0 with few gaps",
+                            spec.vocab_size - 1, entries));
   return spec;
 }
 

@@ -188,6 +188,16 @@ TEST(HfTokenizerJson, RefusesMalformedFiles) {
       {"special_tokens", json::object()}};
   WEFT_EXPECT_THROW_MSG(hf_tokenizer_parse(j, "t.json"), FileFormatError, "'<s>'",
                         "does not define");
+  // One stray huge id would size the id-indexed tables in gigabytes (found
+  // by fuzzing: an id of 1344444440 among 263 tokens).
+  j = tiny_tokenizer(true);
+  j["model"]["vocab"]["zz"] = 1344444440;
+  WEFT_EXPECT_THROW_MSG(hf_tokenizer_parse(j, "t.json"), FileFormatError, "ids go up to 1344444440",
+                        "only 264 tokens");
+  // Gaps (unused ids below the specials, a test's id past 65535) are fine.
+  j = tiny_tokenizer(true);
+  j["model"]["vocab"]["zz"] = 300000;
+  EXPECT_EQ(hf_tokenizer_parse(j, "t.json").vocab_size, 300001);
 }
 
 TEST(HfTokenizerJson, ReadsTheTemplatesDocumentTokensAndBothMergeForms) {
