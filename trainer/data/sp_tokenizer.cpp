@@ -82,8 +82,15 @@ class SpTokenizer final : public Tokenizer {
 std::unique_ptr<Tokenizer> sp_tokenizer_load(const std::string& path) {
   const MappedFile f(path, "tokenizer file");
   auto sp = std::make_unique<sentencepiece::SentencePieceProcessor>();
-  const auto status = sp->LoadFromSerializedProto(
-      std::string_view(reinterpret_cast<const char*>(f.data()), static_cast<size_t>(f.size())));
+  sentencepiece::util::Status status;
+  try {
+    status = sp->LoadFromSerializedProto(
+        std::string_view(reinterpret_cast<const char*>(f.data()), static_cast<size_t>(f.size())));
+  } catch (const std::exception& e) {
+    // The library's own parts throw on some malformed models (its trie
+    // builder on an empty piece) instead of returning a status.
+    throw FileFormatError(fmt::format("tokenizer '{}' is not a valid SentencePiece model: {}", path, e.what()));
+  }
   if (!status.ok())
     throw FileFormatError(fmt::format("tokenizer '{}' is not a SentencePiece model: {}", path,
                                       one_line(status.ToString())));

@@ -194,6 +194,21 @@ TEST_F(PrepareHf, IdsAbove65535AreStoredAsUint32) {
 #endif
 
 #if WEFT_HAVE_SENTENCEPIECE
+// A model whose second piece is empty: libsentencepiece's trie builder
+// throws its own exception rather than returning a status (found by
+// fuzz_sentencepiece). It is a FileFormatError naming the file, not an
+// internal error.
+TEST(PrepareSp, AMalformedModelTheLibraryThrowsOnIsRefusedByName) {
+  TempDir dir;
+  const std::string bytes(
+      "\x0a\x0e\x0a\x05\x3c\x75\x6e\x6b\x09\x15\x00\x00\x00\x10\x18\x02\x18\x03\x0a\x0d\x0a\x04\x00\x00\x00"
+      "\x21\x8a\xcb\xff\x5e\x00\x18\x0b",
+      33);
+  const auto path = dir.file("empty_piece.model", bytes);
+  WEFT_EXPECT_THROW_MSG(tokenizer_create(path), FileFormatError, "empty_piece.model",
+                        "not a valid SentencePiece model");
+}
+
 TEST(PrepareSp, DocumentsGetTheModelsBosAndEos) {
   TempDir dir;
   PrepareOptions o;
