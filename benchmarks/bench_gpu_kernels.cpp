@@ -50,10 +50,12 @@ using namespace weft::kernels;
 constexpr int64_t kRows = 8192, kC = 4096, kF = 11008, kV = 32000, kH = 32, kD = 128;
 constexpr int64_t kB = 4, kT = 2048;  // kB * kT = kRows
 
+// A blocking stream: its launches wait for the inputs' cudaMemcpy and
+// cudaMemset on the legacy default stream (a non-blocking one raced them).
 cudaStream_t stream() {
   static const cudaStream_t s = [] {
     cudaStream_t created = nullptr;
-    CUDA_CHECK(cudaStreamCreateWithFlags(&created, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamCreate(&created));
     return created;
   }();
   return s;
@@ -107,9 +109,6 @@ double median_ms(const std::function<void()>& op, int reps) {
   cudaEvent_t start, stop;
   CUDA_CHECK(cudaEventCreate(&start));
   CUDA_CHECK(cudaEventCreate(&stop));
-  // The inputs were filled by cudaMemcpy/cudaMemset on the legacy default
-  // stream, which the non-blocking bench stream does not wait for.
-  CUDA_CHECK(cudaDeviceSynchronize());
   op();
   CUDA_CHECK(cudaStreamSynchronize(stream()));
   std::vector<float> ms(size_t(reps), 0.0f);
@@ -176,9 +175,6 @@ void run(benchmark::State& state, const std::function<void()>& op, double bytes,
   cudaEvent_t start, stop;
   CUDA_CHECK(cudaEventCreate(&start));
   CUDA_CHECK(cudaEventCreate(&stop));
-  // The inputs were filled by cudaMemcpy/cudaMemset on the legacy default
-  // stream, which the non-blocking bench stream does not wait for.
-  CUDA_CHECK(cudaDeviceSynchronize());
   op();
   CUDA_CHECK(cudaStreamSynchronize(stream()));
   double total_s = 0;
