@@ -18,12 +18,11 @@ constexpr double kRedrawSeconds = 0.1;
 }  // namespace
 
 bool draws_bars(std::FILE* stream) {
-  // mpirun gives every rank a pseudo-terminal whatever its own output is, so
-  // under it a terminal proves nothing: a redirected log would fill with
-  // redrawn bars, one set per rank. Plain lines there.
-  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"})
-    if (std::getenv(v)) return false;
-  return ::isatty(fileno(stream));
+  // Open MPI's mpirun (which sets OMPI_COMM_WORLD_SIZE in its ranks) gives
+  // every rank a pseudo-terminal whatever its own output is, so there a
+  // terminal proves nothing: a redirected log would fill with redrawn bars,
+  // one set per rank. Plain lines there.
+  return std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr && ::isatty(fileno(stream));
 }
 
 ProgressStyle Progress::style_for(std::FILE* stream, int64_t total, int64_t min_bytes) {

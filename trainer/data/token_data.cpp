@@ -244,8 +244,8 @@ std::vector<std::string> token_data_meta_lines(const TokenData& data) {
 }
 
 double token_data_baseline(const TokenData& data) {
-  if (data.meta.is_object() && data.meta.contains("unigram_entropy_nats") &&
-      data.meta["unigram_entropy_nats"].is_number())
+  // meta_check made it a finite number when present.
+  if (data.meta.is_object() && data.meta.contains("unigram_entropy_nats"))
     return data.meta["unigram_entropy_nats"].get<double>();
   return unigram_entropy(*data.train);
 }
