@@ -120,6 +120,7 @@ TrialOutcome profile_layout(const ProfileConfig& pc, parallel::Comm& control, co
     std::fprintf(stderr, "rank %lld: exiting in trial %s (test fault)\n", static_cast<long long>(rank),
                  pc.train.layout.to_string().c_str());
     std::fflush(stderr);
+    // layering-ok: the test fault stands for a trial that kills its process
     std::_Exit(137);
   }
   // The refuse_memory fault makes the host refuse any block over 1 MiB, as a
@@ -162,6 +163,7 @@ TrialOutcome profile_layout(const ProfileConfig& pc, parallel::Comm& control, co
           std::fprintf(stderr, "%s; the trial could not be abandoned, exiting (the tuning journal "
                                "records the trial: a re-run skips it)\n", m.c_str());
           std::fflush(stderr);
+          // layering-ok: the trial's waits did not end when cancelled, so the rank cannot go on
           std::_Exit(parallel::CommWatchdog::kExitCode);
         });
         // On GPUs the host (MPI) groups: their waits are the ones a cancel ends.

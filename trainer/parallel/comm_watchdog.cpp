@@ -279,6 +279,7 @@ void CommWatchdog::run() {
     }
     std::fprintf(stderr, "%s\n", message.c_str());
     std::fflush(stderr);
+    // layering-ok: a rank stuck in a collective cannot unwind; ending it lets mpirun end the rest
     std::_Exit(exit_code_);
   }
 }
