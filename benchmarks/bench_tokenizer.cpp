@@ -24,8 +24,8 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
-#include "trainer/data/documents.h"
-#include "trainer/data/tokenizer.h"
+#include "data/documents.h"
+#include "data/tokenizer.h"
 
 namespace {
 

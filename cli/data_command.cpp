@@ -12,11 +12,11 @@
 #include "cli/progress.h"
 #include "core/error.h"
 #include "core/stop.h"
-#include "trainer/data/corpus.h"
-#include "trainer/data/loader.h"
-#include "trainer/data/prepare.h"
-#include "trainer/data/split_writer.h"
-#include "trainer/data/token_data.h"
+#include "data/corpus.h"
+#include "data/loader.h"
+#include "data/prepare.h"
+#include "data/split_writer.h"
+#include "data/token_data.h"
 
 namespace weft::cli {
 

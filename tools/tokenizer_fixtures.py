@@ -64,7 +64,7 @@ FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests
 
 
 def fortune_files(root):
-    """The fortune text files, chosen as trainer/data/corpus.cpp chooses them."""
+    """The fortune text files, chosen as data/corpus.cpp chooses them."""
     names = []
     for name in sorted(os.listdir(root)):
         path = os.path.join(root, name)
@@ -79,7 +79,7 @@ def fortune_files(root):
 
 
 def text_documents(data):
-    """A text file's documents as weft splits them (trainer/data/documents.h):
+    """A text file's documents as weft splits them (data/documents.h):
     a line holding only "%" (lines end at "\\n" only) ends a document, which
     keeps its bytes, separator included."""
     docs, doc_start, line_start = [], 0, 0

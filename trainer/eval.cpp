@@ -7,9 +7,9 @@
 #include <fmt/format.h>
 
 #include "core/json_io.h"
-#include "trainer/data/corpus.h"
-#include "trainer/data/loader.h"
-#include "trainer/data/token_data.h"
+#include "data/corpus.h"
+#include "data/loader.h"
+#include "data/token_data.h"
 #include "trainer/state_io.h"
 
 namespace weft::trainer {

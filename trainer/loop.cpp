@@ -27,9 +27,9 @@
 #include "memory/host_usage.h"
 #include "trainer/build_info.h"
 #include "trainer/checkpoint/checkpoint.h"
-#include "trainer/data/corpus.h"
-#include "trainer/data/loader.h"
-#include "trainer/data/token_data.h"
+#include "data/corpus.h"
+#include "data/loader.h"
+#include "data/token_data.h"
 #include "trainer/profile.h"
 #include "trainer/run_state.h"
 

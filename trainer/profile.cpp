@@ -15,7 +15,7 @@
 #include <fmt/format.h>
 
 #include "memory/estimate.h"
-#include "trainer/data/corpus.h"
+#include "data/corpus.h"
 #include "trainer/parallel/comm_watchdog.h"
 #include "trainer/parallel/rank_grid.h"
 #include "trainer/run_state.h"

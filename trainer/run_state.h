@@ -18,8 +18,8 @@
 #include "memory/arena.h"
 #include "memory/device.h"
 #include "trainer/checkpoint/checkpoint.h"
-#include "trainer/data/loader.h"
-#include "trainer/data/token_data.h"
+#include "data/loader.h"
+#include "data/token_data.h"
 #include "trainer/loop.h"
 #include "trainer/state_io.h"
 

@@ -4,8 +4,8 @@
 #include <vector>
 
 #include "tests/fuzz/fuzz_common.h"
-#include "trainer/data/token_data.h"
-#include "trainer/data/token_file.h"
+#include "data/token_data.h"
+#include "data/token_file.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace weft;

@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "tests/fuzz/fuzz_common.h"
-#include "trainer/data/megatron_file.h"
-#include "trainer/data/token_data.h"
+#include "data/megatron_file.h"
+#include "data/token_data.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace weft;

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "tests/fuzz/fuzz_common.h"
-#include "trainer/data/tokenizer.h"
+#include "data/tokenizer.h"
 
 namespace weft::fuzz {
 

@@ -25,7 +25,7 @@
 #include "core/device_spec.h"
 #include "core/model_spec.h"
 #include "memory/estimate.h"
-#include "trainer/data/prepare.h"
+#include "data/prepare.h"
 #include "tests/unit/test_util.h"
 #include "trainer/loop.h"
 #include "trainer/parallel/comm.h"

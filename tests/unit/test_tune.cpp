@@ -9,7 +9,7 @@
 
 #include "core/error.h"
 #include "test_util.h"
-#include "trainer/data/prepare.h"
+#include "data/prepare.h"
 #include "tuner/tune.h"
 
 namespace weft::tuner {

@@ -11,10 +11,10 @@
 
 #include "core/error.h"
 #include "data_test_util.h"
-#include "trainer/data/blend.h"
-#include "trainer/data/data_spec.h"
-#include "trainer/data/loader.h"
-#include "trainer/data/token_data.h"
+#include "data/blend.h"
+#include "data/data_spec.h"
+#include "data/loader.h"
+#include "data/token_data.h"
 
 namespace weft::test {
 namespace {

@@ -9,8 +9,8 @@
 
 #include "core/error.h"
 #include "data_test_util.h"
-#include "trainer/data/loader.h"
-#include "trainer/data/permutation.h"
+#include "data/loader.h"
+#include "data/permutation.h"
 
 namespace weft::test {
 namespace {

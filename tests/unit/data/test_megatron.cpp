@@ -12,10 +12,10 @@
 
 #include "core/error.h"
 #include "data_test_util.h"
-#include "trainer/data/loader.h"
-#include "trainer/data/megatron_file.h"
-#include "trainer/data/prepare.h"
-#include "trainer/data/token_data.h"
+#include "data/loader.h"
+#include "data/megatron_file.h"
+#include "data/prepare.h"
+#include "data/token_data.h"
 
 namespace weft::test {
 namespace {

@@ -12,10 +12,10 @@
 #include "core/error.h"
 #include "core/json_io.h"
 #include "data_test_util.h"
-#include "trainer/data/corpus.h"
-#include "trainer/data/prepare.h"
-#include "trainer/data/token_data.h"
-#include "trainer/data/tokenizer.h"
+#include "data/corpus.h"
+#include "data/prepare.h"
+#include "data/token_data.h"
+#include "data/tokenizer.h"
 
 namespace weft::test {
 namespace {

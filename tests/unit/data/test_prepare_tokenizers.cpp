@@ -9,9 +9,9 @@
 #include "core/error.h"
 #include "core/json_io.h"
 #include "tokenizer_test_util.h"
-#include "trainer/data/prepare.h"
-#include "trainer/data/token_data.h"
-#include "trainer/data/tokenizer.h"
+#include "data/prepare.h"
+#include "data/token_data.h"
+#include "data/tokenizer.h"
 
 namespace weft::test {
 namespace {

@@ -6,7 +6,7 @@
 
 #include "core/error.h"
 #include "data_test_util.h"
-#include "trainer/data/token_data.h"
+#include "data/token_data.h"
 
 namespace weft::test {
 namespace {

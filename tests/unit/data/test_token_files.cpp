@@ -6,9 +6,9 @@
 
 #include "core/error.h"
 #include "data_test_util.h"
-#include "trainer/data/checksum.h"
-#include "trainer/data/token_data.h"
-#include "trainer/data/token_file.h"
+#include "data/checksum.h"
+#include "data/token_data.h"
+#include "data/token_file.h"
 
 namespace weft::test {
 namespace {

@@ -9,14 +9,14 @@
 #include "../test_util.h"
 #include "core/error.h"
 #include "tokenizer_test_util.h"
-#include "trainer/data/added_tokens.h"
-#include "trainer/data/bpe.h"
-#include "trainer/data/byte_level.h"
-#include "trainer/data/hf_tokenizer_json.h"
-#include "trainer/data/string_table.h"
-#include "trainer/data/utf8.h"
+#include "data/added_tokens.h"
+#include "data/bpe.h"
+#include "data/byte_level.h"
+#include "data/hf_tokenizer_json.h"
+#include "data/string_table.h"
+#include "data/utf8.h"
 #if WEFT_HAVE_PCRE2
-#include "trainer/data/split_regex.h"
+#include "data/split_regex.h"
 #endif
 
 namespace weft::test {

@@ -11,7 +11,7 @@
 #include "../test_util.h"
 #include "core/error.h"
 #include "tokenizer_test_util.h"
-#include "trainer/data/tokenizer.h"
+#include "data/tokenizer.h"
 
 namespace weft::test {
 namespace {

@@ -8,8 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "trainer/data/byte_level.h"
-#include "trainer/data/utf8.h"
+#include "data/byte_level.h"
+#include "data/utf8.h"
 
 namespace weft::test {
 
