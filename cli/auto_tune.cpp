@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "core/json_io.h"
 #include "tuner/device_profile.h"
+#include "report/tune_report.h"
 #include "tuner/recipe.h"
 #ifdef WEFT_HAVE_MPI
 #include "trainer/parallel/comm_mpi.h"
@@ -31,7 +32,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string cache_name(const tuner::ReportContext& ctx) {
+std::string cache_name(const tuner::SpaceContext& ctx) {
   return fmt::format("{}-{}x{}-seq{}-gb{}-{}.json", ctx.model.name, ctx.cluster.gpus, ctx.cluster.device.name,
                      ctx.run.seq, ctx.run.global_batch, ctx.model.hash().substr(0, 12));
 }
@@ -39,7 +40,7 @@ std::string cache_name(const tuner::ReportContext& ctx) {
 // A profiled recipe in the cache that matches this run and whose layout the
 // space allows; empty when there is none. Unreadable files are skipped with a
 // warning: the cache must never stop a run.
-std::string find_cached(const tuner::ReportContext& ctx, const std::vector<Layout>& space, std::FILE* log) {
+std::string find_cached(const tuner::SpaceContext& ctx, const std::vector<Layout>& space, std::FILE* log) {
   const fs::path dir = tuner::recipe_cache_dir();
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return {};
@@ -87,7 +88,7 @@ Layout auto_layout(const trainer::TrainConfig& base, const tuner::SpaceLimits& l
   o.silence_s = a.trial_timeout;
   if (const char* f = std::getenv("WEFT_TUNE_FAULT")) o.faults = f;
 
-  tuner::ReportContext ctx;
+  tuner::SpaceContext ctx;
   ctx.model = base.model;
   ctx.run = base.run;
   ctx.cluster.device = base.device;
@@ -155,9 +156,9 @@ Layout auto_layout(const trainer::TrainConfig& base, const tuner::SpaceLimits& l
                                               (dir / "tuning.md").string()));
   const Layout chosen = r.trials[*r.winner].layout;
   if (rank0) {
-    const std::string md = tuner::tune_report_md(r, ctx);
+    const std::string md = report::tune_report_md(r, ctx);
     file_write_atomic((dir / "tuning.md").string(), md);
-    file_write_atomic((dir / "tuning.json").string(), tuner::tune_report_json(r, ctx).dump(1) + "\n");
+    file_write_atomic((dir / "tuning.json").string(), report::tune_report_json(r, ctx).dump(1) + "\n");
     const auto recipe = tuner::tune_recipe(r, ctx, machine_description());
     tuner::recipe_save((dir / "recipe.json").string(), recipe);
     std::string cached = (fs::path(tuner::recipe_cache_dir()) / cache_name(ctx)).string();

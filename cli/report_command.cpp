@@ -1,5 +1,5 @@
 // `weft report PATH`: one self-contained HTML page for a run folder, a
-// tuning.json or a dry-run JSON report (tuner/html_report.h).
+// tuning.json or a dry-run JSON report (report/html_report.h).
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -8,7 +8,7 @@
 
 #include "cli/commands.h"
 #include "core/json_io.h"
-#include "tuner/html_report.h"
+#include "report/html_report.h"
 
 namespace weft::cli {
 
@@ -20,7 +20,7 @@ struct ReportArgs {
 };
 
 int run_report(const ReportArgs& a) {
-  const std::string html = tuner::report_html_for(a.input);
+  const std::string html = report::report_html_for(a.input);
   // A run folder's page goes beside its metrics unless told otherwise; a
   // JSON file's goes next to it with .html in place of .json.
   std::string out = a.out;
@@ -42,7 +42,7 @@ int run_report(const ReportArgs& a) {
 
 void write_run_report(const std::string& out_dir, std::FILE* log) {
   try {
-    fmt::print(log, "report {}\n", tuner::report_write_run(out_dir));
+    fmt::print(log, "report {}\n", report::report_write_run(out_dir));
   } catch (const std::exception& e) {
     fmt::print(log, "warning: no report.html in {}: {}\n", out_dir, e.what());
   }

@@ -12,7 +12,7 @@
 #include "core/json_io.h"
 #include "tuner/device_profile.h"
 #include "tuner/recipe.h"
-#include "tuner/report.h"
+#include "report/report.h"
 
 namespace weft::cli {
 
@@ -41,9 +41,9 @@ int run_tune(const TuneArgs& a) {
   if (a.top <= 0) throw InputError(fmt::format("--top {} must be positive", a.top));
   if (!(a.margin >= 0 && a.margin < 1))
     throw InputError(fmt::format("--margin {} must be in [0, 1)", a.margin));
-  const auto format = tuner::report_format_parse(a.format);
+  const auto format = report::report_format_parse(a.format);
 
-  tuner::ReportContext ctx;
+  tuner::SpaceContext ctx;
   ctx.model = a.model.resolve();
   ctx.cluster = a.cluster.resolve();
   ctx.run = a.run.resolve(ctx.cluster.device);
@@ -104,7 +104,7 @@ int run_tune(const TuneArgs& a) {
     std::fprintf(stderr, "weft: saved recipe %s (%s)\n", a.save_recipe.c_str(), best.layout.to_string().c_str());
   }
   const std::string text =
-      tuner::report_render(format, report, ctx, a.all ? std::numeric_limits<int64_t>::max() : a.top);
+      report::report_render(format, report, ctx, a.all ? std::numeric_limits<int64_t>::max() : a.top);
   if (a.out.empty()) {
     std::fwrite(text.data(), 1, text.size(), stdout);
   } else {

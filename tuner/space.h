@@ -71,4 +71,14 @@ SpaceReport evaluate(const ModelSpec& m, const RunSpec& run, const ClusterSpec& 
 
 const char* to_string(Verdict v);
 
+// What a space is evaluated for, and what its reports and tuning describe.
+struct SpaceContext {
+  ModelSpec model;
+  RunSpec run;
+  ClusterSpec cluster;
+  CostConstants constants;
+  memory::MemoryOptions memory;
+  double tie = 0.01;  // evaluate()'s tie rule: within this fraction of the fastest, less memory first
+};
+
 }  // namespace weft::tuner

@@ -164,7 +164,7 @@ double duration_parse(const std::string& text) {
   return total;
 }
 
-nlohmann::json tune_journal_header(const ReportContext& ctx, const SpaceLimits& limits, const TuneOptions& o) {
+nlohmann::json tune_journal_header(const SpaceContext& ctx, const SpaceLimits& limits, const TuneOptions& o) {
   (void)limits;
   return {{"model", ctx.model.name},
           {"model_hash", ctx.model.hash()},
@@ -179,7 +179,7 @@ nlohmann::json tune_journal_header(const ReportContext& ctx, const SpaceLimits& 
           {"weft_version", WEFT_VERSION}};
 }
 
-TuneResult tune(const ReportContext& ctx, const SpaceLimits& limits, const trainer::TrainConfig& base,
+TuneResult tune(const SpaceContext& ctx, const SpaceLimits& limits, const trainer::TrainConfig& base,
                 const TuneOptions& o, parallel::Comm& control, const trainer::GroupFactory& make_groups,
                 std::FILE* log) {
   const auto t_start = Clock::now();
@@ -199,6 +199,35 @@ TuneResult tune(const ReportContext& ctx, const SpaceLimits& limits, const train
   search.finish();
   r.seconds = since(t_start);
   return r;
+}
+
+Recipe tune_recipe(const TuneResult& r, const SpaceContext& ctx, const std::string& machine) {
+  if (!r.winner) throw InputError("no trial succeeded, so there is no layout to save as a recipe");
+  const auto& w = r.trials[*r.winner];
+  Recipe rc = recipe_for(ctx.model, ctx.cluster, ctx.run, w.layout, "profiled");
+  rc.machine = machine;
+  rc.predicted = {{"step_s", w.predicted_s},
+                  {"step_s_refit", w.calibrated_s},
+                  {"peak_bytes", w.predicted_peak}};
+  rc.measured = {{"step_s", w.measured_s},
+                 {"tokens_per_s", w.tokens_per_s},
+                 {"mfu", w.mfu},
+                 {"peak_flops", r.peak_flops},
+                 {"peak_bytes", w.measured_peak}};
+  int64_t ok = 0;
+  for (const auto& t : r.trials) ok += t.status == "ok";
+  rc.tuning = {{"evaluated", r.space.evaluated},
+               {"fitting", r.space.fitting},
+               {"candidates", r.candidates},
+               {"pruned", r.space.pruned},
+               {"trials", r.trials.size()},
+               {"trials_ok", ok},
+               {"profile_seconds", r.profile_seconds},
+               {"stop_reason", r.stop_reason}};
+  if (r.calibration)
+    rc.tuning["cost_model_rms_error"] = {{"before", r.calibration->rms_error_before},
+                                         {"after", r.calibration->rms_error_after}};
+  return rc;
 }
 
 }  // namespace weft::tuner

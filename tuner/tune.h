@@ -36,7 +36,6 @@
 #include "trainer/profile.h"
 #include "tuner/calibrate.h"
 #include "tuner/recipe.h"
-#include "tuner/report.h"
 #include "tuner/space.h"
 
 namespace weft::tuner {
@@ -95,23 +94,18 @@ struct TuneResult {
 // `base` gives the model, run, device, optimizer, seed, data and threads of
 // every trial. `log` gets the progress lines (pass null on ranks other than 0).
 // Throws InputError when no layout fits, or a bad journal or fault spec.
-TuneResult tune(const ReportContext& ctx, const SpaceLimits& limits, const trainer::TrainConfig& base,
+TuneResult tune(const SpaceContext& ctx, const SpaceLimits& limits, const trainer::TrainConfig& base,
                 const TuneOptions& options, parallel::Comm& control,
                 const trainer::GroupFactory& make_groups, std::FILE* log);
 
 // The journal header: what a journal must match to be resumed.
-nlohmann::json tune_journal_header(const ReportContext& ctx, const SpaceLimits& limits, const TuneOptions& o);
+nlohmann::json tune_journal_header(const SpaceContext& ctx, const SpaceLimits& limits, const TuneOptions& o);
 
 // One trial as JSON: a journal entry and a row of the JSON report.
 nlohmann::json trial_to_json(const TrialRecord& t);
 
-// The report: a table of the candidates with predicted vs measured step time
-// and memory, the pruning summary and the winner (markdown), and the same as JSON.
-std::string tune_report_md(const TuneResult& r, const ReportContext& ctx);
-nlohmann::json tune_report_json(const TuneResult& r, const ReportContext& ctx);
-
 // The recipe of the winner; InputError when no trial succeeded.
-Recipe tune_recipe(const TuneResult& r, const ReportContext& ctx, const std::string& machine);
+Recipe tune_recipe(const TuneResult& r, const SpaceContext& ctx, const std::string& machine);
 
 // Rank 0's `text`, returned on every rank of `control`.
 std::string share_text(parallel::Comm& control, const std::string& text);

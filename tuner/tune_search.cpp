@@ -13,7 +13,7 @@
 
 namespace weft::tuner {
 
-std::vector<SearchCandidate> search_candidates(const ReportContext& ctx, const SpaceLimits& limits, TuneResult& r) {
+std::vector<SearchCandidate> search_candidates(const SpaceContext& ctx, const SpaceLimits& limits, TuneResult& r) {
   const auto layouts = enumerate(ctx.model, ctx.run, ctx.cluster.gpus, limits, ctx.cluster.device.kind);
   r.space = evaluate(ctx.model, ctx.run, ctx.cluster, layouts, ctx.constants, ctx.memory);
   r.peak_flops = ctx.cluster.device.peak_flops(to_string(ctx.run.precision));
@@ -38,7 +38,7 @@ std::vector<SearchCandidate> search_candidates(const ReportContext& ctx, const S
   return cands;
 }
 
-std::optional<Journal> open_journal(const ReportContext& ctx, const SpaceLimits& limits, const TuneOptions& o,
+std::optional<Journal> open_journal(const SpaceContext& ctx, const SpaceLimits& limits, const TuneOptions& o,
                                     parallel::Comm& control) {
   std::optional<Journal> journal;
   int64_t bad = 0;
@@ -63,7 +63,7 @@ std::optional<Journal> open_journal(const ReportContext& ctx, const SpaceLimits&
   return journal;
 }
 
-Search::Search(const ReportContext& ctx, const TuneOptions& o, const trainer::TrainConfig& base,
+Search::Search(const SpaceContext& ctx, const TuneOptions& o, const trainer::TrainConfig& base,
                parallel::Comm& control, const trainer::GroupFactory& make_groups, std::FILE* log,
                std::optional<Journal> journal, std::vector<Fault> faults, std::vector<SearchCandidate> candidates,
                TuneResult& r, Clock::time_point start)

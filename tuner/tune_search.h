@@ -44,16 +44,16 @@ struct SearchCandidate {
 
 // Evaluates the space into r.space and returns the layouts that fit and that
 // the trainer runs, by predicted step; InputError when there are none.
-std::vector<SearchCandidate> search_candidates(const ReportContext& ctx, const SpaceLimits& limits, TuneResult& r);
+std::vector<SearchCandidate> search_candidates(const SpaceContext& ctx, const SpaceLimits& limits, TuneResult& r);
 
 // Rank 0 opens the journal (when o.journal names one); a bad one stops every
 // rank with rank 0's message.
-std::optional<Journal> open_journal(const ReportContext& ctx, const SpaceLimits& limits, const TuneOptions& o,
+std::optional<Journal> open_journal(const SpaceContext& ctx, const SpaceLimits& limits, const TuneOptions& o,
                                     parallel::Comm& control);
 
 class Search {
  public:
-  Search(const ReportContext& ctx, const TuneOptions& o, const trainer::TrainConfig& base, parallel::Comm& control,
+  Search(const SpaceContext& ctx, const TuneOptions& o, const trainer::TrainConfig& base, parallel::Comm& control,
          const trainer::GroupFactory& make_groups, std::FILE* log, std::optional<Journal> journal,
          std::vector<Fault> faults, std::vector<SearchCandidate> candidates, TuneResult& r,
          Clock::time_point start);
@@ -77,7 +77,7 @@ class Search {
   std::vector<std::string> leaders(size_t n);
   void say(const std::string& s);
 
-  const ReportContext& ctx_;
+  const SpaceContext& ctx_;
   const TuneOptions& o_;
   const trainer::TrainConfig& base_;
   parallel::Comm& control_;

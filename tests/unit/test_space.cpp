@@ -4,7 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "test_util.h"
-#include "tuner/report.h"
+#include "report/report.h"
 #include "tuner/space.h"
 
 namespace weft::tuner {
@@ -147,8 +147,8 @@ TEST_F(Space, ReportsCoverEveryLayout) {
   lim.tp = {2, 4};
   lim.mb = {1, 2};
   const auto r = evaluate(m, run, c, enumerate(m, run, 32, lim), k);
-  ReportContext ctx{m, run, c, k, {}};
-  const auto j = nlohmann::json::parse(report_json(r, ctx, INT64_MAX).dump());
+  SpaceContext ctx{m, run, c, k, {}};
+  const auto j = nlohmann::json::parse(report::report_json(r, ctx, INT64_MAX).dump());
   ASSERT_EQ(int64_t(j["layouts"].size()), r.evaluated);
   int64_t fits = 0;
   for (const auto& row : j["layouts"]) {
@@ -163,11 +163,11 @@ TEST_F(Space, ReportsCoverEveryLayout) {
   }
   EXPECT_EQ(fits, r.fitting);
   EXPECT_EQ(j["model"]["hash"], m.hash());
-  const auto csv = report_csv(r, ctx, INT64_MAX);
+  const auto csv = report::report_csv(r, ctx, INT64_MAX);
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), r.evaluated + 1);
-  const auto md = report_md(r, ctx, 5);
+  const auto md = report::report_md(r, ctx, 5);
   EXPECT_NE(md.find("| 1 | `"), std::string::npos);
-  const auto table = report_table(r, ctx, 5);
+  const auto table = report::report_table(r, ctx, 5);
   EXPECT_NE(table.find("best layout: " + r.candidates.front().layout.to_string()), std::string::npos);
   EXPECT_NE(table.find("pruned by reason"), std::string::npos);
 }

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "test_util.h"
 #include "data/prepare.h"
+#include "report/tune_report.h"
 #include "tuner/tune.h"
 
 namespace weft::tuner {
@@ -17,7 +18,7 @@ namespace {
 
 struct TuneFixture {
   test::TempDir dir;
-  ReportContext ctx;
+  SpaceContext ctx;
   SpaceLimits limits;
   trainer::TrainConfig base;
   TuneOptions o;
@@ -85,8 +86,8 @@ TEST(Tune, ProfilesTheTopCandidatesAndPicksTheFastest) {
   const auto recipe = tune_recipe(r, f.ctx, "test machine");
   EXPECT_EQ(recipe.layout, r.trials[*r.winner].layout);
   EXPECT_EQ(recipe.source, "profiled");
-  EXPECT_NE(tune_report_md(r, f.ctx).find("**winner**"), std::string::npos);
-  EXPECT_EQ(tune_report_json(r, f.ctx)["trials"].size(), 6u);
+  EXPECT_NE(report::tune_report_md(r, f.ctx).find("**winner**"), std::string::npos);
+  EXPECT_EQ(report::tune_report_json(r, f.ctx)["trials"].size(), 6u);
 }
 
 TEST(Tune, ResumesFromTheJournalAndSkipsATrialThatKilledTheProcess) {

@@ -12,9 +12,11 @@
 
 #include "core/error.h"
 #include "memory/shapes.h"
-#include "tuner/html_report.h"
+#include "report/html_report.h"
 
-namespace weft::tuner {
+namespace weft::report {
+
+using namespace weft::tuner;  // the spaces, trials and contexts a report describes
 
 namespace {
 
@@ -198,7 +200,7 @@ json report_data_dry_run(const json& src) {
                       [&](size_t i) { return rows[i].value("layout", ""); });
 }
 
-json report_data_space(const SpaceReport& r, const ReportContext& ctx, int64_t top) {
+json report_data_space(const SpaceReport& r, const SpaceContext& ctx, int64_t top) {
   // The header and the top rows as the JSON report has them; the points
   // straight from the candidates, with the same values report_json writes.
   const json head = report_json(r, ctx, std::clamp<int64_t>(top, 1, int64_t(kTopListed)));
@@ -256,4 +258,4 @@ json report_data_tuning(const json& src) {
   return d;
 }
 
-}  // namespace weft::tuner
+}  // namespace weft::report

@@ -2,7 +2,7 @@
 // draws SVG charts from it. Plain DOM calls, no library, so the page opens
 // offline and a test can watch it for errors (body data-weft="ok" once drawn,
 // "error" with the message in #weft-errors otherwise).
-namespace weft::tuner {
+namespace weft::report {
 
 extern const char* const kReportScript;
 
@@ -450,4 +450,4 @@ try {
 })();
 )weftjs";
 
-}  // namespace weft::tuner
+}  // namespace weft::report

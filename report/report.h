@@ -9,16 +9,7 @@
 
 #include "tuner/space.h"
 
-namespace weft::tuner {
-
-struct ReportContext {
-  ModelSpec model;
-  RunSpec run;
-  ClusterSpec cluster;
-  CostConstants constants;
-  memory::MemoryOptions memory;
-  double tie = 0.01;  // evaluate()'s tie rule: within this fraction of the fastest, less memory first
-};
+namespace weft::report {
 
 enum class ReportFormat { table, json, csv, md, html };
 ReportFormat report_format_parse(const std::string& s);
@@ -28,17 +19,17 @@ ReportFormat report_format_parse(const std::string& s);
 // the rule behind their order, the pruning summary and the best layout's
 // memory and time breakdown (or, when nothing fits, the layout nearest to
 // fitting).
-std::string report_table(const SpaceReport& r, const ReportContext& ctx, int64_t top);
+std::string report_table(const tuner::SpaceReport& r, const tuner::SpaceContext& ctx, int64_t top);
 // The first `top` layouts (fitting ones by rank, then the pruned ones) with
 // their verdict, memory, predictions and pruning reason; every layout with
 // top = the count (`--all`).
-nlohmann::json report_json(const SpaceReport& r, const ReportContext& ctx, int64_t top);
-std::string report_csv(const SpaceReport& r, const ReportContext& ctx, int64_t top);
-std::string report_md(const SpaceReport& r, const ReportContext& ctx, int64_t top);
+nlohmann::json report_json(const tuner::SpaceReport& r, const tuner::SpaceContext& ctx, int64_t top);
+std::string report_csv(const tuner::SpaceReport& r, const tuner::SpaceContext& ctx, int64_t top);
+std::string report_md(const tuner::SpaceReport& r, const tuner::SpaceContext& ctx, int64_t top);
 
-// html: the page of tuner/html_report.h over every layout evaluated (its
+// html: the page of report/html_report.h over every layout evaluated (its
 // plots need the whole space; `top` does not apply).
-std::string report_render(ReportFormat f, const SpaceReport& r, const ReportContext& ctx,
+std::string report_render(ReportFormat f, const tuner::SpaceReport& r, const tuner::SpaceContext& ctx,
                           int64_t top);
 
-}  // namespace weft::tuner
+}  // namespace weft::report

@@ -10,9 +10,11 @@
 #include "core/error.h"
 #include "core/json_io.h"
 #include "memory/shapes.h"
-#include "tuner/html_report.h"
+#include "report/html_report.h"
 
-namespace weft::tuner {
+namespace weft::report {
+
+using namespace weft::tuner;  // the spaces, trials and contexts a report describes
 
 namespace {
 
@@ -163,4 +165,4 @@ std::string report_write_run(const std::string& run_dir) {
   return out;
 }
 
-}  // namespace weft::tuner
+}  // namespace weft::report

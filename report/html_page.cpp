@@ -4,9 +4,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tuner/html_report.h"
+#include "report/html_report.h"
 
-namespace weft::tuner {
+namespace weft::report {
 
 extern const char* const kReportScript;
 
@@ -86,4 +86,4 @@ std::string report_html(const nlohmann::json& data) {
   return page;
 }
 
-}  // namespace weft::tuner
+}  // namespace weft::report

@@ -1,4 +1,4 @@
-#include "tuner/report.h"
+#include "report/report.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -10,9 +10,11 @@
 #include "core/error.h"
 #include "core/units.h"
 #include "trainer/loop.h"
-#include "tuner/html_report.h"
+#include "report/html_report.h"
 
-namespace weft::tuner {
+namespace weft::report {
+
+using namespace weft::tuner;  // the spaces, trials and contexts a report describes
 
 ReportFormat report_format_parse(const std::string& s) {
   if (s == "table") return ReportFormat::table;
@@ -36,7 +38,7 @@ std::string grad_precision_note(const Layout& l) {
          "  contribution below 2^-8 of the running sum is lost (--grad fp32 keeps them exact to fp32)\n";
 }
 
-std::string header(const SpaceReport& r, const ReportContext& c) {
+std::string header(const SpaceReport& r, const SpaceContext& c) {
   const double usable = double(c.cluster.device.memory_bytes) * (1 - c.memory.margin);
   std::string peak_kind = c.cluster.device.kind == DeviceKind::cpu ? "fp32" : "dense bf16";
   return fmt::format(
@@ -51,7 +53,7 @@ std::string header(const SpaceReport& r, const ReportContext& c) {
       r.seconds > 0 ? double(r.evaluated) / r.seconds : 0.0, r.fitting, r.evaluated - r.fitting);
 }
 
-std::string breakdown(const Candidate& c, const ReportContext& ctx) {
+std::string breakdown(const Candidate& c, const SpaceContext& ctx) {
   std::string s = fmt::format("best layout: {}\n", c.layout.to_string());
   s += fmt::format("  memory per stage (GiB){:>4}", "");
   for (auto cat : memory::kAllCategories) s += fmt::format("{:>12}", memory::to_string(cat));
@@ -96,7 +98,7 @@ struct Row {
   }
 };
 
-std::vector<Row> ranked_rows(const SpaceReport& r, const ReportContext& ctx, int64_t top) {
+std::vector<Row> ranked_rows(const SpaceReport& r, const SpaceContext& ctx, int64_t top) {
   // Twins have the same step, so they sit together in the ranking, except
   // the least-memory layout that the tie rule moved to the front: every
   // fitting layout is looked up, and joins its twin's row if it has one.
@@ -153,7 +155,7 @@ const Candidate* nearest_to_fitting(const SpaceReport& r) {
 
 }  // namespace
 
-std::string report_table(const SpaceReport& r, const ReportContext& ctx, int64_t top) {
+std::string report_table(const SpaceReport& r, const SpaceContext& ctx, int64_t top) {
   std::string s = header(r, ctx) + "\n";
   s += fmt::format("{:>4}  {:<78} {:>16} {:>10} {:>11} {:>10} {:>6}\n", "rank", "layout",
                    "mem GiB (worst)", "step", "tokens/s", "TFLOP/s/dev", "MFU");
@@ -179,7 +181,7 @@ std::string report_table(const SpaceReport& r, const ReportContext& ctx, int64_t
   return s;
 }
 
-nlohmann::json report_json(const SpaceReport& r, const ReportContext& ctx, int64_t top) {
+nlohmann::json report_json(const SpaceReport& r, const SpaceContext& ctx, int64_t top) {
   nlohmann::json j;
   j["model"] = ctx.model;
   j["run"] = ctx.run;
@@ -217,7 +219,7 @@ nlohmann::json report_json(const SpaceReport& r, const ReportContext& ctx, int64
   return j;
 }
 
-std::string report_csv(const SpaceReport& r, const ReportContext& ctx, int64_t top) {
+std::string report_csv(const SpaceReport& r, const SpaceContext& ctx, int64_t top) {
   (void)ctx;
   std::string s =
       "rank,layout,verdict,reason,peak_bytes,usable_bytes,step_s,tokens_per_s,model_tflops_per_dev,"
@@ -244,7 +246,7 @@ std::string report_csv(const SpaceReport& r, const ReportContext& ctx, int64_t t
   return s;
 }
 
-std::string report_md(const SpaceReport& r, const ReportContext& ctx, int64_t top) {
+std::string report_md(const SpaceReport& r, const SpaceContext& ctx, int64_t top) {
   std::string s = "# weft dry-run tuning report\n\n```\n" + header(r, ctx) + "```\n\n";
   s += "| rank | layout | memory (worst stage) | step | tokens/s | TFLOP/s/dev | MFU |\n";
   s += "|---:|---|---:|---:|---:|---:|---:|\n";
@@ -269,7 +271,7 @@ std::string report_md(const SpaceReport& r, const ReportContext& ctx, int64_t to
   return s;
 }
 
-std::string report_render(ReportFormat f, const SpaceReport& r, const ReportContext& ctx,
+std::string report_render(ReportFormat f, const SpaceReport& r, const SpaceContext& ctx,
                           int64_t top) {
   switch (f) {
     case ReportFormat::table: return report_table(r, ctx, top);
@@ -282,4 +284,4 @@ std::string report_render(ReportFormat f, const SpaceReport& r, const ReportCont
   return {};
 }
 
-}  // namespace weft::tuner
+}  // namespace weft::report

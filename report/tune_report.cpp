@@ -6,9 +6,11 @@
 #include <nlohmann/json.hpp>
 
 #include "core/units.h"
-#include "tuner/tune.h"
+#include "report/tune_report.h"
 
-namespace weft::tuner {
+namespace weft::report {
+
+using namespace weft::tuner;  // the spaces, trials and contexts a report describes
 
 namespace {
 
@@ -19,7 +21,7 @@ std::string percent_error(double predicted, double measured) {
 
 }  // namespace
 
-std::string tune_report_md(const TuneResult& r, const ReportContext& ctx) {
+std::string tune_report_md(const TuneResult& r, const SpaceContext& ctx) {
   std::string s = fmt::format("# Tuning {} on {} x {}\n\n", ctx.model.name, ctx.cluster.gpus,
                               ctx.cluster.device.summary());
   s += fmt::format("seq {}, global batch {}, {}; MFU against {:.1f} GFLOP/s per device.\n\n", ctx.run.seq,
@@ -75,7 +77,7 @@ std::string tune_report_md(const TuneResult& r, const ReportContext& ctx) {
   return s;
 }
 
-nlohmann::json tune_report_json(const TuneResult& r, const ReportContext& ctx) {
+nlohmann::json tune_report_json(const TuneResult& r, const SpaceContext& ctx) {
   nlohmann::json trials = nlohmann::json::array();
   for (const auto& t : r.trials)
     trials.push_back(trial_to_json(t));
@@ -107,33 +109,4 @@ nlohmann::json tune_report_json(const TuneResult& r, const ReportContext& ctx) {
   return j;
 }
 
-Recipe tune_recipe(const TuneResult& r, const ReportContext& ctx, const std::string& machine) {
-  if (!r.winner) throw InputError("no trial succeeded, so there is no layout to save as a recipe");
-  const auto& w = r.trials[*r.winner];
-  Recipe rc = recipe_for(ctx.model, ctx.cluster, ctx.run, w.layout, "profiled");
-  rc.machine = machine;
-  rc.predicted = {{"step_s", w.predicted_s},
-                  {"step_s_refit", w.calibrated_s},
-                  {"peak_bytes", w.predicted_peak}};
-  rc.measured = {{"step_s", w.measured_s},
-                 {"tokens_per_s", w.tokens_per_s},
-                 {"mfu", w.mfu},
-                 {"peak_flops", r.peak_flops},
-                 {"peak_bytes", w.measured_peak}};
-  int64_t ok = 0;
-  for (const auto& t : r.trials) ok += t.status == "ok";
-  rc.tuning = {{"evaluated", r.space.evaluated},
-               {"fitting", r.space.fitting},
-               {"candidates", r.candidates},
-               {"pruned", r.space.pruned},
-               {"trials", r.trials.size()},
-               {"trials_ok", ok},
-               {"profile_seconds", r.profile_seconds},
-               {"stop_reason", r.stop_reason}};
-  if (r.calibration)
-    rc.tuning["cost_model_rms_error"] = {{"before", r.calibration->rms_error_before},
-                                         {"after", r.calibration->rms_error_after}};
-  return rc;
-}
-
-}  // namespace weft::tuner
+}  // namespace weft::report

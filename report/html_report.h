@@ -14,9 +14,9 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "tuner/report.h"
+#include "report/report.h"
 
-namespace weft::tuner {
+namespace weft::report {
 
 // Above this many layouts with a prediction, a dry-run page keeps the top
 // layouts and the fitting memory/MFU Pareto front exact and bins the rest.
@@ -32,7 +32,7 @@ nlohmann::json report_data_dry_run(const nlohmann::json& dry_run);
 // The same straight from an evaluated space (weft tune --dry-run --format
 // html), without the JSON of every layout in between; the `top` fitting
 // layouts (at most 1000) are listed with their step breakdown.
-nlohmann::json report_data_space(const SpaceReport& r, const ReportContext& ctx, int64_t top = 10);
+nlohmann::json report_data_space(const tuner::SpaceReport& r, const tuner::SpaceContext& ctx, int64_t top = 10);
 // A tuning's data from its tuning.json (tune_report_json): copied as it is,
 // with the trials' start times added for the timeline.
 nlohmann::json report_data_tuning(const nlohmann::json& tuning);
@@ -52,4 +52,4 @@ std::string report_html_for(const std::string& path);
 // path (the end of `weft train`, interrupted or not).
 std::string report_write_run(const std::string& run_dir);
 
-}  // namespace weft::tuner
+}  // namespace weft::report
