@@ -10,10 +10,11 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "tuner/fidelity.h"
+#include "calibration/fidelity.h"
 
 using namespace weft;
 using namespace weft::tuner;
+using namespace weft::calibration;
 
 namespace {
 

@@ -2,10 +2,10 @@
 // memory models reproduce, scenario by scenario.
 #include <fmt/format.h>
 
-#include "tuner/findings.h"
+#include "calibration/findings.h"
 
 int main() {
-  using namespace weft::tuner;
+  using namespace weft::calibration;
   int reproduced = 0, total = 0;
   for (const auto& s : study_scenarios()) {
     fmt::print("{} on {} x a100-80gb, seq {}, global batch {}\n", s.model, s.gpus, s.seq,

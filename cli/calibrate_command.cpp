@@ -11,9 +11,9 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "core/error.h"
-#include "trainer/calibrate_device.h"
+#include "calibration/measure_device.h"
 #include "trainer/loop.h"
-#include "tuner/fidelity.h"
+#include "calibration/fidelity.h"
 #ifdef WEFT_HAVE_MPI
 #include "trainer/parallel/comm_mpi.h"
 #ifdef WEFT_HAVE_NCCL
@@ -41,11 +41,11 @@ struct CalibrateArgs {
 };
 
 int run_fit_public(const CalibrateArgs& a) {
-  const std::string csv = a.public_csv.empty() ? tuner::calibration_dir() + "/public_runs.csv" : a.public_csv;
+  const std::string csv = a.public_csv.empty() ? calibration::calibration_dir() + "/public_runs.csv" : a.public_csv;
   const std::string out = a.out.empty() ? "calibration/profiles" : a.out;
-  const auto set = tuner::public_runs_load(csv);
+  const auto set = calibration::public_runs_load(csv);
   for (const char* family : {"a100", "hopper"}) {
-    const auto p = tuner::fidelity_profile(set, family, std::filesystem::path(csv).filename().string());
+    const auto p = calibration::fidelity_profile(set, family, std::filesystem::path(csv).filename().string());
     const std::string path = (std::filesystem::path(out) / (std::string(family) + ".json")).string();
     tuner::profile_save(p, path);
     int64_t rows = 0;
@@ -79,7 +79,7 @@ int run_measure(const CalibrateArgs& a) {
   }
 
   std::unique_ptr<parallel::Comm> world;
-  trainer::GroupsFor groups_for;
+  calibration::GroupsFor groups_for;
 #ifdef WEFT_HAVE_MPI
   if (under_mpi()) {
     world = parallel::mpi_world_dup("calibrate");
@@ -97,7 +97,7 @@ int run_measure(const CalibrateArgs& a) {
   if (!world) world = parallel::single_rank_comm();
   const bool rank0 = world->rank() == 0;
 
-  trainer::DeviceCalibration c;
+  calibration::DeviceCalibration c;
   c.model = m;
   c.run = RunSpec{a.seq, 1, gpu ? Precision::bf16 : Precision::fp32};
   c.mbs = a.mb;
@@ -129,7 +129,7 @@ int run_measure(const CalibrateArgs& a) {
   p.fingerprint = tuner::machine_fingerprint(device, local_ranks_from_env(), a.threads);
   p.provenance = {{"command", "weft calibrate"}, {"model", m.name}, {"seq", a.seq}, {"world", world->size()},
                   {"tp", c.tps}, {"mb", c.mbs}, {"attention", a.attention}};
-  auto rates = trainer::measure_device(c, device, *world, groups_for);
+  auto rates = calibration::measure_device(c, device, *world, groups_for);
   if (!gpu) {
     const int64_t cores = device_preset("cpu").sm_count, ranks = local_ranks_from_env();
     const int64_t threads = a.threads > 0 ? a.threads : std::max<int64_t>(1, cores / ranks);

@@ -8,10 +8,12 @@
 
 #include "test_util.h"
 #include "core/error.h"
-#include "tuner/fidelity.h"
+#include "calibration/fidelity.h"
 
-namespace weft::tuner {
+namespace weft::calibration {
 namespace {
+
+using namespace weft::tuner;
 
 const PublicRunSet& runs() {
   static const PublicRunSet set = public_runs_load(calibration_dir() + "/public_runs.csv");
@@ -94,4 +96,4 @@ TEST(PublicRuns, MalformedFilesAreRefusedWithTheLine) {
 }
 
 }  // namespace
-}  // namespace weft::tuner
+}  // namespace weft::calibration

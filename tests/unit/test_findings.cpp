@@ -5,10 +5,12 @@
 #include <fmt/format.h>
 
 #include "test_util.h"
-#include "tuner/findings.h"
+#include "calibration/findings.h"
 
-namespace weft::tuner {
+namespace weft::calibration {
 namespace {
+
+using namespace weft::tuner;
 
 TEST(Findings, PublicStudiesReproduced) {
   std::map<std::string, int> yes, total;
@@ -36,4 +38,4 @@ TEST(Findings, PublicStudiesReproduced) {
 }
 
 }  // namespace
-}  // namespace weft::tuner
+}  // namespace weft::calibration

@@ -1,4 +1,4 @@
-#include "tuner/public_runs.h"
+#include "calibration/public_runs.h"
 
 #include <algorithm>
 #include <cmath>
@@ -17,7 +17,7 @@
 #define WEFT_CALIBRATION_DIR "calibration"
 #endif
 
-namespace weft::tuner {
+namespace weft::calibration {
 
 std::string calibration_dir() {
   if (const char* d = std::getenv("WEFT_CALIBRATION_DIR"); d && *d) return d;
@@ -270,4 +270,4 @@ PublicRunSet public_runs_load(const std::string& path) {
   return set;
 }
 
-}  // namespace weft::tuner
+}  // namespace weft::calibration

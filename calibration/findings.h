@@ -8,7 +8,7 @@
 
 #include "tuner/space.h"
 
-namespace weft::tuner {
+namespace weft::calibration {
 
 struct Scenario {
   std::string model;
@@ -32,4 +32,4 @@ std::vector<Scenario> study_scenarios();
 // ~30B parameters or beyond 2k tokens; flash attention with a fused norm wins.
 std::vector<Finding> check_findings(const Scenario& s);
 
-}  // namespace weft::tuner
+}  // namespace weft::calibration

@@ -1,7 +1,7 @@
 // Public measured training runs (calibration/public_runs.csv, sources in
 // calibration/SOURCES.md) as weft specs: each row's model, run, cluster and
 // layout, what was measured, and the sweep it belongs to. The cost and memory
-// models are fitted to and judged on these (tuner/fidelity.h).
+// models are fitted to and judged on these (calibration/fidelity.h).
 #pragma once
 
 #include <cstdint>
@@ -14,7 +14,7 @@
 #include "core/model_spec.h"
 #include "core/run_spec.h"
 
-namespace weft::tuner {
+namespace weft::calibration {
 
 struct PublicRun {
   std::string source;  // the CSV's source tag
@@ -52,4 +52,4 @@ PublicRunSet public_runs_load(const std::string& path);
 // build time, overridable by $WEFT_CALIBRATION_DIR).
 std::string calibration_dir();
 
-}  // namespace weft::tuner
+}  // namespace weft::calibration

@@ -1,11 +1,13 @@
-#include "tuner/findings.h"
+#include "calibration/findings.h"
 
 #include <limits>
 #include <map>
 
 #include <fmt/format.h>
 
-namespace weft::tuner {
+namespace weft::calibration {
+
+using namespace weft::tuner;  // the cost and memory models judged here
 
 std::vector<Scenario> study_scenarios() {
   return {{"llama-13b", 64, 2048, 2048},  {"llama-13b", 128, 8192, 512},
@@ -88,4 +90,4 @@ std::vector<Finding> check_findings(const Scenario& s) {
   return out;
 }
 
-}  // namespace weft::tuner
+}  // namespace weft::calibration

@@ -1,5 +1,5 @@
 // How well the cost and memory models tell the truth about real clusters:
-// their predictions for the public measured runs (tuner/public_runs.h)
+// their predictions for the public measured runs (calibration/public_runs.h)
 // against what was measured, per source and per sweep (one model on one
 // cluster), and the fit of a device family's cost constants to them.
 #pragma once
@@ -12,9 +12,13 @@
 #include "tuner/calibrate.h"
 #include "tuner/cost.h"
 #include "tuner/device_profile.h"
-#include "tuner/public_runs.h"
+#include "calibration/public_runs.h"
 
-namespace weft::tuner {
+namespace weft::calibration {
+
+using tuner::CalibrationResult;
+using tuner::CostConstants;
+using tuner::DeviceProfile;
 
 // Sweeps smaller than this take no part in the rank statistics: Spearman
 // over 3 or 4 layouts moves in steps of 0.5 or 0.2, so one near-tie swapped
@@ -83,4 +87,4 @@ DeviceProfile fidelity_profile(const PublicRunSet& set, const std::string& famil
 // points or a constant side.
 double spearman(const std::vector<double>& a, const std::vector<double>& b);
 
-}  // namespace weft::tuner
+}  // namespace weft::calibration

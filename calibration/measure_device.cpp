@@ -1,8 +1,9 @@
 // The measurements behind a measured device profile. Each runs the very
-// kernels and collectives the trainer runs, through their launch protocol,
-// on buffers shaped as the trainer's for the model: a profile's times are
-// what a step is made of.
-#include "trainer/calibrate_device.h"
+// kernels and collectives (measure_comm.cpp) the trainer runs, through their
+// launch protocol, on buffers shaped as the trainer's for the model: a
+// profile's times are what a step is made of.
+#include "calibration/measure_device.h"
+#include "calibration/device_bench.h"
 
 #include <unistd.h>
 
@@ -28,154 +29,9 @@
 #include "memory/device.h"
 #include "memory/estimate.h"
 
-namespace weft::trainer {
+namespace weft::calibration {
 
 namespace {
-
-using kernels::Acc;
-using Clock = std::chrono::steady_clock;
-
-// The shard shapes of one tensor-parallel degree and micro-batch.
-struct Shard {
-  int64_t M, T, B, C, Hl, Kl, D, Fl, Vl, tp;
-};
-
-// Buffers, launches and timing on one device, in Elem (float on the CPU,
-// bf16 on a GPU).
-template <typename Elem>
-class Bench {
- public:
-  using A = Acc<Elem>;
-
-  Bench(const DeviceSpec& device, parallel::Comm& world, double min_seconds, int64_t flush_bytes)
-      : flush_bytes_(flush_bytes),
-        base_flush_(flush_bytes),
-        gpu_(device.kind == DeviceKind::gpu),
-        arena_(gpu_ ? memory::device_allocator() : memory::host_allocator()),
-        stream_(gpu_ ? kernels::Backend::cuda : kernels::Backend::cpu),
-        world_(world),
-        min_seconds_(min_seconds) {}
-
-  kernels::Stream stream() const { return stream_.get(); }
-  // Measurements of a shard cycle through flush_for(shard) bytes of copies
-  // (at least the cache-based default).
-  void set_flush(std::function<int64_t(const Shard&)> flush_for) { flush_for_ = std::move(flush_for); }
-  void use_shard(const Shard& s) {
-    if (flush_for_) flush_bytes_ = std::max(base_flush_, flush_for_(s));
-  }
-  kernels::Backend backend() const { return stream().backend; }
-
-  // How many copies of a measurement's buffers (set_bytes together) to
-  // cycle through so that each call finds its data out of the cache, as in
-  // a training step, where every kernel's operands were last touched a whole
-  // layer or step ago: a kernel timed on the same hot buffers again and
-  // again runs 10-20% faster than it does in training.
-  int copies_for(int64_t set_bytes) const {
-    return int(std::clamp<int64_t>((flush_bytes_ + set_bytes - 1) / std::max<int64_t>(set_bytes, 1), 1, 64));
-  }
-  // `copies` buffers of n elements each (see buffer()).
-  template <typename T>
-  std::vector<T*> buffers(int copies, int64_t n, double value = 0.01) {
-    std::vector<T*> v;
-    for (int i = 0; i < copies; ++i) v.push_back(buffer<T>(n, value));
-    return v;
-  }
-  // A buffer of n elements filled with `value` (never zeros: some kernels
-  // take other paths on them); freed by clear().
-  template <typename T>
-  T* buffer(int64_t n, double value = 0.01) {
-    T* p = arena_.allocate_as<T>(memory::Category::workspace, std::max<int64_t>(n, 1), "calibration");
-    held_.push_back(p);
-    if constexpr (std::is_same_v<T, Elem> || std::is_same_v<T, A>)
-      kernels::status_check(kernels::launch(kernels::FillParams<T>{.n = n, .value = value, .x = p}, {}, stream()), "fill");
-    return p;
-  }
-  void clear() {
-    memory::synchronize(stream());
-    for (void* p : held_) arena_.release(p);
-    held_.clear();
-    if (workspace_) arena_.release(workspace_);
-    workspace_ = nullptr;
-    workspace_bytes_ = 0;
-  }
-
-  template <typename P>
-  void run(const P& p, const char* op) {
-    const int64_t need = kernels::workspace_bytes(p, backend());
-    if (need > workspace_bytes_) {
-      if (workspace_) arena_.release(workspace_);
-      workspace_ = arena_.allocate(memory::Category::workspace, need, "calibration.workspace");
-      workspace_bytes_ = need;
-    }
-    kernels::status_check(kernels::launch(p, kernels::Workspace{workspace_, workspace_bytes_}, stream()), op);
-  }
-
-  // Seconds per call of f(copy): repeated over the copies until
-  // min_seconds passed (3 calls at least) after a warm-up round, on every
-  // rank at once; the slowest rank's.
-  double time(const std::function<void(int)>& f, int copies = 1) {
-    world_.barrier();
-    for (int i = 0; i < copies; ++i) f(i);
-    memory::synchronize(stream());
-    int64_t reps = 0;
-    const auto t0 = Clock::now();
-    double elapsed = 0;
-    int64_t batch = 1;
-    while (reps < 3 || elapsed < min_seconds_) {
-      for (int64_t i = 0; i < batch; ++i) f(int((reps + i) % copies));
-      memory::synchronize(stream());
-      reps += batch;
-      elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
-      batch = std::min<int64_t>(batch * 2, 64);
-    }
-    double per_call = elapsed / double(reps);
-    world_.all_reduce(&per_call, 1, parallel::ReduceOp::max);
-    return per_call;
-  }
-
-  // The same for a collective: every rank of its group must call it equally
-  // often, so the count comes from the slowest rank's first call.
-  double time_collective(const std::function<void()>& f) {
-    world_.barrier();
-    f();
-    auto t0 = Clock::now();
-    f();
-    double first = std::chrono::duration<double>(Clock::now() - t0).count();
-    world_.all_reduce(&first, 1, parallel::ReduceOp::max);
-    const int64_t reps = std::clamp<int64_t>(int64_t(std::ceil(min_seconds_ / std::max(first, 1e-9))), 3, 200);
-    world_.barrier();
-    t0 = Clock::now();
-    for (int64_t i = 0; i < reps; ++i) f();
-    double per_call = std::chrono::duration<double>(Clock::now() - t0).count() / double(reps);
-    world_.all_reduce(&per_call, 1, parallel::ReduceOp::max);
-    return per_call;
-  }
-
- private:
-  int64_t flush_bytes_;
-  int64_t base_flush_;
-  std::function<int64_t(const Shard&)> flush_for_;
-  bool gpu_;
-  memory::Arena arena_;
-  memory::OwnedStream stream_;
-  parallel::Comm& world_;
-  double min_seconds_;
-  std::vector<void*> held_;
-  void* workspace_ = nullptr;
-  int64_t workspace_bytes_ = 0;
-};
-
-std::vector<Shard> shards(const DeviceCalibration& c) {
-  const auto& m = c.model;
-  std::vector<Shard> out;
-  for (int64_t tp : c.tps)
-    for (int64_t mb : c.mbs) {
-      if (tp < 1 || mb < 1 || m.heads % tp || m.kv_heads % tp || m.intermediate % tp || m.vocab % tp) continue;
-      out.push_back({mb * c.run.seq, c.run.seq, mb, m.hidden, m.heads / tp, m.kv_heads / tp, m.head_dim,
-                     m.intermediate / tp, m.vocab / tp, tp});
-    }
-  return out;
-}
 
 template <typename Elem>
 void measure_gemms(Bench<Elem>& b, const DeviceCalibration& c, MeasuredRates& r) {
@@ -429,74 +285,6 @@ void measure_streams(Bench<Elem>& b, const DeviceCalibration& c, MeasuredRates& 
   for (const auto& [family, pts] : points) r.streams[family] = fit_stream(pts);
 }
 
-template <typename Elem>
-void measure_comm(Bench<Elem>& b, const DeviceCalibration& c, parallel::Comm& world, const GroupsFor& groups_for,
-                  MeasuredRates& r) {
-  const int64_t n_world = world.size();
-  std::vector<int64_t> sizes;
-  for (int64_t bytes = int64_t{1} << 10; bytes <= (int64_t{1} << c.max_log2_bytes); bytes *= 4) sizes.push_back(bytes);
-  // Latency from the smallest message (1 KiB: all latency), bandwidth from
-  // what the larger ones take beyond it (least squares through the origin):
-  // a plain linear fit is ruled by the large messages and can put the
-  // latency below zero, yet the small ones (a step's loss and norm) count.
-  auto fit = [&](const char* op, int64_t ranks, const std::vector<std::pair<double, double>>& pts) {
-    const double latency = std::max(0.0, pts.front().second);
-    double bb = 0, bt = 0;
-    for (auto [bytes, t] : pts) {
-      bb += bytes * bytes;
-      bt += bytes * std::max(t - latency, 0.0);
-    }
-    r.comm.push_back({op, ranks, latency, bt > 0 ? bb / bt : pts.back().first / pts.back().second});
-  };
-  for (int64_t n = 2; n <= n_world; ++n) {
-    if (n_world % n != 0) continue;
-    Layout l;
-    l.tp = n;
-    l.dp = n_world / n;
-    parallel::ProcessGroups g = groups_for(l);
-    parallel::Comm& tp = *g.tp;
-    std::vector<std::pair<double, double>> ar, ag, rs;
-    for (int64_t bytes : sizes) {
-      const int64_t count = std::max<int64_t>(n, bytes / 4 / n * n);
-      float* buf = b.template buffer<float>(count);
-      float* out = b.template buffer<float>(count);
-      auto sync = [&] { memory::synchronize(kernels::Stream{b.backend(), g.cuda_stream}); };
-      ar.push_back({double(count) * 4, b.time_collective([&] {
-                      tp.all_reduce(buf, count);
-                      sync();
-                    })});
-      ag.push_back({double(count) * 4, b.time_collective([&] {
-                      tp.all_gather(buf, out, count / n);
-                      sync();
-                    })});
-      rs.push_back({double(count) * 4, b.time_collective([&] {
-                      tp.reduce_scatter(buf, out, count / n);
-                      sync();
-                    })});
-      b.clear();
-    }
-    fit("all_reduce", n, ar);
-    fit("all_gather", n, ag);
-    fit("reduce_scatter", n, rs);
-    if (n == 2) {
-      // Point-to-point between the pairs, every pair at once: the first
-      // sends, the second receives, as neighbouring pipeline stages do.
-      std::vector<std::pair<double, double>> p2p;
-      for (int64_t bytes : sizes) {
-        const int64_t count = std::max<int64_t>(1, bytes / 4);
-        float* buf = b.template buffer<float>(count);
-        const int64_t me = tp.rank();
-        p2p.push_back({double(count) * 4, b.time_collective([&] {
-                         if (me == 0) tp.send(buf, count, 1, 7);
-                         else tp.recv(buf, count, 0, 7);
-                         memory::synchronize(kernels::Stream{b.backend(), g.cuda_stream});
-                       })});
-        b.clear();
-      }
-      fit("p2p", 2, p2p);
-    }
-  }
-}
 
 // What a rank touches in one training step at this shard (the memory
 // model's worst stage for tp x 1 x world/tp at this micro-batch): every
@@ -557,4 +345,4 @@ MeasuredRates measure_device(const DeviceCalibration& c, const DeviceSpec& devic
   return measure<float>(c, device, world, groups_for);
 }
 
-}  // namespace weft::trainer
+}  // namespace weft::calibration

@@ -1,4 +1,4 @@
-#include "tuner/fidelity.h"
+#include "calibration/fidelity.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,7 +8,9 @@
 #include "core/flops.h"
 #include "memory/estimate.h"
 
-namespace weft::tuner {
+namespace weft::calibration {
+
+using namespace weft::tuner;  // the cost and memory models judged here
 
 namespace {
 
@@ -171,4 +173,4 @@ DeviceProfile fidelity_profile(const PublicRunSet& set, const std::string& famil
   return p;
 }
 
-}  // namespace weft::tuner
+}  // namespace weft::calibration

@@ -19,7 +19,7 @@
 #include "core/run_spec.h"
 #include "trainer/parallel/process_groups.h"
 
-namespace weft::trainer {
+namespace weft::calibration {
 
 struct DeviceCalibration {
   ModelSpec model;   // the shapes: C, F, H, H_kv, D, V
@@ -48,4 +48,4 @@ using GroupsFor = std::function<parallel::ProcessGroups(const Layout&)>;
 MeasuredRates measure_device(const DeviceCalibration& c, const DeviceSpec& device, parallel::Comm& world,
                              const GroupsFor& groups_for);
 
-}  // namespace weft::trainer
+}  // namespace weft::calibration
