@@ -94,7 +94,7 @@ ModelSpec init_model(const TrainArgs& a, const trainer::TrainConfig& c) {
   };
   if (c.resume)
     if (const auto latest =
-            checkpoint::latest_checkpoint(c.ckpt_dir.empty() ? c.out_dir + "/checkpoints" : c.ckpt_dir))
+            checkpoint::resume_checkpoint(c.ckpt_dir.empty() ? c.out_dir + "/checkpoints" : c.ckpt_dir))
       return given ? m : with_vocab(checkpoint::pretrained_model(*latest));
   const auto pretrained = checkpoint::pretrained_open(c.init, checkpoint::Verify::structure);
   if (!given) m = with_vocab(pretrained.model);

@@ -31,6 +31,7 @@
 #include "data/loader.h"
 #include "data/token_data.h"
 #include "trainer/profile.h"
+#include "trainer/run_folder.h"
 #include "trainer/run_state.h"
 
 extern "C" void openblas_set_num_threads(int);
@@ -177,7 +178,7 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
   // that has given up.
   std::string resume = c.resume_from;
   if (resume.empty() && c.resume)
-    resume = checkpoint::latest_checkpoint(c.ckpt_dir.empty() ? c.out_dir + "/checkpoints" : c.ckpt_dir)
+    resume = checkpoint::resume_checkpoint(c.ckpt_dir.empty() ? c.out_dir + "/checkpoints" : c.ckpt_dir)
                  .value_or("");
   std::optional<R> built;
   std::optional<checkpoint::Checkpoint> ck;
@@ -227,10 +228,30 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
     return report;
   }
   if (rank0) {
-    run.metrics.open(fs::path(c.out_dir) / "metrics.jsonl", std::ios::app);
+    const fs::path metrics_path = fs::path(c.out_dir) / "metrics.jsonl";
+    // A resume from before the end of an earlier launch (--resume-from an
+    // older checkpoint) trains those steps again: their earlier records
+    // leave the file, kept whole beside it, so that no step is said twice.
+    std::optional<SupersededMetrics> superseded;
+    if (ck) superseded = metrics_supersede_after(metrics_path.string(), done);
+    if (superseded)
+      fmt::print(log, "metrics.jsonl: {} records of {} from an earlier launch are superseded by this "
+                      "resume at step {}; the file as it was is kept as {}\n",
+                 superseded->records,
+                 superseded->first_step == superseded->last_step
+                     ? fmt::format("step {}", superseded->first_step)
+                     : fmt::format("steps {}..{}", superseded->first_step, superseded->last_step),
+                 done, superseded->kept);
+    run.metrics.open(metrics_path, std::ios::app);
     // Every launch starts with a header: a resumed run's records follow
     // their own, so the file tells the launches apart.
-    run.metrics << metrics_header(c, world, done, ck ? resume : std::string(), run.data.path).dump() << "\n";
+    auto header = metrics_header(c, world, done, ck ? resume : std::string(), run.data.path);
+    if (superseded)
+      header["superseded"] = {{"first_step", superseded->first_step},
+                              {"last_step", superseded->last_step},
+                              {"records", superseded->records},
+                              {"kept", superseded->kept}};
+    run.metrics << header.dump() << "\n";
     run.metrics.flush();
   }
 

@@ -6,8 +6,10 @@
 #include <fstream>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json_io.h"
 
 namespace weft::trainer {
 
@@ -104,6 +106,44 @@ std::string run_folder_prepare(const std::string& out_dir, const std::string& ck
     said += fmt::format("moved the earlier run in {} aside to {}\n", out.string(), to.string());
   }
   return said;
+}
+
+std::optional<SupersededMetrics> metrics_supersede_after(const std::string& metrics_path, int64_t done) {
+  std::ifstream in(metrics_path);
+  if (!in) return std::nullopt;
+  SupersededMetrics sup;
+  std::string kept;
+  for (std::string line; std::getline(in, line);) {
+    // The step a record belongs to: a step record's, a launch header's first
+    // step, an end record's last; a line that is not a JSON object stays.
+    int64_t step = 0;
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object()) {
+      for (const char* key : {"step", "first_step", "last_step"}) {
+        const auto it = j.find(key);
+        if (it != j.end() && it->is_number_integer()) {
+          step = it->get<int64_t>();
+          break;
+        }
+      }
+    }
+    if (step > done) {
+      if (!j.contains("first_step") && !j.contains("last_step")) {
+        sup.first_step = sup.records ? std::min(sup.first_step, step) : step;
+        sup.last_step = std::max(sup.last_step, step);
+      }
+      ++sup.records;
+      continue;
+    }
+    kept += line;
+    kept += '\n';
+  }
+  if (sup.records == 0) return std::nullopt;
+  in.close();
+  sup.kept = aside_name(metrics_path).string();
+  fs::copy_file(metrics_path, sup.kept);
+  file_write_atomic(metrics_path, kept);
+  return sup;
 }
 
 }  // namespace weft::trainer

@@ -9,6 +9,9 @@
 // checkpoint folder outside <out> beside it the same way), never deleting it.
 #pragma once
 
+#include <cstdint>
+#include <optional>
+
 #include <string>
 #include <vector>
 
@@ -31,5 +34,21 @@ std::vector<std::string> run_folder_contents(const std::string& out_dir, const s
 // Returns a line for the log ("moved the earlier run ... aside to ..."), or "".
 std::string run_folder_prepare(const std::string& out_dir, const std::string& ckpt_dir, RunFolderMode mode,
                                bool act);
+
+// Records of metrics.jsonl that a run resumed at step `done` would say
+// again: the steps after `done` of an earlier launch that went further
+// (its later checkpoints damaged, or passed over with --resume-from).
+struct SupersededMetrics {
+  int64_t first_step = 0, last_step = 0;  // the steps whose records left the file
+  int64_t records = 0;
+  std::string kept;  // the file as it was, kept whole beside it
+};
+
+// Before a run resumed at step `done` appends to `metrics_path`: when the
+// file holds records past `done`, it is copied whole to
+// "<metrics_path>.prev-<UTC time>" and then replaced (atomically) by its
+// records up to `done`, so that no step is recorded twice and no record is
+// lost. nullopt when there is nothing past `done` (the file is untouched).
+std::optional<SupersededMetrics> metrics_supersede_after(const std::string& metrics_path, int64_t done);
 
 }  // namespace weft::trainer

@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
@@ -11,6 +12,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -269,22 +271,59 @@ std::optional<int64_t> parse_step_name(const std::string& name, bool& moved_asid
   return std::nullopt;
 }
 
-// Manifest parses and files exist at their recorded sizes.
-bool looks_complete(const fs::path& dir) {
+// Why `dir` is not a complete checkpoint: its manifest does not parse, or a
+// file is missing or not at its recorded size (checksums are left to
+// load_checkpoint); empty when it looks complete.
+std::string incompleteness(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return "it is missing";
   try {
     const Manifest m = manifest_from_json(
         json_read_file((dir / kManifestFile).string(), "checkpoint manifest"), dir.string());
     for (const char* name : {kModelFile, kOptimizerFile}) {
       const FileRecord* rec = m.file(name);
-      std::error_code ec;
-      if (rec == nullptr) return false;
+      if (rec == nullptr) return fmt::format("its manifest lists no {}", name);
       const auto bytes = fs::file_size(dir / name, ec);
-      if (ec || static_cast<int64_t>(bytes) != rec->bytes) return false;
+      if (ec) return fmt::format("{} is missing", name);
+      if (static_cast<int64_t>(bytes) != rec->bytes)
+        return fmt::format("{} is {} bytes, its manifest says {}", name, bytes, rec->bytes);
     }
-    return true;
-  } catch (const Error&) {
-    return false;
+    return {};
+  } catch (const Error& e) {
+    return e.what();
   }
+}
+
+// The step folders under `root`, newest first: by step, and at one step a
+// plain step_N before a moved-aside step_N.old-<pid>.
+std::vector<fs::path> step_folders(const fs::path& root) {
+  std::vector<std::tuple<int64_t, bool, fs::path>> found;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    if (!entry.is_directory(ec)) continue;
+    bool moved_aside = false;
+    if (const auto step = parse_step_name(entry.path().filename().string(), moved_aside))
+      found.emplace_back(*step, moved_aside, entry.path());
+  }
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) {
+    if (std::get<0>(a) != std::get<0>(b)) return std::get<0>(a) > std::get<0>(b);
+    if (std::get<1>(a) != std::get<1>(b)) return !std::get<1>(a);
+    return std::get<2>(a) < std::get<2>(b);
+  });
+  std::vector<fs::path> out;
+  for (auto& f : found) out.push_back(std::get<2>(f));
+  return out;
+}
+
+// The folder "<root>/latest" names, when it names a plain step folder.
+std::optional<fs::path> latest_named(const fs::path& root) {
+  std::ifstream in(root / "latest");
+  if (!in) return std::nullopt;
+  std::string name;
+  std::getline(in, name);
+  bool moved_aside = false;
+  if (!parse_step_name(name, moved_aside) || moved_aside) return std::nullopt;
+  return root / name;
 }
 
 }  // namespace
@@ -296,30 +335,54 @@ void mark_latest(const std::string& root, const std::string& dir_name) {
 std::optional<std::string> latest_checkpoint(const std::string& root) {
   std::error_code ec;
   if (!fs::is_directory(root, ec)) return std::nullopt;
-  if (std::ifstream in(fs::path(root) / "latest"); in) {
-    std::string name;
-    std::getline(in, name);
-    bool moved_aside = false;
-    if (parse_step_name(name, moved_aside) && !moved_aside && looks_complete(fs::path(root) / name))
-      return (fs::path(root) / name).string();
-  }
-  // step -> (folder, moved aside); a plain step_N wins over a moved-aside one.
-  std::map<int64_t, std::vector<std::pair<fs::path, bool>>> candidates;
-  for (const auto& entry : fs::directory_iterator(root, ec)) {
-    if (!entry.is_directory(ec)) continue;
-    bool moved_aside = false;
-    const auto step = parse_step_name(entry.path().filename().string(), moved_aside);
-    if (step) candidates[*step].emplace_back(entry.path(), moved_aside);
-  }
-  for (auto it = candidates.rbegin(); it != candidates.rend(); ++it) {
-    auto& dirs = it->second;
-    std::sort(dirs.begin(), dirs.end(), [](const auto& a, const auto& b) {
-      return a.second != b.second ? !a.second : a.first < b.first;
-    });
-    for (const auto& d : dirs)
-      if (looks_complete(d.first)) return d.first.string();
-  }
+  if (const auto named = latest_named(root); named && incompleteness(*named).empty()) return named->string();
+  for (const auto& d : step_folders(root))
+    if (incompleteness(d).empty()) return d.string();
   return std::nullopt;
+}
+
+std::optional<std::string> resume_checkpoint(const std::string& root) {
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return std::nullopt;
+  const auto folders = step_folders(root);
+  // The newest checkpoint: the one written last, as "latest" records it,
+  // else the highest step. A save that died between moving the old folder
+  // aside and putting the new one in place left step_N.old-<pid>, the old
+  // checkpoint of that step, complete: it stands in for a missing step_N.
+  std::optional<fs::path> newest = latest_named(root);
+  if (newest && !fs::exists(*newest, ec)) {
+    const std::string base = newest->filename().string() + ".old-";
+    for (const auto& d : folders)
+      if (d.filename().string().starts_with(base) && incompleteness(d).empty()) return d.string();
+  }
+  // Without "latest" (checkpoints of another writer): the highest step that
+  // was committed, which a manifest marks; a bare step folder never was.
+  if (!newest)
+    for (const auto& d : folders)
+      if (fs::exists(d / kManifestFile, ec)) {
+        newest = d;
+        break;
+      }
+  if (!newest) return std::nullopt;
+  const std::string fault = incompleteness(*newest);
+  if (fault.empty()) return newest->string();
+  // Never fall back on our own: the run would redo the steps after the older
+  // checkpoint, and its metrics would say them twice.
+  std::string older;
+  for (const auto& d : folders)
+    if (d != *newest && incompleteness(d).empty()) {
+      older = d.string();
+      break;
+    }
+  throw InputError(fmt::format(
+      "cannot resume: the newest checkpoint {} is damaged ({}); weft does not fall back to an older one by "
+      "itself. {}",
+      newest->string(), fault,
+      older.empty() ? std::string("No intact checkpoint is left in ") + root +
+                          "; start again with --overwrite (the run is moved aside, not deleted)"
+                    : fmt::format("To continue from the newest intact one, give --resume-from {} (the steps after "
+                                  "it are trained again, and their earlier metrics are moved aside)",
+                                  older)));
 }
 
 }  // namespace weft::checkpoint

@@ -101,4 +101,13 @@ void mark_latest(const std::string& root, const std::string& dir_name);
 // step_N when step_N itself is missing. nullopt when there is none.
 std::optional<std::string> latest_checkpoint(const std::string& root);
 
+// The checkpoint `--resume` continues from: the newest under `root` (the one
+// "latest" names, else the highest step with a manifest; a step_N.old-<pid>
+// when a save died with step_N moved aside). InputError when that one is damaged (missing, a manifest
+// that does not parse, a file not at its recorded size), naming it, the
+// fault and the newest intact one to give --resume-from: a run never falls
+// back to an older checkpoint by itself, which would train steps again.
+// nullopt when `root` holds no checkpoint.
+std::optional<std::string> resume_checkpoint(const std::string& root);
+
 }  // namespace weft::checkpoint

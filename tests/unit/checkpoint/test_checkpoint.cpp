@@ -293,6 +293,53 @@ TEST(Checkpoint, LatestFindsNewestCompleteAndIgnoresLeftovers) {
   EXPECT_EQ(latest_checkpoint(root), root + "/step_000200");
 }
 
+// --resume continues from the newest checkpoint or refuses: a damaged newest
+// one is named with its fault and the intact one to give --resume-from, and
+// the run never falls back to it by itself.
+TEST(Checkpoint, ResumeRefusesADamagedNewestCheckpoint) {
+  TempDir tmp;
+  const TrainState s = make_state("tiny-test", 12);
+  const std::string root = tmp.path("run");
+  EXPECT_FALSE(resume_checkpoint(root).has_value());
+  save_state(root + "/step_000002", s, 2);
+  mark_latest(root, "step_000002");
+  save_state(root + "/step_000004", s, 4);
+  mark_latest(root, "step_000004");
+  EXPECT_EQ(resume_checkpoint(root), root + "/step_000004");
+
+  fs::resize_file(root + "/step_000004/model.safetensors", 1000);
+  EXPECT_EQ(latest_checkpoint(root), root + "/step_000002");  // what a reader of any checkpoint takes
+  expect_error<InputError>([&] { resume_checkpoint(root); },
+                     {"cannot resume", root + "/step_000004 is damaged",
+                      "model.safetensors is 1000 bytes, its manifest says",
+                      "--resume-from " + root + "/step_000002"});
+
+  // Gone altogether: refused the same way.
+  fs::remove_all(root + "/step_000004");
+  expect_error<InputError>([&] { resume_checkpoint(root); },
+                     {root + "/step_000004 is damaged (it is missing)", "--resume-from " + root + "/step_000002"});
+
+  // A save that died with step_000004 moved aside: the old folder stands in.
+  fs::copy(root + "/step_000002", root + "/step_000004.old-77", fs::copy_options::recursive);
+  EXPECT_EQ(resume_checkpoint(root), root + "/step_000004.old-77");
+  fs::remove_all(root + "/step_000004.old-77");
+
+  // Nothing intact left: the message says how to start again.
+  fs::resize_file(root + "/step_000002/optimizer.safetensors", 10);
+  fs::copy(root + "/step_000002", root + "/step_000004", fs::copy_options::recursive);
+  expect_error<InputError>([&] { resume_checkpoint(root); }, {"No intact checkpoint is left", "--overwrite"});
+
+  // Without "latest": the highest step that has a manifest; a bare folder
+  // was never a checkpoint.
+  TempDir tmp2;
+  const std::string r2 = tmp2.path("run");
+  save_state(r2 + "/step_000010", s, 10);
+  fs::create_directories(r2 + "/step_000020");
+  EXPECT_EQ(resume_checkpoint(r2), r2 + "/step_000010");
+  fs::resize_file(r2 + "/step_000010/model.safetensors", 5);
+  expect_error<InputError>([&] { resume_checkpoint(r2); }, {r2 + "/step_000010 is damaged"});
+}
+
 // The save fails partway (an exception at each stage): the folder it was
 // writing is removed and the earlier checkpoint is untouched.
 TEST(CheckpointCrash, FailedSaveKeepsPreviousCheckpoint) {
