@@ -76,7 +76,7 @@ std::string machine_description() {
   return fmt::format("{}, {} cores", model, std::thread::hardware_concurrency());
 }
 
-Layout auto_layout(const trainer::TrainConfig& base, const tuner::SpaceLimits& limits, const AutoArgs& a,
+std::optional<Layout> auto_layout(const trainer::TrainConfig& base, const tuner::SpaceLimits& limits, const AutoArgs& a,
                    int64_t world, bool multi_rank, std::FILE* log) {
   tuner::TuneOptions o;
   o.top = a.all ? std::numeric_limits<int64_t>::max() : a.top;
@@ -152,6 +152,19 @@ Layout auto_layout(const trainer::TrainConfig& base, const tuner::SpaceLimits& l
   if (rank0) o.progress = [&bar](int64_t done, int64_t total) { bar.update(done, total); };
   const tuner::TuneResult r = tuner::tune(ctx, limits, base, o, *control, make_groups, out ? bar.log() : nullptr);
   bar.finish();
+  if (r.stopped) {
+    // A part of a tuning: its report says how far it got, and nothing a
+    // later run would trust (recipe.json, the cache) is written.
+    if (rank0) {
+      file_write_atomic((dir / "tuning.md").string(), report::tune_report_md(r, ctx));
+      file_write_atomic((dir / "tuning.json").string(), report::tune_report_json(r, ctx).dump(1) + "\n");
+      fmt::print(log, "\ntuning {} after {} trials: no recipe saved and nothing trained; the same command "
+                      "continues the tuning from {} (report {})\n",
+                 r.stop_reason, r.trials.size(), o.journal, (dir / "tuning.md").string());
+      std::fflush(log);
+    }
+    return std::nullopt;
+  }
   if (!r.winner) throw InputError(fmt::format("tuning found no layout that runs: every trial failed; see {}",
                                               (dir / "tuning.md").string()));
   const Layout chosen = r.trials[*r.winner].layout;

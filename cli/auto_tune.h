@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "core/layout.h"
@@ -33,7 +34,10 @@ struct AutoArgs {
 // model, run, device, optimizer, seed, data and threads of the run; rank 0
 // prints progress to `log` and writes the recipe, the report (markdown and
 // JSON) and the journal under base.out_dir, and the recipe into the cache.
-Layout auto_layout(const trainer::TrainConfig& base, const tuner::SpaceLimits& limits, const AutoArgs& a,
+// nullopt when a stop signal ended the tuning: then only its report and
+// journal are written, and a re-run of the command continues it.
+std::optional<Layout> auto_layout(const trainer::TrainConfig& base, const tuner::SpaceLimits& limits,
+                                  const AutoArgs& a,
                    int64_t world, bool multi_rank, std::FILE* log);
 
 // The machine the measurements run on: CPU model and cores.

@@ -220,7 +220,9 @@ int run_train(TrainArgs& a) {
     }
     c.optim.total_steps = c.steps;
     if (!a.tune.budget.empty() && a.tune_top->count() == 0) a.tune.top = int64_t{1} << 40;
-    c.layout = auto_layout(c, limits, a.tune, world, world > 1 || under_mpi(), stdout);
+    const auto tuned = auto_layout(c, limits, a.tune, world, world > 1 || under_mpi(), stdout);
+    if (!tuned) return stop_exit_code();
+    c.layout = *tuned;
   }
   // The watchdog outlives the groups it watches: a rank whose peer died
   // leaves with a clear message instead of waiting forever.

@@ -64,11 +64,16 @@ std::string tune_report_md(const TuneResult& r, const SpaceContext& ctx) {
   } else {
     s += "Cost model: too few measured trials to refit.\n\n";
   }
+  if (r.stopped) {
+    s += fmt::format("The tuning was {} before it finished: no recipe was saved. Running the same command again "
+                     "continues it from the journal.\n\n",
+                     r.stop_reason);
+  }
   if (r.winner) {
     const auto& w = r.trials[*r.winner];
-    s += fmt::format("Winner: `{}`: {} per step ({}), {:.0f} tokens/s, MFU {:.2f}%, peak memory {} "
+    s += fmt::format("{}: `{}`: {} per step ({}), {:.0f} tokens/s, MFU {:.2f}%, peak memory {} "
                      "per rank.\n",
-                     w.layout.to_string(), format_seconds(w.measured_s),
+                     r.stopped ? "Best so far" : "Winner", w.layout.to_string(), format_seconds(w.measured_s),
                      w.repeats == 1 ? std::string("one trial") : fmt::format("mean of {} trials", w.repeats), w.tokens_per_s, 100 * w.mfu,
                      format_bytes(double(w.measured_peak)));
   } else {
@@ -94,6 +99,7 @@ nlohmann::json tune_report_json(const TuneResult& r, const SpaceContext& ctx) {
                    {"pruned", r.space.pruned},
                    {"trials", trials},
                    {"stop_reason", r.stop_reason},
+                   {"stopped", r.stopped},
                    {"profile_seconds", r.profile_seconds},
                    {"seconds", r.seconds},
                    {"winner", r.winner ? nlohmann::json(r.trials[*r.winner].layout.to_string()) : nlohmann::json()}};

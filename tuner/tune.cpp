@@ -203,6 +203,9 @@ TuneResult tune(const SpaceContext& ctx, const SpaceLimits& limits, const traine
 
 Recipe tune_recipe(const TuneResult& r, const SpaceContext& ctx, const std::string& machine) {
   if (!r.winner) throw InputError("no trial succeeded, so there is no layout to save as a recipe");
+  if (r.stopped)
+    throw InputError(fmt::format("the tuning was {} after {} trials, so its best layout is no recipe to reuse",
+                                 r.stop_reason, r.trials.size()));
   const auto& w = r.trials[*r.winner];
   Recipe rc = recipe_for(ctx.model, ctx.cluster, ctx.run, w.layout, "profiled");
   rc.machine = machine;

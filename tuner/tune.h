@@ -86,6 +86,9 @@ struct TuneResult {
   std::optional<size_t> winner;    // index into trials
   std::optional<CalibrationResult> calibration;  // the last refit, over every measured trial
   std::string stop_reason;         // why profiling stopped
+  // A stop signal ended the search: the trials are a part of a tuning, and
+  // no recipe may come of them (the journal lets the next run go on).
+  bool stopped = false;
   double profile_seconds = 0;      // wall time spent in trials
   double seconds = 0;              // wall time of tune()
   double peak_flops = 0;           // per device, what MFU is against
@@ -104,7 +107,8 @@ nlohmann::json tune_journal_header(const SpaceContext& ctx, const SpaceLimits& l
 // One trial as JSON: a journal entry and a row of the JSON report.
 nlohmann::json trial_to_json(const TrialRecord& t);
 
-// The recipe of the winner; InputError when no trial succeeded.
+// The recipe of the winner; InputError when no trial succeeded or the
+// tuning was stopped before it finished.
 Recipe tune_recipe(const TuneResult& r, const SpaceContext& ctx, const std::string& machine);
 
 // Rank 0's `text`, returned on every rank of `control`.

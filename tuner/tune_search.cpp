@@ -299,7 +299,10 @@ void Search::run() {
     // Rank 0 decides; every rank follows, so that clocks and files that
     // differ between ranks cannot split them.
     Next n;
-    if (rank0_ && stop_requested()) r_.stop_reason = fmt::format("stopped by {}", stop_signal_name());
+    if (rank0_ && stop_requested()) {
+      r_.stop_reason = fmt::format("stopped by {}", stop_signal_name());
+      r_.stopped = true;
+    }
     else if (rank0_) n = choose();
     n.pick = share(control_, n.pick);
     if (n.pick < 0) break;
@@ -333,7 +336,8 @@ void Search::finish() {
       w.repeats = int64_t(measured_[lead].size());
     }
   }
-  // Every rank learns the winner.
+  // Every rank learns the winner, and whether the tuning was stopped.
+  r_.stopped = share(control_, r_.stopped ? 1 : 0) != 0;
   const int64_t w = share(control_, best ? int64_t(*best) : -1);
   if (w >= 0) r_.winner = size_t(w);
 }

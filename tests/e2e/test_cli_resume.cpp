@@ -1,8 +1,13 @@
 // A run is never silently changed: what `weft train --resume` continues from,
 // with which settings, and what the metrics say afterwards.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <thread>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -69,6 +74,61 @@ TEST(CliResume, DamagedNewestCheckpointIsRefusedAndNoStepIsRecordedTwice) {
   EXPECT_EQ((*header)["superseded"]["first_step"], 3);
   EXPECT_EQ((*header)["superseded"]["last_step"], 4);
   EXPECT_EQ((*header)["superseded"]["kept"], kept);
+}
+
+// Lines of the tuning journal that record a finished trial.
+int64_t journal_trials(const std::string& path) {
+  int64_t n = 0;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    n += j.is_object() && j.value("kind", "") == "result";
+  }
+  return n;
+}
+
+// SIGINT in the middle of a tuning: exit 130, nothing trained, no recipe in
+// the run folder or the cache (a later run must not trust a part of a
+// tuning), the report says it stopped; the same command then continues the
+// tuning from the journal and saves the recipe it finishes with.
+TEST(CliResume, AStoppedTuningLeavesNoRecipeAndContinuesFromItsJournal) {
+  TempDir dir;
+  const auto data = corpus(dir);
+  ::setenv("XDG_CACHE_HOME", dir.path("cache").c_str(), 1);
+  const std::string out = dir.path("run");
+  const std::string cmd = "train --data " + data +
+                          " --model tiny --seq 32 --global-batch 4 --threads 1 --steps 2 --eval-samples 4 "
+                          "--tune-top 6 --trial-min-time 1 --out " + out;
+  const pid_t pid = spawn_weft(cmd);
+  ASSERT_GE(pid, 0);
+  const std::string journal = out + "/tuning/journal.jsonl";
+  for (int i = 0; i < 1200 && journal_trials(journal) < 2; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_GE(journal_trials(journal), 2);
+  ::kill(pid, SIGINT);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 130);
+  EXPECT_FALSE(fs::exists(out + "/recipe.json"));
+  EXPECT_FALSE(fs::exists(dir.path("cache/weft/recipes")) && !fs::is_empty(dir.path("cache/weft/recipes")));
+  EXPECT_FALSE(fs::exists(out + "/metrics.jsonl"));
+  EXPECT_FALSE(fs::exists(out + "/checkpoints"));
+  const auto report = nlohmann::json::parse(slurp(out + "/tuning.json"));
+  EXPECT_EQ(report["stopped"], true);
+  EXPECT_EQ(report["stop_reason"], "stopped by SIGINT");
+  const int64_t done = journal_trials(journal);
+
+  // --resume, as after any stop: the tuning goes on from its journal.
+  auto r = run_weft(cmd + " --resume");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("using cached recipe"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(from the journal)"), std::string::npos) << r.out;
+  EXPECT_GT(journal_trials(journal), done);
+  EXPECT_EQ(nlohmann::json::parse(slurp(out + "/recipe.json"))["source"], "profiled");
+  EXPECT_EQ(nlohmann::json::parse(slurp(out + "/tuning.json"))["stopped"], false);
+  EXPECT_EQ(losses(out + "/metrics.jsonl").size(), 2u);
+  ::unsetenv("XDG_CACHE_HOME");
 }
 
 }  // namespace

@@ -379,11 +379,6 @@ TEST(CliTrain, RecipesFromTheDryRunAreCheckedAndReused) {
 namespace weft::test {
 namespace {
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
 TEST(CliTrain, AutoTunesThenReusesTheCachedRecipe) {
   TempDir dir;
   const auto data = corpus(dir);

@@ -59,4 +59,10 @@ inline std::vector<double> losses(const std::string& metrics) {
   return out;
 }
 
+// A whole file as text.
+inline std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
 }  // namespace weft::test
