@@ -341,6 +341,7 @@ Command add_train_command(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--beta1", c.optim.beta1, "AdamW beta1")->capture_default_str();
   sub->add_option("--beta2", c.optim.beta2, "AdamW beta2")->capture_default_str();
+  sub->add_option("--adam-eps", c.optim.eps, "AdamW epsilon")->capture_default_str();
   sub->add_option("--clip", c.optim.clip, "Max global gradient norm (0: off)")->capture_default_str();
   sub->add_option("--max-nonfinite", c.optim.max_nonfinite,
                   "Stop after this many non-finite steps in a row")->capture_default_str();
@@ -363,6 +364,11 @@ Command add_train_command(CLI::App& app) {
                 "Start a new run in an --out that holds one, moving the earlier run aside to "
                 "<out>.prev-<time> (nothing is deleted)");
   sub->add_option("--resume-from", c.resume_from, "Continue from this checkpoint folder");
+  sub->add_option("--change", c.changes,
+                  "With --resume: optimizer settings or the seed this command may change from the run's, e.g. "
+                  "lr,warmup (any of lr, min-lr-ratio, warmup, schedule, beta1, beta2, adam-eps, weight-decay, "
+                  "clip, seed); others that differ are refused")
+      ->delimiter(',');
   sub->add_option("--init", c.init,
                   "Start from pretrained weights: a Hugging Face model folder (config.json and safetensors in "
                   "fp32, bf16 or fp16, one file or sharded) or a weft checkpoint folder. Training starts at step "

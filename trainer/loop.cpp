@@ -45,7 +45,7 @@ using Clock = std::chrono::steady_clock;
 // The first record of each launch in metrics.jsonl: what the records after
 // it belong to.
 nlohmann::json metrics_header(const TrainConfig& c, int64_t world, int64_t done, const std::string& resumed_from,
-                              const std::string& data) {
+                              const std::string& data, const std::vector<RunChange>& changes) {
   const std::time_t now = std::time(nullptr);
   std::tm tm{};
   gmtime_r(&now, &tm);
@@ -64,6 +64,7 @@ nlohmann::json metrics_header(const TrainConfig& c, int64_t world, int64_t done,
           {"steps", c.steps},
           {"first_step", done + 1},
           {"resumed_from", resumed_from.empty() ? nlohmann::json() : nlohmann::json(resumed_from)},
+          {"changed", resume_changes_json(changes)},
           {"init", c.init.empty() ? nlohmann::json() : nlohmann::json(c.init)},
           {"data", data},
           {"optim", c.optim}};
@@ -200,10 +201,13 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
   report.predicted = mem.stages[size_t(run.groups.pp_rank())].bytes;
 
   int64_t done = 0;
+  std::vector<RunChange> changes;
   if (ck) {
     done = run.load(*ck);
     fmt::print(log, "resumed from {} at step {}{}\n", resume, done,
                c.init.empty() ? "" : " (--init applies to a run without checkpoints)");
+    changes = resume_changes(ck->manifest, c, resume);
+    if (!changes.empty()) fmt::print(log, "changed from the checkpoint: {}\n", resume_changes_text(changes));
   } else if (init) {
     run.init_from(*init);
     const int64_t V = init->model.vocab, Vp = c.model.vocab;
@@ -245,7 +249,7 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
     run.metrics.open(metrics_path, std::ios::app);
     // Every launch starts with a header: a resumed run's records follow
     // their own, so the file tells the launches apart.
-    auto header = metrics_header(c, world, done, ck ? resume : std::string(), run.data.path);
+    auto header = metrics_header(c, world, done, ck ? resume : std::string(), run.data.path, changes);
     if (superseded)
       header["superseded"] = {{"first_step", superseded->first_step},
                               {"last_step", superseded->last_step},
@@ -416,6 +420,14 @@ void validate_config(const TrainConfig& c) {
     throw InputError(fmt::format("--steps {} must be at least 1 (0 only with --init: it writes the loaded "
                                  "model as a step-0 checkpoint)",
                                  c.steps));
+  if (!c.changes.empty() && !c.resume && c.resume_from.empty())
+    throw InputError(fmt::format("--change {} applies to a resumed run (--resume or --resume-from): a new run "
+                                 "takes every setting from its command",
+                                 fmt::join(c.changes, ",")));
+  for (const auto& name : c.changes)
+    if (std::find(changeable_settings().begin(), changeable_settings().end(), name) == changeable_settings().end())
+      throw InputError(fmt::format("--change {}: '{}' is not a setting a resume may change; use any of {}",
+                                   fmt::join(c.changes, ","), name, fmt::join(changeable_settings(), ", ")));
   if (!c.init.empty() && !c.resume_from.empty())
     throw InputError(fmt::format("--init {} starts a new run from pretrained weights and --resume-from {} "
                                  "continues one; give one of them (--init with --resume continues the run "

@@ -39,6 +39,9 @@ struct TrainConfig {
   bool checkpoints = true;      // false: none at all (benchmarks, throwaway runs)
   bool resume = false;          // continue from the newest checkpoint in ckpt_dir
   std::string resume_from;      // or from this checkpoint folder
+  // Settings a resume may change from the checkpoint's (--change lr,warmup;
+  // trainer/resume_check.h): without them a different value is refused.
+  std::vector<std::string> changes;
   // Start from these pretrained weights (a Hugging Face model folder or a
   // weft checkpoint; checkpoint/pretrained.h) at step 0 with a fresh optimizer
   // and data position. With `resume`, only when ckpt_dir has no checkpoint

@@ -21,6 +21,7 @@
 #include "data/loader.h"
 #include "data/token_data.h"
 #include "trainer/loop.h"
+#include "trainer/resume_check.h"
 #include "trainer/state_io.h"
 
 namespace weft::trainer {
@@ -240,14 +241,7 @@ struct Run {
   checkpoint::Checkpoint open(const std::string& dir) const {
     auto ck = checkpoint::load_checkpoint(dir);
     checkpoint::check_compatible(ck.manifest, c.model, dir);
-    const auto& run = ck.manifest.run;
-    if (run.value("seq", c.run.seq) != c.run.seq ||
-        run.value("global_batch", c.run.global_batch) != c.run.global_batch)
-      throw InputError(fmt::format(
-          "checkpoint {} was trained with seq {} and global batch {}, this run asks for seq {} "
-          "and global batch {}; resume with the same values",
-          dir, run.value("seq", int64_t{0}), run.value("global_batch", int64_t{0}), c.run.seq,
-          c.run.global_batch));
+    resume_changes_check(resume_changes(ck.manifest, c, dir), c.changes, dir);
     return ck;
   }
 

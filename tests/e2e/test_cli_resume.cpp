@@ -131,5 +131,56 @@ TEST(CliResume, AStoppedTuningLeavesNoRecipeAndContinuesFromItsJournal) {
   ::unsetenv("XDG_CACHE_HOME");
 }
 
+// A resume keeps the run's optimizer settings and seed: a command that
+// differs is refused (exit 2) naming each setting with both values and the
+// --change that allows it; with --change the run goes on with the new values,
+// said on the terminal and in the run header, with a longer --steps (free to
+// change) beside them. A manifest whose saved settings are out of range is a
+// damaged file.
+TEST(CliResume, OptimizerSettingsChangeOnlyWhenAsked) {
+  TempDir dir;
+  const auto data = corpus(dir);
+  const std::string out = dir.path("run");
+  const std::string common = "train --data " + data + kSmall + " --out " + out;
+  auto r = run_weft(common + " --steps 4 --lr 1e-3");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string metrics = out + "/metrics.jsonl";
+  const size_t lines = records(metrics).size();
+
+  r = run_weft(common + " --steps 6 --lr 7.5e-4 --warmup 3 --seed 9 --resume");
+  EXPECT_EQ(r.code, 2) << r.out;
+  for (const char* part : {"--lr 0.00075 (the run was trained with 0.001)", "--warmup 3 (the run was trained with 20)",
+                           "--seed 9 (the run was trained with 1234)", "--change lr,warmup,seed"})
+    EXPECT_NE(r.out.find(part), std::string::npos) << part << "\n" << r.out;
+  EXPECT_EQ(records(metrics).size(), lines);
+
+  r = run_weft(common + " --steps 6 --lr 7.5e-4 --resume --change lr");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("changed from the checkpoint: --lr 0.001 -> 0.00075; --steps 4 -> 6"), std::string::npos)
+      << r.out;
+  const auto all = records(metrics);
+  const auto header = std::find_if(all.rbegin(), all.rend(), [](const auto& j) { return j["kind"] == "run"; });
+  ASSERT_NE(header, all.rend());
+  const auto changed = (*header)["changed"];
+  ASSERT_EQ(changed.size(), 2u) << changed.dump();
+  EXPECT_EQ(changed[0], (nlohmann::json{{"field", "lr"}, {"from", 1e-3}, {"to", 7.5e-4}}));
+  EXPECT_EQ(changed[1], (nlohmann::json{{"field", "steps"}, {"from", 4}, {"to", 6}}));
+  // The new value is the run's from now on; and --change asks for a resume.
+  r = run_weft(common + " --steps 7 --lr 7.5e-4 --resume");
+  EXPECT_EQ(r.code, 0) << r.out;
+  r = run_weft("train --data " + data + kSmall + " --steps 2 --change lr --out " + dir.path("new"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--change lr applies to a resumed run"), std::string::npos) << r.out;
+
+  // A damaged run.optim in the manifest.
+  const std::string manifest = out + "/checkpoints/step_000007/manifest.json";
+  auto m = nlohmann::json::parse(slurp(manifest));
+  m["run"]["optim"]["lr"] = -1.0;
+  std::ofstream(manifest) << m.dump();
+  r = run_weft(common + " --steps 8 --lr 7.5e-4 --resume");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("run.optim.lr is -1.0, out of its range"), std::string::npos) << r.out;
+}
+
 }  // namespace
 }  // namespace weft::test

@@ -1,5 +1,7 @@
 #include "trainer/checkpoint/manifest.h"
 
+#include <cmath>
+
 #include <fmt/format.h>
 
 #include "core/error.h"
@@ -119,6 +121,22 @@ Manifest manifest_from_json(const nlohmann::json& j, const std::string& origin) 
   m.optimizer.weight_decay = r.number(o, "optimizer.weight_decay", "weight_decay");
   m.optimizer.grad_clip = r.number(o, "optimizer.grad_clip", "grad_clip");
   m.optimizer.step = r.count(o, "optimizer.step", "step");
+  // Ranges, so that a resume never trains on with a value no run could have
+  // saved (NaN, a beta of 1, a negative decay).
+  const auto& opt = m.optimizer;
+  const std::pair<const char*, bool> ranges[] = {
+      {"optimizer.lr", std::isfinite(opt.lr) && opt.lr >= 0},
+      {"optimizer.beta1", opt.beta1 >= 0 && opt.beta1 < 1},
+      {"optimizer.beta2", opt.beta2 >= 0 && opt.beta2 < 1},
+      {"optimizer.eps", std::isfinite(opt.eps) && opt.eps > 0},
+      {"optimizer.weight_decay", std::isfinite(opt.weight_decay) && opt.weight_decay >= 0},
+      {"optimizer.grad_clip", std::isfinite(opt.grad_clip) && opt.grad_clip >= 0}};
+  const double values[] = {opt.lr, opt.beta1, opt.beta2, opt.eps, opt.weight_decay, opt.grad_clip};
+  for (size_t i = 0; i < std::size(ranges); ++i)
+    if (!ranges[i].second)
+      r.fail(ranges[i].first, fmt::format("is {}, outside its range (lr, decay and clip finite and >= 0, betas in "
+                                          "[0, 1), eps > 0)",
+                                          values[i]));
 
   // Layout and ModelSpec throw InputError for their own fields; in a manifest
   // that is a damaged file, so the message keeps theirs and names the file.

@@ -189,6 +189,15 @@ TEST(Checkpoint, BadManifestIsRefused) {
   expect_error<FileFormatError>([&] { load_checkpoint(dir); }, {"model.hash"});
   with([](nlohmann::json& j) { j["optimizer"]["lr"] = "fast"; });
   expect_error<FileFormatError>([&] { load_checkpoint(dir); }, {"optimizer.lr"});
+  // Values no run could have saved: a resume must not train on with them.
+  with([](nlohmann::json& j) { j["optimizer"]["beta1"] = 1.0; });
+  expect_error<FileFormatError>([&] { load_checkpoint(dir); }, {"optimizer.beta1", "is 1", "[0, 1)"});
+  with([](nlohmann::json& j) { j["optimizer"]["eps"] = 0.0; });
+  expect_error<FileFormatError>([&] { load_checkpoint(dir); }, {"optimizer.eps"});
+  with([](nlohmann::json& j) { j["optimizer"]["weight_decay"] = -0.1; });
+  expect_error<FileFormatError>([&] { load_checkpoint(dir); }, {"optimizer.weight_decay", "-0.1"});
+  with([](nlohmann::json& j) { j["optimizer"]["grad_clip"] = 1e309; });
+  expect_error<FileFormatError>([&] { load_checkpoint(dir); }, {"optimizer.grad_clip"});
   with([](nlohmann::json& j) { j["layout"] = "tp2-warp9"; });
   expect_error<FileFormatError>([&] { load_checkpoint(dir); }, {"layout"});
   with([](nlohmann::json& j) { j["files"][0]["name"] = "../x"; });

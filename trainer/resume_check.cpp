@@ -1,0 +1,151 @@
+#include "trainer/resume_check.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace weft::trainer {
+
+namespace {
+
+struct Setting {
+  const char* field;  // as --change names it (the flag without dashes)
+  const char* key;    // in the manifest's run.optim
+};
+
+// The optimizer settings a resume keeps unless --change names them.
+constexpr Setting kOptimSettings[] = {
+    {"lr", "lr"},         {"min-lr-ratio", "min_lr_ratio"}, {"warmup", "warmup_steps"},
+    {"schedule", "schedule"}, {"beta1", "beta1"},           {"beta2", "beta2"},
+    {"adam-eps", "eps"}, {"weight-decay", "weight_decay"}, {"clip", "clip"},
+};
+
+[[noreturn]] void bad_field(const std::string& dir, const std::string& field, const std::string& why) {
+  throw FileFormatError(fmt::format("checkpoint {}: manifest field {} {}", dir, field, why));
+}
+
+// run.optim of the manifest, its types and ranges checked: what the run was
+// trained with. nullopt for checkpoints written before it was recorded.
+std::optional<nlohmann::json> saved_optim(const checkpoint::Manifest& m, const std::string& dir) {
+  const auto it = m.run.find("optim");
+  if (it == m.run.end()) return std::nullopt;
+  const nlohmann::json& o = *it;
+  if (!o.is_object()) bad_field(dir, "run.optim", "must be an object");
+  auto number = [&](const char* key, double lo, double hi, bool hi_open) {
+    const std::string field = std::string("run.optim.") + key;
+    if (!o.contains(key)) bad_field(dir, field, "is missing");
+    const auto& v = o[key];
+    if (!v.is_number()) bad_field(dir, field, fmt::format("must be a number, got {}", v.dump()));
+    const double x = v.get<double>();
+    if (!std::isfinite(x) || x < lo || x > hi || (hi_open && x == hi))
+      bad_field(dir, field, fmt::format("is {}, out of its range [{}, {}{}", v.dump(), lo, hi, hi_open ? ")" : "]"));
+  };
+  auto count = [&](const char* key) {
+    const std::string field = std::string("run.optim.") + key;
+    if (!o.contains(key)) bad_field(dir, field, "is missing");
+    if (!o[key].is_number_integer() || o[key].get<int64_t>() < 0)
+      bad_field(dir, field, fmt::format("must be a whole number of steps, got {}", o[key].dump()));
+  };
+  constexpr double kHuge = 1e30;
+  number("lr", 0, kHuge, false);
+  number("min_lr_ratio", 0, 1, false);
+  count("warmup_steps");
+  count("total_steps");
+  if (!o.contains("schedule") || !o["schedule"].is_string() ||
+      (o["schedule"] != "cosine" && o["schedule"] != "constant"))
+    bad_field(dir, "run.optim.schedule",
+              fmt::format("must be \"cosine\" or \"constant\", got {}", o.value("schedule", nlohmann::json()).dump()));
+  number("beta1", 0, 1, true);
+  number("beta2", 0, 1, true);
+  number("eps", 0, kHuge, false);
+  if (!(o["eps"].get<double>() > 0)) bad_field(dir, "run.optim.eps", "must be positive");
+  number("weight_decay", 0, kHuge, false);
+  number("clip", 0, kHuge, false);
+  return o;
+}
+
+}  // namespace
+
+const std::vector<std::string>& changeable_settings() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (const auto& s : kOptimSettings) v.push_back(s.field);
+    v.push_back("seed");
+    return v;
+  }();
+  return names;
+}
+
+std::vector<RunChange> resume_changes(const checkpoint::Manifest& m, const TrainConfig& c, const std::string& dir) {
+  const auto& run = m.run;
+  if (run.value("seq", c.run.seq) != c.run.seq || run.value("global_batch", c.run.global_batch) != c.run.global_batch)
+    throw InputError(fmt::format(
+        "checkpoint {} was trained with seq {} and global batch {}, this run asks for seq {} "
+        "and global batch {}; resume with the same values",
+        dir, run.value("seq", int64_t{0}), run.value("global_batch", int64_t{0}), c.run.seq, c.run.global_batch));
+
+  std::vector<RunChange> out;
+  const nlohmann::json now = c.optim;
+  if (const auto saved = saved_optim(m, dir)) {
+    for (const auto& s : kOptimSettings)
+      if ((*saved)[s.key] != now[s.key]) out.push_back({s.field, (*saved)[s.key], now[s.key], true});
+  } else {
+    // Older checkpoints record the optimizer's constants only.
+    const auto& o = m.optimizer;
+    const std::pair<const char*, double> kept[] = {{"beta1", o.beta1}, {"beta2", o.beta2}, {"adam-eps", o.eps},
+                                                   {"weight-decay", o.weight_decay}, {"clip", o.grad_clip}};
+    const std::pair<const char*, double> asked[] = {{"beta1", c.optim.beta1}, {"beta2", c.optim.beta2},
+                                                    {"adam-eps", c.optim.eps}, {"weight-decay", c.optim.weight_decay},
+                                                    {"clip", c.optim.clip}};
+    for (size_t i = 0; i < std::size(kept); ++i)
+      if (kept[i].second != asked[i].second) out.push_back({kept[i].first, kept[i].second, asked[i].second, true});
+  }
+  if (const auto it = run.find("seed"); it != run.end() && it->is_number_unsigned() && it->get<uint64_t>() != c.seed)
+    out.push_back({"seed", *it, c.seed, true});
+
+  // Free to change, but said: where the schedule ends, how the ranks split
+  // the work, and the compute precision.
+  if (const auto saved = saved_optim(m, dir); saved && (*saved)["total_steps"] != now["total_steps"])
+    out.push_back({"steps", (*saved)["total_steps"], now["total_steps"], false});
+  if (m.layout != c.layout) out.push_back({"layout", m.layout.to_string(), c.layout.to_string(), false});
+  if (const auto it = run.find("precision");
+      it != run.end() && it->is_string() && it->get<std::string>() != to_string(c.run.precision))
+    out.push_back({"precision", *it, to_string(c.run.precision), false});
+  return out;
+}
+
+void resume_changes_check(const std::vector<RunChange>& changes, const std::vector<std::string>& allowed,
+                          const std::string& dir) {
+  std::vector<std::string> refused, names;
+  for (const auto& ch : changes) {
+    if (!ch.needs_consent || std::find(allowed.begin(), allowed.end(), ch.field) != allowed.end()) continue;
+    refused.push_back(fmt::format("--{} {} (the run was trained with {})", ch.field, ch.to.dump(), ch.from.dump()));
+    names.push_back(ch.field);
+  }
+  if (refused.empty()) return;
+  throw InputError(fmt::format(
+      "this command changes the settings of the run it resumes from {}: {}; resume with the run's values, or add "
+      "--change {} to train on with the new ones (recorded in metrics.jsonl)",
+      dir, fmt::join(refused, ", "), fmt::join(names, ",")));
+}
+
+std::string resume_changes_text(const std::vector<RunChange>& changes) {
+  std::vector<std::string> parts;
+  for (const auto& ch : changes) {
+    std::string s = fmt::format("--{} {} -> {}", ch.field, ch.from.dump(), ch.to.dump());
+    if (ch.field == "steps") s += fmt::format(" (the schedule now ends at step {})", ch.to.dump());
+    parts.push_back(s);
+  }
+  return fmt::format("{}", fmt::join(parts, "; "));
+}
+
+nlohmann::json resume_changes_json(const std::vector<RunChange>& changes) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const auto& ch : changes) j.push_back({{"field", ch.field}, {"from", ch.from}, {"to", ch.to}});
+  return j;
+}
+
+}  // namespace weft::trainer
