@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 
 #include <fmt/format.h>
@@ -20,6 +21,7 @@
 #include "data/corpus.h"
 #include "data/token_data.h"
 #include "trainer/loop.h"
+#include "trainer/resume_check.h"
 #include "trainer/run_folder.h"
 #include "tuner/recipe.h"
 #ifdef WEFT_HAVE_MPI
@@ -77,6 +79,9 @@ struct TrainArgs {
   std::vector<CLI::Option*> knobs;
   CLI::Option* tune_top = nullptr;
   CLI::Option* model_option = nullptr;
+  // The settings a resume takes from its checkpoint unless stated
+  // (trainer::resumable_settings), by name without dashes.
+  std::vector<std::pair<std::string, CLI::Option*>> resumable;
 };
 
 // The model of a run with --init: the folder's own unless --model names one
@@ -151,6 +156,27 @@ int run_train(TrainArgs& a) {
   c.run.global_batch = a.global_batch;
   c.run.precision = a.precision == "auto" ? (gpu ? Precision::bf16 : Precision::fp32) : precision_parse(a.precision);
   c.run.validate();
+  if (a.schedule == "cosine") c.optim.schedule = trainer::Schedule::cosine;
+  else if (a.schedule == "constant") c.optim.schedule = trainer::Schedule::constant;
+  else throw InputError(fmt::format("--schedule '{}' is not valid; use cosine or constant", a.schedule));
+  // A resume continues the run's settings where the command states none.
+  if (resuming) {
+    const std::string from =
+        !c.resume_from.empty()
+            ? c.resume_from
+            : checkpoint::resume_checkpoint(c.ckpt_dir.empty() ? c.out_dir + "/checkpoints" : c.ckpt_dir).value_or("");
+    if (!from.empty() && std::filesystem::exists(std::filesystem::path(from) / checkpoint::kManifestFile)) {
+      std::vector<std::string> stated;
+      for (const auto& [name, option] : a.resumable)
+        if (option->count() > 0) stated.push_back(name);
+      const auto adopted = trainer::resume_adopt(c, from, stated);
+      if (!adopted.empty() && world_rank_from_env() == 0) {
+        std::vector<std::string> said;
+        for (const auto& ch : adopted) said.push_back(fmt::format("--{} {}", ch.field, ch.to.dump()));
+        fmt::print("continuing with the run's settings from {}: {}\n", from, fmt::join(said, ", "));
+      }
+    }
+  }
   c.layout.mb = a.mb;
   const auto at = a.ckpt.find('@');
   c.layout.ckpt = checkpointing_parse(a.ckpt.substr(0, at));
@@ -257,9 +283,6 @@ int run_train(TrainArgs& a) {
                                  c.layout.to_string(), c.layout.world()));
 #endif
   }
-  if (a.schedule == "cosine") c.optim.schedule = trainer::Schedule::cosine;
-  else if (a.schedule == "constant") c.optim.schedule = trainer::Schedule::constant;
-  else throw InputError(fmt::format("--schedule '{}' is not valid; use cosine or constant", a.schedule));
   c.optim.total_steps = c.steps;
   c.stop = &stop_flag();
   CountProgress bar(stdout, "training");
@@ -375,6 +398,11 @@ Command add_train_command(CLI::App& app) {
                   "0 with a fresh optimizer and data position (unlike --resume); the model is the folder's "
                   "unless --model names one, and --vocab may pad its vocabulary. --steps 0 writes the loaded "
                   "model as a checkpoint");
+  for (const auto& name : trainer::resumable_settings()) {
+    CLI::Option* option = sub->get_option_no_throw("--" + name);
+    WEFT_ASSERT(option != nullptr);
+    a->resumable.emplace_back(name, option);
+  }
   return {sub, [a] { return run_train(*a); }};
 }
 

@@ -2,12 +2,17 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <tuple>
 
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/json_io.h"
 
 namespace weft::trainer {
+
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -77,6 +82,62 @@ const std::vector<std::string>& changeable_settings() {
     return v;
   }();
   return names;
+}
+
+const std::vector<std::string>& resumable_settings() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v = changeable_settings();
+    v.push_back("steps");
+    return v;
+  }();
+  return names;
+}
+
+std::vector<RunChange> resume_adopt(TrainConfig& c, const std::string& dir, const std::vector<std::string>& stated) {
+  const auto m =
+      checkpoint::manifest_from_json(json_read_file((fs::path(dir) / "manifest.json").string(), "checkpoint manifest"),
+                                     dir);
+  auto unstated = [&](const char* field) { return std::find(stated.begin(), stated.end(), field) == stated.end(); };
+  std::vector<RunChange> out;
+  const nlohmann::json before = c.optim;
+  if (const auto saved = saved_optim(m, dir)) {
+    nlohmann::json merged = before;
+    for (const auto& s : kOptimSettings)
+      if (unstated(s.field)) merged[s.key] = (*saved)[s.key];
+    if (unstated("steps")) merged["total_steps"] = (*saved)["total_steps"];
+    c.optim.lr = merged["lr"].get<double>();
+    c.optim.min_lr_ratio = merged["min_lr_ratio"].get<double>();
+    c.optim.warmup_steps = merged["warmup_steps"].get<int64_t>();
+    c.optim.schedule = merged["schedule"] == "cosine" ? Schedule::cosine : Schedule::constant;
+    c.optim.beta1 = merged["beta1"].get<double>();
+    c.optim.beta2 = merged["beta2"].get<double>();
+    c.optim.eps = merged["eps"].get<double>();
+    c.optim.weight_decay = merged["weight_decay"].get<double>();
+    c.optim.clip = merged["clip"].get<double>();
+    if (unstated("steps")) c.steps = merged["total_steps"].get<int64_t>();
+    for (const auto& s : kOptimSettings)
+      if (before[s.key] != merged[s.key]) out.push_back({s.field, before[s.key], merged[s.key], false});
+    if (before["total_steps"] != merged["total_steps"])
+      out.push_back({"steps", before["total_steps"], merged["total_steps"], false});
+  } else {
+    const auto& o = m.optimizer;
+    const std::tuple<const char*, double*, double> olds[] = {{"beta1", &c.optim.beta1, o.beta1},
+                                                            {"beta2", &c.optim.beta2, o.beta2},
+                                                            {"adam-eps", &c.optim.eps, o.eps},
+                                                            {"weight-decay", &c.optim.weight_decay, o.weight_decay},
+                                                            {"clip", &c.optim.clip, o.grad_clip}};
+    for (const auto& [field, value, saved] : olds)
+      if (unstated(field) && *value != saved) {
+        out.push_back({field, *value, saved, false});
+        *value = saved;
+      }
+  }
+  if (const auto it = m.run.find("seed"); unstated("seed") && it != m.run.end() && it->is_number_unsigned() &&
+                                          it->get<uint64_t>() != c.seed) {
+    out.push_back({"seed", c.seed, *it, false});
+    c.seed = it->get<uint64_t>();
+  }
+  return out;
 }
 
 std::vector<RunChange> resume_changes(const checkpoint::Manifest& m, const TrainConfig& c, const std::string& dir) {

@@ -3,11 +3,12 @@
 // A resume continues one run, so every setting that shapes the training
 // comes from the checkpoint: the model, seq and global batch must match; the
 // optimizer (lr and its schedule, betas, eps, weight decay, clipping) and
-// the seed (the data order) must match too unless the command names them in
-// --change; the steps (where the schedule ends), the layout (weights reshard
-// on load) and the precision (a GPU run resumed on the CPU) may change. Every
-// change is said on the terminal and recorded in the run header of
-// metrics.jsonl.
+// the seed (the data order) are the run's when the command does not state
+// them, and a stated value that differs is refused unless --change names it;
+// the steps (where the schedule ends; the run's when not stated), the layout
+// (weights reshard on load) and the precision (a GPU run resumed on the CPU)
+// may change. Every change is said on the terminal and recorded in the run
+// header of metrics.jsonl.
 #pragma once
 
 #include <string>
@@ -28,6 +29,17 @@ struct RunChange {
 
 // The settings --change may name.
 const std::vector<std::string>& changeable_settings();
+
+// The settings a resume takes from its checkpoint when the command does not
+// state them: changeable_settings() and "steps".
+const std::vector<std::string>& resumable_settings();
+
+// Sets each of resumable_settings() that `stated` does not list (the flags
+// the command gave, without dashes) to the value the run in checkpoint `dir`
+// was trained with, before the run is built. Returns those that differed
+// from `c`'s (the command's defaults), as changes from the default to the
+// run's value, for the terminal. FileFormatError as resume_changes.
+std::vector<RunChange> resume_adopt(TrainConfig& c, const std::string& dir, const std::vector<std::string>& stated);
 
 // Each setting of `c` that differs from what the checkpoint was trained with
 // (its manifest's run.optim, or for checkpoints without it the optimizer

@@ -154,6 +154,15 @@ TEST(CliResume, OptimizerSettingsChangeOnlyWhenAsked) {
     EXPECT_NE(r.out.find(part), std::string::npos) << part << "\n" << r.out;
   EXPECT_EQ(records(metrics).size(), lines);
 
+  // Unstated settings are the run's: no refusal, and said.
+  r = run_weft("train --data " + data + kSmall + " --out " + out + " --resume");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("continuing with the run's settings from " + out + "/checkpoints/step_000004: --lr 0.001, "
+                       "--steps 4"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("nothing to train"), std::string::npos) << r.out;
+
   r = run_weft(common + " --steps 6 --lr 7.5e-4 --resume --change lr");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("changed from the checkpoint: --lr 0.001 -> 0.00075; --steps 4 -> 6"), std::string::npos)
