@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <ctime>
 #include <cstdlib>
 #include <string>
 
@@ -15,6 +16,18 @@ namespace {
 std::atomic<bool> g_requested{false};
 std::atomic<int> g_signal{0};
 std::atomic<int> g_scopes{0};
+// When the first stop request came (CLOCK_MONOTONIC, ns): a second signal
+// ends the process at once only this long after it, so that the two a
+// launcher sends together (GNU timeout signals the process and its group)
+// or a double key press still get their checkpoint.
+std::atomic<int64_t> g_first_ns{0};
+constexpr int64_t kSecondSignalAfterNs = 1'000'000'000;
+
+int64_t monotonic_ns() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
 
 // Set once at install, read by the handlers.
 pthread_t g_main_thread;
@@ -31,12 +44,14 @@ extern "C" void on_nudge(int) {}
 
 extern "C" void on_stop_signal(int sig, siginfo_t* info, void*) {
   // Only async-signal-safe calls here: atomics, signal(), raise(), write(),
-  // getppid(), open(), dup2(), close() and pthread_kill().
-  if (g_scopes.load() == 0 || g_requested.load()) {
+  // clock_gettime(), getppid(), open(), dup2(), close() and pthread_kill().
+  if (g_scopes.load() == 0 || (g_requested.load() && monotonic_ns() - g_first_ns.load() >= kSecondSignalAfterNs)) {
     std::signal(sig, SIG_DFL);
     std::raise(sig);
     return;
   }
+  if (g_requested.load()) return;  // a second signal right after the first: the same request
+  g_first_ns.store(monotonic_ns());
   g_signal.store(sig);
   g_requested.store(true);
   if (g_mpirun_terminal && info && info->si_code == SI_USER && info->si_pid == ::getppid()) {
@@ -53,7 +68,8 @@ extern "C" void on_stop_signal(int sig, siginfo_t* info, void*) {
     if (!pthread_equal(pthread_self(), g_main_thread)) pthread_kill(g_main_thread, SIGURG);
     return;
   }
-  static const char msg[] = "\nweft: stopping at the next safe point (signal again to stop at once)\n";
+  static const char msg[] =
+      "\nweft: stopping at the next safe point (a signal again, a second or more from now, stops at once)\n";
   [[maybe_unused]] const auto n = ::write(STDERR_FILENO, msg, sizeof msg - 1);
 }
 

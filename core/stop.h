@@ -7,7 +7,10 @@
 // returns; the command then exits 130 (SIGINT) or 143 (SIGTERM). Outside
 // any scope the signal's default action ends the process at once, as before:
 // there is nothing half-done to save. A second signal inside a scope ends
-// the process at once too, for a user who will not wait.
+// the process at once too, for a user who will not wait, when it comes at
+// least a second after the first: two signals within a second (a double
+// key press, or GNU timeout signalling the process and then its group) are
+// one request.
 #pragma once
 
 #include <atomic>

@@ -191,5 +191,31 @@ TEST(CliResume, OptimizerSettingsChangeOnlyWhenAsked) {
   EXPECT_NE(r.out.find("run.optim.lr is -1.0, out of its range"), std::string::npos) << r.out;
 }
 
+// Two signals within milliseconds (GNU timeout signals the process and its
+// group; a double key press) are one stop: the run saves its checkpoint and
+// exits 130, every time.
+TEST(CliResume, TwoSignalsTogetherKeepTheCheckpoint) {
+  TempDir dir;
+  const auto data = corpus(dir);
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    const std::string out = dir.path("run" + std::to_string(attempt));
+    const pid_t pid = spawn_weft("train --data " + data + " --steps 100000 --out " + out + kSmall);
+    ASSERT_GE(pid, 0);
+    for (int i = 0; i < 600 && losses(out + "/metrics.jsonl").size() < 2; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ASSERT_GE(losses(out + "/metrics.jsonl").size(), 2u);
+    ::kill(pid, SIGINT);
+    ::kill(pid, SIGINT);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    ASSERT_TRUE(WIFEXITED(status)) << "attempt " << attempt << ": killed by signal " << WTERMSIG(status);
+    EXPECT_EQ(WEXITSTATUS(status), 130);
+    std::ifstream latest(out + "/checkpoints/latest");
+    std::string named;
+    std::getline(latest, named);
+    EXPECT_TRUE(fs::exists(out + "/checkpoints/" + named + "/manifest.json")) << named;
+  }
+}
+
 }  // namespace
 }  // namespace weft::test
