@@ -137,6 +137,9 @@ int run_train(TrainArgs& a) {
   if (a.overwrite && resuming)
     throw InputError("--overwrite starts a new run and --resume continues one; give one of them");
   c.model = c.init.empty() ? a.model.resolve() : init_model(a, c);
+  const auto presets = model_preset_names();
+  const bool model_file = std::find(presets.begin(), presets.end(), a.model.model) == presets.end();
+  c.model_from = model_file && c.init.empty() ? fmt::format("{} (architecture only)", a.model.model) : a.model.model;
   // The device: a GPU when there is one (each rank on a node takes the next),
   // else the CPU, whose cores the node's ranks share.
   if (a.device != "auto" && a.device != "cpu" && a.device != "gpu")
@@ -159,6 +162,19 @@ int run_train(TrainArgs& a) {
   if (a.schedule == "cosine") c.optim.schedule = trainer::Schedule::cosine;
   else if (a.schedule == "constant") c.optim.schedule = trainer::Schedule::constant;
   else throw InputError(fmt::format("--schedule '{}' is not valid; use cosine or constant", a.schedule));
+  // A config.json (or a Hugging Face folder) names an architecture; its
+  // weights load only with --init, which a user may have meant.
+  if (model_file && c.init.empty() && !resuming && world_rank_from_env() == 0) {
+    const bool weights_beside = std::filesystem::is_directory(a.model.model) || a.model.model.ends_with("config.json");
+    fmt::print("note: --model {} gives the architecture only; its weights are not loaded, and the model starts "
+               "from a random initialisation (seed {}){}\n",
+               a.model.model, c.seed,
+               weights_beside ? fmt::format("; --init {} loads the folder's weights",
+                                            std::filesystem::is_directory(a.model.model)
+                                                ? a.model.model
+                                                : std::filesystem::path(a.model.model).parent_path().string())
+                              : "");
+  }
   // A resume continues the run's settings where the command states none.
   if (resuming) {
     const std::string from =

@@ -66,6 +66,12 @@ nlohmann::json metrics_header(const TrainConfig& c, int64_t world, int64_t done,
           {"resumed_from", resumed_from.empty() ? nlohmann::json() : nlohmann::json(resumed_from)},
           {"changed", resume_changes_json(changes)},
           {"init", c.init.empty() ? nlohmann::json() : nlohmann::json(c.init)},
+          {"model_from", c.model_from.empty() ? nlohmann::json() : nlohmann::json(c.model_from)},
+          // Where this launch's weights come from: the checkpoint it resumes,
+          // pretrained weights (--init), or a random initialisation.
+          {"weights", !resumed_from.empty() ? nlohmann::json{{"source", "checkpoint"}, {"path", resumed_from}}
+                      : !c.init.empty()     ? nlohmann::json{{"source", "pretrained"}, {"path", c.init}}
+                                            : nlohmann::json{{"source", "random"}, {"seed", c.seed}}},
           {"data", data},
           {"optim", c.optim}};
 }

@@ -22,6 +22,10 @@ namespace weft::trainer {
 
 struct TrainConfig {
   ModelSpec model;
+  // Where the architecture came from, for the run header: a preset's name,
+  // or a Hugging Face config.json (architecture only: its weights load with
+  // `init`). Empty: not said.
+  std::string model_from;
   RunSpec run;
   Layout layout;
   DeviceSpec device;

@@ -217,5 +217,33 @@ TEST(CliResume, TwoSignalsTogetherKeepTheCheckpoint) {
   }
 }
 
+// --model naming a Hugging Face folder gives the architecture only: the
+// terminal says the weights are not loaded and how to load them, and the
+// run header says where the architecture and the weights came from.
+TEST(CliResume, AModelFolderWithoutInitSaysItsWeightsAreNotLoaded) {
+  TempDir dir;
+  const auto data = corpus(dir);
+  const std::string folder = std::string(WEFT_SOURCE_DIR) + "/tests/fixtures/hf_init/untied";
+  const std::string out = dir.path("run");
+  auto r = run_weft("train --data " + data + " --model " + folder +
+                    " --vocab 256 --seq 32 --global-batch 4 --mb 2 --steps 1 --eval-samples 2 --out " + out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("--model " + folder + " gives the architecture only; its weights are not loaded"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("--init " + folder + " loads the folder's weights"), std::string::npos) << r.out;
+  auto header = records(out + "/metrics.jsonl").front();
+  EXPECT_EQ(header["model_from"], folder + " (architecture only)");
+  EXPECT_EQ(header["weights"], (nlohmann::json{{"source", "random"}, {"seed", 1234}}));
+
+  // With --init the weights are the folder's, and no note.
+  r = run_weft("train --data " + data + " --init " + folder +
+               " --vocab 256 --seq 32 --global-batch 4 --mb 2 --steps 1 --eval-samples 2 --out " + dir.path("init"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("architecture only"), std::string::npos) << r.out;
+  header = records(dir.path("init/metrics.jsonl")).front();
+  EXPECT_EQ(header["weights"]["source"], "pretrained");
+}
+
 }  // namespace
 }  // namespace weft::test
