@@ -1,6 +1,9 @@
 #include "memory/host_usage.h"
 
 #include <fstream>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #include <string>
 
 namespace weft::memory {
@@ -17,6 +20,12 @@ HostUsage host_usage() {
     field("VmRSS:", u.rss);
   }
   return u;
+}
+
+void host_trim() {
+#if defined(__GLIBC__)
+  ::malloc_trim(0);
+#endif
 }
 
 bool host_peak_reset() {

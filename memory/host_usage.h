@@ -21,4 +21,8 @@ HostUsage host_usage();
 // the peak still counts from process start.
 bool host_peak_reset();
 
+// Returns the memory the allocator holds free to the system (glibc's
+// malloc_trim), so that a later allocation that reuses it shows as growth.
+void host_trim();
+
 }  // namespace weft::memory

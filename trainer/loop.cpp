@@ -42,6 +42,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// What the CPU's independent memory row counts.
+constexpr const char* kHostIndependent =
+    "growth of the process's peak resident memory (VmHWM) from before the run was built, counted after loading "
+    "and without checkpoint saves";
+
 // The first record of each launch in metrics.jsonl: what the records after
 // it belong to.
 nlohmann::json metrics_header(const TrainConfig& c, int64_t world, int64_t done, const std::string& resumed_from,
@@ -60,6 +65,7 @@ nlohmann::json metrics_header(const TrainConfig& c, int64_t world, int64_t done,
           {"run", c.run},
           {"device", c.device.summary()},
           {"world", world},
+          {"peak_flops", c.device.peak_flops(to_string(c.run.precision))},  // per device, what MFU is against
           {"seed", c.seed},
           {"steps", c.steps},
           {"first_step", done + 1},
@@ -97,8 +103,11 @@ std::string memory_table(const TrainReport& r, const DeviceSpec& d) {
   if (r.independent > 0)
     s += fmt::format("  {:<12} {:>12} {:>12} {:>+8.2f}%   ({})\n", "independent", format_bytes(double(r.independent)),
                      format_bytes(double(pt)), pt > 0 ? 100.0 * double(r.independent - pt) / double(pt) : 0.0,
-                     d.kind == DeviceKind::cpu ? "growth of the process's peak resident memory over the run, VmHWM"
-                                               : "device memory in use by the run, cudaMemGetInfo");
+                     d.kind == DeviceKind::cpu ? kHostIndependent : "device memory in use by the run, cudaMemGetInfo");
+  if (r.independent_save > 0)
+    s += fmt::format("  {:<12} {:>12} {:>12}            (the same while a checkpoint is written: its whole "
+                     "tensors, gathered for the files, are outside the memory model)\n",
+                     "saving", format_bytes(double(r.independent_save)), "");
   return s;
 }
 
@@ -167,6 +176,9 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
   const int64_t device_before = R::kDevice ? memory::device_memory().used() : 0;
   // On the CPU the kernel's count of resident memory: its high-water mark
   // restarts here, so its growth is what this run added.
+  // Memory freed before the run (a tuning's trials) goes back to the system
+  // first: reused, it would not show as growth.
+  if (!R::kDevice) memory::host_trim();
   const bool host_peak = !R::kDevice && memory::host_peak_reset();
   const int64_t host_before = host_peak ? memory::host_usage().rss : 0;
   // On a GPU the rank's predicted memory is reserved before the run builds
@@ -208,12 +220,14 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
 
   int64_t done = 0;
   std::vector<RunChange> changes;
+  const bool resumed = ck.has_value();
   if (ck) {
     done = run.load(*ck);
     fmt::print(log, "resumed from {} at step {}{}\n", resume, done,
                c.init.empty() ? "" : " (--init applies to a run without checkpoints)");
     changes = resume_changes(ck->manifest, c, resume);
     if (!changes.empty()) fmt::print(log, "changed from the checkpoint: {}\n", resume_changes_text(changes));
+    ck.reset();  // the stage holds its copy; unmap the files
   } else if (init) {
     run.init_from(*init);
     const int64_t V = init->model.vocab, Vp = c.model.vocab;
@@ -227,7 +241,29 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
   } else {
     run.init(c.seed);
   }
-  if (ck && done >= c.steps) {
+  // The count restarts once the run is built and loaded: the checkpoint's or
+  // the pretrained files' pages, mapped while loading, are not the run's.
+  // Checkpoint saves (whole-tensor copies for the files) are left out the
+  // same way; host_peak_seen keeps the high-water mark from before each.
+  int64_t host_peak_seen = 0;
+  auto host_count_restart = [&] {
+    if (!host_peak) return;
+    memory::host_trim();
+    memory::host_peak_reset();
+  };
+  host_count_restart();
+  auto save = [&](int64_t step, double lr_now) {
+    if (host_peak) {
+      host_peak_seen = std::max(host_peak_seen, memory::host_usage().peak);
+      memory::host_peak_reset();
+    }
+    const std::string dir = run.save(step, lr_now);
+    if (host_peak)
+      report.independent_save = std::max(report.independent_save, memory::host_usage().peak - host_before);
+    host_count_restart();
+    return dir;
+  };
+  if (resumed && done >= c.steps) {
     // A relaunched job that already finished: say so and touch nothing.
     fmt::print(log, "nothing to train: {} is at step {} and --steps is {}; give a larger --steps to go on\n",
                resume, done, c.steps);
@@ -243,7 +279,7 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
     // older checkpoint) trains those steps again: their earlier records
     // leave the file, kept whole beside it, so that no step is said twice.
     std::optional<SupersededMetrics> superseded;
-    if (ck) superseded = metrics_supersede_after(metrics_path.string(), done);
+    if (resumed) superseded = metrics_supersede_after(metrics_path.string(), done);
     if (superseded)
       fmt::print(log, "metrics.jsonl: {} records of {} from an earlier launch are superseded by this "
                       "resume at step {}; the file as it was is kept as {}\n",
@@ -255,7 +291,7 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
     run.metrics.open(metrics_path, std::ios::app);
     // Every launch starts with a header: a resumed run's records follow
     // their own, so the file tells the launches apart.
-    auto header = metrics_header(c, world, done, ck ? resume : std::string(), run.data.path, changes);
+    auto header = metrics_header(c, world, done, resumed ? resume : std::string(), run.data.path, changes);
     if (superseded)
       header["superseded"] = {{"first_step", superseded->first_step},
                               {"last_step", superseded->last_step},
@@ -315,15 +351,15 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
       const double comm = window_comm / window_steps;  // rank 0's seconds in communication per step
       fmt::print(log,
                  "step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | "
-                 "{:.2f} TFLOP/s | MFU {:.1f}% | peak mem {}{}{}\n",
-                 step, c.steps, loss, s.lr, s.grad_norm, tps, fps / 1e12, 100 * mfu(fps, world, peak),
+                 "{:.2f} TFLOP/s/dev | MFU {:.1f}% | peak mem {}{}{}\n",
+                 step, c.steps, loss, s.lr, s.grad_norm, tps, fps / double(world) / 1e12, 100 * mfu(fps, world, peak),
                  format_bytes(double(run.arena.peak_total())),
                  c.watchdog ? fmt::format(" | comm {}/step", format_seconds(comm)) : "",
                  s.skipped ? " | SKIPPED (non-finite)" : "");
       std::fflush(log);
       run.metrics << nlohmann::json{{"kind", "train"},      {"step", step},         {"loss", loss},
                                     {"lr", s.lr},           {"grad_norm", s.grad_norm},
-                                    {"tokens_per_s", tps},  {"tflops", fps / 1e12},
+                                    {"tokens_per_s", tps},  {"tflops_per_device", fps / double(world) / 1e12},
                                     {"mfu", mfu(fps, world, peak)}, {"peak_bytes", run.arena.peak_total()},
                                     {"skipped", s.skipped},
                                     {"step_s", window_time / window_steps},
@@ -344,16 +380,16 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
       run.metrics.flush();
     }
     if (c.checkpoints && c.ckpt_every > 0 && step % c.ckpt_every == 0 && step != c.steps)
-      report.checkpoint = run.save(step, lr);
+      report.checkpoint = save(step, lr);
     if (c.on_step) c.on_step(step, c.steps);
   }
   (void)t_start;
   // --steps 0 with --init: the loaded model itself, as a step-0 checkpoint
   // to evaluate or export.
   const bool trained = report.last_step > 0 && report.last_step >= report.first_step;
-  const bool imported = c.steps == 0 && !run.init_dir.empty() && !ck;
+  const bool imported = c.steps == 0 && !run.init_dir.empty() && !resumed;
   if (c.checkpoints && (trained || imported)) {
-    report.checkpoint = run.save(report.last_step, lr);
+    report.checkpoint = save(report.last_step, lr);
     fmt::print(log, "{}checkpoint {}\n", report.interrupted ? "stopped early; " : "", report.checkpoint);
   }
   // A stopped run skips the final validation (it may take minutes); one
@@ -374,7 +410,9 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
     fmt::print(log, "final validation skipped: stopped by {}\n", stop_signal_name());
   }
   report.measured = run.arena.peaks();
-  if (host_peak) report.independent = std::max<int64_t>(0, memory::host_usage().peak - host_before);
+  if (host_peak)
+    report.independent =
+        std::max<int64_t>(0, std::max(host_peak_seen, memory::host_usage().peak) - host_before);
   if constexpr (R::kDevice) {
     // The runtime's share is what the driver counts beyond the arena; the
     // memory model's "overhead" category predicts it.
@@ -397,8 +435,8 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
   }
   if (report.independent > 0)
     mj["independent"] = {{"bytes", report.independent},
-                         {"what", R::kDevice ? "device memory in use by the run (cudaMemGetInfo)"
-                                             : "growth of the peak resident set over the run (VmHWM)"}};
+                         {"what", R::kDevice ? "device memory in use by the run (cudaMemGetInfo)" : kHostIndependent}};
+  if (report.independent_save > 0) mj["independent_saving"] = report.independent_save;
   run.metrics << nlohmann::json{{"kind", "end"},
                                 {"last_step", report.last_step},
                                 {"steps_run", std::max<int64_t>(0, ran)},

@@ -79,6 +79,9 @@ struct TrainReport {
   // resident high-water mark over the run (memory/host_usage.h), on a GPU
   // the driver's count of device memory in use (cudaMemGetInfo). 0: none.
   int64_t independent = 0;
+  // On the CPU, the same growth while a checkpoint was written (the save's
+  // whole-tensor copies, outside the memory model); 0: no save measured.
+  int64_t independent_save = 0;
   double seconds = 0;          // wall time of the training steps
   bool nothing_to_do = false;  // resumed at or past --steps
 };

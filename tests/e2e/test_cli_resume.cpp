@@ -245,5 +245,42 @@ TEST(CliResume, AModelFolderWithoutInitSaysItsWeightsAreNotLoaded) {
   EXPECT_EQ(header["weights"]["source"], "pretrained");
 }
 
+// The independent memory row (the kernel's count of the process's resident
+// growth) measures the run itself, whatever came before it in the process:
+// a fresh run, a resume (checkpoint files mapped while loading), --init
+// (pretrained files) and a run tuned in the same process count the same for
+// the same layout; a checkpoint save's copies are reported apart.
+TEST(CliResume, IndependentMemoryIsTheRunsWhateverCameBefore) {
+  TempDir dir;
+  const auto data = corpus(dir);
+  ::setenv("XDG_CACHE_HOME", dir.path("cache").c_str(), 1);
+  const std::string run = "train --data " + data +
+                          " --model small --seq 32 --global-batch 2 --threads 1 --eval-samples 2 --log-every 1";
+  const std::string layout = " --layout tp1-pp1-dp1-mb1-ckpt:none-attn:flash";
+  auto independent = [&](const std::string& out) {
+    const auto j = nlohmann::json::parse(slurp(out + "/memory/rank0.json"));
+    return j["independent"]["bytes"].get<double>();
+  };
+  auto r = run_weft(run + layout + " --steps 1 --out " + dir.path("fresh"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const double fresh = independent(dir.path("fresh"));
+  EXPECT_GT(nlohmann::json::parse(slurp(dir.path("fresh/memory/rank0.json")))["independent_saving"].get<double>(),
+            fresh);
+  r = run_weft(run + layout + " --steps 2 --resume --out " + dir.path("fresh"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const double resumed = independent(dir.path("fresh"));
+  r = run_weft(run + layout + " --steps 1 --init " + dir.path("fresh/checkpoints/step_000001") + " --out " +
+               dir.path("init"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const double init = independent(dir.path("init"));
+  r = run_weft(run + " --steps 1 --auto --mb 1 --ckpt none --attn flash --tune-top 2 --trial-min-time 0.05 --out " +
+               dir.path("tuned"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const double tuned = independent(dir.path("tuned"));
+  for (const auto& [what, v] : {std::pair{"resumed", resumed}, {"--init", init}, {"tuned", tuned}})
+    EXPECT_NEAR(v / fresh, 1.0, 0.05) << what << ": " << v << " bytes, a fresh run " << fresh;
+  ::unsetenv("XDG_CACHE_HOME");
+}
+
 }  // namespace
 }  // namespace weft::test

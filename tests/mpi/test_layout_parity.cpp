@@ -65,9 +65,18 @@ struct Fixture {
     EXPECT_EQ(r.code, 0) << layout << "\n" << r.out;
     std::vector<double> losses;
     std::ifstream in(out + "/metrics.jsonl");
+    double peak = 0;
     for (std::string line; std::getline(in, line);) {
       const auto j = nlohmann::json::parse(line);
+      if (j["kind"] == "run") {
+        EXPECT_EQ(j["world"], world) << layout;
+        peak = j["peak_flops"].get<double>();
+      }
       if (j.contains("loss")) losses.push_back(j["loss"].get<double>());
+      // Throughput per device, as the tuner and MFU count it: never summed over the ranks.
+      if (j["kind"] == "train")
+        EXPECT_NEAR(j["tflops_per_device"].get<double>() * 1e12 / (j["mfu"].get<double>() * peak), 1.0, 1e-9)
+            << layout;
     }
     return losses;
   }
