@@ -83,6 +83,24 @@ nlohmann::json metrics_header(const TrainConfig& c, int64_t world, int64_t done,
 }
 
 
+// Whether the run reads its training samples more than once: a warning when
+// the data holds fewer windows than one step reads (every step repeats
+// samples: the model memorises them), a note when the steps go past one
+// epoch (samples repeat from then on); empty otherwise.
+std::string data_repeat_note(const data::Loader& loader, const RunSpec& run, int64_t steps) {
+  const int64_t windows = loader.windows(), samples = steps * run.global_batch;
+  if (windows < run.global_batch)
+    return fmt::format("warning: the training data holds {} windows of {} tokens, fewer than the {} sequences of one "
+                       "step: every step repeats samples, and the model will memorise them rather than learn; "
+                       "give more data, a shorter --seq or a smaller --global-batch\n",
+                       windows, run.seq + 1, run.global_batch);
+  if (samples <= 0 || loader.epoch(samples - 1) == 0) return {};
+  return fmt::format("note: {} steps of {} sequences read the training data's {} windows {:.2f} times; samples "
+                     "repeat from step {} on (each epoch in a new order)\n",
+                     steps, run.global_batch, windows, double(samples) / double(windows),
+                     windows / run.global_batch + 1);
+}
+
 std::string memory_table(const TrainReport& r, const DeviceSpec& d) {
   std::string s = fmt::format("memory per category (this rank, {}): measured peak vs memory model\n",
                               d.name);
@@ -310,6 +328,7 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
              run.data.path, run.data.train->size(), c.run.global_batch, c.run.seq, report.baseline);
   fmt::print(log, "MFU is against the stated peak of {:.1f} GFLOP/s ({})\n", peak / 1e9,
              c.device.kind == DeviceKind::cpu ? "cores x clock x fp32 FMA lanes" : "dense bf16");
+  fmt::print(log, "{}", data_repeat_note(*run.loader, c.run, c.steps));
 
   report.first_step = done + 1;
   double window_time = 0, window_comm = 0;

@@ -282,5 +282,32 @@ TEST(CliResume, IndependentMemoryIsTheRunsWhateverCameBefore) {
   ::unsetenv("XDG_CACHE_HOME");
 }
 
+// Data the run reads more than once is said: a warning when one step needs
+// more sequences than the data holds windows, a note when the steps go past
+// one epoch, and nothing when they do not.
+TEST(CliResume, DataReadMoreThanOnceIsSaid) {
+  TempDir dir;
+  std::string text;
+  for (int i = 0; i < 30; ++i) text += "A short corpus line number " + std::to_string(i) + ".\n%\n";
+  const auto in = dir.file("small.txt", text);
+  auto r = run_weft("data prepare --input " + in + " --out " + dir.path("data") + " --val-fraction 0.1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  // About 840 train tokens: 26 windows of 33 tokens at --seq 32.
+  const std::string run = "train --data " + dir.path("data") + " --model tiny --seq 32 --mb 2 --threads 1 "
+                          "--eval-samples 2 --no-checkpoint --out ";
+  r = run_weft(run + dir.path("a") + " --global-batch 64 --steps 1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("fewer than the 64 sequences of one step"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("memorise"), std::string::npos) << r.out;
+  r = run_weft(run + dir.path("b") + " --global-batch 8 --steps 5");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("note: 5 steps of 8 sequences read the training data's"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("samples repeat from step 4 on"), std::string::npos) << r.out;
+  r = run_weft(run + dir.path("c") + " --global-batch 8 --steps 3");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("samples repeat"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("memorise"), std::string::npos) << r.out;
+}
+
 }  // namespace
 }  // namespace weft::test
