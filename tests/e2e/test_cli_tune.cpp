@@ -119,10 +119,17 @@ TEST(CliTune, BadInputIsOneClearLineAndExitTwo) {
       {"tune --dry-run --gpus many", {"many"}},
       {"tune", {"--dry-run"}},
       {"frobnicate", {"frobnicate"}},
+      {"tune --dry-run --gpu {device5}", {"device5.json", "field 'device'", "5"}},
+      {"tune --dry-run --gpu {name3}", {"name3.json", "device.name", "3"}},
+      {"tune --dry-run --gpu {nic}", {"nic.json", "nic_bandwidth", "1e-300", "bytes/s"}},
   };
+  const auto device5 = dir.file("device5.json", R"({"device": 5})");
+  const auto name3 = dir.file("name3.json", R"({"device": {"preset": "h100", "name": 3}})");
+  const auto nic = dir.file("nic.json", R"({"device": {"preset": "h100"}, "nic_bandwidth": 1e-300})");
   for (const auto& c : cases) {
     std::string args = c.args;
-    for (auto [key, val] : {std::pair{"{bad}", bad_json}, {"{partial}", partial}}) {
+    for (auto [key, val] : {std::pair{"{bad}", bad_json}, {"{partial}", partial}, {"{device5}", device5},
+                            {"{name3}", name3}, {"{nic}", nic}}) {
       const auto at = args.find(key);
       if (at != std::string::npos) args.replace(at, std::string(key).size(), val);
     }
