@@ -122,14 +122,18 @@ TEST(CliTune, BadInputIsOneClearLineAndExitTwo) {
       {"tune --dry-run --gpu {device5}", {"device5.json", "field 'device'", "5"}},
       {"tune --dry-run --gpu {name3}", {"name3.json", "device.name", "3"}},
       {"tune --dry-run --gpu {nic}", {"nic.json", "nic_bandwidth", "1e-300", "bytes/s"}},
+      {"tune --dry-run --model {mistral}", {"mistral", "MistralForCausalLM"}},
   };
   const auto device5 = dir.file("device5.json", R"({"device": 5})");
   const auto name3 = dir.file("name3.json", R"({"device": {"preset": "h100", "name": 3}})");
   const auto nic = dir.file("nic.json", R"({"device": {"preset": "h100"}, "nic_bandwidth": 1e-300})");
+  const auto mistral = dir.file("mistral/config.json", R"({"architectures": ["MistralForCausalLM"],
+    "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "sliding_window": 4096})");
   for (const auto& c : cases) {
     std::string args = c.args;
     for (auto [key, val] : {std::pair{"{bad}", bad_json}, {"{partial}", partial}, {"{device5}", device5},
-                            {"{name3}", name3}, {"{nic}", nic}}) {
+                            {"{name3}", name3}, {"{nic}", nic}, {"{mistral}", mistral}}) {
       const auto at = args.find(key);
       if (at != std::string::npos) args.replace(at, std::string(key).size(), val);
     }
