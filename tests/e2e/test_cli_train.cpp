@@ -372,6 +372,7 @@ TEST(CliTrain, BadInputIsOneClearLineAndNothingIsOverwritten) {
       {"--data " + data + " --resume-from " + ckpt + " --vocab 300", {"vocab", "300", "256"}},
       {"--data " + data + " --resume-from " + dir.path("corrupt"), {"model.safetensors"}},
       {"--data " + data + " --resume-from " + dir.path("nope"), {"nope"}},
+      {"--data " + data + " --layout tp1-pp1-dp1-mb-1", {"mb is -1", "at least 1"}},
   };
   for (const auto& c : cases) {
     // The failing runs write into the good run's folder: nothing may change there.
