@@ -41,8 +41,12 @@ int64_t local_ranks_from_env() {
 
 ModelSpec ModelArgs::resolve() const {
   ModelSpec m = model_resolve(model);
-  if (vocab < 0) throw InputError(fmt::format("--vocab {} must be positive", vocab));
-  if (vocab > 0) m.vocab = vocab;
+  const bool given = vocab_option ? vocab_option->count() > 0 : vocab != 0;
+  if (given && (vocab < 1 || vocab > kMaxVocab))
+    throw InputError(fmt::format("--vocab {} must be from 1 to {} (token ids are int32); without it the model's "
+                                 "own {} is used",
+                                 vocab, kMaxVocab, m.vocab));
+  if (given) m.vocab = vocab;
   m.validate();
   return m;
 }
@@ -51,7 +55,15 @@ void add_model_options(CLI::App& app, ModelArgs& a) {
   app.add_option("--model", a.model,
                  "Model preset (see `weft presets`) or a Hugging Face config.json")
       ->capture_default_str();
-  app.add_option("--vocab", a.vocab, "Override the vocabulary size (e.g. padded for tp)");
+  a.vocab_option = app.add_option("--vocab", a.vocab, "Override the vocabulary size (e.g. padded for tp)");
+}
+
+CLI::Validator non_empty() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        return v.empty() ? "an empty value is not valid; give one or leave the option out" : std::string();
+      },
+      "", "not empty");
 }
 
 ClusterSpec ClusterArgs::resolve() const {

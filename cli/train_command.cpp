@@ -318,11 +318,13 @@ Command add_train_command(CLI::App& app) {
                   "Seconds without communication progress before a trial is abandoned")
       ->capture_default_str();
   sub->add_option("--layout", a->layout,
-                  "Parallel layout for mpirun, e.g. tp2-pp2-dp1-mb1 (overrides --mb/--ckpt/--attn/--norm/--grad)");
+                  "Parallel layout for mpirun, e.g. tp2-pp2-dp1-mb1 (overrides --mb/--ckpt/--attn/--norm/--grad)")
+      ->check(non_empty());
   sub->add_option("--comm-timeout", a->comm_timeout,
                   "Seconds without progress in a collective before a rank gives up (multi-rank)")
       ->capture_default_str();
-  sub->add_option("--recipe", a->recipe, "Train with a saved recipe's layout after checking it matches");
+  sub->add_option("--recipe", a->recipe, "Train with a saved recipe's layout after checking it matches")
+      ->check(non_empty());
   sub->add_flag("--force-recipe", a->force_recipe, "Use the recipe even where it does not match (warns)");
   sub->add_option("--device", a->device, "Device to train on: auto (a GPU when there is one), cpu or gpu; "
                   "the default is $WEFT_DEVICE when set")

@@ -373,6 +373,8 @@ TEST(CliTrain, BadInputIsOneClearLineAndNothingIsOverwritten) {
       {"--data " + data + " --resume-from " + dir.path("corrupt"), {"model.safetensors"}},
       {"--data " + data + " --resume-from " + dir.path("nope"), {"nope"}},
       {"--data " + data + " --layout tp1-pp1-dp1-mb-1", {"mb is -1", "at least 1"}},
+      {"--data " + data + " --vocab 0", {"--vocab 0", "from 1 to 2147483648"}},
+      {"--data " + data + " --layout ''", {"--layout", "empty"}},
   };
   for (const auto& c : cases) {
     // The failing runs write into the good run's folder: nothing may change there.

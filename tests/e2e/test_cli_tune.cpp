@@ -124,6 +124,8 @@ TEST(CliTune, BadInputIsOneClearLineAndExitTwo) {
       {"tune --dry-run --gpu {nic}", {"nic.json", "nic_bandwidth", "1e-300", "bytes/s"}},
       {"tune --dry-run --model {mistral}", {"mistral", "MistralForCausalLM"}},
       {"tune --dry-run --gpus 64 --model llama-13b --layout tp1-pp1-dp64-mb-1", {"mb is -1"}},
+      {"tune --dry-run --vocab 0", {"--vocab 0", "from 1 to 2147483648"}},
+      {"tune --dry-run --layout ''", {"--layout", "empty"}},
   };
   const auto device5 = dir.file("device5.json", R"({"device": 5})");
   const auto name3 = dir.file("name3.json", R"({"device": {"preset": "h100", "name": 3}})");
