@@ -54,6 +54,12 @@ struct SpaceArgs {
 };
 void add_space_options(CLI::App& app, SpaceArgs& a);
 
+// For each argument of `args` that looks like an option (--name or
+// --name=value) and that `sub` lacks, the nearest option names `sub` has by
+// edit distance: "--step: did you mean --steps?". Empty when every option is
+// known or none is near.
+std::string option_suggestions(CLI::App& sub, const std::vector<std::string>& args);
+
 // Refuses an empty value (`--layout ''`), which would otherwise read as the
 // option not given.
 CLI::Validator non_empty();

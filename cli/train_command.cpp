@@ -130,7 +130,8 @@ int run_train(TrainArgs& a) {
   trainer::TrainConfig c = a.cfg;
   const bool resuming = c.resume || !c.resume_from.empty();
   if (a.overwrite && resuming)
-    throw InputError("--overwrite starts a new run and --resume continues one; give one of them");
+    throw InputError(fmt::format("--overwrite starts a new run and {} continues one; give one of them",
+                                 c.resume ? "--resume" : "--resume-from " + c.resume_from));
   c.model = c.init.empty() ? a.model.resolve() : init_model(a, c);
   // The device: a GPU when there is one (each rank on a node takes the next),
   // else the CPU, whose cores the node's ranks share.

@@ -344,7 +344,7 @@ TEST(CliTrain, BadInputIsOneClearLineAndNothingIsOverwritten) {
   }
   struct Case {
     std::string args;
-    std::vector<const char*> says;
+    std::vector<std::string> says;
   };
   const std::vector<Case> cases = {
       {"--data " + dir.path("missing"), {"missing"}},
@@ -375,6 +375,9 @@ TEST(CliTrain, BadInputIsOneClearLineAndNothingIsOverwritten) {
       {"--data " + data + " --layout tp1-pp1-dp1-mb-1", {"mb is -1", "at least 1"}},
       {"--data " + data + " --vocab 0", {"--vocab 0", "from 1 to 2147483648"}},
       {"--data " + data + " --layout ''", {"--layout", "empty"}},
+      {"--data " + data + " --overwrite --resume-from " + ckpt, {"--overwrite", "--resume-from " + ckpt}},
+      {"--data " + data + " --step 3", {"--step", "did you mean --steps?"}},
+      {"--data " + data + " --eval-sample 3", {"did you mean --eval-samples?"}},
   };
   for (const auto& c : cases) {
     // The failing runs write into the good run's folder: nothing may change there.
@@ -382,7 +385,7 @@ TEST(CliTrain, BadInputIsOneClearLineAndNothingIsOverwritten) {
     EXPECT_EQ(res.code, 2) << c.args << "\n" << res.out;
     EXPECT_EQ(std::count(res.out.begin(), res.out.end(), '\n'), 1) << c.args << "\n" << res.out;
     EXPECT_EQ(res.out.rfind("weft: error: ", 0), 0u) << c.args << "\n" << res.out;
-    for (const char* s : c.says) EXPECT_NE(res.out.find(s), std::string::npos) << c.args << "\n" << res.out;
+    for (const auto& s : c.says) EXPECT_NE(res.out.find(s), std::string::npos) << c.args << "\n" << res.out;
   }
   EXPECT_EQ(fs::file_size(ckpt + "/model.safetensors"), size_before);
   EXPECT_FALSE(fs::exists(dir.path("good/checkpoints/step_000003")));

@@ -126,6 +126,8 @@ TEST(CliTune, BadInputIsOneClearLineAndExitTwo) {
       {"tune --dry-run --gpus 64 --model llama-13b --layout tp1-pp1-dp64-mb-1", {"mb is -1"}},
       {"tune --dry-run --vocab 0", {"--vocab 0", "from 1 to 2147483648"}},
       {"tune --dry-run --layout ''", {"--layout", "empty"}},
+      {"tune --dry-run --max-mbb 4", {"--max-mbb: did you mean --max-mb?"}},
+      {"tune --dry-run --gpu-per-node 8", {"did you mean --gpus-per-node?"}},
   };
   const auto device5 = dir.file("device5.json", R"({"device": 5})");
   const auto name3 = dir.file("name3.json", R"({"device": {"preset": "h100", "name": 3}})");
