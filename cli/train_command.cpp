@@ -18,6 +18,7 @@
 #include "memory/device.h"
 #include "trainer/checkpoint/pretrained.h"
 #include "data/corpus.h"
+#include "data/loader.h"
 #include "data/token_data.h"
 #include "trainer/loop.h"
 #include "trainer/run_folder.h"
@@ -188,8 +189,14 @@ int run_train(TrainArgs& a) {
   }
   // The data is scanned once, before tuning and training: tuning trials and
   // the GPU kernels then take its ids as checked.
-  data::token_data_validate(data::token_data_open(data::data_spec_or_corpus(c.data)), c.model.vocab, c.run.seq);
+  const auto scanned = data::token_data_open(data::data_spec_or_corpus(c.data));
+  data::token_data_validate(scanned, c.model.vocab, c.run.seq);
   c.data_checked = true;
+  if (scanned.val && c.eval_samples > 0) {
+    const auto v = data::validation_samples(*scanned.val, c.run.seq, c.eval_samples, "--eval-samples");
+    c.eval_samples = v.samples;
+    if (!v.note.empty() && world_rank_from_env() == 0) fmt::print("validation: {} samples ({})\n", v.samples, v.note);
+  }
   if (!(a.comm_timeout > 0 && std::isfinite(a.comm_timeout)))
     throw InputError(fmt::format("--comm-timeout {} must be a positive number of seconds", a.comm_timeout));
   trainer::validate_config(c);
