@@ -16,6 +16,7 @@
 #include "core/stop.h"
 #include "core/units.h"
 #include "memory/device.h"
+#include "memory/estimate.h"
 #include "trainer/checkpoint/pretrained.h"
 #include "data/corpus.h"
 #include "data/loader.h"
@@ -203,6 +204,7 @@ int run_train(TrainArgs& a) {
   if (!tune) {
     c.layout.validate(c.model, c.run, mpi_world_size_from_env());
     trainer::check_trainable(c.layout, c.device.kind);
+    memory::require_fits(c.model, c.run, c.layout, c.device);
   }
   // The run folder, once every cheap check has passed and before tuning or
   // training write anything: a run refused up to here changed nothing.

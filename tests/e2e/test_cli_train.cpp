@@ -416,6 +416,8 @@ TEST(CliTrain, BadInputIsOneClearLineAndNothingIsOverwritten) {
       {"--data " + data + " --overwrite --resume-from " + ckpt, {"--overwrite", "--resume-from " + ckpt}},
       {"--data " + data + " --step 3", {"--step", "did you mean --steps?"}},
       {"--data " + data + " --eval-sample 3", {"did you mean --eval-samples?"}},
+      // The memory model against this machine, before anything is allocated.
+      {"--data " + data + " --vocab 2147483647", {"layout tp1-pp1-dp1-mb2-", "does not fit", "bytes", "cpu"}},
   };
   for (const auto& c : cases) {
     // The failing runs write into the good run's folder: nothing may change there.
