@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/options.h"
 #include "core/error.h"
 #include "core/stop.h"
 #include "trainer/build_info.h"
@@ -97,7 +98,13 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "weft: error: %s (see weft --help)\n", e.what());
+    // An option the subcommand lacks is most often a slip: name the nearest.
+    std::string hint;
+    for (const auto& c : commands)
+      if (argc > 1 && c.sub->get_name() == argv[1])
+        hint = weft::cli::option_suggestions(*c.sub, std::vector<std::string>(argv + 2, argv + argc));
+    std::fprintf(stderr, "weft: error: %s%s (see weft %s--help)\n", e.what(), hint.empty() ? "" : ("; " + hint).c_str(),
+                 known ? (std::string(argv[1]) + " ").c_str() : "");
     return 2;
   }
   weft::stop_handlers_install();

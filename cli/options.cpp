@@ -1,5 +1,6 @@
 #include "cli/options.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 #include <fmt/format.h>
@@ -41,8 +42,12 @@ int64_t local_ranks_from_env() {
 
 ModelSpec ModelArgs::resolve() const {
   ModelSpec m = model_resolve(model);
-  if (vocab < 0) throw InputError(fmt::format("--vocab {} must be positive", vocab));
-  if (vocab > 0) m.vocab = vocab;
+  const bool given = vocab_option ? vocab_option->count() > 0 : vocab != 0;
+  if (given && (vocab < 1 || vocab > kMaxVocab))
+    throw InputError(fmt::format("--vocab {} must be from 1 to {} (token ids are int32); without it the model's "
+                                 "own {} is used",
+                                 vocab, kMaxVocab, m.vocab));
+  if (given) m.vocab = vocab;
   m.validate();
   return m;
 }
@@ -51,7 +56,71 @@ void add_model_options(CLI::App& app, ModelArgs& a) {
   app.add_option("--model", a.model,
                  "Model preset (see `weft presets`) or a Hugging Face config.json")
       ->capture_default_str();
-  app.add_option("--vocab", a.vocab, "Override the vocabulary size (e.g. padded for tp)");
+  a.vocab_option = app.add_option("--vocab", a.vocab, "Override the vocabulary size (e.g. padded for tp)");
+}
+
+namespace {
+
+// Levenshtein distance: single-character insertions, deletions and
+// substitutions.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// Every long option name of `app` and of its option groups, with "--".
+void long_names(CLI::App& app, std::vector<std::string>& out) {
+  for (const CLI::Option* o : app.get_options())
+    for (const auto& n : o->get_lnames()) out.push_back("--" + n);
+  for (CLI::App* group : app.get_subcommands({}))
+    if (group->get_name().empty()) long_names(*group, out);
+}
+
+}  // namespace
+
+std::string option_suggestions(CLI::App& sub, const std::vector<std::string>& args) {
+  std::vector<std::string> names;
+  long_names(sub, names);
+  std::string out;
+  for (const auto& arg : args) {
+    if (arg.rfind("--", 0) != 0 || arg.size() < 3) continue;
+    const std::string name = arg.substr(0, arg.find('='));
+    if (sub.get_option_no_throw(name)) continue;
+    // Near enough to be a slip: a third of the name's letters, at least 1, at most 3.
+    const size_t limit = std::clamp<size_t>((name.size() - 2) / 3, 1, 3);
+    size_t best = limit + 1;
+    std::vector<std::string> nearest;
+    for (const auto& n : names) {
+      const size_t d = edit_distance(name, n);
+      if (d < best) {
+        best = d;
+        nearest = {n};
+      } else if (d == best && std::find(nearest.begin(), nearest.end(), n) == nearest.end()) {
+        nearest.push_back(n);
+      }
+    }
+    if (nearest.empty()) continue;
+    out += fmt::format("{}{}: did you mean {}?", out.empty() ? "" : "; ", name, fmt::join(nearest, " or "));
+  }
+  return out;
+}
+
+CLI::Validator non_empty() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        return v.empty() ? "an empty value is not valid; give one or leave the option out" : std::string();
+      },
+      "", "not empty");
 }
 
 ClusterSpec ClusterArgs::resolve() const {

@@ -25,6 +25,7 @@ int64_t local_ranks_from_env();  // ranks on this node
 struct ModelArgs {
   std::string model = "llama-13b";
   int64_t vocab = 0;  // 0: the model's own
+  CLI::Option* vocab_option = nullptr;  // --vocab given is checked, 0 included
   ModelSpec resolve() const;
 };
 void add_model_options(CLI::App& app, ModelArgs& a);
@@ -52,5 +53,15 @@ struct SpaceArgs {
   tuner::SpaceLimits resolve() const;
 };
 void add_space_options(CLI::App& app, SpaceArgs& a);
+
+// For each argument of `args` that looks like an option (--name or
+// --name=value) and that `sub` lacks, the nearest option names `sub` has by
+// edit distance: "--step: did you mean --steps?". Empty when every option is
+// known or none is near.
+std::string option_suggestions(CLI::App& sub, const std::vector<std::string>& args);
+
+// Refuses an empty value (`--layout ''`), which would otherwise read as the
+// option not given.
+CLI::Validator non_empty();
 
 }  // namespace weft::cli

@@ -17,8 +17,10 @@
 #include "core/stop.h"
 #include "core/units.h"
 #include "memory/device.h"
+#include "memory/estimate.h"
 #include "trainer/checkpoint/pretrained.h"
 #include "data/corpus.h"
+#include "data/loader.h"
 #include "data/token_data.h"
 #include "trainer/loop.h"
 #include "trainer/resume_check.h"
@@ -135,7 +137,8 @@ int run_train(TrainArgs& a) {
   trainer::TrainConfig c = a.cfg;
   const bool resuming = c.resume || !c.resume_from.empty();
   if (a.overwrite && resuming)
-    throw InputError("--overwrite starts a new run and --resume continues one; give one of them");
+    throw InputError(fmt::format("--overwrite starts a new run and {} continues one; give one of them",
+                                 c.resume ? "--resume" : "--resume-from " + c.resume_from));
   c.model = c.init.empty() ? a.model.resolve() : init_model(a, c);
   const auto presets = model_preset_names();
   const bool model_file = std::find(presets.begin(), presets.end(), a.model.model) == presets.end();
@@ -229,14 +232,21 @@ int run_train(TrainArgs& a) {
   }
   // The data is scanned once, before tuning and training: tuning trials and
   // the GPU kernels then take its ids as checked.
-  data::token_data_validate(data::token_data_open(data::data_spec_or_corpus(c.data)), c.model.vocab, c.run.seq);
+  const auto scanned = data::token_data_open(data::data_spec_or_corpus(c.data));
+  data::token_data_validate(scanned, c.model.vocab, c.run.seq);
   c.data_checked = true;
+  if (scanned.val && c.eval_samples > 0) {
+    const auto v = data::validation_samples(*scanned.val, c.run.seq, c.eval_samples, "--eval-samples");
+    c.eval_samples = v.samples;
+    if (!v.note.empty() && world_rank_from_env() == 0) fmt::print("validation: {} samples ({})\n", v.samples, v.note);
+  }
   if (!(a.comm_timeout > 0 && std::isfinite(a.comm_timeout)))
     throw InputError(fmt::format("--comm-timeout {} must be a positive number of seconds", a.comm_timeout));
   trainer::validate_config(c);
   if (!tune) {
     c.layout.validate(c.model, c.run, mpi_world_size_from_env());
     trainer::check_trainable(c.layout, c.device.kind);
+    memory::require_fits(c.model, c.run, c.layout, c.device);
   }
   // The run folder, once every cheap check has passed and before tuning or
   // training write anything: a run refused up to here changed nothing.
@@ -359,11 +369,13 @@ Command add_train_command(CLI::App& app) {
                   "Seconds without communication progress before a trial is abandoned")
       ->capture_default_str();
   sub->add_option("--layout", a->layout,
-                  "Parallel layout for mpirun, e.g. tp2-pp2-dp1-mb1 (overrides --mb/--ckpt/--attn/--norm/--grad)");
+                  "Parallel layout for mpirun, e.g. tp2-pp2-dp1-mb1 (overrides --mb/--ckpt/--attn/--norm/--grad)")
+      ->check(non_empty());
   sub->add_option("--comm-timeout", a->comm_timeout,
                   "Seconds without progress in a collective before a rank gives up (multi-rank)")
       ->capture_default_str();
-  sub->add_option("--recipe", a->recipe, "Train with a saved recipe's layout after checking it matches");
+  sub->add_option("--recipe", a->recipe, "Train with a saved recipe's layout after checking it matches")
+      ->check(non_empty());
   sub->add_flag("--force-recipe", a->force_recipe, "Use the recipe even where it does not match (warns)");
   sub->add_option("--device", a->device, "Device to train on: auto (a GPU when there is one), cpu or gpu; "
                   "the default is $WEFT_DEVICE when set")

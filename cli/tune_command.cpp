@@ -130,7 +130,8 @@ Command add_tune_command(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--out", args->out, "Write the report to this file instead of stdout");
   sub->add_option("--layout", args->layout,
-                  "Evaluate this one layout (canonical text form) instead of the space");
+                  "Evaluate this one layout (canonical text form) instead of the space")
+      ->check(non_empty());
   sub->add_option("--save-recipe", args->save_recipe, "Save the best layout as a recipe file");
   sub->add_option("--top", args->top, "Layouts listed, in every format (fitting ones by rank first)")
       ->capture_default_str();

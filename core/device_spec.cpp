@@ -267,45 +267,88 @@ void to_json(nlohmann::json& j, const DeviceSpec& d) {
                      {"default_gpus_per_node", d.default_gpus_per_node}};
 }
 
+namespace {
+
+// The bounds a device's figures must lie in: far beyond any device (an H200
+// holds 141 GB, peaks at 1e15 FLOP/s and moves 4.8e12 B/s; networks take
+// microseconds), so that only a typo or a unit slip (bits for bytes, ms for
+// s) is refused, before it makes every layout look free or impossible.
+struct Range {
+  double lo, hi;
+  const char* unit;
+};
+constexpr Range kBytes{double(int64_t{1} << 20), double(int64_t{1} << 50), "bytes"};
+constexpr Range kFlops{1e6, 1e18, "FLOP/s"};
+constexpr Range kBandwidth{1e6, 1e15, "bytes/s"};
+constexpr Range kLatency{1e-9, 1, "seconds"};
+constexpr Range kCount{1, double(int64_t{1} << 20), ""};
+
+std::string range_text(const Range& r) {
+  return fmt::format("from {:g} to {:g}{}{}", r.lo, r.hi, *r.unit ? " " : "", r.unit);
+}
+
+}  // namespace
+
 void from_json(const nlohmann::json& j, DeviceSpec& d) {
-  if (!j.is_object()) throw InputError("device: expected a JSON object");
+  if (!j.is_object()) throw InputError(fmt::format("field 'device' must be a JSON object, got {}", j.dump()));
   if (j.contains("preset")) {
-    if (!j["preset"].is_string()) throw InputError("device: 'preset' must be a device name");
+    if (!j["preset"].is_string())
+      throw InputError(fmt::format("field 'device.preset' must be a device name, got {}", j["preset"].dump()));
     d = device_preset(j["preset"].get<std::string>());
   } else if (!j.contains("memory_bytes") || !j.contains("peak_bf16_flops")) {
     throw InputError("device: give either \"preset\": NAME or at least \"memory_bytes\" and "
                      "\"peak_bf16_flops\"");
   }
-  auto num = [&](const char* key, auto& field) {
+  auto num = [&](const char* key, auto& field, const Range& range) {
     if (!j.contains(key)) return;
-    if (!j[key].is_number())
-      throw InputError(fmt::format("device: field '{}' must be a number, got {}", key,
-                                   j[key].dump()));
+    const auto& v = j[key];
+    if (!v.is_number())
+      throw InputError(fmt::format("field 'device.{}' must be a number, got {}", key, v.dump()));
     using T = std::decay_t<decltype(field)>;
-    if constexpr (std::is_integral_v<T>) field = json_integer(j, key, "device");
-    else field = j[key].get<T>();
-    if (field <= 0)
-      throw InputError(fmt::format("device: field '{}'={} must be positive", key, j[key].dump()));
+    if constexpr (std::is_integral_v<T>) {
+      if (!v.is_number_integer())
+        throw InputError(fmt::format("field 'device.{}' must be a whole number, got {}", key, v.dump()));
+    }
+    const double x = v.get<double>();
+    if (!(x >= range.lo && x <= range.hi))
+      throw InputError(fmt::format("field 'device.{}' is {}; it must be {}", key, v.dump(), range_text(range)));
+    if constexpr (std::is_integral_v<T>) field = v.get<T>();
+    else field = x;
   };
-  if (j.contains("name")) d.name = j["name"].get<std::string>();
-  if (j.contains("kind")) d.kind = j["kind"] == "cpu" ? DeviceKind::cpu : DeviceKind::gpu;
-  num("memory_bytes", d.memory_bytes);
-  num("peak_bf16_flops", d.peak_bf16_flops);
-  num("peak_fp32_flops", d.peak_fp32_flops);
-  num("memory_bandwidth", d.memory_bandwidth);
-  num("intra_node_bandwidth", d.intra_node_bandwidth);
-  num("inter_node_bandwidth", d.inter_node_bandwidth);
-  num("intra_node_latency", d.intra_node_latency);
-  num("inter_node_latency", d.inter_node_latency);
-  num("sm_count", d.sm_count);
-  num("default_gpus_per_node", d.default_gpus_per_node);
-  if (j.contains("runtime_overhead_bytes")) d.runtime_overhead_bytes = j["runtime_overhead_bytes"];
+  if (j.contains("name")) {
+    if (!j["name"].is_string() || j["name"].get<std::string>().empty())
+      throw InputError(fmt::format("field 'device.name' must be a name, got {}", j["name"].dump()));
+    d.name = j["name"].get<std::string>();
+  }
+  if (j.contains("kind")) {
+    if (j["kind"] != "cpu" && j["kind"] != "gpu")
+      throw InputError(fmt::format("field 'device.kind' must be \"gpu\" or \"cpu\", got {}", j["kind"].dump()));
+    d.kind = j["kind"] == "cpu" ? DeviceKind::cpu : DeviceKind::gpu;
+  }
+  num("memory_bytes", d.memory_bytes, kBytes);
+  num("peak_bf16_flops", d.peak_bf16_flops, kFlops);
+  num("peak_fp32_flops", d.peak_fp32_flops, kFlops);
+  num("memory_bandwidth", d.memory_bandwidth, kBandwidth);
+  num("intra_node_bandwidth", d.intra_node_bandwidth, kBandwidth);
+  num("inter_node_bandwidth", d.inter_node_bandwidth, kBandwidth);
+  num("intra_node_latency", d.intra_node_latency, kLatency);
+  num("inter_node_latency", d.inter_node_latency, kLatency);
+  num("sm_count", d.sm_count, kCount);
+  num("default_gpus_per_node", d.default_gpus_per_node, kCount);
+  if (j.contains("runtime_overhead_bytes")) {
+    const auto& v = j["runtime_overhead_bytes"];
+    if (!v.is_number_integer() || v.get<double>() < 0 || v.get<double>() > kBytes.hi)
+      throw InputError(fmt::format("field 'device.runtime_overhead_bytes' is {}; it must be a whole number "
+                                   "from 0 to {:g} bytes",
+                                   v.dump(), kBytes.hi));
+    d.runtime_overhead_bytes = v.get<int64_t>();
+  }
   if (d.name.empty()) d.name = "custom";
   if (d.peak_fp32_flops <= 0) d.peak_fp32_flops = d.peak_bf16_flops;
   for (auto [field, v] : {std::pair{"memory_bandwidth", d.memory_bandwidth},
                           {"intra_node_bandwidth", d.intra_node_bandwidth},
                           {"inter_node_bandwidth", d.inter_node_bandwidth}})
-    if (v <= 0) throw InputError(fmt::format("device '{}': missing field '{}'", d.name, field));
+    if (v <= 0) throw InputError(fmt::format("device '{}': missing field 'device.{}'", d.name, field));
 }
 
 void to_json(nlohmann::json& j, const ClusterSpec& c) {
@@ -341,13 +384,14 @@ ClusterSpec cluster_resolve(const std::string& gpu, int64_t gpus, int64_t gpus_p
       count("nics_per_node", c.nics_per_node);
       if (j.contains("nic_bandwidth")) {
         const auto& v = j["nic_bandwidth"];
-        if (!v.is_number() || !(v.get<double>() > 0) || !std::isfinite(v.get<double>()))
-          throw InputError(fmt::format("field 'nic_bandwidth' must be a positive number of bytes/s, got {}",
-                                       v.dump()));
+        if (!v.is_number() || !(v.get<double>() >= kBandwidth.lo && v.get<double>() <= kBandwidth.hi))
+          throw InputError(fmt::format("field 'nic_bandwidth' is {}; it must be a number of bytes/s {} (per port, "
+                                       "one direction)",
+                                       v.dump(), range_text(kBandwidth)));
         c.nic_bandwidth = v.get<double>();
       }
     } catch (const nlohmann::json::exception& e) {
-      throw InputError(fmt::format("cluster file '{}': {}", gpu, e.what()));
+      throw InputError(fmt::format("cluster file '{}': {}", gpu, json_error_text(e)));
     } catch (const InputError& e) {
       throw InputError(fmt::format("cluster file '{}': {}", gpu, e.what()));
     }
@@ -360,7 +404,21 @@ ClusterSpec cluster_resolve(const std::string& gpu, int64_t gpus, int64_t gpus_p
   c.gpus_per_node = gpus_per_node != kUnset ? gpus_per_node
                     : file_gpn != 0         ? file_gpn
                                             : c.device.default_gpus_per_node;
-  c.validate();
+  if (!gpu.ends_with(".json")) {
+    c.validate();
+    return c;
+  }
+  try {
+    c.validate();
+    // A preset's domain is its hardware's, whatever share of it a run uses;
+    // a file's describes the cluster it names, which holds the domain.
+    if (c.nvlink_domain > std::max(c.gpus, c.gpus_per_node))
+      throw InputError(fmt::format("field 'nvlink_domain' is {}, larger than the cluster's {} devices (gpus) and its "
+                                   "nodes of {} (gpus_per_node); it must be at most {} (0: one node)",
+                                   c.nvlink_domain, c.gpus, c.gpus_per_node, std::max(c.gpus, c.gpus_per_node)));
+  } catch (const InputError& e) {
+    throw InputError(fmt::format("cluster file '{}': {}", gpu, e.what()));
+  }
   return c;
 }
 

@@ -45,6 +45,43 @@ nlohmann::json json_read_file(const std::string& path, const std::string& what) 
   }
 }
 
+std::string json_field_path(const std::string& pointer) {
+  std::string out;
+  size_t at = pointer.empty() || pointer[0] != '/' ? 0 : 1;
+  while (at <= pointer.size() && !pointer.empty()) {
+    size_t end = pointer.find('/', at);
+    if (end == std::string::npos) end = pointer.size();
+    std::string token = pointer.substr(at, end - at);
+    // RFC 6901 escapes: ~1 is '/', ~0 is '~'.
+    for (size_t i = 0; (i = token.find('~', i)) != std::string::npos; ++i)
+      if (i + 1 < token.size()) token.replace(i, 2, token[i + 1] == '1' ? "/" : "~");
+    const bool index = !token.empty() && token.find_first_not_of("0123456789") == std::string::npos;
+    if (index && !out.empty()) out += "[" + token + "]";
+    else out += (out.empty() ? "" : ".") + token;
+    if (end == pointer.size()) break;
+    at = end + 1;
+  }
+  return out;
+}
+
+std::string json_error_text(const nlohmann::json::exception& e) {
+  std::string text = e.what();
+  // "[json.exception.type_error.302] (/cluster/device) type must be ..."
+  if (text.rfind("[json.exception.", 0) == 0) {
+    const auto close = text.find("] ");
+    if (close != std::string::npos) text = text.substr(close + 2);
+  }
+  if (text.rfind("(/", 0) == 0 || text.rfind("() ", 0) == 0) {
+    const auto close = text.find(") ");
+    if (close != std::string::npos) {
+      const std::string path = json_field_path(text.substr(1, close - 1));
+      text = text.substr(close + 2);
+      if (!path.empty()) return fmt::format("field '{}': {}", path, text);
+    }
+  }
+  return text;
+}
+
 int64_t json_integer(const nlohmann::json& j, const char* key, const std::string& origin) {
   if (!j.is_object() || !j.contains(key))
     throw InputError(fmt::format("{}: field '{}' is missing", origin, key));

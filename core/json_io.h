@@ -12,6 +12,17 @@ namespace weft {
 // when it is missing, unreadable or malformed, with the parser's position.
 nlohmann::json json_read_file(const std::string& path, const std::string& what);
 
+// What a JSON exception says, for a message that names the file before it:
+// "field 'cluster.device.name': type must be string, but is number" (the
+// field's path comes with every exception, JSON_DIAGNOSTICS being on), or
+// the text alone when it names no field; never the bare
+// "[json.exception.type_error.302]" tag.
+std::string json_error_text(const nlohmann::json::exception& e);
+
+// The field path a JSON pointer names, with dots: "/cluster/device" ->
+// "cluster.device", "/trials/3/step_s" -> "trials[3].step_s".
+std::string json_field_path(const std::string& pointer);
+
 // The whole number at j[key]: InputError naming `origin` and the key when it
 // is missing or not an integer JSON value (a float such as 4e50 would
 // otherwise be cast to int64, which is undefined).

@@ -1,5 +1,6 @@
 #include "core/layout.h"
 
+#include <algorithm>
 #include <charconv>
 
 #include <fmt/format.h>
@@ -92,11 +93,22 @@ Layout Layout::parse(const std::string& text) {
     const std::string tok = text.substr(start, end - start);
     start = end + 1;
     auto after = [&](size_t n) { return tok.substr(n); };
+    // A number cut off by its own '-' ("mb-1" reads as "mb" then "1"): the
+    // value the user wrote is negative, and the message says so.
+    auto count = [&](const std::string& digits, const char* name, const char* valid) {
+      if (digits.empty() && end < text.size()) {
+        const size_t next_end = std::min(text.find('-', start), text.size());
+        const std::string next = text.substr(start, next_end - start);
+        if (!next.empty() && next.find_first_not_of("0123456789") == std::string::npos)
+          throw InputError(fmt::format("layout '{}': {} is -{}; it must be {}", text, name, next, valid));
+      }
+      return parse_count(tok, digits);
+    };
     if (tok.rfind("ckpt:", 0) == 0) {
       std::string mode = after(5);
       const auto at = mode.find('@');
       if (at != std::string::npos) {
-        l.ckpt_layers = parse_count(tok, mode.substr(at + 1));
+        l.ckpt_layers = count(mode.substr(at + 1), "ckpt@K", "a whole number of layers, 0 or more");
         mode = mode.substr(0, at);
       }
       l.ckpt = checkpointing_parse(mode);
@@ -111,17 +123,17 @@ Layout Layout::parse(const std::string& text) {
     } else if (tok == "nosp") {
       l.sp = false;
     } else if (tok.rfind("zero", 0) == 0) {
-      l.zero = parse_count(tok, after(4));
+      l.zero = count(after(4), "zero", "0, 1, 2 or 3");
     } else if (tok.rfind("vpp", 0) == 0) {
-      l.vpp = parse_count(tok, after(3));
+      l.vpp = count(after(3), "vpp", "a whole number of at least 1");
     } else if (tok.rfind("tp", 0) == 0) {
-      l.tp = parse_count(tok, after(2));
+      l.tp = count(after(2), "tp", "a whole number of at least 1");
     } else if (tok.rfind("pp", 0) == 0) {
-      l.pp = parse_count(tok, after(2));
+      l.pp = count(after(2), "pp", "a whole number of at least 1");
     } else if (tok.rfind("dp", 0) == 0) {
-      l.dp = parse_count(tok, after(2));
+      l.dp = count(after(2), "dp", "a whole number of at least 1");
     } else if (tok.rfind("mb", 0) == 0) {
-      l.mb = parse_count(tok, after(2));
+      l.mb = count(after(2), "mb", "a whole number of at least 1");
     } else {
       throw InputError(fmt::format(
           "layout '{}': unknown field '{}'; fields are tpN, ppN, dpN, mbN, vppN, sp|nosp, "

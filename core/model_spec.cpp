@@ -3,6 +3,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -41,22 +42,25 @@ int64_t ModelSpec::flop_params() const {
 
 void ModelSpec::validate() const {
   std::vector<std::string> bad;
-  auto positive = [&](const char* field, int64_t v) {
+  auto positive = [&](const char* field, int64_t v, int64_t max) {
     if (v <= 0) bad.push_back(fmt::format("{}={} must be positive", field, v));
+    else if (v > max) bad.push_back(fmt::format("{}={} must be from 1 to {}", field, v, max));
   };
-  positive("vocab", vocab);
-  positive("hidden", hidden);
-  positive("intermediate", intermediate);
-  positive("layers", layers);
-  positive("heads", heads);
-  positive("kv_heads", kv_heads);
-  positive("head_dim", head_dim);
+  positive("vocab", vocab, kMaxVocab);
+  positive("hidden", hidden, kMaxHidden);
+  positive("intermediate", intermediate, kMaxIntermediate);
+  positive("layers", layers, kMaxLayers);
+  positive("heads", heads, kMaxHeads);
+  positive("kv_heads", kv_heads, kMaxHeads);
+  positive("head_dim", head_dim, kMaxHeadDim);
   if (heads > 0 && kv_heads > 0 && heads % kv_heads != 0)
     bad.push_back(fmt::format("heads={} must be a multiple of kv_heads={}", heads, kv_heads));
   if (head_dim > 0 && head_dim % 2 != 0)
     bad.push_back(fmt::format("head_dim={} must be even for rotary embeddings", head_dim));
-  if (!(rope_theta > 0)) bad.push_back(fmt::format("rope_theta={} must be positive", rope_theta));
-  if (!(norm_eps > 0)) bad.push_back(fmt::format("norm_eps={} must be positive", norm_eps));
+  if (!(rope_theta >= kMinRopeTheta && rope_theta <= kMaxRopeTheta))
+    bad.push_back(fmt::format("rope_theta={} must be from {:g} to {:g}", rope_theta, kMinRopeTheta, kMaxRopeTheta));
+  if (!(norm_eps >= kMinNormEps && norm_eps <= kMaxNormEps))
+    bad.push_back(fmt::format("norm_eps={} must be from {:g} to {:g}", norm_eps, kMinNormEps, kMaxNormEps));
   for (auto& p : rope_scaling_problems(rope_scaling)) bad.push_back(std::move(p));
   if (bad.empty()) {
     // The counts are int64 and weft multiplies them by bytes per parameter
@@ -181,16 +185,39 @@ ModelSpec model_preset(const std::string& name) {
 
 namespace {
 
-int64_t require_int(const nlohmann::json& j, const char* key, const std::string& origin) {
+int64_t require_int(const nlohmann::json& j, const char* key, const std::string& origin,
+                    int64_t max = INT64_MAX) {
   if (!j.contains(key))
     throw InputError(fmt::format("{}: missing field '{}' (LlamaForCausalLM config)", origin, key));
   const auto& v = j.at(key);
-  if (!v.is_number_integer())
+  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX)))
     throw InputError(fmt::format("{}: field '{}' must be an integer, got {}", origin, key, v.dump()));
   const int64_t x = v.get<int64_t>();
   if (x <= 0)
     throw InputError(fmt::format("{}: field '{}'={} must be positive", origin, key, x));
+  if (x > max)
+    throw InputError(fmt::format("{}: field '{}'={} must be from 1 to {}", origin, key, x, max));
   return x;
+}
+
+// The architectures a config may name: weft computes LlamaForCausalLM only
+// (MistralForCausalLM, say, attends through a sliding window).
+bool llama_architecture(const std::string& name) { return name == "LlamaForCausalLM"; }
+
+// bos_token_id or eos_token_id (one id, a list of them, or null): each must
+// be an id of the vocabulary.
+void check_token_ids(const nlohmann::json& j, const char* key, int64_t vocab, const std::string& origin) {
+  if (!j.contains(key) || j[key].is_null()) return;
+  const auto& v = j[key];
+  std::vector<nlohmann::json> ids;
+  if (v.is_array()) ids.assign(v.begin(), v.end());
+  else ids.push_back(v);
+  for (const auto& id : ids)
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= vocab ||
+        (id.is_number_unsigned() && id.get<uint64_t>() >= uint64_t(vocab)))
+      throw InputError(fmt::format("{}: field '{}' is {}; a token id must be a whole number from 0 to "
+                                   "vocab_size - 1 = {}",
+                                   origin, key, v.dump(), vocab - 1));
 }
 
 // Parses a rope_scaling object into `s`, appending to `problems` each reason
@@ -280,24 +307,52 @@ RopeScaling rope_scaling_from_json(const nlohmann::json& j, const std::string& o
   return s;
 }
 
+namespace {
+
+ModelSpec model_from_hf_config_checked(const nlohmann::json& j, const std::string& origin);
+
+}  // namespace
+
 ModelSpec model_from_hf_config_json(const nlohmann::json& j, const std::string& origin) {
+  // A value of the wrong type that the reader below does not check by name:
+  // still the file and the field.
+  try {
+    return model_from_hf_config_checked(j, origin);
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(fmt::format("{}: {}", origin, json_error_text(e)));
+  }
+}
+
+namespace {
+
+ModelSpec model_from_hf_config_checked(const nlohmann::json& j, const std::string& origin) {
   if (!j.is_object()) throw InputError(fmt::format("{}: expected a JSON object", origin));
-  if (j.contains("model_type") && j["model_type"].is_string() && j["model_type"] != "llama")
-    throw InputError(fmt::format("{}: model_type '{}' is not supported; weft trains 'llama'",
-                                 origin, j["model_type"].get<std::string>()));
+  if (j.contains("model_type") && !j["model_type"].is_null() && j["model_type"] != "llama")
+    throw InputError(fmt::format("{}: model_type {} is not supported; weft trains \"llama\"", origin,
+                                 j["model_type"].dump()));
+  if (j.contains("architectures") && !j["architectures"].is_null()) {
+    const auto& a = j["architectures"];
+    bool ok = a.is_array() && !a.empty();
+    for (const auto& name : a.is_array() ? a : nlohmann::json::array())
+      ok = ok && name.is_string() && llama_architecture(name.get<std::string>());
+    if (!ok)
+      throw InputError(fmt::format("{}: field 'architectures' is {}; weft computes [\"LlamaForCausalLM\"] "
+                                   "only (another architecture computes something else with these weights)",
+                                   origin, a.dump()));
+  }
   ModelSpec m;
   m.name = std::filesystem::path(origin).parent_path().filename().string();
   if (m.name.empty()) m.name = "hf-config";
-  m.vocab = require_int(j, "vocab_size", origin);
-  m.hidden = require_int(j, "hidden_size", origin);
-  m.intermediate = require_int(j, "intermediate_size", origin);
-  m.layers = require_int(j, "num_hidden_layers", origin);
-  m.heads = require_int(j, "num_attention_heads", origin);
+  m.vocab = require_int(j, "vocab_size", origin, kMaxVocab);
+  m.hidden = require_int(j, "hidden_size", origin, kMaxHidden);
+  m.intermediate = require_int(j, "intermediate_size", origin, kMaxIntermediate);
+  m.layers = require_int(j, "num_hidden_layers", origin, kMaxLayers);
+  m.heads = require_int(j, "num_attention_heads", origin, kMaxHeads);
   m.kv_heads = j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null()
-                   ? require_int(j, "num_key_value_heads", origin)
+                   ? require_int(j, "num_key_value_heads", origin, kMaxHeads)
                    : m.heads;
   if (j.contains("head_dim") && !j["head_dim"].is_null()) {
-    m.head_dim = require_int(j, "head_dim", origin);
+    m.head_dim = require_int(j, "head_dim", origin, kMaxHeadDim);
   } else {
     if (m.hidden % m.heads != 0)
       throw InputError(fmt::format("{}: hidden_size={} is not divisible by num_attention_heads={} "
@@ -324,6 +379,12 @@ ModelSpec model_from_hf_config_json(const nlohmann::json& j, const std::string& 
     m.rope_theta = t.get<double>();
   }
   m.norm_eps = number("rms_norm_eps", 1e-6);
+  for (auto [key, v, lo, hi] : {std::tuple{"rope_theta", m.rope_theta, kMinRopeTheta, kMaxRopeTheta},
+                                {"rms_norm_eps", m.norm_eps, kMinNormEps, kMaxNormEps}})
+    if (!(v >= lo && v <= hi))
+      throw InputError(fmt::format("{}: field '{}'={} must be from {:g} to {:g}", origin, key, v, lo, hi));
+  check_token_ids(j, "bos_token_id", m.vocab, origin);
+  check_token_ids(j, "eos_token_id", m.vocab, origin);
   m.max_seq = j.contains("max_position_embeddings") ? require_int(j, "max_position_embeddings", origin)
                                                     : 2048;
   if (j.contains("tie_word_embeddings")) {
@@ -357,14 +418,33 @@ ModelSpec model_from_hf_config_json(const nlohmann::json& j, const std::string& 
       refused.push_back(fmt::format("{}partial_rotary_factor is {} (weft rotates every dim of a head: 1.0)",
                                     where == &j ? "" : "rope_parameters.", f.dump()));
   }
+  // Qwen2-style configs switch a sliding window on with use_sliding_window;
+  // Mistral's have no switch: a window given is a window used, unless it
+  // spans every position the model takes.
+  if (j.contains("sliding_window") && !j["sliding_window"].is_null() &&
+      !(j.contains("use_sliding_window") && j["use_sliding_window"] == false)) {
+    const auto& w = j["sliding_window"];
+    if (!w.is_number() || w.get<double>() < double(m.max_seq))
+      refused.push_back(fmt::format("sliding_window is {}{} (weft attends over the whole sequence; "
+                                    "use_sliding_window false or a window of max_position_embeddings={} "
+                                    "or more matches it)",
+                                    w.dump(), j.contains("use_sliding_window") ? " with use_sliding_window true" : "",
+                                    m.max_seq));
+  }
   if (j.contains("quantization_config") && !j["quantization_config"].is_null())
     refused.push_back("quantization_config is present (weft reads unquantized fp32, bf16 or fp16 weights)");
   if (!refused.empty())
     throw InputError(fmt::format("{}: weft's Llama does not compute this model: {}", origin,
                                  fmt::join(refused, "; ")));
-  m.validate();
+  try {
+    m.validate();
+  } catch (const InputError& e) {
+    throw InputError(fmt::format("{}: {}", origin, e.what()));
+  }
   return m;
 }
+
+}  // namespace
 
 ModelSpec model_from_hf_config(const std::string& path) {
   return model_from_hf_config_json(json_read_file(path, "model config"), path);

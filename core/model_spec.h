@@ -12,6 +12,22 @@
 
 namespace weft {
 
+// The bounds validate() puts on a model, far beyond any published Llama
+// (V 256k, C 16k, F 53k, L 126, H 128, D 256) and far inside what the int64
+// sizes and the int32 token ids and kernel loop counts can hold.
+inline constexpr int64_t kMaxVocab = int64_t{1} << 31;  // ids are int32
+inline constexpr int64_t kMaxHidden = int64_t{1} << 20;
+inline constexpr int64_t kMaxIntermediate = int64_t{1} << 22;
+inline constexpr int64_t kMaxLayers = int64_t{1} << 14;
+inline constexpr int64_t kMaxHeads = int64_t{1} << 14;  // H and H_kv
+inline constexpr int64_t kMaxHeadDim = int64_t{1} << 14;
+// RoPE's base: published models use 1e4 to 1e8; below 1 the frequencies
+// would rise with the dim.
+inline constexpr double kMinRopeTheta = 1, kMaxRopeTheta = 1e12;
+// RMSNorm's epsilon: published models use 1e-6 to 1e-5; it must stay a
+// normal fp32 number (above 1.2e-38) and must not swamp the mean square.
+inline constexpr double kMinNormEps = 1e-30, kMaxNormEps = 1;
+
 struct ModelSpec {
   std::string name;
   int64_t vocab = 0;         // V
@@ -40,7 +56,8 @@ struct ModelSpec {
   // embedding lookup. This is the N of MFU's 6N (see core/flops.h).
   int64_t flop_params() const;
 
-  // Throws InputError naming each field that is zero/negative or inconsistent.
+  // Throws InputError naming each field that is zero/negative, past the
+  // bounds above or inconsistent.
   void validate() const;
   // Stable 16-hex-digit hash of the architecture (not the name).
   std::string hash() const;
@@ -53,7 +70,9 @@ std::vector<std::string> model_preset_names();
 // A preset by name; InputError listing valid names when unknown.
 ModelSpec model_preset(const std::string& name);
 // Reads a Hugging Face LlamaForCausalLM config.json; InputError naming the
-// missing or invalid field.
+// file and the missing or invalid field: a value past the bounds above, a
+// bos or eos token id outside the vocabulary, another architecture, or a
+// computation weft's Llama lacks (biases, sliding-window attention, ...).
 ModelSpec model_from_hf_config(const std::string& path);
 ModelSpec model_from_hf_config_json(const nlohmann::json& j, const std::string& origin);
 // A preset name or a path to a config.json.

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/json_io.h"
 #include "data/byte_level.h"
 
 namespace weft::data {
@@ -247,18 +248,22 @@ HfTokenizerSpec hf_tokenizer_parse(const nlohmann::json& file, const std::string
   if (!file.is_object() || !file.contains("model") || !file["model"].is_object())
     r.malformed("it is not a JSON object with a \"model\" object");
   HfTokenizerSpec spec;
+  // The parts by reference, so that a value of the wrong type deep inside
+  // one is named by its whole path ("post_processor.processors[1].type").
+  static const json absent;
+  const auto part = [&](const char* key) -> const json& { return file.contains(key) ? file[key] : absent; };
   try {
     for (const char* key : {"truncation", "padding"})
       if (file.contains(key) && !file[key].is_null())
         r.unsupported(fmt::format("{} (it would cut or pad documents)", key));
-    r.normalizer(file.value("normalizer", json()));
-    r.pre_tokenizer(file.value("pre_tokenizer", json()), spec);
+    r.normalizer(part("normalizer"));
+    r.pre_tokenizer(part("pre_tokenizer"), spec);
     r.model(file["model"], spec);
-    r.added_tokens(file.value("added_tokens", json()), spec);
-    r.post_processor(file.value("post_processor", json()), spec);
-    r.decoder(file.value("decoder", json()));
+    r.added_tokens(part("added_tokens"), spec);
+    r.post_processor(part("post_processor"), spec);
+    r.decoder(part("decoder"));
   } catch (const nlohmann::json::exception& e) {
-    r.malformed(e.what());
+    r.malformed(json_error_text(e));
   }
   // Real vocabularies number their tokens from 0 with few gaps; a table
   // indexed by id (decoding) is sized by the largest id, so one stray huge id

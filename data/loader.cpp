@@ -1,5 +1,7 @@
 #include "data/loader.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "core/error.h"
@@ -84,6 +86,16 @@ void Loader::batch(int64_t first, int64_t count, int32_t* inputs, int32_t* targe
 
 Loader validation_loader(const TokenSource& val, int64_t seq) {
   return Loader(val, seq, kValidationSeed, Loader::Order::shuffled);
+}
+
+ValidationSamples validation_samples(const TokenSource& val, int64_t seq, int64_t asked, const std::string& flag) {
+  ValidationSamples v;
+  v.windows = validation_loader(val, seq).windows();
+  v.samples = std::min(asked, v.windows);
+  if (v.samples < asked)
+    v.note = fmt::format("the data holds {} window{} of {} tokens; {} {} asked for more", v.windows,
+                         v.windows == 1 ? "" : "s", seq + 1, flag, asked);
+  return v;
 }
 
 }  // namespace weft::data

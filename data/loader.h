@@ -36,6 +36,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "data/blend.h"
@@ -92,5 +93,18 @@ class Loader {
 // 0 .. K-1 each time.
 inline constexpr uint64_t kValidationSeed = 0x76616C6964617465ull;  // "validate"
 Loader validation_loader(const TokenSource& val, int64_t seq);
+
+// How many validation samples to evaluate when `asked` were asked for (by
+// `flag`, e.g. "--eval-samples"): at most the distinct windows the split
+// holds, since more would only repeat them (and a huge request would run
+// for ever). `note` says why when the count was capped, e.g. "the data holds
+// 2 windows of 257 tokens; --eval-samples 1000 asked for more", and is empty
+// otherwise.
+struct ValidationSamples {
+  int64_t samples = 0;
+  int64_t windows = 0;
+  std::string note;
+};
+ValidationSamples validation_samples(const TokenSource& val, int64_t seq, int64_t asked, const std::string& flag);
 
 }  // namespace weft::data

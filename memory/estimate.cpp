@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "core/error.h"
 #include "core/units.h"
 
 namespace weft::memory {
@@ -50,6 +51,22 @@ MemoryEstimate estimate(const ModelSpec& m, const RunSpec& run, const Layout& l,
                            to_string(e.binding), format_bytes(double(big)), detail);
   }
   return e;
+}
+
+void require_fits(const ModelSpec& m, const RunSpec& run, const Layout& l, const DeviceSpec& device) {
+  MemoryOptions whole;
+  whole.margin = 0;
+  whole.all_stages = true;
+  const MemoryEstimate e = estimate(m, run, l, device, whole);
+  if (e.fits) return;
+  const StageMemory& w = e.worst_stage();
+  throw InputError(fmt::format(
+      "layout {} does not fit: the memory model predicts {} ({} bytes) on stage {} (largest: {} {}), more than "
+      "the {} ({} bytes) of {}{}; shrink the model, --vocab, --seq or --mb, or split it over more ranks "
+      "(weft tune --dry-run lists the layouts that fit)",
+      l.to_string(), format_bytes(double(w.total)), w.total, w.stage, to_string(e.binding),
+      format_bytes(double(w.bytes[size_t(e.binding)])), format_bytes(double(e.capacity)), e.capacity, device.name,
+      device.kind == DeviceKind::cpu ? " (this rank's share of the machine's memory)" : ""));
 }
 
 }  // namespace weft::memory

@@ -48,4 +48,12 @@ struct MemoryEstimate {
 MemoryEstimate estimate(const ModelSpec& m, const RunSpec& run, const Layout& l,
                         const DeviceSpec& device, const MemoryOptions& opt = {});
 
+// Refuses a chosen layout (InputError) whose worst stage the memory model
+// predicts needs more than the whole device has (`device.memory_bytes`: a
+// GPU's memory, or this rank's share of the machine's memory on the CPU),
+// naming the predicted and the available bytes and the layout; called before
+// anything large is allocated. The margin is not applied: a run predicted
+// inside it may still fit, one predicted past the device cannot.
+void require_fits(const ModelSpec& m, const RunSpec& run, const Layout& l, const DeviceSpec& device);
+
 }  // namespace weft::memory

@@ -80,54 +80,61 @@ std::string breakdown(const Candidate& c, const SpaceContext& ctx) {
   return s;
 }
 
-// One row of a ranked table: a fitting layout and the attention kinds
-// predicted exactly alike with it (weft's flash and cuDNN's fused attention
-// are priced alike; the profiler tells them apart), and why the trainer
-// cannot run it yet, if it cannot.
+// One row of a ranked table: the same layouts, in the same order, as the
+// JSON and CSV reports list (the first `top` of the ranking, fitting ones
+// first). A fitting row notes the listed layouts predicted exactly alike
+// with it but for the attention kind (weft's flash and cuDNN's fused
+// attention are priced alike; the profiler tells them apart), and why the
+// trainer cannot run it yet, if it cannot.
 struct Row {
   const Candidate* c;
-  std::vector<AttentionKind> kinds;
+  int64_t rank = 0;                // 0: not fitting
+  std::vector<int64_t> alike;      // ranks of the listed twins
   std::string untrainable;
-  std::string layout() const {
-    std::string text = c->layout.to_string();
-    if (kinds.size() < 2) return text;
-    std::string alts;
-    for (auto k : kinds) alts += std::string(alts.empty() ? "" : "|") + to_string(k);
-    const std::string from = std::string("attn:") + to_string(c->layout.attention);
-    return text.replace(text.find(from), from.size(), "attn:" + alts);
+  std::string layout() const { return c->layout.to_string() + (untrainable.empty() ? "" : " *"); }
+  // "as #1 but attn": the note after a fitting row with listed twins.
+  std::string alike_note() const {
+    if (alike.empty()) return {};
+    std::string ranks;
+    for (int64_t k : alike) ranks += fmt::format("{}#{}", ranks.empty() ? "" : ",", k);
+    return fmt::format("as {} but attn", ranks);
+  }
+  // What a row that does not fit shows in place of its step time.
+  std::string pruned() const {
+    return c->prune_class.empty() ? fmt::format("{}: {}", to_string(c->verdict), c->reason) : c->prune_class;
   }
 };
 
 std::vector<Row> ranked_rows(const SpaceReport& r, const SpaceContext& ctx, int64_t top) {
-  // Twins have the same step, so they sit together in the ranking, except
-  // the least-memory layout that the tie rule moved to the front: every
-  // fitting layout is looked up, and joins its twin's row if it has one.
   auto key = [](const Candidate& c) {
     Layout l = c.layout;
     l.attention = AttentionKind::flash;
     return fmt::format("{} {:a}", l.to_string(), c.cost.step);
   };
   std::vector<Row> rows;
-  std::unordered_map<std::string, size_t> row_of;
+  std::unordered_map<std::string, std::vector<size_t>> twins;
+  int64_t fitting = 0;
   for (const auto& c : r.candidates) {
-    if (c.verdict != Verdict::fits) break;
-    const std::string k = key(c);
-    if (auto it = row_of.find(k); it != row_of.end()) {
-      rows[it->second].kinds.push_back(c.layout.attention);
-      continue;
+    if (int64_t(rows.size()) >= top) break;
+    Row row{&c, 0, {}, {}};
+    if (c.verdict == Verdict::fits) {
+      row.rank = ++fitting;
+      try {
+        trainer::check_trainable(c.layout, ctx.cluster.device.kind);
+      } catch (const LayoutError& e) {
+        // The reason, without the "layout <text>: " it starts with.
+        const std::string what = e.what(), prefix = "layout " + c.layout.to_string() + ": ";
+        row.untrainable = what.rfind(prefix, 0) == 0 ? what.substr(prefix.size()) : what;
+      }
+      twins[key(c)].push_back(rows.size());
     }
-    if (int64_t(rows.size()) >= top) continue;
-    Row row{&c, {c.layout.attention}, {}};
-    try {
-      trainer::check_trainable(c.layout, ctx.cluster.device.kind);
-    } catch (const LayoutError& e) {
-      // The reason, without the "layout <text>: " it starts with.
-      const std::string what = e.what(), prefix = "layout " + c.layout.to_string() + ": ";
-      row.untrainable = what.rfind(prefix, 0) == 0 ? what.substr(prefix.size()) : what;
-    }
-    row_of.emplace(k, rows.size());
     rows.push_back(std::move(row));
   }
+  for (const auto& [k, members] : twins)
+    for (size_t i : members)
+      for (size_t j : members)
+        if (i != j) rows[i].alike.push_back(rows[j].rank);
+  for (auto& row : rows) std::sort(row.alike.begin(), row.alike.end());
   return rows;
 }
 
@@ -135,8 +142,13 @@ std::vector<Row> ranked_rows(const SpaceReport& r, const SpaceContext& ctx, int6
 std::string table_notes(const std::vector<Row>& rows, double tie) {
   std::string s = fmt::format(
       "  order: predicted step time; of the layouts within {:g}% of the fastest, the one with the least memory "
-      "comes first (the model cannot tell them apart). Kinds joined by | are predicted alike.\n",
+      "comes first (the model cannot tell them apart); layouts that do not fit follow, unranked.\n",
       100 * tie);
+  for (const auto& row : rows)
+    if (!row.alike.empty()) {
+      s += "  as #k but attn: predicted exactly alike with rank k, differing only in the attention kind\n";
+      break;
+    }
   for (const auto& row : rows)
     if (!row.untrainable.empty()) {
       s += "  * the trainer cannot run this layout yet: " + row.untrainable + "\n";
@@ -160,15 +172,22 @@ std::string report_table(const SpaceReport& r, const SpaceContext& ctx, int64_t 
   s += fmt::format("{:>4}  {:<78} {:>16} {:>10} {:>11} {:>10} {:>6}\n", "rank", "layout",
                    "mem GiB (worst)", "step", "tokens/s", "TFLOP/s/dev", "MFU");
   const auto rows = ranked_rows(r, ctx, top);
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const Candidate& c = *rows[i].c;
-    s += fmt::format("{:>4}  {:<78} {:>7.1f} / {:<6.1f} {:>10} {:>11.0f} {:>10.1f} {:>5.1f}%\n", i + 1,
-                     rows[i].layout() + (rows[i].untrainable.empty() ? "" : " *"), gib(c.memory.peak()),
-                     gib(c.memory.usable), format_seconds(c.cost.step), c.cost.tokens_per_second,
-                     c.cost.model_flops_per_gpu / 1e12, 100 * c.cost.mfu);
+  for (const Row& row : rows) {
+    const Candidate& c = *row.c;
+    const std::string rank = row.rank > 0 ? fmt::format("{}", row.rank) : "-";
+    const std::string mem = c.verdict == Verdict::invalid
+                                ? ""
+                                : fmt::format("{:>7.1f} / {:<6.1f}", gib(c.memory.peak()), gib(c.memory.usable));
+    if (row.rank == 0) {
+      s += fmt::format("{:>4}  {:<78} {:>16} {}\n", rank, row.layout(), mem, row.pruned());
+      continue;
+    }
+    s += fmt::format("{:>4}  {:<78} {:>16} {:>10} {:>11.0f} {:>10.1f} {:>5.1f}%{}\n", rank, row.layout(), mem,
+                     format_seconds(c.cost.step), c.cost.tokens_per_second, c.cost.model_flops_per_gpu / 1e12,
+                     100 * c.cost.mfu, row.alike.empty() ? "" : "  " + row.alike_note());
   }
-  if (rows.empty()) s += "  (no layout fits; see the pruning reasons below)\n";
-  else s += table_notes(rows, ctx.tie);
+  if (rows.empty() || rows.front().rank == 0) s += "  (no layout fits; see the pruning reasons below)\n";
+  if (!rows.empty()) s += table_notes(rows, ctx.tie);
   s += "\npruned by reason:\n";
   if (r.pruned.empty()) s += "  (none)\n";
   for (const auto& [why, n] : r.pruned) s += fmt::format("  {:>8}  {}\n", n, why);
@@ -251,12 +270,19 @@ std::string report_md(const SpaceReport& r, const SpaceContext& ctx, int64_t top
   s += "| rank | layout | memory (worst stage) | step | tokens/s | TFLOP/s/dev | MFU |\n";
   s += "|---:|---|---:|---:|---:|---:|---:|\n";
   const auto rows = ranked_rows(r, ctx, top);
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const Candidate& c = *rows[i].c;
-    s += fmt::format("| {} | `{}`{} | {:.1f} / {:.1f} GiB | {} | {:.0f} | {:.1f} | {:.1f}% |\n", i + 1,
-                     rows[i].layout(), rows[i].untrainable.empty() ? "" : " \\*", gib(c.memory.peak()),
-                     gib(c.memory.usable), format_seconds(c.cost.step), c.cost.tokens_per_second,
-                     c.cost.model_flops_per_gpu / 1e12, 100 * c.cost.mfu);
+  for (const Row& row : rows) {
+    const Candidate& c = *row.c;
+    const std::string layout = fmt::format("`{}`{}", c.layout.to_string(), row.untrainable.empty() ? "" : " \\*");
+    const std::string mem = c.verdict == Verdict::invalid
+                                ? ""
+                                : fmt::format("{:.1f} / {:.1f} GiB", gib(c.memory.peak()), gib(c.memory.usable));
+    if (row.rank == 0) {
+      s += fmt::format("| - | {} | {} | {} | | | |\n", layout, mem, row.pruned());
+      continue;
+    }
+    s += fmt::format("| {} | {}{} | {} | {} | {:.0f} | {:.1f} | {:.1f}% |\n", row.rank, layout,
+                     row.alike.empty() ? "" : " (" + row.alike_note() + ")", mem, format_seconds(c.cost.step),
+                     c.cost.tokens_per_second, c.cost.model_flops_per_gpu / 1e12, 100 * c.cost.mfu);
   }
   if (!rows.empty()) {
     s += '\n';

@@ -14,15 +14,16 @@ namespace weft::report {
 enum class ReportFormat { table, json, csv, md, html };
 ReportFormat report_format_parse(const std::string& s);
 
-// The top `top` fitting layouts (layouts predicted alike but for the
-// attention kind share a row; a * marks those the trainer cannot run yet),
-// the rule behind their order, the pruning summary and the best layout's
-// memory and time breakdown (or, when nothing fits, the layout nearest to
-// fitting).
+// The first `top` layouts of the ranking, the same ones in the same order
+// in every format: fitting ones by rank, then (when fewer fit) those pruned.
+// The table notes the listed layouts predicted alike but for the attention
+// kind ("as #1 but attn") and marks with * those the trainer cannot run yet;
+// it adds the rule behind the order, the pruning summary and the best
+// layout's memory and time breakdown (or, when nothing fits, the layout
+// nearest to fitting).
 std::string report_table(const tuner::SpaceReport& r, const tuner::SpaceContext& ctx, int64_t top);
-// The first `top` layouts (fitting ones by rank, then the pruned ones) with
-// their verdict, memory, predictions and pruning reason; every layout with
-// top = the count (`--all`).
+// The same layouts with their verdict, memory, predictions and pruning
+// reason; every layout with top = the count (`--all`).
 nlohmann::json report_json(const tuner::SpaceReport& r, const tuner::SpaceContext& ctx, int64_t top);
 std::string report_csv(const tuner::SpaceReport& r, const tuner::SpaceContext& ctx, int64_t top);
 std::string report_md(const tuner::SpaceReport& r, const tuner::SpaceContext& ctx, int64_t top);

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "memory/shapes.h"
 #include "report/html_report.h"
+#include "report/report_fields.h"
 
 namespace weft::report {
 
@@ -32,10 +33,7 @@ constexpr size_t kTopExact = 200;
 // many; --all asks for every one, which no page table can hold).
 constexpr size_t kTopListed = 1000;
 
-double num(const json& j, const char* key) {
-  const auto it = j.find(key);
-  return it != j.end() && it->is_number() ? it->get<double>() : 0.0;
-}
+double num(const json& j, const char* key) { return field_number(j, key); }
 
 json categories() {
   json c = json::array();
@@ -90,9 +88,12 @@ struct Collector {
 json dry_run_data(const json& head, Collector c, int64_t invalid, double usable, double peak_flops,
                   const std::function<std::string(size_t)>& layout_of) {
   json d{{"kind", "dry-run"}};
-  const std::string model = head.value("/model/name"_json_pointer, std::string("?"));
-  const std::string device = head.value("/cluster/device/name"_json_pointer, std::string("?"));
-  const int64_t gpus = head.value("/cluster/gpus"_json_pointer, int64_t{0});
+  const json& model_name = field_at(head, "/model/name"_json_pointer);
+  const json& device_name = field_at(head, "/cluster/device/name"_json_pointer);
+  const json& world = field_at(head, "/cluster/gpus"_json_pointer);
+  const std::string model = model_name.is_string() ? model_name.get<std::string>() : "?";
+  const std::string device = device_name.is_string() ? device_name.get<std::string>() : "?";
+  const int64_t gpus = world.is_number_integer() ? world.get<int64_t>() : 0;
   d["title"] = fmt::format("weft dry-run: {} on {} x {}", model, gpus, device);
   for (const char* k : {"model", "run", "cluster", "memory_margin", "evaluated", "fitting", "pruned"})
     if (head.contains(k)) d[k] = head[k];
@@ -101,7 +102,8 @@ json dry_run_data(const json& head, Collector c, int64_t invalid, double usable,
   d["classes"] = c.classes;
   d["invalid"] = invalid;
   d["usable_bytes"] = usable;
-  d["capacity_bytes"] = head.value("/cluster/device/memory_bytes"_json_pointer, 0.0);
+  const json& capacity = field_at(head, "/cluster/device/memory_bytes"_json_pointer);
+  d["capacity_bytes"] = capacity.is_number() ? capacity.get<double>() : 0.0;
   d["peak_flops"] = peak_flops;
 
   // Small spaces: every point exact. Large ones: the Pareto front, the top
@@ -154,14 +156,17 @@ json dry_run_data(const json& head, Collector c, int64_t invalid, double usable,
   // The top layouts' step time by part (the page draws the first few and
   // lists them all), and the best one's memory by stage.
   json top = json::array();
-  for (const auto& row : head["layouts"]) {
-    if (top.size() >= kTopListed || row.value("verdict", "") != "fits") break;
-    json t{{"layout", row["layout"]}, {"rank", row.value("rank", int64_t{0})}};
+  for (const auto& row : field_of(head, "layouts")) {
+    if (top.size() >= kTopListed || field_text(row, "verdict") != "fits") break;
+    json t{{"layout", field_text(row, "layout")}, {"rank", field_whole(row, "rank")}};
     for (const char* k : {"compute_s", "recompute_s", "tp_comm_s", "pp_bubble_s", "pp_p2p_s", "dp_comm_s",
                           "optimizer_s", "step_s", "mfu", "tokens_per_s"})
-      t[k] = row["prediction"].value(k, 0.0);
-    t["peak_bytes"] = row.value("memory_peak_bytes", int64_t{0});
-    if (top.empty()) d["best"] = {{"layout", row["layout"]}, {"stages", row.value("memory_stages", json::array())}};
+      t[k] = field_number(field_of(row, "prediction"), k);
+    t["peak_bytes"] = field_whole(row, "memory_peak_bytes");
+    if (top.empty()) {
+      const json& stages = field_of(row, "memory_stages");
+      d["best"] = {{"layout", field_text(row, "layout")}, {"stages", stages.is_array() ? stages : json::array()}};
+    }
     top.push_back(std::move(t));
   }
   d["top"] = std::move(top);
@@ -180,24 +185,24 @@ json report_data_dry_run(const json& src) {
   const auto& rows = src["layouts"];
   for (size_t i = 0; i < rows.size(); ++i) {
     const json& row = rows[i];
-    if (!row.contains("prediction")) {
+    if (!field_of(row, "prediction").is_object()) {
       ++invalid;
       continue;
     }
     Point p;
-    p.verdict = row.value("verdict", "");
-    p.cls = c.class_index(p.verdict == "fits" ? "fits" : row.value("prune_class", p.verdict));
+    p.verdict = field_text(row, "verdict");
+    p.cls = c.class_index(p.verdict == "fits" ? "fits" : field_text(row, "prune_class", p.verdict));
     p.mfu = num(row["prediction"], "mfu");
     p.step_s = num(row["prediction"], "step_s");
-    p.peak = row.value("memory_peak_bytes", int64_t{0});
-    p.rank = row.value("rank", int64_t{0});
+    p.peak = field_whole(row, "memory_peak_bytes");
+    p.rank = field_whole(row, "rank");
     p.source = i;
     if (usable == 0) usable = num(row, "memory_usable_bytes");
     if (peak_flops == 0) peak_flops = num(row["prediction"], "peak_flops");
     c.pts.push_back(std::move(p));
   }
   return dry_run_data(src, std::move(c), invalid, usable, peak_flops,
-                      [&](size_t i) { return rows[i].value("layout", ""); });
+                      [&](size_t i) { return field_text(rows[i], "layout"); });
 }
 
 json report_data_space(const SpaceReport& r, const SpaceContext& ctx, int64_t top) {
@@ -235,8 +240,8 @@ json report_data_tuning(const json& src) {
     throw InputError("tuning report: expected the tuning.json of weft train --auto (a \"trials\" list)");
   json d = src;
   d["kind"] = "tuning";
-  d["title"] = fmt::format("weft tuning: {} on {} x {}", src.value("model", "?"), src.value("world", int64_t{0}),
-                           src.value("device", "?"));
+  d["title"] = fmt::format("weft tuning: {} on {} x {}", field_text(src, "model", "?"), field_whole(src, "world"),
+                           field_text(src, "device", "?"));
   // Trials this tuning ran carry their start (start_s); trials read from an
   // earlier run's journal have none and stay off the timeline. A tuning.json
   // from before start times were recorded has none at all: its trials are

@@ -11,6 +11,7 @@
 #include "core/json_io.h"
 #include "memory/shapes.h"
 #include "report/html_report.h"
+#include "report/report_fields.h"
 
 namespace weft::report {
 
@@ -110,7 +111,7 @@ json report_data_run(const std::string& dir) {
       if (!name.starts_with("rank") || e.path().extension() != ".json") continue;
       try {
         json m = json_read_file(e.path().string(), "memory record");
-        ranks.emplace_back(m.value("rank", int64_t{0}), std::move(m));
+        ranks.emplace_back(field_whole(m, "rank"), std::move(m));
       } catch (const InputError&) {
         ++d["unreadable_lines"].get_ref<json::number_integer_t&>();
       }
@@ -123,24 +124,26 @@ json report_data_run(const std::string& dir) {
     d["tuning"] = report_data_tuning(json_read_file((root / "tuning.json").string(), "tuning report"));
   if (fs::exists(root / "recipe.json")) {
     const json rc = json_read_file((root / "recipe.json").string(), "recipe");
-    if (rc.is_object()) d["recipe"] = {{"layout", rc.value("layout", json())}, {"source", rc.value("source", json())}};
+    if (rc.is_object()) d["recipe"] = {{"layout", field_of(rc, "layout")}, {"source", field_of(rc, "source")}};
   }
   // The newest header names the model (a string, or a spec with a name).
   std::string model, layout;
   if (!d["headers"].empty()) {
     const json& h = d["headers"].back();
     if (h.contains("model") && h["model"].is_string()) model = h["model"].get<std::string>();
-    else if (h.contains("model") && h["model"].is_object()) model = h["model"].value("name", "");
+    else if (h.contains("model") && h["model"].is_object()) model = field_text(h["model"], "name");
     if (h.contains("layout") && h["layout"].is_string()) layout = h["layout"].get<std::string>();
   }
-  if (layout.empty() && !d["memory"].empty()) layout = d["memory"][0].value("layout", "");
+  if (layout.empty() && !d["memory"].empty()) layout = field_text(d["memory"][0], "layout");
   d["layout"] = layout;
   const std::string name = fs::path(dir).lexically_normal().filename().string();
   d["title"] = fmt::format("weft run: {}{}", name.empty() ? dir : name, model.empty() ? "" : " (" + model + ")");
   return d;
 }
 
-std::string report_html_for(const std::string& path) {
+namespace {
+
+std::string report_html_for_checked(const std::string& path) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) {
     if (!fs::exists(fs::path(path) / "metrics.jsonl") && !fs::exists(fs::path(path) / "tuning.json"))
@@ -157,6 +160,17 @@ std::string report_html_for(const std::string& path) {
   if (j.is_object() && j.contains("trials") && j["trials"].is_array()) return report_html(report_data_tuning(j));
   if (j.is_object() && j.contains("layouts") && j["layouts"].is_array()) return report_html(report_data_dry_run(j));
   throw InputError(fmt::format("'{}' is JSON of an unknown kind (no \"trials\" or \"layouts\" list); {}", path, kValid));
+}
+
+}  // namespace
+
+std::string report_html_for(const std::string& path) {
+  // A value of a type the page cannot use anywhere: the file and the field.
+  try {
+    return report_html_for_checked(path);
+  } catch (const json::exception& e) {
+    throw FileFormatError(fmt::format("'{}': {}", path, json_error_text(e)));
+  }
 }
 
 std::string report_write_run(const std::string& run_dir) {

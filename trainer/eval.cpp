@@ -3,6 +3,7 @@
 #include "core/stop.h"
 
 #include <cmath>
+#include <filesystem>
 
 #include <fmt/format.h>
 
@@ -10,6 +11,7 @@
 #include "data/corpus.h"
 #include "data/loader.h"
 #include "data/token_data.h"
+#include "trainer/checkpoint/checkpoint.h"
 #include "trainer/state_io.h"
 
 namespace weft::trainer {
@@ -48,15 +50,38 @@ struct EvalData {
   double weight = 1;
   data::TokenData data;
   const data::TokenSource* source = nullptr;  // val split, else train
+  data::ValidationSamples samples;            // --samples, capped at the source's windows
 };
+
+// The checkpoint --checkpoint names: the folder itself, or, for a folder of
+// checkpoints (a run's checkpoints/, or the run folder holding one), the
+// newest in it, named on `log`.
+std::string checkpoint_to_evaluate(const std::string& dir, std::FILE* log) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (dir.empty() || fs::exists(fs::path(dir) / checkpoint::kManifestFile, ec) || !fs::is_directory(dir, ec))
+    return dir;
+  for (const fs::path& root : {fs::path(dir), fs::path(dir) / "checkpoints"})
+    if (const auto latest = checkpoint::latest_checkpoint(root.string())) {
+      fmt::print(log, "using {}, the newest checkpoint in {}\n", *latest, root.string());
+      return *latest;
+    }
+  return dir;
+}
 
 }  // namespace
 
-EvalResult evaluate(const EvalConfig& c, std::FILE* log) {
+EvalResult evaluate(const EvalConfig& config, std::FILE* log) {
+  EvalConfig c = config;
+  c.checkpoint = checkpoint_to_evaluate(config.checkpoint, log);
   const auto ck = checkpoint::load_checkpoint(c.checkpoint);
   const ModelSpec m = ck.manifest.model;
   RunSpec run;
-  run.seq = c.seq > 0 ? c.seq : ck.manifest.run.value("seq", int64_t{0});
+  const auto& recorded = ck.manifest.run;
+  if (c.seq <= 0 && recorded.contains("seq") && !recorded["seq"].is_number_integer())
+    throw FileFormatError(fmt::format("{}/{}: field 'run.seq' must be a whole number, got {}; pass --seq",
+                                      c.checkpoint, checkpoint::kManifestFile, recorded["seq"].dump()));
+  run.seq = c.seq > 0 ? c.seq : recorded.value("seq", int64_t{0});
   if (run.seq <= 0) throw InputError(fmt::format("checkpoint {} records no sequence length; pass --seq", c.checkpoint));
   run.global_batch = 1;
   run.precision = Precision::fp32;
@@ -71,6 +96,7 @@ EvalResult evaluate(const EvalConfig& c, std::FILE* log) {
     e.data = data::token_data_open(e.path);
     data::token_data_validate(e.data, m.vocab, run.seq);
     e.source = e.data.val ? e.data.val.get() : e.data.train.get();
+    e.samples = data::validation_samples(*e.source, run.seq, c.samples, "--samples");
   }
 
   memory::Arena arena;
@@ -84,7 +110,7 @@ EvalResult evaluate(const EvalConfig& c, std::FILE* log) {
     const data::Loader loader = data::validation_loader(*e.source, run.seq);
     const bool dump = r.parts.empty() && !c.dump_dir.empty();
     double loss = 0;
-    for (int64_t i = 0; i < c.samples; ++i) {
+    for (int64_t i = 0; i < e.samples.samples; ++i) {
       stop_check();
       loader.batch(i, 1, tokens.data(), targets.data());
       stage.capture_logits(i == 0 && dump ? &logits : nullptr);
@@ -98,22 +124,24 @@ EvalResult evaluate(const EvalConfig& c, std::FILE* log) {
     EvalLoss& part = r.parts.emplace_back();
     part.data = e.path;
     part.weight = e.weight;
-    part.tokens = c.samples * run.seq;
+    part.tokens = e.samples.samples * run.seq;
     part.loss = loss / double(part.tokens);
     r.tokens += part.tokens;
   }
-  // Every dataset gave the same number of tokens, so the token mean is the
-  // mean of the losses, and a blend's is their weighted mean.
+  // The mean over every token, or for a blend the parts' losses weighted by
+  // the blend (a dataset with fewer windows than --samples gives fewer
+  // tokens, so the two differ then).
   double weights = 0;
   for (const EvalLoss& p : r.parts) {
-    r.loss += p.weight * p.loss;
-    weights += p.weight;
+    const double w = spec.blend() ? p.weight : double(p.tokens);
+    r.loss += w * p.loss;
+    weights += w;
   }
   r.loss /= weights;
 
   const auto samples_of = [&](const EvalData& e) {
-    return fmt::format("{} {} samples of {} tokens", c.samples, e.data.val ? "validation" : "training",
-                       run.seq);
+    return fmt::format("{} {} samples of {} tokens{}", e.samples.samples, e.data.val ? "validation" : "training",
+                       run.seq, e.samples.note.empty() ? "" : " (" + e.samples.note + ")");
   };
   if (sets.size() == 1) {
     fmt::print(log, "{} at step {}: {} loss {:.6f} nats/token, perplexity {:.4f}, over {}\n", c.checkpoint,

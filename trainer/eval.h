@@ -8,7 +8,11 @@
 // sequences each. The overall loss is the mean over every evaluated token;
 // for a blend (`--data 0.7 A 0.3 B`) it is the mean of the parts' losses
 // weighted by the blend's weights: the loss expected on the samples the
-// blend draws.
+// blend draws. A dataset holding fewer windows than `samples` is evaluated
+// on each of its windows once, and the output says so.
+//
+// `checkpoint` may also be a folder of checkpoints (a run's checkpoints/ or
+// the run folder): the newest is evaluated, and the output names it.
 #pragma once
 
 #include <cstdint>
@@ -19,9 +23,9 @@
 namespace weft::trainer {
 
 struct EvalConfig {
-  std::string checkpoint;  // checkpoint folder
+  std::string checkpoint;  // checkpoint folder, or a folder of them (the newest is used)
   std::vector<std::string> data;  // --data's items (data_spec.h); empty: the default corpus
-  int64_t samples = 64;    // validation sequences per dataset
+  int64_t samples = 64;    // validation sequences per dataset, at most its windows
   int64_t seq = 0;         // 0: the sequence length the checkpoint was trained with
   std::string dump_dir;    // if set: tokens.npy (T) int32 and logits.npy (T, V) fp32 of the first
                            // dataset's sample 0

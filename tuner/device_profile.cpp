@@ -123,7 +123,25 @@ nlohmann::json profile_to_json(const DeviceProfile& p) {
   return j;
 }
 
+namespace {
+
+DeviceProfile profile_from_json_checked(const nlohmann::json& j, const std::string& origin);
+
+}  // namespace
+
 DeviceProfile profile_from_json(const nlohmann::json& j, const std::string& origin) {
+  // A value of the wrong type where the reader below does not check by name
+  // (a constant that is text, say): still the file and the field.
+  try {
+    return profile_from_json_checked(j, origin);
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(fmt::format("device profile {}: {}", origin, json_error_text(e)));
+  }
+}
+
+namespace {
+
+DeviceProfile profile_from_json_checked(const nlohmann::json& j, const std::string& origin) {
   if (!j.is_object() || !j.contains("format") || j["format"] != kFormat)
     throw InputError(fmt::format("{} is not a weft device profile (expected \"format\": \"{}\")", origin, kFormat));
   const auto& v = field(j, "version", origin);
@@ -147,6 +165,13 @@ DeviceProfile profile_from_json(const nlohmann::json& j, const std::string& orig
                                    name, x.dump()));
   p.constants = k.get<CostConstants>();
   if (j.contains("fingerprint")) p.fingerprint = j["fingerprint"];
+  if (!p.fingerprint.is_null() && !p.fingerprint.is_object())
+    throw InputError(fmt::format("device profile {}: field 'fingerprint' must be an object, got {}", origin,
+                                 p.fingerprint.dump()));
+  for (const char* key : {"cores", "ranks_per_node", "threads", "memory_bytes"})
+    if (p.fingerprint.contains(key) && !p.fingerprint[key].is_number_integer())
+      throw InputError(fmt::format("device profile {}: field 'fingerprint.{}' must be a whole number, got {}", origin,
+                                   key, p.fingerprint[key].dump()));
   if (j.contains("provenance")) p.provenance = j["provenance"];
   if (p.origin == ProfileOrigin::measured) {
     if (!p.fingerprint.is_object())
@@ -155,6 +180,8 @@ DeviceProfile profile_from_json(const nlohmann::json& j, const std::string& orig
   }
   return p;
 }
+
+}  // namespace
 
 DeviceProfile profile_load(const std::string& path) {
   return profile_from_json(json_read_file(path, "device profile"), path);

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <iterator>
 
 #include <fmt/format.h>
 
@@ -74,14 +75,20 @@ Recipe recipe_from_json(const nlohmann::json& j, const std::string& origin) {
     r.measured = j.value("measured", nlohmann::json::object());
     r.tuning = j.value("tuning", nlohmann::json::object());
     // The figures are shown and compared: each must be an object of finite,
-    // non-negative numbers (or text).
-    for (const auto& [name, section] : {std::pair<const char*, const nlohmann::json*>{"predicted", &r.predicted},
+    // non-negative numbers (or text). A null is a figure weft could not
+    // tell (it writes NaN as null) and reads as not recorded.
+    for (const auto& [name, section] : {std::pair<const char*, nlohmann::json*>{"predicted", &r.predicted},
                                         {"measured", &r.measured}}) {
       if (!section->is_object())
         throw bad(fmt::format("field '{}' must be an object of figures, got {}", name, section->dump()));
-      for (const auto& [key, v] : section->items())
+      for (auto it = section->begin(); it != section->end();) {
+        const auto& v = it.value();
         if (v.is_number() && !(v.get<double>() >= 0 && std::isfinite(v.get<double>())))
-          throw bad(fmt::format("field '{}.{}' must be a finite number >= 0, got {}", name, key, v.dump()));
+          throw bad(fmt::format("field '{}.{}' must be a finite number >= 0, got {}", name, it.key(), v.dump()));
+        if (!v.is_null() && !v.is_number() && !v.is_string())
+          throw bad(fmt::format("field '{}.{}' must be a number, text or null, got {}", name, it.key(), v.dump()));
+        it = v.is_null() ? section->erase(it) : std::next(it);
+      }
     }
     if (!r.tuning.is_object()) throw bad(fmt::format("field 'tuning' must be an object, got {}", r.tuning.dump()));
     for (const auto& [name, v] : {std::pair<const char*, int64_t>{"cluster.device_memory_bytes", r.device_memory},
@@ -89,7 +96,7 @@ Recipe recipe_from_json(const nlohmann::json& j, const std::string& origin) {
                                   {"cluster.gpus_per_node", r.gpus_per_node}})
       if (v <= 0) throw bad(fmt::format("field '{}' must be positive, got {}", name, v));
   } catch (const nlohmann::json::exception& e) {
-    throw bad(fmt::format("missing or malformed field ({})", e.what()));
+    throw bad(json_error_text(e));
   } catch (const FileFormatError&) {
     throw;
   } catch (const InputError& e) {

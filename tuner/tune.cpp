@@ -101,9 +101,16 @@ TrialRecord record_from_json(const nlohmann::json& j, const std::string& origin)
                                   {"seconds", t.seconds}})
       if (!(v >= 0 && std::isfinite(v)))
         throw InputError(fmt::format("field '{}' must be a finite number >= 0, got {}", name, v));
-    if (t.status == "ok" && !(t.measured_s > 0))
-      throw InputError(fmt::format("an ok trial with measured_s {}", t.measured_s));
+    // A timed step below a microsecond or above a day is not a measurement
+    // (a hand edit, a damaged file): it would make its layout win, with an
+    // MFU past 100%, or lose, for nothing.
+    if (t.status == "ok" && !(t.measured_s >= kMinStepSeconds && t.measured_s <= kMaxStepSeconds))
+      throw InputError(fmt::format("field 'measured_s' of an ok trial is {:g}; a timed step takes from {:g} to {:g} "
+                                   "seconds",
+                                   t.measured_s, kMinStepSeconds, kMaxStepSeconds));
     return t;
+  } catch (const nlohmann::json::exception& e) {
+    throw FileFormatError(fmt::format("{}: trial record {} is malformed: {}", origin, j.dump(), json_error_text(e)));
   } catch (const std::exception& e) {
     throw FileFormatError(fmt::format("{}: trial record {} is malformed: {}", origin, j.dump(), e.what()));
   }

@@ -46,6 +46,9 @@ std::optional<Journal> open_journal(const SpaceContext& ctx, const SpaceLimits& 
   if (control.rank() == 0 && !o.journal.empty()) {
     try {
       journal.emplace(Journal::open(o.journal, tune_journal_header(ctx, limits, o)));
+      // Every record is read now, so that a bad one refuses the tuning
+      // before any trial instead of in the middle of it.
+      for (const auto& result : journal->results()) (void)record_from_json(result, o.journal);
     } catch (const FileFormatError& e) {
       bad = 2;
       why = e.what();

@@ -27,6 +27,10 @@ struct Fault {
   int64_t rank;
 };
 std::vector<Fault> faults_parse(const std::string& spec);
+// A journal's trial record; FileFormatError naming `origin`, the record and
+// the field for a missing or mistyped field, a value out of its range, or an
+// ok trial whose measured_s lies outside [kMinStepSeconds, kMaxStepSeconds].
+inline constexpr double kMinStepSeconds = 1e-6, kMaxStepSeconds = 86400;
 TrialRecord record_from_json(const nlohmann::json& j, const std::string& origin);
 // Rank 0's value of `v`, on every rank of the control communicator.
 int64_t share(parallel::Comm& control, int64_t v);

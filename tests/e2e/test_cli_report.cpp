@@ -242,6 +242,25 @@ TEST(CliReport, TrainingWritesItsReport) {
   EXPECT_TRUE(page["memory"][0].contains("measured"));
 }
 
+// Every JSON weft writes, with a null wherever it holds a number (weft
+// writes a NaN as null: a validation a stop skipped, a diverged loss): the
+// report still opens, showing what it can.
+TEST(CliReport, NullsWhereNumbersWereStillOpen) {
+  TempDir dir;
+  ASSERT_EQ(run_weft("tune --dry-run --model llama-7b --gpu h100 --gpus 16 --tp 1,2 --mb 1 --format json --out " +
+                     dir.path("dry.json")).code,
+            0);
+  std::ofstream(dir.path("dry-null.json")) << with_nulls(json::parse(read_text(dir.path("dry.json")))).dump();
+  std::ofstream(dir.path("tuning-null.json")) << with_nulls(json::parse(read_text(kFixtures + "/tuning.json"))).dump();
+  copy_run_with_nulls(kFixtures + "/resumed", dir.path("run"));
+  fs::copy_file(dir.path("tuning-null.json"), dir.path("run/tuning.json"));
+  for (const std::string input : {"dry-null.json", "tuning-null.json", "run"}) {
+    const auto r = run_weft("report " + dir.path(input) + " --out " + dir.path(input + ".html"));
+    EXPECT_EQ(r.code, 0) << input << "\n" << r.out;
+    EXPECT_FALSE(report_embedded(read_text(dir.path(input + ".html"))).is_null()) << input;
+  }
+}
+
 TEST(CliReport, BadInputIsOneLineWithExitCode2) {
   TempDir dir;
   const std::string odd = dir.file("odd.json", "{\"hello\": 1}");

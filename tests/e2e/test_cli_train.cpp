@@ -86,12 +86,20 @@ TEST(CliTrain, ResumeIsBitIdentical) {
   EXPECT_NE(r.out.find("at step 6"), std::string::npos) << r.out;
 }
 
-// SIGTERM in the middle of a validation that would take minutes: the run
-// stops at the next sample on its way (not after the validation), keeps its
-// checkpoint and exits 143.
+// SIGTERM in the middle of a validation that would take many seconds: the
+// run stops at the next sample on its way (not after the validation), keeps
+// its checkpoint and exits 143. Validation reads each window once, so the
+// long one needs a large validation split: about 500k tokens, some 16 s on
+// one core.
 TEST(CliTrain, SigtermDuringValidationStopsPromptly) {
   TempDir dir;
-  const auto data = corpus(dir);
+  std::string text;
+  for (int i = 0; i < 20000; ++i)
+    text += "The quick brown fox " + std::to_string(i * 7919 % 100000) + " jumps over the lazy dog.\n%\n";
+  const auto r = run_weft("data prepare --input " + dir.file("big.txt", text) + " --out " + dir.path("data") +
+                          " --val-fraction 0.5");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto data = dir.path("data");
   const auto out = dir.path("run");
   const pid_t pid = spawn_weft("train --data " + data + " --steps 1000 --eval-every 2 --out " + out + kSmall +
                                " --eval-samples 100000000");
@@ -113,6 +121,36 @@ TEST(CliTrain, SigtermDuringValidationStopsPromptly) {
   EXPECT_LT(waited, 30.0);
   EXPECT_TRUE(fs::exists(out + "/checkpoints/step_000002/manifest.json"));
   EXPECT_EQ(losses(out + "/metrics.jsonl").size(), 2u);
+}
+
+// Validation and weft eval read each window of the data at most once: a
+// request for more, a huge one included, is capped and the output says so.
+TEST(CliTrain, ValidationTakesAtMostTheWindowsTheDataHolds) {
+  TempDir dir;
+  const auto data = corpus(dir);
+  auto r = run_weft("train --data " + data + kSmall + " --steps 2 --eval-samples 100000000 --out " + dir.path("run"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto at = r.out.find("validation: ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const std::string n = std::to_string(std::stoll(r.out.substr(at + 12)));
+  EXPECT_LT(std::stoll(n), 1000) << r.out;
+  EXPECT_NE(r.out.find("validation: " + n + " samples (the data holds " + n +
+                       " windows of 33 tokens; --eval-samples 100000000 asked for more)"),
+            std::string::npos)
+      << r.out;
+  // weft eval of the run's folder of checkpoints takes the newest and names it.
+  r = run_weft("eval --data " + data + " --checkpoint " + dir.path("run/checkpoints") + " --samples 1000");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("step_000002, the newest checkpoint in " + dir.path("run/checkpoints")), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("over " + n + " validation samples of 32 tokens (the data holds " + n +
+                       " windows of 33 tokens; --samples 1000 asked for more)"),
+            std::string::npos)
+      << r.out;
+  r = run_weft("eval --data " + data + " --checkpoint " + dir.path("run/checkpoints/step_000002") + " --samples 3");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("over 3 validation samples of 32 tokens\n"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("using"), std::string::npos) << r.out;
 }
 
 TEST(CliTrain, SigintSavesACheckpointAndExits) {
@@ -305,7 +343,7 @@ TEST(CliTrain, BadInputIsOneClearLineAndNothingIsOverwritten) {
   }
   struct Case {
     std::string args;
-    std::vector<const char*> says;
+    std::vector<std::string> says;
   };
   const std::vector<Case> cases = {
       {"--data " + dir.path("missing"), {"missing"}},
@@ -333,6 +371,14 @@ TEST(CliTrain, BadInputIsOneClearLineAndNothingIsOverwritten) {
       {"--data " + data + " --resume-from " + ckpt + " --vocab 300", {"vocab", "300", "256"}},
       {"--data " + data + " --resume-from " + dir.path("corrupt"), {"model.safetensors"}},
       {"--data " + data + " --resume-from " + dir.path("nope"), {"nope"}},
+      {"--data " + data + " --layout tp1-pp1-dp1-mb-1", {"mb is -1", "at least 1"}},
+      {"--data " + data + " --vocab 0", {"--vocab 0", "from 1 to 2147483648"}},
+      {"--data " + data + " --layout ''", {"--layout", "empty"}},
+      {"--data " + data + " --overwrite --resume-from " + ckpt, {"--overwrite", "--resume-from " + ckpt}},
+      {"--data " + data + " --step 3", {"--step", "did you mean --steps?"}},
+      {"--data " + data + " --eval-sample 3", {"did you mean --eval-samples?"}},
+      // The memory model against this machine, before anything is allocated.
+      {"--data " + data + " --vocab 2147483647", {"layout tp1-pp1-dp1-mb2-", "does not fit", "bytes", "cpu"}},
   };
   for (const auto& c : cases) {
     // The failing runs write into the good run's folder: nothing may change there.
@@ -340,7 +386,7 @@ TEST(CliTrain, BadInputIsOneClearLineAndNothingIsOverwritten) {
     EXPECT_EQ(res.code, 2) << c.args << "\n" << res.out;
     EXPECT_EQ(std::count(res.out.begin(), res.out.end(), '\n'), 1) << c.args << "\n" << res.out;
     EXPECT_EQ(res.out.rfind("weft: error: ", 0), 0u) << c.args << "\n" << res.out;
-    for (const char* s : c.says) EXPECT_NE(res.out.find(s), std::string::npos) << c.args << "\n" << res.out;
+    for (const auto& s : c.says) EXPECT_NE(res.out.find(s), std::string::npos) << c.args << "\n" << res.out;
   }
   EXPECT_EQ(fs::file_size(ckpt + "/model.safetensors"), size_before);
   EXPECT_FALSE(fs::exists(dir.path("good/checkpoints/step_000003")));

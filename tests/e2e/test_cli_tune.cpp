@@ -1,7 +1,9 @@
 // `weft tune --dry-run` end to end: the README's report, machine formats, and
 // one clear line with exit code 2 for every kind of bad input.
 #include <algorithm>
+#include <cctype>
 #include <fstream>
+#include <sstream>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -57,12 +59,12 @@ TEST(CliTune, TopIsHonouredEverywhereAndTheTableExplainsItself) {
   EXPECT_EQ(nlohmann::json::parse(r.out)["layouts"].size(), 3u);
   r = run_weft(common + " --format csv");
   EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 4);
-  // Flash and cuDNN attention are predicted alike: one row lists both kinds;
-  // the order's rule is stated; ZeRO-3 layouts are marked.
+  // Flash and cuDNN attention are predicted alike: each has its own row, the
+  // later one noting the earlier's rank; the order's rule is stated.
   r = run_weft("tune --dry-run --model llama-13b --gpu h100 --gpus 64 --top 40");
   ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("attn:flash|cudnn"), std::string::npos) << r.out;
-  EXPECT_EQ(r.out.find("-attn:cudnn-"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("-attn:cudnn-"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" but attn"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("order: predicted step time"), std::string::npos) << r.out;
   // bf16 gradients priced for CPU ranks: the CPU trainer computes in fp32.
   r = run_weft("tune --dry-run --model tiny --gpu cpu --gpus 2 --precision bf16 --grad bf16 --top 3");
@@ -71,6 +73,72 @@ TEST(CliTune, TopIsHonouredEverywhereAndTheTableExplainsItself) {
   EXPECT_NE(r.out.find("the trainer cannot run this layout yet: grad:bf16 needs the GPU trainer"),
             std::string::npos)
       << r.out;
+}
+
+// The layouts each format lists, in order.
+std::vector<std::string> listed_layouts(const std::string& format, const std::string& out) {
+  std::vector<std::string> layouts;
+  std::istringstream in(out);
+  std::string line;
+  if (format == "json") {
+    const auto j = nlohmann::json::parse(out);
+    for (const auto& row : j["layouts"]) layouts.push_back(row["layout"]);
+  } else if (format == "csv") {
+    std::getline(in, line);  // the header
+    while (std::getline(in, line)) {
+      const auto a = line.find(','), b = line.find(',', a + 1);
+      layouts.push_back(line.substr(a + 1, b - a - 1));
+    }
+  } else if (format == "table") {
+    bool rows = false;
+    while (std::getline(in, line)) {
+      if (line.rfind("rank  layout", 0) == 0) {
+        rows = true;
+      } else if (rows) {
+        std::istringstream words(line);
+        std::string rank, layout;
+        words >> rank >> layout;
+        if (rank != "-" && (rank.empty() || !std::isdigit(static_cast<unsigned char>(rank[0])))) break;
+        layouts.push_back(layout);
+      }
+    }
+  } else if (format == "md") {
+    bool rows = false;
+    while (std::getline(in, line)) {
+      if (line.rfind("|---:|", 0) == 0) {
+        rows = true;
+      } else if (rows) {
+        if (line.rfind("| ", 0) != 0) break;
+        const auto a = line.find('`'), b = line.find('`', a + 1);
+        layouts.push_back(line.substr(a + 1, b - a - 1));
+      }
+    }
+  }
+  return layouts;
+}
+
+// --top N lists one ranking: the same N layouts in the same order in every
+// format, with layouts predicted alike (flash and cuDNN attention) and,
+// when fewer than N fit, the pruned ones after those that fit.
+TEST(CliTune, TopListsTheSameLayoutsInEveryFormat) {
+  for (const std::string common : {"tune --dry-run --model llama-13b --gpu h100 --gpus 64 --top 12",
+                                   "tune --dry-run --model llama-13b --gpu a100-40gb --gpus 8 --tp 8 --mb 4 --ckpt none "
+                                   "--zero 0 --sp on --grad fp32 --top 6",
+                                   "tune --dry-run --model llama-65b --gpu a100-40gb --gpus 8 --global-batch 8 "
+                                   "--top 4"}) {
+    std::vector<std::string> json_layouts;
+    for (const std::string format : {"json", "csv", "table", "md"}) {
+      const auto r = run_weft(common + " --format " + format);
+      ASSERT_EQ(r.code, 0) << common << " " << format << "\n" << r.out;
+      const auto layouts = listed_layouts(format, r.out);
+      if (format == "json") {
+        json_layouts = layouts;
+        EXPECT_EQ(layouts.size(), std::stoul(common.substr(common.rfind(' ') + 1))) << common;
+        continue;
+      }
+      EXPECT_EQ(layouts, json_layouts) << common << " " << format << "\n" << r.out;
+    }
+  }
 }
 
 TEST(CliTune, NothingFitsPointsAtTheNearestLayout) {
@@ -119,10 +187,26 @@ TEST(CliTune, BadInputIsOneClearLineAndExitTwo) {
       {"tune --dry-run --gpus many", {"many"}},
       {"tune", {"--dry-run"}},
       {"frobnicate", {"frobnicate"}},
+      {"tune --dry-run --vocab 0", {"--vocab 0", "from 1 to 2147483648"}},
+      {"tune --dry-run --layout ''", {"--layout", "empty"}},
+      {"tune --dry-run --gpus 64 --model llama-13b --layout tp1-pp1-dp64-mb-1", {"mb is -1"}},
+      {"tune --dry-run --max-mbb 4", {"--max-mbb: did you mean --max-mb?"}},
+      {"tune --dry-run --gpu-per-node 8", {"did you mean --gpus-per-node?"}},
+      {"tune --dry-run --gpu {device5}", {"device5.json", "field 'device'", "5"}},
+      {"tune --dry-run --gpu {name3}", {"name3.json", "device.name", "3"}},
+      {"tune --dry-run --gpu {nic}", {"nic.json", "nic_bandwidth", "1e-300", "bytes/s"}},
+      {"tune --dry-run --model {mistral}", {"mistral", "MistralForCausalLM"}},
   };
+  const auto device5 = dir.file("device5.json", R"({"device": 5})");
+  const auto name3 = dir.file("name3.json", R"({"device": {"preset": "h100", "name": 3}})");
+  const auto nic = dir.file("nic.json", R"({"device": {"preset": "h100"}, "nic_bandwidth": 1e-300})");
+  const auto mistral = dir.file("mistral/config.json", R"({"architectures": ["MistralForCausalLM"],
+    "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "sliding_window": 4096})");
   for (const auto& c : cases) {
     std::string args = c.args;
-    for (auto [key, val] : {std::pair{"{bad}", bad_json}, {"{partial}", partial}}) {
+    for (auto [key, val] : {std::pair{"{bad}", bad_json}, {"{partial}", partial}, {"{device5}", device5},
+                            {"{name3}", name3}, {"{nic}", nic}, {"{mistral}", mistral}}) {
       const auto at = args.find(key);
       if (at != std::string::npos) args.replace(at, std::string(key).size(), val);
     }

@@ -122,5 +122,23 @@ TEST_F(ReportBrowser, RunPage) {
   render("run", dir_.path("run/report.html"));
 }
 
+// Pages of JSON with a null wherever a number was (weft writes a NaN as
+// null): drawn without a script error.
+TEST_F(ReportBrowser, PagesOfNulls) {
+  auto r = run_weft("tune --dry-run --model llama-7b --gpu h100 --gpus 16 --tp 1,2 --mb 1 --format json --out " +
+                    dir_.path("dry.json"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ofstream(dir_.path("dry-null.json")) << with_nulls(nlohmann::json::parse(read_text(dir_.path("dry.json")))).dump();
+  std::ofstream(dir_.path("tuning-null.json"))
+      << with_nulls(nlohmann::json::parse(read_text(kFixtures + "/tuning.json"))).dump();
+  copy_run_with_nulls(kFixtures + "/resumed", dir_.path("run"));
+  fs::copy_file(dir_.path("tuning-null.json"), dir_.path("run/tuning.json"));
+  for (const std::string input : {"dry-null.json", "tuning-null.json", "run"}) {
+    r = run_weft("report " + dir_.path(input) + " --out " + dir_.path(input + ".html"));
+    ASSERT_EQ(r.code, 0) << input << "\n" << r.out;
+    render(input + "-page", dir_.path(input + ".html"));
+  }
+}
+
 }  // namespace
 }  // namespace weft::test

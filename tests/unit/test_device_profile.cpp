@@ -64,6 +64,12 @@ TEST(DeviceProfile, MalformedProfilesNameTheField) {
   bad = j;
   bad.erase("fingerprint");
   WEFT_EXPECT_THROW_MSG(profile_from_json(bad, "p.json"), InputError, "fingerprint");
+  bad = j;
+  bad["fingerprint"]["threads"] = "4";
+  WEFT_EXPECT_THROW_MSG(profile_from_json(bad, "p.json"), InputError, "p.json", "fingerprint.threads", "\"4\"");
+  bad = j;
+  bad["rates"]["streams"] = nlohmann::json::object({{"copy", {{"launch_s", 1e-6}, {"bytes_per_s", nullptr}}}});
+  WEFT_EXPECT_THROW_MSG(profile_from_json(bad, "p.json"), InputError, "p.json", "bytes_per_s", "null");
   const std::string path = ::testing::TempDir() + "/profile_garbage.json";
   std::ofstream(path) << "{not json";
   WEFT_EXPECT_THROW_MSG(profile_load(path), InputError, path.c_str());

@@ -106,6 +106,41 @@ TEST(ClusterSpec, TopologyFromPresetsAndJson) {
       InputError, "nvlink_domain 3");
 }
 
+// A cluster file's wrong types and absurd figures: each names the file, the
+// field, the value and what is valid.
+TEST(ClusterSpec, FileValuesOfTheWrongTypeOrRangeAreRefusedByField) {
+  test::TempDir dir;
+  struct Case {
+    const char* name;
+    const char* json;
+    std::vector<const char*> says;
+  };
+  const std::vector<Case> cases = {
+      {"device5", R"({"device": 5})", {"field 'device'", "5"}},
+      {"name3", R"({"device": {"preset": "h100", "name": 3}})", {"device.name", "3"}},
+      {"kind", R"({"device": {"preset": "h100", "kind": "tpu"}})", {"device.kind", "tpu"}},
+      {"overhead", R"({"device": {"preset": "h100", "runtime_overhead_bytes": "1G"}})",
+       {"device.runtime_overhead_bytes", "1G"}},
+      {"nic", R"({"device": {"preset": "h100"}, "nic_bandwidth": 1e-300})",
+       {"nic_bandwidth", "1e-300", "from 1e+06 to 1e+15 bytes/s"}},
+      {"hbm", R"({"device": {"preset": "h100", "memory_bandwidth": 1e30}})",
+       {"device.memory_bandwidth", "1e+30", "bytes/s"}},
+      {"latency", R"({"device": {"preset": "h100", "inter_node_latency": 1e-300}})",
+       {"device.inter_node_latency", "from 1e-09 to 1 seconds"}},
+      {"memory", R"({"device": {"preset": "h100", "memory_bytes": 1}})", {"device.memory_bytes", "bytes"}},
+      {"domain", R"({"device": {"preset": "h100"}, "gpus": 16, "nvlink_domain": 32})",
+       {"nvlink_domain", "32", "16 devices", "at most 16"}},
+      {"gpus", R"({"device": {"preset": "h100"}, "gpus": "8"})", {"gpus", "\"8\""}},
+  };
+  for (const auto& c : cases) {
+    const auto path = dir.file(std::string(c.name) + ".json", c.json);
+    WEFT_EXPECT_THROW_MSG(cluster_resolve(path, kUnset, kUnset), InputError, path.c_str());
+    for (const char* frag : c.says) WEFT_EXPECT_THROW_MSG(cluster_resolve(path, kUnset, kUnset), InputError, frag);
+  }
+  // A domain of a whole node while the run uses part of it is a preset's normal case.
+  EXPECT_EQ(cluster_resolve("dgx-h100", 4, kUnset).domain(), 8);
+}
+
 TEST(DeviceSpec, JsonRoundTrip) {
   for (const auto& name : device_preset_names()) {
     const auto d = device_preset(name);

@@ -93,6 +93,13 @@ TEST(Layout, ParseErrorsNameTheField) {
   WEFT_EXPECT_THROW_MSG(Layout::parse("ckpt:most"), InputError, "most", "selective");
   WEFT_EXPECT_THROW_MSG(Layout::parse("attn:sparse"), InputError, "sparse", "cudnn");
   WEFT_EXPECT_THROW_MSG(Layout::parse(""), InputError, "empty");
+  // A negative number reads as its own field after the '-': the message
+  // names the value written, not an empty one.
+  WEFT_EXPECT_THROW_MSG(Layout::parse("tp1-pp1-dp1-mb-1"), InputError, "tp1-pp1-dp1-mb-1", "mb is -1", "at least 1");
+  WEFT_EXPECT_THROW_MSG(Layout::parse("tp-2-pp1"), InputError, "tp is -2");
+  WEFT_EXPECT_THROW_MSG(Layout::parse("zero-1"), InputError, "zero is -1", "0, 1, 2 or 3");
+  WEFT_EXPECT_THROW_MSG(Layout::parse("ckpt:full@-2"), InputError, "ckpt@K is -2");
+  WEFT_EXPECT_THROW_MSG(Layout::parse("mb-x"), InputError, "'mb'", "not a whole number");
 }
 
 TEST(Layout, ValidationPrintsEveryValue) {

@@ -1,5 +1,6 @@
 #include <fmt/format.h>
 
+#include "core/error.h"
 #include "core/units.h"
 #include "memory/estimate.h"
 #include "test_util.h"
@@ -206,6 +207,30 @@ TEST(MemoryEstimate, ReasonNamesStageAndCategory) {
   EXPECT_NE(e.reason.find("stage 0"), std::string::npos);
   EXPECT_NE(e.reason.find("activations"), std::string::npos);
   EXPECT_NE(e.reason.find("usable"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace weft::memory
+
+namespace weft::memory {
+namespace {
+
+// A chosen layout the device cannot hold is refused before anything is
+// allocated, naming the predicted and available bytes and the layout; a
+// vocabulary of 2^31 - 1 counts without overflow.
+TEST(MemoryEstimate, RequireFitsRefusesALayoutPastTheDevice) {
+  auto m = model_preset("tiny");
+  const RunSpec run{32, 4, Precision::fp32};
+  Layout l;
+  l.mb = 2;
+  EXPECT_NO_THROW(require_fits(m, run, l, cpu_device(GiB)));
+  m.vocab = 2147483647;
+  const auto e = estimate(m, run, l, cpu_device(GiB));
+  EXPECT_GT(e.peak(), 2 * m.vocab * m.hidden * 4);  // the weights alone, with no overflow
+  const std::string layout = l.to_string(), predicted = fmt::format("{} bytes", e.peak()),
+                    available = fmt::format("{} bytes", GiB);
+  WEFT_EXPECT_THROW_MSG(require_fits(m, run, l, cpu_device(GiB)), InputError, layout.c_str(), predicted.c_str(),
+                        available.c_str(), "test-cpu", "does not fit");
 }
 
 }  // namespace

@@ -282,10 +282,68 @@ TEST(ModelSpec, HfConfigErrorsNameTheField) {
     "rope_theta": 1e999})")),
                         FileFormatError, "h.json", "rope_theta", "finite");
   WEFT_EXPECT_THROW_MSG(
-      model_from_hf_config(dir.file("i.json", R"({"vocab_size": 1099511627776,
-        "hidden_size": 1099511627776, "intermediate_size": 128, "num_hidden_layers": 2,
-        "num_attention_heads": 1048576})")),
-      InputError, "parameters", "vocab=1099511627776");
+      model_from_hf_config(dir.file("i.json", R"({"vocab_size": 2147483648,
+        "hidden_size": 1048576, "intermediate_size": 4194304, "num_hidden_layers": 16384,
+        "num_attention_heads": 1024})")),
+      InputError, "i.json", "parameters", "vocab=2147483648");
+}
+
+// Values no Llama has, each refused naming the file, the field, the value
+// and what is valid.
+TEST(ModelSpec, HfConfigOutOfRangeOrAnotherModelIsRefused) {
+  test::TempDir dir;
+  const nlohmann::json base = nlohmann::json::parse(R"({
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 256, "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "rope_theta": 10000.0, "rms_norm_eps": 1e-05, "bos_token_id": 1, "eos_token_id": 2,
+    "max_position_embeddings": 512})");
+  EXPECT_EQ(model_from_hf_config(dir.file("ok/config.json", base.dump())).vocab, 256);
+  struct Case {
+    const char* key;
+    nlohmann::json value;
+    std::vector<const char*> says;
+  };
+  const std::vector<Case> cases = {
+      {"num_hidden_layers", int64_t{1} << 31, {"num_hidden_layers", "2147483648", "from 1 to 16384"}},
+      {"num_attention_heads", int64_t{1} << 31, {"num_attention_heads", "2147483648", "from 1 to 16384"}},
+      {"intermediate_size", int64_t{1} << 31, {"intermediate_size", "2147483648", "from 1 to 4194304"}},
+      {"hidden_size", int64_t{1} << 31, {"hidden_size", "2147483648", "from 1 to 1048576"}},
+      {"rope_theta", 1e-308, {"rope_theta", "1e-308", "from 1 to 1e+12"}},
+      {"rms_norm_eps", 9e18, {"rms_norm_eps", "9e+18", "from 1e-30 to 1"}},
+      {"bos_token_id", 256, {"bos_token_id", "256", "0 to vocab_size - 1 = 255"}},
+      {"eos_token_id", nlohmann::json::array({2, 100000}), {"eos_token_id", "100000", "255"}},
+      {"eos_token_id", -1, {"eos_token_id", "-1"}},
+      {"architectures", nlohmann::json::array({"MistralForCausalLM"}), {"architectures", "MistralForCausalLM",
+                                                                         "LlamaForCausalLM"}},
+      {"architectures", nlohmann::json::array({"GPT2LMHeadModel"}), {"GPT2LMHeadModel"}},
+      {"model_type", 5, {"model_type 5"}},
+      {"sliding_window", 128, {"sliding_window is 128", "whole sequence"}},
+  };
+  for (const auto& c : cases) {
+    auto j = base;
+    j[c.key] = c.value;
+    const auto path = dir.file(std::string(c.key) + "/config.json", j.dump());
+    WEFT_EXPECT_THROW_MSG(model_from_hf_config(path), InputError, path.c_str());
+    for (const char* s : c.says) WEFT_EXPECT_THROW_MSG(model_from_hf_config(path), InputError, s);
+  }
+  // A sliding window switched off, or wider than every position, is full attention.
+  auto j = base;
+  j["sliding_window"] = 128;
+  j["use_sliding_window"] = false;
+  EXPECT_NO_THROW(model_from_hf_config(dir.file("off/config.json", j.dump())));
+  j["use_sliding_window"] = true;
+  WEFT_EXPECT_THROW_MSG(model_from_hf_config(dir.file("on/config.json", j.dump())), InputError,
+                        "use_sliding_window true");
+  j.erase("use_sliding_window");
+  j["sliding_window"] = 4096;
+  EXPECT_NO_THROW(model_from_hf_config(dir.file("wide/config.json", j.dump())));
+  // weft's own model JSON is bounded alike.
+  auto m = model_preset("tiny");
+  m.layers = int64_t{1} << 31;
+  WEFT_EXPECT_THROW_MSG(m.validate(), InputError, "layers=2147483648", "from 1 to 16384");
+  m = model_preset("tiny");
+  m.norm_eps = 0;
+  WEFT_EXPECT_THROW_MSG(m.validate(), InputError, "norm_eps=0");
 }
 
 TEST(ModelSpec, JsonRoundTrip) {

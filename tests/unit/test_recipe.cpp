@@ -71,6 +71,30 @@ TEST(Recipe, MalformedOrTruncatedFilesAreRefused) {
   WEFT_EXPECT_THROW_MSG(recipe_load(dir.path("missing.json")), InputError, "missing.json");
 }
 
+// A value of the wrong type names the file and the field's path; a null
+// figure (weft writes a NaN as null) reads as not recorded.
+TEST(Recipe, WrongTypesNameTheFieldAndNullFiguresReadAsAbsent) {
+  test::TempDir dir;
+  const auto j = recipe_to_json(sample());
+  auto edited = [&](auto edit) {
+    auto e = j;
+    edit(e);
+    return e.dump();
+  };
+  WEFT_EXPECT_THROW_MSG(recipe_load(dir.file("dev.json", edited([](auto& e) { e["cluster"]["device"] = 5; }))),
+                        FileFormatError, "dev.json", "field 'cluster.device'", "must be string");
+  WEFT_EXPECT_THROW_MSG(recipe_load(dir.file("ver.json", edited([](auto& e) { e["weft_version"] = nullptr; }))),
+                        FileFormatError, "ver.json", "field 'weft_version'");
+  WEFT_EXPECT_THROW_MSG(recipe_load(dir.file("fig.json", edited([](auto& e) { e["predicted"]["mfu"] = true; }))),
+                        FileFormatError, "fig.json", "predicted.mfu", "true");
+  for (const auto& text : {j.dump(), edited([](auto& e) { e["predicted"]["step_s"] = nullptr; })}) {
+    const auto back = recipe_load(dir.file("null.json", text));
+    EXPECT_DOUBLE_EQ(back.predicted.value("mfu", 0.0), 0.723);
+  }
+  const auto back = recipe_load(dir.file("null.json", edited([](auto& e) { e["predicted"]["step_s"] = nullptr; })));
+  EXPECT_FALSE(back.predicted.contains("step_s"));
+}
+
 TEST(Recipe, DiffListsChangedFields) {
   auto a = sample(), b = sample();
   b.layout = Layout::parse("tp2-pp1-dp32-mb1-zero1");

@@ -2,6 +2,7 @@
 // (resume, a trial that killed the process, a journal of another run), a
 // refused reservation, and duration parsing.
 #include <fstream>
+#include <iterator>
 #include <map>
 
 #include <gtest/gtest.h>
@@ -133,6 +134,42 @@ TEST(Tune, AJournalOfAnotherRunIsRefusedByName) {
     FAIL() << "expected an error";
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("global_batch 4, this run has 8"), std::string::npos) << e.what();
+  }
+}
+
+// A journal record no trial could have written (a step of 1e-308 s, which
+// would win with an MFU of inf%, or a null) refuses the tuning by file and
+// field before any trial, leaving the journal as it was.
+TEST(Tune, AJournalRecordOutOfRangeIsRefusedByField) {
+  for (const auto& [value, says] : std::vector<std::pair<nlohmann::json, std::string>>{
+           {1e-308, "measured_s' of an ok trial is 1e-308"}, {1e9, "is 1e+09"}, {nullptr, "measured_s"}}) {
+    TuneFixture f;
+    f.o.top = 1;
+    f.o.confirm = false;
+    f.run();
+    std::vector<std::string> lines;
+    {
+      std::ifstream in(f.o.journal);
+      for (std::string l; std::getline(in, l);) lines.push_back(l);
+    }
+    std::string text;
+    for (auto& l : lines) {
+      auto e = nlohmann::json::parse(l);
+      if (e["kind"] == "result") e["result"]["measured_s"] = value;
+      text += e.dump() + "\n";
+    }
+    std::ofstream(f.o.journal, std::ios::trunc) << text;
+    try {
+      f.run();
+      FAIL() << "expected an error for " << value.dump();
+    } catch (const FileFormatError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(f.o.journal), std::string::npos) << what;
+      EXPECT_NE(what.find(says), std::string::npos) << what;
+      EXPECT_EQ(what.find("[json.exception"), std::string::npos) << what;
+    }
+    std::ifstream in(f.o.journal);
+    EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), text);
   }
 }
 

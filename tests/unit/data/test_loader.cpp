@@ -178,6 +178,20 @@ TEST(Loader, ValidationSamplesAreFixedAndIndependentOfTheRun) {
   EXPECT_EQ(first.size(), 100u);
 }
 
+// Validation reads each distinct window at most once: a request for more is
+// capped at what the split holds, and the note says so.
+TEST(Loader, ValidationSamplesAreCappedAtTheWindowsTheSplitHolds) {
+  const auto src = counting_source(515);  // 2 windows of 257 tokens (256 + 1)
+  const auto capped = validation_samples(src, 256, 1000, "--eval-samples");
+  EXPECT_EQ(capped.samples, 2);
+  EXPECT_EQ(capped.windows, 2);
+  EXPECT_EQ(capped.note, "the data holds 2 windows of 257 tokens; --eval-samples 1000 asked for more");
+  const auto asked = validation_samples(src, 256, 1, "--samples");
+  EXPECT_EQ(asked.samples, 1);
+  EXPECT_EQ(asked.note, "");
+  EXPECT_EQ(validation_samples(src, 256, int64_t{1} << 62, "--samples").samples, 2);
+}
+
 TEST(Loader, SequenceLongerThanTheDataIsAClearError) {
   const MemoryTokenSource src(std::vector<int32_t>(64, 1), 256, "tiny.tok");
   EXPECT_NO_THROW(Loader(src, 63, 0));
