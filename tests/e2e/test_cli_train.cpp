@@ -235,8 +235,9 @@ TEST(CliTrain, RunFolderIsNeverLost) {
       const std::string commit = j["commit"].get<std::string>();
       EXPECT_NE(run_weft("--version").out.find("(commit " + commit + ")"), std::string::npos) << commit;
       const auto head = run_shell(std::string("git -C ") + WEFT_SOURCE_DIR + " rev-parse --short=12 HEAD 2>/dev/null");
-      if (head.code == 0 && commit != "unknown")
+      if (head.code == 0 && commit != "unknown") {
         EXPECT_EQ(commit.substr(0, 12), head.out.substr(0, 12)) << "a stale commit stamp";
+      }
     }
   }
   EXPECT_EQ(headers, 2);

@@ -74,9 +74,10 @@ struct Fixture {
       }
       if (j.contains("loss")) losses.push_back(j["loss"].get<double>());
       // Throughput per device, as the tuner and MFU count it: never summed over the ranks.
-      if (j["kind"] == "train")
+      if (j["kind"] == "train") {
         EXPECT_NEAR(j["tflops_per_device"].get<double>() * 1e12 / (j["mfu"].get<double>() * peak), 1.0, 1e-9)
             << layout;
+      }
     }
     return losses;
   }
