@@ -281,6 +281,8 @@ bool cudnn_handles(const P& p) {
 // then what this backend implements (unsupported).
 Status check(const AttentionForwardParams<bf16>& p) {
   if (Status s = params_check(p); s != Status::ok) return s;
+  // Blocks of the sequence (context parallelism) are the CPU's so far.
+  if (attention_is_block(p)) return Status::unsupported;
   if (p.kind == AttentionKind::cudnn)
     return cudnn_handles(p) && gpu::aligned16(p.out) ? Status::ok : Status::unsupported;
   if (p.kind == AttentionKind::flash)
@@ -290,6 +292,7 @@ Status check(const AttentionForwardParams<bf16>& p) {
 
 Status check(const AttentionBackwardParams<bf16>& p) {
   if (Status s = params_check(p); s != Status::ok) return s;
+  if (attention_is_block(p)) return Status::unsupported;
   if (p.kind == AttentionKind::cudnn)
     return cudnn_handles(p) && gpu::aligned16(p.out) && gpu::aligned16(p.dout) && gpu::aligned16(p.dq) &&
                    gpu::aligned16(p.dk) && gpu::aligned16(p.dv)

@@ -1,6 +1,18 @@
 // attention: causal scaled-dot-product attention with grouped-query heads.
 //
-// Head h reads kv head h / (H / H_kv); the softmax scale is 1 / sqrt(D). Three
+// Head h reads kv head h / (H / H_kv); the softmax scale is 1 / sqrt(D).
+//
+// Context parallelism splits the sequence, so a call may cover one block of
+// queries against another block of keys: T queries starting at sequence
+// position q_offset, Tk keys (0: T) starting at k_offset, and a query sees
+// the keys at or before its own position. A query that sees no key gets an
+// output of 0 and an lse of -inf, so that partial results over key blocks
+// merge exactly through the lse (attention_merge below); the backward of a
+// block, given the merged out and lse, gives that block's share of dq, dk and
+// dv (accumulated where dq_write or dkv_write say so). The row strides let a
+// block live inside a larger tensor: q_batch_rows between the sequences of
+// q, out, dout and dq (0: T), kv_batch_rows for k, v, dk and dv (0: Tk),
+// lse_batch_rows for lse (0: T). Three
 // variants compute the same function and differ in what they keep and whose
 // kernels run, chosen by the layout's attention knob (weft::AttentionKind):
 //   flash        keeps the log-sum-exp per query row, lse (B, H, T) in Acc;
@@ -28,13 +40,17 @@ struct AttentionForwardParams {
   int64_t H_kv = 0;  // divides H
   int64_t D = 0;
   const Elem* q = nullptr;  // (B, T, H, D), after RoPE
-  const Elem* k = nullptr;  // (B, T, H_kv, D), after RoPE
-  const Elem* v = nullptr;  // (B, T, H_kv, D)
+  const Elem* k = nullptr;  // (B, Tk, H_kv, D), after RoPE
+  const Elem* v = nullptr;  // (B, Tk, H_kv, D)
   Elem* out = nullptr;      // (B, T, H, D)
   // (B, H, T) log-sum-exp of the scaled scores per query row: required by
   // flash and cudnn, written by materialized too when given.
   Acc<Elem>* lse = nullptr;
-  Elem* probs = nullptr;  // (B, H, T, T) materialized only; zero above the diagonal
+  Elem* probs = nullptr;  // (B, H, T, Tk) materialized only; zero past each row's keys
+  // A block of the sequence (context parallelism; see above).
+  int64_t Tk = 0;  // 0: T
+  int64_t q_offset = 0, k_offset = 0;
+  int64_t q_batch_rows = 0, kv_batch_rows = 0, lse_batch_rows = 0;  // 0: dense
 };
 
 // dq, dk and dv are overwritten. dk and dv of a kv head sum over the H / H_kv
@@ -48,16 +64,37 @@ struct AttentionBackwardParams {
   int64_t H_kv = 0;
   int64_t D = 0;
   const Elem* q = nullptr;          // (B, T, H, D)
-  const Elem* k = nullptr;          // (B, T, H_kv, D)
-  const Elem* v = nullptr;          // (B, T, H_kv, D)
+  const Elem* k = nullptr;          // (B, Tk, H_kv, D)
+  const Elem* v = nullptr;          // (B, Tk, H_kv, D)
   const Elem* out = nullptr;        // (B, T, H, D) flash and cudnn (delta = rowsum(dO * O))
   const Acc<Elem>* lse = nullptr;   // (B, H, T) flash and cudnn, from the same kind's forward
-  const Elem* probs = nullptr;      // (B, H, T, T) materialized only
+  const Elem* probs = nullptr;      // (B, H, T, Tk) materialized only
   const Elem* dout = nullptr;       // (B, T, H, D)
   Elem* dq = nullptr;               // (B, T, H, D)
-  Elem* dk = nullptr;               // (B, T, H_kv, D)
-  Elem* dv = nullptr;               // (B, T, H_kv, D)
+  Elem* dk = nullptr;               // (B, Tk, H_kv, D)
+  Elem* dv = nullptr;               // (B, Tk, H_kv, D)
+  // A block of the sequence (context parallelism; see above): out and lse
+  // are the merged ones over every key block, and the gradients add to what
+  // dq, dk and dv hold when their Write says accumulate.
+  int64_t Tk = 0;  // 0: T
+  int64_t q_offset = 0, k_offset = 0;
+  int64_t q_batch_rows = 0, kv_batch_rows = 0, lse_batch_rows = 0;  // 0: dense
+  Write dq_write = Write::overwrite;
+  Write dkv_write = Write::overwrite;
 };
+
+// Whether the params describe a block of the sequence rather than the whole
+// causal attention of dense tensors: a backend that computes only the whole
+// (CUDA and cuDNN so far) refuses those as Status::unsupported.
+template <typename P>
+bool attention_is_block(const P& p) {
+  bool block = (p.Tk != 0 && p.Tk != p.T) || p.q_offset != p.k_offset || (p.q_batch_rows != 0 && p.q_batch_rows != p.T) ||
+               (p.kv_batch_rows != 0 && p.kv_batch_rows != (p.Tk ? p.Tk : p.T)) ||
+               (p.lse_batch_rows != 0 && p.lse_batch_rows != p.T);
+  if constexpr (requires { p.dq_write; })
+    block = block || p.dq_write != Write::overwrite || p.dkv_write != Write::overwrite;
+  return block;
+}
 
 // Workspaces, forward and backward, depend on the backend. The CPU's holds
 // Acc score tiles per (batch, kv head) item (kernels/attention/attention_cpu.cpp):

@@ -15,27 +15,50 @@ inline bool attention_dims_valid(int64_t B, int64_t T, int64_t H, int64_t H_kv, 
   return B >= 0 && T >= 0 && H >= 1 && H_kv >= 1 && D >= 1 && H % H_kv == 0;
 }
 
+// The extents of a call's tensors, in elements, with the block's strides.
+struct AttentionExtents {
+  int64_t Tk = 0;               // keys
+  int64_t q = 0, kv = 0, lse = 0, probs = 0;
+  bool valid = false;
+};
+
+template <typename P>
+AttentionExtents attention_extents(const P& p) {
+  AttentionExtents e;
+  e.Tk = p.Tk ? p.Tk : p.T;
+  const int64_t qr = p.q_batch_rows ? p.q_batch_rows : p.T;
+  const int64_t kr = p.kv_batch_rows ? p.kv_batch_rows : e.Tk;
+  const int64_t lr = p.lse_batch_rows ? p.lse_batch_rows : p.T;
+  e.valid = attention_dims_valid(p.B, p.T, p.H, p.H_kv, p.D) && p.Tk >= 0 && p.q_offset >= 0 && p.k_offset >= 0 &&
+            qr >= p.T && kr >= e.Tk && lr >= p.T;
+  if (!e.valid || p.B == 0) return e;
+  e.q = ((p.B - 1) * qr + p.T) * p.H * p.D;
+  e.kv = ((p.B - 1) * kr + e.Tk) * p.H_kv * p.D;
+  e.lse = ((p.B - 1) * p.H + p.H - 1) * lr + p.T;
+  e.probs = p.B * p.H * p.T * e.Tk;
+  return e;
+}
+
 template <typename Elem>
 Status params_check(const AttentionForwardParams<Elem>& p) {
-  if (!attention_dims_valid(p.B, p.T, p.H, p.H_kv, p.D)) return Status::invalid_argument;
-  const int64_t nq = p.B * p.T * p.H * p.D, nkv = p.B * p.T * p.H_kv * p.D;
-  bool ok = cpu::present(p.q, nq) && cpu::present(p.k, nkv) && cpu::present(p.v, nkv) &&
-            cpu::present(p.out, nq);
-  if (p.kind != AttentionKind::materialized) ok = ok && cpu::present(p.lse, p.B * p.H * p.T);
-  if (p.kind == AttentionKind::materialized) ok = ok && cpu::present(p.probs, p.B * p.H * p.T * p.T);
+  const AttentionExtents e = attention_extents(p);
+  if (!e.valid) return Status::invalid_argument;
+  bool ok = cpu::present(p.q, e.q) && cpu::present(p.k, e.kv) && cpu::present(p.v, e.kv) &&
+            cpu::present(p.out, e.q);
+  if (p.kind != AttentionKind::materialized) ok = ok && cpu::present(p.lse, e.lse);
+  if (p.kind == AttentionKind::materialized) ok = ok && cpu::present(p.probs, e.probs);
   return cpu::status_of(ok);
 }
 
 template <typename Elem>
 Status params_check(const AttentionBackwardParams<Elem>& p) {
-  if (!attention_dims_valid(p.B, p.T, p.H, p.H_kv, p.D)) return Status::invalid_argument;
-  const int64_t nq = p.B * p.T * p.H * p.D, nkv = p.B * p.T * p.H_kv * p.D;
-  bool ok = cpu::present(p.q, nq) && cpu::present(p.k, nkv) && cpu::present(p.v, nkv) &&
-            cpu::present(p.dout, nq) && cpu::present(p.dq, nq) && cpu::present(p.dk, nkv) &&
-            cpu::present(p.dv, nkv);
-  if (p.kind != AttentionKind::materialized)
-    ok = ok && cpu::present(p.out, nq) && cpu::present(p.lse, p.B * p.H * p.T);
-  if (p.kind == AttentionKind::materialized) ok = ok && cpu::present(p.probs, p.B * p.H * p.T * p.T);
+  const AttentionExtents e = attention_extents(p);
+  if (!e.valid) return Status::invalid_argument;
+  bool ok = cpu::present(p.q, e.q) && cpu::present(p.k, e.kv) && cpu::present(p.v, e.kv) &&
+            cpu::present(p.dout, e.q) && cpu::present(p.dq, e.q) && cpu::present(p.dk, e.kv) &&
+            cpu::present(p.dv, e.kv);
+  if (p.kind != AttentionKind::materialized) ok = ok && cpu::present(p.out, e.q) && cpu::present(p.lse, e.lse);
+  if (p.kind == AttentionKind::materialized) ok = ok && cpu::present(p.probs, e.probs);
   return cpu::status_of(ok);
 }
 

@@ -18,6 +18,11 @@
 // probabilities and softmaxes them there, as an eager framework would; its
 // backward reads P back and needs only the dP tile (delta_i = sum_j P_ij dP_ij).
 //
+// A block of the sequence (context parallelism) runs the same loops with the
+// keys a row sees counted from the positions: row i (at q_offset + i) sees
+// keys [0, q_offset + i - k_offset + 1) of the Tk given, none when that is
+// below 1 (out 0, lse -inf), all when it passes Tk.
+//
 // An item owns its kv head's dK and dV, and walks its heads and blocks in a
 // fixed order, so no atomics are needed and the results do not depend on the
 // thread count. Tiles live in the workspace, one set per item, so the scratch
@@ -61,33 +66,42 @@ int64_t block_rows(int64_t T) { return std::min(kQueryBlock, T); }
 int64_t forward_tiles(AttentionKind kind) { return kind == AttentionKind::flash ? 1 : 0; }
 int64_t backward_tiles(AttentionKind kind) { return kind == AttentionKind::flash ? 2 : 1; }
 
-// Flat offsets into the contiguous layouts.
+// Flat offsets into the layouts, with a block's strides (attention.h).
 struct Dims {
   int64_t B, T, H, H_kv, D;
+  int64_t Tk;                  // keys
+  int64_t q_off, k_off;        // sequence positions of the first query and key
+  int64_t q_rows, kv_rows, lse_rows;  // rows from one sequence of the batch to the next
   int64_t group() const { return H / H_kv; }
   int64_t items() const { return B * H_kv; }
-  int64_t q_at(int64_t b, int64_t t, int64_t h) const { return ((b * T + t) * H + h) * D; }
-  int64_t kv_at(int64_t b, int64_t t, int64_t hk) const { return ((b * T + t) * H_kv + hk) * D; }
-  int64_t row_at(int64_t b, int64_t h, int64_t t) const { return (b * H + h) * T + t; }
-  int64_t probs_at(int64_t b, int64_t h, int64_t i) const { return row_at(b, h, i) * T; }
+  int64_t q_at(int64_t b, int64_t t, int64_t h) const { return ((b * q_rows + t) * H + h) * D; }
+  int64_t kv_at(int64_t b, int64_t t, int64_t hk) const { return ((b * kv_rows + t) * H_kv + hk) * D; }
+  int64_t row_at(int64_t b, int64_t h, int64_t t) const { return (b * H + h) * lse_rows + t; }
+  int64_t probs_at(int64_t b, int64_t h, int64_t i) const { return ((b * H + h) * T + i) * Tk; }
   int64_t ld_q() const { return H * D; }
   int64_t ld_kv() const { return H_kv * D; }
+  // Keys query row i sees: those at or before its position.
+  int64_t visible(int64_t i) const { return std::clamp<int64_t>(q_off + i - k_off + 1, 0, Tk); }
 };
 
 template <typename P>
 Dims dims_of(const P& p) {
-  return {p.B, p.T, p.H, p.H_kv, p.D};
+  const int64_t Tk = p.Tk ? p.Tk : p.T;
+  return {p.B,        p.T,        p.H,
+          p.H_kv,     p.D,        Tk,
+          p.q_offset, p.k_offset, p.q_batch_rows ? p.q_batch_rows : p.T,
+          p.kv_batch_rows ? p.kv_batch_rows : Tk, p.lse_batch_rows ? p.lse_batch_rows : p.T};
 }
 
 // Elements from one tile to the next: a tile is one 64-byte aligned piece.
 template <typename A>
 int64_t tile_stride(const Dims& d) {
-  return cpu::piece_bytes<A>(block_rows(d.T) * d.T) / int64_t(sizeof(A));
+  return cpu::piece_bytes<A>(block_rows(d.T) * d.Tk) / int64_t(sizeof(A));
 }
 
 template <typename A>
 int64_t tiles_bytes(const Dims& d, int64_t tiles_per_item) {
-  return d.items() * tiles_per_item * cpu::piece_bytes<A>(block_rows(d.T) * d.T);
+  return d.items() * tiles_per_item * cpu::piece_bytes<A>(block_rows(d.T) * d.Tk);
 }
 
 // C = alpha op(A) op(B) + beta C, row-major, on the calling thread when
@@ -146,9 +160,14 @@ A softmax_exp(A x) {
 }
 
 // Softmax in place of a row's first `visible` scores; the rest of the row, up
-// to `width`, is zeroed. Returns the row's log-sum-exp.
+// to `width`, is zeroed. Returns the row's log-sum-exp (-inf when it sees no
+// key, the row then all zero).
 template <typename A>
 A softmax_row(A* s, int64_t visible, int64_t width) {
+  if (visible == 0) {
+    std::fill(s, s + width, A(0));
+    return -std::numeric_limits<A>::infinity();
+  }
   A mx = -std::numeric_limits<A>::infinity();
 #pragma omp simd reduction(max : mx)
   for (int64_t j = 0; j < visible; ++j) mx = s[j] > mx ? s[j] : mx;  // maxps; std::max does not vectorize
@@ -166,9 +185,11 @@ A softmax_row(A* s, int64_t visible, int64_t width) {
 }
 
 // The dS row of the flash backward: p = exp(s - lse) in place,
-// dp = p (dp - delta), both zero past the visible keys.
+// dp = p (dp - delta), both zero past the visible keys (a row that sees none
+// contributes nothing, whatever its lse).
 template <typename A>
 void flash_grad_row(A* s, A* dp, int64_t visible, int64_t width, A lse, A delta) {
+  if (visible == 0) lse = 0;
 #pragma omp simd
   for (int64_t j = 0; j < visible; ++j) {
     const A pj = softmax_exp(s[j] - lse);
@@ -190,10 +211,11 @@ void materialized_grad_row(const A* prob, A* dp, int64_t visible, int64_t width)
   std::fill(dp + visible, dp + width, A(0));
 }
 
-// Multiply-adds of one pass over the causal (query, key) pairs.
+// Multiply-adds of one pass over the (query, key) pairs a call can see.
 template <typename P>
 int64_t pair_work(const P& p) {
-  return p.B * p.H * p.T * (p.T + 1) / 2 * p.D;
+  const Dims d = dims_of(p);
+  return p.B * p.H * p.T * std::min(d.Tk, d.visible(p.T - 1)) * p.D;
 }
 
 // Whether items run on the OpenMP team. A BLAS call inside a parallel region
@@ -210,6 +232,10 @@ bool items_in_parallel(const P& p) {
 
 // BLAS takes 32-bit sizes and leading dimensions.
 bool fits_blas(int64_t T, int64_t H, int64_t D) { return T <= INT_MAX && H * D <= INT_MAX; }
+template <typename P>
+bool fits_blas(const P& p) {
+  return fits_blas(std::max(p.T, p.Tk), p.H, p.D);
+}
 
 // The shared rules (attention_check.h), then BLAS's 32-bit sizes.
 template <typename P>
@@ -217,7 +243,7 @@ Status check(const P& p) {
   if (Status s = params_check(p); s != Status::ok) return s;
   // cudnn is cuDNN's kernels, which only the CUDA backend has.
   if (p.kind == AttentionKind::cudnn) return Status::unsupported;
-  return fits_blas(p.T, p.H, p.D) ? Status::ok : Status::unsupported;
+  return fits_blas(p) ? Status::ok : Status::unsupported;
 }
 
 // The CPU instantiations compute in their element type, so tiles, saved
@@ -240,17 +266,21 @@ void attention_forward(const AttentionForwardParams<Elem>& p, Elem* tiles) {
     const Elem* v = p.v + d.kv_at(b, 0, hk);
     for (int64_t h = hk * d.group(); h < (hk + 1) * d.group(); ++h)
       for (int64_t i0 = 0; i0 < d.T; i0 += rows) {
-        const int64_t m = std::min(rows, d.T - i0), n = i0 + m;  // rows, visible keys
+        const int64_t m = std::min(rows, d.T - i0), n = d.visible(i0 + m - 1);  // rows, keys the last sees
         // Flash scores go to the item's tile; materialized ones into the saved
-        // probabilities, whose rows run to T.
+        // probabilities, whose rows run to Tk.
         A* s = flash ? tiles + item * stride : p.probs + d.probs_at(b, h, i0);
-        const int64_t lds = flash ? n : d.T;
-        gemm(kN, kT, m, n, d.D, scale, p.q + d.q_at(b, i0, h), d.ld_q(), k, d.ld_kv(), A(0), s, lds);
+        const int64_t lds = flash ? std::max<int64_t>(n, 1) : d.Tk;
+        if (n > 0) gemm(kN, kT, m, n, d.D, scale, p.q + d.q_at(b, i0, h), d.ld_q(), k, d.ld_kv(), A(0), s, lds);
         for (int64_t r = 0; r < m; ++r) {
-          const A lse = softmax_row(s + r * lds, i0 + r + 1, lds);
+          const A lse = softmax_row(s + r * lds, d.visible(i0 + r), flash ? n : lds);
           if (p.lse) p.lse[d.row_at(b, h, i0 + r)] = lse;
         }
-        gemm(kN, kN, m, d.D, n, A(1), s, lds, v, d.ld_kv(), A(0), p.out + d.q_at(b, i0, h), d.ld_q());
+        if (n > 0) {
+          gemm(kN, kN, m, d.D, n, A(1), s, lds, v, d.ld_kv(), A(0), p.out + d.q_at(b, i0, h), d.ld_q());
+        } else {
+          for (int64_t r = 0; r < m; ++r) std::fill_n(p.out + d.q_at(b, i0 + r, h), d.D, Elem(0));
+        }
       }
   }
 }
@@ -271,17 +301,24 @@ void attention_backward(const AttentionBackwardParams<Elem>& p, Elem* tiles) {
     const Elem* v = p.v + d.kv_at(b, 0, hk);
     Elem* dk = p.dk + d.kv_at(b, 0, hk);
     Elem* dv = p.dv + d.kv_at(b, 0, hk);
-    for (int64_t t = 0; t < d.T; ++t) {
-      std::fill_n(dk + t * d.ld_kv(), d.D, Elem(0));
-      std::fill_n(dv + t * d.ld_kv(), d.D, Elem(0));
-    }
+    if (p.dkv_write == Write::overwrite)
+      for (int64_t t = 0; t < d.Tk; ++t) {
+        std::fill_n(dk + t * d.ld_kv(), d.D, Elem(0));
+        std::fill_n(dv + t * d.ld_kv(), d.D, Elem(0));
+      }
+    const A dq_beta = p.dq_write == Write::accumulate ? A(1) : A(0);
     A* s = tiles + item * n_tiles * stride;  // flash: scores, then P
     A* dp = s + (n_tiles - 1) * stride;      // dP, then dS
     for (int64_t h = hk * d.group(); h < (hk + 1) * d.group(); ++h)
       for (int64_t i0 = 0; i0 < d.T; i0 += rows) {
-        const int64_t m = std::min(rows, d.T - i0), n = i0 + m;
+        const int64_t m = std::min(rows, d.T - i0), n = d.visible(i0 + m - 1);
         const Elem* q = p.q + d.q_at(b, i0, h);
         const Elem* dout = p.dout + d.q_at(b, i0, h);
+        if (n == 0) {  // no key in sight: no gradient
+          if (p.dq_write == Write::overwrite)
+            for (int64_t r = 0; r < m; ++r) std::fill_n(p.dq + d.q_at(b, i0 + r, h), d.D, Elem(0));
+          continue;
+        }
         gemm(kN, kT, m, n, d.D, A(1), dout, d.ld_q(), v, d.ld_kv(), A(0), dp, n);
         const A* prob;
         int64_t ldp;
@@ -293,18 +330,17 @@ void attention_backward(const AttentionBackwardParams<Elem>& p, Elem* tiles) {
             A delta = 0;
 #pragma omp simd reduction(+ : delta)
             for (int64_t c = 0; c < d.D; ++c) delta += do_r[c] * o_r[c];
-            flash_grad_row(s + r * n, dp + r * n, i0 + r + 1, n, p.lse[d.row_at(b, h, i0 + r)],
-                           delta);
+            flash_grad_row(s + r * n, dp + r * n, d.visible(i0 + r), n, p.lse[d.row_at(b, h, i0 + r)], delta);
           }
           prob = s;
           ldp = n;
         } else {
           prob = p.probs + d.probs_at(b, h, i0);
-          ldp = d.T;
-          for (int64_t r = 0; r < m; ++r) materialized_grad_row(prob + r * ldp, dp + r * n, i0 + r + 1, n);
+          ldp = d.Tk;
+          for (int64_t r = 0; r < m; ++r) materialized_grad_row(prob + r * ldp, dp + r * n, d.visible(i0 + r), n);
         }
         // dp now holds dS (zero past each row's keys), prob holds P.
-        gemm(kN, kN, m, d.D, n, scale, dp, n, k, d.ld_kv(), A(0), p.dq + d.q_at(b, i0, h), d.ld_q());
+        gemm(kN, kN, m, d.D, n, scale, dp, n, k, d.ld_kv(), dq_beta, p.dq + d.q_at(b, i0, h), d.ld_q());
         gemm(kT, kN, n, d.D, m, scale, dp, n, q, d.ld_q(), A(1), dk, d.ld_kv());
         gemm(kT, kN, n, d.D, m, A(1), prob, ldp, dout, d.ld_q(), A(1), dv, d.ld_kv());
       }

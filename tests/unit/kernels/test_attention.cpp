@@ -148,6 +148,116 @@ TEST_P(AttentionTest, ResultsDoNotDependOnThreadCount) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, AttentionTest, ::testing::ValuesIn(attention_cases()), CaseName{});
 
+// Blocks of the sequence, as context parallelism computes them: the queries
+// cut into blocks, each against every key block in turn (offsets and strides
+// into the whole tensors), the partial outputs merged through their lse, and
+// the backward of each pair, given the merged out and lse, accumulated into
+// dq, dk and dv: the whole causal attention, within the rule of the fp64
+// reference. Materialized, whose probabilities are per call, runs each query
+// block against its whole key prefix in one call (the all-gather way).
+TEST_P(AttentionTest, BlocksOfTheSequenceMergeToTheWhole) {
+  const AttentionCase& c = GetParam();
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  const int64_t nq = c.B * c.T * c.H * c.D, nkv = c.B * c.T * c.H_kv * c.D, nrow = c.B * c.H * c.T;
+  auto q = rng.uniform<float>(nq, -2, 2), k = rng.uniform<float>(nkv, -2, 2);
+  auto v = rng.uniform<float>(nkv), dout = rng.uniform<float>(nq);
+  const auto ref = textbook_attention<double>(c, q, k, v, dout);
+  const auto naive = textbook_attention<float>(c, q, k, v, dout);
+  // Three blocks of unequal lengths (fewer when T is short).
+  std::vector<std::pair<int64_t, int64_t>> blocks;  // (offset, length)
+  for (int64_t at = 0, i = 0; at < c.T; ++i) {
+    const int64_t len = std::min(c.T - at, std::max<int64_t>(1, c.T * (i + 1) / 6 + 1));
+    blocks.push_back({at, len});
+    at += len;
+  }
+  const AttentionIndex at{c};
+  for (AttentionKind kind : kKinds) {
+    SCOPED_TRACE(to_string(kind));
+    const bool flash = kind == AttentionKind::flash;
+    std::vector<float> out(nq, 0), lse(nrow, 0), dq(nq, 0), dk(nkv, 0), dv(nkv, 0);
+    // Forward: flash block by block, merged; materialized over each prefix.
+    std::vector<std::vector<float>> probs(blocks.size());
+    for (size_t qi = 0; qi < blocks.size(); ++qi) {
+      const auto [qo, tq] = blocks[qi];
+      std::vector<double> m_out(nq, 0), m_lse(nrow, -INFINITY);
+      const size_t key_blocks = flash ? blocks.size() : 1;
+      for (size_t kj = 0; kj < key_blocks; ++kj) {
+        const auto [ko, tk] = flash ? blocks[kj] : std::pair<int64_t, int64_t>{0, qo + tq};
+        std::vector<float> b_out(nq, 7), b_lse(nrow, 7);
+        if (!flash) probs[qi].assign(c.B * c.H * tq * tk, 0);
+        run_or_throw(AttentionForwardParams<float>{
+            .kind = kind, .B = c.B, .T = tq, .H = c.H, .H_kv = c.H_kv, .D = c.D, .q = q.data() + at.q(0, qo, 0),
+            .k = k.data() + at.kv(0, ko, 0), .v = v.data() + at.kv(0, ko, 0), .out = b_out.data() + at.q(0, qo, 0),
+            .lse = b_lse.data() + qo, .probs = flash ? nullptr : probs[qi].data(), .Tk = tk, .q_offset = qo,
+            .k_offset = ko, .q_batch_rows = c.T, .kv_batch_rows = c.T, .lse_batch_rows = c.T});
+        for (int64_t b = 0; b < c.B; ++b)
+          for (int64_t h = 0; h < c.H; ++h)
+            for (int64_t i = qo; i < qo + tq; ++i) {
+              const double l1 = m_lse[at.row(b, h, i)], l2 = b_lse[at.row(b, h, i)];
+              const double l = std::max(l1, l2) == -INFINITY ? -INFINITY
+                                                              : std::max(l1, l2) + std::log(std::exp(l1 - std::max(l1, l2)) +
+                                                                                            std::exp(l2 - std::max(l1, l2)));
+              for (int64_t d = 0; d < c.D; ++d) {
+                double& o = m_out[at.q(b, i, h) + d];
+                o = (l1 == -INFINITY ? 0 : o * std::exp(l1 - l)) +
+                    (l2 == -INFINITY ? 0 : b_out[at.q(b, i, h) + d] * std::exp(l2 - l));
+              }
+              m_lse[at.row(b, h, i)] = l;
+            }
+      }
+      for (int64_t b = 0; b < c.B; ++b)
+        for (int64_t h = 0; h < c.H; ++h)
+          for (int64_t i = qo; i < qo + tq; ++i) {
+            lse[at.row(b, h, i)] = float(m_lse[at.row(b, h, i)]);
+            for (int64_t d = 0; d < c.D; ++d) out[at.q(b, i, h) + d] = float(m_out[at.q(b, i, h) + d]);
+          }
+    }
+    expect_within_rule("out", out, naive.out, ref.out);
+    expect_within_rule("lse", lse, naive.lse, ref.lse);
+    // Backward: every pair, accumulating.
+    for (size_t qi = 0; qi < blocks.size(); ++qi) {
+      const auto [qo, tq] = blocks[qi];
+      const size_t key_blocks = flash ? blocks.size() : 1;
+      for (size_t kj = 0; kj < key_blocks; ++kj) {
+        const auto [ko, tk] = flash ? blocks[kj] : std::pair<int64_t, int64_t>{0, qo + tq};
+        run_or_throw(AttentionBackwardParams<float>{
+            .kind = kind, .B = c.B, .T = tq, .H = c.H, .H_kv = c.H_kv, .D = c.D, .q = q.data() + at.q(0, qo, 0),
+            .k = k.data() + at.kv(0, ko, 0), .v = v.data() + at.kv(0, ko, 0), .out = out.data() + at.q(0, qo, 0),
+            .lse = lse.data() + qo, .probs = flash ? nullptr : probs[qi].data(), .dout = dout.data() + at.q(0, qo, 0),
+            .dq = dq.data() + at.q(0, qo, 0), .dk = dk.data() + at.kv(0, ko, 0), .dv = dv.data() + at.kv(0, ko, 0),
+            .Tk = tk, .q_offset = qo, .k_offset = ko, .q_batch_rows = c.T, .kv_batch_rows = c.T,
+            .lse_batch_rows = c.T, .dq_write = Write::accumulate, .dkv_write = Write::accumulate});
+      }
+    }
+    expect_within_rule("dq", dq, naive.dq, ref.dq);
+    expect_within_rule("dk", dk, naive.dk, ref.dk);
+    expect_within_rule("dv", dv, naive.dv, ref.dv);
+  }
+}
+
+// A block whose keys all lie after its queries sees nothing: out 0, lse
+// -inf, and its backward adds nothing.
+TEST(AttentionBlocks, KeysAfterEveryQuerySeeNothing) {
+  const AttentionCase c{"b1_t4_h2_kv1_d4", 1, 4, 2, 1, 4};
+  Rng rng;
+  auto q = rng.uniform<float>(16 * 2, -2, 2), k = rng.uniform<float>(16, -2, 2), v = rng.uniform<float>(16);
+  auto dout = rng.uniform<float>(32);
+  std::vector<float> out(32, 5), lse(8, 5), dq(32, 1), dk(16, 1), dv(16, 1);
+  run_or_throw(AttentionForwardParams<float>{.B = 1, .T = 4, .H = 2, .H_kv = 1, .D = 4, .q = q.data(),
+                                             .k = k.data(), .v = v.data(), .out = out.data(), .lse = lse.data(),
+                                             .q_offset = 0, .k_offset = 4});
+  for (float x : out) EXPECT_EQ(x, 0.0f);
+  for (float x : lse) EXPECT_EQ(x, -INFINITY);
+  run_or_throw(AttentionBackwardParams<float>{.B = 1, .T = 4, .H = 2, .H_kv = 1, .D = 4, .q = q.data(),
+                                              .k = k.data(), .v = v.data(), .out = out.data(), .lse = lse.data(),
+                                              .dout = dout.data(), .dq = dq.data(), .dk = dk.data(), .dv = dv.data(),
+                                              .q_offset = 0, .k_offset = 4, .dq_write = Write::accumulate,
+                                              .dkv_write = Write::accumulate});
+  for (auto* t : {&dq, &dk, &dv})
+    for (float x : *t) EXPECT_EQ(x, 1.0f);
+}
+
 TEST(AttentionArgs, RejectsImpossibleParams) {
   const int64_t B = 1, T = 3, H = 4, H_kv = 2, D = 2;
   std::vector<float> q(B * T * H * D), kv(B * T * H_kv * D), out(q.size()), lse(B * H * T);
