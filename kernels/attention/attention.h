@@ -96,6 +96,32 @@ bool attention_is_block(const P& p) {
   return block;
 }
 
+// Merges a partial result of the same queries over another block of keys
+// into a running one, exactly through their lse (context parallelism's
+// ring): lse = log(e^lse + e^part_lse), out = out e^(old lse - lse) +
+// part_out e^(part_lse - lse), computed in fp64 on the CPU and fp32 on CUDA.
+// A row whose part saw no key (lse -inf) keeps the running result; one whose
+// running result saw none takes the part as it is.
+template <typename Elem>
+struct AttentionMergeParams {
+  int64_t B = 0;
+  int64_t T = 0;
+  int64_t H = 0;
+  int64_t D = 0;
+  Elem* out = nullptr;                 // (B, T, H, D), q_batch_rows rows apart per sequence (0: T)
+  Acc<Elem>* lse = nullptr;            // (B, H, T), lse_batch_rows apart per (sequence, head) (0: T)
+  const Elem* part_out = nullptr;      // as out
+  const Acc<Elem>* part_lse = nullptr; // as lse
+  int64_t q_batch_rows = 0, lse_batch_rows = 0;
+};
+
+template <typename Elem>
+bool supports(const AttentionMergeParams<Elem>& p, Backend backend = Backend::cpu);
+template <typename Elem>
+int64_t workspace_bytes(const AttentionMergeParams<Elem>& p, Backend backend = Backend::cpu);
+template <typename Elem>
+Status launch(const AttentionMergeParams<Elem>& p, Workspace ws, Stream stream = {});
+
 // Workspaces, forward and backward, depend on the backend. The CPU's holds
 // Acc score tiles per (batch, kv head) item (kernels/attention/attention_cpu.cpp):
 // B * H_kv items of n tiles of (min(32, T) x T) elements, each tile a 64-byte

@@ -62,4 +62,14 @@ Status params_check(const AttentionBackwardParams<Elem>& p) {
   return cpu::status_of(ok);
 }
 
+template <typename Elem>
+Status params_check(const AttentionMergeParams<Elem>& p) {
+  const int64_t qr = p.q_batch_rows ? p.q_batch_rows : p.T, lr = p.lse_batch_rows ? p.lse_batch_rows : p.T;
+  if (p.B < 0 || p.T < 0 || p.H < 1 || p.D < 1 || qr < p.T || lr < p.T) return Status::invalid_argument;
+  if (p.B == 0 || p.T == 0) return Status::ok;
+  const int64_t n_out = ((p.B - 1) * qr + p.T) * p.H * p.D, n_lse = ((p.B - 1) * p.H + p.H - 1) * lr + p.T;
+  return cpu::status_of(cpu::present(p.out, n_out) && cpu::present(p.part_out, n_out) && cpu::present(p.lse, n_lse) &&
+                        cpu::present(p.part_lse, n_lse));
+}
+
 }  // namespace weft::kernels

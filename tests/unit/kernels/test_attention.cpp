@@ -150,7 +150,8 @@ INSTANTIATE_TEST_SUITE_P(Cases, AttentionTest, ::testing::ValuesIn(attention_cas
 
 // Blocks of the sequence, as context parallelism computes them: the queries
 // cut into blocks, each against every key block in turn (offsets and strides
-// into the whole tensors), the partial outputs merged through their lse, and
+// into the whole tensors), the partial outputs merged through their lse by
+// attention_merge (the running result starting as no key seen), and
 // the backward of each pair, given the merged out and lse, accumulated into
 // dq, dk and dv: the whole causal attention, within the rule of the fp64
 // reference. Materialized, whose probabilities are per call, runs each query
@@ -178,9 +179,9 @@ TEST_P(AttentionTest, BlocksOfTheSequenceMergeToTheWhole) {
     std::vector<float> out(nq, 0), lse(nrow, 0), dq(nq, 0), dk(nkv, 0), dv(nkv, 0);
     // Forward: flash block by block, merged; materialized over each prefix.
     std::vector<std::vector<float>> probs(blocks.size());
+    std::fill(lse.begin(), lse.end(), -INFINITY);
     for (size_t qi = 0; qi < blocks.size(); ++qi) {
       const auto [qo, tq] = blocks[qi];
-      std::vector<double> m_out(nq, 0), m_lse(nrow, -INFINITY);
       const size_t key_blocks = flash ? blocks.size() : 1;
       for (size_t kj = 0; kj < key_blocks; ++kj) {
         const auto [ko, tk] = flash ? blocks[kj] : std::pair<int64_t, int64_t>{0, qo + tq};
@@ -191,27 +192,12 @@ TEST_P(AttentionTest, BlocksOfTheSequenceMergeToTheWhole) {
             .k = k.data() + at.kv(0, ko, 0), .v = v.data() + at.kv(0, ko, 0), .out = b_out.data() + at.q(0, qo, 0),
             .lse = b_lse.data() + qo, .probs = flash ? nullptr : probs[qi].data(), .Tk = tk, .q_offset = qo,
             .k_offset = ko, .q_batch_rows = c.T, .kv_batch_rows = c.T, .lse_batch_rows = c.T});
-        for (int64_t b = 0; b < c.B; ++b)
-          for (int64_t h = 0; h < c.H; ++h)
-            for (int64_t i = qo; i < qo + tq; ++i) {
-              const double l1 = m_lse[at.row(b, h, i)], l2 = b_lse[at.row(b, h, i)];
-              const double l = std::max(l1, l2) == -INFINITY ? -INFINITY
-                                                              : std::max(l1, l2) + std::log(std::exp(l1 - std::max(l1, l2)) +
-                                                                                            std::exp(l2 - std::max(l1, l2)));
-              for (int64_t d = 0; d < c.D; ++d) {
-                double& o = m_out[at.q(b, i, h) + d];
-                o = (l1 == -INFINITY ? 0 : o * std::exp(l1 - l)) +
-                    (l2 == -INFINITY ? 0 : b_out[at.q(b, i, h) + d] * std::exp(l2 - l));
-              }
-              m_lse[at.row(b, h, i)] = l;
-            }
+        run_or_throw(AttentionMergeParams<float>{.B = c.B, .T = tq, .H = c.H, .D = c.D,
+                                                 .out = out.data() + at.q(0, qo, 0), .lse = lse.data() + qo,
+                                                 .part_out = b_out.data() + at.q(0, qo, 0),
+                                                 .part_lse = b_lse.data() + qo, .q_batch_rows = c.T,
+                                                 .lse_batch_rows = c.T});
       }
-      for (int64_t b = 0; b < c.B; ++b)
-        for (int64_t h = 0; h < c.H; ++h)
-          for (int64_t i = qo; i < qo + tq; ++i) {
-            lse[at.row(b, h, i)] = float(m_lse[at.row(b, h, i)]);
-            for (int64_t d = 0; d < c.D; ++d) out[at.q(b, i, h) + d] = float(m_out[at.q(b, i, h) + d]);
-          }
     }
     expect_within_rule("out", out, naive.out, ref.out);
     expect_within_rule("lse", lse, naive.lse, ref.lse);
