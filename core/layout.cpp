@@ -29,6 +29,14 @@ const char* to_string(AttentionKind a) {
 }
 const char* to_string(NormKind n) { return n == NormKind::fused ? "fused" : "unfused"; }
 const char* to_string(GradPrecision g) { return g == GradPrecision::fp32 ? "fp32" : "bf16"; }
+const char* to_string(CpComm c) {
+  switch (c) {
+    case CpComm::ring: return "ring";
+    case CpComm::allgather: return "allgather";
+    case CpComm::a2a: return "a2a";
+  }
+  return "?";
+}
 
 Checkpointing checkpointing_parse(const std::string& s) {
   for (auto c : {Checkpointing::none, Checkpointing::selective, Checkpointing::ffn,
@@ -48,6 +56,11 @@ NormKind norm_parse(const std::string& s) {
   if (s == "unfused") return NormKind::unfused;
   throw InputError(fmt::format("unknown norm kind '{}'; valid: fused, unfused", s));
 }
+CpComm cp_comm_parse(const std::string& s) {
+  for (auto c : {CpComm::ring, CpComm::allgather, CpComm::a2a})
+    if (s == to_string(c)) return c;
+  throw InputError(fmt::format("unknown context-parallel transport '{}'; valid: ring, allgather, a2a", s));
+}
 GradPrecision grad_precision_parse(const std::string& s) {
   if (s == "fp32") return GradPrecision::fp32;
   if (s == "bf16") return GradPrecision::bf16;
@@ -63,9 +76,10 @@ int64_t Layout::checkpointed_layers(const ModelSpec& m) const {
 std::string Layout::to_string() const {
   std::string ck = weft::to_string(ckpt);
   if (ckpt != Checkpointing::none && ckpt_layers > 0) ck += fmt::format("@{}", ckpt_layers);
-  return fmt::format("tp{}-pp{}-dp{}-mb{}-vpp{}-{}-ckpt:{}-attn:{}-norm:{}-zero{}-grad:{}", tp, pp,
-                     dp, mb, vpp, sp ? "sp" : "nosp", ck, weft::to_string(attention),
-                     weft::to_string(norm), zero, weft::to_string(grad));
+  return fmt::format("tp{}{}-pp{}-dp{}-mb{}-vpp{}-{}-ckpt:{}-attn:{}-norm:{}-zero{}-grad:{}{}", tp,
+                     cp != 1 ? fmt::format("-cp{}", cp) : "", pp, dp, mb, vpp, sp ? "sp" : "nosp", ck,
+                     weft::to_string(attention), weft::to_string(norm), zero, weft::to_string(grad),
+                     cp != 1 || cp_comm != CpComm::ring ? fmt::format("-cp:{}", weft::to_string(cp_comm)) : "");
 }
 
 namespace {
@@ -116,6 +130,8 @@ Layout Layout::parse(const std::string& text) {
       l.attention = attention_parse(after(5));
     } else if (tok.rfind("norm:", 0) == 0) {
       l.norm = norm_parse(after(5));
+    } else if (tok.rfind("cp:", 0) == 0) {
+      l.cp_comm = cp_comm_parse(after(3));
     } else if (tok.rfind("grad:", 0) == 0) {
       l.grad = grad_precision_parse(after(5));
     } else if (tok == "sp") {
@@ -126,6 +142,8 @@ Layout Layout::parse(const std::string& text) {
       l.zero = count(after(4), "zero", "0, 1, 2 or 3");
     } else if (tok.rfind("vpp", 0) == 0) {
       l.vpp = count(after(3), "vpp", "a whole number of at least 1");
+    } else if (tok.rfind("cp", 0) == 0) {
+      l.cp = count(after(2), "cp", "a whole number of at least 1");
     } else if (tok.rfind("tp", 0) == 0) {
       l.tp = count(after(2), "tp", "a whole number of at least 1");
     } else if (tok.rfind("pp", 0) == 0) {
@@ -136,9 +154,9 @@ Layout Layout::parse(const std::string& text) {
       l.mb = count(after(2), "mb", "a whole number of at least 1");
     } else {
       throw InputError(fmt::format(
-          "layout '{}': unknown field '{}'; fields are tpN, ppN, dpN, mbN, vppN, sp|nosp, "
+          "layout '{}': unknown field '{}'; fields are tpN, cpN, ppN, dpN, mbN, vppN, sp|nosp, "
           "ckpt:none|selective|ffn|full[@K], attn:flash|materialized|cudnn, norm:fused|unfused, zeroN, "
-          "grad:fp32|bf16",
+          "grad:fp32|bf16, cp:ring|allgather|a2a",
           text, tok));
     }
     if (end == text.size()) break;
@@ -149,12 +167,28 @@ Layout Layout::parse(const std::string& text) {
 std::vector<std::string> Layout::violations(const ModelSpec& m, const RunSpec& run,
                                             int64_t world) const {
   std::vector<std::string> v;
-  for (auto [name, x] : {std::pair{"tp", tp}, {"pp", pp}, {"dp", dp}, {"mb", mb}, {"vpp", vpp}})
+  for (auto [name, x] : {std::pair{"tp", tp}, {"cp", cp}, {"pp", pp}, {"dp", dp}, {"mb", mb}, {"vpp", vpp}})
     if (x < 1) v.push_back(fmt::format("{}={} must be at least 1", name, x));
   if (!v.empty()) return v;
-  if (tp * pp * dp != world)
-    v.push_back(fmt::format("tp*pp*dp = {}*{}*{} = {} must equal the world size {}", tp, pp, dp,
-                            tp * pp * dp, world));
+  if (this->world() != world)
+    v.push_back(cp == 1 ? fmt::format("tp*pp*dp = {}*{}*{} = {} must equal the world size {}", tp, pp, dp,
+                                      tp * pp * dp, world)
+                        : fmt::format("tp*cp*pp*dp = {}*{}*{}*{} = {} must equal the world size {}", tp, cp, pp,
+                                      dp, this->world(), world));
+  if (cp > 1 && run.seq % (2 * cp) != 0)
+    v.push_back(fmt::format("context parallelism cuts seq T={} into 2*cp = {} equal chunks: T must be divisible",
+                            run.seq, 2 * cp));
+  if (cp == 1 && cp_comm != CpComm::ring)
+    v.push_back(fmt::format("cp:{} names a context-parallel transport but cp=1", weft::to_string(cp_comm)));
+  if (cp > 1 && cp_comm == CpComm::a2a && m.heads % tp == 0 && m.kv_heads % tp == 0 &&
+      ((m.heads / tp) % cp != 0 || (m.kv_heads / tp) % cp != 0))
+    v.push_back(fmt::format("cp:a2a splits each rank's heads over cp={}: heads H/tp={} and kv heads H_kv/tp={} "
+                            "must be divisible by it (use cp:ring or cp:allgather)",
+                            cp, m.heads / tp, m.kv_heads / tp));
+  if (cp > 1 && cp_comm == CpComm::ring && attention == AttentionKind::materialized)
+    v.push_back(fmt::format("cp:ring merges each query chunk over the key chunks it receives, which the materialized "
+                            "kernel cannot (it keeps probabilities per call): use attn:flash, or cp:allgather or "
+                            "cp:a2a"));
   if (m.heads % tp != 0)
     v.push_back(fmt::format("heads H={} must be divisible by tp={}", m.heads, tp));
   if (m.kv_heads % tp != 0)
@@ -172,9 +206,13 @@ std::vector<std::string> Layout::violations(const ModelSpec& m, const RunSpec& r
     v.push_back(fmt::format("global batch {} must be divisible by mb*dp = {}*{} = {}",
                             run.global_batch, mb, dp, mb * dp));
   if (sp && tp == 1) v.push_back("sequence parallelism (sp) needs tp > 1, got tp=1");
-  if (sp && run.seq % tp != 0)
+  if (sp && cp == 1 && run.seq % tp != 0)
     v.push_back(fmt::format("sequence parallelism shards seq T={} by tp={}: T must be divisible",
                             run.seq, tp));
+  if (sp && cp > 1 && run.seq % (2 * cp) == 0 && (run.seq / cp) % tp != 0)
+    v.push_back(fmt::format("sequence parallelism shards the T/cp = {} tokens of each rank by tp={}: they must be "
+                            "divisible",
+                            run.seq / cp, tp));
   if (vpp > 1 && pp == 1) v.push_back(fmt::format("vpp={} needs pp > 1, got pp=1", vpp));
   if (vpp > 1 && run.global_batch % (mb * dp) == 0 && micro_batches(run) % pp != 0)
     v.push_back(fmt::format("interleaved 1F1B (vpp={}) needs the micro-batch count {} "

@@ -1,5 +1,7 @@
 // Layout: how one run is laid out over the devices, and its one canonical
-// text form, e.g. "tp2-pp4-dp8-mb1-vpp1-sp-ckpt:none-attn:flash-norm:fused-zero1-grad:fp32".
+// text form, e.g. "tp2-pp4-dp8-mb1-vpp1-sp-ckpt:none-attn:flash-norm:fused-zero1-grad:fp32";
+// with context parallelism "tp2-cp2-pp4-dp8-...-zero1-grad:fp32-cp:ring" (cp
+// and its transport are left out at cp 1, so older layouts read the same).
 #pragma once
 
 #include <cstdint>
@@ -28,9 +30,21 @@ enum class NormKind { fused, unfused };
 // gradient 2^-8 below the running sum is lost); fp32 is exact to fp32. bf16
 // needs bf16 compute: the CPU trainer runs in fp32 throughout.
 enum class GradPrecision { fp32, bf16 };
+// How context-parallel ranks (cp > 1) share the keys and values of the
+// sequence they split; each rank holds chunks r and 2*cp-1-r of 2*cp equal
+// chunks, which balances the causal work:
+// ring:      K/V chunks passed around the ring while attention computes on the
+//            current one, the partial outputs merged through the lse;
+//            dK/dV travel back around the ring in the backward.
+// allgather: K/V all-gathered before attention, dK/dV reduce-scattered after.
+// a2a:       Ulysses: all-to-all from sequence-split to head-split before
+//            attention and back after (local heads and kv heads divisible by cp).
+enum class CpComm { ring, allgather, a2a };
 
 struct Layout {
   int64_t tp = 1;   // tensor-parallel degree
+  int64_t cp = 1;   // context-parallel degree: ranks that split each sequence
+  CpComm cp_comm = CpComm::ring;
   int64_t pp = 1;   // pipeline stages
   int64_t dp = 1;   // data-parallel replicas
   int64_t mb = 1;   // micro-batch size in sequences
@@ -46,7 +60,13 @@ struct Layout {
   // Bytes of one gradient element (and of the data-parallel reductions).
   int64_t grad_bytes() const { return grad == GradPrecision::bf16 ? 2 : 4; }
 
-  int64_t world() const { return tp * pp * dp; }
+  int64_t world() const { return tp * cp * pp * dp; }
+  // Ranks a parameter's gradient sums over and ZeRO shards its state over:
+  // the data-parallel replicas times the context-parallel ranks (each sees
+  // only its part of every sequence).
+  int64_t shard_ways() const { return dp * cp; }
+  // Tokens of each sequence one rank holds: T / cp.
+  int64_t local_seq(const RunSpec& run) const { return run.seq / cp; }
   // Micro-batches per optimizer step on each dp replica (gradient accumulation).
   int64_t micro_batches(const RunSpec& run) const { return run.global_batch / (mb * dp); }
   // Layers held by one pipeline stage.
@@ -71,10 +91,12 @@ const char* to_string(Checkpointing c);
 const char* to_string(AttentionKind a);
 const char* to_string(NormKind n);
 const char* to_string(GradPrecision g);
+const char* to_string(CpComm c);
 Checkpointing checkpointing_parse(const std::string& s);
 AttentionKind attention_parse(const std::string& s);
 NormKind norm_parse(const std::string& s);
 GradPrecision grad_precision_parse(const std::string& s);
+CpComm cp_comm_parse(const std::string& s);
 
 void to_json(nlohmann::json& j, const Layout& l);
 void from_json(const nlohmann::json& j, Layout& l);

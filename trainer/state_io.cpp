@@ -67,14 +67,15 @@ std::vector<float> stage_full_state(LlamaStage<Elem, G>& stage, Optimizer<Elem, 
 template <typename Elem, typename G>
 void state_save(const std::string& dir, LlamaStage<Elem, G>& stage, Optimizer<Elem, G>& opt,
                 const SaveInfo& info) {
-  // Every tp rank takes part in the gathers; the first tp/dp rank of each
-  // stage sends its stage to world rank 0 over the pp group, which writes.
+  // Every tp rank takes part in the gathers; the first tp/cp/dp rank of each
+  // stage sends its stage to world rank 0 over the pp group, which writes
+  // (cp ranks hold the same weights and, gathered, the same state).
   // All of it in host memory, over the host groups.
   const auto& g = stage.groups().host_groups();
   const ModelSpec& m = stage.model();
   const Layout& l = stage.layout();
   std::vector<float> mine = stage_full_state(stage, opt);
-  const bool leader = g.tp_rank() == 0 && g.dp_rank() == 0;
+  const bool leader = g.tp_rank() == 0 && g.dp_rank() == 0 && g.cp_rank() == 0;
   if (leader && g.pp_rank() > 0) g.pp->send(mine.data(), int64_t(mine.size()), 0, 7000);
   if (!(leader && g.pp_rank() == 0)) {
     g.world->barrier();

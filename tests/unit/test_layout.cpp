@@ -1,9 +1,12 @@
 #include <random>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/layout.h"
+#include "core/model_spec.h"
 #include "test_util.h"
 
 namespace weft {
@@ -23,6 +26,8 @@ Layout random_layout(std::mt19937_64& rng) {
   l.attention = AttentionKind(pick(2));
   l.norm = NormKind(pick(2));
   l.zero = pick(4);
+  l.cp = int64_t{1} << pick(4);
+  l.cp_comm = l.cp > 1 ? CpComm(pick(3)) : CpComm::ring;
   return l;
 }
 
@@ -136,6 +141,44 @@ TEST(Layout, ValidationPrintsEveryValue) {
   k.ckpt = Checkpointing::full;
   k.ckpt_layers = 11;
   WEFT_EXPECT_THROW_MSG(k.validate(m, run, 64), LayoutError, "ckpt@11", "10 layers");
+}
+
+// Context parallelism: cp and its transport print only when cp > 1, so a
+// layout without it reads as before; the world counts cp; each rule names
+// its values.
+TEST(Layout, ContextParallelismPrintsParsesAndValidates) {
+  const Layout l = Layout::parse("tp2-cp4-pp1-dp2-mb1-cp:a2a");
+  EXPECT_EQ(l.cp, 4);
+  EXPECT_EQ(l.cp_comm, CpComm::a2a);
+  EXPECT_EQ(l.world(), 16);
+  EXPECT_EQ(l.shard_ways(), 8);
+  EXPECT_EQ(l.to_string(), "tp2-cp4-pp1-dp2-mb1-vpp1-nosp-ckpt:none-attn:flash-norm:fused-zero0-grad:fp32-cp:a2a");
+  EXPECT_EQ(Layout::parse("tp2-pp1-dp2-mb1").to_string().find("cp"), std::string::npos);
+  EXPECT_EQ(Layout::parse("cp2-cp:allgather").cp_comm, CpComm::allgather);
+  WEFT_EXPECT_THROW_MSG(Layout::parse("cp2-cp:ulysses"), InputError, "'ulysses'", "ring, allgather, a2a");
+  WEFT_EXPECT_THROW_MSG(Layout::parse("cp-2"), InputError, "cp is -2");
+
+  ModelSpec m = model_preset("tiny");  // H 4, H_kv 2, T divisible by 2 cp below
+  RunSpec run{256, 16, Precision::fp32};
+  auto violations = [&](const std::string& text, int64_t world) {
+    return fmt::format("{}", fmt::join(Layout::parse(text).violations(m, run, world), "; "));
+  };
+  EXPECT_EQ(violations("cp4-dp2-mb1-cp:ring", 8), "");
+  EXPECT_NE(violations("cp4-dp2-mb1", 4).find("tp*cp*pp*dp = 1*4*1*2 = 8 must equal the world size 4"),
+            std::string::npos);
+  run.seq = 100;  // not divisible by 2 * 4
+  EXPECT_NE(violations("cp4-dp2-mb1", 8).find("seq T=100 into 2*cp = 8 equal chunks"), std::string::npos);
+  run.seq = 256;
+  // a2a splits the tp rank's 2 kv heads over cp: cp4 cannot.
+  EXPECT_NE(violations("cp4-mb1-cp:a2a", 4).find("kv heads H_kv/tp=2 must be divisible"), std::string::npos);
+  EXPECT_EQ(violations("cp2-mb1-cp:a2a", 2), "");
+  EXPECT_NE(violations("cp2-mb1-attn:materialized", 2).find("cp:ring merges"), std::string::npos);
+  EXPECT_EQ(violations("cp2-mb1-attn:materialized-cp:allgather", 2), "");
+  EXPECT_NE(violations("mb1-cp:a2a", 1).find("cp:a2a names a context-parallel transport but cp=1"),
+            std::string::npos);
+  // Sequence parallelism then splits each rank's T / cp tokens by tp.
+  run.seq = 12;
+  EXPECT_NE(violations("tp4-sp-cp2-mb1", 8).find("T/cp = 6 tokens of each rank by tp=4"), std::string::npos);
 }
 
 TEST(Layout, ValidLayoutsPass) {

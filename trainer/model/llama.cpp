@@ -87,31 +87,34 @@ LlamaStage<Elem, G>::LlamaStage(const ModelSpec& m, const RunSpec& run, const La
   if (on_device())
     staging_ = std::make_unique<memory::HostStaging>(M_ * int64_t(sizeof(int32_t)), 8, stream_.backend);
   if (table_->has("loss.step_sum")) loss_device_ = table_->get<A>("loss.step_sum");
-  zero2_ = l.dp > 1 && l.zero >= 2;
-  zero3_ = l.dp > 1 && l.zero >= 3;
-  overlap_dp_ = l.dp > 1 && l.zero == 0;
+  // Gradients sum, and ZeRO shards, over dp x cp (groups_.dpcp; the dp
+  // group itself without context parallelism).
+  const int64_t ways = l.shard_ways();
+  zero2_ = ways > 1 && l.zero >= 2;
+  zero3_ = ways > 1 && l.zero >= 3;
+  overlap_dp_ = ways > 1 && l.zero == 0;
   // ZeRO-1 reduce-scatters each group as its final backward ends (tied
   // embeddings across stages are summed on the shards afterwards).
-  scatter_dp_ = l.dp > 1 && l.zero == 1;
-  if (l.dp > 1 && l.zero >= 1) {
+  scatter_dp_ = ways > 1 && l.zero == 1;
+  if (ways > 1 && l.zero >= 1) {
     // Rank r of the dp group owns elements [r * shard, (r + 1) * shard) of
     // the flat parameters (the last one fewer); the optimizer uses the same.
-    const int64_t psi = params_.elements, shard = (psi + l.dp - 1) / l.dp;
-    for (int64_t r = 0; r < l.dp; ++r)
+    const int64_t psi = params_.elements, shard = (psi + ways - 1) / ways;
+    for (int64_t r = 0; r < ways; ++r)
       shard_counts_.push_back(std::max<int64_t>(0, std::min(psi, (r + 1) * shard) - r * shard));
-    shard_lo_ = std::min(psi, groups.dp_rank() * shard);
-    shard_hi_ = shard_lo_ + shard_counts_[size_t(groups.dp_rank())];
+    shard_lo_ = std::min(psi, groups.dpcp->rank() * shard);
+    shard_hi_ = shard_lo_ + shard_counts_[size_t(groups.dpcp->rank())];
   }
   if (zero2_) {
     for (size_t i = 0; const char* name : {"comm.dp_grad_bucket", "comm.dp_grad_bucket_next"}) {
       buckets_[i].data = table_->get<G>(name);
       buckets_[i++].elements = table_->elements(name);
     }
-    WEFT_ASSERT(table_->elements("grads.flat") == (params_.elements + l.dp - 1) / l.dp);
+    WEFT_ASSERT(table_->elements("grads.flat") == (params_.elements + ways - 1) / ways);
   }
   if (scatter_dp_) dp_shard_ = table_->get<G>("comm.dp_grad_shard");
   if (zero3_) {
-    WEFT_ASSERT(table_->elements("weights.flat") == (params_.elements + l.dp - 1) / l.dp);
+    WEFT_ASSERT(table_->elements("weights.flat") == (params_.elements + ways - 1) / ways);
     for (int i = 0; i < 2; ++i) {
       gathered_[size_t(i)].data = table_->get<Elem>("comm.dp_param_gather", i);
       gathered_[size_t(i)].elements = table_->elements("comm.dp_param_gather");

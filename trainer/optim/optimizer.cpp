@@ -49,7 +49,7 @@ Optimizer<Elem, G>::Optimizer(LlamaStage<Elem, G>& stage, const OptimConfig& con
   if (stage.tensors().has("optimizer.master")) master_ = stage.tensors().template get<A>("optimizer.master");
   WEFT_ASSERT((master_ != nullptr) == (sizeof(Elem) < sizeof(A)));
   const Layout& l = stage.layout();
-  const int64_t dp = l.dp, psi = stage.param_elements();
+  const int64_t dp = l.shard_ways(), psi = stage.param_elements();
   sharded_ = dp > 1 && l.zero >= 1;
   lo_ = 0;
   hi_ = psi;
@@ -58,7 +58,7 @@ Optimizer<Elem, G>::Optimizer(LlamaStage<Elem, G>& stage, const OptimConfig& con
     counts_ = stage.dp_shard_counts();
     WEFT_ASSERT(int64_t(counts_.size()) == dp);
     lo_ = stage.dp_shard_begin();
-    hi_ = lo_ + counts_[size_t(stage.groups().dp_rank())];
+    hi_ = lo_ + counts_[size_t(stage.groups().dpcp->rank())];
     // ZeRO-1 reduce-scatters the full gradients into comm.dp_grad_shard (the
     // stage during its backward, or reduce_grads() after it); under ZeRO-2
     // the stage already accumulated its shard group by group.
@@ -80,7 +80,7 @@ void Optimizer<Elem, G>::reset_master() {
 
 template <typename Elem, typename G>
 void Optimizer<Elem, G>::reduce_grads() {
-  auto& dp = *stage_.groups().dp;
+  auto& dp = *stage_.groups().dpcp;  // the replicas and the context-parallel ranks
   if (stage_.grads_sharded() || stage_.grads_reduced()) return;  // done during the backward
   if (sharded_)
     dp.reduce_scatter_v(stage_.grads(), grad_shard_, std::span<const int64_t>(counts_));
@@ -133,7 +133,7 @@ double Optimizer<Elem, G>::grad_norm() {
   const parallel::ProcessGroups& host = stage_.groups().host_groups();
   host.tp->all_reduce(&sum, 1);
   host.pp->all_reduce(&sum, 1);
-  if (sharded_) host.dp->all_reduce(&sum, 1);
+  if (sharded_) host.dpcp->all_reduce(&sum, 1);
   return std::sqrt(sum);
 }
 
@@ -176,7 +176,7 @@ StepStats Optimizer<Elem, G>::step(int64_t step, double loss) {
   // owners; under ZeRO-3 they stay sharded, gathered group by group as the
   // next forward needs them.
   if (sharded_ && !stage_.weights_sharded())
-    stage_.groups().dp->all_gather_v(stage_.weights() + lo_, stage_.weights(),
+    stage_.groups().dpcp->all_gather_v(stage_.weights() + lo_, stage_.weights(),
                                      std::span<const int64_t>(counts_));
   return s;
 }
@@ -195,7 +195,7 @@ void Optimizer<Elem, G>::host_full(const A* mine, std::vector<A>& full) {
   std::vector<A> shard(size_t(hi_ - lo_));
   memory::copy(shard.data(), mine, (hi_ - lo_) * int64_t(sizeof(A)), stage_.stream());
   memory::synchronize(stage_.stream());
-  stage_.groups().host_groups().dp->all_gather_v(shard.data(), full.data(), std::span<const int64_t>(counts_));
+  stage_.groups().host_groups().dpcp->all_gather_v(shard.data(), full.data(), std::span<const int64_t>(counts_));
 }
 
 template <typename Elem, typename G>

@@ -499,20 +499,20 @@ int64_t mpi_world_rank() {
 }
 
 ProcessGroups mpi_process_groups(int64_t tp, int64_t pp, int64_t dp, RankOrder order,
-                                 const std::atomic<bool>* cancel) {
+                                 const std::atomic<bool>* cancel, int64_t cp) {
   const int64_t world = mpi_world_size();
   const int64_t rank = mpi_world_rank();
-  if (tp >= 1 && pp >= 1 && dp >= 1) {
+  if (tp >= 1 && pp >= 1 && dp >= 1 && cp >= 1) {
     int64_t needed = 0;
-    const bool overflow =
-        __builtin_mul_overflow(tp, pp, &needed) || __builtin_mul_overflow(needed, dp, &needed);
+    const bool overflow = __builtin_mul_overflow(tp, pp, &needed) || __builtin_mul_overflow(needed, dp, &needed) ||
+                          __builtin_mul_overflow(needed, cp, &needed);
     if (overflow || needed != world) {
-      throw InputError(
-          fmt::format("layout tp{}-pp{}-dp{} needs {} ranks, mpirun started {}", tp, pp, dp,
-                      overflow ? std::string("more than 2^63") : std::to_string(needed), world));
+      throw InputError(fmt::format("layout tp{}{}-pp{}-dp{} needs {} ranks, mpirun started {}", tp,
+                                   cp > 1 ? fmt::format("-cp{}", cp) : "", pp, dp,
+                                   overflow ? std::string("more than 2^63") : std::to_string(needed), world));
     }
   }
-  const RankGrid grid(world, tp, pp, dp, order);  // rejects degrees below 1
+  const RankGrid grid(world, tp, pp, dp, order, cp);  // rejects degrees below 1
   const RankGroups mine = grid.groups_of(rank);
 
   ProcessGroups g;
@@ -520,21 +520,30 @@ ProcessGroups mpi_process_groups(int64_t tp, int64_t pp, int64_t dp, RankOrder o
   WEFT_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &world_dup));
   g.owned.push_back(std::make_unique<MpiComm>(world_dup, "world", cancel));
   g.world = g.owned.back().get();
-  for (Axis a : {Axis::tp, Axis::pp, Axis::dp}) {
+  for (Axis a : {Axis::tp, Axis::pp, Axis::dp, Axis::cp}) {
     MPI_Comm split;
     WEFT_MPI_CHECK(
         MPI_Comm_split(world_dup, int(mine.group_index(a)), int(mine.coords[a]), &split));
     g.owned.push_back(std::make_unique<MpiComm>(split, to_string(a), cancel));
     Comm* c = g.owned.back().get();
     WEFT_ASSERT(c->size() == grid.size(a) && c->rank() == mine.coords[a]);
-    (a == Axis::tp ? g.tp : a == Axis::pp ? g.pp : g.dp) = c;
+    (a == Axis::tp ? g.tp : a == Axis::pp ? g.pp : a == Axis::dp ? g.dp : g.cp) = c;
+  }
+  if (cp == 1) {
+    g.dpcp = g.dp;
+  } else {
+    MPI_Comm split;
+    WEFT_MPI_CHECK(MPI_Comm_split(world_dup, int(mine.dpcp_group), int(mine.coords.cp + cp * mine.coords.dp), &split));
+    g.owned.push_back(std::make_unique<MpiComm>(split, "dpcp", cancel));
+    g.dpcp = g.owned.back().get();
+    WEFT_ASSERT(g.dpcp->size() == cp * dp);
   }
   return g;
 }
 
 ProcessGroups mpi_process_groups(const Layout& layout, RankOrder order,
                                  const std::atomic<bool>* cancel) {
-  return mpi_process_groups(layout.tp, layout.pp, layout.dp, order, cancel);
+  return mpi_process_groups(layout.tp, layout.pp, layout.dp, order, cancel, layout.cp);
 }
 
 std::unique_ptr<Comm> mpi_world_dup(const std::string& name, const std::atomic<bool>* cancel) {

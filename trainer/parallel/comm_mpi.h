@@ -52,14 +52,15 @@ void mpi_init();
 int64_t mpi_world_size();
 int64_t mpi_world_rank();
 
-// This rank's world, tp, pp and dp groups for a grid of tp * pp * dp ranks,
-// each an MPI communicator split from a duplicate of MPI_COMM_WORLD along
-// RankGrid, ranked by the rank's coordinate on the group's axis. Collective
-// over the world. InputError ("layout tp2-pp2-dp1 needs 4 ranks, mpirun started
-// 3") when the grid does not match the MPI world size; every rank throws it.
-// With `cancel`, every communicator of the groups can be abandoned through it.
+// This rank's world, tp, pp, dp and cp groups (and dpcp, dp x cp) for a
+// grid of tp * cp * pp * dp ranks, each an MPI communicator split from a
+// duplicate of MPI_COMM_WORLD along RankGrid, ranked by the rank's coordinate
+// on the group's axis. Collective over the world. InputError ("layout
+// tp2-pp2-dp1 needs 4 ranks, mpirun started 3") when the grid does not match
+// the MPI world size; every rank throws it. With `cancel`, every
+// communicator of the groups can be abandoned through it.
 ProcessGroups mpi_process_groups(int64_t tp, int64_t pp, int64_t dp, RankOrder order = {},
-                                 const std::atomic<bool>* cancel = nullptr);
+                                 const std::atomic<bool>* cancel = nullptr, int64_t cp = 1);
 ProcessGroups mpi_process_groups(const Layout& layout, RankOrder order = {},
                                  const std::atomic<bool>* cancel = nullptr);
 

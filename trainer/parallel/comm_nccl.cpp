@@ -360,11 +360,18 @@ ProcessGroups nccl_process_groups(const Layout& layout, void* compute_stream,
   auto mpi = std::make_shared<ProcessGroups>(mpi_process_groups(layout, {}, cancel));
   ProcessGroups g;
   for (auto [slot, mpi_comm, label] : {std::tuple{&g.world, mpi->world, "world"}, std::tuple{&g.tp, mpi->tp, "tp"},
-                                       std::tuple{&g.pp, mpi->pp, "pp"}, std::tuple{&g.dp, mpi->dp, "dp"}}) {
-    // Only the pipeline sends and receives (stage boundaries, tied
-    // embedding gradients), always to its ring neighbours.
-    g.owned.push_back(nccl_comm(*mpi_comm, label, compute_stream, slot == &g.pp));
+                                       std::tuple{&g.pp, mpi->pp, "pp"}, std::tuple{&g.dp, mpi->dp, "dp"},
+                                       std::tuple{&g.cp, mpi->cp, "cp"}}) {
+    // The pipeline sends and receives (stage boundaries, tied embedding
+    // gradients) and the cp ring's, always to ring neighbours.
+    g.owned.push_back(nccl_comm(*mpi_comm, label, compute_stream, slot == &g.pp || slot == &g.cp));
     *slot = g.owned.back().get();
+  }
+  if (mpi->dpcp == mpi->dp) {
+    g.dpcp = g.dp;
+  } else {
+    g.owned.push_back(nccl_comm(*mpi->dpcp, "dpcp", compute_stream, false));
+    g.dpcp = g.owned.back().get();
   }
   g.host = std::move(mpi);
   g.cuda_stream = compute_stream;

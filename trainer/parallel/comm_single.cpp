@@ -123,11 +123,13 @@ namespace weft::parallel {
 
 ProcessGroups single_process_groups() {
   ProcessGroups g;
-  for (int i = 0; i < 4; ++i) g.owned.push_back(single_rank_comm());
+  for (int i = 0; i < 5; ++i) g.owned.push_back(single_rank_comm());
   g.world = g.owned[0].get();
   g.tp = g.owned[1].get();
   g.pp = g.owned[2].get();
   g.dp = g.owned[3].get();
+  g.cp = g.owned[4].get();
+  g.dpcp = g.dp;
   return g;
 }
 

@@ -223,9 +223,10 @@ void CommWatchdog::watch(ProcessGroups& groups) {
   }
   // Slots that share one communicator share one wrapper.
   std::map<Comm*, Comm*> wrapped;
-  const std::pair<Comm**, const char*> slots[] = {
-      {&groups.world, "world"}, {&groups.tp, "tp"}, {&groups.pp, "pp"}, {&groups.dp, "dp"}};
+  const std::pair<Comm**, const char*> slots[] = {{&groups.world, "world"}, {&groups.tp, "tp"}, {&groups.pp, "pp"},
+                                                   {&groups.dp, "dp"},       {&groups.cp, "cp"}, {&groups.dpcp, "dpcp"}};
   for (auto [slot, label] : slots) {
+    if (*slot == nullptr) continue;  // groups made before context parallelism: no cp
     auto it = wrapped.find(*slot);
     if (it == wrapped.end()) {
       groups.owned.push_back(std::make_unique<WatchedComm>(**slot, label, *this));

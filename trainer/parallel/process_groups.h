@@ -1,5 +1,6 @@
 // The process groups one rank takes part in, passed explicitly to everything
-// that communicates. Ranks are laid out tp fastest, then dp, then pp.
+// that communicates. Ranks are laid out tp fastest, then cp, then dp, then pp
+// (trainer/parallel/rank_grid.h).
 #pragma once
 
 #include <memory>
@@ -14,6 +15,11 @@ struct ProcessGroups {
   Comm* tp = nullptr;
   Comm* pp = nullptr;
   Comm* dp = nullptr;
+  // The context-parallel ranks that split each sequence; and the ranks a
+  // gradient sums over and ZeRO shards over, dp x cp (cp fastest): the dp
+  // group itself when cp is 1.
+  Comm* cp = nullptr;
+  Comm* dpcp = nullptr;
   // Keeps the CUDA stream of device groups that made their own (declared
   // before the communicators, so it outlives them).
   std::shared_ptr<void> stream_owner;
@@ -33,6 +39,8 @@ struct ProcessGroups {
   int64_t tp_rank() const { return tp->rank(); }
   int64_t pp_rank() const { return pp->rank(); }
   int64_t dp_rank() const { return dp->rank(); }
+  int64_t cp_rank() const { return cp ? cp->rank() : 0; }
+  int64_t cp_size() const { return cp ? cp->size() : 1; }
 };
 
 // One process: every group is the single-rank group.

@@ -1,5 +1,5 @@
-// RankGrid: the pure map from (world, tp, pp, dp, order) to groups, checked
-// for worlds up to 4096 ranks over every factorization, with no MPI.
+// RankGrid: the pure map from (world, tp, cp, pp, dp, order) to groups,
+// checked for worlds up to 4096 ranks over every factorization, with no MPI.
 #include <algorithm>
 #include <tuple>
 #include <vector>
@@ -15,7 +15,7 @@ namespace weft::parallel {
 namespace {
 
 using Groups = std::vector<std::vector<int64_t>>;
-constexpr Axis kAxes[] = {Axis::tp, Axis::pp, Axis::dp};
+constexpr Axis kAxes[] = {Axis::tp, Axis::cp, Axis::pp, Axis::dp};
 
 std::vector<std::tuple<int64_t, int64_t, int64_t>> factorizations(int64_t world) {
   std::vector<std::tuple<int64_t, int64_t, int64_t>> out;
@@ -34,8 +34,8 @@ std::vector<std::tuple<int64_t, int64_t, int64_t>> factorizations(int64_t world)
 void check_grid(const RankGrid& g) {
   const int64_t world = g.world();
   SCOPED_TRACE(::testing::Message()
-               << "world " << world << " tp" << g.size(Axis::tp) << "-pp" << g.size(Axis::pp)
-               << "-dp" << g.size(Axis::dp) << " order " << g.order().to_string());
+               << "world " << world << " tp" << g.size(Axis::tp) << "-cp" << g.size(Axis::cp) << "-pp"
+               << g.size(Axis::pp) << "-dp" << g.size(Axis::dp) << " order " << g.order().to_string());
   for (Axis a : kAxes) {
     const Groups groups = g.all_groups(a);
     ASSERT_EQ(int64_t(groups.size()), world / g.size(a)) << to_string(a);
@@ -75,6 +75,17 @@ void check_grid(const RankGrid& g) {
       }
       ASSERT_EQ(g.group_index(a, next), g.group_index(a, r));
     }
+    // The gradient group: every (cp, dp) pair of the rank's (tp, pp), cp fastest.
+    const auto dpcp = g.dpcp_group(r);
+    ASSERT_EQ(int64_t(dpcp.size()), g.size(Axis::cp) * g.size(Axis::dp));
+    for (size_t i = 0; i < dpcp.size(); ++i) {
+      const RankCoords m = g.coords(dpcp[i]);
+      ASSERT_EQ(m.tp, c.tp);
+      ASSERT_EQ(m.pp, c.pp);
+      ASSERT_EQ(m.cp + g.size(Axis::cp) * m.dp, int64_t(i));
+      ASSERT_EQ(g.dpcp_group_index(dpcp[i]), g.dpcp_group_index(r));
+    }
+    ASSERT_LT(g.dpcp_group_index(r), g.size(Axis::tp) * g.size(Axis::pp));
   }
 }
 
@@ -88,7 +99,40 @@ TEST(RankGrid, MegatronExampleSixteenRanks) {
   EXPECT_EQ(g.all_groups(Axis::pp),
             (Groups{{0, 4, 8, 12}, {1, 5, 9, 13}, {2, 6, 10, 14}, {3, 7, 11, 15}}));
   EXPECT_EQ(g.coords(13), (RankCoords{.tp = 1, .pp = 3, .dp = 0}));
-  EXPECT_EQ(g.order().to_string(), "tp-dp-pp");
+  EXPECT_EQ(g.order().to_string(), "tp-cp-dp-pp");
+}
+
+// Context parallelism: cp sits between tp and dp in the numbering, and the
+// grids of every (tp, cp, pp, dp) of some worlds partition them.
+TEST(RankGrid, ContextParallelGridsPartitionToo) {
+  int64_t grids = 0;
+  for (int64_t world : {4, 8, 12, 16, 48, 96}) {
+    for (auto [tp, pp, rest] : factorizations(world))
+      for (int64_t cp = 1; cp <= rest; ++cp) {
+        if (rest % cp) continue;
+        check_grid(RankGrid(world, tp, pp, rest / cp, {}, cp));
+        if (HasFatalFailure()) return;
+        ++grids;
+      }
+  }
+  EXPECT_GT(grids, 100);
+  // tp2-cp2-pp2-dp2: rank = t + 2 (c + 2 (d + 2 p)).
+  const RankGrid g(16, 2, 2, 2, {}, 2);
+  EXPECT_EQ(g.group(Axis::cp, 0), (std::vector<int64_t>{0, 2}));
+  EXPECT_EQ(g.group(Axis::dp, 0), (std::vector<int64_t>{0, 4}));
+  EXPECT_EQ(g.group(Axis::pp, 0), (std::vector<int64_t>{0, 8}));
+  EXPECT_EQ(g.dpcp_group(1), (std::vector<int64_t>{1, 3, 5, 7}));
+  EXPECT_EQ(g.dpcp_group(9), (std::vector<int64_t>{9, 11, 13, 15}));
+  Layout l;
+  l.tp = 2;
+  l.cp = 2;
+  l.pp = 2;
+  l.dp = 2;
+  EXPECT_EQ(RankGrid::of_layout(l, 16).size(Axis::cp), 2);
+  const RankGroups mine = rank_groups(16, 2, 2, 2, 6, {}, 2);
+  EXPECT_EQ(mine.cp, (std::vector<int64_t>{4, 6}));
+  EXPECT_EQ(mine.dpcp, (std::vector<int64_t>{0, 2, 4, 6}));
+  EXPECT_EQ(mine.coords, (RankCoords{.tp = 0, .pp = 0, .dp = 1, .cp = 1}));
 }
 
 TEST(RankGrid, TensorGroupsAreConsecutiveRanks) {
@@ -124,9 +168,12 @@ TEST(RankGrid, PartitionsEveryFactorizationUpTo4096) {
 }
 
 TEST(RankGrid, OtherOrdersPartitionToo) {
-  for (const char* text : {"tp-pp-dp", "dp-tp-pp", "pp-dp-tp"}) {
+  for (const char* text : {"tp-pp-dp", "dp-tp-pp", "pp-dp-tp", "cp-tp-dp-pp"}) {
     const RankOrder order = RankOrder::parse(text);
-    EXPECT_EQ(order.to_string(), text);
+    // Three axes: cp right after tp.
+    std::string with_cp = text;
+    if (with_cp.find("cp") == std::string::npos) with_cp.replace(with_cp.find("tp"), 2, "tp-cp");
+    EXPECT_EQ(order.to_string(), with_cp);
     for (auto [tp, pp, dp] : factorizations(48)) {
       check_grid(RankGrid(48, tp, pp, dp, order));
       if (HasFatalFailure()) return;
@@ -227,7 +274,8 @@ TEST(RankGrid, BadInputNamesTheValues) {
   WEFT_EXPECT_THROW_MSG(RankGrid(0, 1, 1, 1), InputError, "world of 0");
   WEFT_EXPECT_THROW_MSG(RankGrid(4, int64_t(1) << 40, int64_t(1) << 40, 1), InputError,
                         "world has 4");
-  WEFT_EXPECT_THROW_MSG(RankOrder::parse("tp-dp"), InputError, "'tp-dp'", "tp-dp-pp");
+  WEFT_EXPECT_THROW_MSG(RankOrder::parse("tp-dp"), InputError, "'tp-dp'", "tp-cp-dp-pp");
+  WEFT_EXPECT_THROW_MSG(RankGrid(8, 2, 1, 2, {}, 3), InputError, "tp2-cp3-pp1-dp2", "tp * cp * pp * dp = 12");
   WEFT_EXPECT_THROW_MSG(RankOrder::parse("tp-tp-dp"), InputError, "'tp-tp-dp'");
   WEFT_EXPECT_THROW_MSG(RankOrder::parse("tp-dp-pp-tp"), InputError, "permutation");
   WEFT_EXPECT_THROW_MSG(RankOrder::parse("tp-dp-xx"), InputError, "'tp-dp-xx'");
