@@ -38,8 +38,12 @@ constexpr int64_t kGpuGemmWorkspace = 32 * MiB + 256;
 // let a cuDNN engine take for itself (kernels/attention/attention_cudnn.h).
 constexpr int64_t kCudnnEngineAllowance = 16 * MiB;
 
+// T is this rank's tokens of a sequence: T / cp under context parallelism
+// (Tfull the whole sequence), Tsp those of its norm regions (T / tp more
+// under sequence parallelism).
 struct Dims {
   int64_t B, T, Tsp, C, Hl, Kl, D, Fl, Vl, a;
+  int64_t Tfull, cp;
 };
 
 // The largest tensor a layout's table holds is mb x seq x (the widest of
@@ -63,11 +67,43 @@ void check_representable(const ModelSpec& m, const RunSpec& run, const Layout& l
 
 Dims dims(const ModelSpec& m, const RunSpec& run, const Layout& l) {
   check_representable(m, run, l);
-  const int64_t t = l.tp;
-  return Dims{l.mb,           run.seq,          l.sp ? run.seq / t : run.seq,
-              m.hidden,       m.heads / t,      m.kv_heads / t,
-              m.head_dim,     m.intermediate / t, m.vocab / t,
-              run.compute_bytes()};
+  const int64_t t = l.tp, T = run.seq / std::max<int64_t>(l.cp, 1);
+  return Dims{l.mb,     T,           l.sp ? T / t : T,
+              m.hidden, m.heads / t, m.kv_heads / t,
+              m.head_dim, m.intermediate / t, m.vocab / t,
+              run.compute_bytes(), run.seq, std::max<int64_t>(l.cp, 1)};
+}
+
+// The attention calls of a layout, for their CPU score tiles: the query rows
+// and keys of the largest call and how many (batch, kv head) items it has.
+// Without context parallelism one call of T against T; the ring calls a
+// chunk (T / 2 cp) against a chunk; all-gather a chunk against the keys up to
+// its end (at most the whole sequence); all-to-all the whole sequence on
+// H_kv / cp kv heads.
+struct AttentionCall {
+  int64_t rows, keys, kv_heads;
+};
+AttentionCall attention_call(const Dims& d, const Layout& l) {
+  if (d.cp == 1) return {d.T, d.T, d.Kl};
+  const int64_t chunk = d.Tfull / (2 * d.cp);
+  switch (l.cp_comm) {
+    case CpComm::ring: return {chunk, chunk, d.Kl};
+    case CpComm::allgather: return {chunk, d.Tfull, d.Kl};
+    case CpComm::a2a: return {d.Tfull, d.Tfull, d.Kl / d.cp};
+  }
+  return {d.T, d.T, d.Kl};
+}
+
+// The materialized attention's saved probabilities, elements: (B, H/tp, T, T)
+// without context parallelism; with all-gather each of the two chunks
+// against its key prefix, c (o + c) for a chunk at o, which sums to
+// c^2 (2 cp + 1) on every rank; with all-to-all the whole sequence on
+// H / tp / cp heads. (The ring refuses materialized: core/layout.)
+int64_t attention_probs(const Dims& d, const Layout& l) {
+  if (d.cp == 1) return d.B * d.Hl * d.T * d.T;
+  const int64_t chunk = d.Tfull / (2 * d.cp);
+  if (l.cp_comm == CpComm::a2a) return d.B * (d.Hl / d.cp) * d.Tfull * d.Tfull;
+  return d.B * d.Hl * chunk * chunk * (2 * d.cp + 1);
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -201,7 +237,7 @@ void block_saved_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l,
     if (l.attention != AttentionKind::materialized)
       out.push_back({"layer.attn.lse", Category::activations, d.B * d.Hl * d.T, kFp32, 1});
     else
-      out.push_back({"layer.attn.probs", Category::activations, d.B * d.Hl * d.T * d.T, d.a, 1});
+      out.push_back({"layer.attn.probs", Category::activations, attention_probs(d, l), d.a, 1});
   }
   if (mode == Checkpointing::ffn) {
     out.push_back({"layer.mlp_norm.input", Category::activations, d.B * d.Tsp * d.C, d.a, 1});
@@ -234,7 +270,8 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
   // compute copy and the optimizer keeps an fp32 master; in fp32 the weights
   // are the master.
   const int64_t psi = stage_param_elements(m, l, plan);
-  const int64_t shard = ceil_div(psi, l.dp);
+  const int64_t ways = l.shard_ways();  // dp x cp
+  const int64_t shard = ceil_div(psi, ways);
   out.push_back({"weights.flat", Category::weights, l.zero >= 3 ? shard : psi, d.a, 1});
   // Gradients (and every buffer they are reduced through) are fp32 or, with
   // grad:bf16, bf16: 2 + 2 + 12 / dp bytes per parameter under ZeRO-1.
@@ -308,8 +345,9 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
     // saved probs) and 1 backward (dP). In elements rounded to 16, a double
     // run's 8-byte tiles fit too. (cudnn never runs on a CPU; sized as flash.)
     const int64_t tiles = l.attention == AttentionKind::materialized ? 1 : 2;
-    const int64_t tile = piece(std::min<int64_t>(32, d.T) * d.T, kFp32);
-    out.push_back({"scratch.attn_tiles", Category::workspace, d.B * d.Kl * tiles * tile, kFp32, 1});
+    const AttentionCall call = attention_call(d, l);
+    const int64_t tile = piece(std::min<int64_t>(32, call.rows) * call.keys, kFp32);
+    out.push_back({"scratch.attn_tiles", Category::workspace, d.B * call.kv_heads * tiles * tile, kFp32, 1});
     if (l.norm == NormKind::unfused)  // g = dy * w and mean(g * x_hat) of the unfused backward
       out.push_back({"scratch.norm_unfused", Category::workspace,
                      piece(d.B * d.Tsp * d.C, kFp32) + piece(d.B * d.Tsp, kFp32), kFp32, 1});
@@ -332,11 +370,11 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
   // Tied embeddings over several stages: the first stage receives the last
   // stage's head gradient here to add it to the embedding's. Under ZeRO-1
   // and -2 both stages gather their copy's reduced gradient over dp here.
-  if (m.tied_embeddings && l.pp > 1 && (plan.has_embedding || (plan.has_head && l.dp > 1 && l.zero >= 1)))
+  if (m.tied_embeddings && l.pp > 1 && (plan.has_embedding || (plan.has_head && ways > 1 && l.zero >= 1)))
     out.push_back({"comm.tied_embedding_grad", Category::comm, d.Vl * d.C, g, 1});
-  if (l.dp > 1 && l.zero == 1)
+  if (ways > 1 && l.zero == 1)
     out.push_back({"comm.dp_grad_shard", Category::comm, shard, g, 1});
-  if (l.dp > 1 && l.zero >= 2) {
+  if (ways > 1 && l.zero >= 2) {
     // Gradients are reduce-scattered a group at a time, every micro-batch,
     // each beside the backward of the next group, so two buckets: one holds
     // the largest group (a block, the vocab table, or the final norm with the
@@ -346,7 +384,7 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
     out.push_back({"comm.dp_grad_bucket", Category::comm, std::min(group, psi), g, 1});
     out.push_back({"comm.dp_grad_bucket_next", Category::comm, std::min(block, psi), g, 1});
   }
-  if (l.dp > 1 && l.zero >= 3) {
+  if (ways > 1 && l.zero >= 3) {
     // ZeRO-3 gathers each parameter group's weights over dp before it
     // computes (every micro-batch, forward and backward): two buffers, the
     // group in use and the next one prefetched, each as large as the largest
@@ -357,6 +395,37 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
     if (plan.has_embedding) largest = std::max(largest, table);
     if (plan.has_head) largest = std::max(largest, m.hidden + table);
     out.push_back({"comm.dp_param_gather", Category::comm, largest, d.a, 2});
+  }
+
+  // Context parallelism's exchange of keys and values, per transport (the
+  // trainer's llama_context.cpp), with one block's tensors at a time:
+  // ring: two buffers (one computed on, one arriving) of a block's K, V and,
+  // in the backward, its travelling dK and dV; the partial output and lse of
+  // one block of keys before it is merged.
+  // allgather: the gathered K and V as they arrive (rank by rank), in
+  // sequence order, and dK and dV over the whole sequence (reduce-scattered
+  // from the first buffer, repacked rank by rank).
+  // a2a: q, k, v, out and their gradients with the heads split and the
+  // whole sequence, and the packed blocks of one exchange going out and in.
+  if (d.cp > 1) {
+    const int64_t kv = d.B * d.T * d.Kl * d.D, q = d.B * d.T * d.Hl * d.D;
+    const int64_t kv_full = d.B * d.Tfull * d.Kl * d.D;
+    switch (l.cp_comm) {
+      case CpComm::ring:
+        out.push_back({"comm.cp_ring", Category::comm, 4 * kv, d.a, 2});
+        out.push_back({"scratch.cp_part_out", Category::workspace, q, d.a, 1});
+        out.push_back({"scratch.cp_part_lse", Category::workspace, d.B * d.Hl * d.T, kFp32, 1});
+        break;
+      case CpComm::allgather:
+        out.push_back({"comm.cp_kv_gather", Category::comm, 2 * kv_full, d.a, 1});
+        out.push_back({"comm.cp_kv_full", Category::comm, 2 * kv_full, d.a, 1});
+        out.push_back({"comm.cp_dkv_full", Category::comm, 2 * kv_full, d.a, 1});
+        break;
+      case CpComm::a2a:
+        out.push_back({"comm.cp_heads", Category::comm, 4 * q + 4 * kv, d.a, 1});
+        out.push_back({"comm.cp_a2a", Category::comm, q, d.a, 2});
+        break;
+    }
   }
 
   if (device.runtime_overhead_bytes > 0)
