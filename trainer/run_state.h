@@ -52,7 +52,10 @@ struct Run {
   data::TokenData data;
   std::unique_ptr<data::Loader> loader, val_loader;
   std::ofstream metrics;
-  std::vector<int32_t> tokens, targets;
+  // The micro-batch's samples (mb, T) as the loader reads them, and this
+  // rank's rows of them (the same under cp 1; chunks cp_rank and
+  // 2 cp - 1 - cp_rank of each under context parallelism).
+  std::vector<int32_t> tokens, targets, local_tokens, local_targets;
   std::unique_ptr<parallel::CommRequest> send_act, send_grad;
   // Where the run's weights started (--init's folder; empty: from the seed)
   // and the tokenizer's ids the model was pretrained with (-1: unknown),
@@ -75,6 +78,30 @@ struct Run {
     const int64_t rows = c.layout.mb * c.run.seq;
     tokens.resize(size_t(rows));
     targets.resize(size_t(rows));
+    local_tokens.resize(size_t(rows / c.layout.cp));
+    local_targets.resize(size_t(rows / c.layout.cp));
+  }
+
+  // Loads samples first .. first + mb - 1 and hands this rank's rows of
+  // them (inputs and their targets alike, so a chunk's border keeps its
+  // next-token target) to the stage's forward.
+  void forward_samples(const data::Loader& from, int64_t first, int64_t slot, double scale, int64_t chunk) {
+    from.batch(first, c.layout.mb, tokens.data(), targets.data());
+    const int32_t* tok = tokens.data();
+    const int32_t* tgt = targets.data();
+    if (c.layout.cp > 1) {
+      const int64_t T = c.run.seq, cp = c.layout.cp, piece = T / (2 * cp), r = groups.cp_rank();
+      for (int64_t s = 0; s < c.layout.mb; ++s)
+        for (int64_t k = 0; k < 2; ++k) {
+          const int64_t from_row = s * T + (k == 0 ? r : 2 * cp - 1 - r) * piece;
+          const int64_t to_row = s * (T / cp) + k * piece;
+          std::copy_n(tokens.data() + from_row, piece, local_tokens.data() + to_row);
+          std::copy_n(targets.data() + from_row, piece, local_targets.data() + to_row);
+        }
+      tok = local_tokens.data();
+      tgt = local_targets.data();
+    }
+    stage.forward(slot, tok, tgt, scale, chunk);
   }
 
   // A fresh model from the seed (layout-independent).
@@ -94,9 +121,7 @@ struct Run {
   // global batch is the same whatever the layout.
   void micro_forward(int64_t first_sample, int64_t j, int64_t slot, double scale, int64_t chunk) {
     const int64_t per_replica = c.run.global_batch / c.layout.dp;
-    loader->batch(first_sample + groups.dp_rank() * per_replica + j * c.layout.mb, c.layout.mb,
-                  tokens.data(), targets.data());
-    stage.forward(slot, tokens.data(), targets.data(), scale, chunk);
+    forward_samples(*loader, first_sample + groups.dp_rank() * per_replica + j * c.layout.mb, slot, scale, chunk);
   }
 
   // Message tags: micro-batch, the receiver's model chunk, and the direction.
@@ -199,8 +224,7 @@ struct Run {
       for (int64_t v = 0; v < pp_size * vpp; ++v) {
         if (v % pp_size != s) continue;
         if (v > 0) pp.recv(stage.stage_input(0), act_count(), (s + pp_size - 1) % pp_size, 2 * (j * pp_size * vpp + v));
-        val_loader->batch(groups.dp_rank() * rounds * mb + j * mb, mb, tokens.data(), targets.data());
-        stage.forward(0, tokens.data(), targets.data(), 0.0, v / pp_size);
+        forward_samples(*val_loader, groups.dp_rank() * rounds * mb + j * mb, 0, 0.0, v / pp_size);
         loss += stage.take_loss();
         if (v + 1 < pp_size * vpp)
           pp.send(stage.stage_output(), act_count(), (s + 1) % pp_size, 2 * (j * pp_size * vpp + v + 1));

@@ -52,7 +52,7 @@ struct Fixture {
   }
   // Trains under `layout` on its world size; returns the metrics file's losses.
   std::vector<double> train(const std::string& layout, const std::string& out, const std::string& extra = "") {
-    const std::regex axis("(?:^|-)(tp|pp|dp)(\\d+)");
+    const std::regex axis("(?:^|-)(tp|cp|pp|dp)(\\d+)");
     int64_t world = 1;
     for (auto it = std::sregex_iterator(layout.begin(), layout.end(), axis); it != std::sregex_iterator(); ++it)
       world *= std::stoll((*it)[2]);
@@ -93,6 +93,31 @@ double max_rel(const std::vector<double>& a, const std::vector<double>& b) {
   return a.size() == b.size() ? worst : INFINITY;
 }
 
+// Trains `layout`, checks its losses against `ref` (relative 1e-5) and every
+// rank's measured arena against the memory model per category (5%), and
+// returns a row of the printed table.
+std::string parity_row(Fixture& f, const std::vector<double>& ref, const std::string& layout) {
+  const auto out = f.dir.path("run-" + layout);
+  const auto losses = f.train(layout, out);
+  const double dev = max_rel(losses, ref);
+  EXPECT_LE(dev, 1e-5) << layout;
+  double worst_mem = 0;
+  int64_t ranks = 0;
+  for (const auto& e : fs::directory_iterator(out + "/memory")) {
+    ++ranks;
+    std::ifstream in(e.path());
+    const auto j = nlohmann::json::parse(in);
+    for (const auto& [cat, predicted] : j["predicted"].items()) {
+      const double m = j["measured"][cat].get<double>(), p = predicted.get<double>();
+      if (p == 0 && m == 0) continue;
+      const double d = p > 0 ? std::fabs(m - p) / p : 1.0;
+      worst_mem = std::max(worst_mem, d);
+      EXPECT_LE(d, 0.05) << layout << " rank " << j["rank"] << " " << cat;
+    }
+  }
+  return fmt::format("{:<62} {:>5} {:>12.2e} {:>13.2f}%\n", layout, ranks, dev, 100 * worst_mem);
+}
+
 TEST(LayoutParity, LossesMatchTheSingleRankRunAndMemoryMatchesTheModel) {
   Fixture f;
   const auto ref = f.train("tp1-pp1-dp1-mb2", f.dir.path("ref"));
@@ -131,27 +156,38 @@ TEST(LayoutParity, LossesMatchTheSingleRankRunAndMemoryMatchesTheModel) {
   };
   std::string table = fmt::format("{:<52} {:>5} {:>12} {:>14}\n", "layout", "ranks", "max rel dev",
                                   "worst mem dev");
-  for (const auto& layout : layouts) {
-    const auto out = f.dir.path("run-" + layout);
-    const auto losses = f.train(layout, out);
-    const double dev = max_rel(losses, ref);
-    EXPECT_LE(dev, 1e-5) << layout;
-    double worst_mem = 0;
-    int64_t ranks = 0;
-    for (const auto& e : fs::directory_iterator(out + "/memory")) {
-      ++ranks;
-      std::ifstream in(e.path());
-      const auto j = nlohmann::json::parse(in);
-      for (const auto& [cat, predicted] : j["predicted"].items()) {
-        const double m = j["measured"][cat].get<double>(), p = predicted.get<double>();
-        if (p == 0 && m == 0) continue;
-        const double d = p > 0 ? std::fabs(m - p) / p : 1.0;
-        worst_mem = std::max(worst_mem, d);
-        EXPECT_LE(d, 0.05) << layout << " rank " << j["rank"] << " " << cat;
-      }
-    }
-    table += fmt::format("{:<52} {:>5} {:>12.2e} {:>13.2f}%\n", layout, ranks, dev, 100 * worst_mem);
-  }
+  for (const auto& layout : layouts) table += parity_row(f, ref, layout);
+  std::printf("%s", table.c_str());
+}
+
+// Context parallelism: every transport at cp 2 and 4, and composed with tp
+// and sp, interleaved pp, dp under ZeRO-1, -2 and -3, checkpointing,
+// materialized attention and the unfused norm; the same losses as one rank,
+// and each rank's arena equal to the memory model per category.
+TEST(LayoutParity, ContextParallelism) {
+  Fixture f;
+  const auto ref = f.train("tp1-pp1-dp1-mb2", f.dir.path("ref"));
+  ASSERT_EQ(ref.size(), 5u);
+  const std::vector<std::string> layouts = {
+      "tp1-cp2-pp1-dp1-mb2-cp:ring",
+      "tp1-cp2-pp1-dp1-mb2-cp:allgather",
+      "tp1-cp2-pp1-dp1-mb2-cp:a2a",
+      "tp1-cp4-pp1-dp1-mb2-cp:ring",
+      "tp1-cp4-pp1-dp1-mb1-cp:allgather",
+      "tp1-cp4-pp1-dp1-mb2-cp:a2a",
+      "tp2-cp2-pp1-dp1-mb2-sp-cp:ring",
+      "tp2-cp2-pp1-dp1-mb1-sp-cp:a2a",
+      "tp1-cp2-pp2-dp1-mb1-vpp2-cp:ring",
+      "tp1-cp2-pp1-dp2-mb1-zero1-cp:allgather",
+      "tp1-cp2-pp1-dp2-mb2-zero2-attn:materialized-norm:unfused-cp:a2a",
+      "tp1-cp2-pp1-dp2-mb1-zero3-cp:ring",
+      "tp1-cp2-pp1-dp1-mb2-ckpt:full-cp:ring",
+      "tp1-cp2-pp1-dp1-mb2-ckpt:selective-cp:a2a",
+      "tp1-cp2-pp1-dp1-mb2-ckpt:ffn-attn:materialized-cp:allgather",
+      "tp2-cp2-pp2-dp1-mb1-sp-ckpt:full@2-cp:allgather",
+  };
+  std::string table = fmt::format("{:<62} {:>5} {:>12} {:>14}\n", "layout", "ranks", "max rel dev", "worst mem dev");
+  for (const auto& layout : layouts) table += parity_row(f, ref, layout);
   std::printf("%s", table.c_str());
 }
 
@@ -166,7 +202,8 @@ TEST(LayoutParity, TiedEmbeddings) {
   ASSERT_EQ(ref.size(), 5u);
   for (const char* layout : {"tp1-pp2-dp1-mb1", "tp2-pp2-dp2-mb1-sp-zero1", "tp1-pp4-dp1-mb1-vpp2",
                              "tp1-pp1-dp2-mb1-zero2", "tp2-pp2-dp2-mb1-sp-zero2", "tp1-pp1-dp2-mb1-zero3",
-                             "tp1-pp2-dp2-mb1-zero3", "tp2-pp2-dp2-mb1-sp-zero3"}) {
+                             "tp1-pp2-dp2-mb1-zero3", "tp2-pp2-dp2-mb1-sp-zero3", "tp1-cp2-pp2-dp1-mb1-cp:ring",
+                             "tp1-cp2-pp1-dp2-mb1-zero1-cp:a2a"}) {
     const auto losses = f.train(layout, f.dir.path(std::string("t-") + layout));
     EXPECT_LE(max_rel(losses, ref), 1e-5) << layout;
   }
@@ -182,6 +219,9 @@ TEST(LayoutParity, CheckpointsReshardAcrossLayouts) {
       {"tp2-pp1-dp2-mb1-sp-zero1", {"tp1-pp2-dp1-mb2", "tp1-pp1-dp2-mb1-zero1"}},
       {"tp1-pp4-dp1-mb1-vpp2", {"tp2-pp2-dp1-mb1-sp"}},
       {"tp1-pp1-dp4-mb1-zero2", {"tp1-pp1-dp2-mb1-zero1"}},
+      // Across context-parallel degrees and transports.
+      {"tp1-cp2-pp1-dp2-mb1-zero1-cp:ring", {"tp1-pp1-dp1-mb2", "tp1-cp4-pp1-dp1-mb1-cp:allgather"}},
+      {"tp1-pp1-dp2-mb1", {"tp2-cp2-pp1-dp1-mb1-sp-cp:a2a"}},
   };
   for (const auto& [from, tos] : cases) {
     const auto saved = f.dir.path("a-" + from);

@@ -43,25 +43,6 @@ constexpr const char* kSavedNames[] = {
 
 }  // namespace
 
-template <typename Elem, typename G>
-struct LlamaStage<Elem, G>::Block {
-  int64_t layer = 0;  // local index
-  Checkpointing mode = Checkpointing::none;
-  // Parameters and their gradients.
-  const Elem *w_attn_norm, *wq, *wk, *wv, *wo, *w_mlp_norm, *wg, *wu, *wd;
-  G *g_attn_norm, *gq, *gk, *gv, *go, *g_mlp_norm, *gg, *gu, *gd;
-  // Activations (nullptr where the layout has none).
-  Elem* x_in;
-  A* rstd1;
-  A* xhat1;
-  Elem *ln1, *q, *k, *v, *out;
-  A* lse;
-  Elem* probs;
-  Elem* x_mid;
-  A* rstd2;
-  A* xhat2;
-  Elem *ln2, *gate, *up, *act;
-};
 
 template <typename Elem, typename G>
 LlamaStage<Elem, G>::LlamaStage(const ModelSpec& m, const RunSpec& run, const Layout& l, int64_t stage,
@@ -76,7 +57,7 @@ LlamaStage<Elem, G>::LlamaStage(const ModelSpec& m, const RunSpec& run, const La
   // stages widen every fp32 tensor).
   if (int64_t(sizeof(G)) != (sizeof(Elem) == 8 ? 8 : l.grad_bytes()))
     throw InternalError(fmt::format("a stage with {}-byte gradients for layout {}", sizeof(G), l.to_string()));
-  M_ = l.mb * run.seq;
+  M_ = l.mb * l.local_seq(run);  // this rank's T / cp tokens of each sequence
   Msp_ = l.sp ? M_ / l.tp : M_;
   Lc_ = plan_.layers / l.vpp;
   table_ = std::make_unique<TensorTable>(memory::stage_shapes(m, run, l, device, plan_), arena,
@@ -346,19 +327,9 @@ void LlamaStage<Elem, G>::block_forward(const Block& b, Elem* x_out, bool recomp
     run(kernels::linear_forward_gemm(M_, C, Hl * D, ln1, b.wq, b.q), "gemm q");
     run(kernels::linear_forward_gemm(M_, C, Kl * D, ln1, b.wk, b.k), "gemm k");
     run(kernels::linear_forward_gemm(M_, C, Kl * D, ln1, b.wv, b.v), "gemm v");
-    const kernels::RopeParams<Elem> rope{.direction = kernels::RopeDirection::forward, .B = l_.mb,
-                                         .T = run_.seq, .H = Hl, .H_kv = Kl, .D = D,
-                                         .position_offset = 0, .theta = m_.rope_theta,
-                                         .scaling = m_.rope_scaling, .q = b.q, .k = b.k};
-    run(rope, "rope_forward", "scratch.rope_table");
+    rope(b.q, b.k, kernels::RopeDirection::forward);
   }
-  if (full || b.mode == Checkpointing::selective) {
-    const kernels::AttentionForwardParams<Elem> attn{.kind = l_.attention, .B = l_.mb,
-                                                     .T = run_.seq, .H = Hl, .H_kv = Kl, .D = D,
-                                                     .q = b.q, .k = b.k, .v = b.v, .out = b.out,
-                                                     .lse = b.lse, .probs = b.probs};
-    run(attn, "attention_forward", "scratch.attn_tiles");
-  }
+  if (full || b.mode == Checkpointing::selective) attention_forward(b);
   if (full) {
     run(kernels::linear_forward_gemm(M_, Hl * D, C, b.out, b.wo, lin), "gemm o");
     reduce_rows(lin);  // row-parallel output
@@ -424,16 +395,8 @@ void LlamaStage<Elem, G>::block_backward(const Block& b, Elem* dx) {
   const Elem* dxm = gathered(dx, lin);
   run(kernels::linear_dgrad_gemm(M_, Hl * D, C, dxm, b.wo, d_out), "gemm o dgrad");
   run(kernels::linear_wgrad_gemm(M_, Hl * D, C, dxm, b.out, b.go), "gemm o wgrad");
-  const kernels::AttentionBackwardParams<Elem> attn{
-      .kind = l_.attention, .B = l_.mb, .T = run_.seq, .H = Hl, .H_kv = Kl, .D = D, .q = b.q,
-      .k = b.k, .v = b.v, .out = b.out, .lse = b.lse, .probs = b.probs, .dout = d_out,
-      .dq = dq, .dk = dk, .dv = dv};
-  run(attn, "attention_backward", "scratch.attn_tiles");
-  const kernels::RopeParams<Elem> rope{.direction = kernels::RopeDirection::backward, .B = l_.mb,
-                                       .T = run_.seq, .H = Hl, .H_kv = Kl, .D = D,
-                                       .position_offset = 0, .theta = m_.rope_theta,
-                                       .scaling = m_.rope_scaling, .q = dq, .k = dk};
-  run(rope, "rope_backward", "scratch.rope_table");
+  attention_backward(b, d_out, dq, dk, dv);
+  rope(dq, dk, kernels::RopeDirection::backward);
   run(kernels::linear_dgrad_gemm(M_, C, Hl * D, dq, b.wq, d_norm), "gemm q dgrad");
   run(kernels::linear_dgrad_gemm(M_, C, Kl * D, dk, b.wk, d_norm, Write::accumulate), "gemm k dgrad");
   run(kernels::linear_dgrad_gemm(M_, C, Kl * D, dv, b.wv, d_norm, Write::accumulate), "gemm v dgrad");

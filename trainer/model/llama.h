@@ -42,6 +42,7 @@
 
 #include "core/device_spec.h"
 #include "kernels/kernel.h"
+#include "kernels/rope/rope.h"
 #include "memory/arena.h"
 #include "memory/device.h"
 #include "trainer/model/params.h"
@@ -172,6 +173,28 @@ class LlamaStage {
                     A* x_hat);
   void norm_backward(const Elem* x, const A* x_hat, const A* rstd, const Elem* w, const Elem* dy,
                      Elem* dx, kernels::Write write, G* dw);
+  // RoPE on this rank's q and k rows at their positions, and attention over
+  // the whole sequence; under context parallelism (cp > 1) the rows are two
+  // chunks of each sequence and the keys and values come through the
+  // layout's transport (llama_context.cpp). dq, dk and dv are overwritten.
+  void rope(Elem* q, Elem* k, kernels::RopeDirection direction);
+  void attention_forward(const Block& b);
+  void attention_backward(const Block& b, const Elem* dout, Elem* dq, Elem* dk, Elem* dv);
+  // The sequence position of chunk k (0 or 1) of cp rank `rank`.
+  int64_t chunk_offset(int64_t rank, int64_t k) const;
+  void ring_forward(const Block& b);
+  void ring_backward(const Block& b, const Elem* dout, Elem* dq, Elem* dk, Elem* dv);
+  void allgather_kv(const Elem* k, const Elem* v, Elem* full);
+  void allgather_forward(const Block& b);
+  void allgather_backward(const Block& b, const Elem* dout, Elem* dq, Elem* dk, Elem* dv);
+  void a2a_exchange(Elem* blocks_out, Elem* blocks_in, int64_t block);
+  void a2a_to_heads(const Elem* x, int64_t heads, Elem* y);
+  void a2a_to_sequence(const Elem* y, int64_t heads, Elem* x);
+  Elem* a2a_head_tensor(int which);
+  void a2a_forward(const Block& b);
+  void a2a_backward(const Block& b, const Elem* dout, Elem* dq, Elem* dk, Elem* dv);
+  template <typename T>
+  void fill(T* x, int64_t n, double value);
   void head_forward(int64_t slot, const int32_t* targets, double grad_scale);
   void head_backward(Elem* dx);
   // Launches an op on the stage's stream, with the kernel workspace it needs

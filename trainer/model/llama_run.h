@@ -15,6 +15,27 @@
 
 namespace weft::trainer {
 
+// Pointers to one block's tensors for one slot (LlamaStage::block).
+template <typename Elem, typename G>
+struct LlamaStage<Elem, G>::Block {
+  int64_t layer = 0;  // local index
+  Checkpointing mode = Checkpointing::none;
+  // Parameters and their gradients.
+  const Elem *w_attn_norm, *wq, *wk, *wv, *wo, *w_mlp_norm, *wg, *wu, *wd;
+  G *g_attn_norm, *gq, *gk, *gv, *go, *g_mlp_norm, *gg, *gu, *gd;
+  // Activations (nullptr where the layout has none).
+  Elem* x_in;
+  A* rstd1;
+  A* xhat1;
+  Elem *ln1, *q, *k, *v, *out;
+  A* lse;
+  Elem* probs;
+  Elem* x_mid;
+  A* rstd2;
+  A* xhat2;
+  Elem *ln2, *gate, *up, *act;
+};
+
 template <typename P>
 inline constexpr bool kIsGemm = false;
 template <typename E>
