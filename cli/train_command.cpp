@@ -68,6 +68,7 @@ struct TrainArgs {
   // the CPU this way on machines with a GPU), else auto.
   std::string device = std::getenv("WEFT_DEVICE") ? std::getenv("WEFT_DEVICE") : "auto";
   std::string precision = "auto";
+  std::string memory_limit;
   trainer::TrainConfig cfg;
   std::string schedule = "cosine";
   std::string layout;
@@ -158,6 +159,11 @@ int run_train(TrainArgs& a) {
   } else {
     c.device = cpu_rank_share(device_preset("cpu"), local_ranks_from_env(), c.threads);
   }
+  // A cap on each rank's memory: the memory model holds every layout to it.
+  if (!a.memory_limit.empty()) {
+    const int64_t cap = parse_bytes(a.memory_limit);
+    if (cap < c.device.memory_bytes) c.device.memory_bytes = cap;
+  }
   c.run.seq = a.seq;
   c.run.global_batch = a.global_batch;
   c.run.precision = a.precision == "auto" ? (gpu ? Precision::bf16 : Precision::fp32) : precision_parse(a.precision);
@@ -246,7 +252,8 @@ int run_train(TrainArgs& a) {
   if (!tune) {
     c.layout.validate(c.model, c.run, mpi_world_size_from_env());
     trainer::check_trainable(c.layout, c.device.kind);
-    memory::require_fits(c.model, c.run, c.layout, c.device);
+    memory::require_fits(c.model, c.run, c.layout, c.device,
+                         a.memory_limit.empty() ? "" : "--memory-limit " + a.memory_limit);
   }
   // The run folder, once every cheap check has passed and before tuning or
   // training write anything: a run refused up to here changed nothing.
@@ -380,6 +387,9 @@ Command add_train_command(CLI::App& app) {
   sub->add_option("--device", a->device, "Device to train on: auto (a GPU when there is one), cpu or gpu; "
                   "the default is $WEFT_DEVICE when set")
       ->capture_default_str();
+  sub->add_option("--memory-limit", a->memory_limit,
+                  "Memory each rank may use, e.g. 2GiB (default: its share of the device): a layout the memory "
+                  "model says cannot fit in it is refused before anything is allocated, and tuning prunes those");
   sub->add_option("--precision", a->precision, "auto (bf16 on a GPU, fp32 on the CPU), bf16 or fp32")
       ->capture_default_str();
   sub->add_option("--steps", c.steps, "Optimizer steps")->capture_default_str();

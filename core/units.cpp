@@ -38,4 +38,22 @@ double parse_duration(const std::string& text) {
   return v * scale;
 }
 
+int64_t parse_bytes(const std::string& text) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  std::string unit = end ? std::string(end) : "";
+  if (unit.size() == 3 && unit.substr(1) == "iB") unit = unit.substr(0, 1);
+  if (unit == "B") unit.clear();
+  double scale = -1;
+  if (unit.empty()) scale = 1;
+  else if (unit == "K") scale = double(KiB);
+  else if (unit == "M") scale = double(MiB);
+  else if (unit == "G") scale = double(GiB);
+  else if (unit == "T") scale = double(GiB) * 1024;
+  const double bytes = v * scale;
+  if (end == text.c_str() || scale < 0 || !(bytes >= 1) || !(bytes <= std::ldexp(1.0, 62)))
+    throw InputError(fmt::format("size '{}' is not valid; use e.g. 2GiB, 512MiB or a number of bytes", text));
+  return int64_t(bytes);
+}
+
 }  // namespace weft

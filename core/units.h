@@ -16,5 +16,9 @@ std::string format_bytes(double bytes);
 std::string format_seconds(double seconds);
 // Parses "10m", "90s", "1h", "250ms" or plain seconds; InputError otherwise.
 double parse_duration(const std::string& text);
+// Parses "2GiB", "512MiB", "1.5G", "800M", "64KiB" or plain bytes (binary
+// units: K, M, G, T with or without "iB"); InputError naming the text for
+// anything else, or for a size that is not positive or past 2^62 bytes.
+int64_t parse_bytes(const std::string& text);
 
 }  // namespace weft

@@ -53,7 +53,8 @@ MemoryEstimate estimate(const ModelSpec& m, const RunSpec& run, const Layout& l,
   return e;
 }
 
-void require_fits(const ModelSpec& m, const RunSpec& run, const Layout& l, const DeviceSpec& device) {
+void require_fits(const ModelSpec& m, const RunSpec& run, const Layout& l, const DeviceSpec& device,
+                  const std::string& capacity_note) {
   MemoryOptions whole;
   whole.margin = 0;
   whole.all_stages = true;
@@ -66,7 +67,9 @@ void require_fits(const ModelSpec& m, const RunSpec& run, const Layout& l, const
       "(weft tune --dry-run lists the layouts that fit)",
       l.to_string(), format_bytes(double(w.total)), w.total, w.stage, to_string(e.binding),
       format_bytes(double(w.bytes[size_t(e.binding)])), format_bytes(double(e.capacity)), e.capacity, device.name,
-      device.kind == DeviceKind::cpu ? " (this rank's share of the machine's memory)" : ""));
+      !capacity_note.empty()           ? " (" + capacity_note + ")"
+      : device.kind == DeviceKind::cpu ? " (this rank's share of the machine's memory)"
+                                       : ""));
 }
 
 }  // namespace weft::memory

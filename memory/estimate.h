@@ -54,6 +54,9 @@ MemoryEstimate estimate(const ModelSpec& m, const RunSpec& run, const Layout& l,
 // naming the predicted and the available bytes and the layout; called before
 // anything large is allocated. The margin is not applied: a run predicted
 // inside it may still fit, one predicted past the device cannot.
-void require_fits(const ModelSpec& m, const RunSpec& run, const Layout& l, const DeviceSpec& device);
+// `capacity_note` says where the device's memory figure came from when the
+// caller capped it (e.g. "--memory-limit 2GiB"); empty: the device's own.
+void require_fits(const ModelSpec& m, const RunSpec& run, const Layout& l, const DeviceSpec& device,
+                  const std::string& capacity_note = "");
 
 }  // namespace weft::memory

@@ -309,5 +309,24 @@ TEST(CliResume, DataReadMoreThanOnceIsSaid) {
   EXPECT_EQ(r.out.find("memorise"), std::string::npos) << r.out;
 }
 
+// --memory-limit caps each rank's memory: a layout the memory model says
+// needs more is refused (exit 2) before anything is allocated or written,
+// naming the limit; under it the run trains.
+TEST(CliResume, MemoryLimitHoldsTheLayoutToIt) {
+  TempDir dir;
+  const auto data = corpus(dir);
+  const std::string run = "train --data " + data + kSmall + " --steps 1 --no-checkpoint";
+  auto r = run_weft(run + " --memory-limit 1MiB --out " + dir.path("small"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("does not fit"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(--memory-limit 1MiB)"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(dir.path("small")));
+  r = run_weft(run + " --memory-limit 2GiB --out " + dir.path("big"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  r = run_weft(run + " --memory-limit lots --out " + dir.path("bad"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("size 'lots' is not valid"), std::string::npos) << r.out;
+}
+
 }  // namespace
 }  // namespace weft::test

@@ -162,6 +162,14 @@ TEST(Units, DurationsAndSizes) {
   WEFT_EXPECT_THROW_MSG(parse_duration("10x"), InputError, "10x");
   WEFT_EXPECT_THROW_MSG(parse_duration("-1m"), InputError, "-1m");
   EXPECT_EQ(format_bytes(1.5 * double(GiB)), "1.50 GiB");
+  EXPECT_EQ(parse_bytes("2GiB"), 2 * GiB);
+  EXPECT_EQ(parse_bytes("512MiB"), 512 * MiB);
+  EXPECT_EQ(parse_bytes("1.5G"), 3 * GiB / 2);
+  EXPECT_EQ(parse_bytes("64K"), 64 * KiB);
+  EXPECT_EQ(parse_bytes("4096"), 4096);
+  EXPECT_EQ(parse_bytes("10B"), 10);
+  for (const char* bad : {"", "2GB", "-1G", "0", "1e30", "nanG", "2 GiB"})
+    WEFT_EXPECT_THROW_MSG(parse_bytes(bad), InputError, (std::string("'") + bad + "'").c_str());
 }
 
 }  // namespace
