@@ -42,6 +42,12 @@ TEST(InitMpi, TheFirstLossIsTransformersLossOnEveryLayout) {
       // Llama 3 RoPE scaling, on tp shards of the heads and on SP's row shards.
       {"rope_llama3", "tp2-pp2-dp1-mb1", "", "loss"},
       {"rope_llama3", "tp2-pp1-dp2-mb1-sp-zero1", "", "loss"},
+      // Context parallelism: each chunk of 3 tokens rotated at its own
+      // positions (Llama 3 scaling too), against transformers on the whole.
+      {"rope_llama3", "tp2-cp2-pp1-dp1-mb1-sp-cp:ring", "", "loss"},
+      {"rope_llama3", "tp1-cp2-pp1-dp2-mb1-zero1-cp:allgather", "", "loss"},
+      {"tied_sharded", "tp1-cp2-pp2-dp1-mb1-cp:ring", "", "loss"},
+      {"untied", "tp1-cp2-pp2-dp1-mb1-cp:a2a", "", "loss"},
       // 72 rows over tp2: rank 1 holds rows 36..71, pretrained up to 63.
       {"untied", "tp2-pp2-dp1-mb1", "--vocab 72", "loss_vocab72"},
       {"tied_sharded", "tp2-pp2-dp1-mb1", "--vocab 72", "loss_vocab72"},
