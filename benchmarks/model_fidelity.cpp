@@ -73,9 +73,9 @@ int main(int argc, char** argv) {
       for (const auto& x : f.rows)
         if (x.run->sweep.find(want) != std::string::npos && !x.run->oom) {
           const auto b = predict(x.run->model, x.run->run, x.run->layout, x.run->cluster, fit(x.run->cluster.device));
-          fmt::print("{:<60} meas {:6.2f} pred {:6.2f} = comp {:5.2f} rec {:5.2f} tp {:5.2f} bub {:5.2f} p2p {:5.2f} dp {:5.2f} opt {:5.2f}\n",
+          fmt::print("{:<60} meas {:6.2f} pred {:6.2f} = comp {:5.2f} rec {:5.2f} tp {:5.2f} cp {:5.2f} bub {:5.2f} p2p {:5.2f} dp {:5.2f} opt {:5.2f}\n",
                      x.run->layout.to_string().substr(0, 60), x.run->measured_step_s, b.step, b.compute, b.recompute, b.tp_comm,
-                     b.pp_bubble, b.pp_p2p, b.dp_comm, b.optimizer);
+                     b.cp_comm, b.pp_bubble, b.pp_p2p, b.dp_comm, b.optimizer);
         }
   }
   if (sweeps) {

@@ -73,7 +73,7 @@ std::string breakdown(const Candidate& c, const SpaceContext& ctx) {
                    format_seconds(k.step), k.tokens_per_second, k.model_flops_per_gpu / 1e12,
                    100 * k.mfu, k.peak_flops / 1e12);
   s += part("compute", k.compute) + part("recompute", k.recompute) + part("tp comm", k.tp_comm) +
-       part("pp bubble", k.pp_bubble) + part("pp p2p", k.pp_p2p) + part("dp comm", k.dp_comm) +
+       part("cp comm", k.cp_comm) + part("pp bubble", k.pp_bubble) + part("pp p2p", k.pp_p2p) + part("dp comm", k.dp_comm) +
        part("optimizer", k.optimizer);
   s += grad_precision_note(c.layout);
   (void)ctx;
@@ -242,7 +242,7 @@ std::string report_csv(const SpaceReport& r, const SpaceContext& ctx, int64_t to
   (void)ctx;
   std::string s =
       "rank,layout,verdict,reason,peak_bytes,usable_bytes,step_s,tokens_per_s,model_tflops_per_dev,"
-      "mfu,compute_s,recompute_s,tp_comm_s,pp_bubble_s,pp_p2p_s,dp_comm_s,optimizer_s\n";
+      "mfu,compute_s,recompute_s,tp_comm_s,cp_comm_s,pp_bubble_s,pp_p2p_s,dp_comm_s,optimizer_s\n";
   int64_t rank = 0, listed = 0;
   for (const auto& c : r.candidates) {
     if (listed++ >= top) break;
@@ -254,12 +254,12 @@ std::string report_csv(const SpaceReport& r, const SpaceContext& ctx, int64_t to
                      c.layout.to_string(), to_string(c.verdict), reason);
     if (has) {
       const auto& k = c.cost;
-      s += fmt::format("{},{},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g}\n",
+      s += fmt::format("{},{},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g}\n",
                        c.memory.peak(), c.memory.usable, k.step, k.tokens_per_second,
-                       k.model_flops_per_gpu / 1e12, k.mfu, k.compute, k.recompute, k.tp_comm,
+                       k.model_flops_per_gpu / 1e12, k.mfu, k.compute, k.recompute, k.tp_comm, k.cp_comm,
                        k.pp_bubble, k.pp_p2p, k.dp_comm, k.optimizer);
     } else {
-      s += ",,,,,,,,,,,,\n";
+      s += ",,,,,,,,,,,,,\n";
     }
   }
   return s;

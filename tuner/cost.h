@@ -1,6 +1,7 @@
 // The analytic cost model: predicted step time of a layout, split into
-// compute, recomputation, exposed tensor-parallel communication, pipeline
-// bubble and point-to-point, exposed data-parallel reduction and optimizer.
+// compute, recomputation, exposed tensor- and context-parallel communication,
+// pipeline bubble and point-to-point, exposed data-parallel reduction and
+// optimizer.
 // It ranks layouts; the profiler decides. Its constants start from the device
 // preset (cost_defaults) and are refit to measured steps by calibration.
 #pragma once
@@ -47,9 +48,10 @@ struct CostBreakdown {
   double compute = 0;    // GEMMs, attention, memory-bound ops: m micro-batches on the slowest stage
   double recompute = 0;  // forward work redone by activation checkpointing
   double tp_comm = 0;    // exposed tensor/sequence-parallel collectives
+  double cp_comm = 0;    // exposed context-parallel K/V exchanges (ring, all-gather or all-to-all)
   double pp_bubble = 0;  // pipeline fill and drain
   double pp_p2p = 0;     // exposed stage-to-stage transfers
-  double dp_comm = 0;    // exposed gradient reduction and ZeRO gathers
+  double dp_comm = 0;    // exposed gradient reduction and ZeRO gathers (over dp x cp)
   double optimizer = 0;  // AdamW over this rank's shard
   double step = 0;       // the sum: predicted seconds per optimizer step
 

@@ -31,7 +31,7 @@ TEST(CliTune, ReadmeDryRunReport) {
   ASSERT_EQ(r.code, 0) << r.out;
   for (const char* s : {"llama-13b", "64 x a100-80gb", "rank", "MFU", "312.0 TFLOP/s",
                         "pruned by reason", "oom: activations", "best layout:", "stage 0",
-                        "pp bubble", "dp comm"})
+                        "cp comm", "pp bubble", "dp comm"})
     EXPECT_NE(r.out.find(s), std::string::npos) << "missing '" << s << "' in\n" << r.out;
 }
 
@@ -46,6 +46,7 @@ TEST(CliTune, MachineFormatsListEveryLayout) {
   EXPECT_EQ(int64_t(j["layouts"].size()), j["evaluated"].get<int64_t>());
   r = run_weft(common + " --format csv");
   ASSERT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find(",tp_comm_s,cp_comm_s,pp_bubble_s,"), std::string::npos) << r.out.substr(0, 300);
   EXPECT_EQ(int64_t(std::count(r.out.begin(), r.out.end(), '\n')), j["evaluated"].get<int64_t>() + 1);
   r = run_weft(common + " --format md");
   ASSERT_EQ(r.code, 0);
