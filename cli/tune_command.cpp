@@ -68,7 +68,7 @@ int run_tune(const TuneArgs& a) {
   }
   if (layouts.empty())
     throw InputError(fmt::format(
-        "no layout of {} on {} devices matches: tp and pp must divide the device count, and the "
+        "no layout of {} on {} devices matches: tp, cp and pp must divide the device count, and the "
         "global batch {} must be divisible by mb*dp; relax the pinned knobs or change --gpus / "
         "--global-batch",
         ctx.model.name, ctx.cluster.gpus, ctx.run.global_batch));

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include <gtest/gtest.h>
@@ -68,7 +69,7 @@ TEST(CliTune, TopIsHonouredEverywhereAndTheTableExplainsItself) {
   EXPECT_NE(r.out.find(" but attn"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("order: predicted step time"), std::string::npos) << r.out;
   // bf16 gradients priced for CPU ranks: the CPU trainer computes in fp32.
-  r = run_weft("tune --dry-run --model tiny --gpu cpu --gpus 2 --precision bf16 --grad bf16 --top 3");
+  r = run_weft("tune --dry-run --model tiny --gpu cpu --gpus 2 --precision bf16 --grad bf16 --cp 1 --top 3");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("-grad:bf16 *"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("the trainer cannot run this layout yet: grad:bf16 needs the GPU trainer"),
@@ -153,6 +154,24 @@ TEST(CliTune, NothingFitsPointsAtTheNearestLayout) {
   EXPECT_NE(line.find("ckpt:full-"), std::string::npos) << line;
 }
 
+// --cp and --cp-comm pin the context-parallel degrees and the transports
+// tried at cp > 1; the layout text carries both.
+TEST(CliTune, ContextParallelPins) {
+  const auto r = run_weft("tune --dry-run --model llama-7b --gpu h100 --gpus 16 --seq 8192 --global-batch 64 --tp 1 "
+                          "--mb 1 --cp 1,4 --cp-comm a2a,allgather --all --format json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::set<std::string> seen;
+  const auto j = nlohmann::json::parse(r.out);
+  for (const auto& row : j["layouts"]) {
+    const std::string l = row["layout"];
+    const bool cp4 = l.find("-cp4-") != std::string::npos;
+    EXPECT_TRUE(cp4 || l.find("-cp") == std::string::npos) << l;
+    if (cp4) EXPECT_TRUE(l.ends_with("-cp:a2a") || l.ends_with("-cp:allgather")) << l;
+    seen.insert(cp4 ? l.substr(l.rfind('-') + 1) : "cp1");
+  }
+  EXPECT_EQ(seen, (std::set<std::string>{"cp1", "cp:a2a", "cp:allgather"}));
+}
+
 TEST(CliTune, OneExplicitLayout) {
   const auto r = run_weft("tune --dry-run --model llama-13b --gpus 64 --layout tp2-pp2-dp16-mb1-zero1");
   ASSERT_EQ(r.code, 0) << r.out;
@@ -177,7 +196,7 @@ TEST(CliTune, BadInputIsOneClearLineAndExitTwo) {
       {"tune --dry-run --gpus 64 --model llama-13b --layout tp2-pp2-dp16-mb3", {"global batch 2048", "mb*dp"}},
       {"tune --dry-run --gpus 64 --model llama-13b --tp 16", {"H=40", "tp=16"}},
       {"tune --dry-run --gpus 12 --gpus-per-node 8", {"12", "--gpus-per-node 8"}},
-      {"tune --dry-run --gpus 64 --global-batch 100 --tp 1 --pp 1", {"global batch 100"}},
+      {"tune --dry-run --gpus 64 --global-batch 100 --tp 1 --pp 1 --cp 1", {"global batch 100"}},
       {"tune --dry-run --seq 0", {"--seq 0"}},
       {"tune --dry-run --global-batch -8", {"-8"}},
       {"tune --dry-run --gpus 0", {"--gpus 0"}},
@@ -197,6 +216,11 @@ TEST(CliTune, BadInputIsOneClearLineAndExitTwo) {
       {"tune --dry-run --gpu {name3}", {"name3.json", "device.name", "3"}},
       {"tune --dry-run --gpu {nic}", {"nic.json", "nic_bandwidth", "1e-300", "bytes/s"}},
       {"tune --dry-run --model {mistral}", {"mistral", "MistralForCausalLM"}},
+      {"tune --dry-run --cp-comm ring,tree", {"tree", "ring, allgather, a2a"}},
+      {"tune --dry-run --cp 0", {"--cp 0"}},
+      {"tune --dry-run --gpus 64 --model llama-13b --tp 1 --cp 3", {"tp, cp and pp must divide"}},
+      {"tune --dry-run --gpus 64 --model llama-13b --seq 2052 --tp 1 --cp 16",
+       {"T=2052", "2*cp = 32 equal chunks"}},
   };
   const auto device5 = dir.file("device5.json", R"({"device": 5})");
   const auto name3 = dir.file("name3.json", R"({"device": {"preset": "h100", "name": 3}})");

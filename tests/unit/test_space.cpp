@@ -25,8 +25,10 @@ TEST_F(Space, EnumerationFollowsTheRules) {
     EXPECT_EQ(l.world(), 32);
     EXPECT_EQ(m.heads % l.tp, 0);
     EXPECT_EQ(m.layers % l.pp, 0);
+    EXPECT_EQ(run.seq % (2 * l.cp), 0);
+    if (l.cp == 1) { EXPECT_EQ(l.cp_comm, CpComm::ring); }
     if (l.tp == 1) { EXPECT_FALSE(l.sp); }
-    if (l.dp == 1) { EXPECT_EQ(l.zero, 0); }
+    if (l.shard_ways() == 1) { EXPECT_EQ(l.zero, 0); }
     if (l.pp == 1) { EXPECT_EQ(l.vpp, 1); }
   }
   // Every knob value appears.
@@ -38,6 +40,41 @@ TEST_F(Space, EnumerationFollowsTheRules) {
   EXPECT_TRUE(has([](const Layout& l) { return l.attention == AttentionKind::cudnn; }));
   EXPECT_TRUE(has([](const Layout& l) { return l.norm == NormKind::unfused; }));
   EXPECT_TRUE(has([](const Layout& l) { return l.zero == 3 && l.mb == 16; }));
+  // cp over the divisors of what tp leaves, each with every transport; ZeRO
+  // over the dp x cp ranks even at dp 1.
+  for (int64_t cp : {1, 2, 4, 8, 16, 32}) {
+    EXPECT_TRUE(has([&](const Layout& l) { return l.cp == cp; })) << cp;
+    if (cp > 1)
+      for (CpComm t : {CpComm::ring, CpComm::allgather, CpComm::a2a})
+        EXPECT_TRUE(has([&](const Layout& l) { return l.cp == cp && l.cp_comm == t; })) << cp;
+  }
+  EXPECT_TRUE(has([](const Layout& l) { return l.tp == 4 && l.cp == 8 && l.dp == 1 && l.zero == 3; }));
+  // T = 2048 cuts into 2*cp chunks for every cp up to 1024; T = 96 only for
+  // cp 1, 2, 3, 4, 6, 8, 12, 16, 24, 48 (those dividing 48) and a world of 32
+  // allows 1, 2, 4, 8 and 16 of them.
+  std::set<int64_t> cps;
+  for (const auto& l : enumerate(m, RunSpec{96, 512, Precision::bf16}, 32, {})) cps.insert(l.cp);
+  EXPECT_EQ(cps, (std::set<int64_t>{1, 2, 4, 8, 16}));
+}
+
+// The space as subspaces of one parallel shape: enumerate() is them, in order.
+TEST_F(Space, SubspacesAreTheSpaceInOrder) {
+  SpaceLimits lim;
+  lim.mb = {1, 2};
+  const auto all = enumerate(m, run, 32, lim);
+  const auto subs = enumerate_subspaces(m, run, 32, lim);
+  int64_t at = 0;
+  for (const auto& s : subs) {
+    EXPECT_EQ(s.first, at);
+    for (int64_t i = 0; i < s.size(); ++i, ++at) {
+      ASSERT_LT(at, int64_t(all.size()));
+      EXPECT_EQ(s.at(i), all[size_t(at)]);
+      const Layout l = s.at(i);
+      EXPECT_TRUE(l.tp == s.shape.tp && l.cp == s.shape.cp && l.cp_comm == s.shape.cp_comm && l.pp == s.shape.pp &&
+                  l.mb == s.shape.mb && l.vpp == s.shape.vpp && l.sp == s.shape.sp);
+    }
+  }
+  EXPECT_EQ(at, int64_t(all.size()));
 }
 
 TEST_F(Space, Bf16GradientsOnlyWithBf16Compute) {
@@ -78,11 +115,53 @@ TEST_F(Space, PinsRestrictTheSpace) {
   EXPECT_TRUE(enumerate(m, run, 32, bad).empty());  // 3 does not divide 32
 }
 
+// --cp and --cp-comm: the transports apply at cp > 1 (cp 1 has none); a
+// pinned cp the sequence does not cut into is kept and pruned with the rule,
+// as is a transport the heads do not allow.
+TEST_F(Space, ContextParallelPins) {
+  SpaceLimits lim;
+  lim.cp = {1, 4};
+  lim.cp_comm = {CpComm::a2a};
+  lim.mb = {1};
+  const auto pinned = enumerate(m, run, 32, lim);
+  ASSERT_FALSE(pinned.empty());
+  std::set<std::pair<int64_t, CpComm>> seen;
+  for (const auto& l : pinned) seen.insert({l.cp, l.cp_comm});
+  EXPECT_EQ(seen, (std::set<std::pair<int64_t, CpComm>>{{1, CpComm::ring}, {4, CpComm::a2a}}));
+
+  const RunSpec odd{2052, 512, Precision::bf16};  // 2052 = 2 * 2 * 513: cp 2 cuts it, cp 4 does not
+  lim.cp = {4};
+  lim.cp_comm = {CpComm::ring};
+  lim.tp = {1};
+  lim.attention = {AttentionKind::flash};
+  const auto r = evaluate(m, odd, c, enumerate(m, odd, 32, lim), k);
+  ASSERT_GT(r.evaluated, 0);
+  EXPECT_EQ(r.pruned.at("invalid: context parallelism cuts seq T"), r.evaluated);
+  // llama-13b's 40 heads over cp 16 do not split: a2a is pruned, ring is not.
+  lim = {};
+  lim.tp = {1};
+  lim.cp = {16};
+  lim.mb = {1};
+  lim.attention = {AttentionKind::flash};
+  const auto heads = evaluate(m, run, c, enumerate(m, run, 32, lim), k);
+  int64_t a2a = 0;
+  for (const auto& x : heads.candidates) {
+    if (x.layout.cp_comm != CpComm::a2a) {
+      EXPECT_NE(x.verdict, Verdict::invalid) << x.layout.to_string() << ": " << x.reason;
+      continue;
+    }
+    ++a2a;
+    EXPECT_EQ(x.prune_class, "invalid: cp:a2a splits each rank's heads over cp") << x.reason;
+  }
+  EXPECT_GT(a2a, 0);
+}
+
 // cuDNN has no CPU kernels: a CPU's space leaves cudnn out, and a pinned one
 // is pruned with the reason.
 TEST_F(Space, CudnnAttentionOnlyOnGpus) {
   SpaceLimits lim;
   lim.tp = {1};
+  lim.cp = {1};
   lim.pp = {1};
   lim.mb = {1};
   const auto gpu = enumerate(m, run, 32, lim, DeviceKind::gpu);
