@@ -41,16 +41,24 @@ std::string grad_precision_note(const Layout& l) {
 std::string header(const SpaceReport& r, const SpaceContext& c) {
   const double usable = double(c.cluster.device.memory_bytes) * (1 - c.memory.margin);
   std::string peak_kind = c.cluster.device.kind == DeviceKind::cpu ? "fp32" : "dense bf16";
+  const std::string space =
+      r.exhaustive
+          ? fmt::format("evaluated {} layouts in {:.1f} ms ({:.0f} layouts/s): {} fit, {} pruned\n", r.evaluated,
+                        r.seconds * 1e3, r.seconds > 0 ? double(r.evaluated) / r.seconds : 0.0, r.fitting,
+                        r.evaluated - r.fitting)
+          : fmt::format("searched {} layouts (the full product of the knobs) in {:.1f} ms: visited {} ({:.2g}%), "
+                        "{} of them fit; the rest ruled out by rules and bounds, below (--exhaustive predicts "
+                        "every one)\n",
+                        r.evaluated, r.seconds * 1e3, r.visited,
+                        r.evaluated > 0 ? 100.0 * double(r.visited) / double(r.evaluated) : 0.0, r.fitting);
   return fmt::format(
       "model   {}\ncluster {}\nrun     seq {}, global batch {} ({:.2f}M tokens/step), {}\n"
       "MFU against the {} peak of {:.1f} TFLOP/s per device; memory margin {:.0f}% "
-      "(usable {:.1f} of {:.1f} GiB)\n"
-      "evaluated {} layouts in {:.1f} ms ({:.0f} layouts/s): {} fit, {} pruned\n",
+      "(usable {:.1f} of {:.1f} GiB)\n{}",
       c.model.summary(), c.cluster.summary(), c.run.seq, c.run.global_batch,
       double(c.run.tokens_per_step()) / 1e6, to_string(c.run.precision), peak_kind,
       c.cluster.device.peak_flops(to_string(c.run.precision)) / 1e12, 100 * c.memory.margin,
-      usable / double(GiB), gib(c.cluster.device.memory_bytes), r.evaluated, r.seconds * 1e3,
-      r.seconds > 0 ? double(r.evaluated) / r.seconds : 0.0, r.fitting, r.evaluated - r.fitting);
+      usable / double(GiB), gib(c.cluster.device.memory_bytes), space);
 }
 
 std::string breakdown(const Candidate& c, const SpaceContext& ctx) {
@@ -208,6 +216,8 @@ nlohmann::json report_json(const SpaceReport& r, const SpaceContext& ctx, int64_
   j["cost_constants"] = ctx.constants;
   j["memory_margin"] = ctx.memory.margin;
   j["evaluated"] = r.evaluated;
+  j["visited"] = r.visited;
+  j["exhaustive"] = r.exhaustive;
   j["fitting"] = r.fitting;
   j["pruned"] = r.pruned;
   j["seconds"] = r.seconds;

@@ -594,6 +594,75 @@ CostBreakdown predict(const ModelSpec& m, const RunSpec& run, const Layout& l,
   return b;
 }
 
+StepBounds step_bounds(const ModelSpec& m, const RunSpec& run, const Layout& shape, const ClusterSpec& cluster,
+                       const CostConstants& k, const std::vector<std::pair<Checkpointing, int64_t>>& ckpts,
+                       const std::vector<AttentionKind>& attentions, const std::vector<NormKind>& norms,
+                       const std::vector<int64_t>& zeros, const std::vector<GradPrecision>& grads) {
+  // predict()'s parts, each at its least over what the other term's knobs
+  // leave open:
+  // - per checkpointing, attention and norm: compute, tensor- and
+  //   context-parallel time at the cheaper of the first and last stage
+  //   (predict's slowest is one of them), the recomputation (the same on
+  //   both), the bubble at the slower, and the stage-to-stage hops;
+  // - per ZeRO stage and gradient type: the data-parallel time at the least
+  //   its hiding window allows (the window is the backward, which these
+  //   knobs do not set: the smaller of none and an unbounded one), the
+  //   optimizer and the tied embedding's exchange.
+  StepBounds b;
+  b.attentions = attentions.size();
+  b.norms = norms.size();
+  b.grads = grads.size();
+  const double mbs = double(shape.micro_batches(run));
+  const double tp_share = std::max(0.0, 1.0 - k.tp_overlap * (1.0 - k.overlap_cost));
+  const bool shared_cores = cluster.device.measured && cluster.device.measured->shared_cores;
+  b.kernels.assign(ckpts.size() * attentions.size() * norms.size(), 0.0);
+  for (size_t a = 0; a < attentions.size(); ++a)
+    for (size_t n = 0; n < norms.size(); ++n) {
+      Layout l = shape;
+      l.attention = attentions[a];
+      l.norm = norms[n];
+      const Model x = model_of(m, run, l, cluster, k);
+      const Part keep = block_cost(x);
+      const auto [first, last] = stage_costs(x, keep, keep, l.stage_layers(m), 0);
+      const double hops = pp_hops(x, mbs);
+      for (size_t c = 0; c < ckpts.size(); ++c) {
+        Layout lc = l;
+        lc.ckpt = ckpts[c].first;
+        lc.ckpt_layers = ckpts[c].second;
+        const double n_ckpt = double(lc.checkpointed_layers(m));
+        const Part r = with_recompute(keep, lc.ckpt);
+        const double redo = n_ckpt * (r.recompute + r.recompute_tp + r.recompute_cp);
+        double t = mbs * std::min(first.fwd + first.bwd, last.fwd + last.bwd) +
+                   mbs * n_ckpt * r.recompute +
+                   mbs * (std::min(first.tp, last.tp) + n_ckpt * r.recompute_tp) * tp_share +
+                   mbs * (std::min(first.cp, last.cp) + n_ckpt * r.recompute_cp) + hops;
+        if (!shared_cores) t += double(l.pp - 1) / double(l.vpp) * (std::max(first.total(), last.total()) + redo);
+        b.kernels[(c * attentions.size() + a) * norms.size() + n] = t;
+      }
+    }
+  b.sharding.assign(zeros.size() * grads.size(), 0.0);
+  for (size_t z = 0; z < zeros.size(); ++z)
+    for (size_t g = 0; g < grads.size(); ++g) {
+      Layout l = shape;
+      l.zero = zeros[z];
+      l.grad = grads[g];
+      const Model x = model_of(m, run, l, cluster, k);
+      // A window past any backward (and finite: no ZeRO stage's window times
+      // a dp_overlap of 0 may make a NaN).
+      constexpr double unbounded = 1e200;
+      const Sharding hidden = sharding_cost(x, mbs, unbounded, unbounded), bare = sharding_cost(x, mbs, 0, 0);
+      b.sharding[z * grads.size() + g] =
+          std::min(hidden.dp_comm, bare.dp_comm) + hidden.optimizer + hidden.tied_p2p;
+    }
+  return b;
+}
+
+double StepBounds::of(size_t c, size_t a, size_t n, size_t z, size_t g) const {
+  // predict() sums its parts in another order: rounding may put its step a
+  // few ulps under this sum.
+  return (kernels[(c * attentions + a) * norms + n] + sharding[z * grads + g]) * (1 - 1e-9);
+}
+
 void to_json(nlohmann::json& j, const CostConstants& k) {
   j = nlohmann::json{{"gemm_efficiency", k.gemm_efficiency},
                      {"gemm_tile_m", k.gemm_tile_m},

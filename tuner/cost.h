@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -63,6 +64,23 @@ struct CostBreakdown {
 
 CostBreakdown predict(const ModelSpec& m, const RunSpec& run, const Layout& l,
                       const ClusterSpec& cluster, const CostConstants& k);
+
+// Lower bounds on predict(...).step for the layouts of one parallel shape
+// (`shape`'s tp, cp and its transport, pp, dp, mb, vpp and sp): a term per
+// (checkpointing, attention, norm) choice and one per (ZeRO stage, gradient
+// type) choice, the indices into the lists step_bounds() was given; their
+// sum bounds the step of the layout with those choices. What the space's
+// search (tuner/space.h) skips layouts and shapes by.
+struct StepBounds {
+  size_t attentions = 0, norms = 0, grads = 0;
+  std::vector<double> kernels;   // [(c * attentions + a) * norms + n]
+  std::vector<double> sharding;  // [z * grads + g]
+  double of(size_t c, size_t a, size_t n, size_t z, size_t g) const;
+};
+StepBounds step_bounds(const ModelSpec& m, const RunSpec& run, const Layout& shape, const ClusterSpec& cluster,
+                       const CostConstants& k, const std::vector<std::pair<Checkpointing, int64_t>>& ckpts,
+                       const std::vector<AttentionKind>& attentions, const std::vector<NormKind>& norms,
+                       const std::vector<int64_t>& zeros, const std::vector<GradPrecision>& grads);
 
 // Efficiency of one (M x K) * (K x N) GEMM on the device: the large-shape
 // efficiency, times wave quantisation of its output tiles over the SMs, times

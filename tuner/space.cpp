@@ -270,6 +270,7 @@ SpaceReport evaluate(const ModelSpec& m, const RunSpec& run, const ClusterSpec& 
                 r.candidates.begin() + long(best) + 1);
   }
   r.evaluated = int64_t(layouts.size());
+  r.visited = r.evaluated;
   for (const auto& c : r.candidates) {
     if (c.verdict == Verdict::fits) ++r.fitting;
     else ++r.pruned[c.prune_class];

@@ -1,6 +1,8 @@
 // The layout space: every combination of the parallel and kernel knobs that
 // the model and world allow, restricted by the user's pins, then validated,
-// memory-pruned and ranked by the cost model (the analytic half of tuning).
+// memory-pruned and ranked by the cost model (the analytic half of tuning):
+// every layout (evaluate), or only those that bounds cannot rule out of the
+// first rows of the ranking (search, tuner/space_search.cpp).
 #pragma once
 
 #include <cstdint>
@@ -79,10 +81,15 @@ struct Candidate {
 
 struct SpaceReport {
   std::vector<Candidate> candidates;  // fitting ones first, by predicted step time
-  int64_t evaluated = 0;
-  int64_t fitting = 0;
-  std::map<std::string, int64_t> pruned;  // count by prune_class
+  int64_t evaluated = 0;              // layouts of the space (the full product of the knobs)
+  int64_t fitting = 0;                // of those visited
+  std::map<std::string, int64_t> pruned;  // count by prune_class; with fitting, they add up to evaluated
   double seconds = 0;                     // wall time of the evaluation
+  // Layouts whose memory and step were predicted: all of them (evaluate), or
+  // those the search's bounds left (search); the rest are in `pruned` under
+  // the rule they break or the bound that ruled them out.
+  int64_t visited = 0;
+  bool exhaustive = true;  // evaluate(): every layout visited and listed
 };
 
 // Validates (a cudnn layout on a CPU device is invalid), memory-estimates
@@ -120,5 +127,26 @@ struct SpaceContext {
   double tie = 0.01;  // evaluate()'s tie rule: within this fraction of the fastest, less memory first
 };
 
+// The first `top` rows of evaluate()'s ranking of the space (fitting layouts
+// by predicted step with the tie rule, then, when fewer fit, those out of
+// memory by step, then invalid ones in order), with the same numbers, found
+// without predicting every layout (tuner/space_search.cpp):
+// - the rules of a shape (core/layout's violations: seq into 2*cp chunks,
+//   a2a's heads, L % (pp*vpp), ...) are asked of a few of its layouts, and
+//   every layout is counted under the first rule it breaks without being
+//   built;
+// - a shape whose memory lower bound is above the usable memory is out of
+//   memory whatever its other knobs;
+// - shapes are visited in the order of their step lower bound (cost.h's
+//   step_bounds); once `top` layouts fit, a shape or a layout whose bound
+//   lies past the last of them and past the tie window of the fastest
+//   cannot reach the rows, nor can a layout whose memory bound
+//   (space_bounds.h) exceeds the usable memory.
+// `evaluated` counts the whole space, `visited` the layouts predicted;
+// "bound: ..." and "oom: memory lower bound" in `pruned` count what the
+// bounds ruled out. When nothing fits, the layout nearest to fitting
+// follows the rows (it is out of memory: report_table names it).
+SpaceReport search(const SpaceContext& ctx, const SpaceLimits& limits, int64_t top,
+                   DeviceKind device = DeviceKind::gpu);
 
 }  // namespace weft::tuner

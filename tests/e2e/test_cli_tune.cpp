@@ -143,6 +143,23 @@ TEST(CliTune, TopListsTheSameLayoutsInEveryFormat) {
   }
 }
 
+// The dry-run searches the space with bounds and says how much of it it
+// predicted; --exhaustive predicts every layout and lists the same rows.
+TEST(CliTune, SearchSaysWhatItVisitedAndListsTheExhaustiveRows) {
+  const std::string common = "tune --dry-run --model llama3.1-8b --gpu h100 --gpus 64 --seq 32768 --global-batch 64 --top 8";
+  const auto searched = run_weft(common);
+  ASSERT_EQ(searched.code, 0) << searched.out;
+  for (const char* s : {"(the full product of the knobs)", "visited ", "bound: step lower bound"})
+    EXPECT_NE(searched.out.find(s), std::string::npos) << s << "\n" << searched.out;
+  const auto every = run_weft(common + " --exhaustive");
+  ASSERT_EQ(every.code, 0) << every.out;
+  EXPECT_NE(every.out.find("evaluated "), std::string::npos) << every.out;
+  EXPECT_EQ(listed_layouts("table", searched.out), listed_layouts("table", every.out));
+  const auto j = nlohmann::json::parse(run_weft(common + " --format json").out);
+  EXPECT_FALSE(j["exhaustive"].get<bool>());
+  EXPECT_LT(j["visited"].get<int64_t>(), j["evaluated"].get<int64_t>());
+}
+
 TEST(CliTune, NothingFitsPointsAtTheNearestLayout) {
   const auto r = run_weft("tune --dry-run --model llama-65b --gpu a100-40gb --gpus 8 --global-batch 8");
   ASSERT_EQ(r.code, 0) << r.out;
