@@ -110,7 +110,8 @@ int run_tune(const TuneArgs& a) {
     r.predicted = {{"step_s", best.cost.step}, {"tokens_per_s", best.cost.tokens_per_second},
                    {"mfu", best.cost.mfu}, {"peak_flops", best.cost.peak_flops},
                    {"peak_bytes", best.memory.peak()}};
-    r.tuning = {{"evaluated", report.evaluated}, {"fitting", report.fitting}, {"pruned", report.pruned}};
+    r.tuning = {{"evaluated", report.evaluated}, {"visited", report.visited}, {"fitting", report.fitting},
+                {"pruned", report.pruned}};
     tuner::recipe_save(a.save_recipe, r);
     std::fprintf(stderr, "weft: saved recipe %s (%s)\n", a.save_recipe.c_str(), best.layout.to_string().c_str());
   }

@@ -158,6 +158,14 @@ TEST(CliTune, SearchSaysWhatItVisitedAndListsTheExhaustiveRows) {
   const auto j = nlohmann::json::parse(run_weft(common + " --format json").out);
   EXPECT_FALSE(j["exhaustive"].get<bool>());
   EXPECT_LT(j["visited"].get<int64_t>(), j["evaluated"].get<int64_t>());
+  // A recipe saved from the search says how much of the space it predicted.
+  TempDir dir;
+  ASSERT_EQ(run_weft(common + " --save-recipe " + dir.path("r.json")).code, 0);
+  std::ifstream in(dir.path("r.json"));
+  const auto recipe = nlohmann::json::parse(in);
+  EXPECT_EQ(recipe["tuning"]["visited"], j["visited"]);
+  EXPECT_EQ(recipe["tuning"]["evaluated"], j["evaluated"]);
+  EXPECT_EQ(recipe["layout"], j["layouts"][0]["layout"]);
 }
 
 TEST(CliTune, NothingFitsPointsAtTheNearestLayout) {
