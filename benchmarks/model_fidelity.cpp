@@ -29,6 +29,8 @@ void print_stats(const char* label, const Fidelity& f) {
   };
   for (const auto& [src, s] : f.by_source) line(src, s);
   line("all", f.total);
+  // Context parallelism's rows apart: their error is the cp model's.
+  line("context parallel (cp > 1)", f.context_parallel);
 }
 
 }  // namespace
@@ -43,6 +45,11 @@ int main(int argc, char** argv) {
   const auto set = public_runs_load(csv);
   fmt::print("{} rows weft can express from {}; skipped:\n", set.runs.size(), csv);
   for (const auto& [why, n] : set.skipped) fmt::print("  {:>5}  {}\n", n, why);
+  int64_t cp_rows = 0, cp_skipped = 0;
+  for (const auto& r : set.runs) cp_rows += r.layout.cp > 1;
+  for (const auto& [why, n] : set.skipped_cp) cp_skipped += n;
+  fmt::print("context parallel rows (cp > 1): {} expressed, {} skipped\n", cp_rows, cp_skipped);
+  for (const auto& [why, n] : set.skipped_cp) fmt::print("  {:>5}  {}\n", n, why);
 
   // Before: the datasheet constants; after: the presets' shipped profiles
   // (calibration/profiles/, written by `weft calibrate --public`).
@@ -73,9 +80,9 @@ int main(int argc, char** argv) {
       for (const auto& x : f.rows)
         if (x.run->sweep.find(want) != std::string::npos && !x.run->oom) {
           const auto b = predict(x.run->model, x.run->run, x.run->layout, x.run->cluster, fit(x.run->cluster.device));
-          fmt::print("{:<60} meas {:6.2f} pred {:6.2f} = comp {:5.2f} rec {:5.2f} tp {:5.2f} bub {:5.2f} p2p {:5.2f} dp {:5.2f} opt {:5.2f}\n",
+          fmt::print("{:<60} meas {:6.2f} pred {:6.2f} = comp {:5.2f} rec {:5.2f} tp {:5.2f} cp {:5.2f} bub {:5.2f} p2p {:5.2f} dp {:5.2f} opt {:5.2f}\n",
                      x.run->layout.to_string().substr(0, 60), x.run->measured_step_s, b.step, b.compute, b.recompute, b.tp_comm,
-                     b.pp_bubble, b.pp_p2p, b.dp_comm, b.optimizer);
+                     b.cp_comm, b.pp_bubble, b.pp_p2p, b.dp_comm, b.optimizer);
         }
   }
   if (sweeps) {

@@ -77,6 +77,7 @@ Fidelity fidelity_evaluate(const std::vector<PublicRun>& runs, Split split, cons
   for (const auto& x : f.rows) {
     add(f.by_source[x.run->source], x);
     add(f.total, x);
+    if (x.run->layout.cp > 1) add(f.context_parallel, x);
   }
 
   // Sweeps, in the order they first appear.
@@ -107,7 +108,10 @@ Fidelity fidelity_evaluate(const std::vector<PublicRun>& runs, Split split, cons
     s.best = best->run->layout.to_string();
     s.picked = picked->run->layout.to_string();
     if (s.measured >= kMinSweepRows) {
-      for (FidelityStats* st : {&f.by_source[v.front()->run->source], &f.total}) {
+      std::vector<FidelityStats*> stats{&f.by_source[v.front()->run->source], &f.total};
+      if (std::all_of(v.begin(), v.end(), [](const FidelityRow* x) { return x->run->layout.cp > 1; }))
+        stats.push_back(&f.context_parallel);
+      for (FidelityStats* st : stats) {
         ++st->sweeps;
         st->mean_spearman += std::isfinite(s.spearman) ? s.spearman : 0;
         st->best_within_2 += s.best_measured_mfu - s.picked_measured_mfu <= 0.02 ? 1 : 0;
@@ -116,7 +120,7 @@ Fidelity fidelity_evaluate(const std::vector<PublicRun>& runs, Split split, cons
     f.sweeps.push_back(std::move(s));
   }
   for (FidelityStats* st : [&] {
-         std::vector<FidelityStats*> all{&f.total};
+         std::vector<FidelityStats*> all{&f.total, &f.context_parallel};
          for (auto& [k, v] : f.by_source) all.push_back(&v);
          return all;
        }()) {

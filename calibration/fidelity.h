@@ -63,6 +63,7 @@ struct Fidelity {
   std::map<std::string, FidelityStats> by_source;
   std::vector<SweepFidelity> sweeps;
   FidelityStats total;
+  FidelityStats context_parallel;  // the rows with cp > 1, whatever their source
 };
 
 // The constants each device is predicted with (e.g. cost_defaults, or a

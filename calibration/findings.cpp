@@ -22,10 +22,12 @@ std::vector<Finding> check_findings(const Scenario& s) {
   const auto k = cost_defaults(c.device);
   // The study's space: a Megatron-style trainer with a sharded optimizer
   // (ZeRO-1) and 16-bit gradients (its 13B tp1-pp1 run fits no other way);
-  // it searched neither ZeRO stages nor gradient precision.
+  // it searched neither ZeRO stages, gradient precision nor context
+  // parallelism.
   SpaceLimits limits;
   limits.zero = {1};
   limits.grad = {GradPrecision::bf16};
+  limits.cp = {1};
   const auto r = evaluate(m, run, c, enumerate(m, run, s.gpus, limits), k);
   std::vector<Finding> out;
   if (r.fitting == 0) {

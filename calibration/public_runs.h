@@ -34,11 +34,13 @@ struct PublicRun {
 
 struct PublicRunSet {
   std::vector<PublicRun> runs;
-  std::map<std::string, int64_t> skipped;  // rows weft cannot express, by reason
+  std::map<std::string, int64_t> skipped;     // rows weft cannot express, by reason
+  std::map<std::string, int64_t> skipped_cp;  // of those, the rows with context parallelism (cp > 1)
 };
 
 // Reads the CSV. A row becomes a PublicRun when weft can express it: a known
-// device, a stated micro-batch and parallel degrees, and an attention kernel
+// device, a stated micro-batch and parallel degrees (cp with its framework's
+// default transport), and an attention kernel
 // weft has (FlashAttention-2 class: flash; Megatron's fused softmax:
 // materialized); other rows are counted in `skipped` by reason. Unstated
 // values take the source's documented defaults (see SOURCES.md, "How weft

@@ -176,6 +176,7 @@ void require_positive(const char* flag, const std::vector<int64_t>& v, int64_t m
 tuner::SpaceLimits SpaceArgs::resolve() const {
   tuner::SpaceLimits l;
   require_positive("--tp", tp);
+  require_positive("--cp", cp);
   require_positive("--pp", pp);
   require_positive("--mb", mb);
   require_positive("--vpp", vpp);
@@ -184,6 +185,7 @@ tuner::SpaceLimits SpaceArgs::resolve() const {
     if (z < 0 || z > 3) throw InputError(fmt::format("--zero {} must be 0, 1, 2 or 3", z));
   if (max_mb < 1) throw InputError(fmt::format("--max-mb {} must be at least 1", max_mb));
   l.tp = tp;
+  l.cp = cp;
   l.pp = pp;
   l.mb = mb;
   l.vpp = vpp;
@@ -199,12 +201,19 @@ tuner::SpaceLimits SpaceArgs::resolve() const {
   l.attention = parse_all<AttentionKind>(attention, attention_parse);
   l.norm = parse_all<NormKind>(norm, norm_parse);
   l.grad = parse_all<GradPrecision>(grad, grad_precision_parse);
+  l.cp_comm = parse_all<CpComm>(cp_comm, cp_comm_parse);
   return l;
 }
 
 void add_space_options(CLI::App& app, SpaceArgs& a) {
   auto* g = app.add_option_group("layout space", "Pin or restrict knobs (comma-separated lists)");
   g->add_option("--tp", a.tp, "Tensor-parallel degrees")->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  g->add_option("--cp", a.cp,
+                "Context-parallel degrees: ranks that split each sequence (T divisible by 2*cp)")
+      ->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  g->add_option("--cp-comm", a.cp_comm,
+                "Context-parallel transports tried at cp > 1: ring, allgather, a2a")
+      ->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   g->add_option("--pp", a.pp, "Pipeline-parallel degrees")->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   g->add_option("--mb", a.mb, "Micro-batch sizes")->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   g->add_option("--vpp", a.vpp, "Virtual pipeline chunks per stage")->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);

@@ -47,8 +47,8 @@ struct RunArgs {
 void add_run_options(CLI::App& app, RunArgs& a);
 
 struct SpaceArgs {
-  std::vector<int64_t> tp, pp, mb, vpp, zero, ckpt_layers;
-  std::vector<std::string> sp, ckpt, attention, norm, grad;
+  std::vector<int64_t> tp, cp, pp, mb, vpp, zero, ckpt_layers;
+  std::vector<std::string> sp, ckpt, attention, norm, grad, cp_comm;
   int64_t max_mb = 64;
   tuner::SpaceLimits resolve() const;
 };

@@ -64,6 +64,8 @@ struct TrainArgs {
   std::string attention = "flash";
   std::string norm = "fused";
   std::string grad = "fp32";
+  int64_t cp = 1;
+  std::string cp_comm = "ring";
   // --device's default: $WEFT_DEVICE when set (scripts and test suites pin
   // the CPU this way on machines with a GPU), else auto.
   std::string device = std::getenv("WEFT_DEVICE") ? std::getenv("WEFT_DEVICE") : "auto";
@@ -209,6 +211,9 @@ int run_train(TrainArgs& a) {
   c.layout.attention = attention_parse(a.attention);
   c.layout.norm = norm_parse(a.norm);
   c.layout.grad = grad_precision_parse(a.grad);
+  if (a.cp < 1) throw InputError(fmt::format("--cp {} must be at least 1", a.cp));
+  c.layout.cp = a.cp;
+  c.layout.cp_comm = cp_comm_parse(a.cp_comm);
   if (!a.layout.empty()) c.layout = Layout::parse(a.layout);
   const bool knobs = std::any_of(a.knobs.begin(), a.knobs.end(), [](CLI::Option* o) { return o->count() > 0; });
   if (a.tune.enabled && (!a.layout.empty() || !a.recipe.empty()))
@@ -219,8 +224,8 @@ int run_train(TrainArgs& a) {
   if (a.tune_top->count() > 0 && a.tune.top < 1)
     throw InputError(fmt::format("--tune-top {} must be at least 1", a.tune.top));
   if (a.tune.retune && !tune)
-    throw InputError("--retune applies to --auto; a run with --layout, --recipe or --mb/--ckpt/--attn/--norm/--grad "
-                     "does not tune");
+    throw InputError("--retune applies to --auto; a run with --layout, --recipe or "
+                     "--mb/--ckpt/--attn/--norm/--grad/--cp/--cp-comm does not tune");
   if (!a.recipe.empty()) {
     if (!a.layout.empty()) throw InputError("give either --layout or --recipe, not both");
     const auto r = tuner::recipe_load(a.recipe);
@@ -276,6 +281,8 @@ int run_train(TrainArgs& a) {
       if (o->get_name() == "--attn") limits.attention = {c.layout.attention};
       if (o->get_name() == "--norm") limits.norm = {c.layout.norm};
       if (o->get_name() == "--grad") limits.grad = {c.layout.grad};
+      if (o->get_name() == "--cp") limits.cp = {c.layout.cp};
+      if (o->get_name() == "--cp-comm") limits.cp_comm = {c.layout.cp_comm};
     }
     c.optim.total_steps = c.steps;
     if (!a.tune.budget.empty() && a.tune_top->count() == 0) a.tune.top = int64_t{1} << 40;
@@ -353,6 +360,12 @@ Command add_train_command(CLI::App& app) {
       sub->add_option("--grad", a->grad,
                       "Gradient precision: fp32, or bf16 (GPU bf16 runs: half the gradient memory and dp traffic, "
                       "each accumulation and reduction rounded to bf16)")
+          ->capture_default_str(),
+      sub->add_option("--cp", a->cp,
+                      "Context-parallel degree: ranks that split each sequence (T divisible by 2*cp)")
+          ->capture_default_str(),
+      sub->add_option("--cp-comm", a->cp_comm,
+                      "How context-parallel ranks share keys and values: ring, allgather or a2a (cp > 1)")
           ->capture_default_str()};
   auto& t = a->tune;
   sub->add_flag("--auto", t.enabled,
@@ -376,7 +389,8 @@ Command add_train_command(CLI::App& app) {
                   "Seconds without communication progress before a trial is abandoned")
       ->capture_default_str();
   sub->add_option("--layout", a->layout,
-                  "Parallel layout for mpirun, e.g. tp2-pp2-dp1-mb1 (overrides --mb/--ckpt/--attn/--norm/--grad)")
+                  "Parallel layout for mpirun, e.g. tp2-pp2-dp1-mb1 (overrides "
+                  "--mb/--ckpt/--attn/--norm/--grad/--cp/--cp-comm)")
       ->check(non_empty());
   sub->add_option("--comm-timeout", a->comm_timeout,
                   "Seconds without progress in a collective before a rank gives up (multi-rank)")

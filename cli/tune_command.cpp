@@ -30,6 +30,7 @@ struct TuneArgs {
   std::string save_recipe;
   int64_t top = 10;
   bool all = false;
+  bool exhaustive = false;
   double margin = 0.05;
   std::string profile;
 };
@@ -58,21 +59,31 @@ int run_tune(const TuneArgs& a) {
   }
   ctx.memory.margin = a.margin;
 
-  std::vector<Layout> layouts;
-  if (!a.layout.empty()) {
-    const Layout l = Layout::parse(a.layout);
-    l.validate(ctx.model, ctx.run, ctx.cluster.gpus);
-    layouts.push_back(l);
-  } else {
-    layouts = tuner::enumerate(ctx.model, ctx.run, ctx.cluster.gpus, a.space.resolve(), ctx.cluster.device.kind);
-  }
-  if (layouts.empty())
-    throw InputError(fmt::format(
-        "no layout of {} on {} devices matches: tp and pp must divide the device count, and the "
+  const int64_t top = a.all ? std::numeric_limits<int64_t>::max() : a.top;
+  const auto no_layout = [&] {
+    return InputError(fmt::format(
+        "no layout of {} on {} devices matches: tp, cp and pp must divide the device count, and the "
         "global batch {} must be divisible by mb*dp; relax the pinned knobs or change --gpus / "
         "--global-batch",
         ctx.model.name, ctx.cluster.gpus, ctx.run.global_batch));
-  auto report = tuner::evaluate(ctx.model, ctx.run, ctx.cluster, layouts, ctx.constants, ctx.memory);
+  };
+  tuner::SpaceReport report;
+  if (a.layout.empty() && !a.all && !a.exhaustive && format != report::ReportFormat::html) {
+    // The listed rows only: the search predicts what its bounds cannot rule out.
+    report = tuner::search(ctx, a.space.resolve(), top, ctx.cluster.device.kind);
+    if (report.evaluated == 0) throw no_layout();
+  } else {
+    std::vector<Layout> layouts;
+    if (!a.layout.empty()) {
+      const Layout l = Layout::parse(a.layout);
+      l.validate(ctx.model, ctx.run, ctx.cluster.gpus);
+      layouts.push_back(l);
+    } else {
+      layouts = tuner::enumerate(ctx.model, ctx.run, ctx.cluster.gpus, a.space.resolve(), ctx.cluster.device.kind);
+    }
+    if (layouts.empty()) throw no_layout();
+    report = tuner::evaluate(ctx.model, ctx.run, ctx.cluster, layouts, ctx.constants, ctx.memory);
+  }
   if (report.fitting == 0 && !report.candidates.empty() &&
       report.candidates.front().verdict == tuner::Verdict::invalid) {
     // Nothing even valid: a user error, reported with the distinct rules broken.
@@ -99,12 +110,12 @@ int run_tune(const TuneArgs& a) {
     r.predicted = {{"step_s", best.cost.step}, {"tokens_per_s", best.cost.tokens_per_second},
                    {"mfu", best.cost.mfu}, {"peak_flops", best.cost.peak_flops},
                    {"peak_bytes", best.memory.peak()}};
-    r.tuning = {{"evaluated", report.evaluated}, {"fitting", report.fitting}, {"pruned", report.pruned}};
+    r.tuning = {{"evaluated", report.evaluated}, {"visited", report.visited}, {"fitting", report.fitting},
+                {"pruned", report.pruned}};
     tuner::recipe_save(a.save_recipe, r);
     std::fprintf(stderr, "weft: saved recipe %s (%s)\n", a.save_recipe.c_str(), best.layout.to_string().c_str());
   }
-  const std::string text =
-      report::report_render(format, report, ctx, a.all ? std::numeric_limits<int64_t>::max() : a.top);
+  const std::string text = report::report_render(format, report, ctx, top);
   if (a.out.empty()) {
     std::fwrite(text.data(), 1, text.size(), stdout);
   } else {
@@ -135,7 +146,10 @@ Command add_tune_command(CLI::App& app) {
   sub->add_option("--save-recipe", args->save_recipe, "Save the best layout as a recipe file");
   sub->add_option("--top", args->top, "Layouts listed, in every format (fitting ones by rank first)")
       ->capture_default_str();
-  sub->add_flag("--all", args->all, "List every layout evaluated (overrides --top)");
+  sub->add_flag("--all", args->all, "List every layout evaluated (overrides --top; predicts every layout)");
+  sub->add_flag("--exhaustive", args->exhaustive,
+                "Predict every layout of the space instead of searching it with bounds (the same rows; "
+                "slower on large spaces)");
   sub->add_option("--profile", args->profile,
                   "Device profile (weft calibrate) whose measured rates and constants price the layouts");
   sub->add_option("--margin", args->margin,

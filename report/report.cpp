@@ -41,16 +41,24 @@ std::string grad_precision_note(const Layout& l) {
 std::string header(const SpaceReport& r, const SpaceContext& c) {
   const double usable = double(c.cluster.device.memory_bytes) * (1 - c.memory.margin);
   std::string peak_kind = c.cluster.device.kind == DeviceKind::cpu ? "fp32" : "dense bf16";
+  const std::string space =
+      r.exhaustive
+          ? fmt::format("evaluated {} layouts in {:.1f} ms ({:.0f} layouts/s): {} fit, {} pruned\n", r.evaluated,
+                        r.seconds * 1e3, r.seconds > 0 ? double(r.evaluated) / r.seconds : 0.0, r.fitting,
+                        r.evaluated - r.fitting)
+          : fmt::format("searched {} layouts (the full product of the knobs) in {:.1f} ms: visited {} ({:.2g}%), "
+                        "{} of them fit; the rest ruled out by rules and bounds, below (--exhaustive predicts "
+                        "every one)\n",
+                        r.evaluated, r.seconds * 1e3, r.visited,
+                        r.evaluated > 0 ? 100.0 * double(r.visited) / double(r.evaluated) : 0.0, r.fitting);
   return fmt::format(
       "model   {}\ncluster {}\nrun     seq {}, global batch {} ({:.2f}M tokens/step), {}\n"
       "MFU against the {} peak of {:.1f} TFLOP/s per device; memory margin {:.0f}% "
-      "(usable {:.1f} of {:.1f} GiB)\n"
-      "evaluated {} layouts in {:.1f} ms ({:.0f} layouts/s): {} fit, {} pruned\n",
+      "(usable {:.1f} of {:.1f} GiB)\n{}",
       c.model.summary(), c.cluster.summary(), c.run.seq, c.run.global_batch,
       double(c.run.tokens_per_step()) / 1e6, to_string(c.run.precision), peak_kind,
       c.cluster.device.peak_flops(to_string(c.run.precision)) / 1e12, 100 * c.memory.margin,
-      usable / double(GiB), gib(c.cluster.device.memory_bytes), r.evaluated, r.seconds * 1e3,
-      r.seconds > 0 ? double(r.evaluated) / r.seconds : 0.0, r.fitting, r.evaluated - r.fitting);
+      usable / double(GiB), gib(c.cluster.device.memory_bytes), space);
 }
 
 std::string breakdown(const Candidate& c, const SpaceContext& ctx) {
@@ -73,7 +81,7 @@ std::string breakdown(const Candidate& c, const SpaceContext& ctx) {
                    format_seconds(k.step), k.tokens_per_second, k.model_flops_per_gpu / 1e12,
                    100 * k.mfu, k.peak_flops / 1e12);
   s += part("compute", k.compute) + part("recompute", k.recompute) + part("tp comm", k.tp_comm) +
-       part("pp bubble", k.pp_bubble) + part("pp p2p", k.pp_p2p) + part("dp comm", k.dp_comm) +
+       part("cp comm", k.cp_comm) + part("pp bubble", k.pp_bubble) + part("pp p2p", k.pp_p2p) + part("dp comm", k.dp_comm) +
        part("optimizer", k.optimizer);
   s += grad_precision_note(c.layout);
   (void)ctx;
@@ -208,6 +216,8 @@ nlohmann::json report_json(const SpaceReport& r, const SpaceContext& ctx, int64_
   j["cost_constants"] = ctx.constants;
   j["memory_margin"] = ctx.memory.margin;
   j["evaluated"] = r.evaluated;
+  j["visited"] = r.visited;
+  j["exhaustive"] = r.exhaustive;
   j["fitting"] = r.fitting;
   j["pruned"] = r.pruned;
   j["seconds"] = r.seconds;
@@ -242,7 +252,7 @@ std::string report_csv(const SpaceReport& r, const SpaceContext& ctx, int64_t to
   (void)ctx;
   std::string s =
       "rank,layout,verdict,reason,peak_bytes,usable_bytes,step_s,tokens_per_s,model_tflops_per_dev,"
-      "mfu,compute_s,recompute_s,tp_comm_s,pp_bubble_s,pp_p2p_s,dp_comm_s,optimizer_s\n";
+      "mfu,compute_s,recompute_s,tp_comm_s,cp_comm_s,pp_bubble_s,pp_p2p_s,dp_comm_s,optimizer_s\n";
   int64_t rank = 0, listed = 0;
   for (const auto& c : r.candidates) {
     if (listed++ >= top) break;
@@ -254,12 +264,12 @@ std::string report_csv(const SpaceReport& r, const SpaceContext& ctx, int64_t to
                      c.layout.to_string(), to_string(c.verdict), reason);
     if (has) {
       const auto& k = c.cost;
-      s += fmt::format("{},{},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g}\n",
+      s += fmt::format("{},{},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g}\n",
                        c.memory.peak(), c.memory.usable, k.step, k.tokens_per_second,
-                       k.model_flops_per_gpu / 1e12, k.mfu, k.compute, k.recompute, k.tp_comm,
+                       k.model_flops_per_gpu / 1e12, k.mfu, k.compute, k.recompute, k.tp_comm, k.cp_comm,
                        k.pp_bubble, k.pp_p2p, k.dp_comm, k.optimizer);
     } else {
-      s += ",,,,,,,,,,,,\n";
+      s += ",,,,,,,,,,,,,\n";
     }
   }
   return s;

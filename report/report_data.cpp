@@ -159,8 +159,8 @@ json dry_run_data(const json& head, Collector c, int64_t invalid, double usable,
   for (const auto& row : field_of(head, "layouts")) {
     if (top.size() >= kTopListed || field_text(row, "verdict") != "fits") break;
     json t{{"layout", field_text(row, "layout")}, {"rank", field_whole(row, "rank")}};
-    for (const char* k : {"compute_s", "recompute_s", "tp_comm_s", "pp_bubble_s", "pp_p2p_s", "dp_comm_s",
-                          "optimizer_s", "step_s", "mfu", "tokens_per_s"})
+    for (const char* k : {"compute_s", "recompute_s", "tp_comm_s", "cp_comm_s", "pp_bubble_s", "pp_p2p_s",
+                          "dp_comm_s", "optimizer_s", "step_s", "mfu", "tokens_per_s"})
       t[k] = field_number(field_of(row, "prediction"), k);
     t["peak_bytes"] = field_whole(row, "memory_peak_bytes");
     if (top.empty()) {

@@ -15,7 +15,7 @@ const PALETTE = ["#2b6cb0", "#dd6b20", "#38a169", "#d53f8c", "#805ad5", "#d69e2e
                  "#718096", "#975a16", "#4c51bf", "#9c4221", "#276749", "#b83280", "#2c7a7b", "#744210"];
 const STATUS = {ok: "#38a169", oom: "#dd6b20", timeout: "#d69e2e", failed: "#e53e3e", killed: "#805ad5"};
 const PARTS = [["compute_s", "compute"], ["recompute_s", "recompute"], ["tp_comm_s", "TP communication"],
-               ["pp_bubble_s", "pipeline bubble"], ["pp_p2p_s", "pipeline p2p"], ["dp_comm_s", "DP communication"],
+               ["cp_comm_s", "CP communication"], ["pp_bubble_s", "pipeline bubble"], ["pp_p2p_s", "pipeline p2p"], ["dp_comm_s", "DP communication"],
                ["optimizer_s", "optimizer"]];
 const t0 = performance.now();
 const main = document.getElementById("weft-main");

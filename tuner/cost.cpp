@@ -134,6 +134,19 @@ double reduce_scatter(double bytes_full, const Group& g) {
   if (auto t = g.measured("reduce_scatter", bytes_full)) return *t;
   return hierarchical_gather(bytes_full, g);
 }
+// Each rank sends (n - 1) / n of its `bytes_local` to the others, a slice to
+// each; within one NVLink domain over NVLink, across domains the slices for
+// ranks in this domain over NVLink and the rest over the network at the same
+// time, so the slower of the two.
+double all_to_all(double bytes_local, const Group& g) {
+  if (g.n <= 1) return 0;
+  if (auto t = g.measured("all_to_all", bytes_local)) return *t;
+  const double n = double(g.n);
+  if (g.outer() <= 1) return (n - 1) / n * bytes_local / g.intra.bandwidth + (n - 1) * g.intra.latency;
+  const double near = double(g.inner - 1) / n * bytes_local / g.intra.bandwidth;
+  const double far = (n - double(g.inner)) / n * bytes_local / g.inter.bandwidth;
+  return std::max(near, far) + (n - 1) * g.inter.latency;
+}
 
 struct Model {
   const ModelSpec& m;
@@ -174,19 +187,33 @@ struct Model {
   Link inter_link() const {
     return {c.network_bandwidth_per_device() * k.inter_efficiency, c.device.inter_node_latency};
   }
-  // Ranks are ordered tp fastest, then dp, then pp (rank grid): a group of n
-  // ranks `stride` apart has min(n, domain / stride) of them in each NVLink
-  // domain it touches.
+  // Ranks are ordered tp fastest, then cp, then dp, then pp (rank grid): a
+  // group of n ranks `stride` apart has min(n, domain / stride) of them in
+  // each NVLink domain it touches.
   Group group(int64_t n, int64_t stride) const {
     const int64_t domain = c.domain();
     const int64_t inner = stride >= domain ? 1 : std::max<int64_t>(1, std::min(n, domain / stride));
     return {n, n % inner == 0 ? inner : 1, intra_link(), inter_link(), rates};
   }
   Group tp_group() const { return group(l.tp, 1); }
-  Group dp_group() const { return group(l.dp, l.tp); }
-  // A stage and the next are tp * dp ranks apart: the same domain only when
-  // a whole stage fits in part of one.
-  Link pp_link() const { return l.tp * l.dp < c.domain() ? intra_link() : inter_link(); }
+  // The cp ranks of a sequence, tp apart: tp * cp consecutive ranks.
+  Group cp_group() const { return group(l.cp, l.tp); }
+  // The ranks a gradient sums over and ZeRO shards over: dp x cp, tp apart
+  // (the dp group at cp 1).
+  Group shard_group() const { return group(l.dp * l.cp, l.tp); }
+  // A stage and the next are tp * cp * dp ranks apart: the same domain only
+  // when a whole stage fits in part of one.
+  Link pp_link() const { return l.tp * l.cp * l.dp < c.domain() ? intra_link() : inter_link(); }
+  // The ring's neighbours: NVLink while the cp group's tp * cp ranks fit in
+  // one domain, else the ring crosses the network and runs at its pace.
+  Link cp_link() const { return l.tp * l.cp <= c.domain() ? intra_link() : inter_link(); }
+  // One ring step's message of `bytes` to the next cp rank.
+  double cp_p2p(double bytes) const {
+    if (rates)
+      if (auto t = rates->comm_seconds("p2p", 2, bytes)) return *t;
+    const Link cl = cp_link();
+    return bytes / cl.bandwidth + cl.latency;
+  }
   // One stage-to-stage message of `bytes`.
   double p2p(double bytes) const {
     if (rates)
@@ -209,45 +236,90 @@ struct Model {
 struct Part {
   double fwd = 0, bwd = 0;  // compute
   double tp = 0;            // tensor-parallel communication (fwd + bwd)
+  double cp = 0;            // exposed context-parallel communication (fwd + bwd)
   double recompute = 0;     // compute redone in the backward
   double recompute_tp = 0;  // communication redone in the backward
+  double recompute_cp = 0;  // the ring's forward passes redone with the attention
+  // What each checkpointing mode redoes of the forward (with_recompute).
+  double attn_fwd = 0, mlp_pre = 0, tp_fwd = 0, cp_fwd = 0;
 };
 
-Part block_cost(const Model& x, Checkpointing mode) {
-  const ModelSpec& m = x.m;
-  const Layout& l = x.l;
-  const double t = double(l.tp), B = double(l.mb), T = double(x.run.seq);
-  const double C = double(m.hidden), D = double(m.head_dim);
-  const double Hl = double(m.heads) / t, Kl = double(m.kv_heads) / t, Fl = double(m.intermediate) / t;
-  const double M = B * T, Msp = l.sp ? M / t : M, a = x.a;
+// Attention of one rank for B x Hl heads (Hl query heads, Kl kv heads) over
+// a sequence of T tokens split over cp ranks, forward and backward.
+struct AttentionTime {
+  double fwd = 0, bwd = 0;
+};
 
-  // Attention core for B x Hl heads of T x T, causal.
-  double attn_fwd, attn_bwd;
+AttentionTime attention_time(const Model& x, double B, double Hl, double Kl, double T, double D) {
+  const Layout& l = x.l;
+  const double cp = double(l.cp), a = x.a;
+  AttentionTime at;
   if (l.attention != AttentionKind::materialized) {
     // Flash skips fully masked key blocks: half of the 4 B Hl T^2 D FLOPs;
     // the backward does 2.5x the forward's matmul work. cuDNN's fused SDPA
     // (cudnn) is modelled as flash, at the same efficiency: it is the same
     // tiled algorithm, and which of the two is faster on a device is left to
-    // the profiler, which times both, rather than guessed here.
-    const double flops = 4.0 * B * Hl * T * T * D * 0.5;
-    attn_fwd = flops / (x.peak * x.k.flash_efficiency) + x.k.launch_overhead;
-    attn_bwd = 2.5 * flops / (x.peak * x.k.flash_efficiency) + x.k.launch_overhead;
+    // the profiler, which times both, rather than guessed here. Under context
+    // parallelism each rank holds chunks r and 2 cp - 1 - r of 2 cp, which
+    // balances the causal work: 1/cp of it on every rank, whatever the
+    // transport (ring: its chunks against each block of keys in turn;
+    // all-gather: against the keys up to their end; all-to-all: the whole
+    // sequence on H/cp heads).
+    const double flops = 4.0 * B * Hl * T * T * D * 0.5 / cp;
+    at.fwd = flops / (x.peak * x.k.flash_efficiency) + x.k.launch_overhead;
+    at.bwd = 2.5 * flops / (x.peak * x.k.flash_efficiency) + x.k.launch_overhead;
   } else {
-    // Batched QK^T and PV over the full T x T, and a fused scale-mask-softmax
-    // that reads the scores and writes the probabilities.
-    const double bh = B * Hl, scores = bh * T * T;
-    auto bgemm = [&](double Mi, double Ni, double Ki) {
+    // Batched QK^T and PV over the rows against their keys, and a fused
+    // scale-mask-softmax that reads the scores and writes the probabilities.
+    // Without context parallelism the full T x T; with all-to-all the same on
+    // H/cp heads; with all-gather each of the two chunks of c = T / 2cp rows
+    // against its key prefix, (2 cp + 1) c keys between them (the ring
+    // refuses materialized).
+    auto bgemm = [&](double bh, double Mi, double Ni, double Ki) {
       return bh * 2.0 * Mi * Ni * Ki / (x.peak * gemm_efficiency(Mi, Ni, Ki, x.c.device, x.k)) +
              x.k.launch_overhead;
     };
-    attn_fwd = bgemm(T, T, D) + bgemm(T, D, T) + x.stream_bytes(2 * a * scores);
-    attn_bwd = bgemm(T, T, D) + 3 * bgemm(T, D, T) + x.stream_bytes(3 * a * scores);
+    if (l.cp == 1 || l.cp_comm == CpComm::a2a) {
+      const double bh = B * Hl / cp, scores = bh * T * T;
+      at.fwd = bgemm(bh, T, T, D) + bgemm(bh, T, D, T) + x.stream_bytes(2 * a * scores);
+      at.bwd = bgemm(bh, T, T, D) + 3 * bgemm(bh, T, D, T) + x.stream_bytes(3 * a * scores);
+    } else {
+      const double bh = B * Hl, c = T / (2 * cp), keys = (cp + 0.5) * c, scores = bh * 2 * c * keys;
+      at.fwd = 2 * (bgemm(bh, c, keys, D) + bgemm(bh, c, D, keys)) + x.stream_bytes(2 * a * scores);
+      at.bwd = 2 * (bgemm(bh, c, keys, D) + 3 * bgemm(bh, c, D, keys)) + x.stream_bytes(3 * a * scores);
+    }
   }
   if (x.rates) {
+    // Measured calls: all-to-all's is one call of the whole sequence on
+    // H/cp heads; the others' are 1/cp of the whole sequence's.
     const char* kind = to_string(l.attention);
-    if (auto f = x.rates->attention_seconds(kind, false, B, Hl, Kl, T, D)) attn_fwd = *f;
-    if (auto b = x.rates->attention_seconds(kind, true, B, Hl, Kl, T, D)) attn_bwd = *b;
+    const bool heads = l.cp > 1 && l.cp_comm == CpComm::a2a;
+    const double h = heads ? Hl / cp : Hl, kv = heads ? Kl / cp : Kl, share = heads ? 1 : 1 / cp;
+    if (auto f = x.rates->attention_seconds(kind, false, B, h, kv, T, D)) at.fwd = *f * share;
+    if (auto b = x.rates->attention_seconds(kind, true, B, h, kv, T, D)) at.bwd = *b * share;
   }
+  return at;
+}
+
+// Communication that compute hides still costs: the kernels that move it
+// take SMs and memory bandwidth from the compute they overlap.
+double exposed_beside(double transfer, double compute, const CostConstants& k) {
+  return std::max(0.0, transfer - compute) + k.overlap_cost * std::min(transfer, compute);
+}
+
+// One block's time for one micro-batch, nothing recomputed.
+Part block_cost(const Model& x) {
+  const ModelSpec& m = x.m;
+  const Layout& l = x.l;
+  const double t = double(l.tp), B = double(l.mb), T = double(x.run.seq), cp = double(l.cp);
+  const double C = double(m.hidden), D = double(m.head_dim);
+  const double Hl = double(m.heads) / t, Kl = double(m.kv_heads) / t, Fl = double(m.intermediate) / t;
+  // Every GEMM and streaming kernel sees this rank's T / cp tokens.
+  const double Tl = T / cp;
+  const double M = B * Tl, Msp = l.sp ? M / t : M, a = x.a;
+
+  const AttentionTime at = attention_time(x, B, Hl, Kl, T, D);
+  const double attn_fwd = at.fwd, attn_bwd = at.bwd;
 
   const double rope = x.stream("rope", M, (Hl + Kl) * D);
   const double resid = x.stream("residual", Msp, C);
@@ -274,48 +346,90 @@ Part block_cost(const Model& x, Checkpointing mode) {
   const double tp_fwd = 2 * pair;
   p.tp = 2 * tp_fwd + (l.sp ? 2 * all_gather(act, tg) : 0);
 
+  // Context parallelism's exchanges, per block and micro-batch.
+  double cp_fwd = 0;
+  if (l.cp > 1) {
+    const Group cg = x.cp_group();
+    const double kv_local = B * Tl * Kl * D * a, q_local = B * Tl * Hl * D * a;
+    switch (l.cp_comm) {
+      case CpComm::ring: {
+        // cp - 1 K/V blocks arrive, each while attention computes on the
+        // block before it (1/cp of the rank's attention); only what a
+        // transfer takes past that compute is exposed. In the backward dK
+        // and dV travel with K and V: twice the volume.
+        const double block = 2 * kv_local;
+        cp_fwd = (cp - 1) * exposed_beside(x.cp_p2p(block), attn_fwd / cp, x.k);
+        p.cp = cp_fwd + (cp - 1) * exposed_beside(x.cp_p2p(2 * block), attn_bwd / cp, x.k);
+        break;
+      }
+      case CpComm::allgather: {
+        // K and V of the whole sequence gathered before the attention, again
+        // in the backward (the gathered copy is not kept), and dK and dV
+        // reduce-scattered back: nothing computes beside them.
+        const double full = 2 * kv_local * cp;
+        p.cp = 2 * all_gather(full, cg) + reduce_scatter(full, cg);
+        break;
+      }
+      case CpComm::a2a:
+        // Ulysses: q, k, v to head-split and out back before and after the
+        // attention; the backward redoes the four (the sequence-split tensors
+        // are what is kept) and exchanges dout, dq, dk and dv.
+        p.cp = 3 * (2 * all_to_all(q_local, cg) + 2 * all_to_all(kv_local, cg));
+        break;
+    }
+  }
+
+  p.attn_fwd = attn_fwd;
+  p.mlp_pre = mlp_pre;
+  p.tp_fwd = tp_fwd;
+  p.cp_fwd = cp_fwd;
+  return p;
+}
+
+// The block's time with `mode`'s recomputation: selective redoes the
+// attention core (and the ring's forward passes it needs), ffn the MLP's
+// input side, full the whole forward with its communication.
+Part with_recompute(Part p, Checkpointing mode) {
   switch (mode) {
     case Checkpointing::none: break;
-    case Checkpointing::selective: p.recompute = attn_fwd; break;
-    case Checkpointing::ffn: p.recompute = mlp_pre; break;
+    case Checkpointing::selective:
+      p.recompute = p.attn_fwd;
+      p.recompute_cp = p.cp_fwd;
+      break;
+    case Checkpointing::ffn: p.recompute = p.mlp_pre; break;
     case Checkpointing::full:
       p.recompute = p.fwd;
-      p.recompute_tp = tp_fwd;
+      p.recompute_tp = p.tp_fwd;
+      p.recompute_cp = p.cp_fwd;
       break;
   }
   return p;
 }
 
 struct StageCost {
-  double fwd = 0, bwd = 0, tp = 0, recompute = 0;
-  double total() const { return fwd + bwd + tp + recompute; }
+  double fwd = 0, bwd = 0, tp = 0, cp = 0, recompute = 0;
+  double total() const { return fwd + bwd + tp + cp + recompute; }
 };
 
-}  // namespace
-
-CostBreakdown predict(const ModelSpec& m, const RunSpec& run, const Layout& l,
-                      const ClusterSpec& cluster, const CostConstants& k) {
-  const Model x{m, run, l, cluster, k, cluster.device.peak_flops(to_string(run.precision)),
-                double(run.compute_bytes()), cluster.device.measured.get()};
-  const double t = double(l.tp), M = double(l.mb * run.seq), C = double(m.hidden);
-  const double Vl = double(m.vocab) / t, Msp = l.sp ? M / t : M;
+// The first and last stage's time per micro-batch: `layers` blocks, of
+// which `n_ckpt` recompute as `ckpt` says; the first adds the vocab-parallel
+// embedding (gather, then a sum over tp), the last the final norm, LM head
+// and the fused vocab-parallel loss, whose max, sum-exp and target logit are
+// reduced over tp. One stage (pp 1) holds both.
+std::pair<StageCost, StageCost> stage_costs(const Model& x, const Part& keep, const Part& ckpt, int64_t layers,
+                                            int64_t n_ckpt) {
+  const Layout& l = x.l;
+  const double t = double(l.tp), M = double(l.mb * x.run.seq) / double(l.cp), C = double(x.m.hidden);
+  const double Vl = double(x.m.vocab) / t, Msp = l.sp ? M / t : M;
   const double act = M * C * x.a;
   const Group tg = x.tp_group();
-
-  const Part keep = block_cost(x, Checkpointing::none);
-  const Part ckpt = block_cost(x, l.ckpt);
-  const int64_t layers = l.stage_layers(m);
-  const int64_t n_ckpt = l.checkpointed_layers(m);
-
   StageCost body;
   body.fwd = layers * keep.fwd;
   body.bwd = layers * keep.bwd;
   body.tp = layers * keep.tp + n_ckpt * ckpt.recompute_tp;
+  body.cp = layers * keep.cp + n_ckpt * ckpt.recompute_cp;
   body.recompute = n_ckpt * ckpt.recompute;
 
-  // First stage: vocab-parallel embedding (gather, then a sum over tp);
-  // last stage: final norm, LM head and the fused vocab-parallel loss, whose
-  // max, sum-exp and target logit are reduced over tp.
   StageCost first = body, last = body;
   first.fwd += x.stream("embedding_fwd", M, C);
   first.bwd += x.stream("embedding_bwd", M, C);
@@ -330,33 +444,43 @@ CostBreakdown predict(const ModelSpec& m, const RunSpec& run, const Layout& l,
     first.tp += last.tp - body.tp;
     last = first;
   }
-  const StageCost& slow = first.total() >= last.total() ? first : last;
-  const double t_mb = slow.total();
+  return {first, last};
+}
 
-  const double mbs = double(l.micro_batches(run));
-  CostBreakdown b;
-  b.compute = mbs * (slow.fwd + slow.bwd);
-  b.recompute = mbs * slow.recompute;
-  b.tp_comm = mbs * slow.tp * (1.0 - k.tp_overlap * (1.0 - k.overlap_cost));
-  // Ranks that share cores (a measured profile says so) give a waiting
-  // rank's core to the others, whose measured rates already assume every
-  // rank computing: the bubble costs no wall time of its own there.
-  const bool shared_cores = x.rates && x.rates->shared_cores;
-  b.pp_bubble = shared_cores ? 0.0 : double(l.pp - 1) / double(l.vpp) * t_mb;
-  if (l.pp > 1) {
-    const double hop = x.p2p(Msp * C * x.a);
-    b.pp_p2p = 2.0 * hop * (mbs * double(l.vpp) + double(l.pp - 1));
-    // Tied embeddings: the first and last stages exchange the table's
-    // gradient (fp32 or bf16, as the layout keeps gradients) after the backward, there and back; under ZeRO-1 and -2 each
-    // first gathers its copy's reduced gradient over dp.
-    if (m.tied_embeddings) {
-      const double table = double(l.grad_bytes()) * Vl * C;
-      b.pp_p2p += 2 * x.p2p(table);
-      if (l.zero >= 1 && l.dp > 1) b.pp_p2p += all_gather(table, x.dp_group());
-    }
+
+}  // namespace
+
+namespace {
+
+// What a layout's ZeRO stage and gradient type decide: the exposed
+// data-parallel reduction (and ZeRO's gathers), the optimizer over this
+// rank's shard, and the tied embedding's exchange between the first and last
+// stage. `bwd_mb` and `t_mb` are the slowest stage's backward (with its
+// recomputation) and whole time per micro-batch, which hide the reduction.
+struct Sharding {
+  double dp_comm = 0, optimizer = 0, tied_p2p = 0;
+};
+
+Sharding sharding_cost(const Model& x, double mbs, double bwd_mb, double t_mb) {
+  const ModelSpec& m = x.m;
+  const Layout& l = x.l;
+  const CostConstants& k = x.k;
+  const double C = double(m.hidden), Vl = double(m.vocab) / double(l.tp);
+  const int64_t layers = l.stage_layers(m);
+  Sharding s;
+  // Tied embeddings: the first and last stages exchange the table's
+  // gradient (fp32 or bf16, as the layout keeps gradients) after the
+  // backward, there and back; under ZeRO-1 and -2 each first gathers its
+  // copy's reduced gradient over dp x cp.
+  if (l.pp > 1 && m.tied_embeddings) {
+    const double table = double(l.grad_bytes()) * Vl * C;
+    s.tied_p2p = 2 * x.p2p(table);
+    if (l.zero >= 1 && l.shard_ways() > 1) s.tied_p2p += all_gather(table, x.shard_group());
   }
 
-  // Data parallelism over the larger of the first and last stage's params.
+  // Data parallelism over the larger of the first and last stage's params:
+  // gradients sum, and ZeRO shards, over the dp x cp ranks (each cp rank saw
+  // its part of every sequence).
   const auto stage_params = [&](bool emb, bool head) {
     const double block = double(2 * m.hidden + (2 * (m.heads / l.tp) + 2 * (m.kv_heads / l.tp)) *
                                                    m.head_dim * m.hidden +
@@ -367,10 +491,9 @@ CostBreakdown predict(const ModelSpec& m, const RunSpec& run, const Layout& l,
     return n;
   };
   const double psi = std::max(stage_params(true, l.pp == 1), stage_params(l.pp == 1, true));
-  const Group dg = x.dp_group();
+  const Group dg = x.shard_group();
   const double grad_bytes = double(l.grad_bytes()) * psi, param_bytes = x.a * psi;
   double reduce = 0, gather = 0, window = 0;
-  const double bwd_mb = slow.bwd + slow.recompute;
   // As weft's trainer reduces: ZeRO-0 all-reduces, and ZeRO-1 reduce-scatters,
   // each parameter group (a block, the head, the embedding) as soon as the
   // last micro-batch's backward finishes it, beside the backward of the
@@ -403,25 +526,141 @@ CostBreakdown predict(const ModelSpec& m, const RunSpec& run, const Layout& l,
       window = mbs * t_mb;
       break;
   }
-  if (l.dp > 1) {
+  if (l.shard_ways() > 1) {
     // The group reduced last is exposed: the embedding table, whose
     // gradient is final only at the very end of the first stage's backward.
     const double tail = std::min(1.0, Vl * C / stage_params(true, l.pp == 1));
     // Hidden communication is not free: NCCL kernels take SMs and memory
     // bandwidth from the compute they overlap (10-20% slowdowns are typical).
     const double exposed = std::max(reduce - k.dp_overlap * window, reduce * tail * tail_share);
-    b.dp_comm = exposed + k.overlap_cost * (reduce - exposed) + gather;
+    s.dp_comm = exposed + k.overlap_cost * (reduce - exposed) + gather;
   }
 
-  const double shard = l.zero >= 1 ? psi / double(l.dp) : psi;
-  b.optimizer = x.stream("adamw", shard, double(l.grad_bytes()));
+  const double shard = l.zero >= 1 ? psi / double(l.shard_ways()) : psi;
+  s.optimizer = x.stream("adamw", shard, double(l.grad_bytes()));
+  return s;
+}
 
-  b.step = b.compute + b.recompute + b.tp_comm + b.pp_bubble + b.pp_p2p + b.dp_comm + b.optimizer;
+Model model_of(const ModelSpec& m, const RunSpec& run, const Layout& l, const ClusterSpec& cluster,
+               const CostConstants& k) {
+  return Model{m, run, l, cluster, k, cluster.device.peak_flops(to_string(run.precision)),
+               double(run.compute_bytes()), cluster.device.measured.get()};
+}
+
+// The pipeline's stage-to-stage activations: each micro-batch's forward and
+// backward on every chunk boundary, and the fill and drain.
+double pp_hops(const Model& x, double mbs) {
+  const Layout& l = x.l;
+  if (l.pp == 1) return 0;
+  const double M = double(l.mb * x.run.seq) / double(l.cp), Msp = l.sp ? M / double(l.tp) : M;
+  return 2.0 * x.p2p(Msp * double(x.m.hidden) * x.a) * (mbs * double(l.vpp) + double(l.pp - 1));
+}
+
+}  // namespace
+
+CostBreakdown predict(const ModelSpec& m, const RunSpec& run, const Layout& l,
+                      const ClusterSpec& cluster, const CostConstants& k) {
+  const Model x = model_of(m, run, l, cluster, k);
+  const Part keep = block_cost(x);
+  const Part ckpt = with_recompute(keep, l.ckpt);
+  const int64_t layers = l.stage_layers(m);
+  const int64_t n_ckpt = l.checkpointed_layers(m);
+
+  auto [first, last] = stage_costs(x, keep, ckpt, layers, n_ckpt);
+  const StageCost& slow = first.total() >= last.total() ? first : last;
+  const double t_mb = slow.total();
+
+  const double mbs = double(l.micro_batches(run));
+  CostBreakdown b;
+  b.compute = mbs * (slow.fwd + slow.bwd);
+  b.recompute = mbs * slow.recompute;
+  b.tp_comm = mbs * slow.tp * (1.0 - k.tp_overlap * (1.0 - k.overlap_cost));
+  b.cp_comm = mbs * slow.cp;
+  // Ranks that share cores (a measured profile says so) give a waiting
+  // rank's core to the others, whose measured rates already assume every
+  // rank computing: the bubble costs no wall time of its own there.
+  const bool shared_cores = x.rates && x.rates->shared_cores;
+  b.pp_bubble = shared_cores ? 0.0 : double(l.pp - 1) / double(l.vpp) * t_mb;
+  const Sharding sh = sharding_cost(x, mbs, slow.bwd + slow.recompute, t_mb);
+  b.pp_p2p = pp_hops(x, mbs) + sh.tied_p2p;
+  b.dp_comm = sh.dp_comm;
+  b.optimizer = sh.optimizer;
+
+  b.step = b.compute + b.recompute + b.tp_comm + b.cp_comm + b.pp_bubble + b.pp_p2p + b.dp_comm + b.optimizer;
   b.tokens_per_second = double(run.tokens_per_step()) / b.step;
   b.peak_flops = x.peak;
   b.model_flops_per_gpu = model_flops_per_step(m, run) / b.step / double(l.world());
   b.mfu = mfu(model_flops_per_step(m, run) / b.step, l.world(), x.peak);
   return b;
+}
+
+StepBounds step_bounds(const ModelSpec& m, const RunSpec& run, const Layout& shape, const ClusterSpec& cluster,
+                       const CostConstants& k, const std::vector<std::pair<Checkpointing, int64_t>>& ckpts,
+                       const std::vector<AttentionKind>& attentions, const std::vector<NormKind>& norms,
+                       const std::vector<int64_t>& zeros, const std::vector<GradPrecision>& grads) {
+  // predict()'s parts, each at its least over what the other term's knobs
+  // leave open:
+  // - per checkpointing, attention and norm: compute, tensor- and
+  //   context-parallel time at the cheaper of the first and last stage
+  //   (predict's slowest is one of them), the recomputation (the same on
+  //   both), the bubble at the slower, and the stage-to-stage hops;
+  // - per ZeRO stage and gradient type: the data-parallel time at the least
+  //   its hiding window allows (the window is the backward, which these
+  //   knobs do not set: the smaller of none and an unbounded one), the
+  //   optimizer and the tied embedding's exchange.
+  StepBounds b;
+  b.attentions = attentions.size();
+  b.norms = norms.size();
+  b.grads = grads.size();
+  const double mbs = double(shape.micro_batches(run));
+  const double tp_share = std::max(0.0, 1.0 - k.tp_overlap * (1.0 - k.overlap_cost));
+  const bool shared_cores = cluster.device.measured && cluster.device.measured->shared_cores;
+  b.kernels.assign(ckpts.size() * attentions.size() * norms.size(), 0.0);
+  for (size_t a = 0; a < attentions.size(); ++a)
+    for (size_t n = 0; n < norms.size(); ++n) {
+      Layout l = shape;
+      l.attention = attentions[a];
+      l.norm = norms[n];
+      const Model x = model_of(m, run, l, cluster, k);
+      const Part keep = block_cost(x);
+      const auto [first, last] = stage_costs(x, keep, keep, l.stage_layers(m), 0);
+      const double hops = pp_hops(x, mbs);
+      for (size_t c = 0; c < ckpts.size(); ++c) {
+        Layout lc = l;
+        lc.ckpt = ckpts[c].first;
+        lc.ckpt_layers = ckpts[c].second;
+        const double n_ckpt = double(lc.checkpointed_layers(m));
+        const Part r = with_recompute(keep, lc.ckpt);
+        const double redo = n_ckpt * (r.recompute + r.recompute_tp + r.recompute_cp);
+        double t = mbs * std::min(first.fwd + first.bwd, last.fwd + last.bwd) +
+                   mbs * n_ckpt * r.recompute +
+                   mbs * (std::min(first.tp, last.tp) + n_ckpt * r.recompute_tp) * tp_share +
+                   mbs * (std::min(first.cp, last.cp) + n_ckpt * r.recompute_cp) + hops;
+        if (!shared_cores) t += double(l.pp - 1) / double(l.vpp) * (std::max(first.total(), last.total()) + redo);
+        b.kernels[(c * attentions.size() + a) * norms.size() + n] = t;
+      }
+    }
+  b.sharding.assign(zeros.size() * grads.size(), 0.0);
+  for (size_t z = 0; z < zeros.size(); ++z)
+    for (size_t g = 0; g < grads.size(); ++g) {
+      Layout l = shape;
+      l.zero = zeros[z];
+      l.grad = grads[g];
+      const Model x = model_of(m, run, l, cluster, k);
+      // A window past any backward (and finite: no ZeRO stage's window times
+      // a dp_overlap of 0 may make a NaN).
+      constexpr double unbounded = 1e200;
+      const Sharding hidden = sharding_cost(x, mbs, unbounded, unbounded), bare = sharding_cost(x, mbs, 0, 0);
+      b.sharding[z * grads.size() + g] =
+          std::min(hidden.dp_comm, bare.dp_comm) + hidden.optimizer + hidden.tied_p2p;
+    }
+  return b;
+}
+
+double StepBounds::of(size_t c, size_t a, size_t n, size_t z, size_t g) const {
+  // predict() sums its parts in another order: rounding may put its step a
+  // few ulps under this sum.
+  return (kernels[(c * attentions + a) * norms + n] + sharding[z * grads + g]) * (1 - 1e-9);
 }
 
 void to_json(nlohmann::json& j, const CostConstants& k) {
@@ -459,7 +698,8 @@ void from_json(const nlohmann::json& j, CostConstants& k) {
 
 void to_json(nlohmann::json& j, const CostBreakdown& b) {
   j = nlohmann::json{{"compute_s", b.compute},     {"recompute_s", b.recompute},
-                     {"tp_comm_s", b.tp_comm},     {"pp_bubble_s", b.pp_bubble},
+                     {"tp_comm_s", b.tp_comm},     {"cp_comm_s", b.cp_comm},
+                     {"pp_bubble_s", b.pp_bubble},
                      {"pp_p2p_s", b.pp_p2p},       {"dp_comm_s", b.dp_comm},
                      {"optimizer_s", b.optimizer}, {"step_s", b.step},
                      {"tokens_per_s", b.tokens_per_second},

@@ -1,12 +1,14 @@
 // The analytic cost model: predicted step time of a layout, split into
-// compute, recomputation, exposed tensor-parallel communication, pipeline
-// bubble and point-to-point, exposed data-parallel reduction and optimizer.
+// compute, recomputation, exposed tensor- and context-parallel communication,
+// pipeline bubble and point-to-point, exposed data-parallel reduction and
+// optimizer.
 // It ranks layouts; the profiler decides. Its constants start from the device
 // preset (cost_defaults) and are refit to measured steps by calibration.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -47,9 +49,10 @@ struct CostBreakdown {
   double compute = 0;    // GEMMs, attention, memory-bound ops: m micro-batches on the slowest stage
   double recompute = 0;  // forward work redone by activation checkpointing
   double tp_comm = 0;    // exposed tensor/sequence-parallel collectives
+  double cp_comm = 0;    // exposed context-parallel K/V exchanges (ring, all-gather or all-to-all)
   double pp_bubble = 0;  // pipeline fill and drain
   double pp_p2p = 0;     // exposed stage-to-stage transfers
-  double dp_comm = 0;    // exposed gradient reduction and ZeRO gathers
+  double dp_comm = 0;    // exposed gradient reduction and ZeRO gathers (over dp x cp)
   double optimizer = 0;  // AdamW over this rank's shard
   double step = 0;       // the sum: predicted seconds per optimizer step
 
@@ -61,6 +64,23 @@ struct CostBreakdown {
 
 CostBreakdown predict(const ModelSpec& m, const RunSpec& run, const Layout& l,
                       const ClusterSpec& cluster, const CostConstants& k);
+
+// Lower bounds on predict(...).step for the layouts of one parallel shape
+// (`shape`'s tp, cp and its transport, pp, dp, mb, vpp and sp): a term per
+// (checkpointing, attention, norm) choice and one per (ZeRO stage, gradient
+// type) choice, the indices into the lists step_bounds() was given; their
+// sum bounds the step of the layout with those choices. What the space's
+// search (tuner/space.h) skips layouts and shapes by.
+struct StepBounds {
+  size_t attentions = 0, norms = 0, grads = 0;
+  std::vector<double> kernels;   // [(c * attentions + a) * norms + n]
+  std::vector<double> sharding;  // [z * grads + g]
+  double of(size_t c, size_t a, size_t n, size_t z, size_t g) const;
+};
+StepBounds step_bounds(const ModelSpec& m, const RunSpec& run, const Layout& shape, const ClusterSpec& cluster,
+                       const CostConstants& k, const std::vector<std::pair<Checkpointing, int64_t>>& ckpts,
+                       const std::vector<AttentionKind>& attentions, const std::vector<NormKind>& norms,
+                       const std::vector<int64_t>& zeros, const std::vector<GradPrecision>& grads);
 
 // Efficiency of one (M x K) * (K x N) GEMM on the device: the large-shape
 // efficiency, times wave quantisation of its output tiles over the SMs, times

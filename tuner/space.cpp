@@ -34,6 +34,8 @@ std::vector<T> pick(const std::vector<T>& pinned, std::vector<T> free) {
   return pinned.empty() ? free : pinned;
 }
 
+}  // namespace
+
 // The rule a layout breaks, as a short class for the pruning summary.
 std::string rule_class(const std::string& violation) {
   const auto cut = violation.find_first_of("=<>(");
@@ -42,10 +44,25 @@ std::string rule_class(const std::string& violation) {
   return "invalid: " + head;
 }
 
-}  // namespace
+Layout Subspace::at(int64_t i) const {
+  Layout l = shape;
+  const auto take = [&i](size_t n) {
+    const size_t k = size_t(i % int64_t(n));
+    i /= int64_t(n);
+    return k;
+  };
+  l.grad = grads[take(grads.size())];
+  l.zero = zeros[take(zeros.size())];
+  l.norm = norms[take(norms.size())];
+  l.attention = attentions[take(attentions.size())];
+  const auto& [ckpt, k] = ckpts[take(ckpts.size())];
+  l.ckpt = ckpt;
+  l.ckpt_layers = k;
+  return l;
+}
 
-std::vector<Layout> enumerate(const ModelSpec& m, const RunSpec& run, int64_t world,
-                              const SpaceLimits& limits, DeviceKind device) {
+std::vector<Subspace> enumerate_subspaces(const ModelSpec& m, const RunSpec& run, int64_t world,
+                                          const SpaceLimits& limits, DeviceKind device) {
   const int64_t model_tp = std::gcd(std::gcd(m.heads, m.kv_heads), std::gcd(m.vocab, m.intermediate));
   std::vector<int64_t> tps;
   for (int64_t d : divisors(world))
@@ -56,73 +73,133 @@ std::vector<Layout> enumerate(const ModelSpec& m, const RunSpec& run, int64_t wo
   std::vector<GradPrecision> grads = {GradPrecision::fp32};
   if (run.precision == Precision::bf16) grads.push_back(GradPrecision::bf16);
   grads = pick(limits.grad, grads);
-  std::vector<Layout> out;
+  const std::vector<NormKind> norms = pick(limits.norm, {NormKind::fused, NormKind::unfused});
+  std::vector<Subspace> out;
+  int64_t first = 0;
   for (int64_t tp : pick(limits.tp, tps)) {
     if (tp <= 0 || world % tp != 0) continue;
-    std::vector<int64_t> pps;
+    // cp 1 always; more where T cuts into 2*cp equal chunks (a pinned cp
+    // that does not is kept, and pruned with the rule).
+    std::vector<int64_t> cps;
     for (int64_t d : divisors(world / tp))
-      if (m.layers % d == 0) pps.push_back(d);
-    for (int64_t pp : pick(limits.pp, pps)) {
-      if (pp <= 0 || (world / tp) % pp != 0) continue;
-      const int64_t dp = world / (tp * pp);
-      std::vector<int64_t> mbs;
-      for (int64_t mb = 1; mb <= limits.max_mb && run.global_batch % (mb * dp) == 0; mb *= 2)
-        mbs.push_back(mb);
-      std::vector<int64_t> vpps = {1};
-      if (pp > 1 && m.layers % pp == 0)
-        for (int64_t d : divisors(m.layers / pp))
-          if (d > 1) vpps.push_back(d);
-      std::vector<bool> sps = {false};
-      if (tp > 1) sps.push_back(true);
-      std::vector<int64_t> zeros = {0};
-      if (dp > 1) zeros = {0, 1, 2, 3};
-      const int64_t stage = m.layers % pp == 0 ? m.layers / pp : 0;
-      std::vector<std::pair<Checkpointing, int64_t>> ckpts;
-      for (Checkpointing c : pick(limits.ckpt, {Checkpointing::none, Checkpointing::selective,
-                                                Checkpointing::ffn, Checkpointing::full})) {
-        if (!limits.ckpt_layers.empty() && c != Checkpointing::none) {
-          for (int64_t k : limits.ckpt_layers) ckpts.push_back({c, k});
-          continue;
-        }
-        ckpts.push_back({c, 0});
-        if (c == Checkpointing::full && limits.ckpt_layers.empty()) {
-          std::vector<int64_t> ks;
-          for (int64_t q : {1, 2, 3}) {
-            const int64_t k = stage * q / 4;
-            if (k > 0 && k < stage && std::find(ks.begin(), ks.end(), k) == ks.end()) ks.push_back(k);
+      if (d == 1 || run.seq % (2 * d) == 0) cps.push_back(d);
+    for (int64_t cp : pick(limits.cp, cps)) {
+      if (cp <= 0 || (world / tp) % cp != 0) continue;
+      const std::vector<CpComm> comms =
+          cp == 1 ? std::vector<CpComm>{CpComm::ring}
+                  : pick(limits.cp_comm, {CpComm::ring, CpComm::allgather, CpComm::a2a});
+      for (CpComm comm : comms) {
+        std::vector<int64_t> pps;
+        for (int64_t d : divisors(world / (tp * cp)))
+          if (m.layers % d == 0) pps.push_back(d);
+        for (int64_t pp : pick(limits.pp, pps)) {
+          if (pp <= 0 || (world / (tp * cp)) % pp != 0) continue;
+          const int64_t dp = world / (tp * cp * pp);
+          std::vector<int64_t> mbs;
+          for (int64_t mb = 1; mb <= limits.max_mb && run.global_batch % (mb * dp) == 0; mb *= 2)
+            mbs.push_back(mb);
+          std::vector<int64_t> vpps = {1};
+          if (pp > 1 && m.layers % pp == 0)
+            for (int64_t d : divisors(m.layers / pp))
+              if (d > 1) vpps.push_back(d);
+          std::vector<bool> sps = {false};
+          if (tp > 1) sps.push_back(true);
+          // ZeRO shards over the dp x cp ranks a gradient sums over.
+          std::vector<int64_t> zeros = {0};
+          if (dp * cp > 1) zeros = {0, 1, 2, 3};
+          zeros = pick(limits.zero, zeros);
+          const int64_t stage = m.layers % pp == 0 ? m.layers / pp : 0;
+          std::vector<std::pair<Checkpointing, int64_t>> ckpts;
+          for (Checkpointing c : pick(limits.ckpt, {Checkpointing::none, Checkpointing::selective,
+                                                    Checkpointing::ffn, Checkpointing::full})) {
+            if (!limits.ckpt_layers.empty() && c != Checkpointing::none) {
+              for (int64_t k : limits.ckpt_layers) ckpts.push_back({c, k});
+              continue;
+            }
+            ckpts.push_back({c, 0});
+            if (c == Checkpointing::full && limits.ckpt_layers.empty()) {
+              std::vector<int64_t> ks;
+              for (int64_t q : {1, 2, 3}) {
+                const int64_t k = stage * q / 4;
+                if (k > 0 && k < stage && std::find(ks.begin(), ks.end(), k) == ks.end()) ks.push_back(k);
+              }
+              for (int64_t k : ks) ckpts.push_back({c, k});
+            }
           }
-          for (int64_t k : ks) ckpts.push_back({c, k});
+          for (int64_t mb : pick(limits.mb, mbs))
+            for (int64_t vpp : pick(limits.vpp, vpps))
+              for (bool sp : pick(limits.sp, sps)) {
+                Subspace s;
+                s.shape.tp = tp;
+                s.shape.cp = cp;
+                s.shape.cp_comm = comm;
+                s.shape.pp = pp;
+                s.shape.dp = dp;
+                s.shape.mb = mb;
+                s.shape.vpp = vpp;
+                s.shape.sp = sp;
+                // Partial checkpointing splits evenly over the chunks of a stage.
+                for (const auto& [ckpt, k] : ckpts)
+                  if (!(vpp > 1 && k % vpp != 0 && limits.ckpt_layers.empty())) s.ckpts.push_back({ckpt, k});
+                s.attentions = attns;
+                s.norms = norms;
+                s.zeros = zeros;
+                s.grads = grads;
+                s.first = first;
+                first += s.size();
+                if (s.size() > 0) out.push_back(std::move(s));
+              }
         }
       }
-      for (int64_t mb : pick(limits.mb, mbs))
-        for (int64_t vpp : pick(limits.vpp, vpps))
-          for (bool sp : pick(limits.sp, sps))
-            for (auto [ckpt, k] : ckpts) {
-              // Partial checkpointing splits evenly over the chunks of a stage.
-              if (vpp > 1 && k % vpp != 0 && limits.ckpt_layers.empty()) continue;
-              for (AttentionKind attn : attns)
-                for (NormKind norm : pick(limits.norm, {NormKind::fused, NormKind::unfused}))
-                  for (int64_t zero : pick(limits.zero, zeros))
-                    for (GradPrecision grad : grads) {
-                    Layout l;
-                    l.tp = tp;
-                    l.pp = pp;
-                    l.dp = dp;
-                    l.mb = mb;
-                    l.vpp = vpp;
-                    l.sp = sp;
-                    l.ckpt = ckpt;
-                    l.ckpt_layers = k;
-                    l.attention = attn;
-                    l.norm = norm;
-                    l.zero = zero;
-                    l.grad = grad;
-                    out.push_back(l);
-                  }
-            }
     }
   }
   return out;
+}
+
+std::vector<Layout> enumerate(const ModelSpec& m, const RunSpec& run, int64_t world,
+                              const SpaceLimits& limits, DeviceKind device) {
+  std::vector<Layout> out;
+  for (const Subspace& s : enumerate_subspaces(m, run, world, limits, device))
+    for (int64_t i = 0; i < s.size(); ++i) out.push_back(s.at(i));
+  return out;
+}
+
+Candidate evaluate_one(const ModelSpec& m, const RunSpec& run, const ClusterSpec& cluster, const Layout& l,
+                       const CostConstants& k, const memory::MemoryOptions& mem) {
+  Candidate c;
+  c.layout = l;
+  try {
+    auto bad = l.violations(m, run, cluster.gpus);
+    if (l.attention == AttentionKind::cudnn && cluster.device.kind != DeviceKind::gpu)
+      bad.push_back(cudnn_on_cpu(cluster.device));
+    if (!bad.empty()) {
+      c.verdict = Verdict::invalid;
+      c.reason = bad.front();
+      c.prune_class = rule_class(bad.front());
+      return c;
+    }
+    c.memory = memory::estimate(m, run, l, cluster.device, mem);
+    c.cost = predict(m, run, l, cluster, k);
+    if (c.memory.fits) {
+      c.verdict = Verdict::fits;
+    } else {
+      c.verdict = Verdict::out_of_memory;
+      c.reason = c.memory.reason;
+      c.prune_class = std::string("oom: ") + memory::to_string(c.memory.binding);
+    }
+  } catch (const InputError& e) {
+    // Sizes past 64 bits or past the schedule's limit: this layout cannot be, others may.
+    c = Candidate{};
+    c.layout = l;
+    c.verdict = Verdict::invalid;
+    c.reason = e.what();
+    c.prune_class = "size";
+  }
+  return c;
+}
+
+std::string cudnn_on_cpu(const DeviceSpec& device) {
+  return fmt::format("attention cudnn needs a GPU (device {} is a CPU)", device.name);
 }
 
 SpaceReport evaluate(const ModelSpec& m, const RunSpec& run, const ClusterSpec& cluster,
@@ -138,33 +215,7 @@ SpaceReport evaluate(const ModelSpec& m, const RunSpec& run, const ClusterSpec& 
   std::exception_ptr failed;
 #pragma omp parallel for schedule(dynamic, 256)
   for (size_t i = 0; i < layouts.size(); ++i) try {
-    const Layout& l = layouts[i];
-    Candidate& c = r.candidates[i];
-    c.layout = l;
-    auto bad = l.violations(m, run, cluster.gpus);
-    if (l.attention == AttentionKind::cudnn && cluster.device.kind != DeviceKind::gpu)
-      bad.push_back(fmt::format("attention cudnn needs a GPU (device {} is a CPU)", cluster.device.name));
-    if (!bad.empty()) {
-      c.verdict = Verdict::invalid;
-      c.reason = bad.front();
-      c.prune_class = rule_class(bad.front());
-    } else {
-      c.memory = memory::estimate(m, run, l, cluster.device, mem);
-      c.cost = predict(m, run, l, cluster, k);
-      if (c.memory.fits) {
-        c.verdict = Verdict::fits;
-      } else {
-        c.verdict = Verdict::out_of_memory;
-        c.reason = c.memory.reason;
-        c.prune_class = std::string("oom: ") + memory::to_string(c.memory.binding);
-      }
-    }
-  } catch (const InputError& e) {
-    // Sizes past 64 bits or past the schedule's limit: this layout cannot be, others may.
-    Candidate& c = r.candidates[i];
-    c.verdict = Verdict::invalid;
-    c.reason = e.what();
-    c.prune_class = "size";
+    r.candidates[i] = evaluate_one(m, run, cluster, layouts[i], k, mem);
   } catch (...) {
 #pragma omp critical(weft_space_failed)
     if (!failed) failed = std::current_exception();
@@ -219,6 +270,7 @@ SpaceReport evaluate(const ModelSpec& m, const RunSpec& run, const ClusterSpec& 
                 r.candidates.begin() + long(best) + 1);
   }
   r.evaluated = int64_t(layouts.size());
+  r.visited = r.evaluated;
   for (const auto& c : r.candidates) {
     if (c.verdict == Verdict::fits) ++r.fitting;
     else ++r.pruned[c.prune_class];

@@ -1,6 +1,8 @@
 // The layout space: every combination of the parallel and kernel knobs that
 // the model and world allow, restricted by the user's pins, then validated,
-// memory-pruned and ranked by the cost model (the analytic half of tuning).
+// memory-pruned and ranked by the cost model (the analytic half of tuning):
+// every layout (evaluate), or only those that bounds cannot rule out of the
+// first rows of the ranking (search, tuner/space_search.cpp).
 #pragma once
 
 #include <cstdint>
@@ -18,7 +20,8 @@ namespace weft::tuner {
 // Restrictions from the CLI (`--tp 1,2,4 --ckpt none,full ...`); an empty list
 // leaves that knob free.
 struct SpaceLimits {
-  std::vector<int64_t> tp, pp, mb, vpp, zero;
+  std::vector<int64_t> tp, cp, pp, mb, vpp, zero;
+  std::vector<CpComm> cp_comm;  // the transports tried at cp > 1 (cp 1 has none)
   std::vector<bool> sp;
   std::vector<Checkpointing> ckpt;
   std::vector<int64_t> ckpt_layers;  // 0 means every layer of a stage
@@ -29,9 +32,11 @@ struct SpaceLimits {
 };
 
 // All layouts of the space. tp runs over divisors of the world that divide H,
-// H_kv, F and V; pp over divisors of the rest that divide L; dp fills the world;
-// mb over powers of two dividing the per-replica batch; vpp over divisors of
-// L / pp (pp > 1); sp with tp > 1; ZeRO > 0 with dp > 1; full checkpointing
+// H_kv, F and V; cp over divisors of the rest that cut T into 2*cp equal
+// chunks, each cp > 1 with the transports ring, allgather and a2a; pp over
+// divisors of the rest that divide L; dp fills the world; mb over powers of
+// two dividing the per-replica batch; vpp over divisors of L / pp (pp > 1);
+// sp with tp > 1; ZeRO > 0 with dp * cp > 1 (the ranks it shards over); full checkpointing
 // also on 1/4, 1/2 and 3/4 of a stage's layers; attention flash and
 // materialized, and cudnn on a GPU device (cuDNN has no CPU kernels);
 // gradients in fp32, and in bf16 too when the run computes in bf16. Pins
@@ -39,6 +44,29 @@ struct SpaceLimits {
 // The device defaults to a GPU, as DeviceSpec does.
 std::vector<Layout> enumerate(const ModelSpec& m, const RunSpec& run, int64_t world,
                               const SpaceLimits& limits, DeviceKind device = DeviceKind::gpu);
+
+// The same space as the layouts that share a parallel shape (tp, cp and its
+// transport, pp, dp, mb, vpp, sp): each the product of the lists of the
+// other knobs, in enumerate()'s order (ckpt slowest, then attention, norm,
+// ZeRO, gradient precision fastest). enumerate() is these, one after the
+// other.
+struct Subspace {
+  Layout shape;  // the shape's knobs; the others at their defaults
+  std::vector<std::pair<Checkpointing, int64_t>> ckpts;  // mode and ckpt_layers
+  std::vector<AttentionKind> attentions;
+  std::vector<NormKind> norms;
+  std::vector<int64_t> zeros;
+  std::vector<GradPrecision> grads;
+  int64_t first = 0;  // the index of its first layout in enumerate()'s list
+
+  int64_t size() const {
+    return int64_t(ckpts.size() * attentions.size() * norms.size() * zeros.size() * grads.size());
+  }
+  // Its i-th layout (0 <= i < size()), enumerate()'s layout first + i.
+  Layout at(int64_t i) const;
+};
+std::vector<Subspace> enumerate_subspaces(const ModelSpec& m, const RunSpec& run, int64_t world,
+                                          const SpaceLimits& limits, DeviceKind device = DeviceKind::gpu);
 
 enum class Verdict { fits, out_of_memory, invalid };
 
@@ -53,10 +81,15 @@ struct Candidate {
 
 struct SpaceReport {
   std::vector<Candidate> candidates;  // fitting ones first, by predicted step time
-  int64_t evaluated = 0;
-  int64_t fitting = 0;
-  std::map<std::string, int64_t> pruned;  // count by prune_class
+  int64_t evaluated = 0;              // layouts of the space (the full product of the knobs)
+  int64_t fitting = 0;                // of those visited
+  std::map<std::string, int64_t> pruned;  // count by prune_class; with fitting, they add up to evaluated
   double seconds = 0;                     // wall time of the evaluation
+  // Layouts whose memory and step were predicted: all of them (evaluate), or
+  // those the search's bounds left (search); the rest are in `pruned` under
+  // the rule they break or the bound that ruled them out.
+  int64_t visited = 0;
+  bool exhaustive = true;  // evaluate(): every layout visited and listed
 };
 
 // Validates (a cudnn layout on a CPU device is invalid), memory-estimates
@@ -71,6 +104,19 @@ SpaceReport evaluate(const ModelSpec& m, const RunSpec& run, const ClusterSpec& 
 
 const char* to_string(Verdict v);
 
+// One layout as evaluate() judges it: the first rule it breaks (a cudnn
+// attention on a CPU device is one), else its memory estimate and predicted
+// step, and whether it fits; sizes past what 64 bits hold are invalid
+// ("size").
+Candidate evaluate_one(const ModelSpec& m, const RunSpec& run, const ClusterSpec& cluster, const Layout& l,
+                       const CostConstants& k, const memory::MemoryOptions& mem = {});
+// The rule evaluate_one() adds to a layout's violations for a cudnn
+// attention on `device`, a CPU.
+std::string cudnn_on_cpu(const DeviceSpec& device);
+
+// The prune class of a layout a rule rules out: "invalid: <the rule>".
+std::string rule_class(const std::string& violation);
+
 // What a space is evaluated for, and what its reports and tuning describe.
 struct SpaceContext {
   ModelSpec model;
@@ -80,5 +126,27 @@ struct SpaceContext {
   memory::MemoryOptions memory;
   double tie = 0.01;  // evaluate()'s tie rule: within this fraction of the fastest, less memory first
 };
+
+// The first `top` rows of evaluate()'s ranking of the space (fitting layouts
+// by predicted step with the tie rule, then, when fewer fit, those out of
+// memory by step, then invalid ones in order), with the same numbers, found
+// without predicting every layout (tuner/space_search.cpp):
+// - the rules of a shape (core/layout's violations: seq into 2*cp chunks,
+//   a2a's heads, L % (pp*vpp), ...) are asked of a few of its layouts, and
+//   every layout is counted under the first rule it breaks without being
+//   built;
+// - a shape whose memory lower bound is above the usable memory is out of
+//   memory whatever its other knobs;
+// - shapes are visited in the order of their step lower bound (cost.h's
+//   step_bounds); once `top` layouts fit, a shape or a layout whose bound
+//   lies past the last of them and past the tie window of the fastest
+//   cannot reach the rows, nor can a layout whose memory bound
+//   (space_bounds.h) exceeds the usable memory.
+// `evaluated` counts the whole space, `visited` the layouts predicted;
+// "bound: ..." and "oom: memory lower bound" in `pruned` count what the
+// bounds ruled out. When nothing fits, the layout nearest to fitting
+// follows the rows (it is out of memory: report_table names it).
+SpaceReport search(const SpaceContext& ctx, const SpaceLimits& limits, int64_t top,
+                   DeviceKind device = DeviceKind::gpu);
 
 }  // namespace weft::tuner

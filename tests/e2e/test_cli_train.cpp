@@ -368,6 +368,11 @@ TEST(CliTrain, BadInputIsOneClearLineAndNothingIsOverwritten) {
       {"--data " + data + " --steps 0", {"--steps 0"}},
       {"--data " + data + " --mb 3", {"global batch 4", "mb*dp"}},
       {"--data " + data + " --ckpt sometimes", {"sometimes"}},
+      // --cp and --cp-comm choose the layout's context parallelism by hand.
+      {"--data " + data + " --cp 2", {"tp*cp*pp*dp = 1*2*1*1 = 2", "world size 1"}},
+      {"--data " + data + " --cp 0", {"--cp 0", "at least 1"}},
+      {"--data " + data + " --cp-comm tree", {"'tree'", "ring, allgather, a2a"}},
+      {"--data " + data + " --cp-comm a2a", {"cp:a2a", "cp=1"}},
       {"--data " + data + " --device cuda", {"cuda"}},
       {"--data " + data + " --resume-from " + ckpt + " --vocab 300", {"vocab", "300", "256"}},
       {"--data " + data + " --resume-from " + dir.path("corrupt"), {"model.safetensors"}},
@@ -451,7 +456,7 @@ TEST(CliTrain, AutoTunesThenReusesTheCachedRecipe) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(r.out.find("tuning"), std::string::npos) << r.out;
   // With --auto, knobs restrict the space.
-  r = run_weft(cmd + dir.path("d") + " --auto --retune --mb 1 --attn materialized");
+  r = run_weft(cmd + dir.path("d") + " --auto --retune --mb 1 --attn materialized --cp 1 --cp-comm ring");
   ASSERT_EQ(r.code, 0) << r.out;
   const auto pinned = nlohmann::json::parse(slurp(dir.path("d/tuning.json")));
   for (const auto& t : pinned["trials"]) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include <gtest/gtest.h>
@@ -31,7 +32,7 @@ TEST(CliTune, ReadmeDryRunReport) {
   ASSERT_EQ(r.code, 0) << r.out;
   for (const char* s : {"llama-13b", "64 x a100-80gb", "rank", "MFU", "312.0 TFLOP/s",
                         "pruned by reason", "oom: activations", "best layout:", "stage 0",
-                        "pp bubble", "dp comm"})
+                        "cp comm", "pp bubble", "dp comm"})
     EXPECT_NE(r.out.find(s), std::string::npos) << "missing '" << s << "' in\n" << r.out;
 }
 
@@ -46,6 +47,7 @@ TEST(CliTune, MachineFormatsListEveryLayout) {
   EXPECT_EQ(int64_t(j["layouts"].size()), j["evaluated"].get<int64_t>());
   r = run_weft(common + " --format csv");
   ASSERT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find(",tp_comm_s,cp_comm_s,pp_bubble_s,"), std::string::npos) << r.out.substr(0, 300);
   EXPECT_EQ(int64_t(std::count(r.out.begin(), r.out.end(), '\n')), j["evaluated"].get<int64_t>() + 1);
   r = run_weft(common + " --format md");
   ASSERT_EQ(r.code, 0);
@@ -67,7 +69,7 @@ TEST(CliTune, TopIsHonouredEverywhereAndTheTableExplainsItself) {
   EXPECT_NE(r.out.find(" but attn"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("order: predicted step time"), std::string::npos) << r.out;
   // bf16 gradients priced for CPU ranks: the CPU trainer computes in fp32.
-  r = run_weft("tune --dry-run --model tiny --gpu cpu --gpus 2 --precision bf16 --grad bf16 --top 3");
+  r = run_weft("tune --dry-run --model tiny --gpu cpu --gpus 2 --precision bf16 --grad bf16 --cp 1 --top 3");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("-grad:bf16 *"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("the trainer cannot run this layout yet: grad:bf16 needs the GPU trainer"),
@@ -141,6 +143,31 @@ TEST(CliTune, TopListsTheSameLayoutsInEveryFormat) {
   }
 }
 
+// The dry-run searches the space with bounds and says how much of it it
+// predicted; --exhaustive predicts every layout and lists the same rows.
+TEST(CliTune, SearchSaysWhatItVisitedAndListsTheExhaustiveRows) {
+  const std::string common = "tune --dry-run --model llama3.1-8b --gpu h100 --gpus 64 --seq 32768 --global-batch 64 --top 8";
+  const auto searched = run_weft(common);
+  ASSERT_EQ(searched.code, 0) << searched.out;
+  for (const char* s : {"(the full product of the knobs)", "visited ", "bound: step lower bound"})
+    EXPECT_NE(searched.out.find(s), std::string::npos) << s << "\n" << searched.out;
+  const auto every = run_weft(common + " --exhaustive");
+  ASSERT_EQ(every.code, 0) << every.out;
+  EXPECT_NE(every.out.find("evaluated "), std::string::npos) << every.out;
+  EXPECT_EQ(listed_layouts("table", searched.out), listed_layouts("table", every.out));
+  const auto j = nlohmann::json::parse(run_weft(common + " --format json").out);
+  EXPECT_FALSE(j["exhaustive"].get<bool>());
+  EXPECT_LT(j["visited"].get<int64_t>(), j["evaluated"].get<int64_t>());
+  // A recipe saved from the search says how much of the space it predicted.
+  TempDir dir;
+  ASSERT_EQ(run_weft(common + " --save-recipe " + dir.path("r.json")).code, 0);
+  std::ifstream in(dir.path("r.json"));
+  const auto recipe = nlohmann::json::parse(in);
+  EXPECT_EQ(recipe["tuning"]["visited"], j["visited"]);
+  EXPECT_EQ(recipe["tuning"]["evaluated"], j["evaluated"]);
+  EXPECT_EQ(recipe["layout"], j["layouts"][0]["layout"]);
+}
+
 TEST(CliTune, NothingFitsPointsAtTheNearestLayout) {
   const auto r = run_weft("tune --dry-run --model llama-65b --gpu a100-40gb --gpus 8 --global-batch 8");
   ASSERT_EQ(r.code, 0) << r.out;
@@ -150,6 +177,24 @@ TEST(CliTune, NothingFitsPointsAtTheNearestLayout) {
   const std::string line = r.out.substr(at, r.out.find('\n', at) - at);
   EXPECT_NE(line.find("mb1-"), std::string::npos) << line;
   EXPECT_NE(line.find("ckpt:full-"), std::string::npos) << line;
+}
+
+// --cp and --cp-comm pin the context-parallel degrees and the transports
+// tried at cp > 1; the layout text carries both.
+TEST(CliTune, ContextParallelPins) {
+  const auto r = run_weft("tune --dry-run --model llama-7b --gpu h100 --gpus 16 --seq 8192 --global-batch 64 --tp 1 "
+                          "--mb 1 --cp 1,4 --cp-comm a2a,allgather --all --format json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::set<std::string> seen;
+  const auto j = nlohmann::json::parse(r.out);
+  for (const auto& row : j["layouts"]) {
+    const std::string l = row["layout"];
+    const bool cp4 = l.find("-cp4-") != std::string::npos;
+    EXPECT_TRUE(cp4 || l.find("-cp") == std::string::npos) << l;
+    if (cp4) EXPECT_TRUE(l.ends_with("-cp:a2a") || l.ends_with("-cp:allgather")) << l;
+    seen.insert(cp4 ? l.substr(l.rfind('-') + 1) : "cp1");
+  }
+  EXPECT_EQ(seen, (std::set<std::string>{"cp1", "cp:a2a", "cp:allgather"}));
 }
 
 TEST(CliTune, OneExplicitLayout) {
@@ -176,7 +221,7 @@ TEST(CliTune, BadInputIsOneClearLineAndExitTwo) {
       {"tune --dry-run --gpus 64 --model llama-13b --layout tp2-pp2-dp16-mb3", {"global batch 2048", "mb*dp"}},
       {"tune --dry-run --gpus 64 --model llama-13b --tp 16", {"H=40", "tp=16"}},
       {"tune --dry-run --gpus 12 --gpus-per-node 8", {"12", "--gpus-per-node 8"}},
-      {"tune --dry-run --gpus 64 --global-batch 100 --tp 1 --pp 1", {"global batch 100"}},
+      {"tune --dry-run --gpus 64 --global-batch 100 --tp 1 --pp 1 --cp 1", {"global batch 100"}},
       {"tune --dry-run --seq 0", {"--seq 0"}},
       {"tune --dry-run --global-batch -8", {"-8"}},
       {"tune --dry-run --gpus 0", {"--gpus 0"}},
@@ -196,6 +241,11 @@ TEST(CliTune, BadInputIsOneClearLineAndExitTwo) {
       {"tune --dry-run --gpu {name3}", {"name3.json", "device.name", "3"}},
       {"tune --dry-run --gpu {nic}", {"nic.json", "nic_bandwidth", "1e-300", "bytes/s"}},
       {"tune --dry-run --model {mistral}", {"mistral", "MistralForCausalLM"}},
+      {"tune --dry-run --cp-comm ring,tree", {"tree", "ring, allgather, a2a"}},
+      {"tune --dry-run --cp 0", {"--cp 0"}},
+      {"tune --dry-run --gpus 64 --model llama-13b --tp 1 --cp 3", {"tp, cp and pp must divide"}},
+      {"tune --dry-run --gpus 64 --model llama-13b --seq 2052 --tp 1 --cp 16",
+       {"T=2052", "2*cp = 32 equal chunks"}},
   };
   const auto device5 = dir.file("device5.json", R"({"device": 5})");
   const auto name3 = dir.file("name3.json", R"({"device": {"preset": "h100", "name": 3}})");

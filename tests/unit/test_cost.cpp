@@ -19,6 +19,13 @@ TEST_F(Cost, PartsSumToStepAndMfuFollowsTheFormula) {
   const auto b = p("tp2-pp2-dp16-mb1-zero1");
   EXPECT_NEAR(b.step, b.compute + b.recompute + b.tp_comm + b.pp_bubble + b.pp_p2p + b.dp_comm + b.optimizer,
               1e-12 * b.step);
+  EXPECT_EQ(b.cp_comm, 0);
+  const auto c = p("tp2-cp2-pp2-dp8-mb1-zero1-cp:allgather");
+  EXPECT_GT(c.cp_comm, 0);
+  EXPECT_NEAR(c.step,
+              c.compute + c.recompute + c.tp_comm + c.cp_comm + c.pp_bubble + c.pp_p2p + c.dp_comm + c.optimizer,
+              1e-12 * c.step);
+  EXPECT_EQ(nlohmann::json(c)["cp_comm_s"].get<double>(), c.cp_comm);
   EXPECT_DOUBLE_EQ(b.peak_flops, 312e12);
   EXPECT_NEAR(b.mfu, model_flops_per_step(m, run) / (b.step * 64 * 312e12), 1e-12);
   EXPECT_NEAR(b.tokens_per_second, 2048.0 * 2048 / b.step, 1e-6);
@@ -87,6 +94,82 @@ TEST_F(Cost, GroupsArePricedAtTheSlowestLinkTheySpan) {
   const double tp16_net = p("tp16-pp1-dp4-mb1").tp_comm;
   c.nvlink_domain = 16;
   EXPECT_LT(p("tp16-pp1-dp4-mb1").tp_comm, 0.6 * tp16_net);
+}
+
+// Context parallelism: each rank computes on T/cp tokens and 1/cp of the
+// causal attention, and its exchanges are priced per transport on the link
+// its tp * cp consecutive ranks span.
+struct ContextParallel : ::testing::Test {
+  ModelSpec m = model_preset("llama3.1-8b");
+  RunSpec run{32768, 64, Precision::bf16};
+  ClusterSpec c = cluster_resolve("h100", 64, 8);
+  CostConstants k = cost_defaults(c.device);
+  CostBreakdown p(const std::string& layout) { return predict(m, run, Layout::parse(layout), c, k); }
+  // NVLink's bus bandwidth, as cost.cpp prices collectives inside a node.
+  double intra_bw() const { return c.device.intra_node_bandwidth * k.intra_efficiency; }
+};
+
+TEST_F(ContextParallel, EachRankComputesItsShareOfTheSequence) {
+  // The same dp x cp ranks share the batch: cp 4 makes each micro-batch a
+  // quarter of the tokens per rank and 4x as many micro-batches, so the
+  // compute per step stays within the GEMMs' efficiency of cp 1's.
+  const auto one = p("tp1-pp1-dp64-mb1");
+  const auto four = p("tp1-cp4-pp1-dp16-mb1-cp:allgather");
+  EXPECT_NEAR(four.compute / one.compute, 1.0, 0.1);
+  EXPECT_EQ(one.cp_comm, 0);
+  // Gradients sum and ZeRO shards over dp x cp: cp 8 with dp 1 still reduces.
+  EXPECT_GT(p("tp1-cp8-pp1-dp8-mb1-zero1-cp:allgather").dp_comm, 0);
+  EXPECT_LT(p("tp1-cp8-pp1-dp8-mb1-zero1-cp:allgather").optimizer, p("tp1-pp1-dp64-mb1-zero1").optimizer * 1.01);
+  EXPECT_GT(p("tp8-cp8-pp1-dp1-mb1-zero1-cp:ring").dp_comm, 0);
+}
+
+TEST_F(ContextParallel, AllGatherAndAllToAllArePricedByTheirVolumes) {
+  // Inside one node (tp1 x cp8 = 8 ranks) over NVLink: per layer and
+  // micro-batch, all-gather moves K and V of the whole sequence forward,
+  // again in the backward, and reduce-scatters dK and dV; all-to-all moves
+  // q, k, v, out forward and q, k, v, out, dout, dq, dk, dv backward.
+  const double n = 8, B = 1, T = double(run.seq), a = 2, D = double(m.head_dim);
+  const double Hl = double(m.heads), Kl = double(m.kv_heads), layers = double(m.layers);
+  const double mbs = double(run.global_batch) / 8;  // dp 8, mb 1
+  const double lat = c.device.intra_node_latency;
+  const double full = 2 * B * T * Kl * D * a;
+  const double gather = (n - 1) / n * full / intra_bw() + (n - 1) * lat;
+  EXPECT_NEAR(p("tp1-cp8-pp1-dp8-mb1-cp:allgather").cp_comm, mbs * layers * 3 * gather, 1e-9);
+  const auto a2a = [&](double bytes) { return (n - 1) / n * bytes / intra_bw() + (n - 1) * lat; };
+  const double q = B * T / n * Hl * D * a, kv = B * T / n * Kl * D * a;
+  EXPECT_NEAR(p("tp1-cp8-pp1-dp8-mb1-cp:a2a").cp_comm, mbs * layers * 3 * (2 * a2a(q) + 2 * a2a(kv)), 1e-9);
+  // Recomputing the attention redoes no all-gather: the backward gathers anyway.
+  EXPECT_EQ(p("tp1-cp8-pp1-dp8-mb1-ckpt:selective-cp:allgather").cp_comm,
+            p("tp1-cp8-pp1-dp8-mb1-cp:allgather").cp_comm);
+}
+
+TEST_F(ContextParallel, TheRingHidesWhatTheAttentionOutlasts) {
+  // At 32k tokens a block's attention outlasts its K/V transfer over
+  // NVLink: nothing exposed but the overlap's cost.
+  k.overlap_cost = 0;
+  EXPECT_EQ(p("tp1-cp8-pp1-dp8-mb1-cp:ring").cp_comm, 0);
+  // At 2k tokens over the network (cp 16 spans two nodes) it does not: the
+  // transfer past the compute is exposed, forward and (twice the volume)
+  // backward, and recomputing the attention passes K and V around again.
+  run = RunSpec{2048, 64, Precision::bf16};
+  const auto ring = p("tp1-cp16-pp1-dp4-mb1-cp:ring");
+  EXPECT_GT(ring.cp_comm, 0);
+  EXPECT_GT(p("tp1-cp16-pp1-dp4-mb1-ckpt:selective-cp:ring").cp_comm, ring.cp_comm);
+  // The same ring inside a 16-GPU NVLink domain is cheaper.
+  c.nvlink_domain = 16;
+  EXPECT_LT(p("tp1-cp16-pp1-dp4-mb1-cp:ring").cp_comm, ring.cp_comm);
+}
+
+TEST_F(ContextParallel, TheGroupSpansTpTimesCpConsecutiveRanks) {
+  // tp1 x cp8 fits a node's NVLink; tp2 x cp8 spans two nodes, so its
+  // exchanges cross the network.
+  const double inside = p("tp1-cp8-pp1-dp8-mb1-cp:allgather").cp_comm;
+  const double across = p("tp2-cp8-pp1-dp4-mb1-cp:allgather").cp_comm;
+  // The same bytes per step (half the kv heads per rank, twice the
+  // micro-batches), over the network.
+  EXPECT_GT(across, 1.2 * inside);
+  c.nvlink_domain = 16;
+  EXPECT_LT(p("tp2-cp8-pp1-dp4-mb1-cp:allgather").cp_comm, across);
 }
 
 TEST(CostModel, GemmEfficiencyGrowsWithSize) {

@@ -5,6 +5,7 @@
 // below. benchmarks/model_fidelity prints the tables behind these numbers.
 #include <cmath>
 #include <fstream>
+#include <map>
 
 #include "test_util.h"
 #include "core/error.h"
@@ -41,6 +42,50 @@ TEST(Fidelity, RowsLoadWithTheirSplit) {
   EXPECT_GT(oom, 300);
   // Rows weft cannot express are counted, not dropped silently.
   EXPECT_GT(set.skipped.at("attention 'flash1' (no weft kernel of its kind)"), 0);
+  // The CSV's context-parallel rows (S6, S7) are read for their cp; each is
+  // fp8, or bf16 on the H100 96 GB HBM2e part no preset describes (S6's bf16
+  // rows quote the source's "w/o Float8" and are not fp8).
+  EXPECT_EQ(set.skipped_cp, (std::map<std::string, int64_t>{{"fp8 compute", 5},
+                                                              {"H100 95/96 GB HBM2e part (no preset)", 3}}));
+}
+
+// A context-parallel row weft can express keeps its degree, takes its
+// framework's default transport, and counts apart in the fidelity.
+TEST(PublicRuns, ContextParallelRowsKeepTheirDegree) {
+  std::ifstream real(calibration_dir() + "/public_runs.csv");
+  std::string header;
+  std::getline(real, header);
+  std::vector<std::string> columns;
+  for (size_t at = 0, next; at <= header.size(); at = next + 1) {
+    next = std::min(header.find(',', at), header.size());
+    columns.push_back(header.substr(at, next - at));
+  }
+  const std::map<std::string, std::string> cells = {
+      {"model", "Llama 3.1 8B"}, {"layers", "32"},     {"hidden", "4096"},  {"heads", "32"},
+      {"kv_heads", "8"},         {"ffn", "14336"},     {"vocab", "128256"}, {"seq", "8192"},
+      {"gpu", "H100 80GB HBM3"}, {"gpus", "8"},        {"global_batch", "8"}, {"micro_batch", "1"},
+      {"tp", "1"},               {"pp", "1"},          {"dp", "4"},         {"cp", "2"},
+      {"recompute", "full"},     {"status", "measured"}, {"tokens_per_s_per_gpu", "4000"}};
+  const auto row = [&](const std::string& source) {
+    std::string line;
+    for (size_t i = 0; i < columns.size(); ++i) {
+      const auto it = cells.find(columns[i]);
+      line += (i ? "," : "") + (columns[i] == "source" ? source : it == cells.end() ? "" : it->second);
+    }
+    return line + "\n";
+  };
+  const std::string path = ::testing::TempDir() + "/public_runs_cp.csv";
+  std::ofstream(path) << header << "\n" << row("torchtitan_example") << row("nemo_example");
+  const auto set = public_runs_load(path);
+  ASSERT_EQ(set.runs.size(), 2u);
+  EXPECT_EQ(set.runs[0].layout.cp, 2);
+  EXPECT_EQ(set.runs[0].layout.cp_comm, CpComm::allgather);  // torchtitan's context_parallel_rotate_method
+  EXPECT_EQ(set.runs[1].layout.cp_comm, CpComm::ring);       // Megatron-Core's cp_comm_type p2p
+  EXPECT_EQ(set.runs[0].layout.world(), 8);
+  const auto f = fidelity_evaluate(set.runs, Split::all, [](const DeviceSpec& d) { return cost_defaults(d); });
+  EXPECT_EQ(f.context_parallel.measured, 2);
+  EXPECT_EQ(f.total.measured, 2);
+  EXPECT_GT(f.context_parallel.mae_points, 0);
 }
 
 // The shipped profiles are the fit of the current model to the current rows:

@@ -22,6 +22,7 @@ TEST(ModelSpec, ExactParameterCounts) {
   EXPECT_EQ(model_preset("llama3.2-3b").param_count(), 3'212'749'824);
   EXPECT_EQ(model_preset("llama3.1-8b").param_count(), 8'030'261'248);
   EXPECT_EQ(model_preset("llama3.1-70b").param_count(), 70'553'706'496);
+  EXPECT_EQ(model_preset("llama3.1-405b").param_count(), 405'853'388'800);
 }
 
 // As published: Llama 3 has "rope_scaling": null, Llama 3.1 factor 8 and
@@ -29,8 +30,16 @@ TEST(ModelSpec, ExactParameterCounts) {
 TEST(ModelSpec, PresetRopeScaling) {
   for (const char* name : {"llama3-8b", "llama3-70b", "llama2-7b", "tiny"})
     EXPECT_FALSE(model_preset(name).rope_scaling.enabled()) << name;
-  for (const char* name : {"llama3.1-8b", "llama3.1-70b"})
+  for (const char* name : {"llama3.1-8b", "llama3.1-70b", "llama3.1-405b"})
     EXPECT_EQ(model_preset(name).rope_scaling, rope_scaling_llama3(8.0, 1.0, 4.0, 8192)) << name;
+  // Llama 3.1 405B's config.json: 126 layers, C 16384, F 53248, 128 heads
+  // over 8 kv heads, theta 500000, untied.
+  const auto big = model_preset("llama3.1-405b");
+  EXPECT_EQ(big.layers, 126);
+  EXPECT_EQ(big.kv_heads, 8);
+  EXPECT_EQ(big.rope_theta, 5e5);
+  EXPECT_FALSE(big.tied_embeddings);
+  EXPECT_EQ(big.max_seq, 131072);
   for (const char* name : {"llama3.2-1b", "llama3.2-3b"})
     EXPECT_EQ(model_preset(name).rope_scaling, rope_scaling_llama3(32.0, 1.0, 4.0, 8192)) << name;
   EXPECT_EQ(model_preset("llama3.1-8b").max_seq, 131072);

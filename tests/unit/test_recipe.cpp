@@ -36,6 +36,19 @@ TEST(Recipe, RoundTripsThroughAFile) {
   EXPECT_TRUE(recipe_diff(r, back).empty());
 }
 
+// A layout with context parallelism comes back with its degree and transport.
+TEST(Recipe, RoundTripsContextParallelism) {
+  test::TempDir dir;
+  auto r = sample();
+  r.layout = Layout::parse("tp2-cp4-pp2-dp4-mb1-zero1-cp:a2a");
+  recipe_save(dir.path("cp.json"), r);
+  const auto back = recipe_load(dir.path("cp.json"));
+  EXPECT_EQ(back.layout, r.layout);
+  EXPECT_EQ(back.layout.cp, 4);
+  EXPECT_EQ(back.layout.cp_comm, CpComm::a2a);
+  EXPECT_EQ(back.layout.world(), 64);
+}
+
 TEST(Recipe, MismatchesNameEachField) {
   const auto r = sample();
   auto m = model_preset("llama-13b");

@@ -1,11 +1,13 @@
 #include <algorithm>
 #include <set>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "test_util.h"
 #include "report/report.h"
 #include "tuner/space.h"
+#include "tuner/space_bounds.h"
 
 namespace weft::tuner {
 namespace {
@@ -25,8 +27,10 @@ TEST_F(Space, EnumerationFollowsTheRules) {
     EXPECT_EQ(l.world(), 32);
     EXPECT_EQ(m.heads % l.tp, 0);
     EXPECT_EQ(m.layers % l.pp, 0);
+    EXPECT_EQ(run.seq % (2 * l.cp), 0);
+    if (l.cp == 1) { EXPECT_EQ(l.cp_comm, CpComm::ring); }
     if (l.tp == 1) { EXPECT_FALSE(l.sp); }
-    if (l.dp == 1) { EXPECT_EQ(l.zero, 0); }
+    if (l.shard_ways() == 1) { EXPECT_EQ(l.zero, 0); }
     if (l.pp == 1) { EXPECT_EQ(l.vpp, 1); }
   }
   // Every knob value appears.
@@ -38,6 +42,41 @@ TEST_F(Space, EnumerationFollowsTheRules) {
   EXPECT_TRUE(has([](const Layout& l) { return l.attention == AttentionKind::cudnn; }));
   EXPECT_TRUE(has([](const Layout& l) { return l.norm == NormKind::unfused; }));
   EXPECT_TRUE(has([](const Layout& l) { return l.zero == 3 && l.mb == 16; }));
+  // cp over the divisors of what tp leaves, each with every transport; ZeRO
+  // over the dp x cp ranks even at dp 1.
+  for (int64_t cp : {1, 2, 4, 8, 16, 32}) {
+    EXPECT_TRUE(has([&](const Layout& l) { return l.cp == cp; })) << cp;
+    if (cp > 1)
+      for (CpComm t : {CpComm::ring, CpComm::allgather, CpComm::a2a})
+        EXPECT_TRUE(has([&](const Layout& l) { return l.cp == cp && l.cp_comm == t; })) << cp;
+  }
+  EXPECT_TRUE(has([](const Layout& l) { return l.tp == 4 && l.cp == 8 && l.dp == 1 && l.zero == 3; }));
+  // T = 2048 cuts into 2*cp chunks for every cp up to 1024; T = 96 only for
+  // cp 1, 2, 3, 4, 6, 8, 12, 16, 24, 48 (those dividing 48) and a world of 32
+  // allows 1, 2, 4, 8 and 16 of them.
+  std::set<int64_t> cps;
+  for (const auto& l : enumerate(m, RunSpec{96, 512, Precision::bf16}, 32, {})) cps.insert(l.cp);
+  EXPECT_EQ(cps, (std::set<int64_t>{1, 2, 4, 8, 16}));
+}
+
+// The space as subspaces of one parallel shape: enumerate() is them, in order.
+TEST_F(Space, SubspacesAreTheSpaceInOrder) {
+  SpaceLimits lim;
+  lim.mb = {1, 2};
+  const auto all = enumerate(m, run, 32, lim);
+  const auto subs = enumerate_subspaces(m, run, 32, lim);
+  int64_t at = 0;
+  for (const auto& s : subs) {
+    EXPECT_EQ(s.first, at);
+    for (int64_t i = 0; i < s.size(); ++i, ++at) {
+      ASSERT_LT(at, int64_t(all.size()));
+      EXPECT_EQ(s.at(i), all[size_t(at)]);
+      const Layout l = s.at(i);
+      EXPECT_TRUE(l.tp == s.shape.tp && l.cp == s.shape.cp && l.cp_comm == s.shape.cp_comm && l.pp == s.shape.pp &&
+                  l.mb == s.shape.mb && l.vpp == s.shape.vpp && l.sp == s.shape.sp);
+    }
+  }
+  EXPECT_EQ(at, int64_t(all.size()));
 }
 
 TEST_F(Space, Bf16GradientsOnlyWithBf16Compute) {
@@ -78,11 +117,53 @@ TEST_F(Space, PinsRestrictTheSpace) {
   EXPECT_TRUE(enumerate(m, run, 32, bad).empty());  // 3 does not divide 32
 }
 
+// --cp and --cp-comm: the transports apply at cp > 1 (cp 1 has none); a
+// pinned cp the sequence does not cut into is kept and pruned with the rule,
+// as is a transport the heads do not allow.
+TEST_F(Space, ContextParallelPins) {
+  SpaceLimits lim;
+  lim.cp = {1, 4};
+  lim.cp_comm = {CpComm::a2a};
+  lim.mb = {1};
+  const auto pinned = enumerate(m, run, 32, lim);
+  ASSERT_FALSE(pinned.empty());
+  std::set<std::pair<int64_t, CpComm>> seen;
+  for (const auto& l : pinned) seen.insert({l.cp, l.cp_comm});
+  EXPECT_EQ(seen, (std::set<std::pair<int64_t, CpComm>>{{1, CpComm::ring}, {4, CpComm::a2a}}));
+
+  const RunSpec odd{2052, 512, Precision::bf16};  // 2052 = 2 * 2 * 513: cp 2 cuts it, cp 4 does not
+  lim.cp = {4};
+  lim.cp_comm = {CpComm::ring};
+  lim.tp = {1};
+  lim.attention = {AttentionKind::flash};
+  const auto r = evaluate(m, odd, c, enumerate(m, odd, 32, lim), k);
+  ASSERT_GT(r.evaluated, 0);
+  EXPECT_EQ(r.pruned.at("invalid: context parallelism cuts seq T"), r.evaluated);
+  // llama-13b's 40 heads over cp 16 do not split: a2a is pruned, ring is not.
+  lim = {};
+  lim.tp = {1};
+  lim.cp = {16};
+  lim.mb = {1};
+  lim.attention = {AttentionKind::flash};
+  const auto heads = evaluate(m, run, c, enumerate(m, run, 32, lim), k);
+  int64_t a2a = 0;
+  for (const auto& x : heads.candidates) {
+    if (x.layout.cp_comm != CpComm::a2a) {
+      EXPECT_NE(x.verdict, Verdict::invalid) << x.layout.to_string() << ": " << x.reason;
+      continue;
+    }
+    ++a2a;
+    EXPECT_EQ(x.prune_class, "invalid: cp:a2a splits each rank's heads over cp") << x.reason;
+  }
+  EXPECT_GT(a2a, 0);
+}
+
 // cuDNN has no CPU kernels: a CPU's space leaves cudnn out, and a pinned one
 // is pruned with the reason.
 TEST_F(Space, CudnnAttentionOnlyOnGpus) {
   SpaceLimits lim;
   lim.tp = {1};
+  lim.cp = {1};
   lim.pp = {1};
   lim.mb = {1};
   const auto gpu = enumerate(m, run, 32, lim, DeviceKind::gpu);
@@ -170,6 +251,171 @@ TEST_F(Space, ReportsCoverEveryLayout) {
   const auto table = report::report_table(r, ctx, 5);
   EXPECT_NE(table.find("best layout: " + r.candidates.front().layout.to_string()), std::string::npos);
   EXPECT_NE(table.find("pruned by reason"), std::string::npos);
+}
+
+
+namespace search_test {
+
+struct Case {
+  const char* model;
+  const char* gpu;
+  int64_t gpus, seq, batch, top;
+  SpaceLimits limits;
+  DeviceKind device = DeviceKind::gpu;
+};
+
+// What a report lists: its rows (evaluate()'s are the whole space, in order).
+void expect_same_rows(const SpaceReport& ex, const SpaceReport& se, int64_t top, const std::string& what) {
+  const size_t rows = size_t(std::min<int64_t>(top, int64_t(ex.candidates.size())));
+  ASSERT_GE(se.candidates.size(), rows) << what;
+  for (size_t i = 0; i < rows; ++i) {
+    const Candidate& a = ex.candidates[i];
+    const Candidate& b = se.candidates[i];
+    EXPECT_EQ(a.layout.to_string(), b.layout.to_string()) << what << " row " << i;
+    EXPECT_EQ(a.verdict, b.verdict) << what << " row " << i;
+    EXPECT_EQ(a.reason, b.reason) << what << " row " << i;
+    EXPECT_EQ(a.cost.step, b.cost.step) << what << " row " << i;
+    if (a.verdict != Verdict::invalid) { EXPECT_EQ(a.memory.peak(), b.memory.peak()) << what << " row " << i; }
+  }
+}
+
+}  // namespace search_test
+
+// The search lists exactly the rows evaluate() ranks first, whatever fits:
+// many layouts, fewer than the rows, none (then the nearest follows), or
+// none valid; with tied embeddings, on a CPU, and under context parallelism.
+// Its counts cover the space, and the rules' counts are evaluate()'s.
+TEST(SpaceSearch, ListsTheExhaustiveRows) {
+  using search_test::Case;
+  std::vector<Case> cases;
+  {
+    Case c{"llama-13b", "a100-80gb", 32, 2048, 512, 10, {}};
+    c.limits.mb = {1, 2, 4};
+    cases.push_back(c);
+    c.top = 40;
+    cases.push_back(c);
+  }
+  cases.push_back({"llama-65b", "a100-40gb", 8, 2048, 8, 4, {}});  // nothing fits
+  {
+    Case c{"llama-13b", "a100-40gb", 8, 2048, 2048, 6, {}};  // fewer than the rows fit
+    c.limits.tp = {8};
+    c.limits.mb = {4};
+    c.limits.ckpt = {Checkpointing::none};
+    c.limits.zero = {0};
+    c.limits.sp = {true};
+    c.limits.grad = {GradPrecision::fp32};
+    cases.push_back(c);
+  }
+  {
+    Case c{"tiny-test", "cpu", 8, 256, 64, 12, {}, DeviceKind::cpu};
+    cases.push_back(c);
+    c.limits.attention = {AttentionKind::cudnn, AttentionKind::flash};  // cudnn pinned on a CPU
+    cases.push_back(c);
+  }
+  cases.push_back({"llama3.1-8b", "h100", 64, 32768, 64, 10, {}});
+  cases.push_back({"llama3.2-1b", "h100", 16, 4096, 64, 10, {}});  // tied embeddings over stages
+  {
+    Case c{"llama-13b", "a100-80gb", 32, 2048, 512, 5, {}};  // none valid: 40 heads over cp 16 by a2a
+    c.limits.tp = {1};
+    c.limits.cp = {16};
+    c.limits.cp_comm = {CpComm::a2a};
+    cases.push_back(c);
+  }
+  for (const auto& c : cases) {
+    SpaceContext ctx;
+    ctx.model = model_preset(c.model);
+    ctx.run = RunSpec{c.seq, c.batch, c.device == DeviceKind::cpu ? Precision::fp32 : Precision::bf16};
+    ctx.cluster = cluster_resolve(c.gpu, c.gpus, c.device == DeviceKind::cpu ? c.gpus : 8);
+    ctx.constants = cost_defaults(ctx.cluster.device);
+    const std::string what = fmt::format("{} on {} x {}, seq {}, top {}", c.model, c.gpus, c.gpu, c.seq, c.top);
+    const auto all = enumerate(ctx.model, ctx.run, c.gpus, c.limits, c.device);
+    const auto ex = evaluate(ctx.model, ctx.run, ctx.cluster, all, ctx.constants, ctx.memory, ctx.tie);
+    const auto se = search(ctx, c.limits, c.top, c.device);
+    search_test::expect_same_rows(ex, se, c.top, what);
+    EXPECT_FALSE(se.exhaustive);
+    EXPECT_EQ(se.evaluated, ex.evaluated) << what;
+    EXPECT_LE(se.visited, se.evaluated) << what;
+    EXPECT_LE(se.fitting, ex.fitting) << what;
+    if (ex.fitting < c.top) { EXPECT_EQ(se.fitting, ex.fitting) << what; }
+    int64_t counted = se.fitting;
+    for (const auto& [why, n] : se.pruned) {
+      counted += n;
+      EXPECT_GT(n, 0) << what << ": " << why;
+      if (why.rfind("invalid: ", 0) == 0 || why == "size") {
+        EXPECT_EQ(n, ex.pruned.count(why) ? ex.pruned.at(why) : 0) << what << ": " << why;
+      }
+    }
+    EXPECT_EQ(counted, se.evaluated) << what;
+    // When nothing fits, the layout nearest to fitting follows the rows.
+    if (ex.fitting == 0 && ex.pruned.size() > 0) {
+      const Candidate* near_ex = nullptr;
+      for (const auto& x : ex.candidates)
+        if (x.verdict == Verdict::out_of_memory && (!near_ex || x.memory.peak() < near_ex->memory.peak())) near_ex = &x;
+      const Candidate* near_se = nullptr;
+      for (const auto& x : se.candidates)
+        if (x.verdict == Verdict::out_of_memory && (!near_se || x.memory.peak() < near_se->memory.peak())) near_se = &x;
+      ASSERT_EQ(near_ex == nullptr, near_se == nullptr) << what;
+      if (near_ex) { EXPECT_EQ(near_ex->layout, near_se->layout) << what; }
+    }
+  }
+}
+
+// Every bound the search rules layouts out by lies at or under the layout's
+// own value: the step bound under predict()'s step, the memory bound under
+// the memory model's worst stage.
+TEST(SpaceSearch, BoundsNeverExceedTheLayouts) {
+  struct Where {
+    const char* model;
+    const char* gpu;
+    int64_t gpus, seq, batch;
+    DeviceKind device;
+  };
+  for (const Where& w : {Where{"llama-13b", "a100-80gb", 32, 2048, 512, DeviceKind::gpu},
+                         Where{"tiny-test", "cpu", 8, 256, 64, DeviceKind::cpu},
+                         Where{"llama3.1-8b", "h100", 16, 32768, 16, DeviceKind::gpu},
+                         Where{"llama3.2-1b", "h100", 16, 4096, 64, DeviceKind::gpu}}) {
+    SpaceContext ctx;
+    ctx.model = model_preset(w.model);
+    ctx.run = RunSpec{w.seq, w.batch, w.device == DeviceKind::cpu ? Precision::fp32 : Precision::bf16};
+    ctx.cluster = cluster_resolve(w.gpu, w.gpus, w.device == DeviceKind::cpu ? w.gpus : 8);
+    ctx.constants = cost_defaults(ctx.cluster.device);
+    SpaceLimits lim;
+    lim.mb = {1, 2};
+    const auto subs = enumerate_subspaces(ctx.model, ctx.run, w.gpus, lim, w.device);
+    int64_t checked = 0;
+    for (size_t s = 0; s < subs.size(); s += 3) {
+      const Subspace& sub = subs[s];
+      const auto steps = step_bounds(ctx.model, ctx.run, sub.shape, ctx.cluster, ctx.constants, sub.ckpts,
+                                     sub.attentions, sub.norms, sub.zeros, sub.grads);
+      MemoryBounds memory(ctx, sub);
+      for (int64_t i = 0; i < sub.size(); ++i) {
+        const Layout l = sub.at(i);
+        if (!l.violations(ctx.model, ctx.run, w.gpus).empty()) continue;
+        const Member x = member_of(sub, i);
+        const auto est = memory::estimate(ctx.model, ctx.run, l, ctx.cluster.device, ctx.memory);
+        EXPECT_LE(memory.of(x), est.peak()) << l.to_string();
+        EXPECT_LE(steps.of(x.c, x.a, x.n, x.z, x.g), predict(ctx.model, ctx.run, l, ctx.cluster, ctx.constants).step)
+            << l.to_string();
+        ++checked;
+      }
+    }
+    EXPECT_GT(checked, 100) << w.model;
+  }
+}
+
+// The search predicts a sliver of a large space: Llama 3.1 8B at 128k
+// tokens on 64 H100s (the full product of the knobs is over a million).
+TEST(SpaceSearch, VisitsFewOfALargeSpace) {
+  SpaceContext ctx;
+  ctx.model = model_preset("llama3.1-8b");
+  ctx.run = RunSpec{131072, 64, Precision::bf16};
+  ctx.cluster = cluster_resolve("h100", 64, 8);
+  ctx.constants = cost_defaults(ctx.cluster.device);
+  const auto r = search(ctx, {}, 10);
+  EXPECT_GT(r.evaluated, 1'000'000);
+  EXPECT_LT(r.visited * 50, r.evaluated) << r.visited << " of " << r.evaluated;
+  ASSERT_GT(r.fitting, 0);
+  EXPECT_GE(r.candidates.front().layout.cp, 8) << r.candidates.front().layout.to_string();
 }
 
 }  // namespace

@@ -1,0 +1,41 @@
+// The bounds the space's search (space.h, search) rules layouts out by,
+// beside cost.h's step_bounds: internal to the tuner, and tested on their
+// own (a bound above a layout's own value would drop it from the rows).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "tuner/space.h"
+
+namespace weft::tuner {
+
+// A layout of a subspace as (checkpointing, attention, norm, ZeRO, gradient
+// type) indices into its lists; Subspace::at's i-th layout is member_of(i).
+struct Member {
+  size_t c = 0, a = 0, n = 0, z = 0, g = 0;
+};
+Member member_of(const Subspace& s, int64_t i);
+
+// Lower bounds on memory::estimate(...).peak() of a subspace's layouts, a
+// term per (checkpointing, attention, norm) and one per (ZeRO, gradient
+// type), on the first and the last stage (the worst holds at least either):
+// a stage's table (memory/shapes) is weights, gradients and optimizer state,
+// which only ZeRO and the gradient type set, beside everything else, which
+// they do not set but for ZeRO's and the tied embedding's data-parallel
+// buffers (left out: the bound only drops bytes). Each term is built when
+// first asked for; `ctx` and `s` must outlive the bounds.
+class MemoryBounds {
+ public:
+  MemoryBounds(const SpaceContext& ctx, const Subspace& s);
+  int64_t of(const Member& x);
+
+ private:
+  int64_t part(int stage_end, const Member& x, bool params);
+
+  const SpaceContext& ctx_;
+  const Subspace& s_;
+  std::vector<int64_t> rest_[2], params_[2];
+};
+
+}  // namespace weft::tuner

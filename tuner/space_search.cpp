@@ -1,0 +1,502 @@
+// The space's search (space.h): the first rows of evaluate()'s ranking,
+// found without predicting every layout. The space is walked as subspaces
+// (one parallel shape, the product of the other knobs' lists):
+// 1. the rules: core/layout's rules of the shape (T into 2*cp chunks, a2a's
+//    heads, L % (pp*vpp), the global batch, ...) all come before those of
+//    checkpointing, ZeRO and gradient precision, and the attention's
+//    (ring with materialized) among them. So one layout per attention kind
+//    tells the first rule every layout of the shape with that kind breaks,
+//    and one per checkpointing, ZeRO and gradient choice the rule each
+//    breaks on a valid shape: every layout's class without building it.
+// 2. a memory lower bound per shape (below): a shape above the usable
+//    memory is out of memory whatever its other knobs.
+// 3. step bounds (cost.h's step_bounds): shapes are visited in the order
+//    of their least bound, their layouts predicted as evaluate() does; once
+//    `top` layouts fit, a shape whose bound lies past the last of them and
+//    past the tie window of the fastest cannot reach the rows, nor can any
+//    after it. Inside a visited shape a layout whose own step bound lies
+//    past them, or whose memory bound (space_bounds.h) past the usable
+//    memory, is counted under that bound without being predicted.
+// Every bound only drops time or bytes from what predict() and
+// memory::estimate() would say, so no layout of the rows is ruled out:
+// the rows are evaluate()'s (tests/unit/test_space.cpp holds them equal,
+// and every bound under each layout's value).
+// The rows are then predicted again one by one (evaluate_one), so that they
+// carry exactly evaluate()'s numbers and reasons.
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <limits>
+#include <map>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "memory/shapes.h"
+#include "tuner/space.h"
+#include "tuner/space_bounds.h"
+
+namespace weft::tuner {
+
+namespace {
+
+// The classes of layouts the bounds rule out unvisited.
+constexpr const char* kMemoryBound = "oom: memory lower bound";
+constexpr const char* kStepBound = "bound: step lower bound past the listed layouts";
+
+// The first rule each layout of a subspace breaks, from a handful of layouts.
+struct Rules {
+  std::vector<std::string> shape;      // per attention kind: the shape's first broken rule, or empty
+  std::vector<std::string> ckpt;       // per checkpointing choice, on a valid shape
+  std::vector<std::string> zero;       // per ZeRO stage
+  std::vector<std::string> grad;       // per gradient precision
+  std::vector<std::string> attention;  // per attention kind: cudnn on a CPU
+  std::vector<size_t> valid_attentions;
+
+  // The first rule layout (c, a, z, g) of the subspace breaks; empty when none.
+  const std::string& of(size_t c, size_t a, size_t z, size_t g) const {
+    if (!shape[a].empty()) return shape[a];
+    for (const std::string* r : {&ckpt[c], &zero[z], &grad[g], &attention[a]})
+      if (!r->empty()) return *r;
+    return shape[a];
+  }
+};
+
+std::string first_violation(const SpaceContext& ctx, const Layout& l) {
+  const auto v = l.violations(ctx.model, ctx.run, ctx.cluster.gpus);
+  return v.empty() ? std::string() : v.front();
+}
+
+Rules rules_of(const SpaceContext& ctx, const Subspace& s) {
+  Rules r;
+  for (AttentionKind a : s.attentions) {
+    Layout l = s.shape;
+    l.attention = a;
+    r.shape.push_back(first_violation(ctx, l));
+    if (r.shape.back().empty()) r.valid_attentions.push_back(r.shape.size() - 1);
+    r.attention.push_back(a == AttentionKind::cudnn && ctx.cluster.device.kind != DeviceKind::gpu
+                              ? cudnn_on_cpu(ctx.cluster.device)
+                              : std::string());
+  }
+  if (r.valid_attentions.empty()) return r;
+  Layout valid = s.shape;
+  valid.attention = s.attentions[r.valid_attentions.front()];
+  for (const auto& [mode, k] : s.ckpts) {
+    Layout l = valid;
+    l.ckpt = mode;
+    l.ckpt_layers = k;
+    r.ckpt.push_back(first_violation(ctx, l));
+  }
+  for (int64_t z : s.zeros) {
+    Layout l = valid;
+    l.zero = z;
+    r.zero.push_back(first_violation(ctx, l));
+  }
+  for (GradPrecision g : s.grads) {
+    Layout l = valid;
+    l.grad = g;
+    r.grad.push_back(first_violation(ctx, l));
+  }
+  return r;
+}
+
+// A lower bound on memory::estimate(...).peak() of every valid layout of a
+// subspace. Of a stage's table (memory/shapes), with everything else of the
+// shape fixed:
+// - weights, gradients and optimizer state are at least the stage's
+//   parameters sharded over dp x cp, at the narrowest gradient type;
+// - the saved activations are at least full checkpointing's on every layer
+//   (the block inputs every mode keeps, and one block's rebuilt tensors,
+//   which every other mode keeps for at least one block);
+// - the rest (logits, scratch, kernel workspaces, the tp, pp and cp
+//   buffers, the runtime) depends only on the shape, the attention and the
+//   norm, less the data-parallel buffers of ZeRO and tied embeddings (whose
+//   size follows ZeRO and the gradient type): taken at the least over the
+//   valid attention kinds and the norms.
+// The worst stage holds at least the first's and the last's.
+int64_t memory_lower_bound(const SpaceContext& ctx, const Subspace& s, const Rules& rules) {
+  const ModelSpec& m = ctx.model;
+  const RunSpec& run = ctx.run;
+  int64_t narrowest = 4;
+  for (GradPrecision g : s.grads) narrowest = std::min<int64_t>(narrowest, g == GradPrecision::bf16 ? 2 : 4);
+  const int64_t per_param = run.compute_bytes() + narrowest + (run.precision == Precision::bf16 ? 12 : 8);
+  thread_local std::vector<memory::TensorShape> table;
+  int64_t bound = 0;
+  for (int64_t stage : {int64_t{0}, s.shape.pp - 1}) {
+    int64_t least = std::numeric_limits<int64_t>::max();
+    for (size_t a : rules.valid_attentions)
+      for (NormKind norm : s.norms) {
+        Layout l = s.shape;
+        l.attention = s.attentions[a];
+        l.norm = norm;
+        l.ckpt = Checkpointing::full;
+        l.ckpt_layers = 0;
+        const memory::StagePlan plan = memory::stage_plan(m, run, l, stage);
+        memory::stage_shapes(m, run, l, ctx.cluster.device, plan, table);
+        int64_t sum = 0;
+        for (const auto& t : table) {
+          if (t.category == memory::Category::weights || t.category == memory::Category::grads ||
+              t.category == memory::Category::optimizer)
+            continue;
+          if (std::strncmp(t.name, "comm.dp_", 8) == 0 || std::strncmp(t.name, "comm.tied_", 10) == 0) continue;
+          sum += t.bytes();
+        }
+        least = std::min(least, sum);
+      }
+    Layout l = s.shape;
+    const memory::StagePlan plan = memory::stage_plan(m, run, l, stage);
+    const int64_t params = memory::stage_param_elements(m, l, plan) / l.shard_ways();
+    bound = std::max(bound, least + params * per_param);
+  }
+  return bound;
+}
+
+// What the search keeps of a predicted layout.
+struct Rec {
+  double step = 0;
+  int64_t peak = 0;
+  int64_t index = 0;
+  Layout layout;
+};
+bool by_step(const Rec& a, const Rec& b) {
+  if (a.step != b.step) return a.step < b.step;
+  if (a.peak != b.peak) return a.peak < b.peak;
+  return a.index < b.index;
+}
+// nearest_to_fitting's choice: the least memory, then the ranking's order.
+bool by_peak(const Rec& a, const Rec& b) {
+  if (a.peak != b.peak) return a.peak < b.peak;
+  if (a.step != b.step) return a.step < b.step;
+  return a.index < b.index;
+}
+
+// What visiting subspaces found.
+struct Found {
+  std::vector<Rec> fits;  // fitting layouts at or under the threshold they were found with
+  std::vector<Rec> oom;   // the best `top` out of memory, by step
+  std::optional<Rec> nearest;
+  std::map<std::string, int64_t> classes;
+  int64_t fitting = 0, visited = 0;
+};
+
+void keep_best(std::vector<Rec>& v, size_t n) {
+  if (v.size() <= n) return;
+  std::nth_element(v.begin(), v.begin() + long(n), v.end(), by_step);
+  v.resize(n);
+}
+
+// Predicts every valid layout of subspace s as evaluate() does, keeping the
+// fitting ones at or under `threshold`. With a finite threshold (`top`
+// layouts fit already), a layout whose step bound lies past it, or whose
+// memory bound past the usable memory, is counted under that bound instead.
+void visit(const SpaceContext& ctx, const Subspace& s, const Rules& rules, const StepBounds& steps,
+           double threshold, size_t top, int64_t usable, Found& f) {
+  const bool bounded = threshold < std::numeric_limits<double>::infinity();
+  std::optional<MemoryBounds> memory_bounds;
+  for (int64_t i = 0; i < s.size(); ++i) {
+    const Member x = member_of(s, i);
+    if (!rules.of(x.c, x.a, x.z, x.g).empty()) continue;
+    if (bounded) {
+      if (steps.of(x.c, x.a, x.n, x.z, x.g) > threshold) {
+        ++f.classes[kStepBound];
+        continue;
+      }
+      if (!memory_bounds) memory_bounds.emplace(ctx, s);
+      if (memory_bounds->of(x) > usable) {
+        ++f.classes[kMemoryBound];
+        continue;
+      }
+    }
+    const Layout l = s.at(i);
+    ++f.visited;
+    memory::MemoryEstimate mem;
+    try {
+      mem = memory::estimate(ctx.model, ctx.run, l, ctx.cluster.device, ctx.memory);
+    } catch (const InputError&) {
+      ++f.classes["size"];
+      continue;
+    }
+    const double step = predict(ctx.model, ctx.run, l, ctx.cluster, ctx.constants).step;
+    Rec rec{step, mem.peak(), s.first + i, l};
+    if (mem.fits) {
+      ++f.fitting;
+      if (step <= threshold) f.fits.push_back(std::move(rec));
+      continue;
+    }
+    ++f.classes[std::string("oom: ") + memory::to_string(mem.binding)];
+    if (!f.nearest || by_peak(rec, *f.nearest)) f.nearest = rec;
+    f.oom.push_back(std::move(rec));
+    if (f.oom.size() > 2 * top) keep_best(f.oom, top);
+  }
+  keep_best(f.oom, top);
+}
+
+void merge(Found& into, Found&& from, size_t top) {
+  into.fitting += from.fitting;
+  into.visited += from.visited;
+  for (auto& [k, n] : from.classes) into.classes[k] += n;
+  for (auto& r : from.fits) into.fits.push_back(std::move(r));
+  for (auto& r : from.oom) into.oom.push_back(std::move(r));
+  keep_best(into.oom, top);
+  if (from.nearest && (!into.nearest || by_peak(*from.nearest, *into.nearest))) into.nearest = from.nearest;
+}
+
+// The step past which no layout can reach the rows: the larger of the
+// top-th fitting step and the fastest's tie window; infinite until `top`
+// fit. Drops the fitting layouts past it.
+double threshold_of(std::vector<Rec>& fits, size_t top, double tie) {
+  if (fits.size() < top || top == 0) return std::numeric_limits<double>::infinity();
+  std::sort(fits.begin(), fits.end(), by_step);
+  const double t = std::max(fits[top - 1].step, fits.front().step * (1.0 + tie));
+  while (!fits.empty() && fits.back().step > t) fits.pop_back();
+  return t;
+}
+
+}  // namespace
+
+Member member_of(const Subspace& s, int64_t i) {
+  Member x;
+  const auto take = [&i](size_t n) {
+    const size_t k = size_t(i % int64_t(n));
+    i /= int64_t(n);
+    return k;
+  };
+  x.g = take(s.grads.size());
+  x.z = take(s.zeros.size());
+  x.n = take(s.norms.size());
+  x.a = take(s.attentions.size());
+  x.c = take(s.ckpts.size());
+  return x;
+}
+
+MemoryBounds::MemoryBounds(const SpaceContext& ctx, const Subspace& s) : ctx_(ctx), s_(s) {
+  for (int k = 0; k < 2; ++k) {
+    rest_[k].assign(s.ckpts.size() * s.attentions.size() * s.norms.size(), -1);
+    params_[k].assign(s.zeros.size() * s.grads.size(), -1);
+  }
+}
+
+int64_t MemoryBounds::of(const Member& x) {
+  int64_t bound = 0;
+  for (int k = 0; k < 2; ++k) {
+    int64_t& rest = rest_[k][(x.c * s_.attentions.size() + x.a) * s_.norms.size() + x.n];
+    if (rest < 0) rest = part(k, x, false);
+    int64_t& params = params_[k][x.z * s_.grads.size() + x.g];
+    if (params < 0) params = part(k, x, true);
+    bound = std::max(bound, rest + params);
+  }
+  return bound;
+}
+
+// One term on the first (0) or last (1) stage: the state's bytes (params),
+// or the rest less the data-parallel buffers.
+int64_t MemoryBounds::part(int stage_end, const Member& x, bool params) {
+  Layout l = s_.shape;
+  if (params) {
+    l.zero = s_.zeros[x.z];
+    l.grad = s_.grads[x.g];
+  } else {
+    l.ckpt = s_.ckpts[x.c].first;
+    l.ckpt_layers = s_.ckpts[x.c].second;
+    l.attention = s_.attentions[x.a];
+    l.norm = s_.norms[x.n];
+  }
+  const memory::StagePlan plan = memory::stage_plan(ctx_.model, ctx_.run, l, stage_end == 0 ? 0 : l.pp - 1);
+  thread_local std::vector<memory::TensorShape> table;
+  memory::stage_shapes(ctx_.model, ctx_.run, l, ctx_.cluster.device, plan, table);
+  int64_t sum = 0;
+  for (const auto& t : table) {
+    const bool state = t.category == memory::Category::weights || t.category == memory::Category::grads ||
+                       t.category == memory::Category::optimizer;
+    const bool sharding = std::strncmp(t.name, "comm.dp_", 8) == 0 || std::strncmp(t.name, "comm.tied_", 10) == 0;
+    if (params ? state : !state && !sharding) sum += t.bytes();
+  }
+  return sum;
+}
+
+SpaceReport search(const SpaceContext& ctx, const SpaceLimits& limits, int64_t top_rows, DeviceKind device) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const size_t top = size_t(std::max<int64_t>(top_rows, 1));
+  const auto subs = enumerate_subspaces(ctx.model, ctx.run, ctx.cluster.gpus, limits, device);
+  const size_t n = subs.size();
+  SpaceReport r;
+  r.exhaustive = false;
+  for (const auto& s : subs) r.evaluated += s.size();
+
+  // Rules and bounds of every subspace, on every core.
+  std::vector<Rules> rules(n);
+  std::vector<StepBounds> steps(n);
+  std::vector<double> step_bound(n, std::numeric_limits<double>::infinity());
+  std::vector<int64_t> memory_bound(n, 0);
+  std::vector<std::string> size_error(n);
+  std::exception_ptr failed;
+#pragma omp parallel for schedule(dynamic, 8)
+  for (size_t i = 0; i < n; ++i) try {
+    const Subspace& s = subs[i];
+    rules[i] = rules_of(ctx, s);
+    if (rules[i].valid_attentions.empty()) continue;
+    try {
+      memory_bound[i] = memory_lower_bound(ctx, subs[i], rules[i]);
+    } catch (const InputError& e) {
+      // Sizes past 64 bits, or past the pipeline schedule's: the shape's, so
+      // every valid layout of it.
+      size_error[i] = e.what();
+      continue;
+    }
+    steps[i] = step_bounds(ctx.model, ctx.run, s.shape, ctx.cluster, ctx.constants, s.ckpts, s.attentions, s.norms,
+                           s.zeros, s.grads);
+    // The shape's bound: the least of its valid layouts'.
+    double kernels = std::numeric_limits<double>::infinity(), sharding = kernels;
+    for (size_t c = 0; c < s.ckpts.size(); ++c)
+      for (size_t a : rules[i].valid_attentions)
+        for (size_t nk = 0; nk < s.norms.size(); ++nk)
+          kernels = std::min(kernels, steps[i].kernels[(c * s.attentions.size() + a) * s.norms.size() + nk]);
+    for (double v : steps[i].sharding) sharding = std::min(sharding, v);
+    step_bound[i] = (kernels + sharding) * (1 - 1e-9);
+  } catch (...) {
+#pragma omp critical(weft_search_failed)
+    if (!failed) failed = std::current_exception();
+  }
+  if (failed) std::rethrow_exception(failed);
+
+  // Every layout's class by the rules, and the first invalid ones by index
+  // (the rows after the fitting and out-of-memory ones).
+  struct Invalid {
+    int64_t index;
+    Layout layout;
+  };
+  std::vector<Invalid> invalid;
+  std::vector<int64_t> valid(n, 0);
+  std::map<std::string, std::string> class_of;  // violation -> its class
+  for (size_t i = 0; i < n; ++i) {
+    const Subspace& s = subs[i];
+    const size_t norms = s.norms.size();
+    // The rule text each layout breaks (held by rules[i]), counted; the norm
+    // is under no rule, so its choices count alike.
+    std::map<const std::string*, int64_t> broken;
+    for (size_t c = 0; c < s.ckpts.size(); ++c)
+      for (size_t a = 0; a < s.attentions.size(); ++a)
+        for (size_t z = 0; z < s.zeros.size(); ++z)
+          for (size_t g = 0; g < s.grads.size(); ++g) {
+            const std::string& rule = rules[i].of(c, a, z, g);
+            if (rule.empty() && size_error[i].empty()) {
+              valid[i] += int64_t(norms);
+              continue;
+            }
+            broken[rule.empty() ? &size_error[i] : &rule] += int64_t(norms);
+          }
+    // The first invalid layouts by index, for the rows when too few others.
+    for (int64_t j = 0; j < s.size() && invalid.size() < top; ++j) {
+      const Member x = member_of(s, j);
+      if (!rules[i].of(x.c, x.a, x.z, x.g).empty() || !size_error[i].empty())
+        invalid.push_back({s.first + j, s.at(j)});
+    }
+    for (const auto& [rule, count] : broken) {
+      if (rule == &size_error[i]) {
+        r.pruned["size"] += count;
+        continue;
+      }
+      auto it = class_of.find(*rule);
+      if (it == class_of.end()) it = class_of.emplace(*rule, rule_class(*rule)).first;
+      r.pruned[it->second] += count;
+    }
+  }
+
+  // Shapes with valid layouts that fit in memory, by their step bound.
+  const int64_t usable = int64_t(double(ctx.cluster.device.memory_bytes) * (1.0 - ctx.memory.margin));
+  std::vector<size_t> order, over_memory;
+  for (size_t i = 0; i < n; ++i) {
+    if (valid[i] == 0) continue;
+    if (memory_bound[i] > usable) {
+      over_memory.push_back(i);
+      r.pruned[kMemoryBound] += valid[i];
+    } else {
+      order.push_back(i);
+    }
+  }
+  const auto by_bound = [&](size_t a, size_t b) {
+    return step_bound[a] != step_bound[b] ? step_bound[a] < step_bound[b] : a < b;
+  };
+  std::sort(order.begin(), order.end(), by_bound);
+  std::sort(over_memory.begin(), over_memory.end(), by_bound);
+
+  // Visits shapes in batches (a few per core, predicted in parallel, merged
+  // in order) while their bound is within the threshold.
+  Found found;
+  double threshold = std::numeric_limits<double>::infinity();
+  auto visit_batch = [&](const std::vector<size_t>& batch, double limit) {
+    std::vector<Found> parts(batch.size());
+#pragma omp parallel for schedule(dynamic, 1)
+    for (size_t b = 0; b < batch.size(); ++b) try {
+      visit(ctx, subs[batch[b]], rules[batch[b]], steps[batch[b]], limit, top, usable, parts[b]);
+    } catch (...) {
+#pragma omp critical(weft_search_failed)
+      if (!failed) failed = std::current_exception();
+    }
+    if (failed) std::rethrow_exception(failed);
+    for (auto& p : parts) merge(found, std::move(p), top);
+  };
+  size_t next = 0;
+  const size_t batch_size = 16;
+  while (next < order.size() && step_bound[order[next]] <= threshold) {
+    std::vector<size_t> batch;
+    while (next < order.size() && batch.size() < batch_size && step_bound[order[next]] <= threshold)
+      batch.push_back(order[next++]);
+    visit_batch(batch, threshold);
+    threshold = threshold_of(found.fits, top, ctx.tie);
+  }
+  for (size_t k = next; k < order.size(); ++k) r.pruned[kStepBound] += valid[order[k]];
+
+  // Fewer than `top` fit: the rows go on with the layouts out of memory by
+  // step, and the layout nearest to fitting follows them when none fits.
+  // Shapes over the memory bound hold such layouts too: those whose bounds
+  // could place one among them are visited now.
+  if (found.fitting < int64_t(top)) {
+    const size_t want = top - size_t(found.fitting);
+    for (size_t i : over_memory) {
+      keep_best(found.oom, want);
+      const bool rows = found.oom.size() < want ||
+                        step_bound[i] <= std::max_element(found.oom.begin(), found.oom.end(), by_step)->step;
+      const bool nearest = found.fitting == 0 && (!found.nearest || memory_bound[i] <= found.nearest->peak);
+      if (!rows && !nearest) continue;
+      r.pruned[kMemoryBound] -= valid[i];
+      visit_batch({i}, threshold);
+    }
+    keep_best(found.oom, want);
+  }
+  if (r.pruned.count(kMemoryBound) && r.pruned[kMemoryBound] == 0) r.pruned.erase(kMemoryBound);
+  for (auto& [k, v] : found.classes) r.pruned[k] += v;
+  r.fitting = found.fitting;
+  r.visited = found.visited;
+
+  // The rows: fitting layouts by step, the least memory within the tie
+  // window of the fastest first (evaluate()'s rule), then out of memory by
+  // step, then invalid by index; each predicted again as evaluate() does.
+  std::vector<Rec>& fits = found.fits;
+  std::sort(fits.begin(), fits.end(), by_step);
+  if (!fits.empty()) {
+    const double limit = fits.front().step * (1.0 + ctx.tie);
+    size_t best = 0;
+    for (size_t i = 1; i < fits.size() && fits[i].step <= limit; ++i)
+      if (fits[i].peak < fits[best].peak) best = i;
+    std::rotate(fits.begin(), fits.begin() + long(best), fits.begin() + long(best) + 1);
+  }
+  std::vector<Layout> rows;
+  for (size_t i = 0; i < fits.size() && rows.size() < top; ++i) rows.push_back(fits[i].layout);
+  std::sort(found.oom.begin(), found.oom.end(), by_step);
+  for (size_t i = 0; i < found.oom.size() && rows.size() < top; ++i) rows.push_back(found.oom[i].layout);
+  for (size_t i = 0; i < invalid.size() && rows.size() < top; ++i) rows.push_back(invalid[i].layout);
+  if (found.fitting == 0 && found.nearest &&
+      std::find(rows.begin(), rows.end(), found.nearest->layout) == rows.end())
+    rows.push_back(found.nearest->layout);
+  r.candidates.resize(rows.size());
+#pragma omp parallel for schedule(dynamic, 1)
+  for (size_t i = 0; i < rows.size(); ++i)
+    r.candidates[i] = evaluate_one(ctx.model, ctx.run, ctx.cluster, rows[i], ctx.constants, ctx.memory);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+}  // namespace weft::tuner
