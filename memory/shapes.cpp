@@ -139,17 +139,22 @@ int64_t gpu_kernel_scratch(const Dims& d, const Layout& l) {
   // cudnn the bound of attention_cudnn.h: the frontend's fp32 row sums and
   // dQ, plus the engine allowance (16 MiB, and fp32 dK and dV at the kv heads
   // in the backward, which is the larger direction).
-  const int64_t pointers = bytes(9 * d.B * d.Hl * 8);
+  // Sized for the largest attention call of the layout (context
+  // parallelism's calls differ from the rank's T rows; attention_call).
+  const AttentionCall call = attention_call(d, l);
+  const int64_t heads = d.Hl * call.kv_heads / d.Kl;
+  const int64_t q_rows = d.B * call.rows, k_rows = d.B * call.keys;
+  const int64_t pointers = bytes(9 * d.B * heads * 8);
   switch (l.attention) {
     case AttentionKind::flash:
-      need = bytes(d.B * d.Hl * d.T * 4) + bytes(rows * d.Hl * d.D * 4);
+      need = bytes(d.B * heads * call.rows * 4) + bytes(q_rows * heads * d.D * 4);
       break;
     case AttentionKind::materialized:
-      need = bytes(d.B * d.Hl * d.T * d.T * 2) + 2 * bytes(rows * d.Kl * d.D * 4) + pointers;
+      need = bytes(d.B * heads * call.rows * call.keys * 2) + 2 * bytes(k_rows * call.kv_heads * d.D * 4) + pointers;
       break;
     case AttentionKind::cudnn:
-      need = bytes(d.B * d.Hl * d.T * 4) + bytes(rows * d.Hl * d.D * 4) + kCudnnEngineAllowance +
-             2 * bytes(rows * d.Kl * d.D * 4);
+      need = bytes(d.B * heads * call.rows * 4) + bytes(q_rows * heads * d.D * 4) + kCudnnEngineAllowance +
+             2 * bytes(k_rows * call.kv_heads * d.D * 4);
       break;
   }
   // rmsnorm.cu: up to 512 partial dweight rows; the unfused backward adds

@@ -191,7 +191,9 @@ TEST(CliTune, ContextParallelPins) {
     const std::string l = row["layout"];
     const bool cp4 = l.find("-cp4-") != std::string::npos;
     EXPECT_TRUE(cp4 || l.find("-cp") == std::string::npos) << l;
-    if (cp4) EXPECT_TRUE(l.ends_with("-cp:a2a") || l.ends_with("-cp:allgather")) << l;
+    if (cp4) {
+      EXPECT_TRUE(l.ends_with("-cp:a2a") || l.ends_with("-cp:allgather")) << l;
+    }
     seen.insert(cp4 ? l.substr(l.rfind('-') + 1) : "cp1");
   }
   EXPECT_EQ(seen, (std::set<std::string>{"cp1", "cp:a2a", "cp:allgather"}));

@@ -46,9 +46,10 @@ TEST_F(Space, EnumerationFollowsTheRules) {
   // over the dp x cp ranks even at dp 1.
   for (int64_t cp : {1, 2, 4, 8, 16, 32}) {
     EXPECT_TRUE(has([&](const Layout& l) { return l.cp == cp; })) << cp;
-    if (cp > 1)
+    if (cp > 1) {
       for (CpComm t : {CpComm::ring, CpComm::allgather, CpComm::a2a})
         EXPECT_TRUE(has([&](const Layout& l) { return l.cp == cp && l.cp_comm == t; })) << cp;
+    }
   }
   EXPECT_TRUE(has([](const Layout& l) { return l.tp == 4 && l.cp == 8 && l.dp == 1 && l.zero == 3; }));
   // T = 2048 cuts into 2*cp chunks for every cp up to 1024; T = 96 only for
