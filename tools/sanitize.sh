@@ -46,7 +46,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # module>", which no suppression names; these tests get the full unwinder
 # (fast_unwind_on_malloc=0), which names the library but makes every malloc
 # slow (test_cli_tune ran past its 300 s limit with it), so only they do.
-mpirun_tests='^(test_cli_calibrate|test_mpi_.*|.*_mpi|test_layout_parity)$'
+mpirun_tests='^(test_cli_calibrate|test_mpi_.*|.*_mpi|test_layout_parity|test_context_parallel.*)$'
 labels=${WEFT_SAN_LABELS:-unit|e2e|mpi}
 # The slowest mpi tests take about 6 minutes under ASan on 2 cores (layout
 # parity alone 4); CI skips them. WEFT_SAN_SKIP= runs them too.
