@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -48,7 +49,8 @@ class TempDir {
       ADD_FAILURE() << "expected " #E " from " #stmt;                         \
     } catch (const E& e) {                                                    \
       const std::string msg = e.what();                                       \
-      for (const char* frag : {__VA_ARGS__})                                  \
+      const std::vector<std::string> weft_frags_{__VA_ARGS__};                 \
+      for (const std::string& frag : weft_frags_)                             \
         EXPECT_NE(msg.find(frag), std::string::npos)                          \
             << "message '" << msg << "' lacks '" << frag << "'";              \
     }                                                                         \
