@@ -1,0 +1,201 @@
+// The FP8 formats: bit for bit against PyTorch's float8 casts (a committed
+// fixture, tools/fp8_fixtures.py), and on fresh random inputs against an
+// independent oracle (the nearest of all 256 decoded values in double, ties
+// to the even code), plus the scaled quantisation and its health counts.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "kernels/fp8/fp8.h"
+#include "kernel_test_util.h"
+
+namespace weft::kernels {
+namespace {
+
+struct TorchCasts {
+  std::vector<float> x;
+  std::vector<uint8_t> e4m3, e5m2, q4, q5;
+  float scale = 0;
+};
+
+TorchCasts load_fixture() {
+  const std::string path = std::string(WEFT_FIXTURES_DIR) + "/fp8_torch.bin";
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(in) << path;
+  char magic[8];
+  in.read(magic, 8);
+  EXPECT_EQ(std::string(magic, 7), "WEFTFP8");
+  uint32_t n = 0;
+  in.read(reinterpret_cast<char*>(&n), 4);
+  TorchCasts t;
+  t.x.resize(n);
+  in.read(reinterpret_cast<char*>(t.x.data()), 4 * n);
+  for (auto* v : {&t.e4m3, &t.e5m2}) {
+    v->resize(n);
+    in.read(reinterpret_cast<char*>(v->data()), n);
+  }
+  in.read(reinterpret_cast<char*>(&t.scale), 4);
+  for (auto* v : {&t.q4, &t.q5}) {
+    v->resize(n);
+    in.read(reinterpret_cast<char*>(v->data()), n);
+  }
+  EXPECT_TRUE(in) << path << " is cut off";
+  return t;
+}
+
+std::string hex(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g (0x%08x)", double(x), u);
+  return buf;
+}
+
+TEST(Fp8, CastsMatchPyTorchBitForBit) {
+  const TorchCasts t = load_fixture();
+  ASSERT_GT(t.x.size(), 20000u);
+  int64_t mismatches = 0;
+  for (size_t i = 0; i < t.x.size() && mismatches < 10; ++i) {
+    const uint8_t e4 = fp8_encode(t.x[i], Fp8Format::e4m3);
+    const uint8_t e5 = fp8_encode(t.x[i], Fp8Format::e5m2);
+    const uint8_t q4 = fp8_quantize(t.x[i], t.scale, Fp8Format::e4m3);
+    const uint8_t q5 = fp8_quantize(t.x[i], t.scale, Fp8Format::e5m2);
+    if (e4 != t.e4m3[i] || e5 != t.e5m2[i] || q4 != t.q4[i] || q5 != t.q5[i]) {
+      ++mismatches;
+      ADD_FAILURE() << hex(t.x[i]) << ": e4m3 " << int(e4) << " vs torch " << int(t.e4m3[i]) << ", e5m2 "
+                    << int(e5) << " vs " << int(t.e5m2[i]) << ", scaled e4m3 " << int(q4) << " vs "
+                    << int(t.q4[i]) << ", scaled e5m2 " << int(q5) << " vs " << int(t.q5[i]);
+    }
+  }
+}
+
+TEST(Fp8, DecodeKnowsEveryCode) {
+  EXPECT_EQ(fp8_decode(0x7e, Fp8Format::e4m3), 448.0f);
+  EXPECT_EQ(fp8_decode(0x01, Fp8Format::e4m3), fp8_min_subnormal(Fp8Format::e4m3));
+  EXPECT_TRUE(std::isnan(fp8_decode(0x7f, Fp8Format::e4m3)));
+  EXPECT_TRUE(std::isnan(fp8_decode(0xff, Fp8Format::e4m3)));
+  EXPECT_EQ(fp8_decode(0x7b, Fp8Format::e5m2), 57344.0f);
+  EXPECT_EQ(fp8_decode(0x01, Fp8Format::e5m2), fp8_min_subnormal(Fp8Format::e5m2));
+  EXPECT_EQ(fp8_decode(0x7c, Fp8Format::e5m2), std::numeric_limits<float>::infinity());
+  EXPECT_EQ(fp8_decode(0xfc, Fp8Format::e5m2), -std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(std::isnan(fp8_decode(0x7d, Fp8Format::e5m2)));
+  // Every non-NaN code round-trips.
+  for (Fp8Format f : {Fp8Format::e4m3, Fp8Format::e5m2})
+    for (int c = 0; c < 256; ++c) {
+      const float v = fp8_decode(uint8_t(c), f);
+      if (std::isnan(v)) continue;
+      EXPECT_EQ(fp8_encode(v, f), c) << to_string(f) << " code " << c;
+    }
+}
+
+// The oracle: the nearest finite value in double, ties to the even code,
+// then the formats' overflow rules.
+uint8_t nearest_code(float x, Fp8Format f) {
+  const uint8_t sign = std::signbit(x) ? 0x80 : 0;
+  const double a = std::fabs(double(x));
+  const double mx = fp8_max(f);
+  int best = -1;
+  double best_d = 0;
+  for (int c = 0; c < 128; ++c) {
+    const float v = fp8_decode(uint8_t(c), f);
+    if (!std::isfinite(v)) continue;
+    const double d = std::fabs(double(v) - a);
+    if (best < 0 || d < best_d || (d == best_d && (c % 2) == 0)) {
+      best = c;
+      best_d = d;
+    }
+  }
+  // Past max: E4M3 saturates; E5M2 rounds to infinity from max + half a step
+  // (61440) on, as round to nearest even into an unbounded exponent would.
+  if (a > mx && f == Fp8Format::e5m2 && a >= 61440.0) return sign | 0x7c;
+  return sign | uint8_t(best);
+}
+
+TEST(Fp8, RandomValuesRoundToTheNearestCode) {
+  test::Rng rng;
+  SCOPED_TRACE(rng.trace());
+  // Log-uniform magnitudes over both formats' ranges and past them.
+  const auto exps = rng.uniform<double>(4000, -20, 17);
+  const auto signs = rng.uniform<double>(4000);
+  for (size_t i = 0; i < exps.size(); ++i) {
+    const float x = float(std::exp2(exps[i]) * (signs[i] < 0 ? -1 : 1));
+    for (Fp8Format f : {Fp8Format::e4m3, Fp8Format::e5m2})
+      ASSERT_EQ(fp8_encode(x, f), nearest_code(x, f)) << to_string(f) << " " << hex(x);
+  }
+}
+
+TEST(Fp8, ScaleMapsTheLargestValueToTheFormatsMax) {
+  EXPECT_EQ(fp8_scale(2.0f, Fp8Format::e4m3), 224.0f);
+  EXPECT_EQ(fp8_scale(0.0f, Fp8Format::e5m2), 1.0f);
+  EXPECT_EQ(fp8_scale(NAN, Fp8Format::e4m3, 5.0f), 5.0f);
+  EXPECT_EQ(fp8_scale(INFINITY, Fp8Format::e4m3, 5.0f), 5.0f);
+  EXPECT_EQ(fp8_scale(1e-40f, Fp8Format::e4m3, 5.0f), 5.0f);  // 448 / 1e-40 overflows fp32
+}
+
+TEST(Fp8, QuantiseDequantiseKeepsTheRelativeErrorOfTheFormat) {
+  test::Rng rng;
+  SCOPED_TRACE(rng.trace());
+  auto x = rng.uniform<float>(10000, -3, 3);
+  for (Fp8Format f : {Fp8Format::e4m3, Fp8Format::e5m2}) {
+    const float amax = fp8_amax(x.data(), int64_t(x.size()));
+    const float scale = fp8_scale(amax, f);
+    std::vector<float> y(x.size());
+    const Fp8Health h = fp8_qdq(x.data(), y.data(), int64_t(x.size()), scale, f);
+    EXPECT_EQ(h.overflow, 0);
+    // Normal range: relative error at most half an ulp, 2^-(mantissa+1);
+    // below the smallest normal, an absolute error of half a subnormal step.
+    const double rel = f == Fp8Format::e4m3 ? 1.0 / 16 : 1.0 / 8;
+    const double abs_err = fp8_min_subnormal(f) / 2 / double(scale);
+    for (size_t i = 0; i < x.size(); ++i)
+      ASSERT_LE(std::fabs(double(y[i]) - double(x[i])), std::max(rel * std::fabs(double(x[i])), abs_err) * 1.0001)
+          << to_string(f) << " " << x[i];
+    // The largest value maps exactly onto max.
+    const size_t at = size_t(std::max_element(x.begin(), x.end(), [](float a, float b) {
+                               return std::fabs(a) < std::fabs(b);
+                             }) - x.begin());
+    EXPECT_EQ(fp8_quantize(x[at], scale, f) & 0x7f, f == Fp8Format::e4m3 ? 0x7e : 0x7b);
+  }
+}
+
+TEST(Fp8, HealthCountsOverflowsAndUnderflows) {
+  // Scale 1 in E4M3: 1000 clamps to 448, 1e-4 flushes to zero, 0 is no underflow.
+  const std::vector<float> x = {1000.0f, -600.0f, 1e-4f, 0.0f, 1.0f, -2e-5f};
+  std::vector<float> y(x.size());
+  const Fp8Health h = fp8_qdq(x.data(), y.data(), int64_t(x.size()), 1.0f, Fp8Format::e4m3);
+  EXPECT_EQ(h.overflow, 2);
+  EXPECT_EQ(h.underflow, 2);
+  EXPECT_EQ(y[0], 448.0f);
+  EXPECT_EQ(y[1], -448.0f);
+  EXPECT_EQ(y[2], 0.0f);
+  EXPECT_EQ(y[4], 1.0f);
+  // E5M2 clamps too (no infinity from an over-range value).
+  const Fp8Health h5 = fp8_qdq(x.data(), y.data(), int64_t(x.size()), 100.0f, Fp8Format::e5m2);
+  EXPECT_EQ(h5.overflow, 1);
+  EXPECT_EQ(y[0], 57344.0f / 100.0f);
+}
+
+TEST(Fp8, ResultsDoNotDependOnTheThreadCount) {
+  test::Rng rng;
+  SCOPED_TRACE(rng.trace());
+  auto x = rng.uniform<float>(50000, -10, 10);
+  auto run = [&] {
+    std::vector<float> y(x.size());
+    const Fp8Health h = fp8_qdq(x.data(), y.data(), int64_t(x.size()), 60.0f, Fp8Format::e4m3);
+    return std::make_pair(y, h.overflow);
+  };
+  const auto one = test::with_threads(1, run);
+  const auto two = test::with_threads(2, run);
+  EXPECT_EQ(one.first, two.first);
+  EXPECT_EQ(one.second, two.second);
+  EXPECT_GT(one.second, 0);
+  EXPECT_EQ(test::with_threads(1, [&] { return fp8_amax(x.data(), int64_t(x.size())); }),
+            test::with_threads(2, [&] { return fp8_amax(x.data(), int64_t(x.size())); }));
+}
+
+}  // namespace
+}  // namespace weft::kernels
