@@ -38,6 +38,28 @@ const char* to_string(CpComm c) {
   return "?";
 }
 
+const char* to_string(Fp8Recipe r) {
+  switch (r) {
+    case Fp8Recipe::off: return "off";
+    case Fp8Recipe::tensorwise: return "tensorwise";
+    case Fp8Recipe::delayed: return "delayed";
+  }
+  return "?";
+}
+
+Fp8Recipe fp8_recipe_parse(const std::string& s) {
+  for (auto r : {Fp8Recipe::off, Fp8Recipe::tensorwise, Fp8Recipe::delayed})
+    if (s == to_string(r)) return r;
+  throw InputError(fmt::format("unknown FP8 scaling recipe '{}'; valid: tensorwise, delayed, off "
+                               "(delayed@N keeps the first and last N blocks in bf16)",
+                               s));
+}
+
+std::string gemm_precision_text(const Layout& l) {
+  if (l.fp8 == Fp8Recipe::off) return "bf16";
+  return fmt::format("fp8:{}{}", to_string(l.fp8), l.fp8_bf16_layers > 0 ? fmt::format("@{}", l.fp8_bf16_layers) : "");
+}
+
 Checkpointing checkpointing_parse(const std::string& s) {
   for (auto c : {Checkpointing::none, Checkpointing::selective, Checkpointing::ffn,
                  Checkpointing::full})
@@ -76,10 +98,13 @@ int64_t Layout::checkpointed_layers(const ModelSpec& m) const {
 std::string Layout::to_string() const {
   std::string ck = weft::to_string(ckpt);
   if (ckpt != Checkpointing::none && ckpt_layers > 0) ck += fmt::format("@{}", ckpt_layers);
-  return fmt::format("tp{}{}-pp{}-dp{}-mb{}-vpp{}-{}-ckpt:{}-attn:{}-norm:{}-zero{}-grad:{}{}", tp,
+  std::string f8;
+  if (fp8 != Fp8Recipe::off || fp8_bf16_layers > 0)
+    f8 = fmt::format("-fp8:{}{}", weft::to_string(fp8), fp8_bf16_layers > 0 ? fmt::format("@{}", fp8_bf16_layers) : "");
+  return fmt::format("tp{}{}-pp{}-dp{}-mb{}-vpp{}-{}-ckpt:{}-attn:{}-norm:{}-zero{}-grad:{}{}{}", tp,
                      cp != 1 ? fmt::format("-cp{}", cp) : "", pp, dp, mb, vpp, sp ? "sp" : "nosp", ck,
                      weft::to_string(attention), weft::to_string(norm), zero, weft::to_string(grad),
-                     cp != 1 || cp_comm != CpComm::ring ? fmt::format("-cp:{}", weft::to_string(cp_comm)) : "");
+                     cp != 1 || cp_comm != CpComm::ring ? fmt::format("-cp:{}", weft::to_string(cp_comm)) : "", f8);
 }
 
 namespace {
@@ -130,6 +155,14 @@ Layout Layout::parse(const std::string& text) {
       l.attention = attention_parse(after(5));
     } else if (tok.rfind("norm:", 0) == 0) {
       l.norm = norm_parse(after(5));
+    } else if (tok.rfind("fp8:", 0) == 0) {
+      std::string recipe = after(4);
+      const auto at = recipe.find('@');
+      if (at != std::string::npos) {
+        l.fp8_bf16_layers = count(recipe.substr(at + 1), "fp8@N", "a whole number of blocks, 0 or more");
+        recipe = recipe.substr(0, at);
+      }
+      l.fp8 = fp8_recipe_parse(recipe);
     } else if (tok.rfind("cp:", 0) == 0) {
       l.cp_comm = cp_comm_parse(after(3));
     } else if (tok.rfind("grad:", 0) == 0) {
@@ -156,7 +189,7 @@ Layout Layout::parse(const std::string& text) {
       throw InputError(fmt::format(
           "layout '{}': unknown field '{}'; fields are tpN, cpN, ppN, dpN, mbN, vppN, sp|nosp, "
           "ckpt:none|selective|ffn|full[@K], attn:flash|materialized|cudnn, norm:fused|unfused, zeroN, "
-          "grad:fp32|bf16, cp:ring|allgather|a2a",
+          "grad:fp32|bf16, cp:ring|allgather|a2a, fp8:tensorwise|delayed[@N]",
           text, tok));
     }
     if (end == text.size()) break;
@@ -228,6 +261,12 @@ std::vector<std::string> Layout::violations(const ModelSpec& m, const RunSpec& r
     v.push_back(fmt::format("ckpt@{} with vpp={} must be divisible by vpp (K/vpp layers of each "
                             "chunk are checkpointed)",
                             ckpt_layers, vpp));
+  if (fp8_bf16_layers < 0) v.push_back(fmt::format("fp8@{} must not be negative", fp8_bf16_layers));
+  if (fp8 == Fp8Recipe::off && fp8_bf16_layers > 0)
+    v.push_back(fmt::format("fp8:off@{} names bf16 blocks but FP8 is off", fp8_bf16_layers));
+  if (fp8 != Fp8Recipe::off && fp8_bf16_layers > 0 && 2 * fp8_bf16_layers >= m.layers)
+    v.push_back(fmt::format("fp8:{}@{} keeps the first and last {} blocks in bf16, which is all L={} of them",
+                            weft::to_string(fp8), fp8_bf16_layers, fp8_bf16_layers, m.layers));
   if (zero < 0 || zero > 3) v.push_back(fmt::format("zero={} must be 0, 1, 2 or 3", zero));
   if (grad == GradPrecision::bf16 && run.precision != Precision::bf16)
     v.push_back(fmt::format("grad:bf16 needs bf16 compute, got precision {} (gradients are never "

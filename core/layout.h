@@ -1,7 +1,8 @@
 // Layout: how one run is laid out over the devices, and its one canonical
 // text form, e.g. "tp2-pp4-dp8-mb1-vpp1-sp-ckpt:none-attn:flash-norm:fused-zero1-grad:fp32";
 // with context parallelism "tp2-cp2-pp4-dp8-...-zero1-grad:fp32-cp:ring" (cp
-// and its transport are left out at cp 1, so older layouts read the same).
+// and its transport are left out at cp 1, so older layouts read the same),
+// with FP8 GEMMs "...-grad:fp32-fp8:delayed" (left out when off).
 #pragma once
 
 #include <cstdint>
@@ -40,6 +41,23 @@ enum class GradPrecision { fp32, bf16 };
 // a2a:       Ulysses: all-to-all from sequence-split to head-split before
 //            attention and back after (local heads and kv heads divisible by cp).
 enum class CpComm { ring, allgather, a2a };
+// FP8 GEMMs for the linear layers of the transformer blocks (q, k, v, o,
+// gate, up, down; never the embedding, the LM head or attention's own
+// products), E4M3 forward operands and E5M2 output gradients with per-tensor
+// scales (kernels/fp8/fp8.h), accumulating in fp32:
+// off:        every GEMM in the compute precision.
+// tensorwise: current scaling: each operand's scale from its own amax, taken
+//             over the tp*cp ranks that share the tensor, when it is cast.
+// delayed:    each operand's scale from the largest amax of the previous
+//             steps' history (kDelayedHistory steps), reduced over every
+//             rank once per step; a tensor without history scales like
+//             tensorwise.
+// The first and last fp8_bf16_layers blocks keep their GEMMs in the compute
+// precision (text fp8:delayed@N), and so does any GEMM whose local
+// dimensions are not all multiples of 16 (the FP8 tensor cores' rule). On
+// the CPU, FP8 is emulated: the fp32 GEMMs see quantised-dequantised operands.
+enum class Fp8Recipe { off, tensorwise, delayed };
+inline constexpr int64_t kFp8DelayedHistory = 16;
 
 struct Layout {
   int64_t tp = 1;   // tensor-parallel degree
@@ -56,6 +74,14 @@ struct Layout {
   NormKind norm = NormKind::fused;
   int64_t zero = 0;  // ZeRO stage 0-3 over the dp axis
   GradPrecision grad = GradPrecision::fp32;
+  Fp8Recipe fp8 = Fp8Recipe::off;
+  int64_t fp8_bf16_layers = 0;  // first and last N blocks keep compute-precision GEMMs
+
+  // Whether global block `layer` runs its linear layers in FP8 (before the
+  // multiple-of-16 rule, which depends on each GEMM's local shape).
+  bool fp8_layer(const ModelSpec& m, int64_t layer) const {
+    return fp8 != Fp8Recipe::off && layer >= fp8_bf16_layers && layer < m.layers - fp8_bf16_layers;
+  }
 
   // Bytes of one gradient element (and of the data-parallel reductions).
   int64_t grad_bytes() const { return grad == GradPrecision::bf16 ? 2 : 4; }
@@ -92,11 +118,16 @@ const char* to_string(AttentionKind a);
 const char* to_string(NormKind n);
 const char* to_string(GradPrecision g);
 const char* to_string(CpComm c);
+const char* to_string(Fp8Recipe r);
 Checkpointing checkpointing_parse(const std::string& s);
 AttentionKind attention_parse(const std::string& s);
 NormKind norm_parse(const std::string& s);
 GradPrecision grad_precision_parse(const std::string& s);
 CpComm cp_comm_parse(const std::string& s);
+Fp8Recipe fp8_recipe_parse(const std::string& s);
+// The GEMM precision of a layout as reports print it: "bf16" (the compute
+// precision; fp32 on the CPU) or "fp8:tensorwise", "fp8:delayed@1".
+std::string gemm_precision_text(const Layout& l);
 
 void to_json(nlohmann::json& j, const Layout& l);
 void from_json(const nlohmann::json& j, Layout& l);

@@ -28,6 +28,8 @@ Layout random_layout(std::mt19937_64& rng) {
   l.zero = pick(4);
   l.cp = int64_t{1} << pick(4);
   l.cp_comm = l.cp > 1 ? CpComm(pick(3)) : CpComm::ring;
+  l.fp8 = Fp8Recipe(pick(3));
+  l.fp8_bf16_layers = l.fp8 == Fp8Recipe::off ? 0 : pick(3);
   return l;
 }
 
@@ -179,6 +181,33 @@ TEST(Layout, ContextParallelismPrintsParsesAndValidates) {
   // Sequence parallelism then splits each rank's T / cp tokens by tp.
   run.seq = 12;
   EXPECT_NE(violations("tp4-sp-cp2-mb1", 8).find("T/cp = 6 tokens of each rank by tp=4"), std::string::npos);
+}
+
+TEST(Layout, Fp8PrintsParsesAndValidates) {
+  const Layout l = Layout::parse("tp2-dp2-fp8:delayed@1");
+  EXPECT_EQ(l.fp8, Fp8Recipe::delayed);
+  EXPECT_EQ(l.fp8_bf16_layers, 1);
+  EXPECT_EQ(l.to_string(), "tp2-pp1-dp2-mb1-vpp1-nosp-ckpt:none-attn:flash-norm:fused-zero0-grad:fp32-fp8:delayed@1");
+  EXPECT_EQ(gemm_precision_text(l), "fp8:delayed@1");
+  EXPECT_EQ(gemm_precision_text(Layout::parse("tp2")), "bf16");
+  EXPECT_EQ(Layout::parse("tp2-fp8:off").to_string().find("fp8"), std::string::npos);
+  EXPECT_TRUE(Layout::parse("fp8:tensorwise").to_string().ends_with("-grad:fp32-fp8:tensorwise"));
+  WEFT_EXPECT_THROW_MSG(Layout::parse("fp8:e4m3"), InputError, "'e4m3'", "tensorwise, delayed, off");
+  WEFT_EXPECT_THROW_MSG(Layout::parse("fp8:delayed@x"), InputError, "fp8:delayed@x");
+
+  ModelSpec m = model_preset("tiny");
+  RunSpec run{256, 16, Precision::fp32};
+  // Blocks 1 .. L-2 in FP8 with @1; none at @0 when off.
+  for (int64_t i = 0; i < m.layers; ++i) {
+    EXPECT_EQ(l.fp8_layer(m, i), i >= 1 && i < m.layers - 1) << i;
+    EXPECT_FALSE(Layout::parse("tp2").fp8_layer(m, i));
+  }
+  auto violations = [&](const std::string& text) {
+    return fmt::format("{}", fmt::join(Layout::parse(text).violations(m, run, 1), "; "));
+  };
+  EXPECT_EQ(violations("fp8:tensorwise"), "");
+  EXPECT_NE(violations(fmt::format("fp8:delayed@{}", (m.layers + 1) / 2)).find("which is all L="), std::string::npos);
+  EXPECT_NE(violations("fp8:off@1").find("FP8 is off"), std::string::npos);
 }
 
 TEST(Layout, ValidLayoutsPass) {
