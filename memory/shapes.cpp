@@ -182,6 +182,29 @@ StagePlan stage_plan(const ModelSpec& m, const RunSpec& run, const Layout& l, in
   return p;
 }
 
+std::array<Fp8GemmShape, kFp8Gemms> fp8_gemm_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l) {
+  const int64_t t = l.tp, C = m.hidden, D = m.head_dim;
+  const int64_t Hl = m.heads / t, Kl = m.kv_heads / t, Fl = m.intermediate / t;
+  const int64_t M = l.mb * l.local_seq(run);
+  std::array<Fp8GemmShape, kFp8Gemms> g{{{C, Hl * D}, {C, Kl * D}, {C, Kl * D}, {Hl * D, C}, {C, Fl}, {C, Fl}, {Fl, C}}};
+  for (auto& s : g) s.fp8 = l.fp8 != Fp8Recipe::off && M % 16 == 0 && s.K % 16 == 0 && s.N % 16 == 0 && s.K > 0 && s.N > 0;
+  return g;
+}
+
+int64_t global_layer(const ModelSpec& m, const Layout& l, int64_t stage, int64_t chunk, int64_t layer) {
+  const int64_t per_chunk = l.stage_layers(m) / l.vpp;
+  return (chunk * l.pp + stage) * per_chunk + layer;
+}
+
+int64_t fp8_stage_blocks(const ModelSpec& m, const Layout& l, const StagePlan& plan) {
+  if (l.fp8 == Fp8Recipe::off) return 0;
+  const int64_t per_chunk = plan.layers / l.vpp;
+  int64_t n = 0;
+  for (int64_t c = 0; c < l.vpp; ++c)
+    for (int64_t i = 0; i < per_chunk; ++i) n += l.fp8_layer(m, global_layer(m, l, plan.stage, c, i)) ? 1 : 0;
+  return n;
+}
+
 void block_param_shapes(const ModelSpec& m, const Layout& l, std::vector<TensorShape>& out) {
   const int64_t t = l.tp, C = m.hidden, D = m.head_dim;
   const int64_t Hl = m.heads / t, Kl = m.kv_heads / t, Fl = m.intermediate / t;
@@ -368,6 +391,40 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
   if (device.kind == DeviceKind::gpu) out.push_back({"scratch.grad_norm_sum", Category::workspace, 2, 8, 1});
   if (device.kind == DeviceKind::gpu)
     out.push_back({"scratch.gemm", Category::workspace, kGpuGemmWorkspace, 1, 1});
+
+  // FP8 GEMMs: each FP8 weight quantised once per step and kept (under
+  // ZeRO-3, whose weights exist only while gathered, quantised at each use
+  // into one buffer instead), and the quantised input and output gradient of
+  // the GEMM running. On the CPU they hold the quantised-dequantised values
+  // in the compute type (emulated FP8); on a GPU the FP8 codes, each with its
+  // transpose (Hopper's FP8 GEMMs take only the TN layout, so the backward's
+  // products need the other orientation). Delayed scaling keeps, per FP8
+  // block, GEMM and operand (input, weight, output gradient), the amax
+  // history, the step's amax and the scale.
+  if (const int64_t n8 = fp8_stage_blocks(m, l, plan); n8 > 0) {
+    const auto g = fp8_gemm_shapes(m, run, l);
+    const bool gpu = device.kind == DeviceKind::gpu;
+    const int64_t eb = gpu ? 1 : d.a, copies = gpu ? 2 : 1;
+    int64_t weights = 0, widest_w = 0, widest_k = 0, widest_n = 0;
+    for (const auto& s : g) {
+      if (!s.fp8) continue;
+      weights += s.K * s.N;
+      widest_w = std::max(widest_w, s.K * s.N);
+      widest_k = std::max(widest_k, s.K);
+      widest_n = std::max(widest_n, s.N);
+    }
+    if (weights > 0) {
+      if (ways > 1 && l.zero >= 3)
+        out.push_back({"scratch.fp8_weight", Category::workspace, widest_w, eb, copies});
+      else
+        out.push_back({"fp8.weights", Category::weights, n8 * weights, eb, copies});
+      out.push_back({"scratch.fp8_input", Category::workspace, d.B * d.T * widest_k, eb, copies});
+      out.push_back({"scratch.fp8_grad", Category::workspace, d.B * d.T * widest_n, eb, copies});
+      if (l.fp8 == Fp8Recipe::delayed)
+        out.push_back({"fp8.scaling", Category::optimizer, plan.layers * kFp8Gemms * 3 * (kFp8DelayedHistory + 2),
+                       kFp32, 1});
+    }
+  }
 
   // Communication buffers.
   if (l.sp) out.push_back({"comm.sp_gather", Category::comm, d.B * d.T * d.C, d.a, 1});

@@ -59,6 +59,22 @@ void block_param_shapes(const ModelSpec& m, const Layout& l, std::vector<TensorS
 void block_saved_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l,
                         Checkpointing mode, std::vector<TensorShape>& out);
 
+// FP8 GEMMs (Layout::fp8). The seven linear layers of a block, in the order
+// the trainer and the scaling state index them; (K, N) of y = x W^T on one tp
+// rank, and whether the GEMM runs in FP8 in an FP8 block: its rows M (B*T/cp
+// tokens), K and N all multiples of 16, the FP8 tensor cores' rule.
+enum class Fp8Gemm : int { q, k, v, o, gate, up, down };
+inline constexpr int kFp8Gemms = 7;
+struct Fp8GemmShape {
+  int64_t K = 0, N = 0;
+  bool fp8 = false;
+};
+std::array<Fp8GemmShape, kFp8Gemms> fp8_gemm_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l);
+// The stage's blocks that run FP8 GEMMs (Layout::fp8_layer of their global index).
+int64_t fp8_stage_blocks(const ModelSpec& m, const Layout& l, const StagePlan& plan);
+// The global index of block `layer` of model chunk `chunk` on `stage`.
+int64_t global_layer(const ModelSpec& m, const Layout& l, int64_t stage, int64_t chunk, int64_t layer);
+
 // The whole table for one rank of `stage`, counts filled in.
 std::vector<TensorShape> stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l,
                                       const DeviceSpec& device, const StagePlan& plan);

@@ -52,6 +52,55 @@ TEST(MemoryEstimate, HandComputedSingleRank) {
             8 * 4 * 512 + (block - 4 * 512) + 4 * 16 + 4 * 1'040);
 }
 
+// FP8 GEMMs, hand-computed for tiny-test (C=32, F=80, H=4, H_kv=2, D=8, L=8,
+// T=16): q and o are 32 x 32, k and v 32 x 16, gate, up and down 32 x 80 (80
+// is a multiple of 16), so every GEMM of an FP8 block is FP8 at tp 1.
+TEST(MemoryEstimate, Fp8KeepsQuantisedWeightsAndOperandBuffers) {
+  const auto m = model_preset("tiny-test");
+  const RunSpec run{16, 4, Precision::fp32};
+  const auto shapes_of = [&](const std::string& text, const DeviceSpec& dev, int64_t stage = 0) {
+    const Layout l = Layout::parse(text);
+    return stage_shapes(m, run, l, dev, stage_plan(m, run, l, stage));
+  };
+  const auto find = [](const std::vector<TensorShape>& t, const char* name) -> const TensorShape* {
+    for (const auto& s : t)
+      if (std::string(s.name) == name) return &s;
+    return nullptr;
+  };
+  const int64_t block_weights = 2 * 32 * 32 + 2 * 32 * 16 + 3 * 32 * 80;
+  auto t = shapes_of("fp8:tensorwise", cpu_device());
+  ASSERT_NE(find(t, "fp8.weights"), nullptr);
+  EXPECT_EQ(find(t, "fp8.weights")->bytes(), 8 * block_weights * 4);  // the CPU keeps dequantised fp32
+  EXPECT_EQ(find(t, "scratch.fp8_input")->bytes(), 16 * 80 * 4);      // widest K: down's F
+  EXPECT_EQ(find(t, "scratch.fp8_grad")->bytes(), 16 * 80 * 4);       // widest N: gate's F
+  EXPECT_EQ(find(t, "fp8.scaling"), nullptr);                         // tensorwise keeps no state
+  EXPECT_EQ(find(shapes_of("tp1", cpu_device()), "fp8.weights"), nullptr);
+  // @2: blocks 2..5 only; delayed adds its per-operand history.
+  t = shapes_of("fp8:delayed@2", cpu_device());
+  EXPECT_EQ(find(t, "fp8.weights")->bytes(), 4 * block_weights * 4);
+  EXPECT_EQ(find(t, "fp8.scaling")->bytes(), 8 * 7 * 3 * (kFp8DelayedHistory + 2) * 4);
+  // pp 2 with @3: stage 0 holds blocks 0-3 (FP8: 3), stage 1 blocks 4-7 (FP8: 4).
+  EXPECT_EQ(find(shapes_of("pp2-fp8:tensorwise@3", cpu_device(), 0), "fp8.weights")->bytes(), 1 * block_weights * 4);
+  EXPECT_EQ(find(shapes_of("pp2-fp8:tensorwise@3", cpu_device(), 1), "fp8.weights")->bytes(), 1 * block_weights * 4);
+  EXPECT_EQ(fp8_stage_blocks(m, Layout::parse("pp2-vpp2-fp8:tensorwise@1"), stage_plan(m, run, Layout::parse("pp2-vpp2-fp8:tensorwise@1"), 0)), 3);
+  // ZeRO-3 over dp 2: one weight quantised at a time instead of a copy of all.
+  t = stage_shapes(m, RunSpec{16, 4, Precision::fp32}, Layout::parse("dp2-zero3-fp8:tensorwise"), cpu_device(),
+                   stage_plan(m, run, Layout::parse("dp2-zero3-fp8:tensorwise"), 0));
+  EXPECT_EQ(find(t, "fp8.weights"), nullptr);
+  EXPECT_EQ(find(t, "scratch.fp8_weight")->bytes(), 32 * 80 * 4);
+  // A GPU keeps FP8 codes, each with its transpose; tp 2 makes k and v 32 x 8
+  // and the MLP's F/tp 40, not multiples of 16, so only q and o are FP8.
+  DeviceSpec gpu = device_preset("h100");
+  const RunSpec grun{16, 4, Precision::bf16};
+  const Layout l2 = Layout::parse("tp2-fp8:tensorwise");
+  const auto g = fp8_gemm_shapes(m, grun, l2);
+  EXPECT_FALSE(g[size_t(Fp8Gemm::k)].fp8);
+  EXPECT_TRUE(g[size_t(Fp8Gemm::q)].fp8);
+  t = stage_shapes(m, grun, l2, gpu, stage_plan(m, grun, l2, 0));
+  EXPECT_FALSE(g[size_t(Fp8Gemm::gate)].fp8);
+  EXPECT_EQ(find(t, "fp8.weights")->bytes(), 8 * (2 * 32 * 16) * 1 * 2);
+}
+
 TEST(MemoryEstimate, Bf16KeepsAnFp32MasterAndZeroShardsIt) {
   const auto m = model_preset("llama-13b");
   const RunSpec run{2048, 2048, Precision::bf16};
