@@ -1,5 +1,6 @@
 #include "trainer/loop.h"
 
+#include <array>
 #include <omp.h>
 
 #include <chrono>
@@ -167,6 +168,10 @@ void check_trainable(const Layout& l, DeviceKind device) {
     throw LayoutError(fmt::format("layout {}: context parallelism (cp={}) runs on the CPU trainer so far: the CUDA "
                                   "attention kernels take no blocks of the sequence yet (use cp1 on a GPU)",
                                   l.to_string(), l.cp));
+  if (l.fp8 != Fp8Recipe::off && gpu)
+    throw LayoutError(fmt::format("layout {}: FP8 GEMMs ({}) run on the CPU trainer (emulated) so far: the GPU "
+                                  "trainer does not call the FP8 kernels yet (use fp8:off on a GPU)",
+                                  l.to_string(), gemm_precision_text(l)));
 }
 
 namespace {
@@ -340,6 +345,7 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
   double lr = 0;
   const auto t_start = Clock::now();
   double train_time = 0;
+  std::array<int64_t, 3> window_fp8{};  // FP8 values, overflows, underflows since the last record
   for (int64_t step = done + 1; step <= c.steps; ++step) {
     // Every rank stops at the same step: the signal may reach them apart.
     int32_t stop = c.stop && c.stop->load() ? 1 : 0;
@@ -351,6 +357,8 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
     const auto t0 = Clock::now();
     const double comm0 = c.watchdog ? c.watchdog->comm_seconds() : 0.0;
     const double loss = run.step_loss(step - 1);
+    for (int i = 0; i < 3; ++i)
+      window_fp8[size_t(i)] += std::array<int64_t, 3>{run.fp8.values, run.fp8.overflow, run.fp8.underflow}[size_t(i)];
     StepStats s;
     {
       parallel::CommWatchdog::Waiting w(R::kDevice ? c.watchdog : nullptr, R::kGpuWait);
@@ -372,23 +380,34 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
       const double tps = sps * double(c.run.tokens_per_step());
       const double fps = sps * flops_per_step;
       const double comm = window_comm / window_steps;  // rank 0's seconds in communication per step
+      // FP8 health: values quantised since the last record, and how many of
+      // them overflowed (clamped to the format's max) or underflowed (became
+      // zero), summed over the ranks that quantised them.
+      nlohmann::json fp8_health;
+      std::string fp8_text;
+      if (c.layout.fp8 != Fp8Recipe::off) {
+        run.groups.host_groups().world->all_reduce(window_fp8.data(), 3);
+        fp8_health = {{"values", window_fp8[0]}, {"overflow", window_fp8[1]}, {"underflow", window_fp8[2]}};
+        fp8_text = fmt::format(" | fp8 over {} under {} of {}", window_fp8[1], window_fp8[2], window_fp8[0]);
+      }
+      window_fp8 = {};
       fmt::print(log,
                  "step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | "
-                 "{:.2f} TFLOP/s/dev | MFU {:.1f}% | peak mem {}{}{}\n",
+                 "{:.2f} TFLOP/s/dev | MFU {:.1f}% | peak mem {}{}{}{}\n",
                  step, c.steps, loss, s.lr, s.grad_norm, tps, fps / double(world) / 1e12, 100 * mfu(fps, world, peak),
                  format_bytes(double(run.arena.peak_total())),
-                 c.watchdog ? fmt::format(" | comm {}/step", format_seconds(comm)) : "",
+                 c.watchdog ? fmt::format(" | comm {}/step", format_seconds(comm)) : "", fp8_text,
                  s.skipped ? " | SKIPPED (non-finite)" : "");
       std::fflush(log);
-      run.metrics << nlohmann::json{{"kind", "train"},      {"step", step},         {"loss", loss},
+      nlohmann::json record{{"kind", "train"},      {"step", step},         {"loss", loss},
                                     {"lr", s.lr},           {"grad_norm", s.grad_norm},
                                     {"tokens_per_s", tps},  {"tflops_per_device", fps / double(world) / 1e12},
                                     {"mfu", mfu(fps, world, peak)}, {"peak_bytes", run.arena.peak_total()},
                                     {"skipped", s.skipped},
                                     {"step_s", window_time / window_steps},
-                                    {"comm_s", window_comm / window_steps}}
-                         .dump()
-                  << "\n";
+                                    {"comm_s", window_comm / window_steps}};
+      if (!fp8_health.is_null()) record["fp8"] = fp8_health;
+      run.metrics << record.dump() << "\n";
       run.metrics.flush();
       window_time = 0;
       window_comm = 0;

@@ -57,6 +57,8 @@ struct Run {
   // 2 cp - 1 - cp_rank of each under context parallelism).
   std::vector<int32_t> tokens, targets, local_tokens, local_targets;
   std::unique_ptr<parallel::CommRequest> send_act, send_grad;
+  // The last step's FP8 quantisation counts on this rank (Layout::fp8).
+  typename LlamaStage<Elem, G>::Fp8Counts fp8;
   // Where the run's weights started (--init's folder; empty: from the seed)
   // and the tokenizer's ids the model was pretrained with (-1: unknown),
   // carried from --init or a resumed checkpoint into the checkpoints this run
@@ -151,6 +153,7 @@ struct Run {
       return it->second;
     };
     stage.zero_grads();
+    stage.fp8_step_begin();
     for (const PipeOp& op : pipeline_schedule(pp_size, c.layout.vpp, m, s)) {
       const int64_t mb = op.micro_batch, ch = op.chunk;
       switch (op.kind) {
@@ -193,6 +196,7 @@ struct Run {
     stage.sync_tied_grads();
     stage.reduce_replicated_grads();
     optim.reduce_grads();
+    fp8 = stage.fp8_step_end();
     // The logging all-reduce: only the last stage holds losses, split over tp
     // (each rank the rows whose target is in its vocab shard) and dp.
     double loss = 0;

@@ -29,6 +29,7 @@ namespace weft::trainer {
 
 using kernels::status_check;
 using kernels::Write;
+using memory::Fp8Gemm;
 
 namespace {
 
@@ -64,6 +65,8 @@ LlamaStage<Elem, G>::LlamaStage(const ModelSpec& m, const RunSpec& run, const La
                                          sizeof(Elem) == 8);
   weights_ = table_->get<Elem>("weights.flat");
   grads_ = table_->get<G>("grads.flat");
+  fp8_shapes_ = memory::fp8_gemm_shapes(m, run, l);
+  fp8_setup();
   // Tokens and targets of a few micro-batches in flight, M_ ids each.
   if (on_device())
     staging_ = std::make_unique<memory::HostStaging>(M_ * int64_t(sizeof(int32_t)), 8, stream_.backend);
@@ -148,6 +151,8 @@ typename LlamaStage<Elem, G>::Block LlamaStage<Elem, G>::block(int64_t slot, int
   b.layer = layer;
   b.mode = mode(layer);
   const int64_t local = chunk * Lc_ + layer;  // the stage's block index
+  b.index = local;
+  b.fp8 = l_.fp8_layer(m_, memory::global_layer(m_, l_, plan_.stage, chunk, layer));
   auto w = [&](ParamKind k) { return weight_at(params_.specs[size_t(params_.index(k, local))].offset); };
   auto g = [&](ParamKind k) { return grad_at(params_.specs[size_t(params_.index(k, local))].offset); };
   b.w_attn_norm = w(ParamKind::input_layernorm);
@@ -267,6 +272,7 @@ void LlamaStage<Elem, G>::weights_updated() {
     g.ranges.clear();
   }
   in_use_ = -1;
+  std::fill(fp8_weight_ready_.begin(), fp8_weight_ready_.end(), 0);  // quantised from the old weights
 }
 
 template <typename Elem, typename G>
@@ -324,14 +330,14 @@ void LlamaStage<Elem, G>::block_forward(const Block& b, Elem* x_out, bool recomp
   if (full) {
     norm_forward(b.x_in, nullptr, nullptr, b.w_attn_norm, b.ln1, b.rstd1, b.xhat1);
     const Elem* ln1 = gathered(b.ln1, all_rows);  // column-parallel input
-    run(kernels::linear_forward_gemm(M_, C, Hl * D, ln1, b.wq, b.q), "gemm q");
-    run(kernels::linear_forward_gemm(M_, C, Kl * D, ln1, b.wk, b.k), "gemm k");
-    run(kernels::linear_forward_gemm(M_, C, Kl * D, ln1, b.wv, b.v), "gemm v");
+    linear_forward(b, Fp8Gemm::q, ln1, false, b.wq, b.q, "gemm q");
+    linear_forward(b, Fp8Gemm::k, ln1, true, b.wk, b.k, "gemm k");
+    linear_forward(b, Fp8Gemm::v, ln1, true, b.wv, b.v, "gemm v");
     rope(b.q, b.k, kernels::RopeDirection::forward);
   }
   if (full || b.mode == Checkpointing::selective) attention_forward(b);
   if (full) {
-    run(kernels::linear_forward_gemm(M_, Hl * D, C, b.out, b.wo, lin), "gemm o");
+    linear_forward(b, Fp8Gemm::o, b.out, false, b.wo, lin, "gemm o");
     reduce_rows(lin);  // row-parallel output
   }
   if (full || b.mode == Checkpointing::ffn) {
@@ -341,14 +347,14 @@ void LlamaStage<Elem, G>::block_forward(const Block& b, Elem* x_out, bool recomp
     else
       norm_forward(b.x_mid, nullptr, nullptr, b.w_mlp_norm, b.ln2, b.rstd2, b.xhat2);
     const Elem* ln2 = gathered(b.ln2, all_rows);
-    run(kernels::linear_forward_gemm(M_, C, Fl, ln2, b.wg, b.gate), "gemm gate");
-    run(kernels::linear_forward_gemm(M_, C, Fl, ln2, b.wu, b.up), "gemm up");
+    linear_forward(b, Fp8Gemm::gate, ln2, false, b.wg, b.gate, "gemm gate");
+    linear_forward(b, Fp8Gemm::up, ln2, true, b.wu, b.up, "gemm up");
     run(kernels::SwigluForwardParams<Elem>{.rows = M_, .F = Fl, .gate = b.gate, .up = b.up, .act = b.act},
         "swiglu_forward");
   }
   // A rebuild stops here: the block's output was consumed already.
   if (recompute) return;
-  run(kernels::linear_forward_gemm(M_, Fl, C, b.act, b.wd, lin), "gemm down");
+  linear_forward(b, Fp8Gemm::down, b.act, false, b.wd, lin, "gemm down");
   reduce_rows(lin);
   run(kernels::AddParams<Elem>{.n = Msp_ * C, .a = b.x_mid, .b = lin, .out = x_out}, "add");
 }
@@ -378,32 +384,32 @@ void LlamaStage<Elem, G>::block_backward(const Block& b, Elem* dx) {
   // Under sequence parallelism dx holds this rank's rows: the conjugate of
   // the forward's reduce-scatter gathers them.
   const Elem* dxo = gathered(dx, lin);
-  run(kernels::linear_dgrad_gemm(M_, Fl, C, dxo, b.wd, d_act), "gemm down dgrad");
-  run(kernels::linear_wgrad_gemm(M_, Fl, C, dxo, b.act, b.gd), "gemm down wgrad");
+  linear_dgrad(b, Fp8Gemm::down, dxo, false, b.wd, d_act, Write::overwrite, "gemm down dgrad");
+  linear_wgrad(b, Fp8Gemm::down, dxo, true, b.act, false, b.gd, "gemm down wgrad");
   run(kernels::SwigluBackwardParams<Elem>{.rows = M_, .F = Fl, .gate = b.gate, .up = b.up,
                                           .dact = d_act, .dgate = d_gate, .dup = d_up},
       "swiglu_backward");
-  run(kernels::linear_dgrad_gemm(M_, C, Fl, d_gate, b.wg, d_norm), "gemm gate dgrad");
-  run(kernels::linear_dgrad_gemm(M_, C, Fl, d_up, b.wu, d_norm, Write::accumulate), "gemm up dgrad");
+  linear_dgrad(b, Fp8Gemm::gate, d_gate, false, b.wg, d_norm, Write::overwrite, "gemm gate dgrad");
+  linear_dgrad(b, Fp8Gemm::up, d_up, false, b.wu, d_norm, Write::accumulate, "gemm up dgrad");
   const Elem* ln2 = gathered(b.ln2, all_rows);  // re-gathered for the weight gradients
-  run(kernels::linear_wgrad_gemm(M_, C, Fl, d_gate, ln2, b.gg), "gemm gate wgrad");
-  run(kernels::linear_wgrad_gemm(M_, C, Fl, d_up, ln2, b.gu), "gemm up wgrad");
+  linear_wgrad(b, Fp8Gemm::gate, d_gate, false, ln2, false, b.gg, "gemm gate wgrad");
+  linear_wgrad(b, Fp8Gemm::up, d_up, false, ln2, true, b.gu, "gemm up wgrad");
   reduce_rows(d_norm);  // column-parallel input
   norm_backward(b.x_mid, b.xhat2, b.rstd2, b.w_mlp_norm, d_norm, dx, Write::accumulate, b.g_mlp_norm);
 
   // Attention.
   const Elem* dxm = gathered(dx, lin);
-  run(kernels::linear_dgrad_gemm(M_, Hl * D, C, dxm, b.wo, d_out), "gemm o dgrad");
-  run(kernels::linear_wgrad_gemm(M_, Hl * D, C, dxm, b.out, b.go), "gemm o wgrad");
+  linear_dgrad(b, Fp8Gemm::o, dxm, false, b.wo, d_out, Write::overwrite, "gemm o dgrad");
+  linear_wgrad(b, Fp8Gemm::o, dxm, true, b.out, false, b.go, "gemm o wgrad");
   attention_backward(b, d_out, dq, dk, dv);
   rope(dq, dk, kernels::RopeDirection::backward);
-  run(kernels::linear_dgrad_gemm(M_, C, Hl * D, dq, b.wq, d_norm), "gemm q dgrad");
-  run(kernels::linear_dgrad_gemm(M_, C, Kl * D, dk, b.wk, d_norm, Write::accumulate), "gemm k dgrad");
-  run(kernels::linear_dgrad_gemm(M_, C, Kl * D, dv, b.wv, d_norm, Write::accumulate), "gemm v dgrad");
+  linear_dgrad(b, Fp8Gemm::q, dq, false, b.wq, d_norm, Write::overwrite, "gemm q dgrad");
+  linear_dgrad(b, Fp8Gemm::k, dk, false, b.wk, d_norm, Write::accumulate, "gemm k dgrad");
+  linear_dgrad(b, Fp8Gemm::v, dv, false, b.wv, d_norm, Write::accumulate, "gemm v dgrad");
   const Elem* ln1 = gathered(b.ln1, all_rows);
-  run(kernels::linear_wgrad_gemm(M_, C, Hl * D, dq, ln1, b.gq), "gemm q wgrad");
-  run(kernels::linear_wgrad_gemm(M_, C, Kl * D, dk, ln1, b.gk), "gemm k wgrad");
-  run(kernels::linear_wgrad_gemm(M_, C, Kl * D, dv, ln1, b.gv), "gemm v wgrad");
+  linear_wgrad(b, Fp8Gemm::q, dq, false, ln1, false, b.gq, "gemm q wgrad");
+  linear_wgrad(b, Fp8Gemm::k, dk, false, ln1, true, b.gk, "gemm k wgrad");
+  linear_wgrad(b, Fp8Gemm::v, dv, false, ln1, true, b.gv, "gemm v wgrad");
   reduce_rows(d_norm);
   norm_backward(b.x_in, b.xhat1, b.rstd1, b.w_attn_norm, d_norm, dx, Write::accumulate, b.g_attn_norm);
 }

@@ -45,6 +45,7 @@
 #include "kernels/rope/rope.h"
 #include "memory/arena.h"
 #include "memory/device.h"
+#include "memory/shapes.h"
 #include "trainer/model/params.h"
 #include "trainer/model/tensor_table.h"
 #include "trainer/parallel/process_groups.h"
@@ -158,6 +159,21 @@ class LlamaStage {
   Elem* output_grad();
   Elem* input_grad();
 
+  // FP8 GEMMs (Layout::fp8; on the CPU emulated: the fp32 GEMMs multiply
+  // quantised-dequantised operands, kernels/fp8/fp8.h). fp8_step_begin()
+  // before a step's first forward: the weights changed, so their quantised
+  // copies are stale, and delayed scaling takes this step's scales from the
+  // amax history. fp8_step_end() after the step's last backward, on every
+  // rank: delayed scaling reduces the step's amaxes over the ranks that hold
+  // this stage (tp x cp x dp) and appends them to the history. It returns
+  // this rank's quantisation counts since fp8_step_begin() (validation
+  // forwards in between included).
+  struct Fp8Counts {
+    int64_t values = 0, overflow = 0, underflow = 0;
+  };
+  void fp8_step_begin();
+  Fp8Counts fp8_step_end();
+
   // Copies the logits (B*T, V/tp) of each forward to the host, before the
   // loss overwrites them with their gradient (reference tests, eval dumps).
   void capture_logits(std::vector<Elem>* out) { capture_ = out; }
@@ -195,6 +211,23 @@ class LlamaStage {
   void a2a_backward(const Block& b, const Elem* dout, Elem* dq, Elem* dk, Elem* dv);
   template <typename T>
   void fill(T* x, int64_t n, double value);
+  // The block's linear layers, y = x W^T and its two gradients, with (K, N)
+  // from memory::fp8_gemm_shapes: in FP8 where the block and the GEMM's
+  // shape allow, else in the compute type. A *_same flag says the operand
+  // holds the values of the previous call's (q, k and v share their input,
+  // dgrad and wgrad the output gradient), whose quantisation is reused.
+  void linear_forward(const Block& b, memory::Fp8Gemm g, const Elem* x, bool x_same, const Elem* w, Elem* y,
+                      const char* op);
+  void linear_dgrad(const Block& b, memory::Fp8Gemm g, const Elem* dy, bool dy_same, const Elem* w, Elem* dx,
+                    kernels::Write write, const char* op);
+  void linear_wgrad(const Block& b, memory::Fp8Gemm g, const Elem* dy, bool dy_same, const Elem* x, bool x_same,
+                    G* dw, const char* op);
+  bool fp8_gemm(const Block& b, memory::Fp8Gemm g) const;
+  void fp8_setup();  // the FP8 buffers and scaling state from the table (constructor)
+  // Quantises (dequantised, in Elem) one operand of GEMM g of block b:
+  // role 0 the input (E4M3), 1 the weight (E4M3), 2 the output gradient (E5M2).
+  void fp8_quantize(const Block& b, memory::Fp8Gemm g, int role, const Elem* x, int64_t n, Elem* out);
+  const Elem* fp8_weight(const Block& b, memory::Fp8Gemm g, const Elem* w);
   void head_forward(int64_t slot, const int32_t* targets, double grad_scale);
   void head_backward(Elem* dx);
   // Launches an op on the stage's stream, with the kernel workspace it needs
@@ -297,6 +330,23 @@ class LlamaStage {
   int64_t group_shard_offset() const;
   void group_begin(std::initializer_list<Range> ranges);
   void group_end();
+  // FP8 state (Layout::fp8; all empty when off).
+  std::array<memory::Fp8GemmShape, memory::kFp8Gemms> fp8_shapes_{};
+  Elem* fp8_weights_ = nullptr;  // quantised weights of the stage's FP8 GEMMs, kept for the step
+  std::vector<int64_t> fp8_weight_at_;  // per (block, gemm): offset in fp8_weights_ (-1: none)
+  std::vector<char> fp8_weight_ready_;  // per (block, gemm): quantised since fp8_step_begin()
+  Elem* fp8_weight_scratch_ = nullptr;  // ZeRO-3: quantised at each use
+  Elem* fp8_input_ = nullptr;
+  Elem* fp8_grad_ = nullptr;
+  // The operands fp8_input_ and fp8_grad_ hold the quantisation of.
+  const Elem* fp8_input_of_ = nullptr;
+  const Elem* fp8_grad_of_ = nullptr;
+  // Delayed scaling, per (block, gemm, role): the amax history (a ring of
+  // kFp8DelayedHistory, filled `fp8_history_len_` deep), the step's amax and
+  // the step's scale, in the arena's fp8.scaling.
+  float* fp8_scaling_ = nullptr;
+  int64_t fp8_history_len_ = 0, fp8_history_next_ = 0;
+  Fp8Counts fp8_counts_;
   std::vector<Elem>* capture_ = nullptr;
   // Per saved tensor name: the instance of each layer (-1: rebuilt), and how
   // many layers keep it.

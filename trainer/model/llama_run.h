@@ -19,6 +19,8 @@ namespace weft::trainer {
 template <typename Elem, typename G>
 struct LlamaStage<Elem, G>::Block {
   int64_t layer = 0;  // local index
+  int64_t index = 0;  // the stage's block index: chunk * blocks per chunk + layer
+  bool fp8 = false;   // its linear layers run in FP8 (Layout::fp8_layer)
   Checkpointing mode = Checkpointing::none;
   // Parameters and their gradients.
   const Elem *w_attn_norm, *wq, *wk, *wv, *wo, *w_mlp_norm, *wg, *wu, *wd;
