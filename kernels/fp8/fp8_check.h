@@ -47,8 +47,7 @@ Status gemm_check(const P& p) {
   const bool empty_c = p.m == 0 || p.n == 0;
   const bool empty_ab = empty_c || p.k == 0;
   if (!empty_c && p.c == nullptr) return Status::invalid_argument;
-  if (!empty_ab && (p.a == nullptr || p.b == nullptr || p.a_scale_inv == nullptr ||
-                    p.b_scale_inv == nullptr))
+  if (!empty_ab && (p.a == nullptr || p.b == nullptr || p.a_scale_inv == nullptr || p.b_scale_inv == nullptr))
     return Status::invalid_argument;
   return Status::ok;
 }

@@ -56,11 +56,11 @@ struct Fp8CastParams {
   int64_t rows = 0;
   int64_t cols = 0;
   Fp8Format format = Fp8Format::e4m3;
-  const Elem* x = nullptr;      // (rows, cols)
-  const float* scale = nullptr; // (1)
-  Fp8* out = nullptr;           // (rows, cols)
-  Fp8* out_t = nullptr;         // (cols, rows), or null
-  float* amax = nullptr;        // (1), or null
+  const Elem* x = nullptr;       // (rows, cols)
+  const float* scale = nullptr;  // (1)
+  Fp8* out = nullptr;            // (rows, cols)
+  Fp8* out_t = nullptr;          // (cols, rows), or null
+  float* amax = nullptr;         // (1), or null
   Write amax_write = Write::overwrite;
   Fp8Health* health = nullptr;  // (1), or null
 };
@@ -88,7 +88,7 @@ struct Fp8AmaxParams {
 // fp32 on every backend, as the casts and GEMMs read it.
 template <typename Elem>
 struct Fp8ScaleUpdateParams {
-  int64_t count = 0;    // tensors
+  int64_t count = 0;        // tensors
   int64_t history_len = 0;  // kFp8DelayedHistory (core/layout.h) in training
   Fp8Format format = Fp8Format::e4m3;
   const float* amax = nullptr;  // (count): this step's amax per tensor
@@ -113,11 +113,12 @@ enum class Fp8Accumulation { split, fast };
 // CUDA (what Fp8ScaleUpdateParams or the caller's amax rule wrote), host
 // memory on the CPU. a_format x b_format: e4m3 x e4m3 or either mixed pair;
 // e5m2 x e5m2 is invalid on every backend (cuBLASLt has no such kernel and
-// no recipe needs it, so a CPU run cannot come to rely on it). CUDA supports the product only on sm_89 and newer, with m, n and k
-// multiples of 16, every row stride (lda, ldb, ldc in bytes) a multiple of
-// 16 and every pointer 16-byte aligned (the FP8 tensor-core kernels' rules,
-// which core/layout.h's fp8 knob already applies to the model's shapes);
-// otherwise supports() is false and the caller keeps that GEMM in bf16.
+// no recipe needs it, so a CPU run cannot come to rely on it). CUDA supports
+// the product only on sm_89 and newer, with m, n and k multiples of 16, every
+// row stride (lda, ldb, ldc in bytes) a multiple of 16 and every pointer
+// 16-byte aligned (the FP8 tensor-core kernels' rules, which core/layout.h's
+// fp8 knob already applies to the model's shapes); otherwise supports() is
+// false and the caller keeps that GEMM in bf16.
 template <typename Elem>
 struct Fp8GemmParams {
   int64_t m = 0;
@@ -129,11 +130,11 @@ struct Fp8GemmParams {
   int64_t lda = 0;
   Fp8Format a_format = Fp8Format::e4m3;
   const float* a_scale_inv = nullptr;  // (1)
-  const Fp8* b = nullptr;  // (n, k)
+  const Fp8* b = nullptr;              // (n, k)
   int64_t ldb = 0;
   Fp8Format b_format = Fp8Format::e4m3;
   const float* b_scale_inv = nullptr;  // (1)
-  Elem* c = nullptr;  // (m, n)
+  Elem* c = nullptr;                   // (m, n)
   int64_t ldc = 0;
   Fp8Accumulation accumulation = Fp8Accumulation::split;
 };
@@ -151,11 +152,11 @@ struct Fp8GemmAccParams {
   int64_t lda = 0;
   Fp8Format a_format = Fp8Format::e4m3;
   const float* a_scale_inv = nullptr;  // (1)
-  const Fp8* b = nullptr;  // (n, k)
+  const Fp8* b = nullptr;              // (n, k)
   int64_t ldb = 0;
   Fp8Format b_format = Fp8Format::e4m3;
   const float* b_scale_inv = nullptr;  // (1)
-  Acc<Elem>* c = nullptr;  // (m, n)
+  Acc<Elem>* c = nullptr;              // (m, n)
   int64_t ldc = 0;
   Fp8Accumulation accumulation = Fp8Accumulation::split;
 };

@@ -40,8 +40,8 @@ void amax_store(float* amax, float value, Write write) {
 
 const char* to_string(Fp8Accumulation a) { return a == Fp8Accumulation::fast ? "fast" : "split"; }
 
-void fp8_scale_update_one(float amax, float* history, int64_t history_len, Fp8Format format,
-                          float* scale, float* scale_inv) {
+void fp8_scale_update_one(float amax, float* history, int64_t history_len, Fp8Format format, float* scale,
+                          float* scale_inv) {
   if (std::isfinite(amax)) {
     for (int64_t i = history_len - 1; i > 0; --i) history[i] = history[i - 1];
     history[0] = amax;
@@ -122,8 +122,8 @@ template <typename Elem>
 Status launch(const Fp8ScaleUpdateParams<Elem>& p, Workspace ws, Stream stream) {
   if (Status s = cpu::preflight(fp8_detail::params_check(p), 0, ws, stream); s != Status::ok) return s;
   for (int64_t t = 0; t < p.count; ++t)
-    fp8_scale_update_one(p.amax[t], p.history + t * p.history_len, p.history_len, p.format,
-                         p.scale + t, p.scale_inv + t);
+    fp8_scale_update_one(p.amax[t], p.history + t * p.history_len, p.history_len, p.format, p.scale + t,
+                         p.scale_inv + t);
   return Status::ok;
 }
 
@@ -162,9 +162,19 @@ Status gemm_launch(const P& p, Workspace ws, Stream stream) {
     decode_into(a, p.a, p.m, p.k, p.lda, p.a_format, *p.a_scale_inv);
     decode_into(b, p.b, p.n, p.k, p.ldb, p.b_format, *p.b_scale_inv);
   }
-  const GemmParams<Elem> g{.trans_a = Trans::no, .trans_b = Trans::yes, .m = p.m, .n = p.n, .k = p.k,
-                           .alpha = p.alpha, .beta = p.beta, .a = a, .lda = std::max<int64_t>(1, p.k),
-                           .b = b, .ldb = std::max<int64_t>(1, p.k), .c = p.c, .ldc = p.ldc};
+  const GemmParams<Elem> g{.trans_a = Trans::no,
+                           .trans_b = Trans::yes,
+                           .m = p.m,
+                           .n = p.n,
+                           .k = p.k,
+                           .alpha = p.alpha,
+                           .beta = p.beta,
+                           .a = a,
+                           .lda = std::max<int64_t>(1, p.k),
+                           .b = b,
+                           .ldb = std::max<int64_t>(1, p.k),
+                           .c = p.c,
+                           .ldc = p.ldc};
   return launch(g, Workspace{}, stream);
 }
 

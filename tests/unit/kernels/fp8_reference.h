@@ -53,8 +53,8 @@ inline Fp8Operand fp8_operand(const std::vector<float>& x, Fp8Format f) {
 }
 
 // C (m, n) = A (m, k) B (n, k)^T in fp64, all row-major and contiguous.
-inline std::vector<double> gemm_nt_f64(const std::vector<double>& a, const std::vector<double>& b,
-                                       int64_t m, int64_t n, int64_t k) {
+inline std::vector<double> gemm_nt_f64(const std::vector<double>& a, const std::vector<double>& b, int64_t m,
+                                       int64_t n, int64_t k) {
   std::vector<double> c(size_t(m * n), 0.0);
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < n; ++j) {
@@ -68,8 +68,8 @@ inline std::vector<double> gemm_nt_f64(const std::vector<double>& a, const std::
 // The bound above for each element of C, given the unquantised operands
 // (as doubles) and their FP8 forms.
 inline std::vector<double> fp8_gemm_bound(const std::vector<double>& a, const Fp8Operand& qa,
-                                          const std::vector<double>& b, const Fp8Operand& qb,
-                                          int64_t m, int64_t n, int64_t k) {
+                                          const std::vector<double>& b, const Fp8Operand& qb, int64_t m,
+                                          int64_t n, int64_t k) {
   const double fp32_steps = std::ldexp(1.0, -22);
   const double ua = fp8_unit_roundoff(qa.format) + fp32_steps;
   const double ub = fp8_unit_roundoff(qb.format) + fp32_steps;

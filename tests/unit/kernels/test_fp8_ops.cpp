@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "core/layout.h"
+#include "fp8_reference.h"
 #include "kernel_test_util.h"
 #include "kernels/fp8/fp8_ops.h"
-#include "fp8_reference.h"
 
 namespace weft::kernels {
 namespace {
@@ -54,9 +54,15 @@ TEST(Fp8Ops, CastMatchesQuantizeCodeForCode) {
       std::vector<Fp8> out(n), out_t(n);
       float amax = -1.0f;
       Fp8Health health{3, 4};  // counts are added to
-      const Fp8CastParams<float> p{.rows = s.rows, .cols = s.cols, .format = f, .x = x.data(),
-                                   .scale = &scale, .out = out.data(), .out_t = out_t.data(),
-                                   .amax = &amax, .health = &health};
+      const Fp8CastParams<float> p{.rows = s.rows,
+                                   .cols = s.cols,
+                                   .format = f,
+                                   .x = x.data(),
+                                   .scale = &scale,
+                                   .out = out.data(),
+                                   .out_t = out_t.data(),
+                                   .amax = &amax,
+                                   .health = &health};
       ASSERT_TRUE(supports(p));
       EXPECT_EQ(workspace_bytes(p), 0);
       ASSERT_EQ(run(p), Status::ok);
@@ -80,8 +86,12 @@ TEST(Fp8Ops, CastMatchesQuantizeCodeForCode) {
       // The double instantiation casts the values rounded to fp32: the same codes.
       const std::vector<double> xd(x.begin(), x.end());
       std::vector<Fp8> out_d(n);
-      ASSERT_EQ(run(Fp8CastParams<double>{.rows = s.rows, .cols = s.cols, .format = f, .x = xd.data(),
-                                          .scale = &scale, .out = out_d.data()}),
+      ASSERT_EQ(run(Fp8CastParams<double>{.rows = s.rows,
+                                          .cols = s.cols,
+                                          .format = f,
+                                          .x = xd.data(),
+                                          .scale = &scale,
+                                          .out = out_d.data()}),
                 Status::ok);
       for (int64_t i = 0; i < n; ++i) ASSERT_EQ(out_d[i].bits, out[i].bits) << i;
     }
@@ -95,8 +105,13 @@ TEST(Fp8Ops, CastAmaxAccumulatesAndKeepsNaN) {
   const float scale = 1.0f;
   std::vector<Fp8> out(50);
   float amax = 7.0f;  // above every |x|: accumulate keeps it
-  Fp8CastParams<float> p{.rows = 5, .cols = 10, .x = x.data(), .scale = &scale, .out = out.data(),
-                         .amax = &amax, .amax_write = Write::accumulate};
+  Fp8CastParams<float> p{.rows = 5,
+                         .cols = 10,
+                         .x = x.data(),
+                         .scale = &scale,
+                         .out = out.data(),
+                         .amax = &amax,
+                         .amax_write = Write::accumulate};
   ASSERT_EQ(run(p), Status::ok);
   EXPECT_EQ(amax, 7.0f);
   amax = 0.0f;
@@ -142,13 +157,17 @@ TEST(Fp8Ops, ScaleUpdateRollsTheHistory) {
     for (int step = 0; step < 40; ++step) {
       std::vector<float> amax = rng.uniform<float>(tensors, 0.0, 10.0);
       for (float& a : amax) a = a * std::exp2(float(rng.index(8)) - 4.0f);
-      if (step == 3) amax[1] = NAN;                                         // not recorded
-      if (step == 4) amax[2] = std::numeric_limits<float>::infinity();     // not recorded
-      if (step < 2) amax[3] = 0.0f;                                         // all-zero tensor: scale 1
-      if (step == 30) amax[4] = 1000.0f;                                    // a spike, then ages out
-      ASSERT_EQ(run(Fp8ScaleUpdateParams<float>{.count = tensors, .history_len = len, .format = f,
-                                                .amax = amax.data(), .history = history.data(),
-                                                .scale = scale.data(), .scale_inv = scale_inv.data()}),
+      if (step == 3) amax[1] = NAN;                                     // not recorded
+      if (step == 4) amax[2] = std::numeric_limits<float>::infinity();  // not recorded
+      if (step < 2) amax[3] = 0.0f;                                     // all-zero tensor: scale 1
+      if (step == 30) amax[4] = 1000.0f;                                // a spike, then ages out
+      ASSERT_EQ(run(Fp8ScaleUpdateParams<float>{.count = tensors,
+                                                .history_len = len,
+                                                .format = f,
+                                                .amax = amax.data(),
+                                                .history = history.data(),
+                                                .scale = scale.data(),
+                                                .scale_inv = scale_inv.data()}),
                 Status::ok);
       for (int64_t t = 0; t < tensors; ++t) {
         if (std::isfinite(amax[t])) {
@@ -204,18 +223,31 @@ TEST(Fp8Ops, GemmMatchesTheDecodedProductAndTheFp8Bound) {
     for (int64_t i = 0; i < g.m; ++i)
       for (int64_t j = 0; j < g.n; ++j) {
         float s = 0;
-        for (int64_t l = 0; l < g.k; ++l) s += float(qa.decoded[i * g.k + l]) * float(qb.decoded[j * g.k + l]);
+        for (int64_t l = 0; l < g.k; ++l)
+          s += float(qa.decoded[i * g.k + l]) * float(qb.decoded[j * g.k + l]);
         const float c = g.beta == 0.0f ? 0.0f : g.beta * c0[i * ldc + j];
         naive[i * g.n + j] = g.alpha * s + c;
-        ref[i * g.n + j] = double(g.alpha) * ref[i * g.n + j] + (g.beta == 0.0f ? 0.0 : double(g.beta) * c0[i * ldc + j]);
+        ref[i * g.n + j] =
+            double(g.alpha) * ref[i * g.n + j] + (g.beta == 0.0f ? 0.0 : double(g.beta) * c0[i * ldc + j]);
       }
 
     auto params = [&](auto* c) {
       using C = std::remove_pointer_t<decltype(c)>;
-      return Fp8GemmParams<C>{.m = g.m, .n = g.n, .k = g.k, .alpha = g.alpha, .beta = g.beta,
-                              .a = pa.data(), .lda = lda, .a_format = g.fa, .a_scale_inv = &qa.scale_inv,
-                              .b = pb.data(), .ldb = ldb, .b_format = g.fb, .b_scale_inv = &qb.scale_inv,
-                              .c = c, .ldc = ldc};
+      return Fp8GemmParams<C>{.m = g.m,
+                              .n = g.n,
+                              .k = g.k,
+                              .alpha = g.alpha,
+                              .beta = g.beta,
+                              .a = pa.data(),
+                              .lda = lda,
+                              .a_format = g.fa,
+                              .a_scale_inv = &qa.scale_inv,
+                              .b = pb.data(),
+                              .ldb = ldb,
+                              .b_format = g.fb,
+                              .b_scale_inv = &qb.scale_inv,
+                              .c = c,
+                              .ldc = ldc};
     };
     std::vector<float> c = c0;
     if (g.beta == 0.0f)
@@ -239,11 +271,22 @@ TEST(Fp8Ops, GemmMatchesTheDecodedProductAndTheFp8Bound) {
 
     // The accumulating form is the same product for fp32.
     std::vector<float> c_acc = c0;
-    const Fp8GemmAccParams<float> pacc{.m = g.m, .n = g.n, .k = g.k, .alpha = g.alpha, .beta = g.beta,
-                                       .a = pa.data(), .lda = lda, .a_format = g.fa,
-                                       .a_scale_inv = &qa.scale_inv, .b = pb.data(), .ldb = ldb,
-                                       .b_format = g.fb, .b_scale_inv = &qb.scale_inv, .c = c_acc.data(),
-                                       .ldc = ldc, .accumulation = Fp8Accumulation::fast};
+    const Fp8GemmAccParams<float> pacc{.m = g.m,
+                                       .n = g.n,
+                                       .k = g.k,
+                                       .alpha = g.alpha,
+                                       .beta = g.beta,
+                                       .a = pa.data(),
+                                       .lda = lda,
+                                       .a_format = g.fa,
+                                       .a_scale_inv = &qa.scale_inv,
+                                       .b = pb.data(),
+                                       .ldb = ldb,
+                                       .b_format = g.fb,
+                                       .b_scale_inv = &qb.scale_inv,
+                                       .c = c_acc.data(),
+                                       .ldc = ldc,
+                                       .accumulation = Fp8Accumulation::fast};
     ASSERT_EQ(run(pacc), Status::ok);
     for (int64_t i = 0; i < g.m; ++i)
       for (int64_t j = 0; j < g.n; ++j) ASSERT_EQ(c_acc[i * ldc + j], c[i * ldc + j]);
@@ -255,7 +298,8 @@ TEST(Fp8Ops, GemmMatchesTheDecodedProductAndTheFp8Bound) {
     double worst = 0;
     for (int64_t i = 0; i < g.m; ++i)
       for (int64_t j = 0; j < g.n; ++j)
-        worst = std::max(worst, std::fabs(cd[i * ldc + j] - ref[i * g.n + j]) / (1 + std::fabs(ref[i * g.n + j])));
+        worst = std::max(worst,
+                         std::fabs(cd[i * ldc + j] - ref[i * g.n + j]) / (1 + std::fabs(ref[i * g.n + j])));
     EXPECT_LE(worst, 1e-12);
 
     // Against the product of the unquantised operands: within the FP8 bound
@@ -276,8 +320,17 @@ TEST(Fp8Ops, GemmRefusesInvalidParams) {
   std::vector<Fp8> a(16 * 16), b(16 * 16);
   std::vector<float> c(16 * 16);
   const float one = 1.0f;
-  const Fp8GemmParams<float> ok{.m = 16, .n = 16, .k = 16, .a = a.data(), .lda = 16, .a_scale_inv = &one,
-                                .b = b.data(), .ldb = 16, .b_scale_inv = &one, .c = c.data(), .ldc = 16};
+  const Fp8GemmParams<float> ok{.m = 16,
+                                .n = 16,
+                                .k = 16,
+                                .a = a.data(),
+                                .lda = 16,
+                                .a_scale_inv = &one,
+                                .b = b.data(),
+                                .ldb = 16,
+                                .b_scale_inv = &one,
+                                .c = c.data(),
+                                .ldc = 16};
   EXPECT_TRUE(supports(ok));
   EXPECT_FALSE(supports(ok, Backend::cuda));  // float runs on the CPU only
   auto refused = [](Fp8GemmParams<float> p) {
@@ -295,8 +348,8 @@ TEST(Fp8Ops, GemmRefusesInvalidParams) {
   refused(p);
   // k = 0: C = beta C, no operands read.
   std::vector<float> c2(6, 2.0f);
-  ASSERT_EQ(run(Fp8GemmParams<float>{.m = 2, .n = 3, .k = 0, .beta = 0.5f, .lda = 1, .ldb = 1,
-                                     .c = c2.data(), .ldc = 3}),
+  ASSERT_EQ(run(Fp8GemmParams<float>{
+                .m = 2, .n = 3, .k = 0, .beta = 0.5f, .lda = 1, .ldb = 1, .c = c2.data(), .ldc = 3}),
             Status::ok);
   for (float v : c2) EXPECT_EQ(v, 1.0f);
 }
