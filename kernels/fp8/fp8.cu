@@ -255,7 +255,7 @@ Status run(const Fp8AmaxParams<bf16>& p, Workspace, cudaStream_t stream) {
 // The scale update: one thread per tensor, fp8_scale_update_one (fp8_ops_cpu.cpp)
 // step for step. The divisions are IEEE (no fast-math), so the scales equal
 // the host's bit for bit.
-__global__ void __launch_bounds__(kThreads) scale_update_kernel(int64_t count, int64_t len, float fmax,
+__global__ void __launch_bounds__(kThreads) scale_update_kernel(int64_t count, int64_t len, float format_max,
                                                                 const float* __restrict__ amax,  // (count)
                                                                 float* __restrict__ history,  // (count, len)
                                                                 float* __restrict__ scale,    // (count)
@@ -278,7 +278,7 @@ __global__ void __launch_bounds__(kThreads) scale_update_kernel(int64_t count, i
       if (m == 0.0f) {
         s = 1.0f;
       } else {
-        const float q = fmax / m;
+        const float q = format_max / m;
         if (isfinite(q)) s = q;
       }
     }
