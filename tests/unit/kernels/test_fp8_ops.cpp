@@ -1,6 +1,7 @@
 // The fp8 ops' CPU backend (kernels/fp8/fp8_ops.h), the oracle of the CUDA
 // one: the cast against fp8_quantize element by element (codes, transposed
-// codes, amax, health counts), the amax and the delayed-scaling update
+// codes, amax, health counts, the same for one and two threads, and the
+// params it refuses), the amax and the delayed-scaling update
 // against rules written out here, and the FP8 GEMM against the fp64 product
 // of the same decoded operands (the tolerance rule of kernel_test_util.h) and
 // against the product of the unquantised values (the elementwise bound of
@@ -11,6 +12,7 @@
 #include <cmath>
 #include <deque>
 #include <limits>
+#include <tuple>
 #include <vector>
 
 #include "core/layout.h"
@@ -142,6 +144,61 @@ TEST(Fp8Ops, AmaxOfTensors) {
   float amax = 0;
   EXPECT_FALSE(supports(Fp8AmaxParams<float>{.n = 3, .x = nullptr, .amax = &amax}));
   EXPECT_EQ(run(Fp8AmaxParams<float>{.n = 3, .x = nullptr, .amax = &amax}), Status::invalid_argument);
+}
+
+TEST(Fp8Ops, CastRefusesInvalidParamsAndRepeatsAcrossThreadCounts) {
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  const int64_t rows = 300, cols = 257;
+  const std::vector<float> x = spread_values(rng, rows * cols, Fp8Format::e4m3);
+  const float scale = 2.0f * fp8_scale(fp8_amax(x.data(), rows * cols), Fp8Format::e4m3);
+  auto cast = [&] {
+    std::vector<Fp8> out(rows * cols), out_t(rows * cols);
+    float amax = 0;
+    Fp8Health health;
+    EXPECT_EQ(run(Fp8CastParams<float>{.rows = rows,
+                                       .cols = cols,
+                                       .x = x.data(),
+                                       .scale = &scale,
+                                       .out = out.data(),
+                                       .out_t = out_t.data(),
+                                       .amax = &amax,
+                                       .health = &health}),
+              Status::ok);
+    std::vector<uint8_t> bits;
+    for (const Fp8 q : out) bits.push_back(q.bits);
+    for (const Fp8 q : out_t) bits.push_back(q.bits);
+    return std::tuple{bits, amax, health.overflow, health.underflow};
+  };
+  EXPECT_EQ(test::with_threads(1, cast), test::with_threads(2, cast));
+
+  std::vector<Fp8> out(6);
+  const Fp8CastParams<float> ok{.rows = 2, .cols = 3, .x = x.data(), .scale = &scale, .out = out.data()};
+  EXPECT_TRUE(supports(ok));
+  EXPECT_FALSE(supports(ok, Backend::cuda));
+  auto refused = [](const Fp8CastParams<float>& p) {
+    EXPECT_FALSE(supports(p));
+    EXPECT_EQ(run(p), Status::invalid_argument);
+  };
+  Fp8CastParams<float> p = ok;
+  p.scale = nullptr;
+  refused(p);
+  p = ok, p.out = nullptr;
+  refused(p);
+  p = ok, p.rows = -1;
+  refused(p);
+  // An empty tensor needs no scale; its amax is 0.
+  float amax = 5.0f;
+  EXPECT_EQ(run(Fp8CastParams<float>{.rows = 0, .cols = 3, .amax = &amax}), Status::ok);
+  EXPECT_EQ(amax, 0.0f);
+
+  float h[4] = {}, sc = 1, si = 1, a = 1;
+  EXPECT_EQ(run(Fp8ScaleUpdateParams<float>{
+                .count = 1, .history_len = 0, .amax = &a, .history = h, .scale = &sc, .scale_inv = &si}),
+            Status::invalid_argument);
+  EXPECT_EQ(run(Fp8ScaleUpdateParams<float>{
+                .count = 1, .history_len = 4, .amax = &a, .history = h, .scale = &sc, .scale_inv = nullptr}),
+            Status::invalid_argument);
 }
 
 // The delayed-scaling rule, written independently: the last history_len
