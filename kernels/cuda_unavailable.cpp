@@ -13,6 +13,7 @@
 #include "kernels/elementwise/elementwise.h"
 #include "kernels/elementwise/elementwise_fp32_cuda.h"
 #include "kernels/embedding/embedding.h"
+#include "kernels/fp8/fp8_ops.h"
 #include "kernels/gemm/gemm.h"
 #include "kernels/rmsnorm/rmsnorm.h"
 #include "kernels/rope/rope.h"
@@ -59,6 +60,11 @@ WEFT_CUDA_UNAVAILABLE(FillParams)
 WEFT_CUDA_UNAVAILABLE(SumSquaresParams)
 WEFT_CUDA_UNAVAILABLE(WidenParams)
 WEFT_CUDA_UNAVAILABLE(NarrowParams)
+WEFT_CUDA_UNAVAILABLE(Fp8CastParams)
+WEFT_CUDA_UNAVAILABLE(Fp8AmaxParams)
+WEFT_CUDA_UNAVAILABLE(Fp8ScaleUpdateParams)
+WEFT_CUDA_UNAVAILABLE(Fp8GemmParams)
+WEFT_CUDA_UNAVAILABLE(Fp8GemmAccParams)
 
 // The bf16-gradient forms (grad:bf16) of the params with a gradient type.
 #define WEFT_CUDA_UNAVAILABLE_BF16_GRAD(Params)                                      \

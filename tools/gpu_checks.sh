@@ -7,7 +7,8 @@
 # Steps (default: all, in this order; each program runs under a limit just
 # under 10 minutes, so a step can also be run on its own where a session's
 # commands are time-limited):
-#   tests      the gpu-labelled tests (kernels, attention, training, workspace)
+#   tests      the gpu-labelled tests (kernels with the fp8 ops, attention, training,
+#              workspace)
 #   sanitize   compute-sanitizer memcheck over the kernel and attention tests
 #   kernels    bench_gpu_kernels: each family against the measured copy and GEMM ceilings,
 #              gemm beside cuBLAS's best; benchmarks/kernels_vs_pytorch.py: rmsnorm and

@@ -26,14 +26,13 @@
 #include "kernels/cuda_common.cuh"
 #include "kernels/gemm/gemm.h"
 #include "kernels/gemm/gemm_check.h"
+#include "kernels/gemm/gemm_lt.cuh"
 
 namespace weft::kernels {
 namespace {
 
-// cuBLASLt's scratch: 32 MiB is what NVIDIA recommends for Hopper (4 MiB
-// suffices on Ampere); the extra 256 bytes let the launch align it to 256.
-constexpr int64_t kLtWorkspace = int64_t{32} << 20;
-constexpr int64_t kLtAlign = 256;
+using gpu::kLtAlign;
+using gpu::kLtWorkspace;
 
 // What both params structs describe, C's type aside.
 struct GemmView {
@@ -61,14 +60,6 @@ GemmView view(const P& p, cudaDataType_t c_type, int64_t c_bytes) {
 GemmView view(const GemmParams<bf16>& p) { return view(p, CUDA_R_16BF, 2); }
 GemmView view(const GemmAccParams<bf16>& p) { return view(p, CUDA_R_32F, 4); }
 
-// The largest power of two up to 256 dividing the address and, across a
-// batch, the stride in bytes.
-uint32_t alignment(const void* p, int64_t batch, int64_t stride_bytes) {
-  uint64_t bits = reinterpret_cast<uintptr_t>(p) | uint64_t(kLtAlign);
-  if (batch > 1 && stride_bytes > 0) bits |= uint64_t(stride_bytes);
-  return uint32_t(bits & (~bits + 1));
-}
-
 using PlanKey = std::tuple<int, int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                            int64_t, int64_t, int64_t, int64_t, int, uint32_t, uint32_t, uint32_t,
                            int64_t>;
@@ -80,27 +71,11 @@ struct Plan {
   bool found = false;
 };
 
-// One cuBLASLt handle per device and thread, and the thread's plans. They
-// live until the process ends: destroying them from a thread_local
-// destructor could run after the CUDA runtime has shut down.
-struct ThreadState {
-  std::unordered_map<int, cublasLtHandle_t> handles;
-  std::map<PlanKey, Plan> plans;
-};
-ThreadState& thread_state() {
-  static thread_local ThreadState* state = new ThreadState;
-  return *state;
-}
-
-cublasLtHandle_t handle_for(int device) {
-  auto& handles = thread_state().handles;
-  auto it = handles.find(device);
-  if (it == handles.end()) {
-    cublasLtHandle_t h = nullptr;
-    CUBLAS_CHECK(cublasLtCreate(&h));
-    it = handles.emplace(device, h).first;
-  }
-  return it->second;
+// The thread's plans. They live until the process ends, as the handles do
+// (gemm_lt.cuh).
+std::map<PlanKey, Plan>& thread_plans() {
+  static thread_local auto* plans = new std::map<PlanKey, Plan>;
+  return *plans;
 }
 
 cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld,
@@ -118,13 +93,13 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t co
 }
 
 const Plan& plan_for(cublasLtHandle_t handle, int device, const GemmView& p, int64_t ws_bytes) {
-  const uint32_t align_a = alignment(p.b, p.batch, p.stride_b * 2);  // cuBLASLt's A is weft's B
-  const uint32_t align_b = alignment(p.a, p.batch, p.stride_a * 2);
-  const uint32_t align_c = alignment(p.c, p.batch, p.stride_c * p.c_bytes);
+  const uint32_t align_a = gpu::lt_alignment(p.b, p.batch, p.stride_b * 2);  // cuBLASLt's A is weft's B
+  const uint32_t align_b = gpu::lt_alignment(p.a, p.batch, p.stride_a * 2);
+  const uint32_t align_c = gpu::lt_alignment(p.c, p.batch, p.stride_c * p.c_bytes);
   const PlanKey key{device, int(p.trans_a), int(p.trans_b), p.m, p.n, p.k, p.lda, p.ldb, p.ldc,
                     p.batch, p.stride_a, p.stride_b, p.stride_c, int(p.c_type), align_a, align_b,
                     align_c, ws_bytes};
-  auto& plans = thread_state().plans;
+  auto& plans = thread_plans();
   if (auto it = plans.find(key); it != plans.end()) return it->second;
 
   Plan plan;
@@ -200,16 +175,14 @@ Status run_view(const GemmView& p, Workspace ws, cudaStream_t stream) {
   }
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
-  const cublasLtHandle_t handle = handle_for(device);
+  const cublasLtHandle_t handle = gpu::lt_handle(device);
   // The workspace rounded up to cuBLASLt's preferred 256-byte alignment.
-  const uintptr_t base = reinterpret_cast<uintptr_t>(ws.data);
-  const uintptr_t aligned = (base + kLtAlign - 1) / kLtAlign * kLtAlign;
-  const int64_t ws_bytes = std::min<int64_t>(kLtWorkspace, ws.bytes - int64_t(aligned - base));
-  const Plan& plan = plan_for(handle, device, p, ws_bytes);
+  const gpu::LtScratch scratch = gpu::lt_scratch(ws);
+  const Plan& plan = plan_for(handle, device, p, scratch.bytes);
   if (!plan.found) return Status::unsupported;
   CUBLAS_CHECK(cublasLtMatmul(handle, plan.op, &p.alpha, p.b, plan.a, p.a, plan.b, &p.beta, p.c,
-                              plan.c, p.c, plan.c, &plan.algo, reinterpret_cast<void*>(aligned),
-                              size_t(ws_bytes), stream));
+                              plan.c, p.c, plan.c, &plan.algo, scratch.data, size_t(scratch.bytes),
+                              stream));
   WEFT_LAUNCH_CHECK(stream, "cublasLtMatmul");
   return Status::ok;
 }
@@ -236,6 +209,17 @@ Status run(const GemmAccParams<bf16>& p, Workspace ws, cudaStream_t stream) {
 }
 
 }  // namespace
+
+cublasLtHandle_t gpu::lt_handle(int device) {
+  static thread_local auto* handles = new std::unordered_map<int, cublasLtHandle_t>;
+  auto it = handles->find(device);
+  if (it == handles->end()) {
+    cublasLtHandle_t h = nullptr;
+    CUBLAS_CHECK(cublasLtCreate(&h));
+    it = handles->emplace(device, h).first;
+  }
+  return it->second;
+}
 
 WEFT_CUDA_INSTANTIATE(GemmParams)
 WEFT_CUDA_INSTANTIATE(GemmAccParams)

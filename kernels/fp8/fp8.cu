@@ -1,0 +1,307 @@
+// The fp8 cast, amax and delayed-scaling update on CUDA (kernels/fp8/fp8_ops.h),
+// bf16 inputs, every scale and statistic in device memory.
+//
+// The cast computes each code with fp8.h's host rule written again for the
+// device (encode below: round to nearest even by integer arithmetic on the
+// float's bits, subnormals by an exact power-of-two scaling and rintf), not
+// with cuda_fp8.h's conversion, so the codes equal the CPU's bit for bit on
+// every architecture, NaN's sign included; the GPU test checks that on
+// every code boundary. Two kernels:
+//   cast_kernel       no transpose: a grid-stride loop over the elements,
+//                     8 at a time (one 16-byte load of bf16, one 8-byte store
+//                     of codes) where the pointers allow.
+//   cast_t_kernel     with out_t: 32 x 32 tiles through shared memory, so
+//                     both the row-major and the transposed stores coalesce.
+// Both fuse the amax and the health counts: per-thread partials, a block
+// reduction, one atomic per block. The amax is the max of |x|'s bits as
+// unsigned integers, which orders non-negative floats as their values and
+// puts NaN (bits past infinity's) above everything, as fp8_amax's NaN rule
+// asks; the atomic is then atomicMax on those bits, in any order with the
+// same result. The counts are 64-bit atomic adds of exact integers. So all
+// three results repeat run to run.
+#include <cuda_bf16.h>
+
+#include "kernels/cuda_common.cuh"
+#include "kernels/fp8/fp8_check.h"
+#include "kernels/fp8/fp8_ops.h"
+
+namespace weft::kernels {
+namespace {
+
+using gpu::nv_bf16;
+
+// fp8.h's formats as template parameters.
+template <Fp8Format F>
+struct Format;
+template <>
+struct Format<Fp8Format::e4m3> {
+  static constexpr int kMantissa = 3, kBias = 7;
+  static constexpr uint32_t kMaxCode = 0x7e, kOverflowCode = 0x7e;  // no infinity: saturate
+  static constexpr float kMax = 448.0f, kOverflowAt = 464.0f;
+};
+template <>
+struct Format<Fp8Format::e5m2> {
+  static constexpr int kMantissa = 2, kBias = 15;
+  static constexpr uint32_t kMaxCode = 0x7b, kOverflowCode = 0x7c;  // infinity
+  static constexpr float kMax = 57344.0f, kOverflowAt = 61440.0f;
+};
+
+// fp8_encode (kernels/fp8/fp8_cpu.cpp), step for step.
+template <Fp8Format F>
+__device__ __forceinline__ uint8_t encode(float x) {
+  using B = Format<F>;
+  const uint32_t u = __float_as_uint(x);
+  const uint32_t sign = (u >> 31) << 7;
+  const uint32_t mag = u & 0x7fffffffu;
+  if (mag > 0x7f800000u) return uint8_t(sign | 0x7f);
+  if (mag == 0x7f800000u) return uint8_t(sign | B::kOverflowCode);
+  constexpr uint32_t kMinNormalExp = uint32_t(127 + 1 - B::kBias);
+  uint32_t code;
+  if ((mag >> 23) >= kMinNormalExp) {
+    constexpr int kShift = 23 - B::kMantissa;
+    const uint32_t rounded = (mag + ((1u << (kShift - 1)) - 1) + ((mag >> kShift) & 1u)) >> kShift;
+    code = rounded - ((kMinNormalExp - 1) << B::kMantissa);
+  } else {
+    // Multiplying by a power of two is exact here (no overflow), and rintf
+    // rounds to nearest even, as the host's nearbyint in double does.
+    constexpr float kUnits = float(1u << (B::kBias - 1 + B::kMantissa));
+    code = uint32_t(rintf(fabsf(x) * kUnits));
+  }
+  if (code > B::kMaxCode) code = B::kOverflowCode;
+  return uint8_t(sign | code);
+}
+
+// One element's code and statistics (fp8_quantize and fp8_qdq's counts).
+struct Stats {
+  uint32_t amax_bits = 0;
+  unsigned long long over = 0, under = 0;
+};
+
+template <Fp8Format F>
+__device__ __forceinline__ uint8_t quantize(float x, float scale, Stats& st) {
+  using B = Format<F>;
+  float s = x * scale;
+  const bool over = fabsf(s) > B::kOverflowAt;
+  if (s > B::kMax) s = B::kMax;
+  if (s < -B::kMax) s = -B::kMax;  // NaN passes both and stays NaN
+  const uint8_t code = encode<F>(s);
+  st.amax_bits = max(st.amax_bits, __float_as_uint(x) & 0x7fffffffu);
+  st.over += over;
+  st.under += (code & 0x7f) == 0 && x != 0.0f;
+  return code;
+}
+
+struct UMaxOp {
+  __device__ __forceinline__ uint32_t operator()(uint32_t a, uint32_t b) const { return max(a, b); }
+};
+
+// The block's statistics into the outputs: one atomic each from thread 0.
+// Every thread of the block calls it.
+__device__ void stats_flush(Stats st, float* amax, Fp8Health* health) {
+  if (amax) st.amax_bits = gpu::block_reduce(st.amax_bits, UMaxOp{}, 0u);
+  if (health) {
+    st.over = gpu::block_reduce(st.over, gpu::SumOp{}, 0ull);
+    st.under = gpu::block_reduce(st.under, gpu::SumOp{}, 0ull);
+  }
+  if (threadIdx.x != 0) return;
+  if (amax) atomicMax(reinterpret_cast<unsigned int*>(amax), st.amax_bits);
+  if (health) {
+    static_assert(sizeof(Fp8Health) == 2 * sizeof(unsigned long long));
+    auto* counts = reinterpret_cast<unsigned long long*>(health);
+    if (st.over) atomicAdd(counts, st.over);
+    if (st.under) atomicAdd(counts + 1, st.under);
+  }
+}
+
+constexpr int kThreads = 256;
+
+// x (n) -> out (n); vec: x 16-byte and out 8-byte aligned.
+template <Fp8Format F>
+__global__ void __launch_bounds__(kThreads)
+    cast_kernel(int64_t n, bool vec, const nv_bf16* __restrict__ x,  // (n)
+                const float* __restrict__ scale_ptr,                 // (1)
+                uint8_t* __restrict__ out,                           // (n)
+                float* amax, Fp8Health* health) {
+  const float scale = *scale_ptr;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  Stats st;
+  int64_t done = 0;
+  if (vec) {
+    const int64_t groups = n / gpu::kVec;
+    for (int64_t g = t; g < groups; g += stride) {
+      const gpu::Float8 v = gpu::load8(x + g * gpu::kVec);
+      uint2 codes;
+      uint8_t* c = reinterpret_cast<uint8_t*>(&codes);
+#pragma unroll
+      for (int i = 0; i < gpu::kVec; ++i) c[i] = quantize<F>(v.v[i], scale, st);
+      *reinterpret_cast<uint2*>(out + g * gpu::kVec) = codes;
+    }
+    done = groups * gpu::kVec;
+  }
+  for (int64_t i = done + t; i < n; i += stride) out[i] = quantize<F>(gpu::to_float(x[i]), scale, st);
+  stats_flush(st, amax, health);
+}
+
+// x (rows, cols) -> out (rows, cols) and out_t (cols, rows), a 32 x 32 tile
+// per block iteration with 256 threads as 8 rows of 32 (one-dimensional, as
+// block_reduce asks): each thread loads 4 elements of a column of the tile
+// and stores 4 of a row of its transpose.
+constexpr int kTile = 32, kTileRows = 8;
+
+template <Fp8Format F>
+__global__ void __launch_bounds__(kThreads)
+    cast_t_kernel(int64_t rows, int64_t cols, const nv_bf16* __restrict__ x,  // (rows, cols)
+                  const float* __restrict__ scale_ptr,                        // (1)
+                  uint8_t* __restrict__ out,                                  // (rows, cols)
+                  uint8_t* __restrict__ out_t,                                // (cols, rows)
+                  float* amax, Fp8Health* health) {
+  __shared__ uint8_t tile[kTile][kTile + 4];  // padded: the transposed reads spread over banks
+  const float scale = *scale_ptr;
+  const int64_t tiles_c = (cols + kTile - 1) / kTile;
+  const int64_t tiles = (rows + kTile - 1) / kTile * tiles_c;
+  static_assert(kTile * kTileRows == kThreads);
+  const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
+  Stats st;
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const int64_t r0 = t / tiles_c * kTile, c0 = t % tiles_c * kTile;
+#pragma unroll
+    for (int i = 0; i < kTile / kTileRows; ++i) {
+      const int64_t r = r0 + ty + i * kTileRows, c = c0 + tx;
+      if (r < rows && c < cols) {
+        const uint8_t code = quantize<F>(gpu::to_float(x[r * cols + c]), scale, st);
+        out[r * cols + c] = code;
+        tile[ty + i * kTileRows][tx] = code;
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kTile / kTileRows; ++i) {
+      const int64_t c = c0 + ty + i * kTileRows, r = r0 + tx;
+      if (r < rows && c < cols) out_t[c * rows + r] = tile[tx][ty + i * kTileRows];
+    }
+    __syncthreads();
+  }
+  stats_flush(st, amax, health);
+}
+
+template <Fp8Format F>
+void cast_launch(const Fp8CastParams<bf16>& p, cudaStream_t stream) {
+  const int64_t n = p.rows * p.cols;
+  const nv_bf16* x = gpu::dev(p.x);
+  auto* out = reinterpret_cast<uint8_t*>(p.out);
+  if (p.out_t == nullptr) {
+    const bool vec = gpu::aligned16(p.x) && reinterpret_cast<uintptr_t>(p.out) % 8 == 0;
+    const int64_t items = vec ? n / gpu::kVec + gpu::kVec : n;
+    cast_kernel<F><<<gpu::grid_blocks(items, kThreads), kThreads, 0, stream>>>(n, vec, x, p.scale, out,
+                                                                               p.amax, p.health);
+    WEFT_LAUNCH_CHECK(stream, "fp8 cast_kernel");
+  } else {
+    const int64_t tiles = (p.rows + kTile - 1) / kTile * ((p.cols + kTile - 1) / kTile);
+    cast_t_kernel<F><<<gpu::grid_blocks(tiles * kThreads, kThreads), kThreads, 0, stream>>>(
+        p.rows, p.cols, x, p.scale, out, reinterpret_cast<uint8_t*>(p.out_t), p.amax, p.health);
+    WEFT_LAUNCH_CHECK(stream, "fp8 cast_t_kernel");
+  }
+}
+
+Status check(const Fp8CastParams<bf16>& p) { return fp8_detail::params_check(p); }
+int64_t scratch(const Fp8CastParams<bf16>&) { return 0; }
+Status run(const Fp8CastParams<bf16>& p, Workspace, cudaStream_t stream) {
+  if (p.amax && p.amax_write == Write::overwrite)
+    CUDA_CHECK(cudaMemsetAsync(p.amax, 0, sizeof(float), stream));
+  if (p.rows * p.cols == 0) return Status::ok;
+  if (p.format == Fp8Format::e4m3)
+    cast_launch<Fp8Format::e4m3>(p, stream);
+  else
+    cast_launch<Fp8Format::e5m2>(p, stream);
+  return Status::ok;
+}
+
+// Amax alone: the cast's loop without the codes.
+__global__ void __launch_bounds__(kThreads)
+    amax_kernel(int64_t n, bool vec, const nv_bf16* __restrict__ x,  // (n)
+                float* amax) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  uint32_t m = 0;
+  int64_t done = 0;
+  if (vec) {
+    const int64_t groups = n / gpu::kVec;
+    for (int64_t g = t; g < groups; g += stride) {
+      const gpu::Float8 v = gpu::load8(x + g * gpu::kVec);
+#pragma unroll
+      for (int i = 0; i < gpu::kVec; ++i) m = max(m, __float_as_uint(v.v[i]) & 0x7fffffffu);
+    }
+    done = groups * gpu::kVec;
+  }
+  for (int64_t i = done + t; i < n; i += stride)
+    m = max(m, __float_as_uint(gpu::to_float(x[i])) & 0x7fffffffu);
+  m = gpu::block_reduce(m, UMaxOp{}, 0u);
+  if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned int*>(amax), m);
+}
+
+Status check(const Fp8AmaxParams<bf16>& p) { return fp8_detail::params_check(p); }
+int64_t scratch(const Fp8AmaxParams<bf16>&) { return 0; }
+Status run(const Fp8AmaxParams<bf16>& p, Workspace, cudaStream_t stream) {
+  if (p.write == Write::overwrite) CUDA_CHECK(cudaMemsetAsync(p.amax, 0, sizeof(float), stream));
+  if (p.n == 0) return Status::ok;
+  const bool vec = gpu::aligned16(p.x);
+  const int64_t items = vec ? p.n / gpu::kVec + gpu::kVec : p.n;
+  amax_kernel<<<gpu::grid_blocks(items, kThreads), kThreads, 0, stream>>>(p.n, vec, gpu::dev(p.x), p.amax);
+  WEFT_LAUNCH_CHECK(stream, "fp8 amax_kernel");
+  return Status::ok;
+}
+
+// The scale update: one thread per tensor, fp8_scale_update_one (fp8_ops_cpu.cpp)
+// step for step. The divisions are IEEE (no fast-math), so the scales equal
+// the host's bit for bit.
+__global__ void __launch_bounds__(kThreads) scale_update_kernel(int64_t count, int64_t len, float format_max,
+                                                                const float* __restrict__ amax,  // (count)
+                                                                float* __restrict__ history,  // (count, len)
+                                                                float* __restrict__ scale,    // (count)
+                                                                float* __restrict__ scale_inv) {  // (count)
+  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= count) return;
+  const float a = amax[t];
+  float s = scale[t];
+  if (isfinite(a)) {
+    float* h = history + t * len;
+    float m = a;
+    for (int64_t i = len - 1; i > 0; --i) {
+      const float v = h[i - 1];
+      h[i] = v;
+      m = isnan(v) || isnan(m) ? NAN : fmaxf(m, v);
+    }
+    h[0] = a;
+    // fp8_scale(m, format, s).
+    if (isfinite(m)) {
+      if (m == 0.0f) {
+        s = 1.0f;
+      } else {
+        const float q = format_max / m;
+        if (isfinite(q)) s = q;
+      }
+    }
+    scale[t] = s;
+  }
+  scale_inv[t] = 1.0f / s;
+}
+
+Status check(const Fp8ScaleUpdateParams<bf16>& p) { return fp8_detail::params_check(p); }
+int64_t scratch(const Fp8ScaleUpdateParams<bf16>&) { return 0; }
+Status run(const Fp8ScaleUpdateParams<bf16>& p, Workspace, cudaStream_t stream) {
+  if (p.count == 0) return Status::ok;
+  const int64_t blocks = (p.count + kThreads - 1) / kThreads;
+  scale_update_kernel<<<blocks, kThreads, 0, stream>>>(p.count, p.history_len, fp8_max(p.format), p.amax,
+                                                       p.history, p.scale, p.scale_inv);
+  WEFT_LAUNCH_CHECK(stream, "fp8 scale_update_kernel");
+  return Status::ok;
+}
+
+}  // namespace
+
+WEFT_CUDA_INSTANTIATE(Fp8CastParams)
+WEFT_CUDA_INSTANTIATE(Fp8AmaxParams)
+WEFT_CUDA_INSTANTIATE(Fp8ScaleUpdateParams)
+
+}  // namespace weft::kernels

@@ -1,0 +1,236 @@
+// The FP8 GEMM on CUDA through cuBLASLt (kernels/fp8/fp8_ops.h): FP8 A and
+// B with per-tensor scale_invs in device memory, fp32 accumulation and fp32
+// alpha/beta, C in bf16 (Fp8GemmParams<bf16>: forward, dgrad) or fp32
+// (Fp8GemmAccParams<bf16>: wgrad into the main gradients, beta = 1).
+//
+// As in kernels/gemm/gemm.cu, row-major C (m, n) is cuBLASLt's column-major
+// (n, m), so its A is weft's B and the reverse. Weft's A (m, k) and B (n, k)
+// with k contiguous are then cuBLASLt's column-major A (k, n) used
+// transposed and B (k, m) used as is: the "TN" form, the only one Hopper's
+// FP8 kernels take. The scale_invs follow the swap: cuBLASLt's A scale is
+// b_scale_inv. cuBLASLt multiplies the fp32 product by alpha and by both
+// scales (device pointers read when the kernel runs, so the scales a
+// scale-update kernel wrote moments before apply without a host sync).
+//
+// Plans (descriptors and the heuristic's algorithm) are cached per thread
+// as gemm.cu does, keyed by everything the heuristic reads; the scale
+// pointers change from call to call and are set on the cached descriptor
+// just before each cublasLtMatmul, which reads them at the call.
+//
+// What this backend supports (check): sm_89 or newer (FP8 tensor cores);
+// m, n, k multiples of 16; lda, ldb and ldc's row bytes multiples of 16 and
+// every pointer 16-byte aligned (cuBLASLt's FP8 requirements, kept here so
+// supports() answers before a launch fails). k = 0 is C = beta C through the
+// bf16 gemm's path, which reads neither operand.
+#include <map>
+#include <tuple>
+#include <unordered_map>
+
+#include "kernels/cuda_common.cuh"
+#include "kernels/fp8/fp8_check.h"
+#include "kernels/fp8/fp8_ops.h"
+#include "kernels/gemm/gemm.h"
+#include "kernels/gemm/gemm_lt.cuh"
+
+namespace weft::kernels {
+namespace {
+
+// What both params structs describe, C's type aside.
+struct Fp8GemmView {
+  int64_t m, n, k;
+  float alpha, beta;
+  const void* a;  // (m, k)
+  int64_t lda;
+  Fp8Format a_format;
+  const float* a_scale_inv;
+  const void* b;  // (n, k)
+  int64_t ldb;
+  Fp8Format b_format;
+  const float* b_scale_inv;
+  void* c;  // (m, n); bf16 or fp32
+  int64_t ldc;
+  Fp8Accumulation accumulation;
+  cudaDataType_t c_type;
+  int64_t c_bytes;  // of one element
+};
+
+template <typename P>
+Fp8GemmView view(const P& p, cudaDataType_t c_type, int64_t c_bytes) {
+  return {p.m,           p.n,    p.k,   float(p.alpha), float(p.beta), p.a, p.lda, p.a_format,
+          p.a_scale_inv, p.b,    p.ldb, p.b_format,     p.b_scale_inv, p.c, p.ldc, p.accumulation,
+          c_type,        c_bytes};
+}
+Fp8GemmView view(const Fp8GemmParams<bf16>& p) { return view(p, CUDA_R_16BF, 2); }
+Fp8GemmView view(const Fp8GemmAccParams<bf16>& p) { return view(p, CUDA_R_32F, 4); }
+
+cudaDataType_t lt_type(Fp8Format f) { return f == Fp8Format::e4m3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; }
+
+// Whether the current device has FP8 tensor cores (compute capability 8.9
+// or newer), asked once per device and thread. No device: false.
+bool device_has_fp8() {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  static thread_local std::unordered_map<int, bool> known;
+  if (auto it = known.find(device); it != known.end()) return it->second;
+  int major = 0, minor = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  return known[device] = major * 10 + minor >= 89;
+}
+
+Status view_check(const Fp8GemmView& p, Status rules) {
+  if (rules != Status::ok) return rules;
+  if (p.m == 0 || p.n == 0 || p.k == 0) return Status::ok;
+  if (p.m % 16 || p.n % 16 || p.k % 16 || p.lda % 16 || p.ldb % 16 || (p.ldc * p.c_bytes) % 16)
+    return Status::unsupported;
+  if (!gpu::aligned16(p.a) || !gpu::aligned16(p.b) || !gpu::aligned16(p.c)) return Status::unsupported;
+  return device_has_fp8() ? Status::ok : Status::unsupported;
+}
+
+using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int, int,
+                           uint32_t, uint32_t, uint32_t, int64_t>;
+
+struct Plan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;  // cuBLASLt's A, B, C (= D)
+  cublasLtMatmulAlgo_t algo{};
+  bool found = false;
+};
+
+std::map<PlanKey, Plan>& thread_plans() {
+  static thread_local auto* plans = new std::map<PlanKey, Plan>;
+  return *plans;
+}
+
+void set_scales(cublasLtMatmulDesc_t op, const Fp8GemmView& p) {
+  const void* lt_a_scale = p.b_scale_inv;  // cuBLASLt's A is weft's B
+  const void* lt_b_scale = p.a_scale_inv;
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &lt_a_scale,
+                                              sizeof lt_a_scale));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &lt_b_scale,
+                                              sizeof lt_b_scale));
+}
+
+Plan& plan_for(cublasLtHandle_t handle, int device, const Fp8GemmView& p, int64_t ws_bytes) {
+  const uint32_t align_a = gpu::lt_alignment(p.b), align_b = gpu::lt_alignment(p.a);
+  const uint32_t align_c = gpu::lt_alignment(p.c);
+  const PlanKey key{device,
+                    p.m,
+                    p.n,
+                    p.k,
+                    p.lda,
+                    p.ldb,
+                    p.ldc,
+                    int(p.a_format),
+                    int(p.b_format),
+                    int(p.c_type),
+                    int(p.accumulation),
+                    align_a,
+                    align_b,
+                    align_c,
+                    ws_bytes};
+  auto& plans = thread_plans();
+  if (auto it = plans.find(key); it != plans.end()) return it->second;
+
+  Plan plan;
+  const cublasOperation_t op_a = CUBLAS_OP_T, op_b = CUBLAS_OP_N;
+  CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+  const int8_t fast = p.accumulation == Fp8Accumulation::fast ? 1 : 0;
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
+  set_scales(plan.op, p);
+  // Column-major: cuBLASLt's A is weft's B as (k, n), its B weft's A as (k, m), C weft's C as (n, m).
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, lt_type(p.b_format), uint64_t(p.k), uint64_t(p.n), p.ldb));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, lt_type(p.a_format), uint64_t(p.k), uint64_t(p.m), p.lda));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.c, p.c_type, uint64_t(p.n), uint64_t(p.m), p.ldc));
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const uint64_t max_ws = uint64_t(ws_bytes);
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_ws,
+                                                    sizeof max_ws));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                    &align_a, sizeof align_a));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                    &align_b, sizeof align_b));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                    &align_c, sizeof align_c));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                    &align_c, sizeof align_c));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle, plan.op, plan.a, plan.b, plan.c,
+                                                               plan.c, pref, 1, &result, &found);
+  CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+  // NOT_SUPPORTED: no algorithm fits; launch reports unsupported.
+  if (status != CUBLAS_STATUS_NOT_SUPPORTED) CUBLAS_CHECK(status);
+  plan.found = status == CUBLAS_STATUS_SUCCESS && found > 0;
+  if (plan.found) plan.algo = result.algo;
+  return plans.emplace(key, plan).first->second;
+}
+
+Status run_view(const Fp8GemmView& p, Workspace ws, cudaStream_t stream) {
+  if (p.m == 0 || p.n == 0) return Status::ok;
+  if (p.k == 0) {
+    // C = beta C: the bf16 gemm's k = 0 path, which reads no operand.
+    const Stream s = make_cuda_stream(stream);
+    if (p.c_type == CUDA_R_16BF)
+      return launch(GemmParams<bf16>{.m = p.m,
+                                     .n = p.n,
+                                     .k = 0,
+                                     .alpha = p.alpha,
+                                     .beta = p.beta,
+                                     .lda = 1,
+                                     .ldb = p.n,
+                                     .c = static_cast<bf16*>(p.c),
+                                     .ldc = p.ldc},
+                    Workspace{}, s);
+    return launch(GemmAccParams<bf16>{.m = p.m,
+                                      .n = p.n,
+                                      .k = 0,
+                                      .alpha = p.alpha,
+                                      .beta = p.beta,
+                                      .lda = 1,
+                                      .ldb = p.n,
+                                      .c = static_cast<float*>(p.c),
+                                      .ldc = p.ldc},
+                  Workspace{}, s);
+  }
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  const cublasLtHandle_t handle = gpu::lt_handle(device);
+  const gpu::LtScratch scratch = gpu::lt_scratch(ws);
+  Plan& plan = plan_for(handle, device, p, scratch.bytes);
+  if (!plan.found) return Status::unsupported;
+  set_scales(plan.op, p);
+  CUBLAS_CHECK(cublasLtMatmul(handle, plan.op, &p.alpha, p.b, plan.a, p.a, plan.b, &p.beta, p.c, plan.c, p.c,
+                              plan.c, &plan.algo, scratch.data, size_t(scratch.bytes), stream));
+  WEFT_LAUNCH_CHECK(stream, "cublasLtMatmul (fp8)");
+  return Status::ok;
+}
+
+int64_t scratch_view(const Fp8GemmView& p) {
+  return p.m == 0 || p.n == 0 || p.k == 0 ? 0 : gpu::kLtWorkspace + gpu::kLtAlign;
+}
+
+Status check(const Fp8GemmParams<bf16>& p) { return view_check(view(p), fp8_detail::params_check(p)); }
+Status check(const Fp8GemmAccParams<bf16>& p) { return view_check(view(p), fp8_detail::params_check(p)); }
+int64_t scratch(const Fp8GemmParams<bf16>& p) { return scratch_view(view(p)); }
+int64_t scratch(const Fp8GemmAccParams<bf16>& p) { return scratch_view(view(p)); }
+Status run(const Fp8GemmParams<bf16>& p, Workspace ws, cudaStream_t stream) {
+  return run_view(view(p), ws, stream);
+}
+Status run(const Fp8GemmAccParams<bf16>& p, Workspace ws, cudaStream_t stream) {
+  return run_view(view(p), ws, stream);
+}
+
+}  // namespace
+
+WEFT_CUDA_INSTANTIATE(Fp8GemmParams)
+WEFT_CUDA_INSTANTIATE(Fp8GemmAccParams)
+
+}  // namespace weft::kernels
