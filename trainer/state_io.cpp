@@ -75,6 +75,10 @@ void state_save(const std::string& dir, LlamaStage<Elem, G>& stage, Optimizer<El
   const ModelSpec& m = stage.model();
   const Layout& l = stage.layout();
   std::vector<float> mine = stage_full_state(stage, opt);
+  // Delayed FP8 scaling's history travels after the stage's tensors.
+  const std::vector<float> history = stage.fp8_history();
+  mine.insert(mine.end(), history.begin(), history.end());
+  const int64_t history_per_block = history.empty() ? 0 : int64_t(history.size()) / stage.plan().layers;
   const bool leader = g.tp_rank() == 0 && g.dp_rank() == 0 && g.cp_rank() == 0;
   if (leader && g.pp_rank() > 0) g.pp->send(mine.data(), int64_t(mine.size()), 0, 7000);
   if (!(leader && g.pp_rank() == 0)) {
@@ -90,12 +94,14 @@ void state_save(const std::string& dir, LlamaStage<Elem, G>& stage, Optimizer<El
       stages[0] = std::move(mine);
       continue;
     }
-    int64_t n = 0;
+    int64_t n = history_per_block * memory::stage_plan(m, run, l, s).layers;
     for (const auto& p : specs[size_t(s)].specs) n += 3 * p.rows * p.cols;
     stages[size_t(s)].resize(size_t(n));
     g.pp->recv(stages[size_t(s)].data(), n, s, 7000);
   }
   std::vector<checkpoint::TensorRef> model, state;
+  // (layers, 21, history) in global layer order, gathered from the stages' blocks.
+  std::vector<float> history_full(size_t(history_per_block * m.layers));
   for (int64_t s = 0; s < l.pp; ++s) {
     const float* src = stages[size_t(s)].data();
     for (const auto& p : specs[size_t(s)].specs) {
@@ -110,7 +116,14 @@ void state_save(const std::string& dir, LlamaStage<Elem, G>& stage, Optimizer<El
       }
       src += 3 * n;
     }
+    const int64_t blocks = memory::stage_plan(m, run, l, s).layers, per_chunk = blocks / l.vpp;
+    for (int64_t b = 0; b < blocks && history_per_block > 0; ++b, src += history_per_block)
+      std::copy(src, src + history_per_block,
+                history_full.begin() + memory::global_layer(m, l, s, b / per_chunk, b % per_chunk) * history_per_block);
   }
+  if (history_per_block > 0)
+    state.push_back({checkpoint::kFp8HistoryTensor, checkpoint::DType::F32,
+                     {m.layers, int64_t{memory::kFp8Gemms} * 3, kFp8DelayedHistory}, history_full.data()});
   checkpoint::Manifest man;
   man.step = info.step;
   man.data_position = info.data_position;
@@ -121,6 +134,7 @@ void state_save(const std::string& dir, LlamaStage<Elem, G>& stage, Optimizer<El
   man.model = m;
   man.run = info.run;
   man.run["nonfinite_total"] = opt.nonfinite_total();
+  if (history_per_block > 0) man.run["fp8_history_len"] = stage.fp8_history_len();
   man.bos_token_id = info.bos_token_id;
   man.eos_token_id = info.eos_token_id;
   checkpoint::save_checkpoint(dir, model, state, man);
@@ -144,6 +158,20 @@ void state_load(const checkpoint::Checkpoint& ck, LlamaStage<Elem, G>& stage,
   }
   optim->weights_set(w);
   optim->state_set(m, v);
+  // Delayed FP8 scaling picks up its history where the checkpoint left it
+  // (a checkpoint without one, from another recipe, starts it afresh).
+  if (const auto* h = ck.optimizer.find(checkpoint::kFp8HistoryTensor); h && !stage.fp8_history().empty()) {
+    const ModelSpec& model = stage.model();
+    const Layout& l = stage.layout();
+    const int64_t per_block = h->elements() / model.layers, blocks = stage.plan().layers, per_chunk = blocks / l.vpp;
+    std::vector<float> full(size_t(h->elements())), mine(size_t(per_block * blocks));
+    std::memcpy(full.data(), h->data, size_t(h->bytes()));  // F32, checked when the checkpoint was opened
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t g = memory::global_layer(model, l, stage.plan().stage, b / per_chunk, b % per_chunk);
+      std::copy(full.begin() + g * per_block, full.begin() + (g + 1) * per_block, mine.begin() + b * per_block);
+    }
+    stage.fp8_history_set(mine, ck.manifest.run.value("fp8_history_len", int64_t{0}));
+  }
   optim->restore(ck.manifest.optimizer.step, ck.manifest.run.value("nonfinite_total", int64_t{0}));
 }
 

@@ -289,6 +289,22 @@ TEST(LayoutParity, CheckpointsReshardAcrossLayouts) {
         EXPECT_NEAR(losses[i], ref[3 + i], 1e-5 * ref[3 + i]) << from << " -> " << to << " step " << 4 + i;
     }
   }
+  // Delayed FP8 scaling carries its amax history in the checkpoint: resumed
+  // under layouts that sum in one rank's order (pp, vpp, dp), the losses are
+  // the uninterrupted run's exactly; without the history step 4 would scale
+  // from its own amaxes and differ.
+  const auto fp8_ref = f.train("tp1-pp1-dp1-mb2-fp8:delayed", f.dir.path("fp8-ref"), "--ckpt-every 3");
+  const auto fp8_ckpt = f.dir.path("fp8-ref") + "/checkpoints/step_000003";
+  for (const std::string to : {"tp1-pp1-dp1-mb2-fp8:delayed", "tp1-pp2-dp1-mb2-vpp2-fp8:delayed",
+                               "tp1-pp1-dp2-mb2-zero1-fp8:delayed"}) {
+    const auto losses = f.train(to, f.dir.path("fp8-b-" + to), "--resume-from " + fp8_ckpt);
+    ASSERT_EQ(losses.size(), 2u) << to;
+    for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(losses[i], fp8_ref[3 + i], 1e-7 * fp8_ref[3 + i]) << to << " step " << 4 + i;
+  }
+  // The same checkpoint resumed with tensorwise scaling (no history) takes other steps.
+  const auto tensorwise = f.train("tp1-pp1-dp1-mb2-fp8:tensorwise", f.dir.path("fp8-tw"), "--resume-from " + fp8_ckpt);
+  ASSERT_EQ(tensorwise.size(), 2u);
+  EXPECT_GT(std::fabs(tensorwise[0] - fp8_ref[3]) / fp8_ref[3], 1e-6);
 }
 
 TEST(LayoutParity, BadLayoutsAreClearErrors) {

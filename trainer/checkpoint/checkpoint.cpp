@@ -18,6 +18,7 @@
 
 #include "core/error.h"
 #include "core/json_io.h"
+#include "memory/shapes.h"
 #include "trainer/checkpoint/crc32c.h"
 
 namespace weft::checkpoint {
@@ -75,6 +76,13 @@ void optimizer_tensors_check(const std::vector<TensorRef>& tensors, const ModelS
     OptimState state;
     std::string param;
     if (!seen.insert(t.name).second) throw fail(fmt::format("tensor '{}' appears twice", t.name));
+    if (t.name == kFp8HistoryTensor) {
+      const std::vector<int64_t> want = {m.layers, int64_t{memory::kFp8Gemms} * 3, kFp8DelayedHistory};
+      if (t.shape != want || t.dtype != DType::F32)
+        throw fail(fmt::format("tensor '{}' has shape {} and dtype {}; delayed FP8 scaling's history is {} F32",
+                               t.name, shape_text(t.shape), to_string(t.dtype), shape_text(want)));
+      continue;
+    }
     if (!optim_state_parse(t.name, state, param))
       throw fail(
           fmt::format("optimizer tensor '{}' does not start with exp_avg., exp_avg_sq. or "

@@ -35,6 +35,12 @@ namespace weft::checkpoint {
 
 inline constexpr const char* kModelFile = "model.safetensors";
 inline constexpr const char* kOptimizerFile = "optimizer.safetensors";
+// Delayed FP8 scaling's amax history (Layout::fp8), in optimizer.safetensors
+// beside the Adam moments: (layers, 7 GEMMs x 3 operands, kFp8DelayedHistory)
+// fp32, oldest entry first; the manifest's run.fp8_history_len says how many
+// entries are filled. Layout-independent: after each step every rank of a
+// stage holds the same history.
+inline constexpr const char* kFp8HistoryTensor = "fp8.amax_history";
 inline constexpr const char* kManifestFile = "manifest.json";
 
 struct SaveOptions {

@@ -173,6 +173,13 @@ class LlamaStage {
   };
   void fp8_step_begin();
   Fp8Counts fp8_step_end();
+  // Delayed scaling's amax history for checkpoints (checkpoint::kFp8HistoryTensor):
+  // per block of the stage, in the stage's order, 7 GEMMs x 3 operands x
+  // kFp8DelayedHistory values, oldest first; empty without delayed scaling.
+  // fp8_history_len(): how many entries are filled.
+  std::vector<float> fp8_history() const;
+  int64_t fp8_history_len() const { return fp8_history_len_; }
+  void fp8_history_set(const std::vector<float>& history, int64_t len);
 
   // Copies the logits (B*T, V/tp) of each forward to the host, before the
   // loss overwrites them with their gradient (reference tests, eval dumps).

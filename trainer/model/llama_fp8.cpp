@@ -220,6 +220,38 @@ typename LlamaStage<Elem, G>::Fp8Counts LlamaStage<Elem, G>::fp8_step_end() {
   return counts;
 }
 
+template <typename Elem, typename G>
+std::vector<float> LlamaStage<Elem, G>::fp8_history() const {
+  std::vector<float> out;
+  if (!fp8_scaling_) return out;
+  const int64_t slots = plan_.layers * kFp8Gemms * kRoles, H = kFp8DelayedHistory;
+  out.reserve(size_t(slots * H));
+  // Unrolled from the ring: when it is full the oldest entry sits at the next write.
+  const int64_t first = fp8_history_len_ == H ? fp8_history_next_ : 0;
+  for (int64_t i = 0; i < slots; ++i)
+    for (int64_t h = 0; h < H; ++h) out.push_back(fp8_scaling_[i * kSlot + (first + h) % H]);
+  return out;
+}
+
+template <typename Elem, typename G>
+void LlamaStage<Elem, G>::fp8_history_set(const std::vector<float>& history, int64_t len) {
+  if (!fp8_scaling_) return;
+  const int64_t slots = plan_.layers * kFp8Gemms * kRoles, H = kFp8DelayedHistory;
+  WEFT_ASSERT(int64_t(history.size()) == slots * H && len >= 0 && len <= H);
+  for (int64_t i = 0; i < slots; ++i) {
+    float* st = fp8_scaling_ + i * kSlot;
+    float largest = 0.0f;
+    for (int64_t h = 0; h < H; ++h) {
+      st[h] = history[size_t(i * H + h)];
+      if (h < len) largest = std::max(largest, st[h]);
+    }
+    st[kStepAmax] = 0.0f;
+    st[kScale] = kernels::fp8_scale(largest, format_of(int(i % kRoles)), 1.0f);
+  }
+  fp8_history_len_ = len;
+  fp8_history_next_ = len % H;
+}
+
 #define WEFT_LLAMA_FP8(E, G)                                                                                    \
   template void LlamaStage<E, G>::fp8_setup();                                                                 \
   template bool LlamaStage<E, G>::fp8_gemm(const Block&, Fp8Gemm) const;                                      \
@@ -232,7 +264,9 @@ typename LlamaStage<Elem, G>::Fp8Counts LlamaStage<Elem, G>::fp8_step_end() {
   template void LlamaStage<E, G>::linear_wgrad(const Block&, Fp8Gemm, const E*, bool, const E*, bool, G*,      \
                                                const char*);                                                   \
   template void LlamaStage<E, G>::fp8_step_begin();                                                            \
-  template typename LlamaStage<E, G>::Fp8Counts LlamaStage<E, G>::fp8_step_end();
+  template typename LlamaStage<E, G>::Fp8Counts LlamaStage<E, G>::fp8_step_end();                             \
+  template std::vector<float> LlamaStage<E, G>::fp8_history() const;                                           \
+  template void LlamaStage<E, G>::fp8_history_set(const std::vector<float>&, int64_t);
 WEFT_LLAMA_FP8(float, float)
 WEFT_LLAMA_FP8(double, double)
 WEFT_LLAMA_FP8(kernels::bf16, float)
