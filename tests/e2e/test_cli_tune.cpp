@@ -242,6 +242,16 @@ TEST(CliTune, Fp8SearchedPinnedAndRefused) {
   r = run_weft("tune --dry-run --model tiny --gpu cpu --gpus 2 --fp8 tensorwise --top 3 --format json");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(precisions(r.out), (std::set<std::string>{"fp8:tensorwise"}));
+  // A recipe keeps the precision in its layout, and its one line says what
+  // its MFU is against.
+  TempDir dir;
+  r = run_weft("tune --dry-run --model llama3.1-8b --gpu h100 --gpus 8 --fp8 delayed@1 --save-recipe " +
+               dir.path("r.json"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = run_weft("recipe show " + dir.path("r.json"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("-fp8:delayed@1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("vs the dense bf16 peak"), std::string::npos) << r.out;
 }
 
 TEST(CliTune, OneExplicitLayout) {
