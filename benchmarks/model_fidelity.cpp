@@ -31,6 +31,9 @@ void print_stats(const char* label, const Fidelity& f) {
   line("all", f.total);
   // Context parallelism's rows apart: their error is the cp model's.
   line("context parallel (cp > 1)", f.context_parallel);
+  // FP8 rows apart: their error is the FP8 model's. MFU on them is against
+  // the dense bf16 peak (989 TFLOP/s on H100), as on every other row.
+  line("fp8 (MFU vs the bf16 peak)", f.fp8);
 }
 
 }  // namespace
@@ -50,6 +53,13 @@ int main(int argc, char** argv) {
   for (const auto& [why, n] : set.skipped_cp) cp_skipped += n;
   fmt::print("context parallel rows (cp > 1): {} expressed, {} skipped\n", cp_rows, cp_skipped);
   for (const auto& [why, n] : set.skipped_cp) fmt::print("  {:>5}  {}\n", n, why);
+  int64_t fp8_rows = 0, fp8_held = 0;
+  for (const auto& r : set.runs)
+    if (r.layout.fp8 != Fp8Recipe::off) {
+      ++fp8_rows;
+      fp8_held += r.held_out;
+    }
+  fmt::print("fp8 rows: {} expressed ({} held out)\n", fp8_rows, fp8_held);
 
   // Before: the datasheet constants; after: the presets' shipped profiles
   // (calibration/profiles/, written by `weft calibrate --public`).
@@ -62,6 +72,11 @@ int main(int argc, char** argv) {
     fmt::print("  fitted: rms error of the step time {:.1f}% -> {:.1f}% on {} \n",
                100 * p->provenance.value("rms_error_before", 0.0), 100 * p->provenance.value("rms_error_after", 0.0),
                p->provenance.value("fitted_rows", nlohmann::json::object()).dump());
+    if (p->provenance.value("fp8_rms_error_before", 0.0) > 0)
+      fmt::print("  fp8 rows (fp8_gemm_efficiency alone): rms error {:.1f}% -> {:.1f}% on {}\n",
+                 100 * p->provenance.value("fp8_rms_error_before", 0.0),
+                 100 * p->provenance.value("fp8_rms_error_after", 0.0),
+                 p->provenance.value("fp8_fitted_rows", nlohmann::json::object()).dump());
   }
   for (auto [name, split] : {std::pair{"held-out", Split::held_out}, {"fitted", Split::fitted}}) {
     fmt::print("\n{} rows, datasheet constants (MFU points; rho: mean Spearman per sweep):\n", name);

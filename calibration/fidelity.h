@@ -64,6 +64,7 @@ struct Fidelity {
   std::vector<SweepFidelity> sweeps;
   FidelityStats total;
   FidelityStats context_parallel;  // the rows with cp > 1, whatever their source
+  FidelityStats fp8;               // the rows with FP8 GEMMs, whatever their source (MFU against the bf16 peak)
 };
 
 // The constants each device is predicted with (e.g. cost_defaults, or a
@@ -75,7 +76,9 @@ using ConstantsFor = std::function<CostConstants(const DeviceSpec&)>;
 Fidelity fidelity_evaluate(const std::vector<PublicRun>& runs, Split split, const ConstantsFor& constants);
 
 // Fits one family's constants to its measured, non-held-out rows by least
-// squares on log step time (tuner/calibrate.h), starting from `start`.
+// squares on log step time (tuner/calibrate.h), starting from `start`: the
+// constants of every precision to the rows without FP8, then the FP8 GEMM
+// efficiency alone to the FP8 rows (so FP8 rows never move the bf16 rates).
 CalibrationResult fidelity_fit(const std::vector<PublicRun>& runs, const std::string& family,
                                const CostConstants& start);
 

@@ -134,8 +134,10 @@ PublicRun row_to_run(const Row& r) {
   // S6's notes quote the source's "8B 1D w/o Float8" on its bf16 rows too.
   std::string precision_notes = notes;
   for (size_t at; (at = precision_notes.find("w/o Float8")) != std::string::npos;) precision_notes.erase(at, 10);
-  if (contains(precision_notes, "fp8") || contains(precision_notes, "FP8") || contains(precision_notes, "Float8"))
-    throw Skip{"fp8 compute"};
+  // FP8 rows train the blocks' linear layers in FP8 with the framework's
+  // recipe (SOURCES.md, "FP8 rows"); none keeps blocks in bf16 by default.
+  const bool fp8 =
+      contains(precision_notes, "fp8") || contains(precision_notes, "FP8") || contains(precision_notes, "Float8");
 
   // The model. GPT-style models (4h GELU MLP: two h x 4h matrices) become a
   // Llama with the same matmul FLOPs per token: three h x F matrices, F = 8h/3.
@@ -171,7 +173,11 @@ PublicRun row_to_run(const Row& r) {
   if (m.vocab % (128 * l.tp) != 0 && !hagemann) m.vocab = round_up(m.vocab, 128 * l.tp);
 
   const std::string& rc = r.get("recompute");
-  if (rc.rfind("full", 0) == 0) l.ckpt = Checkpointing::full;
+  if (rc.rfind("full@", 0) == 0) {  // full recomputation of the first K blocks of each stage
+    l.ckpt = Checkpointing::full;
+    l.ckpt_layers = std::strtoll(rc.c_str() + 5, nullptr, 10);
+    if (l.ckpt_layers <= 0) throw InputError(fmt::format("{}:{}: recompute '{}': K in full@K must be positive", r.path, r.line, rc));
+  } else if (rc.rfind("full", 0) == 0) l.ckpt = Checkpointing::full;
   else if (rc == "selective" || rc == "selective op") l.ckpt = Checkpointing::selective;
   else if (rc == "selective layer") {  // every other block recomputed in full
     l.ckpt = Checkpointing::full;
@@ -200,14 +206,20 @@ PublicRun row_to_run(const Row& r) {
     l.grad = GradPrecision::bf16;
   } else {
     l.zero = zero.empty() || zero == "none" ? 0 : int64_t(zero[0] - '0');
-    l.grad = foundry && contains(notes, "mixed_precision=PURE") ? GradPrecision::bf16 : GradPrecision::fp32;
+    l.grad = (foundry && contains(notes, "mixed_precision=PURE")) || r.get("grad_dtype").rfind("bf16", 0) == 0
+                 ? GradPrecision::bf16
+                 : GradPrecision::fp32;
   }
   if (l.dp == 1) l.zero = 0;
+  // Current scaling (torchtitan's Float8, Megatron-Bridge's FP8-CS) is
+  // tensorwise; Transformer Engine's default (llm-foundry, NeMo 24.07) delayed.
+  if (fp8) l.fp8 = titan || contains(notes, "FP8-CS") ? Fp8Recipe::tensorwise : Fp8Recipe::delayed;
 
   const std::string device = device_of(r.get("gpu"));
   p.cluster = cluster_resolve(device, r.count("gpus"), r.count_or("gpus_per_node", 8));
   p.run = RunSpec{r.count("seq"), r.count("global_batch"), Precision::bf16};
-  p.sweep = fmt::format("{} {} seq{} {}x{}", p.source, m.name, p.run.seq, p.cluster.gpus, device);
+  p.sweep = fmt::format("{} {} seq{} {}x{}{}", p.source, m.name, p.run.seq, p.cluster.gpus, device, fp8 ? " fp8" : "");
+  if (fp8 && !p.cluster.device.has_fp8()) throw Skip{"fp8 on a device without FP8 tensor cores"};
   const auto broken = l.violations(m, p.run, p.cluster.gpus);
   if (!broken.empty()) throw Skip{"layout weft cannot run: " + broken.front().substr(0, 40)};
 
@@ -235,11 +247,13 @@ PublicRun row_to_run(const Row& r) {
 // model and cluster it was not fitted to. Of each study's sweeps (its tables
 // together: the source tag up to the first '_'), ordered by a hash of their
 // name, the first 30% (rounded up; none of a study with one sweep) are held
-// out.
+// out. A study's FP8 sweeps are split apart from its others, so that the
+// FP8 rows hold out their own 30% (and the others' split stays as it was).
 void hold_out(std::vector<PublicRun>& runs) {
   std::map<std::string, std::vector<std::pair<uint64_t, std::string>>> sweeps;
   for (const auto& r : runs) {
-    auto& v = sweeps[r.source.substr(0, r.source.find('_'))];  // a study's tables together
+    auto& v = sweeps[r.source.substr(0, r.source.find('_')) +
+                     (r.layout.fp8 != Fp8Recipe::off ? " fp8" : "")];  // a study's tables together
     const std::pair<uint64_t, std::string> key{splitmix64(fnv1a64(r.sweep)), r.sweep};
     if (std::find(v.begin(), v.end(), key) == v.end()) v.push_back(key);
   }

@@ -40,13 +40,14 @@ struct PublicRunSet {
 
 // Reads the CSV. A row becomes a PublicRun when weft can express it: a known
 // device, a stated micro-batch and parallel degrees (cp with its framework's
-// default transport), and an attention kernel
+// default transport, FP8 rows with their framework's recipe), and an attention kernel
 // weft has (FlashAttention-2 class: flash; Megatron's fused softmax:
 // materialized); other rows are counted in `skipped` by reason. Unstated
 // values take the source's documented defaults (see SOURCES.md, "How weft
 // reads the rows"). GPT-style models (a 4h GELU MLP) become the Llama of the
 // same FLOPs: F = 8h/3. The held-out split is whole sweeps, 30% of each
-// source's, chosen by a hash of their names (never the file's order).
+// source's (its FP8 sweeps, whose names end in " fp8", apart), chosen by a
+// hash of their names (never the file's order).
 // InputError naming the path and line for a malformed file.
 PublicRunSet public_runs_load(const std::string& path);
 

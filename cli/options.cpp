@@ -202,7 +202,42 @@ tuner::SpaceLimits SpaceArgs::resolve() const {
   l.norm = parse_all<NormKind>(norm, norm_parse);
   l.grad = parse_all<GradPrecision>(grad, grad_precision_parse);
   l.cp_comm = parse_all<CpComm>(cp_comm, cp_comm_parse);
+  l.fp8 = parse_all<std::pair<Fp8Recipe, int64_t>>(fp8, fp8_pin_parse);
   return l;
+}
+
+std::pair<Fp8Recipe, int64_t> fp8_pin_parse(const std::string& s) {
+  const auto at = s.find('@');
+  Fp8Recipe r;
+  try {
+    r = fp8_recipe_parse(s.substr(0, at));
+  } catch (const InputError& e) {
+    throw InputError(fmt::format("--fp8: {}", e.what()));
+  }
+  int64_t n = 0;
+  if (at != std::string::npos) {
+    const std::string tail = s.substr(at + 1);
+    char* end = nullptr;
+    const long long v = std::strtoll(tail.c_str(), &end, 10);
+    if (tail.empty() || *end != '\0' || v < 0)
+      throw InputError(fmt::format("--fp8 '{}': N in RECIPE@N is the number of blocks kept in bf16 at each end, "
+                                   "a whole number 0 or more (e.g. delayed@1)",
+                                   s));
+    n = v;
+  }
+  if (r == Fp8Recipe::off && n > 0)
+    throw InputError(fmt::format("--fp8 '{}': off keeps every block in bf16; @N applies to tensorwise and delayed", s));
+  return {r, n};
+}
+
+void require_fp8_device(const tuner::SpaceLimits& limits, const DeviceSpec& device) {
+  for (const auto& [recipe, n] : limits.fp8) {
+    if (recipe == Fp8Recipe::off) continue;
+    const std::string why = fp8_unsupported_reason(device);
+    if (!why.empty())
+      throw InputError(fmt::format("--fp8 {}{}: {}; use --fp8 off", to_string(recipe),
+                                   n > 0 ? fmt::format("@{}", n) : "", why));
+  }
 }
 
 void add_space_options(CLI::App& app, SpaceArgs& a) {
@@ -228,6 +263,10 @@ void add_space_options(CLI::App& app, SpaceArgs& a) {
   g->add_option("--grad", a.grad,
                 "Gradient precision: fp32, bf16 (bf16 runs only; halves gradient memory and dp "
                 "traffic, rounds each accumulation and reduction to bf16)")
+      ->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  g->add_option("--fp8", a.fp8,
+                "GEMM precision of the blocks' linear layers: off (bf16), tensorwise, delayed; RECIPE@N keeps the "
+                "first and last N blocks in bf16 (searched: off,tensorwise on devices with FP8 tensor cores)")
       ->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   g->add_option("--max-mb", a.max_mb, "Largest micro-batch tried when --mb is free")
       ->capture_default_str();

@@ -48,11 +48,18 @@ void add_run_options(CLI::App& app, RunArgs& a);
 
 struct SpaceArgs {
   std::vector<int64_t> tp, cp, pp, mb, vpp, zero, ckpt_layers;
-  std::vector<std::string> sp, ckpt, attention, norm, grad, cp_comm;
+  std::vector<std::string> sp, ckpt, attention, norm, grad, cp_comm, fp8;
   int64_t max_mb = 64;
   tuner::SpaceLimits resolve() const;
 };
 void add_space_options(CLI::App& app, SpaceArgs& a);
+
+// One --fp8 value: off, tensorwise or delayed, with @N keeping the first and
+// last N blocks in bf16 ("delayed@1"); InputError naming the value otherwise.
+std::pair<Fp8Recipe, int64_t> fp8_pin_parse(const std::string& s);
+// Refuses FP8 pins on a GPU without FP8 tensor cores, naming the device and
+// what would be valid (the CPU emulates FP8 and is allowed).
+void require_fp8_device(const tuner::SpaceLimits& limits, const DeviceSpec& device);
 
 // For each argument of `args` that looks like an option (--name or
 // --name=value) and that `sub` lacks, the nearest option names `sub` has by

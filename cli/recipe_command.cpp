@@ -20,8 +20,11 @@ struct RecipeArgs {
 
 std::string one_line(const tuner::Recipe& r) {
   const double mfu = r.measured.value("mfu", r.predicted.value("mfu", 0.0));
-  return fmt::format("{} on {} x {} (seq {}, global batch {}): {} [{}; MFU {:.1f}%{}]", r.model.name, r.world,
+  // An FP8 recipe's MFU is against the same dense bf16 peak: said, so that
+  // it is not read against the FP8 one.
+  return fmt::format("{} on {} x {} (seq {}, global batch {}): {} [{}; MFU {:.1f}%{}{}]", r.model.name, r.world,
                      r.device, r.run.seq, r.run.global_batch, r.layout.to_string(), r.source, 100 * mfu,
+                     r.layout.fp8 != Fp8Recipe::off ? " vs the dense bf16 peak" : "",
                      r.machine.empty() ? "" : "; measured on " + r.machine);
 }
 

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <tuple>
 #include <memory>
 
 #include <fmt/format.h>
@@ -66,6 +67,7 @@ struct TrainArgs {
   std::string grad = "fp32";
   int64_t cp = 1;
   std::string cp_comm = "ring";
+  std::string fp8 = "off";
   // --device's default: $WEFT_DEVICE when set (scripts and test suites pin
   // the CPU this way on machines with a GPU), else auto.
   std::string device = std::getenv("WEFT_DEVICE") ? std::getenv("WEFT_DEVICE") : "auto";
@@ -214,6 +216,7 @@ int run_train(TrainArgs& a) {
   if (a.cp < 1) throw InputError(fmt::format("--cp {} must be at least 1", a.cp));
   c.layout.cp = a.cp;
   c.layout.cp_comm = cp_comm_parse(a.cp_comm);
+  std::tie(c.layout.fp8, c.layout.fp8_bf16_layers) = fp8_pin_parse(a.fp8);
   if (!a.layout.empty()) c.layout = Layout::parse(a.layout);
   const bool knobs = std::any_of(a.knobs.begin(), a.knobs.end(), [](CLI::Option* o) { return o->count() > 0; });
   if (a.tune.enabled && (!a.layout.empty() || !a.recipe.empty()))
@@ -225,7 +228,7 @@ int run_train(TrainArgs& a) {
     throw InputError(fmt::format("--tune-top {} must be at least 1", a.tune.top));
   if (a.tune.retune && !tune)
     throw InputError("--retune applies to --auto; a run with --layout, --recipe or "
-                     "--mb/--ckpt/--attn/--norm/--grad/--cp/--cp-comm does not tune");
+                     "--mb/--ckpt/--attn/--norm/--grad/--cp/--cp-comm/--fp8 does not tune");
   if (!a.recipe.empty()) {
     if (!a.layout.empty()) throw InputError("give either --layout or --recipe, not both");
     const auto r = tuner::recipe_load(a.recipe);
@@ -241,6 +244,12 @@ int run_train(TrainArgs& a) {
                    fmt::format("{}", fmt::join(diff, "; ")).c_str());
     c.layout = r.layout;
   }
+  // FP8 GEMMs need FP8 tensor cores, or the CPU, which emulates them.
+  if (c.layout.fp8 != Fp8Recipe::off)
+    if (const std::string why = fp8_unsupported_reason(c.device); !why.empty())
+      throw InputError(fmt::format("{} asks for FP8 GEMMs ({}), but {}; use --fp8 off",
+                                   !a.layout.empty() ? "--layout" : !a.recipe.empty() ? "recipe " + a.recipe : "--fp8",
+                                   gemm_precision_text(c.layout), why));
   // The data is scanned once, before tuning and training: tuning trials and
   // the GPU kernels then take its ids as checked.
   const auto scanned = data::token_data_open(data::data_spec_or_corpus(c.data));
@@ -283,6 +292,7 @@ int run_train(TrainArgs& a) {
       if (o->get_name() == "--grad") limits.grad = {c.layout.grad};
       if (o->get_name() == "--cp") limits.cp = {c.layout.cp};
       if (o->get_name() == "--cp-comm") limits.cp_comm = {c.layout.cp_comm};
+      if (o->get_name() == "--fp8") limits.fp8 = {{c.layout.fp8, c.layout.fp8_bf16_layers}};
     }
     c.optim.total_steps = c.steps;
     if (!a.tune.budget.empty() && a.tune_top->count() == 0) a.tune.top = int64_t{1} << 40;
@@ -366,6 +376,10 @@ Command add_train_command(CLI::App& app) {
           ->capture_default_str(),
       sub->add_option("--cp-comm", a->cp_comm,
                       "How context-parallel ranks share keys and values: ring, allgather or a2a (cp > 1)")
+          ->capture_default_str(),
+      sub->add_option("--fp8", a->fp8,
+                      "GEMM precision of the blocks' linear layers: off, tensorwise or delayed; RECIPE@N keeps the "
+                      "first and last N blocks in bf16 (GPUs with FP8 tensor cores; emulated on the CPU)")
           ->capture_default_str()};
   auto& t = a->tune;
   sub->add_flag("--auto", t.enabled,
@@ -390,7 +404,7 @@ Command add_train_command(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--layout", a->layout,
                   "Parallel layout for mpirun, e.g. tp2-pp2-dp1-mb1 (overrides "
-                  "--mb/--ckpt/--attn/--norm/--grad/--cp/--cp-comm)")
+                  "--mb/--ckpt/--attn/--norm/--grad/--cp/--cp-comm/--fp8)")
       ->check(non_empty());
   sub->add_option("--comm-timeout", a->comm_timeout,
                   "Seconds without progress in a collective before a rank gives up (multi-rank)")

@@ -58,6 +58,7 @@ int run_tune(const TuneArgs& a) {
     tuner::profile_use(p, a.profile, here, ctx.cluster, ctx.constants);
   }
   ctx.memory.margin = a.margin;
+  cli::require_fp8_device(a.space.resolve(), ctx.cluster.device);
 
   const int64_t top = a.all ? std::numeric_limits<int64_t>::max() : a.top;
   const auto no_layout = [&] {
@@ -70,7 +71,7 @@ int run_tune(const TuneArgs& a) {
   tuner::SpaceReport report;
   if (a.layout.empty() && !a.all && !a.exhaustive && format != report::ReportFormat::html) {
     // The listed rows only: the search predicts what its bounds cannot rule out.
-    report = tuner::search(ctx, a.space.resolve(), top, ctx.cluster.device.kind);
+    report = tuner::search(ctx, a.space.resolve(), top, ctx.cluster.device);
     if (report.evaluated == 0) throw no_layout();
   } else {
     std::vector<Layout> layouts;
@@ -79,7 +80,7 @@ int run_tune(const TuneArgs& a) {
       l.validate(ctx.model, ctx.run, ctx.cluster.gpus);
       layouts.push_back(l);
     } else {
-      layouts = tuner::enumerate(ctx.model, ctx.run, ctx.cluster.gpus, a.space.resolve(), ctx.cluster.device.kind);
+      layouts = tuner::enumerate(ctx.model, ctx.run, ctx.cluster.gpus, a.space.resolve(), ctx.cluster.device);
     }
     if (layouts.empty()) throw no_layout();
     report = tuner::evaluate(ctx.model, ctx.run, ctx.cluster, layouts, ctx.constants, ctx.memory);

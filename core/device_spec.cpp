@@ -27,6 +27,9 @@ constexpr int64_t MiB = int64_t{1} << 20;
 // Datasheet numbers (NVIDIA A100 and H100/H200 SXM datasheets):
 // - memory: the total nvidia-smi reports for each board;
 // - peak: dense bf16 tensor-core throughput (no sparsity), fp32 non-tensor;
+//   dense FP8 (E4M3/E5M2) tensor-core throughput where the part has FP8
+//   tensor cores: H100 and H200 SXM 1979 TFLOP/s (the datasheets' 3958 is
+//   with 2:4 sparsity); A100 has none (sm_80);
 // - NVLink: the datasheet's bidirectional total halved (A100 600 GB/s -> 300,
 //   H100/H200 900 GB/s -> 450 per direction);
 // - network: one HDR 200 Gb/s NIC per A100 GPU (DGX A100) and one NDR
@@ -34,13 +37,15 @@ constexpr int64_t MiB = int64_t{1} << 20;
 // - latencies: typical NCCL per-hop figures, ~5 us NVLink, ~10 us InfiniBand;
 // - runtime overhead: CUDA context, cuBLAS and NCCL handles, a stated 1 GiB
 //   until measured on the device.
-DeviceSpec gpu(const char* name, int64_t mem_mib, double bf16_tf, double fp32_tf, double hbm_gbs,
-               double nvlink_gbs, double net_gbs, int64_t sms) {
+DeviceSpec gpu(const char* name, int64_t sm_arch, int64_t mem_mib, double bf16_tf, double fp8_tf, double fp32_tf,
+               double hbm_gbs, double nvlink_gbs, double net_gbs, int64_t sms) {
   DeviceSpec d;
   d.name = name;
   d.kind = DeviceKind::gpu;
+  d.sm_arch = sm_arch;
   d.memory_bytes = mem_mib * MiB;
   d.peak_bf16_flops = bf16_tf * TF;
+  d.peak_fp8_flops = fp8_tf * TF;
   d.peak_fp32_flops = fp32_tf * TF;
   d.memory_bandwidth = hbm_gbs * GB;
   d.intra_node_bandwidth = nvlink_gbs * GB;
@@ -55,10 +60,10 @@ DeviceSpec gpu(const char* name, int64_t mem_mib, double bf16_tf, double fp32_tf
 
 std::vector<DeviceSpec> gpu_presets() {
   return {
-      gpu("a100-40gb", 40960, 312, 19.5, 1555, 300, 25, 108),
-      gpu("a100-80gb", 81920, 312, 19.5, 2039, 300, 25, 108),
-      gpu("h100", 81559, 989.4, 66.9, 3350, 450, 50, 132),
-      gpu("h200", 143771, 989.4, 66.9, 4800, 450, 50, 132),
+      gpu("a100-40gb", 80, 40960, 312, 0, 19.5, 1555, 300, 25, 108),
+      gpu("a100-80gb", 80, 81920, 312, 0, 19.5, 2039, 300, 25, 108),
+      gpu("h100", 90, 81559, 989.4, 1978.9, 66.9, 3350, 450, 50, 132),
+      gpu("h200", 90, 143771, 989.4, 1978.9, 66.9, 4800, 450, 50, 132),
   };
 }
 
@@ -78,9 +83,18 @@ std::string DeviceSpec::summary() const {
   if (kind == DeviceKind::cpu)
     return fmt::format("{} ({} cores, fp32 peak {:.0f} GFLOP/s, {:.1f} GiB)", name, sm_count,
                        peak_fp32_flops / 1e9, memory_bytes / double(1 << 30));
-  return fmt::format("{} ({:.1f} GiB, bf16 dense peak {:.1f} TFLOP/s, HBM {:.0f} GB/s)", name,
+  return fmt::format("{} ({:.1f} GiB, bf16 dense peak {:.1f} TFLOP/s{}, HBM {:.0f} GB/s)", name,
                      memory_bytes / double(1 << 30), peak_bf16_flops / TF,
+                     has_fp8() ? fmt::format(", fp8 dense peak {:.0f} TFLOP/s", peak_fp8_flops / TF) : "",
                      memory_bandwidth / GB);
+}
+
+std::string fp8_unsupported_reason(const DeviceSpec& d) {
+  if (d.kind == DeviceKind::cpu || d.has_fp8()) return "";
+  const std::string arch = d.sm_arch > 0 ? fmt::format("sm_{}", d.sm_arch) : "architecture not stated";
+  return fmt::format("{} ({}) has no FP8 tensor cores; FP8 needs sm_89 or sm_90 (h100, h200; a device "
+                     "file states it with \"peak_fp8_flops\"), or the cpu device, where it is emulated",
+                     d.name, arch);
 }
 
 void ClusterSpec::validate() const {
@@ -164,6 +178,13 @@ DeviceSpec device_from_gpu(const GpuProperties& p) {
     // SXM: 132 x 1.83 GHz x 4096 = 989 TFLOP/s).
     const double per_sm = p.compute_major >= 9 ? 4096 : 2048;
     d.peak_bf16_flops = double(p.sm_count) * p.clock_hz * per_sm;
+    // Dense FP8 tensor-core FLOPs per SM per clock: 8192 on Hopper (twice
+    // its bf16: H100 SXM 132 x 1.83 GHz x 8192 = 1979 TFLOP/s), 2048 on Ada
+    // (L40S datasheet: 733 dense FP8 TFLOP/s from 142 SMs at 2.52 GHz);
+    // none before sm_89.
+    const int64_t arch = p.compute_major * 10 + p.compute_minor;
+    const double fp8_per_sm = arch >= 90 ? 8192 : arch >= 89 ? 2048 : 0;
+    d.peak_fp8_flops = double(p.sm_count) * p.clock_hz * fp8_per_sm;
     d.peak_fp32_flops = double(p.sm_count) * p.clock_hz * (p.compute_major >= 9 ? 256 : 128);
     d.memory_bandwidth = 2.0 * p.memory_clock_hz * p.memory_bus_bits / 8.0;
     d.intra_node_bandwidth = 25e9;  // PCIe 4 x16 without NVLink, stated
@@ -174,6 +195,7 @@ DeviceSpec device_from_gpu(const GpuProperties& p) {
   }
   d.name = preset.empty() ? p.name : preset;
   d.kind = DeviceKind::gpu;
+  if (p.compute_major > 0) d.sm_arch = p.compute_major * 10 + p.compute_minor;
   d.memory_bytes = p.memory_bytes;
   if (p.sm_count > 0) d.sm_count = p.sm_count;
   return d;
@@ -196,6 +218,7 @@ DeviceSpec cpu_rank_share(const DeviceSpec& machine, int64_t local_ranks, int64_
   DeviceSpec d = machine;
   d.peak_fp32_flops = machine.peak_fp32_flops * used / cores;
   d.peak_bf16_flops = machine.peak_bf16_flops * used / cores;
+  d.peak_fp8_flops = machine.peak_fp8_flops * used / cores;
   d.sm_count = std::max<int64_t>(1, int64_t(std::lround(used)));
   d.memory_bytes = int64_t(double(machine.memory_bytes) / ranks);
   d.memory_bandwidth = machine.memory_bandwidth / ranks;
@@ -257,6 +280,8 @@ void to_json(nlohmann::json& j, const DeviceSpec& d) {
                      {"memory_bytes", d.memory_bytes},
                      {"peak_bf16_flops", d.peak_bf16_flops},
                      {"peak_fp32_flops", d.peak_fp32_flops},
+                     {"peak_fp8_flops", d.peak_fp8_flops},
+                     {"sm_arch", d.sm_arch},
                      {"memory_bandwidth", d.memory_bandwidth},
                      {"intra_node_bandwidth", d.intra_node_bandwidth},
                      {"inter_node_bandwidth", d.inter_node_bandwidth},
@@ -328,6 +353,20 @@ void from_json(const nlohmann::json& j, DeviceSpec& d) {
   num("memory_bytes", d.memory_bytes, kBytes);
   num("peak_bf16_flops", d.peak_bf16_flops, kFlops);
   num("peak_fp32_flops", d.peak_fp32_flops, kFlops);
+  // 0 states that the device has no FP8 tensor cores; files written before
+  // the field (or without it) keep the preset's, or none.
+  if (!(j.contains("peak_fp8_flops") && j["peak_fp8_flops"].is_number() && j["peak_fp8_flops"].get<double>() == 0))
+    num("peak_fp8_flops", d.peak_fp8_flops, kFlops);
+  else
+    d.peak_fp8_flops = 0;
+  if (j.contains("sm_arch")) {
+    const auto& v = j["sm_arch"];
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > 1000)
+      throw InputError(fmt::format("field 'device.sm_arch' is {}; it must be the compute capability times 10 "
+                                   "(80 for A100, 89 for Ada, 90 for H100/H200) or 0 when unknown",
+                                   v.dump()));
+    d.sm_arch = v.get<int64_t>();
+  }
   num("memory_bandwidth", d.memory_bandwidth, kBandwidth);
   num("intra_node_bandwidth", d.intra_node_bandwidth, kBandwidth);
   num("inter_node_bandwidth", d.inter_node_bandwidth, kBandwidth);

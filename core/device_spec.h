@@ -22,6 +22,10 @@ struct DeviceSpec {
   int64_t memory_bytes = 0;          // total device memory
   double peak_bf16_flops = 0;        // dense tensor-core bf16 FLOP/s
   double peak_fp32_flops = 0;        // dense fp32 FLOP/s (the peak used on CPU)
+  // Dense FP8 tensor-core FLOP/s (E4M3/E5M2 inputs, fp32 accumulation); 0
+  // for a device without FP8 tensor cores (before sm_89, and the CPU).
+  double peak_fp8_flops = 0;
+  int64_t sm_arch = 0;               // CUDA compute capability x 10 (80, 89, 90); 0: not a CUDA device or unknown
   double memory_bandwidth = 0;       // HBM (or DRAM) bytes/s
   double intra_node_bandwidth = 0;   // NVLink bytes/s per GPU, one direction
   double inter_node_bandwidth = 0;   // network bytes/s per GPU, one direction
@@ -35,9 +39,21 @@ struct DeviceSpec {
   std::shared_ptr<const MeasuredRates> measured;
 
   // The peak that MFU is measured against for a precision ("bf16"/"fp32").
+  // FP8 layouts are measured against the bf16 peak too: MFU counts the
+  // model's FLOPs against the dense compute-precision peak, whatever the
+  // GEMMs ran in, so that FP8 and BF16 runs compare on one scale.
   double peak_flops(const std::string& precision) const;
+  // Whether the device has FP8 tensor cores (a GPU with an FP8 peak).
+  bool has_fp8() const { return kind == DeviceKind::gpu && peak_fp8_flops > 0; }
   std::string summary() const;
 };
+
+// Why FP8 GEMMs cannot run on `d`, naming the device, its architecture and
+// the devices that can ("a100-80gb (sm_80) has no FP8 tensor cores; FP8
+// needs sm_89 or sm_90 (h100, h200)"); empty when they can. The CPU is not
+// refused here: its FP8 is emulated (quantise-dequantise around fp32 GEMMs),
+// which training allows and the tuner searches only when pinned.
+std::string fp8_unsupported_reason(const DeviceSpec& d);
 
 // How the devices are wired. A node is the devices that share its network
 // ports; an NVLink domain is the devices that reach each other over the fast

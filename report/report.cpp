@@ -38,6 +38,12 @@ std::string grad_precision_note(const Layout& l) {
          "  contribution below 2^-8 of the running sum is lost (--grad fp32 keeps them exact to fp32)\n";
 }
 
+// A layout's GEMM precision as the reports print it: its FP8 recipe, else
+// the run's compute precision (fp32 on the CPU).
+std::string gemms(const Layout& l, const RunSpec& run) {
+  return l.fp8 == Fp8Recipe::off ? std::string(to_string(run.precision)) : gemm_precision_text(l);
+}
+
 std::string header(const SpaceReport& r, const SpaceContext& c) {
   const double usable = double(c.cluster.device.memory_bytes) * (1 - c.memory.margin);
   std::string peak_kind = c.cluster.device.kind == DeviceKind::cpu ? "fp32" : "dense bf16";
@@ -51,14 +57,22 @@ std::string header(const SpaceReport& r, const SpaceContext& c) {
                         "every one)\n",
                         r.evaluated, r.seconds * 1e3, r.visited,
                         r.evaluated > 0 ? 100.0 * double(r.visited) / double(r.evaluated) : 0.0, r.fitting);
+  // FP8 layouts are measured against the same bf16 peak (dividing by the
+  // FP8 peak would halve their MFU and make FP8 and BF16 runs incomparable).
+  const std::string fp8_note =
+      c.cluster.device.has_fp8()
+          ? fmt::format("FP8 layouts' MFU is against the same {:.0f} TFLOP/s bf16 peak, not the {:.0f} TFLOP/s FP8 "
+                        "peak; GEMMs: the precision of the blocks' linear layers\n",
+                        c.cluster.device.peak_bf16_flops / 1e12, c.cluster.device.peak_fp8_flops / 1e12)
+          : "";
   return fmt::format(
       "model   {}\ncluster {}\nrun     seq {}, global batch {} ({:.2f}M tokens/step), {}\n"
       "MFU against the {} peak of {:.1f} TFLOP/s per device; memory margin {:.0f}% "
-      "(usable {:.1f} of {:.1f} GiB)\n{}",
+      "(usable {:.1f} of {:.1f} GiB)\n{}{}",
       c.model.summary(), c.cluster.summary(), c.run.seq, c.run.global_batch,
       double(c.run.tokens_per_step()) / 1e6, to_string(c.run.precision), peak_kind,
       c.cluster.device.peak_flops(to_string(c.run.precision)) / 1e12, 100 * c.memory.margin,
-      usable / double(GiB), gib(c.cluster.device.memory_bytes), space);
+      usable / double(GiB), gib(c.cluster.device.memory_bytes), fp8_note, space);
 }
 
 std::string breakdown(const Candidate& c, const SpaceContext& ctx) {
@@ -76,15 +90,18 @@ std::string breakdown(const Candidate& c, const SpaceContext& ctx) {
   auto part = [&](const char* name, double v) {
     return fmt::format("    {:<12} {:>10} {:>5.1f}%\n", name, format_seconds(v), 100 * v / k.step);
   };
-  s += fmt::format("  predicted step {} = {:.0f} tokens/s, {:.1f} TFLOP/s per device, MFU {:.1f}% "
-                   "(peak {:.1f} TFLOP/s)\n",
-                   format_seconds(k.step), k.tokens_per_second, k.model_flops_per_gpu / 1e12,
-                   100 * k.mfu, k.peak_flops / 1e12);
+  s += fmt::format("  GEMMs {}; predicted step {} = {:.0f} tokens/s, {:.1f} TFLOP/s per device, MFU {:.1f}% "
+                   "({} peak {:.1f} TFLOP/s{})\n",
+                   gemms(c.layout, ctx.run), format_seconds(k.step), k.tokens_per_second,
+                   k.model_flops_per_gpu / 1e12, 100 * k.mfu,
+                   ctx.cluster.device.kind == DeviceKind::cpu ? "fp32" : "vs the dense bf16", k.peak_flops / 1e12,
+                   k.fp8_peak_flops > 0 ? fmt::format("; {:.1f}% of the {:.0f} TFLOP/s FP8 peak",
+                                                      100 * k.fp8_peak_utilization, k.fp8_peak_flops / 1e12)
+                                        : "");
   s += part("compute", k.compute) + part("recompute", k.recompute) + part("tp comm", k.tp_comm) +
        part("cp comm", k.cp_comm) + part("pp bubble", k.pp_bubble) + part("pp p2p", k.pp_p2p) + part("dp comm", k.dp_comm) +
        part("optimizer", k.optimizer);
   s += grad_precision_note(c.layout);
-  (void)ctx;
   return s;
 }
 
@@ -177,7 +194,7 @@ const Candidate* nearest_to_fitting(const SpaceReport& r) {
 
 std::string report_table(const SpaceReport& r, const SpaceContext& ctx, int64_t top) {
   std::string s = header(r, ctx) + "\n";
-  s += fmt::format("{:>4}  {:<78} {:>16} {:>10} {:>11} {:>10} {:>6}\n", "rank", "layout",
+  s += fmt::format("{:>4}  {:<78} {:<16} {:>16} {:>10} {:>11} {:>10} {:>6}\n", "rank", "layout", "GEMMs",
                    "mem GiB (worst)", "step", "tokens/s", "TFLOP/s/dev", "MFU");
   const auto rows = ranked_rows(r, ctx, top);
   for (const Row& row : rows) {
@@ -186,12 +203,13 @@ std::string report_table(const SpaceReport& r, const SpaceContext& ctx, int64_t 
     const std::string mem = c.verdict == Verdict::invalid
                                 ? ""
                                 : fmt::format("{:>7.1f} / {:<6.1f}", gib(c.memory.peak()), gib(c.memory.usable));
+    const std::string precision = gemms(c.layout, ctx.run);
     if (row.rank == 0) {
-      s += fmt::format("{:>4}  {:<78} {:>16} {}\n", rank, row.layout(), mem, row.pruned());
+      s += fmt::format("{:>4}  {:<78} {:<16} {:>16} {}\n", rank, row.layout(), precision, mem, row.pruned());
       continue;
     }
-    s += fmt::format("{:>4}  {:<78} {:>16} {:>10} {:>11.0f} {:>10.1f} {:>5.1f}%{}\n", rank, row.layout(), mem,
-                     format_seconds(c.cost.step), c.cost.tokens_per_second, c.cost.model_flops_per_gpu / 1e12,
+    s += fmt::format("{:>4}  {:<78} {:<16} {:>16} {:>10} {:>11.0f} {:>10.1f} {:>5.1f}%{}\n", rank, row.layout(), precision,
+                     mem, format_seconds(c.cost.step), c.cost.tokens_per_second, c.cost.model_flops_per_gpu / 1e12,
                      100 * c.cost.mfu, row.alike.empty() ? "" : "  " + row.alike_note());
   }
   if (rows.empty() || rows.front().rank == 0) s += "  (no layout fits; see the pruning reasons below)\n";
@@ -226,7 +244,9 @@ nlohmann::json report_json(const SpaceReport& r, const SpaceContext& ctx, int64_
   j["listed"] = std::min<int64_t>(top, int64_t(r.candidates.size()));
   for (const auto& c : r.candidates) {
     if (int64_t(rows.size()) >= top) break;
-    nlohmann::json row{{"layout", c.layout.to_string()}, {"verdict", to_string(c.verdict)}};
+    nlohmann::json row{{"layout", c.layout.to_string()},
+                       {"gemm_precision", gemms(c.layout, ctx.run)},
+                       {"verdict", to_string(c.verdict)}};
     if (c.verdict == Verdict::fits) row["rank"] = ++rank;
     if (!c.reason.empty()) row["reason"] = c.reason;
     if (!c.prune_class.empty()) row["prune_class"] = c.prune_class;
@@ -249,10 +269,9 @@ nlohmann::json report_json(const SpaceReport& r, const SpaceContext& ctx, int64_
 }
 
 std::string report_csv(const SpaceReport& r, const SpaceContext& ctx, int64_t top) {
-  (void)ctx;
   std::string s =
       "rank,layout,verdict,reason,peak_bytes,usable_bytes,step_s,tokens_per_s,model_tflops_per_dev,"
-      "mfu,compute_s,recompute_s,tp_comm_s,cp_comm_s,pp_bubble_s,pp_p2p_s,dp_comm_s,optimizer_s\n";
+      "mfu,compute_s,recompute_s,tp_comm_s,cp_comm_s,pp_bubble_s,pp_p2p_s,dp_comm_s,optimizer_s,gemm_precision\n";
   int64_t rank = 0, listed = 0;
   for (const auto& c : r.candidates) {
     if (listed++ >= top) break;
@@ -264,12 +283,12 @@ std::string report_csv(const SpaceReport& r, const SpaceContext& ctx, int64_t to
                      c.layout.to_string(), to_string(c.verdict), reason);
     if (has) {
       const auto& k = c.cost;
-      s += fmt::format("{},{},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g}\n",
+      s += fmt::format("{},{},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{}\n",
                        c.memory.peak(), c.memory.usable, k.step, k.tokens_per_second,
                        k.model_flops_per_gpu / 1e12, k.mfu, k.compute, k.recompute, k.tp_comm, k.cp_comm,
-                       k.pp_bubble, k.pp_p2p, k.dp_comm, k.optimizer);
+                       k.pp_bubble, k.pp_p2p, k.dp_comm, k.optimizer, gemms(c.layout, ctx.run));
     } else {
-      s += ",,,,,,,,,,,,,\n";
+      s += fmt::format(",,,,,,,,,,,,,,{}\n", gemms(c.layout, ctx.run));
     }
   }
   return s;
@@ -277,8 +296,8 @@ std::string report_csv(const SpaceReport& r, const SpaceContext& ctx, int64_t to
 
 std::string report_md(const SpaceReport& r, const SpaceContext& ctx, int64_t top) {
   std::string s = "# weft dry-run tuning report\n\n```\n" + header(r, ctx) + "```\n\n";
-  s += "| rank | layout | memory (worst stage) | step | tokens/s | TFLOP/s/dev | MFU |\n";
-  s += "|---:|---|---:|---:|---:|---:|---:|\n";
+  s += "| rank | layout | GEMMs | memory (worst stage) | step | tokens/s | TFLOP/s/dev | MFU |\n";
+  s += "|---:|---|---|---:|---:|---:|---:|---:|\n";
   const auto rows = ranked_rows(r, ctx, top);
   for (const Row& row : rows) {
     const Candidate& c = *row.c;
@@ -287,11 +306,12 @@ std::string report_md(const SpaceReport& r, const SpaceContext& ctx, int64_t top
                                 ? ""
                                 : fmt::format("{:.1f} / {:.1f} GiB", gib(c.memory.peak()), gib(c.memory.usable));
     if (row.rank == 0) {
-      s += fmt::format("| - | {} | {} | {} | | | |\n", layout, mem, row.pruned());
+      s += fmt::format("| - | {} | {} | {} | {} | | | |\n", layout, gemms(c.layout, ctx.run), mem, row.pruned());
       continue;
     }
-    s += fmt::format("| {} | {}{} | {} | {} | {:.0f} | {:.1f} | {:.1f}% |\n", row.rank, layout,
-                     row.alike.empty() ? "" : " (" + row.alike_note() + ")", mem, format_seconds(c.cost.step),
+    s += fmt::format("| {} | {}{} | {} | {} | {} | {:.0f} | {:.1f} | {:.1f}% |\n", row.rank, layout,
+                     row.alike.empty() ? "" : " (" + row.alike_note() + ")", gemms(c.layout, ctx.run), mem,
+                     format_seconds(c.cost.step),
                      c.cost.tokens_per_second, c.cost.model_flops_per_gpu / 1e12, 100 * c.cost.mfu);
   }
   if (!rows.empty()) {

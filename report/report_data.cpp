@@ -158,7 +158,9 @@ json dry_run_data(const json& head, Collector c, int64_t invalid, double usable,
   json top = json::array();
   for (const auto& row : field_of(head, "layouts")) {
     if (top.size() >= kTopListed || field_text(row, "verdict") != "fits") break;
-    json t{{"layout", field_text(row, "layout")}, {"rank", field_whole(row, "rank")}};
+    json t{{"layout", field_text(row, "layout")},
+           {"gemm_precision", field_text(row, "gemm_precision", "bf16")},
+           {"rank", field_whole(row, "rank")}};
     for (const char* k : {"compute_s", "recompute_s", "tp_comm_s", "cp_comm_s", "pp_bubble_s", "pp_p2p_s",
                           "dp_comm_s", "optimizer_s", "step_s", "mfu", "tokens_per_s"})
       t[k] = field_number(field_of(row, "prediction"), k);

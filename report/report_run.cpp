@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/json_io.h"
+#include "core/layout.h"
 #include "memory/shapes.h"
 #include "report/html_report.h"
 #include "report/report_fields.h"
@@ -127,15 +128,24 @@ json report_data_run(const std::string& dir) {
     if (rc.is_object()) d["recipe"] = {{"layout", field_of(rc, "layout")}, {"source", field_of(rc, "source")}};
   }
   // The newest header names the model (a string, or a spec with a name).
-  std::string model, layout;
+  std::string model, layout, compute;
   if (!d["headers"].empty()) {
     const json& h = d["headers"].back();
+    if (h.contains("run") && h["run"].is_object()) compute = field_text(h["run"], "precision");
     if (h.contains("model") && h["model"].is_string()) model = h["model"].get<std::string>();
     else if (h.contains("model") && h["model"].is_object()) model = field_text(h["model"], "name");
     if (h.contains("layout") && h["layout"].is_string()) layout = h["layout"].get<std::string>();
   }
   if (layout.empty() && !d["memory"].empty()) layout = field_text(d["memory"][0], "layout");
   d["layout"] = layout;
+  // The GEMM precision the layout trains with: its FP8 recipe, else the
+  // run's compute precision (fp32 on the CPU).
+  if (!layout.empty()) try {
+      const Layout l = Layout::parse(layout);
+      d["gemm_precision"] = l.fp8 == Fp8Recipe::off && !compute.empty() ? compute : gemm_precision_text(l);
+    } catch (const InputError&) {
+      // A layout text of another version: the page shows the text alone.
+    }
   const std::string name = fs::path(dir).lexically_normal().filename().string();
   d["title"] = fmt::format("weft run: {}{}", name.empty() ? dir : name, model.empty() ? "" : " (" + model + ")");
   return d;

@@ -244,8 +244,9 @@ function dryRun(d) {
     stacked(bc, bars.map(t => PARTS.map(([k, name], j) =>
         [t[k], PALETTE[j], `#${t.rank} ${t.layout}\n${name}: ${sec(t[k])} of ${sec(t.step_s)}`])));
     legend(bc, PARTS.map(([k, name], j) => ({label: name, color: PALETTE[j]})));
-    table(sb, ["rank", "layout", "step", "MFU", "tokens/s", "peak memory (GiB)"],
-          d.top.map(t => [t.rank, t.layout, sec(t.step_s), pct(t.mfu), num(t.tokens_per_s), num(gib(t.peak_bytes))]));
+    table(sb, ["rank", "layout", "GEMMs", "step", "MFU (vs bf16 peak)", "tokens/s", "peak memory (GiB)"],
+          d.top.map(t => [t.rank, t.layout, t.gemm_precision || "bf16", sec(t.step_s), pct(t.mfu), num(t.tokens_per_s),
+                          num(gib(t.peak_bytes))]));
   }
   if (d.best && d.best.stages.length) {
     const st = d.best.stages, cats = d.categories;
@@ -331,8 +332,9 @@ function tuning(d) {
     });
     legend(c, Object.entries(STATUS).map(([k, v]) => ({label: k, color: v})).concat(
         [{label: "winner (outlined)", color: "#000", mark: "line"}]));
-    table(tl, ["#", "layout", "status", "predicted", "refit", "measured", "MFU", "memory measured (GiB)"],
-          trials.map(t => [t.order, t.layout + (t.layout === d.winner ? "  (winner)" : ""),
+    table(tl, ["#", "layout", "GEMMs", "status", "predicted", "refit", "measured", "MFU (vs bf16 peak)",
+               "memory measured (GiB)"],
+          trials.map(t => [t.order, t.layout + (t.layout === d.winner ? "  (winner)" : ""), t.gemm_precision || "bf16",
                            t.status + (t.reason ? ": " + t.reason : "") + (t.on_timeline === false ? " (earlier run)" : ""), sec(t.predicted_s), sec(t.calibrated_s),
                            t.status === "ok" ? sec(t.measured_s) : "-", t.status === "ok" ? pct(t.mfu) : "-",
                            t.measured_peak_bytes > 0 ? num(gib(t.measured_peak_bytes)) : "-"]));
@@ -358,7 +360,7 @@ function lineChart(parent, title, ylabel, series, marks, zero, more) {
 
 function runReport(d) {
   const tr = d.train, va = d.val;
-  const rows = [["folder", d.dir], ["layout", d.layout || "-"],
+  const rows = [["folder", d.dir], ["layout", d.layout || "-"], ["GEMMs", d.gemm_precision || "-"],
                 ["records", `${d.train_records} train, ${va.length} validation` +
                             (d.train_stride ? ` (plots every ${d.train_stride}th train record)` : "")]];
   if (d.headers.length > 1 || d.resumes.length) rows.push(["resumed", `${d.headers.length} run headers; resumed at step ${d.resumes.join(", ") || "?"}`]);

@@ -24,8 +24,12 @@ std::string percent_error(double predicted, double measured) {
 std::string tune_report_md(const TuneResult& r, const SpaceContext& ctx) {
   std::string s = fmt::format("# Tuning {} on {} x {}\n\n", ctx.model.name, ctx.cluster.gpus,
                               ctx.cluster.device.summary());
-  s += fmt::format("seq {}, global batch {}, {}; MFU against {:.1f} GFLOP/s per device.\n\n", ctx.run.seq,
-                   ctx.run.global_batch, to_string(ctx.run.precision), r.peak_flops / 1e9);
+  s += fmt::format("seq {}, global batch {}, {}; MFU against {:.1f} GFLOP/s per device{}.\n\n", ctx.run.seq,
+                   ctx.run.global_batch, to_string(ctx.run.precision), r.peak_flops / 1e9,
+                   ctx.cluster.device.has_fp8() ? fmt::format(" (the dense bf16 peak, for FP8 layouts too: not the {:.0f} "
+                                                              "GFLOP/s FP8 peak)",
+                                                              ctx.cluster.device.peak_fp8_flops / 1e9)
+                                                : "");
   s += fmt::format("{} layouts evaluated, {} fit the memory model, {} candidates the trainer runs; "
                    "{} trials in {} (tuning {} in all). Stopped: {}.\n\n",
                    r.space.evaluated, r.space.fitting, r.candidates, r.trials.size(),
@@ -38,13 +42,13 @@ std::string tune_report_md(const TuneResult& r, const SpaceContext& ctx) {
   s += "Columns: *predicted* is the cost model with the device's constants; *refit* is the model refit to the "
        "trials measured before this one, which chose the order; *error* is refit / measured - 1, so + means "
        "the model expected a slower step than was measured.\n\n";
-  s += "| # | layout | status | predicted | refit | measured | error | tokens/s | MFU | memory predicted | "
-       "memory measured |\n|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+  s += "| # | layout | GEMMs | status | predicted | refit | measured | error | tokens/s | MFU | memory predicted | "
+       "memory measured |\n|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   for (size_t i = 0; i < r.trials.size(); ++i) {
     const auto& t = r.trials[i];
     const bool ok = t.status == "ok";
-    s += fmt::format("| {} | `{}`{} | {}{} | {} | {} | {} | {} | {} | {} | {} | {} |\n", t.order,
-                     t.layout.to_string(), r.winner && *r.winner == i ? " **winner**" : "",
+    s += fmt::format("| {} | `{}`{} | {} | {}{} | {} | {} | {} | {} | {} | {} | {} | {} |\n", t.order,
+                     t.layout.to_string(), r.winner && *r.winner == i ? " **winner**" : "", (t.layout.fp8 == Fp8Recipe::off ? std::string(to_string(ctx.run.precision)) : gemm_precision_text(t.layout)),
                      t.repeat ? t.status + " (again)" : t.status,
                      t.status == "ok" || t.reason.empty() ? "" : ": " + t.reason, format_seconds(t.predicted_s),
                      format_seconds(t.calibrated_s), ok ? format_seconds(t.measured_s) : "-",
@@ -71,9 +75,10 @@ std::string tune_report_md(const TuneResult& r, const SpaceContext& ctx) {
   }
   if (r.winner) {
     const auto& w = r.trials[*r.winner];
-    s += fmt::format("{}: `{}`: {} per step ({}), {:.0f} tokens/s, MFU {:.2f}%, peak memory {} "
+    s += fmt::format("{}: `{}` (GEMMs {}): {} per step ({}), {:.0f} tokens/s, MFU {:.2f}%, peak memory {} "
                      "per rank.\n",
-                     r.stopped ? "Best so far" : "Winner", w.layout.to_string(), format_seconds(w.measured_s),
+                     r.stopped ? "Best so far" : "Winner", w.layout.to_string(), (w.layout.fp8 == Fp8Recipe::off ? std::string(to_string(ctx.run.precision)) : gemm_precision_text(w.layout)),
+                     format_seconds(w.measured_s),
                      w.repeats == 1 ? std::string("one trial") : fmt::format("mean of {} trials", w.repeats), w.tokens_per_s, 100 * w.mfu,
                      format_bytes(double(w.measured_peak)));
   } else {
@@ -84,8 +89,10 @@ std::string tune_report_md(const TuneResult& r, const SpaceContext& ctx) {
 
 nlohmann::json tune_report_json(const TuneResult& r, const SpaceContext& ctx) {
   nlohmann::json trials = nlohmann::json::array();
-  for (const auto& t : r.trials)
+  for (const auto& t : r.trials) {
     trials.push_back(trial_to_json(t));
+    trials.back()["gemm_precision"] = (t.layout.fp8 == Fp8Recipe::off ? std::string(to_string(ctx.run.precision)) : gemm_precision_text(t.layout));
+  }
   nlohmann::json j{{"model", ctx.model.name},
                    {"model_hash", ctx.model.hash()},
                    {"device", ctx.cluster.device.name},

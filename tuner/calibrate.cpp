@@ -34,6 +34,7 @@ const std::vector<CalibrationParam>& calibration_params() {
       {"dp_overlap", &CostConstants::dp_overlap, 0.0, 1.0, false},
       {"tp_overlap", &CostConstants::tp_overlap, 0.0, 1.0, false},
       {"overlap_cost", &CostConstants::overlap_cost, 0.0, 1.0, false},
+      {"fp8_gemm_efficiency", &CostConstants::fp8_gemm_efficiency, 0.01, 1.0, true},
   };
   return params;
 }

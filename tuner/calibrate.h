@@ -35,6 +35,9 @@ struct CalibrationResult {
   double rms_error_after = 0;   // the same with the fitted constants
   std::vector<double> error_before, error_after;  // per observation, relative (signed)
   std::vector<std::string> fitted;  // names of the constants that were fitted, in fitting order
+  // The public fit's second stage (calibration/fidelity.h): the RMS relative
+  // error on the FP8 rows before and after fitting the FP8 GEMM efficiency.
+  double fp8_rms_error_before = 0, fp8_rms_error_after = 0;
   int evaluations = 0;          // objective evaluations nlopt used
   // False unless the fit lowered the objective and did not raise the RMS
   // relative error; the start constants are then returned unchanged.
@@ -53,7 +56,8 @@ struct CalibrationParam {
 
 // The fittable constants, most influential first: gemm_efficiency,
 // flash_efficiency, memory_efficiency, intra_efficiency, launch_overhead,
-// inter_efficiency, dp_overlap, tp_overlap, overlap_cost. Efficiencies lie in
+// inter_efficiency, dp_overlap, tp_overlap, overlap_cost, fp8_gemm_efficiency
+// (which moves only FP8 layouts' predictions). Efficiencies lie in
 // [0.01, 1], launch_overhead in [1e-7, 1e-3] s (both fitted in log space),
 // the overlap fractions and overlap_cost in [0, 1] (fitted linearly). The GEMM
 // tile sizes are not fitted: they enter through ceil(), whose plateaus give a

@@ -65,6 +65,10 @@ CostConstants datasheet_constants(const DeviceSpec& device) {
     k.gemm_efficiency = 0.8;
     k.flash_efficiency = 0.4;
     k.intra_efficiency = 0.8;
+    // cuBLASLt FP8 (E4M3, TN, fp32 accumulation) at 8192^3 measured at
+    // ~1610 of 1979 dense TFLOP/s on H100 SXM (0.81; through PyTorch's
+    // _scaled_mm ~1170): calibration/SOURCES.md, "FP8".
+    k.fp8_gemm_efficiency = 0.8;
   }
   return k;
 }
@@ -77,6 +81,29 @@ double gemm_efficiency(double M, double N, double K, const DeviceSpec& device,
   const double wave_eff = tiles / (waves * sms);
   const double k_eff = K / (K + k.gemm_k_half);
   return k.gemm_efficiency * wave_eff * k_eff;
+}
+
+double fp8_gemm_efficiency(double M, double N, double K, const DeviceSpec& device, const CostConstants& k) {
+  const double tiles = std::ceil(M / k.gemm_tile_m) * std::ceil(N / k.gemm_tile_n);
+  const double sms = double(std::max<int64_t>(1, device.sm_count));
+  const double waves = std::ceil(tiles / sms);
+  return k.fp8_gemm_efficiency * tiles / (waves * sms) * K / (K + k.fp8_k_half);
+}
+
+bool fp8_gemm_shape(double M, double N, double K) {
+  const auto by16 = [](double d) { return std::fmod(d, 16.0) == 0; };
+  return by16(M) && by16(N) && by16(K);
+}
+
+int64_t fp8_stage_blocks(const ModelSpec& m, const Layout& l, int64_t stage) {
+  if (l.fp8 == Fp8Recipe::off || l.pp <= 0 || l.vpp <= 0) return 0;
+  const int64_t chunk = m.layers / (l.pp * l.vpp);
+  int64_t n = 0;
+  for (int64_t v = 0; v < l.vpp; ++v) {
+    const int64_t c = stage + v * l.pp;
+    for (int64_t i = c * chunk; i < (c + 1) * chunk; ++i) n += l.fp8_layer(m, i) ? 1 : 0;
+  }
+  return n;
 }
 
 namespace {
@@ -158,16 +185,67 @@ struct Model {
   double a;  // bytes per activation element
 
   const MeasuredRates* rates;  // the device's measured rates, or null
+  // Whether the blocks being priced run their linear layers in FP8 (the
+  // layout's recipe, for the blocks it puts in FP8).
+  bool fp8 = false;
 
   double gemm(double M, double N, double K) const {
     if (rates)
       if (auto t = rates->gemm_seconds(M, N, K)) return *t;
     return 2.0 * M * N * K / (peak * gemm_efficiency(M, N, K, c.device, k)) + k.launch_overhead;
   }
+  // An FP8 GEMM: at the dense FP8 peak on a device with FP8 tensor cores;
+  // emulated (the CPU) it is the compute-precision GEMM.
+  double gemm8(double M, double N, double K) const {
+    if (!c.device.has_fp8()) return gemm(M, N, K);
+    return 2.0 * M * N * K / (c.device.peak_fp8_flops * fp8_gemm_efficiency(M, N, K, c.device, k)) +
+           k.launch_overhead;
+  }
   // A linear layer X(M x K) W^T -> Y(M x N): forward, and the data- and weight-
   // gradient GEMMs of its backward.
   double linear_fwd(double M, double N, double K) const { return gemm(M, N, K); }
   double linear_bwd(double M, double N, double K) const { return gemm(M, K, N) + gemm(N, K, M); }
+  // A linear layer of a block: in FP8 when the block is and its local dims
+  // are multiples of 16, else as linear_fwd/linear_bwd. (Its operands' casts
+  // are block_cost's, which knows which inputs the linears share.)
+  bool in_fp8(double M, double N, double K) const { return fp8 && fp8_gemm_shape(M, N, K); }
+  double block_linear_fwd(double M, double N, double K) const {
+    return in_fp8(M, N, K) ? gemm8(M, N, K) : linear_fwd(M, N, K);
+  }
+  double block_linear_bwd(double M, double N, double K) const {
+    return in_fp8(M, N, K) ? gemm8(M, K, N) + gemm8(N, K, M) : linear_bwd(M, N, K);
+  }
+  // Casting one operand of `elements` to FP8, a memory-bound pass: it reads
+  // the compute-precision tensor and writes the FP8 codes and, on Hopper
+  // (whose FP8 GEMMs take only K-major operands), their transpose for the
+  // backward GEMM that reads it the other way; emulated, it writes the
+  // quantised-dequantised values in the compute precision. Tensorwise
+  // scaling reads the tensor once more first, for the amax its scale needs
+  // (delayed scaling takes the scale from the history and records the amax
+  // in the same pass as the cast).
+  // Tensorwise scaling reduces each activation's and output gradient's amax
+  // over the tp * cp ranks that share the tensor before casting it: a
+  // one-float all-reduce, latency-bound, which NCCL runs as a tree of about
+  // log2(n) hops (on the group's slowest link).
+  double fp8_amax_reduce() const {
+    const int64_t n = l.tp * l.cp;
+    if (l.fp8 != Fp8Recipe::tensorwise || n <= 1) return 0;
+    if (rates)
+      if (auto t = rates->comm_seconds("all_reduce", n, 4.0)) return *t;
+    const Group g = group(n, 1);
+    const double hop = g.outer() > 1 ? g.inter.latency : g.intra.latency;
+    return std::ceil(std::log2(double(n))) * hop;
+  }
+  double fp8_cast(double elements) const {
+    const bool hw = c.device.has_fp8();
+    double bytes = elements * (hw ? a + 2.0 : 2.0 * a);
+    double launches = 1;
+    if (l.fp8 == Fp8Recipe::tensorwise) {
+      bytes += elements * a;
+      launches += 1;
+    }
+    return bytes / (c.device.memory_bandwidth * k.memory_efficiency) + launches * k.launch_overhead;
+  }
   // A memory-bound kernel of `family` over rows x width: its measured rate
   // where the device has one, else the bytes at the streaming bandwidth.
   double stream(const char* family, double rows, double width) const {
@@ -327,14 +405,33 @@ Part block_cost(const Model& x) {
   // The trainer runs q, k and v, and gate and up, as separate GEMMs (their
   // weights are separate Hugging Face tensors), so they are priced apart:
   // three narrow GEMMs reach a lower efficiency than one wide one.
-  const double qkv_fwd = x.linear_fwd(M, Hl * D, C) + 2 * x.linear_fwd(M, Kl * D, C);
-  const double qkv_bwd = x.linear_bwd(M, Hl * D, C) + 2 * x.linear_bwd(M, Kl * D, C);
-  const double attn_pre = x.norm_fwd(Msp) + qkv_fwd + rope;
-  const double mlp_pre = x.norm_fwd(Msp) + 2 * x.linear_fwd(M, Fl, C) + x.stream("swiglu_fwd", M, Fl);
-  p.fwd = attn_pre + attn_fwd + x.linear_fwd(M, C, Hl * D) + resid + mlp_pre +
-          x.linear_fwd(M, C, Fl) + resid;
-  p.bwd = x.norm_bwd(Msp) + qkv_bwd + rope + attn_bwd + x.linear_bwd(M, C, Hl * D) + resid + x.norm_bwd(Msp) +
-          2 * x.linear_bwd(M, Fl, C) + x.stream("swiglu_bwd", M, Fl) + x.linear_bwd(M, C, Fl) + resid;
+  const double qkv_fwd = x.block_linear_fwd(M, Hl * D, C) + 2 * x.block_linear_fwd(M, Kl * D, C);
+  const double qkv_bwd = x.block_linear_bwd(M, Hl * D, C) + 2 * x.block_linear_bwd(M, Kl * D, C);
+
+  // FP8 blocks cast each linear's input once per micro-batch (q, k and v
+  // share the attention norm's output, gate and up the MLP norm's) and each
+  // output gradient in the backward, as fp8_cast prices them; under
+  // tensorwise scaling each cast waits for its amax all-reduce over tp * cp
+  // (counted with the tensor-parallel time, in the forward where it is redone
+  // with it). The weights' casts are once per step (sharding_cost).
+  const auto cast_if = [&](bool on, double elements) { return on ? x.fp8_cast(elements) : 0.0; };
+  const bool qkv8 = x.in_fp8(M, Hl * D, C), o8 = x.in_fp8(M, C, Hl * D), up8 = x.in_fp8(M, Fl, C),
+             down8 = x.in_fp8(M, C, Fl);
+  const double attn_cast = cast_if(qkv8, M * C), mlp_cast = cast_if(up8, M * C);
+  const double casts_fwd = attn_cast + cast_if(o8, M * Hl * D) + mlp_cast + cast_if(down8, M * Fl);
+  const double casts_bwd = cast_if(qkv8, M * (Hl + 2 * Kl) * D) + cast_if(o8, M * C) + cast_if(up8, 2 * M * Fl) +
+                           cast_if(down8, M * C);
+  const double amax = x.fp8_amax_reduce();
+  const double amax_fwd = amax * (int(qkv8) + int(o8) + int(up8) + int(down8));
+  const double amax_bwd = amax * (3 * int(qkv8) + int(o8) + 2 * int(up8) + int(down8));
+
+  const double attn_pre = x.norm_fwd(Msp) + attn_cast + qkv_fwd + rope;
+  const double mlp_pre = x.norm_fwd(Msp) + mlp_cast + 2 * x.block_linear_fwd(M, Fl, C) + x.stream("swiglu_fwd", M, Fl);
+  p.fwd = attn_pre + attn_fwd + x.block_linear_fwd(M, C, Hl * D) + resid + mlp_pre + x.block_linear_fwd(M, C, Fl) +
+          resid + (casts_fwd - attn_cast - mlp_cast);
+  p.bwd = x.norm_bwd(Msp) + qkv_bwd + rope + attn_bwd + x.block_linear_bwd(M, C, Hl * D) + resid + x.norm_bwd(Msp) +
+          2 * x.block_linear_bwd(M, Fl, C) + x.stream("swiglu_bwd", M, Fl) + x.block_linear_bwd(M, C, Fl) + resid +
+          casts_bwd;
 
   // Two column/row-parallel pairs per block: forward all-reduce (or, with
   // sequence parallelism, all-gather before and reduce-scatter after) and the
@@ -343,8 +440,8 @@ Part block_cost(const Model& x) {
   const double act = M * C * a;
   const Group tg = x.tp_group();
   const double pair = l.sp ? all_gather(act, tg) + reduce_scatter(act, tg) : all_reduce(act, tg);
-  const double tp_fwd = 2 * pair;
-  p.tp = 2 * tp_fwd + (l.sp ? 2 * all_gather(act, tg) : 0);
+  const double tp_fwd = 2 * pair + amax_fwd;
+  p.tp = 2 * tp_fwd - amax_fwd + amax_bwd + (l.sp ? 2 * all_gather(act, tg) : 0);
 
   // Context parallelism's exchanges, per block and micro-batch.
   double cp_fwd = 0;
@@ -411,26 +508,63 @@ struct StageCost {
   double total() const { return fwd + bwd + tp + cp + recompute; }
 };
 
+// A block of the first and of the last stage: under an FP8 recipe the mean
+// of the stage's FP8 blocks and the blocks it keeps in the compute precision
+// (the first and last fp8_bf16_layers of the model), as the stage's time is
+// their sum. A checkpointed block is priced as the stage's mean block.
+struct Blocks {
+  Part first, last;
+};
+
+Part mix(const Part& a, const Part& b, double wa) {
+  const auto f = [&](double Part::*field) { return wa * a.*field + (1 - wa) * b.*field; };
+  Part p;
+  for (double Part::*field : {&Part::fwd, &Part::bwd, &Part::tp, &Part::cp, &Part::recompute, &Part::recompute_tp,
+                              &Part::recompute_cp, &Part::attn_fwd, &Part::mlp_pre, &Part::tp_fwd, &Part::cp_fwd})
+    p.*field = f(field);
+  return p;
+}
+
+Blocks stage_blocks(const Model& x) {
+  Model plain = x;
+  plain.fp8 = false;
+  const Part p16 = block_cost(plain);
+  if (x.l.fp8 == Fp8Recipe::off) return {p16, p16};
+  Model f8 = x;
+  f8.fp8 = true;
+  const Part p8 = block_cost(f8);
+  const double layers = double(std::max<int64_t>(1, x.l.stage_layers(x.m)));
+  return {mix(p8, p16, double(fp8_stage_blocks(x.m, x.l, 0)) / layers),
+          mix(p8, p16, double(fp8_stage_blocks(x.m, x.l, x.l.pp - 1)) / layers)};
+}
+
+Blocks with_recompute(const Blocks& b, Checkpointing mode) {
+  return {with_recompute(b.first, mode), with_recompute(b.last, mode)};
+}
+
 // The first and last stage's time per micro-batch: `layers` blocks, of
 // which `n_ckpt` recompute as `ckpt` says; the first adds the vocab-parallel
 // embedding (gather, then a sum over tp), the last the final norm, LM head
 // and the fused vocab-parallel loss, whose max, sum-exp and target logit are
 // reduced over tp. One stage (pp 1) holds both.
-std::pair<StageCost, StageCost> stage_costs(const Model& x, const Part& keep, const Part& ckpt, int64_t layers,
+std::pair<StageCost, StageCost> stage_costs(const Model& x, const Blocks& keeps, const Blocks& ckpts, int64_t layers,
                                             int64_t n_ckpt) {
   const Layout& l = x.l;
   const double t = double(l.tp), M = double(l.mb * x.run.seq) / double(l.cp), C = double(x.m.hidden);
   const double Vl = double(x.m.vocab) / t, Msp = l.sp ? M / t : M;
   const double act = M * C * x.a;
   const Group tg = x.tp_group();
-  StageCost body;
-  body.fwd = layers * keep.fwd;
-  body.bwd = layers * keep.bwd;
-  body.tp = layers * keep.tp + n_ckpt * ckpt.recompute_tp;
-  body.cp = layers * keep.cp + n_ckpt * ckpt.recompute_cp;
-  body.recompute = n_ckpt * ckpt.recompute;
+  const auto body = [&](const Part& keep, const Part& ckpt) {
+    StageCost s;
+    s.fwd = layers * keep.fwd;
+    s.bwd = layers * keep.bwd;
+    s.tp = layers * keep.tp + n_ckpt * ckpt.recompute_tp;
+    s.cp = layers * keep.cp + n_ckpt * ckpt.recompute_cp;
+    s.recompute = n_ckpt * ckpt.recompute;
+    return s;
+  };
 
-  StageCost first = body, last = body;
+  StageCost first = body(keeps.first, ckpts.first), last = body(keeps.last, ckpts.last);
   first.fwd += x.stream("embedding_fwd", M, C);
   first.bwd += x.stream("embedding_bwd", M, C);
   first.tp += l.sp ? reduce_scatter(act, tg) + all_gather(act, tg) : all_reduce(act, tg);
@@ -439,9 +573,11 @@ std::pair<StageCost, StageCost> stage_costs(const Model& x, const Part& keep, co
   last.tp += 3 * all_reduce(4 * M, tg) +
              (l.sp ? 2 * all_gather(act, tg) + reduce_scatter(act, tg) : all_reduce(act, tg));
   if (l.pp == 1) {
-    first.fwd += last.fwd - body.fwd;
-    first.bwd += last.bwd - body.bwd;
-    first.tp += last.tp - body.tp;
+    // One stage: its blocks are the first's (the same as the last's).
+    const StageCost blocks = body(keeps.first, ckpts.first);
+    first.fwd += last.fwd - blocks.fwd;
+    first.bwd += last.bwd - blocks.bwd;
+    first.tp += last.tp - blocks.tp;
     last = first;
   }
   return {first, last};
@@ -538,6 +674,28 @@ Sharding sharding_cost(const Model& x, double mbs, double bwd_mb, double t_mb) {
 
   const double shard = l.zero >= 1 ? psi / double(l.shard_ways()) : psi;
   s.optimizer = x.stream("adamw", shard, double(l.grad_bytes()));
+
+  if (l.fp8 != Fp8Recipe::off) {
+    // The FP8 copies of the weights: each FP8 block's weights cast once per
+    // step, when the optimizer has updated them (codes and transpose, with
+    // a tensorwise amax all-reduce each), on the stage with more FP8 blocks.
+    // Delayed scaling reduces every amax of the step over all ranks at once:
+    // one small all-reduce (3 operands of 7 linears per block), after the
+    // backward, exposed.
+    Model f8 = x;
+    f8.fp8 = true;
+    const double M = double(l.mb * x.run.seq) / double(l.cp), D = double(m.head_dim), t = double(l.tp);
+    const double Hl = double(m.heads) / t, Kl = double(m.kv_heads) / t, Fl = double(m.intermediate) / t;
+    const std::pair<double, double> linears[] = {{Hl * D, C}, {Kl * D, C}, {Kl * D, C}, {C, Hl * D},
+                                                 {Fl, C},     {Fl, C},     {C, Fl}};
+    double per_block = 0;
+    for (const auto& [N, K] : linears)
+      if (f8.in_fp8(M, N, K)) per_block += f8.fp8_cast(N * K) + f8.fp8_amax_reduce();
+    const int64_t blocks = std::max(fp8_stage_blocks(m, l, 0), fp8_stage_blocks(m, l, l.pp - 1));
+    s.optimizer += double(blocks) * per_block;
+    if (l.fp8 == Fp8Recipe::delayed)
+      s.dp_comm += all_reduce(4.0 * 3 * 7 * double(m.layers), x.group(l.world(), 1));
+  }
   return s;
 }
 
@@ -561,8 +719,8 @@ double pp_hops(const Model& x, double mbs) {
 CostBreakdown predict(const ModelSpec& m, const RunSpec& run, const Layout& l,
                       const ClusterSpec& cluster, const CostConstants& k) {
   const Model x = model_of(m, run, l, cluster, k);
-  const Part keep = block_cost(x);
-  const Part ckpt = with_recompute(keep, l.ckpt);
+  const Blocks keep = stage_blocks(x);
+  const Blocks ckpt = with_recompute(keep, l.ckpt);
   const int64_t layers = l.stage_layers(m);
   const int64_t n_ckpt = l.checkpointed_layers(m);
 
@@ -591,6 +749,10 @@ CostBreakdown predict(const ModelSpec& m, const RunSpec& run, const Layout& l,
   b.peak_flops = x.peak;
   b.model_flops_per_gpu = model_flops_per_step(m, run) / b.step / double(l.world());
   b.mfu = mfu(model_flops_per_step(m, run) / b.step, l.world(), x.peak);
+  if (l.fp8 != Fp8Recipe::off && cluster.device.has_fp8()) {
+    b.fp8_peak_flops = cluster.device.peak_fp8_flops;
+    b.fp8_peak_utilization = mfu(model_flops_per_step(m, run) / b.step, l.world(), b.fp8_peak_flops);
+  }
   return b;
 }
 
@@ -622,7 +784,7 @@ StepBounds step_bounds(const ModelSpec& m, const RunSpec& run, const Layout& sha
       l.attention = attentions[a];
       l.norm = norms[n];
       const Model x = model_of(m, run, l, cluster, k);
-      const Part keep = block_cost(x);
+      const Blocks keep = stage_blocks(x);
       const auto [first, last] = stage_costs(x, keep, keep, l.stage_layers(m), 0);
       const double hops = pp_hops(x, mbs);
       for (size_t c = 0; c < ckpts.size(); ++c) {
@@ -630,12 +792,16 @@ StepBounds step_bounds(const ModelSpec& m, const RunSpec& run, const Layout& sha
         lc.ckpt = ckpts[c].first;
         lc.ckpt_layers = ckpts[c].second;
         const double n_ckpt = double(lc.checkpointed_layers(m));
-        const Part r = with_recompute(keep, lc.ckpt);
-        const double redo = n_ckpt * (r.recompute + r.recompute_tp + r.recompute_cp);
+        // The first and last stage's blocks differ under FP8 (fp8@N): the
+        // lesser of each redone part bounds the slower stage's.
+        const Blocks rb = with_recompute(keep, lc.ckpt);
+        const auto least = [&](double Part::*f) { return std::min(rb.first.*f, rb.last.*f); };
+        const double redo = n_ckpt * std::min(rb.first.recompute + rb.first.recompute_tp + rb.first.recompute_cp,
+                                              rb.last.recompute + rb.last.recompute_tp + rb.last.recompute_cp);
         double t = mbs * std::min(first.fwd + first.bwd, last.fwd + last.bwd) +
-                   mbs * n_ckpt * r.recompute +
-                   mbs * (std::min(first.tp, last.tp) + n_ckpt * r.recompute_tp) * tp_share +
-                   mbs * (std::min(first.cp, last.cp) + n_ckpt * r.recompute_cp) + hops;
+                   mbs * n_ckpt * least(&Part::recompute) +
+                   mbs * (std::min(first.tp, last.tp) + n_ckpt * least(&Part::recompute_tp)) * tp_share +
+                   mbs * (std::min(first.cp, last.cp) + n_ckpt * least(&Part::recompute_cp)) + hops;
         if (!shared_cores) t += double(l.pp - 1) / double(l.vpp) * (std::max(first.total(), last.total()) + redo);
         b.kernels[(c * attentions.size() + a) * norms.size() + n] = t;
       }
@@ -675,7 +841,9 @@ void to_json(nlohmann::json& j, const CostConstants& k) {
                      {"launch_overhead", k.launch_overhead},
                      {"dp_overlap", k.dp_overlap},
                      {"tp_overlap", k.tp_overlap},
-                     {"overlap_cost", k.overlap_cost}};
+                     {"overlap_cost", k.overlap_cost},
+                     {"fp8_gemm_efficiency", k.fp8_gemm_efficiency},
+                     {"fp8_k_half", k.fp8_k_half}};
 }
 
 void from_json(const nlohmann::json& j, CostConstants& k) {
@@ -694,6 +862,8 @@ void from_json(const nlohmann::json& j, CostConstants& k) {
   get("dp_overlap", k.dp_overlap);
   get("tp_overlap", k.tp_overlap);
   get("overlap_cost", k.overlap_cost);
+  get("fp8_gemm_efficiency", k.fp8_gemm_efficiency);
+  get("fp8_k_half", k.fp8_k_half);
 }
 
 void to_json(nlohmann::json& j, const CostBreakdown& b) {
@@ -705,6 +875,10 @@ void to_json(nlohmann::json& j, const CostBreakdown& b) {
                      {"tokens_per_s", b.tokens_per_second},
                      {"model_flops_per_gpu", b.model_flops_per_gpu},
                      {"mfu", b.mfu},               {"peak_flops", b.peak_flops}};
+  if (b.fp8_peak_flops > 0) {
+    j["fp8_peak_flops"] = b.fp8_peak_flops;
+    j["fp8_peak_utilization"] = b.fp8_peak_utilization;
+  }
 }
 
 }  // namespace weft::tuner

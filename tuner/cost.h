@@ -33,6 +33,12 @@ struct CostConstants {
   double dp_overlap = 1.0;            // fraction of the backward that hides DP reduction
   double tp_overlap = 0.0;            // fraction of TP communication hidden by compute
   double overlap_cost = 0.15;         // slowdown of compute per second of communication it hides
+  // FP8 GEMMs (layouts with an fp8 recipe, on a device with FP8 tensor
+  // cores): the fraction of the dense FP8 peak a large one reaches, and the
+  // K at which its main loop's prologue halves it (an FP8 K tile holds twice
+  // the elements of a bf16 one, so short K loops cost FP8 more).
+  double fp8_gemm_efficiency = 0.7;
+  double fp8_k_half = 128;
 
   bool operator==(const CostConstants&) const = default;
 };
@@ -59,7 +65,12 @@ struct CostBreakdown {
   double tokens_per_second = 0;
   double model_flops_per_gpu = 0;  // model FLOP/s per device (6N + 12LCT accounting)
   double mfu = 0;
-  double peak_flops = 0;           // the per-device peak the MFU is against
+  double peak_flops = 0;           // the per-device peak the MFU is against (dense bf16 on a GPU, FP8 or not)
+  // FP8 layouts on a device with FP8 tensor cores: the dense FP8 peak and the
+  // model FLOP/s as a fraction of it (a second figure, never "the" MFU); 0
+  // otherwise.
+  double fp8_peak_flops = 0;
+  double fp8_peak_utilization = 0;
 };
 
 CostBreakdown predict(const ModelSpec& m, const RunSpec& run, const Layout& l,
@@ -87,6 +98,16 @@ StepBounds step_bounds(const ModelSpec& m, const RunSpec& run, const Layout& sha
 // the prologue cost of a short K loop.
 double gemm_efficiency(double M, double N, double K, const DeviceSpec& device,
                        const CostConstants& k);
+// The same for an FP8 GEMM, as a fraction of the dense FP8 peak: the FP8
+// large-shape efficiency, the same wave quantisation, and the prologue of a
+// short K loop at fp8_k_half.
+double fp8_gemm_efficiency(double M, double N, double K, const DeviceSpec& device, const CostConstants& k);
+// Whether a linear layer of local shape (M x K) * (K x N) runs in FP8 under
+// an FP8 recipe: the FP8 tensor cores take only dims that are multiples of 16.
+bool fp8_gemm_shape(double M, double N, double K);
+// The blocks of pipeline stage `stage` whose linear layers run in FP8 (stage
+// s holds virtual stages s, s + pp, ... of L / (pp * vpp) blocks).
+int64_t fp8_stage_blocks(const ModelSpec& m, const Layout& l, int64_t stage);
 
 
 void to_json(nlohmann::json& j, const CostConstants& k);

@@ -62,13 +62,16 @@ Layout Subspace::at(int64_t i) const {
 }
 
 std::vector<Subspace> enumerate_subspaces(const ModelSpec& m, const RunSpec& run, int64_t world,
-                                          const SpaceLimits& limits, DeviceKind device) {
+                                          const SpaceLimits& limits, SpaceDevice device) {
   const int64_t model_tp = std::gcd(std::gcd(m.heads, m.kv_heads), std::gcd(m.vocab, m.intermediate));
   std::vector<int64_t> tps;
   for (int64_t d : divisors(world))
     if (model_tp % d == 0) tps.push_back(d);
   std::vector<AttentionKind> attns = {AttentionKind::flash, AttentionKind::materialized};
-  if (device == DeviceKind::gpu) attns.push_back(AttentionKind::cudnn);
+  if (device.kind == DeviceKind::gpu) attns.push_back(AttentionKind::cudnn);
+  std::vector<std::pair<Fp8Recipe, int64_t>> fp8s = {{Fp8Recipe::off, 0}};
+  if (device.fp8) fp8s.push_back({Fp8Recipe::tensorwise, 0});
+  fp8s = pick(limits.fp8, fp8s);
   attns = pick(limits.attention, attns);
   std::vector<GradPrecision> grads = {GradPrecision::fp32};
   if (run.precision == Precision::bf16) grads.push_back(GradPrecision::bf16);
@@ -128,27 +131,30 @@ std::vector<Subspace> enumerate_subspaces(const ModelSpec& m, const RunSpec& run
           }
           for (int64_t mb : pick(limits.mb, mbs))
             for (int64_t vpp : pick(limits.vpp, vpps))
-              for (bool sp : pick(limits.sp, sps)) {
-                Subspace s;
-                s.shape.tp = tp;
-                s.shape.cp = cp;
-                s.shape.cp_comm = comm;
-                s.shape.pp = pp;
-                s.shape.dp = dp;
-                s.shape.mb = mb;
-                s.shape.vpp = vpp;
-                s.shape.sp = sp;
-                // Partial checkpointing splits evenly over the chunks of a stage.
-                for (const auto& [ckpt, k] : ckpts)
-                  if (!(vpp > 1 && k % vpp != 0 && limits.ckpt_layers.empty())) s.ckpts.push_back({ckpt, k});
-                s.attentions = attns;
-                s.norms = norms;
-                s.zeros = zeros;
-                s.grads = grads;
-                s.first = first;
-                first += s.size();
-                if (s.size() > 0) out.push_back(std::move(s));
-              }
+              for (bool sp : pick(limits.sp, sps))
+                for (const auto& [fp8, fp8_bf16] : fp8s) {
+                  Subspace s;
+                  s.shape.tp = tp;
+                  s.shape.cp = cp;
+                  s.shape.cp_comm = comm;
+                  s.shape.pp = pp;
+                  s.shape.dp = dp;
+                  s.shape.mb = mb;
+                  s.shape.vpp = vpp;
+                  s.shape.sp = sp;
+                  s.shape.fp8 = fp8;
+                  s.shape.fp8_bf16_layers = fp8_bf16;
+                  // Partial checkpointing splits evenly over the chunks of a stage.
+                  for (const auto& [ckpt, k] : ckpts)
+                    if (!(vpp > 1 && k % vpp != 0 && limits.ckpt_layers.empty())) s.ckpts.push_back({ckpt, k});
+                  s.attentions = attns;
+                  s.norms = norms;
+                  s.zeros = zeros;
+                  s.grads = grads;
+                  s.first = first;
+                  first += s.size();
+                  if (s.size() > 0) out.push_back(std::move(s));
+                }
         }
       }
     }
@@ -157,7 +163,7 @@ std::vector<Subspace> enumerate_subspaces(const ModelSpec& m, const RunSpec& run
 }
 
 std::vector<Layout> enumerate(const ModelSpec& m, const RunSpec& run, int64_t world,
-                              const SpaceLimits& limits, DeviceKind device) {
+                              const SpaceLimits& limits, SpaceDevice device) {
   std::vector<Layout> out;
   for (const Subspace& s : enumerate_subspaces(m, run, world, limits, device))
     for (int64_t i = 0; i < s.size(); ++i) out.push_back(s.at(i));
@@ -170,6 +176,7 @@ Candidate evaluate_one(const ModelSpec& m, const RunSpec& run, const ClusterSpec
   c.layout = l;
   try {
     auto bad = l.violations(m, run, cluster.gpus);
+    if (auto f8 = fp8_on_device(l, cluster.device); !f8.empty()) bad.insert(bad.begin(), f8);
     if (l.attention == AttentionKind::cudnn && cluster.device.kind != DeviceKind::gpu)
       bad.push_back(cudnn_on_cpu(cluster.device));
     if (!bad.empty()) {
@@ -196,6 +203,12 @@ Candidate evaluate_one(const ModelSpec& m, const RunSpec& run, const ClusterSpec
     c.prune_class = "size";
   }
   return c;
+}
+
+std::string fp8_on_device(const Layout& l, const DeviceSpec& device) {
+  if (l.fp8 == Fp8Recipe::off) return "";
+  const std::string why = fp8_unsupported_reason(device);
+  return why.empty() ? why : fmt::format("{}: {}", gemm_precision_text(l), why);
 }
 
 std::string cudnn_on_cpu(const DeviceSpec& device) {

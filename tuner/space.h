@@ -28,7 +28,20 @@ struct SpaceLimits {
   std::vector<AttentionKind> attention;
   std::vector<NormKind> norm;
   std::vector<GradPrecision> grad;
+  // GEMM precisions: FP8 recipe and the blocks kept in bf16 at each end
+  // (Fp8Recipe::off with 0 for bf16).
+  std::vector<std::pair<Fp8Recipe, int64_t>> fp8;
   int64_t max_mb = 64;  // largest micro-batch tried when mb is free
+};
+
+// What the space needs to know of the device: whether it is a GPU (cuDNN
+// attention) and whether it has FP8 tensor cores (FP8 searched when free).
+struct SpaceDevice {
+  DeviceKind kind = DeviceKind::gpu;
+  bool fp8 = false;
+  SpaceDevice() = default;
+  SpaceDevice(DeviceKind k) : kind(k) {}  // NOLINT(google-explicit-constructor): a kind alone has no FP8
+  SpaceDevice(const DeviceSpec& d) : kind(d.kind), fp8(d.has_fp8()) {}  // NOLINT(google-explicit-constructor)
 };
 
 // All layouts of the space. tp runs over divisors of the world that divide H,
@@ -39,14 +52,19 @@ struct SpaceLimits {
 // sp with tp > 1; ZeRO > 0 with dp * cp > 1 (the ranks it shards over); full checkpointing
 // also on 1/4, 1/2 and 3/4 of a stage's layers; attention flash and
 // materialized, and cudnn on a GPU device (cuDNN has no CPU kernels);
-// gradients in fp32, and in bf16 too when the run computes in bf16. Pins
-// replace these lists (evaluate prunes a pinned cudnn on a CPU as invalid).
-// The device defaults to a GPU, as DeviceSpec does.
+// gradients in fp32, and in bf16 too when the run computes in bf16; GEMMs
+// in the compute precision, and in FP8 with tensorwise scaling too on a
+// device with FP8 tensor cores (delayed scaling and bf16 end blocks only
+// when pinned: they trade numerics, which no step time tells, for speed).
+// Pins replace these lists (evaluate prunes a pinned cudnn on a CPU, and
+// FP8 on a GPU without FP8 tensor cores, as invalid; FP8 pinned on the CPU
+// is emulated). The device defaults to a GPU without FP8, as DeviceSpec does.
 std::vector<Layout> enumerate(const ModelSpec& m, const RunSpec& run, int64_t world,
-                              const SpaceLimits& limits, DeviceKind device = DeviceKind::gpu);
+                              const SpaceLimits& limits, SpaceDevice device = {});
 
 // The same space as the layouts that share a parallel shape (tp, cp and its
-// transport, pp, dp, mb, vpp, sp): each the product of the lists of the
+// transport, pp, dp, mb, vpp, sp, and the GEMM precision, which changes
+// every block's time): each the product of the lists of the
 // other knobs, in enumerate()'s order (ckpt slowest, then attention, norm,
 // ZeRO, gradient precision fastest). enumerate() is these, one after the
 // other.
@@ -66,7 +84,7 @@ struct Subspace {
   Layout at(int64_t i) const;
 };
 std::vector<Subspace> enumerate_subspaces(const ModelSpec& m, const RunSpec& run, int64_t world,
-                                          const SpaceLimits& limits, DeviceKind device = DeviceKind::gpu);
+                                          const SpaceLimits& limits, SpaceDevice device = {});
 
 enum class Verdict { fits, out_of_memory, invalid };
 
@@ -113,6 +131,9 @@ Candidate evaluate_one(const ModelSpec& m, const RunSpec& run, const ClusterSpec
 // The rule evaluate_one() adds to a layout's violations for a cudnn
 // attention on `device`, a CPU.
 std::string cudnn_on_cpu(const DeviceSpec& device);
+// The rule evaluate_one() puts before a layout's violations for FP8 GEMMs on
+// a GPU without FP8 tensor cores (fp8_unsupported_reason); empty otherwise.
+std::string fp8_on_device(const Layout& l, const DeviceSpec& device);
 
 // The prune class of a layout a rule rules out: "invalid: <the rule>".
 std::string rule_class(const std::string& violation);
@@ -146,7 +167,6 @@ struct SpaceContext {
 // "bound: ..." and "oom: memory lower bound" in `pruned` count what the
 // bounds ruled out. When nothing fits, the layout nearest to fitting
 // follows the rows (it is out of memory: report_table names it).
-SpaceReport search(const SpaceContext& ctx, const SpaceLimits& limits, int64_t top,
-                   DeviceKind device = DeviceKind::gpu);
+SpaceReport search(const SpaceContext& ctx, const SpaceLimits& limits, int64_t top, SpaceDevice device = {});
 
 }  // namespace weft::tuner

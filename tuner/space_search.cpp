@@ -65,6 +65,8 @@ struct Rules {
 };
 
 std::string first_violation(const SpaceContext& ctx, const Layout& l) {
+  // evaluate_one's order: FP8 on a device without it before the layout's rules.
+  if (auto f8 = fp8_on_device(l, ctx.cluster.device); !f8.empty()) return f8;
   const auto v = l.violations(ctx.model, ctx.run, ctx.cluster.gpus);
   return v.empty() ? std::string() : v.front();
 }
@@ -316,7 +318,7 @@ int64_t MemoryBounds::part(int stage_end, const Member& x, bool params) {
   return sum;
 }
 
-SpaceReport search(const SpaceContext& ctx, const SpaceLimits& limits, int64_t top_rows, DeviceKind device) {
+SpaceReport search(const SpaceContext& ctx, const SpaceLimits& limits, int64_t top_rows, SpaceDevice device) {
   const auto t0 = std::chrono::steady_clock::now();
   const size_t top = size_t(std::max<int64_t>(top_rows, 1));
   const auto subs = enumerate_subspaces(ctx.model, ctx.run, ctx.cluster.gpus, limits, device);

@@ -14,7 +14,7 @@
 namespace weft::tuner {
 
 std::vector<SearchCandidate> search_candidates(const SpaceContext& ctx, const SpaceLimits& limits, TuneResult& r) {
-  const auto layouts = enumerate(ctx.model, ctx.run, ctx.cluster.gpus, limits, ctx.cluster.device.kind);
+  const auto layouts = enumerate(ctx.model, ctx.run, ctx.cluster.gpus, limits, ctx.cluster.device);
   r.space = evaluate(ctx.model, ctx.run, ctx.cluster, layouts, ctx.constants, ctx.memory);
   r.peak_flops = ctx.cluster.device.peak_flops(to_string(ctx.run.precision));
   std::vector<SearchCandidate> cands;

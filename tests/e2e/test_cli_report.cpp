@@ -56,7 +56,7 @@ TEST(CliReport, DryRunPageEmbedsEveryLayout) {
   TempDir dir;
   const std::string common =
       "tune --dry-run --model llama-7b --gpu h100 --gpus 16 --tp 1,2 --mb 1 --ckpt none,full --attn flash "
-      "--norm fused --zero 0,1";
+      "--norm fused --zero 1";  // GEMMs in bf16 and fp8:tensorwise (searched on the H100)
   ASSERT_EQ(run_weft(common + " --all --format json --out " + dir.path("r.json")).code, 0);
   const json src = json::parse(read_text(dir.path("r.json")));
   // From the JSON file, and straight from the tuner: the same data.
@@ -75,8 +75,12 @@ TEST(CliReport, DryRunPageEmbedsEveryLayout) {
   ASSERT_EQ(r.code, 0);
   EXPECT_EQ(r.out.rfind("<!doctype html>", 0), 0u);
   EXPECT_EQ(report_embedded(r.out)["points"], b["points"]);
-  // --top lists that many fitting layouts on the page too, in rank order.
+  // --top lists that many fitting layouts on the page too, in rank order,
+  // each with its GEMM precision.
   EXPECT_EQ(b["top"].size(), 10u);
+  std::set<std::string> gemms;
+  for (const auto& t : b["top"]) gemms.insert(t.at("gemm_precision").get<std::string>());
+  EXPECT_TRUE(gemms.count("fp8:tensorwise")) << b["top"].dump();
   r = run_weft(common + " --top 25 --format html --out " + dir.path("t25.html"));
   ASSERT_EQ(r.code, 0) << r.out;
   const json c = report_embedded(read_text(dir.path("t25.html")));
@@ -240,6 +244,9 @@ TEST(CliReport, TrainingWritesItsReport) {
   for (const auto& v : page["val"]) EXPECT_EQ(v["val_loss"].get<double>(), val.at(v["step"].get<int64_t>()));
   ASSERT_FALSE(page["memory"].empty());
   EXPECT_TRUE(page["memory"][0].contains("measured"));
+  // The run's GEMM precision: no FP8 recipe in its layout, so the run's
+  // compute precision (fp32 on the CPU).
+  EXPECT_EQ(page["gemm_precision"], "fp32") << page["layout"];
 }
 
 // Every JSON weft writes, with a null wherever it holds a number (weft

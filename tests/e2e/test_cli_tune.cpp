@@ -183,7 +183,7 @@ TEST(CliTune, NothingFitsPointsAtTheNearestLayout) {
 // tried at cp > 1; the layout text carries both.
 TEST(CliTune, ContextParallelPins) {
   const auto r = run_weft("tune --dry-run --model llama-7b --gpu h100 --gpus 16 --seq 8192 --global-batch 64 --tp 1 "
-                          "--mb 1 --cp 1,4 --cp-comm a2a,allgather --all --format json");
+                          "--mb 1 --cp 1,4 --cp-comm a2a,allgather --fp8 off --all --format json");
   ASSERT_EQ(r.code, 0) << r.out;
   std::set<std::string> seen;
   const auto j = nlohmann::json::parse(r.out);
@@ -197,6 +197,61 @@ TEST(CliTune, ContextParallelPins) {
     seen.insert(cp4 ? l.substr(l.rfind('-') + 1) : "cp1");
   }
   EXPECT_EQ(seen, (std::set<std::string>{"cp1", "cp:a2a", "cp:allgather"}));
+}
+
+// FP8 GEMMs: searched on the H100 (off and tensorwise), pinned with --fp8,
+// shown per layout, MFU against the bf16 peak with the denominator said;
+// refused on a GPU without FP8 tensor cores, allowed (emulated) on the CPU.
+TEST(CliTune, Fp8SearchedPinnedAndRefused) {
+  const std::string h100 = "tune --dry-run --model llama3.1-8b --gpu h100 --gpus 8 --seq 8192 --global-batch 64 --tp 1 "
+                           "--mb 1 --ckpt none --zero 1 --attn flash --norm fused";
+  // The GEMM precisions a JSON report's rows list.
+  const auto precisions = [](const std::string& out) {
+    const auto j = nlohmann::json::parse(out);
+    std::set<std::string> seen;
+    for (const auto& row : j.at("layouts")) seen.insert(row.at("gemm_precision").get<std::string>());
+    return seen;
+  };
+  auto r = run_weft(h100 + " --all --format json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(precisions(r.out), (std::set<std::string>{"bf16", "fp8:tensorwise"}));
+  r = run_weft(h100 + " --fp8 off,tensorwise,delayed@1 --all --format json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(precisions(r.out), (std::set<std::string>{"bf16", "fp8:tensorwise", "fp8:delayed@1"}));
+  r = run_weft(h100 + " --top 3");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* s : {"GEMMs", "fp8:tensorwise", "not the 1979 TFLOP/s FP8 peak", "vs the dense bf16 peak 989.4",
+                        "of the 1979 TFLOP/s FP8 peak"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << "missing '" << s << "' in\n" << r.out;
+  r = run_weft(h100 + " --top 2 --format csv");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find(",optimizer_s,gemm_precision\n"), std::string::npos) << r.out;
+  // A100 (sm_80): one clear line naming the device and what would do.
+  r = run_weft("tune --dry-run --model llama3.1-8b --gpu a100-80gb --gpus 8 --fp8 tensorwise");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_EQ(r.out.rfind("weft: error: --fp8 tensorwise: a100-80gb (sm_80) has no FP8 tensor cores; FP8 needs sm_89 "
+                        "or sm_90 (h100, h200",
+                        0),
+            0u)
+      << r.out;
+  EXPECT_EQ(run_weft("tune --dry-run --model llama3.1-8b --gpu a100-80gb --gpus 8 --fp8 off --top 1").code, 0);
+  // The CPU: not searched unless pinned, and pinned it is emulated.
+  r = run_weft("tune --dry-run --model tiny --gpu cpu --gpus 2 --top 40 --format json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(precisions(r.out), (std::set<std::string>{"fp32"}));  // the CPU's compute precision
+  r = run_weft("tune --dry-run --model tiny --gpu cpu --gpus 2 --fp8 tensorwise --top 3 --format json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(precisions(r.out), (std::set<std::string>{"fp8:tensorwise"}));
+  // A recipe keeps the precision in its layout, and its one line says what
+  // its MFU is against.
+  TempDir dir;
+  r = run_weft("tune --dry-run --model llama3.1-8b --gpu h100 --gpus 8 --fp8 delayed@1 --save-recipe " +
+               dir.path("r.json"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = run_weft("recipe show " + dir.path("r.json"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("-fp8:delayed@1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("vs the dense bf16 peak"), std::string::npos) << r.out;
 }
 
 TEST(CliTune, OneExplicitLayout) {
@@ -245,6 +300,11 @@ TEST(CliTune, BadInputIsOneClearLineAndExitTwo) {
       {"tune --dry-run --model {mistral}", {"mistral", "MistralForCausalLM"}},
       {"tune --dry-run --cp-comm ring,tree", {"tree", "ring, allgather, a2a"}},
       {"tune --dry-run --cp 0", {"--cp 0"}},
+      {"tune --dry-run --gpu h100 --fp8 fast", {"--fp8", "'fast'", "tensorwise, delayed, off"}},
+      {"tune --dry-run --gpu h100 --fp8 off@2", {"--fp8 'off@2'", "@N applies to tensorwise and delayed"}},
+      {"tune --dry-run --gpu h100 --fp8 delayed@x", {"--fp8 'delayed@x'", "whole number"}},
+      {"tune --dry-run --gpu h100 --fp8 delayed@-1", {"--fp8 'delayed@-1'", "whole number"}},
+      {"tune --dry-run --gpu a100-40gb --fp8 off,delayed@1", {"--fp8 delayed@1", "a100-40gb (sm_80)", "--fp8 off"}},
       {"tune --dry-run --gpus 64 --model llama-13b --tp 1 --cp 3", {"tp, cp and pp must divide"}},
       {"tune --dry-run --gpus 64 --model llama-13b --seq 2052 --tp 1 --cp 16",
        {"T=2052", "2*cp = 32 equal chunks"}},

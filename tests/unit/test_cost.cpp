@@ -180,6 +180,110 @@ TEST(CostModel, GemmEfficiencyGrowsWithSize) {
   EXPECT_GT(gemm_efficiency(8192, 8192, 8192, dev, k), 0.9 * k.gemm_efficiency);
 }
 
+// FP8 GEMMs: the blocks' linear layers at the FP8 peak, their operands'
+// casts as memory-bound passes, and MFU still against the bf16 peak.
+struct Fp8 : ::testing::Test {
+  ModelSpec m = model_preset("llama3.1-8b");
+  RunSpec run{8192, 64, Precision::bf16};
+  ClusterSpec c = cluster_resolve("h100", 8, 8);
+  CostConstants k = cost_defaults(c.device);
+  CostBreakdown p(const std::string& layout) { return predict(m, run, Layout::parse(layout), c, k); }
+};
+
+TEST_F(Fp8, FasterOnLargeGemmsAndMfuStaysAgainstTheBf16Peak) {
+  const auto bf16 = p("tp1-pp1-dp8-mb1-ckpt:selective-zero1");
+  const auto f8 = p("tp1-pp1-dp8-mb1-ckpt:selective-zero1-fp8:tensorwise");
+  EXPECT_LT(f8.compute, bf16.compute);
+  EXPECT_LT(f8.step, bf16.step);
+  // Not twice as fast: attention, norms, the loss and the casts stay.
+  EXPECT_GT(f8.step, 0.5 * bf16.step);
+  EXPECT_DOUBLE_EQ(f8.peak_flops, 989.4e12);
+  EXPECT_NEAR(f8.mfu, model_flops_per_step(m, run) / (f8.step * 8 * 989.4e12), 1e-12);
+  EXPECT_DOUBLE_EQ(f8.fp8_peak_flops, 1978.9e12);
+  EXPECT_NEAR(f8.fp8_peak_utilization, f8.mfu * 989.4 / 1978.9, 1e-12);
+  EXPECT_EQ(bf16.fp8_peak_flops, 0);
+  const nlohmann::json j = f8;
+  EXPECT_DOUBLE_EQ(j.at("fp8_peak_utilization").get<double>(), f8.fp8_peak_utilization);
+  EXPECT_FALSE(nlohmann::json(bf16).contains("fp8_peak_flops"));
+}
+
+TEST_F(Fp8, SmallGemmsGainLittleOrLose) {
+  // The FP8 efficiency falls faster with a short K than bf16's.
+  const auto& d = c.device;
+  const double fp8_small = fp8_gemm_efficiency(1024, 1024, 256, d, k) / fp8_gemm_efficiency(8192, 8192, 8192, d, k);
+  const double bf16_small = gemm_efficiency(1024, 1024, 256, d, k) / gemm_efficiency(8192, 8192, 8192, d, k);
+  EXPECT_LT(fp8_small, bf16_small);
+  // A small model at a short sequence: the casts cost what the GEMMs save.
+  m.hidden = 512;
+  m.heads = 8;
+  m.kv_heads = 8;
+  m.head_dim = 64;
+  m.intermediate = 1408;
+  m.layers = 8;
+  run = RunSpec{512, 64, Precision::bf16};
+  const auto bf16 = p("tp1-pp1-dp8-mb1");
+  const auto f8 = p("tp1-pp1-dp8-mb1-fp8:tensorwise");
+  EXPECT_GT(f8.step, 0.97 * bf16.step) << f8.step << " vs " << bf16.step;
+}
+
+TEST_F(Fp8, CastsAreMemoryBoundPassesAndTensorwiseReducesEachAmax) {
+  // Delayed scaling casts in one pass, tensorwise reads each operand once
+  // more for its amax and all-reduces it over tp * cp.
+  const auto tw = p("tp2-pp1-dp4-mb1-sp-fp8:tensorwise");
+  const auto dl = p("tp2-pp1-dp4-mb1-sp-fp8:delayed");
+  EXPECT_GT(tw.compute, dl.compute);
+  EXPECT_GT(tw.tp_comm, dl.tp_comm);
+  EXPECT_GT(dl.dp_comm, p("tp2-pp1-dp4-mb1-sp-fp8:tensorwise").dp_comm);  // one world all-reduce a step
+  // Without tp or cp there is no group to reduce the amax over.
+  EXPECT_EQ(p("tp1-pp1-dp8-mb1-fp8:tensorwise").tp_comm, 0);
+  // Slower memory makes the casts dearer, and leaves bf16 alone.
+  const auto before = p("tp1-pp1-dp8-mb1-fp8:tensorwise"), bf16 = p("tp1-pp1-dp8-mb1");
+  c.device.memory_bandwidth /= 4;
+  EXPECT_GT(p("tp1-pp1-dp8-mb1-fp8:tensorwise").compute - before.compute,
+            p("tp1-pp1-dp8-mb1").compute - bf16.compute);
+  // The weights' FP8 copies are cast once a step, with the optimizer.
+  c.device.memory_bandwidth *= 4;
+  EXPECT_GT(p("tp1-pp1-dp8-mb1-fp8:delayed").optimizer, bf16.optimizer);
+}
+
+TEST_F(Fp8, GemmsWhoseDimsAreNotMultiplesOf16StayBf16) {
+  EXPECT_TRUE(fp8_gemm_shape(8192, 4096, 14336));
+  EXPECT_FALSE(fp8_gemm_shape(8192, 4096, 100));
+  EXPECT_FALSE(fp8_gemm_shape(8200 / 2 + 4, 4096, 4096));
+  // 1000 tokens per micro-batch: no GEMM of the blocks runs in FP8, so the
+  // recipe costs nothing and gains nothing.
+  run = RunSpec{1000, 64, Precision::bf16};
+  const auto bf16 = p("tp1-pp1-dp8-mb1"), f8 = p("tp1-pp1-dp8-mb1-fp8:tensorwise");
+  EXPECT_DOUBLE_EQ(f8.step, bf16.step);
+}
+
+TEST_F(Fp8, BlocksKeptInBf16AtEachEnd) {
+  // Stage s holds virtual stages s, s + pp, ...: at L 32, pp 4, vpp 2 and
+  // fp8@1, stage 0 holds blocks 0-3 and 16-19 (block 0 in bf16), stage 3
+  // blocks 12-15 and 28-31 (block 31 in bf16).
+  const Layout l = Layout::parse("tp1-pp4-dp2-mb1-vpp2-fp8:delayed@1");
+  EXPECT_EQ(fp8_stage_blocks(m, l, 0), 7);
+  EXPECT_EQ(fp8_stage_blocks(m, l, 1), 8);
+  EXPECT_EQ(fp8_stage_blocks(m, l, 3), 7);
+  EXPECT_EQ(fp8_stage_blocks(m, Layout::parse("tp1-pp4-dp2-mb1-vpp2"), 0), 0);
+  EXPECT_EQ(fp8_stage_blocks(m, Layout::parse("tp1-pp1-dp8-mb1-fp8:delayed@2"), 0), 28);
+  // More bf16 blocks, a slower step, between all-FP8 and none.
+  const double all = p("tp1-pp1-dp8-mb1-fp8:delayed").step, some = p("tp1-pp1-dp8-mb1-fp8:delayed@4").step,
+               none = p("tp1-pp1-dp8-mb1").step;
+  EXPECT_LT(all, some);
+  EXPECT_LT(some, none);
+}
+
+TEST_F(Fp8, EmulatedOnTheCpuItOnlyCosts) {
+  c = cluster_resolve("cpu", 2, 2);
+  k = cost_defaults(c.device);
+  m = model_preset("tiny");
+  run = RunSpec{256, 16, Precision::fp32};
+  const auto f8 = p("tp1-pp1-dp2-mb1-fp8:tensorwise");
+  EXPECT_GT(f8.step, p("tp1-pp1-dp2-mb1").step);
+  EXPECT_EQ(f8.fp8_peak_flops, 0);
+}
+
 TEST(CostModel, ConstantsRoundTripJson) {
   auto k = cost_defaults(device_preset("a100-80gb"));
   k.overlap_cost = 0.3;

@@ -215,3 +215,76 @@ TEST(DeviceSpec, CpuRanksShareTheMachine) {
 
 }  // namespace
 }  // namespace weft
+
+namespace weft {
+namespace {
+
+TEST(DeviceSpec, Fp8PeaksAndArchitectures) {
+  // Dense FP8 from the H100/H200 SXM datasheets (3958 TFLOP/s with sparsity);
+  // A100 (sm_80) has no FP8 tensor cores.
+  const auto h = device_preset("h100");
+  EXPECT_EQ(h.sm_arch, 90);
+  EXPECT_DOUBLE_EQ(h.peak_fp8_flops, 1978.9e12);
+  EXPECT_TRUE(h.has_fp8());
+  EXPECT_TRUE(device_preset("h200").has_fp8());
+  EXPECT_NE(h.summary().find("fp8 dense peak 1979"), std::string::npos) << h.summary();
+  const auto a = device_preset("a100-80gb");
+  EXPECT_EQ(a.sm_arch, 80);
+  EXPECT_FALSE(a.has_fp8());
+  EXPECT_EQ(a.summary().find("fp8"), std::string::npos);
+  // MFU's peak stays the bf16 one on an FP8 device.
+  EXPECT_DOUBLE_EQ(h.peak_flops("bf16"), 989.4e12);
+  // The CPU has none, but is not refused (FP8 is emulated there).
+  const auto c = device_preset("cpu");
+  EXPECT_FALSE(c.has_fp8());
+  EXPECT_EQ(fp8_unsupported_reason(c), "");
+  EXPECT_EQ(fp8_unsupported_reason(h), "");
+  const std::string why = fp8_unsupported_reason(a);
+  EXPECT_NE(why.find("a100-80gb (sm_80) has no FP8 tensor cores"), std::string::npos) << why;
+  EXPECT_NE(why.find("sm_89 or sm_90 (h100, h200"), std::string::npos) << why;
+}
+
+TEST(DeviceSpec, Fp8FromTheGpuItself) {
+  // A detected H100 keeps the preset's FP8 peak and takes its architecture.
+  GpuProperties h100{"NVIDIA H100 80GB HBM3", 85520809984, 132, 9, 0, 1.98e9, 5120, 2.619e9};
+  EXPECT_DOUBLE_EQ(device_from_gpu(h100).peak_fp8_flops, 1978.9e12);
+  EXPECT_EQ(device_from_gpu(h100).sm_arch, 90);
+  // An unknown Ada part (L40S: 142 SMs at 2.52 GHz): 2048 FP8 FLOPs per SM
+  // per clock, 733 TFLOP/s dense as its datasheet states.
+  GpuProperties l40s{"NVIDIA L40S", 48305799168, 142, 8, 9, 2.52e9, 384, 9.0e9};
+  const auto ada = device_from_gpu(l40s);
+  EXPECT_EQ(ada.sm_arch, 89);
+  EXPECT_NEAR(ada.peak_fp8_flops, 733e12, 1e12);
+  EXPECT_TRUE(ada.has_fp8());
+  // An unknown Ampere part has none, and says why by its architecture.
+  GpuProperties a6000{"NVIDIA RTX A6000", 51050315776, 84, 8, 6, 1.74e9, 384, 8.0e9};
+  const auto amp = device_from_gpu(a6000);
+  EXPECT_FALSE(amp.has_fp8());
+  EXPECT_NE(fp8_unsupported_reason(amp).find("(sm_86)"), std::string::npos) << fp8_unsupported_reason(amp);
+}
+
+TEST(DeviceSpec, Fp8FieldsInJson) {
+  // Round trip, and a file written before the fields (a custom device
+  // without them) loads as a device without FP8; a preset keeps its own.
+  nlohmann::json j = device_preset("h100");
+  EXPECT_DOUBLE_EQ(j.at("peak_fp8_flops").get<double>(), 1978.9e12);
+  EXPECT_EQ(j.at("sm_arch").get<int64_t>(), 90);
+  const auto back = j.get<DeviceSpec>();
+  EXPECT_DOUBLE_EQ(back.peak_fp8_flops, 1978.9e12);
+  EXPECT_EQ(back.sm_arch, 90);
+  const auto old = nlohmann::json::parse(R"({"name": "old", "memory_bytes": 17179869184, "peak_bf16_flops": 1e14,
+      "memory_bandwidth": 1e12, "intra_node_bandwidth": 1e11, "inter_node_bandwidth": 1e10})")
+                       .get<DeviceSpec>();
+  EXPECT_FALSE(old.has_fp8());
+  EXPECT_EQ(old.sm_arch, 0);
+  EXPECT_NE(fp8_unsupported_reason(old).find("old (architecture not stated)"), std::string::npos);
+  EXPECT_TRUE(nlohmann::json::parse(R"({"preset": "h200"})").get<DeviceSpec>().has_fp8());
+  EXPECT_FALSE(nlohmann::json::parse(R"({"preset": "h100", "peak_fp8_flops": 0})").get<DeviceSpec>().has_fp8());
+  WEFT_EXPECT_THROW_MSG(nlohmann::json::parse(R"({"preset": "h100", "peak_fp8_flops": 2})").get<DeviceSpec>(),
+                        InputError, "device.peak_fp8_flops");
+  WEFT_EXPECT_THROW_MSG(nlohmann::json::parse(R"({"preset": "h100", "sm_arch": "9.0"})").get<DeviceSpec>(),
+                        InputError, "device.sm_arch", "89 for Ada");
+}
+
+}  // namespace
+}  // namespace weft

@@ -1,3 +1,4 @@
+#include <set>
 // The cost and memory models against public measured training runs
 // (calibration/public_runs.csv): the presets' shipped profiles are what the
 // fit gives today, and on the held-out sweeps (never fitted to) they predict
@@ -42,11 +43,49 @@ TEST(Fidelity, RowsLoadWithTheirSplit) {
   EXPECT_GT(oom, 300);
   // Rows weft cannot express are counted, not dropped silently.
   EXPECT_GT(set.skipped.at("attention 'flash1' (no weft kernel of its kind)"), 0);
-  // The CSV's context-parallel rows (S6, S7) are read for their cp; each is
-  // fp8, or bf16 on the H100 96 GB HBM2e part no preset describes (S6's bf16
-  // rows quote the source's "w/o Float8" and are not fp8).
-  EXPECT_EQ(set.skipped_cp, (std::map<std::string, int64_t>{{"fp8 compute", 5},
-                                                              {"H100 95/96 GB HBM2e part (no preset)", 3}}));
+  // The CSV's context-parallel rows (S6, S7, S10) are read for their cp:
+  // S7's two Llama 3 rows are expressed (FP8); the rest ran on the H100 96 GB
+  // HBM2e part no preset describes (S6's bf16 rows quote the source's "w/o
+  // Float8" and are not fp8), or spread 126 layers unevenly over pp x vpp.
+  EXPECT_EQ(set.skipped_cp,
+            (std::map<std::string, int64_t>{{"H100 95/96 GB HBM2e part (no preset)", 6},
+                                            {"layout weft cannot run: layers L=126 must be divisible by pp*vpp", 1}}));
+}
+
+// FP8 rows carry their framework's recipe, form sweeps of their own, and
+// hold out 30% of each study's FP8 sweeps; the fidelity counts them apart.
+TEST(Fidelity, Fp8RowsAreExpressedHeldOutAndReportedApart) {
+  const auto& set = runs();
+  std::map<Fp8Recipe, int64_t> recipes;
+  std::map<std::string, std::pair<std::set<std::string>, std::set<std::string>>> sweeps;  // study: all, held
+  for (const auto& r : set.runs) {
+    if (r.layout.fp8 == Fp8Recipe::off) {
+      EXPECT_EQ(r.sweep.find(" fp8"), std::string::npos) << r.sweep;
+      continue;
+    }
+    ++recipes[r.layout.fp8];
+    EXPECT_NE(r.sweep.find(" fp8"), std::string::npos) << r.sweep;
+    EXPECT_TRUE(r.cluster.device.has_fp8()) << r.source << ":" << r.line;
+    const std::string study = r.source.substr(0, r.source.find('_'));
+    sweeps[study].first.insert(r.sweep);
+    if (r.held_out) sweeps[study].second.insert(r.sweep);
+    // Transformer Engine's default (llm-foundry, NeMo 24.07) is delayed;
+    // Megatron-Bridge's FP8-CS is current (tensorwise) scaling.
+    EXPECT_EQ(r.layout.fp8, r.source.rfind("megatronbridge", 0) == 0 ? Fp8Recipe::tensorwise : Fp8Recipe::delayed)
+        << r.source << ":" << r.line;
+  }
+  EXPECT_GE(recipes[Fp8Recipe::delayed], 10);
+  EXPECT_GE(recipes[Fp8Recipe::tensorwise], 2);
+  for (const auto& [study, v] : sweeps)
+    if (v.first.size() >= 2) {
+      EXPECT_EQ(v.second.size(), (3 * v.first.size() + 9) / 10) << study;
+    }
+  const auto f = fidelity_evaluate(set.runs, Split::held_out, [](const DeviceSpec& d) { return cost_defaults(d); });
+  EXPECT_GE(f.fp8.measured, 5);
+  EXPECT_GT(f.fp8.mae_points, 0);
+  // The issue's target is 5 points; this holds what the model reaches now
+  // (benchmarks/RESULTS.md, "FP8"), so that a change that loses it fails.
+  EXPECT_LE(f.fp8.mae_points, 10.5);
 }
 
 // A context-parallel row weft can express keeps its degree, takes its

@@ -322,6 +322,20 @@ TEST(SpaceSearch, ListsTheExhaustiveRows) {
     c.limits.cp_comm = {CpComm::a2a};
     cases.push_back(c);
   }
+  {
+    // FP8 pinned: every recipe, bf16 end blocks over pipeline stages; and on
+    // an A100, where every FP8 layout breaks the device's rule first.
+    Case c{"llama3.1-8b", "h100", 32, 8192, 64, 10, {}};
+    c.limits.fp8 = {{Fp8Recipe::off, 0}, {Fp8Recipe::tensorwise, 0}, {Fp8Recipe::delayed, 2}};
+    c.limits.mb = {1, 2};
+    cases.push_back(c);
+    c.gpu = "a100-80gb";
+    c.limits.fp8 = {{Fp8Recipe::tensorwise, 1}, {Fp8Recipe::off, 0}};
+    cases.push_back(c);
+    c.limits.fp8 = {{Fp8Recipe::tensorwise, 1}};
+    c.top = 3;
+    cases.push_back(c);
+  }
   for (const auto& c : cases) {
     SpaceContext ctx;
     ctx.model = model_preset(c.model);
@@ -329,9 +343,10 @@ TEST(SpaceSearch, ListsTheExhaustiveRows) {
     ctx.cluster = cluster_resolve(c.gpu, c.gpus, c.device == DeviceKind::cpu ? c.gpus : 8);
     ctx.constants = cost_defaults(ctx.cluster.device);
     const std::string what = fmt::format("{} on {} x {}, seq {}, top {}", c.model, c.gpus, c.gpu, c.seq, c.top);
-    const auto all = enumerate(ctx.model, ctx.run, c.gpus, c.limits, c.device);
+    // The device as the CLI passes it: FP8 searched on the H100s.
+    const auto all = enumerate(ctx.model, ctx.run, c.gpus, c.limits, ctx.cluster.device);
     const auto ex = evaluate(ctx.model, ctx.run, ctx.cluster, all, ctx.constants, ctx.memory, ctx.tie);
-    const auto se = search(ctx, c.limits, c.top, c.device);
+    const auto se = search(ctx, c.limits, c.top, ctx.cluster.device);
     search_test::expect_same_rows(ex, se, c.top, what);
     EXPECT_FALSE(se.exhaustive);
     EXPECT_EQ(se.evaluated, ex.evaluated) << what;
@@ -370,11 +385,17 @@ TEST(SpaceSearch, BoundsNeverExceedTheLayouts) {
     const char* gpu;
     int64_t gpus, seq, batch;
     DeviceKind device;
+    std::vector<std::pair<Fp8Recipe, int64_t>> fp8 = {};  // free: FP8 searched on the H100s
   };
   for (const Where& w : {Where{"llama-13b", "a100-80gb", 32, 2048, 512, DeviceKind::gpu},
                          Where{"tiny-test", "cpu", 8, 256, 64, DeviceKind::cpu},
                          Where{"llama3.1-8b", "h100", 16, 32768, 16, DeviceKind::gpu},
-                         Where{"llama3.2-1b", "h100", 16, 4096, 64, DeviceKind::gpu}}) {
+                         Where{"llama3.2-1b", "h100", 16, 4096, 64, DeviceKind::gpu},
+                         // bf16 end blocks make the first and last stage differ.
+                         Where{"llama3.1-8b", "h100", 16, 8192, 32, DeviceKind::gpu,
+                               {{Fp8Recipe::delayed, 3}, {Fp8Recipe::tensorwise, 1}}},
+                         // FP8 emulated on the CPU, pinned.
+                         Where{"tiny-test", "cpu", 8, 256, 64, DeviceKind::cpu, {{Fp8Recipe::tensorwise, 1}}}}) {
     SpaceContext ctx;
     ctx.model = model_preset(w.model);
     ctx.run = RunSpec{w.seq, w.batch, w.device == DeviceKind::cpu ? Precision::fp32 : Precision::bf16};
@@ -382,7 +403,8 @@ TEST(SpaceSearch, BoundsNeverExceedTheLayouts) {
     ctx.constants = cost_defaults(ctx.cluster.device);
     SpaceLimits lim;
     lim.mb = {1, 2};
-    const auto subs = enumerate_subspaces(ctx.model, ctx.run, w.gpus, lim, w.device);
+    lim.fp8 = w.fp8;
+    const auto subs = enumerate_subspaces(ctx.model, ctx.run, w.gpus, lim, ctx.cluster.device);
     int64_t checked = 0;
     for (size_t s = 0; s < subs.size(); s += 3) {
       const Subspace& sub = subs[s];
@@ -401,7 +423,50 @@ TEST(SpaceSearch, BoundsNeverExceedTheLayouts) {
       }
     }
     EXPECT_GT(checked, 100) << w.model;
+    if (!w.fp8.empty() || ctx.cluster.device.has_fp8()) {
+      bool fp8_seen = false;
+      for (const auto& sub : subs) fp8_seen = fp8_seen || sub.shape.fp8 != Fp8Recipe::off;
+      EXPECT_TRUE(fp8_seen) << w.model << " on " << w.gpu;
+    }
   }
+}
+
+// FP8 is searched (off and tensorwise) on devices with FP8 tensor cores
+// only; pins replace the list, and pinned FP8 on a GPU without it is
+// pruned under the device's rule.
+TEST(SpaceFp8, SearchedWhereTheDeviceHasIt) {
+  const auto m = model_preset("llama3.1-8b");
+  const RunSpec run{8192, 64, Precision::bf16};
+  SpaceLimits lim;
+  lim.tp = {1, 2};
+  lim.mb = {1};
+  const auto precisions = [](const std::vector<Layout>& v) {
+    std::set<std::string> s;
+    for (const auto& l : v) s.insert(gemm_precision_text(l));
+    return s;
+  };
+  EXPECT_EQ(precisions(enumerate(m, run, 8, lim, device_preset("h100"))),
+            (std::set<std::string>{"bf16", "fp8:tensorwise"}));
+  EXPECT_EQ(precisions(enumerate(m, run, 8, lim, device_preset("h200"))),
+            (std::set<std::string>{"bf16", "fp8:tensorwise"}));
+  EXPECT_EQ(precisions(enumerate(m, run, 8, lim, device_preset("a100-80gb"))), (std::set<std::string>{"bf16"}));
+  EXPECT_EQ(precisions(enumerate(m, run, 8, lim, device_preset("cpu"))), (std::set<std::string>{"bf16"}));
+  EXPECT_EQ(precisions(enumerate(m, run, 8, lim, DeviceKind::gpu)), (std::set<std::string>{"bf16"}));
+  lim.fp8 = {{Fp8Recipe::delayed, 1}};
+  EXPECT_EQ(precisions(enumerate(m, run, 8, lim, device_preset("cpu"))), (std::set<std::string>{"fp8:delayed@1"}));
+  const auto a100 = cluster_resolve("a100-80gb", 8, 8);
+  const auto r = evaluate(m, run, a100, enumerate(m, run, 8, lim, a100.device), cost_defaults(a100.device));
+  ASSERT_FALSE(r.candidates.empty());
+  EXPECT_EQ(r.fitting, 0);
+  EXPECT_NE(r.candidates.front().reason.find("fp8:delayed@1: a100-80gb (sm_80) has no FP8 tensor cores"),
+            std::string::npos)
+      << r.candidates.front().reason;
+  // The best of an H100 space with FP8 free is an FP8 layout (Llama 3.1 8B).
+  const auto h100 = cluster_resolve("h100", 8, 8);
+  lim.fp8 = {};
+  const auto best = evaluate(m, run, h100, enumerate(m, run, 8, lim, h100.device), cost_defaults(h100.device));
+  ASSERT_GT(best.fitting, 0);
+  EXPECT_EQ(best.candidates.front().layout.fp8, Fp8Recipe::tensorwise) << best.candidates.front().layout.to_string();
 }
 
 // The search predicts a sliver of a large space: Llama 3.1 8B at 128k
