@@ -308,13 +308,20 @@ INSTANTIATE_TEST_SUITE_P(Layouts, GpuTrainFp8,
 //   - weights: the GPU's amax is the bf16 rounding of the CPU's exactly (the
 //     weights are the same fp32 values rounded once, and rounding keeps the
 //     order of magnitudes);
-//   - inputs and output gradients within 1/16: the same forward and backward
-//     in bf16 instead of fp32 (2^-9 per value, a few dozen ops deep), where
-//     an FP8 code can land one step (2^-3 or 2^-2) away at a rounding
-//     boundary, which moves one value's neighbours in later GEMMs, not the
-//     largest magnitudes of a tensor by more than a few percent. A slot or
-//     role mixed up moves an amax by orders of magnitude (weights ~0.1,
-//     activations ~1, gradients ~1e-3);
+//   - inputs within 1/16: the same forward in bf16 instead of fp32 (2^-9
+//     per value, a few dozen ops deep), where an FP8 code can land one step
+//     (2^-3) away at a rounding boundary, which moves its neighbours in
+//     later GEMMs, not a tensor's largest magnitude by more than a few
+//     percent;
+//   - output gradients within 1/4: step 1 casts them with scale 1 (the
+//     history is still empty, on both devices), which puts them near E5M2's
+//     subnormals (2^-16 to 2^-14), whose steps are 25% to 100% of a value,
+//     so one code flipped by the bf16 rounding moves the next block's
+//     gradients much more than in the forward;
+//   - a slot or operand mixed up moves an amax by orders of magnitude
+//     (weights ~0.1, normed inputs ~1 to 10, gradients ~1e-4), and two
+//     random weights' amaxes almost never agree to bf16's 8 bits, so the
+//     exact check on the weights catches a GEMM mixed up too;
 //   - the entries past the first are empty on both, and so is the first of
 //     the operands whose cast is shared (k's and v's input is q's, up's is
 //     gate's: those slots never see an amax, on either device).
@@ -356,7 +363,7 @@ TEST(GpuTrainFp8Scales, FirstStepHistoryMatchesTheCpuEmulation) {
     else if (role == 1)
       EXPECT_EQ(g, kernels::bf16_to_float(kernels::float_to_bf16(c))) << where;
     else
-      EXPECT_LE(std::abs(g - c), c / 16) << where << ": gpu " << g << ", cpu " << c;
+      EXPECT_LE(std::abs(g - c), role == 0 ? c / 16 : c / 4) << where << ": gpu " << g << ", cpu " << c;
     for (int64_t h = 1; h < H; ++h) {
       EXPECT_EQ(cpu[slot * size_t(H) + size_t(h)], 0.0f) << where;
       EXPECT_EQ(gpu[slot * size_t(H) + size_t(h)], 0.0f) << where;
