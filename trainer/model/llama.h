@@ -161,14 +161,17 @@ class LlamaStage {
   Elem* input_grad();
 
   // FP8 GEMMs (Layout::fp8; on the CPU emulated: the fp32 GEMMs multiply
-  // quantised-dequantised operands, kernels/fp8/fp8.h). fp8_step_begin()
+  // quantised-dequantised operands, kernels/fp8/fp8.h; on a GPU the FP8
+  // codes go to cuBLASLt's FP8 GEMMs, kernels/fp8/fp8_ops.h, with the scales
+  // in device memory). fp8_step_begin()
   // before a step's first forward: the weights changed, so their quantised
   // copies are stale, and delayed scaling takes this step's scales from the
   // amax history. fp8_step_end() after the step's last backward, on every
   // rank: delayed scaling reduces the step's amaxes over the ranks that hold
   // this stage (tp x cp x dp) and appends them to the history. It returns
   // this rank's quantisation counts since fp8_step_begin() (validation
-  // forwards in between included).
+  // forwards in between included); on a GPU it reads them back from the
+  // device, waiting for the stream (FP8's one host synchronisation a step).
   struct Fp8Counts {
     int64_t values = 0, overflow = 0, underflow = 0;
   };
