@@ -93,6 +93,12 @@ bool attention_available(AttentionKind kind, Backend backend) {
 int64_t cudnn_graph_workspace(const AttentionForwardParams<bf16>&) { return -1; }
 int64_t cudnn_graph_workspace(const AttentionBackwardParams<bf16>&) { return -1; }
 
+// No CUDA backend: FP8 GEMMs on the CPU only.
+bool fp8_gemm_available(Backend backend, std::string* device) {
+  if (device) *device = backend == Backend::cpu ? "the CPU" : "a build without CUDA";
+  return backend == Backend::cpu;
+}
+
 namespace fp32_cuda {
 bool available() { return false; }
 Status launch(const FillParams<float>&, Workspace, Stream) { return Status::unsupported; }

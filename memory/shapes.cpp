@@ -420,9 +420,20 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
         out.push_back({"fp8.weights", Category::weights, n8 * weights, eb, copies});
       out.push_back({"scratch.fp8_input", Category::workspace, d.B * d.T * widest_k, eb, copies});
       out.push_back({"scratch.fp8_grad", Category::workspace, d.B * d.T * widest_n, eb, copies});
-      if (l.fp8 == Fp8Recipe::delayed)
-        out.push_back({"fp8.scaling", Category::optimizer, plan.layers * kFp8Gemms * 3 * (kFp8DelayedHistory + 2),
-                       kFp32, 1});
+      const int64_t slots = plan.layers * kFp8Gemms * 3;
+      if (gpu) {
+        // On a GPU the scales live on the device for both recipes, per slot:
+        // the amax history (one deep for tensorwise, whose scale update
+        // turns the amax just reduced into the scale), the amax, the scale
+        // and its inverse (the GEMMs' scale pointers); and the step's
+        // overflow and underflow counts, two int64.
+        const int64_t history = l.fp8 == Fp8Recipe::delayed ? kFp8DelayedHistory : 1;
+        out.push_back({"fp8.scaling", l.fp8 == Fp8Recipe::delayed ? Category::optimizer : Category::workspace,
+                       slots * (history + 3), kFp32, 1});
+        out.push_back({"fp8.health", Category::workspace, 2, 8, 1});
+      } else if (l.fp8 == Fp8Recipe::delayed) {
+        out.push_back({"fp8.scaling", Category::optimizer, slots * (kFp8DelayedHistory + 2), kFp32, 1});
+      }
     }
   }
 

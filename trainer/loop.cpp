@@ -22,6 +22,7 @@
 #include "core/stop.h"
 #include "core/pipeline_schedule.h"
 #include "core/units.h"
+#include "kernels/fp8/fp8_ops.h"
 #include "kernels/attention/attention.h"
 #include "memory/device.h"
 #include "memory/estimate.h"
@@ -168,10 +169,14 @@ void check_trainable(const Layout& l, DeviceKind device) {
     throw LayoutError(fmt::format("layout {}: context parallelism (cp={}) runs on the CPU trainer so far: the CUDA "
                                   "attention kernels take no blocks of the sequence yet (use cp1 on a GPU)",
                                   l.to_string(), l.cp));
-  if (l.fp8 != Fp8Recipe::off && gpu)
-    throw LayoutError(fmt::format("layout {}: FP8 GEMMs ({}) run on the CPU trainer (emulated) so far: the GPU "
-                                  "trainer does not call the FP8 kernels yet (use fp8:off on a GPU)",
-                                  l.to_string(), gemm_precision_text(l)));
+  if (l.fp8 != Fp8Recipe::off && gpu) {
+    std::string here;
+    if (!kernels::fp8_gemm_available(kernels::Backend::cuda, &here))
+      throw LayoutError(fmt::format("layout {}: FP8 GEMMs ({}) need a GPU with FP8 tensor cores (compute capability "
+                                    "8.9 or newer: L4, L40, H100, H200, B200) and a CUDA build; here: {} (use "
+                                    "fp8:off on this GPU, or the CPU trainer's emulated FP8)",
+                                    l.to_string(), gemm_precision_text(l), here));
+  }
 }
 
 namespace {

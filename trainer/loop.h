@@ -89,7 +89,9 @@ struct TrainReport {
 // LayoutError when the trainer cannot run a valid layout yet (ZeRO-3 with
 // dp > 1; the models still cover it)
 // or not on this device in this build (attn:cudnn on a CPU, or in a build
-// without the cuDNN frontend; grad:bf16 on a CPU, which trains in fp32).
+// without the cuDNN frontend; grad:bf16 on a CPU, which trains in fp32;
+// FP8 GEMMs on a GPU when this process's CUDA device lacks FP8 tensor cores,
+// below compute capability 8.9, or the build lacks CUDA).
 void check_trainable(const Layout& l, DeviceKind device = DeviceKind::gpu);
 
 // InputError naming the value for settings train() cannot run with, apart

@@ -233,4 +233,21 @@ Status run(const Fp8GemmAccParams<bf16>& p, Workspace ws, cudaStream_t stream) {
 WEFT_CUDA_INSTANTIATE(Fp8GemmParams)
 WEFT_CUDA_INSTANTIATE(Fp8GemmAccParams)
 
+bool fp8_gemm_available(Backend backend, std::string* device) {
+  if (backend == Backend::cpu) {
+    if (device) *device = "the CPU";
+    return true;
+  }
+  int id = 0;
+  cudaDeviceProp prop{};
+  if (cudaGetDevice(&id) != cudaSuccess || cudaGetDeviceProperties(&prop, id) != cudaSuccess) {
+    (void)cudaGetLastError();
+    if (device) *device = "no CUDA device";
+    return false;
+  }
+  if (device) *device = std::string(prop.name) + " (compute capability " + std::to_string(prop.major) + "." +
+                        std::to_string(prop.minor) + ")";
+  return device_has_fp8();
+}
+
 }  // namespace weft::kernels

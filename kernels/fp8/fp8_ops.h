@@ -36,6 +36,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "kernels/fp8/fp8.h"
 #include "kernels/kernel.h"
@@ -162,6 +163,13 @@ struct Fp8GemmAccParams {
 };
 
 const char* to_string(Fp8Accumulation a);
+
+// Whether FP8 GEMMs run on `backend` in this process: on the CPU always; on
+// CUDA when the build has CUDA and the current device has FP8 tensor cores
+// (compute capability 8.9 or newer, as the GEMM's supports() requires). If
+// `device` is set it receives what was found, for messages: the device's
+// name and compute capability, or why there is none.
+bool fp8_gemm_available(Backend backend, std::string* device = nullptr);
 
 // The rule both backends apply to the scale update, for one tensor (the CPU
 // backend's loop body and the GPU test's reference).

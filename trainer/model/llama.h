@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "core/device_spec.h"
+#include "kernels/fp8/fp8.h"
 #include "kernels/kernel.h"
 #include "kernels/rope/rope.h"
 #include "memory/arena.h"
@@ -160,14 +161,17 @@ class LlamaStage {
   Elem* input_grad();
 
   // FP8 GEMMs (Layout::fp8; on the CPU emulated: the fp32 GEMMs multiply
-  // quantised-dequantised operands, kernels/fp8/fp8.h). fp8_step_begin()
+  // quantised-dequantised operands, kernels/fp8/fp8.h; on a GPU the FP8
+  // codes go to cuBLASLt's FP8 GEMMs, kernels/fp8/fp8_ops.h, with the scales
+  // in device memory). fp8_step_begin()
   // before a step's first forward: the weights changed, so their quantised
   // copies are stale, and delayed scaling takes this step's scales from the
   // amax history. fp8_step_end() after the step's last backward, on every
   // rank: delayed scaling reduces the step's amaxes over the ranks that hold
   // this stage (tp x cp x dp) and appends them to the history. It returns
   // this rank's quantisation counts since fp8_step_begin() (validation
-  // forwards in between included).
+  // forwards in between included); on a GPU it reads them back from the
+  // device, waiting for the stream (FP8's one host synchronisation a step).
   struct Fp8Counts {
     int64_t values = 0, overflow = 0, underflow = 0;
   };
@@ -235,6 +239,14 @@ class LlamaStage {
   // role 0 the input (E4M3), 1 the weight (E4M3), 2 the output gradient (E5M2).
   void fp8_quantize(const Block& b, memory::Fp8Gemm g, int role, const Elem* x, int64_t n, Elem* out);
   const Elem* fp8_weight(const Block& b, memory::Fp8Gemm g, const Elem* w);
+  // The GPU's FP8 path (bf16): x (rows, cols) cast to FP8 codes `out` and
+  // their transpose `out_t` with the scale of operand `role` of GEMM g of
+  // block b (tensorwise: its amax, reduced over tp and cp, first). The
+  // scaling slot of (block, gemm, role), and its scale_inv in device memory.
+  int64_t fp8_slot(const Block& b, memory::Fp8Gemm g, int role) const;
+  void fp8_cast(int64_t slot, const Elem* x, int64_t rows, int64_t cols, kernels::Fp8* out, kernels::Fp8* out_t);
+  // The weight's codes ([0]: (N, K), [1]: (K, N)), cast once per step (ZeRO-3: at each use).
+  std::array<const kernels::Fp8*, 2> fp8_weight_codes(const Block& b, memory::Fp8Gemm g, const Elem* w);
   void head_forward(int64_t slot, const int32_t* targets, double grad_scale);
   void head_backward(Elem* dx);
   // Launches an op on the stage's stream, with the kernel workspace it needs
@@ -353,6 +365,20 @@ class LlamaStage {
   // the step's scale, in the arena's fp8.scaling.
   float* fp8_scaling_ = nullptr;
   int64_t fp8_history_len_ = 0, fp8_history_next_ = 0;
+  // GPU (bf16): FP8 codes, [0] as cast and [1] transposed (the TN GEMMs'
+  // layouts, kernels/fp8/fp8_ops.h), of the cached weights, ZeRO-3's weight
+  // scratch, the input and the output gradient.
+  std::array<kernels::Fp8*, 2> fp8_wcodes_{}, fp8_wscratch_{}, fp8_in_{}, fp8_gr_{};
+  // The scaling slots the input's and output gradient's codes were cast with.
+  int64_t fp8_in_slot_ = -1, fp8_gr_slot_ = -1;
+  // GPU scaling state in fp8.scaling, per slot s = role * (blocks * 7) +
+  // block * 7 + gemm (so each format's slots are contiguous for one scale
+  // update): the amax history (newest first, fp8_dev_history_ deep: 1 for
+  // tensorwise), the amax, the scale and its inverse; and the step's health
+  // counts (fp8.health).
+  float *fp8_dev_hist_ = nullptr, *fp8_dev_amax_ = nullptr, *fp8_dev_scale_ = nullptr, *fp8_dev_scale_inv_ = nullptr;
+  int64_t fp8_dev_history_ = 0;
+  kernels::Fp8Health* fp8_dev_health_ = nullptr;
   Fp8Counts fp8_counts_;
   std::vector<Elem>* capture_ = nullptr;
   // Per saved tensor name: the instance of each layer (-1: rebuilt), and how

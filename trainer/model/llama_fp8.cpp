@@ -4,6 +4,24 @@
 // multiplies those, which is what an FP8 GEMM with fp32 accumulation
 // computes up to the order of its sums.
 //
+// On a GPU (bf16) they run on FP8 tensor cores (kernels/fp8/fp8_ops.h): each
+// operand is cast to FP8 codes and their transpose in one pass (the GEMMs
+// take only the TN form), the weights once per step, and cuBLASLt multiplies
+// the codes with the scale_invs in device memory. The forward accumulates in
+// the fast mode, dgrad and wgrad in split mode (the public recipes' choice);
+// wgrad adds into the main gradients (beta 1). The scales follow the same
+// rules as the CPU's, on the device: tensorwise takes an amax pass, reduces
+// it over tp (and cp) on the device groups and turns it into a scale with a
+// one-deep scale update before the cast; delayed casts with the history's
+// scale while accumulating the step's amax, and fp8_step_end reduces the
+// amaxes and runs the scale updates there. The health counts are summed on
+// the device and read back once per step, in fp8_step_end (the one host
+// synchronisation FP8 adds to a step). The CPU and the GPU differ only where
+// an amax is not finite: the CPU records it (as +inf) and keeps scale 1
+// (tensorwise) or the previous scale for the history's length (delayed);
+// the GPU's scale update leaves such a step out of the history and keeps
+// the previous scale.
+//
 // Operands and formats: the input and the weight in E4M3, the output
 // gradient in E5M2 (dgrad: dY x W, wgrad: dY^T x X), per-tensor scales.
 //
@@ -21,7 +39,9 @@
 #include <cmath>
 #include <limits>
 
+#include "kernels/elementwise/elementwise.h"
 #include "kernels/fp8/fp8.h"
+#include "kernels/fp8/fp8_ops.h"
 #include "trainer/model/llama_run.h"
 
 namespace weft::trainer {
@@ -41,15 +61,56 @@ kernels::Fp8Format format_of(int role) { return role == 2 ? kernels::Fp8Format::
 // previous scale (fp8_scale) just as NaN would.
 float reducible(float amax) { return std::isnan(amax) ? std::numeric_limits<float>::infinity() : amax; }
 
+template <typename Elem>
+constexpr bool kGpu = std::is_same_v<Elem, kernels::bf16>;
+
 }  // namespace
 
 template <typename Elem, typename G>
 void LlamaStage<Elem, G>::fp8_setup() {
   if (l_.fp8 == Fp8Recipe::off) return;
-  if constexpr (!std::is_same_v<Elem, float>) {
-    throw InputError(fmt::format("layout {}: FP8 GEMMs run on the CPU trainer (emulated) only so far; the CUDA "
-                                 "FP8 kernels are not wired into the {} trainer",
-                                 l_.to_string(), on_device() ? "GPU" : "fp64"));
+  if constexpr (kGpu<Elem>) {
+    const auto both = [&](const char* name) {
+      return std::array<kernels::Fp8*, 2>{table_->get<kernels::Fp8>(name, 0), table_->get<kernels::Fp8>(name, 1)};
+    };
+    if (table_->has("fp8.weights")) {
+      fp8_wcodes_ = both("fp8.weights");
+      int64_t at = 0;
+      for (int64_t i = 0; i < plan_.layers; ++i) {
+        const bool fp8 = l_.fp8_layer(m_, memory::global_layer(m_, l_, plan_.stage, i / Lc_, i % Lc_));
+        for (const auto& s : fp8_shapes_) {
+          fp8_weight_at_.push_back(fp8 && s.fp8 ? at : -1);
+          if (fp8 && s.fp8) at += s.K * s.N;
+        }
+      }
+      WEFT_ASSERT(at == table_->elements("fp8.weights"));
+      fp8_weight_ready_.assign(fp8_weight_at_.size(), 0);
+    }
+    if (table_->has("scratch.fp8_weight")) fp8_wscratch_ = both("scratch.fp8_weight");
+    if (table_->has("scratch.fp8_input")) {
+      fp8_in_ = both("scratch.fp8_input");
+      fp8_gr_ = both("scratch.fp8_grad");
+    }
+    if (table_->has("fp8.scaling")) {
+      const int64_t S = plan_.layers * kFp8Gemms * kRoles;
+      fp8_dev_history_ = l_.fp8 == Fp8Recipe::delayed ? kFp8DelayedHistory : 1;
+      WEFT_ASSERT(table_->elements("fp8.scaling") == S * (fp8_dev_history_ + 3));
+      fp8_dev_hist_ = table_->get<float>("fp8.scaling");
+      fp8_dev_amax_ = fp8_dev_hist_ + S * fp8_dev_history_;
+      fp8_dev_scale_ = fp8_dev_amax_ + S;
+      fp8_dev_scale_inv_ = fp8_dev_scale_ + S;
+      // Empty histories and amaxes, scales of 1.
+      run(kernels::FillParams<float>{.n = S * (fp8_dev_history_ + 1), .value = 0.0, .x = fp8_dev_hist_}, "fill");
+      run(kernels::FillParams<float>{.n = 2 * S, .value = 1.0, .x = fp8_dev_scale_}, "fill");
+      fp8_dev_health_ = reinterpret_cast<kernels::Fp8Health*>(table_->get<int64_t>("fp8.health"));
+      static_assert(sizeof(kernels::Fp8Health) == 2 * sizeof(int64_t));
+      // Two int64 zeros are four fp32 zeros.
+      run(kernels::FillParams<float>{.n = 4, .value = 0.0, .x = reinterpret_cast<float*>(fp8_dev_health_)}, "fill");
+    }
+  } else if constexpr (!std::is_same_v<Elem, float>) {
+    throw InputError(fmt::format("layout {}: FP8 GEMMs run on the CPU trainer (emulated, fp32) and the GPU "
+                                 "trainer (bf16); the fp64 trainer has none",
+                                 l_.to_string()));
   } else {
     if (table_->has("fp8.weights")) {
       fp8_weights_ = table_->get<Elem>("fp8.weights");
@@ -126,6 +187,54 @@ const Elem* LlamaStage<Elem, G>::fp8_weight(const Block& b, Fp8Gemm g, const Ele
 }
 
 template <typename Elem, typename G>
+int64_t LlamaStage<Elem, G>::fp8_slot(const Block& b, Fp8Gemm g, int role) const {
+  return role * plan_.layers * kFp8Gemms + b.index * kFp8Gemms + int64_t(g);
+}
+
+template <typename Elem, typename G>
+void LlamaStage<Elem, G>::fp8_cast(int64_t slot, const Elem* x, int64_t rows, int64_t cols, kernels::Fp8* out,
+                                   kernels::Fp8* out_t) {
+  const int role = int(slot / (plan_.layers * kFp8Gemms));
+  const kernels::Fp8Format f = format_of(role);
+  float* amax = fp8_dev_amax_ + slot;
+  const bool delayed = l_.fp8 == Fp8Recipe::delayed;
+  if (!delayed) {
+    // Current scaling: the amax of the whole tensor, over the ranks holding
+    // parts of it (device groups, device buffers), then its scale on the device.
+    run(kernels::Fp8AmaxParams<Elem>{.n = rows * cols, .x = x, .amax = amax}, "fp8_amax");
+    groups_.tp->all_reduce(amax, 1, parallel::DType::f32, parallel::ReduceOp::max);
+    if (role != 1 && groups_.cp) groups_.cp->all_reduce(amax, 1, parallel::DType::f32, parallel::ReduceOp::max);
+    run(kernels::Fp8ScaleUpdateParams<Elem>{.count = 1, .history_len = 1, .format = f, .amax = amax,
+                                            .history = fp8_dev_hist_ + slot, .scale = fp8_dev_scale_ + slot,
+                                            .scale_inv = fp8_dev_scale_inv_ + slot},
+        "fp8_scale");
+  }
+  // Delayed: the step's amax accumulates for fp8_step_end.
+  run(kernels::Fp8CastParams<Elem>{.rows = rows, .cols = cols, .format = f, .x = x, .scale = fp8_dev_scale_ + slot,
+                                   .out = out, .out_t = out_t, .amax = delayed ? amax : nullptr,
+                                   .amax_write = kernels::Write::accumulate, .health = fp8_dev_health_},
+      "fp8_cast");
+  fp8_counts_.values += rows * cols;
+}
+
+template <typename Elem, typename G>
+std::array<const kernels::Fp8*, 2> LlamaStage<Elem, G>::fp8_weight_codes(const Block& b, Fp8Gemm g, const Elem* w) {
+  const auto& s = fp8_shapes_[size_t(g)];
+  const int64_t slot = fp8_slot(b, g, 1);
+  if (!fp8_wcodes_[0]) {  // ZeRO-3: cast at each use
+    fp8_cast(slot, w, s.N, s.K, fp8_wscratch_[0], fp8_wscratch_[1]);
+    return {fp8_wscratch_[0], fp8_wscratch_[1]};
+  }
+  const size_t i = size_t(b.index * kFp8Gemms + int64_t(g));
+  const int64_t at = fp8_weight_at_[i];
+  if (!fp8_weight_ready_[i]) {
+    fp8_cast(slot, w, s.N, s.K, fp8_wcodes_[0] + at, fp8_wcodes_[1] + at);
+    fp8_weight_ready_[i] = 1;
+  }
+  return {fp8_wcodes_[0] + at, fp8_wcodes_[1] + at};
+}
+
+template <typename Elem, typename G>
 void LlamaStage<Elem, G>::linear_forward(const Block& b, Fp8Gemm g, const Elem* x, bool x_same, const Elem* w,
                                          Elem* y, const char* op) {
   const int64_t K = fp8_shapes_[size_t(g)].K, N = fp8_shapes_[size_t(g)].N;
@@ -134,11 +243,28 @@ void LlamaStage<Elem, G>::linear_forward(const Block& b, Fp8Gemm g, const Elem* 
     run(kernels::linear_forward_gemm(M_, K, N, x, w, y), op);
     return;
   }
-  if (!(x_same && fp8_input_of_ == x)) {
-    fp8_quantize(b, g, 0, x, M_ * K, fp8_input_);
-    fp8_input_of_ = x;
+  if constexpr (kGpu<Elem>) {
+    if (!(x_same && fp8_input_of_ == x)) {
+      fp8_in_slot_ = fp8_slot(b, g, 0);
+      fp8_cast(fp8_in_slot_, x, M_, K, fp8_in_[0], fp8_in_[1]);
+      fp8_input_of_ = x;
+    }
+    const auto wq = fp8_weight_codes(b, g, w);
+    // y (M, N) = x (M, K) W (N, K)^T.
+    run(kernels::Fp8GemmParams<Elem>{.m = M_, .n = N, .k = K, .alpha = 1, .beta = 0,
+                                     .a = fp8_in_[0], .lda = K, .a_format = kernels::Fp8Format::e4m3,
+                                     .a_scale_inv = fp8_dev_scale_inv_ + fp8_in_slot_,
+                                     .b = wq[0], .ldb = K, .b_format = kernels::Fp8Format::e4m3,
+                                     .b_scale_inv = fp8_dev_scale_inv_ + fp8_slot(b, g, 1),
+                                     .c = y, .ldc = N, .accumulation = kernels::Fp8Accumulation::fast},
+        op);
+  } else {
+    if (!(x_same && fp8_input_of_ == x)) {
+      fp8_quantize(b, g, 0, x, M_ * K, fp8_input_);
+      fp8_input_of_ = x;
+    }
+    run(kernels::linear_forward_gemm(M_, K, N, static_cast<const Elem*>(fp8_input_), fp8_weight(b, g, w), y), op);
   }
-  run(kernels::linear_forward_gemm(M_, K, N, static_cast<const Elem*>(fp8_input_), fp8_weight(b, g, w), y), op);
 }
 
 template <typename Elem, typename G>
@@ -150,13 +276,32 @@ void LlamaStage<Elem, G>::linear_dgrad(const Block& b, Fp8Gemm g, const Elem* dy
     run(kernels::linear_dgrad_gemm(M_, shape.K, shape.N, dy, w, dx, write), op);
     return;
   }
-  if (!(dy_same && fp8_grad_of_ == dy)) {
-    fp8_quantize(b, g, 2, dy, M_ * shape.N, fp8_grad_);
-    fp8_grad_of_ = dy;
+  if constexpr (kGpu<Elem>) {
+    const int64_t K = shape.K, N = shape.N;
+    if (!(dy_same && fp8_grad_of_ == dy)) {
+      fp8_gr_slot_ = fp8_slot(b, g, 2);
+      fp8_cast(fp8_gr_slot_, dy, M_, N, fp8_gr_[0], fp8_gr_[1]);
+      fp8_grad_of_ = dy;
+    }
+    const auto wq = fp8_weight_codes(b, g, w);
+    // dx (M, K) = dy (M, N) (W^T (K, N))^T.
+    run(kernels::Fp8GemmParams<Elem>{.m = M_, .n = K, .k = N, .alpha = 1,
+                                     .beta = write == kernels::Write::accumulate ? 1.0f : 0.0f,
+                                     .a = fp8_gr_[0], .lda = N, .a_format = kernels::Fp8Format::e5m2,
+                                     .a_scale_inv = fp8_dev_scale_inv_ + fp8_gr_slot_,
+                                     .b = wq[1], .ldb = N, .b_format = kernels::Fp8Format::e4m3,
+                                     .b_scale_inv = fp8_dev_scale_inv_ + fp8_slot(b, g, 1),
+                                     .c = dx, .ldc = K, .accumulation = kernels::Fp8Accumulation::split},
+        op);
+  } else {
+    if (!(dy_same && fp8_grad_of_ == dy)) {
+      fp8_quantize(b, g, 2, dy, M_ * shape.N, fp8_grad_);
+      fp8_grad_of_ = dy;
+    }
+    run(kernels::linear_dgrad_gemm(M_, shape.K, shape.N, static_cast<const Elem*>(fp8_grad_), fp8_weight(b, g, w),
+                                   dx, write),
+        op);
   }
-  run(kernels::linear_dgrad_gemm(M_, shape.K, shape.N, static_cast<const Elem*>(fp8_grad_), fp8_weight(b, g, w), dx,
-                                 write),
-      op);
 }
 
 template <typename Elem, typename G>
@@ -169,17 +314,41 @@ void LlamaStage<Elem, G>::linear_wgrad(const Block& b, Fp8Gemm g, const Elem* dy
     run(kernels::linear_wgrad_gemm(M_, shape.K, shape.N, dy, x, dw), op);
     return;
   }
-  if (!(dy_same && fp8_grad_of_ == dy)) {
-    fp8_quantize(b, g, 2, dy, M_ * shape.N, fp8_grad_);
-    fp8_grad_of_ = dy;
+  if constexpr (kGpu<Elem>) {
+    const int64_t K = shape.K, N = shape.N;
+    if (!(dy_same && fp8_grad_of_ == dy)) {
+      fp8_gr_slot_ = fp8_slot(b, g, 2);
+      fp8_cast(fp8_gr_slot_, dy, M_, N, fp8_gr_[0], fp8_gr_[1]);
+      fp8_grad_of_ = dy;
+    }
+    if (!(x_same && fp8_input_of_ == x)) {
+      fp8_in_slot_ = fp8_slot(b, g, 0);
+      fp8_cast(fp8_in_slot_, x, M_, K, fp8_in_[0], fp8_in_[1]);
+      fp8_input_of_ = x;
+    }
+    // dW (N, K) += dy^T (N, M) (x^T (K, M))^T, into the main gradients.
+    using Gemm = std::conditional_t<std::is_same_v<G, Elem>, kernels::Fp8GemmParams<Elem>,
+                                    kernels::Fp8GemmAccParams<Elem>>;
+    run(Gemm{.m = N, .n = K, .k = M_, .alpha = 1, .beta = 1,
+             .a = fp8_gr_[1], .lda = M_, .a_format = kernels::Fp8Format::e5m2,
+             .a_scale_inv = fp8_dev_scale_inv_ + fp8_gr_slot_,
+             .b = fp8_in_[1], .ldb = M_, .b_format = kernels::Fp8Format::e4m3,
+             .b_scale_inv = fp8_dev_scale_inv_ + fp8_in_slot_,
+             .c = dw, .ldc = K, .accumulation = kernels::Fp8Accumulation::split},
+        op);
+  } else {
+    if (!(dy_same && fp8_grad_of_ == dy)) {
+      fp8_quantize(b, g, 2, dy, M_ * shape.N, fp8_grad_);
+      fp8_grad_of_ = dy;
+    }
+    if (!(x_same && fp8_input_of_ == x)) {
+      fp8_quantize(b, g, 0, x, M_ * shape.K, fp8_input_);
+      fp8_input_of_ = x;
+    }
+    run(kernels::linear_wgrad_gemm(M_, shape.K, shape.N, static_cast<const Elem*>(fp8_grad_),
+                                   static_cast<const Elem*>(fp8_input_), dw),
+        op);
   }
-  if (!(x_same && fp8_input_of_ == x)) {
-    fp8_quantize(b, g, 0, x, M_ * shape.K, fp8_input_);
-    fp8_input_of_ = x;
-  }
-  run(kernels::linear_wgrad_gemm(M_, shape.K, shape.N, static_cast<const Elem*>(fp8_grad_),
-                                 static_cast<const Elem*>(fp8_input_), dw),
-      op);
 }
 
 template <typename Elem, typename G>
@@ -187,6 +356,14 @@ void LlamaStage<Elem, G>::fp8_step_begin() {
   fp8_counts_ = {};
   std::fill(fp8_weight_ready_.begin(), fp8_weight_ready_.end(), 0);
   fp8_input_of_ = fp8_grad_of_ = nullptr;
+  if constexpr (kGpu<Elem>) {
+    if (!fp8_dev_hist_) return;
+    run(kernels::FillParams<float>{.n = 4, .value = 0.0, .x = reinterpret_cast<float*>(fp8_dev_health_)}, "fill");
+    if (l_.fp8 == Fp8Recipe::delayed)
+      run(kernels::FillParams<float>{.n = plan_.layers * kFp8Gemms * kRoles, .value = 0.0, .x = fp8_dev_amax_},
+          "fill");
+    return;
+  }
   if (!fp8_scaling_) return;
   const int64_t slots = plan_.layers * kFp8Gemms * kRoles;
   for (int64_t i = 0; i < slots; ++i) fp8_scaling_[i * kSlot + kStepAmax] = 0.0f;
@@ -194,8 +371,39 @@ void LlamaStage<Elem, G>::fp8_step_begin() {
 
 template <typename Elem, typename G>
 typename LlamaStage<Elem, G>::Fp8Counts LlamaStage<Elem, G>::fp8_step_end() {
-  const Fp8Counts counts = fp8_counts_;
+  Fp8Counts counts = fp8_counts_;
   fp8_counts_ = {};
+  if constexpr (kGpu<Elem>) {
+    if (!fp8_dev_hist_) return counts;
+    const int64_t S = plan_.layers * kFp8Gemms * kRoles, BG = plan_.layers * kFp8Gemms;
+    if (l_.fp8 == Fp8Recipe::delayed) {
+      // As on the CPU: the step's amaxes over tp, then dp x cp (device
+      // groups), then each format's slots gain them in one scale update.
+      groups_.tp->all_reduce(fp8_dev_amax_, S, parallel::DType::f32, parallel::ReduceOp::max);
+      if (groups_.dpcp)
+        groups_.dpcp->all_reduce(fp8_dev_amax_, S, parallel::DType::f32, parallel::ReduceOp::max);
+      // Input and weight slots (E4M3), then the output gradients' (E5M2).
+      for (int f = 0; f < 2; ++f) {
+        const int64_t first = f == 0 ? 0 : 2 * BG, count = f == 0 ? 2 * BG : BG;
+        run(kernels::Fp8ScaleUpdateParams<Elem>{.count = count, .history_len = fp8_dev_history_,
+                                                .format = f == 0 ? kernels::Fp8Format::e4m3 : kernels::Fp8Format::e5m2,
+                                                .amax = fp8_dev_amax_ + first,
+                                                .history = fp8_dev_hist_ + first * fp8_dev_history_,
+                                                .scale = fp8_dev_scale_ + first,
+                                                .scale_inv = fp8_dev_scale_inv_ + first},
+            "fp8_scale_update");
+      }
+      run(kernels::FillParams<float>{.n = S, .value = 0.0, .x = fp8_dev_amax_}, "fill");
+      fp8_history_len_ = std::min(fp8_history_len_ + 1, kFp8DelayedHistory);
+    }
+    // The step's health counts: the one host synchronisation FP8 adds.
+    kernels::Fp8Health h;
+    memory::copy(&h, fp8_dev_health_, sizeof h, stream_);
+    memory::synchronize(stream_);
+    counts.overflow = h.overflow;
+    counts.underflow = h.underflow;
+    return counts;
+  }
   if (!fp8_scaling_) return counts;
   // The step's amaxes, reduced over every rank that holds this stage: tp,
   // then dp x cp. Then each slot's history gains it, and the next step's
@@ -223,6 +431,23 @@ typename LlamaStage<Elem, G>::Fp8Counts LlamaStage<Elem, G>::fp8_step_end() {
 template <typename Elem, typename G>
 std::vector<float> LlamaStage<Elem, G>::fp8_history() const {
   std::vector<float> out;
+  if constexpr (kGpu<Elem>) {
+    if (!fp8_dev_hist_ || l_.fp8 != Fp8Recipe::delayed) return out;
+    // The device rows are newest first, per slot role * BG + block gemm; the
+    // checkpoint's, the CPU's order: per block gemm and role, oldest first,
+    // the filled entries, then zeros.
+    const int64_t S = plan_.layers * kFp8Gemms * kRoles, BG = plan_.layers * kFp8Gemms, H = kFp8DelayedHistory;
+    std::vector<float> dev(size_t(S * H));
+    memory::copy(dev.data(), fp8_dev_hist_, S * H * int64_t(sizeof(float)), stream_);
+    memory::synchronize(stream_);
+    const int64_t len = fp8_history_len_;
+    out.assign(size_t(S * H), 0.0f);
+    for (int64_t i = 0; i < S; ++i) {
+      const int64_t slot = (i % kRoles) * BG + i / kRoles;
+      for (int64_t h = 0; h < len; ++h) out[size_t(i * H + h)] = dev[size_t(slot * H + len - 1 - h)];
+    }
+    return out;
+  }
   if (!fp8_scaling_) return out;
   const int64_t slots = plan_.layers * kFp8Gemms * kRoles, H = kFp8DelayedHistory;
   out.reserve(size_t(slots * H));
@@ -235,6 +460,31 @@ std::vector<float> LlamaStage<Elem, G>::fp8_history() const {
 
 template <typename Elem, typename G>
 void LlamaStage<Elem, G>::fp8_history_set(const std::vector<float>& history, int64_t len) {
+  if constexpr (kGpu<Elem>) {
+    if (!fp8_dev_hist_ || l_.fp8 != Fp8Recipe::delayed) return;
+    const int64_t S = plan_.layers * kFp8Gemms * kRoles, BG = plan_.layers * kFp8Gemms, H = kFp8DelayedHistory;
+    WEFT_ASSERT(int64_t(history.size()) == S * H && len >= 0 && len <= H);
+    // The device state (history, amax, scale, scale_inv; see fp8_setup) from
+    // the oldest-first entries, scales as the CPU sets them.
+    std::vector<float> dev(size_t(S * (H + 3)), 0.0f);
+    for (int64_t i = 0; i < S; ++i) {
+      const int64_t slot = (i % kRoles) * BG + i / kRoles;
+      float largest = 0.0f;
+      for (int64_t h = 0; h < len; ++h) {
+        const float v = history[size_t(i * H + h)];
+        dev[size_t(slot * H + len - 1 - h)] = v;
+        largest = std::max(largest, v);
+      }
+      const float scale = kernels::fp8_scale(largest, format_of(int(i % kRoles)), 1.0f);
+      dev[size_t(S * (H + 1) + slot)] = scale;
+      dev[size_t(S * (H + 2) + slot)] = 1.0f / scale;
+    }
+    memory::copy(fp8_dev_hist_, dev.data(), int64_t(dev.size() * sizeof(float)), stream_);
+    memory::synchronize(stream_);
+    fp8_history_len_ = len;
+    fp8_history_next_ = len % H;
+    return;
+  }
   if (!fp8_scaling_) return;
   const int64_t slots = plan_.layers * kFp8Gemms * kRoles, H = kFp8DelayedHistory;
   WEFT_ASSERT(int64_t(history.size()) == slots * H && len >= 0 && len <= H);
@@ -272,5 +522,14 @@ WEFT_LLAMA_FP8(double, double)
 WEFT_LLAMA_FP8(kernels::bf16, float)
 WEFT_LLAMA_FP8(kernels::bf16, kernels::bf16)
 #undef WEFT_LLAMA_FP8
+
+// The GPU's FP8 helpers, bf16 only.
+#define WEFT_LLAMA_FP8_GPU(E, G)                                                                               \
+  template int64_t LlamaStage<E, G>::fp8_slot(const Block&, Fp8Gemm, int) const;                              \
+  template void LlamaStage<E, G>::fp8_cast(int64_t, const E*, int64_t, int64_t, kernels::Fp8*, kernels::Fp8*); \
+  template std::array<const kernels::Fp8*, 2> LlamaStage<E, G>::fp8_weight_codes(const Block&, Fp8Gemm, const E*);
+WEFT_LLAMA_FP8_GPU(kernels::bf16, float)
+WEFT_LLAMA_FP8_GPU(kernels::bf16, kernels::bf16)
+#undef WEFT_LLAMA_FP8_GPU
 
 }  // namespace weft::trainer

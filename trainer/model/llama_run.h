@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "kernels/fp8/fp8_ops.h"
 #include "kernels/gemm/gemm.h"
 #include "memory/device.h"
 #include "trainer/model/llama.h"
@@ -44,6 +45,10 @@ template <typename E>
 inline constexpr bool kIsGemm<kernels::GemmParams<E>> = true;
 template <typename E>
 inline constexpr bool kIsGemm<kernels::GemmAccParams<E>> = true;
+template <typename E>
+inline constexpr bool kIsGemm<kernels::Fp8GemmParams<E>> = true;  // cuBLASLt's scratch, as the bf16 GEMMs
+template <typename E>
+inline constexpr bool kIsGemm<kernels::Fp8GemmAccParams<E>> = true;
 
 template <typename Elem, typename G>
 template <typename P>

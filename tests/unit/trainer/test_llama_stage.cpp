@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "kernels/fp8/fp8_ops.h"
 #include "kernels/attention/attention.h"
 #include "memory/estimate.h"
 #include "trainer/loop.h"
@@ -193,6 +194,22 @@ TEST(LlamaStage, CudnnAttentionOnlyWhereBuilt) {
   else
     WEFT_EXPECT_THROW_MSG(check_trainable(l, DeviceKind::gpu), LayoutError, "cuDNN frontend");
   EXPECT_NO_THROW(check_trainable(Layout::parse("mb1-attn:flash"), DeviceKind::cpu));
+}
+
+// FP8 GEMMs run on the CPU (emulated) and on GPUs with FP8 tensor cores
+// (sm_89 and newer); elsewhere (an older GPU, no device, a build without
+// CUDA) the GPU trainer refuses them up front, naming what it found.
+TEST(LlamaStage, Fp8GemmsOnlyWhereTheDeviceHasThem) {
+  for (const char* text : {"mb1-fp8:tensorwise", "mb1-fp8:delayed@1"}) {
+    const Layout l = Layout::parse(text);
+    EXPECT_NO_THROW(check_trainable(l, DeviceKind::cpu)) << text;
+    std::string here;
+    if (kernels::fp8_gemm_available(kernels::Backend::cuda, &here))
+      EXPECT_NO_THROW(check_trainable(l, DeviceKind::gpu)) << text;
+    else
+      WEFT_EXPECT_THROW_MSG(check_trainable(l, DeviceKind::gpu), LayoutError, "FP8 tensor cores",
+                            "compute capability 8.9", here, "fp8:off");
+  }
 }
 
 // bf16 gradients are the GPU trainer's (LlamaStage<bf16, bf16>); the CPU
