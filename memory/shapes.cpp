@@ -431,6 +431,9 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
         out.push_back({"fp8.scaling", l.fp8 == Fp8Recipe::delayed ? Category::optimizer : Category::workspace,
                        slots * (history + 3), kFp32, 1});
         out.push_back({"fp8.health", Category::workspace, 2, 8, 1});
+        // Delayed scaling's first step scales from each tensor's own amax
+        // (its history is empty): that amax and a one-deep history.
+        if (l.fp8 == Fp8Recipe::delayed) out.push_back({"fp8.first_step", Category::workspace, 2, kFp32, 1});
       } else if (l.fp8 == Fp8Recipe::delayed) {
         out.push_back({"fp8.scaling", Category::optimizer, slots * (kFp8DelayedHistory + 2), kFp32, 1});
       }

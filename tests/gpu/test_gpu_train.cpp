@@ -313,11 +313,11 @@ INSTANTIATE_TEST_SUITE_P(Layouts, GpuTrainFp8,
 //     (2^-3) away at a rounding boundary, which moves its neighbours in
 //     later GEMMs, not a tensor's largest magnitude by more than a few
 //     percent;
-//   - output gradients within 1/4: step 1 casts them with scale 1 (the
-//     history is still empty, on both devices), which puts them near E5M2's
-//     subnormals (2^-16 to 2^-14), whose steps are 25% to 100% of a value,
-//     so one code flipped by the bf16 rounding moves the next block's
-//     gradients much more than in the forward;
+//   - output gradients within 1/4: step 1 scales each from its own amax
+//     (the history is still empty, on both devices), but E5M2 has 2
+//     mantissa bits, so one code flipped by the bf16 rounding (a 12-25%
+//     step) moves the next block's gradients much more than an E4M3 flip
+//     moves the forward;
 //   - a slot or operand mixed up moves an amax by orders of magnitude
 //     (weights ~0.1, normed inputs ~1 to 10, gradients ~1e-4), and two
 //     random weights' amaxes almost never agree to bf16's 8 bits, so the

@@ -379,6 +379,7 @@ class LlamaStage {
   float *fp8_dev_hist_ = nullptr, *fp8_dev_amax_ = nullptr, *fp8_dev_scale_ = nullptr, *fp8_dev_scale_inv_ = nullptr;
   int64_t fp8_dev_history_ = 0;
   kernels::Fp8Health* fp8_dev_health_ = nullptr;
+  float* fp8_dev_first_ = nullptr;  // delayed scaling's first step: a tensor's amax and a one-deep history
   Fp8Counts fp8_counts_;
   std::vector<Elem>* capture_ = nullptr;
   // Per saved tensor name: the instance of each layer (-1: rebuilt), and how

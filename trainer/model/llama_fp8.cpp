@@ -13,7 +13,8 @@
 // rules as the CPU's, on the device: tensorwise takes an amax pass, reduces
 // it over tp (and cp) on the device groups and turns it into a scale with a
 // one-deep scale update before the cast; delayed casts with the history's
-// scale while accumulating the step's amax, and fp8_step_end reduces the
+// scale (on its first step, with no history yet, with the tensor's own, as
+// tensorwise does) while accumulating the step's amax, and fp8_step_end reduces the
 // amaxes and runs the scale updates there. The health counts are summed on
 // the device and read back once per step, in fp8_step_end (the one host
 // synchronisation FP8 adds to a step). The CPU and the GPU differ only where
@@ -102,6 +103,7 @@ void LlamaStage<Elem, G>::fp8_setup() {
       // Empty histories and amaxes, scales of 1.
       run(kernels::FillParams<float>{.n = S * (fp8_dev_history_ + 1), .value = 0.0, .x = fp8_dev_hist_}, "fill");
       run(kernels::FillParams<float>{.n = 2 * S, .value = 1.0, .x = fp8_dev_scale_}, "fill");
+      if (table_->has("fp8.first_step")) fp8_dev_first_ = table_->get<float>("fp8.first_step");
       fp8_dev_health_ = reinterpret_cast<kernels::Fp8Health*>(table_->get<int64_t>("fp8.health"));
       static_assert(sizeof(kernels::Fp8Health) == 2 * sizeof(int64_t));
       // Two int64 zeros are four fp32 zeros.
@@ -198,14 +200,19 @@ void LlamaStage<Elem, G>::fp8_cast(int64_t slot, const Elem* x, int64_t rows, in
   const kernels::Fp8Format f = format_of(role);
   float* amax = fp8_dev_amax_ + slot;
   const bool delayed = l_.fp8 == Fp8Recipe::delayed;
-  if (!delayed) {
-    // Current scaling: the amax of the whole tensor, over the ranks holding
-    // parts of it (device groups, device buffers), then its scale on the device.
-    run(kernels::Fp8AmaxParams<Elem>{.n = rows * cols, .x = x, .amax = amax}, "fp8_amax");
-    groups_.tp->all_reduce(amax, 1, parallel::DType::f32, parallel::ReduceOp::max);
-    if (role != 1 && groups_.cp) groups_.cp->all_reduce(amax, 1, parallel::DType::f32, parallel::ReduceOp::max);
-    run(kernels::Fp8ScaleUpdateParams<Elem>{.count = 1, .history_len = 1, .format = f, .amax = amax,
-                                            .history = fp8_dev_hist_ + slot, .scale = fp8_dev_scale_ + slot,
+  if (!delayed || fp8_history_len_ == 0) {
+    // Current scaling (tensorwise, and delayed scaling's first step, whose
+    // history is still empty, as on the CPU): the amax of the whole tensor,
+    // over the ranks holding parts of it (device groups, device buffers),
+    // then its scale on the device. Delayed scaling keeps the slot's amax
+    // for the step's accumulation and works in fp8.first_step instead.
+    float* current = delayed ? fp8_dev_first_ : amax;
+    float* history = delayed ? fp8_dev_first_ + 1 : fp8_dev_hist_ + slot;
+    run(kernels::Fp8AmaxParams<Elem>{.n = rows * cols, .x = x, .amax = current}, "fp8_amax");
+    groups_.tp->all_reduce(current, 1, parallel::DType::f32, parallel::ReduceOp::max);
+    if (role != 1 && groups_.cp) groups_.cp->all_reduce(current, 1, parallel::DType::f32, parallel::ReduceOp::max);
+    run(kernels::Fp8ScaleUpdateParams<Elem>{.count = 1, .history_len = 1, .format = f, .amax = current,
+                                            .history = history, .scale = fp8_dev_scale_ + slot,
                                             .scale_inv = fp8_dev_scale_inv_ + slot},
         "fp8_scale");
   }
