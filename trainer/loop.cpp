@@ -167,7 +167,8 @@ void check_trainable(const Layout& l, DeviceKind device) {
             : "which needs a GPU"));
   if (l.cp > 1 && gpu)
     throw LayoutError(fmt::format("layout {}: context parallelism (cp={}) runs on the CPU trainer so far: the CUDA "
-                                  "attention kernels take no blocks of the sequence yet (use cp1 on a GPU)",
+                                  "flash kernels take blocks of the sequence, but the GPU trainer's context-parallel "
+                                  "path has not run on GPUs yet (use cp1 on a GPU)",
                                   l.to_string(), l.cp));
   if (l.fp8 != Fp8Recipe::off && gpu) {
     std::string here;
