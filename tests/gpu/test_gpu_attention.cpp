@@ -674,6 +674,34 @@ TEST(GpuAttentionBlocks, FlashBlocksMatchTheCpu) {
   }
 }
 
+// Blocks of the sequence are flash's on CUDA: materialized and cudnn refuse them.
+TEST(GpuAttentionBlocks, OnlyFlashTakesBlocks) {
+  DeviceBuffer buf(1 << 20);
+  bf16* t = buf.as<bf16>();
+  float* f = buf.as<float>();
+  AttentionForwardParams<bf16> fwd{.kind = AttentionKind::flash, .B = 1, .T = 8, .H = 4, .H_kv = 2, .D = 64,
+                                   .q = t, .k = t, .v = t, .out = t, .lse = f, .probs = t,
+                                   .Tk = 16, .q_offset = 16, .k_offset = 0};
+  AttentionBackwardParams<bf16> bwd{.kind = AttentionKind::flash, .B = 1, .T = 8, .H = 4, .H_kv = 2, .D = 64,
+                                    .q = t, .k = t, .v = t, .out = t, .lse = f, .probs = t, .dout = t,
+                                    .dq = t, .dk = t, .dv = t, .dq_write = Write::accumulate,
+                                    .dkv_write = Write::accumulate};
+  ASSERT_TRUE(attention_is_block(fwd));
+  ASSERT_TRUE(attention_is_block(bwd));
+  EXPECT_TRUE(supports(fwd, Backend::cuda));
+  EXPECT_TRUE(supports(bwd, Backend::cuda));
+  EXPECT_EQ(workspace_bytes(fwd, Backend::cuda), 0);
+  for (AttentionKind kind : {AttentionKind::materialized, AttentionKind::cudnn}) {
+    auto f2 = fwd;
+    f2.kind = kind;
+    auto b2 = bwd;
+    b2.kind = kind;
+    EXPECT_FALSE(supports(f2, Backend::cuda)) << to_string(kind);
+    EXPECT_FALSE(supports(b2, Backend::cuda)) << to_string(kind);
+    EXPECT_EQ(launch(f2, Workspace{}, Stream{Backend::cuda, test_stream()}), Status::unsupported) << to_string(kind);
+  }
+}
+
 // A block whose keys all follow its queries: out 0, lse -inf, and its
 // backward adds exactly nothing to gradients that already hold values.
 TEST(GpuAttentionBlocks, FullyMaskedBlockAddsNothing) {
