@@ -165,10 +165,12 @@ void check_trainable(const Layout& l, DeviceKind device) {
         gpu ? "which this build lacks (install nvidia-cudnn-frontend, e.g. with tools/setup.sh, and "
               "reconfigure: CMake prints a line for the cuDNN frontend)"
             : "which needs a GPU"));
-  if (l.cp > 1 && gpu)
-    throw LayoutError(fmt::format("layout {}: context parallelism (cp={}) runs on the CPU trainer so far: the CUDA "
-                                  "attention kernels take no blocks of the sequence yet (use cp1 on a GPU)",
-                                  l.to_string(), l.cp));
+  // Context parallelism calls attention on blocks of the sequence, which the
+  // CUDA backend computes with flash only.
+  if (l.cp > 1 && gpu && l.attention != AttentionKind::flash)
+    throw LayoutError(fmt::format("layout {}: context parallelism (cp={}) on a GPU needs attn:flash: the CUDA {} "
+                                  "attention takes no blocks of the sequence (use attn:flash, or cp1)",
+                                  l.to_string(), l.cp, to_string(l.attention)));
   if (l.fp8 != Fp8Recipe::off && gpu) {
     std::string here;
     if (!kernels::fp8_gemm_available(kernels::Backend::cuda, &here))

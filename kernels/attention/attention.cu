@@ -2,7 +2,10 @@
 // the materialized variant through cuBLAS and cuDNN's fused SDPA, behind the
 // protocol of kernels/attention/attention.h. All compute what
 // attention_cpu.cpp computes: causal softmax(scale Q K^T) V, scale =
-// 1 / sqrt(D), query head h reading kv head h / (H / H_kv).
+// 1 / sqrt(D), query head h reading kv head h / (H / H_kv). Flash also takes
+// blocks of the sequence (context parallelism: Tk, offsets, batch row
+// strides, accumulated gradients); materialized and cudnn refuse them
+// (Status::unsupported).
 //
 // The flash kernels are in attention_flash.cu (their algorithm and tiles are
 // described there); the cudnn kind's graphs in attention_cudnn.cpp, compiled
@@ -255,7 +258,7 @@ constexpr int64_t kInt = 2147483647;
 // stores), heads and batch within the grid's y and z limits.
 template <typename P>
 bool flash_handles(const P& p) {
-  return (p.D == 64 || p.D == 128) && p.B <= kGridYZ && p.H <= kGridYZ && p.T <= kInt - 64 &&
+  return (p.D == 64 || p.D == 128) && p.B <= kGridYZ && p.H <= kGridYZ && p.T <= kInt - 64 && p.Tk <= kInt - 64 &&
          gpu::aligned16(p.q) && gpu::aligned16(p.k) && gpu::aligned16(p.v);
 }
 
@@ -281,8 +284,8 @@ bool cudnn_handles(const P& p) {
 // then what this backend implements (unsupported).
 Status check(const AttentionForwardParams<bf16>& p) {
   if (Status s = params_check(p); s != Status::ok) return s;
-  // Blocks of the sequence (context parallelism) are the CPU's so far.
-  if (attention_is_block(p)) return Status::unsupported;
+  // Blocks of the sequence (context parallelism): flash only so far.
+  if (attention_is_block(p) && p.kind != AttentionKind::flash) return Status::unsupported;
   if (p.kind == AttentionKind::cudnn)
     return cudnn_handles(p) && gpu::aligned16(p.out) ? Status::ok : Status::unsupported;
   if (p.kind == AttentionKind::flash)
@@ -292,7 +295,7 @@ Status check(const AttentionForwardParams<bf16>& p) {
 
 Status check(const AttentionBackwardParams<bf16>& p) {
   if (Status s = params_check(p); s != Status::ok) return s;
-  if (attention_is_block(p)) return Status::unsupported;
+  if (attention_is_block(p) && p.kind != AttentionKind::flash) return Status::unsupported;
   if (p.kind == AttentionKind::cudnn)
     return cudnn_handles(p) && gpu::aligned16(p.out) && gpu::aligned16(p.dout) && gpu::aligned16(p.dq) &&
                    gpu::aligned16(p.dk) && gpu::aligned16(p.dv)

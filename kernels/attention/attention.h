@@ -84,8 +84,9 @@ struct AttentionBackwardParams {
 };
 
 // Whether the params describe a block of the sequence rather than the whole
-// causal attention of dense tensors: a backend that computes only the whole
-// (CUDA and cuDNN so far) refuses those as Status::unsupported.
+// causal attention of dense tensors. The CPU computes blocks with flash and
+// materialized; CUDA with flash only: its materialized and cudnn kinds
+// compute only the whole and refuse blocks as Status::unsupported.
 template <typename P>
 bool attention_is_block(const P& p) {
   bool block = (p.Tk != 0 && p.Tk != p.T) || p.q_offset != p.k_offset || (p.q_batch_rows != 0 && p.q_batch_rows != p.T) ||

@@ -9,9 +9,14 @@
 // mma.sync.m16n8k16 bf16 fragments; S = Q K^T and O += P V accumulate in
 // fp32, P goes from the S accumulators straight into A fragments as bf16.
 // The softmax is online, in the log2 domain (ex2.approx, scale * log2(e)
-// folded into one FMA). Causal: a query block visits key blocks 0..its own,
-// and since query and key blocks are both 64, only the last (diagonal) one
-// needs a mask; rows and keys past T are zero-filled and masked the same way.
+// folded into one FMA). Causal by absolute position: query row i (at
+// q_offset + i) sees key j (at k_offset + j) when j <= i + q_offset -
+// k_offset, so a query block visits key blocks 0.. the last one its last row
+// sees, and only those holding keys its first row does not see, or keys past
+// Tk, need a per-element mask; rows past T and keys past Tk are zero-filled
+// and masked. For the whole sequence (offsets equal, Tk = T) that is blocks
+// 0..its own with the diagonal one masked. A block whose rows see no key
+// visits none and writes out 0, lse -inf, as does any row that sees no key.
 // Blocks start with the longest query blocks so that the short ones fill the
 // tail. Saves lse = scale m + ln(l) per row for the backward.
 //
@@ -44,12 +49,15 @@ struct FlashForwardTile {
 };
 
 struct FlashForwardArgs {
-  const nv_bf16* q;  // (B, T, H, D)
-  const nv_bf16* k;  // (B, T, H_kv, D)
-  const nv_bf16* v;  // (B, T, H_kv, D)
-  nv_bf16* out;      // (B, T, H, D)
-  float* lse;        // (B, H, T)
+  const nv_bf16* q;  // (B, T, H, D), q_rows rows per sequence
+  const nv_bf16* k;  // (B, Tk, H_kv, D), kv_rows rows per sequence
+  const nv_bf16* v;  // (B, Tk, H_kv, D), kv_rows rows per sequence
+  nv_bf16* out;      // (B, T, H, D), q_rows rows per sequence
+  float* lse;        // (B, H, T), lse_rows apart per (sequence, head)
   int64_t T, H, H_kv;
+  int64_t Tk;
+  int64_t shift;  // q_offset - k_offset: row i sees keys j <= i + shift
+  int64_t q_rows, kv_rows, lse_rows;
   float scale;       // 1 / sqrt(D)
   float scale_log2;  // scale * log2(e)
 };
@@ -72,14 +80,33 @@ __global__ void __launch_bounds__(FlashForwardTile<kD>::kThreads)
   const int64_t h = blockIdx.y, b = blockIdx.z;
   const int64_t hk = h / (a.H / a.H_kv);
   const int64_t ldq = a.H * kD, ldkv = a.H_kv * kD;
-  const nv_bf16* q = a.q + (b * a.T * a.H + h) * kD;
-  const nv_bf16* k = a.k + (b * a.T * a.H_kv + hk) * kD;
-  const nv_bf16* v = a.v + (b * a.T * a.H_kv + hk) * kD;
+  const nv_bf16* q = a.q + (b * a.q_rows * a.H + h) * kD;
+  const nv_bf16* k = a.k + (b * a.kv_rows * a.H_kv + hk) * kD;
+  const nv_bf16* v = a.v + (b * a.kv_rows * a.H_kv + hk) * kD;
+  nv_bf16* out = a.out + (b * a.q_rows * a.H + h) * kD;
+  float* lse = a.lse + (b * a.H + h) * a.lse_rows;
   const int64_t q0 = int64_t(qb) * kBlockM;
+
+  // Key blocks the block's rows see: 0 .. the one holding the last row's last
+  // key. Those from `masked` on hold keys its first row does not see, or keys
+  // past Tk, and take a per-element mask.
+  const int64_t last_key = min(q0 + kBlockM, a.T) - 1 + a.shift;  // may be negative
+  const int n_kv = last_key < 0 ? 0 : int(min(last_key / kBlockN + 1, (a.Tk + kBlockN - 1) / kBlockN));
+  const int64_t first_key = q0 + a.shift;  // the first row sees keys <= first_key
+  const int masked = first_key < kBlockN - 1 ? 0 : int(min((first_key + 1) / kBlockN, a.Tk / kBlockN));
+
+  if (n_kv == 0) {  // no row of the block sees a key: out 0, lse -inf
+    for (int i = tid; i < kBlockM * kD / 8; i += Tile::kThreads) {
+      const int64_t row = q0 + i / (kD / 8);
+      if (row < a.T) *reinterpret_cast<uint4*>(out + row * ldq + (i % (kD / 8)) * 8) = make_uint4(0, 0, 0, 0);
+    }
+    if (tid < kBlockM && q0 + tid < a.T) lse[q0 + tid] = -INFINITY;
+    return;
+  }
 
   load_tile<kBlockM, kD, kStride, Tile::kThreads>(sQ, q, ldq, q0, a.T, tid);
   cp_async_commit();
-  load_tile<kBlockN, kD, kStride, Tile::kThreads>(sK, k, ldkv, 0, a.T, tid);
+  load_tile<kBlockN, kD, kStride, Tile::kThreads>(sK, k, ldkv, 0, a.Tk, tid);
   cp_async_commit();
 
   uint32_t qf[kD / 16][4];
@@ -90,11 +117,10 @@ __global__ void __launch_bounds__(FlashForwardTile<kD>::kThreads)
   // score units) and this thread's part of the running sum.
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   const uint32_t sQ_u = smem_u32(sQ), sK_u = smem_u32(sK), sV_u = smem_u32(sV);
-  const int n_kv = qb + 1;
 
   for (int j = 0; j < n_kv; ++j) {
     // V(j) streams in while S(j) is computed; K(j + 1) while P V(j) is.
-    load_tile<kBlockN, kD, kStride, Tile::kThreads>(sV, v, ldkv, int64_t(j) * kBlockN, a.T, tid);
+    load_tile<kBlockN, kD, kStride, Tile::kThreads>(sV, v, ldkv, int64_t(j) * kBlockN, a.Tk, tid);
     cp_async_commit();
     cp_async_wait<1>();  // Q and K(j) have landed
     __syncthreads();
@@ -119,16 +145,18 @@ __global__ void __launch_bounds__(FlashForwardTile<kD>::kThreads)
       }
     __syncthreads();  // every warp is done with K(j)
     if (j + 1 < n_kv)
-      load_tile<kBlockN, kD, kStride, Tile::kThreads>(sK, k, ldkv, int64_t(j + 1) * kBlockN, a.T, tid);
+      load_tile<kBlockN, kD, kStride, Tile::kThreads>(sK, k, ldkv, int64_t(j + 1) * kBlockN, a.Tk, tid);
     cp_async_commit();  // possibly empty, so that the group count stays regular
 
-    if (j == qb) {  // the diagonal block: keys after the row are masked
-      const int64_t row0 = q0 + warp * 16 + g, key0 = int64_t(j) * kBlockN + 2 * t;
+    if (j >= masked) {  // keys after the row's position, or past Tk, are masked
+      const int64_t see0 = q0 + warp * 16 + g + a.shift, key0 = int64_t(j) * kBlockN + 2 * t;
 #pragma unroll
       for (int nt = 0; nt < kNt; ++nt)
 #pragma unroll
-        for (int c = 0; c < 4; ++c)
-          if (key0 + nt * 8 + (c & 1) > row0 + (c >= 2 ? 8 : 0)) s[nt][c] = -INFINITY;
+        for (int c = 0; c < 4; ++c) {
+          const int64_t key = key0 + nt * 8 + (c & 1);
+          if (key > see0 + (c >= 2 ? 8 : 0) || key >= a.Tk) s[nt][c] = -INFINITY;
+        }
     }
 
 #pragma unroll
@@ -138,8 +166,8 @@ __global__ void __launch_bounds__(FlashForwardTile<kD>::kThreads)
       for (int nt = 0; nt < kNt; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      // Every row sees key 0 in its first block, so mx is finite; the guard
-      // keeps a fully masked row at zeros rather than NaN all the same.
+      // A row that sees no key (so far, or at all in a block of the
+      // sequence) keeps m -inf, l 0 and O 0 rather than NaN.
       const float m_use = mx == -INFINITY ? 0.f : mx;
       const float alpha = exp2_approx((m[r] - m_use) * a.scale_log2);
       m[r] = mx;
@@ -188,7 +216,8 @@ __global__ void __launch_bounds__(FlashForwardTile<kD>::kThreads)
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
   }
-  const float inv[2] = {1.f / l[0], 1.f / l[1]};
+  // A row that saw no key has l 0: out 0 and lse -inf.
+  const float inv[2] = {l[0] > 0.f ? 1.f / l[0] : 0.f, l[1] > 0.f ? 1.f / l[1] : 0.f};
   nv_bf16* sO = sQ + warp * 16 * kStride;
 #pragma unroll
   for (int dt = 0; dt < kDt; ++dt) {
@@ -198,7 +227,6 @@ __global__ void __launch_bounds__(FlashForwardTile<kD>::kThreads)
         pack_bf16(o[dt][2] * inv[1], o[dt][3] * inv[1]);
   }
   __syncwarp();
-  nv_bf16* out = a.out + (b * a.T * a.H + h) * kD;
 #pragma unroll
   for (int i = lane; i < 16 * kD / 8; i += 32) {
     const int r = i / (kD / 8), c = (i % (kD / 8)) * 8;
@@ -210,7 +238,7 @@ __global__ void __launch_bounds__(FlashForwardTile<kD>::kThreads)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int64_t row = q0 + warp * 16 + g + 8 * r;
-      if (row < a.T) a.lse[(b * a.H + h) * a.T + row] = m[r] * a.scale + logf(l[r]);
+      if (row < a.T) lse[row] = l[r] > 0.f ? m[r] * a.scale + logf(l[r]) : -INFINITY;
     }
   }
 }
@@ -218,8 +246,22 @@ __global__ void __launch_bounds__(FlashForwardTile<kD>::kThreads)
 template <int kD>
 void flash_forward_d(const AttentionForwardParams<bf16>& p, cudaStream_t stream) {
   using Tile = FlashForwardTile<kD>;
-  const FlashForwardArgs a{dev(p.q), dev(p.k), dev(p.v), dev(p.out), p.lse, p.T, p.H, p.H_kv,
-                           1.f / std::sqrt(float(p.D)), kLog2e / std::sqrt(float(p.D))};
+  const int64_t Tk = p.Tk ? p.Tk : p.T;
+  const FlashForwardArgs a{dev(p.q),
+                           dev(p.k),
+                           dev(p.v),
+                           dev(p.out),
+                           p.lse,
+                           p.T,
+                           p.H,
+                           p.H_kv,
+                           Tk,
+                           p.q_offset - p.k_offset,
+                           p.q_batch_rows ? p.q_batch_rows : p.T,
+                           p.kv_batch_rows ? p.kv_batch_rows : Tk,
+                           p.lse_batch_rows ? p.lse_batch_rows : p.T,
+                           1.f / std::sqrt(float(p.D)),
+                           kLog2e / std::sqrt(float(p.D))};
   auto kernel = flash_forward_kernel<kD>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes));
   const dim3 grid(unsigned((p.T + Tile::kBlockM - 1) / Tile::kBlockM), unsigned(p.H), unsigned(p.B));

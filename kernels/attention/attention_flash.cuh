@@ -7,10 +7,10 @@
 // ldmatrix reads fall in distinct 16-byte bank groups. Query and key blocks
 // are 64 rows; smaller blocks waste less of the masked diagonal, larger ones
 // reuse each shared tile over more rows.
-//   forward   D 64: 27 KB shared, 155 / 131 registers (sm_80 / sm_90), 4 warps
+//   forward   D 64: 27 KB shared, 156 / 153 registers (sm_80 / sm_90), 4 warps
 //             D 128: 51 KB shared, 233 / 238 registers, 4 warps
 //   backward  D 64: 73 KB shared, 128 / 128 registers (capped), 8 warps
-//             D 128: 121 KB shared, 222 / 224 registers, 8 warps
+//             D 128: 121 KB shared, 218 / 226 registers, 8 warps
 // Registers, not shared memory, bound the forward: 3 blocks (12 warps) per SM
 // at D 64 and 2 (8 warps) at D 128 on both chips; capping D 128 at 168
 // registers for a third block spills 180 bytes. A warp holds 16 rows: O is
@@ -20,6 +20,9 @@
 // D 128 (121 KB, 57 K registers) and two at D 64 (capped at 128 registers,
 // which costs no spills); each warp keeps a 16 x D/2 slice of dK and of dV
 // (D / 4 registers each).
+// Taking blocks of the sequence (offsets, Tk, strides) cost the sm_90 forward
+// at D 64 22 registers (131 before), still 3 blocks per SM; the rest moved by
+// at most 4.
 // Small kernels (delta, softmax rows, conversions, pointer arrays) use 10-40.
 #pragma once
 

@@ -20,6 +20,16 @@
 // depend on arrival order; the spread is fp32 rounding (~1e-7 relative),
 // visible after the bf16 rounding only as an occasional last-bit flip. dK,
 // dV, out and lse are reproducible bit for bit.
+//
+// A block of the sequence (context parallelism): a key block walks the query
+// blocks from the first whose last row sees its first key (row i at q_offset
+// + i sees key j at k_offset + j when j <= i + q_offset - k_offset), masks per
+// element where a step holds a query that does not see a key or keys past Tk,
+// and reads q, out, dout, lse and k, v at their batch row strides. The fp32
+// dQ sums stay dense (B, T, H, D) in the workspace; the last kernel writes
+// them into dq at its strides, adding to what dq holds when dq_write is
+// accumulate, and dK, dV add to dk, dv when dkv_write is. A key block no query
+// sees writes zeros (or adds nothing).
 #include <cmath>
 #include <cstdint>
 
@@ -36,20 +46,24 @@ using namespace flash;
 // delta = rowsum(dO * O) in fp32, (B, H, T); 8 lanes per (b, t, h) row, 4
 // rows per warp. The loop runs alike on all lanes of a warp (the shuffles
 // need every lane), and lanes past the last row add zeros.
+// out and dout have q_rows rows per sequence (T when dense).
 template <int kD>
 __global__ void flash_delta_kernel(const nv_bf16* __restrict__ out, const nv_bf16* __restrict__ dout,
-                                   float* __restrict__ delta, int64_t rows, int64_t T, int64_t H) {
+                                   float* __restrict__ delta, int64_t rows, int64_t T, int64_t H,
+                                   int64_t q_rows) {
   const int part = threadIdx.x % 8;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x / 8;
   const int64_t first = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 8;
   for (int64_t base = first - (threadIdx.x % 32) / 8; base < rows; base += stride) {
     const int64_t row = base + (threadIdx.x % 32) / 8;
     float acc = 0.f;
+    const int64_t b = row / (T * H), t = (row / H) % T, h = row % H;
+    const int64_t at = ((b * q_rows + t) * H + h) * kD;
     if (row < rows) {
 #pragma unroll
       for (int c = part * 8; c < kD; c += 64) {
-        const uint4 ou = *reinterpret_cast<const uint4*>(out + row * kD + c);
-        const uint4 du = *reinterpret_cast<const uint4*>(dout + row * kD + c);
+        const uint4 ou = *reinterpret_cast<const uint4*>(out + at + c);
+        const uint4 du = *reinterpret_cast<const uint4*>(dout + at + c);
         const __nv_bfloat162* o2 = reinterpret_cast<const __nv_bfloat162*>(&ou);
         const __nv_bfloat162* d2 = reinterpret_cast<const __nv_bfloat162*>(&du);
 #pragma unroll
@@ -62,10 +76,7 @@ __global__ void flash_delta_kernel(const nv_bf16* __restrict__ out, const nv_bf1
     acc += __shfl_xor_sync(0xffffffffu, acc, 4);
     acc += __shfl_xor_sync(0xffffffffu, acc, 2);
     acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-    if (part == 0 && row < rows) {
-      const int64_t b = row / (T * H), t = (row / H) % T, h = row % H;
-      delta[(b * H + h) * T + t] = acc;
-    }
+    if (part == 0 && row < rows) delta[(b * H + h) * T + t] = acc;
   }
 }
 
@@ -88,16 +99,20 @@ struct FlashBackwardTile {
 };
 
 struct FlashBackwardArgs {
-  const nv_bf16* q;     // (B, T, H, D)
-  const nv_bf16* k;     // (B, T, H_kv, D)
-  const nv_bf16* v;     // (B, T, H_kv, D)
-  const nv_bf16* dout;  // (B, T, H, D)
-  const float* lse;     // (B, H, T)
-  const float* delta;   // (B, H, T)
-  float* dq_acc;        // (B, T, H, D), zeroed; unscaled sums of dS K
-  nv_bf16* dk;          // (B, T, H_kv, D)
-  nv_bf16* dv;          // (B, T, H_kv, D)
+  const nv_bf16* q;     // (B, T, H, D), q_rows rows per sequence
+  const nv_bf16* k;     // (B, Tk, H_kv, D), kv_rows rows per sequence
+  const nv_bf16* v;     // (B, Tk, H_kv, D), kv_rows rows per sequence
+  const nv_bf16* dout;  // (B, T, H, D), q_rows rows per sequence
+  const float* lse;     // (B, H, T), lse_rows apart per (sequence, head)
+  const float* delta;   // (B, H, T), dense
+  float* dq_acc;        // (B, T, H, D), dense, zeroed; unscaled sums of dS K
+  nv_bf16* dk;          // (B, Tk, H_kv, D), kv_rows rows per sequence
+  nv_bf16* dv;          // (B, Tk, H_kv, D), kv_rows rows per sequence
   int64_t T, H, H_kv;
+  int64_t Tk;
+  int64_t shift;  // q_offset - k_offset: query i sees keys j <= i + shift
+  int64_t q_rows, kv_rows, lse_rows;
+  bool dkv_accumulate;  // add into dk and dv rather than overwrite them
   float scale, scale_log2;
 };
 
@@ -127,31 +142,35 @@ __global__ void __launch_bounds__(FlashBackwardTile<kD>::kThreads, FlashBackward
   const int64_t ldq = a.H * kD, ldkv = a.H_kv * kD;
   const int64_t k0 = int64_t(kb) * kBlockN;
   const int n_qb = int((a.T + kBlockM - 1) / kBlockM);
-  const int per_head = n_qb - kb;  // query blocks at and after the diagonal
+  // The first query block whose last row sees key k0: query k0 - shift.
+  const int64_t first_query = k0 - a.shift;
+  const int qb_first = first_query <= 0 ? 0 : int(min(first_query / kBlockM, int64_t(n_qb)));
+  const int per_head = n_qb - qb_first;  // query blocks that see some key of this block
   const int n_steps = int(group) * per_head;
 
-  const nv_bf16* kbase = a.k + (b * a.T * a.H_kv + hk) * kD;
-  const nv_bf16* vbase = a.v + (b * a.T * a.H_kv + hk) * kD;
+  const nv_bf16* kbase = a.k + (b * a.kv_rows * a.H_kv + hk) * kD;
+  const nv_bf16* vbase = a.v + (b * a.kv_rows * a.H_kv + hk) * kD;
   auto load_step = [&](int s, int buf) {
     const int64_t h = hk * group + s / per_head;
-    const int64_t q0 = int64_t(kb + s % per_head) * kBlockM;
+    const int64_t q0 = int64_t(qb_first + s % per_head) * kBlockM;
     load_tile<kBlockM, kD, kStride, kThreads>(sQ + buf * kBlockM * kStride,
-                                              a.q + (b * a.T * a.H + h) * kD, ldq, q0, a.T, tid);
+                                              a.q + (b * a.q_rows * a.H + h) * kD, ldq, q0, a.T, tid);
     load_tile<kBlockM, kD, kStride, kThreads>(sdO + buf * kBlockM * kStride,
-                                              a.dout + (b * a.T * a.H + h) * kD, ldq, q0, a.T, tid);
+                                              a.dout + (b * a.q_rows * a.H + h) * kD, ldq, q0, a.T, tid);
     if (tid < 2 * kBlockM) {
       const int i = tid % kBlockM;
       const int64_t row = q0 + i;
       const bool valid = row < a.T;
-      const float* src = (tid < kBlockM ? a.lse : a.delta) + (b * a.H + h) * a.T + (valid ? row : 0);
+      const float* src = tid < kBlockM ? a.lse + (b * a.H + h) * a.lse_rows + (valid ? row : 0)
+                                       : a.delta + (b * a.H + h) * a.T + (valid ? row : 0);
       float* dst = (tid < kBlockM ? sLse : sDelta) + buf * kBlockM + i;
       cp_async_4(smem_u32(dst), src, valid);
     }
   };
 
-  load_tile<kBlockN, kD, kStride, kThreads>(sK, kbase, ldkv, k0, a.T, tid);
-  load_tile<kBlockN, kD, kStride, kThreads>(sV, vbase, ldkv, k0, a.T, tid);
-  load_step(0, 0);
+  load_tile<kBlockN, kD, kStride, kThreads>(sK, kbase, ldkv, k0, a.Tk, tid);
+  load_tile<kBlockN, kD, kStride, kThreads>(sV, vbase, ldkv, k0, a.Tk, tid);
+  if (n_steps > 0) load_step(0, 0);
   cp_async_commit();
 
   // Phase A tiling: 16 keys x 32 queries per warp; phases B and C: 16 keys
@@ -172,7 +191,7 @@ __global__ void __launch_bounds__(FlashBackwardTile<kD>::kThreads, FlashBackward
 
     const int buf = s % 2;
     const int64_t h = hk * group + s / per_head;
-    const int qb = kb + s % per_head;
+    const int qb = qb_first + s % per_head;
     const int64_t q0 = int64_t(qb) * kBlockM;
     const uint32_t sQ_u = smem_u32(sQ + buf * kBlockM * kStride);
     const uint32_t sdO_u = smem_u32(sdO + buf * kBlockM * kStride);
@@ -205,8 +224,9 @@ __global__ void __launch_bounds__(FlashBackwardTile<kD>::kThreads, FlashBackward
       }
     }
     // P^T = exp(scale S^T - lse) and dS^T = P^T (dP^T - delta), zero where the
-    // key follows the query (diagonal step) or the query is past T (last one).
-    const bool need_mask = qb == kb || q0 + kBlockM > a.T;
+    // query does not see the key (the diagonal step of the whole sequence),
+    // the query is past T or the key past Tk (the last blocks).
+    const bool need_mask = q0 + a.shift < k0 + kBlockN - 1 || q0 + kBlockM > a.T || k0 + kBlockN > a.Tk;
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt) {
 #pragma unroll
@@ -218,7 +238,7 @@ __global__ void __launch_bounds__(FlashBackwardTile<kD>::kThreads, FlashBackward
         for (int r = 0; r < 2; ++r) {
           const int64_t key = k0 + kw * 16 + g + 8 * r;
           float p = exp2_approx(fmaf(st[nt][2 * r + c], a.scale_log2, -lse2));
-          if (need_mask && (key > query || query >= a.T)) p = 0.f;
+          if (need_mask && (key > query + a.shift || query >= a.T || key >= a.Tk)) p = 0.f;
           st[nt][2 * r + c] = p;
           dpt[nt][2 * r + c] = p * (dpt[nt][2 * r + c] - dl);
         }
@@ -291,19 +311,55 @@ __global__ void __launch_bounds__(FlashBackwardTile<kD>::kThreads, FlashBackward
     }
     __syncthreads();  // buffers of step s are free for step s + 2
   }
+  if (n_steps == 0) cp_async_wait<0>();  // K and V were loaded for nothing; let them land
 
-  // dK carries the softmax scale (dK = scale dS^T Q); rows past T are not written.
+  // dK carries the softmax scale (dK = scale dS^T Q); rows past Tk are not written.
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t key = k0 + kw * 16 + g + 8 * r;
-    if (key >= a.T) continue;
-    const int64_t at = (b * a.T + key) * a.H_kv * kD + hk * kD + dh * kHalf + 2 * t;
+    if (key >= a.Tk) continue;
+    const int64_t at = (b * a.kv_rows + key) * a.H_kv * kD + hk * kD + dh * kHalf + 2 * t;
 #pragma unroll
     for (int nt = 0; nt < kHt; ++nt) {
-      *reinterpret_cast<uint32_t*>(a.dk + at + nt * 8) =
-          pack_bf16(dk[nt][2 * r] * a.scale, dk[nt][2 * r + 1] * a.scale);
-      *reinterpret_cast<uint32_t*>(a.dv + at + nt * 8) = pack_bf16(dv[nt][2 * r], dv[nt][2 * r + 1]);
+      float k_lo = dk[nt][2 * r] * a.scale, k_hi = dk[nt][2 * r + 1] * a.scale;
+      float v_lo = dv[nt][2 * r], v_hi = dv[nt][2 * r + 1];
+      uint32_t* dk_at = reinterpret_cast<uint32_t*>(a.dk + at + nt * 8);
+      uint32_t* dv_at = reinterpret_cast<uint32_t*>(a.dv + at + nt * 8);
+      if (a.dkv_accumulate) {
+        const float2 k_old = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(dk_at));
+        const float2 v_old = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(dv_at));
+        k_lo += k_old.x, k_hi += k_old.y, v_lo += v_old.x, v_hi += v_old.y;
+      }
+      *dk_at = pack_bf16(k_lo, k_hi);
+      *dv_at = pack_bf16(v_lo, v_hi);
     }
+  }
+}
+
+// dq = bf16(scale dq_acc [+ dq]) for a block: dq_acc dense (B, T, H, D), dq
+// with q_rows rows per sequence; 8 elements (16 bytes) a thread.
+__global__ void flash_dq_block_kernel(const float* __restrict__ dq_acc, nv_bf16* __restrict__ dq, int64_t n8,
+                                      int64_t T, int64_t HD, int64_t q_rows, float scale, bool accumulate) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n8; i += stride) {
+    const int64_t e = i * 8, row = e / HD, col = e % HD;
+    const int64_t b = row / T, t = row % T;
+    uint4* dst = reinterpret_cast<uint4*>(dq + (b * q_rows + t) * HD + col);
+    const float4 a0 = *reinterpret_cast<const float4*>(dq_acc + e);
+    const float4 a1 = *reinterpret_cast<const float4*>(dq_acc + e + 4);
+    float x[8] = {a0.x * scale, a0.y * scale, a0.z * scale, a0.w * scale,
+                  a1.x * scale, a1.y * scale, a1.z * scale, a1.w * scale};
+    if (accumulate) {
+      const uint4 old = *dst;
+      const __nv_bfloat162* o2 = reinterpret_cast<const __nv_bfloat162*>(&old);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float2 f = __bfloat1622float2(o2[k]);
+        x[2 * k] += f.x;
+        x[2 * k + 1] += f.y;
+      }
+    }
+    *dst = make_uint4(pack_bf16(x[0], x[1]), pack_bf16(x[2], x[3]), pack_bf16(x[4], x[5]), pack_bf16(x[6], x[7]));
   }
 }
 
@@ -316,20 +372,46 @@ void flash_backward_d(const AttentionBackwardParams<bf16>& p, Workspace ws, cuda
   const int64_t rows = p.B * p.T * p.H, n_dq = rows * p.D;
   const float scale = 1.f / std::sqrt(float(p.D));
 
+  const int64_t Tk = p.Tk ? p.Tk : p.T;
+  const int64_t q_rows = p.q_batch_rows ? p.q_batch_rows : p.T;
   flash_delta_kernel<kD><<<blocks(rows * 8, 256), 256, 0, stream>>>(dev(p.out), dev(p.dout), delta, rows,
-                                                                      p.T, p.H);
+                                                                      p.T, p.H, q_rows);
   WEFT_LAUNCH_CHECK(stream, "flash_delta_kernel");
   CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, size_t(n_dq) * sizeof(float), stream));
 
-  const FlashBackwardArgs a{dev(p.q), dev(p.k), dev(p.v), dev(p.dout), p.lse, delta, dq_acc, dev(p.dk),
-                            dev(p.dv), p.T, p.H, p.H_kv, scale, scale * kLog2e};
+  const FlashBackwardArgs a{dev(p.q),
+                            dev(p.k),
+                            dev(p.v),
+                            dev(p.dout),
+                            p.lse,
+                            delta,
+                            dq_acc,
+                            dev(p.dk),
+                            dev(p.dv),
+                            p.T,
+                            p.H,
+                            p.H_kv,
+                            Tk,
+                            p.q_offset - p.k_offset,
+                            q_rows,
+                            p.kv_batch_rows ? p.kv_batch_rows : Tk,
+                            p.lse_batch_rows ? p.lse_batch_rows : p.T,
+                            p.dkv_write == Write::accumulate,
+                            scale,
+                            scale * kLog2e};
   auto kernel = flash_backward_kernel<kD>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes));
-  const dim3 grid(unsigned((p.T + Tile::kBlockN - 1) / Tile::kBlockN), unsigned(p.H_kv), unsigned(p.B));
+  const dim3 grid(unsigned((Tk + Tile::kBlockN - 1) / Tile::kBlockN), unsigned(p.H_kv), unsigned(p.B));
   kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(a);
   WEFT_LAUNCH_CHECK(stream, "flash_backward_kernel");
 
-  scale_to_bf16(dq_acc, dev(p.dq), n_dq, scale, stream);
+  if (q_rows == p.T && p.dq_write == Write::overwrite) {
+    scale_to_bf16(dq_acc, dev(p.dq), n_dq, scale, stream);
+  } else {
+    flash_dq_block_kernel<<<blocks(n_dq / 8, 256), 256, 0, stream>>>(
+        dq_acc, dev(p.dq), n_dq / 8, p.T, p.H * p.D, q_rows, scale, p.dq_write == Write::accumulate);
+    WEFT_LAUNCH_CHECK(stream, "flash_dq_block_kernel");
+  }
 }
 
 }  // namespace

@@ -234,6 +234,31 @@ TEST(CommNccl, SendsBeforeReceivesOnThePipelineGroup) {
   }
 }
 
+// Context parallelism's a2a transport on the cp group: all_to_all reaches
+// every rank (the group's point-to-point channels reach ring neighbours only,
+// so with 4 or more ranks some pairs have none), and leaves this rank's own
+// block of out alone.
+TEST(CommNccl, AllToAllOnTheContextParallelGroup) {
+  const int64_t world = mpi_world_size();
+  ProcessGroups g = nccl_process_groups(Layout::parse(fmt::format("tp1-cp{}-pp1-dp1-mb1", world)), nullptr);
+  Comm& c = *g.cp;
+  const int64_t r = c.rank(), n = 3001;
+  Device in(n * world), out(n * world);
+  in.put(part(20, r, n * world));
+  out.put(std::vector<float>(size_t(n * world), NAN));
+  c.all_to_all(in.p, out.p, n, DType::f32, 0);
+  const auto got = out.get(n * world);
+  for (int64_t q = 0; q < world; ++q) {
+    const std::vector<float> block(got.begin() + q * n, got.begin() + (q + 1) * n);
+    if (q == r) {
+      for (float x : block) ASSERT_TRUE(std::isnan(x)) << "own block written";
+      continue;
+    }
+    const auto sent = part(20, q, n * world);
+    EXPECT_EQ(block, std::vector<float>(sent.begin() + r * n, sent.begin() + (r + 1) * n)) << "from rank " << q;
+  }
+}
+
 }  // namespace
 }  // namespace weft::parallel
 

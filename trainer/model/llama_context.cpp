@@ -283,16 +283,11 @@ void LlamaStage<Elem, G>::allgather_backward(const Block& b, const Elem* dout, E
 
 template <typename Elem, typename G>
 void LlamaStage<Elem, G>::a2a_exchange(Elem* blocks_out, Elem* blocks_in, int64_t block) {
-  const int64_t cp = l_.cp, r = groups_.cp_rank();
-  auto& group = *groups_.cp;
-  std::vector<std::unique_ptr<parallel::CommRequest>> pending;
-  for (int64_t j = 0; j < cp; ++j) {
-    if (j == r) continue;
-    pending.push_back(group.irecv(blocks_in + j * block, block, j, kTagA2a));
-    pending.push_back(group.isend(blocks_out + j * block, block, j, kTagA2a));
-  }
+  // Through the group's all-to-all, which on NCCL reaches every rank (its
+  // point-to-point channels reach ring neighbours only).
+  const int64_t r = groups_.cp_rank();
   copy(blocks_in + r * block, blocks_out + r * block, block * int64_t(sizeof(Elem)));
-  for (auto& p : pending) p->wait();
+  groups_.cp->all_to_all(blocks_out, blocks_in, block, kTagA2a);
 }
 
 template <typename Elem, typename G>

@@ -87,6 +87,13 @@ class Comm {
   virtual std::unique_ptr<CommRequest> ireduce_scatter_v(const void* in, void* out,
                                                          std::span<const int64_t> counts, DType t);
   virtual void broadcast(void* data, int64_t count, DType t, int64_t root) = 0;
+  // Block j (count elements) of in goes to rank j, where it lands as block
+  // rank() of out: in and out hold size() blocks each. This rank's own block
+  // is neither sent nor written (the caller copies it). The default posts an
+  // isend and an irecv per peer (with tag) and waits for all of them; NCCL
+  // runs it as one group over the whole communicator, which reaches every
+  // rank where its point-to-point channels reach ring neighbours only.
+  virtual void all_to_all(const void* in, void* out, int64_t count, DType t, int64_t tag);
   // Blocking point-to-point; peer is a rank of this group, tag in [0, 32767].
   // Two ranks that both send before they receive may deadlock on large
   // messages: exchange with isend/irecv and wait instead.
@@ -129,6 +136,10 @@ class Comm {
   template <typename T>
   std::unique_ptr<CommRequest> ireduce_scatter_v(const T* in, T* out, std::span<const int64_t> counts) {
     return ireduce_scatter_v(static_cast<const void*>(in), static_cast<void*>(out), counts, dtype_of<T>());
+  }
+  template <typename T>
+  void all_to_all(const T* in, T* out, int64_t count, int64_t tag) {
+    all_to_all(static_cast<const void*>(in), static_cast<void*>(out), count, dtype_of<T>(), tag);
   }
   template <typename T>
   void broadcast(T* data, int64_t count, int64_t root) {

@@ -204,6 +204,20 @@ class NcclComm final : public Comm {
     return finish();
   }
 
+  // One group of sends and receives over the whole communicator: every peer,
+  // not only the ring neighbours the point-to-point channels reach.
+  void all_to_all(const void* in, void* out, int64_t count, DType t, int64_t) override {
+    start();
+    WEFT_NCCL_CHECK(ncclGroupStart());
+    for (int64_t j = 0; j < size_; ++j) {
+      if (j == rank_) continue;
+      WEFT_NCCL_CHECK(ncclSend(at(in, j * count, t), size_t(count), nccl_type(t), int(j), group_.comm, group_.stream));
+      WEFT_NCCL_CHECK(ncclRecv(at(out, j * count, t), size_t(count), nccl_type(t), int(j), group_.comm, group_.stream));
+    }
+    WEFT_NCCL_CHECK(ncclGroupEnd());
+    end();
+  }
+
   void broadcast(void* data, int64_t count, DType t, int64_t root) override {
     WEFT_ASSERT(root >= 0 && root < size_);
     start();

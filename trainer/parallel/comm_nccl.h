@@ -48,7 +48,9 @@ ProcessGroups nccl_device_groups(const Layout& layout, const std::atomic<bool>* 
 // With ring_p2p, sends and receives to the ring neighbours (rank ± 1 mod
 // size) go over two-rank communicators of their own, one per direction, so
 // that they behave as MPI's non-blocking ones (the pp group has them);
-// without, point-to-point is refused. Collective over the bootstrap group.
+// without, point-to-point is refused. all_to_all reaches every rank either
+// way, as one group over the whole communicator. Collective over the
+// bootstrap group.
 std::unique_ptr<Comm> nccl_comm(Comm& bootstrap, const std::string& name, void* compute_stream,
                                 bool ring_p2p = false);
 

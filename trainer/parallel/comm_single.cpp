@@ -1,5 +1,7 @@
 #include <atomic>
 #include <cstring>
+#include <memory>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -35,6 +37,17 @@ std::unique_ptr<CommRequest> Comm::iall_gather_v(const void* in, void* out, std:
                                                  DType t) {
   all_gather_v(in, out, counts, t);
   return std::make_unique<DoneRequest>();
+}
+
+void Comm::all_to_all(const void* in, void* out, int64_t count, DType t, int64_t tag) {
+  const int64_t bytes = count * dtype_bytes(t);
+  std::vector<std::unique_ptr<CommRequest>> pending;
+  for (int64_t j = 0; j < size(); ++j) {
+    if (j == rank()) continue;
+    pending.push_back(irecv(static_cast<char*>(out) + j * bytes, count, t, j, tag));
+    pending.push_back(isend(static_cast<const char*>(in) + j * bytes, count, t, j, tag));
+  }
+  for (auto& p : pending) p->wait();
 }
 
 std::unique_ptr<CommRequest> Comm::ireduce_scatter_v(const void* in, void* out,

@@ -196,6 +196,24 @@ TEST(LlamaStage, CudnnAttentionOnlyWhereBuilt) {
   EXPECT_NO_THROW(check_trainable(Layout::parse("mb1-attn:flash"), DeviceKind::cpu));
 }
 
+// Context parallelism calls attention on blocks of the sequence: the CPU
+// takes them with flash and materialized, a GPU with flash only.
+TEST(LlamaStage, ContextParallelOnAGpuOnlyWithFlash) {
+  for (const char* cp : {"cp:ring", "cp:allgather", "cp:a2a"}) {
+    const std::string base = std::string("cp2-mb1-") + cp;
+    EXPECT_NO_THROW(check_trainable(Layout::parse(base + "-attn:flash"), DeviceKind::gpu)) << cp;
+    EXPECT_NO_THROW(check_trainable(Layout::parse(base + "-attn:flash"), DeviceKind::cpu)) << cp;
+    EXPECT_NO_THROW(check_trainable(Layout::parse(base + "-attn:materialized"), DeviceKind::cpu)) << cp;
+    WEFT_EXPECT_THROW_MSG(check_trainable(Layout::parse(base + "-attn:materialized"), DeviceKind::gpu), LayoutError,
+                          "cp=2", "needs attn:flash", "materialized");
+  }
+  // cudnn on a GPU: refused for cp whether or not this build has cuDNN's frontend.
+  EXPECT_THROW(check_trainable(Layout::parse("cp2-mb1-attn:cudnn"), DeviceKind::gpu), LayoutError);
+  if (kernels::attention_available(AttentionKind::cudnn, kernels::Backend::cuda))
+    WEFT_EXPECT_THROW_MSG(check_trainable(Layout::parse("cp2-mb1-attn:cudnn"), DeviceKind::gpu), LayoutError,
+                          "needs attn:flash", "cudnn");
+}
+
 // FP8 GEMMs run on the CPU (emulated) and on GPUs with FP8 tensor cores
 // (sm_89 and newer); elsewhere (an older GPU, no device, a build without
 // CUDA) the GPU trainer refuses them up front, naming what it found.
