@@ -1,0 +1,295 @@
+// The block and stage pieces of the cost model (tuner/cost_parts.h): the
+// collectives on a cluster's links, a block's compute and communication for
+// one micro-batch, its recomputation, and the first and last stage's blocks.
+#include "tuner/cost_parts.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace weft::tuner::cost_parts {
+
+double ring_all_reduce(double bytes, int64_t n, Link link) {
+  if (n <= 1) return 0;
+  return 2.0 * double(n - 1) / double(n) * bytes / link.bandwidth + 2.0 * double(n - 1) * link.latency;
+}
+double ring_all_gather(double bytes_full, int64_t n, Link link) {
+  if (n <= 1) return 0;
+  return double(n - 1) / double(n) * bytes_full / link.bandwidth + double(n - 1) * link.latency;
+}
+
+double all_reduce(double bytes, const Group& g) {
+  if (auto t = g.measured("all_reduce", bytes)) return *t;
+  if (g.outer() <= 1) return ring_all_reduce(bytes, g.n, g.intra);
+  return 2 * ring_all_gather(bytes, g.inner, g.intra) +
+         ring_all_reduce(bytes / double(g.inner), g.outer(), g.inter);
+}
+double hierarchical_gather(double bytes_full, const Group& g) {
+  if (g.outer() <= 1) return ring_all_gather(bytes_full, g.n, g.intra);
+  return ring_all_gather(bytes_full, g.inner, g.intra) +
+         ring_all_gather(bytes_full / double(g.inner), g.outer(), g.inter);
+}
+double all_gather(double bytes_full, const Group& g) {
+  if (auto t = g.measured("all_gather", bytes_full)) return *t;
+  return hierarchical_gather(bytes_full, g);
+}
+double reduce_scatter(double bytes_full, const Group& g) {
+  if (auto t = g.measured("reduce_scatter", bytes_full)) return *t;
+  return hierarchical_gather(bytes_full, g);
+}
+// Each rank sends (n - 1) / n of its `bytes_local` to the others, a slice to
+// each; within one NVLink domain over NVLink, across domains the slices for
+// ranks in this domain over NVLink and the rest over the network at the same
+// time, so the slower of the two.
+double all_to_all(double bytes_local, const Group& g) {
+  if (g.n <= 1) return 0;
+  if (auto t = g.measured("all_to_all", bytes_local)) return *t;
+  const double n = double(g.n);
+  if (g.outer() <= 1) return (n - 1) / n * bytes_local / g.intra.bandwidth + (n - 1) * g.intra.latency;
+  const double near = double(g.inner - 1) / n * bytes_local / g.intra.bandwidth;
+  const double far = (n - double(g.inner)) / n * bytes_local / g.inter.bandwidth;
+  return std::max(near, far) + (n - 1) * g.inter.latency;
+}
+
+AttentionTime attention_time(const Model& x, double B, double Hl, double Kl, double T, double D) {
+  const Layout& l = x.l;
+  const double cp = double(l.cp), a = x.a;
+  AttentionTime at;
+  if (l.attention != AttentionKind::materialized) {
+    // Flash skips fully masked key blocks: half of the 4 B Hl T^2 D FLOPs;
+    // the backward does 2.5x the forward's matmul work. cuDNN's fused SDPA
+    // (cudnn) is modelled as flash, at the same efficiency: it is the same
+    // tiled algorithm, and which of the two is faster on a device is left to
+    // the profiler, which times both, rather than guessed here. Under context
+    // parallelism each rank holds chunks r and 2 cp - 1 - r of 2 cp, which
+    // balances the causal work: 1/cp of it on every rank, whatever the
+    // transport (ring: its chunks against each block of keys in turn;
+    // all-gather: against the keys up to their end; all-to-all: the whole
+    // sequence on H/cp heads).
+    const double flops = 4.0 * B * Hl * T * T * D * 0.5 / cp;
+    at.fwd = flops / (x.peak * x.k.flash_efficiency) + x.k.launch_overhead;
+    at.bwd = 2.5 * flops / (x.peak * x.k.flash_efficiency) + x.k.launch_overhead;
+  } else {
+    // Batched QK^T and PV over the rows against their keys, and a fused
+    // scale-mask-softmax that reads the scores and writes the probabilities.
+    // Without context parallelism the full T x T; with all-to-all the same on
+    // H/cp heads; with all-gather each of the two chunks of c = T / 2cp rows
+    // against its key prefix, (2 cp + 1) c keys between them (the ring
+    // refuses materialized).
+    auto bgemm = [&](double bh, double Mi, double Ni, double Ki) {
+      return bh * 2.0 * Mi * Ni * Ki / (x.peak * gemm_efficiency(Mi, Ni, Ki, x.c.device, x.k)) +
+             x.k.launch_overhead;
+    };
+    if (l.cp == 1 || l.cp_comm == CpComm::a2a) {
+      const double bh = B * Hl / cp, scores = bh * T * T;
+      at.fwd = bgemm(bh, T, T, D) + bgemm(bh, T, D, T) + x.stream_bytes(2 * a * scores);
+      at.bwd = bgemm(bh, T, T, D) + 3 * bgemm(bh, T, D, T) + x.stream_bytes(3 * a * scores);
+    } else {
+      const double bh = B * Hl, c = T / (2 * cp), keys = (cp + 0.5) * c, scores = bh * 2 * c * keys;
+      at.fwd = 2 * (bgemm(bh, c, keys, D) + bgemm(bh, c, D, keys)) + x.stream_bytes(2 * a * scores);
+      at.bwd = 2 * (bgemm(bh, c, keys, D) + 3 * bgemm(bh, c, D, keys)) + x.stream_bytes(3 * a * scores);
+    }
+  }
+  if (x.rates) {
+    // Measured calls: all-to-all's is one call of the whole sequence on
+    // H/cp heads; the others' are 1/cp of the whole sequence's.
+    const char* kind = to_string(l.attention);
+    const bool heads = l.cp > 1 && l.cp_comm == CpComm::a2a;
+    const double h = heads ? Hl / cp : Hl, kv = heads ? Kl / cp : Kl, share = heads ? 1 : 1 / cp;
+    if (auto f = x.rates->attention_seconds(kind, false, B, h, kv, T, D)) at.fwd = *f * share;
+    if (auto b = x.rates->attention_seconds(kind, true, B, h, kv, T, D)) at.bwd = *b * share;
+  }
+  return at;
+}
+
+// Communication that compute hides still costs: the kernels that move it
+// take SMs and memory bandwidth from the compute they overlap.
+double exposed_beside(double transfer, double compute, const CostConstants& k) {
+  return std::max(0.0, transfer - compute) + k.overlap_cost * std::min(transfer, compute);
+}
+
+// One block's time for one micro-batch, nothing recomputed.
+Part block_cost(const Model& x) {
+  const ModelSpec& m = x.m;
+  const Layout& l = x.l;
+  const double t = double(l.tp), B = double(l.mb), T = double(x.run.seq), cp = double(l.cp);
+  const double C = double(m.hidden), D = double(m.head_dim);
+  const double Hl = double(m.heads) / t, Kl = double(m.kv_heads) / t, Fl = double(m.intermediate) / t;
+  // Every GEMM and streaming kernel sees this rank's T / cp tokens.
+  const double Tl = T / cp;
+  const double M = B * Tl, Msp = l.sp ? M / t : M, a = x.a;
+
+  const AttentionTime at = attention_time(x, B, Hl, Kl, T, D);
+  const double attn_fwd = at.fwd, attn_bwd = at.bwd;
+
+  const double rope = x.stream("rope", M, (Hl + Kl) * D);
+  const double resid = x.stream("residual", Msp, C);
+  Part p;
+  // The trainer runs q, k and v, and gate and up, as separate GEMMs (their
+  // weights are separate Hugging Face tensors), so they are priced apart:
+  // three narrow GEMMs reach a lower efficiency than one wide one.
+  const double qkv_fwd = x.block_linear_fwd(M, Hl * D, C) + 2 * x.block_linear_fwd(M, Kl * D, C);
+  const double qkv_bwd = x.block_linear_bwd(M, Hl * D, C) + 2 * x.block_linear_bwd(M, Kl * D, C);
+
+  // FP8 blocks cast each linear's input once per micro-batch (q, k and v
+  // share the attention norm's output, gate and up the MLP norm's) and each
+  // output gradient in the backward, as fp8_cast prices them; under
+  // tensorwise scaling each cast waits for its amax all-reduce over tp * cp
+  // (counted with the tensor-parallel time, in the forward where it is redone
+  // with it). The weights' casts are once per step (sharding_cost).
+  const auto cast_if = [&](bool on, double elements) { return on ? x.fp8_cast(elements) : 0.0; };
+  const bool qkv8 = x.in_fp8(M, Hl * D, C), o8 = x.in_fp8(M, C, Hl * D), up8 = x.in_fp8(M, Fl, C),
+             down8 = x.in_fp8(M, C, Fl);
+  const double attn_cast = cast_if(qkv8, M * C), mlp_cast = cast_if(up8, M * C);
+  const double casts_fwd = attn_cast + cast_if(o8, M * Hl * D) + mlp_cast + cast_if(down8, M * Fl);
+  const double casts_bwd = cast_if(qkv8, M * (Hl + 2 * Kl) * D) + cast_if(o8, M * C) + cast_if(up8, 2 * M * Fl) +
+                           cast_if(down8, M * C);
+  const double amax = x.fp8_amax_reduce();
+  const double amax_fwd = amax * (int(qkv8) + int(o8) + int(up8) + int(down8));
+  const double amax_bwd = amax * (3 * int(qkv8) + int(o8) + 2 * int(up8) + int(down8));
+
+  const double attn_pre = x.norm_fwd(Msp) + attn_cast + qkv_fwd + rope;
+  const double mlp_pre = x.norm_fwd(Msp) + mlp_cast + 2 * x.block_linear_fwd(M, Fl, C) + x.stream("swiglu_fwd", M, Fl);
+  p.fwd = attn_pre + attn_fwd + x.block_linear_fwd(M, C, Hl * D) + resid + mlp_pre + x.block_linear_fwd(M, C, Fl) +
+          resid + (casts_fwd - attn_cast - mlp_cast);
+  p.bwd = x.norm_bwd(Msp) + qkv_bwd + rope + attn_bwd + x.block_linear_bwd(M, C, Hl * D) + resid + x.norm_bwd(Msp) +
+          2 * x.block_linear_bwd(M, Fl, C) + x.stream("swiglu_bwd", M, Fl) + x.block_linear_bwd(M, C, Fl) + resid +
+          casts_bwd;
+
+  // Two column/row-parallel pairs per block: forward all-reduce (or, with
+  // sequence parallelism, all-gather before and reduce-scatter after) and the
+  // conjugates in the backward. Sequence parallelism also re-gathers the two
+  // saved norm outputs for the weight gradients.
+  const double act = M * C * a;
+  const Group tg = x.tp_group();
+  const double pair = l.sp ? all_gather(act, tg) + reduce_scatter(act, tg) : all_reduce(act, tg);
+  const double tp_fwd = 2 * pair + amax_fwd;
+  p.tp = 2 * tp_fwd - amax_fwd + amax_bwd + (l.sp ? 2 * all_gather(act, tg) : 0);
+
+  // Context parallelism's exchanges, per block and micro-batch.
+  double cp_fwd = 0;
+  if (l.cp > 1) {
+    const Group cg = x.cp_group();
+    const double kv_local = B * Tl * Kl * D * a, q_local = B * Tl * Hl * D * a;
+    switch (l.cp_comm) {
+      case CpComm::ring: {
+        // cp - 1 K/V blocks arrive, each while attention computes on the
+        // block before it (1/cp of the rank's attention); only what a
+        // transfer takes past that compute is exposed. In the backward dK
+        // and dV travel with K and V: twice the volume.
+        const double block = 2 * kv_local;
+        cp_fwd = (cp - 1) * exposed_beside(x.cp_p2p(block), attn_fwd / cp, x.k);
+        p.cp = cp_fwd + (cp - 1) * exposed_beside(x.cp_p2p(2 * block), attn_bwd / cp, x.k);
+        break;
+      }
+      case CpComm::allgather: {
+        // K and V of the whole sequence gathered before the attention, again
+        // in the backward (the gathered copy is not kept), and dK and dV
+        // reduce-scattered back: nothing computes beside them.
+        const double full = 2 * kv_local * cp;
+        p.cp = 2 * all_gather(full, cg) + reduce_scatter(full, cg);
+        break;
+      }
+      case CpComm::a2a:
+        // Ulysses: q, k, v to head-split and out back before and after the
+        // attention; the backward redoes the four (the sequence-split tensors
+        // are what is kept) and exchanges dout, dq, dk and dv.
+        p.cp = 3 * (2 * all_to_all(q_local, cg) + 2 * all_to_all(kv_local, cg));
+        break;
+    }
+  }
+
+  p.attn_fwd = attn_fwd;
+  p.mlp_pre = mlp_pre;
+  p.tp_fwd = tp_fwd;
+  p.cp_fwd = cp_fwd;
+  return p;
+}
+
+// The block's time with `mode`'s recomputation: selective redoes the
+// attention core (and the ring's forward passes it needs), ffn the MLP's
+// input side, full the whole forward with its communication.
+Part with_recompute(Part p, Checkpointing mode) {
+  switch (mode) {
+    case Checkpointing::none: break;
+    case Checkpointing::selective:
+      p.recompute = p.attn_fwd;
+      p.recompute_cp = p.cp_fwd;
+      break;
+    case Checkpointing::ffn: p.recompute = p.mlp_pre; break;
+    case Checkpointing::full:
+      p.recompute = p.fwd;
+      p.recompute_tp = p.tp_fwd;
+      p.recompute_cp = p.cp_fwd;
+      break;
+  }
+  return p;
+}
+
+Part mix(const Part& a, const Part& b, double wa) {
+  const auto f = [&](double Part::*field) { return wa * a.*field + (1 - wa) * b.*field; };
+  Part p;
+  for (double Part::*field : {&Part::fwd, &Part::bwd, &Part::tp, &Part::cp, &Part::recompute, &Part::recompute_tp,
+                              &Part::recompute_cp, &Part::attn_fwd, &Part::mlp_pre, &Part::tp_fwd, &Part::cp_fwd})
+    p.*field = f(field);
+  return p;
+}
+
+Blocks stage_blocks(const Model& x) {
+  Model plain = x;
+  plain.fp8 = false;
+  const Part p16 = block_cost(plain);
+  if (x.l.fp8 == Fp8Recipe::off) return {p16, p16};
+  Model f8 = x;
+  f8.fp8 = true;
+  const Part p8 = block_cost(f8);
+  const double layers = double(std::max<int64_t>(1, x.l.stage_layers(x.m)));
+  return {mix(p8, p16, double(fp8_stage_blocks(x.m, x.l, 0)) / layers),
+          mix(p8, p16, double(fp8_stage_blocks(x.m, x.l, x.l.pp - 1)) / layers)};
+}
+
+Blocks with_recompute(const Blocks& b, Checkpointing mode) {
+  return {with_recompute(b.first, mode), with_recompute(b.last, mode)};
+}
+
+// The first and last stage's time per micro-batch: `layers` blocks, of
+// which `n_ckpt` recompute as `ckpt` says; the first adds the vocab-parallel
+// embedding (gather, then a sum over tp), the last the final norm, LM head
+// and the fused vocab-parallel loss, whose max, sum-exp and target logit are
+// reduced over tp. One stage (pp 1) holds both.
+std::pair<StageCost, StageCost> stage_costs(const Model& x, const Blocks& keeps, const Blocks& ckpts, int64_t layers,
+                                            int64_t n_ckpt) {
+  const Layout& l = x.l;
+  const double t = double(l.tp), M = double(l.mb * x.run.seq) / double(l.cp), C = double(x.m.hidden);
+  const double Vl = double(x.m.vocab) / t, Msp = l.sp ? M / t : M;
+  const double act = M * C * x.a;
+  const Group tg = x.tp_group();
+  const auto body = [&](const Part& keep, const Part& ckpt) {
+    StageCost s;
+    s.fwd = layers * keep.fwd;
+    s.bwd = layers * keep.bwd;
+    s.tp = layers * keep.tp + n_ckpt * ckpt.recompute_tp;
+    s.cp = layers * keep.cp + n_ckpt * ckpt.recompute_cp;
+    s.recompute = n_ckpt * ckpt.recompute;
+    return s;
+  };
+
+  StageCost first = body(keeps.first, ckpts.first), last = body(keeps.last, ckpts.last);
+  first.fwd += x.stream("embedding_fwd", M, C);
+  first.bwd += x.stream("embedding_bwd", M, C);
+  first.tp += l.sp ? reduce_scatter(act, tg) + all_gather(act, tg) : all_reduce(act, tg);
+  last.fwd += x.norm_fwd(Msp) + x.linear_fwd(M, Vl, C) + x.stream("cross_entropy", M, Vl);
+  last.bwd += x.norm_bwd(Msp) + x.linear_bwd(M, Vl, C);
+  last.tp += 3 * all_reduce(4 * M, tg) +
+             (l.sp ? 2 * all_gather(act, tg) + reduce_scatter(act, tg) : all_reduce(act, tg));
+  if (l.pp == 1) {
+    // One stage: its blocks are the first's (the same as the last's).
+    const StageCost blocks = body(keeps.first, ckpts.first);
+    first.fwd += last.fwd - blocks.fwd;
+    first.bwd += last.bwd - blocks.bwd;
+    first.tp += last.tp - blocks.tp;
+    last = first;
+  }
+  return {first, last};
+}
+
+}  // namespace weft::tuner::cost_parts

@@ -1,0 +1,234 @@
+// The pieces of the cost model (tuner/cost.h) that price one block and one
+// pipeline stage: the collectives on a cluster's links, the model of a
+// layout on a cluster (Model), and a block's compute and communication
+// (Part), with and without recomputation. Internal to tuner/: cost.cpp
+// builds a step from them, cost_block.cpp defines them.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <utility>
+
+#include "core/flops.h"
+#include "tuner/cost.h"
+#include "tuner/device_profile.h"
+
+namespace weft::tuner::cost_parts {
+
+// Collective times on a ring of n ranks (NCCL's algorithm for these sizes).
+struct Link {
+  double bandwidth;  // bytes/s of bus bandwidth
+  double latency;    // seconds per hop
+};
+
+// A process group as the cluster wires it: n ranks, `inner` of them in each
+// NVLink domain it touches. A group within one domain runs its collectives
+// over NVLink; one that spans domains runs them hierarchically, as NCCL does
+// across nodes: a reduce-scatter inside each domain, the 1/inner part that
+// each rank then holds reduced across the domains over the network (every
+// rank of a node sends at once, so each gets its share of the node's ports),
+// and an all-gather inside the domain. So a group is priced by the slowest
+// link it spans, and only the part that must cross it crosses it.
+struct Group {
+  int64_t n = 1, inner = 1;
+  Link intra, inter;
+  const MeasuredRates* rates = nullptr;  // measured collectives of this machine
+  int64_t outer() const { return n / inner; }
+  // The measured time of `op` over this group's size, if there is one.
+  std::optional<double> measured(const char* op, double bytes) const {
+    return rates ? rates->comm_seconds(op, n, bytes) : std::nullopt;
+  }
+};
+
+double ring_all_reduce(double bytes, int64_t n, Link link);
+double ring_all_gather(double bytes_full, int64_t n, Link link);
+double all_reduce(double bytes, const Group& g);
+double hierarchical_gather(double bytes_full, const Group& g);
+double all_gather(double bytes_full, const Group& g);
+double reduce_scatter(double bytes_full, const Group& g);
+// Each rank sends (n - 1) / n of its `bytes_local` to the others (all_to_all).
+double all_to_all(double bytes_local, const Group& g);
+
+struct Model {
+  const ModelSpec& m;
+  const RunSpec& run;
+  const Layout& l;
+  const ClusterSpec& c;
+  const CostConstants& k;
+  double peak;
+  double a;  // bytes per activation element
+
+  const MeasuredRates* rates;  // the device's measured rates, or null
+  // Whether the blocks being priced run their linear layers in FP8 (the
+  // layout's recipe, for the blocks it puts in FP8).
+  bool fp8 = false;
+
+  double gemm(double M, double N, double K) const {
+    if (rates)
+      if (auto t = rates->gemm_seconds(M, N, K)) return *t;
+    return 2.0 * M * N * K / (peak * gemm_efficiency(M, N, K, c.device, k)) + k.launch_overhead;
+  }
+  // An FP8 GEMM: at the dense FP8 peak on a device with FP8 tensor cores;
+  // emulated (the CPU) it is the compute-precision GEMM.
+  double gemm8(double M, double N, double K) const {
+    if (!c.device.has_fp8()) return gemm(M, N, K);
+    return 2.0 * M * N * K / (c.device.peak_fp8_flops * fp8_gemm_efficiency(M, N, K, c.device, k)) +
+           k.launch_overhead;
+  }
+  // A linear layer X(M x K) W^T -> Y(M x N): forward, and the data- and weight-
+  // gradient GEMMs of its backward.
+  double linear_fwd(double M, double N, double K) const { return gemm(M, N, K); }
+  double linear_bwd(double M, double N, double K) const { return gemm(M, K, N) + gemm(N, K, M); }
+  // A linear layer of a block: in FP8 when the block is and its local dims
+  // are multiples of 16, else as linear_fwd/linear_bwd. (Its operands' casts
+  // are block_cost's, which knows which inputs the linears share.)
+  bool in_fp8(double M, double N, double K) const { return fp8 && fp8_gemm_shape(M, N, K); }
+  double block_linear_fwd(double M, double N, double K) const {
+    return in_fp8(M, N, K) ? gemm8(M, N, K) : linear_fwd(M, N, K);
+  }
+  double block_linear_bwd(double M, double N, double K) const {
+    return in_fp8(M, N, K) ? gemm8(M, K, N) + gemm8(N, K, M) : linear_bwd(M, N, K);
+  }
+  // Casting one operand of `elements` to FP8, a memory-bound pass: it reads
+  // the compute-precision tensor and writes the FP8 codes and, on Hopper
+  // (whose FP8 GEMMs take only K-major operands), their transpose for the
+  // backward GEMM that reads it the other way; emulated, it writes the
+  // quantised-dequantised values in the compute precision. Tensorwise
+  // scaling reads the tensor once more first, for the amax its scale needs
+  // (delayed scaling takes the scale from the history and records the amax
+  // in the same pass as the cast).
+  // Tensorwise scaling reduces each activation's and output gradient's amax
+  // over the tp * cp ranks that share the tensor before casting it: a
+  // one-float all-reduce, latency-bound, which NCCL runs as a tree of about
+  // log2(n) hops (on the group's slowest link).
+  double fp8_amax_reduce() const {
+    const int64_t n = l.tp * l.cp;
+    if (l.fp8 != Fp8Recipe::tensorwise || n <= 1) return 0;
+    if (rates)
+      if (auto t = rates->comm_seconds("all_reduce", n, 4.0)) return *t;
+    const Group g = group(n, 1);
+    const double hop = g.outer() > 1 ? g.inter.latency : g.intra.latency;
+    return std::ceil(std::log2(double(n))) * hop;
+  }
+  double fp8_cast(double elements) const {
+    const bool hw = c.device.has_fp8();
+    double bytes = elements * (hw ? a + 2.0 : 2.0 * a);
+    double launches = 1;
+    if (l.fp8 == Fp8Recipe::tensorwise) {
+      bytes += elements * a;
+      launches += 1;
+    }
+    return bytes / (c.device.memory_bandwidth * k.memory_efficiency) + launches * k.launch_overhead;
+  }
+  // A memory-bound kernel of `family` over rows x width: its measured rate
+  // where the device has one, else the bytes at the streaming bandwidth.
+  double stream(const char* family, double rows, double width) const {
+    const StreamWork w = stream_work(family, rows, width, a);
+    if (rates)
+      if (auto t = rates->stream_seconds(family, w.bytes)) return *t;
+    return w.bytes / (c.device.memory_bandwidth * k.memory_efficiency) + w.launches * k.launch_overhead;
+  }
+  // Materialized attention's softmax over its scores (no measured family:
+  // measured profiles time the whole attention call).
+  double stream_bytes(double bytes) const {
+    return bytes / (c.device.memory_bandwidth * k.memory_efficiency) + k.launch_overhead;
+  }
+  Link intra_link() const {
+    return {c.device.intra_node_bandwidth * k.intra_efficiency, c.device.intra_node_latency};
+  }
+  Link inter_link() const {
+    return {c.network_bandwidth_per_device() * k.inter_efficiency, c.device.inter_node_latency};
+  }
+  // Ranks are ordered tp fastest, then cp, then dp, then pp (rank grid): a
+  // group of n ranks `stride` apart has min(n, domain / stride) of them in
+  // each NVLink domain it touches.
+  Group group(int64_t n, int64_t stride) const {
+    const int64_t domain = c.domain();
+    const int64_t inner = stride >= domain ? 1 : std::max<int64_t>(1, std::min(n, domain / stride));
+    return {n, n % inner == 0 ? inner : 1, intra_link(), inter_link(), rates};
+  }
+  Group tp_group() const { return group(l.tp, 1); }
+  // The cp ranks of a sequence, tp apart: tp * cp consecutive ranks.
+  Group cp_group() const { return group(l.cp, l.tp); }
+  // The ranks a gradient sums over and ZeRO shards over: dp x cp, tp apart
+  // (the dp group at cp 1).
+  Group shard_group() const { return group(l.dp * l.cp, l.tp); }
+  // A stage and the next are tp * cp * dp ranks apart: the same domain only
+  // when a whole stage fits in part of one.
+  Link pp_link() const { return l.tp * l.cp * l.dp < c.domain() ? intra_link() : inter_link(); }
+  // The ring's neighbours: NVLink while the cp group's tp * cp ranks fit in
+  // one domain, else the ring crosses the network and runs at its pace.
+  Link cp_link() const { return l.tp * l.cp <= c.domain() ? intra_link() : inter_link(); }
+  // One ring step's message of `bytes` to the next cp rank.
+  double cp_p2p(double bytes) const {
+    if (rates)
+      if (auto t = rates->comm_seconds("p2p", 2, bytes)) return *t;
+    const Link cl = cp_link();
+    return bytes / cl.bandwidth + cl.latency;
+  }
+  // One stage-to-stage message of `bytes`.
+  double p2p(double bytes) const {
+    if (rates)
+      if (auto t = rates->comm_seconds("p2p", 2, bytes)) return *t;
+    const Link pl = pp_link();
+    return bytes / pl.bandwidth + pl.latency;
+  }
+
+  // RMSNorm over rows x C: fused reads x and writes y (backward: reads x and
+  // dy, writes dx); the unfused composition upcasts, reduces, normalises and
+  // scales in separate passes over fp32 intermediates.
+  double norm_fwd(double rows) const {
+    return stream(l.norm == NormKind::fused ? "rmsnorm_fwd" : "rmsnorm_unfused_fwd", rows, double(m.hidden));
+  }
+  double norm_bwd(double rows) const {
+    return stream(l.norm == NormKind::fused ? "rmsnorm_bwd" : "rmsnorm_unfused_bwd", rows, double(m.hidden));
+  }
+};
+
+struct Part {
+  double fwd = 0, bwd = 0;  // compute
+  double tp = 0;            // tensor-parallel communication (fwd + bwd)
+  double cp = 0;            // exposed context-parallel communication (fwd + bwd)
+  double recompute = 0;     // compute redone in the backward
+  double recompute_tp = 0;  // communication redone in the backward
+  double recompute_cp = 0;  // the ring's forward passes redone with the attention
+  // What each checkpointing mode redoes of the forward (with_recompute).
+  double attn_fwd = 0, mlp_pre = 0, tp_fwd = 0, cp_fwd = 0;
+};
+
+// Attention of one rank for B x Hl heads (Hl query heads, Kl kv heads) over
+// a sequence of T tokens split over cp ranks, forward and backward.
+struct AttentionTime {
+  double fwd = 0, bwd = 0;
+};
+
+AttentionTime attention_time(const Model& x, double B, double Hl, double Kl, double T, double D);
+// Communication that compute hides still costs: the kernels that move it
+// take SMs and memory bandwidth from the compute they overlap.
+double exposed_beside(double transfer, double compute, const CostConstants& k);
+// One block's time for one micro-batch, nothing recomputed.
+Part block_cost(const Model& x);
+// The block's time with `mode`'s recomputation.
+Part with_recompute(Part p, Checkpointing mode);
+
+struct StageCost {
+  double fwd = 0, bwd = 0, tp = 0, cp = 0, recompute = 0;
+  double total() const { return fwd + bwd + tp + cp + recompute; }
+};
+
+// A block of the first and of the last stage: under an FP8 recipe the mean
+// of the stage's FP8 blocks and the blocks it keeps in the compute precision
+// (the first and last fp8_bf16_layers of the model), as the stage's time is
+// their sum. A checkpointed block is priced as the stage's mean block.
+struct Blocks {
+  Part first, last;
+};
+
+Part mix(const Part& a, const Part& b, double wa);
+Blocks stage_blocks(const Model& x);
+Blocks with_recompute(const Blocks& b, Checkpointing mode);
+// The first and last stage's time per micro-batch (cost_block.cpp says how).
+std::pair<StageCost, StageCost> stage_costs(const Model& x, const Blocks& keeps, const Blocks& ckpts, int64_t layers,
+                                            int64_t n_ckpt);
+
+}  // namespace weft::tuner::cost_parts
