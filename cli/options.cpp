@@ -240,6 +240,31 @@ void require_fp8_device(const tuner::SpaceLimits& limits, const DeviceSpec& devi
   }
 }
 
+LoraSpec LoraArgs::resolve() const {
+  if (rank < 0) throw InputError(fmt::format("--lora {} must be a positive rank (0: off)", rank));
+  if (rank == 0) return {};
+  LoraSpec l = LoraSpec::with_rank(rank);
+  if (alpha != 0) l.alpha = alpha;
+  l.dropout = dropout;
+  l.targets = LoraSpec::parse_targets(targets);
+  RunSpec{.seq = 1, .global_batch = 1, .precision = Precision::fp32, .lora = l}.validate();
+  return l;
+}
+
+void add_lora_options(CLI::App& app, LoraArgs& a) {
+  auto* g = app.add_option_group("LoRA", "Fine-tune low-rank adapters with the model's weights frozen");
+  g->add_option("--lora", a.rank,
+                "LoRA rank r: train adapters A (r, in) and B (out, r) on the --lora-targets layers, every other "
+                "weight frozen (0: off; usually with --init)")
+      ->capture_default_str();
+  g->add_option("--lora-alpha", a.alpha, "LoRA alpha: the adapters' output is scaled by alpha / r (default 2 x r)");
+  g->add_option("--lora-dropout", a.dropout, "Dropout on the adapters' input while training")->capture_default_str();
+  g->add_option("--lora-targets", a.targets,
+                "Layers that get adapters: all, or any of q,k,v,o,gate,up,down (Hugging Face names such as q_proj "
+                "too)")
+      ->capture_default_str();
+}
+
 void add_space_options(CLI::App& app, SpaceArgs& a) {
   auto* g = app.add_option_group("layout space", "Pin or restrict knobs (comma-separated lists)");
   g->add_option("--tp", a.tp, "Tensor-parallel degrees")->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);

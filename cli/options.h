@@ -46,6 +46,17 @@ struct RunArgs {
 };
 void add_run_options(CLI::App& app, RunArgs& a);
 
+// LoRA fine-tuning: --lora RANK (0: off) with --lora-alpha (default 2 x
+// rank), --lora-dropout and --lora-targets (default every linear layer).
+struct LoraArgs {
+  int64_t rank = 0;
+  double alpha = 0;  // 0: 2 x rank
+  double dropout = 0;
+  std::string targets = "all";
+  LoraSpec resolve() const;  // InputError naming a bad value
+};
+void add_lora_options(CLI::App& app, LoraArgs& a);
+
 struct SpaceArgs {
   std::vector<int64_t> tp, cp, pp, mb, vpp, zero, ckpt_layers;
   std::vector<std::string> sp, ckpt, attention, norm, grad, cp_comm, fp8;

@@ -68,6 +68,7 @@ struct TrainArgs {
   int64_t cp = 1;
   std::string cp_comm = "ring";
   std::string fp8 = "off";
+  LoraArgs lora;
   // --device's default: $WEFT_DEVICE when set (scripts and test suites pin
   // the CPU this way on machines with a GPU), else auto.
   std::string device = std::getenv("WEFT_DEVICE") ? std::getenv("WEFT_DEVICE") : "auto";
@@ -171,7 +172,11 @@ int run_train(TrainArgs& a) {
   c.run.seq = a.seq;
   c.run.global_batch = a.global_batch;
   c.run.precision = a.precision == "auto" ? (gpu ? Precision::bf16 : Precision::fp32) : precision_parse(a.precision);
+  c.run.lora = a.lora.resolve();
   c.run.validate();
+  if (!c.lora_init.empty() && !c.run.lora.enabled())
+    throw InputError(fmt::format("--lora-init {} starts LoRA adapters from a PEFT folder; give --lora RANK (its r) "
+                                 "too", c.lora_init));
   if (a.schedule == "cosine") c.optim.schedule = trainer::Schedule::cosine;
   else if (a.schedule == "constant") c.optim.schedule = trainer::Schedule::constant;
   else throw InputError(fmt::format("--schedule '{}' is not valid; use cosine or constant", a.schedule));
@@ -464,6 +469,11 @@ Command add_train_command(CLI::App& app) {
                   "0 with a fresh optimizer and data position (unlike --resume); the model is the folder's "
                   "unless --model names one, and --vocab may pad its vocabulary. --steps 0 writes the loaded "
                   "model as a checkpoint");
+  add_lora_options(*sub, a->lora);
+  sub->add_option("--lora-init", c.lora_init,
+                  "Start the LoRA adapters from a PEFT adapter folder (adapter_config.json and "
+                  "adapter_model.safetensors, as peft's save_pretrained and weft export --lora write) instead of "
+                  "A at random and B zero; its r, alpha and targets must be --lora's");
   for (const auto& name : trainer::resumable_settings()) {
     CLI::Option* option = sub->get_option_no_throw("--" + name);
     WEFT_ASSERT(option != nullptr);

@@ -179,14 +179,41 @@ StagePlan stage_plan(const ModelSpec& m, const RunSpec& run, const Layout& l, in
   p.in_flight_chunks = pipeline_max_in_flight(l.pp, l.vpp, l.micro_batches(run), stage);
   p.has_embedding = stage == 0;
   p.has_head = stage == l.pp - 1;
+  p.lora = run.lora;
   return p;
 }
 
-std::array<Fp8GemmShape, kFp8Gemms> fp8_gemm_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l) {
+LinearShape linear_shape(const ModelSpec& m, const Layout& l, Linear g) {
   const int64_t t = l.tp, C = m.hidden, D = m.head_dim;
-  const int64_t Hl = m.heads / t, Kl = m.kv_heads / t, Fl = m.intermediate / t;
+  switch (g) {
+    case Linear::q: return {C, m.heads / t * D};
+    case Linear::k:
+    case Linear::v: return {C, m.kv_heads / t * D};
+    case Linear::o: return {m.heads / t * D, C};
+    case Linear::gate:
+    case Linear::up: return {C, m.intermediate / t};
+    case Linear::down: return {m.intermediate / t, C};
+  }
+  return {};
+}
+
+int64_t lora_block_elements(const ModelSpec& m, const Layout& l, const LoraSpec& lora) {
+  int64_t n = 0;
+  for (int g = 0; g < kLinears; ++g)
+    if (lora.targets_linear(Linear(g))) {
+      const LinearShape s = linear_shape(m, l, Linear(g));
+      n += lora.rank * (s.K + s.N);
+    }
+  return lora.enabled() ? n : 0;
+}
+
+std::array<Fp8GemmShape, kFp8Gemms> fp8_gemm_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l) {
   const int64_t M = l.mb * l.local_seq(run);
-  std::array<Fp8GemmShape, kFp8Gemms> g{{{C, Hl * D}, {C, Kl * D}, {C, Kl * D}, {Hl * D, C}, {C, Fl}, {C, Fl}, {Fl, C}}};
+  std::array<Fp8GemmShape, kFp8Gemms> g{};
+  for (int i = 0; i < kFp8Gemms; ++i) {
+    const LinearShape ls = linear_shape(m, l, Linear(i));
+    g[size_t(i)] = {ls.K, ls.N};
+  }
   for (auto& s : g) s.fp8 = l.fp8 != Fp8Recipe::off && M % 16 == 0 && s.K % 16 == 0 && s.N % 16 == 0 && s.K > 0 && s.N > 0;
   return g;
 }
@@ -228,7 +255,9 @@ int64_t block_param_elements(const ModelSpec& m, const Layout& l) {
 
 }  // namespace
 
-int64_t stage_param_elements(const ModelSpec& m, const Layout& l, const StagePlan& plan) {
+namespace {
+
+int64_t stage_model_elements(const ModelSpec& m, const Layout& l, const StagePlan& plan) {
   const int64_t table = (m.vocab / l.tp) * m.hidden;
   int64_t n = plan.layers * block_param_elements(m, l);
   if (plan.has_embedding) n += table;
@@ -239,6 +268,16 @@ int64_t stage_param_elements(const ModelSpec& m, const Layout& l, const StagePla
     if (!(m.tied_embeddings && plan.has_embedding)) n += table;
   }
   return n;
+}
+
+}  // namespace
+
+int64_t stage_param_elements(const ModelSpec& m, const Layout& l, const StagePlan& plan) {
+  return plan.lora.enabled() ? plan.layers * lora_block_elements(m, l, plan.lora) : stage_model_elements(m, l, plan);
+}
+
+int64_t stage_frozen_elements(const ModelSpec& m, const Layout& l, const StagePlan& plan) {
+  return plan.lora.enabled() ? stage_model_elements(m, l, plan) : 0;
 }
 
 void block_saved_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l,
@@ -301,6 +340,11 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
   const int64_t ways = l.shard_ways();  // dp x cp
   const int64_t shard = ceil_div(psi, ways);
   out.push_back({"weights.flat", Category::weights, l.zero >= 3 ? shard : psi, d.a, 1});
+  // LoRA: the base model's weights, frozen, in the compute type (bf16 on a
+  // GPU: no fp32 master, no gradient, no optimizer state), whole on every
+  // dp rank; only the adapters above are sharded.
+  const bool lora = plan.lora.enabled();
+  if (lora) out.push_back({"weights.frozen", Category::weights, stage_frozen_elements(m, l, plan), d.a, 1});
   // Gradients (and every buffer they are reduced through) are fp32 or, with
   // grad:bf16, bf16: 2 + 2 + 12 / dp bytes per parameter under ZeRO-1.
   const int64_t g = l.grad_bytes();
@@ -355,6 +399,21 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
     out.push_back({"loss.targets", Category::logits, d.B * d.T, kInt32, 1});
     if (device.kind == DeviceKind::gpu)
       out.push_back({"loss.step_sum", Category::logits, d.B * d.T, kFp32, 1});
+  }
+
+  // LoRA: a targeted layer's h = drop(x) A^T and the gradient g = s dY B
+  // (rows, r), and with dropout the dropped input drop(x) (rows, the widest
+  // targeted K); the backward rebuilds h and drop(x) from the input every
+  // linear layer saves anyway (B x T x r x 2 flops per element of A: an r-th
+  // of the base GEMM's), so LoRA saves no activations of its own.
+  if (lora) {
+    out.push_back({"scratch.lora", Category::workspace, d.B * d.T * plan.lora.rank, d.a, 2});
+    if (plan.lora.dropout > 0) {
+      int64_t widest = 0;
+      for (int i = 0; i < kLinears; ++i)
+        if (plan.lora.targets_linear(Linear(i))) widest = std::max(widest, linear_shape(m, l, Linear(i)).K);
+      out.push_back({"scratch.lora_dropped", Category::workspace, d.B * d.T * widest, d.a, 1});
+    }
   }
 
   // Scratch of one block's forward and backward, reused by every block.
@@ -414,7 +473,7 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
       widest_n = std::max(widest_n, s.N);
     }
     if (weights > 0) {
-      if (ways > 1 && l.zero >= 3)
+      if (ways > 1 && l.zero >= 3 && !lora)
         out.push_back({"scratch.fp8_weight", Category::workspace, widest_w, eb, copies});
       else
         out.push_back({"fp8.weights", Category::weights, n8 * weights, eb, copies});
@@ -446,7 +505,7 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
   // Tied embeddings over several stages: the first stage receives the last
   // stage's head gradient here to add it to the embedding's. Under ZeRO-1
   // and -2 both stages gather their copy's reduced gradient over dp here.
-  if (m.tied_embeddings && l.pp > 1 && (plan.has_embedding || (plan.has_head && ways > 1 && l.zero >= 1)))
+  if (!lora && m.tied_embeddings && l.pp > 1 && (plan.has_embedding || (plan.has_head && ways > 1 && l.zero >= 1)))
     out.push_back({"comm.tied_embedding_grad", Category::comm, d.Vl * d.C, g, 1});
   if (ways > 1 && l.zero == 1)
     out.push_back({"comm.dp_grad_shard", Category::comm, shard, g, 1});
@@ -455,8 +514,9 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
     // each beside the backward of the next group, so two buckets: one holds
     // the largest group (a block, the vocab table, or the final norm with the
     // LM head), the other a block.
-    const int64_t block = block_param_elements(m, l);
-    const int64_t group = std::max(block, (m.vocab / l.tp) * m.hidden + m.hidden);
+    // Under LoRA a group is a block's adapters.
+    const int64_t block = lora ? lora_block_elements(m, l, plan.lora) : block_param_elements(m, l);
+    const int64_t group = lora ? block : std::max(block, (m.vocab / l.tp) * m.hidden + m.hidden);
     out.push_back({"comm.dp_grad_bucket", Category::comm, std::min(group, psi), g, 1});
     out.push_back({"comm.dp_grad_bucket_next", Category::comm, std::min(block, psi), g, 1});
   }
@@ -466,10 +526,11 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
     // group in use and the next one prefetched, each as large as the largest
     // group of the stage (a block, the embedding table, or the final norm
     // with the LM head or the tied table).
-    int64_t largest = plan.layers > 0 ? block_param_elements(m, l) : 0;
+    // (Under LoRA only the adapters are sharded: a block's adapters.)
+    int64_t largest = plan.layers > 0 ? (lora ? lora_block_elements(m, l, plan.lora) : block_param_elements(m, l)) : 0;
     const int64_t table = (m.vocab / l.tp) * m.hidden;
-    if (plan.has_embedding) largest = std::max(largest, table);
-    if (plan.has_head) largest = std::max(largest, m.hidden + table);
+    if (plan.has_embedding && !lora) largest = std::max(largest, table);
+    if (plan.has_head && !lora) largest = std::max(largest, m.hidden + table);
     out.push_back({"comm.dp_param_gather", Category::comm, largest, d.a, 2});
   }
 

@@ -44,12 +44,30 @@ struct StagePlan {
   int64_t in_flight_chunks = 0;  // chunk-micro-batches in flight (pipeline schedule)
   bool has_embedding = false;    // first stage
   bool has_head = false;         // last stage: final norm, LM head, loss
+  // LoRA (RunSpec::lora): the parameters above are frozen and the stage
+  // trains the adapters of its blocks.
+  LoraSpec lora;
 };
 
 StagePlan stage_plan(const ModelSpec& m, const RunSpec& run, const Layout& l, int64_t stage);
 
-// Parameter elements held by one rank of `stage` before ZeRO sharding (tp-sharded).
+// (K, N) of one block's linear layer y = x W^T on one tp rank: W is (N, K),
+// the outputs N split for column-parallel layers, the inputs K for row-parallel ones.
+struct LinearShape {
+  int64_t K = 0, N = 0;
+};
+LinearShape linear_shape(const ModelSpec& m, const Layout& l, Linear g);
+
+// Trainable parameter elements held by one rank of `stage` before ZeRO
+// sharding (tp-sharded): the flat buffers the gradients, the optimizer and
+// ZeRO work on. Every parameter of the model, or with LoRA the adapters:
+// per targeted layer A (r, K) and B (N, r) on one tp rank, in its LinearShape.
 int64_t stage_param_elements(const ModelSpec& m, const Layout& l, const StagePlan& plan);
+// The frozen ones (the base model under LoRA, else 0): weights only, whole
+// on every dp rank.
+int64_t stage_frozen_elements(const ModelSpec& m, const Layout& l, const StagePlan& plan);
+// The adapters of one block on one tp rank.
+int64_t lora_block_elements(const ModelSpec& m, const Layout& l, const LoraSpec& lora);
 
 // Tensors of one block's parameters on one tp rank (per layer, count 1). They
 // are views into the flat weight buffer, so element_bytes is 0 here.

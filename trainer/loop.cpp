@@ -275,6 +275,10 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
   } else {
     run.init(c.seed);
   }
+  if (!resumed && !c.lora_init.empty()) {
+    state_lora_init(checkpoint::peft_open(c.lora_init, c.model), run.stage, run.optim);
+    fmt::print(log, "LoRA adapters from {}\n", c.lora_init);
+  }
   // The count restarts once the run is built and loaded: the checkpoint's or
   // the pretrained files' pages, mapped while loading, are not the run's.
   // Checkpoint saves (whole-tensor copies for the files) are left out the

@@ -52,6 +52,9 @@ struct TrainConfig {
   // yet, so a relaunched job continues instead of starting over. steps may
   // then be 0: the loaded model is written as a step-0 checkpoint.
   std::string init;
+  // LoRA (run.lora): start the adapters from this PEFT adapter folder
+  // (checkpoint/peft.h) instead of from the seed. Empty: the seed.
+  std::string lora_init;
   int64_t threads = 0;          // 0: every core
   const std::atomic<bool>* stop = nullptr;  // set asynchronously: checkpoint and return
   // The rank's process groups (MPI); null: a single process.

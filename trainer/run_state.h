@@ -65,6 +65,8 @@ struct Run {
   // writes, and from there into `weft export`'s config.json.
   std::string init_dir;
   int64_t bos_token_id = -1, eos_token_id = -1;
+  // LoRA: the base model the adapters adapt (state_io.h's lora_base_record).
+  nlohmann::json lora_base;
 
   Run(const TrainConfig& cfg, data::TokenData d, memory::Arena* external = nullptr)
       : c(cfg),
@@ -112,6 +114,7 @@ struct Run {
       if (c.watchdog) c.watchdog->progress();
     });
     optim.reset_master();
+    if (c.run.lora.enabled()) lora_base = lora_base_record(nullptr, seed);
   }
 
   bool first() const { return stage.plan().has_embedding; }
@@ -255,6 +258,10 @@ struct Run {
     info.run = std::move(run);
     if (data.meta.is_object() && data.meta.contains("tokenizer")) info.run["tokenizer"] = data.meta["tokenizer"];
     if (!init_dir.empty()) info.run["init"] = init_dir;
+    if (c.run.lora.enabled()) {
+      info.run["lora"] = c.run.lora;
+      info.run["lora"]["base"] = lora_base;
+    }
     info.bos_token_id = bos_token_id;
     info.eos_token_id = eos_token_id;
     const std::string dir =
@@ -277,6 +284,7 @@ struct Run {
   int64_t load(const checkpoint::Checkpoint& ck) {
     state_load(ck, stage, &optim);
     init_dir = ck.manifest.run.value("init", std::string());
+    if (c.run.lora.enabled()) lora_base = ck.manifest.run.at("lora").at("base");
     bos_token_id = ck.manifest.bos_token_id;
     eos_token_id = ck.manifest.eos_token_id;
     return ck.manifest.step;
@@ -292,6 +300,13 @@ struct Run {
 
   // Starts the run from pretrained weights: step 0, a fresh optimizer.
   void init_from(const checkpoint::Pretrained& p) {
+    if (c.run.lora.enabled()) {  // the adapters from the seed, the frozen base from the folder
+      stage.init_weights(c.seed, [this] {
+        if (c.watchdog) c.watchdog->progress();
+      }, LlamaStage<Elem, G>::InitWhat::trainable);
+      optim.reset_master();
+      lora_base = lora_base_record(&p, c.seed);
+    }
     state_init(p, stage, optim);
     init_dir = p.dir;
     bos_token_id = p.bos_token_id;

@@ -4,6 +4,11 @@
 #include <cstring>
 #include <vector>
 
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
 #include "memory/shapes.h"
 
 namespace weft::trainer {
@@ -12,6 +17,12 @@ namespace {
 
 using checkpoint::OptimState;
 using checkpoint::optim_state_name;
+
+std::string lora_text(const LoraSpec& l) {
+  if (!l.enabled()) return "with every weight trainable (no LoRA)";
+  return fmt::format("with LoRA rank {}, alpha {}, dropout {}, targets {}", l.rank, l.alpha, l.dropout,
+                     l.targets_text());
+}
 
 void slice_into(const checkpoint::TensorRef& t, float* dst, const ParamSpec& p) {
   checkpoint::tensor_read_f32_block(t, p.row_begin, p.local_rows, p.col_begin, p.local_cols, dst);
@@ -87,7 +98,7 @@ void state_save(const std::string& dir, LlamaStage<Elem, G>& stage, Optimizer<El
   }
   std::vector<std::vector<float>> stages(size_t(l.pp));
   std::vector<StageParams> specs(size_t(l.pp));
-  RunSpec run{1, l.mb * l.dp, Precision::fp32};
+  RunSpec run{.seq = 1, .global_batch = l.mb * l.dp, .precision = Precision::fp32, .lora = stage.plan().lora};
   for (int64_t s = 0; s < l.pp; ++s) {
     specs[size_t(s)] = stage_params(m, l, memory::stage_plan(m, run, l, s), 0);
     if (s == 0) {
@@ -145,6 +156,16 @@ template <typename Elem, typename G>
 void state_load(const checkpoint::Checkpoint& ck, LlamaStage<Elem, G>& stage,
                 std::type_identity_t<Optimizer<Elem, G>>* optim) {
   checkpoint::check_compatible(ck.manifest, stage.model(), ck.dir);
+  // LoRA: the checkpoint holds the adapters, and says which base model they
+  // adapt; the stage's LoRA settings must be the checkpoint's.
+  const LoraSpec& lora = stage.params().lora;
+  const nlohmann::json recorded = ck.manifest.run.contains("lora") ? ck.manifest.run.at("lora") : nlohmann::json();
+  const LoraSpec theirs = recorded.is_object() ? recorded.get<LoraSpec>() : LoraSpec{};
+  if (!(theirs == lora))
+    throw InputError(fmt::format("checkpoint {} was trained {}, this run asks for {}; LoRA settings cannot change "
+                                 "within a run (weft export --merge folds adapters into a model to start from)",
+                                 ck.dir, lora_text(theirs), lora_text(lora)));
+  if (lora.enabled()) lora_base_load(recorded.value("base", nlohmann::json()), stage, ck.dir);
   std::vector<float> w(size_t(stage.param_elements())), m(w.size()), v(w.size());
   for (const auto& p : stage.params().specs) {
     slice_into(ck.model.at(p.name), w.data() + p.offset, p);
@@ -197,14 +218,13 @@ bool is_vocab_param(const ParamSpec& p) {
          p.name == checkpoint::hf_param_name(ParamKind::lm_head);
 }
 
-}  // namespace
-
-template <typename Elem, typename G>
-void state_init(const checkpoint::Pretrained& src, LlamaStage<Elem, G>& stage, Optimizer<Elem, G>& optim) {
-  checkpoint::pretrained_check(src.model, stage.model(), src.dir);
+// This rank's slices of the model parameters `specs` from pretrained
+// weights, in the flat layout their offsets give (elements long).
+std::vector<float> read_pretrained(const checkpoint::Pretrained& src, const std::vector<ParamSpec>& specs,
+                                   int64_t elements) {
   const int64_t V = src.model.vocab;
-  std::vector<float> w(size_t(stage.param_elements()));
-  for (const auto& p : stage.params().specs) {
+  std::vector<float> w(static_cast<size_t>(elements));
+  for (const auto& p : specs) {
     const checkpoint::TensorRef& t = src.param(p.name);
     float* dst = w.data() + p.offset;
     // Only the embedding and the head have vocabulary rows beyond V, and tp
@@ -216,14 +236,76 @@ void state_init(const checkpoint::Pretrained& src, LlamaStage<Elem, G>& stage, O
     for (int64_t r = stored; r < p.local_rows; ++r)
       std::copy_n(mean.data() + p.col_begin, p.local_cols, dst + r * p.local_cols);
   }
+  return w;
+}
+
+}  // namespace
+
+template <typename Elem, typename G>
+void state_init(const checkpoint::Pretrained& src, LlamaStage<Elem, G>& stage, Optimizer<Elem, G>& optim) {
+  checkpoint::pretrained_check(src.model, stage.model(), src.dir);
+  const StageParams& sp = stage.params();
+  if (sp.lora.enabled()) {  // the base model, frozen; the adapters keep their start
+    stage.set_frozen_weights(read_pretrained(src, sp.frozen, sp.frozen_elements));
+    return;
+  }
+  optim.weights_set(read_pretrained(src, sp.specs, sp.elements));
+}
+
+template <typename Elem, typename G>
+void state_lora_init(const checkpoint::PeftAdapter& src, LlamaStage<Elem, G>& stage, Optimizer<Elem, G>& optim) {
+  const StageParams& sp = stage.params();
+  LoraSpec want = sp.lora, have = src.lora;
+  have.dropout = want.dropout;
+  if (!(want == have))
+    throw InputError(fmt::format("--lora-init {}: the adapters are rank {}, alpha {}, targets {}; this run asks "
+                                 "for rank {}, alpha {}, targets {} (--lora, --lora-alpha, --lora-targets)",
+                                 src.dir, have.rank, have.alpha, have.targets_text(), want.rank, want.alpha,
+                                 want.targets_text()));
+  std::vector<float> w(static_cast<size_t>(sp.elements));
+  for (const auto& p : sp.specs) slice_into(src.tensor(p.name), w.data() + p.offset, p);
   optim.weights_set(w);
+}
+
+nlohmann::json lora_base_record(const checkpoint::Pretrained* src, uint64_t seed) {
+  if (!src) return {{"source", "random"}, {"seed", seed}};
+  std::error_code ec;
+  const std::string path = std::filesystem::absolute(src->dir, ec).lexically_normal().string();
+  return {{"source", "pretrained"}, {"path", ec ? src->dir : path}, {"hash", checkpoint::pretrained_hash(*src)}};
+}
+
+template <typename Elem, typename G>
+void lora_base_load(const nlohmann::json& base, LlamaStage<Elem, G>& stage, const std::string& where) {
+  const std::string source = base.is_object() ? base.value("source", std::string()) : std::string();
+  if (source == "random") {
+    stage.init_weights(base.value("seed", uint64_t{0}), {}, LlamaStage<Elem, G>::InitWhat::frozen);
+    return;
+  }
+  if (source != "pretrained" || !base.contains("path") || !base.contains("hash"))
+    throw FileFormatError(fmt::format("{}: a LoRA checkpoint must record its base model (run.lora.base: "
+                                      "{{\"source\": \"pretrained\", \"path\", \"hash\"}} or "
+                                      "{{\"source\": \"random\", \"seed\"}}), got {}",
+                                      where, base.dump()));
+  const std::string path = base.at("path").get<std::string>(), want = base.at("hash").get<std::string>();
+  const checkpoint::Pretrained src = checkpoint::pretrained_open(path);
+  const std::string have = checkpoint::pretrained_hash(src);
+  if (have != want)
+    throw InputError(fmt::format("{}: its LoRA adapters were trained on the base model in '{}' with hash {}, "
+                                 "but that folder now hashes to {}: its weights changed since; restore them, "
+                                 "or start a new run with --init",
+                                 where, path, want, have));
+  checkpoint::pretrained_check(src.model, stage.model(), path);
+  const StageParams& sp = stage.params();
+  stage.set_frozen_weights(read_pretrained(src, sp.frozen, sp.frozen_elements));
 }
 
 // The stage types a run trains: CPU fp32, and bf16 with fp32 or bf16 gradients.
 #define WEFT_STATE_IO(E, G)                                                                          \
   template void state_save(const std::string&, LlamaStage<E, G>&, Optimizer<E, G>&, const SaveInfo&); \
   template void state_load<E, G>(const checkpoint::Checkpoint&, LlamaStage<E, G>&, Optimizer<E, G>*); \
-  template void state_init(const checkpoint::Pretrained&, LlamaStage<E, G>&, Optimizer<E, G>&);
+  template void state_init(const checkpoint::Pretrained&, LlamaStage<E, G>&, Optimizer<E, G>&);     \
+  template void lora_base_load(const nlohmann::json&, LlamaStage<E, G>&, const std::string&);       \
+  template void state_lora_init(const checkpoint::PeftAdapter&, LlamaStage<E, G>&, Optimizer<E, G>&);
 WEFT_STATE_IO(float, float)
 WEFT_STATE_IO(kernels::bf16, float)
 WEFT_STATE_IO(kernels::bf16, kernels::bf16)

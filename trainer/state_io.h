@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "trainer/checkpoint/checkpoint.h"
+#include "trainer/checkpoint/peft.h"
 #include "trainer/checkpoint/pretrained.h"
 #include "trainer/optim/optimizer.h"
 
@@ -59,8 +60,27 @@ void state_load(const checkpoint::Checkpoint& ck, LlamaStage<Elem, G>& stage,
 //
 // Throws InputError when the pretrained model differs from the stage's
 // (pretrained_check).
+// Under LoRA (the stage's params().lora) only the frozen base model is
+// loaded; the adapters keep the start init_weights gave them.
 template <typename Elem, typename G>
 void state_init(const checkpoint::Pretrained& src, LlamaStage<Elem, G>& stage,
                 Optimizer<Elem, G>& optim);
+
+// LoRA adapters from a PEFT folder (--lora-init) in place of the stage's
+// start: this rank's slices of them. InputError when its rank, alpha or
+// targets are not the stage's (dropout, a training setting, may differ).
+template <typename Elem, typename G>
+void state_lora_init(const checkpoint::PeftAdapter& src, LlamaStage<Elem, G>& stage, Optimizer<Elem, G>& optim);
+
+// LoRA checkpoints hold the adapters alone and record the base model they
+// adapt (the manifest's run.lora.base): pretrained weights by absolute path
+// and content hash (checkpoint::pretrained_hash), or a random initialisation
+// by its seed. `src` null: random.
+nlohmann::json lora_base_record(const checkpoint::Pretrained* src, uint64_t seed);
+// The recorded base into the stage's frozen weights; InputError when the
+// folder's hash is no longer the recorded one (`where` names the checkpoint).
+// state_load calls it for a LoRA stage.
+template <typename Elem, typename G>
+void lora_base_load(const nlohmann::json& base, LlamaStage<Elem, G>& stage, const std::string& where);
 
 }  // namespace weft::trainer

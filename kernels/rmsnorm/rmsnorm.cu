@@ -423,7 +423,7 @@ Status run(const RmsnormBackwardParams<bf16, G>& p, Workspace ws, cudaStream_t s
   WEFT_RMSNORM_LAUNCH(fused_backward_kernel, vec, parts, threads_for(p.C, vec), smem, stream,
                       p.rows, p.C, gpu::dev(p.x), gpu::dev(p.weight), p.rstd, gpu::dev(p.dy),
                       gpu::dev(p.dx), p.dx_write == Write::accumulate, partial);
-  dweight_reduce(p.C, parts, partial, gpu::dev(p.dweight), stream);
+  if (p.dweight) dweight_reduce(p.C, parts, partial, gpu::dev(p.dweight), stream);
   return Status::ok;
 }
 
@@ -455,7 +455,7 @@ Status run(const RmsnormUnfusedBackwardParams<bf16, G>& p, Workspace ws, cudaStr
   allow_shared(dweight_partial_kernel<1>, smem);
   WEFT_RMSNORM_LAUNCH(dweight_partial_kernel, vec, parts, threads, smem, stream, p.rows, p.C,
                       gpu::dev(p.dy), p.x_hat, partial);
-  dweight_reduce(p.C, parts, partial, gpu::dev(p.dweight), stream);
+  if (p.dweight) dweight_reduce(p.C, parts, partial, gpu::dev(p.dweight), stream);
   WEFT_RMSNORM_LAUNCH(dy_times_weight_kernel, vec, p.rows, threads, 0, stream, p.C, gpu::dev(p.dy),
                       gpu::dev(p.weight), g);
   WEFT_RMSNORM_LAUNCH(row_mean_kernel, vec, p.rows, threads, 0, stream, p.C, g, p.x_hat, mean);

@@ -48,7 +48,7 @@ struct RmsnormBackwardParams {
   const Elem* dy = nullptr;         // (rows, C)
   Elem* dx = nullptr;               // (rows, C)
   Write dx_write = Write::overwrite;
-  G* dweight = nullptr;  // (C) accumulated
+  G* dweight = nullptr;  // (C) accumulated; null: a frozen weight, none computed
 };
 
 template <typename Elem>
@@ -73,7 +73,7 @@ struct RmsnormUnfusedBackwardParams {
   const Elem* dy = nullptr;          // (rows, C)
   Elem* dx = nullptr;                // (rows, C)
   Write dx_write = Write::overwrite;
-  G* dweight = nullptr;  // (C) accumulated
+  G* dweight = nullptr;  // (C) accumulated; null: a frozen weight, none computed
 };
 
 template <typename Elem>

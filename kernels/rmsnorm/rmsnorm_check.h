@@ -24,7 +24,7 @@ Status params_check(const RmsnormBackwardParams<Elem, G>& p) {
   const int64_t n = p.rows * p.C;
   const bool ok = p.rows >= 0 && p.C >= 1 && cpu::present(p.x, n) && cpu::present(p.weight, p.C) &&
                   cpu::present(p.rstd, p.rows) && cpu::present(p.dy, n) && cpu::present(p.dx, n) &&
-                  cpu::present(p.dweight, p.C);
+                  (!p.dweight || cpu::present(p.dweight, p.C));
   return cpu::status_of(ok);
 }
 
@@ -42,7 +42,7 @@ Status params_check(const RmsnormUnfusedBackwardParams<Elem, G>& p) {
   const int64_t n = p.rows * p.C;
   const bool ok = p.rows >= 0 && p.C >= 1 && cpu::present(p.x_hat, n) &&
                   cpu::present(p.rstd, p.rows) && cpu::present(p.weight, p.C) &&
-                  cpu::present(p.dy, n) && cpu::present(p.dx, n) && cpu::present(p.dweight, p.C);
+                  cpu::present(p.dy, n) && cpu::present(p.dx, n) && (!p.dweight || cpu::present(p.dweight, p.C));
   return cpu::status_of(ok);
 }
 

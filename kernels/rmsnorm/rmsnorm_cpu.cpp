@@ -88,9 +88,10 @@ void fused_backward(const RmsnormBackwardParams<Elem, G>& p) {
     for (int64_t c = 0; c < C; ++c)
       store(dx + c, rs * A(dy[c]) * A(p.weight[c]) - coeff * A(x[c]), p.dx_write);
   }
-  dweight_accumulate(p.rows, C, p.dy,
-                     [&](int64_t r, int64_t c) { return A(p.x[r * C + c]) * A(p.rstd[r]); },
-                     p.dweight);
+  if (p.dweight)
+    dweight_accumulate(p.rows, C, p.dy,
+                       [&](int64_t r, int64_t c) { return A(p.x[r * C + c]) * A(p.rstd[r]); },
+                       p.dweight);
 }
 
 template <typename Elem>
@@ -114,8 +115,9 @@ void unfused_backward(const RmsnormUnfusedBackwardParams<Elem, G>& p, Acc<Elem>*
                       Acc<Elem>* g_dot_xhat) {
   using A = Acc<Elem>;
   const int64_t C = p.C;
-  dweight_accumulate(p.rows, C, p.dy, [&](int64_t r, int64_t c) { return p.x_hat[r * C + c]; },
-                     p.dweight);
+  if (p.dweight)
+    dweight_accumulate(p.rows, C, p.dy, [&](int64_t r, int64_t c) { return p.x_hat[r * C + c]; },
+                       p.dweight);
 #pragma omp parallel for schedule(static) if (cpu::worth_parallel(p.rows * C))
   for (int64_t r = 0; r < p.rows; ++r)
     for (int64_t c = 0; c < C; ++c) g[r * C + c] = A(p.dy[r * C + c]) * A(p.weight[c]);

@@ -35,17 +35,36 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return fmt::format("[{}]", fmt::join(shape, ", "));
 }
 
+}  // namespace
+
+LoraSpec checkpoint_lora(const Manifest& man) {
+  if (!man.run.is_object() || !man.run.contains("lora")) return {};
+  try {
+    return man.run.at("lora").get<LoraSpec>();
+  } catch (const std::exception& e) {
+    throw FileFormatError(fmt::format("manifest field run.lora: {}", e.what()));
+  }
+}
+
+std::vector<ParamInfo> checkpoint_param_table(const Manifest& man) {
+  const LoraSpec lora = checkpoint_lora(man);
+  return lora.enabled() ? lora_param_table(man.model, lora) : hf_param_table(man.model);
+}
+
+namespace {
+
 // Checks a set of model tensors against the model's table and returns them in
 // table order. `fail` builds the exception for one fault.
 template <typename Fail>
 std::vector<TensorRef> model_tensors_checked(const std::vector<TensorRef>& tensors,
-                                             const ModelSpec& m, Fail fail) {
+                                             const Manifest& man, Fail fail) {
+  const ModelSpec& m = man.model;
   std::map<std::string, const TensorRef*> by_name;
   for (const auto& t : tensors)
     if (!by_name.emplace(t.name, &t).second)
       throw fail(fmt::format("tensor '{}' appears twice", t.name));
   std::vector<TensorRef> ordered;
-  for (const auto& p : hf_param_table(m)) {
+  for (const auto& p : checkpoint_param_table(man)) {
     const auto it = by_name.find(p.name);
     if (it == by_name.end()) throw fail(fmt::format("model tensor '{}' is missing", p.name));
     const TensorRef& t = *it->second;
@@ -68,9 +87,10 @@ std::vector<TensorRef> model_tensors_checked(const std::vector<TensorRef>& tenso
 
 // Checks optimizer tensor names and shapes against the model's table.
 template <typename Fail>
-void optimizer_tensors_check(const std::vector<TensorRef>& tensors, const ModelSpec& m, Fail fail) {
+void optimizer_tensors_check(const std::vector<TensorRef>& tensors, const Manifest& man, Fail fail) {
+  const ModelSpec& m = man.model;
   std::map<std::string, std::vector<int64_t>> shapes;
-  for (const auto& p : hf_param_table(m)) shapes.emplace(p.name, p.shape);
+  for (const auto& p : checkpoint_param_table(man)) shapes.emplace(p.name, p.shape);
   std::set<std::string> seen;
   for (const auto& t : tensors) {
     OptimState state;
@@ -141,8 +161,8 @@ Manifest save_checkpoint(const std::string& dir, const std::vector<TensorRef>& m
     return InputError(fmt::format("cannot save checkpoint '{}': {}", target.string(), what));
   };
   manifest.model.validate();
-  const std::vector<TensorRef> model = model_tensors_checked(model_tensors, manifest.model, fail);
-  optimizer_tensors_check(optimizer_tensors, manifest.model, fail);
+  const std::vector<TensorRef> model = model_tensors_checked(model_tensors, manifest, fail);
+  optimizer_tensors_check(optimizer_tensors, manifest, fail);
   check_replaceable(target);
   const auto stage = [&](std::string_view name) {
     if (options.on_stage) options.on_stage(name);
@@ -215,10 +235,10 @@ Checkpoint load_checkpoint(const std::string& dir, Verify verify) {
 
   SafetensorsFile model((root / kModelFile).string());
   SafetensorsFile optimizer((root / kOptimizerFile).string());
-  model_tensors_checked(model.tensors(), manifest.model, [&](const std::string& what) {
+  model_tensors_checked(model.tensors(), manifest, [&](const std::string& what) {
     return fail(fmt::format("{}: {}", kModelFile, what));
   });
-  optimizer_tensors_check(optimizer.tensors(), manifest.model, [&](const std::string& what) {
+  optimizer_tensors_check(optimizer.tensors(), manifest, [&](const std::string& what) {
     return fail(fmt::format("{}: {}", kOptimizerFile, what));
   });
   return Checkpoint{dir, std::move(manifest), std::move(model), std::move(optimizer)};

@@ -79,6 +79,13 @@ enum class Verify { structure, checksums };
 // (truncated or corrupted file), or a missing, unexpected or misshapen tensor.
 Checkpoint load_checkpoint(const std::string& dir, Verify verify = Verify::checksums);
 
+// A LoRA checkpoint (the manifest's run.lora) holds the adapters alone; its
+// LoRA settings, off for a full model's. FileFormatError for a malformed field.
+LoraSpec checkpoint_lora(const Manifest& man);
+// The parameters a checkpoint holds: the model's (hf_param_table), or a LoRA
+// checkpoint's adapters (lora_param_table).
+std::vector<ParamInfo> checkpoint_param_table(const Manifest& man);
+
 // Each architecture field that differs between the checkpoint's model and
 // `model`, as "layers: checkpoint 8, this run 4"; empty when compatible (the
 // name and max_seq may differ).

@@ -30,6 +30,26 @@ std::string hf_param_name(ParamKind kind, int64_t layer) {
   return {};
 }
 
+std::string lora_param_name(Linear g, int64_t layer, bool b) {
+  return fmt::format("model.layers.{}.{}.{}.{}.weight", layer, int(g) <= int(Linear::o) ? "self_attn" : "mlp",
+                     hf_module_name(g), b ? "lora_B" : "lora_A");
+}
+
+std::vector<ParamInfo> lora_param_table(const ModelSpec& m, const LoraSpec& lora) {
+  constexpr ParamKind kKind[kLinears] = {ParamKind::q_proj,    ParamKind::k_proj,  ParamKind::v_proj,
+                                         ParamKind::o_proj,    ParamKind::gate_proj, ParamKind::up_proj,
+                                         ParamKind::down_proj};
+  std::vector<ParamInfo> table;
+  for (int64_t layer = 0; layer < m.layers; ++layer)
+    for (int g = 0; g < kLinears; ++g) {
+      if (!lora.targets_linear(Linear(g))) continue;
+      const auto base = hf_param_shape(kKind[g], m);  // (out, in)
+      table.push_back({lora_param_name(Linear(g), layer, false), kKind[g], layer, {lora.rank, base[1]}});
+      table.push_back({lora_param_name(Linear(g), layer, true), kKind[g], layer, {base[0], lora.rank}});
+    }
+  return table;
+}
+
 std::vector<int64_t> hf_param_shape(ParamKind kind, const ModelSpec& m) {
   const int64_t V = m.vocab, C = m.hidden, F = m.intermediate, D = m.head_dim;
   switch (kind) {

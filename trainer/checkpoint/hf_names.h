@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/model_spec.h"
+#include "core/run_spec.h"
 
 namespace weft::checkpoint {
 
@@ -34,12 +35,19 @@ bool is_block_param(ParamKind kind);
 // ignored otherwise.
 std::string hf_param_name(ParamKind kind, int64_t layer = 0);
 
+// A LoRA adapter of block `layer`'s linear layer g: A ("lora_A", (r, in))
+// or B ("lora_B", (out, r)), named as PEFT names them inside the model, e.g.
+// "model.layers.3.self_attn.q_proj.lora_A.weight" (a PEFT adapter file
+// prefixes "base_model.model.").
+std::string lora_param_name(Linear g, int64_t layer, bool b);
+inline constexpr const char* kPeftPrefix = "base_model.model.";
+
 // The shape of a full (unsharded) parameter for a model.
 std::vector<int64_t> hf_param_shape(ParamKind kind, const ModelSpec& m);
 
 struct ParamInfo {
   std::string name;
-  ParamKind kind;
+  ParamKind kind;  // for an adapter, its base layer's
   int64_t layer;  // -1 outside the blocks
   std::vector<int64_t> shape;
 };
@@ -48,6 +56,10 @@ struct ParamInfo {
 // the embedding, each block (q, k, v, o, gate, up, down, the two norms), the
 // final norm, then the LM head unless tied.
 std::vector<ParamInfo> hf_param_table(const ModelSpec& m);
+
+// Every LoRA adapter of a model, in the order checkpoints store them: per
+// block, per targeted layer (q, ..., down), A (r, in) then B (out, r).
+std::vector<ParamInfo> lora_param_table(const ModelSpec& m, const LoraSpec& lora);
 
 // Optimizer state kept per parameter.
 enum class OptimState {

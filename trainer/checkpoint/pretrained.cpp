@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/json_io.h"
+#include "trainer/checkpoint/crc32c.h"
 
 namespace weft::checkpoint {
 
@@ -100,6 +101,16 @@ std::string Pretrained::describe() const {
                        fmt::join(dtypes, "+"));
   return fmt::format("Hugging Face folder '{}' ({} weight file{}, {})", dir, hf->files.size(),
                      hf->files.size() == 1 ? "" : "s", fmt::join(dtypes, "+"));
+}
+
+std::string pretrained_hash(const Pretrained& p) {
+  uint32_t crc = 0;
+  for (const auto& [name, t] : p.params) {  // a std::map: name order
+    const std::string head = fmt::format("{}|{}|{}|", name, to_string(t.dtype), shape_text(t.shape));
+    crc = crc32c_update(crc, head.data(), head.size());
+    crc = crc32c_update(crc, t.data, size_t(t.bytes()));
+  }
+  return crc32c_text(crc);
 }
 
 ModelSpec pretrained_model(const std::string& dir) {

@@ -45,6 +45,12 @@ struct Pretrained {
   std::string describe() const;
 };
 
+// A content hash of the parameters (CRC32C over each one's name, dtype,
+// shape and stored bytes, in name order; "crc32c:xxxxxxxx"): what a LoRA
+// checkpoint records of the base model its adapters were trained on. It
+// reads every byte once (several GB/s).
+std::string pretrained_hash(const Pretrained& p);
+
 // Only the model the folder holds (config.json or manifest.json); no weights
 // are read. The same InputError as pretrained_open for a folder of neither kind.
 ModelSpec pretrained_model(const std::string& dir);

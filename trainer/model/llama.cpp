@@ -65,6 +65,7 @@ LlamaStage<Elem, G>::LlamaStage(const ModelSpec& m, const RunSpec& run, const La
                                          sizeof(Elem) == 8);
   weights_ = table_->get<Elem>("weights.flat");
   grads_ = table_->get<G>("grads.flat");
+  if (table_->has("weights.frozen")) frozen_ = table_->get<Elem>("weights.frozen");
   fp8_shapes_ = memory::fp8_gemm_shapes(m, run, l);
   fp8_setup();
   // Tokens and targets of a few micro-batches in flight, M_ ids each.
@@ -153,8 +154,15 @@ typename LlamaStage<Elem, G>::Block LlamaStage<Elem, G>::block(int64_t slot, int
   const int64_t local = chunk * Lc_ + layer;  // the stage's block index
   b.index = local;
   b.fp8 = l_.fp8_layer(m_, memory::global_layer(m_, l_, plan_.stage, chunk, layer));
-  auto w = [&](ParamKind k) { return weight_at(params_.specs[size_t(params_.index(k, local))].offset); };
-  auto g = [&](ParamKind k) { return grad_at(params_.specs[size_t(params_.index(k, local))].offset); };
+  auto w = [&](ParamKind k) { return weight(params_.model(k, local)); };
+  auto g = [&](ParamKind k) { return grad(params_.model(k, local)); };
+  for (int i = 0; i < kLinears; ++i)
+    if (const int64_t a = params_.adapter(local, Linear(i)); a >= 0) {
+      b.lora_a[size_t(i)] = weight(params_.specs[size_t(a)]);
+      b.lora_b[size_t(i)] = weight(params_.specs[size_t(a + 1)]);
+      b.lora_ga[size_t(i)] = grad(params_.specs[size_t(a)]);
+      b.lora_gb[size_t(i)] = grad(params_.specs[size_t(a + 1)]);
+    }
   b.w_attn_norm = w(ParamKind::input_layernorm);
   b.wq = w(ParamKind::q_proj);
   b.wk = w(ParamKind::k_proj);
@@ -222,7 +230,7 @@ Elem to_elem(double v) {
 }  // namespace
 
 template <typename Elem, typename G>
-void LlamaStage<Elem, G>::init_weights(uint64_t seed, const std::function<void()>& progress) {
+void LlamaStage<Elem, G>::init_weights(uint64_t seed, const std::function<void()>& progress, InitWhat what) {
   // Built on the host a parameter at a time, then copied (on the CPU, into
   // place). Each element's draw depends on its indices alone, so the rows
   // are spread over the OpenMP team without changing a value.
@@ -230,6 +238,7 @@ void LlamaStage<Elem, G>::init_weights(uint64_t seed, const std::function<void()
   const int64_t lo = zero3_ ? shard_lo_ : 0, hi = zero3_ ? shard_hi_ : params_.elements;
   std::vector<Elem> host;
   for (const auto& p : params_.specs) {
+    if (what == InitWhat::frozen) break;
     const int64_t begin = std::max(lo, p.offset), end = std::min(hi, p.offset + p.local_elements());
     if (begin < end) {
       host.resize(size_t(end - begin));
@@ -245,6 +254,33 @@ void LlamaStage<Elem, G>::init_weights(uint64_t seed, const std::function<void()
     }
     if (progress) progress();
   }
+  // LoRA's frozen base model, whole on every dp rank.
+  for (const auto& p : params_.frozen) {
+    if (what == InitWhat::trainable) break;
+    host.resize(size_t(p.local_elements()));
+#pragma omp parallel for schedule(static) if (p.local_elements() >= (int64_t{1} << 16))
+    for (int64_t i = 0; i < p.local_elements(); ++i)
+      host[size_t(i)] = to_elem<Elem>(
+          param_init_value(p, seed, p.row_begin + i / p.local_cols, p.col_begin + i % p.local_cols));
+    copy(frozen_ + p.offset, host.data(), p.local_elements() * int64_t(sizeof(Elem)));
+    memory::synchronize(stream_);
+    if (progress) progress();
+  }
+  weights_updated();
+}
+
+template <typename Elem, typename G>
+void LlamaStage<Elem, G>::set_frozen_weights(const std::vector<A>& full) {
+  WEFT_ASSERT(int64_t(full.size()) == params_.frozen_elements);
+  if (full.empty()) return;
+  if constexpr (std::is_same_v<Elem, A>) {
+    copy(frozen_, full.data(), params_.frozen_elements * int64_t(sizeof(Elem)));
+  } else {
+    std::vector<Elem> rounded(full.size());
+    for (size_t i = 0; i < full.size(); ++i) rounded[i] = to_elem<Elem>(full[i]);
+    copy(frozen_, rounded.data(), params_.frozen_elements * int64_t(sizeof(Elem)));
+  }
+  memory::synchronize(stream_);
   weights_updated();
 }
 
@@ -333,11 +369,15 @@ void LlamaStage<Elem, G>::block_forward(const Block& b, Elem* x_out, bool recomp
     linear_forward(b, Fp8Gemm::q, ln1, false, b.wq, b.q, "gemm q");
     linear_forward(b, Fp8Gemm::k, ln1, true, b.wk, b.k, "gemm k");
     linear_forward(b, Fp8Gemm::v, ln1, true, b.wv, b.v, "gemm v");
+    lora_forward(b, Linear::q, ln1, b.q);
+    lora_forward(b, Linear::k, ln1, b.k);
+    lora_forward(b, Linear::v, ln1, b.v);
     rope(b.q, b.k, kernels::RopeDirection::forward);
   }
   if (full || b.mode == Checkpointing::selective) attention_forward(b);
   if (full) {
     linear_forward(b, Fp8Gemm::o, b.out, false, b.wo, lin, "gemm o");
+    lora_forward(b, Linear::o, b.out, lin);
     reduce_rows(lin);  // row-parallel output
   }
   if (full || b.mode == Checkpointing::ffn) {
@@ -349,12 +389,15 @@ void LlamaStage<Elem, G>::block_forward(const Block& b, Elem* x_out, bool recomp
     const Elem* ln2 = gathered(b.ln2, all_rows);
     linear_forward(b, Fp8Gemm::gate, ln2, false, b.wg, b.gate, "gemm gate");
     linear_forward(b, Fp8Gemm::up, ln2, true, b.wu, b.up, "gemm up");
+    lora_forward(b, Linear::gate, ln2, b.gate);
+    lora_forward(b, Linear::up, ln2, b.up);
     run(kernels::SwigluForwardParams<Elem>{.rows = M_, .F = Fl, .gate = b.gate, .up = b.up, .act = b.act},
         "swiglu_forward");
   }
   // A rebuild stops here: the block's output was consumed already.
   if (recompute) return;
   linear_forward(b, Fp8Gemm::down, b.act, false, b.wd, lin, "gemm down");
+  lora_forward(b, Linear::down, b.act, lin);
   reduce_rows(lin);
   run(kernels::AddParams<Elem>{.n = Msp_ * C, .a = b.x_mid, .b = lin, .out = x_out}, "add");
 }
@@ -386,6 +429,7 @@ void LlamaStage<Elem, G>::block_backward(const Block& b, Elem* dx) {
   const Elem* dxo = gathered(dx, lin);
   linear_dgrad(b, Fp8Gemm::down, dxo, false, b.wd, d_act, Write::overwrite, "gemm down dgrad");
   linear_wgrad(b, Fp8Gemm::down, dxo, true, b.act, false, b.gd, "gemm down wgrad");
+  lora_backward(b, Linear::down, dxo, b.act, d_act);
   run(kernels::SwigluBackwardParams<Elem>{.rows = M_, .F = Fl, .gate = b.gate, .up = b.up,
                                           .dact = d_act, .dgate = d_gate, .dup = d_up},
       "swiglu_backward");
@@ -394,6 +438,8 @@ void LlamaStage<Elem, G>::block_backward(const Block& b, Elem* dx) {
   const Elem* ln2 = gathered(b.ln2, all_rows);  // re-gathered for the weight gradients
   linear_wgrad(b, Fp8Gemm::gate, d_gate, false, ln2, false, b.gg, "gemm gate wgrad");
   linear_wgrad(b, Fp8Gemm::up, d_up, false, ln2, true, b.gu, "gemm up wgrad");
+  lora_backward(b, Linear::gate, d_gate, ln2, d_norm);
+  lora_backward(b, Linear::up, d_up, ln2, d_norm);
   reduce_rows(d_norm);  // column-parallel input
   norm_backward(b.x_mid, b.xhat2, b.rstd2, b.w_mlp_norm, d_norm, dx, Write::accumulate, b.g_mlp_norm);
 
@@ -401,6 +447,7 @@ void LlamaStage<Elem, G>::block_backward(const Block& b, Elem* dx) {
   const Elem* dxm = gathered(dx, lin);
   linear_dgrad(b, Fp8Gemm::o, dxm, false, b.wo, d_out, Write::overwrite, "gemm o dgrad");
   linear_wgrad(b, Fp8Gemm::o, dxm, true, b.out, false, b.go, "gemm o wgrad");
+  lora_backward(b, Linear::o, dxm, b.out, d_out);
   attention_backward(b, d_out, dq, dk, dv);
   rope(dq, dk, kernels::RopeDirection::backward);
   linear_dgrad(b, Fp8Gemm::q, dq, false, b.wq, d_norm, Write::overwrite, "gemm q dgrad");
@@ -410,6 +457,9 @@ void LlamaStage<Elem, G>::block_backward(const Block& b, Elem* dx) {
   linear_wgrad(b, Fp8Gemm::q, dq, false, ln1, false, b.gq, "gemm q wgrad");
   linear_wgrad(b, Fp8Gemm::k, dk, false, ln1, true, b.gk, "gemm k wgrad");
   linear_wgrad(b, Fp8Gemm::v, dv, false, ln1, true, b.gv, "gemm v wgrad");
+  lora_backward(b, Linear::q, dq, ln1, d_norm);
+  lora_backward(b, Linear::k, dk, ln1, d_norm);
+  lora_backward(b, Linear::v, dv, ln1, d_norm);
   reduce_rows(d_norm);
   norm_backward(b.x_in, b.xhat1, b.rstd1, b.w_attn_norm, d_norm, dx, Write::accumulate, b.g_attn_norm);
 }
@@ -438,10 +488,10 @@ void LlamaStage<Elem, G>::forward(int64_t slot, const int32_t* tokens, const int
   const bool embeds = plan_.has_embedding && chunk == 0;
   const bool heads = plan_.has_head && chunk == l_.vpp - 1;
   if (embeds) {
-    gather({{0, params_.specs[0].local_elements()}});
+    if (!params_.lora.enabled()) gather({{0, params_.specs[0].local_elements()}});
     int32_t* tok = table_->get<int32_t>("embedding.tokens", slot);
     upload(tok, tokens, M_ * int64_t(sizeof(int32_t)));
-    const auto& emb = params_.specs[size_t(params_.index(ParamKind::embed_tokens))];
+    const auto& emb = params_.model(ParamKind::embed_tokens);
     const int64_t Vl = m_.vocab / l_.tp;
     run(kernels::EmbeddingForwardParams<Elem>{.rows = M_, .C = C, .V = m_.vocab,
                                               .vocab_start = groups_.tp_rank() * Vl, .V_local = Vl,
@@ -487,9 +537,7 @@ void LlamaStage<Elem, G>::backward(int64_t slot, int64_t chunk, bool final) {
     copy(dx, output_grad(), Msp_ * C * int64_t(sizeof(Elem)));
   }
   for (int64_t i = Lc_ - 1; i >= 0; --i) {
-    const int64_t first = params_.specs[size_t(params_.index(ParamKind::input_layernorm, chunk * Lc_ + i))].offset;
-    const int64_t last_kind = params_.index(ParamKind::down_proj, chunk * Lc_ + i);
-    group_begin({{first, params_.specs[size_t(last_kind)].offset + params_.specs[size_t(last_kind)].local_elements()}});
+    group_begin({block_range(chunk, i)});
     gather_block(chunk, i);
     if (i > 0) gather_block(chunk, i - 1, true);
     const Block b = block(slot, chunk, i);
@@ -497,9 +545,10 @@ void LlamaStage<Elem, G>::backward(int64_t slot, int64_t chunk, bool final) {
     block_backward(b, dx);
     group_end();
   }
-  if (plan_.has_embedding && chunk == 0) {
+  // A frozen embedding (LoRA) has no gradient to compute.
+  if (plan_.has_embedding && chunk == 0 && !params_.lora.enabled()) {
     group_begin({{0, params_.specs[0].local_elements()}});
-    const auto& emb = params_.specs[size_t(params_.index(ParamKind::embed_tokens))];
+    const auto& emb = params_.model(ParamKind::embed_tokens);
     const int64_t Vl = m_.vocab / l_.tp;
     // The vocab-parallel lookup's all-reduce is conjugate to the identity here.
     run(kernels::EmbeddingBackwardParams<Elem, G>{.rows = M_, .C = C, .V = m_.vocab,

@@ -80,11 +80,13 @@ class LlamaStage {
   int64_t param_elements() const { return params_.elements; }
   // Under ZeRO-3 a parameter's weights exist only while its group is
   // gathered (null elsewhere).
-  Elem* weight(const ParamSpec& p) { return weight_at(p.offset); }
+  // A frozen parameter (LoRA's base model) is in the frozen buffer and has
+  // no gradient (null).
+  Elem* weight(const ParamSpec& p) { return p.frozen ? frozen_ + p.offset : weight_at(p.offset); }
   bool weights_sharded() const { return zero3_; }
   // Under ZeRO-2 a parameter's gradient exists only while its group is in the
   // bucket (during that group's backward); grads() is then this rank's shard.
-  G* grad(const ParamSpec& p) { return grad_at(p.offset); }
+  G* grad(const ParamSpec& p) { return p.frozen ? nullptr : grad_at(p.offset); }
   bool grads_sharded() const { return zero2_; }
   // ZeRO-1, -2 and -3 over dp > 1: every dp rank's shard size, rank r owning
   // [r * shard, (r + 1) * shard) of the flat parameters; this rank's starts
@@ -95,10 +97,19 @@ class LlamaStage {
   // Layout-independent initialisation from the seed (params.h), computed on
   // the host and rounded once to Elem. `progress` runs after each parameter
   // (a rank's watchdog: a billion-element stage takes a while).
-  void init_weights(uint64_t seed, const std::function<void()>& progress = {});
+  // `what`: all of them, or only the trainable ones or only the frozen ones
+  // (LoRA: adapters from the seed on a pretrained base; a random base
+  // rebuilt from its seed on resume).
+  enum class InitWhat { all, trainable, frozen };
+  void init_weights(uint64_t seed, const std::function<void()>& progress = {}, InitWhat what = InitWhat::all);
   // The weights from full Acc values on the host (this rank's slices, in the
   // flat layout; under ZeRO-3 it keeps its shard of them), rounded once to Elem.
   void set_weights(const std::vector<A>& full);
+  // LoRA's frozen base weights (StageParams::frozen, this rank's slices in
+  // the frozen layout), rounded once to Elem.
+  void set_frozen_weights(const std::vector<A>& full);
+  Elem* frozen_weights() { return frozen_; }
+  int64_t frozen_elements() const { return params_.frozen_elements; }
   // The weights changed (an optimizer step): under ZeRO-3 the gathered
   // copies are stale and the next use gathers again.
   void weights_updated();
@@ -234,6 +245,13 @@ class LlamaStage {
   void linear_wgrad(const Block& b, memory::Fp8Gemm g, const Elem* dy, bool dy_same, const Elem* x, bool x_same,
                     G* dw, const char* op);
   bool fp8_gemm(const Block& b, memory::Fp8Gemm g) const;
+  // LoRA (llama_lora.cpp): after linear g of block b computed y from x,
+  // y += s (x A^T) B^T (row-parallel layers add their partial sum before
+  // the reduction over tp, as the base GEMM does). The backward, after g's
+  // own: dx += s (dY B) A, dA += s (dY B)^T x, dB += s dY^T (x A^T), with
+  // x A^T rebuilt; dy and x as g's backward has them (gathered under sp).
+  void lora_forward(const Block& b, Linear g, const Elem* x, Elem* y);
+  void lora_backward(const Block& b, Linear g, const Elem* dy, const Elem* x, Elem* dx);
   void fp8_setup();  // the FP8 buffers and scaling state from the table (constructor)
   // Quantises (dequantised, in Elem) one operand of GEMM g of block b:
   // role 0 the input (E4M3), 1 the weight (E4M3), 2 the output gradient (E5M2).
@@ -278,6 +296,7 @@ class LlamaStage {
   std::unique_ptr<memory::HostStaging> staging_;  // GPU only
   Elem* weights_ = nullptr;
   G* grads_ = nullptr;
+  Elem* frozen_ = nullptr;  // LoRA's base weights (weights.frozen)
   double loss_host_ = 0;      // CPU: the loss sum since take_loss()
   A* loss_device_ = nullptr;  // GPU: per-token losses summed since take_loss()
   // ZeRO-2: each parameter group's gradient of a micro-batch is built in the

@@ -314,6 +314,7 @@ void LlamaStage<Elem, G>::linear_dgrad(const Block& b, Fp8Gemm g, const Elem* dy
 template <typename Elem, typename G>
 void LlamaStage<Elem, G>::linear_wgrad(const Block& b, Fp8Gemm g, const Elem* dy, bool dy_same, const Elem* x,
                                        bool x_same, G* dw, const char* op) {
+  if (!dw) return;  // a frozen weight (LoRA)
   const auto& shape = fp8_shapes_[size_t(g)];
   if (!fp8_gemm(b, g)) {
     if (!dy_same) fp8_grad_of_ = nullptr;

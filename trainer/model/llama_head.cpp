@@ -17,8 +17,8 @@ void LlamaStage<Elem, G>::head_forward(int64_t slot, const int32_t* targets, dou
   (void)slot;
   const int64_t C = m_.hidden, Vl = m_.vocab / l_.tp;
   parallel::Comm& tp = *groups_.tp;
-  const auto& head = params_.specs[size_t(params_.index(ParamKind::lm_head))];
-  const auto& fnorm = params_.specs[size_t(params_.index(ParamKind::final_norm))];
+  const auto& head = params_.model(ParamKind::lm_head);
+  const auto& fnorm = params_.model(ParamKind::final_norm);
   Elem* x = table_->get<Elem>("final_norm.input");
   Elem* y = table_->get<Elem>("final_norm.output");
   A* rstd = table_->get<A>("final_norm.rstd");
@@ -76,15 +76,19 @@ double LlamaStage<Elem, G>::take_loss() {
 template <typename Elem, typename G>
 void LlamaStage<Elem, G>::head_backward(Elem* dx) {
   const int64_t C = m_.hidden, Vl = m_.vocab / l_.tp;
-  const auto& head = params_.specs[size_t(params_.index(ParamKind::lm_head))];
-  const auto& fnorm = params_.specs[size_t(params_.index(ParamKind::final_norm))];
+  const auto& head = params_.model(ParamKind::lm_head);
+  const auto& fnorm = params_.model(ParamKind::final_norm);
   // The final norm and the head are the last parameters of the stage, one
   // gradient group; a head tied to the embedding on this stage is the first
   // parameter instead. Its gradient is complete only after the embedding's
   // backward, so it joins the embedding's group, except under ZeRO-2, where
   // each micro-batch's part is reduced on its own: there the group is the
   // table and the final norm.
-  if (zero2_ && params_.head_is_embedding)
+  // Under LoRA both are frozen: no group, no weight gradients.
+  const bool frozen = params_.lora.enabled();
+  if (frozen)
+    ;
+  else if (zero2_ && params_.head_is_embedding)
     group_begin({{head.offset, head.offset + head.local_elements()}, {fnorm.offset, params_.elements}});
   else
     group_begin({{fnorm.offset, params_.elements}});
@@ -93,12 +97,12 @@ void LlamaStage<Elem, G>::head_backward(Elem* dx) {
   Elem* d_norm = table_->get<Elem>("scratch.d_norm");
   run(kernels::linear_dgrad_gemm(M_, C, Vl, dlogits, weight(head), d_norm), "gemm head dgrad");
   const Elem* y_all = gathered(y, l_.sp ? table_->get<Elem>("comm.sp_gather") : nullptr);
-  run(kernels::linear_wgrad_gemm(M_, C, Vl, dlogits, y_all, grad(head)), "gemm head wgrad");
+  if (!frozen) run(kernels::linear_wgrad_gemm(M_, C, Vl, dlogits, y_all, grad(head)), "gemm head wgrad");
   reduce_rows(d_norm);
   A* xhat = table_->has("final_norm.normed_fp32") ? table_->get<A>("final_norm.normed_fp32") : nullptr;
   norm_backward(table_->get<Elem>("final_norm.input"), xhat, table_->get<A>("final_norm.rstd"),
                 weight(fnorm), d_norm, dx, Write::overwrite, grad(fnorm));
-  group_end();
+  if (!frozen) group_end();
 }
 
 #define WEFT_LLAMA_HEAD(E, G)                                                  \

@@ -82,8 +82,18 @@ void LlamaStage<Elem, G>::gather(std::initializer_list<Range> ranges, bool next)
 template <typename Elem, typename G>
 typename LlamaStage<Elem, G>::Range LlamaStage<Elem, G>::block_range(int64_t chunk, int64_t layer) const {
   const int64_t local = chunk * Lc_ + layer;
-  const auto& first = params_.specs[size_t(params_.index(ParamKind::input_layernorm, local))];
-  const auto& last = params_.specs[size_t(params_.index(ParamKind::down_proj, local))];
+  if (params_.lora.enabled()) {  // the block's adapters, A and B of each targeted layer in turn
+    int64_t begin = -1, end = -1;
+    for (int g = 0; g < kLinears; ++g)
+      if (const int64_t a = params_.adapter(local, Linear(g)); a >= 0) {
+        if (begin < 0) begin = params_.specs[size_t(a)].offset;
+        end = params_.specs[size_t(a + 1)].offset + params_.specs[size_t(a + 1)].local_elements();
+      }
+    WEFT_ASSERT(begin >= 0);
+    return {begin, end};
+  }
+  const auto& first = params_.model(ParamKind::input_layernorm, local);
+  const auto& last = params_.model(ParamKind::down_proj, local);
   return {first.offset, last.offset + last.local_elements()};
 }
 
@@ -94,10 +104,10 @@ void LlamaStage<Elem, G>::gather_block(int64_t chunk, int64_t layer, bool next) 
 
 template <typename Elem, typename G>
 void LlamaStage<Elem, G>::gather_head() {
-  if (!zero3_) return;
+  if (!zero3_ || params_.lora.enabled()) return;  // LoRA: frozen, never sharded
   // The final norm and the head are the stage's last parameters; a head
   // tied to the embedding on this stage is the table at its start instead.
-  const auto& fnorm = params_.specs[size_t(params_.index(ParamKind::final_norm))];
+  const auto& fnorm = params_.model(ParamKind::final_norm);
   if (params_.head_is_embedding)
     gather({{0, params_.specs[0].local_elements()}, {fnorm.offset, params_.elements}});
   else
@@ -200,12 +210,12 @@ void LlamaStage<Elem, G>::reduce_rows(Elem* buf) {
 
 template <typename Elem, typename G>
 void LlamaStage<Elem, G>::sync_tied_grads() {
-  if (!m_.tied_embeddings || l_.pp == 1 || !(plan_.has_head || plan_.has_embedding)) return;
+  if (!m_.tied_embeddings || l_.pp == 1 || !(plan_.has_head || plan_.has_embedding) || params_.lora.enabled()) return;
   auto& pp = *groups_.pp;
   constexpr int64_t kTag = 1 << 20;
   const int64_t last = l_.pp - 1;
   // This stage's copy: the last stage's head, or the first's embedding table.
-  const auto& p = params_.specs[size_t(params_.index(plan_.has_head ? ParamKind::lm_head : ParamKind::embed_tokens))];
+  const auto& p = params_.model(plan_.has_head ? ParamKind::lm_head : ParamKind::embed_tokens);
   const int64_t n = p.local_elements();
   G* shard = zero2_ ? grads_ : scatter_dp_ && reduced_ ? dp_shard_ : nullptr;
   if (!shard) {
@@ -248,8 +258,12 @@ void LlamaStage<Elem, G>::sync_tied_grads() {
 template <typename Elem, typename G>
 void LlamaStage<Elem, G>::reduce_replicated_grads() {
   // Without sequence parallelism every tp rank sees all rows and computes the
-  // same norm-weight gradients; with it, each saw its own rows.
-  if (!l_.sp) return;
+  // same norm-weight gradients; with it, each saw its own rows. LoRA's
+  // adapters that are whole on every tp rank (A of a column-parallel layer,
+  // B of a row-parallel one) saw only this rank's part of the layer's
+  // outputs or inputs: theirs are partial sums, with or without sp.
+  const bool lora = params_.lora.enabled();
+  if (!l_.sp && !(lora && l_.tp > 1)) return;
   for (const auto& p : params_.specs) {
     if (p.shard != ShardDim::none) continue;
     // Under ZeRO-2, and ZeRO-1 once the backward reduced the gradients, the

@@ -3,6 +3,7 @@
 // trainer/model.
 #pragma once
 
+#include <array>
 #include <cstddef>
 
 #include <fmt/format.h>
@@ -25,7 +26,12 @@ struct LlamaStage<Elem, G>::Block {
   Checkpointing mode = Checkpointing::none;
   // Parameters and their gradients.
   const Elem *w_attn_norm, *wq, *wk, *wv, *wo, *w_mlp_norm, *wg, *wu, *wd;
+  // (null for frozen parameters under LoRA)
   G *g_attn_norm, *gq, *gk, *gv, *go, *g_mlp_norm, *gg, *gu, *gd;
+  // LoRA adapters of each linear layer (null where it has none): A (r, K)
+  // and B (N, r), and their gradients.
+  std::array<const Elem*, kLinears> lora_a{}, lora_b{};
+  std::array<G*, kLinears> lora_ga{}, lora_gb{};
   // Activations (nullptr where the layout has none).
   Elem* x_in;
   A* rstd1;

@@ -23,18 +23,36 @@ constexpr ParamKind kBlock[kBlockKinds] = {
 using checkpoint::hf_param_name;
 
 int64_t StageParams::index(ParamKind kind, int64_t layer) const {
-  const bool has_embed = !specs.empty() && specs[0].name == hf_param_name(ParamKind::embed_tokens, 0);
+  const auto& all = model_specs();
+  const bool has_embed = !all.empty() && all[0].name == hf_param_name(ParamKind::embed_tokens, 0);
   const int64_t base = has_embed ? 1 : 0;
   for (int i = 0; i < kBlockKinds; ++i)
     if (kBlock[i] == kind) return base + layer * kBlockKinds + i;
   if (kind == ParamKind::embed_tokens) return has_embed ? 0 : -1;
   const int64_t tail = base + layers * kBlockKinds;
-  if (kind == ParamKind::final_norm) return tail < int64_t(specs.size()) ? tail : -1;
+  if (kind == ParamKind::final_norm) return tail < int64_t(all.size()) ? tail : -1;
   if (kind == ParamKind::lm_head) {
     if (head_is_embedding) return 0;
-    return tail + 1 < int64_t(specs.size()) ? tail + 1 : -1;
+    return tail + 1 < int64_t(all.size()) ? tail + 1 : -1;
   }
   return -1;
+}
+
+const ParamSpec& StageParams::model(ParamKind kind, int64_t layer) const {
+  const int64_t i = index(kind, layer);
+  WEFT_ASSERT(i >= 0);
+  return model_specs()[size_t(i)];
+}
+
+int64_t StageParams::adapter(int64_t layer, Linear g) const {
+  if (!lora.enabled() || !lora.targets_linear(g)) return -1;
+  int64_t before = 0, per_block = 0;
+  for (int i = 0; i < kLinears; ++i)
+    if (lora.targets_linear(Linear(i))) {
+      before += i < int(g) ? 1 : 0;
+      ++per_block;
+    }
+  return 2 * (layer * per_block + before);
 }
 
 StageParams stage_params(const ModelSpec& m, const Layout& l, const memory::StagePlan& plan,
@@ -43,7 +61,12 @@ StageParams stage_params(const ModelSpec& m, const Layout& l, const memory::Stag
   StageParams sp;
   sp.layers = plan.layers;
   sp.first_layer = plan.stage * plan.layers;
+  sp.lora = plan.lora;
+  const bool lora = plan.lora.enabled();
+  // Under LoRA the model's parameters go to the frozen list and buffer.
   auto add = [&](ParamKind kind, int64_t layer, int64_t rows, int64_t cols, ShardDim shard) {
+    auto& list = lora ? sp.frozen : sp.specs;
+    int64_t& elements = lora ? sp.frozen_elements : sp.elements;
     ParamSpec p;
     p.name = hf_param_name(kind, layer);
     p.rows = rows;
@@ -53,19 +76,21 @@ StageParams stage_params(const ModelSpec& m, const Layout& l, const memory::Stag
     p.local_cols = shard == ShardDim::cols ? cols / t : cols;
     p.row_begin = shard == ShardDim::rows ? tp_rank * p.local_rows : 0;
     p.col_begin = shard == ShardDim::cols ? tp_rank * p.local_cols : 0;
-    p.offset = sp.elements;
+    p.offset = elements;
+    p.frozen = lora;
     const bool norm = kind == ParamKind::input_layernorm || kind == ParamKind::post_attention_layernorm ||
                       kind == ParamKind::final_norm;
     p.decay = !norm;
     p.init = norm ? ParamInit::ones : ParamInit::normal;
-    sp.elements += p.local_elements();
-    sp.specs.push_back(p);
+    elements += p.local_elements();
+    list.push_back(p);
   };
   if (plan.has_embedding) add(ParamKind::embed_tokens, 0, m.vocab, C, ShardDim::rows);
+  // Local block i sits in chunk i / Lc, which is virtual stage chunk * pp + stage.
+  const int64_t Lc = plan.layers / l.vpp;
+  auto global = [&](int64_t i) { return ((i / Lc) * l.pp + plan.stage) * Lc + i % Lc; };
   for (int64_t i = 0; i < plan.layers; ++i) {
-    // Local block i sits in chunk i / Lc, which is virtual stage chunk * pp + stage.
-    const int64_t Lc = plan.layers / l.vpp;
-    const int64_t layer = ((i / Lc) * l.pp + plan.stage) * Lc + i % Lc;
+    const int64_t layer = global(i);
     add(ParamKind::input_layernorm, layer, C, 1, ShardDim::none);
     add(ParamKind::q_proj, layer, m.heads * D, C, ShardDim::rows);
     add(ParamKind::k_proj, layer, m.kv_heads * D, C, ShardDim::rows);
@@ -85,22 +110,55 @@ StageParams stage_params(const ModelSpec& m, const Layout& l, const memory::Stag
       // A tied head on another stage is a copy of the embedding table: it is
       // initialised from the embedding's name so both copies start equal.
       if (m.tied_embeddings) {
-        sp.specs.back().name = hf_param_name(ParamKind::embed_tokens, 0);
-        sp.specs.back().tied_copy = true;
+        auto& list = lora ? sp.frozen : sp.specs;
+        list.back().name = hf_param_name(ParamKind::embed_tokens, 0);
+        list.back().tied_copy = true;
       }
     }
   }
+  // The adapters: each shards with its base layer, as Megatron's and the
+  // public LoRA implementations do: a column-parallel layer's B splits its
+  // outputs and A (r, C) is whole on every tp rank; a row-parallel layer's A
+  // splits its inputs and B (C, r) is whole. The whole ones' gradients are
+  // partial sums over tp (each rank saw its part of the outputs or inputs)
+  // and are summed like sequence-parallel norms' (reduce_replicated_grads).
+  for (int64_t i = 0; lora && i < plan.layers; ++i)
+    for (int g = 0; g < kLinears; ++g) {
+      const Linear lin = Linear(g);
+      if (!plan.lora.targets_linear(lin)) continue;
+      const memory::LinearShape s = memory::linear_shape(m, l, lin);
+      const bool col = column_parallel(lin);
+      const int64_t r = plan.lora.rank, full_k = col ? s.K : s.K * t, full_n = col ? s.N * t : s.N;
+      for (const bool b : {false, true}) {
+        ParamSpec p;
+        p.name = checkpoint::lora_param_name(lin, global(i), b);
+        p.rows = b ? full_n : r;
+        p.cols = b ? r : full_k;
+        p.shard = b ? (col ? ShardDim::rows : ShardDim::none) : (col ? ShardDim::none : ShardDim::cols);
+        p.local_rows = b ? s.N : r;
+        p.local_cols = b ? r : s.K;
+        p.row_begin = p.shard == ShardDim::rows ? tp_rank * p.local_rows : 0;
+        p.col_begin = p.shard == ShardDim::cols ? tp_rank * p.local_cols : 0;
+        p.offset = sp.elements;
+        p.init = b ? ParamInit::zeros : ParamInit::lora_a;
+        sp.elements += p.local_elements();
+        sp.specs.push_back(p);
+      }
+    }
   WEFT_ASSERT(sp.elements == memory::stage_param_elements(m, l, plan));
+  WEFT_ASSERT(sp.frozen_elements == memory::stage_frozen_elements(m, l, plan));
   return sp;
 }
 
 double param_init_value(const ParamSpec& p, uint64_t seed, int64_t r, int64_t c) {
   if (p.init == ParamInit::ones) return 1.0;
+  if (p.init == ParamInit::zeros) return 0.0;
   // A counter-based draw: Box-Muller on two uniforms hashed from (seed, name,
   // element index), so no rank needs the full tensor or a shared stream.
   const uint64_t key = splitmix64(seed ^ fnv1a64(p.name)) + uint64_t(r * p.cols + c) * 2;
   const double u1 = (double(splitmix64(key) >> 11) + 0.5) * 0x1.0p-53;
   const double u2 = double(splitmix64(key + 1) >> 11) * 0x1.0p-53;
+  if (p.init == ParamInit::lora_a) return (2.0 * u1 - 1.0) / std::sqrt(double(p.cols));
   // Hugging Face's initializer_range for Llama.
   return 0.02 * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
 }

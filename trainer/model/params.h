@@ -18,7 +18,9 @@
 namespace weft::trainer {
 
 enum class ShardDim { none, rows, cols };  // which dim tp splits
-enum class ParamInit { normal, ones };
+// normal: Hugging Face's N(0, 0.02); lora_a: U(-1/sqrt(in), 1/sqrt(in)),
+// the bound PEFT's default (Kaiming-uniform with a = sqrt(5)) gives A.
+enum class ParamInit { normal, ones, zeros, lora_a };
 
 struct ParamSpec {
   std::string name;    // Hugging Face name, e.g. model.layers.3.self_attn.q_proj.weight
@@ -35,6 +37,9 @@ struct ParamSpec {
   // The last stage's copy of a tied embedding (its gradient is synchronised
   // with the first stage's, and counted once in the gradient norm).
   bool tied_copy = false;
+  // A base weight under LoRA: in the frozen buffer (offset counts there),
+  // with no gradient and no optimizer state.
+  bool frozen = false;
   int64_t local_elements() const { return local_rows * local_cols; }
   // The full tensor's shape as checkpoints store it: (C) for norms.
   std::vector<int64_t> shape() const {
@@ -46,11 +51,25 @@ struct ParamSpec {
 // One naming table for the model, the checkpoints and the exporter.
 using checkpoint::ParamKind;
 
+// The stage's trainable parameters, `specs`, in the flat buffers the
+// gradients, the optimizer and ZeRO work on: every parameter of the model,
+// or under LoRA the adapters (per block, per targeted layer in block order,
+// A then B), with the base model's parameters in `frozen`.
 struct StageParams {
   std::vector<ParamSpec> specs;
   int64_t elements = 0;
-  // Index into specs of each kind for local layer l (block kinds) or -1.
+  std::vector<ParamSpec> frozen;
+  int64_t frozen_elements = 0;
+  LoraSpec lora;
+  // The base model's parameters: specs, or frozen under LoRA.
+  const std::vector<ParamSpec>& model_specs() const { return lora.enabled() ? frozen : specs; }
+  // Index into model_specs() of each kind for local layer l (block kinds) or -1.
   int64_t index(ParamKind kind, int64_t layer = 0) const;
+  // The model parameter of a kind (present: asserted).
+  const ParamSpec& model(ParamKind kind, int64_t layer = 0) const;
+  // Index into specs of the A adapter of local block `layer`'s linear g (B
+  // follows it), or -1 without one.
+  int64_t adapter(int64_t layer, Linear g) const;
   int64_t first_layer = 0;  // global index of the stage's first block (vpp = 1)
   int64_t layers = 0;
   // The head reads the embedding table (tied embeddings on one stage).

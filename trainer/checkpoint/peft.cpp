@@ -1,0 +1,164 @@
+#include "trainer/checkpoint/peft.h"
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "core/json_io.h"
+#include "trainer/checkpoint/file_io.h"
+#include "trainer/checkpoint/hf_names.h"
+
+namespace weft::checkpoint {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string shape_text(const std::vector<int64_t>& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+
+// The full shape of adapter A or B of linear g: A (r, in), B (out, r).
+std::vector<int64_t> adapter_shape(const ModelSpec& m, const LoraSpec& l, Linear g, bool b) {
+  const int64_t C = m.hidden, D = m.head_dim;
+  int64_t in = C, out = C;
+  switch (g) {
+    case Linear::q: out = m.heads * D; break;
+    case Linear::k:
+    case Linear::v: out = m.kv_heads * D; break;
+    case Linear::o: in = m.heads * D; break;
+    case Linear::gate:
+    case Linear::up: out = m.intermediate; break;
+    case Linear::down: in = m.intermediate; break;
+  }
+  return b ? std::vector<int64_t>{out, l.rank} : std::vector<int64_t>{l.rank, in};
+}
+
+}  // namespace
+
+const TensorRef& PeftAdapter::tensor(const std::string& name) const {
+  if (const TensorRef* t = file.find(kPeftPrefix + name)) return *t;
+  throw FileFormatError(fmt::format("PEFT adapter '{}': {} has no tensor '{}{}'", dir, kPeftWeightsFile,
+                                    kPeftPrefix, name));
+}
+
+PeftAdapter peft_open(const std::string& dir, const ModelSpec& m) {
+  const fs::path p(dir);
+  if (!fs::is_directory(p))
+    throw InputError(fmt::format("PEFT adapter folder '{}' does not exist or is not a folder", dir));
+  if (!fs::exists(p / kPeftConfigFile) || !fs::exists(p / kPeftWeightsFile))
+    throw InputError(fmt::format("'{}' is not a PEFT adapter folder: it needs {} and {} (peft's save_pretrained "
+                                 "writes both; weft export --lora too)",
+                                 dir, kPeftConfigFile, kPeftWeightsFile));
+  nlohmann::json cfg;
+  try {
+    std::ifstream in(p / kPeftConfigFile);
+    cfg = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw FileFormatError(fmt::format("{}/{}: not valid JSON: {}", dir, kPeftConfigFile, e.what()));
+  }
+  const auto refuse = [&](const std::string& what) {
+    return InputError(fmt::format("PEFT adapter '{}': {}; weft's LoRA reads plain LoRA adapters", dir, what));
+  };
+  if (cfg.value("peft_type", std::string()) != "LORA")
+    throw refuse(fmt::format("peft_type is {}, not \"LORA\"", cfg.contains("peft_type") ? cfg["peft_type"].dump() : "absent"));
+  const auto flag = [&](const char* key) { return cfg.contains(key) && cfg[key].is_boolean() && cfg[key].get<bool>(); };
+  for (const char* key : {"use_dora", "use_rslora", "fan_in_fan_out"})
+    if (flag(key)) throw refuse(fmt::format("{} is true", key));
+  if (cfg.value("bias", std::string("none")) != "none") throw refuse(fmt::format("bias is {}", cfg["bias"].dump()));
+  for (const char* key : {"rank_pattern", "alpha_pattern"})
+    if (cfg.contains(key) && !cfg[key].is_null() && !cfg[key].empty())
+      throw refuse(fmt::format("{} sets ranks or alphas per layer", key));
+  for (const char* key : {"modules_to_save", "layers_to_transform"})
+    if (cfg.contains(key) && !cfg[key].is_null() && !cfg[key].empty()) throw refuse(fmt::format("{} is set", key));
+  if (!cfg.contains("r") || !cfg["r"].is_number_integer() || cfg["r"].get<int64_t>() <= 0)
+    throw FileFormatError(fmt::format("{}/{}: 'r' must be a positive integer", dir, kPeftConfigFile));
+  PeftAdapter a{.dir = dir, .lora = {}, .config = cfg, .file = SafetensorsFile((p / kPeftWeightsFile).string())};
+  a.lora.rank = cfg["r"].get<int64_t>();
+  a.lora.alpha = cfg.value("lora_alpha", 8.0);
+  a.lora.dropout = cfg.value("lora_dropout", 0.0);
+  const nlohmann::json& targets = cfg.value("target_modules", nlohmann::json());
+  std::string list;
+  if (targets.is_string()) {
+    list = targets.get<std::string>() == "all-linear" ? "all" : targets.get<std::string>();
+  } else if (targets.is_array()) {
+    for (const auto& t : targets) list += (list.empty() ? "" : ",") + t.get<std::string>();
+  }
+  if (list.empty()) throw FileFormatError(fmt::format("{}/{}: no target_modules", dir, kPeftConfigFile));
+  a.lora.targets = LoraSpec::parse_targets(list);
+  // Every tensor is an adapter of a targeted layer of the model, with its shape.
+  std::set<std::string> expected;
+  for (int64_t layer = 0; layer < m.layers; ++layer)
+    for (int g = 0; g < kLinears; ++g)
+      if (a.lora.targets_linear(Linear(g)))
+        for (const bool b : {false, true}) {
+          const std::string name = lora_param_name(Linear(g), layer, b);
+          const TensorRef& t = a.tensor(name);
+          const auto want = adapter_shape(m, a.lora, Linear(g), b);
+          if (t.shape != want)
+            throw FileFormatError(fmt::format("PEFT adapter '{}': {}{} has shape {}, the model's is {}", dir,
+                                              kPeftPrefix, name, shape_text(t.shape), shape_text(want)));
+          expected.insert(kPeftPrefix + name);
+        }
+  for (const auto& t : a.file.tensors())
+    if (!expected.count(t.name))
+      throw FileFormatError(fmt::format("PEFT adapter '{}': tensor '{}' is no LoRA adapter of the model's targeted "
+                                        "layers ({} layers, targets {})",
+                                        dir, t.name, m.layers, a.lora.targets_text()));
+  return a;
+}
+
+void peft_write(const std::string& dir, const LoraSpec& lora, const std::string& base_model,
+                const std::vector<TensorRef>& tensors) {
+  const fs::path out = dir_path_clean(dir);
+  // Only an earlier export is replaced, so a mistyped path deletes nothing.
+  if (fs::exists(out)) {
+    if (!fs::is_directory(out))
+      throw InputError(fmt::format("export folder '{}' exists and is not a folder", out.string()));
+    for (const auto& e : fs::directory_iterator(out)) {
+      const std::string name = e.path().filename().string();
+      if (name != kPeftConfigFile && name != kPeftWeightsFile)
+        throw InputError(fmt::format("export folder '{}' exists and holds '{}'; choose a new or empty folder (only "
+                                     "an earlier adapter export is replaced)",
+                                     out.string(), name));
+    }
+  }
+  std::vector<TensorRef> named = tensors;
+  for (auto& t : named) t.name = kPeftPrefix + t.name;
+  nlohmann::json targets = nlohmann::json::array();
+  for (int g = 0; g < kLinears; ++g)
+    if (lora.targets_linear(Linear(g))) targets.push_back(hf_module_name(Linear(g)));
+  const nlohmann::json cfg = {{"peft_type", "LORA"},
+                              {"task_type", "CAUSAL_LM"},
+                              {"base_model_name_or_path", base_model},
+                              {"r", lora.rank},
+                              {"lora_alpha", lora.alpha},
+                              {"lora_dropout", lora.dropout},
+                              {"target_modules", targets},
+                              {"bias", "none"},
+                              {"fan_in_fan_out", false},
+                              {"use_rslora", false},
+                              {"use_dora", false},
+                              {"init_lora_weights", true},
+                              {"inference_mode", true},
+                              {"modules_to_save", nullptr},
+                              {"layers_to_transform", nullptr},
+                              {"rank_pattern", nlohmann::json::object()},
+                              {"alpha_pattern", nlohmann::json::object()}};
+  const std::string tmp = temp_dir_name(out.string());
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  dir_create(tmp);
+  try {
+    file_write_atomic((fs::path(tmp) / kPeftConfigFile).string(), cfg.dump(2) + "\n");
+    safetensors_write((fs::path(tmp) / kPeftWeightsFile).string(), named, {{"format", "pt"}});
+    fsync_dir(tmp);
+    commit_dir(tmp, out.string(), {});
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+}
+
+}  // namespace weft::checkpoint

@@ -1,0 +1,66 @@
+// LoRA adapters of the blocks' linear layers (RunSpec::lora). Layer g's
+// output gains s (x A^T) B^T with s = alpha / r, A (r, K) and B (N, r) in the
+// layer's local shapes (params.cpp shards them with the base layer). Two
+// GEMMs forward (h = x A^T, then y += s h B^T) and four backward:
+//   g  = s dY B          (M, r)
+//   dx += g A            the adapters' part of the input gradient
+//   dA += g^T x
+//   h  = x A^T           rebuilt rather than saved: an r-th of the base GEMM
+//   dB += s dY^T h
+// Under tensor parallelism every product stays local: a column-parallel
+// layer's dY holds this rank's outputs, so g, dx and dA are partial sums
+// over tp (dx is reduced with the base layer's, dA in
+// reduce_replicated_grads); a row-parallel layer's x holds this rank's
+// inputs, so h and the output are partial sums (the output is reduced with
+// the base layer's, dB in reduce_replicated_grads) while dY is whole.
+#include "trainer/model/llama_run.h"
+
+namespace weft::trainer {
+
+using kernels::Write;
+
+template <typename Elem, typename G>
+void LlamaStage<Elem, G>::lora_forward(const Block& b, Linear g, const Elem* x, Elem* y) {
+  const Elem* a = b.lora_a[size_t(g)];
+  if (!a) return;
+  const int64_t K = fp8_shapes_[size_t(g)].K, N = fp8_shapes_[size_t(g)].N, r = params_.lora.rank;
+  Elem* h = table_->get<Elem>("scratch.lora", 0);
+  run(kernels::linear_forward_gemm(M_, K, r, x, a, h), "gemm lora_a");
+  auto up = kernels::linear_forward_gemm(M_, r, N, static_cast<const Elem*>(h), b.lora_b[size_t(g)], y,
+                                         Write::accumulate);
+  up.alpha = A(params_.lora.scale());
+  run(up, "gemm lora_b");
+}
+
+template <typename Elem, typename G>
+void LlamaStage<Elem, G>::lora_backward(const Block& b, Linear g, const Elem* dy, const Elem* x, Elem* dx) {
+  const Elem* a = b.lora_a[size_t(g)];
+  if (!a) return;
+  const Elem* bw = b.lora_b[size_t(g)];
+  const int64_t K = fp8_shapes_[size_t(g)].K, N = fp8_shapes_[size_t(g)].N, r = params_.lora.rank;
+  const A s = A(params_.lora.scale());
+  Elem* h = table_->get<Elem>("scratch.lora", 0);
+  Elem* gr = table_->get<Elem>("scratch.lora", 1);
+  auto down = kernels::linear_dgrad_gemm(M_, r, N, dy, bw, gr);
+  down.alpha = s;
+  run(down, "gemm lora_b dgrad");
+  run(kernels::linear_dgrad_gemm(M_, K, r, static_cast<const Elem*>(gr), a, dx, Write::accumulate),
+      "gemm lora_a dgrad");
+  run(kernels::linear_wgrad_gemm(M_, K, r, static_cast<const Elem*>(gr), x, b.lora_ga[size_t(g)]),
+      "gemm lora_a wgrad");
+  run(kernels::linear_forward_gemm(M_, K, r, x, a, h), "gemm lora_a");
+  auto wb = kernels::linear_wgrad_gemm(M_, r, N, dy, static_cast<const Elem*>(h), b.lora_gb[size_t(g)]);
+  wb.alpha = s;
+  run(wb, "gemm lora_b wgrad");
+}
+
+#define WEFT_LLAMA_LORA(E, G)                                                               \
+  template void LlamaStage<E, G>::lora_forward(const Block&, Linear, const E*, E*);         \
+  template void LlamaStage<E, G>::lora_backward(const Block&, Linear, const E*, const E*, E*);
+WEFT_LLAMA_LORA(float, float)
+WEFT_LLAMA_LORA(double, double)
+WEFT_LLAMA_LORA(kernels::bf16, float)
+WEFT_LLAMA_LORA(kernels::bf16, kernels::bf16)
+#undef WEFT_LLAMA_LORA
+
+}  // namespace weft::trainer
