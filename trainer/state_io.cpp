@@ -5,6 +5,7 @@
 #include <vector>
 
 #include <filesystem>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -274,29 +275,35 @@ nlohmann::json lora_base_record(const checkpoint::Pretrained* src, uint64_t seed
   return {{"source", "pretrained"}, {"path", ec ? src->dir : path}, {"hash", checkpoint::pretrained_hash(*src)}};
 }
 
-template <typename Elem, typename G>
-void lora_base_load(const nlohmann::json& base, LlamaStage<Elem, G>& stage, const std::string& where) {
+std::optional<checkpoint::Pretrained> lora_base_open(const nlohmann::json& base, const std::string& where) {
   const std::string source = base.is_object() ? base.value("source", std::string()) : std::string();
-  if (source == "random") {
-    stage.init_weights(base.value("seed", uint64_t{0}), {}, LlamaStage<Elem, G>::InitWhat::frozen);
-    return;
-  }
+  if (source == "random") return std::nullopt;
   if (source != "pretrained" || !base.contains("path") || !base.contains("hash"))
     throw FileFormatError(fmt::format("{}: a LoRA checkpoint must record its base model (run.lora.base: "
                                       "{{\"source\": \"pretrained\", \"path\", \"hash\"}} or "
                                       "{{\"source\": \"random\", \"seed\"}}), got {}",
                                       where, base.dump()));
   const std::string path = base.at("path").get<std::string>(), want = base.at("hash").get<std::string>();
-  const checkpoint::Pretrained src = checkpoint::pretrained_open(path);
+  checkpoint::Pretrained src = checkpoint::pretrained_open(path);
   const std::string have = checkpoint::pretrained_hash(src);
   if (have != want)
     throw InputError(fmt::format("{}: its LoRA adapters were trained on the base model in '{}' with hash {}, "
                                  "but that folder now hashes to {}: its weights changed since; restore them, "
                                  "or start a new run with --init",
                                  where, path, want, have));
-  checkpoint::pretrained_check(src.model, stage.model(), path);
+  return src;
+}
+
+template <typename Elem, typename G>
+void lora_base_load(const nlohmann::json& base, LlamaStage<Elem, G>& stage, const std::string& where) {
+  const std::optional<checkpoint::Pretrained> src = lora_base_open(base, where);
+  if (!src) {
+    stage.init_weights(base.value("seed", uint64_t{0}), {}, LlamaStage<Elem, G>::InitWhat::frozen);
+    return;
+  }
+  checkpoint::pretrained_check(src->model, stage.model(), src->dir);
   const StageParams& sp = stage.params();
-  stage.set_frozen_weights(read_pretrained(src, sp.frozen, sp.frozen_elements));
+  stage.set_frozen_weights(read_pretrained(*src, sp.frozen, sp.frozen_elements));
 }
 
 // The stage types a run trains: CPU fp32, and bf16 with fp32 or bf16 gradients.

@@ -5,6 +5,7 @@
 // new run's stage the same way.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <type_traits>
 
@@ -77,6 +78,10 @@ void state_lora_init(const checkpoint::PeftAdapter& src, LlamaStage<Elem, G>& st
 // and content hash (checkpoint::pretrained_hash), or a random initialisation
 // by its seed. `src` null: random.
 nlohmann::json lora_base_record(const checkpoint::Pretrained* src, uint64_t seed);
+// The recorded base, opened and its hash checked (InputError when the
+// folder's hash is no longer the recorded one; `where` names the
+// checkpoint); nullopt for a random base.
+std::optional<checkpoint::Pretrained> lora_base_open(const nlohmann::json& base, const std::string& where);
 // The recorded base into the stage's frozen weights; InputError when the
 // folder's hash is no longer the recorded one (`where` names the checkpoint).
 // state_load calls it for a LoRA stage.

@@ -67,12 +67,11 @@ void check_export_target(const fs::path& out, const fs::path& checkpoint) {
 
 void export_hf(const std::string& checkpoint_dir, const std::string& out_dir,
                const ExportOptions& options) {
-  const fs::path out = dir_path_clean(out_dir);
   const Checkpoint ckpt = load_checkpoint(checkpoint_dir);
-  check_export_target(out, checkpoint_dir);
-  const auto stage = [&](std::string_view name) {
-    if (options.on_stage) options.on_stage(name);
-  };
+  if (checkpoint_lora(ckpt.manifest).enabled())
+    throw InputError(fmt::format("checkpoint {} holds LoRA adapters, not a whole model: export them with --lora "
+                                 "(a PEFT adapter folder) or merged into the base with --merge",
+                                 checkpoint_dir));
 
   // fp32 parameters: the master copy when there is one, else the stored
   // tensor, widened when it is not fp32 already.
@@ -93,15 +92,25 @@ void export_hf(const std::string& checkpoint_dir, const std::string& out_dir,
     }
     tensors.push_back(std::move(ref));
   }
+  const auto& man = ckpt.manifest;
+  hf_folder_write(out_dir, checkpoint_dir, man.model, man.bos_token_id, man.eos_token_id, tensors, options);
+}
 
+void hf_folder_write(const std::string& out_dir, const std::string& source_dir, const ModelSpec& model,
+                     int64_t bos_token_id, int64_t eos_token_id, const std::vector<TensorRef>& tensors,
+                     const ExportOptions& options) {
+  const fs::path out = dir_path_clean(out_dir);
+  check_export_target(out, source_dir);
+  const auto stage = [&](std::string_view name) {
+    if (options.on_stage) options.on_stage(name);
+  };
   const std::string tmp = temp_dir_name(out.string());
   std::error_code ec;
   fs::remove_all(tmp, ec);
   dir_create(tmp);
   try {
-    const auto& m = ckpt.manifest;
     file_write_atomic((fs::path(tmp) / kConfigFile).string(),
-                      hf_config_json(m.model, m.bos_token_id, m.eos_token_id).dump(2) + "\n");
+                      hf_config_json(model, bos_token_id, eos_token_id).dump(2) + "\n");
     stage("config");
     safetensors_write((fs::path(tmp) / kModelFile).string(), tensors, {{"format", "pt"}});
     stage("model");

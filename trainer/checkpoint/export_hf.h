@@ -5,11 +5,13 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "core/model_spec.h"
 #include "trainer/checkpoint/file_io.h"
+#include "trainer/checkpoint/safetensors.h"
 
 namespace weft::checkpoint {
 
@@ -31,5 +33,12 @@ struct ExportOptions {
 // never deletes a user's files.
 void export_hf(const std::string& checkpoint_dir, const std::string& out_dir,
                const ExportOptions& options = {});
+
+// The folder export_hf writes, from given fp32 tensors under Hugging Face
+// names (a merged LoRA model); the same checks of `out_dir` (`source_dir`
+// may not be it) and the same atomic swap.
+void hf_folder_write(const std::string& out_dir, const std::string& source_dir, const ModelSpec& model,
+                     int64_t bos_token_id, int64_t eos_token_id, const std::vector<TensorRef>& tensors,
+                     const ExportOptions& options = {});
 
 }  // namespace weft::checkpoint
