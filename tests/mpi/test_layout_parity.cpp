@@ -97,9 +97,9 @@ double max_rel(const std::vector<double>& a, const std::vector<double>& b) {
 // first step's within `first_tol`) and every rank's measured arena against
 // the memory model per category (5%), and returns a row of the printed table.
 std::string parity_row(Fixture& f, const std::vector<double>& ref, const std::string& layout, double tol = 1e-5,
-                       double first_tol = 1e-5) {
-  const auto out = f.dir.path("run-" + layout);
-  const auto losses = f.train(layout, out);
+                       double first_tol = 1e-5, const std::string& extra = "") {
+  const auto out = f.dir.path("run-" + layout + (extra.empty() ? "" : "-x"));
+  const auto losses = f.train(layout, out, extra);
   const double dev = max_rel(losses, ref);
   EXPECT_LE(dev, tol) << layout;
   if (!losses.empty() && !ref.empty()) EXPECT_LE(std::fabs(losses[0] - ref[0]) / ref[0], first_tol) << layout;
@@ -305,6 +305,54 @@ TEST(LayoutParity, CheckpointsReshardAcrossLayouts) {
   const auto tensorwise = f.train("tp1-pp1-dp1-mb2-fp8:tensorwise", f.dir.path("fp8-tw"), "--resume-from " + fp8_ckpt);
   ASSERT_EQ(tensorwise.size(), 2u);
   EXPECT_GT(std::fabs(tensorwise[0] - fp8_ref[3]) / fp8_ref[3], 1e-6);
+}
+
+// LoRA: the adapters shard with their base layers under tp (B split with a
+// column-parallel layer's outputs, A with a row-parallel layer's inputs,
+// the whole halves' gradients summed over tp), sp, pp 1F1B and interleaved,
+// dp under ZeRO-0 to 3 (only adapters are sharded; the frozen base is
+// whole on every dp rank), cp, checkpointing and tied embeddings (frozen);
+// the same losses as one rank, and each rank's arena equal to the memory
+// model per category. A LoRA checkpoint (the adapters, and the random base
+// by its seed) resumes under other layouts with the uninterrupted losses.
+TEST(LayoutParity, Lora) {
+  Fixture f;
+  const std::string lora = "--lora 4 --lora-alpha 6";
+  const auto ref = f.train("tp1-pp1-dp1-mb2", f.dir.path("lora-ref"), lora + " --ckpt-every 3");
+  ASSERT_EQ(ref.size(), 5u);
+  const auto full = f.train("tp1-pp1-dp1-mb2", f.dir.path("full-ref"));
+  EXPECT_GT(max_rel(ref, full), 1e-4) << "LoRA trains other weights than full training";
+  std::string table = fmt::format("{:<62} {:>5} {:>12} {:>14}\n", "layout (LoRA r 4)", "ranks", "max rel dev",
+                                  "worst mem dev");
+  for (const std::string layout :
+       {"tp2-pp1-dp1-mb2", "tp2-pp1-dp1-mb2-sp", "tp1-pp2-dp1-mb1", "tp1-pp1-dp2-mb2-zero1",
+        "tp1-pp1-dp2-mb2-zero3", "tp2-pp2-dp2-mb1", "tp1-pp1-dp2-mb1-zero2-ckpt:full",
+        "tp2-pp2-dp2-mb1-vpp2-sp-zero2-ckpt:selective", "tp4-pp1-dp1-mb2-ckpt:ffn-norm:unfused",
+        "tp2-pp1-dp2-mb1-sp-zero3-attn:materialized", "tp1-cp2-pp1-dp1-mb2-cp:ring",
+        "tp2-cp2-pp1-dp1-mb1-sp-cp:a2a"})
+    table += parity_row(f, ref, layout, 1e-5, 1e-5, lora);
+  // Adapters on some layers only.
+  const std::string qv = "--lora 2 --lora-targets q,v,down";
+  const auto qv_ref = f.train("tp1-pp1-dp1-mb2", f.dir.path("qv-ref"), qv);
+  table += parity_row(f, qv_ref, "tp2-pp2-dp2-mb1-sp-zero1", 1e-5, 1e-5, qv);
+  std::printf("%s", table.c_str());
+  // Tied embeddings stay tied and frozen over several stages.
+  Fixture tied(/*tied=*/true);
+  const auto tied_ref = tied.train("tp1-pp1-dp1-mb2", tied.dir.path("ref"), lora);
+  EXPECT_LE(max_rel(tied.train("tp1-pp2-dp2-mb1-zero3", tied.dir.path("pp2"), lora), tied_ref), 1e-5);
+  // Resumed under other layouts from the step-3 checkpoint.
+  const auto ckpt = f.dir.path("lora-ref") + "/checkpoints/step_000003";
+  for (const std::string to : {"tp2-pp2-dp1-mb1-sp", "tp1-pp1-dp4-mb1-zero3"}) {
+    const auto losses = f.train(to, f.dir.path("lora-b-" + to), lora + " --resume-from " + ckpt);
+    ASSERT_EQ(losses.size(), 2u) << to;
+    for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(losses[i], ref[3 + i], 1e-5 * ref[3 + i]) << to << " step " << 4 + i;
+  }
+  // Other LoRA settings than the checkpoint's are refused by name.
+  const auto r = run_weft(fmt::format("train --data {} --model {} --seq 16 --global-batch 8 --steps 5 --layout mb2 "
+                                      "--out {} --lora 8 --resume-from {}",
+                                      f.data, f.config, f.dir.path("lora-bad"), ckpt));
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("LoRA rank 4"), std::string::npos) << r.out;
 }
 
 TEST(LayoutParity, BadLayoutsAreClearErrors) {
