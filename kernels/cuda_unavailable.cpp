@@ -18,6 +18,7 @@
 #include "kernels/rmsnorm/rmsnorm.h"
 #include "kernels/rope/rope.h"
 #include "kernels/swiglu/swiglu.h"
+#include "kernels/dropout/dropout.h"
 
 namespace weft::kernels {
 
@@ -47,6 +48,7 @@ WEFT_CUDA_UNAVAILABLE(RmsnormUnfusedBackwardParams)
 WEFT_CUDA_UNAVAILABLE(RopeParams)
 WEFT_CUDA_UNAVAILABLE(SwigluForwardParams)
 WEFT_CUDA_UNAVAILABLE(SwigluBackwardParams)
+WEFT_CUDA_UNAVAILABLE(DropoutParams)
 WEFT_CUDA_UNAVAILABLE(EmbeddingForwardParams)
 WEFT_CUDA_UNAVAILABLE(EmbeddingBackwardParams)
 WEFT_CUDA_UNAVAILABLE(CrossEntropyMaxParams)

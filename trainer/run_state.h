@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/hash.h"
 #include "core/pipeline_schedule.h"
 #include "memory/arena.h"
 #include "memory/device.h"
@@ -105,6 +106,7 @@ struct Run {
       tok = local_tokens.data();
       tgt = local_targets.data();
     }
+    stage.set_samples(slot, first);
     stage.forward(slot, tok, tgt, scale, chunk);
   }
 
@@ -157,6 +159,8 @@ struct Run {
     };
     stage.zero_grads();
     stage.fp8_step_begin();
+    // LoRA dropout draws a fresh mask every step, the same under any layout.
+    stage.lora_dropout(true, splitmix64(c.seed ^ splitmix64(uint64_t(step0) + 1)));
     for (const PipeOp& op : pipeline_schedule(pp_size, c.layout.vpp, m, s)) {
       const int64_t mb = op.micro_batch, ch = op.chunk;
       switch (op.kind) {
@@ -195,6 +199,7 @@ struct Run {
     if (send_grad) send_grad->wait();
     send_act.reset();
     send_grad.reset();
+    stage.lora_dropout(false);
     stage.finish_dp_reduction();
     stage.sync_tied_grads();
     stage.reduce_replicated_grads();

@@ -98,7 +98,7 @@ double max_rel(const std::vector<double>& a, const std::vector<double>& b) {
 // the memory model per category (5%), and returns a row of the printed table.
 std::string parity_row(Fixture& f, const std::vector<double>& ref, const std::string& layout, double tol = 1e-5,
                        double first_tol = 1e-5, const std::string& extra = "") {
-  const auto out = f.dir.path("run-" + layout + (extra.empty() ? "" : "-x"));
+  const auto out = f.dir.path("run-" + layout + (extra.empty() ? "" : fmt::format("-{:x}", std::hash<std::string>{}(extra))));
   const auto losses = f.train(layout, out, extra);
   const double dev = max_rel(losses, ref);
   EXPECT_LE(dev, tol) << layout;
@@ -331,6 +331,13 @@ TEST(LayoutParity, Lora) {
         "tp2-pp1-dp2-mb1-sp-zero3-attn:materialized", "tp1-cp2-pp1-dp1-mb2-cp:ring",
         "tp2-cp2-pp1-dp1-mb1-sp-cp:a2a"})
     table += parity_row(f, ref, layout, 1e-5, 1e-5, lora);
+  // Dropout on the adapters' inputs: every layout draws the same mask.
+  const std::string drop = lora + " --lora-dropout 0.3";
+  const auto drop_ref = f.train("tp1-pp1-dp1-mb2", f.dir.path("drop-ref"), drop);
+  EXPECT_GT(max_rel(drop_ref, ref), 1e-5) << "dropout changed nothing";
+  for (const std::string layout : {"tp2-pp1-dp1-mb2-sp", "tp2-pp2-dp2-mb1-zero3-ckpt:full", "tp1-pp2-dp1-mb1-vpp2",
+                                   "tp2-cp2-pp1-dp1-mb1-cp:allgather"})
+    table += parity_row(f, drop_ref, layout, 1e-5, 1e-5, drop);
   // Adapters on some layers only.
   const std::string qv = "--lora 2 --lora-targets q,v,down";
   const auto qv_ref = f.train("tp1-pp1-dp1-mb2", f.dir.path("qv-ref"), qv);

@@ -149,6 +149,7 @@ int64_t LlamaStage<Elem, G>::instance(const char* name, int64_t slot, int64_t la
 template <typename Elem, typename G>
 typename LlamaStage<Elem, G>::Block LlamaStage<Elem, G>::block(int64_t slot, int64_t chunk, int64_t layer) {
   Block b{};
+  b.slot = slot;
   b.layer = layer;
   b.mode = mode(layer);
   const int64_t local = chunk * Lc_ + layer;  // the stage's block index

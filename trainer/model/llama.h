@@ -196,6 +196,19 @@ class LlamaStage {
   int64_t fp8_history_len() const { return fp8_history_len_; }
   void fp8_history_set(const std::vector<float>& history, int64_t len);
 
+  // LoRA dropout (RunSpec::lora.dropout > 0): on for a training step's
+  // forwards and backwards (a key drawn from the run's seed and the step),
+  // off otherwise (validation, eval). The mask of an element depends on the
+  // key, its layer and linear layer and its global position alone (the
+  // sample, the token, the feature), so every layout drops the same
+  // elements: set_samples tells the stage the global index of the first
+  // sample of the micro-batch in `slot` before its forward.
+  void lora_dropout(bool on, uint64_t step_key = 0) {
+    dropout_on_ = on;
+    dropout_key_ = step_key;
+  }
+  void set_samples(int64_t slot, int64_t first_sample);
+
   // Copies the logits (B*T, V/tp) of each forward to the host, before the
   // loss overwrites them with their gradient (reference tests, eval dumps).
   void capture_logits(std::vector<Elem>* out) { capture_ = out; }
@@ -297,6 +310,12 @@ class LlamaStage {
   Elem* weights_ = nullptr;
   G* grads_ = nullptr;
   Elem* frozen_ = nullptr;  // LoRA's base weights (weights.frozen)
+  bool dropout_on_ = false;
+  uint64_t dropout_key_ = 0;
+  std::vector<int64_t> slot_first_sample_;  // per activation slot (set_samples)
+  // drop(x) of linear g of block b into scratch.lora_dropped, or into
+  // `out` (write: accumulate adds it).
+  void lora_drop(const Block& b, Linear g, const Elem* x, int64_t cols, Elem* out, kernels::Write write);
   double loss_host_ = 0;      // CPU: the loss sum since take_loss()
   A* loss_device_ = nullptr;  // GPU: per-token losses summed since take_loss()
   // ZeRO-2: each parameter group's gradient of a micro-batch is built in the

@@ -20,6 +20,7 @@ namespace weft::trainer {
 // Pointers to one block's tensors for one slot (LlamaStage::block).
 template <typename Elem, typename G>
 struct LlamaStage<Elem, G>::Block {
+  int64_t slot = 0;   // the activation slot of its micro-batch
   int64_t layer = 0;  // local index
   int64_t index = 0;  // the stage's block index: chunk * blocks per chunk + layer
   bool fp8 = false;   // its linear layers run in FP8 (Layout::fp8_layer)
