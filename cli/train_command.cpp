@@ -13,6 +13,7 @@
 #include "cli/auto_tune.h"
 #include "cli/commands.h"
 #include "cli/options.h"
+#include "core/flops.h"
 #include "cli/progress.h"
 #include "core/error.h"
 #include "core/stop.h"
@@ -131,6 +132,9 @@ void print_summary(const trainer::TrainConfig& c, const trainer::TrainReport& r)
     s += fmt::format("  loss {:.4f} -> {:.4f}", r.losses.front(), r.losses.back());
   if (!std::isnan(r.val_loss)) s += fmt::format(" | validation {:.4f} (unigram baseline {:.4f})", r.val_loss, r.baseline);
   if (!r.losses.empty() || !std::isnan(r.val_loss)) s += "\n";
+  if (c.run.lora.enabled())
+    s += fmt::format("  parameters  {} trainable (LoRA adapters) of {}, the base frozen\n",
+                     lora_params(c.model, c.run.lora), c.model.param_count());
   if (!r.checkpoint.empty()) s += fmt::format("  checkpoint  {}\n", r.checkpoint);
   s += fmt::format("  metrics     {}/metrics.jsonl\n", c.out_dir);
   s += fmt::format("  memory      {}/memory/\n", c.out_dir);

@@ -9,7 +9,9 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "core/error.h"
+#include "core/flops.h"
 #include "core/json_io.h"
+#include "core/units.h"
 #include "tuner/device_profile.h"
 #include "tuner/recipe.h"
 #include "report/report.h"
@@ -33,7 +35,49 @@ struct TuneArgs {
   bool exhaustive = false;
   double margin = 0.05;
   std::string profile;
+  LoraArgs lora;
 };
+
+// Under LoRA, the dry-run also says what full fine-tuning of the same model
+// would take on this cluster: its best layout, or that none fits and the
+// smallest device count (doubling, up to 64 times) where one does.
+std::string full_fine_tuning_note(const tuner::SpaceContext& lora_ctx, const tuner::SpaceLimits& limits,
+                                  const tuner::SpaceReport& lora_report) {
+  const auto best = [](const tuner::SpaceReport& r) -> const tuner::Candidate* {
+    return r.fitting > 0 && !r.candidates.empty() && r.candidates.front().verdict == tuner::Verdict::fits
+               ? &r.candidates.front()
+               : nullptr;
+  };
+  const auto row = [&](const char* what, const tuner::Candidate& c, int64_t gpus) {
+    return fmt::format("  {:<22} {:>5} GPUs  {:<60} {:>8.1f}% MFU {:>12.0f} tokens/s {:>8.1f} GiB peak\n", what, gpus,
+                       c.layout.to_string(), 100 * c.cost.mfu, c.cost.tokens_per_second,
+                       double(c.memory.peak()) / double(GiB));
+  };
+  tuner::SpaceContext full = lora_ctx;
+  full.run.lora = {};
+  std::string s = fmt::format("\nLoRA against full fine-tuning of {} ({}):\n", lora_ctx.model.name,
+                              lora_summary(lora_ctx.model, lora_ctx.run.lora));
+  if (const auto* c = best(lora_report)) s += row("LoRA", *c, lora_ctx.cluster.gpus);
+  else s += fmt::format("  {:<22} {:>5} GPUs  no layout fits\n", "LoRA", lora_ctx.cluster.gpus);
+  for (int64_t factor = 1; factor <= 64; factor *= 2) {
+    full.cluster = lora_ctx.cluster;
+    full.cluster.gpus = lora_ctx.cluster.gpus * factor;
+    tuner::SpaceReport r;
+    try {
+      r = tuner::search(full, limits, 1, full.cluster.device);
+    } catch (const InputError&) {
+      continue;
+    }
+    if (const auto* c = best(r)) {
+      s += row(factor == 1 ? "full fine-tuning" : "full fine-tuning (more)", *c, full.cluster.gpus);
+      if (factor > 1)
+        s += fmt::format("  full fine-tuning fits on no layout of {} GPUs; {} is the smallest doubling that fits\n",
+                         lora_ctx.cluster.gpus, full.cluster.gpus);
+      return s;
+    }
+  }
+  return s + fmt::format("  full fine-tuning fits on no layout of up to {} GPUs\n", 64 * lora_ctx.cluster.gpus);
+}
 
 int run_tune(const TuneArgs& a) {
   if (!a.dry_run)
@@ -48,6 +92,7 @@ int run_tune(const TuneArgs& a) {
   ctx.model = a.model.resolve();
   ctx.cluster = a.cluster.resolve();
   ctx.run = a.run.resolve(ctx.cluster.device);
+  ctx.run.lora = a.lora.resolve();
   ctx.constants = tuner::cost_defaults(ctx.cluster.device);
   if (!a.profile.empty()) {
     // A measured profile describes this machine with the dry-run's ranks per
@@ -116,7 +161,9 @@ int run_tune(const TuneArgs& a) {
     tuner::recipe_save(a.save_recipe, r);
     std::fprintf(stderr, "weft: saved recipe %s (%s)\n", a.save_recipe.c_str(), best.layout.to_string().c_str());
   }
-  const std::string text = report::report_render(format, report, ctx, top);
+  std::string text = report::report_render(format, report, ctx, top);
+  if (ctx.run.lora.enabled() && (format == report::ReportFormat::table || format == report::ReportFormat::md))
+    text += full_fine_tuning_note(ctx, a.space.resolve(), report);
   if (a.out.empty()) {
     std::fwrite(text.data(), 1, text.size(), stdout);
   } else {
@@ -135,6 +182,7 @@ Command add_tune_command(CLI::App& app) {
   add_model_options(*sub, args->model);
   add_cluster_options(*sub, args->cluster);
   add_run_options(*sub, args->run);
+  add_lora_options(*sub, args->lora);
   add_space_options(*sub, args->space);
   sub->add_flag("--dry-run", args->dry_run,
                 "Evaluate with the memory and cost models only (no devices needed)");

@@ -1,13 +1,58 @@
 #include "core/flops.h"
 
+#include <array>
+
+#include <fmt/format.h>
+
 namespace weft {
 
 double model_flops_per_token(const ModelSpec& m, int64_t seq) {
   return 6.0 * double(m.flop_params()) + 12.0 * double(m.layers) * double(m.hidden) * double(seq);
 }
 
+namespace {
+
+// (in + out) of each linear layer of a block: q, k, v, o, gate, up, down.
+std::array<double, kLinears> linear_io(const ModelSpec& m) {
+  const double C = double(m.hidden), D = double(m.head_dim), F = double(m.intermediate);
+  const double q = double(m.heads) * D, kv = double(m.kv_heads) * D;
+  return {C + q, C + kv, C + kv, q + C, C + F, C + F, F + C};
+}
+
+std::string count_text(double n) {
+  return n >= 1e9 ? fmt::format("{:.2f}B", n / 1e9) : n >= 1e6 ? fmt::format("{:.1f}M", n / 1e6)
+                                                                : fmt::format("{:.1f}K", n / 1e3);
+}
+
+}  // namespace
+
+int64_t lora_params(const ModelSpec& m, const LoraSpec& lora) {
+  if (!lora.enabled()) return 0;
+  const auto io = linear_io(m);
+  int64_t n = 0;
+  for (int g = 0; g < kLinears; ++g)
+    if (lora.targets_linear(Linear(g))) n += lora.rank * int64_t(io[size_t(g)]);
+  return n * m.layers;
+}
+
+std::string lora_summary(const ModelSpec& m, const LoraSpec& lora) {
+  if (!lora.enabled()) return {};
+  const double n = double(lora_params(m, lora)), total = double(m.param_count());
+  return fmt::format("LoRA r {}, alpha {:g}{} on {}: {} trainable of {} parameters ({:.2f}%)", lora.rank, lora.alpha,
+                     lora.dropout > 0 ? fmt::format(", dropout {:g}", lora.dropout) : "", lora.targets_text(),
+                     count_text(n), count_text(total), 100.0 * n / total);
+}
+
 double model_flops_per_step(const ModelSpec& m, const RunSpec& run) {
-  return model_flops_per_token(m, run.seq) * double(run.tokens_per_step());
+  if (!run.lora.enabled()) return model_flops_per_token(m, run.seq) * double(run.tokens_per_step());
+  const double C = double(m.hidden);
+  const auto io = linear_io(m);
+  double adapters = 0;
+  for (int g = 0; g < kLinears; ++g)
+    if (run.lora.targets_linear(Linear(g))) adapters += 6.0 * double(run.lora.rank) * io[size_t(g)];
+  const double per_token = 4.0 * double(m.flop_params()) + 12.0 * double(m.layers) * C * double(run.seq) +
+                           double(m.layers) * adapters;
+  return per_token * double(run.tokens_per_step());
 }
 
 double mfu(double model_flops_per_second, int64_t devices, double peak_flops_per_device) {

@@ -4,9 +4,16 @@
 // norm and the LM head, but not the input-embedding lookup) and T the sequence
 // length (the attention score and value matmuls, counted without the causal
 // halving). Recomputation is not counted.
+//
+// LoRA (RunSpec::lora) trains only adapters: the frozen weights need no
+// weight gradients, so a token costs 4 N (forward and input gradients) plus
+// the attention's 12 L C T plus each adapter's 6 r (in + out) per targeted
+// layer (two forward GEMMs, four backward), the FLOPs the run needs. MFU
+// against 6 N would overstate a LoRA run's utilisation by half.
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "core/model_spec.h"
 #include "core/run_spec.h"
@@ -14,6 +21,12 @@
 namespace weft {
 
 double model_flops_per_token(const ModelSpec& m, int64_t seq);
+// LoRA's trainable parameters: the adapters, L x sum over targets of r (in + out).
+int64_t lora_params(const ModelSpec& m, const LoraSpec& lora);
+// "LoRA r 16, alpha 32 on q,k,v,o,gate,up,down: 207.1M trainable of 70.55B
+// parameters (0.29%)"; empty without LoRA. The run headers, the dry-run and
+// the reports print it.
+std::string lora_summary(const ModelSpec& m, const LoraSpec& lora);
 double model_flops_per_step(const ModelSpec& m, const RunSpec& run);
 // MFU = model FLOPs per second / (devices x dense peak per device).
 double mfu(double model_flops_per_second, int64_t devices, double peak_flops_per_device);

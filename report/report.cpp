@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/flops.h"
 #include "core/error.h"
 #include "core/units.h"
 #include "trainer/loop.h"
@@ -66,11 +67,13 @@ std::string header(const SpaceReport& r, const SpaceContext& c) {
                         c.cluster.device.peak_bf16_flops / 1e12, c.cluster.device.peak_fp8_flops / 1e12)
           : "";
   return fmt::format(
-      "model   {}\ncluster {}\nrun     seq {}, global batch {} ({:.2f}M tokens/step), {}\n"
+      "model   {}\ncluster {}\nrun     seq {}, global batch {} ({:.2f}M tokens/step), {}{}\n"
       "MFU against the {} peak of {:.1f} TFLOP/s per device; memory margin {:.0f}% "
       "(usable {:.1f} of {:.1f} GiB)\n{}{}",
       c.model.summary(), c.cluster.summary(), c.run.seq, c.run.global_batch,
-      double(c.run.tokens_per_step()) / 1e6, to_string(c.run.precision), peak_kind,
+      double(c.run.tokens_per_step()) / 1e6, to_string(c.run.precision),
+      c.run.lora.enabled() ? "\nlora    " + lora_summary(c.model, c.run.lora) + " (MFU counts 4N + adapters: no weight gradients of frozen weights)" : "",
+      peak_kind,
       c.cluster.device.peak_flops(to_string(c.run.precision)) / 1e12, 100 * c.memory.margin,
       usable / double(GiB), gib(c.cluster.device.memory_bytes), fp8_note, space);
 }
@@ -233,6 +236,7 @@ nlohmann::json report_json(const SpaceReport& r, const SpaceContext& ctx, int64_
   j["cluster"] = ctx.cluster;
   j["cost_constants"] = ctx.constants;
   j["memory_margin"] = ctx.memory.margin;
+  if (ctx.run.lora.enabled()) j["trainable_params"] = lora_params(ctx.model, ctx.run.lora);
   j["evaluated"] = r.evaluated;
   j["visited"] = r.visited;
   j["exhaustive"] = r.exhaustive;

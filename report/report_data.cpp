@@ -95,7 +95,7 @@ json dry_run_data(const json& head, Collector c, int64_t invalid, double usable,
   const std::string device = device_name.is_string() ? device_name.get<std::string>() : "?";
   const int64_t gpus = world.is_number_integer() ? world.get<int64_t>() : 0;
   d["title"] = fmt::format("weft dry-run: {} on {} x {}", model, gpus, device);
-  for (const char* k : {"model", "run", "cluster", "memory_margin", "evaluated", "fitting", "pruned"})
+  for (const char* k : {"model", "run", "cluster", "memory_margin", "evaluated", "fitting", "pruned", "trainable_params"})
     if (head.contains(k)) d[k] = head[k];
   d["listed"] = int64_t(c.pts.size()) + invalid;
   d["categories"] = categories();

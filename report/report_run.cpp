@@ -135,6 +135,8 @@ json report_data_run(const std::string& dir) {
     if (h.contains("model") && h["model"].is_string()) model = h["model"].get<std::string>();
     else if (h.contains("model") && h["model"].is_object()) model = field_text(h["model"], "name");
     if (h.contains("layout") && h["layout"].is_string()) layout = h["layout"].get<std::string>();
+    if (h.contains("params") && h["params"].is_object()) d["params"] = h["params"];
+    if (h.contains("run") && h["run"].is_object() && h["run"].contains("lora")) d["lora"] = h["run"]["lora"];
   }
   if (layout.empty() && !d["memory"].empty()) layout = field_text(d["memory"][0], "layout");
   d["layout"] = layout;

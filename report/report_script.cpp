@@ -180,7 +180,9 @@ function dryRun(d) {
   facts(main, [
     ["model", `${model.name} (${num(model.params)} parameters, ${model.layers} layers, hidden ${model.hidden})`],
     ["cluster", `${cl.gpus} x ${dev.name}, ${cl.gpus_per_node} per node, ${num(gib(dev.memory_bytes))} GiB each`],
-    ["run", `seq ${run.seq}, global batch ${run.global_batch}, ${run.precision}`],
+    ["run", `seq ${run.seq}, global batch ${run.global_batch}, ${run.precision}` +
+            (run.lora ? `; LoRA r ${run.lora.rank}, alpha ${run.lora.alpha} on ${run.lora.targets} ` +
+                        `(${num(d.trainable_params)} trainable of ${num(model.params)}; the base frozen)` : "")],
     ["layouts", `${d.evaluated} evaluated, ${d.fitting} fit, ${d.evaluated - d.fitting} pruned` +
                 (d.listed != null && d.listed < d.evaluated ? ` (this file lists ${d.listed})` : "")],
     ["MFU", `against ${num(d.peak_flops / 1e12)} TFLOP/s peak per device`],
@@ -363,6 +365,10 @@ function runReport(d) {
   const rows = [["folder", d.dir], ["layout", d.layout || "-"], ["GEMMs", d.gemm_precision || "-"],
                 ["records", `${d.train_records} train, ${va.length} validation` +
                             (d.train_stride ? ` (plots every ${d.train_stride}th train record)` : "")]];
+  if (d.params && d.params.total)
+    rows.push(["parameters", `${num(d.params.trainable)} trainable of ${num(d.params.total)} ` +
+                             `(${pct(d.params.trainable / d.params.total)})` +
+                             (d.lora ? `: LoRA r ${d.lora.rank}, alpha ${d.lora.alpha} on ${d.lora.targets}, the base frozen` : "")]);
   if (d.headers.length > 1 || d.resumes.length) rows.push(["resumed", `${d.headers.length} run headers; resumed at step ${d.resumes.join(", ") || "?"}`]);
   if (d.ends.length === 0 && d.headers.length) rows.push(["end", "no end record: the run was cut off or is still going"]);
   if (d.recipe) rows.push(["recipe", `${d.recipe.layout} (${d.recipe.source})`]);

@@ -85,6 +85,8 @@ EvalResult evaluate(const EvalConfig& config, std::FILE* log) {
   if (run.seq <= 0) throw InputError(fmt::format("checkpoint {} records no sequence length; pass --seq", c.checkpoint));
   run.global_batch = 1;
   run.precision = Precision::fp32;
+  // A LoRA checkpoint: its adapters on the base model it records.
+  run.lora = checkpoint::checkpoint_lora(ck.manifest);
   if (c.samples < 1) throw InputError(fmt::format("--samples {} must be at least 1", c.samples));
 
   const data::DataSpec spec = data::data_spec_or_corpus(c.data);

@@ -65,6 +65,9 @@ nlohmann::json metrics_header(const TrainConfig& c, int64_t world, int64_t done,
           {"model", c.model},
           {"layout", c.layout.to_string()},
           {"run", c.run},
+          // Trainable against total parameters (LoRA trains the adapters alone).
+          {"params", {{"total", c.model.param_count()},
+                      {"trainable", c.run.lora.enabled() ? lora_params(c.model, c.run.lora) : c.model.param_count()}}},
           {"device", c.device.summary()},
           {"world", world},
           {"peak_flops", c.device.peak_flops(to_string(c.run.precision))},  // per device, what MFU is against
@@ -343,6 +346,7 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
   const double flops_per_step = model_flops_per_step(c.model, c.run);
   fmt::print(log, "training {} on {} x {} ({}), layout {}\n", c.model.summary(), world,
              c.device.summary(), to_string(c.run.precision), c.layout.to_string());
+  if (c.run.lora.enabled()) fmt::print(log, "{}; the base model frozen\n", lora_summary(c.model, c.run.lora));
   fmt::print(log, "data {}: {} train tokens, {} samples of {} tokens per step; unigram baseline "
                   "{:.4f} nats/token\n",
              run.data.path, run.data.train->size(), c.run.global_batch, c.run.seq, report.baseline);

@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "core/flops.h"
+#include "memory/shapes.h"
 #include "tuner/cost_parts.h"
 #include "tuner/device_profile.h"
 
@@ -132,7 +133,8 @@ Sharding sharding_cost(const Model& x, double mbs, double bwd_mb, double t_mb) {
   // gradient (fp32 or bf16, as the layout keeps gradients) after the
   // backward, there and back; under ZeRO-1 and -2 each first gathers its
   // copy's reduced gradient over dp x cp.
-  if (l.pp > 1 && m.tied_embeddings) {
+  const bool lora = x.run.lora.enabled();
+  if (l.pp > 1 && m.tied_embeddings && !lora) {
     const double table = double(l.grad_bytes()) * Vl * C;
     s.tied_p2p = 2 * x.p2p(table);
     if (l.zero >= 1 && l.shard_ways() > 1) s.tied_p2p += all_gather(table, x.shard_group());
@@ -141,7 +143,10 @@ Sharding sharding_cost(const Model& x, double mbs, double bwd_mb, double t_mb) {
   // Data parallelism over the larger of the first and last stage's params:
   // gradients sum, and ZeRO shards, over the dp x cp ranks (each cp rank saw
   // its part of every sequence).
+  // Under LoRA only the adapters have gradients and optimizer state, and
+  // only they are reduced and sharded.
   const auto stage_params = [&](bool emb, bool head) {
+    if (lora) return double(layers) * double(memory::lora_block_elements(m, l, x.run.lora));
     const double block = double(2 * m.hidden + (2 * (m.heads / l.tp) + 2 * (m.kv_heads / l.tp)) *
                                                    m.head_dim * m.hidden +
                                 3 * (m.intermediate / l.tp) * m.hidden);
@@ -189,7 +194,9 @@ Sharding sharding_cost(const Model& x, double mbs, double bwd_mb, double t_mb) {
   if (l.shard_ways() > 1) {
     // The group reduced last is exposed: the embedding table, whose
     // gradient is final only at the very end of the first stage's backward.
-    const double tail = std::min(1.0, Vl * C / stage_params(true, l.pp == 1));
+    // (Under LoRA a block's adapters.)
+    const double tail = lora ? 1.0 / double(std::max<int64_t>(1, layers))
+                             : std::min(1.0, Vl * C / stage_params(true, l.pp == 1));
     // Hidden communication is not free: NCCL kernels take SMs and memory
     // bandwidth from the compute they overlap (10-20% slowdowns are typical).
     const double exposed = std::max(reduce - k.dp_overlap * window, reduce * tail * tail_share);

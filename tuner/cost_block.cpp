@@ -147,6 +147,7 @@ Part block_cost(const Model& x) {
   const double amax_fwd = amax * (int(qkv8) + int(o8) + int(up8) + int(down8));
   const double amax_bwd = amax * (3 * int(qkv8) + int(o8) + 2 * int(up8) + int(down8));
 
+  double mlp_pre_lora = 0;
   const double attn_pre = x.norm_fwd(Msp) + attn_cast + qkv_fwd + rope;
   const double mlp_pre = x.norm_fwd(Msp) + mlp_cast + 2 * x.block_linear_fwd(M, Fl, C) + x.stream("swiglu_fwd", M, Fl);
   p.fwd = attn_pre + attn_fwd + x.block_linear_fwd(M, C, Hl * D) + resid + mlp_pre + x.block_linear_fwd(M, C, Fl) +
@@ -154,6 +155,20 @@ Part block_cost(const Model& x) {
   p.bwd = x.norm_bwd(Msp) + qkv_bwd + rope + attn_bwd + x.block_linear_bwd(M, C, Hl * D) + resid + x.norm_bwd(Msp) +
           2 * x.block_linear_bwd(M, Fl, C) + x.stream("swiglu_bwd", M, Fl) + x.block_linear_bwd(M, C, Fl) + resid +
           casts_bwd;
+  // LoRA: each targeted layer's adapters, in the forward (redone with it
+  // under recomputation: the MLP's gate and up adapters with mlp_pre).
+  if (x.run.lora.enabled()) {
+    const std::pair<double, double> nk[kLinears] = {{Hl * D, C}, {Kl * D, C}, {Kl * D, C}, {C, Hl * D},
+                                                    {Fl, C},     {Fl, C},     {C, Fl}};
+    for (int g = 0; g < kLinears; ++g) {
+      if (!x.run.lora.targets_linear(Linear(g))) continue;
+      const auto [N, K] = nk[g];
+      const double f = x.lora_fwd(M, N, K);
+      p.fwd += f;
+      p.bwd += x.lora_bwd(M, N, K);
+      if (Linear(g) == Linear::gate || Linear(g) == Linear::up) mlp_pre_lora += f;
+    }
+  }
 
   // Two column/row-parallel pairs per block: forward all-reduce (or, with
   // sequence parallelism, all-gather before and reduce-scatter after) and the
@@ -199,7 +214,7 @@ Part block_cost(const Model& x) {
   }
 
   p.attn_fwd = attn_fwd;
-  p.mlp_pre = mlp_pre;
+  p.mlp_pre = mlp_pre + mlp_pre_lora;
   p.tp_fwd = tp_fwd;
   p.cp_fwd = cp_fwd;
   return p;
@@ -275,10 +290,11 @@ std::pair<StageCost, StageCost> stage_costs(const Model& x, const Blocks& keeps,
 
   StageCost first = body(keeps.first, ckpts.first), last = body(keeps.last, ckpts.last);
   first.fwd += x.stream("embedding_fwd", M, C);
-  first.bwd += x.stream("embedding_bwd", M, C);
+  if (!x.run.lora.enabled()) first.bwd += x.stream("embedding_bwd", M, C);  // a frozen table has no gradient
   first.tp += l.sp ? reduce_scatter(act, tg) + all_gather(act, tg) : all_reduce(act, tg);
   last.fwd += x.norm_fwd(Msp) + x.linear_fwd(M, Vl, C) + x.stream("cross_entropy", M, Vl);
-  last.bwd += x.norm_bwd(Msp) + x.linear_bwd(M, Vl, C);
+  // A frozen head (LoRA) computes its input gradient alone.
+  last.bwd += x.norm_bwd(Msp) + (x.run.lora.enabled() ? x.gemm(M, C, Vl) : x.linear_bwd(M, Vl, C));
   last.tp += 3 * all_reduce(4 * M, tg) +
              (l.sp ? 2 * all_gather(act, tg) + reduce_scatter(act, tg) : all_reduce(act, tg));
   if (l.pp == 1) {

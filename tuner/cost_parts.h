@@ -86,8 +86,25 @@ struct Model {
   double block_linear_fwd(double M, double N, double K) const {
     return in_fp8(M, N, K) ? gemm8(M, N, K) : linear_fwd(M, N, K);
   }
+  // Under LoRA the base weights are frozen: the backward computes the input
+  // gradient alone.
   double block_linear_bwd(double M, double N, double K) const {
-    return in_fp8(M, N, K) ? gemm8(M, K, N) + gemm8(N, K, M) : linear_bwd(M, N, K);
+    const bool frozen = run.lora.enabled();
+    if (in_fp8(M, N, K)) return gemm8(M, K, N) + (frozen ? 0 : gemm8(N, K, M));
+    return frozen ? gemm(M, K, N) : linear_bwd(M, N, K);
+  }
+  // LoRA's adapters on a linear layer (M x K -> N) of rank r: forward x A^T
+  // and s h B^T; backward s dY B, g A, g^T x, the rebuilt x A^T and dY^T h;
+  // with dropout, drop(x) written forward and twice backward (the input and
+  // the input gradient).
+  double lora_fwd(double M, double N, double K) const {
+    const double r = double(run.lora.rank);
+    return gemm(M, r, K) + gemm(M, N, r) + (run.lora.dropout > 0 ? stream("residual", M, K) : 0);
+  }
+  double lora_bwd(double M, double N, double K) const {
+    const double r = double(run.lora.rank);
+    return gemm(M, r, N) + gemm(M, K, r) + gemm(r, K, M) + gemm(M, r, K) + gemm(N, r, M) +
+           (run.lora.dropout > 0 ? 2 * stream("residual", M, K) : 0);
   }
   // Casting one operand of `elements` to FP8, a memory-bound pass: it reads
   // the compute-precision tensor and writes the FP8 codes and, on Hopper

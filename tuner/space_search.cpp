@@ -150,7 +150,9 @@ int64_t memory_lower_bound(const SpaceContext& ctx, const Subspace& s, const Rul
     Layout l = s.shape;
     const memory::StagePlan plan = memory::stage_plan(m, run, l, stage);
     const int64_t params = memory::stage_param_elements(m, l, plan) / l.shard_ways();
-    bound = std::max(bound, least + params * per_param);
+    // LoRA's frozen base: whole on every dp rank, in the compute type.
+    const int64_t frozen = memory::stage_frozen_elements(m, l, plan) * run.compute_bytes();
+    bound = std::max(bound, least + params * per_param + frozen);
   }
   return bound;
 }

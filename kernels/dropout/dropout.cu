@@ -1,4 +1,5 @@
-// dropout on CUDA, bf16 storage with fp32 arithmetic: a grid-stride pass,
+// dropout on CUDA, bf16 storage with fp32 arithmetic (the scale 1 / (1 - p)
+// rounded as the CPU's fp32 kernel rounds it): a grid-stride pass,
 // one element per thread step; the mask is the CPU's (dropout.h), drawn in
 // 64-bit integer arithmetic on the device.
 #include "kernels/cuda_common.cuh"
@@ -32,7 +33,7 @@ Status run(const DropoutParams<bf16>& p, Workspace, cudaStream_t stream) {
   constexpr int kThreads = 256;
   const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, 65536);
   dropout_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(p, gpu::dev(p.x), gpu::dev(p.y),
-                                                            float(1.0 / (1.0 - p.p)), p.write == Write::accumulate);
+                                                            1.0f / (1.0f - float(p.p)), p.write == Write::accumulate);
   WEFT_LAUNCH_CHECK(stream, "dropout_kernel");
   return Status::ok;
 }

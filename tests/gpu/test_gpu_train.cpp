@@ -12,8 +12,9 @@
 // far more within 20 steps at this learning rate.
 //
 // Then bf16 gradients (grad:bf16) against fp32 ones, both on the GPU, the
-// tuner's trial profiling of a grad:bf16 layout, and FP8 GEMMs against bf16
-// ones (on sm_89 and newer).
+// tuner's trial profiling of a grad:bf16 layout, FP8 GEMMs against bf16
+// ones (on sm_89 and newer), and LoRA against the CPU run and with bf16
+// gradients.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -28,6 +29,7 @@
 
 #include "core/device_spec.h"
 #include "core/model_spec.h"
+#include "core/run_spec.h"
 #include "memory/estimate.h"
 #include "data/prepare.h"
 #include "kernels/fp8/fp8_ops.h"
@@ -63,7 +65,9 @@ TrainConfig config(const std::string& out, bool gpu, const Layout& layout) {
   TrainConfig c;
   c.data = {corpus()};
   c.model = model_preset("tiny");
-  c.run = RunSpec{128, 8, gpu ? Precision::bf16 : Precision::fp32};
+  c.run.seq = 128;
+  c.run.global_batch = 8;
+  c.run.precision = gpu ? Precision::bf16 : Precision::fp32;
   c.layout = layout;
   c.device = gpu ? *gpu_detect(0) : device_preset("cpu");
   c.steps = 20;
@@ -372,6 +376,127 @@ TEST(GpuTrainFp8Scales, FirstStepHistoryMatchesTheCpuEmulation) {
   // Per block: the 7 weights, 7 output gradients, and the inputs of q, o, gate and down.
   EXPECT_EQ(filled, 4 * 18);
 }
+
+// LoRA (run.lora) on the GPU: the base model frozen in bf16, the adapters
+// trained with fp32 master weights and Adam state, against the CPU's fp32
+// run of the same model, data, seed and layout.
+//
+// Tolerance: the bf16-vs-fp32 rule of GpuTrain above (every step's loss
+// within 4 x 2^-8 of the CPU's, the mean over the 20 steps within 2^-8),
+// for the same reason: both runs compute the same function, and bf16's
+// roundings of the stored activations and weights (2^-9 each, independent,
+// a few dozen ops deep) are the only difference. LoRA adds two small GEMMs
+// per targeted layer and trains fewer weights, so the optimizer feeds back
+// no more difference than full training does. B starts at zero, so step 1
+// is the base model's loss on both devices; a wrong adapter gradient, a
+// missing alpha / r, or adapters that never reach the output move the loss
+// away from the CPU's within 20 steps at this learning rate (the CPU's
+// loss falls from 5.54 to about 5.0-5.1 nats over the 20 steps, some 8-10%,
+// with or without the dropout below). The loss must
+// fall (the adapters train), and the arena equal the memory model in every
+// category (scratch.lora, scratch.lora_dropped, gradients and Adam state of
+// the adapters alone).
+//
+// With dropout, both devices draw the same mask (the key comes from the
+// seed and the step, the element's index from its sample, position and
+// feature: kernels/dropout), so the same tolerance holds; ckpt:full there
+// makes the recomputed forward and the backward redraw it. test_gpu_kernels'
+// GpuDropout checks the mask itself bit for bit.
+void expect_lora_tracks_cpu(const std::string& layout, const LoraSpec& lora) {
+  test::TempDir dir;
+  std::FILE* quiet = std::fopen("/dev/null", "w");
+  auto cfg = [&](const char* name, bool gpu) {
+    TrainConfig c = config(dir.path(name), gpu, layout_of(layout));
+    c.run.lora = lora;
+    c.checkpoints = false;
+    return c;
+  };
+  const TrainReport cpu = train(cfg("cpu", false), quiet);
+  const TrainReport gpu = train(cfg("gpu", true), quiet);
+  std::fclose(quiet);
+  ASSERT_EQ(cpu.losses.size(), 20u);
+  ASSERT_EQ(gpu.losses.size(), 20u);
+  double mean_rel = 0;
+  for (size_t i = 0; i < 20; ++i) {
+    const double rel = std::abs(gpu.losses[i] - cpu.losses[i]) / std::abs(cpu.losses[i]);
+    EXPECT_LE(rel, 4.0 / 256) << "step " << i + 1 << ": gpu " << gpu.losses[i] << ", cpu " << cpu.losses[i];
+    mean_rel += rel / 20;
+  }
+  EXPECT_LE(mean_rel, 1.0 / 256);
+  EXPECT_LT(gpu.losses.back(), gpu.losses.front()) << "the GPU LoRA run learns";
+  EXPECT_LT(cpu.losses.back(), cpu.losses.front()) << "the CPU LoRA run learns";
+  for (auto cat : memory::kAllCategories) {
+    if (cat == memory::Category::overhead) continue;
+    EXPECT_EQ(gpu.measured[size_t(cat)], gpu.predicted[size_t(cat)]) << memory::to_string(cat);
+  }
+}
+
+// Rank 4 (alpha 8) on all seven linear layers, no dropout.
+TEST(GpuTrainLora, TracksTheCpuRun) { expect_lora_tracks_cpu("tp1-pp1-dp1-mb2", LoraSpec::with_rank(4)); }
+
+// Dropout 0.2 on q, v and down only (o and down are the row-parallel
+// layers; q and v the column-parallel ones of PEFT's default), with full
+// activation checkpointing.
+TEST(GpuTrainLora, WithDropoutOnSomeTargetsTracksTheCpuRun) {
+  LoraSpec lora = LoraSpec::with_rank(4);
+  lora.dropout = 0.2;
+  lora.targets = LoraSpec::parse_targets("q,v,down");
+  expect_lora_tracks_cpu("tp1-pp1-dp1-mb2-ckpt:full", lora);
+}
+
+// LoRA with bf16 gradients (grad:bf16) against fp32 ones, both on the GPU:
+// the tolerances of GpuTrainBf16Grads above, for the same reason (the same
+// forward; the adapters' gradients rounded to bf16 once per micro-batch, 4
+// per step here). Step 1's gradient norm is B's gradient alone (with B zero
+// A gets none), which is rounded the same way. The arena holds half the
+// fp32 run's gradient bytes.
+class GpuTrainLoraBf16Grads : public ::testing::TestWithParam<bool> {};
+
+TEST_P(GpuTrainLoraBf16Grads, FollowTheFp32GradientRun) {
+  LoraSpec lora = LoraSpec::with_rank(4);
+  if (GetParam()) {
+    lora.dropout = 0.2;
+    lora.targets = LoraSpec::parse_targets("q,v,down");
+  }
+  test::TempDir dir;
+  std::FILE* quiet = std::fopen("/dev/null", "w");
+  auto cfg = [&](const char* name, const char* grad) {
+    TrainConfig c = config(dir.path(name), true, layout_of(std::string("tp1-pp1-dp1-mb2-grad:") + grad));
+    c.run.lora = lora;
+    c.checkpoints = false;
+    return c;
+  };
+  const TrainReport fp32 = train(cfg("fp32", "fp32"), quiet);
+  const TrainReport bf16 = train(cfg("bf16", "bf16"), quiet);
+  std::fclose(quiet);
+  ASSERT_EQ(fp32.losses.size(), 20u);
+  ASSERT_EQ(bf16.losses.size(), 20u);
+  const double norm32 = first_grad_norm(dir.path("fp32")), norm16 = first_grad_norm(dir.path("bf16"));
+  EXPECT_GT(norm32, 0);
+  EXPECT_LE(std::abs(norm16 - norm32), norm32 / 256) << "step-1 gradient norm: bf16 " << norm16
+                                                     << ", fp32 " << norm32;
+  double mean_rel = 0;
+  for (size_t i = 0; i < 20; ++i) {
+    const double rel = std::abs(bf16.losses[i] - fp32.losses[i]) / std::abs(fp32.losses[i]);
+    EXPECT_LE(rel, 2.0 / 256) << "step " << i + 1 << ": grad:bf16 " << bf16.losses[i] << ", grad:fp32 "
+                              << fp32.losses[i];
+    mean_rel += rel / 20;
+  }
+  EXPECT_LE(mean_rel, 1.0 / 512);
+  EXPECT_LT(bf16.losses.back(), bf16.losses.front()) << "the grad:bf16 LoRA run learns";
+  for (auto cat : memory::kAllCategories) {
+    if (cat == memory::Category::overhead) continue;
+    EXPECT_EQ(bf16.measured[size_t(cat)], bf16.predicted[size_t(cat)]) << memory::to_string(cat);
+  }
+  const auto grads = size_t(memory::Category::grads);
+  EXPECT_GT(bf16.measured[grads], 0);
+  EXPECT_EQ(2 * bf16.measured[grads], fp32.measured[grads]);
+}
+
+INSTANTIATE_TEST_SUITE_P(Lora, GpuTrainLoraBf16Grads, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? std::string("DropoutQVDown") : std::string("AllTargets");
+                         });
 
 }  // namespace
 }  // namespace weft::trainer

@@ -36,10 +36,12 @@ void LlamaStage<Elem, G>::lora_drop(const Block& b, Linear g, const Elem* x, int
   const bool column = column_parallel(g);
   const int64_t layer = memory::global_layer(m_, l_, plan_.stage, b.index / Lc_, b.index % Lc_);
   const int64_t cp = std::max<int64_t>(l_.cp, 1);
+  // The slot's first sample (set_samples): what makes every layout draw the same mask.
+  WEFT_ASSERT(size_t(b.slot) < slot_first_sample_.size());
   run(kernels::DropoutParams<Elem>{
           .rows = M_, .cols = cols, .p = params_.lora.dropout,
           .key = splitmix64(dropout_key_ + uint64_t(layer) * kLinears + uint64_t(g)),
-          .first_sample = size_t(b.slot) < slot_first_sample_.size() ? slot_first_sample_[size_t(b.slot)] : 0,
+          .first_sample = slot_first_sample_[size_t(b.slot)],
           .seq = run_.seq, .local_seq = run_.seq / cp, .cp = cp, .cp_rank = groups_.cp ? groups_.cp->rank() : 0,
           .col_offset = column ? 0 : groups_.tp_rank() * cols, .full_cols = column ? cols : cols * l_.tp,
           .x = x, .y = out, .write = write},

@@ -1,0 +1,112 @@
+// LoRA through the command line: a base model trained and exported here,
+// adapted with --init --lora; the run header, the summary and the metrics say
+// how many parameters train; a resumed run gives the uninterrupted losses bit
+// for bit on the CPU; eval reads the checkpoint on its base; export writes a
+// PEFT folder that --lora-init starts from again, and a merged model whose
+// loss is the adapted model's. Bad settings are refused by name.
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "train_test_util.h"
+
+namespace weft::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The loss `weft eval` prints for a checkpoint: "overall ... loss X".
+double eval_loss(const std::string& checkpoint, const std::string& data) {
+  const auto r = run_weft("eval --checkpoint " + checkpoint + " --data " + data + " --samples 4");
+  EXPECT_EQ(r.code, 0) << r.out;
+  const auto at = r.out.rfind("loss ");
+  return at == std::string::npos ? -1 : std::stod(r.out.substr(at + 5));
+}
+
+TEST(CliLora, InitTrainResumeEvalExport) {
+  TempDir dir;
+  const auto data = corpus(dir);
+  // A base model, exported as a Hugging Face folder.
+  auto r = run_weft("train --data " + data + kSmall + " --steps 6 --out " + dir.path("base"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = run_weft("export --checkpoint " + dir.path("base/checkpoints/step_000006") + " --out " + dir.path("hf"));
+  ASSERT_EQ(r.code, 0) << r.out;
+
+  const std::string lora = "train --data " + data + kSmall + " --init " + dir.path("hf") +
+                           " --lora 4 --lora-targets q,v,down --lr 1e-2 --warmup 1";
+  r = run_weft(lora + " --steps 6 --out " + dir.path("a"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("LoRA r 4, alpha 8 on q,v,down"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("trainable (LoRA adapters) of"), std::string::npos) << r.out;
+  const auto full = losses(dir.path("a/metrics.jsonl"));
+  ASSERT_EQ(full.size(), 6u);
+  EXPECT_LT(full.back(), full.front()) << "the adapters learn";
+  {
+    std::ifstream in(dir.path("a/metrics.jsonl"));
+    std::string line;
+    std::getline(in, line);
+    const auto header = nlohmann::json::parse(line);
+    EXPECT_EQ(header["run"]["lora"]["rank"], 4);
+    EXPECT_LT(header["params"]["trainable"].get<int64_t>(), header["params"]["total"].get<int64_t>() / 10);
+    const auto manifest =
+        nlohmann::json::parse(slurp(dir.path("a/checkpoints/step_000006/manifest.json")));
+    EXPECT_EQ(manifest["run"]["lora"]["base"]["source"], "pretrained");
+    EXPECT_EQ(manifest["run"]["lora"]["base"]["hash"].get<std::string>().rfind("crc32c:", 0), 0u);
+  }
+
+  // Interrupted at step 3 and resumed: the same losses, bit for bit. The
+  // resume needs no --init: the checkpoint names its base.
+  r = run_weft(lora + " --steps 6 --ckpt-every 3 --out " + dir.path("b"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string resume = "train --data " + data + kSmall + " --lora 4 --lora-targets q,v,down --lr 1e-2 --warmup 1";
+  r = run_weft(resume + " --steps 6 --out " + dir.path("c") + " --resume-from " + dir.path("b/checkpoints/step_000003"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto resumed = losses(dir.path("c/metrics.jsonl"));
+  ASSERT_EQ(resumed.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(resumed[i], full[3 + i]) << "step " << 4 + i;
+
+  // Eval reads the adapters on their base; the merged export is the same model.
+  const std::string ck = dir.path("a/checkpoints/step_000006");
+  const double adapted = eval_loss(ck, data);
+  r = run_weft("export --merge --checkpoint " + ck + " --out " + dir.path("merged"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = run_weft("train --data " + data + kSmall + " --init " + dir.path("merged") + " --steps 0 --out " + dir.path("m"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NEAR(eval_loss(dir.path("m/checkpoints/step_000000"), data), adapted, 1e-5 * adapted);
+  EXPECT_LT(adapted, eval_loss(dir.path("base/checkpoints/step_000006"), data) + 1.0);
+
+  // The PEFT export starts another run's adapters: its first loss is the
+  // adapted model's, not the base's.
+  r = run_weft("export --lora --checkpoint " + ck + " --out " + dir.path("peft"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(fs::exists(dir.path("peft/adapter_config.json")));
+  r = run_weft(lora + " --steps 1 --out " + dir.path("d") + " --lora-init " + dir.path("peft"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_LT(losses(dir.path("d/metrics.jsonl"))[0], full[0]);
+
+  // Refusals, each naming what is wrong.
+  r = run_weft("export --checkpoint " + ck + " --out " + dir.path("x"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("holds LoRA adapters"), std::string::npos) << r.out;
+  r = run_weft("export --lora --checkpoint " + dir.path("base/checkpoints/step_000006") + " --out " + dir.path("y"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("holds no LoRA adapters"), std::string::npos) << r.out;
+  r = run_weft(lora + " --steps 1 --out " + dir.path("e") + " --lora-targets q,wq");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("unknown layer 'wq'"), std::string::npos) << r.out;
+  r = run_weft("train --data " + data + kSmall + " --steps 1 --out " + dir.path("f") + " --lora-init " + dir.path("peft"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("give --lora RANK"), std::string::npos) << r.out;
+  r = run_weft("train --data " + data + kSmall + " --init " + dir.path("hf") + " --lora 8 --steps 1 --out " +
+               dir.path("g") + " --lora-init " + dir.path("peft"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("the adapters are rank 4"), std::string::npos) << r.out;
+  r = run_weft(lora + " --steps 1 --out " + dir.path("h") + " --lora-dropout 1");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("--lora-dropout 1 must lie in [0, 1)"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace weft::test
