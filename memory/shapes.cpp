@@ -280,6 +280,12 @@ int64_t stage_frozen_elements(const ModelSpec& m, const Layout& l, const StagePl
   return plan.lora.enabled() ? stage_model_elements(m, l, plan) : 0;
 }
 
+namespace {
+
+bool lora_frees_act(const RunSpec& run) { return run.lora.enabled() && !run.lora.targets_linear(Linear::down); }
+
+}  // namespace
+
 void block_saved_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l,
                         Checkpointing mode, std::vector<TensorShape>& out) {
   const Dims d = dims(m, run, l);
@@ -314,7 +320,10 @@ void block_saved_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l,
   out.push_back({"layer.mlp_norm.output", Category::activations, d.B * d.Tsp * d.C, d.a, 1});
   out.push_back({"layer.mlp.gate", Category::activations, d.B * d.T * d.Fl, d.a, 1});
   out.push_back({"layer.mlp.up", Category::activations, d.B * d.T * d.Fl, d.a, 1});
-  out.push_back({"layer.mlp.act", Category::activations, d.B * d.T * d.Fl, d.a, 1});
+  // The SwiGLU output feeds only down_proj's weight gradient (and its
+  // adapters'): a frozen down_proj without adapters (LoRA) needs it in the
+  // forward alone, in scratch.mlp_act.
+  if (!lora_frees_act(run)) out.push_back({"layer.mlp.act", Category::activations, d.B * d.T * d.Fl, d.a, 1});
 }
 
 std::vector<TensorShape> stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l,
@@ -423,6 +432,7 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
   out.push_back({"scratch.d_qkv", Category::workspace, d.B * d.T * (d.Hl + 2 * d.Kl) * d.D, d.a, 1});
   out.push_back({"scratch.d_attn_out", Category::workspace, d.B * d.T * d.Hl * d.D, d.a, 1});
   out.push_back({"scratch.d_mlp", Category::workspace, d.B * d.T * d.Fl, d.a, 3});
+  if (lora_frees_act(run)) out.push_back({"scratch.mlp_act", Category::workspace, d.B * d.T * d.Fl, d.a, 1});
   // Kernel workspaces (their workspace_bytes; the trainer checks they fit).
   if (device.kind == DeviceKind::cpu) {
     // Attention's forward and backward share fp32 score tiles

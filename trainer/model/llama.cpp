@@ -202,6 +202,9 @@ typename LlamaStage<Elem, G>::Block LlamaStage<Elem, G>::block(int64_t slot, int
   b.gate = act("layer.mlp.gate", (Elem*)nullptr);
   b.up = act("layer.mlp.up", (Elem*)nullptr);
   b.act = act("layer.mlp.act", (Elem*)nullptr);
+  // LoRA with a frozen, unadapted down_proj keeps no SwiGLU output: its
+  // backward reads none (memory::block_saved_shapes).
+  if (!b.act) b.act = table_->get<Elem>("scratch.mlp_act");
   return b;
 }
 
