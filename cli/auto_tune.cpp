@@ -33,8 +33,10 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string cache_name(const tuner::SpaceContext& ctx) {
-  return fmt::format("{}-{}x{}-seq{}-gb{}-{}.json", ctx.model.name, ctx.cluster.gpus, ctx.cluster.device.name,
-                     ctx.run.seq, ctx.run.global_batch, ctx.model.hash().substr(0, 12));
+  return fmt::format("{}-{}x{}-seq{}-gb{}{}-{}.json", ctx.model.name, ctx.cluster.gpus, ctx.cluster.device.name,
+                     ctx.run.seq, ctx.run.global_batch,
+                     ctx.run.lora.enabled() ? fmt::format("-lora{}", ctx.run.lora.rank) : "",
+                     ctx.model.hash().substr(0, 12));
 }
 
 // A profiled recipe in the cache that matches this run and whose layout the

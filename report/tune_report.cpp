@@ -8,6 +8,8 @@
 #include "core/units.h"
 #include "report/tune_report.h"
 
+#include "core/flops.h"
+
 namespace weft::report {
 
 using namespace weft::tuner;  // the spaces, trials and contexts a report describes
@@ -30,6 +32,9 @@ std::string tune_report_md(const TuneResult& r, const SpaceContext& ctx) {
                                                               "GFLOP/s FP8 peak)",
                                                               ctx.cluster.device.peak_fp8_flops / 1e9)
                                                 : "");
+  if (ctx.run.lora.enabled())
+    s += lora_summary(ctx.model, ctx.run.lora) + "; MFU counts the FLOPs a LoRA step needs (4N, no weight gradients of "
+         "frozen weights, plus the attention and the adapters).\n\n";
   s += fmt::format("{} layouts evaluated, {} fit the memory model, {} candidates the trainer runs; "
                    "{} trials in {} (tuning {} in all). Stopped: {}.\n\n",
                    r.space.evaluated, r.space.fitting, r.candidates, r.trials.size(),

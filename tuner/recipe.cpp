@@ -123,6 +123,13 @@ std::vector<std::string> recipe_mismatches(const Recipe& r, const ModelSpec& m, 
   cmp("seq", r.run.seq, run.seq);
   cmp("global batch", r.run.global_batch, run.global_batch);
   cmp("precision", std::string(to_string(r.run.precision)), std::string(to_string(run.precision)));
+  // LoRA changes what a layout holds and computes: a full fine-tuning
+  // layout is no answer for a LoRA run, nor one of another rank or targets.
+  const auto lora = [](const LoraSpec& l) {
+    return l.enabled() ? fmt::format("r {} alpha {:g} dropout {:g} on {}", l.rank, l.alpha, l.dropout, l.targets_text())
+                       : std::string("off");
+  };
+  cmp("LoRA", lora(r.run.lora), lora(run.lora));
   cmp("weft version", r.weft_version, std::string(WEFT_VERSION));
   return d;
 }
