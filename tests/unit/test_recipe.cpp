@@ -66,6 +66,27 @@ TEST(Recipe, MismatchesNameEachField) {
   EXPECT_EQ(d[3], "seq: recipe 2048, this run 4096");
 }
 
+// A recipe tuned for full fine-tuning is no answer for a LoRA run (and one
+// of another rank is none either); the recipe file keeps its LoRA settings.
+TEST(Recipe, LoraSettingsMustMatch) {
+  Recipe r = sample();
+  const ModelSpec m = r.model;
+  const ClusterSpec c = cluster_resolve("a100-80gb", 64, 8);
+  RunSpec run = r.run;
+  run.lora = LoraSpec::with_rank(16);
+  auto d = recipe_mismatches(r, m, c, run);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0], "LoRA: recipe off, this run r 16 alpha 32 dropout 0 on q,k,v,o,gate,up,down");
+  r.run.lora = LoraSpec::with_rank(8);
+  test::TempDir dir;
+  recipe_save(dir.path("r.json"), r);
+  const Recipe back = recipe_load(dir.path("r.json"));
+  EXPECT_EQ(back.run.lora, r.run.lora);
+  d = recipe_mismatches(back, m, c, run);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_NE(d[0].find("recipe r 8 alpha 16"), std::string::npos) << d[0];
+}
+
 TEST(Recipe, MalformedOrTruncatedFilesAreRefused) {
   test::TempDir dir;
   recipe_save(dir.path("good.json"), sample());
