@@ -454,6 +454,9 @@ Command add_train_command(CLI::App& app) {
   sub->add_option("--ckpt-dir", c.ckpt_dir, "Checkpoint folder (default: <out>/checkpoints)");
   sub->add_option("--ckpt-every", c.ckpt_every, "Steps between checkpoints (0: at the end only)")
       ->capture_default_str();
+  sub->add_flag("--sync-checkpoints", [&c](int64_t) { c.async_checkpoints = false; },
+                "Write each periodic checkpoint before training goes on (by default a thread writes it while the "
+                "next steps run; the final checkpoint is always complete before weft exits)");
   sub->add_flag("--no-checkpoint", [&c](int64_t) { c.checkpoints = false; },
                 "Write no checkpoint at all, not even at the end (benchmarks, throwaway runs)");
   sub->add_flag("--resume", c.resume,

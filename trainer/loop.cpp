@@ -293,12 +293,27 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
     memory::host_peak_reset();
   };
   host_count_restart();
-  auto save = [&](int64_t step, double lr_now) {
+  // A periodic save writes in the background unless asked not to; the
+  // final one is written before the run returns. The stall (what training
+  // waits for: the gather, and the write when synchronous) goes to the
+  // metrics.
+  auto save = [&](int64_t step, double lr_now, bool final) {
     if (host_peak) {
       host_peak_seen = std::max(host_peak_seen, memory::host_usage().peak);
       memory::host_peak_reset();
     }
-    const std::string dir = run.save(step, lr_now);
+    const bool async = c.async_checkpoints && !final;
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string dir = run.save(step, lr_now, async);
+    if (final) run.wait_saves();
+    const double stall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (rank0) {
+      run.metrics << nlohmann::json{{"kind", "checkpoint"}, {"step", step}, {"dir", dir},
+                                    {"async", async},      {"stall_s", stall}}
+                         .dump()
+                  << "\n";
+      run.metrics.flush();
+    }
     if (host_peak)
       report.independent_save = std::max(report.independent_save, memory::host_usage().peak - host_before);
     host_count_restart();
@@ -437,7 +452,7 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
       run.metrics.flush();
     }
     if (c.checkpoints && c.ckpt_every > 0 && step % c.ckpt_every == 0 && step != c.steps)
-      report.checkpoint = save(step, lr);
+      report.checkpoint = save(step, lr, false);
     if (c.on_step) c.on_step(step, c.steps);
   }
   (void)t_start;
@@ -446,9 +461,10 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
   const bool trained = report.last_step > 0 && report.last_step >= report.first_step;
   const bool imported = c.steps == 0 && !run.init_dir.empty() && !resumed;
   if (c.checkpoints && (trained || imported)) {
-    report.checkpoint = save(report.last_step, lr);
+    report.checkpoint = save(report.last_step, lr, true);
     fmt::print(log, "{}checkpoint {}\n", report.interrupted ? "stopped early; " : "", report.checkpoint);
   }
+  run.wait_saves();  // a periodic save still in flight (when no final one followed)
   // A stopped run skips the final validation (it may take minutes); one
   // stopped midway through it reads NaN.
   report.val_loss = report.interrupted ? std::numeric_limits<double>::quiet_NaN() : run.validation_loss();

@@ -41,6 +41,9 @@ struct TrainConfig {
   std::string ckpt_dir;         // empty: <out_dir>/checkpoints
   int64_t ckpt_every = 0;       // 0: only at the end and on a stop request
   bool checkpoints = true;      // false: none at all (benchmarks, throwaway runs)
+  // Periodic checkpoints are written by a thread while training goes on
+  // (trainer/async_save.h); false: each save stalls training until written.
+  bool async_checkpoints = true;
   bool resume = false;          // continue from the newest checkpoint in ckpt_dir
   std::string resume_from;      // or from this checkpoint folder
   // Settings a resume may change from the checkpoint's (--change lr,warmup;

@@ -23,6 +23,7 @@
 #include "data/token_data.h"
 #include "trainer/loop.h"
 #include "trainer/resume_check.h"
+#include "trainer/async_save.h"
 #include "trainer/state_io.h"
 
 namespace weft::trainer {
@@ -68,6 +69,7 @@ struct Run {
   int64_t bos_token_id = -1, eos_token_id = -1;
   // LoRA: the base model the adapters adapt (state_io.h's lora_base_record).
   nlohmann::json lora_base;
+  AsyncSaver saver;  // world rank 0's checkpoint writer
 
   Run(const TrainConfig& cfg, data::TokenData d, memory::Arena* external = nullptr)
       : c(cfg),
@@ -246,7 +248,9 @@ struct Run {
     return loss / double(rounds * mb * dp * c.run.seq);
   }
 
-  std::string save(int64_t step, double lr) {
+  // Saves a checkpoint of the state after `step`; `async`: the files are
+  // written while training goes on (AsyncSaver).
+  std::string save(int64_t step, double lr, bool async = false) {
     SaveInfo info;
     info.step = step;
     info.data_position = step * c.run.global_batch;
@@ -272,10 +276,28 @@ struct Run {
     const std::string dir =
         (fs::path(c.ckpt_dir.empty() ? c.out_dir + "/checkpoints" : c.ckpt_dir) /
          checkpoint::checkpoint_dir_name(step)).string();
-    state_save(dir, stage, optim, info);
-    if (groups.world->rank() == 0) checkpoint::mark_latest(fs::path(dir).parent_path().string(), fs::path(dir).filename().string());
+    // Every rank gathers (a collective); world rank 0 writes, now or on the
+    // writer thread, and marks the folder latest once it is complete.
+    std::unique_ptr<SaveJob> job = state_gather(dir, stage, optim, info);
+    WEFT_ASSERT((job != nullptr) == (groups.world->rank() == 0));
+    if (job) {
+      auto mark = [root = fs::path(dir).parent_path().string(), name = fs::path(dir).filename().string()] {
+        checkpoint::mark_latest(root, name);
+      };
+      if (async) {
+        saver.submit(std::move(job), std::move(mark));
+      } else {
+        saver.wait();
+        state_write(*job);
+        mark();
+      }
+    }
+    groups.host_groups().world->barrier();
     return dir;
   }
+
+  // Waits for a checkpoint still being written (rank 0); rethrows its error.
+  void wait_saves() { saver.wait(); }
 
   // Maps and validates checkpoint `dir` for this run, communicating nothing.
   checkpoint::Checkpoint open(const std::string& dir) const {

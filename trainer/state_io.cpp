@@ -76,9 +76,18 @@ std::vector<float> stage_full_state(LlamaStage<Elem, G>& stage, Optimizer<Elem, 
 
 }  // namespace
 
+void state_write(SaveJob& job) { checkpoint::save_checkpoint(job.dir, job.model, job.state, job.manifest); }
+
 template <typename Elem, typename G>
 void state_save(const std::string& dir, LlamaStage<Elem, G>& stage, Optimizer<Elem, G>& opt,
                 const SaveInfo& info) {
+  if (std::unique_ptr<SaveJob> job = state_gather(dir, stage, opt, info)) state_write(*job);
+  stage.groups().host_groups().world->barrier();
+}
+
+template <typename Elem, typename G>
+std::unique_ptr<SaveJob> state_gather(const std::string& dir, LlamaStage<Elem, G>& stage, Optimizer<Elem, G>& opt,
+                                      const SaveInfo& info) {
   // Every tp rank takes part in the gathers; the first tp/cp/dp rank of each
   // stage sends its stage to world rank 0 over the pp group, which writes
   // (cp ranks hold the same weights and, gathered, the same state).
@@ -93,11 +102,11 @@ void state_save(const std::string& dir, LlamaStage<Elem, G>& stage, Optimizer<El
   const int64_t history_per_block = history.empty() ? 0 : int64_t(history.size()) / stage.plan().layers;
   const bool leader = g.tp_rank() == 0 && g.dp_rank() == 0 && g.cp_rank() == 0;
   if (leader && g.pp_rank() > 0) g.pp->send(mine.data(), int64_t(mine.size()), 0, 7000);
-  if (!(leader && g.pp_rank() == 0)) {
-    g.world->barrier();
-    return;
-  }
-  std::vector<std::vector<float>> stages(size_t(l.pp));
+  if (!(leader && g.pp_rank() == 0)) return nullptr;
+  auto job = std::make_unique<SaveJob>();
+  job->dir = dir;
+  std::vector<std::vector<float>>& stages = job->stages;
+  stages.resize(size_t(l.pp));
   std::vector<StageParams> specs(size_t(l.pp));
   RunSpec run{.seq = 1, .global_batch = l.mb * l.dp, .precision = Precision::fp32, .lora = stage.plan().lora};
   for (int64_t s = 0; s < l.pp; ++s) {
@@ -111,9 +120,11 @@ void state_save(const std::string& dir, LlamaStage<Elem, G>& stage, Optimizer<El
     stages[size_t(s)].resize(size_t(n));
     g.pp->recv(stages[size_t(s)].data(), n, s, 7000);
   }
-  std::vector<checkpoint::TensorRef> model, state;
+  std::vector<checkpoint::TensorRef>& model = job->model;
+  std::vector<checkpoint::TensorRef>& state = job->state;
   // (layers, 21, history) in global layer order, gathered from the stages' blocks.
-  std::vector<float> history_full(size_t(history_per_block * m.layers));
+  std::vector<float>& history_full = job->history;
+  history_full.resize(size_t(history_per_block * m.layers));
   for (int64_t s = 0; s < l.pp; ++s) {
     const float* src = stages[size_t(s)].data();
     for (const auto& p : specs[size_t(s)].specs) {
@@ -136,7 +147,7 @@ void state_save(const std::string& dir, LlamaStage<Elem, G>& stage, Optimizer<El
   if (history_per_block > 0)
     state.push_back({checkpoint::kFp8HistoryTensor, checkpoint::DType::F32,
                      {m.layers, int64_t{memory::kFp8Gemms} * 3, kFp8DelayedHistory}, history_full.data()});
-  checkpoint::Manifest man;
+  checkpoint::Manifest& man = job->manifest;
   man.step = info.step;
   man.data_position = info.data_position;
   man.rng_state = {info.seed};
@@ -149,8 +160,7 @@ void state_save(const std::string& dir, LlamaStage<Elem, G>& stage, Optimizer<El
   if (history_per_block > 0) man.run["fp8_history_len"] = stage.fp8_history_len();
   man.bos_token_id = info.bos_token_id;
   man.eos_token_id = info.eos_token_id;
-  checkpoint::save_checkpoint(dir, model, state, man);
-  g.world->barrier();
+  return job;
 }
 
 template <typename Elem, typename G>
@@ -309,6 +319,8 @@ void lora_base_load(const nlohmann::json& base, LlamaStage<Elem, G>& stage, cons
 // The stage types a run trains: CPU fp32, and bf16 with fp32 or bf16 gradients.
 #define WEFT_STATE_IO(E, G)                                                                          \
   template void state_save(const std::string&, LlamaStage<E, G>&, Optimizer<E, G>&, const SaveInfo&); \
+  template std::unique_ptr<SaveJob> state_gather(const std::string&, LlamaStage<E, G>&, Optimizer<E, G>&,  \
+                                                 const SaveInfo&);                                         \
   template void state_load<E, G>(const checkpoint::Checkpoint&, LlamaStage<E, G>&, Optimizer<E, G>*); \
   template void state_init(const checkpoint::Pretrained&, LlamaStage<E, G>&, Optimizer<E, G>&);     \
   template void lora_base_load(const nlohmann::json&, LlamaStage<E, G>&, const std::string&);       \

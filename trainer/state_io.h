@@ -5,6 +5,7 @@
 // new run's stage the same way.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -33,6 +34,24 @@ struct SaveInfo {
 template <typename Elem, typename G>
 void state_save(const std::string& dir, LlamaStage<Elem, G>& stage, Optimizer<Elem, G>& optim,
                 const SaveInfo& info);
+
+// A save in two halves, so that the files can be written while training
+// goes on (trainer/async_save.h): state_gather collects every rank's state
+// into host memory on world rank 0 (a collective: every rank calls it, at a
+// step boundary) and returns what it writes there; the others get null.
+// state_write writes it (no communication; any thread). state_save is the
+// two in a row, then a barrier.
+struct SaveJob {
+  std::string dir;
+  std::vector<std::vector<float>> stages;  // per pipeline stage: weights, m, v (and FP8 history)
+  std::vector<float> history;              // delayed FP8 scaling's history, in global layer order
+  std::vector<checkpoint::TensorRef> model, state;  // views into the above
+  checkpoint::Manifest manifest;
+};
+template <typename Elem, typename G>
+std::unique_ptr<SaveJob> state_gather(const std::string& dir, LlamaStage<Elem, G>& stage, Optimizer<Elem, G>& optim,
+                                      const SaveInfo& info);
+void state_write(SaveJob& job);
 
 // Copies this rank's slices of the checkpoint's weights (and, with an
 // optimizer, its Adam state and update count) into the stage; a bf16 stage

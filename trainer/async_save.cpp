@@ -1,0 +1,28 @@
+#include "trainer/async_save.h"
+
+#include <utility>
+
+namespace weft::trainer {
+
+AsyncSaver::~AsyncSaver() {
+  if (thread_.joinable()) thread_.join();
+}
+
+void AsyncSaver::wait() {
+  if (thread_.joinable()) thread_.join();
+  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+}
+
+void AsyncSaver::submit(std::unique_ptr<SaveJob> job, std::function<void()> then) {
+  wait();
+  thread_ = std::thread([this, job = std::move(job), then = std::move(then)] {
+    try {
+      state_write(*job);
+      if (then) then();
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+  });
+}
+
+}  // namespace weft::trainer
