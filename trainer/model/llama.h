@@ -266,6 +266,7 @@ class LlamaStage {
   void lora_forward(const Block& b, Linear g, const Elem* x, Elem* y);
   void lora_backward(const Block& b, Linear g, const Elem* dy, const Elem* x, Elem* dx);
   void fp8_setup();  // the FP8 buffers and scaling state from the table (constructor)
+  void fp8_weight_offsets();  // fp8_weight_at_ and fp8_weight_ready_ from fp8.weights
   // Quantises (dequantised, in Elem) one operand of GEMM g of block b:
   // role 0 the input (E4M3), 1 the weight (E4M3), 2 the output gradient (E5M2).
   void fp8_quantize(const Block& b, memory::Fp8Gemm g, int role, const Elem* x, int64_t n, Elem* out);

@@ -68,6 +68,22 @@ constexpr bool kGpu = std::is_same_v<Elem, kernels::bf16>;
 }  // namespace
 
 template <typename Elem, typename G>
+void LlamaStage<Elem, G>::fp8_weight_offsets() {
+  // Where each (block, GEMM)'s quantised weight sits in fp8.weights, in
+  // block order (-1: a GEMM outside FP8).
+  int64_t at = 0;
+  for (int64_t i = 0; i < plan_.layers; ++i) {
+    const bool fp8 = l_.fp8_layer(m_, memory::global_layer(m_, l_, plan_.stage, i / Lc_, i % Lc_));
+    for (const auto& s : fp8_shapes_) {
+      fp8_weight_at_.push_back(fp8 && s.fp8 ? at : -1);
+      if (fp8 && s.fp8) at += s.K * s.N;
+    }
+  }
+  WEFT_ASSERT(at == table_->elements("fp8.weights"));
+  fp8_weight_ready_.assign(fp8_weight_at_.size(), 0);
+}
+
+template <typename Elem, typename G>
 void LlamaStage<Elem, G>::fp8_setup() {
   if (l_.fp8 == Fp8Recipe::off) return;
   if constexpr (kGpu<Elem>) {
@@ -76,16 +92,7 @@ void LlamaStage<Elem, G>::fp8_setup() {
     };
     if (table_->has("fp8.weights")) {
       fp8_wcodes_ = both("fp8.weights");
-      int64_t at = 0;
-      for (int64_t i = 0; i < plan_.layers; ++i) {
-        const bool fp8 = l_.fp8_layer(m_, memory::global_layer(m_, l_, plan_.stage, i / Lc_, i % Lc_));
-        for (const auto& s : fp8_shapes_) {
-          fp8_weight_at_.push_back(fp8 && s.fp8 ? at : -1);
-          if (fp8 && s.fp8) at += s.K * s.N;
-        }
-      }
-      WEFT_ASSERT(at == table_->elements("fp8.weights"));
-      fp8_weight_ready_.assign(fp8_weight_at_.size(), 0);
+      fp8_weight_offsets();
     }
     if (table_->has("scratch.fp8_weight")) fp8_wscratch_ = both("scratch.fp8_weight");
     if (table_->has("scratch.fp8_input")) {
@@ -116,16 +123,7 @@ void LlamaStage<Elem, G>::fp8_setup() {
   } else {
     if (table_->has("fp8.weights")) {
       fp8_weights_ = table_->get<Elem>("fp8.weights");
-      int64_t at = 0;
-      for (int64_t i = 0; i < plan_.layers; ++i) {
-        const bool fp8 = l_.fp8_layer(m_, memory::global_layer(m_, l_, plan_.stage, i / Lc_, i % Lc_));
-        for (const auto& s : fp8_shapes_) {
-          fp8_weight_at_.push_back(fp8 && s.fp8 ? at : -1);
-          if (fp8 && s.fp8) at += s.K * s.N;
-        }
-      }
-      WEFT_ASSERT(at == table_->elements("fp8.weights"));
-      fp8_weight_ready_.assign(fp8_weight_at_.size(), 0);
+      fp8_weight_offsets();
     }
     if (table_->has("scratch.fp8_weight")) fp8_weight_scratch_ = table_->get<Elem>("scratch.fp8_weight");
     if (table_->has("scratch.fp8_input")) {
@@ -514,6 +512,7 @@ void LlamaStage<Elem, G>::fp8_history_set(const std::vector<float>& history, int
   template void LlamaStage<E, G>::fp8_setup();                                                                 \
   template bool LlamaStage<E, G>::fp8_gemm(const Block&, Fp8Gemm) const;                                      \
   template void LlamaStage<E, G>::fp8_quantize(const Block&, Fp8Gemm, int, const E*, int64_t, E*);             \
+  template void LlamaStage<E, G>::fp8_weight_offsets();                                                         \
   template const E* LlamaStage<E, G>::fp8_weight(const Block&, Fp8Gemm, const E*);                             \
   template void LlamaStage<E, G>::linear_forward(const Block&, Fp8Gemm, const E*, bool, const E*, E*,          \
                                                  const char*);                                                 \
