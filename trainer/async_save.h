@@ -32,10 +32,17 @@ class AsyncSaver {
   // Waits for the write in flight; rethrows its error.
   void wait();
   bool busy() const { return thread_.joinable(); }
+  // A written job whose storage the next gather may fill again (null when
+  // none is free). With the job in flight that makes two copies of the
+  // state at most, and no fresh pages for the saves after the first two.
+  std::unique_ptr<SaveJob> take_spare() { return std::move(spare_); }
+  void give_spare(std::unique_ptr<SaveJob> job) { spare_ = std::move(job); }
 
  private:
   std::thread thread_;
   std::exception_ptr error_;
+  std::unique_ptr<SaveJob> done_;   // written by the thread; read after the join
+  std::unique_ptr<SaveJob> spare_;  // the caller's
 };
 
 }  // namespace weft::trainer

@@ -278,7 +278,7 @@ struct Run {
          checkpoint::checkpoint_dir_name(step)).string();
     // Every rank gathers (a collective); world rank 0 writes, now or on the
     // writer thread, and marks the folder latest once it is complete.
-    std::unique_ptr<SaveJob> job = state_gather(dir, stage, optim, info);
+    std::unique_ptr<SaveJob> job = state_gather(dir, stage, optim, info, saver.take_spare());
     WEFT_ASSERT((job != nullptr) == (groups.world->rank() == 0));
     if (job) {
       auto mark = [root = fs::path(dir).parent_path().string(), name = fs::path(dir).filename().string()] {
@@ -290,6 +290,7 @@ struct Run {
         saver.wait();
         state_write(*job);
         mark();
+        saver.give_spare(std::move(job));
       }
     }
     groups.host_groups().world->barrier();

@@ -53,25 +53,34 @@ void gather_tp(parallel::Comm& tp, const ParamSpec& p, const float* local, float
 }
 
 // A stage's weights, Adam m and v as full tensors, back to back in the order
-// of its param specs.
+// of its param specs, into `out` (whose storage a caller may reuse from save
+// to save: no fresh pages to fault in).
 template <typename Elem, typename G>
-std::vector<float> stage_full_state(LlamaStage<Elem, G>& stage, Optimizer<Elem, G>& opt) {
-  std::vector<float> w, m, v;
-  opt.weights_full(w);
-  opt.state_full(m, v);
+void stage_full_state(LlamaStage<Elem, G>& stage, Optimizer<Elem, G>& opt, std::vector<float>& out) {
+  // Where this rank holds its whole fp32 state in host memory (the CPU
+  // trainer without ZeRO), it is read in place; otherwise gathered first.
+  const float *w = nullptr, *m = nullptr, *v = nullptr;
+  std::vector<float> wb, mb, vb;
+  if constexpr (std::is_same_v<Elem, float> && std::is_same_v<G, float>) opt.host_views(w, m, v);
+  if (!w) {
+    opt.weights_full(wb);
+    opt.state_full(mb, vb);
+    w = wb.data();
+    m = mb.data();
+    v = vb.data();
+  }
   int64_t total = 0;
   for (const auto& p : stage.params().specs) total += 3 * p.rows * p.cols;
-  std::vector<float> out(static_cast<size_t>(total));
+  out.resize(static_cast<size_t>(total));
   float* dst = out.data();
   auto& tp = *stage.groups().host_groups().tp;
   for (const auto& p : stage.params().specs) {
-    const float* parts[] = {w.data() + p.offset, m.data() + p.offset, v.data() + p.offset};
+    const float* parts[] = {w + p.offset, m + p.offset, v + p.offset};
     for (const float* src : parts) {
       gather_tp(tp, p, src, dst);
       dst += p.rows * p.cols;
     }
   }
-  return out;
 }
 
 }  // namespace
@@ -87,7 +96,7 @@ void state_save(const std::string& dir, LlamaStage<Elem, G>& stage, Optimizer<El
 
 template <typename Elem, typename G>
 std::unique_ptr<SaveJob> state_gather(const std::string& dir, LlamaStage<Elem, G>& stage, Optimizer<Elem, G>& opt,
-                                      const SaveInfo& info) {
+                                      const SaveInfo& info, std::unique_ptr<SaveJob> reuse) {
   // Every tp rank takes part in the gathers; the first tp/cp/dp rank of each
   // stage sends its stage to world rank 0 over the pp group, which writes
   // (cp ranks hold the same weights and, gathered, the same state).
@@ -95,26 +104,31 @@ std::unique_ptr<SaveJob> state_gather(const std::string& dir, LlamaStage<Elem, G
   const auto& g = stage.groups().host_groups();
   const ModelSpec& m = stage.model();
   const Layout& l = stage.layout();
-  std::vector<float> mine = stage_full_state(stage, opt);
+  const bool leader = g.tp_rank() == 0 && g.dp_rank() == 0 && g.cp_rank() == 0;
+  const bool writer = leader && g.pp_rank() == 0;
+  // World rank 0 gathers straight into the job's first stage (a reused
+  // job's storage when given); the other ranks into a buffer of their own
+  // kept from save to save.
+  std::unique_ptr<SaveJob> job = writer ? (reuse ? std::move(reuse) : std::make_unique<SaveJob>()) : nullptr;
+  static thread_local std::vector<float> own;
+  if (job) job->stages.resize(size_t(l.pp));
+  std::vector<float>& mine = job ? job->stages[0] : own;
+  stage_full_state(stage, opt, mine);
   // Delayed FP8 scaling's history travels after the stage's tensors.
   const std::vector<float> history = stage.fp8_history();
   mine.insert(mine.end(), history.begin(), history.end());
   const int64_t history_per_block = history.empty() ? 0 : int64_t(history.size()) / stage.plan().layers;
-  const bool leader = g.tp_rank() == 0 && g.dp_rank() == 0 && g.cp_rank() == 0;
   if (leader && g.pp_rank() > 0) g.pp->send(mine.data(), int64_t(mine.size()), 0, 7000);
-  if (!(leader && g.pp_rank() == 0)) return nullptr;
-  auto job = std::make_unique<SaveJob>();
+  if (!writer) return nullptr;
   job->dir = dir;
+  job->model.clear();
+  job->state.clear();
   std::vector<std::vector<float>>& stages = job->stages;
-  stages.resize(size_t(l.pp));
   std::vector<StageParams> specs(size_t(l.pp));
   RunSpec run{.seq = 1, .global_batch = l.mb * l.dp, .precision = Precision::fp32, .lora = stage.plan().lora};
   for (int64_t s = 0; s < l.pp; ++s) {
     specs[size_t(s)] = stage_params(m, l, memory::stage_plan(m, run, l, s), 0);
-    if (s == 0) {
-      stages[0] = std::move(mine);
-      continue;
-    }
+    if (s == 0) continue;
     int64_t n = history_per_block * memory::stage_plan(m, run, l, s).layers;
     for (const auto& p : specs[size_t(s)].specs) n += 3 * p.rows * p.cols;
     stages[size_t(s)].resize(size_t(n));
@@ -148,6 +162,7 @@ std::unique_ptr<SaveJob> state_gather(const std::string& dir, LlamaStage<Elem, G
     state.push_back({checkpoint::kFp8HistoryTensor, checkpoint::DType::F32,
                      {m.layers, int64_t{memory::kFp8Gemms} * 3, kFp8DelayedHistory}, history_full.data()});
   checkpoint::Manifest& man = job->manifest;
+  man = checkpoint::Manifest{};
   man.step = info.step;
   man.data_position = info.data_position;
   man.rng_state = {info.seed};
@@ -320,7 +335,7 @@ void lora_base_load(const nlohmann::json& base, LlamaStage<Elem, G>& stage, cons
 #define WEFT_STATE_IO(E, G)                                                                          \
   template void state_save(const std::string&, LlamaStage<E, G>&, Optimizer<E, G>&, const SaveInfo&); \
   template std::unique_ptr<SaveJob> state_gather(const std::string&, LlamaStage<E, G>&, Optimizer<E, G>&,  \
-                                                 const SaveInfo&);                                         \
+                                                 const SaveInfo&, std::unique_ptr<SaveJob>);               \
   template void state_load<E, G>(const checkpoint::Checkpoint&, LlamaStage<E, G>&, Optimizer<E, G>*); \
   template void state_init(const checkpoint::Pretrained&, LlamaStage<E, G>&, Optimizer<E, G>&);     \
   template void lora_base_load(const nlohmann::json&, LlamaStage<E, G>&, const std::string&);       \

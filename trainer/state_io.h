@@ -48,9 +48,11 @@ struct SaveJob {
   std::vector<checkpoint::TensorRef> model, state;  // views into the above
   checkpoint::Manifest manifest;
 };
+// `reuse`: a written job whose storage rank 0 fills again (same sizes: no
+// allocation, no fresh pages), or null.
 template <typename Elem, typename G>
 std::unique_ptr<SaveJob> state_gather(const std::string& dir, LlamaStage<Elem, G>& stage, Optimizer<Elem, G>& optim,
-                                      const SaveInfo& info);
+                                      const SaveInfo& info, std::unique_ptr<SaveJob> reuse = nullptr);
 void state_write(SaveJob& job);
 
 // Copies this rank's slices of the checkpoint's weights (and, with an

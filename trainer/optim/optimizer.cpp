@@ -232,6 +232,17 @@ void Optimizer<Elem, G>::state_full(std::vector<A>& m, std::vector<A>& v) {
 }
 
 template <typename Elem, typename G>
+void Optimizer<Elem, G>::host_views(const A*& w, const A*& m, const A*& v) const {
+  w = m = v = nullptr;
+  if constexpr (std::is_same_v<Elem, A>) {
+    if (sharded_ || master_ || stage_.weights_sharded() || stage_.on_device()) return;
+    w = stage_.weights();
+    m = m_;
+    v = v_;
+  }
+}
+
+template <typename Elem, typename G>
 void Optimizer<Elem, G>::state_set(const std::vector<A>& m, const std::vector<A>& v) {
   memory::copy(m_, m.data() + lo_, (hi_ - lo_) * int64_t(sizeof(A)), stage_.stream());
   memory::copy(v_, v.data() + lo_, (hi_ - lo_) * int64_t(sizeof(A)), stage_.stream());

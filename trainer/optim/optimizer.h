@@ -83,6 +83,10 @@ class Optimizer {
   void weights_set(const std::vector<A>& w);
   // Adam m and v of the whole stage (gathered over dp under ZeRO-1), and back.
   void state_full(std::vector<A>& m, std::vector<A>& v);
+  // Where this rank holds the whole stage's weights (their own master), m
+  // and v in host memory (the CPU trainer without ZeRO sharding): pointers
+  // to them, read in place by a checkpoint save. Leaves them null otherwise.
+  void host_views(const A*& w, const A*& m, const A*& v) const;
   void state_set(const std::vector<A>& m, const std::vector<A>& v);
 
   int64_t updates() const { return updates_; }  // applied (non-skipped) updates
