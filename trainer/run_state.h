@@ -298,7 +298,12 @@ struct Run {
   }
 
   // Waits for a checkpoint still being written (rank 0); rethrows its error.
-  void wait_saves() { saver.wait(); }
+  // Then frees the buffers kept for the next save: after the final one there
+  // is none, and they would stay resident for the rest of the run.
+  void wait_saves() {
+    saver.wait();
+    (void)saver.take_spare();
+  }
 
   // Maps and validates checkpoint `dir` for this run, communicating nothing.
   checkpoint::Checkpoint open(const std::string& dir) const {
