@@ -254,11 +254,11 @@ void gemm_batched(cublasHandle_t handle, cublasOperation_t ta, cublasOperation_t
 constexpr int64_t kGridYZ = 65535;  // gridDim.y and .z limit
 constexpr int64_t kInt = 2147483647;
 
-// Flash: D of 64 or 128, 16-byte aligned bf16 tensors (cp.async and vector
+// Flash: D of 32, 64 or 128, 16-byte aligned bf16 tensors (cp.async and vector
 // stores), heads and batch within the grid's y and z limits.
 template <typename P>
 bool flash_handles(const P& p) {
-  return (p.D == 64 || p.D == 128) && p.B <= kGridYZ && p.H <= kGridYZ && p.T <= kInt - 64 && p.Tk <= kInt - 64 &&
+  return (p.D == 32 || p.D == 64 || p.D == 128) && p.B <= kGridYZ && p.H <= kGridYZ && p.T <= kInt - 64 && p.Tk <= kInt - 64 &&
          gpu::aligned16(p.q) && gpu::aligned16(p.k) && gpu::aligned16(p.v);
 }
 

@@ -272,7 +272,8 @@ void flash_forward_d(const AttentionForwardParams<bf16>& p, cudaStream_t stream)
 }  // namespace
 
 void flash_forward(const AttentionForwardParams<bf16>& p, cudaStream_t stream) {
-  if (p.D == 64) flash_forward_d<64>(p, stream);
+  if (p.D == 32) flash_forward_d<32>(p, stream);
+  else if (p.D == 64) flash_forward_d<64>(p, stream);
   else flash_forward_d<128>(p, stream);
 }
 

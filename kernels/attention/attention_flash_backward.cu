@@ -86,9 +86,9 @@ struct FlashBackwardTile {
   static constexpr int kBlockM = 64;  // queries per step
   static constexpr int kWarps = 8;
   static constexpr int kThreads = kWarps * 32;
-  // Two blocks per SM at D 64 (128 registers, no spills; 152 uncapped allowed
+  // Two blocks per SM at D 32 and 64 (128 registers, no spills; 152 uncapped allowed
   // one); at D 128 one block already takes 121 KB of shared memory.
-  static constexpr int kMinBlocks = kD == 64 ? 2 : 1;
+  static constexpr int kMinBlocks = kD <= 64 ? 2 : 1;
   static constexpr int kStride = kD + 8;
   static constexpr int kPStride = kBlockM + 8;  // rows of the P^T and dS^T tiles
   static constexpr int kTileBytes = kBlockM * kStride * int(sizeof(nv_bf16));
@@ -421,7 +421,8 @@ int64_t flash_backward_workspace(const AttentionBackwardParams<bf16>& p) {
 }
 
 void flash_backward(const AttentionBackwardParams<bf16>& p, Workspace ws, cudaStream_t stream) {
-  if (p.D == 64) flash_backward_d<64>(p, ws, stream);
+  if (p.D == 32) flash_backward_d<32>(p, ws, stream);
+  else if (p.D == 64) flash_backward_d<64>(p, ws, stream);
   else flash_backward_d<128>(p, ws, stream);
 }
 

@@ -246,6 +246,8 @@ const std::vector<AttentionCase>& gpu_attention_cases() {
       {"b2_t257_h4_kv1_d64", 2, 257, 4, 1, 64},
       {"b1_t257_h4_kv2_d128", 1, 257, 4, 2, 128},
       {"b2_t257_h4_kv4_d128", 2, 257, 4, 4, 128},
+      {"b1_t7_h4_kv2_d32", 1, 7, 4, 2, 32},
+      {"b2_t257_h4_kv1_d32", 2, 257, 4, 1, 32},
   };
   return cases;
 }
