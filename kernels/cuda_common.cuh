@@ -25,7 +25,10 @@ inline const nv_bf16* dev(const bf16* p) { return reinterpret_cast<const nv_bf16
 inline float* dev(float* p) { return p; }
 inline const float* dev(const float* p) { return p; }
 
-__device__ __forceinline__ float to_float(nv_bf16 v) { return __bfloat162float(v); }
+// The bf16 bits in the top half of an fp32: exact for every value, NaN's sign
+// and payload included (sm_90's cvt.f32.bf16, which __bfloat162float uses
+// there, returns the canonical NaN).
+__device__ __forceinline__ float to_float(nv_bf16 v) { return __uint_as_float(uint32_t(__bfloat16_as_ushort(v)) << 16); }
 __device__ __forceinline__ nv_bf16 to_bf16(float v) { return __float2bfloat16_rn(v); }
 // An fp32 intermediate rounded through bf16, as Elem(...) rounds in the CPU reference.
 __device__ __forceinline__ float round_bf16(float v) { return to_float(to_bf16(v)); }

@@ -84,7 +84,12 @@ __device__ __forceinline__ uint8_t quantize(float x, float scale, Stats& st) {
   const bool over = fabsf(s) > B::kOverflowAt;
   if (s > B::kMax) s = B::kMax;
   if (s < -B::kMax) s = -B::kMax;  // NaN passes both and stays NaN
-  const uint8_t code = encode<F>(s);
+  uint8_t code = encode<F>(s);
+  // NaN keeps its sign, as fp8_encode on the host does. A device multiply
+  // returns the canonical NaN, and the compiler may treat any NaN as any
+  // other, so the sign is taken from x's bits with integer operations.
+  const uint32_t xb = __float_as_uint(x);
+  if ((xb & 0x7fffffffu) > 0x7f800000u) code = uint8_t(((xb >> 31) << 7) | 0x7fu);
   st.amax_bits = max(st.amax_bits, __float_as_uint(x) & 0x7fffffffu);
   st.over += over;
   st.under += (code & 0x7f) == 0 && x != 0.0f;

@@ -203,12 +203,40 @@ Status run_view(const Fp8GemmView& p, Workspace ws, cudaStream_t stream) {
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   const cublasLtHandle_t handle = gpu::lt_handle(device);
-  const gpu::LtScratch scratch = gpu::lt_scratch(ws);
-  Plan& plan = plan_for(handle, device, p, scratch.bytes);
+  gpu::LtScratch scratch = gpu::lt_scratch(ws);
+  // cuBLASLt refuses FP8 scales that are not 16-byte aligned (an H200 with
+  // cuBLAS 13 answered NOT_SUPPORTED to a heuristic's own plan when a scale
+  // sat 4 bytes into an array, as a scaling table holds them): such scales
+  // are copied, in stream order, to the last 256 bytes of the scratch.
+  Fp8GemmView staged_view = p;
+  const auto aligned16 = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+  if (!aligned16(p.a_scale_inv) || !aligned16(p.b_scale_inv)) {
+    constexpr int64_t kScaleBytes = 256;
+    if (scratch.bytes < 2 * kScaleBytes) return Status::unsupported;
+    scratch.bytes -= kScaleBytes;
+    float* staged = reinterpret_cast<float*>(static_cast<char*>(scratch.data) + scratch.bytes);
+    CUDA_CHECK(cudaMemcpyAsync(staged, p.a_scale_inv, sizeof(float), cudaMemcpyDeviceToDevice, stream));
+    CUDA_CHECK(cudaMemcpyAsync(staged + 4, p.b_scale_inv, sizeof(float), cudaMemcpyDeviceToDevice, stream));
+    staged_view.a_scale_inv = staged;
+    staged_view.b_scale_inv = staged + 4;
+  }
+  Plan& plan = plan_for(handle, device, staged_view, scratch.bytes);
   if (!plan.found) return Status::unsupported;
-  set_scales(plan.op, p);
-  CUBLAS_CHECK(cublasLtMatmul(handle, plan.op, &p.alpha, p.b, plan.a, p.a, plan.b, &p.beta, p.c, plan.c, p.c,
-                              plan.c, &plan.algo, scratch.data, size_t(scratch.bytes), stream));
+  set_scales(plan.op, staged_view);
+  const cublasStatus_t status = cublasLtMatmul(handle, plan.op, &p.alpha, p.b, plan.a, p.a, plan.b, &p.beta, p.c,
+                                               plan.c, p.c, plan.c, &plan.algo, scratch.data,
+                                               size_t(scratch.bytes), stream);
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED)
+    throw std::runtime_error(
+        "cuBLASLt refused the FP8 GEMM its own heuristic chose: m " + std::to_string(p.m) + " n " +
+        std::to_string(p.n) + " k " + std::to_string(p.k) + " lda " + std::to_string(p.lda) + " ldb " +
+        std::to_string(p.ldb) + " ldc " + std::to_string(p.ldc) + ", a " + to_string(p.a_format) + " b " +
+        to_string(p.b_format) + ", C " + (p.c_type == CUDA_R_32F ? "fp32" : "bf16") + " beta " +
+        std::to_string(p.beta) + ", alignment a/b/c " + std::to_string(gpu::lt_alignment(p.a)) + "/" +
+        std::to_string(gpu::lt_alignment(p.b)) + "/" + std::to_string(gpu::lt_alignment(p.c)) + " bytes, " +
+        "workspace " + std::to_string(scratch.bytes) + " bytes at alignment " +
+        std::to_string(gpu::lt_alignment(scratch.data)) + ", " + to_string(p.accumulation) + " accumulation");
+  CUBLAS_CHECK(status);
   WEFT_LAUNCH_CHECK(stream, "cublasLtMatmul (fp8)");
   return Status::ok;
 }
