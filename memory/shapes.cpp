@@ -138,7 +138,8 @@ int64_t gpu_kernel_scratch(const Dims& d, const Layout& l) {
   // materialized backward dP, fp32 dK and dV, and its batched-GEMM pointers;
   // cudnn the bound of attention_cudnn.h: the frontend's fp32 row sums and
   // dQ, plus the engine allowance (16 MiB, and fp32 dK and dV at the kv heads
-  // in the backward, which is the larger direction).
+  // or 4 bytes a query head's element, the larger, in the backward, which is
+  // the larger direction).
   // Sized for the largest attention call of the layout (context
   // parallelism's calls differ from the rank's T rows; attention_call).
   const AttentionCall call = attention_call(d, l);
@@ -154,7 +155,7 @@ int64_t gpu_kernel_scratch(const Dims& d, const Layout& l) {
       break;
     case AttentionKind::cudnn:
       need = bytes(d.B * heads * call.rows * 4) + bytes(q_rows * heads * d.D * 4) + kCudnnEngineAllowance +
-             2 * bytes(k_rows * call.kv_heads * d.D * 4);
+             std::max(2 * bytes(k_rows * call.kv_heads * d.D * 4), bytes(k_rows * heads * d.D * 4));
       break;
   }
   // rmsnorm.cu: up to 512 partial dweight rows; the unfused backward adds

@@ -153,7 +153,7 @@ int64_t bound_of(const Key& k) {
 }
 
 int64_t engine_allowance_of(const Key& k) {
-  return k.direction == Direction::forward ? kEngineAllowance : backward_engine_allowance(k.B, k.T, k.H_kv, k.D);
+  return k.direction == Direction::forward ? kEngineAllowance : backward_engine_allowance(k.B, k.T, k.H, k.H_kv, k.D);
 }
 
 // The graph of a key, described (the frontend's attribute checks throw,

@@ -28,6 +28,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -69,12 +70,15 @@ inline int64_t forward_workspace_bound(int64_t /*B*/, int64_t /*T*/, int64_t /*H
   return kEngineAllowance;
 }
 
-inline int64_t backward_engine_allowance(int64_t B, int64_t T, int64_t H_kv, int64_t D) {
-  return kEngineAllowance + 2 * piece(B * T * H_kv * D * 4);
+// The backward's engine part also holds fp32 dK and dV at the kv heads or,
+// with grouped queries, 4 bytes a query head's element (an H200 with cuDNN 9
+// picked a plan needing B T H D 4 at GQA 4:1), whichever is larger.
+inline int64_t backward_engine_allowance(int64_t B, int64_t T, int64_t H, int64_t H_kv, int64_t D) {
+  return kEngineAllowance + std::max(2 * piece(B * T * H_kv * D * 4), piece(B * T * H * D * 4));
 }
 
 inline int64_t backward_workspace_bound(int64_t B, int64_t T, int64_t H, int64_t H_kv, int64_t D) {
-  return piece(B * H * T * 4) + piece(B * H * T * D * 4) + backward_engine_allowance(B, T, H_kv, D);
+  return piece(B * H * T * 4) + piece(B * H * T * D * 4) + backward_engine_allowance(B, T, H, H_kv, D);
 }
 
 // ---------------------------------------------------------------- shapes
