@@ -62,7 +62,8 @@ def run_weft(weft, model, T, mb, attn, steps, gb, data):
         return None, None, f"weft exited {p.returncode}: {p.stderr.strip()[-300:]}"
     peak = re.search(r"stated peak of ([0-9.]+) GFLOP/s", p.stdout)
     metrics = os.path.join(out, "metrics.jsonl")
-    rows = [json.loads(l) for l in open(metrics) if '"tokens_per_s"' in l] if os.path.exists(metrics) else []
+    rows = [json.loads(l) for l in open(metrics)] if os.path.exists(metrics) else []
+    rows = [r for r in rows if r.get("kind") == "train"]  # the step windows, not the run's summary
     if not rows:
         return None, None, f"no step rows in {metrics}"
     last = rows[-1]  # the last window, past warm-up
@@ -208,7 +209,7 @@ def main():
             side = f"weft-{attn}"
             if w:
                 rows.append(("weft", mb, w["tokens_per_s"]))
-                print(f"{side:<13}{mb:>4}{w['tokens_per_s']:>12.0f}{w['tflops']:>10.1f}{100 * w['mfu']:>7.1f}%")
+                print(f"{side:<13}{mb:>4}{w['tokens_per_s']:>12.0f}{w['tflops_per_device']:>10.1f}{100 * w['mfu']:>7.1f}%")
             else:
                 print(f"{side:<13}{mb:>4}{'-':>12}{'-':>10}{'-':>8}  {err}")
         for compiled in (False, True):
