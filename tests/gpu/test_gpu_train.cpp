@@ -256,6 +256,14 @@ TEST(GpuProfile, TimesABf16GradientLayout) {
 // of bf16's; the run learns; and the arena equals the memory model in every
 // category (FP8 codes and their transposes, the device scaling state and
 // health counts are in the shape table).
+//
+// The peak learning rate is 1e-3, not the other tests' 3e-3: at 3e-3 this
+// corpus makes FP8 training itself spike at step 9, on the CPU's emulation
+// as on an H200 (delayed scaling 16% above the fp32 loss there, 15% on the
+// GPU above bf16; tensorwise with full checkpointing at mb 1 5% and 7%), so
+// the comparison would measure the recipe's instability, not the GPU path.
+// At 1e-3 the CPU's emulated FP8 stays within 0.7% of fp32 at every step
+// for these layouts and recipes.
 struct Fp8Case {
   std::string layout;  // without the fp8 knob
   std::string recipe;  // fp8:tensorwise or fp8:delayed
@@ -278,6 +286,7 @@ TEST_P(GpuTrainFp8, FollowsTheBf16Run) {
   TrainConfig bcfg = config(dir.path("bf16"), true, layout_of(GetParam().layout));
   TrainConfig fcfg = config(dir.path("fp8"), true, layout_of(GetParam().layout + "-" + GetParam().recipe));
   bcfg.checkpoints = fcfg.checkpoints = false;
+  bcfg.optim.lr = fcfg.optim.lr = 1e-3;
   const TrainReport bf16 = train(bcfg, quiet);
   const TrainReport fp8 = train(fcfg, quiet);
   std::fclose(quiet);
