@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "core/json_io.h"
 #include "tuner/device_profile.h"
+#include "report/tensorboard.h"
 #include "report/tune_report.h"
 #include "tuner/recipe.h"
 #ifdef WEFT_HAVE_MPI
@@ -160,6 +161,7 @@ std::optional<Layout> auto_layout(const trainer::TrainConfig& base, const tuner:
     if (rank0) {
       file_write_atomic((dir / "tuning.md").string(), report::tune_report_md(r, ctx));
       file_write_atomic((dir / "tuning.json").string(), report::tune_report_json(r, ctx).dump(1) + "\n");
+      if (!a.tensorboard.empty()) report::tensorboard_trials(a.tensorboard, r);
       fmt::print(log, "\ntuning {} after {} trials: no recipe saved and nothing trained; the same command "
                       "continues the tuning from {} (report {})\n",
                  r.stop_reason, r.trials.size(), o.journal, (dir / "tuning.md").string());
@@ -174,6 +176,7 @@ std::optional<Layout> auto_layout(const trainer::TrainConfig& base, const tuner:
     const std::string md = report::tune_report_md(r, ctx);
     file_write_atomic((dir / "tuning.md").string(), md);
     file_write_atomic((dir / "tuning.json").string(), report::tune_report_json(r, ctx).dump(1) + "\n");
+    if (!a.tensorboard.empty()) report::tensorboard_trials(a.tensorboard, r);
     const auto recipe = tuner::tune_recipe(r, ctx, machine_description());
     tuner::recipe_save((dir / "recipe.json").string(), recipe);
     std::string cached = (fs::path(tuner::recipe_cache_dir()) / cache_name(ctx)).string();

@@ -28,6 +28,7 @@ struct AutoArgs {
   double trial_min_time = 0.5;  // seconds of timed steps at least
   double trial_timeout = 60;  // seconds without communication progress in a trial
   std::string profile;        // a measured device profile (weft calibrate); empty: the device's defaults
+  std::string tensorboard;    // where rank 0 writes the trials' event file; empty: none
 };
 
 // Every rank calls this together; all return the same layout. `base` holds the

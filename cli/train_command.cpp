@@ -20,6 +20,7 @@
 #include "core/units.h"
 #include "memory/device.h"
 #include "memory/estimate.h"
+#include "report/tensorboard.h"
 #include "trainer/checkpoint/pretrained.h"
 #include "data/corpus.h"
 #include "data/loader.h"
@@ -75,6 +76,8 @@ struct TrainArgs {
   std::string device = std::getenv("WEFT_DEVICE") ? std::getenv("WEFT_DEVICE") : "auto";
   std::string precision = "auto";
   std::string memory_limit;
+  std::string tensorboard;  // --tensorboard's folder; empty with the flag: <out>/tensorboard
+  CLI::Option* tensorboard_opt = nullptr;
   trainer::TrainConfig cfg;
   std::string schedule = "cosine";
   std::string layout;
@@ -286,6 +289,15 @@ int run_train(TrainArgs& a) {
   const std::string moved =
       trainer::run_folder_prepare(c.out_dir, c.ckpt_dir, folder_mode, world_rank_from_env() == 0);
   if (!moved.empty()) std::fputs(moved.c_str(), stdout);
+  if (a.tensorboard_opt->count() > 0 && world_rank_from_env() == 0) {
+    namespace fs = std::filesystem;
+    const std::string dir = a.tensorboard.empty() ? (fs::path(c.out_dir) / "tensorboard").string() : a.tensorboard;
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) throw InputError(fmt::format("--tensorboard {}: cannot create the folder: {}", dir, ec.message()));
+    c.metrics_sink = std::make_shared<report::TensorBoardSink>(dir);
+    a.tune.tensorboard = (fs::path(dir) / "tune").string();
+  }
   if (tune) {
     const int64_t world = mpi_world_size_from_env();
     tuner::SpaceLimits limits;
@@ -465,6 +477,11 @@ Command add_train_command(CLI::App& app) {
                 "Start a new run in an --out that holds one, moving the earlier run aside to "
                 "<out>.prev-<time> (nothing is deleted)");
   sub->add_option("--resume-from", c.resume_from, "Continue from this checkpoint folder");
+  a->tensorboard_opt =
+      sub->add_option("--tensorboard", a->tensorboard,
+                      "Also write the metrics as TensorBoard event files into this folder (default with no "
+                      "folder: <out>/tensorboard; a tuning's trials go to its tune/ folder)")
+          ->expected(0, 1);
   sub->add_option("--change", c.changes,
                   "With --resume: optimizer settings or the seed this command may change from the run's, e.g. "
                   "lr,warmup (any of lr, min-lr-ratio, warmup, schedule, beta1, beta2, adam-eps, weight-decay, "

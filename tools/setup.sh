@@ -11,6 +11,7 @@ packages=(cmake g++ make ninja-build pkg-config
           libcli11-dev nlohmann-json3-dev libopenblas-openmp-dev
           libgtest-dev libgmock-dev libbenchmark-dev fortunes procps
           libpcre2-dev libsentencepiece-dev
+          libprotobuf-dev protobuf-compiler  # TensorBoard event files (report/tensorboard_event.proto)
           zlib1g-dev chromium
           clang libclang-rt-dev libomp-dev)  # tools/sanitize.sh and tools/fuzz.sh: clang, libFuzzer, OpenMP
 missing=()
@@ -37,6 +38,14 @@ if [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null 2>&1; then
     "$py" -m pip install -q --disable-pip-version-check nvidia-cudnn-frontend >/dev/null 2>&1 ||
       echo "setup: could not install nvidia-cudnn-frontend; building without attn:cudnn"
   fi
+fi
+
+# The tensorboard Python package: test_cli_tensorboard reads weft's event
+# files back with it, as TensorBoard loads them.
+if command -v python3 >/dev/null 2>&1 && ! python3 -c "import tensorboard" >/dev/null 2>&1; then
+  echo "setup: installing tensorboard (Python; the TensorBoard test reads event files with it)"
+  python3 -m pip install -q --disable-pip-version-check tensorboard >/dev/null 2>&1 ||
+    echo "setup: could not install tensorboard; test_cli_tensorboard will fail until it is installed"
 fi
 
 jobs=${WEFT_JOBS:-$(nproc)}

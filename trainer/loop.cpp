@@ -307,13 +307,9 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
     const std::string dir = run.save(step, lr_now, async);
     if (final) run.wait_saves();
     const double stall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (rank0) {
-      run.metrics << nlohmann::json{{"kind", "checkpoint"}, {"step", step}, {"dir", dir},
-                                    {"async", async},      {"stall_s", stall}}
-                         .dump()
-                  << "\n";
-      run.metrics.flush();
-    }
+    if (rank0)
+      run.emit(nlohmann::json{{"kind", "checkpoint"}, {"step", step}, {"dir", dir}, {"async", async},
+                              {"stall_s", stall}});
     if (host_peak)
       report.independent_save = std::max(report.independent_save, memory::host_usage().peak - host_before);
     host_count_restart();
@@ -353,8 +349,8 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
                               {"last_step", superseded->last_step},
                               {"records", superseded->records},
                               {"kept", superseded->kept}};
-    run.metrics << header.dump() << "\n";
-    run.metrics.flush();
+    if (c.metrics_sink) c.metrics_sink->launch(resumed ? done : 0);
+    run.emit(header);
   }
 
   const double peak = c.device.peak_flops(to_string(c.run.precision));
@@ -437,8 +433,7 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
                                     {"step_s", window_time / window_steps},
                                     {"comm_s", window_comm / window_steps}};
       if (!fp8_health.is_null()) record["fp8"] = fp8_health;
-      run.metrics << record.dump() << "\n";
-      run.metrics.flush();
+      run.emit(record);
       window_time = 0;
       window_comm = 0;
       window_steps = 0;
@@ -448,8 +443,7 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
       if (std::isnan(v) && c.stop && c.stop->load()) continue;  // stopped midway: the next step stops
       fmt::print(log, "step {:>5} | validation loss {:.4f} (unigram baseline {:.4f})\n", step, v,
                  report.baseline);
-      run.metrics << nlohmann::json{{"kind", "val"}, {"step", step}, {"val_loss", v}}.dump() << "\n";
-      run.metrics.flush();
+      run.emit(nlohmann::json{{"kind", "val"}, {"step", step}, {"val_loss", v}});
     }
     if (c.checkpoints && c.ckpt_every > 0 && step % c.ckpt_every == 0 && step != c.steps)
       report.checkpoint = save(step, lr, false);
@@ -474,11 +468,11 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
   if (!std::isnan(report.val_loss)) {
     fmt::print(log, "validation loss {:.4f} nats/token vs unigram baseline {:.4f} ({:+.1f}%)\n",
                report.val_loss, report.baseline, 100 * (report.val_loss - report.baseline) / report.baseline);
-    run.metrics << nlohmann::json{{"kind", "val"},           {"step", report.last_step},
-                                  {"val_loss", report.val_loss}, {"baseline", report.baseline},
-                                  {"final", true}}
-                       .dump()
-                << "\n";
+    run.emit(nlohmann::json{{"kind", "val"},
+                            {"step", report.last_step},
+                            {"val_loss", report.val_loss},
+                            {"baseline", report.baseline},
+                            {"final", true}});
   } else if (report.interrupted) {
     fmt::print(log, "final validation skipped: stopped by {}\n", stop_signal_name());
   }
@@ -510,18 +504,15 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
     mj["independent"] = {{"bytes", report.independent},
                          {"what", R::kDevice ? "device memory in use by the run (cudaMemGetInfo)" : kHostIndependent}};
   if (report.independent_save > 0) mj["independent_saving"] = report.independent_save;
-  run.metrics << nlohmann::json{{"kind", "end"},
-                                {"last_step", report.last_step},
-                                {"steps_run", std::max<int64_t>(0, ran)},
-                                {"interrupted", report.interrupted},
-                                {"signal", report.interrupted ? stop_signal_name() : ""},
-                                {"seconds", train_time},
-                                {"tokens", std::max<int64_t>(0, ran) * c.run.tokens_per_step()},
-                                {"tokens_per_s", report.tokens_per_second},
-                                {"checkpoint", report.checkpoint}}
-                     .dump()
-              << "\n";
-  run.metrics.flush();
+  run.emit(nlohmann::json{{"kind", "end"},
+                          {"last_step", report.last_step},
+                          {"steps_run", std::max<int64_t>(0, ran)},
+                          {"interrupted", report.interrupted},
+                          {"signal", report.interrupted ? stop_signal_name() : ""},
+                          {"seconds", train_time},
+                          {"tokens", std::max<int64_t>(0, ran) * c.run.tokens_per_step()},
+                          {"tokens_per_s", report.tokens_per_second},
+                          {"checkpoint", report.checkpoint}});
   file_write_atomic((fs::path(c.out_dir) / "memory" / fmt::format("rank{}.json", run.groups.world->rank())).string(),
                     mj.dump(1) + "\n");
   return report;

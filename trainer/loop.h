@@ -8,8 +8,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json_fwd.hpp>
 
 #include "core/device_spec.h"
 #include "core/layout.h"
@@ -19,6 +22,19 @@
 #include "trainer/parallel/process_groups.h"
 
 namespace weft::trainer {
+
+// Receives every record the run writes to metrics.jsonl, in the same order,
+// on the rank that writes them (world rank 0): a second place for the same
+// numbers (report/tensorboard.h writes TensorBoard event files). launch() is
+// called once per launch before its first record, with the step a resumed
+// launch continues after (0 for a fresh run): records of later steps from
+// earlier launches are superseded from then on, as in metrics.jsonl.
+class MetricsSink {
+ public:
+  virtual ~MetricsSink() = default;
+  virtual void launch(int64_t resumed_after) = 0;
+  virtual void record(const nlohmann::json& r) = 0;
+};
 
 struct TrainConfig {
   ModelSpec model;
@@ -68,6 +84,8 @@ struct TrainConfig {
   parallel::CommWatchdog* watchdog = nullptr;
   // Called after every step with (step, steps): a progress bar. May be empty.
   std::function<void(int64_t, int64_t)> on_step;
+  // Also gets every metrics.jsonl record (world rank 0). May be null.
+  std::shared_ptr<MetricsSink> metrics_sink;
 };
 
 struct TrainReport {

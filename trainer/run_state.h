@@ -54,6 +54,14 @@ struct Run {
   data::TokenData data;
   std::unique_ptr<data::Loader> loader, val_loader;
   std::ofstream metrics;
+  // One metrics.jsonl record, flushed, and the same to c.metrics_sink; a
+  // no-op where the file is not open (every rank but world rank 0).
+  void emit(const nlohmann::json& r) {
+    if (!metrics.is_open()) return;
+    metrics << r.dump() << "\n";
+    metrics.flush();
+    if (c.metrics_sink) c.metrics_sink->record(r);
+  }
   // The micro-batch's samples (mb, T) as the loader reads them, and this
   // rank's rows of them (the same under cp 1; chunks cp_rank and
   // 2 cp - 1 - cp_rank of each under context parallelism).
