@@ -96,7 +96,11 @@ std::optional<Layout> auto_layout(const trainer::TrainConfig& base, const tuner:
   ctx.run = base.run;
   ctx.cluster.device = base.device;
   ctx.cluster.gpus = world;
-  ctx.cluster.gpus_per_node = world;
+  // Ranks per node as the launcher placed them (mpirun's local size, or
+  // Slurm's tasks per node): under Slurm the allocation's shape, so layouts
+  // whose tp or cp group would span nodes are priced over the network.
+  const int64_t local = local_ranks_from_env();
+  ctx.cluster.gpus_per_node = local > 0 && local <= world && world % local == 0 ? local : world;
   ctx.constants = tuner::cost_defaults(base.device);
   if (!a.profile.empty()) {
     const auto p = tuner::profile_load(a.profile);

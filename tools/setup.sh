@@ -12,6 +12,7 @@ packages=(cmake g++ make ninja-build pkg-config
           libgtest-dev libgmock-dev libbenchmark-dev fortunes procps
           libpcre2-dev libsentencepiece-dev
           libprotobuf-dev protobuf-compiler  # TensorBoard event files (report/tensorboard_event.proto)
+          slurmctld slurmd slurm-client munge  # tests/slurm: a real Slurm cluster on this machine
           zlib1g-dev chromium
           clang libclang-rt-dev libomp-dev)  # tools/sanitize.sh and tools/fuzz.sh: clang, libFuzzer, OpenMP
 missing=()

@@ -1,0 +1,86 @@
+#include "cli/sbatch.h"
+
+#include <fmt/format.h>
+
+namespace weft::cli {
+
+namespace {
+
+// One shell word, single-quoted.
+std::string q(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+}  // namespace
+
+std::string sbatch_script(const SbatchSpec& s) {
+  std::string o = "#!/bin/bash\n";
+  o += fmt::format("# Written by `weft recipe sbatch`: {}\n", s.summary);
+  o += "# Submit with: sbatch THIS_FILE. Each launch continues from the run folder's last\n"
+       "# complete checkpoint; a launch that fails for a reason another launch can fix\n"
+       "# requeues the job (see the end of this file).\n";
+  o += fmt::format("#SBATCH --job-name={}\n", s.job_name);
+  o += fmt::format("#SBATCH --nodes={}\n", s.nodes);
+  o += fmt::format("#SBATCH --ntasks-per-node={}\n", s.tasks_per_node);
+  o += "#SBATCH --requeue\n";
+  o += "#SBATCH --open-mode=append\n";
+  o += fmt::format("#SBATCH --output={}/slurm-%j.out\n", s.run_dir);
+  // SIGTERM to this script two minutes before the time limit: weft saves a
+  // checkpoint at the end of the step in progress and exits 143.
+  o += "#SBATCH --signal=B:TERM@120\n";
+  if (!s.time.empty()) o += fmt::format("#SBATCH --time={}\n", s.time);
+  if (!s.partition.empty()) o += fmt::format("#SBATCH --partition={}\n", s.partition);
+  if (!s.account.empty()) o += fmt::format("#SBATCH --account={}\n", s.account);
+  o += "\nset -u\n";
+  o += fmt::format("weft={}\nrun={}\nmax_restarts={}\n", q(s.weft), q(s.run_dir), s.max_restarts);
+  o += "restarts=${SLURM_RESTART_COUNT:-0}\n";
+  o += "mkdir -p \"$run\"\n";
+  o += R"SH(
+# NCCL: report problems and let a hung collective fail rather than wait
+# forever (weft's own watchdog, --comm-timeout, ends the ranks too). Site
+# settings (NCCL_SOCKET_IFNAME, NCCL_IB_HCA, ...) go in the environment
+# sbatch is called from, which the job inherits.
+export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
+# Open MPI reads the nodes and tasks of the allocation (its Slurm support):
+# one rank per task, no hostfile. Ranks are not bound to cores: weft sets its
+# own thread counts.
+launch=(mpirun --bind-to none)
+)SH";
+  if (s.recipe.empty()) {
+    o += "# The first launch tunes in the allocation (--auto) and writes recipe.json\n"
+         "# into the run folder; later launches train that recipe.\n";
+    o += "if [ -f \"$run/recipe.json\" ]; then layout=(--recipe \"$run/recipe.json\"); else layout=(--auto); fi\n";
+  } else {
+    o += fmt::format("layout=(--recipe {})\n", q(s.recipe));
+  }
+  o += fmt::format(R"SH(
+echo "weft: job ${{SLURM_JOB_ID:-?}} launch $((restarts + 1)) on ${{SLURM_JOB_NODELIST:-?}} ($(date -u +%FT%TZ))"
+"${{launch[@]}}" "$weft" train "${{layout[@]}}" --resume --out "$run" {} &
+pid=$!
+# Forward the time limit's SIGTERM to mpirun, which passes it to the ranks.
+trap 'kill -TERM $pid 2>/dev/null' TERM
+rc=0
+wait $pid || rc=$?
+while kill -0 $pid 2>/dev/null; do rc=0; wait $pid || rc=$?; done
+
+case $rc in
+  0) echo "weft: finished"; exit 0 ;;
+  2) echo "weft: the run was refused (exit 2: bad input); not requeued"; exit 2 ;;
+esac
+# Anything else (a rank or node lost, the watchdog's 124, a SIGTERM's 143)
+# can be fixed by another launch from the last checkpoint.
+if [ "$restarts" -lt "$max_restarts" ] && [ -n "${{SLURM_JOB_ID:-}}" ]; then
+  echo "weft: launch failed (exit $rc); requeueing (restart $((restarts + 1)) of $max_restarts)"
+  scontrol requeue "$SLURM_JOB_ID"
+else
+  echo "weft: launch failed (exit $rc); not requeued ($restarts restarts of at most $max_restarts)"
+fi
+exit $rc
+)SH",
+                   s.train_args);
+  return o;
+}
+
+}  // namespace weft::cli
