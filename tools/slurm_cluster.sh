@@ -10,7 +10,9 @@
 # Both nodes are this host (Debian builds Slurm with several slurmd per host
 # allowed), so an Open MPI job across them must keep its ranks off shared
 # memory between the two node names: the tests run such jobs with
-# OMPI_MCA_btl=self,tcp. Ranks start through Open MPI's Slurm support
+# OMPI_MCA_btl=self,tcp. Job credentials live 10 s (cred_expire; Slurm's
+# default is 120), which is also how long a requeued job waits before it
+# starts again. Ranks start through Open MPI's Slurm support
 # (mpirun inside the allocation), not srun's PMIx plugin, whose per-step
 # folders collide when two nodes share one host.
 set -euo pipefail
@@ -70,7 +72,7 @@ SlurmctldPort=$p_ctl
 SlurmdPort=$p_d
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=$dir/munge/socket
+AuthInfo=socket=$dir/munge/socket,cred_expire=10
 SlurmUser=$user
 SlurmdUser=$user
 StateSaveLocation=$dir/state
