@@ -77,39 +77,34 @@ void TensorBoardWriter::write(const std::string& event) {
   if (!out_) throw Error(fmt::format("TensorBoard: writing {} failed", path_));
 }
 
-void TensorBoardWriter::scalar(const std::string& tag, int64_t step, double value) {
-  pb::Event e;
+// One summary value's event: its tag, and the plugin's metadata on the
+// tag's first value in the file (as TensorBoard's writers do; the reader
+// keeps it for the rest). Returns the rank-0 tensor to fill.
+pb::TensorProto* TensorBoardWriter::value_event(pb::Event& e, const std::string& tag, int64_t step,
+                                                 const char* plugin, int data_class, int dtype) {
   e.set_wall_time(now_s());
   e.set_step(step);
   pb::Summary::Value* v = e.mutable_summary()->add_value();
   v->set_tag(tag);
-  // The metadata rides on a tag's first value in each file, as TensorBoard's
-  // writers do; the reader keeps it for the rest.
   if (described_.insert(tag).second) {
-    v->mutable_metadata()->mutable_plugin_data()->set_plugin_name("scalars");
-    v->mutable_metadata()->set_data_class(pb::DATA_CLASS_SCALAR);
+    v->mutable_metadata()->mutable_plugin_data()->set_plugin_name(plugin);
+    v->mutable_metadata()->set_data_class(pb::DataClass(data_class));
   }
   pb::TensorProto* t = v->mutable_tensor();
-  t->set_dtype(pb::DT_DOUBLE);
+  t->set_dtype(pb::DataType(dtype));
   t->mutable_tensor_shape();  // rank 0
-  t->add_double_val(value);
+  return t;
+}
+
+void TensorBoardWriter::scalar(const std::string& tag, int64_t step, double value) {
+  pb::Event e;
+  value_event(e, tag, step, "scalars", pb::DATA_CLASS_SCALAR, pb::DT_DOUBLE)->add_double_val(value);
   write(e.SerializeAsString());
 }
 
 void TensorBoardWriter::text(const std::string& tag, int64_t step, const std::string& text) {
   pb::Event e;
-  e.set_wall_time(now_s());
-  e.set_step(step);
-  pb::Summary::Value* v = e.mutable_summary()->add_value();
-  v->set_tag(tag);
-  if (described_.insert(tag).second) {
-    v->mutable_metadata()->mutable_plugin_data()->set_plugin_name("text");
-    v->mutable_metadata()->set_data_class(pb::DATA_CLASS_TENSOR);
-  }
-  pb::TensorProto* t = v->mutable_tensor();
-  t->set_dtype(pb::DT_STRING);
-  t->mutable_tensor_shape();
-  t->add_string_val(text);
+  value_event(e, tag, step, "text", pb::DATA_CLASS_TENSOR, pb::DT_STRING)->add_string_val(text);
   write(e.SerializeAsString());
 }
 

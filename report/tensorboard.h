@@ -28,6 +28,10 @@
 namespace weft::tuner {
 struct TuneResult;
 }
+namespace weft::tensorboard {
+class Event;
+class TensorProto;
+}
 
 namespace weft::report {
 
@@ -50,6 +54,8 @@ class TensorBoardWriter {
 
  private:
   void write(const std::string& event);
+  tensorboard::TensorProto* value_event(tensorboard::Event& e, const std::string& tag, int64_t step,
+                                        const char* plugin, int data_class, int dtype);
   std::ofstream out_;
   std::string path_;
   std::set<std::string> described_;  // tags whose metadata this file holds

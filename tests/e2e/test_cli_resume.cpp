@@ -251,13 +251,6 @@ TEST(CliResume, AModelFolderWithoutInitSaysItsWeightsAreNotLoaded) {
 // (pretrained files) and a run tuned in the same process count the same for
 // the same layout; a checkpoint save's copies are reported apart.
 TEST(CliResume, IndependentMemoryIsTheRunsWhateverCameBefore) {
-#if defined(__SANITIZE_ADDRESS__)
-#define WEFT_TEST_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define WEFT_TEST_ASAN 1
-#endif
-#endif
 #ifdef WEFT_TEST_ASAN
   // ASan's allocator keeps freed memory in quarantine and adds redzones and
   // shadow pages: a sanitized process's resident size is not the run's.

@@ -23,13 +23,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-#if defined(__SANITIZE_ADDRESS__)
-#define WEFT_TEST_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define WEFT_TEST_ASAN 1
-#endif
-#endif
 
 TEST(CliTrain, TrainsAndReports) {
   TempDir dir;

@@ -17,6 +17,16 @@
 #include "../unit/test_util.h"
 #include "cli_runner.h"
 
+// WEFT_TEST_ASAN: built with AddressSanitizer (GCC's macro or clang's
+// feature test), whose quarantine and redzones change what memory tests see.
+#if defined(__SANITIZE_ADDRESS__)
+#define WEFT_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define WEFT_TEST_ASAN 1
+#endif
+#endif
+
 namespace weft::test {
 
 // A small prepared corpus (byte tokens) shared by the tests.
