@@ -255,7 +255,7 @@ void validate_vocab(const TokenSource& source, int64_t vocab) {
                     bad->value, bad->position, source.describe(), vocab));
   throw InputError(fmt::format(
       "token id {} at position {} of {} is outside the model's vocab [0, {}); prepare the data "
-      "with the model's tokenizer or use a model whose vocab is above {}",
+      "with the model's tokenizer, or give the model a vocab above {} (--vocab sets a preset's)",
       bad->value, bad->position, source.describe(), vocab, bad->value));
 }
 
