@@ -4,7 +4,7 @@
 # pages with; zlib reads its screenshots). Safe to run again: it installs only missing packages and
 # rebuilds incrementally. Extra arguments are passed to the CMake configure.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$(readlink -f "$0")")/.."
 
 packages=(cmake g++ make ninja-build pkg-config
           libopenmpi-dev openmpi-bin libnlopt-dev libnlopt-cxx-dev libfmt-dev
