@@ -14,7 +14,9 @@ Markup:
       <!-- docs-test: timeout=300 time=205 within=2 exit=2 -->
     timeout: seconds before the block is killed (default 120); time: the wall
     seconds the page states for the block, held within a factor `within`
-    (default 2) of the measured time; exit: the expected exit code (default 0).
+    (default 2) of the measured time; exit: the expected exit code (default 0;
+    a block with another one needs an output block, so that it fails for the
+    reason the page says).
   * A ```text block after a sh block, with <!-- docs-test: output --> before
     it, is what the sh block prints: each of its lines must match an output
     line, in order (other output lines may come between). Numbers match
@@ -109,6 +111,10 @@ def lint(repo, pages):
                 errors.append(f"{b.where()}: unknown docs-test option(s) {sorted(unknown)}")
             if "output" in b.options and (b.lang != "text" or k == 0 or blocks[k - 1].lang != "sh"):
                 errors.append(f"{b.where()}: an output block is a ```text block right after a ```sh block")
+            if b.lang == "sh" and b.options.get("exit", "0") != "0" and not (
+                    k + 1 < len(blocks) and "output" in blocks[k + 1].options):
+                errors.append(f"{b.where()}: a block expected to fail needs an output block after it "
+                              "(else any refusal, a misspelt flag's too, would pass)")
             first = b.text.split("\n", 1)[0]
             if b.lang == "sh" and first.startswith("# not run") and not NOT_RUN.match(first):
                 errors.append(f"{b.where()}: write a skipped block's first line as '# not run in CI: <why>'")
