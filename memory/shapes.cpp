@@ -215,8 +215,12 @@ std::array<Fp8GemmShape, kFp8Gemms> fp8_gemm_shapes(const ModelSpec& m, const Ru
     const LinearShape ls = linear_shape(m, l, Linear(i));
     g[size_t(i)] = {ls.K, ls.N};
   }
-  for (auto& s : g) s.fp8 = l.fp8 != Fp8Recipe::off && M % 16 == 0 && s.K % 16 == 0 && s.N % 16 == 0 && s.K > 0 && s.N > 0;
+  for (auto& s : g) s.fp8 = l.fp8 != Fp8Recipe::off && fp8_gemm_dims(M, s.K, s.N);
   return g;
+}
+
+bool fp8_gemm_dims(int64_t M, int64_t K, int64_t N) {
+  return M > 0 && K > 0 && N > 0 && M % 16 == 0 && K % 16 == 0 && N % 16 == 0;
 }
 
 int64_t global_layer(const ModelSpec& m, const Layout& l, int64_t stage, int64_t chunk, int64_t layer) {

@@ -88,6 +88,9 @@ struct Fp8GemmShape {
   bool fp8 = false;
 };
 std::array<Fp8GemmShape, kFp8Gemms> fp8_gemm_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l);
+// The FP8 tensor cores' rule: a GEMM of M rows, K and N takes FP8 operands
+// when all three are positive multiples of 16.
+bool fp8_gemm_dims(int64_t M, int64_t K, int64_t N);
 // The stage's blocks that run FP8 GEMMs (Layout::fp8_layer of their global index).
 int64_t fp8_stage_blocks(const ModelSpec& m, const Layout& l, const StagePlan& plan);
 // The global index of block `layer` of model chunk `chunk` on `stage`.

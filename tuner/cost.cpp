@@ -92,20 +92,18 @@ double fp8_gemm_efficiency(double M, double N, double K, const DeviceSpec& devic
   return k.fp8_gemm_efficiency * tiles / (waves * sms) * K / (K + k.fp8_k_half);
 }
 
+// Both rules are the memory model's, which the trainer follows too.
 bool fp8_gemm_shape(double M, double N, double K) {
-  const auto by16 = [](double d) { return std::fmod(d, 16.0) == 0; };
-  return by16(M) && by16(N) && by16(K);
+  const auto whole = [](double d) { return d == std::floor(d) && d < 9.0e18; };
+  return whole(M) && whole(N) && whole(K) && memory::fp8_gemm_dims(int64_t(M), int64_t(K), int64_t(N));
 }
 
 int64_t fp8_stage_blocks(const ModelSpec& m, const Layout& l, int64_t stage) {
   if (l.fp8 == Fp8Recipe::off || l.pp <= 0 || l.vpp <= 0) return 0;
-  const int64_t chunk = m.layers / (l.pp * l.vpp);
-  int64_t n = 0;
-  for (int64_t v = 0; v < l.vpp; ++v) {
-    const int64_t c = stage + v * l.pp;
-    for (int64_t i = c * chunk; i < (c + 1) * chunk; ++i) n += l.fp8_layer(m, i) ? 1 : 0;
-  }
-  return n;
+  memory::StagePlan plan;
+  plan.stage = stage;
+  plan.layers = l.stage_layers(m);
+  return memory::fp8_stage_blocks(m, l, plan);
 }
 
 
