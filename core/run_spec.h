@@ -53,7 +53,7 @@ struct RunSpec {
   int64_t seq = 2048;           // T, tokens per sequence
   int64_t global_batch = 2048;  // sequences per optimizer step, over all ranks
   Precision precision = Precision::bf16;
-  LoraSpec lora;                // rank 0: every weight trains
+  LoraSpec lora{};              // rank 0: every weight trains
 
   int64_t tokens_per_step() const { return seq * global_batch; }
   // Bytes of one weight/activation element in compute precision.

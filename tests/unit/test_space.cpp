@@ -501,7 +501,8 @@ TEST(SpaceSearch, LoraFitsWhereFullFineTuningDoesNot) {
   ctx.run = RunSpec{.seq = 4096, .global_batch = 64, .precision = Precision::bf16, .lora = LoraSpec::with_rank(16)};
   ctx.cluster = cluster_resolve("h100", 8, 8);
   ctx.constants = cost_defaults(ctx.cluster.device);
-  const SpaceLimits limits = {.fp8 = {{Fp8Recipe::off, 0}}};
+  SpaceLimits limits;
+  limits.fp8 = {{Fp8Recipe::off, 0}};
   const auto lora = search(ctx, limits, 1);
   ASSERT_GT(lora.fitting, 0);
   const Layout best = lora.candidates.front().layout;

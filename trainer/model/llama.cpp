@@ -361,8 +361,8 @@ void LlamaStage<Elem, G>::norm_backward(const Elem* x, const A* x_hat, const A* 
 
 template <typename Elem, typename G>
 void LlamaStage<Elem, G>::block_forward(const Block& b, Elem* x_out, bool recompute) {
-  const int64_t C = m_.hidden, D = m_.head_dim, t = l_.tp;
-  const int64_t Hl = m_.heads / t, Kl = m_.kv_heads / t, Fl = m_.intermediate / t;
+  const int64_t C = m_.hidden, t = l_.tp;
+  const int64_t Fl = m_.intermediate / t;
   const bool full = !recompute || b.mode == Checkpointing::full;
   Elem* lin = table_->get<Elem>("scratch.linear_out");
   Elem* all_rows = l_.sp ? table_->get<Elem>("comm.sp_gather") : nullptr;
@@ -413,7 +413,7 @@ void LlamaStage<Elem, G>::block_recompute(const Block& b) {
 
 template <typename Elem, typename G>
 void LlamaStage<Elem, G>::block_backward(const Block& b, Elem* dx) {
-  const int64_t C = m_.hidden, D = m_.head_dim, t = l_.tp;
+  const int64_t D = m_.head_dim, t = l_.tp;
   const int64_t Hl = m_.heads / t, Kl = m_.kv_heads / t, Fl = m_.intermediate / t;
   Elem* d_norm = table_->get<Elem>("scratch.d_norm");
   Elem* lin = table_->get<Elem>("scratch.linear_out");
