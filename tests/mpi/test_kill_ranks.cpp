@@ -29,19 +29,6 @@ namespace fs = std::filesystem;
 
 const auto* env = ::testing::AddGlobalTestEnvironment(new MpiLaunchEnv);
 
-std::vector<int> weft_ranks(const std::string& out) {
-  FILE* p = ::popen(("pgrep -f -- '--out " + out + "'").c_str(), "r");
-  std::vector<int> ranks;
-  for (int x; std::fscanf(p, "%d", &x) == 1;) {
-    std::ifstream comm("/proc/" + std::to_string(x) + "/comm");
-    std::string name;
-    comm >> name;
-    if (name == "weft") ranks.push_back(x);
-  }
-  ::pclose(p);
-  return ranks;
-}
-
 TEST(KillRanks, NoCompletedCheckpointIsLostAndLatestIsAlwaysComplete) {
   TempDir dir;
   std::string text;

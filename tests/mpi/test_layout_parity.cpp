@@ -102,7 +102,9 @@ std::string parity_row(Fixture& f, const std::vector<double>& ref, const std::st
   const auto losses = f.train(layout, out, extra);
   const double dev = max_rel(losses, ref);
   EXPECT_LE(dev, tol) << layout;
-  if (!losses.empty() && !ref.empty()) EXPECT_LE(std::fabs(losses[0] - ref[0]) / ref[0], first_tol) << layout;
+  if (!losses.empty() && !ref.empty()) {
+    EXPECT_LE(std::fabs(losses[0] - ref[0]) / ref[0], first_tol) << layout;
+  }
   double worst_mem = 0;
   int64_t ranks = 0;
   for (const auto& e : fs::directory_iterator(out + "/memory")) {
@@ -444,15 +446,7 @@ TEST(LayoutParity, AKilledRankResumesToTheUninterruptedLosses) {
   }
   // Once a checkpoint is latest, kill one rank.
   for (int i = 0; i < 600 && !fs::exists(out + "/checkpoints/latest"); ++i) ::usleep(50000);
-  FILE* p = ::popen(("pgrep -f -- '--out " + out + "'").c_str(), "r");
-  std::vector<int> ranks;
-  for (int x; std::fscanf(p, "%d", &x) == 1;) {
-    std::ifstream comm("/proc/" + std::to_string(x) + "/comm");
-    std::string name;
-    comm >> name;
-    if (name == "weft") ranks.push_back(x);
-  }
-  ::pclose(p);
+  const std::vector<int> ranks = weft_ranks(out);
   ASSERT_EQ(ranks.size(), 4u);
   ::kill(ranks[2], SIGKILL);
   int status = 0;
@@ -488,17 +482,7 @@ TEST(LayoutParity, ARankThatDiesEndsTheJobInBoundedTime) {
   // Wait until training runs, then kill one rank.
   for (int i = 0; i < 300 && !fs::exists(out + "/metrics.jsonl"); ++i) ::usleep(100000);
   ::usleep(500000);
-  FILE* p = ::popen(("pgrep -f -- '--out " + out + "'").c_str(), "r");
-  std::vector<int> pids;
-  for (int x; std::fscanf(p, "%d", &x) == 1;) pids.push_back(x);
-  ::pclose(p);
-  std::vector<int> ranks;
-  for (int x : pids) {
-    std::ifstream comm("/proc/" + std::to_string(x) + "/comm");
-    std::string name;
-    comm >> name;
-    if (name == "weft") ranks.push_back(x);
-  }
+  const std::vector<int> ranks = weft_ranks(out);
   ASSERT_EQ(ranks.size(), 2u) << "could not find the two ranks";
   const auto t0 = std::chrono::steady_clock::now();
   ::kill(ranks.back(), SIGKILL);
