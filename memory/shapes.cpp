@@ -551,9 +551,10 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
 
   // Context parallelism's exchange of keys and values, per transport (the
   // trainer's llama_context.cpp), with one block's tensors at a time:
-  // ring: two buffers (one computed on, one arriving) of a block's K, V and,
-  // in the backward, its travelling dK and dV; the partial output and lse of
-  // one block of keys before it is merged.
+  // ring: two buffers (one computed on, one arriving) of a block's K and V;
+  // in the backward, two of a block's travelling dK and dV (one arriving and
+  // added to, one going out) and this rank's share of them; the partial
+  // output and lse of one block of keys before it is merged.
   // allgather: the gathered K and V as they arrive (rank by rank), in
   // sequence order, and dK and dV over the whole sequence (reduce-scattered
   // from the first buffer, repacked rank by rank).
@@ -564,7 +565,8 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
     const int64_t kv_full = d.B * d.Tfull * d.Kl * d.D;
     switch (l.cp_comm) {
       case CpComm::ring:
-        out.push_back({"comm.cp_ring", Category::comm, 4 * kv, d.a, 2});
+        out.push_back({"comm.cp_ring", Category::comm, 2 * kv, d.a, 2});
+        out.push_back({"comm.cp_ring_grad", Category::comm, 2 * kv, d.a, 3});
         out.push_back({"scratch.cp_part_out", Category::workspace, q, d.a, 1});
         out.push_back({"scratch.cp_part_lse", Category::workspace, d.B * d.Hl * d.T, kFp32, 1});
         break;

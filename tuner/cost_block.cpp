@@ -190,10 +190,11 @@ Part block_cost(const Model& x) {
         // cp - 1 K/V blocks arrive, each while attention computes on the
         // block before it (1/cp of the rank's attention); only what a
         // transfer takes past that compute is exposed. In the backward dK
-        // and dV travel with K and V: twice the volume.
+        // and dV travel one step behind K and V, beside the same compute
+        // (twice the volume), and their last hop home has nothing beside it.
         const double block = 2 * kv_local;
         cp_fwd = (cp - 1) * exposed_beside(x.cp_p2p(block), attn_fwd / cp, x.k);
-        p.cp = cp_fwd + (cp - 1) * exposed_beside(x.cp_p2p(2 * block), attn_bwd / cp, x.k);
+        p.cp = cp_fwd + (cp - 1) * exposed_beside(x.cp_p2p(2 * block), attn_bwd / cp, x.k) + x.cp_p2p(block);
         break;
       }
       case CpComm::allgather: {

@@ -233,6 +233,8 @@ class LlamaStage {
   void attention_backward(const Block& b, const Elem* dout, Elem* dq, Elem* dk, Elem* dv);
   // The sequence position of chunk k (0 or 1) of cp rank `rank`.
   int64_t chunk_offset(int64_t rank, int64_t k) const;
+  std::vector<std::unique_ptr<parallel::CommRequest>> ring_pass_kv(int64_t s, const Elem* k, const Elem* v,
+                                                                   Elem* into);
   void ring_forward(const Block& b);
   void ring_backward(const Block& b, const Elem* dout, Elem* dq, Elem* dk, Elem* dv);
   void allgather_kv(const Elem* k, const Elem* v, Elem* full);

@@ -13,10 +13,11 @@
 //   buffers). Every pair of a local query chunk and a key chunk at or before
 //   it is one attention call over a block of the sequence; its partial output
 //   and lse merge into the running result (attention_merge), which is exact.
-//   The backward sends each block around once more, now with its dK and dV,
-//   which every rank adds its queries' share to; after cp passes a block is
-//   home with its whole gradient. Flash only (the layout refuses materialized:
-//   its probabilities would be per block).
+//   The backward sends K and V around once more the same way, and each
+//   block's dK and dV follow one step behind, every rank adding its queries'
+//   share; after cp passes a block is home with its whole gradient. Flash
+//   only (the layout refuses materialized: its probabilities would be per
+//   block).
 // allgather: K and V of the whole sequence are all-gathered (then put in
 //   sequence order), each local query chunk attends to the keys up to its end
 //   in one call, and the backward gathers them again (they are not kept),
@@ -28,10 +29,12 @@
 //   backward redoes the exchanges from the kept sequence-split tensors. The
 //   lse (and materialized probabilities) are kept head-split.
 //
-// Exchanges go over the cp group (groups_.cp) on the host memory of a CPU
-// run; the exchange buffers come from the shape table (memory/shapes.cpp,
-// "comm.cp_*"). The CUDA kernels take no sequence blocks yet, so the trainer
-// runs cp > 1 on the CPU only (check_trainable).
+// Exchanges go over the cp group (groups_.cp): MPI on the host memory of a
+// CPU run, NCCL on a device, where the ring's sends and receives run on
+// streams of their own beside the attention (parallel/comm_nccl.cpp). The
+// exchange buffers come from the shape table (memory/shapes.cpp,
+// "comm.cp_*"). On a device cp > 1 needs the flash kernel (check_trainable):
+// the other CUDA attention kernels take no blocks of the sequence.
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -123,12 +126,29 @@ void LlamaStage<Elem, G>::attention_backward(const Block& b, const Elem* dout, E
 
 // --- ring ---
 
+// Step s of the ring computes on the K/V block of cp rank r - s (this rank's
+// own at s = 0) while the next one arrives from r - 1 into the other buffer
+// (into): the block in hand goes on to r + 1 meanwhile. Returns the pending
+// transfers, which the caller waits for once the step's attention is queued.
+template <typename Elem, typename G>
+std::vector<std::unique_ptr<parallel::CommRequest>> LlamaStage<Elem, G>::ring_pass_kv(int64_t s, const Elem* k,
+                                                                                     const Elem* v, Elem* into) {
+  const int64_t cp = l_.cp, r = groups_.cp_rank(), n_kv = M_ * (m_.kv_heads / l_.tp) * m_.head_dim;
+  std::vector<std::unique_ptr<parallel::CommRequest>> pending;
+  if (s + 1 == cp) return pending;  // the last block: nothing left to pass
+  auto& ring = *groups_.cp;
+  pending.push_back(ring.isend(k, n_kv, (r + 1) % cp, kTagRing));
+  pending.push_back(ring.isend(v, n_kv, (r + 1) % cp, kTagRing + 1));
+  pending.push_back(ring.irecv(into, n_kv, (r + cp - 1) % cp, kTagRing));
+  pending.push_back(ring.irecv(into + n_kv, n_kv, (r + cp - 1) % cp, kTagRing + 1));
+  return pending;
+}
+
 template <typename Elem, typename G>
 void LlamaStage<Elem, G>::ring_forward(const Block& b) {
   const int64_t B = l_.mb, T = M_ / l_.mb, c = T / 2, D = m_.head_dim;
   const int64_t Hl = m_.heads / l_.tp, Kl = m_.kv_heads / l_.tp;
   const int64_t cp = l_.cp, r = groups_.cp_rank(), n_kv = B * T * Kl * D;
-  auto& ring = *groups_.cp;
   Elem* part_out = table_->get<Elem>("scratch.cp_part_out");
   A* part_lse = table_->get<A>("scratch.cp_part_lse");
   fill(b.out, M_ * Hl * D, 0.0);
@@ -137,15 +157,8 @@ void LlamaStage<Elem, G>::ring_forward(const Block& b) {
   const Elem* v = b.v;
   for (int64_t s = 0; s < cp; ++s) {
     const int64_t src = (r - s + cp) % cp;  // whose block it is
-    // Pass it on while computing on it; the next one arrives in the other buffer.
-    std::vector<std::unique_ptr<parallel::CommRequest>> pending;
     Elem* into = table_->get<Elem>("comm.cp_ring", s % 2);
-    if (s + 1 < cp) {
-      pending.push_back(ring.isend(k, n_kv, (r + 1) % cp, kTagRing));
-      pending.push_back(ring.isend(v, n_kv, (r + 1) % cp, kTagRing + 1));
-      pending.push_back(ring.irecv(into, n_kv, (r + cp - 1) % cp, kTagRing));
-      pending.push_back(ring.irecv(into + n_kv, n_kv, (r + cp - 1) % cp, kTagRing + 1));
-    }
+    auto pending = ring_pass_kv(s, k, v, into);
     for (int64_t qc = 0; qc < 2; ++qc)
       for (int64_t kc = 0; kc < 2; ++kc) {
         const int64_t qo = chunk_offset(r, qc), ko = chunk_offset(src, kc);
@@ -168,44 +181,78 @@ void LlamaStage<Elem, G>::ring_forward(const Block& b) {
   }
 }
 
+// K and V go round as in the forward, ahead of the compute. A block's dK and
+// dV (its accumulator: both, 2 n_kv) follow one step behind: at step s this
+// rank computes its queries' share of block r - s into a buffer of its own
+// while the accumulator of that block, holding the shares of ranks r - s ..
+// r - 1, arrives from r - 1; the share is added to it once both are there and
+// it goes on to r + 1, travelling while r + 1 computes its next step. After
+// the last step each accumulator has one hop left, home to its block's owner:
+// the only transfer no attention hides. On a device every transfer runs on a
+// stream of its own (parallel/comm_nccl.cpp) beside the attention kernels.
 template <typename Elem, typename G>
 void LlamaStage<Elem, G>::ring_backward(const Block& b, const Elem* dout, Elem* dq, Elem* dk, Elem* dv) {
   const int64_t B = l_.mb, T = M_ / l_.mb, c = T / 2, D = m_.head_dim;
   const int64_t Hl = m_.heads / l_.tp, Kl = m_.kv_heads / l_.tp;
   const int64_t cp = l_.cp, r = groups_.cp_rank(), n_kv = B * T * Kl * D;
+  const int64_t next = (r + 1) % cp, prev = (r + cp - 1) % cp;
   auto& ring = *groups_.cp;
-  // A travelling block: its K, V, and the dK, dV its visits add up.
-  Elem* blocks[2] = {table_->get<Elem>("comm.cp_ring", 0), table_->get<Elem>("comm.cp_ring", 1)};
-  copy(blocks[0], b.k, n_kv * int64_t(sizeof(Elem)));
-  copy(blocks[0] + n_kv, b.v, n_kv * int64_t(sizeof(Elem)));
-  fill(blocks[0] + 2 * n_kv, 2 * n_kv, 0.0);
+  // Two accumulators in turn (one arriving or added to, the other still
+  // going out), and the share this rank computes.
+  Elem* acc[2] = {table_->get<Elem>("comm.cp_ring_grad", 0), table_->get<Elem>("comm.cp_ring_grad", 1)};
+  Elem* share = table_->get<Elem>("comm.cp_ring_grad", 2);
+  std::unique_ptr<parallel::CommRequest> acc_out[2];
+  const auto settle = [&](int slot) {
+    if (acc_out[slot]) acc_out[slot]->wait();
+    acc_out[slot].reset();
+  };
   fill(dq, M_ * Hl * D, 0.0);
-  int cur = 0;
+  const Elem* k = b.k;
+  const Elem* v = b.v;
   for (int64_t s = 0; s < cp; ++s) {
     const int64_t src = (r - s + cp) % cp;
-    Elem* blk = blocks[cur];
+    const int slot = int(s % 2);
+    // The accumulator of block src so far (none yet for this rank's own),
+    // posted before this step's K/V so both ends keep one order per
+    // direction (which NCCL matches by).
+    std::unique_ptr<parallel::CommRequest> arriving;
+    if (s > 0) {
+      settle(slot);
+      arriving = ring.irecv(acc[slot], 2 * n_kv, prev, kTagRing + 2);
+    }
+    Elem* into = table_->get<Elem>("comm.cp_ring", s % 2);
+    auto pending = ring_pass_kv(s, k, v, into);
+    Elem* mine = s == 0 ? acc[slot] : share;
+    fill(mine, 2 * n_kv, 0.0);
     for (int64_t qc = 0; qc < 2; ++qc)
       for (int64_t kc = 0; kc < 2; ++kc) {
         const int64_t qo = chunk_offset(r, qc), ko = chunk_offset(src, kc);
         if (ko > qo) continue;
         run(kernels::AttentionBackwardParams<Elem>{
                 .kind = l_.attention, .B = B, .T = c, .H = Hl, .H_kv = Kl, .D = D, .q = b.q + qc * c * Hl * D,
-                .k = blk + kc * c * Kl * D, .v = blk + n_kv + kc * c * Kl * D, .out = b.out + qc * c * Hl * D,
+                .k = k + kc * c * Kl * D, .v = v + kc * c * Kl * D, .out = b.out + qc * c * Hl * D,
                 .lse = b.lse + qc * c, .dout = dout + qc * c * Hl * D, .dq = dq + qc * c * Hl * D,
-                .dk = blk + 2 * n_kv + kc * c * Kl * D, .dv = blk + 3 * n_kv + kc * c * Kl * D, .Tk = c,
-                .q_offset = qo, .k_offset = ko, .q_batch_rows = T, .kv_batch_rows = T, .lse_batch_rows = T,
+                .dk = mine + kc * c * Kl * D, .dv = mine + n_kv + kc * c * Kl * D, .Tk = c, .q_offset = qo,
+                .k_offset = ko, .q_batch_rows = T, .kv_batch_rows = T, .lse_batch_rows = T,
                 .dq_write = kernels::Write::accumulate, .dkv_write = kernels::Write::accumulate},
             "attention_backward", "scratch.attn_tiles");
       }
-    // On to the next rank, dK and dV with it; after cp passes every block
-    // is home with its whole gradient.
-    auto sent = ring.isend(blk, 4 * n_kv, (r + 1) % cp, kTagRing + 2);
-    ring.recv(blocks[1 - cur], 4 * n_kv, (r + cp - 1) % cp, kTagRing + 2);
-    sent->wait();
-    cur = 1 - cur;
+    if (arriving) {
+      arriving->wait();
+      run(kernels::AddParams<Elem>{.n = 2 * n_kv, .a = acc[slot], .b = share, .out = acc[slot]}, "add");
+    }
+    acc_out[slot] = ring.isend(acc[slot], 2 * n_kv, next, kTagRing + 2);
+    for (auto& p : pending) p->wait();
+    k = into;
+    v = into + n_kv;
   }
-  copy(dk, blocks[cur] + 2 * n_kv, n_kv * int64_t(sizeof(Elem)));
-  copy(dv, blocks[cur] + 3 * n_kv, n_kv * int64_t(sizeof(Elem)));
+  // Home: this rank's own block, with every rank's share in it.
+  const int home = int(cp % 2);
+  settle(home);
+  ring.irecv(acc[home], 2 * n_kv, prev, kTagRing + 2)->wait();
+  copy(dk, acc[home], n_kv * int64_t(sizeof(Elem)));
+  copy(dv, acc[home] + n_kv, n_kv * int64_t(sizeof(Elem)));
+  settle(1 - home);
 }
 
 // --- all-gather ---
@@ -378,6 +425,8 @@ void LlamaStage<Elem, G>::a2a_backward(const Block& b, const Elem* dout, Elem* d
   template void LlamaStage<E, G>::rope(E*, E*, kernels::RopeDirection);                         \
   template void LlamaStage<E, G>::attention_forward(const Block&);                              \
   template void LlamaStage<E, G>::attention_backward(const Block&, const E*, E*, E*, E*);              \
+  template std::vector<std::unique_ptr<parallel::CommRequest>> LlamaStage<E, G>::ring_pass_kv(         \
+      int64_t, const E*, const E*, E*);                                                            \
   template void LlamaStage<E, G>::ring_forward(const Block&);                                   \
   template void LlamaStage<E, G>::ring_backward(const Block&, const E*, E*, E*, E*);             \
   template void LlamaStage<E, G>::allgather_kv(const E*, const E*, E*);                         \
