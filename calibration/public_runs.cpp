@@ -115,9 +115,8 @@ int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 std::string device_of(const std::string& gpu) {
   if (contains(gpu, "A100")) return contains(gpu, "40GB") ? "a100-40gb" : "a100-80gb";
   if (contains(gpu, "H100")) {
-    // The 95/96 GB HBM2e parts at 500 W have neither the memory nor the
-    // clocks of the H100 SXM preset.
-    if (contains(gpu, "95GB") || contains(gpu, "96GB")) throw Skip{"H100 95/96 GB HBM2e part (no preset)"};
+    // The 95/96 GB HBM2e parts at 500 W (core/device_spec.cpp).
+    if (contains(gpu, "95GB") || contains(gpu, "96GB")) return "h100-96gb";
     return "h100";
   }
   throw Skip{fmt::format("device '{}' has no preset", gpu.empty() ? "(none)" : gpu)};
@@ -210,7 +209,7 @@ PublicRun row_to_run(const Row& r) {
                  ? GradPrecision::bf16
                  : GradPrecision::fp32;
   }
-  if (l.dp == 1) l.zero = 0;
+  if (l.dp * l.cp == 1) l.zero = 0;  // ZeRO shards over dp x cp
   // Current scaling (torchtitan's Float8, Megatron-Bridge's FP8-CS) is
   // tensorwise; Transformer Engine's default (llm-foundry, NeMo 24.07) delayed.
   if (fp8) l.fp8 = titan || contains(notes, "FP8-CS") ? Fp8Recipe::tensorwise : Fp8Recipe::delayed;
@@ -249,9 +248,12 @@ PublicRun row_to_run(const Row& r) {
 // name, the first 30% (rounded up; none of a study with one sweep) are held
 // out. A study's FP8 sweeps are split apart from its others, so that the
 // FP8 rows hold out their own 30% (and the others' split stays as it was).
+// Rows on the power-limited h100-96gb are all held out (below).
 void hold_out(std::vector<PublicRun>& runs) {
   std::map<std::string, std::vector<std::pair<uint64_t, std::string>>> sweeps;
+  const auto judged_only = [](const PublicRun& r) { return r.cluster.device.name == "h100-96gb"; };
   for (const auto& r : runs) {
+    if (judged_only(r)) continue;  // out of the draw, so the others' split stays as it was
     auto& v = sweeps[r.source.substr(0, r.source.find('_')) +
                      (r.layout.fp8 != Fp8Recipe::off ? " fp8" : "")];  // a study's tables together
     const std::pair<uint64_t, std::string> key{splitmix64(fnv1a64(r.sweep)), r.sweep};
@@ -263,7 +265,10 @@ void hold_out(std::vector<PublicRun>& runs) {
     const size_t n = v.size() < 2 ? 0 : (3 * v.size() + 9) / 10;
     for (size_t i = 0; i < n; ++i) held.insert(v[i].second);
   }
-  for (auto& r : runs) r.held_out = held.count(r.sweep) > 0;
+  // Rows on a part whose peak under its power limit is unknown are judged
+  // and never fitted: fitted, they would pull the family's constants
+  // towards clocks its other parts do not run at.
+  for (auto& r : runs) r.held_out = held.count(r.sweep) > 0 || judged_only(r);
 }
 
 }  // namespace

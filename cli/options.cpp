@@ -129,7 +129,7 @@ ClusterSpec ClusterArgs::resolve() const {
 }
 
 void add_cluster_options(CLI::App& app, ClusterArgs& a) {
-  app.add_option("--gpu", a.gpu, "Device preset (a100-40gb, a100-80gb, h100, h200, cpu) or a "
+  app.add_option("--gpu", a.gpu, "Device preset (a100-40gb, a100-80gb, h100, h100-96gb, h200, cpu) or a "
                                  "cluster JSON file")
       ->capture_default_str();
   app.add_option("--gpus", a.gpus, "Number of devices, the world size (default 8)");

@@ -37,6 +37,13 @@ constexpr int64_t MiB = int64_t{1} << 20;
 // - latencies: typical NCCL per-hop figures, ~5 us NVLink, ~10 us InfiniBand;
 // - runtime overhead: CUDA context, cuBLAS and NCCL handles, a stated 1 GiB
 //   until measured on the device.
+// h100-96gb is the H100 SXM board with 96 GB of HBM2e at a 500 W power limit
+// (Meta's Grand Teton hosts, on which torchtitan's published runs were
+// measured): 2.4 TB/s, NVLink and a 400 Gb/s NIC per GPU as its H100 SXM
+// siblings. Its peak is not published (torchtitan: "between SXM and NVL");
+// the preset states the SXM part's 132 SMs at its clocks, which the power
+// limit lowers under load by an amount nobody has measured. Memory: 96 GiB
+// less the ECC and driver share the 80 GB board reports (0.44%).
 DeviceSpec gpu(const char* name, int64_t sm_arch, int64_t mem_mib, double bf16_tf, double fp8_tf, double fp32_tf,
                double hbm_gbs, double nvlink_gbs, double net_gbs, int64_t sms) {
   DeviceSpec d;
@@ -63,6 +70,7 @@ std::vector<DeviceSpec> gpu_presets() {
       gpu("a100-40gb", 80, 40960, 312, 0, 19.5, 1555, 300, 25, 108),
       gpu("a100-80gb", 80, 81920, 312, 0, 19.5, 2039, 300, 25, 108),
       gpu("h100", 90, 81559, 989.4, 1978.9, 66.9, 3350, 450, 50, 132),
+      gpu("h100-96gb", 90, 97871, 989.4, 1978.9, 66.9, 2400, 450, 50, 132),
       gpu("h200", 90, 143771, 989.4, 1978.9, 66.9, 4800, 450, 50, 132),
   };
 }
