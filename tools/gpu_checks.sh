@@ -18,6 +18,9 @@
 #              steps mfu1, mfu2 and mfu4, one micro-batch size each
 #   memory     benchmarks/gpu_memory_model.py (the memory model against the
 #              device): memory-flash, memory-materialized and memory-cudnn
+#   multi      two GPUs or more, with Open MPI's mpirun: test_comm_nccl over 2 ranks,
+#              and tests/gpu/multi_gpu_train.py (cp with each transport, tp, pp and dp
+#              over 2 GPUs against one); skipped (exit 77) with fewer GPUs
 # A whole step may take longer than 10 minutes; each of its parts fits.
 # Needs the NVIDIA driver and the CUDA runtime; cuDNN and NCCL are found in
 # the CUDA folder or in Python's nvidia-* wheels, when present.
@@ -30,14 +33,14 @@ while [ $# -gt 0 ]; do
     --bundle) bundle=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
-    tests|sanitize|kernels|attention|mfu[124]|memory-flash|memory-materialized|memory-cudnn) steps+=("$1"); shift ;;
+    tests|sanitize|kernels|attention|mfu[124]|memory-flash|memory-materialized|memory-cudnn|multi) steps+=("$1"); shift ;;
     mfu) steps+=(mfu1 mfu2 mfu4); shift ;;
     memory) steps+=(memory-flash memory-materialized memory-cudnn); shift ;;
     *) echo "gpu_checks: '$1' is not an option or step; see the top of $0" >&2; exit 2 ;;
   esac
 done
 [ ${#steps[@]} -eq 0 ] && steps=(tests sanitize kernels attention mfu1 mfu2 mfu4 memory-flash memory-materialized
-                                 memory-cudnn)
+                                 memory-cudnn multi)
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 
@@ -77,8 +80,8 @@ run() {  # run <step> <seconds> <command...>: one step, its output in <step>.log
   echo "== $step: $*" | tee -a "$out/$step.log"
   timeout "$limit" "$@" >> "$out/$step.log" 2>&1
   local rc=$?
-  echo "== $step: exit $rc" | tee -a "$out/$step.log"
-  [ $rc -ne 0 ] && status=1
+  echo "== $step: exit $rc$([ $rc -eq 77 ] && echo ' (skipped)')" | tee -a "$out/$step.log"
+  [ $rc -ne 0 ] && [ $rc -ne 77 ] && status=1
   return 0
 }
 
@@ -103,6 +106,15 @@ for s in "${steps[@]}"; do
     mfu[124]) run "$s" 590 python3 "$here/benchmarks/mfu_vs_pytorch.py" --weft "$build/weft" --mb-list "${s#mfu}" ;;
     memory-*)
       run "$s" 590 python3 "$here/benchmarks/gpu_memory_model.py" --weft "$build/weft" --attn "${s#memory-}" ;;
+    multi)
+      if ! command -v mpirun > /dev/null; then
+        echo "== multi: no mpirun here (Open MPI); skipped" | tee -a "$out/multi.log"
+        continue
+      fi
+      export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+      [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')" -ge 2 ] &&
+        run multi 590 mpirun --oversubscribe -np 2 "$build/tests/mpi/test_comm_nccl"
+      run multi 590 python3 "$here/tests/gpu/multi_gpu_train.py" --weft "$build/weft" ;;
   esac
 done
 echo "gpu_checks: done (exit $status); logs in $out"
