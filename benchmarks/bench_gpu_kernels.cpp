@@ -2,7 +2,8 @@
 // (bench_gpu_attention has those), bf16 with fp32 main gradients, master
 // weights and Adam moments (as bf16 training keeps them), at the sizes of a
 // Llama-7B micro-batch of 8192 tokens (C 4096, F 11008, V 32000, H 32, D 128);
-// the FP8 GEMMs beside bf16 ones at Llama 3 8B's linear shapes (register_fp8).
+// the FP8 GEMMs beside bf16 ones at Llama 3 8B's linear shapes (register_fp8,
+// in bench_gpu_fp8.cpp; the shared helpers are in gpu_bench.h).
 //
 // Each benchmark reports what it achieved beside the ceiling measured at the
 // start of the same run on the same device:
@@ -34,119 +35,20 @@
 #include <type_traits>
 #include <vector>
 
+#include "benchmarks/gpu_bench.h"
 #include "kernels/adamw/adamw.h"
 #include "kernels/cross_entropy/cross_entropy.h"
 #include "kernels/cuda_check.h"
 #include "kernels/elementwise/elementwise.h"
 #include "kernels/embedding/embedding.h"
-#include "kernels/fp8/fp8_ops.h"
 #include "kernels/gemm/gemm.h"
 #include "kernels/rmsnorm/rmsnorm.h"
 #include "kernels/rope/rope.h"
 #include "kernels/swiglu/swiglu.h"
 
-namespace {
+namespace weft::bench {
 
-using namespace weft::kernels;
-
-constexpr int64_t kRows = 8192, kC = 4096, kF = 11008, kV = 32000, kH = 32, kD = 128;
-constexpr int64_t kB = 4, kT = 2048;  // kB * kT = kRows
-
-// A blocking stream: its launches wait for the inputs' cudaMemcpy and
-// cudaMemset on the legacy default stream (a non-blocking one raced them).
-cudaStream_t stream() {
-  static const cudaStream_t s = [] {
-    cudaStream_t created = nullptr;
-    CUDA_CHECK(cudaStreamCreate(&created));
-    return created;
-  }();
-  return s;
-}
-
-template <typename T>
-class DeviceArray {
- public:
-  explicit DeviceArray(int64_t n) : n_(n) {
-    if (n_ > 0) CUDA_CHECK(cudaMalloc(&ptr_, size_t(n_) * sizeof(T)));
-  }
-  ~DeviceArray() { (void)cudaFree(ptr_); }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-  T* data() const { return static_cast<T*>(ptr_); }
-
- private:
-  int64_t n_;
-  void* ptr_ = nullptr;
-};
-
-// Random values in [lo, hi): a block of 2^22 drawn on the host, repeated.
-template <typename T>
-void fill_random(T* dst, int64_t n, double lo = -1.0, double hi = 1.0) {
-  static std::mt19937_64 gen(12345);
-  std::uniform_real_distribution<double> dist(lo, hi);
-  std::vector<T> block(size_t(std::min<int64_t>(n, int64_t{1} << 22)));
-  for (T& v : block) {
-    if constexpr (std::is_same_v<T, bf16>)
-      v = float_to_bf16(float(dist(gen)));
-    else
-      v = T(dist(gen));
-  }
-  for (int64_t done = 0; done < n; done += int64_t(block.size())) {
-    const int64_t count = std::min<int64_t>(int64_t(block.size()), n - done);
-    CUDA_CHECK(cudaMemcpy(dst + done, block.data(), size_t(count) * sizeof(T), cudaMemcpyHostToDevice));
-  }
-}
-
-template <typename T>
-DeviceArray<T>* random_array(std::vector<std::shared_ptr<void>>& keep, int64_t n, double lo = -1.0,
-                             double hi = 1.0) {
-  auto a = std::make_shared<DeviceArray<T>>(n);
-  fill_random(a->data(), n, lo, hi);
-  keep.push_back(a);
-  return a.get();
-}
-
-// Median milliseconds of `reps` timed runs of op after one warm-up.
-double median_ms(const std::function<void()>& op, int reps) {
-  cudaEvent_t start, stop;
-  CUDA_CHECK(cudaEventCreate(&start));
-  CUDA_CHECK(cudaEventCreate(&stop));
-  op();
-  CUDA_CHECK(cudaStreamSynchronize(stream()));
-  std::vector<float> ms(size_t(reps), 0.0f);
-  for (float& m : ms) {
-    CUDA_CHECK(cudaEventRecord(start, stream()));
-    op();
-    CUDA_CHECK(cudaEventRecord(stop, stream()));
-    CUDA_CHECK(cudaEventSynchronize(stop));
-    CUDA_CHECK(cudaEventElapsedTime(&m, start, stop));
-  }
-  CUDA_CHECK(cudaEventDestroy(start));
-  CUDA_CHECK(cudaEventDestroy(stop));
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
-
-template <typename P>
-Status launch_with_workspace(const P& p, DeviceArray<std::byte>& ws, int64_t bytes) {
-  return launch(p, Workspace{ws.data(), bytes}, make_cuda_stream(stream()));
-}
-
-// Launches p, checking its status (a refused launch would time nothing).
-template <typename P>
-std::function<void()> op_of(const P& p, std::vector<std::shared_ptr<void>>& keep) {
-  const int64_t bytes = workspace_bytes(p, Backend::cuda);
-  auto ws = std::make_shared<DeviceArray<std::byte>>(bytes);
-  keep.push_back(ws);
-  return [p, ws, bytes] { status_check(launch_with_workspace(p, *ws, bytes), "benchmark"); };
-}
-
-// The two ceilings of this device, measured once.
-struct Ceilings {
-  double copy_gbps = 0, gemm_tflops = 0;
-};
-Ceilings g_ceilings;
-
+// The ceilings every benchmark reports against, measured before any runs.
 Ceilings measure_ceilings() {
   Ceilings c;
   {
@@ -172,48 +74,6 @@ Ceilings measure_ceilings() {
   return c;
 }
 
-// One benchmark: times op per iteration and reports the rate next to its ceiling.
-void run(benchmark::State& state, const std::function<void()>& op, double bytes, double flops) {
-  cudaEvent_t start, stop;
-  CUDA_CHECK(cudaEventCreate(&start));
-  CUDA_CHECK(cudaEventCreate(&stop));
-  op();
-  CUDA_CHECK(cudaStreamSynchronize(stream()));
-  double total_s = 0;
-  for (auto _ : state) {
-    CUDA_CHECK(cudaEventRecord(start, stream()));
-    op();
-    CUDA_CHECK(cudaEventRecord(stop, stream()));
-    CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    state.SetIterationTime(ms * 1e-3);
-    total_s += ms * 1e-3;
-  }
-  CUDA_CHECK(cudaEventDestroy(start));
-  CUDA_CHECK(cudaEventDestroy(stop));
-  const double per_s = double(state.iterations()) / total_s;
-  if (flops > 0) {
-    const double tflops = flops * per_s / 1e12;
-    state.counters["TFLOP/s"] = tflops;
-    state.counters["ceiling_TFLOP/s"] = g_ceilings.gemm_tflops;
-    state.counters["pct_of_ceiling"] = 100.0 * tflops / g_ceilings.gemm_tflops;
-  } else {
-    const double gbps = bytes * per_s / 1e9;
-    state.counters["GB/s"] = gbps;
-    state.counters["ceiling_GB/s"] = g_ceilings.copy_gbps;
-    state.counters["pct_of_ceiling"] = 100.0 * gbps / g_ceilings.copy_gbps;
-  }
-}
-
-using Setup = std::function<void(benchmark::State&)>;
-
-// Registers name -> setup; the setup allocates and fills its buffers, then calls run().
-void add(const std::string& name, Setup setup) {
-  benchmark::RegisterBenchmark(name.c_str(), std::move(setup))
-      ->UseManualTime()
-      ->Unit(benchmark::kMicrosecond);
-}
 
 // cuBLAS's own best for a product (the peer of weft's gemm, which takes
 // cuBLASLt's first heuristic answer): every algorithm the heuristic offers
@@ -325,96 +185,6 @@ void register_gemm() {
   }
 }
 
-// FP8 GEMMs (kernels/fp8) beside bf16 ones of the same product, at Llama 3
-// 8B's linear shapes (C 4096, F 14336, 8 kv heads of 128: qkv out 6144) over
-// 8192 tokens: the forward with fast accumulation, dgrad and wgrad split (the
-// public recipes' choice), wgrad into fp32 with beta = 1. Each reports its
-// TFLOP/s, the bf16 GEMM's (kernels/gemm on the same operands' bf16 forms
-// in the same NT layout, timed in the same run) and the speedup. The FP8 operands are codes cast by
-// Fp8CastParams from random bf16 values, so they are realistic codes, not
-// random bytes (which include NaNs). Devices without FP8 tensor cores (before
-// sm_89) skip these. And the cast itself, with its transpose: GB/s over bf16
-// read and two sets of codes written.
-void register_fp8() {
-  constexpr int64_t kC8 = 4096, kF8 = 14336, kQkv8 = 6144;
-  struct Shape {
-    const char* name;
-    int64_t m, n, k;
-    Fp8Format fa;
-    Fp8Accumulation acc;
-    bool fp32_c;
-  };
-  constexpr Fp8Format kE4 = Fp8Format::e4m3, kE5 = Fp8Format::e5m2;
-  constexpr Fp8Accumulation kFast = Fp8Accumulation::fast, kSplit = Fp8Accumulation::split;
-  for (const Shape& s : {Shape{"fp8_gemm/forward_qkv_8192x6144x4096", kRows, kQkv8, kC8, kE4, kFast, false},
-                         Shape{"fp8_gemm/forward_o_8192x4096x4096", kRows, kC8, kC8, kE4, kFast, false},
-                         Shape{"fp8_gemm/forward_gate_up_8192x28672x4096", kRows, 2 * kF8, kC8, kE4, kFast, false},
-                         Shape{"fp8_gemm/forward_down_8192x4096x14336", kRows, kC8, kF8, kE4, kFast, false},
-                         Shape{"fp8_gemm/dgrad_down_8192x14336x4096", kRows, kF8, kC8, kE5, kSplit, false},
-                         Shape{"fp8_gemm/wgrad_down_fp32C_4096x14336x8192", kC8, kF8, kRows, kE5, kSplit, true}}) {
-    add(s.name, [s](benchmark::State& state) {
-      std::vector<std::shared_ptr<void>> keep;
-      // bf16 operands A (m, k) and B (n, k), and their codes.
-      auto* a = random_array<bf16>(keep, s.m * s.k);
-      auto* b = random_array<bf16>(keep, s.n * s.k);
-      auto* one = random_array<float>(keep, 1, 1.0, 1.0);  // the scales and scale_invs: exactly 1
-      auto codes = [&](const bf16* x, int64_t n, Fp8Format f) {
-        auto q = std::make_shared<DeviceArray<Fp8>>(n);
-        keep.push_back(q);
-        const Fp8CastParams<bf16> p{.rows = 1, .cols = n, .format = f, .x = x, .scale = one->data(),
-                                    .out = q->data()};
-        status_check(launch(p, Workspace{}, make_cuda_stream(stream())), "fp8 cast");
-        return q->data();
-      };
-      const Fp8* qa = codes(a->data(), s.m * s.k, s.fa);
-      const Fp8* qb = codes(b->data(), s.n * s.k, Fp8Format::e4m3);
-      CUDA_CHECK(cudaStreamSynchronize(stream()));
-      const double flops = 2.0 * double(s.m) * double(s.n) * double(s.k);
-      double bf16_ms = 0;
-      if (s.fp32_c) {
-        auto* c = random_array<float>(keep, s.m * s.n);
-        const Fp8GemmAccParams<bf16> p{.m = s.m, .n = s.n, .k = s.k, .beta = 1.0f, .a = qa, .lda = s.k,
-                                       .a_format = s.fa, .a_scale_inv = one->data(), .b = qb, .ldb = s.k,
-                                       .b_scale_inv = one->data(), .c = c->data(), .ldc = s.n,
-                                       .accumulation = s.acc};
-        if (!supports(p, Backend::cuda)) return state.SkipWithError("no FP8 GEMM on this device");
-        const GemmAccParams<bf16> ref{.trans_a = Trans::no, .trans_b = Trans::yes, .m = s.m, .n = s.n,
-                                      .k = s.k, .beta = 1.0f, .a = a->data(), .lda = s.k, .b = b->data(),
-                                      .ldb = s.k, .c = c->data(), .ldc = s.n};
-        bf16_ms = median_ms(op_of(ref, keep), 10);
-        run(state, op_of(p, keep), 0, flops);
-      } else {
-        auto* c = random_array<bf16>(keep, s.m * s.n);
-        const Fp8GemmParams<bf16> p{.m = s.m, .n = s.n, .k = s.k, .a = qa, .lda = s.k, .a_format = s.fa,
-                                    .a_scale_inv = one->data(), .b = qb, .ldb = s.k,
-                                    .b_scale_inv = one->data(), .c = c->data(), .ldc = s.n,
-                                    .accumulation = s.acc};
-        if (!supports(p, Backend::cuda)) return state.SkipWithError("no FP8 GEMM on this device");
-        const GemmParams<bf16> ref{.trans_a = Trans::no, .trans_b = Trans::yes, .m = s.m, .n = s.n,
-                                   .k = s.k, .a = a->data(), .lda = s.k, .b = b->data(), .ldb = s.k,
-                                   .c = c->data(), .ldc = s.n};
-        bf16_ms = median_ms(op_of(ref, keep), 10);
-        run(state, op_of(p, keep), 0, flops);
-      }
-      const double bf16_tflops = flops / (bf16_ms * 1e-3) / 1e12;
-      state.counters["bf16_TFLOP/s"] = bf16_tflops;
-      state.counters["speedup_vs_bf16"] = state.counters["TFLOP/s"] / bf16_tflops;
-    });
-  }
-  add("fp8_cast/e4m3_with_transpose_8192x4096", [](benchmark::State& state) {
-    std::vector<std::shared_ptr<void>> keep;
-    auto* x = random_array<bf16>(keep, kRows * kC);
-    auto* scale = random_array<float>(keep, 1, 1.0, 1.0);  // [1, 1): exactly 1
-    auto* amax = random_array<float>(keep, 1);
-    auto out = std::make_shared<DeviceArray<Fp8>>(kRows * kC);
-    auto out_t = std::make_shared<DeviceArray<Fp8>>(kRows * kC);
-    keep.push_back(out);
-    keep.push_back(out_t);
-    const Fp8CastParams<bf16> p{.rows = kRows, .cols = kC, .x = x->data(), .scale = scale->data(),
-                                .out = out->data(), .out_t = out_t->data(), .amax = amax->data()};
-    run(state, op_of(p, keep), double(kRows * kC) * (2 + 1 + 1), 0);
-  });
-}
 
 void register_rmsnorm() {
   const double n = double(kRows * kC);
@@ -665,9 +435,10 @@ void register_adamw_elementwise() {
   });
 }
 
-}  // namespace
+}  // namespace weft::bench
 
 int main(int argc, char** argv) {
+  using namespace weft::bench;
   int devices = 0;
   const cudaError_t status = cudaGetDeviceCount(&devices);
   if (status != cudaSuccess || devices == 0) {
