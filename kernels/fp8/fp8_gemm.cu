@@ -144,32 +144,12 @@ Plan& plan_for(cublasLtHandle_t handle, int device, const Fp8GemmView& p, int64_
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
   set_scales(plan.op, p);
   // Column-major: cuBLASLt's A is weft's B as (k, n), its B weft's A as (k, m), C weft's C as (n, m).
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, lt_type(p.b_format), uint64_t(p.k), uint64_t(p.n), p.ldb));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, lt_type(p.a_format), uint64_t(p.k), uint64_t(p.m), p.lda));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.c, p.c_type, uint64_t(p.n), uint64_t(p.m), p.ldc));
+  plan.a = gpu::lt_layout(lt_type(p.b_format), p.k, p.n, p.ldb);
+  plan.b = gpu::lt_layout(lt_type(p.a_format), p.k, p.m, p.lda);
+  plan.c = gpu::lt_layout(p.c_type, p.n, p.m, p.ldc);
 
-  cublasLtMatmulPreference_t pref = nullptr;
-  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  const uint64_t max_ws = uint64_t(ws_bytes);
-  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_ws,
-                                                    sizeof max_ws));
-  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                                                    &align_a, sizeof align_a));
-  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                                                    &align_b, sizeof align_b));
-  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                                                    &align_c, sizeof align_c));
-  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-                                                    &align_c, sizeof align_c));
-  cublasLtMatmulHeuristicResult_t result{};
-  int found = 0;
-  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle, plan.op, plan.a, plan.b, plan.c,
-                                                               plan.c, pref, 1, &result, &found);
-  CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
-  // NOT_SUPPORTED: no algorithm fits; launch reports unsupported.
-  if (status != CUBLAS_STATUS_NOT_SUPPORTED) CUBLAS_CHECK(status);
-  plan.found = status == CUBLAS_STATUS_SUCCESS && found > 0;
-  if (plan.found) plan.algo = result.algo;
+  plan.found =
+      gpu::lt_pick(handle, plan.op, plan.a, plan.b, plan.c, ws_bytes, align_a, align_b, align_c, &plan.algo);
   return plans.emplace(key, plan).first->second;
 }
 

@@ -78,20 +78,6 @@ std::map<PlanKey, Plan>& thread_plans() {
   return *plans;
 }
 
-cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld,
-                                   int64_t batch, int64_t stride) {
-  cublasLtMatrixLayout_t layout = nullptr;
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, type, uint64_t(rows), uint64_t(cols), ld));
-  if (batch > 1) {
-    const int32_t count = int32_t(batch);
-    CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
-                                                  sizeof count));
-    CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
-        layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
-  }
-  return layout;
-}
-
 const Plan& plan_for(cublasLtHandle_t handle, int device, const GemmView& p, int64_t ws_bytes) {
   const uint32_t align_a = gpu::lt_alignment(p.b, p.batch, p.stride_b * 2);  // cuBLASLt's A is weft's B
   const uint32_t align_b = gpu::lt_alignment(p.a, p.batch, p.stride_a * 2);
@@ -110,35 +96,14 @@ const Plan& plan_for(cublasLtHandle_t handle, int device, const GemmView& p, int
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
   // Column-major: cuBLASLt's A is weft's B seen as (n, k) or (k, n), its B is
   // weft's A seen as (k, m) or (m, k), and C is weft's C seen as (n, m).
-  plan.a = p.trans_b == Trans::no ? make_layout(CUDA_R_16BF, p.n, p.k, p.ldb, p.batch, p.stride_b)
-                                  : make_layout(CUDA_R_16BF, p.k, p.n, p.ldb, p.batch, p.stride_b);
-  plan.b = p.trans_a == Trans::no ? make_layout(CUDA_R_16BF, p.k, p.m, p.lda, p.batch, p.stride_a)
-                                  : make_layout(CUDA_R_16BF, p.m, p.k, p.lda, p.batch, p.stride_a);
-  plan.c = make_layout(p.c_type, p.n, p.m, p.ldc, p.batch, p.stride_c);
+  plan.a = p.trans_b == Trans::no ? gpu::lt_layout(CUDA_R_16BF, p.n, p.k, p.ldb, p.batch, p.stride_b)
+                                  : gpu::lt_layout(CUDA_R_16BF, p.k, p.n, p.ldb, p.batch, p.stride_b);
+  plan.b = p.trans_a == Trans::no ? gpu::lt_layout(CUDA_R_16BF, p.k, p.m, p.lda, p.batch, p.stride_a)
+                                  : gpu::lt_layout(CUDA_R_16BF, p.m, p.k, p.lda, p.batch, p.stride_a);
+  plan.c = gpu::lt_layout(p.c_type, p.n, p.m, p.ldc, p.batch, p.stride_c);
 
-  cublasLtMatmulPreference_t pref = nullptr;
-  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  const uint64_t max_ws = uint64_t(ws_bytes);
-  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                    &max_ws, sizeof max_ws));
-  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof align_a));
-  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof align_b));
-  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof align_c));
-  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof align_c));
-  cublasLtMatmulHeuristicResult_t result{};
-  int found = 0;
-  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle, plan.op, plan.a, plan.b, plan.c,
-                                                               plan.c, pref, 1, &result, &found);
-  CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
-  // NOT_SUPPORTED means no algorithm fits: the params are valid but this
-  // backend cannot run them, which launch reports as unsupported.
-  if (status != CUBLAS_STATUS_NOT_SUPPORTED) CUBLAS_CHECK(status);
-  plan.found = status == CUBLAS_STATUS_SUCCESS && found > 0;
-  if (plan.found) plan.algo = result.algo;
+  plan.found =
+      gpu::lt_pick(handle, plan.op, plan.a, plan.b, plan.c, ws_bytes, align_a, align_b, align_c, &plan.algo);
   return plans.emplace(key, plan).first->second;
 }
 

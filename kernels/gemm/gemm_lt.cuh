@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda_check.h"
 #include "kernels/kernel.h"
 
 namespace weft::kernels::gpu {
@@ -39,6 +40,52 @@ inline uint32_t lt_alignment(const void* p, int64_t batch = 1, int64_t stride_by
   uint64_t bits = reinterpret_cast<uintptr_t>(p) | uint64_t(kLtAlign);
   if (batch > 1 && stride_bytes > 0) bits |= uint64_t(stride_bytes);
   return uint32_t(bits & (~bits + 1));
+}
+
+// A column-major matrix layout of rows x cols with leading dimension ld and,
+// for batch > 1, a strided batch of that many.
+inline cublasLtMatrixLayout_t lt_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld,
+                                        int64_t batch = 1, int64_t stride = 0) {
+  cublasLtMatrixLayout_t layout = nullptr;
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, type, uint64_t(rows), uint64_t(cols), ld));
+  if (batch > 1) {
+    const int32_t count = int32_t(batch);
+    CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                                                  sizeof count));
+    CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                                  sizeof stride));
+  }
+  return layout;
+}
+
+// The heuristic's first algorithm for op over layouts a, b and c (= d),
+// within ws_bytes of scratch and for operands of these alignments (bytes);
+// false when no algorithm fits (NOT_SUPPORTED: the params are valid but
+// this backend cannot run them, which launch reports as unsupported).
+inline bool lt_pick(cublasLtHandle_t handle, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a,
+                    cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c, int64_t ws_bytes, uint32_t align_a,
+                    uint32_t align_b, uint32_t align_c, cublasLtMatmulAlgo_t* algo) {
+  cublasLtMatmulPreference_t pref = nullptr;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const uint64_t max_ws = uint64_t(ws_bytes);
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_ws,
+                                                    sizeof max_ws));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
+                                                    sizeof align_a));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
+                                                    sizeof align_b));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
+                                                    sizeof align_c));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
+                                                    sizeof align_c));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle, op, a, b, c, c, pref, 1, &result, &found);
+  CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+  if (status != CUBLAS_STATUS_NOT_SUPPORTED) CUBLAS_CHECK(status);
+  if (status != CUBLAS_STATUS_SUCCESS || found == 0) return false;
+  *algo = result.algo;
+  return true;
 }
 
 }  // namespace weft::kernels::gpu
