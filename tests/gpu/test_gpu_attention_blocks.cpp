@@ -346,55 +346,55 @@ TEST(GpuAttentionBlocks, RingMergesToTheWhole) {
       for (auto* g : {dq[r].get(), dk[r].get(), dv[r].get()})
         g->upload(std::vector<bf16>(size_t(g->bytes() / 2), float_to_bf16(0.0f)));
     }
+    // Every (rank r, ring step s, query chunk qc, key chunk kc of the block
+    // of rank src = r - s) whose keys are not all after its queries, in the
+    // trainer's order.
+    auto each_block = [&](const auto& visit) {
+      for (int64_t r = 0; r < cp; ++r)
+        for (int64_t s = 0; s < cp; ++s) {
+          const int64_t src = (r - s + cp) % cp;
+          for (int64_t qc = 0; qc < 2; ++qc)
+            for (int64_t kc = 0; kc < 2; ++kc) {
+              const int64_t qo = chunk_offset(r, qc), ko = chunk_offset(src, kc);
+              if (ko <= qo) visit(r, src, qc, kc, qo, ko);
+            }
+        }
+    };
     DeviceBuffer part_out(nq * 2), part_lse(nrow * 4);
-    for (int64_t r = 0; r < cp; ++r)
-      for (int64_t s = 0; s < cp; ++s) {
-        const int64_t src = (r - s + cp) % cp;
-        for (int64_t qc = 0; qc < 2; ++qc)
-          for (int64_t kc = 0; kc < 2; ++kc) {
-            const int64_t qo = chunk_offset(r, qc), ko = chunk_offset(src, kc);
-            if (ko > qo) continue;
-            launch_on_gpu(AttentionForwardParams<bf16>{
-                              .kind = AttentionKind::flash, .B = rc.B, .T = c, .H = rc.H, .H_kv = rc.H_kv,
-                              .D = rc.D, .q = dev[r]->q.as<bf16>() + qc * c * wq,
-                              .k = dev[src]->k.as<bf16>() + kc * c * wkv, .v = dev[src]->v.as<bf16>() + kc * c * wkv,
-                              .out = part_out.as<bf16>() + qc * c * wq, .lse = part_lse.as<float>() + qc * c,
-                              .Tk = c, .q_offset = qo, .k_offset = ko, .q_batch_rows = Tl, .kv_batch_rows = Tl,
-                              .lse_batch_rows = Tl},
-                          "ring block forward");
-            const AttentionMergeParams<bf16> merge{.B = rc.B, .T = c, .H = rc.H, .D = rc.D,
-                                                   .out = out[r]->as<bf16>() + qc * c * wq,
-                                                   .lse = lse[r]->as<float>() + qc * c,
-                                                   .part_out = part_out.as<bf16>() + qc * c * wq,
-                                                   .part_lse = part_lse.as<float>() + qc * c,
-                                                   .q_batch_rows = Tl, .lse_batch_rows = Tl};
-            ASSERT_TRUE(supports(merge, Backend::cuda));
-            const int64_t mb = workspace_bytes(merge, Backend::cuda);
-            DeviceBuffer mws(mb);
-            status_check(launch(merge, Workspace{mws.as<void>(), mb}, Stream{Backend::cuda, test_stream()}),
-                         "attention_merge");
-            cuda_ok(cudaStreamSynchronize(test_stream()), "attention_merge");
-          }
-      }
-    for (int64_t r = 0; r < cp; ++r)
-      for (int64_t s = 0; s < cp; ++s) {
-        const int64_t src = (r - s + cp) % cp;
-        for (int64_t qc = 0; qc < 2; ++qc)
-          for (int64_t kc = 0; kc < 2; ++kc) {
-            const int64_t qo = chunk_offset(r, qc), ko = chunk_offset(src, kc);
-            if (ko > qo) continue;
-            launch_on_gpu(AttentionBackwardParams<bf16>{
-                              .kind = AttentionKind::flash, .B = rc.B, .T = c, .H = rc.H, .H_kv = rc.H_kv,
-                              .D = rc.D, .q = dev[r]->q.as<bf16>() + qc * c * wq,
-                              .k = dev[src]->k.as<bf16>() + kc * c * wkv, .v = dev[src]->v.as<bf16>() + kc * c * wkv,
-                              .out = out[r]->as<bf16>() + qc * c * wq, .lse = lse[r]->as<float>() + qc * c,
-                              .dout = dev[r]->dout.as<bf16>() + qc * c * wq, .dq = dq[r]->as<bf16>() + qc * c * wq,
-                              .dk = dk[src]->as<bf16>() + kc * c * wkv, .dv = dv[src]->as<bf16>() + kc * c * wkv,
-                              .Tk = c, .q_offset = qo, .k_offset = ko, .q_batch_rows = Tl, .kv_batch_rows = Tl,
-                              .lse_batch_rows = Tl, .dq_write = Write::accumulate, .dkv_write = Write::accumulate},
-                          "ring block backward");
-          }
-      }
+    each_block([&](int64_t r, int64_t src, int64_t qc, int64_t kc, int64_t qo, int64_t ko) {
+      launch_on_gpu(AttentionForwardParams<bf16>{
+                        .kind = AttentionKind::flash, .B = rc.B, .T = c, .H = rc.H, .H_kv = rc.H_kv,
+                        .D = rc.D, .q = dev[r]->q.as<bf16>() + qc * c * wq,
+                        .k = dev[src]->k.as<bf16>() + kc * c * wkv, .v = dev[src]->v.as<bf16>() + kc * c * wkv,
+                        .out = part_out.as<bf16>() + qc * c * wq, .lse = part_lse.as<float>() + qc * c,
+                        .Tk = c, .q_offset = qo, .k_offset = ko, .q_batch_rows = Tl, .kv_batch_rows = Tl,
+                        .lse_batch_rows = Tl},
+                    "ring block forward");
+      const AttentionMergeParams<bf16> merge{.B = rc.B, .T = c, .H = rc.H, .D = rc.D,
+                                             .out = out[r]->as<bf16>() + qc * c * wq,
+                                             .lse = lse[r]->as<float>() + qc * c,
+                                             .part_out = part_out.as<bf16>() + qc * c * wq,
+                                             .part_lse = part_lse.as<float>() + qc * c,
+                                             .q_batch_rows = Tl, .lse_batch_rows = Tl};
+      ASSERT_TRUE(supports(merge, Backend::cuda));
+      const int64_t mb = workspace_bytes(merge, Backend::cuda);
+      DeviceBuffer mws(mb);
+      status_check(launch(merge, Workspace{mws.as<void>(), mb}, Stream{Backend::cuda, test_stream()}),
+                   "attention_merge");
+      cuda_ok(cudaStreamSynchronize(test_stream()), "attention_merge");
+    });
+    each_block([&](int64_t r, int64_t src, int64_t qc, int64_t kc, int64_t qo, int64_t ko) {
+      launch_on_gpu(AttentionBackwardParams<bf16>{
+                        .kind = AttentionKind::flash, .B = rc.B, .T = c, .H = rc.H, .H_kv = rc.H_kv,
+                        .D = rc.D, .q = dev[r]->q.as<bf16>() + qc * c * wq,
+                        .k = dev[src]->k.as<bf16>() + kc * c * wkv, .v = dev[src]->v.as<bf16>() + kc * c * wkv,
+                        .out = out[r]->as<bf16>() + qc * c * wq, .lse = lse[r]->as<float>() + qc * c,
+                        .dout = dev[r]->dout.as<bf16>() + qc * c * wq, .dq = dq[r]->as<bf16>() + qc * c * wq,
+                        .dk = dk[src]->as<bf16>() + kc * c * wkv, .dv = dv[src]->as<bf16>() + kc * c * wkv,
+                        .Tk = c, .q_offset = qo, .k_offset = ko, .q_batch_rows = Tl, .kv_batch_rows = Tl,
+                        .lse_batch_rows = Tl, .dq_write = Write::accumulate, .dkv_write = Write::accumulate},
+                    "ring block backward");
+    });
     Result<float> got;
     got.out.assign(ref.out.size(), NAN);
     got.lse.assign(ref.lse.size(), NAN);
