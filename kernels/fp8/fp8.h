@@ -75,4 +75,14 @@ uint8_t fp8_quantize(float x, float scale, Fp8Format f);
 // health counts. Bit-identical for any thread count.
 Fp8Health fp8_qdq(const float* x, float* y, int64_t n, float scale, Fp8Format f);
 
+// Block scaling: the same quantise-dequantise of x (rows x cols, row-major)
+// tile by tile, each tile of tile_rows x tile_cols (those at the right and
+// bottom edges may be smaller) with its own current scale, fp8_scale(the
+// tile's amax, f): a tile of zeros or with a non-finite value takes scale 1.
+// 1 x 128 tiles scale each row's runs of 128 columns, 128 x 1 each column's
+// runs of 128 rows, 128 x 128 square blocks (DeepSeek-V3's and Transformer
+// Engine's block recipe). y may alias x. Bit-identical for any thread count.
+Fp8Health fp8_qdq_tiles(const float* x, float* y, int64_t rows, int64_t cols, int64_t tile_rows,
+                        int64_t tile_cols, Fp8Format f);
+
 }  // namespace weft::kernels

@@ -2,6 +2,7 @@
 // casts and the emulated-FP8 CPU trainer share.
 #include "kernels/fp8/fp8.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 
@@ -114,21 +115,54 @@ uint8_t fp8_quantize(float x, float scale, Fp8Format f) {
   return fp8_encode(s, f);  // NaN passes the clamps and stays NaN
 }
 
+namespace {
+
+// Past max plus half a step, a value no longer rounds to max: 464 in E4M3,
+// 61440 in E5M2. amax * (max / amax) may land an ulp above max; that is no
+// overflow.
+float overflow_at(Fp8Format f) { return f == Fp8Format::e4m3 ? 464.0f : 61440.0f; }
+
+// One value through the format under scale, counting its health.
+inline float qdq_one(float v, float scale, float scale_inv, float over_at, Fp8Format f, int64_t& over,
+                     int64_t& under) {
+  if (std::fabs(v * scale) > over_at) ++over;
+  const uint8_t code = fp8_quantize(v, scale, f);
+  if ((code & 0x7f) == 0 && v != 0.0f) ++under;
+  return fp8_decode(code, f) * scale_inv;
+}
+
+}  // namespace
+
 Fp8Health fp8_qdq(const float* x, float* y, int64_t n, float scale, Fp8Format f) {
-  const float scale_inv = 1.0f / scale;
-  // Past max plus half a step, a value no longer rounds to max: 464 in E4M3,
-  // 61440 in E5M2. amax * (max / amax) may land an ulp above max; that is no
-  // overflow.
-  const float over_at = f == Fp8Format::e4m3 ? 464.0f : 61440.0f;
+  const float scale_inv = 1.0f / scale, over_at = overflow_at(f);
   int64_t over = 0, under = 0;
 #pragma omp parallel for reduction(+ : over, under) schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = x[i];
-    const float s = v * scale;
-    if (std::fabs(s) > over_at) ++over;
-    const uint8_t code = fp8_quantize(v, scale, f);
-    if ((code & 0x7f) == 0 && v != 0.0f) ++under;
-    y[i] = fp8_decode(code, f) * scale_inv;
+  for (int64_t i = 0; i < n; ++i) y[i] = qdq_one(x[i], scale, scale_inv, over_at, f, over, under);
+  return {over, under};
+}
+
+Fp8Health fp8_qdq_tiles(const float* x, float* y, int64_t rows, int64_t cols, int64_t tile_rows,
+                        int64_t tile_cols, Fp8Format f) {
+  if (rows <= 0 || cols <= 0) return {};
+  const int64_t grid_rows = (rows + tile_rows - 1) / tile_rows, grid_cols = (cols + tile_cols - 1) / tile_cols;
+  const float over_at = overflow_at(f);
+  int64_t over = 0, under = 0;
+#pragma omp parallel for reduction(+ : over, under) schedule(static)
+  for (int64_t t = 0; t < grid_rows * grid_cols; ++t) {
+    const int64_t r0 = (t / grid_cols) * tile_rows, c0 = (t % grid_cols) * tile_cols;
+    const int64_t r1 = std::min(rows, r0 + tile_rows), c1 = std::min(cols, c0 + tile_cols);
+    float amax = 0.0f;
+    bool finite = true;
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t c = c0; c < c1; ++c) {
+        const float a = std::fabs(x[r * cols + c]);
+        finite = finite && std::isfinite(a);
+        amax = a > amax ? a : amax;
+      }
+    const float scale = fp8_scale(finite ? amax : NAN, f), scale_inv = 1.0f / scale;
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t c = c0; c < c1; ++c)
+        y[r * cols + c] = qdq_one(x[r * cols + c], scale, scale_inv, over_at, f, over, under);
   }
   return {over, under};
 }

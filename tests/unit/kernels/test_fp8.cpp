@@ -4,6 +4,7 @@
 // to the even code), plus the scaled quantisation and its health counts.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -195,6 +196,79 @@ TEST(Fp8, ResultsDoNotDependOnTheThreadCount) {
   EXPECT_GT(one.second, 0);
   EXPECT_EQ(test::with_threads(1, [&] { return fp8_amax(x.data(), int64_t(x.size())); }),
             test::with_threads(2, [&] { return fp8_amax(x.data(), int64_t(x.size())); }));
+}
+
+// Block scaling: every tile is quantised as a tensor of its own would be
+// (its amax, its scale, fp8_qdq's rounding), computed here from the scalar
+// codes on fresh random values whose tiles differ in magnitude by up to
+// 2^20, with edge tiles smaller than the rest, one tile of zeros and one
+// holding a NaN.
+TEST(Fp8, TilesTakeScalesOfTheirOwn) {
+  test::Rng rng;
+  SCOPED_TRACE(rng.trace());
+  const int64_t rows = 300, cols = 270;  // 3 x 3 tiles of 128 (the last ones 44 and 14 wide)
+  const auto mags = rng.uniform<double>(rows * cols, -10, 10);
+  const auto vals = rng.uniform<float>(rows * cols, -1, 1);
+  for (auto [tr, tc] : {std::pair<int64_t, int64_t>{1, 128}, {128, 1}, {128, 128}, {7, 33}})
+    for (Fp8Format f : {Fp8Format::e4m3, Fp8Format::e5m2}) {
+      SCOPED_TRACE(::testing::Message() << tr << " x " << tc << " " << to_string(f));
+      std::vector<float> x(size_t(rows * cols));
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) {
+          const int64_t tile = (r / tr) * 1000 + c / tc;  // a magnitude per tile
+          x[size_t(r * cols + c)] = vals[size_t(r * cols + c)] * float(std::exp2(mags[size_t(tile % (rows * cols))]));
+        }
+      for (int64_t r = 0; r < std::min(tr, rows); ++r)  // the first tile all zeros
+        for (int64_t c = 0; c < std::min(tc, cols); ++c) x[size_t(r * cols + c)] = 0.0f;
+      x[size_t((rows - 1) * cols + cols - 1)] = NAN;  // in the last tile
+      std::vector<float> y(x.size());
+      const Fp8Health h = fp8_qdq_tiles(x.data(), y.data(), rows, cols, tr, tc, f);
+      Fp8Health want;
+      for (int64_t r0 = 0; r0 < rows; r0 += tr)
+        for (int64_t c0 = 0; c0 < cols; c0 += tc) {
+          std::vector<float> tile;
+          for (int64_t r = r0; r < std::min(rows, r0 + tr); ++r)
+            for (int64_t c = c0; c < std::min(cols, c0 + tc); ++c) tile.push_back(x[size_t(r * cols + c)]);
+          float amax = 0;
+          bool finite = true;
+          for (float v : tile) {
+            finite = finite && std::isfinite(v);
+            amax = std::max(amax, std::fabs(v));
+          }
+          const float scale = finite && amax > 0 ? fp8_max(f) / amax : 1.0f;
+          size_t i = 0;
+          for (int64_t r = r0; r < std::min(rows, r0 + tr); ++r)
+            for (int64_t c = c0; c < std::min(cols, c0 + tc); ++c, ++i) {
+              const float v = tile[i];
+              // (The oracle rounds finite values; NaN stays NaN, as PyTorch's casts keep it.)
+              const float expect =
+                  std::isnan(v) ? NAN
+                                : fp8_decode(nearest_code(std::clamp(v * scale, -fp8_max(f), fp8_max(f)), f), f) *
+                                      (1.0f / scale);
+              const float got = y[size_t(r * cols + c)];
+              if (std::isnan(expect)) {
+                ASSERT_TRUE(std::isnan(got)) << r << "," << c;
+              } else {
+                ASSERT_EQ(got, expect) << r << "," << c << " x " << hex(v);
+              }
+              if (v != 0.0f && expect == 0.0f) ++want.underflow;
+            }
+        }
+      EXPECT_EQ(h.overflow, 0);
+      EXPECT_EQ(h.underflow, want.underflow);
+    }
+}
+
+TEST(Fp8, TilesDoNotDependOnTheThreadCount) {
+  test::Rng rng;
+  SCOPED_TRACE(rng.trace());
+  auto x = rng.uniform<float>(256 * 384, -10, 10);
+  auto run = [&] {
+    std::vector<float> y(x.size());
+    fp8_qdq_tiles(x.data(), y.data(), 256, 384, 128, 128, Fp8Format::e4m3);
+    return y;
+  };
+  EXPECT_EQ(test::with_threads(1, run), test::with_threads(2, run));
 }
 
 }  // namespace
