@@ -52,7 +52,9 @@ TEST(Fidelity, RowsLoadWithTheirSplit) {
                                             {"layout weft cannot run: layers L=126 must be divisible by pp*vpp", 1}}));
   // Rows on the power-limited 96 GB part are judged, never fitted.
   for (const auto& r : set.runs)
-    if (r.cluster.device.name == "h100-96gb") EXPECT_TRUE(r.held_out) << r.source << ":" << r.line;
+    if (r.cluster.device.name == "h100-96gb") {
+      EXPECT_TRUE(r.held_out) << r.source << ":" << r.line;
+    }
 }
 
 // FP8 rows carry their framework's recipe, form sweeps of their own, and
