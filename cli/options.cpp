@@ -226,7 +226,7 @@ std::pair<Fp8Recipe, int64_t> fp8_pin_parse(const std::string& s) {
     n = v;
   }
   if (r == Fp8Recipe::off && n > 0)
-    throw InputError(fmt::format("--fp8 '{}': off keeps every block in bf16; @N applies to tensorwise and delayed", s));
+    throw InputError(fmt::format("--fp8 '{}': off keeps every block in bf16; @N applies to tensorwise, delayed and blockwise", s));
   return {r, n};
 }
 
@@ -290,7 +290,7 @@ void add_space_options(CLI::App& app, SpaceArgs& a) {
                 "traffic, rounds each accumulation and reduction to bf16)")
       ->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   g->add_option("--fp8", a.fp8,
-                "GEMM precision of the blocks' linear layers: off (bf16), tensorwise, delayed; RECIPE@N keeps the "
+                "GEMM precision of the blocks' linear layers: off (bf16), tensorwise, delayed, blockwise; RECIPE@N keeps the "
                 "first and last N blocks in bf16 (searched: off,tensorwise on devices with FP8 tensor cores)")
       ->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   g->add_option("--max-mb", a.max_mb, "Largest micro-batch tried when --mb is free")

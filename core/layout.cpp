@@ -43,14 +43,15 @@ const char* to_string(Fp8Recipe r) {
     case Fp8Recipe::off: return "off";
     case Fp8Recipe::tensorwise: return "tensorwise";
     case Fp8Recipe::delayed: return "delayed";
+    case Fp8Recipe::blockwise: return "blockwise";
   }
   return "?";
 }
 
 Fp8Recipe fp8_recipe_parse(const std::string& s) {
-  for (auto r : {Fp8Recipe::off, Fp8Recipe::tensorwise, Fp8Recipe::delayed})
+  for (auto r : {Fp8Recipe::off, Fp8Recipe::tensorwise, Fp8Recipe::delayed, Fp8Recipe::blockwise})
     if (s == to_string(r)) return r;
-  throw InputError(fmt::format("unknown FP8 scaling recipe '{}'; valid: tensorwise, delayed, off "
+  throw InputError(fmt::format("unknown FP8 scaling recipe '{}'; valid: tensorwise, delayed, off, blockwise "
                                "(delayed@N keeps the first and last N blocks in bf16)",
                                s));
 }
@@ -189,7 +190,7 @@ Layout Layout::parse(const std::string& text) {
       throw InputError(fmt::format(
           "layout '{}': unknown field '{}'; fields are tpN, cpN, ppN, dpN, mbN, vppN, sp|nosp, "
           "ckpt:none|selective|ffn|full[@K], attn:flash|materialized|cudnn, norm:fused|unfused, zeroN, "
-          "grad:fp32|bf16, cp:ring|allgather|a2a, fp8:tensorwise|delayed[@N]",
+          "grad:fp32|bf16, cp:ring|allgather|a2a, fp8:tensorwise|delayed|blockwise[@N]",
           text, tok));
     }
     if (end == text.size()) break;

@@ -52,11 +52,23 @@ enum class CpComm { ring, allgather, a2a };
 //             steps' history (kDelayedHistory steps), reduced over every
 //             rank once per step; a tensor without history scales like
 //             tensorwise.
+// blockwise:  block scaling (DeepSeek-V3's and Transformer Engine's block
+//             recipe): every operand in E4M3 with a current scale per tile,
+//             1 x 128 along the GEMM's reduction dimension for activations
+//             and output gradients (each quantised once per use: the weight
+//             gradient reduces over tokens, so it takes 128 x 1 tiles of
+//             both) and 128 x 128 blocks of the weights. A tile lies inside
+//             one rank's part of a tensor, so no amax is reduced; a GEMM is
+//             blockwise when its local K and N are multiples of 128 and the
+//             runs of consecutive tokens a rank holds (T, or T / (2 cp)
+//             under cp) are too, else it stays in the compute precision.
+//             The CPU trainer emulates it; the GPU trainer refuses it.
 // The first and last fp8_bf16_layers blocks keep their GEMMs in the compute
 // precision (text fp8:delayed@N), and so does any GEMM whose local
 // dimensions are not all multiples of 16 (the FP8 tensor cores' rule). On
 // the CPU, FP8 is emulated: the fp32 GEMMs see quantised-dequantised operands.
-enum class Fp8Recipe { off, tensorwise, delayed };
+enum class Fp8Recipe { off, tensorwise, delayed, blockwise };
+inline constexpr int64_t kFp8BlockTile = 128;
 inline constexpr int64_t kFp8DelayedHistory = 16;
 
 struct Layout {

@@ -215,12 +215,22 @@ std::array<Fp8GemmShape, kFp8Gemms> fp8_gemm_shapes(const ModelSpec& m, const Ru
     const LinearShape ls = linear_shape(m, l, Linear(i));
     g[size_t(i)] = {ls.K, ls.N};
   }
-  for (auto& s : g) s.fp8 = l.fp8 != Fp8Recipe::off && fp8_gemm_dims(M, s.K, s.N);
+  const int64_t run_of_tokens = fp8_token_run(run, l);
+  for (auto& s : g)
+    s.fp8 = l.fp8 != Fp8Recipe::off && (l.fp8 == Fp8Recipe::blockwise ? fp8_block_dims(run_of_tokens, s.K, s.N)
+                                                                        : fp8_gemm_dims(M, s.K, s.N));
   return g;
 }
 
 bool fp8_gemm_dims(int64_t M, int64_t K, int64_t N) {
   return M > 0 && K > 0 && N > 0 && M % 16 == 0 && K % 16 == 0 && N % 16 == 0;
+}
+
+int64_t fp8_token_run(const RunSpec& run, const Layout& l) { return l.cp > 1 ? run.seq / (2 * l.cp) : run.seq; }
+
+bool fp8_block_dims(int64_t token_run, int64_t K, int64_t N) {
+  const int64_t t = kFp8BlockTile;
+  return token_run > 0 && K > 0 && N > 0 && token_run % t == 0 && K % t == 0 && N % t == 0;
 }
 
 int64_t global_layer(const ModelSpec& m, const Layout& l, int64_t stage, int64_t chunk, int64_t layer) {
@@ -495,7 +505,18 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
       out.push_back({"scratch.fp8_input", Category::workspace, d.B * d.T * widest_k, eb, copies});
       out.push_back({"scratch.fp8_grad", Category::workspace, d.B * d.T * widest_n, eb, copies});
       const int64_t slots = plan.layers * kFp8Gemms * 3;
-      if (gpu) {
+      if (gpu && l.fp8 == Fp8Recipe::blockwise) {
+        // Block scaling keeps a float scale per tile beside the codes: the
+        // operands' 1 x 128 and 128 x 1 tiles (codes and transpose) and the
+        // weights' 128 x 128 blocks. (The GPU trainer does not run it yet;
+        // this is what the dry-run counts.)
+        const int64_t t = kFp8BlockTile;
+        const int64_t tiles = 2 * (ceil_div(d.B * d.T * widest_k, t) + ceil_div(d.B * d.T * widest_n, t)) +
+                              (ways > 1 && l.zero >= 3 && !lora ? ceil_div(widest_w, t * t)
+                                                                : n8 * ceil_div(weights, t * t));
+        out.push_back({"fp8.block_scales", Category::workspace, tiles, kFp32, 1});
+        out.push_back({"fp8.health", Category::workspace, 2, 8, 1});
+      } else if (gpu) {
         // On a GPU the scales live on the device for both recipes, per slot:
         // the amax history (one deep for tensorwise, whose scale update
         // turns the amax just reduced into the scale), the amax, the scale

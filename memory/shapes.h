@@ -91,6 +91,12 @@ std::array<Fp8GemmShape, kFp8Gemms> fp8_gemm_shapes(const ModelSpec& m, const Ru
 // The FP8 tensor cores' rule: a GEMM of M rows, K and N takes FP8 operands
 // when all three are positive multiples of 16.
 bool fp8_gemm_dims(int64_t M, int64_t K, int64_t N);
+// Block scaling's rule (fp8:blockwise): K, N and the runs of consecutive
+// tokens a rank holds (fp8_token_run: T, or T / (2 cp) chunks under cp) are
+// positive multiples of kFp8BlockTile, so that every tile lies inside one
+// rank's part and matches the tile one rank holding everything would form.
+int64_t fp8_token_run(const RunSpec& run, const Layout& l);
+bool fp8_block_dims(int64_t token_run, int64_t K, int64_t N);
 // The stage's blocks that run FP8 GEMMs (Layout::fp8_layer of their global index).
 int64_t fp8_stage_blocks(const ModelSpec& m, const Layout& l, const StagePlan& plan);
 // The global index of block `layer` of model chunk `chunk` on `stage`.

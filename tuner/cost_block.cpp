@@ -141,8 +141,12 @@ Part block_cost(const Model& x) {
              down8 = x.in_fp8(M, C, Fl);
   const double attn_cast = cast_if(qkv8, M * C), mlp_cast = cast_if(up8, M * C);
   const double casts_fwd = attn_cast + cast_if(o8, M * Hl * D) + mlp_cast + cast_if(down8, M * Fl);
-  const double casts_bwd = cast_if(qkv8, M * (Hl + 2 * Kl) * D) + cast_if(o8, M * C) + cast_if(up8, 2 * M * Fl) +
-                           cast_if(down8, M * C);
+  double casts_bwd = cast_if(qkv8, M * (Hl + 2 * Kl) * D) + cast_if(o8, M * C) + cast_if(up8, 2 * M * Fl) +
+                     cast_if(down8, M * C);
+  // Emulated block scaling quantises every input and output gradient once
+  // more for the weight gradients, with tiles down the tokens (on FP8
+  // hardware one pass writes both layouts, which fp8_cast counts).
+  if (x.l.fp8 == Fp8Recipe::blockwise && !x.c.device.has_fp8()) casts_bwd += casts_fwd + casts_bwd;
   const double amax = x.fp8_amax_reduce();
   const double amax_fwd = amax * (int(qkv8) + int(o8) + int(up8) + int(down8));
   const double amax_bwd = amax * (3 * int(qkv8) + int(o8) + 2 * int(up8) + int(down8));

@@ -5,11 +5,13 @@
 // builds a step from them, cost_block.cpp defines them.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <utility>
 
 #include "core/flops.h"
+#include "memory/shapes.h"
 #include "tuner/cost.h"
 #include "tuner/device_profile.h"
 
@@ -69,10 +71,15 @@ struct Model {
     return 2.0 * M * N * K / (peak * gemm_efficiency(M, N, K, c.device, k)) + k.launch_overhead;
   }
   // An FP8 GEMM: at the dense FP8 peak on a device with FP8 tensor cores;
-  // emulated (the CPU) it is the compute-precision GEMM.
+  // emulated (the CPU) it is the compute-precision GEMM. A block-scaled one
+  // (fp8:blockwise) applies a scale per 128 of K inside its main loop:
+  // kFp8BlockGemmRate of the tensorwise rate, an assumption until measured
+  // (no public block-scaled GEMM rate is among calibration/'s rows).
+  static constexpr double kFp8BlockGemmRate = 0.9;
   double gemm8(double M, double N, double K) const {
     if (!c.device.has_fp8()) return gemm(M, N, K);
-    return 2.0 * M * N * K / (c.device.peak_fp8_flops * fp8_gemm_efficiency(M, N, K, c.device, k)) +
+    const double rate = l.fp8 == Fp8Recipe::blockwise ? kFp8BlockGemmRate : 1.0;
+    return 2.0 * M * N * K / (c.device.peak_fp8_flops * fp8_gemm_efficiency(M, N, K, c.device, k) * rate) +
            k.launch_overhead;
   }
   // A linear layer X(M x K) W^T -> Y(M x N): forward, and the data- and weight-
@@ -82,7 +89,13 @@ struct Model {
   // A linear layer of a block: in FP8 when the block is and its local dims
   // are multiples of 16, else as linear_fwd/linear_bwd. (Its operands' casts
   // are block_cost's, which knows which inputs the linears share.)
-  bool in_fp8(double M, double N, double K) const { return fp8 && fp8_gemm_shape(M, N, K); }
+  bool in_fp8(double M, double N, double K) const {
+    if (!fp8) return false;
+    if (l.fp8 == Fp8Recipe::blockwise)
+      return N == std::floor(N) && K == std::floor(K) &&
+             memory::fp8_block_dims(memory::fp8_token_run(run, l), int64_t(K), int64_t(N));
+    return fp8_gemm_shape(M, N, K);
+  }
   double block_linear_fwd(double M, double N, double K) const {
     return in_fp8(M, N, K) ? gemm8(M, N, K) : linear_fwd(M, N, K);
   }
@@ -127,9 +140,13 @@ struct Model {
     const double hop = g.outer() > 1 ? g.inter.latency : g.intra.latency;
     return std::ceil(std::log2(double(n))) * hop;
   }
+  // Block scaling takes no amax pass (each tile's amax is found in the
+  // cast's own pass) and writes a float scale per 128 codes of each of the
+  // two layouts.
   double fp8_cast(double elements) const {
     const bool hw = c.device.has_fp8();
     double bytes = elements * (hw ? a + 2.0 : 2.0 * a);
+    if (hw && l.fp8 == Fp8Recipe::blockwise) bytes += elements * 2.0 * 4.0 / double(kFp8BlockTile);
     double launches = 1;
     if (l.fp8 == Fp8Recipe::tensorwise) {
       bytes += elements * a;

@@ -368,7 +368,7 @@ TEST(CliTrain, BadInputIsOneClearLineAndNothingIsOverwritten) {
       {"--data " + data + " --cp-comm a2a", {"cp:a2a", "cp=1"}},
       // --fp8 chooses the GEMM precision by hand (emulated on the CPU).
       {"--data " + data + " --fp8 fast", {"--fp8", "'fast'", "tensorwise, delayed, off"}},
-      {"--data " + data + " --fp8 off@1", {"--fp8 'off@1'", "@N applies to tensorwise and delayed"}},
+      {"--data " + data + " --fp8 off@1", {"--fp8 'off@1'", "@N applies to tensorwise, delayed and blockwise"}},
       {"--data " + data + " --fp8 delayed@2", {"fp8:delayed@2", "all L=4"}},
       {"--data " + data + " --device cuda", {"cuda"}},
       {"--data " + data + " --resume-from " + ckpt + " --vocab 300", {"vocab", "300", "256"}},

@@ -301,7 +301,7 @@ TEST(CliTune, BadInputIsOneClearLineAndExitTwo) {
       {"tune --dry-run --cp-comm ring,tree", {"tree", "ring, allgather, a2a"}},
       {"tune --dry-run --cp 0", {"--cp 0"}},
       {"tune --dry-run --gpu h100 --fp8 fast", {"--fp8", "'fast'", "tensorwise, delayed, off"}},
-      {"tune --dry-run --gpu h100 --fp8 off@2", {"--fp8 'off@2'", "@N applies to tensorwise and delayed"}},
+      {"tune --dry-run --gpu h100 --fp8 off@2", {"--fp8 'off@2'", "@N applies to tensorwise, delayed and blockwise"}},
       {"tune --dry-run --gpu h100 --fp8 delayed@x", {"--fp8 'delayed@x'", "whole number"}},
       {"tune --dry-run --gpu h100 --fp8 delayed@-1", {"--fp8 'delayed@-1'", "whole number"}},
       {"tune --dry-run --gpu a100-40gb --fp8 off,delayed@1", {"--fp8 delayed@1", "a100-40gb (sm_80)", "--fp8 off"}},

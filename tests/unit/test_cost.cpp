@@ -1,6 +1,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/flops.h"
+#include "memory/shapes.h"
 #include "tuner/cost.h"
 #include "test_util.h"
 
@@ -262,6 +263,30 @@ TEST_F(Fp8, GemmsWhoseDimsAreNotMultiplesOf16StayBf16) {
   run = RunSpec{1000, 64, Precision::bf16};
   const auto bf16 = p("tp1-pp1-dp8-mb1"), f8 = p("tp1-pp1-dp8-mb1-fp8:tensorwise");
   EXPECT_DOUBLE_EQ(f8.step, bf16.step);
+}
+
+// Block scaling: GEMMs whose K, N and runs of tokens are multiples of 128;
+// no amax pass or reduction, a slower GEMM (kFp8BlockGemmRate).
+TEST_F(Fp8, BlockScalingNeedsMultiplesOf128AndReducesNoAmax) {
+  const Layout tw = Layout::parse("tp2-pp1-dp4-mb1-fp8:tensorwise"), bw = Layout::parse("tp2-pp1-dp4-mb1-fp8:blockwise");
+  for (const auto& s : memory::fp8_gemm_shapes(m, run, bw)) EXPECT_TRUE(s.fp8) << s.K << " x " << s.N;
+  // cp 32 leaves chunks of 128 tokens, cp 64 of 64: then nothing is blockwise
+  // (tensorwise takes any multiple of 16).
+  EXPECT_TRUE(memory::fp8_gemm_shapes(m, run, Layout::parse("tp1-cp32-pp1-dp1-fp8:blockwise"))[0].fp8);
+  EXPECT_FALSE(memory::fp8_gemm_shapes(m, run, Layout::parse("tp1-cp64-pp1-dp1-fp8:blockwise"))[0].fp8);
+  EXPECT_TRUE(memory::fp8_gemm_shapes(m, run, Layout::parse("tp1-cp64-pp1-dp1-fp8:tensorwise"))[0].fp8);
+  // tp 8 splits 8 kv heads of 128 into one head a rank: N 128 for k and v.
+  const auto tp8 = memory::fp8_gemm_shapes(m, run, Layout::parse("tp8-pp1-dp1-fp8:blockwise"));
+  EXPECT_TRUE(tp8[1].fp8);
+  // No amax pass (delayed has none either) and no amax all-reduce over tp
+  // (tensorwise reduces each one); GEMMs at 0.9 of the per-tensor rate.
+  const auto bf16 = p("tp2-pp1-dp4-mb1"), t = predict(m, run, tw, c, k), b = predict(m, run, bw, c, k);
+  const auto d = p("tp2-pp1-dp4-mb1-fp8:delayed");
+  EXPECT_LT(b.step, bf16.step);
+  EXPECT_GT(b.compute, d.compute);
+  EXPECT_LT(b.compute, bf16.compute);
+  EXPECT_LT(b.tp_comm, t.tp_comm);
+  EXPECT_DOUBLE_EQ(b.tp_comm, bf16.tp_comm);
 }
 
 TEST_F(Fp8, BlocksKeptInBf16AtEachEnd) {

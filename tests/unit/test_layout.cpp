@@ -192,7 +192,9 @@ TEST(Layout, Fp8PrintsParsesAndValidates) {
   EXPECT_EQ(gemm_precision_text(Layout::parse("tp2")), "bf16");
   EXPECT_EQ(Layout::parse("tp2-fp8:off").to_string().find("fp8"), std::string::npos);
   EXPECT_TRUE(Layout::parse("fp8:tensorwise").to_string().ends_with("-grad:fp32-fp8:tensorwise"));
-  WEFT_EXPECT_THROW_MSG(Layout::parse("fp8:e4m3"), InputError, "'e4m3'", "tensorwise, delayed, off");
+  EXPECT_EQ(Layout::parse("tp2-fp8:blockwise@2").fp8, Fp8Recipe::blockwise);
+  EXPECT_TRUE(Layout::parse("fp8:blockwise@2").to_string().ends_with("-grad:fp32-fp8:blockwise@2"));
+  WEFT_EXPECT_THROW_MSG(Layout::parse("fp8:e4m3"), InputError, "'e4m3'", "tensorwise, delayed, off, blockwise");
   WEFT_EXPECT_THROW_MSG(Layout::parse("fp8:delayed@x"), InputError, "fp8:delayed@x");
 
   ModelSpec m = model_preset("tiny");

@@ -271,7 +271,11 @@ class LlamaStage {
   void fp8_weight_offsets();  // fp8_weight_at_ and fp8_weight_ready_ from fp8.weights
   // Quantises (dequantised, in Elem) one operand of GEMM g of block b:
   // role 0 the input (E4M3), 1 the weight (E4M3), 2 the output gradient (E5M2).
-  void fp8_quantize(const Block& b, memory::Fp8Gemm g, int role, const Elem* x, int64_t n, Elem* out);
+  // Quantises x (rows x cols) for its role (0 input, 1 weight, 2 output
+  // gradient); under block scaling over_tokens takes tiles down the rows
+  // (the weight gradient's reduction) instead of along them.
+  void fp8_quantize(const Block& b, memory::Fp8Gemm g, int role, const Elem* x, int64_t rows, int64_t cols,
+                    bool over_tokens, Elem* out);
   const Elem* fp8_weight(const Block& b, memory::Fp8Gemm g, const Elem* w);
   // The GPU's FP8 path (bf16): x (rows, cols) cast to FP8 codes `out` and
   // their transpose `out_t` with the scale of operand `role` of GEMM g of
@@ -401,6 +405,7 @@ class LlamaStage {
   // The operands fp8_input_ and fp8_grad_ hold the quantisation of.
   const Elem* fp8_input_of_ = nullptr;
   const Elem* fp8_grad_of_ = nullptr;
+  bool fp8_input_over_tokens_ = false, fp8_grad_over_tokens_ = false;  // their tiles (block scaling)
   // Delayed scaling, per (block, gemm, role): the amax history (a ring of
   // kFp8DelayedHistory, filled `fp8_history_len_` deep), the step's amax and
   // the step's scale, in the arena's fp8.scaling.

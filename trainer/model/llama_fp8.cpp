@@ -25,6 +25,10 @@
 //
 // Operands and formats: the input and the weight in E4M3, the output
 // gradient in E5M2 (dgrad: dY x W, wgrad: dY^T x X), per-tensor scales.
+// Block scaling (CPU only) takes every operand in E4M3 with a scale per tile
+// (core/layout.h), each tile's from its own amax: nothing is reduced across
+// ranks, and the weight gradient quantises its operands again with tiles
+// down their tokens.
 //
 // Scales agree across layouts. Tensorwise: a tensor's amax is reduced over
 // the ranks that each hold a part of it before its scale is taken, tp and cp
@@ -87,6 +91,8 @@ template <typename Elem, typename G>
 void LlamaStage<Elem, G>::fp8_setup() {
   if (l_.fp8 == Fp8Recipe::off) return;
   if constexpr (kGpu<Elem>) {
+    if (l_.fp8 == Fp8Recipe::blockwise)
+      throw InputError(fmt::format("layout {}: the GPU trainer has no block-scaled FP8 GEMMs", l_.to_string()));
     const auto both = [&](const char* name) {
       return std::array<kernels::Fp8*, 2>{table_->get<kernels::Fp8>(name, 0), table_->get<kernels::Fp8>(name, 1)};
     };
@@ -145,10 +151,25 @@ bool LlamaStage<Elem, G>::fp8_gemm(const Block& b, Fp8Gemm g) const {
 }
 
 template <typename Elem, typename G>
-void LlamaStage<Elem, G>::fp8_quantize(const Block& b, Fp8Gemm g, int role, const Elem* x, int64_t n, Elem* out) {
+void LlamaStage<Elem, G>::fp8_quantize(const Block& b, Fp8Gemm g, int role, const Elem* x, int64_t rows,
+                                       int64_t cols, bool over_tokens, Elem* out) {
   if constexpr (!std::is_same_v<Elem, float>) {
     throw InternalError("FP8 quantisation outside the CPU trainer");
   } else {
+    const int64_t n = rows * cols;
+    if (l_.fp8 == Fp8Recipe::blockwise) {
+      // A scale per tile, from the tile alone: 128 x 128 blocks of a weight,
+      // 1 x 128 along the reduction of an activation or output gradient, or
+      // 128 x 1 down its tokens for the weight gradient.
+      const int64_t t = kFp8BlockTile;
+      const int64_t tile_rows = role == 1 || over_tokens ? t : 1, tile_cols = role == 1 || !over_tokens ? t : 1;
+      const kernels::Fp8Health h =
+          kernels::fp8_qdq_tiles(x, out, rows, cols, tile_rows, tile_cols, kernels::Fp8Format::e4m3);
+      fp8_counts_.values += n;
+      fp8_counts_.overflow += h.overflow;
+      fp8_counts_.underflow += h.underflow;
+      return;
+    }
     const kernels::Fp8Format f = format_of(role);
     float amax = kernels::fp8_amax(x, n);
     float* st = fp8_scaling_ ? fp8_scaling_ + ((b.index * kFp8Gemms + int64_t(g)) * kRoles + role) * kSlot : nullptr;
@@ -174,13 +195,13 @@ template <typename Elem, typename G>
 const Elem* LlamaStage<Elem, G>::fp8_weight(const Block& b, Fp8Gemm g, const Elem* w) {
   const auto& s = fp8_shapes_[size_t(g)];
   if (!fp8_weights_) {  // ZeRO-3: quantised at each use
-    fp8_quantize(b, g, 1, w, s.K * s.N, fp8_weight_scratch_);
+    fp8_quantize(b, g, 1, w, s.N, s.K, false, fp8_weight_scratch_);
     return fp8_weight_scratch_;
   }
   const size_t i = size_t(b.index * kFp8Gemms + int64_t(g));
   Elem* q = fp8_weights_ + fp8_weight_at_[i];
   if (!fp8_weight_ready_[i]) {
-    fp8_quantize(b, g, 1, w, s.K * s.N, q);
+    fp8_quantize(b, g, 1, w, s.N, s.K, false, q);
     fp8_weight_ready_[i] = 1;
   }
   return q;
@@ -264,9 +285,10 @@ void LlamaStage<Elem, G>::linear_forward(const Block& b, Fp8Gemm g, const Elem* 
                                      .c = y, .ldc = N, .accumulation = kernels::Fp8Accumulation::fast},
         op);
   } else {
-    if (!(x_same && fp8_input_of_ == x)) {
-      fp8_quantize(b, g, 0, x, M_ * K, fp8_input_);
+    if (!(x_same && fp8_input_of_ == x && !fp8_input_over_tokens_)) {
+      fp8_quantize(b, g, 0, x, M_, K, false, fp8_input_);
       fp8_input_of_ = x;
+      fp8_input_over_tokens_ = false;
     }
     run(kernels::linear_forward_gemm(M_, K, N, static_cast<const Elem*>(fp8_input_), fp8_weight(b, g, w), y), op);
   }
@@ -299,9 +321,10 @@ void LlamaStage<Elem, G>::linear_dgrad(const Block& b, Fp8Gemm g, const Elem* dy
                                      .c = dx, .ldc = K, .accumulation = kernels::Fp8Accumulation::split},
         op);
   } else {
-    if (!(dy_same && fp8_grad_of_ == dy)) {
-      fp8_quantize(b, g, 2, dy, M_ * shape.N, fp8_grad_);
+    if (!(dy_same && fp8_grad_of_ == dy && !fp8_grad_over_tokens_)) {
+      fp8_quantize(b, g, 2, dy, M_, shape.N, false, fp8_grad_);
       fp8_grad_of_ = dy;
+      fp8_grad_over_tokens_ = false;
     }
     run(kernels::linear_dgrad_gemm(M_, shape.K, shape.N, static_cast<const Elem*>(fp8_grad_), fp8_weight(b, g, w),
                                    dx, write),
@@ -343,13 +366,19 @@ void LlamaStage<Elem, G>::linear_wgrad(const Block& b, Fp8Gemm g, const Elem* dy
              .c = dw, .ldc = K, .accumulation = kernels::Fp8Accumulation::split},
         op);
   } else {
-    if (!(dy_same && fp8_grad_of_ == dy)) {
-      fp8_quantize(b, g, 2, dy, M_ * shape.N, fp8_grad_);
+    // Block scaling reduces the weight gradient over tokens, so both operands
+    // take tiles down their tokens here (the other recipes reuse the
+    // forward's and dgrad's quantisation).
+    const bool over_tokens = l_.fp8 == Fp8Recipe::blockwise;
+    if (!(dy_same && fp8_grad_of_ == dy && fp8_grad_over_tokens_ == over_tokens)) {
+      fp8_quantize(b, g, 2, dy, M_, shape.N, over_tokens, fp8_grad_);
       fp8_grad_of_ = dy;
+      fp8_grad_over_tokens_ = over_tokens;
     }
-    if (!(x_same && fp8_input_of_ == x)) {
-      fp8_quantize(b, g, 0, x, M_ * shape.K, fp8_input_);
+    if (!(x_same && fp8_input_of_ == x && fp8_input_over_tokens_ == over_tokens)) {
+      fp8_quantize(b, g, 0, x, M_, shape.K, over_tokens, fp8_input_);
       fp8_input_of_ = x;
+      fp8_input_over_tokens_ = over_tokens;
     }
     run(kernels::linear_wgrad_gemm(M_, shape.K, shape.N, static_cast<const Elem*>(fp8_grad_),
                                    static_cast<const Elem*>(fp8_input_), dw),
@@ -511,7 +540,7 @@ void LlamaStage<Elem, G>::fp8_history_set(const std::vector<float>& history, int
 #define WEFT_LLAMA_FP8(E, G)                                                                                    \
   template void LlamaStage<E, G>::fp8_setup();                                                                 \
   template bool LlamaStage<E, G>::fp8_gemm(const Block&, Fp8Gemm) const;                                      \
-  template void LlamaStage<E, G>::fp8_quantize(const Block&, Fp8Gemm, int, const E*, int64_t, E*);             \
+  template void LlamaStage<E, G>::fp8_quantize(const Block&, Fp8Gemm, int, const E*, int64_t, int64_t, bool, E*); \
   template void LlamaStage<E, G>::fp8_weight_offsets();                                                         \
   template const E* LlamaStage<E, G>::fp8_weight(const Block&, Fp8Gemm, const E*);                             \
   template void LlamaStage<E, G>::linear_forward(const Block&, Fp8Gemm, const E*, bool, const E*, E*,          \
