@@ -543,8 +543,8 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
   // and -2 both stages gather their copy's reduced gradient over dp here.
   if (!lora && m.tied_embeddings && l.pp > 1 && (plan.has_embedding || (plan.has_head && ways > 1 && l.zero >= 1)))
     out.push_back({"comm.tied_embedding_grad", Category::comm, d.Vl * d.C, g, 1});
-  if (ways > 1 && l.zero == 1)
-    out.push_back({"comm.dp_grad_shard", Category::comm, shard, g, 1});
+  // (ZeRO-1 reduce-scatters the gradients in place: its shard is its range
+  // of grads.flat.)
   if (ways > 1 && l.zero >= 2) {
     // Gradients are reduce-scattered a group at a time, every micro-batch,
     // each beside the backward of the next group, so two buckets: one holds

@@ -78,8 +78,10 @@ LlamaStage<Elem, G>::LlamaStage(const ModelSpec& m, const RunSpec& run, const La
   zero2_ = ways > 1 && l.zero >= 2;
   zero3_ = ways > 1 && l.zero >= 3;
   overlap_dp_ = ways > 1 && l.zero == 0;
-  // ZeRO-1 reduce-scatters each group as its final backward ends (tied
-  // embeddings across stages are summed on the shards afterwards).
+  // ZeRO-1 reduce-scatters each group as its final backward ends, in place:
+  // this rank's shard of the sum replaces its own range of the flat
+  // gradients, whose other ranges are spent (tied embeddings across stages
+  // are summed on the shards afterwards).
   scatter_dp_ = ways > 1 && l.zero == 1;
   if (ways > 1 && l.zero >= 1) {
     // Rank r of the dp group owns elements [r * shard, (r + 1) * shard) of
@@ -97,7 +99,7 @@ LlamaStage<Elem, G>::LlamaStage(const ModelSpec& m, const RunSpec& run, const La
     }
     WEFT_ASSERT(table_->elements("grads.flat") == (params_.elements + ways - 1) / ways);
   }
-  if (scatter_dp_) dp_shard_ = table_->get<G>("comm.dp_grad_shard");
+  if (scatter_dp_) dp_shard_ = grads_ + shard_lo_;
   if (zero3_) {
     WEFT_ASSERT(table_->elements("weights.flat") == (params_.elements + ways - 1) / ways);
     for (int i = 0; i < 2; ++i) {

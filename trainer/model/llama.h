@@ -141,8 +141,10 @@ class LlamaStage {
   // ends, and its all-reduce over dp starts right there, running beside the
   // backward of the groups below it (on NCCL; MPI runs it at once).
   void backward(int64_t slot, int64_t chunk = 0, bool final = false);
-  // Under ZeRO-1 the final backwards reduce-scatter each group instead, into
-  // this rank's shard of comm.dp_grad_shard (where the optimizer reads it).
+  // Under ZeRO-1 the final backwards reduce-scatter each group instead, in
+  // place: the sum over dp of this rank's shard lands in its own range of
+  // the flat gradients (where the optimizer reads it), as Megatron's
+  // distributed optimizer does, so no second buffer holds the shard.
   // Under ZeRO-2 every backward reduce-scatters each group of its
   // micro-batch, beside the backward of the next.
   // Waits for the reductions the backwards started; call after the step's
@@ -332,7 +334,7 @@ class LlamaStage {
   // ZeRO-0 over dp > 1: gradients all-reduced group by group in the final backwards.
   bool overlap_dp_ = false;
   // ZeRO-1 over dp > 1: each group's gradient reduce-scattered in the final
-  // backwards into this rank's shard, dp_shard_ (comm.dp_grad_shard).
+  // backwards into this rank's shard, dp_shard_ (its range of grads_).
   bool scatter_dp_ = false;
   G* dp_shard_ = nullptr;
   bool final_ = false;

@@ -59,11 +59,11 @@ Optimizer<Elem, G>::Optimizer(LlamaStage<Elem, G>& stage, const OptimConfig& con
     WEFT_ASSERT(int64_t(counts_.size()) == dp);
     lo_ = stage.dp_shard_begin();
     hi_ = lo_ + counts_[size_t(stage.groups().dpcp->rank())];
-    // ZeRO-1 reduce-scatters the full gradients into comm.dp_grad_shard (the
-    // stage during its backward, or reduce_grads() after it); under ZeRO-2
-    // the stage already accumulated its shard group by group.
-    grad_shard_ = stage.grads_sharded() ? stage.grads()
-                                        : stage.tensors().template get<G>("comm.dp_grad_shard");
+    // ZeRO-1 reduce-scatters the full gradients in place, into this rank's
+    // range of them (the stage during its backward, or reduce_grads() after
+    // it); under ZeRO-2 the stage already accumulated its shard group by
+    // group in a buffer of the shard's size.
+    grad_shard_ = stage.grads_sharded() ? stage.grads() : stage.grads() + lo_;
   }
 }
 
