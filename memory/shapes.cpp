@@ -9,8 +9,15 @@
 #include "core/error.h"
 #include "core/pipeline_schedule.h"
 #include "core/units.h"
+#include "memory/shapes_detail.h"
 
 namespace weft::memory {
+
+using detail::block_param_elements;
+using detail::ceil_div;
+using detail::Dims;
+using detail::dims;
+using detail::kFp32;
 
 const char* to_string(Category c) {
   switch (c) {
@@ -28,7 +35,6 @@ const char* to_string(Category c) {
 
 namespace {
 
-constexpr int64_t kFp32 = 4;
 constexpr int64_t kInt32 = 4;
 // cuBLASLt workspace weft hands to every GEMM on a GPU (32 MiB is what cuBLAS
 // recommends for Hopper, plus 256 bytes to align it; kernels/gemm/gemm.cu);
@@ -37,14 +43,6 @@ constexpr int64_t kGpuGemmWorkspace = 32 * MiB + 256;
 // The fixed part of the cudnn attention's workspace bound: what its graphs
 // let a cuDNN engine take for itself (kernels/attention/attention_cudnn.h).
 constexpr int64_t kCudnnEngineAllowance = 16 * MiB;
-
-// T is this rank's tokens of a sequence: T / cp under context parallelism
-// (Tfull the whole sequence), Tsp those of its norm regions (T / tp more
-// under sequence parallelism).
-struct Dims {
-  int64_t B, T, Tsp, C, Hl, Kl, D, Fl, Vl, a;
-  int64_t Tfull, cp;
-};
 
 // The largest tensor a layout's table holds is mb x seq x (the widest of
 // C, F/tp, V/tp, (H + 2 H_kv) D / tp) elements, or the materialized scores
@@ -63,15 +61,6 @@ void check_representable(const ModelSpec& m, const RunSpec& run, const Layout& l
         "micro-batch {} x sequence {} makes tensors of more than 2^57 elements ({} x {} x {}{}), past what "
         "64-bit sizes hold; use a shorter --seq or a smaller micro-batch",
         l.mb, run.seq, l.mb, run.seq, int64_t(widest), rows * widest > limit ? "" : " (attention scores)"));
-}
-
-Dims dims(const ModelSpec& m, const RunSpec& run, const Layout& l) {
-  check_representable(m, run, l);
-  const int64_t t = l.tp, T = run.seq / std::max<int64_t>(l.cp, 1);
-  return Dims{l.mb,     T,           l.sp ? T / t : T,
-              m.hidden, m.heads / t, m.kv_heads / t,
-              m.head_dim, m.intermediate / t, m.vocab / t,
-              run.compute_bytes(), run.seq, std::max<int64_t>(l.cp, 1)};
 }
 
 // The attention calls of a layout, for their CPU score tiles: the query rows
@@ -105,8 +94,6 @@ int64_t attention_probs(const Dims& d, const Layout& l) {
   if (l.cp_comm == CpComm::a2a) return d.B * (d.Hl / d.cp) * d.Tfull * d.Tfull;
   return d.B * d.Hl * chunk * chunk * (2 * d.cp + 1);
 }
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Elements of a kernel workspace piece: kernels start every piece on a
 // 64-byte boundary, so a piece of n elements takes n rounded up to 64 bytes.
@@ -172,6 +159,19 @@ int64_t gpu_kernel_scratch(const Dims& d, const Layout& l) {
 
 }  // namespace
 
+namespace detail {
+
+Dims dims(const ModelSpec& m, const RunSpec& run, const Layout& l) {
+  check_representable(m, run, l);
+  const int64_t t = l.tp, T = run.seq / std::max<int64_t>(l.cp, 1);
+  return Dims{l.mb,     T,           l.sp ? T / t : T,
+              m.hidden, m.heads / t, m.kv_heads / t,
+              m.head_dim, m.intermediate / t, m.vocab / t,
+              run.compute_bytes(), run.seq, std::max<int64_t>(l.cp, 1)};
+}
+
+}  // namespace detail
+
 StagePlan stage_plan(const ModelSpec& m, const RunSpec& run, const Layout& l, int64_t stage) {
   StagePlan p;
   p.stage = stage;
@@ -208,43 +208,9 @@ int64_t lora_block_elements(const ModelSpec& m, const Layout& l, const LoraSpec&
   return lora.enabled() ? n : 0;
 }
 
-std::array<Fp8GemmShape, kFp8Gemms> fp8_gemm_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l) {
-  const int64_t M = l.mb * l.local_seq(run);
-  std::array<Fp8GemmShape, kFp8Gemms> g{};
-  for (int i = 0; i < kFp8Gemms; ++i) {
-    const LinearShape ls = linear_shape(m, l, Linear(i));
-    g[size_t(i)] = {ls.K, ls.N};
-  }
-  const int64_t run_of_tokens = fp8_token_run(run, l);
-  for (auto& s : g)
-    s.fp8 = l.fp8 != Fp8Recipe::off && (l.fp8 == Fp8Recipe::blockwise ? fp8_block_dims(run_of_tokens, s.K, s.N)
-                                                                        : fp8_gemm_dims(M, s.K, s.N));
-  return g;
-}
-
-bool fp8_gemm_dims(int64_t M, int64_t K, int64_t N) {
-  return M > 0 && K > 0 && N > 0 && M % 16 == 0 && K % 16 == 0 && N % 16 == 0;
-}
-
-int64_t fp8_token_run(const RunSpec& run, const Layout& l) { return l.cp > 1 ? run.seq / (2 * l.cp) : run.seq; }
-
-bool fp8_block_dims(int64_t token_run, int64_t K, int64_t N) {
-  const int64_t t = kFp8BlockTile;
-  return token_run > 0 && K > 0 && N > 0 && token_run % t == 0 && K % t == 0 && N % t == 0;
-}
-
 int64_t global_layer(const ModelSpec& m, const Layout& l, int64_t stage, int64_t chunk, int64_t layer) {
   const int64_t per_chunk = l.stage_layers(m) / l.vpp;
   return (chunk * l.pp + stage) * per_chunk + layer;
-}
-
-int64_t fp8_stage_blocks(const ModelSpec& m, const Layout& l, const StagePlan& plan) {
-  if (l.fp8 == Fp8Recipe::off) return 0;
-  const int64_t per_chunk = plan.layers / l.vpp;
-  int64_t n = 0;
-  for (int64_t c = 0; c < l.vpp; ++c)
-    for (int64_t i = 0; i < per_chunk; ++i) n += l.fp8_layer(m, global_layer(m, l, plan.stage, c, i)) ? 1 : 0;
-  return n;
 }
 
 void block_param_shapes(const ModelSpec& m, const Layout& l, std::vector<TensorShape>& out) {
@@ -261,14 +227,14 @@ void block_param_shapes(const ModelSpec& m, const Layout& l, std::vector<TensorS
   out.push_back({"layer.mlp.down_proj", Category::weights, C * Fl, 0, 1});
 }
 
-namespace {
+namespace detail {
 
 int64_t block_param_elements(const ModelSpec& m, const Layout& l) {
   const int64_t t = l.tp, C = m.hidden, D = m.head_dim;
   return 2 * C + (2 * (m.heads / t) + 2 * (m.kv_heads / t)) * D * C + 3 * (m.intermediate / t) * C;
 }
 
-}  // namespace
+}  // namespace detail
 
 namespace {
 
@@ -476,132 +442,8 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
   if (device.kind == DeviceKind::gpu)
     out.push_back({"scratch.gemm", Category::workspace, kGpuGemmWorkspace, 1, 1});
 
-  // FP8 GEMMs: each FP8 weight quantised once per step and kept (under
-  // ZeRO-3, whose weights exist only while gathered, quantised at each use
-  // into one buffer instead), and the quantised input and output gradient of
-  // the GEMM running. On the CPU they hold the quantised-dequantised values
-  // in the compute type (emulated FP8); on a GPU the FP8 codes, each with its
-  // transpose (Hopper's FP8 GEMMs take only the TN layout, so the backward's
-  // products need the other orientation). Delayed scaling keeps, per FP8
-  // block, GEMM and operand (input, weight, output gradient), the amax
-  // history, the step's amax and the scale.
-  if (const int64_t n8 = fp8_stage_blocks(m, l, plan); n8 > 0) {
-    const auto g = fp8_gemm_shapes(m, run, l);
-    const bool gpu = device.kind == DeviceKind::gpu;
-    const int64_t eb = gpu ? 1 : d.a, copies = gpu ? 2 : 1;
-    int64_t weights = 0, widest_w = 0, widest_k = 0, widest_n = 0;
-    for (const auto& s : g) {
-      if (!s.fp8) continue;
-      weights += s.K * s.N;
-      widest_w = std::max(widest_w, s.K * s.N);
-      widest_k = std::max(widest_k, s.K);
-      widest_n = std::max(widest_n, s.N);
-    }
-    if (weights > 0) {
-      if (ways > 1 && l.zero >= 3 && !lora)
-        out.push_back({"scratch.fp8_weight", Category::workspace, widest_w, eb, copies});
-      else
-        out.push_back({"fp8.weights", Category::weights, n8 * weights, eb, copies});
-      out.push_back({"scratch.fp8_input", Category::workspace, d.B * d.T * widest_k, eb, copies});
-      out.push_back({"scratch.fp8_grad", Category::workspace, d.B * d.T * widest_n, eb, copies});
-      const int64_t slots = plan.layers * kFp8Gemms * 3;
-      if (gpu && l.fp8 == Fp8Recipe::blockwise) {
-        // Block scaling keeps a float scale per tile beside the codes: the
-        // operands' 1 x 128 and 128 x 1 tiles (codes and transpose) and the
-        // weights' 128 x 128 blocks. (The GPU trainer does not run it yet;
-        // this is what the dry-run counts.)
-        const int64_t t = kFp8BlockTile;
-        const int64_t tiles = 2 * (ceil_div(d.B * d.T * widest_k, t) + ceil_div(d.B * d.T * widest_n, t)) +
-                              (ways > 1 && l.zero >= 3 && !lora ? ceil_div(widest_w, t * t)
-                                                                : n8 * ceil_div(weights, t * t));
-        out.push_back({"fp8.block_scales", Category::workspace, tiles, kFp32, 1});
-        out.push_back({"fp8.health", Category::workspace, 2, 8, 1});
-      } else if (gpu) {
-        // On a GPU the scales live on the device for both recipes, per slot:
-        // the amax history (one deep for tensorwise, whose scale update
-        // turns the amax just reduced into the scale), the amax, the scale
-        // and its inverse (the GEMMs' scale pointers); and the step's
-        // overflow and underflow counts, two int64.
-        const int64_t history = l.fp8 == Fp8Recipe::delayed ? kFp8DelayedHistory : 1;
-        out.push_back({"fp8.scaling", l.fp8 == Fp8Recipe::delayed ? Category::optimizer : Category::workspace,
-                       slots * (history + 3), kFp32, 1});
-        out.push_back({"fp8.health", Category::workspace, 2, 8, 1});
-        // Delayed scaling's first step scales from each tensor's own amax
-        // (its history is empty): that amax and a one-deep history.
-        if (l.fp8 == Fp8Recipe::delayed) out.push_back({"fp8.first_step", Category::workspace, 2, kFp32, 1});
-      } else if (l.fp8 == Fp8Recipe::delayed) {
-        out.push_back({"fp8.scaling", Category::optimizer, slots * (kFp8DelayedHistory + 2), kFp32, 1});
-      }
-    }
-  }
-
-  // Communication buffers.
-  if (l.sp) out.push_back({"comm.sp_gather", Category::comm, d.B * d.T * d.C, d.a, 1});
-  if (l.pp > 1) out.push_back({"comm.pp_p2p", Category::comm, d.B * d.Tsp * d.C, d.a, 2});
-  // Tied embeddings over several stages: the first stage receives the last
-  // stage's head gradient here to add it to the embedding's. Under ZeRO-1
-  // and -2 both stages gather their copy's reduced gradient over dp here.
-  if (!lora && m.tied_embeddings && l.pp > 1 && (plan.has_embedding || (plan.has_head && ways > 1 && l.zero >= 1)))
-    out.push_back({"comm.tied_embedding_grad", Category::comm, d.Vl * d.C, g, 1});
-  // (ZeRO-1 reduce-scatters the gradients in place: its shard is its range
-  // of grads.flat.)
-  if (ways > 1 && l.zero >= 2) {
-    // Gradients are reduce-scattered a group at a time, every micro-batch,
-    // each beside the backward of the next group, so two buckets: one holds
-    // the largest group (a block, the vocab table, or the final norm with the
-    // LM head), the other a block.
-    // Under LoRA a group is a block's adapters.
-    const int64_t block = lora ? lora_block_elements(m, l, plan.lora) : block_param_elements(m, l);
-    const int64_t group = lora ? block : std::max(block, (m.vocab / l.tp) * m.hidden + m.hidden);
-    out.push_back({"comm.dp_grad_bucket", Category::comm, std::min(group, psi), g, 1});
-    out.push_back({"comm.dp_grad_bucket_next", Category::comm, std::min(block, psi), g, 1});
-  }
-  if (ways > 1 && l.zero >= 3) {
-    // ZeRO-3 gathers each parameter group's weights over dp before it
-    // computes (every micro-batch, forward and backward): two buffers, the
-    // group in use and the next one prefetched, each as large as the largest
-    // group of the stage (a block, the embedding table, or the final norm
-    // with the LM head or the tied table).
-    // (Under LoRA only the adapters are sharded: a block's adapters.)
-    int64_t largest = plan.layers > 0 ? (lora ? lora_block_elements(m, l, plan.lora) : block_param_elements(m, l)) : 0;
-    const int64_t table = (m.vocab / l.tp) * m.hidden;
-    if (plan.has_embedding && !lora) largest = std::max(largest, table);
-    if (plan.has_head && !lora) largest = std::max(largest, m.hidden + table);
-    out.push_back({"comm.dp_param_gather", Category::comm, largest, d.a, 2});
-  }
-
-  // Context parallelism's exchange of keys and values, per transport (the
-  // trainer's llama_context.cpp), with one block's tensors at a time:
-  // ring: two buffers (one computed on, one arriving) of a block's K and V;
-  // in the backward, two of a block's travelling dK and dV (one arriving and
-  // added to, one going out) and this rank's share of them; the partial
-  // output and lse of one block of keys before it is merged.
-  // allgather: the gathered K and V as they arrive (rank by rank), in
-  // sequence order, and dK and dV over the whole sequence (reduce-scattered
-  // from the first buffer, repacked rank by rank).
-  // a2a: q, k, v, out and their gradients with the heads split and the
-  // whole sequence, and the packed blocks of one exchange going out and in.
-  if (d.cp > 1) {
-    const int64_t kv = d.B * d.T * d.Kl * d.D, q = d.B * d.T * d.Hl * d.D;
-    const int64_t kv_full = d.B * d.Tfull * d.Kl * d.D;
-    switch (l.cp_comm) {
-      case CpComm::ring:
-        out.push_back({"comm.cp_ring", Category::comm, 2 * kv, d.a, 2});
-        out.push_back({"comm.cp_ring_grad", Category::comm, 2 * kv, d.a, 3});
-        out.push_back({"scratch.cp_part_out", Category::workspace, q, d.a, 1});
-        out.push_back({"scratch.cp_part_lse", Category::workspace, d.B * d.Hl * d.T, kFp32, 1});
-        break;
-      case CpComm::allgather:
-        out.push_back({"comm.cp_kv_gather", Category::comm, 2 * kv_full, d.a, 1});
-        out.push_back({"comm.cp_kv_full", Category::comm, 2 * kv_full, d.a, 1});
-        out.push_back({"comm.cp_dkv_full", Category::comm, 2 * kv_full, d.a, 1});
-        break;
-      case CpComm::a2a:
-        out.push_back({"comm.cp_heads", Category::comm, 4 * q + 4 * kv, d.a, 1});
-        out.push_back({"comm.cp_a2a", Category::comm, q, d.a, 2});
-        break;
-    }
-  }
+  fp8_buffer_shapes(m, run, l, device, plan, d, out);
+  comm_buffer_shapes(m, l, plan, d, out);
 
   if (device.runtime_overhead_bytes > 0)
     out.push_back({"runtime", Category::overhead, device.runtime_overhead_bytes, 1, 1});

@@ -1,0 +1,41 @@
+// Internal to memory/: what the files that build the tensor table
+// (shapes.cpp, shapes_fp8.cpp, shapes_comm.cpp) share. Not for other layers:
+// memory/shapes.h is the table's interface.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "memory/shapes.h"
+
+namespace weft::memory::detail {
+
+inline constexpr int64_t kFp32 = 4;
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// T is this rank's tokens of a sequence: T / cp under context parallelism
+// (Tfull the whole sequence), Tsp those of its norm regions (T / tp more
+// under sequence parallelism).
+struct Dims {
+  int64_t B, T, Tsp, C, Hl, Kl, D, Fl, Vl, a;
+  int64_t Tfull, cp;
+};
+// A layout's dimensions; refuses sizes a 64-bit count cannot hold.
+Dims dims(const ModelSpec& m, const RunSpec& run, const Layout& l);
+
+// Elements of one block's parameters on a tp rank.
+int64_t block_param_elements(const ModelSpec& m, const Layout& l);
+
+// The stage's FP8 buffers (shapes_fp8.cpp): quantised weights, the operands
+// of the GEMM running, scales and health counts.
+void fp8_buffer_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const DeviceSpec& device,
+                       const StagePlan& plan, const Dims& d, std::vector<TensorShape>& out);
+
+// The stage's communication buffers (shapes_comm.cpp): sequence-parallel
+// gathers, pipeline transfers, tied-embedding and ZeRO buffers, and context
+// parallelism's exchanges.
+void comm_buffer_shapes(const ModelSpec& m, const Layout& l, const StagePlan& plan, const Dims& d,
+                        std::vector<TensorShape>& out);
+
+}  // namespace weft::memory::detail

@@ -1,0 +1,111 @@
+// The FP8 part of the tensor table (memory/shapes.h): which GEMMs run in FP8
+// and the buffers they need.
+#include <algorithm>
+
+#include "memory/shapes.h"
+#include "memory/shapes_detail.h"
+
+namespace weft::memory {
+
+std::array<Fp8GemmShape, kFp8Gemms> fp8_gemm_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l) {
+  const int64_t M = l.mb * l.local_seq(run);
+  std::array<Fp8GemmShape, kFp8Gemms> g{};
+  for (int i = 0; i < kFp8Gemms; ++i) {
+    const LinearShape ls = linear_shape(m, l, Linear(i));
+    g[size_t(i)] = {ls.K, ls.N};
+  }
+  const int64_t run_of_tokens = fp8_token_run(run, l);
+  for (auto& s : g)
+    s.fp8 = l.fp8 != Fp8Recipe::off && (l.fp8 == Fp8Recipe::blockwise ? fp8_block_dims(run_of_tokens, s.K, s.N)
+                                                                        : fp8_gemm_dims(M, s.K, s.N));
+  return g;
+}
+
+bool fp8_gemm_dims(int64_t M, int64_t K, int64_t N) {
+  return M > 0 && K > 0 && N > 0 && M % 16 == 0 && K % 16 == 0 && N % 16 == 0;
+}
+
+int64_t fp8_token_run(const RunSpec& run, const Layout& l) { return l.cp > 1 ? run.seq / (2 * l.cp) : run.seq; }
+
+bool fp8_block_dims(int64_t token_run, int64_t K, int64_t N) {
+  const int64_t t = kFp8BlockTile;
+  return token_run > 0 && K > 0 && N > 0 && token_run % t == 0 && K % t == 0 && N % t == 0;
+}
+
+int64_t fp8_stage_blocks(const ModelSpec& m, const Layout& l, const StagePlan& plan) {
+  if (l.fp8 == Fp8Recipe::off) return 0;
+  const int64_t per_chunk = plan.layers / l.vpp;
+  int64_t n = 0;
+  for (int64_t c = 0; c < l.vpp; ++c)
+    for (int64_t i = 0; i < per_chunk; ++i) n += l.fp8_layer(m, global_layer(m, l, plan.stage, c, i)) ? 1 : 0;
+  return n;
+}
+
+namespace detail {
+
+void fp8_buffer_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const DeviceSpec& device,
+                       const StagePlan& plan, const Dims& d, std::vector<TensorShape>& out) {
+  const int64_t ways = l.shard_ways();
+  const bool lora = plan.lora.enabled();
+  // FP8 GEMMs: each FP8 weight quantised once per step and kept (under
+  // ZeRO-3, whose weights exist only while gathered, quantised at each use
+  // into one buffer instead), and the quantised input and output gradient of
+  // the GEMM running. On the CPU they hold the quantised-dequantised values
+  // in the compute type (emulated FP8); on a GPU the FP8 codes, each with its
+  // transpose (Hopper's FP8 GEMMs take only the TN layout, so the backward's
+  // products need the other orientation). Delayed scaling keeps, per FP8
+  // block, GEMM and operand (input, weight, output gradient), the amax
+  // history, the step's amax and the scale.
+  if (const int64_t n8 = fp8_stage_blocks(m, l, plan); n8 > 0) {
+    const auto g = fp8_gemm_shapes(m, run, l);
+    const bool gpu = device.kind == DeviceKind::gpu;
+    const int64_t eb = gpu ? 1 : d.a, copies = gpu ? 2 : 1;
+    int64_t weights = 0, widest_w = 0, widest_k = 0, widest_n = 0;
+    for (const auto& s : g) {
+      if (!s.fp8) continue;
+      weights += s.K * s.N;
+      widest_w = std::max(widest_w, s.K * s.N);
+      widest_k = std::max(widest_k, s.K);
+      widest_n = std::max(widest_n, s.N);
+    }
+    if (weights > 0) {
+      if (ways > 1 && l.zero >= 3 && !lora)
+        out.push_back({"scratch.fp8_weight", Category::workspace, widest_w, eb, copies});
+      else
+        out.push_back({"fp8.weights", Category::weights, n8 * weights, eb, copies});
+      out.push_back({"scratch.fp8_input", Category::workspace, d.B * d.T * widest_k, eb, copies});
+      out.push_back({"scratch.fp8_grad", Category::workspace, d.B * d.T * widest_n, eb, copies});
+      const int64_t slots = plan.layers * kFp8Gemms * 3;
+      if (gpu && l.fp8 == Fp8Recipe::blockwise) {
+        // Block scaling keeps a float scale per tile beside the codes: the
+        // operands' 1 x 128 and 128 x 1 tiles (codes and transpose) and the
+        // weights' 128 x 128 blocks. (The GPU trainer does not run it yet;
+        // this is what the dry-run counts.)
+        const int64_t t = kFp8BlockTile;
+        const int64_t tiles = 2 * (ceil_div(d.B * d.T * widest_k, t) + ceil_div(d.B * d.T * widest_n, t)) +
+                              (ways > 1 && l.zero >= 3 && !lora ? ceil_div(widest_w, t * t)
+                                                                : n8 * ceil_div(weights, t * t));
+        out.push_back({"fp8.block_scales", Category::workspace, tiles, kFp32, 1});
+        out.push_back({"fp8.health", Category::workspace, 2, 8, 1});
+      } else if (gpu) {
+        // On a GPU the scales live on the device for both recipes, per slot:
+        // the amax history (one deep for tensorwise, whose scale update
+        // turns the amax just reduced into the scale), the amax, the scale
+        // and its inverse (the GEMMs' scale pointers); and the step's
+        // overflow and underflow counts, two int64.
+        const int64_t history = l.fp8 == Fp8Recipe::delayed ? kFp8DelayedHistory : 1;
+        out.push_back({"fp8.scaling", l.fp8 == Fp8Recipe::delayed ? Category::optimizer : Category::workspace,
+                       slots * (history + 3), kFp32, 1});
+        out.push_back({"fp8.health", Category::workspace, 2, 8, 1});
+        // Delayed scaling's first step scales from each tensor's own amax
+        // (its history is empty): that amax and a one-deep history.
+        if (l.fp8 == Fp8Recipe::delayed) out.push_back({"fp8.first_step", Category::workspace, 2, kFp32, 1});
+      } else if (l.fp8 == Fp8Recipe::delayed) {
+        out.push_back({"fp8.scaling", Category::optimizer, slots * (kFp8DelayedHistory + 2), kFp32, 1});
+      }
+    }
+  }
+}
+
+}  // namespace detail
+}  // namespace weft::memory
