@@ -19,6 +19,10 @@ namespace weft::memory {
 // is complete only after synchronize(), a copy from pageable host memory may
 // reuse the source as soon as the call returns.
 void copy(void* dst, const void* src, int64_t bytes, kernels::Stream stream);
+// Copies `rows` rows of `width` bytes, row r from src + r * src_pitch to
+// dst + r * dst_pitch, ordered on the stream (cudaMemcpy2DAsync on CUDA).
+void copy_2d(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t width, int64_t rows,
+             kernels::Stream stream);
 
 // Waits until everything queued on the stream has run.
 void synchronize(kernels::Stream stream);

@@ -58,6 +58,19 @@ void copy(void* dst, const void* src, int64_t bytes, kernels::Stream stream) {
                              static_cast<cudaStream_t>(stream.handle)));
 }
 
+void copy_2d(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t width, int64_t rows,
+             kernels::Stream stream) {
+  if (width <= 0 || rows <= 0) return;
+  if (stream.backend == kernels::Backend::cpu) {
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(static_cast<char*>(dst) + r * dst_pitch, static_cast<const char*>(src) + r * src_pitch,
+                  size_t(width));
+    return;
+  }
+  CUDA_CHECK(cudaMemcpy2DAsync(dst, size_t(dst_pitch), src, size_t(src_pitch), size_t(width), size_t(rows),
+                               cudaMemcpyDefault, static_cast<cudaStream_t>(stream.handle)));
+}
+
 void synchronize(kernels::Stream stream) {
   if (stream.backend == kernels::Backend::cuda)
     CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream.handle)));

@@ -34,6 +34,15 @@ void copy(void* dst, const void* src, int64_t bytes, kernels::Stream stream) {
   if (bytes > 0) std::memcpy(dst, src, size_t(bytes));
 }
 
+void copy_2d(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t width, int64_t rows,
+             kernels::Stream stream) {
+  if (stream.backend != kernels::Backend::cpu) no_cuda("memory::copy_2d");
+  if (width <= 0) return;
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(static_cast<char*>(dst) + r * dst_pitch, static_cast<const char*>(src) + r * src_pitch,
+                size_t(width));
+}
+
 void synchronize(kernels::Stream stream) {
   if (stream.backend != kernels::Backend::cpu) no_cuda("memory::synchronize");
 }

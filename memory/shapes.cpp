@@ -267,8 +267,8 @@ bool lora_frees_act(const RunSpec& run) { return run.lora.enabled() && !run.lora
 
 }  // namespace
 
-void block_saved_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l,
-                        Checkpointing mode, std::vector<TensorShape>& out) {
+void block_saved_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, Checkpointing mode,
+                        const Fp8SavedInputs& fp8, std::vector<TensorShape>& out) {
   const Dims d = dims(m, run, l);
   const bool full = mode == Checkpointing::full;
   // The block input doubles as the attention norm's input; every mode keeps it.
@@ -277,7 +277,10 @@ void block_saved_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l,
     return;
   }
   norm_saved(d, l, "layer.attn_norm.input", "layer.attn_norm.rstd", "layer.attn_norm.normed_fp32", out);
-  out.push_back({"layer.attn_norm.output", Category::activations, d.B * d.Tsp * d.C, d.a, 1});
+  if (fp8.qkv)
+    out.push_back({"layer.attn_norm.output_fp8", Category::activations, fp8_saved_bytes(d.B * d.Tsp * d.C), 1, 1});
+  else
+    out.push_back({"layer.attn_norm.output", Category::activations, d.B * d.Tsp * d.C, d.a, 1});
   // q and k after RoPE, v: the inputs of the attention backward.
   out.push_back({"layer.attn.q", Category::activations, d.B * d.T * d.Hl * d.D, d.a, 1});
   out.push_back({"layer.attn.k", Category::activations, d.B * d.T * d.Kl * d.D, d.a, 1});
@@ -298,13 +301,19 @@ void block_saved_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l,
     return;
   }
   norm_saved(d, l, "layer.mlp_norm.input", "layer.mlp_norm.rstd", "layer.mlp_norm.normed_fp32", out);
-  out.push_back({"layer.mlp_norm.output", Category::activations, d.B * d.Tsp * d.C, d.a, 1});
+  if (fp8.gate_up)
+    out.push_back({"layer.mlp_norm.output_fp8", Category::activations, fp8_saved_bytes(d.B * d.Tsp * d.C), 1, 1});
+  else
+    out.push_back({"layer.mlp_norm.output", Category::activations, d.B * d.Tsp * d.C, d.a, 1});
   out.push_back({"layer.mlp.gate", Category::activations, d.B * d.T * d.Fl, d.a, 1});
   out.push_back({"layer.mlp.up", Category::activations, d.B * d.T * d.Fl, d.a, 1});
   // The SwiGLU output feeds only down_proj's weight gradient (and its
   // adapters'): a frozen down_proj without adapters (LoRA) needs it in the
   // forward alone, in scratch.mlp_act.
-  if (!lora_frees_act(run)) out.push_back({"layer.mlp.act", Category::activations, d.B * d.T * d.Fl, d.a, 1});
+  if (fp8.down)
+    out.push_back({"layer.mlp.act_fp8", Category::activations, fp8_saved_bytes(d.B * d.T * d.Fl), 1, 1});
+  else if (!lora_frees_act(run))
+    out.push_back({"layer.mlp.act", Category::activations, d.B * d.T * d.Fl, d.a, 1});
 }
 
 std::vector<TensorShape> stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l,
@@ -351,8 +360,9 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
   thread_local std::vector<TensorShape> kept, ckpt;
   kept.clear();
   ckpt.clear();
-  block_saved_shapes(m, run, l, Checkpointing::none, kept);
-  if (n_ckpt > 0) block_saved_shapes(m, run, l, l.ckpt, ckpt);
+  const Fp8SavedInputs fp8 = fp8_saved_inputs(m, run, l, plan);
+  block_saved_shapes(m, run, l, Checkpointing::none, fp8, kept);
+  if (n_ckpt > 0) block_saved_shapes(m, run, l, l.ckpt, fp8, ckpt);
   // What a checkpointing mode keeps is a subsequence of what no
   // checkpointing keeps, in the same order (block_saved_shapes), so one walk
   // over both tells which of the kept tensors the mode keeps too.
@@ -361,8 +371,9 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
     const bool in_ckpt = next_ckpt < ckpt.size() && std::strcmp(ckpt[next_ckpt].name, t.name) == 0;
     if (in_ckpt) ++next_ckpt;
     const int64_t saved_layers = n_keep + (in_ckpt ? n_ckpt : 0);
-    // One block's dropped tensors are rebuilt at a time during the backward.
-    const int64_t recompute = n_ckpt > 0 && !in_ckpt ? 1 : 0;
+    // One block's dropped tensors are rebuilt at a time during the backward
+    // (an FP8 input is rebuilt in the compute type, into its scratch below).
+    const int64_t recompute = n_ckpt > 0 && !in_ckpt && !fp8_saved_name(t.name) ? 1 : 0;
     const int64_t count = ceil_div(chunks * saved_layers, l.vpp) + recompute;
     if (count > 0) out.push_back({t.name, t.category, t.elements, t.element_bytes, count});
   }
@@ -413,7 +424,13 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
   out.push_back({"scratch.d_qkv", Category::workspace, d.B * d.T * (d.Hl + 2 * d.Kl) * d.D, d.a, 1});
   out.push_back({"scratch.d_attn_out", Category::workspace, d.B * d.T * d.Hl * d.D, d.a, 1});
   out.push_back({"scratch.d_mlp", Category::workspace, d.B * d.T * d.Fl, d.a, 3});
-  if (lora_frees_act(run)) out.push_back({"scratch.mlp_act", Category::workspace, d.B * d.T * d.Fl, d.a, 1});
+  // The compute-type copies of the GEMM inputs kept in FP8: each block's
+  // forward writes one here before quantising it, and a block rebuilding it
+  // in its backward too.
+  if (fp8.qkv) out.push_back({"scratch.attn_norm_out", Category::workspace, d.B * d.Tsp * d.C, d.a, 1});
+  if (fp8.gate_up) out.push_back({"scratch.mlp_norm_out", Category::workspace, d.B * d.Tsp * d.C, d.a, 1});
+  if (lora_frees_act(run) || fp8.down)
+    out.push_back({"scratch.mlp_act", Category::workspace, d.B * d.T * d.Fl, d.a, 1});
   // Kernel workspaces (their workspace_bytes; the trainer checks they fit).
   if (device.kind == DeviceKind::cpu) {
     // Attention's forward and backward share fp32 score tiles

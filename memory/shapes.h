@@ -72,10 +72,12 @@ int64_t lora_block_elements(const ModelSpec& m, const Layout& l, const LoraSpec&
 // Tensors of one block's parameters on one tp rank (per layer, count 1). They
 // are views into the flat weight buffer, so element_bytes is 0 here.
 void block_param_shapes(const ModelSpec& m, const Layout& l, std::vector<TensorShape>& out);
+struct Fp8SavedInputs;
 // Activations one block saves for its backward, per micro-batch, for a
 // checkpointing mode (count 1): what the backward finds without recomputing.
-void block_saved_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l,
-                        Checkpointing mode, std::vector<TensorShape>& out);
+// The GEMM inputs `fp8` names are kept as FP8 codes (fp8_saved_inputs).
+void block_saved_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, Checkpointing mode,
+                        const Fp8SavedInputs& fp8, std::vector<TensorShape>& out);
 
 // FP8 GEMMs (Layout::fp8). The seven linear layers of a block, in the order
 // the trainer and the scaling state index them; (K, N) of y = x W^T on one tp
@@ -101,6 +103,36 @@ bool fp8_block_dims(int64_t token_run, int64_t K, int64_t N);
 int64_t fp8_stage_blocks(const ModelSpec& m, const Layout& l, const StagePlan& plan);
 // The global index of block `layer` of model chunk `chunk` on `stage`.
 int64_t global_layer(const ModelSpec& m, const Layout& l, int64_t stage, int64_t chunk, int64_t layer);
+
+// FP8 inputs kept for the backward, as Transformer Engine keeps them: where
+// every block of a stage runs FP8 GEMMs with per-tensor scales (tensorwise,
+// delayed), a GEMM input that only the weight gradient reads again is kept
+// as the forward's E4M3 codes (one byte an element) and their scale_inv,
+// instead of in the compute type: the attention norm's output (the input of
+// q, k and v), the MLP norm's output (gate and up) and the SwiGLU output
+// (down), each where all the GEMMs reading it run in FP8. Under sequence
+// parallelism a norm output is this rank's rows, gathered again in the
+// backward. The weight gradient multiplies the codes the forward did, as
+// quantising the compute-type copy again with the same scale would. Not
+// under LoRA (the adapters read the inputs in the compute type), nor block
+// scaling (its weight gradient quantises the inputs afresh, in tiles down
+// the tokens), nor on a stage holding compute-precision edge blocks (@N).
+// A layer that recomputes the input in its backward keeps nothing and
+// quantises the rebuilt copy, as before.
+struct Fp8SavedInputs {
+  bool qkv = false;      // layer.attn_norm.output_fp8
+  bool gate_up = false;  // layer.mlp_norm.output_fp8
+  bool down = false;     // layer.mlp.act_fp8
+  bool any() const { return qkv || gate_up || down; }
+};
+Fp8SavedInputs fp8_saved_inputs(const ModelSpec& m, const RunSpec& run, const Layout& l, const StagePlan& plan);
+// Bytes of one kept FP8 input of `elements` codes: the codes, padded to 16
+// bytes, then the scale_inv (fp32) and padding to the next 16.
+inline int64_t fp8_saved_bytes(int64_t elements) { return (elements + 15) / 16 * 16 + 16; }
+// Whether a saved tensor of block_saved_shapes is a kept FP8 input (its
+// name ends in "_fp8"): no rebuilt instance, a layer recomputing it writes
+// the compute-type scratch instead.
+bool fp8_saved_name(const char* name);
 
 // The whole table for one rank of `stage`, counts filled in.
 std::vector<TensorShape> stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l,

@@ -1,6 +1,7 @@
 // The FP8 part of the tensor table (memory/shapes.h): which GEMMs run in FP8
 // and the buffers they need.
 #include <algorithm>
+#include <cstring>
 
 #include "memory/shapes.h"
 #include "memory/shapes_detail.h"
@@ -39,6 +40,21 @@ int64_t fp8_stage_blocks(const ModelSpec& m, const Layout& l, const StagePlan& p
   for (int64_t c = 0; c < l.vpp; ++c)
     for (int64_t i = 0; i < per_chunk; ++i) n += l.fp8_layer(m, global_layer(m, l, plan.stage, c, i)) ? 1 : 0;
   return n;
+}
+
+Fp8SavedInputs fp8_saved_inputs(const ModelSpec& m, const RunSpec& run, const Layout& l, const StagePlan& plan) {
+  if (l.fp8 != Fp8Recipe::tensorwise && l.fp8 != Fp8Recipe::delayed) return {};
+  if (run.lora.enabled() || plan.layers == 0 || fp8_stage_blocks(m, l, plan) != plan.layers) return {};
+  const auto g = fp8_gemm_shapes(m, run, l);
+  const auto on = [&](Fp8Gemm x) { return g[size_t(x)].fp8; };
+  return {.qkv = on(Fp8Gemm::q) && on(Fp8Gemm::k) && on(Fp8Gemm::v),
+          .gate_up = on(Fp8Gemm::gate) && on(Fp8Gemm::up),
+          .down = on(Fp8Gemm::down)};
+}
+
+bool fp8_saved_name(const char* name) {
+  const size_t n = std::strlen(name);
+  return n > 4 && std::strcmp(name + n - 4, "_fp8") == 0;
 }
 
 namespace detail {

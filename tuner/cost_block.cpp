@@ -177,12 +177,20 @@ Part block_cost(const Model& x) {
   // Two column/row-parallel pairs per block: forward all-reduce (or, with
   // sequence parallelism, all-gather before and reduce-scatter after) and the
   // conjugates in the backward. Sequence parallelism also re-gathers the two
-  // saved norm outputs for the weight gradients.
+  // saved norm outputs for the weight gradients: their FP8 codes, one byte an
+  // element, where the block keeps them (memory::fp8_saved_inputs; priced so
+  // in every FP8 block, though a stage holding compute-precision edge blocks
+  // keeps none).
   const double act = M * C * a;
   const Group tg = x.tp_group();
   const double pair = l.sp ? all_gather(act, tg) + reduce_scatter(act, tg) : all_reduce(act, tg);
   const double tp_fwd = 2 * pair + amax_fwd;
-  p.tp = 2 * tp_fwd - amax_fwd + amax_bwd + (l.sp ? 2 * all_gather(act, tg) : 0);
+  const bool keeps8 = (l.fp8 == Fp8Recipe::tensorwise || l.fp8 == Fp8Recipe::delayed) && !x.run.lora.enabled();
+  const bool qkv_all8 = qkv8 && x.in_fp8(M, Kl * D, C);
+  const double regather = l.sp ? all_gather(keeps8 && qkv_all8 ? M * C : act, tg) +
+                                     all_gather(keeps8 && up8 ? M * C : act, tg)
+                               : 0.0;
+  p.tp = 2 * tp_fwd - amax_fwd + amax_bwd + regather;
 
   // Context parallelism's exchanges, per block and micro-batch.
   double cp_fwd = 0;

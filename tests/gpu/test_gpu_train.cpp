@@ -315,6 +315,37 @@ INSTANTIATE_TEST_SUITE_P(Layouts, GpuTrainFp8,
                                            Fp8Case{"tp1-pp1-dp1-mb2-grad:bf16", "fp8:delayed"},
                                            Fp8Case{"tp1-pp1-dp1-mb2", "fp8:delayed@1"}));
 
+// FP8 inputs kept for the weight gradients (memory::fp8_saved_inputs): the
+// run keeping the norm outputs and the SwiGLU output as the forward's
+// transposed codes (ckpt:none) and the run recomputing and casting them again
+// (ckpt:full) multiply the same codes under the same scale_invs. The CPU holds
+// the two to equality (tests/mpi/test_layout_parity.cpp); here materialized
+// attention keeps both runs deterministic, and the tolerance, 1e-5 relative
+// per step, only leaves cuBLASLt room to choose another algorithm for an
+// operand at another address. Kept codes taken from the wrong columns or
+// with the wrong scale_inv move the losses by percents. Both runs' saved
+// activations are what the memory model counts.
+TEST(GpuTrainFp8Kept, InputsAreWhatRecomputationQuantises) {
+  if (!gpu_has_fp8()) GTEST_SKIP() << "FP8 GEMMs need compute capability 8.9 or newer";
+  test::TempDir dir;
+  std::FILE* quiet = std::fopen("/dev/null", "w");
+  TrainConfig kept = config(dir.path("kept"), true, layout_of("tp1-pp1-dp1-mb2-attn:materialized-fp8:tensorwise"));
+  TrainConfig again =
+      config(dir.path("again"), true, layout_of("tp1-pp1-dp1-mb2-ckpt:full-attn:materialized-fp8:tensorwise"));
+  kept.checkpoints = again.checkpoints = false;
+  kept.optim.lr = again.optim.lr = 1e-3;
+  kept.steps = again.steps = 10;
+  const TrainReport a = train(kept, quiet), b = train(again, quiet);
+  std::fclose(quiet);
+  ASSERT_EQ(a.losses.size(), 10u);
+  ASSERT_EQ(b.losses.size(), 10u);
+  for (size_t i = 0; i < 10; ++i)
+    EXPECT_NEAR(a.losses[i], b.losses[i], 1e-5 * std::abs(b.losses[i])) << "step " << i + 1;
+  const auto act = size_t(memory::Category::activations);
+  EXPECT_EQ(a.measured[act], a.predicted[act]);
+  EXPECT_EQ(b.measured[act], b.predicted[act]);
+}
+
 // The scales agree with the CPU's emulation after the first step: delayed
 // scaling's history then holds each (block, GEMM, operand)'s step-1 amax,
 // from which both take the next scale by the same rule (fp8_scale), and the

@@ -40,7 +40,8 @@ constexpr const char* kSavedNames[] = {
     "layer.attn.v",                "layer.attn.out",       "layer.attn.lse",
     "layer.attn.probs",            "layer.mlp_norm.input", "layer.mlp_norm.rstd",
     "layer.mlp_norm.normed_fp32",  "layer.mlp_norm.output", "layer.mlp.gate",
-    "layer.mlp.up",                "layer.mlp.act"};
+    "layer.mlp.up",                "layer.mlp.act",         "layer.attn_norm.output_fp8",
+    "layer.mlp_norm.output_fp8",   "layer.mlp.act_fp8"};
 
 }  // namespace
 
@@ -111,8 +112,9 @@ LlamaStage<Elem, G>::LlamaStage(const ModelSpec& m, const RunSpec& run, const La
   // Which layers keep each saved tensor, and where: slot-major, then the
   // keeping layers in order; the rebuilt copy (if any) is the last instance.
   std::vector<memory::TensorShape> kept, ckpt;
-  memory::block_saved_shapes(m, run, l, Checkpointing::none, kept);
-  memory::block_saved_shapes(m, run, l, l.ckpt, ckpt);
+  const memory::Fp8SavedInputs fp8_kept = memory::fp8_saved_inputs(m, run, l, plan_);
+  memory::block_saved_shapes(m, run, l, Checkpointing::none, fp8_kept, kept);
+  memory::block_saved_shapes(m, run, l, l.ckpt, fp8_kept, ckpt);
   for (const char* name : kSavedNames) {
     if (!table_->has(name)) continue;
     auto keeps = [&](const std::vector<memory::TensorShape>& v) {
@@ -123,8 +125,11 @@ LlamaStage<Elem, G>::LlamaStage(const ModelSpec& m, const RunSpec& run, const La
       const bool saved = mode(i) == Checkpointing::none ? keeps(kept) : keeps(ckpt);
       idx.of_layer.push_back(saved ? idx.saving++ : -1);
     }
-    const bool rebuilt = std::find(idx.of_layer.begin(), idx.of_layer.end(), -1) != idx.of_layer.end();
-    WEFT_ASSERT(table_->count(name) == plan_.in_flight_chunks * idx.saving + (rebuilt ? 1 : 0));
+    // A layer recomputing an FP8 input rebuilds it in the compute type, in
+    // its scratch (memory::fp8_saved_name).
+    idx.rebuilt = !memory::fp8_saved_name(name) &&
+                  std::find(idx.of_layer.begin(), idx.of_layer.end(), -1) != idx.of_layer.end();
+    WEFT_ASSERT(table_->count(name) == plan_.in_flight_chunks * idx.saving + (idx.rebuilt ? 1 : 0));
     saved_.emplace_back(name, std::move(idx));
   }
 }
@@ -143,7 +148,8 @@ int64_t LlamaStage<Elem, G>::instance(const char* name, int64_t slot, int64_t la
   for (const auto& [n, idx] : saved_) {
     if (n != name) continue;
     const int64_t i = idx.of_layer[size_t(layer)];
-    return i >= 0 ? slot * idx.saving + i : plan_.in_flight_chunks * idx.saving;
+    if (i < 0) return idx.rebuilt ? plan_.in_flight_chunks * idx.saving : -1;
+    return slot * idx.saving + i;
   }
   throw InternalError(fmt::format("no saved tensor '{}'", name));
 }
@@ -185,7 +191,9 @@ typename LlamaStage<Elem, G>::Block LlamaStage<Elem, G>::block(int64_t slot, int
   b.gu = g(ParamKind::up_proj);
   b.gd = g(ParamKind::down_proj);
   auto act = [&]<typename T>(const char* name, T*) -> T* {
-    return table_->has(name) ? table_->get<T>(name, instance(name, slot, layer)) : nullptr;
+    if (!table_->has(name)) return nullptr;
+    const int64_t i = instance(name, slot, layer);
+    return i >= 0 ? table_->get<T>(name, i) : nullptr;
   };
   b.x_in = act("layer.attn_norm.input", (Elem*)nullptr);
   b.rstd1 = act("layer.attn_norm.rstd", (A*)nullptr);
@@ -207,6 +215,24 @@ typename LlamaStage<Elem, G>::Block LlamaStage<Elem, G>::block(int64_t slot, int
   // LoRA with a frozen, unadapted down_proj keeps no SwiGLU output: its
   // backward reads none (memory::block_saved_shapes).
   if (!b.act) b.act = table_->get<Elem>("scratch.mlp_act");
+  // GEMM inputs kept as FP8 codes: the compute-type copy lives in scratch
+  // (the forward's, or a recomputing layer's rebuilt one).
+  const int64_t C = m_.hidden, Fl = m_.intermediate / l_.tp;
+  const int64_t sp_row0 = l_.sp ? groups_.tp->rank() * Msp_ : 0;
+  auto kept = [&](const char* name, int64_t row0, int64_t rows, int64_t K) {
+    Fp8Kept k;
+    k.codes = act(name, (uint8_t*)nullptr);
+    if (!k.codes) return k;
+    k.scale_inv = reinterpret_cast<float*>(k.codes + memory::fp8_saved_bytes(rows * K) - 16);
+    k.row0 = row0;
+    k.rows = rows;
+    return k;
+  };
+  b.in_qkv = kept("layer.attn_norm.output_fp8", sp_row0, Msp_, C);
+  b.in_gate_up = kept("layer.mlp_norm.output_fp8", sp_row0, Msp_, C);
+  b.in_down = kept("layer.mlp.act_fp8", 0, M_, Fl);
+  if (!b.ln1) b.ln1 = table_->get<Elem>("scratch.attn_norm_out");
+  if (!b.ln2) b.ln2 = table_->get<Elem>("scratch.mlp_norm_out");
   return b;
 }
 
@@ -372,7 +398,7 @@ void LlamaStage<Elem, G>::block_forward(const Block& b, Elem* x_out, bool recomp
   if (full) {
     norm_forward(b.x_in, nullptr, nullptr, b.w_attn_norm, b.ln1, b.rstd1, b.xhat1);
     const Elem* ln1 = gathered(b.ln1, all_rows);  // column-parallel input
-    linear_forward(b, Fp8Gemm::q, ln1, false, b.wq, b.q, "gemm q");
+    linear_forward(b, Fp8Gemm::q, ln1, false, b.wq, b.q, "gemm q", &b.in_qkv);
     linear_forward(b, Fp8Gemm::k, ln1, true, b.wk, b.k, "gemm k");
     linear_forward(b, Fp8Gemm::v, ln1, true, b.wv, b.v, "gemm v");
     lora_forward(b, Linear::q, ln1, b.q);
@@ -393,7 +419,7 @@ void LlamaStage<Elem, G>::block_forward(const Block& b, Elem* x_out, bool recomp
     else
       norm_forward(b.x_mid, nullptr, nullptr, b.w_mlp_norm, b.ln2, b.rstd2, b.xhat2);
     const Elem* ln2 = gathered(b.ln2, all_rows);
-    linear_forward(b, Fp8Gemm::gate, ln2, false, b.wg, b.gate, "gemm gate");
+    linear_forward(b, Fp8Gemm::gate, ln2, false, b.wg, b.gate, "gemm gate", &b.in_gate_up);
     linear_forward(b, Fp8Gemm::up, ln2, true, b.wu, b.up, "gemm up");
     lora_forward(b, Linear::gate, ln2, b.gate);
     lora_forward(b, Linear::up, ln2, b.up);
@@ -402,7 +428,7 @@ void LlamaStage<Elem, G>::block_forward(const Block& b, Elem* x_out, bool recomp
   }
   // A rebuild stops here: the block's output was consumed already.
   if (recompute) return;
-  linear_forward(b, Fp8Gemm::down, b.act, false, b.wd, lin, "gemm down");
+  linear_forward(b, Fp8Gemm::down, b.act, false, b.wd, lin, "gemm down", &b.in_down);
   lora_forward(b, Linear::down, b.act, lin);
   reduce_rows(lin);
   run(kernels::AddParams<Elem>{.n = Msp_ * C, .a = b.x_mid, .b = lin, .out = x_out}, "add");
@@ -434,16 +460,17 @@ void LlamaStage<Elem, G>::block_backward(const Block& b, Elem* dx) {
   // the forward's reduce-scatter gathers them.
   const Elem* dxo = gathered(dx, lin);
   linear_dgrad(b, Fp8Gemm::down, dxo, false, b.wd, d_act, Write::overwrite, "gemm down dgrad");
-  linear_wgrad(b, Fp8Gemm::down, dxo, true, b.act, false, b.gd, "gemm down wgrad");
+  linear_wgrad(b, Fp8Gemm::down, dxo, true, b.act, false, b.gd, "gemm down wgrad", &b.in_down);
   lora_backward(b, Linear::down, dxo, b.act, d_act);
   run(kernels::SwigluBackwardParams<Elem>{.rows = M_, .F = Fl, .gate = b.gate, .up = b.up,
                                           .dact = d_act, .dgate = d_gate, .dup = d_up},
       "swiglu_backward");
   linear_dgrad(b, Fp8Gemm::gate, d_gate, false, b.wg, d_norm, Write::overwrite, "gemm gate dgrad");
   linear_dgrad(b, Fp8Gemm::up, d_up, false, b.wu, d_norm, Write::accumulate, "gemm up dgrad");
-  const Elem* ln2 = gathered(b.ln2, all_rows);  // re-gathered for the weight gradients
-  linear_wgrad(b, Fp8Gemm::gate, d_gate, false, ln2, false, b.gg, "gemm gate wgrad");
-  linear_wgrad(b, Fp8Gemm::up, d_up, false, ln2, true, b.gu, "gemm up wgrad");
+  // Re-gathered for the weight gradients, unless they read kept FP8 codes.
+  const Elem* ln2 = b.in_gate_up.codes ? nullptr : gathered(b.ln2, all_rows);
+  linear_wgrad(b, Fp8Gemm::gate, d_gate, false, ln2, false, b.gg, "gemm gate wgrad", &b.in_gate_up);
+  linear_wgrad(b, Fp8Gemm::up, d_up, false, ln2, true, b.gu, "gemm up wgrad", &b.in_gate_up);
   lora_backward(b, Linear::gate, d_gate, ln2, d_norm);
   lora_backward(b, Linear::up, d_up, ln2, d_norm);
   reduce_rows(d_norm);  // column-parallel input
@@ -459,10 +486,10 @@ void LlamaStage<Elem, G>::block_backward(const Block& b, Elem* dx) {
   linear_dgrad(b, Fp8Gemm::q, dq, false, b.wq, d_norm, Write::overwrite, "gemm q dgrad");
   linear_dgrad(b, Fp8Gemm::k, dk, false, b.wk, d_norm, Write::accumulate, "gemm k dgrad");
   linear_dgrad(b, Fp8Gemm::v, dv, false, b.wv, d_norm, Write::accumulate, "gemm v dgrad");
-  const Elem* ln1 = gathered(b.ln1, all_rows);
-  linear_wgrad(b, Fp8Gemm::q, dq, false, ln1, false, b.gq, "gemm q wgrad");
-  linear_wgrad(b, Fp8Gemm::k, dk, false, ln1, true, b.gk, "gemm k wgrad");
-  linear_wgrad(b, Fp8Gemm::v, dv, false, ln1, true, b.gv, "gemm v wgrad");
+  const Elem* ln1 = b.in_qkv.codes ? nullptr : gathered(b.ln1, all_rows);
+  linear_wgrad(b, Fp8Gemm::q, dq, false, ln1, false, b.gq, "gemm q wgrad", &b.in_qkv);
+  linear_wgrad(b, Fp8Gemm::k, dk, false, ln1, true, b.gk, "gemm k wgrad", &b.in_qkv);
+  linear_wgrad(b, Fp8Gemm::v, dv, false, ln1, true, b.gv, "gemm v wgrad", &b.in_qkv);
   lora_backward(b, Linear::q, dq, ln1, d_norm);
   lora_backward(b, Linear::k, dk, ln1, d_norm);
   lora_backward(b, Linear::v, dv, ln1, d_norm);

@@ -216,6 +216,17 @@ class LlamaStage {
   void capture_logits(std::vector<Elem>* out) { capture_ = out; }
 
  private:
+  // A GEMM input kept as FP8 codes (memory::fp8_saved_inputs): this rank's
+  // rows [row0, row0 + rows) of the input (all of them, or under sequence
+  // parallelism its own), E4M3 under the forward's scale, whose inverse
+  // follows the codes. On the CPU the codes are row-major (rows, K); on a GPU
+  // they are the transposed codes' columns of those rows (K, rows), the
+  // weight gradient's operand layout.
+  struct Fp8Kept {
+    uint8_t* codes = nullptr;
+    float* scale_inv = nullptr;
+    int64_t row0 = 0, rows = 0;
+  };
   struct Block;  // pointers to one block's tensors for one slot
   Block block(int64_t slot, int64_t chunk, int64_t layer);
   Checkpointing mode(int64_t layer) const;
@@ -255,12 +266,19 @@ class LlamaStage {
   // shape allow, else in the compute type. A *_same flag says the operand
   // holds the values of the previous call's (q, k and v share their input,
   // dgrad and wgrad the output gradient), whose quantisation is reused.
+  // keep (forward): where the block keeps this input as FP8 codes, they and
+  // their scale_inv go there; kept (wgrad): the weight gradient reads them
+  // instead of quantising x (which may then be null).
   void linear_forward(const Block& b, memory::Fp8Gemm g, const Elem* x, bool x_same, const Elem* w, Elem* y,
-                      const char* op);
+                      const char* op, const Fp8Kept* keep = nullptr);
   void linear_dgrad(const Block& b, memory::Fp8Gemm g, const Elem* dy, bool dy_same, const Elem* w, Elem* dx,
                     kernels::Write write, const char* op);
   void linear_wgrad(const Block& b, memory::Fp8Gemm g, const Elem* dy, bool dy_same, const Elem* x, bool x_same,
-                    G* dw, const char* op);
+                    G* dw, const char* op, const Fp8Kept* kept = nullptr);
+  // The kept codes of an input back as the weight gradient's operand: on the
+  // CPU decoded into fp8_input_ (and gathered over tp under sp); on a GPU
+  // as fp8_in_t_ and fp8_in_scale_inv_ (gathered into fp8_in_[1]).
+  void fp8_restore(const Fp8Kept& kept, int64_t K);
   bool fp8_gemm(const Block& b, memory::Fp8Gemm g) const;
   // LoRA (llama_lora.cpp): after linear g of block b computed y from x,
   // y += s (x A^T) B^T (row-parallel layers add their partial sum before
@@ -275,8 +293,9 @@ class LlamaStage {
   // role 0 the input (E4M3), 1 the weight (E4M3), 2 the output gradient (E5M2).
   // Quantises x (rows x cols) for its role (0 input, 1 weight, 2 output
   // gradient); under block scaling over_tokens takes tiles down the rows
-  // (the weight gradient's reduction) instead of along them.
-  void fp8_quantize(const Block& b, memory::Fp8Gemm g, int role, const Elem* x, int64_t rows, int64_t cols,
+  // (the weight gradient's reduction) instead of along them. Returns the
+  // per-tensor scale it quantised with (block scaling: 0).
+  float fp8_quantize(const Block& b, memory::Fp8Gemm g, int role, const Elem* x, int64_t rows, int64_t cols,
                     bool over_tokens, Elem* out);
   const Elem* fp8_weight(const Block& b, memory::Fp8Gemm g, const Elem* w);
   // The GPU's FP8 path (bf16): x (rows, cols) cast to FP8 codes `out` and
@@ -404,8 +423,9 @@ class LlamaStage {
   Elem* fp8_weight_scratch_ = nullptr;  // ZeRO-3: quantised at each use
   Elem* fp8_input_ = nullptr;
   Elem* fp8_grad_ = nullptr;
-  // The operands fp8_input_ and fp8_grad_ hold the quantisation of.
-  const Elem* fp8_input_of_ = nullptr;
+  // The operands fp8_input_ and fp8_grad_ hold the quantisation of (the
+  // input's: x, or the kept codes it was restored from).
+  const void* fp8_input_of_ = nullptr;
   const Elem* fp8_grad_of_ = nullptr;
   bool fp8_input_over_tokens_ = false, fp8_grad_over_tokens_ = false;  // their tiles (block scaling)
   // Delayed scaling, per (block, gemm, role): the amax history (a ring of
@@ -419,6 +439,12 @@ class LlamaStage {
   std::array<kernels::Fp8*, 2> fp8_wcodes_{}, fp8_wscratch_{}, fp8_in_{}, fp8_gr_{};
   // The scaling slots the input's and output gradient's codes were cast with.
   int64_t fp8_in_slot_ = -1, fp8_gr_slot_ = -1;
+  // The weight gradient's input operand: the transposed codes (K, M) with
+  // row stride fp8_in_ld_, and their scale_inv (device memory): fp8_in_[1]
+  // and the slot's as cast, or kept codes restored.
+  const kernels::Fp8* fp8_in_t_ = nullptr;
+  const float* fp8_in_scale_inv_ = nullptr;
+  int64_t fp8_in_ld_ = 0;
   // GPU scaling state in fp8.scaling, per slot s = role * (blocks * 7) +
   // block * 7 + gemm (so each format's slots are contiguous for one scale
   // update): the amax history (newest first, fp8_dev_history_ deep: 1 for
@@ -435,6 +461,7 @@ class LlamaStage {
   struct SavedIndex {
     std::vector<int64_t> of_layer;
     int64_t saving = 0;
+    bool rebuilt = false;  // its last instance is the copy a recomputing layer rebuilds
   };
   std::vector<std::pair<std::string, SavedIndex>> saved_;
   int64_t M_ = 0;    // rows of a micro-batch: B * T

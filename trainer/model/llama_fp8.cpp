@@ -151,8 +151,8 @@ bool LlamaStage<Elem, G>::fp8_gemm(const Block& b, Fp8Gemm g) const {
 }
 
 template <typename Elem, typename G>
-void LlamaStage<Elem, G>::fp8_quantize(const Block& b, Fp8Gemm g, int role, const Elem* x, int64_t rows,
-                                       int64_t cols, bool over_tokens, Elem* out) {
+float LlamaStage<Elem, G>::fp8_quantize(const Block& b, Fp8Gemm g, int role, const Elem* x, int64_t rows,
+                                        int64_t cols, bool over_tokens, Elem* out) {
   if constexpr (!std::is_same_v<Elem, float>) {
     throw InternalError("FP8 quantisation outside the CPU trainer");
   } else {
@@ -168,7 +168,7 @@ void LlamaStage<Elem, G>::fp8_quantize(const Block& b, Fp8Gemm g, int role, cons
       fp8_counts_.values += n;
       fp8_counts_.overflow += h.overflow;
       fp8_counts_.underflow += h.underflow;
-      return;
+      return 0.0f;
     }
     const kernels::Fp8Format f = format_of(role);
     float amax = kernels::fp8_amax(x, n);
@@ -188,6 +188,7 @@ void LlamaStage<Elem, G>::fp8_quantize(const Block& b, Fp8Gemm g, int role, cons
     fp8_counts_.values += n;
     fp8_counts_.overflow += h.overflow;
     fp8_counts_.underflow += h.underflow;
+    return scale;
   }
 }
 
@@ -262,7 +263,7 @@ std::array<const kernels::Fp8*, 2> LlamaStage<Elem, G>::fp8_weight_codes(const B
 
 template <typename Elem, typename G>
 void LlamaStage<Elem, G>::linear_forward(const Block& b, Fp8Gemm g, const Elem* x, bool x_same, const Elem* w,
-                                         Elem* y, const char* op) {
+                                         Elem* y, const char* op, const Fp8Kept* keep) {
   const int64_t K = fp8_shapes_[size_t(g)].K, N = fp8_shapes_[size_t(g)].N;
   if (!fp8_gemm(b, g)) {
     if (!x_same) fp8_input_of_ = nullptr;  // a later x_same call must not reuse an older quantisation
@@ -274,6 +275,12 @@ void LlamaStage<Elem, G>::linear_forward(const Block& b, Fp8Gemm g, const Elem* 
       fp8_in_slot_ = fp8_slot(b, g, 0);
       fp8_cast(fp8_in_slot_, x, M_, K, fp8_in_[0], fp8_in_[1]);
       fp8_input_of_ = x;
+      if (keep && keep->codes) {
+        // This rank's rows of the transposed codes: columns [row0, row0 +
+        // rows) of (K, M), and the scale_inv they were cast with.
+        memory::copy_2d(keep->codes, keep->rows, fp8_in_[1] + keep->row0, M_, keep->rows, K, stream_);
+        copy(keep->scale_inv, fp8_dev_scale_inv_ + fp8_in_slot_, int64_t(sizeof(float)));
+      }
     }
     const auto wq = fp8_weight_codes(b, g, w);
     // y (M, N) = x (M, K) W (N, K)^T.
@@ -286,9 +293,16 @@ void LlamaStage<Elem, G>::linear_forward(const Block& b, Fp8Gemm g, const Elem* 
         op);
   } else {
     if (!(x_same && fp8_input_of_ == x && !fp8_input_over_tokens_)) {
-      fp8_quantize(b, g, 0, x, M_, K, false, fp8_input_);
+      const float scale = fp8_quantize(b, g, 0, x, M_, K, false, fp8_input_);
       fp8_input_of_ = x;
       fp8_input_over_tokens_ = false;
+      if (keep && keep->codes) {
+        // This rank's rows' codes, row-major, as fp8_qdq formed them.
+        const Elem* mine = x + keep->row0 * K;
+        const int64_t n = keep->rows * K;
+        for (int64_t i = 0; i < n; ++i) keep->codes[i] = kernels::fp8_quantize(mine[i], scale, kernels::Fp8Format::e4m3);
+        *keep->scale_inv = 1.0f / scale;
+      }
     }
     run(kernels::linear_forward_gemm(M_, K, N, static_cast<const Elem*>(fp8_input_), fp8_weight(b, g, w), y), op);
   }
@@ -333,11 +347,42 @@ void LlamaStage<Elem, G>::linear_dgrad(const Block& b, Fp8Gemm g, const Elem* dy
 }
 
 template <typename Elem, typename G>
+void LlamaStage<Elem, G>::fp8_restore(const Fp8Kept& kept, int64_t K) {
+  const bool gathers = kept.rows < M_;  // sequence parallelism: this rank's rows only
+  if constexpr (kGpu<Elem>) {
+    fp8_in_scale_inv_ = kept.scale_inv;
+    fp8_in_ld_ = M_;
+    if (!gathers) {
+      fp8_in_t_ = reinterpret_cast<const kernels::Fp8*>(kept.codes);  // (K, M) as the forward cast them
+      return;
+    }
+    // Each tp rank's (K, rows) block lands in fp8_in_[0], one after another,
+    // and goes to its columns of the (K, M) operand in fp8_in_[1].
+    const int64_t t = l_.tp, part = K * kept.rows;
+    auto* blocks = reinterpret_cast<uint8_t*>(fp8_in_[0]);
+    groups_.tp->all_gather(kept.codes, blocks, part, parallel::DType::u8);
+    for (int64_t r = 0; r < t; ++r)
+      memory::copy_2d(fp8_in_[1] + r * kept.rows, M_, blocks + r * part, kept.rows, kept.rows, K, stream_);
+    fp8_in_t_ = fp8_in_[1];
+  } else {
+    // The values fp8_qdq gave the forward: decode(code) * scale_inv, this
+    // rank's rows in place, then every rank's gathered around them.
+    const float scale_inv = *kept.scale_inv;
+    Elem* mine = fp8_input_ + kept.row0 * K;
+    const int64_t n = kept.rows * K;
+    for (int64_t i = 0; i < n; ++i) mine[i] = kernels::fp8_decode(kept.codes[i], kernels::Fp8Format::e4m3) * scale_inv;
+    if (gathers) groups_.tp->all_gather(mine, fp8_input_, n);
+  }
+}
+
+template <typename Elem, typename G>
 void LlamaStage<Elem, G>::linear_wgrad(const Block& b, Fp8Gemm g, const Elem* dy, bool dy_same, const Elem* x,
-                                       bool x_same, G* dw, const char* op) {
+                                       bool x_same, G* dw, const char* op, const Fp8Kept* kept) {
   if (!dw) return;  // a frozen weight (LoRA)
   const auto& shape = fp8_shapes_[size_t(g)];
+  if (kept && !kept->codes) kept = nullptr;
   if (!fp8_gemm(b, g)) {
+    WEFT_ASSERT(!kept);  // kept only where every GEMM reading the input runs in FP8
     if (!dy_same) fp8_grad_of_ = nullptr;
     if (!x_same) fp8_input_of_ = nullptr;
     run(kernels::linear_wgrad_gemm(M_, shape.K, shape.N, dy, x, dw), op);
@@ -350,10 +395,18 @@ void LlamaStage<Elem, G>::linear_wgrad(const Block& b, Fp8Gemm g, const Elem* dy
       fp8_cast(fp8_gr_slot_, dy, M_, N, fp8_gr_[0], fp8_gr_[1]);
       fp8_grad_of_ = dy;
     }
-    if (!(x_same && fp8_input_of_ == x)) {
+    if (kept) {
+      if (!(x_same && fp8_input_of_ == kept->codes)) {
+        fp8_restore(*kept, K);
+        fp8_input_of_ = kept->codes;
+      }
+    } else if (!(x_same && fp8_input_of_ == x)) {
       fp8_in_slot_ = fp8_slot(b, g, 0);
       fp8_cast(fp8_in_slot_, x, M_, K, fp8_in_[0], fp8_in_[1]);
       fp8_input_of_ = x;
+      fp8_in_t_ = fp8_in_[1];
+      fp8_in_scale_inv_ = fp8_dev_scale_inv_ + fp8_in_slot_;
+      fp8_in_ld_ = M_;
     }
     // dW (N, K) += dy^T (N, M) (x^T (K, M))^T, into the main gradients.
     using Gemm = std::conditional_t<std::is_same_v<G, Elem>, kernels::Fp8GemmParams<Elem>,
@@ -361,8 +414,8 @@ void LlamaStage<Elem, G>::linear_wgrad(const Block& b, Fp8Gemm g, const Elem* dy
     run(Gemm{.m = N, .n = K, .k = M_, .alpha = 1, .beta = 1,
              .a = fp8_gr_[1], .lda = M_, .a_format = kernels::Fp8Format::e5m2,
              .a_scale_inv = fp8_dev_scale_inv_ + fp8_gr_slot_,
-             .b = fp8_in_[1], .ldb = M_, .b_format = kernels::Fp8Format::e4m3,
-             .b_scale_inv = fp8_dev_scale_inv_ + fp8_in_slot_,
+             .b = fp8_in_t_, .ldb = fp8_in_ld_, .b_format = kernels::Fp8Format::e4m3,
+             .b_scale_inv = fp8_in_scale_inv_,
              .c = dw, .ldc = K, .accumulation = kernels::Fp8Accumulation::split},
         op);
   } else {
@@ -375,7 +428,13 @@ void LlamaStage<Elem, G>::linear_wgrad(const Block& b, Fp8Gemm g, const Elem* dy
       fp8_grad_of_ = dy;
       fp8_grad_over_tokens_ = over_tokens;
     }
-    if (!(x_same && fp8_input_of_ == x && fp8_input_over_tokens_ == over_tokens)) {
+    if (kept) {
+      if (!(x_same && fp8_input_of_ == kept->codes)) {
+        fp8_restore(*kept, shape.K);
+        fp8_input_of_ = kept->codes;
+        fp8_input_over_tokens_ = false;
+      }
+    } else if (!(x_same && fp8_input_of_ == x && fp8_input_over_tokens_ == over_tokens)) {
       fp8_quantize(b, g, 0, x, M_, shape.K, over_tokens, fp8_input_);
       fp8_input_of_ = x;
       fp8_input_over_tokens_ = over_tokens;
@@ -540,15 +599,16 @@ void LlamaStage<Elem, G>::fp8_history_set(const std::vector<float>& history, int
 #define WEFT_LLAMA_FP8(E, G)                                                                                    \
   template void LlamaStage<E, G>::fp8_setup();                                                                 \
   template bool LlamaStage<E, G>::fp8_gemm(const Block&, Fp8Gemm) const;                                      \
-  template void LlamaStage<E, G>::fp8_quantize(const Block&, Fp8Gemm, int, const E*, int64_t, int64_t, bool, E*); \
+  template float LlamaStage<E, G>::fp8_quantize(const Block&, Fp8Gemm, int, const E*, int64_t, int64_t, bool, E*); \
   template void LlamaStage<E, G>::fp8_weight_offsets();                                                         \
   template const E* LlamaStage<E, G>::fp8_weight(const Block&, Fp8Gemm, const E*);                             \
   template void LlamaStage<E, G>::linear_forward(const Block&, Fp8Gemm, const E*, bool, const E*, E*,          \
-                                                 const char*);                                                 \
+                                                 const char*, const Fp8Kept*);                                 \
   template void LlamaStage<E, G>::linear_dgrad(const Block&, Fp8Gemm, const E*, bool, const E*, E*,            \
                                                kernels::Write, const char*);                                   \
   template void LlamaStage<E, G>::linear_wgrad(const Block&, Fp8Gemm, const E*, bool, const E*, bool, G*,      \
-                                               const char*);                                                   \
+                                               const char*, const Fp8Kept*);                                   \
+  template void LlamaStage<E, G>::fp8_restore(const Fp8Kept&, int64_t);                                        \
   template void LlamaStage<E, G>::fp8_step_begin();                                                            \
   template typename LlamaStage<E, G>::Fp8Counts LlamaStage<E, G>::fp8_step_end();                             \
   template std::vector<float> LlamaStage<E, G>::fp8_history() const;                                           \

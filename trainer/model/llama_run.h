@@ -44,6 +44,11 @@ struct LlamaStage<Elem, G>::Block {
   A* rstd2;
   A* xhat2;
   Elem *ln2, *gate, *up, *act;
+  // GEMM inputs kept as FP8 codes for the weight gradient
+  // (memory::fp8_saved_inputs), null where this block keeps none: ln1 for
+  // q, k and v, ln2 for gate and up, act for down. ln1, ln2 and act then
+  // point at their compute-type scratch.
+  Fp8Kept in_qkv, in_gate_up, in_down;
 };
 
 template <typename P>

@@ -14,8 +14,9 @@
 
 namespace weft::parallel {
 
-// bf16 travels only on devices (NCCL); the MPI backend refuses it.
-enum class DType { f32, f64, i32, i64, bf16 };
+// bf16 travels only on devices (NCCL); the MPI backend refuses it. u8 is
+// bytes (FP8 codes), gathered and sent, never summed.
+enum class DType { f32, f64, i32, i64, bf16, u8 };
 enum class ReduceOp { sum, max };
 
 template <typename T>
@@ -30,6 +31,8 @@ template <>
 constexpr DType dtype_of<int64_t>() { return DType::i64; }
 template <>
 constexpr DType dtype_of<kernels::bf16>() { return DType::bf16; }
+template <>
+constexpr DType dtype_of<uint8_t>() { return DType::u8; }
 
 // A pending non-blocking send or receive. wait() returns when the buffer may be
 // reused (send) or holds the message (recv). A request must be waited on

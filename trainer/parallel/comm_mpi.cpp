@@ -77,6 +77,7 @@ MPI_Datatype mpi_type(DType t) {
     case DType::f64: return MPI_DOUBLE;
     case DType::i32: return MPI_INT32_T;
     case DType::i64: return MPI_INT64_T;
+    case DType::u8: return MPI_UINT8_T;
     case DType::bf16:
       throw InternalError("the MPI backend carries no bf16 (host buffers are fp32); NCCL does");
   }

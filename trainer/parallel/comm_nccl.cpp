@@ -38,6 +38,7 @@ ncclDataType_t nccl_type(DType t) {
     case DType::i32: return ncclInt32;
     case DType::i64: return ncclInt64;
     case DType::bf16: return ncclBfloat16;
+    case DType::u8: return ncclUint8;
   }
   throw InternalError("unknown DType");
 }

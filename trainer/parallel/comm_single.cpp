@@ -17,6 +17,7 @@ int64_t dtype_bytes(DType t) {
     case DType::i32: return 4;
     case DType::i64: return 8;
     case DType::bf16: return 2;
+    case DType::u8: return 1;
   }
   return 0;
 }
@@ -63,6 +64,7 @@ const char* to_string(DType t) {
     case DType::i32: return "i32";
     case DType::i64: return "i64";
     case DType::bf16: return "bf16";
+    case DType::u8: return "u8";
   }
   return "?";
 }
