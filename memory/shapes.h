@@ -129,6 +129,17 @@ Fp8SavedInputs fp8_saved_inputs(const ModelSpec& m, const RunSpec& run, const La
 // Bytes of one kept FP8 input of `elements` codes: the codes, padded to 16
 // bytes, then the scale_inv (fp32) and padding to the next 16.
 inline int64_t fp8_saved_bytes(int64_t elements) { return (elements + 15) / 16 * 16 + 16; }
+// The GPU's FP8 scaling table (fp8.scaling), floats: per slot (block, GEMM,
+// operand) the amax history, the amax and the scale, then from a 16-byte
+// boundary each slot's scale_inv on a 16-byte boundary of its own
+// (kFp8ScaleInvStride floats apart), as cuBLASLt takes FP8 scales in place.
+inline constexpr int64_t kFp8ScaleInvStride = 4;
+inline int64_t fp8_scale_inv_offset(int64_t slots, int64_t history) {
+  return (slots * (history + 2) + kFp8ScaleInvStride - 1) / kFp8ScaleInvStride * kFp8ScaleInvStride;
+}
+inline int64_t fp8_scaling_elements(int64_t slots, int64_t history) {
+  return fp8_scale_inv_offset(slots, history) + kFp8ScaleInvStride * slots;
+}
 // Whether a saved tensor of block_saved_shapes is a kept FP8 input (its
 // name ends in "_fp8"): no rebuilt instance, a layer recomputing it writes
 // the compute-type scratch instead.

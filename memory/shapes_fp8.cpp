@@ -107,11 +107,12 @@ void fp8_buffer_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, 
         // On a GPU the scales live on the device for both recipes, per slot:
         // the amax history (one deep for tensorwise, whose scale update
         // turns the amax just reduced into the scale), the amax, the scale
-        // and its inverse (the GEMMs' scale pointers); and the step's
-        // overflow and underflow counts, two int64.
+        // and its inverse (the GEMMs' scale pointers, 16-byte aligned:
+        // fp8_scaling_elements); and the step's overflow and underflow
+        // counts, two int64.
         const int64_t history = l.fp8 == Fp8Recipe::delayed ? kFp8DelayedHistory : 1;
         out.push_back({"fp8.scaling", l.fp8 == Fp8Recipe::delayed ? Category::optimizer : Category::workspace,
-                       slots * (history + 3), kFp32, 1});
+                       fp8_scaling_elements(slots, history), kFp32, 1});
         out.push_back({"fp8.health", Category::workspace, 2, 8, 1});
         // Delayed scaling's first step scales from each tensor's own amax
         // (its history is empty): that amax and a one-deep history.

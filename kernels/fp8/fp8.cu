@@ -264,7 +264,8 @@ __global__ void __launch_bounds__(kThreads) scale_update_kernel(int64_t count, i
                                                                 const float* __restrict__ amax,  // (count)
                                                                 float* __restrict__ history,  // (count, len)
                                                                 float* __restrict__ scale,    // (count)
-                                                                float* __restrict__ scale_inv) {  // (count)
+                                                                float* __restrict__ scale_inv,  // (count, stride)
+                                                                int64_t stride) {
   const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= count) return;
   const float a = amax[t];
@@ -289,7 +290,7 @@ __global__ void __launch_bounds__(kThreads) scale_update_kernel(int64_t count, i
     }
     scale[t] = s;
   }
-  scale_inv[t] = 1.0f / s;
+  scale_inv[t * stride] = 1.0f / s;
 }
 
 Status check(const Fp8ScaleUpdateParams<bf16>& p) { return fp8_detail::params_check(p); }
@@ -298,7 +299,7 @@ Status run(const Fp8ScaleUpdateParams<bf16>& p, Workspace, cudaStream_t stream) 
   if (p.count == 0) return Status::ok;
   const int64_t blocks = (p.count + kThreads - 1) / kThreads;
   scale_update_kernel<<<blocks, kThreads, 0, stream>>>(p.count, p.history_len, fp8_max(p.format), p.amax,
-                                                       p.history, p.scale, p.scale_inv);
+                                                       p.history, p.scale, p.scale_inv, p.scale_inv_stride);
   WEFT_LAUNCH_CHECK(stream, "fp8 scale_update_kernel");
   return Status::ok;
 }

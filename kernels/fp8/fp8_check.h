@@ -29,7 +29,7 @@ Status params_check(const Fp8AmaxParams<Elem>& p) {
 
 template <typename Elem>
 Status params_check(const Fp8ScaleUpdateParams<Elem>& p) {
-  if (p.count < 0 || p.history_len < 1) return Status::invalid_argument;
+  if (p.count < 0 || p.history_len < 1 || p.scale_inv_stride < 1) return Status::invalid_argument;
   for (const void* q : {static_cast<const void*>(p.amax), static_cast<const void*>(p.history),
                         static_cast<const void*>(p.scale), static_cast<const void*>(p.scale_inv)})
     if (!present(q, p.count)) return Status::invalid_argument;

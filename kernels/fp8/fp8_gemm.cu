@@ -186,8 +186,10 @@ Status run_view(const Fp8GemmView& p, Workspace ws, cudaStream_t stream) {
   gpu::LtScratch scratch = gpu::lt_scratch(ws);
   // cuBLASLt refuses FP8 scales that are not 16-byte aligned (an H200 with
   // cuBLAS 13 answered NOT_SUPPORTED to a heuristic's own plan when a scale
-  // sat 4 bytes into an array, as a scaling table holds them): such scales
-  // are copied, in stream order, to the last 256 bytes of the scratch.
+  // sat 4 bytes into an array): such scales are copied, in stream order, to
+  // the last 256 bytes of the scratch. The trainer's scaling table keeps
+  // each scale_inv on a 16-byte boundary (memory::kFp8ScaleInvStride), so
+  // its GEMMs copy nothing.
   Fp8GemmView staged_view = p;
   const auto aligned16 = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
   if (!aligned16(p.a_scale_inv) || !aligned16(p.b_scale_inv)) {

@@ -95,7 +95,10 @@ struct Fp8ScaleUpdateParams {
   const float* amax = nullptr;  // (count): this step's amax per tensor
   float* history = nullptr;     // (count, history_len), newest first
   float* scale = nullptr;       // (count): read (previous) and written
-  float* scale_inv = nullptr;   // (count)
+  float* scale_inv = nullptr;   // tensor t's at scale_inv[t * scale_inv_stride]
+  // Floats from one tensor's scale_inv to the next: 4 keeps every one on a
+  // 16-byte boundary, as cuBLASLt takes FP8 scales without a copy.
+  int64_t scale_inv_stride = 1;
 };
 
 // Whether C accumulates in a fast mode (Hopper's FP8 tensor cores keep a

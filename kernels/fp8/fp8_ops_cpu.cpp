@@ -123,7 +123,7 @@ Status launch(const Fp8ScaleUpdateParams<Elem>& p, Workspace ws, Stream stream) 
   if (Status s = cpu::preflight(fp8_detail::params_check(p), 0, ws, stream); s != Status::ok) return s;
   for (int64_t t = 0; t < p.count; ++t)
     fp8_scale_update_one(p.amax[t], p.history + t * p.history_len, p.history_len, p.format, p.scale + t,
-                         p.scale_inv + t);
+                         p.scale_inv + t * p.scale_inv_stride);
   return Status::ok;
 }
 

@@ -102,13 +102,16 @@ TEST(MemoryEstimate, Fp8KeepsQuantisedWeightsAndOperandBuffers) {
   EXPECT_EQ(find(t, "fp8.weights")->bytes(), 8 * (2 * 32 * 16) * 1 * 2);
   // On a GPU the scales live on the device for both recipes: per block,
   // GEMM and operand the amax history (1 deep for tensorwise), the amax, the
-  // scale and its inverse; and the step's two health counts.
-  EXPECT_EQ(find(t, "fp8.scaling")->bytes(), 8 * 7 * 3 * (1 + 3) * 4);
+  // scale, and its inverse 16 bytes from the next (cuBLASLt reads FP8 scales
+  // only from 16-byte boundaries); and the step's two health counts.
+  EXPECT_EQ(find(t, "fp8.scaling")->bytes(), (8 * 7 * 3 * (1 + 2) + 8 * 7 * 3 * 4) * 4);
+  EXPECT_EQ(fp8_scale_inv_offset(7 * 3, 1), 64);  // 63 floats rounded up to a 16-byte boundary
+  EXPECT_EQ(fp8_scaling_elements(7 * 3, 1), 64 + 84);
   EXPECT_EQ(find(t, "fp8.scaling")->category, Category::workspace);
   EXPECT_EQ(find(t, "fp8.health")->bytes(), 2 * 8);
   const Layout d2 = Layout::parse("tp2-fp8:delayed@2");
   t = stage_shapes(m, grun, d2, gpu, stage_plan(m, grun, d2, 0));
-  EXPECT_EQ(find(t, "fp8.scaling")->bytes(), 8 * 7 * 3 * (kFp8DelayedHistory + 3) * 4);
+  EXPECT_EQ(find(t, "fp8.scaling")->bytes(), (8 * 7 * 3 * (kFp8DelayedHistory + 2) + 8 * 7 * 3 * 4) * 4);
   EXPECT_EQ(find(t, "fp8.scaling")->category, Category::optimizer);
   EXPECT_EQ(find(shapes_of("fp8:tensorwise", cpu_device()), "fp8.health"), nullptr);
 }

@@ -303,6 +303,7 @@ class LlamaStage {
   // block b (tensorwise: its amax, reduced over tp and cp, first). The
   // scaling slot of (block, gemm, role), and its scale_inv in device memory.
   int64_t fp8_slot(const Block& b, memory::Fp8Gemm g, int role) const;
+  float* fp8_scale_inv(int64_t slot) const { return fp8_dev_scale_inv_ + memory::kFp8ScaleInvStride * slot; }
   void fp8_cast(int64_t slot, const Elem* x, int64_t rows, int64_t cols, kernels::Fp8* out, kernels::Fp8* out_t);
   // The weight's codes ([0]: (N, K), [1]: (K, N)), cast once per step (ZeRO-3: at each use).
   std::array<const kernels::Fp8*, 2> fp8_weight_codes(const Block& b, memory::Fp8Gemm g, const Elem* w);
@@ -448,8 +449,8 @@ class LlamaStage {
   // GPU scaling state in fp8.scaling, per slot s = role * (blocks * 7) +
   // block * 7 + gemm (so each format's slots are contiguous for one scale
   // update): the amax history (newest first, fp8_dev_history_ deep: 1 for
-  // tensorwise), the amax, the scale and its inverse; and the step's health
-  // counts (fp8.health).
+  // tensorwise), the amax, the scale and, 16-byte aligned, its inverse
+  // (fp8_scale_inv); and the step's health counts (fp8.health).
   float *fp8_dev_hist_ = nullptr, *fp8_dev_amax_ = nullptr, *fp8_dev_scale_ = nullptr, *fp8_dev_scale_inv_ = nullptr;
   int64_t fp8_dev_history_ = 0;
   kernels::Fp8Health* fp8_dev_health_ = nullptr;

@@ -108,14 +108,18 @@ void LlamaStage<Elem, G>::fp8_setup() {
     if (table_->has("fp8.scaling")) {
       const int64_t S = plan_.layers * kFp8Gemms * kRoles;
       fp8_dev_history_ = l_.fp8 == Fp8Recipe::delayed ? kFp8DelayedHistory : 1;
-      WEFT_ASSERT(table_->elements("fp8.scaling") == S * (fp8_dev_history_ + 3));
+      WEFT_ASSERT(table_->elements("fp8.scaling") == memory::fp8_scaling_elements(S, fp8_dev_history_));
       fp8_dev_hist_ = table_->get<float>("fp8.scaling");
       fp8_dev_amax_ = fp8_dev_hist_ + S * fp8_dev_history_;
       fp8_dev_scale_ = fp8_dev_amax_ + S;
-      fp8_dev_scale_inv_ = fp8_dev_scale_ + S;
+      // Each slot's scale_inv 16 bytes from the next (fp8_scale_inv), so
+      // cuBLASLt reads it in place.
+      fp8_dev_scale_inv_ = fp8_dev_hist_ + memory::fp8_scale_inv_offset(S, fp8_dev_history_);
       // Empty histories and amaxes, scales of 1.
       run(kernels::FillParams<float>{.n = S * (fp8_dev_history_ + 1), .value = 0.0, .x = fp8_dev_hist_}, "fill");
-      run(kernels::FillParams<float>{.n = 2 * S, .value = 1.0, .x = fp8_dev_scale_}, "fill");
+      run(kernels::FillParams<float>{.n = S, .value = 1.0, .x = fp8_dev_scale_}, "fill");
+      run(kernels::FillParams<float>{.n = memory::kFp8ScaleInvStride * S, .value = 1.0, .x = fp8_dev_scale_inv_},
+          "fill");
       if (table_->has("fp8.first_step")) fp8_dev_first_ = table_->get<float>("fp8.first_step");
       fp8_dev_health_ = reinterpret_cast<kernels::Fp8Health*>(table_->get<int64_t>("fp8.health"));
       static_assert(sizeof(kernels::Fp8Health) == 2 * sizeof(int64_t));
@@ -233,7 +237,7 @@ void LlamaStage<Elem, G>::fp8_cast(int64_t slot, const Elem* x, int64_t rows, in
     if (role != 1 && groups_.cp) groups_.cp->all_reduce(current, 1, parallel::DType::f32, parallel::ReduceOp::max);
     run(kernels::Fp8ScaleUpdateParams<Elem>{.count = 1, .history_len = 1, .format = f, .amax = current,
                                             .history = history, .scale = fp8_dev_scale_ + slot,
-                                            .scale_inv = fp8_dev_scale_inv_ + slot},
+                                            .scale_inv = fp8_scale_inv(slot)},
         "fp8_scale");
   }
   // Delayed: the step's amax accumulates for fp8_step_end.
@@ -279,16 +283,16 @@ void LlamaStage<Elem, G>::linear_forward(const Block& b, Fp8Gemm g, const Elem* 
         // This rank's rows of the transposed codes: columns [row0, row0 +
         // rows) of (K, M), and the scale_inv they were cast with.
         memory::copy_2d(keep->codes, keep->rows, fp8_in_[1] + keep->row0, M_, keep->rows, K, stream_);
-        copy(keep->scale_inv, fp8_dev_scale_inv_ + fp8_in_slot_, int64_t(sizeof(float)));
+        copy(keep->scale_inv, fp8_scale_inv(fp8_in_slot_), int64_t(sizeof(float)));
       }
     }
     const auto wq = fp8_weight_codes(b, g, w);
     // y (M, N) = x (M, K) W (N, K)^T.
     run(kernels::Fp8GemmParams<Elem>{.m = M_, .n = N, .k = K, .alpha = 1, .beta = 0,
                                      .a = fp8_in_[0], .lda = K, .a_format = kernels::Fp8Format::e4m3,
-                                     .a_scale_inv = fp8_dev_scale_inv_ + fp8_in_slot_,
+                                     .a_scale_inv = fp8_scale_inv(fp8_in_slot_),
                                      .b = wq[0], .ldb = K, .b_format = kernels::Fp8Format::e4m3,
-                                     .b_scale_inv = fp8_dev_scale_inv_ + fp8_slot(b, g, 1),
+                                     .b_scale_inv = fp8_scale_inv(fp8_slot(b, g, 1)),
                                      .c = y, .ldc = N, .accumulation = kernels::Fp8Accumulation::fast},
         op);
   } else {
@@ -329,9 +333,9 @@ void LlamaStage<Elem, G>::linear_dgrad(const Block& b, Fp8Gemm g, const Elem* dy
     run(kernels::Fp8GemmParams<Elem>{.m = M_, .n = K, .k = N, .alpha = 1,
                                      .beta = write == kernels::Write::accumulate ? 1.0f : 0.0f,
                                      .a = fp8_gr_[0], .lda = N, .a_format = kernels::Fp8Format::e5m2,
-                                     .a_scale_inv = fp8_dev_scale_inv_ + fp8_gr_slot_,
+                                     .a_scale_inv = fp8_scale_inv(fp8_gr_slot_),
                                      .b = wq[1], .ldb = N, .b_format = kernels::Fp8Format::e4m3,
-                                     .b_scale_inv = fp8_dev_scale_inv_ + fp8_slot(b, g, 1),
+                                     .b_scale_inv = fp8_scale_inv(fp8_slot(b, g, 1)),
                                      .c = dx, .ldc = K, .accumulation = kernels::Fp8Accumulation::split},
         op);
   } else {
@@ -405,7 +409,7 @@ void LlamaStage<Elem, G>::linear_wgrad(const Block& b, Fp8Gemm g, const Elem* dy
       fp8_cast(fp8_in_slot_, x, M_, K, fp8_in_[0], fp8_in_[1]);
       fp8_input_of_ = x;
       fp8_in_t_ = fp8_in_[1];
-      fp8_in_scale_inv_ = fp8_dev_scale_inv_ + fp8_in_slot_;
+      fp8_in_scale_inv_ = fp8_scale_inv(fp8_in_slot_);
       fp8_in_ld_ = M_;
     }
     // dW (N, K) += dy^T (N, M) (x^T (K, M))^T, into the main gradients.
@@ -413,7 +417,7 @@ void LlamaStage<Elem, G>::linear_wgrad(const Block& b, Fp8Gemm g, const Elem* dy
                                     kernels::Fp8GemmAccParams<Elem>>;
     run(Gemm{.m = N, .n = K, .k = M_, .alpha = 1, .beta = 1,
              .a = fp8_gr_[1], .lda = M_, .a_format = kernels::Fp8Format::e5m2,
-             .a_scale_inv = fp8_dev_scale_inv_ + fp8_gr_slot_,
+             .a_scale_inv = fp8_scale_inv(fp8_gr_slot_),
              .b = fp8_in_t_, .ldb = fp8_in_ld_, .b_format = kernels::Fp8Format::e4m3,
              .b_scale_inv = fp8_in_scale_inv_,
              .c = dw, .ldc = K, .accumulation = kernels::Fp8Accumulation::split},
@@ -484,7 +488,8 @@ typename LlamaStage<Elem, G>::Fp8Counts LlamaStage<Elem, G>::fp8_step_end() {
                                                 .amax = fp8_dev_amax_ + first,
                                                 .history = fp8_dev_hist_ + first * fp8_dev_history_,
                                                 .scale = fp8_dev_scale_ + first,
-                                                .scale_inv = fp8_dev_scale_inv_ + first},
+                                                .scale_inv = fp8_scale_inv(first),
+                                                .scale_inv_stride = memory::kFp8ScaleInvStride},
             "fp8_scale_update");
       }
       run(kernels::FillParams<float>{.n = S, .value = 0.0, .x = fp8_dev_amax_}, "fill");
@@ -558,9 +563,11 @@ void LlamaStage<Elem, G>::fp8_history_set(const std::vector<float>& history, int
     if (!fp8_dev_hist_ || l_.fp8 != Fp8Recipe::delayed) return;
     const int64_t S = plan_.layers * kFp8Gemms * kRoles, BG = plan_.layers * kFp8Gemms, H = kFp8DelayedHistory;
     WEFT_ASSERT(int64_t(history.size()) == S * H && len >= 0 && len <= H);
-    // The device state (history, amax, scale, scale_inv; see fp8_setup) from
-    // the oldest-first entries, scales as the CPU sets them.
-    std::vector<float> dev(size_t(S * (H + 3)), 0.0f);
+    // The device state (history, amax, scale, the aligned scale_invs; see
+    // fp8_setup) from the oldest-first entries, scales as the CPU sets them.
+    const int64_t inv_at = memory::fp8_scale_inv_offset(S, H);
+    std::vector<float> dev(size_t(memory::fp8_scaling_elements(S, H)), 1.0f);
+    std::fill(dev.begin(), dev.begin() + S * (H + 1), 0.0f);
     for (int64_t i = 0; i < S; ++i) {
       const int64_t slot = (i % kRoles) * BG + i / kRoles;
       float largest = 0.0f;
@@ -571,7 +578,7 @@ void LlamaStage<Elem, G>::fp8_history_set(const std::vector<float>& history, int
       }
       const float scale = kernels::fp8_scale(largest, format_of(int(i % kRoles)), 1.0f);
       dev[size_t(S * (H + 1) + slot)] = scale;
-      dev[size_t(S * (H + 2) + slot)] = 1.0f / scale;
+      dev[size_t(inv_at + memory::kFp8ScaleInvStride * slot)] = 1.0f / scale;
     }
     memory::copy(fp8_dev_hist_, dev.data(), int64_t(dev.size() * sizeof(float)), stream_);
     memory::synchronize(stream_);

@@ -199,16 +199,22 @@ TEST(Fp8Ops, CastRefusesInvalidParamsAndRepeatsAcrossThreadCounts) {
   EXPECT_EQ(run(Fp8ScaleUpdateParams<float>{
                 .count = 1, .history_len = 4, .amax = &a, .history = h, .scale = &sc, .scale_inv = nullptr}),
             Status::invalid_argument);
+  EXPECT_EQ(run(Fp8ScaleUpdateParams<float>{.count = 1, .history_len = 4, .amax = &a, .history = h, .scale = &sc,
+                                            .scale_inv = &si, .scale_inv_stride = 0}),
+            Status::invalid_argument);
 }
 
 // The delayed-scaling rule, written independently: the last history_len
-// finite amaxes, newest first; the scale from their max.
+// finite amaxes, newest first; the scale from their max. The scale_invs
+// packed (E4M3) or 4 floats apart (E5M2: the trainer's 16-byte aligned
+// table), the floats between them untouched.
 TEST(Fp8Ops, ScaleUpdateRollsTheHistory) {
   Rng rng;
   SCOPED_TRACE(rng.trace());
   const int64_t tensors = 5, len = kFp8DelayedHistory;
   for (const Fp8Format f : kFormats) {
-    std::vector<float> history(tensors * len, 0.0f), scale(tensors, 1.0f), scale_inv(tensors, 0.0f);
+    const int64_t stride = f == Fp8Format::e4m3 ? 1 : 4;
+    std::vector<float> history(tensors * len, 0.0f), scale(tensors, 1.0f), scale_inv(tensors * stride, -7.0f);
     std::vector<std::deque<float>> kept(tensors);
     std::vector<float> want_scale(tensors, 1.0f);
     for (int step = 0; step < 40; ++step) {
@@ -224,7 +230,8 @@ TEST(Fp8Ops, ScaleUpdateRollsTheHistory) {
                                                 .amax = amax.data(),
                                                 .history = history.data(),
                                                 .scale = scale.data(),
-                                                .scale_inv = scale_inv.data()}),
+                                                .scale_inv = scale_inv.data(),
+                                                .scale_inv_stride = stride}),
                 Status::ok);
       for (int64_t t = 0; t < tensors; ++t) {
         if (std::isfinite(amax[t])) {
@@ -234,7 +241,8 @@ TEST(Fp8Ops, ScaleUpdateRollsTheHistory) {
           want_scale[t] = m == 0.0f ? 1.0f : fp8_max(f) / m;
         }
         ASSERT_EQ(scale[t], want_scale[t]) << "step " << step << " tensor " << t;
-        ASSERT_EQ(scale_inv[t], 1.0f / want_scale[t]) << "step " << step << " tensor " << t;
+        ASSERT_EQ(scale_inv[t * stride], 1.0f / want_scale[t]) << "step " << step << " tensor " << t;
+        for (int64_t i = 1; i < stride; ++i) ASSERT_EQ(scale_inv[t * stride + i], -7.0f) << "tensor " << t;
         for (int64_t i = 0; i < int64_t(kept[t].size()); ++i)
           ASSERT_EQ(history[t * len + i], kept[t][i]) << "step " << step << " tensor " << t << " entry " << i;
       }
