@@ -191,9 +191,7 @@ typename LlamaStage<Elem, G>::Block LlamaStage<Elem, G>::block(int64_t slot, int
   b.gu = g(ParamKind::up_proj);
   b.gd = g(ParamKind::down_proj);
   auto act = [&]<typename T>(const char* name, T*) -> T* {
-    if (!table_->has(name)) return nullptr;
-    const int64_t i = instance(name, slot, layer);
-    return i >= 0 ? table_->get<T>(name, i) : nullptr;
+    return table_->has(name) ? table_->get<T>(name, instance(name, slot, layer)) : nullptr;
   };
   b.x_in = act("layer.attn_norm.input", (Elem*)nullptr);
   b.rstd1 = act("layer.attn_norm.rstd", (A*)nullptr);
@@ -215,24 +213,7 @@ typename LlamaStage<Elem, G>::Block LlamaStage<Elem, G>::block(int64_t slot, int
   // LoRA with a frozen, unadapted down_proj keeps no SwiGLU output: its
   // backward reads none (memory::block_saved_shapes).
   if (!b.act) b.act = table_->get<Elem>("scratch.mlp_act");
-  // GEMM inputs kept as FP8 codes: the compute-type copy lives in scratch
-  // (the forward's, or a recomputing layer's rebuilt one).
-  const int64_t C = m_.hidden, Fl = m_.intermediate / l_.tp;
-  const int64_t sp_row0 = l_.sp ? groups_.tp->rank() * Msp_ : 0;
-  auto kept = [&](const char* name, int64_t row0, int64_t rows, int64_t K) {
-    Fp8Kept k;
-    k.codes = act(name, (uint8_t*)nullptr);
-    if (!k.codes) return k;
-    k.scale_inv = reinterpret_cast<float*>(k.codes + memory::fp8_saved_bytes(rows * K) - 16);
-    k.row0 = row0;
-    k.rows = rows;
-    return k;
-  };
-  b.in_qkv = kept("layer.attn_norm.output_fp8", sp_row0, Msp_, C);
-  b.in_gate_up = kept("layer.mlp_norm.output_fp8", sp_row0, Msp_, C);
-  b.in_down = kept("layer.mlp.act_fp8", 0, M_, Fl);
-  if (!b.ln1) b.ln1 = table_->get<Elem>("scratch.attn_norm_out");
-  if (!b.ln2) b.ln2 = table_->get<Elem>("scratch.mlp_norm_out");
+  fp8_kept_inputs(b, slot, layer);
   return b;
 }
 

@@ -279,6 +279,9 @@ class LlamaStage {
   // CPU decoded into fp8_input_ (and gathered over tp under sp); on a GPU
   // as fp8_in_t_ and fp8_in_scale_inv_ (gathered into fp8_in_[1]).
   void fp8_restore(const Fp8Kept& kept, int64_t K);
+  // The block's kept FP8 inputs of `slot` (Block::in_*), and ln1 and ln2 in
+  // their scratch where it keeps them so (block(), llama_fp8.cpp).
+  void fp8_kept_inputs(Block& b, int64_t slot, int64_t layer) const;
   bool fp8_gemm(const Block& b, memory::Fp8Gemm g) const;
   // LoRA (llama_lora.cpp): after linear g of block b computed y from x,
   // y += s (x A^T) B^T (row-parallel layers add their partial sum before

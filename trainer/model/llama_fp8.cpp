@@ -54,22 +54,7 @@ namespace weft::trainer {
 using memory::Fp8Gemm;
 using memory::kFp8Gemms;
 
-namespace {
-
-constexpr int kRoles = 3;  // input, weight, output gradient
-constexpr int64_t kSlot = kFp8DelayedHistory + 2;  // history, the step's amax, the step's scale
-constexpr int64_t kStepAmax = kFp8DelayedHistory, kScale = kFp8DelayedHistory + 1;
-
-kernels::Fp8Format format_of(int role) { return role == 2 ? kernels::Fp8Format::e5m2 : kernels::Fp8Format::e4m3; }
-
-// MPI's max of NaN is undefined: a NaN amax travels as +inf, which keeps the
-// previous scale (fp8_scale) just as NaN would.
-float reducible(float amax) { return std::isnan(amax) ? std::numeric_limits<float>::infinity() : amax; }
-
-template <typename Elem>
-constexpr bool kGpu = std::is_same_v<Elem, kernels::bf16>;
-
-}  // namespace
+using namespace fp8_detail;
 
 template <typename Elem, typename G>
 void LlamaStage<Elem, G>::fp8_weight_offsets() {
@@ -351,6 +336,30 @@ void LlamaStage<Elem, G>::linear_dgrad(const Block& b, Fp8Gemm g, const Elem* dy
 }
 
 template <typename Elem, typename G>
+void LlamaStage<Elem, G>::fp8_kept_inputs(Block& b, int64_t slot, int64_t layer) const {
+  // Where the block keeps a GEMM input as FP8 codes (none where the layer
+  // rebuilds it), the compute-type copy lives in scratch: the forward's, or
+  // a recomputing layer's rebuilt one.
+  const int64_t C = m_.hidden, Fl = m_.intermediate / l_.tp;
+  const int64_t sp_row0 = l_.sp ? groups_.tp->rank() * Msp_ : 0;
+  auto kept = [&](const char* name, int64_t row0, int64_t rows, int64_t K) {
+    Fp8Kept k;
+    const int64_t i = table_->has(name) ? instance(name, slot, layer) : -1;
+    if (i < 0) return k;
+    k.codes = table_->get<uint8_t>(name, i);
+    k.scale_inv = reinterpret_cast<float*>(k.codes + memory::fp8_saved_bytes(rows * K) - 16);
+    k.row0 = row0;
+    k.rows = rows;
+    return k;
+  };
+  b.in_qkv = kept("layer.attn_norm.output_fp8", sp_row0, Msp_, C);
+  b.in_gate_up = kept("layer.mlp_norm.output_fp8", sp_row0, Msp_, C);
+  b.in_down = kept("layer.mlp.act_fp8", 0, M_, Fl);
+  if (!b.ln1) b.ln1 = table_->get<Elem>("scratch.attn_norm_out");
+  if (!b.ln2) b.ln2 = table_->get<Elem>("scratch.mlp_norm_out");
+}
+
+template <typename Elem, typename G>
 void LlamaStage<Elem, G>::fp8_restore(const Fp8Kept& kept, int64_t K) {
   const bool gathers = kept.rows < M_;  // sequence parallelism: this rank's rows only
   if constexpr (kGpu<Elem>) {
@@ -449,160 +458,6 @@ void LlamaStage<Elem, G>::linear_wgrad(const Block& b, Fp8Gemm g, const Elem* dy
   }
 }
 
-template <typename Elem, typename G>
-void LlamaStage<Elem, G>::fp8_step_begin() {
-  fp8_counts_ = {};
-  std::fill(fp8_weight_ready_.begin(), fp8_weight_ready_.end(), 0);
-  fp8_input_of_ = fp8_grad_of_ = nullptr;
-  if constexpr (kGpu<Elem>) {
-    if (!fp8_dev_hist_) return;
-    run(kernels::FillParams<float>{.n = 4, .value = 0.0, .x = reinterpret_cast<float*>(fp8_dev_health_)}, "fill");
-    if (l_.fp8 == Fp8Recipe::delayed)
-      run(kernels::FillParams<float>{.n = plan_.layers * kFp8Gemms * kRoles, .value = 0.0, .x = fp8_dev_amax_},
-          "fill");
-    return;
-  }
-  if (!fp8_scaling_) return;
-  const int64_t slots = plan_.layers * kFp8Gemms * kRoles;
-  for (int64_t i = 0; i < slots; ++i) fp8_scaling_[i * kSlot + kStepAmax] = 0.0f;
-}
-
-template <typename Elem, typename G>
-typename LlamaStage<Elem, G>::Fp8Counts LlamaStage<Elem, G>::fp8_step_end() {
-  Fp8Counts counts = fp8_counts_;
-  fp8_counts_ = {};
-  if constexpr (kGpu<Elem>) {
-    if (!fp8_dev_hist_) return counts;
-    const int64_t S = plan_.layers * kFp8Gemms * kRoles, BG = plan_.layers * kFp8Gemms;
-    if (l_.fp8 == Fp8Recipe::delayed) {
-      // As on the CPU: the step's amaxes over tp, then dp x cp (device
-      // groups), then each format's slots gain them in one scale update.
-      groups_.tp->all_reduce(fp8_dev_amax_, S, parallel::DType::f32, parallel::ReduceOp::max);
-      if (groups_.dpcp)
-        groups_.dpcp->all_reduce(fp8_dev_amax_, S, parallel::DType::f32, parallel::ReduceOp::max);
-      // Input and weight slots (E4M3), then the output gradients' (E5M2).
-      for (int f = 0; f < 2; ++f) {
-        const int64_t first = f == 0 ? 0 : 2 * BG, count = f == 0 ? 2 * BG : BG;
-        run(kernels::Fp8ScaleUpdateParams<Elem>{.count = count, .history_len = fp8_dev_history_,
-                                                .format = f == 0 ? kernels::Fp8Format::e4m3 : kernels::Fp8Format::e5m2,
-                                                .amax = fp8_dev_amax_ + first,
-                                                .history = fp8_dev_hist_ + first * fp8_dev_history_,
-                                                .scale = fp8_dev_scale_ + first,
-                                                .scale_inv = fp8_scale_inv(first),
-                                                .scale_inv_stride = memory::kFp8ScaleInvStride},
-            "fp8_scale_update");
-      }
-      run(kernels::FillParams<float>{.n = S, .value = 0.0, .x = fp8_dev_amax_}, "fill");
-      fp8_history_len_ = std::min(fp8_history_len_ + 1, kFp8DelayedHistory);
-    }
-    // The step's health counts: the one host synchronisation FP8 adds.
-    kernels::Fp8Health h;
-    memory::copy(&h, fp8_dev_health_, sizeof h, stream_);
-    memory::synchronize(stream_);
-    counts.overflow = h.overflow;
-    counts.underflow = h.underflow;
-    return counts;
-  }
-  if (!fp8_scaling_) return counts;
-  // The step's amaxes, reduced over every rank that holds this stage: tp,
-  // then dp x cp. Then each slot's history gains it, and the next step's
-  // scale is the format's max over the history's largest amax.
-  const int64_t slots = plan_.layers * kFp8Gemms * kRoles;
-  std::vector<float> amax(static_cast<size_t>(slots));
-  for (int64_t i = 0; i < slots; ++i) amax[size_t(i)] = fp8_scaling_[i * kSlot + kStepAmax];
-  const auto& host = groups_.host_groups();
-  host.tp->all_reduce(amax.data(), slots, parallel::DType::f32, parallel::ReduceOp::max);
-  host.dpcp->all_reduce(amax.data(), slots, parallel::DType::f32, parallel::ReduceOp::max);
-  const int64_t len = std::min(fp8_history_len_ + 1, kFp8DelayedHistory);
-  for (int64_t i = 0; i < slots; ++i) {
-    float* st = fp8_scaling_ + i * kSlot;
-    st[fp8_history_next_] = amax[size_t(i)];
-    float largest = 0.0f;
-    for (int64_t h = 0; h < len; ++h) largest = std::max(largest, st[h]);
-    st[kScale] = kernels::fp8_scale(largest, format_of(int(i % kRoles)), st[kScale]);
-    st[kStepAmax] = 0.0f;
-  }
-  fp8_history_len_ = len;
-  fp8_history_next_ = (fp8_history_next_ + 1) % kFp8DelayedHistory;
-  return counts;
-}
-
-template <typename Elem, typename G>
-std::vector<float> LlamaStage<Elem, G>::fp8_history() const {
-  std::vector<float> out;
-  if constexpr (kGpu<Elem>) {
-    if (!fp8_dev_hist_ || l_.fp8 != Fp8Recipe::delayed) return out;
-    // The device rows are newest first, per slot role * BG + block gemm; the
-    // checkpoint's, the CPU's order: per block gemm and role, oldest first,
-    // the filled entries, then zeros.
-    const int64_t S = plan_.layers * kFp8Gemms * kRoles, BG = plan_.layers * kFp8Gemms, H = kFp8DelayedHistory;
-    std::vector<float> dev(size_t(S * H));
-    memory::copy(dev.data(), fp8_dev_hist_, S * H * int64_t(sizeof(float)), stream_);
-    memory::synchronize(stream_);
-    const int64_t len = fp8_history_len_;
-    out.assign(size_t(S * H), 0.0f);
-    for (int64_t i = 0; i < S; ++i) {
-      const int64_t slot = (i % kRoles) * BG + i / kRoles;
-      for (int64_t h = 0; h < len; ++h) out[size_t(i * H + h)] = dev[size_t(slot * H + len - 1 - h)];
-    }
-    return out;
-  }
-  if (!fp8_scaling_) return out;
-  const int64_t slots = plan_.layers * kFp8Gemms * kRoles, H = kFp8DelayedHistory;
-  out.reserve(size_t(slots * H));
-  // Unrolled from the ring: when it is full the oldest entry sits at the next write.
-  const int64_t first = fp8_history_len_ == H ? fp8_history_next_ : 0;
-  for (int64_t i = 0; i < slots; ++i)
-    for (int64_t h = 0; h < H; ++h) out.push_back(fp8_scaling_[i * kSlot + (first + h) % H]);
-  return out;
-}
-
-template <typename Elem, typename G>
-void LlamaStage<Elem, G>::fp8_history_set(const std::vector<float>& history, int64_t len) {
-  if constexpr (kGpu<Elem>) {
-    if (!fp8_dev_hist_ || l_.fp8 != Fp8Recipe::delayed) return;
-    const int64_t S = plan_.layers * kFp8Gemms * kRoles, BG = plan_.layers * kFp8Gemms, H = kFp8DelayedHistory;
-    WEFT_ASSERT(int64_t(history.size()) == S * H && len >= 0 && len <= H);
-    // The device state (history, amax, scale, the aligned scale_invs; see
-    // fp8_setup) from the oldest-first entries, scales as the CPU sets them.
-    const int64_t inv_at = memory::fp8_scale_inv_offset(S, H);
-    std::vector<float> dev(size_t(memory::fp8_scaling_elements(S, H)), 1.0f);
-    std::fill(dev.begin(), dev.begin() + S * (H + 1), 0.0f);
-    for (int64_t i = 0; i < S; ++i) {
-      const int64_t slot = (i % kRoles) * BG + i / kRoles;
-      float largest = 0.0f;
-      for (int64_t h = 0; h < len; ++h) {
-        const float v = history[size_t(i * H + h)];
-        dev[size_t(slot * H + len - 1 - h)] = v;
-        largest = std::max(largest, v);
-      }
-      const float scale = kernels::fp8_scale(largest, format_of(int(i % kRoles)), 1.0f);
-      dev[size_t(S * (H + 1) + slot)] = scale;
-      dev[size_t(inv_at + memory::kFp8ScaleInvStride * slot)] = 1.0f / scale;
-    }
-    memory::copy(fp8_dev_hist_, dev.data(), int64_t(dev.size() * sizeof(float)), stream_);
-    memory::synchronize(stream_);
-    fp8_history_len_ = len;
-    fp8_history_next_ = len % H;
-    return;
-  }
-  if (!fp8_scaling_) return;
-  const int64_t slots = plan_.layers * kFp8Gemms * kRoles, H = kFp8DelayedHistory;
-  WEFT_ASSERT(int64_t(history.size()) == slots * H && len >= 0 && len <= H);
-  for (int64_t i = 0; i < slots; ++i) {
-    float* st = fp8_scaling_ + i * kSlot;
-    float largest = 0.0f;
-    for (int64_t h = 0; h < H; ++h) {
-      st[h] = history[size_t(i * H + h)];
-      if (h < len) largest = std::max(largest, st[h]);
-    }
-    st[kStepAmax] = 0.0f;
-    st[kScale] = kernels::fp8_scale(largest, format_of(int(i % kRoles)), 1.0f);
-  }
-  fp8_history_len_ = len;
-  fp8_history_next_ = len % H;
-}
-
 #define WEFT_LLAMA_FP8(E, G)                                                                                    \
   template void LlamaStage<E, G>::fp8_setup();                                                                 \
   template bool LlamaStage<E, G>::fp8_gemm(const Block&, Fp8Gemm) const;                                      \
@@ -616,10 +471,7 @@ void LlamaStage<Elem, G>::fp8_history_set(const std::vector<float>& history, int
   template void LlamaStage<E, G>::linear_wgrad(const Block&, Fp8Gemm, const E*, bool, const E*, bool, G*,      \
                                                const char*, const Fp8Kept*);                                   \
   template void LlamaStage<E, G>::fp8_restore(const Fp8Kept&, int64_t);                                        \
-  template void LlamaStage<E, G>::fp8_step_begin();                                                            \
-  template typename LlamaStage<E, G>::Fp8Counts LlamaStage<E, G>::fp8_step_end();                             \
-  template std::vector<float> LlamaStage<E, G>::fp8_history() const;                                           \
-  template void LlamaStage<E, G>::fp8_history_set(const std::vector<float>&, int64_t);
+  template void LlamaStage<E, G>::fp8_kept_inputs(Block&, int64_t, int64_t) const;
 WEFT_LLAMA_FP8(float, float)
 WEFT_LLAMA_FP8(double, double)
 WEFT_LLAMA_FP8(kernels::bf16, float)

@@ -4,7 +4,10 @@
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <cstddef>
+#include <limits>
+#include <type_traits>
 
 #include <fmt/format.h>
 
@@ -16,6 +19,22 @@
 #include "trainer/model/op_run.h"
 
 namespace weft::trainer {
+
+// The FP8 scaling state's layout and rules, shared by llama_fp8.cpp (the
+// casts and GEMMs) and llama_fp8_scaling.cpp (the per-step state).
+namespace fp8_detail {
+inline constexpr int kRoles = 3;  // input, weight, output gradient
+inline constexpr int64_t kSlot = kFp8DelayedHistory + 2;  // history, the step's amax, the step's scale
+inline constexpr int64_t kStepAmax = kFp8DelayedHistory, kScale = kFp8DelayedHistory + 1;
+inline kernels::Fp8Format format_of(int role) {
+  return role == 2 ? kernels::Fp8Format::e5m2 : kernels::Fp8Format::e4m3;
+}
+// MPI's max of NaN is undefined: a NaN amax travels as +inf, which keeps the
+// previous scale (fp8_scale) just as NaN would.
+inline float reducible(float amax) { return std::isnan(amax) ? std::numeric_limits<float>::infinity() : amax; }
+template <typename Elem>
+inline constexpr bool kGpu = std::is_same_v<Elem, kernels::bf16>;
+}  // namespace fp8_detail
 
 // Pointers to one block's tensors for one slot (LlamaStage::block).
 template <typename Elem, typename G>
