@@ -19,6 +19,13 @@ DeviceSpec cpu_device(int64_t bytes = GiB) {
 
 int64_t cat(const StageMemory& s, Category c) { return s.bytes[static_cast<size_t>(c)]; }
 
+// The tensor of a shape table by name, or null.
+const TensorShape* shape_named(const std::vector<TensorShape>& t, const char* name) {
+  for (const auto& s : t)
+    if (std::string(s.name) == name) return &s;
+  return nullptr;
+}
+
 // tiny-test: V=96 C=32 F=80 L=8 H=4 H_kv=2 D=8, fp32, T=16, one rank, mb 1.
 TEST(MemoryEstimate, HandComputedSingleRank) {
   const auto m = model_preset("tiny-test");
@@ -63,11 +70,7 @@ TEST(MemoryEstimate, Fp8KeepsQuantisedWeightsAndOperandBuffers) {
     const Layout l = Layout::parse(text);
     return stage_shapes(m, run, l, dev, stage_plan(m, run, l, stage));
   };
-  const auto find = [](const std::vector<TensorShape>& t, const char* name) -> const TensorShape* {
-    for (const auto& s : t)
-      if (std::string(s.name) == name) return &s;
-    return nullptr;
-  };
+  const auto find = &shape_named;
   const int64_t block_weights = 2 * 32 * 32 + 2 * 32 * 16 + 3 * 32 * 80;
   auto t = shapes_of("fp8:tensorwise", cpu_device());
   ASSERT_NE(find(t, "fp8.weights"), nullptr);
@@ -189,11 +192,7 @@ TEST(MemoryEstimate, Fp8KeepsGemmInputsInOneByte) {
     const Layout l = Layout::parse(layout);
     return stage_shapes(m, run, l, dev, stage_plan(m, run, l, stage));
   };
-  const auto find = [](const std::vector<TensorShape>& t, const char* name) -> const TensorShape* {
-    for (const auto& s : t)
-      if (std::string(s.name) == name) return &s;
-    return nullptr;
-  };
+  const auto find = &shape_named;
   const auto bf16 = table(base, 3), fp8 = table(base + "-fp8:tensorwise", 3);
   int64_t saved = 0;
   for (const auto& [from, to, scratch] : {std::tuple{"layer.attn_norm.output", "layer.attn_norm.output_fp8",
