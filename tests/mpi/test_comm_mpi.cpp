@@ -136,10 +136,12 @@ std::vector<Group> groups_under_test(const ProcessGroups& g, const RankGrid& gri
                                      const std::string& layout) {
   std::vector<int64_t> everyone(size_t(grid.world()));
   std::iota(everyone.begin(), everyone.end(), 0);
-  return {{g.world, everyone, layout + " world"},
-          {g.tp, grid.group(Axis::tp, rank), layout + " tp"},
-          {g.pp, grid.group(Axis::pp, rank), layout + " pp"},
-          {g.dp, grid.group(Axis::dp, rank), layout + " dp"}};
+  std::vector<Group> out = {{g.world, everyone, layout + " world"},
+                            {g.tp, grid.group(Axis::tp, rank), layout + " tp"},
+                            {g.pp, grid.group(Axis::pp, rank), layout + " pp"},
+                            {g.dp, grid.group(Axis::dp, rank), layout + " dp"}};
+  if (g.tp_side) out.push_back({g.tp_side, grid.group(Axis::tp, rank), layout + " tp-side"});
+  return out;
 }
 
 template <typename T>
@@ -185,6 +187,20 @@ void check_all_gather(const Group& gr, int64_t me, uint64_t salt) {
   std::copy(in.begin(), in.end(), inplace.begin() + gr.comm->rank() * n);
   gr.comm->all_gather(inplace.data() + gr.comm->rank() * n, inplace.data(), n);
   EXPECT_EQ(inplace, want) << gr.label << " all_gather in place";
+
+  // Non-blocking, out of place and in place, with a blocking collective of
+  // the same group run while both are in flight.
+  std::vector<T> later(size_t(n * size), T(-5)), later_inplace(size_t(n * size), T(-3));
+  std::copy(in.begin(), in.end(), later_inplace.begin() + gr.comm->rank() * n);
+  auto a = gr.comm->iall_gather(in.data(), later.data(), n);
+  auto b = gr.comm->iall_gather(later_inplace.data() + gr.comm->rank() * n, later_inplace.data(), n);
+  int64_t one = 1;
+  gr.comm->all_reduce(&one, 1);
+  b->wait();
+  a->wait();
+  EXPECT_EQ(later, want) << gr.label << " iall_gather";
+  EXPECT_EQ(later_inplace, want) << gr.label << " iall_gather in place";
+  EXPECT_EQ(one, size) << gr.label << " all_reduce beside iall_gather";
 }
 
 template <typename T>
@@ -202,6 +218,17 @@ void check_reduce_scatter(const Group& gr, int64_t me, uint64_t salt) {
   gr.comm->reduce_scatter(inplace.data(), inplace.data(), n);
   inplace.resize(size_t(n));
   expect_matches(inplace, mine, gr.label + " reduce_scatter in place");
+
+  // Non-blocking in place (the backward's input gradients), beside a
+  // blocking all-gather of the same group.
+  std::vector<T> later = in;
+  auto req = gr.comm->ireduce_scatter(later.data(), later.data(), n);
+  std::vector<int64_t> ranks(static_cast<size_t>(size));
+  gr.comm->all_gather(&me, ranks.data(), 1);
+  req->wait();
+  later.resize(size_t(n));
+  expect_matches(later, mine, gr.label + " ireduce_scatter in place");
+  EXPECT_EQ(ranks, gr.members) << gr.label << " all_gather beside ireduce_scatter";
 }
 
 // Uneven blocks: rank r of the group holds r + 1 elements, the last holds none

@@ -194,6 +194,21 @@ TEST(CommNccl, Bf16GradientReductions) {
   cudaMemcpy(full, all.data(), size_t(total) * sizeof(bf16), cudaMemcpyHostToDevice);
   c.ireduce_scatter_v(full, full + start, std::span<const int64_t>(counts))->wait();
   EXPECT_EQ(download(full + start, counts[size_t(r)]), sum_over_ranks(12, total, start, counts[size_t(r)]));
+
+  // The backward's even forms on the communication stream: an in-place
+  // reduce-scatter (the sum lands first) and an all-gather.
+  bf16* even = nullptr;
+  ASSERT_EQ(cudaMalloc(&even, size_t(n * world) * sizeof(bf16)), cudaSuccess);
+  const std::vector<bf16> rows = to_bf16(values(13, r, n * world));
+  cudaMemcpy(even, rows.data(), size_t(n * world) * sizeof(bf16), cudaMemcpyHostToDevice);
+  c.ireduce_scatter(even, even, n)->wait();
+  EXPECT_EQ(download(even, n), sum_over_ranks(13, n * world, r * n, n));
+  cudaMemcpy(d, mine.data(), size_t(n) * sizeof(bf16), cudaMemcpyHostToDevice);
+  c.iall_gather(d, even, n)->wait();
+  const std::vector<float> gathered = download(even, n * world);
+  for (int64_t q = 0; q < world; ++q)
+    EXPECT_EQ(std::vector<float>(gathered.begin() + q * n, gathered.begin() + (q + 1) * n), values(11, q, n));
+  cudaFree(even);
   cudaFree(full);
   cudaFree(d);
   c.barrier();

@@ -438,43 +438,50 @@ void LlamaStage<Elem, G>::block_backward(const Block& b, Elem* dx) {
   // MLP: dx holds the gradient of the block output, which the residual
   // passes to x_mid unchanged; the norm's backward adds its part in place.
   // Under sequence parallelism dx holds this rank's rows: the conjugate of
-  // the forward's reduce-scatter gathers them.
+  // the forward's reduce-scatter gathers them. The MLP norm's output (or its
+  // kept FP8 codes) is re-gathered for gate and up's weight gradients while
+  // SwiGLU's backward and their input gradients run, and the input gradient
+  // is reduced over tp while the weight gradients run (begin_input).
   const Elem* dxo = gathered(dx, lin);
   linear_dgrad(b, Fp8Gemm::down, dxo, false, b.wd, d_act, Write::overwrite, "gemm down dgrad");
   linear_wgrad(b, Fp8Gemm::down, dxo, true, b.act, false, b.gd, "gemm down wgrad", &b.in_down);
   lora_backward(b, Linear::down, dxo, b.act, d_act);
+  InputGather in2 = begin_input(b.ln2, all_rows, b.in_gate_up);
   run(kernels::SwigluBackwardParams<Elem>{.rows = M_, .F = Fl, .gate = b.gate, .up = b.up,
                                           .dact = d_act, .dgate = d_gate, .dup = d_up},
       "swiglu_backward");
   linear_dgrad(b, Fp8Gemm::gate, d_gate, false, b.wg, d_norm, Write::overwrite, "gemm gate dgrad");
   linear_dgrad(b, Fp8Gemm::up, d_up, false, b.wu, d_norm, Write::accumulate, "gemm up dgrad");
-  // Re-gathered for the weight gradients, unless they read kept FP8 codes.
-  const Elem* ln2 = b.in_gate_up.codes ? nullptr : gathered(b.ln2, all_rows);
-  linear_wgrad(b, Fp8Gemm::gate, d_gate, false, ln2, false, b.gg, "gemm gate wgrad", &b.in_gate_up);
-  linear_wgrad(b, Fp8Gemm::up, d_up, false, ln2, true, b.gu, "gemm up wgrad", &b.in_gate_up);
+  const Elem* ln2 = end_input(in2);
   lora_backward(b, Linear::gate, d_gate, ln2, d_norm);
   lora_backward(b, Linear::up, d_up, ln2, d_norm);
-  reduce_rows(d_norm);  // column-parallel input
+  auto reduce = begin_reduce_rows(d_norm);  // column-parallel input
+  linear_wgrad(b, Fp8Gemm::gate, d_gate, false, ln2, false, b.gg, "gemm gate wgrad", &b.in_gate_up);
+  linear_wgrad(b, Fp8Gemm::up, d_up, false, ln2, true, b.gu, "gemm up wgrad", &b.in_gate_up);
+  reduce->wait();
   norm_backward(b.x_mid, b.xhat2, b.rstd2, b.w_mlp_norm, d_norm, dx, Write::accumulate, b.g_mlp_norm);
 
-  // Attention.
+  // Attention, the same way: the attention norm's output re-gathered beside
+  // the attention's backward and q, k and v's input gradients.
   const Elem* dxm = gathered(dx, lin);
   linear_dgrad(b, Fp8Gemm::o, dxm, false, b.wo, d_out, Write::overwrite, "gemm o dgrad");
   linear_wgrad(b, Fp8Gemm::o, dxm, true, b.out, false, b.go, "gemm o wgrad");
   lora_backward(b, Linear::o, dxm, b.out, d_out);
+  InputGather in1 = begin_input(b.ln1, all_rows, b.in_qkv);
   attention_backward(b, d_out, dq, dk, dv);
   rope(dq, dk, kernels::RopeDirection::backward);
   linear_dgrad(b, Fp8Gemm::q, dq, false, b.wq, d_norm, Write::overwrite, "gemm q dgrad");
   linear_dgrad(b, Fp8Gemm::k, dk, false, b.wk, d_norm, Write::accumulate, "gemm k dgrad");
   linear_dgrad(b, Fp8Gemm::v, dv, false, b.wv, d_norm, Write::accumulate, "gemm v dgrad");
-  const Elem* ln1 = b.in_qkv.codes ? nullptr : gathered(b.ln1, all_rows);
-  linear_wgrad(b, Fp8Gemm::q, dq, false, ln1, false, b.gq, "gemm q wgrad", &b.in_qkv);
-  linear_wgrad(b, Fp8Gemm::k, dk, false, ln1, true, b.gk, "gemm k wgrad", &b.in_qkv);
-  linear_wgrad(b, Fp8Gemm::v, dv, false, ln1, true, b.gv, "gemm v wgrad", &b.in_qkv);
+  const Elem* ln1 = end_input(in1);
   lora_backward(b, Linear::q, dq, ln1, d_norm);
   lora_backward(b, Linear::k, dk, ln1, d_norm);
   lora_backward(b, Linear::v, dv, ln1, d_norm);
-  reduce_rows(d_norm);
+  reduce = begin_reduce_rows(d_norm);
+  linear_wgrad(b, Fp8Gemm::q, dq, false, ln1, false, b.gq, "gemm q wgrad", &b.in_qkv);
+  linear_wgrad(b, Fp8Gemm::k, dk, false, ln1, true, b.gk, "gemm k wgrad", &b.in_qkv);
+  linear_wgrad(b, Fp8Gemm::v, dv, false, ln1, true, b.gv, "gemm v wgrad", &b.in_qkv);
+  reduce->wait();
   norm_backward(b.x_in, b.xhat1, b.rstd1, b.w_attn_norm, d_norm, dx, Write::accumulate, b.g_attn_norm);
 }
 

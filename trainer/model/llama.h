@@ -278,7 +278,11 @@ class LlamaStage {
   // The kept codes of an input back as the weight gradient's operand: on the
   // CPU decoded into fp8_input_ (and gathered over tp under sp); on a GPU
   // as fp8_in_t_ and fp8_in_scale_inv_ (gathered into fp8_in_[1]).
+  // fp8_restore_begin starts the gather on tp_beside() (null: nothing to
+  // gather); fp8_restore_end waits for `pending` and makes the operand.
   void fp8_restore(const Fp8Kept& kept, int64_t K);
+  std::unique_ptr<parallel::CommRequest> fp8_restore_begin(const Fp8Kept& kept, int64_t K);
+  void fp8_restore_end(const Fp8Kept& kept, int64_t K, parallel::CommRequest* pending);
   // The block's kept FP8 inputs of `slot` (Block::in_*), and ln1 and ln2 in
   // their scratch where it keeps them so (block(), llama_fp8.cpp).
   void fp8_kept_inputs(Block& b, int64_t slot, int64_t layer) const;
@@ -327,6 +331,20 @@ class LlamaStage {
   // all-reduced, or reduce-scattered so this rank's rows come first.
   const Elem* gathered(const Elem* rows, Elem* all);
   void reduce_rows(Elem* buf);
+  // The backward's tensor-parallel collectives that run beside its GEMMs,
+  // on tp_beside() (Megatron's order): a column-parallel layer's input,
+  // re-gathered for its weight gradients (or its kept FP8 codes restored)
+  // while the GEMMs before them run, and the input gradient's reduce_rows
+  // begun before the weight gradients and waited for after them.
+  struct InputGather {
+    std::unique_ptr<parallel::CommRequest> pending;
+    const Elem* x = nullptr;        // the input, once end_input returns
+    const Fp8Kept* kept = nullptr;  // or the kept codes the weight gradients read
+    int64_t K = 0;
+  };
+  InputGather begin_input(const Elem* rows, Elem* all, const Fp8Kept& kept);
+  const Elem* end_input(InputGather& g);  // null where the kept codes serve
+  std::unique_ptr<parallel::CommRequest> begin_reduce_rows(Elem* buf);
   // Instance of saved tensor `name` for (slot, layer), or its recompute instance.
   int64_t instance(const char* name, int64_t slot, int64_t layer) const;
 
@@ -430,6 +448,9 @@ class LlamaStage {
   // The operands fp8_input_ and fp8_grad_ hold the quantisation of (the
   // input's: x, or the kept codes it was restored from).
   const void* fp8_input_of_ = nullptr;
+  // The kept codes fp8_restore_end just restored, for the next weight
+  // gradient that reads them.
+  const void* fp8_restored_ = nullptr;
   const Elem* fp8_grad_of_ = nullptr;
   bool fp8_input_over_tokens_ = false, fp8_grad_over_tokens_ = false;  // their tiles (block scaling)
   // Delayed scaling, per (block, gemm, role): the amax history (a ring of

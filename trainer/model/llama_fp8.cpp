@@ -361,22 +361,16 @@ void LlamaStage<Elem, G>::fp8_kept_inputs(Block& b, int64_t slot, int64_t layer)
 
 template <typename Elem, typename G>
 void LlamaStage<Elem, G>::fp8_restore(const Fp8Kept& kept, int64_t K) {
+  fp8_restore_end(kept, K, fp8_restore_begin(kept, K).get());
+}
+
+template <typename Elem, typename G>
+std::unique_ptr<parallel::CommRequest> LlamaStage<Elem, G>::fp8_restore_begin(const Fp8Kept& kept, int64_t K) {
   const bool gathers = kept.rows < M_;  // sequence parallelism: this rank's rows only
   if constexpr (kGpu<Elem>) {
-    fp8_in_scale_inv_ = kept.scale_inv;
-    fp8_in_ld_ = M_;
-    if (!gathers) {
-      fp8_in_t_ = reinterpret_cast<const kernels::Fp8*>(kept.codes);  // (K, M) as the forward cast them
-      return;
-    }
-    // Each tp rank's (K, rows) block lands in fp8_in_[0], one after another,
-    // and goes to its columns of the (K, M) operand in fp8_in_[1].
-    const int64_t t = l_.tp, part = K * kept.rows;
-    auto* blocks = reinterpret_cast<uint8_t*>(fp8_in_[0]);
-    groups_.tp->all_gather(kept.codes, blocks, part, parallel::DType::u8);
-    for (int64_t r = 0; r < t; ++r)
-      memory::copy_2d(fp8_in_[1] + r * kept.rows, M_, blocks + r * part, kept.rows, kept.rows, K, stream_);
-    fp8_in_t_ = fp8_in_[1];
+    if (!gathers) return nullptr;
+    // Each tp rank's (K, rows) block lands in fp8_in_[0], one after another.
+    return groups_.tp_beside().iall_gather(kept.codes, fp8_in_[0], K * kept.rows, parallel::DType::u8);
   } else {
     // The values fp8_qdq gave the forward: decode(code) * scale_inv, this
     // rank's rows in place, then every rank's gathered around them.
@@ -384,8 +378,33 @@ void LlamaStage<Elem, G>::fp8_restore(const Fp8Kept& kept, int64_t K) {
     Elem* mine = fp8_input_ + kept.row0 * K;
     const int64_t n = kept.rows * K;
     for (int64_t i = 0; i < n; ++i) mine[i] = kernels::fp8_decode(kept.codes[i], kernels::Fp8Format::e4m3) * scale_inv;
-    if (gathers) groups_.tp->all_gather(mine, fp8_input_, n);
+    if (!gathers) return nullptr;
+    return groups_.tp_beside().iall_gather(mine, fp8_input_, n);
   }
+}
+
+template <typename Elem, typename G>
+void LlamaStage<Elem, G>::fp8_restore_end(const Fp8Kept& kept, int64_t K, parallel::CommRequest* pending) {
+  if (pending) pending->wait();
+  if constexpr (kGpu<Elem>) {
+    fp8_in_scale_inv_ = kept.scale_inv;
+    fp8_in_ld_ = M_;
+    if (kept.rows == M_) {
+      fp8_in_t_ = reinterpret_cast<const kernels::Fp8*>(kept.codes);  // (K, M) as the forward cast them
+    } else {
+      // Each rank's block to its columns of the (K, M) operand in fp8_in_[1].
+      const auto* blocks = reinterpret_cast<const uint8_t*>(fp8_in_[0]);
+      const int64_t part = K * kept.rows;
+      for (int64_t r = 0; r < l_.tp; ++r)
+        memory::copy_2d(fp8_in_[1] + r * kept.rows, M_, blocks + r * part, kept.rows, kept.rows, K, stream_);
+      fp8_in_t_ = fp8_in_[1];
+    }
+  } else {
+    (void)K;
+  }
+  fp8_input_of_ = kept.codes;
+  fp8_input_over_tokens_ = false;
+  fp8_restored_ = kept.codes;
 }
 
 template <typename Elem, typename G>
@@ -394,6 +413,10 @@ void LlamaStage<Elem, G>::linear_wgrad(const Block& b, Fp8Gemm g, const Elem* dy
   if (!dw) return;  // a frozen weight (LoRA)
   const auto& shape = fp8_shapes_[size_t(g)];
   if (kept && !kept->codes) kept = nullptr;
+  // Restored by end_input beside the input gradients: the first weight
+  // gradient reading them takes them as they are.
+  const bool fresh = kept && fp8_restored_ == kept->codes;
+  if (kept) fp8_restored_ = nullptr;
   if (!fp8_gemm(b, g)) {
     WEFT_ASSERT(!kept);  // kept only where every GEMM reading the input runs in FP8
     if (!dy_same) fp8_grad_of_ = nullptr;
@@ -409,10 +432,7 @@ void LlamaStage<Elem, G>::linear_wgrad(const Block& b, Fp8Gemm g, const Elem* dy
       fp8_grad_of_ = dy;
     }
     if (kept) {
-      if (!(x_same && fp8_input_of_ == kept->codes)) {
-        fp8_restore(*kept, K);
-        fp8_input_of_ = kept->codes;
-      }
+      if (!((x_same || fresh) && fp8_input_of_ == kept->codes)) fp8_restore(*kept, K);
     } else if (!(x_same && fp8_input_of_ == x)) {
       fp8_in_slot_ = fp8_slot(b, g, 0);
       fp8_cast(fp8_in_slot_, x, M_, K, fp8_in_[0], fp8_in_[1]);
@@ -442,11 +462,7 @@ void LlamaStage<Elem, G>::linear_wgrad(const Block& b, Fp8Gemm g, const Elem* dy
       fp8_grad_over_tokens_ = over_tokens;
     }
     if (kept) {
-      if (!(x_same && fp8_input_of_ == kept->codes)) {
-        fp8_restore(*kept, shape.K);
-        fp8_input_of_ = kept->codes;
-        fp8_input_over_tokens_ = false;
-      }
+      if (!((x_same || fresh) && fp8_input_of_ == kept->codes)) fp8_restore(*kept, shape.K);
     } else if (!(x_same && fp8_input_of_ == x && fp8_input_over_tokens_ == over_tokens)) {
       fp8_quantize(b, g, 0, x, M_, shape.K, over_tokens, fp8_input_);
       fp8_input_of_ = x;
@@ -471,6 +487,8 @@ void LlamaStage<Elem, G>::linear_wgrad(const Block& b, Fp8Gemm g, const Elem* dy
   template void LlamaStage<E, G>::linear_wgrad(const Block&, Fp8Gemm, const E*, bool, const E*, bool, G*,      \
                                                const char*, const Fp8Kept*);                                   \
   template void LlamaStage<E, G>::fp8_restore(const Fp8Kept&, int64_t);                                        \
+  template std::unique_ptr<parallel::CommRequest> LlamaStage<E, G>::fp8_restore_begin(const Fp8Kept&, int64_t); \
+  template void LlamaStage<E, G>::fp8_restore_end(const Fp8Kept&, int64_t, parallel::CommRequest*);           \
   template void LlamaStage<E, G>::fp8_kept_inputs(Block&, int64_t, int64_t) const;
 WEFT_LLAMA_FP8(float, float)
 WEFT_LLAMA_FP8(double, double)

@@ -209,6 +209,40 @@ void LlamaStage<Elem, G>::reduce_rows(Elem* buf) {
 }
 
 template <typename Elem, typename G>
+typename LlamaStage<Elem, G>::InputGather LlamaStage<Elem, G>::begin_input(const Elem* rows, Elem* all,
+                                                                            const Fp8Kept& kept) {
+  InputGather g;
+  if (kept.codes) {
+    g.kept = &kept;
+    g.K = m_.hidden;  // the norms' outputs: q, k, v's and gate and up's input
+    g.pending = fp8_restore_begin(kept, g.K);
+    return g;
+  }
+  g.x = rows;
+  if (l_.sp) {
+    g.pending = groups_.tp_beside().iall_gather(rows, all, Msp_ * m_.hidden);
+    g.x = all;
+  }
+  return g;
+}
+
+template <typename Elem, typename G>
+const Elem* LlamaStage<Elem, G>::end_input(InputGather& g) {
+  if (g.kept) {
+    fp8_restore_end(*g.kept, g.K, g.pending.get());
+    return nullptr;
+  }
+  if (g.pending) g.pending->wait();
+  return g.x;
+}
+
+template <typename Elem, typename G>
+std::unique_ptr<parallel::CommRequest> LlamaStage<Elem, G>::begin_reduce_rows(Elem* buf) {
+  auto& tp = groups_.tp_beside();
+  return l_.sp ? tp.ireduce_scatter(buf, buf, Msp_ * m_.hidden) : tp.iall_reduce(buf, M_ * m_.hidden);
+}
+
+template <typename Elem, typename G>
 void LlamaStage<Elem, G>::sync_tied_grads() {
   if (!m_.tied_embeddings || l_.pp == 1 || !(plan_.has_head || plan_.has_embedding) || params_.lora.enabled()) return;
   auto& pp = *groups_.pp;
@@ -301,6 +335,9 @@ void LlamaStage<Elem, G>::finish_dp_reduction() {
   template int64_t LlamaStage<E, G>::group_shard_offset() const;                             \
   template const E* LlamaStage<E, G>::gathered(const E*, E*);                                \
   template void LlamaStage<E, G>::reduce_rows(E*);                                           \
+  template typename LlamaStage<E, G>::InputGather LlamaStage<E, G>::begin_input(const E*, E*, const Fp8Kept&); \
+  template const E* LlamaStage<E, G>::end_input(InputGather&);                               \
+  template std::unique_ptr<parallel::CommRequest> LlamaStage<E, G>::begin_reduce_rows(E*);   \
   template void LlamaStage<E, G>::sync_tied_grads();                                         \
   template void LlamaStage<E, G>::reduce_replicated_grads();                                 \
   template void LlamaStage<E, G>::finish_dp_reduction();                                     \

@@ -66,6 +66,12 @@ class Comm {
   // out (count) = the sum over ranks of this rank's block of in (size * count).
   // With in == out the result lands in the first count elements.
   virtual void reduce_scatter(const void* in, void* out, int64_t count, DType t) = 0;
+  // The same all-gather and reduce-scatter begun now, like iall_reduce: in
+  // and out stay untouched by the caller until the request's wait() returns.
+  // The defaults run them at once; MPI and NCCL start them (the backward
+  // runs its tensor-parallel GEMMs beside them).
+  virtual std::unique_ptr<CommRequest> iall_gather(const void* in, void* out, int64_t count, DType t);
+  virtual std::unique_ptr<CommRequest> ireduce_scatter(const void* in, void* out, int64_t count, DType t);
   // Uneven variants; counts has size() entries, the same on every rank.
   // all_gather_v: out (sum of counts) = every rank's in (counts[r]), in rank order.
   virtual void all_gather_v(const void* in, void* out, std::span<const int64_t> counts,
@@ -123,6 +129,14 @@ class Comm {
   template <typename T>
   void reduce_scatter(const T* in, T* out, int64_t count) {
     reduce_scatter(static_cast<const void*>(in), static_cast<void*>(out), count, dtype_of<T>());
+  }
+  template <typename T>
+  std::unique_ptr<CommRequest> iall_gather(const T* in, T* out, int64_t count) {
+    return iall_gather(static_cast<const void*>(in), static_cast<void*>(out), count, dtype_of<T>());
+  }
+  template <typename T>
+  std::unique_ptr<CommRequest> ireduce_scatter(const T* in, T* out, int64_t count) {
+    return ireduce_scatter(static_cast<const void*>(in), static_cast<void*>(out), count, dtype_of<T>());
   }
   template <typename T>
   void all_gather_v(const T* in, T* out, std::span<const int64_t> counts) {

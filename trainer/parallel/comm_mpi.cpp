@@ -272,6 +272,7 @@ class MpiComm final : public Comm {
   int64_t size() const override { return size_; }
   int64_t rank() const override { return rank_; }
   std::string name() const override { return name_; }
+  MPI_Comm handle() const { return comm_; }
 
   void all_reduce(void* data, int64_t count, DType t, ReduceOp op) override {
     check_not_cancelled("all_reduce");
@@ -309,6 +310,27 @@ class MpiComm final : public Comm {
     WEFT_MPI_CHECK(MPI_Ireduce_scatter_block(send, out, mpi_count(count), mpi_type(t), MPI_SUM,
                                              comm_, &req));
     complete(req, "MPI_Ireduce_scatter_block", "reduce_scatter");
+  }
+
+  // Started here like iall_reduce: the backward's GEMMs run before its wait().
+  std::unique_ptr<CommRequest> iall_gather(const void* in, void* out, int64_t count, DType t) override {
+    check_not_cancelled("iall_gather");
+    const void* send = in == block(out, rank_ * count, t) ? MPI_IN_PLACE : in;
+    MPI_Request req;
+    WEFT_MPI_CHECK(MPI_Iallgather(send, mpi_count(count), mpi_type(t), out, mpi_count(count),
+                                  mpi_type(t), comm_, &req));
+    return std::make_unique<MpiRequest>(req, "MPI_Iallgather", collective_what("iall_gather"), mpi_type(t), -1,
+                                        cancel_);
+  }
+
+  std::unique_ptr<CommRequest> ireduce_scatter(const void* in, void* out, int64_t count, DType t) override {
+    check_not_cancelled("ireduce_scatter");
+    const void* send = in == out ? MPI_IN_PLACE : in;
+    MPI_Request req;
+    WEFT_MPI_CHECK(MPI_Ireduce_scatter_block(send, out, mpi_count(count), mpi_type(t), MPI_SUM,
+                                             comm_, &req));
+    return std::make_unique<MpiRequest>(req, "MPI_Ireduce_scatter_block", collective_what("ireduce_scatter"),
+                                        mpi_type(t), -1, cancel_);
   }
 
   void all_gather_v(const void* in, void* out, std::span<const int64_t> counts, DType t) override {
@@ -529,6 +551,12 @@ ProcessGroups mpi_process_groups(int64_t tp, int64_t pp, int64_t dp, RankOrder o
     Comm* c = g.owned.back().get();
     WEFT_ASSERT(c->size() == grid.size(a) && c->rank() == mine.coords[a]);
     (a == Axis::tp ? g.tp : a == Axis::pp ? g.pp : a == Axis::dp ? g.dp : g.cp) = c;
+  }
+  if (tp > 1) {
+    MPI_Comm dup;
+    WEFT_MPI_CHECK(MPI_Comm_dup(static_cast<MpiComm*>(g.tp)->handle(), &dup));
+    g.owned.push_back(std::make_unique<MpiComm>(dup, "tp-side", cancel));
+    g.tp_side = g.owned.back().get();
   }
   if (cp == 1) {
     g.dpcp = g.dp;

@@ -150,9 +150,27 @@ class NcclComm final : public Comm {
 
   void reduce_scatter(const void* in, void* out, int64_t count, DType t) override {
     start();
+    enqueue_reduce_scatter(in, out, count, t);
+    end();
+  }
+
+  // On the communication stream only, like iall_reduce: the backward's
+  // re-gathered inputs and reduce-scattered input gradients, beside its GEMMs.
+  std::unique_ptr<CommRequest> iall_gather(const void* in, void* out, int64_t count, DType t) override {
+    start();
+    WEFT_NCCL_CHECK(ncclAllGather(in, out, size_t(count), nccl_type(t), group_.comm, group_.stream));
+    return finish();
+  }
+
+  std::unique_ptr<CommRequest> ireduce_scatter(const void* in, void* out, int64_t count, DType t) override {
+    start();
+    enqueue_reduce_scatter(in, out, count, t);
+    return finish();
+  }
+
+  void enqueue_reduce_scatter(const void* in, void* out, int64_t count, DType t) {
     if (in != out) {
       WEFT_NCCL_CHECK(ncclReduceScatter(in, out, size_t(count), nccl_type(t), ncclSum, group_.comm, group_.stream));
-      end();
       return;
     }
     // In place NCCL leaves the result in this rank's block; ours is the first.
@@ -160,7 +178,6 @@ class NcclComm final : public Comm {
     WEFT_NCCL_CHECK(ncclReduceScatter(in, mine, size_t(count), nccl_type(t), ncclSum, group_.comm, group_.stream));
     if (rank_ != 0)
       WEFT_CUDA_CHECK(cudaMemcpyAsync(out, mine, size_t(count * dtype_bytes(t)), cudaMemcpyDeviceToDevice, group_.stream));
-    end();
   }
 
   void all_gather_v(const void* in, void* out, std::span<const int64_t> counts, DType t) override {
@@ -381,6 +398,10 @@ ProcessGroups nccl_process_groups(const Layout& layout, void* compute_stream,
     // gradients) and the cp ring's, always to ring neighbours.
     g.owned.push_back(nccl_comm(*mpi_comm, label, compute_stream, slot == &g.pp || slot == &g.cp));
     *slot = g.owned.back().get();
+  }
+  if (mpi->tp_side) {
+    g.owned.push_back(nccl_comm(*mpi->tp_side, "tp-side", compute_stream, false));
+    g.tp_side = g.owned.back().get();
   }
   if (mpi->dpcp == mpi->dp) {
     g.dpcp = g.dp;

@@ -34,6 +34,16 @@ std::unique_ptr<CommRequest> Comm::iall_reduce(void* data, int64_t count, DType 
   return std::make_unique<DoneRequest>();
 }
 
+std::unique_ptr<CommRequest> Comm::iall_gather(const void* in, void* out, int64_t count, DType t) {
+  all_gather(in, out, count, t);
+  return std::make_unique<DoneRequest>();
+}
+
+std::unique_ptr<CommRequest> Comm::ireduce_scatter(const void* in, void* out, int64_t count, DType t) {
+  reduce_scatter(in, out, count, t);
+  return std::make_unique<DoneRequest>();
+}
+
 std::unique_ptr<CommRequest> Comm::iall_gather_v(const void* in, void* out, std::span<const int64_t> counts,
                                                  DType t) {
   all_gather_v(in, out, counts, t);

@@ -40,6 +40,15 @@ class WatchedComm final : public Comm {
     Call c(*this, "reduce_scatter");
     inner_.reduce_scatter(in, out, count, t);
   }
+  std::unique_ptr<CommRequest> iall_gather(const void* in, void* out, int64_t count, DType t) override {
+    Call c(*this, "iall_gather");
+    return std::make_unique<WatchedRequest>(inner_.iall_gather(in, out, count, t), *this, "wait for iall_gather");
+  }
+  std::unique_ptr<CommRequest> ireduce_scatter(const void* in, void* out, int64_t count, DType t) override {
+    Call c(*this, "ireduce_scatter");
+    return std::make_unique<WatchedRequest>(inner_.ireduce_scatter(in, out, count, t), *this,
+                                            "wait for ireduce_scatter");
+  }
   void all_gather_v(const void* in, void* out, std::span<const int64_t> counts, DType t) override {
     Call c(*this, "all_gather_v");
     inner_.all_gather_v(in, out, counts, t);
@@ -224,9 +233,10 @@ void CommWatchdog::watch(ProcessGroups& groups) {
   // Slots that share one communicator share one wrapper.
   std::map<Comm*, Comm*> wrapped;
   const std::pair<Comm**, const char*> slots[] = {{&groups.world, "world"}, {&groups.tp, "tp"}, {&groups.pp, "pp"},
-                                                   {&groups.dp, "dp"},       {&groups.cp, "cp"}, {&groups.dpcp, "dpcp"}};
+                                                   {&groups.dp, "dp"},       {&groups.cp, "cp"}, {&groups.dpcp, "dpcp"},
+                                                   {&groups.tp_side, "tp-side"}};
   for (auto [slot, label] : slots) {
-    if (*slot == nullptr) continue;  // groups made before context parallelism: no cp
+    if (*slot == nullptr) continue;  // no cp, or no tp-side group
     auto it = wrapped.find(*slot);
     if (it == wrapped.end()) {
       groups.owned.push_back(std::make_unique<WatchedComm>(**slot, label, *this));

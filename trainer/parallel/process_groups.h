@@ -20,6 +20,13 @@ struct ProcessGroups {
   // group itself when cp is 1.
   Comm* cp = nullptr;
   Comm* dpcp = nullptr;
+  // The tensor-parallel ranks again, on a communicator of their own: the
+  // backward's collectives that run beside its GEMMs (the re-gathered inputs
+  // of the weight gradients, the input gradients' reduce), so that the tp
+  // collectives a GEMM waits on (the output gradient's gather, FP8 amaxes)
+  // do not queue behind them on a device. Null: tp serves (one rank, or
+  // groups made by hand).
+  Comm* tp_side = nullptr;
   // Keeps the CUDA stream of device groups that made their own (declared
   // before the communicators, so it outlives them).
   std::shared_ptr<void> stream_owner;
@@ -36,6 +43,7 @@ struct ProcessGroups {
   // host groups.
   void* cuda_stream = nullptr;
 
+  Comm& tp_beside() const { return tp_side ? *tp_side : *tp; }
   int64_t tp_rank() const { return tp->rank(); }
   int64_t pp_rank() const { return pp->rank(); }
   int64_t dp_rank() const { return dp->rank(); }
