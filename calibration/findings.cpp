@@ -74,8 +74,14 @@ std::vector<Finding> check_findings(const Scenario& s) {
   const double with_sp = fastest([](const Layout& l) { return l.sp; });
   const double without_sp = fastest([](const Layout& l) { return !l.sp; });
   const bool matters = with_sp < 0.99 * without_sp;
-  const bool expected = double(m.param_count()) > 30e9 || s.seq > 2048;
-  out.push_back({"sequence parallelism matters only above ~30B params or 2k tokens",
+  // As the study's own sp sweeps measured it (best MFU with sp against
+  // without, calibration/public_runs.csv): 13B at 2k 69.3 / 69.5 and at 8k
+  // 62.78 / 62.76, 30B at 2k 61.5 / 62.0: no gain; 30B at 8k 60.2 / 54.1 and
+  // 65B at 2k 59.6 / 57.4: a gain. (Its summary, "above ~30B parameters or
+  // 2k tokens", is looser than its 13B at 8k and 30B at 2k.)
+  const double params = double(m.param_count());
+  const bool expected = params > 60e9 || (params > 30e9 && s.seq > 2048);
+  out.push_back({"sequence parallelism matters at 30B from 8k tokens and at 65B",
                  matters == expected,
                  fmt::format("best with sp {:.2f} s, without {:.2f} s ({})", with_sp, without_sp,
                              matters ? "matters" : "does not matter")});

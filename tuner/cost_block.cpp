@@ -181,16 +181,30 @@ Part block_cost(const Model& x) {
   // element, where the block keeps them (memory::fp8_saved_inputs; priced so
   // in every FP8 block, though a stage holding compute-precision edge blocks
   // keeps none).
+  //
+  // The forward's collectives, and the backward's gathers of the output
+  // gradient, sit between GEMMs that wait for them: exposed. The trainer runs
+  // the rest of the backward's beside its GEMMs (block_backward): each
+  // re-gather beside what precedes the weight gradients that read it (the
+  // attention's backward and q, k and v's input gradients; SwiGLU's backward
+  // and gate and up's), each input gradient's reduction beside the weight
+  // gradients; exposed_beside prices what shows.
   const double act = M * C * a;
   const Group tg = x.tp_group();
-  const double pair = l.sp ? all_gather(act, tg) + reduce_scatter(act, tg) : all_reduce(act, tg);
-  const double tp_fwd = 2 * pair + amax_fwd;
+  const double gather = l.sp ? all_gather(act, tg) : 0.0;
+  const double reduce = l.sp ? reduce_scatter(act, tg) : all_reduce(act, tg);
+  const double tp_fwd = 2 * (gather + reduce) + amax_fwd;
   const bool keeps8 = (l.fp8 == Fp8Recipe::tensorwise || l.fp8 == Fp8Recipe::delayed) && !x.run.lora.enabled();
   const bool qkv_all8 = qkv8 && x.in_fp8(M, Kl * D, C);
-  const double regather = l.sp ? all_gather(keeps8 && qkv_all8 ? M * C : act, tg) +
-                                     all_gather(keeps8 && up8 ? M * C : act, tg)
-                               : 0.0;
-  p.tp = 2 * tp_fwd - amax_fwd + amax_bwd + regather;
+  const double regather_qkv = l.sp ? all_gather(keeps8 && qkv_all8 ? M * C : act, tg) : 0.0;
+  const double regather_up = l.sp ? all_gather(keeps8 && up8 ? M * C : act, tg) : 0.0;
+  const double qkv_dgrad = x.block_linear_dgrad(M, Hl * D, C) + 2 * x.block_linear_dgrad(M, Kl * D, C);
+  const double qkv_wgrad = x.block_linear_wgrad(M, Hl * D, C) + 2 * x.block_linear_wgrad(M, Kl * D, C);
+  const double up_dgrad = 2 * x.block_linear_dgrad(M, Fl, C), up_wgrad = 2 * x.block_linear_wgrad(M, Fl, C);
+  const double tp_bwd = 2 * gather + exposed_beside(regather_qkv, attn_bwd + rope + qkv_dgrad, x.k) +
+                        exposed_beside(regather_up, x.stream("swiglu_bwd", M, Fl) + up_dgrad, x.k) +
+                        exposed_beside(reduce, qkv_wgrad, x.k) + exposed_beside(reduce, up_wgrad, x.k);
+  p.tp = tp_fwd - amax_fwd + amax_bwd + tp_bwd;
 
   // Context parallelism's exchanges, per block and micro-batch.
   double cp_fwd = 0;

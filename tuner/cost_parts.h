@@ -102,9 +102,16 @@ struct Model {
   // Under LoRA the base weights are frozen: the backward computes the input
   // gradient alone.
   double block_linear_bwd(double M, double N, double K) const {
-    const bool frozen = run.lora.enabled();
-    if (in_fp8(M, N, K)) return gemm8(M, K, N) + (frozen ? 0 : gemm8(N, K, M));
-    return frozen ? gemm(M, K, N) : linear_bwd(M, N, K);
+    return block_linear_dgrad(M, N, K) + block_linear_wgrad(M, N, K);
+  }
+  // Its two halves: the input gradient, and the weight gradient (none for a
+  // frozen weight).
+  double block_linear_dgrad(double M, double N, double K) const {
+    return in_fp8(M, N, K) ? gemm8(M, K, N) : gemm(M, K, N);
+  }
+  double block_linear_wgrad(double M, double N, double K) const {
+    if (run.lora.enabled()) return 0;
+    return in_fp8(M, N, K) ? gemm8(N, K, M) : gemm(N, K, M);
   }
   // LoRA's adapters on a linear layer (M x K -> N) of rank r: forward x A^T
   // and s h B^T; backward s dY B, g A, g^T x, the rebuilt x A^T and dY^T h;

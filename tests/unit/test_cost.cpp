@@ -61,6 +61,25 @@ TEST_F(Cost, KnobsCostWhatTheyShould) {
   EXPECT_GT(p("tp16-pp1-dp4-mb1").tp_comm / p("tp8-pp1-dp8-mb1").tp_comm, 2.0);
 }
 
+// The backward's collectives that the trainer runs beside its GEMMs
+// (block_backward): hidden where the GEMMs outlast them, at the overlap
+// cost's share. Per block with sp, the forward's 2 all-gathers and 2
+// reduce-scatters and the backward's 2 gathers of the output gradient wait
+// for their GEMMs, and the 2 re-gathers and 2 reduce-scatters run beside
+// GEMMs: 6 of 10 like transfers shown. Without sp the forward's 2
+// all-reduces are shown and the backward's 2 run beside the weight
+// gradients: 2 of 4. (The embedding's and head's collectives, a few more
+// shown, move it a little.)
+TEST_F(Cost, TheBackwardHidesItsTensorParallelCollectivesBehindItsGemms) {
+  for (auto [layout, shown] : {std::pair{"tp2-pp1-dp32-mb1-sp", 0.6}, std::pair{"tp2-pp1-dp32-mb1", 0.5}}) {
+    k.overlap_cost = 1;  // each hidden second costs a second: nothing gained
+    const double all = p(layout).tp_comm;
+    k.overlap_cost = 0;
+    const double part = p(layout).tp_comm;
+    EXPECT_NEAR(part / all, shown, 0.02) << layout;
+  }
+}
+
 TEST_F(Cost, Bf16GradientsHalveTheDataParallelVolume) {
   // ZeRO-2 reduces every micro-batch, which no backward hides entirely.
   c = cluster_resolve("a100-80gb", 64, 1);  // every dp group crosses nodes
@@ -286,7 +305,10 @@ TEST_F(Fp8, BlockScalingNeedsMultiplesOf128AndReducesNoAmax) {
   EXPECT_GT(b.compute, d.compute);
   EXPECT_LT(b.compute, bf16.compute);
   EXPECT_LT(b.tp_comm, t.tp_comm);
-  EXPECT_DOUBLE_EQ(b.tp_comm, bf16.tp_comm);
+  // The same collectives as bf16's; FP8's shorter GEMMs hide less of the
+  // backward's.
+  EXPECT_GE(b.tp_comm, bf16.tp_comm);
+  EXPECT_LT(b.tp_comm, 1.5 * bf16.tp_comm);
 }
 
 TEST_F(Fp8, BlocksKeptInBf16AtEachEnd) {
