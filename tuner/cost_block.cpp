@@ -189,15 +189,20 @@ Part block_cost(const Model& x) {
   // attention's backward and q, k and v's input gradients; SwiGLU's backward
   // and gate and up's), each input gradient's reduction beside the weight
   // gradients; exposed_beside prices what shows.
+  //
+  // FP8 blocks under sp gather the norms' outputs as codes, one byte an
+  // element, in the forward (cast first: LlamaStage::fp8_gathers_codes) and
+  // in the backward's re-gather where they are kept.
   const double act = M * C * a;
   const Group tg = x.tp_group();
   const double gather = l.sp ? all_gather(act, tg) : 0.0;
   const double reduce = l.sp ? reduce_scatter(act, tg) : all_reduce(act, tg);
-  const double tp_fwd = 2 * (gather + reduce) + amax_fwd;
   const bool keeps8 = (l.fp8 == Fp8Recipe::tensorwise || l.fp8 == Fp8Recipe::delayed) && !x.run.lora.enabled();
   const bool qkv_all8 = qkv8 && x.in_fp8(M, Kl * D, C);
-  const double regather_qkv = l.sp ? all_gather(keeps8 && qkv_all8 ? M * C : act, tg) : 0.0;
-  const double regather_up = l.sp ? all_gather(keeps8 && up8 ? M * C : act, tg) : 0.0;
+  const double gather_qkv = l.sp ? all_gather(keeps8 && qkv_all8 ? M * C : act, tg) : 0.0;
+  const double gather_up = l.sp ? all_gather(keeps8 && up8 ? M * C : act, tg) : 0.0;
+  const double tp_fwd = gather_qkv + gather_up + 2 * reduce + amax_fwd;
+  const double regather_qkv = gather_qkv, regather_up = gather_up;
   const double qkv_dgrad = x.block_linear_dgrad(M, Hl * D, C) + 2 * x.block_linear_dgrad(M, Kl * D, C);
   const double qkv_wgrad = x.block_linear_wgrad(M, Hl * D, C) + 2 * x.block_linear_wgrad(M, Kl * D, C);
   const double up_dgrad = 2 * x.block_linear_dgrad(M, Fl, C), up_wgrad = 2 * x.block_linear_wgrad(M, Fl, C);

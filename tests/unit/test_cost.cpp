@@ -286,6 +286,20 @@ TEST_F(Fp8, GemmsWhoseDimsAreNotMultiplesOf16StayBf16) {
 
 // Block scaling: GEMMs whose K, N and runs of tokens are multiples of 128;
 // no amax pass or reduction, a slower GEMM (kFp8BlockGemmRate).
+// Under sequence parallelism FP8 blocks gather the norms' outputs as codes,
+// one byte an element, in the forward and in the backward's re-gather (the
+// trainer casts first); the output gradients' gathers and the
+// reduce-scatters stay bf16. Delayed scaling reduces no amax in the block,
+// so with nothing hidden its tp time is bf16's less those four gathers'
+// halves; without sp it is bf16's.
+TEST_F(Fp8, SequenceParallelGathersCodes) {
+  k.overlap_cost = 1;
+  const double bf16 = p("tp4-pp1-dp2-mb1-sp").tp_comm, f8 = p("tp4-pp1-dp2-mb1-sp-fp8:delayed").tp_comm;
+  // Per block 10 like transfers, 4 of them at half the bytes: 8 of 10.
+  EXPECT_NEAR(f8 / bf16, 0.8, 0.03);
+  EXPECT_DOUBLE_EQ(p("tp4-pp1-dp2-mb1-fp8:delayed").tp_comm, p("tp4-pp1-dp2-mb1").tp_comm);
+}
+
 TEST_F(Fp8, BlockScalingNeedsMultiplesOf128AndReducesNoAmax) {
   const Layout tw = Layout::parse("tp2-pp1-dp4-mb1-fp8:tensorwise"), bw = Layout::parse("tp2-pp1-dp4-mb1-fp8:blockwise");
   for (const auto& s : memory::fp8_gemm_shapes(m, run, bw)) EXPECT_TRUE(s.fp8) << s.K << " x " << s.N;

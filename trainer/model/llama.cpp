@@ -378,8 +378,10 @@ void LlamaStage<Elem, G>::block_forward(const Block& b, Elem* x_out, bool recomp
 
   if (full) {
     norm_forward(b.x_in, nullptr, nullptr, b.w_attn_norm, b.ln1, b.rstd1, b.xhat1);
-    const Elem* ln1 = gathered(b.ln1, all_rows);  // column-parallel input
-    linear_forward(b, Fp8Gemm::q, ln1, false, b.wq, b.q, "gemm q", &b.in_qkv);
+    // The column-parallel input, or this rank's rows whose FP8 codes q's cast gathers.
+    const bool codes1 = fp8_gathers_codes(b, Fp8Gemm::q);
+    const Elem* ln1 = codes1 ? b.ln1 : gathered(b.ln1, all_rows);
+    linear_forward(b, Fp8Gemm::q, ln1, false, b.wq, b.q, "gemm q", &b.in_qkv, codes1);
     linear_forward(b, Fp8Gemm::k, ln1, true, b.wk, b.k, "gemm k");
     linear_forward(b, Fp8Gemm::v, ln1, true, b.wv, b.v, "gemm v");
     lora_forward(b, Linear::q, ln1, b.q);
@@ -399,8 +401,9 @@ void LlamaStage<Elem, G>::block_forward(const Block& b, Elem* x_out, bool recomp
       norm_forward(lin, b.x_in, b.x_mid, b.w_mlp_norm, b.ln2, b.rstd2, b.xhat2);
     else
       norm_forward(b.x_mid, nullptr, nullptr, b.w_mlp_norm, b.ln2, b.rstd2, b.xhat2);
-    const Elem* ln2 = gathered(b.ln2, all_rows);
-    linear_forward(b, Fp8Gemm::gate, ln2, false, b.wg, b.gate, "gemm gate", &b.in_gate_up);
+    const bool codes2 = fp8_gathers_codes(b, Fp8Gemm::gate);
+    const Elem* ln2 = codes2 ? b.ln2 : gathered(b.ln2, all_rows);
+    linear_forward(b, Fp8Gemm::gate, ln2, false, b.wg, b.gate, "gemm gate", &b.in_gate_up, codes2);
     linear_forward(b, Fp8Gemm::up, ln2, true, b.wu, b.up, "gemm up");
     lora_forward(b, Linear::gate, ln2, b.gate);
     lora_forward(b, Linear::up, ln2, b.up);

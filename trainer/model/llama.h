@@ -269,8 +269,18 @@ class LlamaStage {
   // keep (forward): where the block keeps this input as FP8 codes, they and
   // their scale_inv go there; kept (wgrad): the weight gradient reads them
   // instead of quantising x (which may then be null).
+  // x_rows: x holds this rank's rows only (sequence parallelism, where
+  // fp8_gathers_codes says so): the FP8 cast takes them with the whole
+  // tensor's scale and the codes are gathered over tp, one byte an element
+  // (Transformer Engine's FP8 all-gather), the same codes as casting the
+  // gathered input.
   void linear_forward(const Block& b, memory::Fp8Gemm g, const Elem* x, bool x_same, const Elem* w, Elem* y,
-                      const char* op, const Fp8Kept* keep = nullptr);
+                      const char* op, const Fp8Kept* keep = nullptr, bool x_rows = false);
+  // Whether block b's forward gathers the FP8 codes of the input that GEMM
+  // `first` and the ones after it share (q, k, v; gate, up) instead of the
+  // input: under sp, tensorwise or delayed scaling, no LoRA (its adapters
+  // read the gathered input), every GEMM reading it in FP8.
+  bool fp8_gathers_codes(const Block& b, memory::Fp8Gemm first) const;
   void linear_dgrad(const Block& b, memory::Fp8Gemm g, const Elem* dy, bool dy_same, const Elem* w, Elem* dx,
                     kernels::Write write, const char* op);
   void linear_wgrad(const Block& b, memory::Fp8Gemm g, const Elem* dy, bool dy_same, const Elem* x, bool x_same,

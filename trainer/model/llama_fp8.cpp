@@ -140,6 +140,15 @@ bool LlamaStage<Elem, G>::fp8_gemm(const Block& b, Fp8Gemm g) const {
 }
 
 template <typename Elem, typename G>
+bool LlamaStage<Elem, G>::fp8_gathers_codes(const Block& b, Fp8Gemm first) const {
+  if (!l_.sp || run_.lora.enabled() || (l_.fp8 != Fp8Recipe::tensorwise && l_.fp8 != Fp8Recipe::delayed))
+    return false;
+  if (first == Fp8Gemm::q) return fp8_gemm(b, Fp8Gemm::q) && fp8_gemm(b, Fp8Gemm::k) && fp8_gemm(b, Fp8Gemm::v);
+  WEFT_ASSERT(first == Fp8Gemm::gate);
+  return fp8_gemm(b, Fp8Gemm::gate) && fp8_gemm(b, Fp8Gemm::up);
+}
+
+template <typename Elem, typename G>
 float LlamaStage<Elem, G>::fp8_quantize(const Block& b, Fp8Gemm g, int role, const Elem* x, int64_t rows,
                                         int64_t cols, bool over_tokens, Elem* out) {
   if constexpr (!std::is_same_v<Elem, float>) {
@@ -252,19 +261,32 @@ std::array<const kernels::Fp8*, 2> LlamaStage<Elem, G>::fp8_weight_codes(const B
 
 template <typename Elem, typename G>
 void LlamaStage<Elem, G>::linear_forward(const Block& b, Fp8Gemm g, const Elem* x, bool x_same, const Elem* w,
-                                         Elem* y, const char* op, const Fp8Kept* keep) {
+                                         Elem* y, const char* op, const Fp8Kept* keep, bool x_rows) {
   const int64_t K = fp8_shapes_[size_t(g)].K, N = fp8_shapes_[size_t(g)].N;
   if (!fp8_gemm(b, g)) {
+    WEFT_ASSERT(!x_rows);
     if (!x_same) fp8_input_of_ = nullptr;  // a later x_same call must not reuse an older quantisation
     run(kernels::linear_forward_gemm(M_, K, N, x, w, y), op);
     return;
   }
+  if (keep && !keep->codes) keep = nullptr;
+  // Cast first, then gather: this rank's rows go to its own block of the
+  // (M, K) operand, with the scale of the whole tensor (its amax is reduced
+  // over tp, or the history's), and the blocks are gathered in place.
+  const int64_t row0 = x_rows ? groups_.tp->rank() * Msp_ : 0, rows = x_rows ? Msp_ : M_;
   if constexpr (kGpu<Elem>) {
-    if (!(x_same && fp8_input_of_ == x)) {
+    if (x_rows && !(x_same && fp8_input_of_ == x)) {
+      fp8_in_slot_ = fp8_slot(b, g, 0);
+      // Kept: the transposed codes of these rows are the kept ones as cast.
+      fp8_cast(fp8_in_slot_, x, rows, K, fp8_in_[0] + row0 * K, keep ? reinterpret_cast<kernels::Fp8*>(keep->codes) : nullptr);
+      groups_.tp->all_gather(fp8_in_[0] + row0 * K, fp8_in_[0], rows * K, parallel::DType::u8);
+      fp8_input_of_ = x;
+      if (keep) copy(keep->scale_inv, fp8_scale_inv(fp8_in_slot_), int64_t(sizeof(float)));
+    } else if (!(x_same && fp8_input_of_ == x)) {
       fp8_in_slot_ = fp8_slot(b, g, 0);
       fp8_cast(fp8_in_slot_, x, M_, K, fp8_in_[0], fp8_in_[1]);
       fp8_input_of_ = x;
-      if (keep && keep->codes) {
+      if (keep) {
         // This rank's rows of the transposed codes: columns [row0, row0 +
         // rows) of (K, M), and the scale_inv they were cast with.
         memory::copy_2d(keep->codes, keep->rows, fp8_in_[1] + keep->row0, M_, keep->rows, K, stream_);
@@ -282,12 +304,13 @@ void LlamaStage<Elem, G>::linear_forward(const Block& b, Fp8Gemm g, const Elem* 
         op);
   } else {
     if (!(x_same && fp8_input_of_ == x && !fp8_input_over_tokens_)) {
-      const float scale = fp8_quantize(b, g, 0, x, M_, K, false, fp8_input_);
+      const float scale = fp8_quantize(b, g, 0, x, rows, K, false, fp8_input_ + row0 * K);
+      if (x_rows) groups_.tp->all_gather(fp8_input_ + row0 * K, fp8_input_, rows * K);
       fp8_input_of_ = x;
       fp8_input_over_tokens_ = false;
-      if (keep && keep->codes) {
+      if (keep) {
         // This rank's rows' codes, row-major, as fp8_qdq formed them.
-        const Elem* mine = x + keep->row0 * K;
+        const Elem* mine = x + (x_rows ? 0 : keep->row0 * K);
         const int64_t n = keep->rows * K;
         for (int64_t i = 0; i < n; ++i) keep->codes[i] = kernels::fp8_quantize(mine[i], scale, kernels::Fp8Format::e4m3);
         *keep->scale_inv = 1.0f / scale;
@@ -481,7 +504,8 @@ void LlamaStage<Elem, G>::linear_wgrad(const Block& b, Fp8Gemm g, const Elem* dy
   template void LlamaStage<E, G>::fp8_weight_offsets();                                                         \
   template const E* LlamaStage<E, G>::fp8_weight(const Block&, Fp8Gemm, const E*);                             \
   template void LlamaStage<E, G>::linear_forward(const Block&, Fp8Gemm, const E*, bool, const E*, E*,          \
-                                                 const char*, const Fp8Kept*);                                 \
+                                                 const char*, const Fp8Kept*, bool);                           \
+  template bool LlamaStage<E, G>::fp8_gathers_codes(const Block&, Fp8Gemm) const;                              \
   template void LlamaStage<E, G>::linear_dgrad(const Block&, Fp8Gemm, const E*, bool, const E*, E*,            \
                                                kernels::Write, const char*);                                   \
   template void LlamaStage<E, G>::linear_wgrad(const Block&, Fp8Gemm, const E*, bool, const E*, bool, G*,      \
