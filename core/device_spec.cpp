@@ -35,8 +35,11 @@ constexpr int64_t MiB = int64_t{1} << 20;
 // - network: one HDR 200 Gb/s NIC per A100 GPU (DGX A100) and one NDR
 //   400 Gb/s NIC per H100/H200 GPU (DGX H100), i.e. 25 and 50 GB/s;
 // - latencies: typical NCCL per-hop figures, ~5 us NVLink, ~10 us InfiniBand;
-// - runtime overhead: CUDA context, cuBLAS and NCCL handles, a stated 1 GiB
-//   until measured on the device.
+// - runtime overhead: what one GPU process takes beyond weft's arena (the
+//   CUDA context, cuBLAS and cuDNN handles and their own memory): 544 MiB,
+//   measured on an H200 (CUDA 13.0, driver 580; 0.52-0.53 GiB over eight
+//   Llama 3.2 1B layouts, benchmarks/gpu_memory_model.py) and taken for every
+//   GPU; NCCL's buffers, unmeasured, are the memory model's own term.
 // h100-96gb is the H100 SXM board with 96 GB of HBM2e at a 500 W power limit
 // (Meta's Grand Teton hosts, on which torchtitan's published runs were
 // measured): 2.4 TB/s, NVLink and a 400 Gb/s NIC per GPU as its H100 SXM
@@ -60,7 +63,7 @@ DeviceSpec gpu(const char* name, int64_t sm_arch, int64_t mem_mib, double bf16_t
   d.intra_node_latency = 5e-6;
   d.inter_node_latency = 10e-6;
   d.sm_count = sms;
-  d.runtime_overhead_bytes = 1024 * MiB;
+  d.runtime_overhead_bytes = kGpuRuntimeBytes;
   d.default_gpus_per_node = 8;
   return d;
 }
@@ -199,7 +202,7 @@ DeviceSpec device_from_gpu(const GpuProperties& p) {
     d.inter_node_bandwidth = 12.5e9;
     d.intra_node_latency = 10e-6;
     d.inter_node_latency = 20e-6;
-    d.runtime_overhead_bytes = int64_t{1} << 30;
+    d.runtime_overhead_bytes = kGpuRuntimeBytes;
   }
   d.name = preset.empty() ? p.name : preset;
   d.kind = DeviceKind::gpu;

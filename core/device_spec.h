@@ -16,6 +16,11 @@ namespace weft {
 
 enum class DeviceKind { gpu, cpu };
 
+// What one GPU process takes beyond weft's arena: the CUDA context and the
+// cuBLAS and cuDNN handles with their own memory. Measured on an H200 (CUDA
+// 13.0, driver 580): 0.52-0.53 GiB over eight Llama 3.2 1B layouts.
+inline constexpr int64_t kGpuRuntimeBytes = int64_t{544} << 20;
+
 struct DeviceSpec {
   std::string name;
   DeviceKind kind = DeviceKind::gpu;
@@ -32,7 +37,7 @@ struct DeviceSpec {
   double intra_node_latency = 0;     // seconds per collective hop inside a node
   double inter_node_latency = 0;     // seconds per collective hop across nodes
   int64_t sm_count = 0;              // streaming multiprocessors (cores on CPU)
-  int64_t runtime_overhead_bytes = 0;  // CUDA context, library handles; stated, not measured
+  int64_t runtime_overhead_bytes = 0;  // CUDA context, library handles (kGpuRuntimeBytes on a GPU)
   int64_t default_gpus_per_node = 8;
   // Rates measured on this machine (a measured device profile), which the
   // cost model prefers to the datasheet numbers above; none by default.

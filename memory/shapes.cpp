@@ -464,6 +464,10 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
 
   if (device.runtime_overhead_bytes > 0)
     out.push_back({"runtime", Category::overhead, device.runtime_overhead_bytes, 1, 1});
+  // NCCL's own buffers and handles on a GPU of several ranks, outside the
+  // arena: stated, not measured (no multi-GPU run has been measured yet).
+  if (device.kind == DeviceKind::gpu && l.world() > 1)
+    out.push_back({"runtime.nccl", Category::overhead, kNcclRuntimeBytes, 1, 1});
   WEFT_ASSERT(next_ckpt == ckpt.size());
 }
 

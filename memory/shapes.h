@@ -20,6 +20,12 @@
 
 namespace weft::memory {
 
+// What NCCL takes on a GPU of a multi-rank run beyond the arena (its
+// communicators' buffers and handles): a stated 512 MiB, which with the
+// measured single-process runtime keeps the earlier stated 1 GiB for such
+// runs until one is measured.
+inline constexpr int64_t kNcclRuntimeBytes = int64_t{512} << 20;
+
 enum class Category { weights, grads, optimizer, activations, logits, workspace, comm, overhead };
 constexpr int kCategories = 8;
 const char* to_string(Category c);

@@ -90,7 +90,7 @@ int64_t arena_reservation(const TrainConfig& t, int64_t world_rank, int64_t worl
   const auto grid = parallel::RankGrid::of_layout(t.layout, world);
   const auto& stage = mem.stages[size_t(grid.coords(world_rank).pp)];
   // The arena holds every category but the runtime overhead (the process and
-  // its libraries); the slack covers alignment and the model's rounding.
+  // its libraries).
   int64_t bytes = stage.total - stage.bytes[size_t(memory::Category::overhead)];
   return int64_t(std::ceil(double(bytes) * (1 + slack))) + (int64_t{1} << 20);
 }

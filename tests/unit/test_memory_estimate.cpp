@@ -26,6 +26,26 @@ const TensorShape* shape_named(const std::vector<TensorShape>& t, const char* na
   return nullptr;
 }
 
+// The runtime beyond the arena: none on the CPU, the measured single-process
+// share on a GPU, and NCCL's stated share on a GPU of several ranks.
+TEST(MemoryEstimate, RuntimeOverheadByDeviceAndRanks) {
+  const auto m = model_preset("tiny-test");
+  const RunSpec run{16, 8, Precision::bf16};
+  const DeviceSpec gpu = device_preset("h100");
+  EXPECT_EQ(gpu.runtime_overhead_bytes, kGpuRuntimeBytes);
+  const auto overhead = [&](const Layout& l, const DeviceSpec& d) {
+    return cat(estimate(m, run, l, d).stages[0], Category::overhead);
+  };
+  Layout one;
+  EXPECT_EQ(overhead(one, cpu_device()), 0);
+  EXPECT_EQ(overhead(one, gpu), kGpuRuntimeBytes);
+  for (const char* text : {"tp2-pp1-dp1-mb1", "tp1-pp1-dp2-mb1", "tp1-pp2-dp1-mb1", "tp1-cp2-pp1-dp1-mb1"}) {
+    const Layout l = Layout::parse(text);
+    EXPECT_EQ(overhead(l, gpu), kGpuRuntimeBytes + kNcclRuntimeBytes) << text;
+    EXPECT_EQ(overhead(l, cpu_device()), 0) << text;
+  }
+}
+
 // tiny-test: V=96 C=32 F=80 L=8 H=4 H_kv=2 D=8, fp32, T=16, one rank, mb 1.
 TEST(MemoryEstimate, HandComputedSingleRank) {
   const auto m = model_preset("tiny-test");
