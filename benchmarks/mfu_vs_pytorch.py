@@ -23,11 +23,16 @@ the same peak, so the MFU columns compare directly. The last line gives weft
 over eager and over compile at each weft's best micro-batch.
 
     python3 benchmarks/mfu_vs_pytorch.py [--weft build/weft] [--steps 20]
-        [--mb-list 1,2,4] [--model llama3.2-1b] [--seq 2048]
+        [--mb-list 1,2,4] [--model llama3.2-1b] [--seq 2048] [--accum 4]
+        [--grads fp32,bf16]
+
+--accum sets the micro-batches per step; --grads bf16 adds weft rows with
+bf16 gradients (grad:bf16), shown beside the fp32 ones and compared apart,
+since PyTorch's gradients here are fp32.
 
 Needs a CUDA GPU, torch with CUDA, and a CUDA build of weft.
 """
-import argparse, json, math, os, re, subprocess, sys, tempfile, time
+import argparse, itertools, json, math, os, re, subprocess, sys, tempfile, time
 
 SHAPES = {
     # name: V, C, F, L, H, H_kv, tied
@@ -52,10 +57,10 @@ def random_tokens(V, n=1 << 22):
     return path
 
 
-def run_weft(weft, model, T, mb, attn, steps, gb, data):
+def run_weft(weft, model, T, mb, attn, steps, gb, data, grad="fp32"):
     out = tempfile.mkdtemp(prefix="weft-mfu-")
     cmd = [weft, "train", "--data", data, "--model", model, "--seq", str(T), "--global-batch", str(gb),
-           "--layout", f"tp1-pp1-dp1-mb{mb}-attn:{attn}", "--steps", str(steps), "--log-every", "5",
+           "--layout", f"tp1-pp1-dp1-mb{mb}-attn:{attn}-grad:{grad}", "--steps", str(steps), "--log-every", "5",
            "--eval-every", "0", "--eval-samples", str(mb), "--device", "gpu", "--no-checkpoint", "--out", out]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
@@ -191,45 +196,51 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--mb-list", default="1,2,4")
     ap.add_argument("--data", help="token file or folder for weft (default: random ids)")
+    ap.add_argument("--accum", type=int, default=4, help="micro-batches per optimizer step on both sides")
+    ap.add_argument("--grads", default="fp32", help="weft's gradient types to run (fp32, bf16 or both); "
+                    "PyTorch keeps fp32 gradients, so the ratios compare the fp32 rows and a bf16 row is "
+                    "shown beside them")
     a = ap.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # rows show as they come, also through a pipe
     shape = SHAPES[a.model]
     data = a.data or random_tokens(shape[0])
     fpt = flops_per_token(*shape, a.seq)
     mbs = [int(x) for x in a.mb_list.split(",")]
-    accum = 4  # micro-batches per optimizer step on both sides
+    accum = a.accum
     rows, peak = [], None
     print(f"model {a.model}, T {a.seq}, {fpt / 1e9:.2f} GFLOP per token (6N + 12LCT)")
-    print(f"{'side':<13}{'mb':>4}{'tokens/s':>12}{'TFLOP/s':>10}{'MFU':>8}  note")
+    print(f"{'side':<17}{'mb':>4}{'tokens/s':>12}{'TFLOP/s':>10}{'MFU':>8}  note")
     for mb in mbs:
         # weft with each of its GPU attention kernels (the tuner would pick the faster).
-        for attn in ("flash", "cudnn"):
-            w, p, err = run_weft(a.weft, a.model, a.seq, mb, attn, a.steps, mb * accum, data)
+        for attn, grad in itertools.product(("flash", "cudnn"), a.grads.split(",")):
+            w, p, err = run_weft(a.weft, a.model, a.seq, mb, attn, a.steps, mb * accum, data, grad)
             peak = peak or p
-            side = f"weft-{attn}"
+            side = f"weft-{attn}" + ("" if grad == "fp32" else f"-g:{grad}")
             if w:
-                rows.append(("weft", mb, w["tokens_per_s"]))
-                print(f"{side:<13}{mb:>4}{w['tokens_per_s']:>12.0f}{w['tflops_per_device']:>10.1f}{100 * w['mfu']:>7.1f}%")
+                rows.append(("weft" if grad == "fp32" else f"weft grad:{grad}", mb, w["tokens_per_s"]))
+                print(f"{side:<17}{mb:>4}{w['tokens_per_s']:>12.0f}{w['tflops_per_device']:>10.1f}{100 * w['mfu']:>7.1f}%")
             else:
-                print(f"{side:<13}{mb:>4}{'-':>12}{'-':>10}{'-':>8}  {err}")
+                print(f"{side:<17}{mb:>4}{'-':>12}{'-':>10}{'-':>8}  {err}")
         for compiled in (False, True):
             side = "compile" if compiled else "eager"
             try:
                 tps = run_torch(shape, a.seq, mb, accum, a.steps, compiled)
             except Exception as e:  # out of memory, a compile failure: say so and go on
-                print(f"{side:<13}{mb:>4}{'-':>12}{'-':>10}{'-':>8}  {type(e).__name__}: {str(e)[:120]}")
+                print(f"{side:<17}{mb:>4}{'-':>12}{'-':>10}{'-':>8}  {type(e).__name__}: {str(e)[:120]}")
                 continue
             finally:
                 release_torch()
             rows.append((side, mb, tps))
             mfu = f"{100 * tps * fpt / peak:>7.1f}%" if peak else f"{'?':>8}"
-            print(f"{side:<13}{mb:>4}{tps:>12.0f}{tps * fpt / 1e12:>10.1f}{mfu}")
+            print(f"{side:<17}{mb:>4}{tps:>12.0f}{tps * fpt / 1e12:>10.1f}{mfu}")
     if peak:
         print(f"peak: {peak / 1e12:.0f} TFLOP/s dense bf16 (weft's DeviceSpec for this GPU)")
-    best = {s: max((t for side, _, t in rows if side == s), default=None) for s in ("weft", "eager", "compile")}
-    for other in ("eager", "compile"):
-        if best["weft"] and best[other]:
-            print(f"weft / {other} (best micro-batch each): {best['weft'] / best[other]:.2f}x")
+    sides = ["weft"] + [f"weft grad:{g}" for g in a.grads.split(",") if g != "fp32"]
+    best = {s: max((t for side, _, t in rows if side == s), default=None) for s in sides + ["eager", "compile"]}
+    for mine in sides:
+        for other in ("eager", "compile"):
+            if best[mine] and best[other]:
+                print(f"{mine} / {other} (best micro-batch each): {best[mine] / best[other]:.2f}x")
     return 0
 
 

@@ -9,13 +9,17 @@
 # commands are time-limited):
 #   tests      the gpu-labelled tests (kernels with the fp8 ops, attention, training,
 #              workspace)
-#   sanitize   compute-sanitizer memcheck over the kernel and attention tests
+#   sanitize   compute-sanitizer memcheck over the kernel, attention and training tests
 #   kernels    bench_gpu_kernels: each family against the measured copy and GEMM ceilings,
 #              gemm beside cuBLAS's best; benchmarks/kernels_vs_pytorch.py: rmsnorm and
 #              cross-entropy beside PyTorch eager
 #   attention  bench_gpu_attention and benchmarks/attention_vs_pytorch.py
 #   mfu        benchmarks/mfu_vs_pytorch.py (Llama 3.2 1B, weft vs PyTorch): the
-#              steps mfu1, mfu2 and mfu4, one micro-batch size each
+#              steps mfu1, mfu2 and mfu4, one micro-batch size each (4 a step);
+#              mfu8 runs micro-batch 8, one a step, with bf16-gradient rows too
+#   auto       weft train --auto on Llama 3.2 1B (T 2048, 8 sequences a step, random
+#              tokens): the trials, the winner and the cost model's error, then
+#              200 steps of training
 #   memory     benchmarks/gpu_memory_model.py (the memory model against the
 #              device): memory-flash, memory-materialized and memory-cudnn
 #   multi      two GPUs or more, with Open MPI's mpirun: test_comm_nccl over 2 ranks,
@@ -33,13 +37,13 @@ while [ $# -gt 0 ]; do
     --bundle) bundle=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
-    tests|sanitize|kernels|attention|mfu[124]|memory-flash|memory-materialized|memory-cudnn|multi) steps+=("$1"); shift ;;
+    tests|sanitize|kernels|attention|auto|mfu[1248]|memory-flash|memory-materialized|memory-cudnn|multi) steps+=("$1"); shift ;;
     mfu) steps+=(mfu1 mfu2 mfu4); shift ;;
     memory) steps+=(memory-flash memory-materialized memory-cudnn); shift ;;
     *) echo "gpu_checks: '$1' is not an option or step; see the top of $0" >&2; exit 2 ;;
   esac
 done
-[ ${#steps[@]} -eq 0 ] && steps=(tests sanitize kernels attention mfu1 mfu2 mfu4 memory-flash memory-materialized
+[ ${#steps[@]} -eq 0 ] && steps=(tests sanitize kernels attention auto mfu1 mfu2 mfu4 mfu8 memory-flash memory-materialized
                                  memory-cudnn multi)
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
@@ -94,7 +98,11 @@ for s in "${steps[@]}"; do
         if [ -x "$build/$t" ]; then run tests 590 "$build/$t"; fi
       done ;;
     sanitize)
-      for t in tests/gpu/test_gpu_kernels tests/gpu/test_gpu_attention; do
+      # The protocol tests that provoke a CUDA error on purpose (a bad device
+      # ordinal, an allocation too large) are left out: memcheck counts those.
+      run sanitize 590 compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/gpu/test_gpu_kernels" \
+        --gtest_filter=-GpuProtocol.CudaCheckNamesTheCall:GpuProtocol.DeviceArena
+      for t in tests/gpu/test_gpu_attention tests/gpu/test_gpu_train; do
         run sanitize 590 compute-sanitizer --tool memcheck --error-exitcode 1 "$build/$t"
       done ;;
     kernels)
@@ -104,6 +112,14 @@ for s in "${steps[@]}"; do
       run attention 590 "$build/benchmarks/bench_gpu_attention"
       run attention 590 python3 "$here/benchmarks/attention_vs_pytorch.py" --build "$build" ;;
     mfu[124]) run "$s" 590 python3 "$here/benchmarks/mfu_vs_pytorch.py" --weft "$build/weft" --mb-list "${s#mfu}" ;;
+    mfu8) run "$s" 590 python3 "$here/benchmarks/mfu_vs_pytorch.py" --weft "$build/weft" --mb-list 8 --accum 1 \
+            --grads fp32,bf16 ;;
+    auto)
+      tokens="$out/auto-tokens.npy"
+      python3 -c "import numpy as np, sys; np.save(sys.argv[1], np.random.default_rng(7).integers(0, 128256, size=1 << 22, dtype=np.int32))" "$tokens"
+      run auto 590 "$build/weft" train --model llama3.2-1b --data "$tokens" --seq 2048 --global-batch 8 --steps 200 \
+        --tune-top 10 --eval-every 0 --eval-samples 8 --no-checkpoint --log-every 20 --out "$out/auto-run" --overwrite
+      rm -f "$tokens" ;;
     memory-*)
       run "$s" 590 python3 "$here/benchmarks/gpu_memory_model.py" --weft "$build/weft" --attn "${s#memory-}" ;;
     multi)

@@ -230,7 +230,7 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
   if constexpr (R::kDevice) {
     reserved = std::make_unique<memory::Arena>(memory::device_allocator());
     on_every_rank<memory::OutOfMemory>(c, "reserving its predicted memory", [&] {
-      reserved->reserve(arena_reservation(c, c.groups ? c.groups->world->rank() : 0, world, 0.05));
+      reserved->reserve(arena_reservation(c, c.groups ? c.groups->world->rank() : 0, world, kArenaSlack));
     });
   }
   // Building the run and opening the checkpoint communicate nothing, and
@@ -509,6 +509,9 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
     mj["independent"] = {{"bytes", report.independent},
                          {"what", R::kDevice ? "device memory in use by the run (cudaMemGetInfo)" : kHostIndependent}};
   if (report.independent_save > 0) mj["independent_saving"] = report.independent_save;
+  // The device arena's one reservation (the model's bytes and their slack),
+  // so a check outside the process can tell it from the runtime's share.
+  if (run.arena.reserved() > 0) mj["arena_reserved"] = run.arena.reserved();
   run.emit(nlohmann::json{{"kind", "end"},
                           {"last_step", report.last_step},
                           {"steps_run", std::max<int64_t>(0, ran)},
