@@ -295,41 +295,24 @@ class MpiComm final : public Comm {
   }
 
   void all_gather(const void* in, void* out, int64_t count, DType t) override {
-    check_not_cancelled("all_gather");
-    const void* send = in == block(out, rank_ * count, t) ? MPI_IN_PLACE : in;
-    MPI_Request req;
-    WEFT_MPI_CHECK(MPI_Iallgather(send, mpi_count(count), mpi_type(t), out, mpi_count(count),
-                                  mpi_type(t), comm_, &req));
+    MPI_Request req = start_all_gather(in, out, count, t, "all_gather");
     complete(req, "MPI_Iallgather", "all_gather");
   }
 
   void reduce_scatter(const void* in, void* out, int64_t count, DType t) override {
-    check_not_cancelled("reduce_scatter");
-    const void* send = in == out ? MPI_IN_PLACE : in;
-    MPI_Request req;
-    WEFT_MPI_CHECK(MPI_Ireduce_scatter_block(send, out, mpi_count(count), mpi_type(t), MPI_SUM,
-                                             comm_, &req));
+    MPI_Request req = start_reduce_scatter(in, out, count, t, "reduce_scatter");
     complete(req, "MPI_Ireduce_scatter_block", "reduce_scatter");
   }
 
   // Started here like iall_reduce: the backward's GEMMs run before its wait().
   std::unique_ptr<CommRequest> iall_gather(const void* in, void* out, int64_t count, DType t) override {
-    check_not_cancelled("iall_gather");
-    const void* send = in == block(out, rank_ * count, t) ? MPI_IN_PLACE : in;
-    MPI_Request req;
-    WEFT_MPI_CHECK(MPI_Iallgather(send, mpi_count(count), mpi_type(t), out, mpi_count(count),
-                                  mpi_type(t), comm_, &req));
-    return std::make_unique<MpiRequest>(req, "MPI_Iallgather", collective_what("iall_gather"), mpi_type(t), -1,
-                                        cancel_);
+    return std::make_unique<MpiRequest>(start_all_gather(in, out, count, t, "iall_gather"), "MPI_Iallgather",
+                                        collective_what("iall_gather"), mpi_type(t), -1, cancel_);
   }
 
   std::unique_ptr<CommRequest> ireduce_scatter(const void* in, void* out, int64_t count, DType t) override {
-    check_not_cancelled("ireduce_scatter");
-    const void* send = in == out ? MPI_IN_PLACE : in;
-    MPI_Request req;
-    WEFT_MPI_CHECK(MPI_Ireduce_scatter_block(send, out, mpi_count(count), mpi_type(t), MPI_SUM,
-                                             comm_, &req));
-    return std::make_unique<MpiRequest>(req, "MPI_Ireduce_scatter_block", collective_what("ireduce_scatter"),
+    return std::make_unique<MpiRequest>(start_reduce_scatter(in, out, count, t, "ireduce_scatter"),
+                                        "MPI_Ireduce_scatter_block", collective_what("ireduce_scatter"),
                                         mpi_type(t), -1, cancel_);
   }
 
@@ -450,6 +433,26 @@ class MpiComm final : public Comm {
   // A communicator whose flag is set starts nothing more.
   void check_not_cancelled(const char* op) const {
     if (cancelled(cancel_)) throw_abandoned(collective_what(op));
+  }
+
+  // The even all-gather and reduce-scatter, started (blocking forms wait on
+  // the request at once). This rank's block of out as in, or in == out for
+  // the reduce-scatter, runs in place.
+  MPI_Request start_all_gather(const void* in, void* out, int64_t count, DType t, const char* what) {
+    check_not_cancelled(what);
+    const void* send = in == block(out, rank_ * count, t) ? MPI_IN_PLACE : in;
+    MPI_Request req;
+    WEFT_MPI_CHECK(MPI_Iallgather(send, mpi_count(count), mpi_type(t), out, mpi_count(count),
+                                  mpi_type(t), comm_, &req));
+    return req;
+  }
+  MPI_Request start_reduce_scatter(const void* in, void* out, int64_t count, DType t, const char* what) {
+    check_not_cancelled(what);
+    const void* send = in == out ? MPI_IN_PLACE : in;
+    MPI_Request req;
+    WEFT_MPI_CHECK(MPI_Ireduce_scatter_block(send, out, mpi_count(count), mpi_type(t), MPI_SUM,
+                                             comm_, &req));
+    return req;
   }
 
   // Waits for the collective `op` started by `call`.
