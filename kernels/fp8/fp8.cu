@@ -10,8 +10,13 @@
 //   cast_kernel       no transpose: a grid-stride loop over the elements,
 //                     8 at a time (one 16-byte load of bf16, one 8-byte store
 //                     of codes) where the pointers allow.
-//   cast_t_kernel     with out_t: 32 x 32 tiles through shared memory, so
-//                     both the row-major and the transposed stores coalesce.
+//   cast_t_wide_kernel  with out_t, rows and cols multiples of 8 and the
+//                     pointers aligned: 64 x 64 tiles through shared memory,
+//                     every global access 8 elements wide (16-byte loads of
+//                     bf16, 8-byte stores of codes, both layouts).
+//   cast_t_kernel     with out_t otherwise: 32 x 32 tiles, one element per
+//                     access, so both the row-major and the transposed
+//                     stores coalesce.
 // Both fuse the amax and the health counts: per-thread partials, a block
 // reduction, one atomic per block. The amax is the max of |x|'s bits as
 // unsigned integers, which orders non-negative floats as their values and
@@ -190,6 +195,72 @@ __global__ void __launch_bounds__(kThreads)
   stats_flush(st, amax, health);
 }
 
+// The wide transpose: a 64 x 64 tile per block iteration. Loading, each
+// thread takes 8 consecutive columns of a row (8 threads a row, 32 rows a
+// pass, two passes), stores their codes in one 8-byte store and keeps them in
+// the shared tile; storing the transpose, each thread gathers 8 consecutive
+// rows of one column from the tile and stores them in one 8-byte store. The
+// tile's rows are 68 bytes apart (17 words), so the column reads of a warp
+// fall on different banks but for pairs. rows % 8 == cols % 8 == 0, so a
+// group of 8 is wholly inside the tensor or wholly outside it.
+constexpr int kWide = 64, kWideStride = kWide + 4;
+
+template <Fp8Format F>
+__global__ void __launch_bounds__(kThreads)
+    cast_t_wide_kernel(int64_t rows, int64_t cols, const nv_bf16* __restrict__ x,  // (rows, cols)
+                       const float* __restrict__ scale_ptr,                        // (1)
+                       uint8_t* __restrict__ out,                                  // (rows, cols)
+                       uint8_t* __restrict__ out_t,                                // (cols, rows)
+                       float* amax, Fp8Health* health) {
+  __shared__ __align__(16) uint8_t tile[kWide * kWideStride];
+  const float scale = *scale_ptr;
+  const int64_t tiles_c = (cols + kWide - 1) / kWide;
+  const int64_t tiles = (rows + kWide - 1) / kWide * tiles_c;
+  constexpr int kGroups = kWide / gpu::kVec;  // 8 groups of 8 across a tile
+  constexpr int kPassRows = kThreads / kGroups;  // 32 rows a pass
+  static_assert(kPassRows * 2 == kWide);
+  const int lane_row = threadIdx.x / kGroups, lane_col = threadIdx.x % kGroups * gpu::kVec;
+  Stats st;
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const int64_t r0 = t / tiles_c * kWide, c0 = t % tiles_c * kWide;
+#pragma unroll
+    for (int pass = 0; pass < 2; ++pass) {
+      const int tr = lane_row + pass * kPassRows;
+      const int64_t r = r0 + tr, c = c0 + lane_col;
+      if (r < rows && c < cols) {
+        const gpu::Float8 v = gpu::load8(x + r * cols + c);
+        uint32_t lo = 0, hi = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          lo |= uint32_t(quantize<F>(v.v[i], scale, st)) << (8 * i);
+          hi |= uint32_t(quantize<F>(v.v[4 + i], scale, st)) << (8 * i);
+        }
+        *reinterpret_cast<uint2*>(out + r * cols + c) = make_uint2(lo, hi);
+        uint32_t* cell = reinterpret_cast<uint32_t*>(tile + tr * kWideStride + lane_col);
+        cell[0] = lo;
+        cell[1] = hi;
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int pass = 0; pass < 2; ++pass) {
+      const int tc = lane_row + pass * kPassRows;
+      const int64_t c = c0 + tc, r = r0 + lane_col;
+      if (r < rows && c < cols) {
+        uint32_t lo = 0, hi = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          lo |= uint32_t(tile[(lane_col + i) * kWideStride + tc]) << (8 * i);
+          hi |= uint32_t(tile[(lane_col + 4 + i) * kWideStride + tc]) << (8 * i);
+        }
+        *reinterpret_cast<uint2*>(out_t + c * rows + r) = make_uint2(lo, hi);
+      }
+    }
+    __syncthreads();
+  }
+  stats_flush(st, amax, health);
+}
+
 template <Fp8Format F>
 void cast_launch(const Fp8CastParams<bf16>& p, cudaStream_t stream) {
   const int64_t n = p.rows * p.cols;
@@ -201,6 +272,12 @@ void cast_launch(const Fp8CastParams<bf16>& p, cudaStream_t stream) {
     cast_kernel<F><<<gpu::grid_blocks(items, kThreads), kThreads, 0, stream>>>(n, vec, x, p.scale, out,
                                                                                p.amax, p.health);
     WEFT_LAUNCH_CHECK(stream, "fp8 cast_kernel");
+  } else if (p.rows % gpu::kVec == 0 && p.cols % gpu::kVec == 0 && gpu::aligned16(p.x) &&
+             reinterpret_cast<uintptr_t>(p.out) % 8 == 0 && reinterpret_cast<uintptr_t>(p.out_t) % 8 == 0) {
+    const int64_t tiles = (p.rows + kWide - 1) / kWide * ((p.cols + kWide - 1) / kWide);
+    cast_t_wide_kernel<F><<<gpu::grid_blocks(tiles * kThreads, kThreads), kThreads, 0, stream>>>(
+        p.rows, p.cols, x, p.scale, out, reinterpret_cast<uint8_t*>(p.out_t), p.amax, p.health);
+    WEFT_LAUNCH_CHECK(stream, "fp8 cast_t_wide_kernel");
   } else {
     const int64_t tiles = (p.rows + kTile - 1) / kTile * ((p.cols + kTile - 1) / kTile);
     cast_t_kernel<F><<<gpu::grid_blocks(tiles * kThreads, kThreads), kThreads, 0, stream>>>(

@@ -34,7 +34,8 @@ struct GpuCast {
 GpuCast gpu_cast(const std::vector<bf16>& x, int64_t rows, int64_t cols, Fp8Format f, float scale,
                  bool transpose, int64_t offset = 0) {
   const int64_t n = rows * cols;
-  // offset > 0 shifts x off its 16-byte boundary (the element-by-element path).
+  // offset shifts x by that many elements: off its 16-byte boundary (the
+  // element-by-element path) unless a multiple of 8.
   std::vector<bf16> padded(offset, bf16{0});
   padded.insert(padded.end(), x.begin(), x.end());
   DeviceArray<bf16> dx(padded);
@@ -126,8 +127,11 @@ TEST(GpuFp8, CastOddShapesAndMisalignedInputs) {
   struct Shape {
     int64_t rows, cols, offset;
   };
+  // Rows and columns multiples of 8 with x aligned take the wide transpose
+  // (64 x 64 tiles, whole and partial); the others the element-wise one.
   for (const Shape s : {Shape{1, 1, 0}, Shape{5, 3, 1}, Shape{113, 37, 0}, Shape{1, 1000, 1},
-                        Shape{1000, 1, 0}, Shape{64, 4096, 0}, Shape{33, 65, 3}}) {
+                        Shape{1000, 1, 0}, Shape{64, 4096, 0}, Shape{33, 65, 3}, Shape{72, 200, 0},
+                        Shape{136, 24, 8}, Shape{8, 8, 0}, Shape{64, 64, 1}}) {
     for (const Fp8Format f : kFormats) {
       SCOPED_TRACE(std::string(to_string(f)) + " " + std::to_string(s.rows) + "x" + std::to_string(s.cols) +
                    " offset " + std::to_string(s.offset));
