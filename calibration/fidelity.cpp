@@ -158,6 +158,11 @@ CalibrationResult fidelity_fit(const std::vector<PublicRun>& runs, const std::st
     return v;
   }();
   CalibrationResult fit = calibrate(steps, start, 4000, &params);
+  // A device without a measurement of cuDNN's attention prices it as flash
+  // (datasheet_constants); where no row fitted it, it follows flash's fit.
+  if (start.cudnn_efficiency == start.flash_efficiency &&
+      std::find(fit.fitted.begin(), fit.fitted.end(), "cudnn_efficiency") == fit.fitted.end())
+    fit.constants.cudnn_efficiency = fit.constants.flash_efficiency;
   if (fp8_steps.empty()) return fit;
   // The FP8 GEMM efficiency alone, bounded by what cuBLASLt reaches on the
   // largest shapes (0.81 of the dense FP8 peak; SOURCES.md, "FP8"): left

@@ -187,10 +187,15 @@ PublicRun row_to_run(const Row& r) {
   // Attention and norm kernels: the CSV's columns (S9), else the source's.
   const std::string& attn = r.get("attention");
   if (attn == "flash2") l.attention = AttentionKind::flash;
+  else if (attn == "cudnn") l.attention = AttentionKind::cudnn;
   else if (attn == "fused_softmax") l.attention = AttentionKind::materialized;
   else if (!attn.empty()) throw Skip{fmt::format("attention '{}' (no weft kernel of its kind)", attn)};
   else if (p.source.rfind("narayanan", 0) == 0 || p.source.rfind("bloom", 0) == 0)
     l.attention = AttentionKind::materialized;  // Megatron's fused softmax; no flash attention yet
+  else if ((p.source.rfind("nemo", 0) == 0 || p.source.rfind("megatron", 0) == 0) && contains(r.get("gpu"), "H100"))
+    // Megatron-Core through Transformer Engine, which on Hopper prefers its
+    // cuDNN fused attention to FlashAttention (SOURCES.md, "Attention").
+    l.attention = AttentionKind::cudnn;
   else l.attention = AttentionKind::flash;
   const std::string& norm = r.get("norm");
   l.norm = norm == "unfused" || (norm.empty() && titan) ? NormKind::unfused : NormKind::fused;

@@ -27,6 +27,7 @@ const std::vector<CalibrationParam>& calibration_params() {
   static const std::vector<CalibrationParam> params = {
       {"gemm_efficiency", &CostConstants::gemm_efficiency, 0.01, 1.0, true},
       {"flash_efficiency", &CostConstants::flash_efficiency, 0.01, 1.0, true},
+      {"cudnn_efficiency", &CostConstants::cudnn_efficiency, 0.01, 1.0, true},
       {"memory_efficiency", &CostConstants::memory_efficiency, 0.01, 1.0, true},
       {"intra_efficiency", &CostConstants::intra_efficiency, 0.01, 1.0, true},
       {"launch_overhead", &CostConstants::launch_overhead, 1e-7, 1e-3, true},

@@ -43,7 +43,7 @@ CostConstants datasheet_constants(const DeviceSpec& device) {
     // shapes; the CPU attention and streaming loops are far from peak.
     k.gemm_efficiency = 0.6;
     k.gemm_tile_m = k.gemm_tile_n = 16;
-    k.flash_efficiency = 0.15;
+    k.flash_efficiency = k.cudnn_efficiency = 0.15;  // no cuDNN on a CPU
     k.memory_efficiency = 0.5;
     k.intra_efficiency = k.inter_efficiency = 0.5;
     k.launch_overhead = 1e-6;
@@ -59,6 +59,9 @@ CostConstants datasheet_constants(const DeviceSpec& device) {
     // NCCL all-reduce bus bandwidth ~230 of 300 GB/s over NVLink 3.
     k.gemm_efficiency = 0.85;
     k.flash_efficiency = 0.6;
+    // No measurement of cuDNN's fused attention on Ampere, where Transformer
+    // Engine prefers FlashAttention-2: priced as flash (also after a fit).
+    k.cudnn_efficiency = k.flash_efficiency;
     k.intra_efficiency = 0.75;
   } else {
     // Hopper: large bf16 GEMMs measured at ~790 TFLOP/s on an H200 (0.8 of
@@ -66,6 +69,11 @@ CostConstants datasheet_constants(const DeviceSpec& device) {
     // bus bandwidth ~360 of 450 GB/s over NVLink 4.
     k.gemm_efficiency = 0.8;
     k.flash_efficiency = 0.4;
+    // cuDNN's fused SDPA (causal, GQA 32/8, D 128, forward + backward)
+    // measured on an H200 at 416 TFLOP/s at B 8 T 2048 and 522 at B 2
+    // T 8192 (0.42 and 0.53 of the dense bf16 peak; benchmarks/RESULTS.md);
+    // Transformer Engine prefers it to FlashAttention-2 on Hopper.
+    k.cudnn_efficiency = 0.47;
     k.intra_efficiency = 0.8;
     // cuBLASLt FP8 (E4M3, TN, fp32 accumulation) at 8192^3 measured at
     // ~1610 of 1979 dense TFLOP/s on H100 SXM (0.81; through PyTorch's
@@ -364,6 +372,7 @@ void to_json(nlohmann::json& j, const CostConstants& k) {
                      {"gemm_tile_n", k.gemm_tile_n},
                      {"gemm_k_half", k.gemm_k_half},
                      {"flash_efficiency", k.flash_efficiency},
+                     {"cudnn_efficiency", k.cudnn_efficiency},
                      {"memory_efficiency", k.memory_efficiency},
                      {"intra_efficiency", k.intra_efficiency},
                      {"inter_efficiency", k.inter_efficiency},
@@ -384,6 +393,9 @@ void from_json(const nlohmann::json& j, CostConstants& k) {
   get("gemm_tile_n", k.gemm_tile_n);
   get("gemm_k_half", k.gemm_k_half);
   get("flash_efficiency", k.flash_efficiency);
+  // Profiles written before cuDNN's attention had a constant of its own
+  // priced it as flash.
+  k.cudnn_efficiency = j.contains("cudnn_efficiency") ? j["cudnn_efficiency"].get<double>() : k.flash_efficiency;
   get("memory_efficiency", k.memory_efficiency);
   get("intra_efficiency", k.intra_efficiency);
   get("inter_efficiency", k.inter_efficiency);

@@ -26,6 +26,7 @@ struct CostConstants {
   double gemm_tile_n = 128;
   double gemm_k_half = 64;            // K at which the main loop's prologue halves efficiency
   double flash_efficiency = 0.5;      // fraction of peak of flash attention fwd+bwd
+  double cudnn_efficiency = 0.5;      // the same for cuDNN's fused SDPA (attn:cudnn), a kernel of its own
   double memory_efficiency = 0.8;     // fraction of memory bandwidth of streaming kernels
   double intra_efficiency = 0.75;     // NCCL bus bandwidth / NVLink bandwidth
   double inter_efficiency = 0.85;     // NCCL bus bandwidth / network bandwidth

@@ -57,17 +57,18 @@ AttentionTime attention_time(const Model& x, double B, double Hl, double Kl, dou
   if (l.attention != AttentionKind::materialized) {
     // Flash skips fully masked key blocks: half of the 4 B Hl T^2 D FLOPs;
     // the backward does 2.5x the forward's matmul work. cuDNN's fused SDPA
-    // (cudnn) is modelled as flash, at the same efficiency: it is the same
-    // tiled algorithm, and which of the two is faster on a device is left to
-    // the profiler, which times both, rather than guessed here. Under context
+    // (cudnn) is the same tiled algorithm with an efficiency of its own: on
+    // Hopper it runs 1.8x PyTorch's flash backend and 2.5x weft's sm_80 flash
+    // kernel (measured on an H200, benchmarks/RESULTS.md). Under context
     // parallelism each rank holds chunks r and 2 cp - 1 - r of 2 cp, which
     // balances the causal work: 1/cp of it on every rank, whatever the
     // transport (ring: its chunks against each block of keys in turn;
     // all-gather: against the keys up to their end; all-to-all: the whole
     // sequence on H/cp heads).
     const double flops = 4.0 * B * Hl * T * T * D * 0.5 / cp;
-    at.fwd = flops / (x.peak * x.k.flash_efficiency) + x.k.launch_overhead;
-    at.bwd = 2.5 * flops / (x.peak * x.k.flash_efficiency) + x.k.launch_overhead;
+    const double eff = l.attention == AttentionKind::cudnn ? x.k.cudnn_efficiency : x.k.flash_efficiency;
+    at.fwd = flops / (x.peak * eff) + x.k.launch_overhead;
+    at.bwd = 2.5 * flops / (x.peak * eff) + x.k.launch_overhead;
   } else {
     // Batched QK^T and PV over the rows against their keys, and a fused
     // scale-mask-softmax that reads the scores and writes the probabilities.

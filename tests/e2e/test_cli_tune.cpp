@@ -61,13 +61,22 @@ TEST(CliTune, TopIsHonouredEverywhereAndTheTableExplainsItself) {
   EXPECT_EQ(nlohmann::json::parse(r.out)["layouts"].size(), 3u);
   r = run_weft(common + " --format csv");
   EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 4);
-  // Flash and cuDNN attention are predicted alike: each has its own row, the
-  // later one noting the earlier's rank; the order's rule is stated.
-  r = run_weft("tune --dry-run --model llama-13b --gpu h100 --gpus 64 --top 40");
+  // On an A100, where nothing measured cuDNN's attention, flash and cuDNN
+  // are predicted alike: each has its own row, the later one noting the
+  // earlier's rank; the order's rule is stated.
+  r = run_weft("tune --dry-run --model llama-13b --gpu a100-80gb --gpus 64 --top 40");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("-attn:cudnn-"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find(" but attn"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("order: predicted step time"), std::string::npos) << r.out;
+  // On Hopper cuDNN's kernel has its own, measured efficiency: no twins,
+  // and its rows lead.
+  r = run_weft("tune --dry-run --model llama-13b --gpu h100 --gpus 64 --top 40 --fp8 off");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find(" but attn"), std::string::npos) << r.out;
+  const auto first = r.out.find("   1  tp");
+  ASSERT_NE(first, std::string::npos) << r.out;
+  EXPECT_NE(r.out.substr(first, r.out.find('\n', first) - first).find("-attn:cudnn-"), std::string::npos) << r.out;
   // bf16 gradients priced for CPU ranks: the CPU trainer computes in fp32.
   r = run_weft("tune --dry-run --model tiny --gpu cpu --gpus 2 --precision bf16 --grad bf16 --cp 1 --top 3");
   ASSERT_EQ(r.code, 0) << r.out;

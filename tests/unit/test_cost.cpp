@@ -49,7 +49,8 @@ TEST_F(Cost, BubbleIsTheOneFOneBFraction) {
 TEST_F(Cost, KnobsCostWhatTheyShould) {
   const auto base = p("tp2-pp2-dp16-mb1-zero1");
   EXPECT_GT(p("tp2-pp2-dp16-mb1-zero1-attn:materialized").compute, base.compute);
-  // cuDNN's fused attention is priced as flash; the profiler tells them apart.
+  // No cuDNN attention measured on an A100: priced as flash.
+  EXPECT_EQ(k.cudnn_efficiency, k.flash_efficiency);
   EXPECT_EQ(p("tp2-pp2-dp16-mb1-zero1-attn:cudnn").compute, base.compute);
   EXPECT_GT(p("tp2-pp2-dp16-mb1-zero1-norm:unfused").compute, base.compute);
   EXPECT_GT(p("tp2-pp2-dp16-mb1-zero1-ckpt:full").recompute, p("tp2-pp2-dp16-mb1-zero1-ckpt:selective").recompute);
@@ -350,6 +351,29 @@ TEST_F(Fp8, EmulatedOnTheCpuItOnlyCosts) {
   const auto f8 = p("tp1-pp1-dp2-mb1-fp8:tensorwise");
   EXPECT_GT(f8.step, p("tp1-pp1-dp2-mb1").step);
   EXPECT_EQ(f8.fp8_peak_flops, 0);
+}
+
+TEST_F(Cost, CudnnAttentionHasAnEfficiencyOfItsOwn) {
+  // Twice flash's efficiency halves the attention's time and nothing else.
+  const auto flash = p("tp2-pp2-dp16-mb1-zero1"), same = p("tp2-pp2-dp16-mb1-zero1-attn:cudnn");
+  k.cudnn_efficiency = 2 * k.flash_efficiency;
+  const auto faster = p("tp2-pp2-dp16-mb1-zero1-attn:cudnn");
+  const auto& l = Layout::parse("tp2-pp2-dp16-mb1-zero1");
+  // Per block and micro-batch: 4 B H T^2 D / 2 FLOPs, 3.5x with the backward,
+  // on tp's share of the heads; m micro-batches of L / pp blocks per stage.
+  const double flops = 3.5 * 4.0 * 1 * (m.heads / l.tp) * double(run.seq) * run.seq * m.head_dim * 0.5;
+  const double mbs = double(run.global_batch) / l.dp, blocks = double(m.layers) / l.pp;
+  const double attention = mbs * blocks * flops / (c.device.peak_flops("bf16") * k.flash_efficiency);
+  EXPECT_NEAR(same.compute - faster.compute, attention / 2, 1e-6 * same.compute);
+  EXPECT_EQ(same.compute, flash.compute);
+  EXPECT_EQ(faster.tp_comm, flash.tp_comm);
+  // On Hopper, measured: cuDNN's kernel beats the flash kernels.
+  const auto h = cost_defaults(device_preset("h100"));
+  EXPECT_GT(h.cudnn_efficiency, h.flash_efficiency);
+  // A profile written before the constant existed prices cuDNN as flash.
+  nlohmann::json old = h;
+  old.erase("cudnn_efficiency");
+  EXPECT_EQ(old.get<CostConstants>().cudnn_efficiency, h.flash_efficiency);
 }
 
 TEST(CostModel, ConstantsRoundTripJson) {

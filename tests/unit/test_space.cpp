@@ -495,9 +495,10 @@ namespace weft::tuner {
 namespace {
 
 // LoRA on Llama 3.1 70B at T = 4096 on 8 H100s: the frozen base (bf16, whole
-// on every dp rank) with adapters alone trainable fits, with less sharding
+// on every dp rank) with adapters alone trainable fits, recomputing less
 // than full fine-tuning, which fits on no layout of 8 GPUs and first fits on
-// 16. The search, which prunes with bounds, finds the same best LoRA layout
+// 16 with every block recomputed. (Not the ZeRO stage: at dp 1 the stages
+// cost the same, and the tie goes to the least memory.) The search, which prunes with bounds, finds the same best LoRA layout
 // as predicting every layout.
 TEST(SpaceSearch, LoraFitsWhereFullFineTuningDoesNot) {
   SpaceContext ctx;
@@ -520,7 +521,8 @@ TEST(SpaceSearch, LoraFitsWhereFullFineTuningDoesNot) {
   const auto sixteen = search(full, limits, 1);
   ASSERT_GT(sixteen.fitting, 0);
   const Layout f = sixteen.candidates.front().layout;
-  EXPECT_LT(best.zero, f.zero) << best.to_string() << " against " << f.to_string();
+  EXPECT_EQ(f.ckpt, Checkpointing::full) << f.to_string();
+  EXPECT_LT(int(best.ckpt), int(f.ckpt)) << best.to_string() << " against " << f.to_string();
   std::printf("LoRA r16 on 8 H100: %s; full fine-tuning on 16: %s\n", best.to_string().c_str(), f.to_string().c_str());
 }
 
