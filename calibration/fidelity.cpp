@@ -57,7 +57,9 @@ Fidelity fidelity_evaluate(const std::vector<PublicRun>& runs, Split split, cons
     const std::string& dev = r.cluster.device.name;
     auto it = cache.find(dev);
     if (it == cache.end()) it = cache.emplace(dev, constants(r.cluster.device)).first;
-    const auto cost = predict(r.model, r.run, r.layout, r.cluster, it->second);
+    CostConstants k = it->second;
+    if (r.tp_comm_overlapped) k.tp_overlap = 1;
+    const auto cost = predict(r.model, r.run, r.layout, r.cluster, k);
     const auto mem = memory::estimate(r.model, r.run, r.layout, r.cluster.device);
     f.rows.push_back({&r, cost.mfu, cost.step, mem.fits, double(mem.peak())});
   }
@@ -142,10 +144,11 @@ CalibrationResult fidelity_fit(const std::vector<PublicRun>& runs, const std::st
   for (const auto& r : runs)
     if (!r.oom && !r.held_out && device_family_name(r.cluster.device) == family)
       (r.layout.fp8 != Fp8Recipe::off ? fp8_steps : steps)
-          .push_back({&r.model, &r.run, &r.cluster, r.layout, r.measured_step_s});
-  // The public runs' frameworks never overlap tensor-parallel communication
-  // with compute (Megatron-style TP, FSDP without TP), and their kernels
-  // launch in a few microseconds: left free, tp_overlap and launch_overhead
+          .push_back({&r.model, &r.run, &r.cluster, r.layout, r.measured_step_s, r.tp_comm_overlapped});
+  // The public runs that overlap tensor-parallel communication with compute
+  // say so (tp_comm_overlapped: priced with tp_overlap 1), the others do
+  // not (Megatron-style TP, FSDP without TP), and their kernels launch in a
+  // few microseconds: left free, tp_overlap and launch_overhead
   // soak up what other terms miss (a fit put them at 0.8 and 70 us, which
   // inverted the micro-batch and tp-against-pp rankings of the S9 sweeps).
   static const std::vector<CalibrationParam> params = [] {

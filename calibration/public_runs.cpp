@@ -186,17 +186,26 @@ PublicRun row_to_run(const Row& r) {
 
   // Attention and norm kernels: the CSV's columns (S9), else the source's.
   const std::string& attn = r.get("attention");
+  const bool te_hopper =
+      (p.source.rfind("nemo", 0) == 0 || p.source.rfind("megatron", 0) == 0) && contains(r.get("gpu"), "H100");
   if (attn == "flash2") l.attention = AttentionKind::flash;
   else if (attn == "cudnn") l.attention = AttentionKind::cudnn;
   else if (attn == "fused_softmax") l.attention = AttentionKind::materialized;
   else if (!attn.empty()) throw Skip{fmt::format("attention '{}' (no weft kernel of its kind)", attn)};
   else if (p.source.rfind("narayanan", 0) == 0 || p.source.rfind("bloom", 0) == 0)
     l.attention = AttentionKind::materialized;  // Megatron's fused softmax; no flash attention yet
-  else if ((p.source.rfind("nemo", 0) == 0 || p.source.rfind("megatron", 0) == 0) && contains(r.get("gpu"), "H100"))
+  else if (te_hopper)
     // Megatron-Core through Transformer Engine, which on Hopper prefers its
-    // cuDNN fused attention to FlashAttention (SOURCES.md, "Attention").
+    // cuDNN fused attention to FlashAttention (SOURCES.md, "Attention and
+    // tensor-parallel overlap").
     l.attention = AttentionKind::cudnn;
   else l.attention = AttentionKind::flash;
+  // NeMo's and Megatron-Bridge's Hopper recipes overlap the tensor-parallel
+  // collectives with the GEMMs (userbuffers), as torchtitan's rows that
+  // state AsyncTP do: weft prices that through tp_overlap.
+  p.tp_comm_overlapped =
+      (te_hopper && (p.source.rfind("nemo", 0) == 0 || p.source.rfind("megatronbridge", 0) == 0)) ||
+      contains(notes, "AsyncTP") || contains(notes, "Async TP");
   const std::string& norm = r.get("norm");
   l.norm = norm == "unfused" || (norm.empty() && titan) ? NormKind::unfused : NormKind::fused;
 

@@ -30,6 +30,9 @@ struct PublicRun {
   // prediction, made for the same spec, compares like with like).
   double measured_mfu = 0;
   bool held_out = false;      // in the held-out split (never fitted to)
+  // The framework overlaps tensor-parallel collectives with the GEMMs
+  // (SOURCES.md, "Attention and tensor-parallel overlap").
+  bool tp_comm_overlapped = false;
 };
 
 struct PublicRunSet {
@@ -42,7 +45,8 @@ struct PublicRunSet {
 // device, a stated micro-batch and parallel degrees (cp with its framework's
 // default transport, FP8 rows with their framework's recipe), and an attention kernel
 // weft has (FlashAttention-2 class: flash; Megatron's fused softmax:
-// materialized); other rows are counted in `skipped` by reason. Unstated
+// materialized; Transformer Engine on Hopper: cudnn); other rows are counted
+// in `skipped` by reason. Unstated
 // values take the source's documented defaults (see SOURCES.md, "How weft
 // reads the rows"). GPT-style models (a 4h GELU MLP) become the Llama of the
 // same FLOPs: F = 8h/3. The held-out split is whole sweeps, 30% of each

@@ -78,6 +78,11 @@ struct Problem {
 };
 
 double predicted_step(const MeasuredStep& o, const CostConstants& k) {
+  if (o.tp_comm_overlapped) {
+    CostConstants overlapped = k;
+    overlapped.tp_overlap = 1;
+    return predict(*o.model, *o.run, o.layout, *o.cluster, overlapped).step;
+  }
   return predict(*o.model, *o.run, o.layout, *o.cluster, k).step;
 }
 

@@ -27,6 +27,10 @@ struct MeasuredStep {
   const ClusterSpec* cluster = nullptr;
   Layout layout;
   double measured_step_s = 0;
+  // The run's framework overlaps its tensor-parallel collectives with the
+  // GEMMs (Transformer Engine's userbuffers, in public rows): priced with
+  // tp_overlap 1 whatever the constants say.
+  bool tp_comm_overlapped = false;
 };
 
 struct CalibrationResult {
