@@ -207,7 +207,10 @@ PublicRun row_to_run(const Row& r) {
       (te_hopper && (p.source.rfind("nemo", 0) == 0 || p.source.rfind("megatronbridge", 0) == 0)) ||
       contains(notes, "AsyncTP") || contains(notes, "Async TP");
   const std::string& norm = r.get("norm");
-  l.norm = norm == "unfused" || (norm.empty() && titan) ? NormKind::unfused : NormKind::fused;
+  // torchtitan's eager RMSNorm is separate kernels; torch.compile fuses it
+  // (SOURCES.md, "Attention and tensor-parallel overlap").
+  const bool eager_titan = titan && !contains(notes, "compile");
+  l.norm = norm == "unfused" || (norm.empty() && eager_titan) ? NormKind::unfused : NormKind::fused;
 
   // ZeRO and gradient precision. S9 states neither: its 13B tp1-pp1-dp64
   // run trained on 80 GB, which only 16-bit gradients with a sharded
