@@ -112,8 +112,9 @@ std::string breakdown(const Candidate& c, const SpaceContext& ctx) {
 // JSON and CSV reports list (the first `top` of the ranking, fitting ones
 // first). A fitting row notes the listed layouts predicted exactly alike
 // with it but for the attention kind (weft's flash and cuDNN's fused
-// attention are priced alike; the profiler tells them apart), and why the
-// trainer cannot run it yet, if it cannot.
+// attention are priced alike on a device where cuDNN's was never measured;
+// the profiler tells them apart), and why the trainer cannot run it yet, if
+// it cannot.
 struct Row {
   const Candidate* c;
   int64_t rank = 0;                // 0: not fitting
