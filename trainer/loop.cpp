@@ -176,7 +176,7 @@ void check_trainable(const Layout& l, DeviceKind device) {
                                   l.to_string(), l.cp, to_string(l.attention)));
   if (l.fp8 == Fp8Recipe::blockwise && gpu)
     throw LayoutError(fmt::format("layout {}: fp8:blockwise (block scaling) runs emulated on the CPU trainer only; "
-                                  "the GPU trainer has no block-scaled FP8 GEMMs yet (use fp8:tensorwise or "
+                                  "the GPU trainer does not call the block-scaled FP8 kernels yet (use fp8:tensorwise or "
                                   "fp8:delayed on a GPU, or --device cpu)",
                                   l.to_string()));
   if (l.fp8 != Fp8Recipe::off && gpu) {

@@ -22,6 +22,15 @@ Status params_check(const Fp8CastParams<Elem>& p) {
 }
 
 template <typename Elem>
+Status params_check(const Fp8BlockCastParams<Elem>& p) {
+  if (p.rows < 0 || p.cols < 0 || p.tiles == Fp8Tiles::tensor) return Status::invalid_argument;
+  const int64_t n = p.rows * p.cols;
+  if (!present(p.x, n) || !present(p.out, n) || !present(p.scale_inv, n)) return Status::invalid_argument;
+  if (p.out_t && !present(p.scale_inv_t, n)) return Status::invalid_argument;
+  return Status::ok;
+}
+
+template <typename Elem>
 Status params_check(const Fp8AmaxParams<Elem>& p) {
   if (p.n < 0 || !present(p.x, p.n) || p.amax == nullptr) return Status::invalid_argument;
   return Status::ok;
@@ -44,6 +53,13 @@ Status gemm_check(const P& p) {
       p.ldc < std::max<int64_t>(1, p.n))
     return Status::invalid_argument;
   if (p.a_format == Fp8Format::e5m2 && p.b_format == Fp8Format::e5m2) return Status::invalid_argument;
+  // Tiles on both operands or neither, at most one of them 128 x 128, and
+  // split accumulation (Fp8Tiles: the pairs cuBLASLt's Hopper kernels take).
+  const bool tiled_a = p.a_tiles != Fp8Tiles::tensor, tiled_b = p.b_tiles != Fp8Tiles::tensor;
+  if (tiled_a != tiled_b) return Status::invalid_argument;
+  if (tiled_a && (p.a_tiles == Fp8Tiles::block128) && (p.b_tiles == Fp8Tiles::block128))
+    return Status::invalid_argument;
+  if (tiled_a && p.accumulation != Fp8Accumulation::split) return Status::invalid_argument;
   const bool empty_c = p.m == 0 || p.n == 0;
   const bool empty_ab = empty_c || p.k == 0;
   if (!empty_c && p.c == nullptr) return Status::invalid_argument;

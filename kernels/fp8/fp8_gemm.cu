@@ -1,5 +1,7 @@
 // The FP8 GEMM on CUDA through cuBLASLt (kernels/fp8/fp8_ops.h): FP8 A and
-// B with per-tensor scale_invs in device memory, fp32 accumulation and fp32
+// B with per-tensor scale_invs in device memory, or block scaling's tiles
+// (Fp8Tiles: cuBLASLt's VEC128_32F and BLK128x128_32F scale modes, read
+// from the arrays the block cast wrote), fp32 accumulation and fp32
 // alpha/beta, C in bf16 (Fp8GemmParams<bf16>: forward, dgrad) or fp32
 // (Fp8GemmAccParams<bf16>: wgrad into the main gradients, beta = 1).
 //
@@ -43,10 +45,12 @@ struct Fp8GemmView {
   int64_t lda;
   Fp8Format a_format;
   const float* a_scale_inv;
+  Fp8Tiles a_tiles;
   const void* b;  // (n, k)
   int64_t ldb;
   Fp8Format b_format;
   const float* b_scale_inv;
+  Fp8Tiles b_tiles;
   void* c;  // (m, n); bf16 or fp32
   int64_t ldc;
   Fp8Accumulation accumulation;
@@ -56,9 +60,10 @@ struct Fp8GemmView {
 
 template <typename P>
 Fp8GemmView view(const P& p, cudaDataType_t c_type, int64_t c_bytes) {
-  return {p.m,           p.n,    p.k,   float(p.alpha), float(p.beta), p.a, p.lda, p.a_format,
-          p.a_scale_inv, p.b,    p.ldb, p.b_format,     p.b_scale_inv, p.c, p.ldc, p.accumulation,
-          c_type,        c_bytes};
+  return {p.m,       p.n,         p.k,       float(p.alpha), float(p.beta),  p.a,
+          p.lda,     p.a_format,  p.a_scale_inv, p.a_tiles,  p.b,            p.ldb,
+          p.b_format, p.b_scale_inv, p.b_tiles, p.c,          p.ldc,          p.accumulation,
+          c_type,    c_bytes};
 }
 Fp8GemmView view(const Fp8GemmParams<bf16>& p) { return view(p, CUDA_R_16BF, 2); }
 Fp8GemmView view(const Fp8GemmAccParams<bf16>& p) { return view(p, CUDA_R_32F, 4); }
@@ -87,11 +92,25 @@ Status view_check(const Fp8GemmView& p, Status rules) {
   if (p.m % 16 || p.n % 16 || p.k % 16 || p.lda % 16 || p.ldb % 16 || (p.ldc * p.c_bytes) % 16)
     return Status::unsupported;
   if (!gpu::aligned16(p.a) || !gpu::aligned16(p.b) || !gpu::aligned16(p.c)) return Status::unsupported;
+  // Block-scaled kernels: whole 128-wide runs of k, scale arrays read in place.
+  if (p.a_tiles != Fp8Tiles::tensor &&
+      (p.k % 128 || !gpu::aligned16(p.a_scale_inv) || !gpu::aligned16(p.b_scale_inv)))
+    return Status::unsupported;
   return device_has_fp8() ? Status::ok : Status::unsupported;
 }
 
-using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int, int,
+using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int, int, int, int,
                            uint32_t, uint32_t, uint32_t, int64_t>;
+
+// cuBLASLt's scale mode for an operand's tiles (Fp8Tiles' layouts are its).
+int32_t lt_scale_mode(Fp8Tiles t) {
+  switch (t) {
+    case Fp8Tiles::row128: return CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    case Fp8Tiles::block128: return CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+    case Fp8Tiles::tensor: break;
+  }
+  return CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+}
 
 struct Plan {
   cublasLtMatmulDesc_t op = nullptr;
@@ -128,6 +147,8 @@ Plan& plan_for(cublasLtHandle_t handle, int device, const Fp8GemmView& p, int64_
                     int(p.b_format),
                     int(p.c_type),
                     int(p.accumulation),
+                    int(p.a_tiles),
+                    int(p.b_tiles),
                     align_a,
                     align_b,
                     align_c,
@@ -142,6 +163,12 @@ Plan& plan_for(cublasLtHandle_t handle, int device, const Fp8GemmView& p, int64_
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
   const int8_t fast = p.accumulation == Fp8Accumulation::fast ? 1 : 0;
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
+  if (p.a_tiles != Fp8Tiles::tensor) {
+    // cuBLASLt's A is weft's B: its scale mode is b_tiles'.
+    const int32_t mode_a = lt_scale_mode(p.b_tiles), mode_b = lt_scale_mode(p.a_tiles);
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_a, sizeof mode_a));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_b, sizeof mode_b));
+  }
   set_scales(plan.op, p);
   // Column-major: cuBLASLt's A is weft's B as (k, n), its B weft's A as (k, m), C weft's C as (n, m).
   plan.a = gpu::lt_layout(lt_type(p.b_format), p.k, p.n, p.ldb);
@@ -192,7 +219,7 @@ Status run_view(const Fp8GemmView& p, Workspace ws, cudaStream_t stream) {
   // its GEMMs copy nothing.
   Fp8GemmView staged_view = p;
   const auto aligned16 = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
-  if (!aligned16(p.a_scale_inv) || !aligned16(p.b_scale_inv)) {
+  if (p.a_tiles == Fp8Tiles::tensor && (!aligned16(p.a_scale_inv) || !aligned16(p.b_scale_inv))) {
     constexpr int64_t kScaleBytes = 256;
     if (scratch.bytes < 2 * kScaleBytes) return Status::unsupported;
     scratch.bytes -= kScaleBytes;
@@ -217,7 +244,8 @@ Status run_view(const Fp8GemmView& p, Workspace ws, cudaStream_t stream) {
         std::to_string(p.beta) + ", alignment a/b/c " + std::to_string(gpu::lt_alignment(p.a)) + "/" +
         std::to_string(gpu::lt_alignment(p.b)) + "/" + std::to_string(gpu::lt_alignment(p.c)) + " bytes, " +
         "workspace " + std::to_string(scratch.bytes) + " bytes at alignment " +
-        std::to_string(gpu::lt_alignment(scratch.data)) + ", " + to_string(p.accumulation) + " accumulation");
+        std::to_string(gpu::lt_alignment(scratch.data)) + ", " + to_string(p.accumulation) + " accumulation, scales " +
+        to_string(p.a_tiles) + "/" + to_string(p.b_tiles));
   CUBLAS_CHECK(status);
   WEFT_LAUNCH_CHECK(stream, "cublasLtMatmul (fp8)");
   return Status::ok;

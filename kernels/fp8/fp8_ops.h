@@ -8,6 +8,8 @@
 //   Fp8CastParams         x -> codes = fp8_quantize(x, *scale), optionally
 //                         also the transposed codes, the amax of x and the
 //                         overflow and underflow counts, in one pass.
+//   Fp8BlockCastParams    block scaling's cast: codes and a scale per tile
+//                         (1 x 128 or 128 x 128), both layouts in one pass.
 //   Fp8AmaxParams         amax of a tensor (the current-scaling recipe's
 //                         first pass, or a tensor no cast reads).
 //   Fp8ScaleUpdateParams  delayed scaling: roll each tensor's amax history
@@ -101,6 +103,52 @@ struct Fp8ScaleUpdateParams {
   int64_t scale_inv_stride = 1;
 };
 
+// How an FP8 operand's scales cover it. An operand is (rows, k), k
+// contiguous, as the GEMM below reads it; with tiles, its scale_inv is an
+// array of floats laid out as cuBLASLt's block-scaled Hopper kernels read
+// them (cuBLAS 12.9 and newer), so the cast writes what the GEMM takes:
+//   tensor    one float for the whole operand (tensorwise and delayed
+//             scaling);
+//   row128    a float per run of 128 along k in each row (1 x 128 tiles,
+//             cuBLASLt's VEC128_32F): (r, kk)'s at (kk / 128) * rows + r,
+//             the rows of one run of k contiguous;
+//   block128  a float per 128 x 128 block (BLK128x128_32F): (r, kk)'s at
+//             (r / 128) * pad4(ceil(k / 128)) + kk / 128, each block row's
+//             floats padded to a multiple of 4 (the pads are never read).
+// fp8:blockwise (DeepSeek-V3's and Transformer Engine's block recipe) takes
+// row128 for activations and gradients and block128 for weights.
+enum class Fp8Tiles { tensor, row128, block128 };
+const char* to_string(Fp8Tiles t);
+// Floats an operand's scale_inv holds under `tiles`, and where (r, kk)'s is.
+int64_t fp8_tile_scales(Fp8Tiles tiles, int64_t rows, int64_t k);
+int64_t fp8_tile_scale_at(Fp8Tiles tiles, int64_t rows, int64_t k, int64_t r, int64_t kk);
+
+// Block scaling's cast: x (rows, cols) -> out (rows, cols), an operand with
+// k = cols, each tile scaled by its own current scale fp8_scale(the tile's
+// amax) (fp8_qdq_tiles's rule: a tile of zeros or with a non-finite value
+// takes scale 1), codes fp8_quantize(x, that scale), and the tile's
+// 1 / scale in scale_inv at fp8_tile_scale_at. With out_t, also the
+// transposed codes (cols, rows), an operand with k = rows, with its own
+// scale_inv_t: under row128 its tiles run down x's columns (128 x 1 tiles
+// of x: the weight gradient's, which reduces over tokens), under block128
+// they are the same blocks (the same scales, laid out for the transpose).
+// health: the overflow and underflow counts of out, plus out_t's under
+// row128 (where its codes differ), added to *health. No host sync: every
+// scale is computed and written where the codes are.
+template <typename Elem>
+struct Fp8BlockCastParams {
+  int64_t rows = 0;
+  int64_t cols = 0;
+  Fp8Format format = Fp8Format::e4m3;
+  Fp8Tiles tiles = Fp8Tiles::row128;  // row128 or block128 (tensor: Fp8CastParams)
+  const Elem* x = nullptr;            // (rows, cols)
+  Fp8* out = nullptr;                 // (rows, cols)
+  float* scale_inv = nullptr;         // fp8_tile_scales(tiles, rows, cols)
+  Fp8* out_t = nullptr;               // (cols, rows), or null
+  float* scale_inv_t = nullptr;       // fp8_tile_scales(tiles, cols, rows), with out_t
+  Fp8Health* health = nullptr;        // (1), or null
+};
+
 // Whether C accumulates in a fast mode (Hopper's FP8 tensor cores keep a
 // partial sum in reduced precision and skip the periodic promotion to fp32)
 // or with split accumulation (promoted every few k-steps, so the error grows
@@ -117,11 +165,16 @@ enum class Fp8Accumulation { split, fast };
 // CUDA (what Fp8ScaleUpdateParams or the caller's amax rule wrote), host
 // memory on the CPU. a_format x b_format: e4m3 x e4m3 or either mixed pair;
 // e5m2 x e5m2 is invalid on every backend (cuBLASLt has no such kernel and
-// no recipe needs it, so a CPU run cannot come to rely on it). CUDA supports
+// no recipe needs it, so a CPU run cannot come to rely on it). a_tiles and
+// b_tiles say how each scale_inv covers its operand (Fp8Tiles): both tensor,
+// or both tiled with at most one block128 (the pairs cuBLASLt's Hopper
+// kernels take), tiled only with split accumulation (it has no fast
+// block-scaled kernels); else invalid on every backend. CUDA supports
 // the product only on sm_89 and newer, with m, n and k multiples of 16, every
 // row stride (lda, ldb, ldc in bytes) a multiple of 16 and every pointer
 // 16-byte aligned (the FP8 tensor-core kernels' rules, which core/layout.h's
-// fp8 knob already applies to the model's shapes); otherwise supports() is
+// fp8 knob already applies to the model's shapes), with tiles k a multiple
+// of 128 and the scale arrays 16-byte aligned; otherwise supports() is
 // false and the caller keeps that GEMM in bf16.
 template <typename Elem>
 struct Fp8GemmParams {
@@ -133,11 +186,13 @@ struct Fp8GemmParams {
   const Fp8* a = nullptr;  // (m, k)
   int64_t lda = 0;
   Fp8Format a_format = Fp8Format::e4m3;
-  const float* a_scale_inv = nullptr;  // (1)
+  const float* a_scale_inv = nullptr;  // (1), or a_tiles' floats
+  Fp8Tiles a_tiles = Fp8Tiles::tensor;
   const Fp8* b = nullptr;              // (n, k)
   int64_t ldb = 0;
   Fp8Format b_format = Fp8Format::e4m3;
-  const float* b_scale_inv = nullptr;  // (1)
+  const float* b_scale_inv = nullptr;  // (1), or b_tiles' floats
+  Fp8Tiles b_tiles = Fp8Tiles::tensor;
   Elem* c = nullptr;                   // (m, n)
   int64_t ldc = 0;
   Fp8Accumulation accumulation = Fp8Accumulation::split;
@@ -155,11 +210,13 @@ struct Fp8GemmAccParams {
   const Fp8* a = nullptr;  // (m, k)
   int64_t lda = 0;
   Fp8Format a_format = Fp8Format::e4m3;
-  const float* a_scale_inv = nullptr;  // (1)
+  const float* a_scale_inv = nullptr;  // (1), or a_tiles' floats
+  Fp8Tiles a_tiles = Fp8Tiles::tensor;
   const Fp8* b = nullptr;              // (n, k)
   int64_t ldb = 0;
   Fp8Format b_format = Fp8Format::e4m3;
-  const float* b_scale_inv = nullptr;  // (1)
+  const float* b_scale_inv = nullptr;  // (1), or b_tiles' floats
+  Fp8Tiles b_tiles = Fp8Tiles::tensor;
   Acc<Elem>* c = nullptr;              // (m, n)
   int64_t ldc = 0;
   Fp8Accumulation accumulation = Fp8Accumulation::split;
@@ -188,6 +245,13 @@ template <typename Elem>
 int64_t workspace_bytes(const Fp8CastParams<Elem>& p, Backend backend = Backend::cpu);
 template <typename Elem>
 Status launch(const Fp8CastParams<Elem>& p, Workspace ws, Stream stream = {});
+
+template <typename Elem>
+bool supports(const Fp8BlockCastParams<Elem>& p, Backend backend = Backend::cpu);
+template <typename Elem>
+int64_t workspace_bytes(const Fp8BlockCastParams<Elem>& p, Backend backend = Backend::cpu);
+template <typename Elem>
+Status launch(const Fp8BlockCastParams<Elem>& p, Workspace ws, Stream stream = {});
 
 template <typename Elem>
 bool supports(const Fp8AmaxParams<Elem>& p, Backend backend = Backend::cpu);

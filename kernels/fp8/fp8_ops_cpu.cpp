@@ -40,6 +40,39 @@ void amax_store(float* amax, float value, Write write) {
 
 const char* to_string(Fp8Accumulation a) { return a == Fp8Accumulation::fast ? "fast" : "split"; }
 
+const char* to_string(Fp8Tiles t) {
+  switch (t) {
+    case Fp8Tiles::tensor: return "tensor";
+    case Fp8Tiles::row128: return "1x128";
+    case Fp8Tiles::block128: return "128x128";
+  }
+  return "?";
+}
+
+namespace {
+constexpr int64_t kTile = 128;
+int64_t tiles_of(int64_t n) { return (n + kTile - 1) / kTile; }
+int64_t pad4(int64_t n) { return (n + 3) / 4 * 4; }
+}  // namespace
+
+int64_t fp8_tile_scales(Fp8Tiles tiles, int64_t rows, int64_t k) {
+  switch (tiles) {
+    case Fp8Tiles::tensor: return 1;
+    case Fp8Tiles::row128: return tiles_of(k) * rows;
+    case Fp8Tiles::block128: return tiles_of(rows) * pad4(tiles_of(k));
+  }
+  return 0;
+}
+
+int64_t fp8_tile_scale_at(Fp8Tiles tiles, int64_t rows, int64_t k, int64_t r, int64_t kk) {
+  switch (tiles) {
+    case Fp8Tiles::tensor: return 0;
+    case Fp8Tiles::row128: return kk / kTile * rows + r;
+    case Fp8Tiles::block128: return r / kTile * pad4(tiles_of(k)) + kk / kTile;
+  }
+  return 0;
+}
+
 void fp8_scale_update_one(float amax, float* history, int64_t history_len, Fp8Format format, float* scale,
                           float* scale_inv) {
   if (std::isfinite(amax)) {
@@ -87,6 +120,75 @@ Status launch(const Fp8CastParams<Elem>& p, Workspace ws, Stream stream) {
   return Status::ok;
 }
 
+// Block cast: one pass per layout, tile by tile (fp8_qdq_tiles's rule).
+
+namespace {
+
+// x's tiles of tile_rows x tile_cols, each with its own scale: codes into
+// out, row-major (rows, cols), or with `transposed` (cols, rows); each
+// tile's 1 / scale where `tiles` puts it for that operand. Returns the
+// health counts.
+template <typename Elem>
+Fp8Health block_pass(const Elem* x, int64_t rows, int64_t cols, int64_t tile_rows, int64_t tile_cols,
+                     Fp8Format f, Fp8Tiles tiles, bool transposed, Fp8* out, float* scale_inv) {
+  const int64_t grid_rows = (rows + tile_rows - 1) / tile_rows, grid_cols = (cols + tile_cols - 1) / tile_cols;
+  const float over_at = overflow_at(f);
+  int64_t over = 0, under = 0;
+#pragma omp parallel for reduction(+ : over, under) schedule(static) if (cpu::worth_parallel(rows * cols))
+  for (int64_t t = 0; t < grid_rows * grid_cols; ++t) {
+    const int64_t r0 = (t / grid_cols) * tile_rows, c0 = (t % grid_cols) * tile_cols;
+    const int64_t r1 = std::min(rows, r0 + tile_rows), c1 = std::min(cols, c0 + tile_cols);
+    float amax = 0.0f;
+    bool finite = true;
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t c = c0; c < c1; ++c) {
+        const float a = std::fabs(float(x[r * cols + c]));
+        finite = finite && std::isfinite(a);
+        amax = a > amax ? a : amax;
+      }
+    const float scale = fp8_scale(finite ? amax : NAN, f);
+    scale_inv[transposed ? fp8_tile_scale_at(tiles, cols, rows, c0, r0) : fp8_tile_scale_at(tiles, rows, cols, r0, c0)] =
+        1.0f / scale;
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t c = c0; c < c1; ++c) {
+        const float v = float(x[r * cols + c]);
+        const uint8_t code = fp8_quantize(v, scale, f);
+        out[transposed ? c * rows + r : r * cols + c].bits = code;
+        if (std::fabs(v * scale) > over_at) ++over;
+        if ((code & 0x7f) == 0 && v != 0.0f) ++under;
+      }
+  }
+  return {over, under};
+}
+
+}  // namespace
+
+template <typename Elem>
+bool supports(const Fp8BlockCastParams<Elem>& p, Backend backend) {
+  return backend == Backend::cpu && fp8_detail::params_check(p) == Status::ok;
+}
+
+template <typename Elem>
+int64_t workspace_bytes(const Fp8BlockCastParams<Elem>&, Backend) {
+  return 0;
+}
+
+template <typename Elem>
+Status launch(const Fp8BlockCastParams<Elem>& p, Workspace ws, Stream stream) {
+  if (Status s = cpu::preflight(fp8_detail::params_check(p), 0, ws, stream); s != Status::ok) return s;
+  if (p.rows == 0 || p.cols == 0) return Status::ok;
+  const bool square = p.tiles == Fp8Tiles::block128;
+  Fp8Health h = block_pass(p.x, p.rows, p.cols, square ? kTile : 1, kTile, p.format, p.tiles, false, p.out,
+                           p.scale_inv);
+  if (p.out_t) {
+    const Fp8Health ht = block_pass(p.x, p.rows, p.cols, kTile, square ? kTile : 1, p.format, p.tiles, true,
+                                    p.out_t, p.scale_inv_t);
+    if (!square) h += ht;
+  }
+  if (p.health) *p.health += h;
+  return Status::ok;
+}
+
 // Amax.
 
 template <typename Elem>
@@ -127,8 +229,8 @@ Status launch(const Fp8ScaleUpdateParams<Elem>& p, Workspace ws, Stream stream) 
   return Status::ok;
 }
 
-// GEMM: decode each operand to code * scale_inv (fp8_qdq's values) in the
-// workspace, then the gemm family's CPU launch with B transposed.
+// GEMM: decode each operand to code * its scale_inv (fp8_qdq's values, or
+// fp8_qdq_tiles's under tiles) in the workspace, then the gemm family's CPU launch with B transposed.
 
 namespace {
 
@@ -140,11 +242,12 @@ int64_t gemm_scratch(const P& p) {
 
 template <typename Elem>
 void decode_into(Elem* dst, const Fp8* src, int64_t rows, int64_t cols, int64_t ld, Fp8Format f,
-                 float scale_inv) {
+                 const float* scale_inv, Fp8Tiles tiles) {
 #pragma omp parallel for schedule(static) if (cpu::worth_parallel(rows * cols))
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c)
-      dst[r * cols + c] = Elem(fp8_decode(src[r * ld + c].bits, f) * scale_inv);
+      dst[r * cols + c] =
+          Elem(fp8_decode(src[r * ld + c].bits, f) * scale_inv[fp8_tile_scale_at(tiles, rows, cols, r, c)]);
 }
 
 // Fp8GemmParams<Elem> and Fp8GemmAccParams<Elem> (the same for fp32 and fp64).
@@ -159,8 +262,8 @@ Status gemm_launch(const P& p, Workspace ws, Stream stream) {
   Elem* a = carve.take<Elem>(p.m * p.k);
   Elem* b = carve.take<Elem>(p.n * p.k);
   if (p.m > 0 && p.n > 0 && p.k > 0) {
-    decode_into(a, p.a, p.m, p.k, p.lda, p.a_format, *p.a_scale_inv);
-    decode_into(b, p.b, p.n, p.k, p.ldb, p.b_format, *p.b_scale_inv);
+    decode_into(a, p.a, p.m, p.k, p.lda, p.a_format, p.a_scale_inv, p.a_tiles);
+    decode_into(b, p.b, p.n, p.k, p.ldb, p.b_format, p.b_scale_inv, p.b_tiles);
   }
   const GemmParams<Elem> g{.trans_a = Trans::no,
                            .trans_b = Trans::yes,
@@ -216,6 +319,7 @@ Status launch(const Fp8GemmAccParams<Elem>& p, Workspace ws, Stream stream) {
 }
 
 WEFT_CPU_INSTANTIATE(Fp8CastParams)
+WEFT_CPU_INSTANTIATE(Fp8BlockCastParams)
 WEFT_CPU_INSTANTIATE(Fp8AmaxParams)
 WEFT_CPU_INSTANTIATE(Fp8ScaleUpdateParams)
 WEFT_CPU_INSTANTIATE(Fp8GemmParams)

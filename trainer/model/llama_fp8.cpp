@@ -77,7 +77,7 @@ void LlamaStage<Elem, G>::fp8_setup() {
   if (l_.fp8 == Fp8Recipe::off) return;
   if constexpr (kGpu<Elem>) {
     if (l_.fp8 == Fp8Recipe::blockwise)
-      throw InputError(fmt::format("layout {}: the GPU trainer has no block-scaled FP8 GEMMs", l_.to_string()));
+      throw InputError(fmt::format("layout {}: the GPU trainer does not call the block-scaled FP8 kernels yet", l_.to_string()));
     const auto both = [&](const char* name) {
       return std::array<kernels::Fp8*, 2>{table_->get<kernels::Fp8>(name, 0), table_->get<kernels::Fp8>(name, 1)};
     };
