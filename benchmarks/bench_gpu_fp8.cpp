@@ -85,6 +85,65 @@ void register_fp8() {
       state.counters["speedup_vs_bf16"] = state.counters["TFLOP/s"] / bf16_tflops;
     });
   }
+  // Block scaling (fp8:blockwise): cuBLASLt's block-scaled GEMMs on codes
+  // and tile scales from the block cast, beside the bf16 GEMM; split
+  // accumulation throughout (no fast block-scaled kernels).
+  for (const Shape& s : {Shape{"fp8_block_gemm/forward_gate_up_8192x28672x4096", kRows, 2 * kF8, kC8, kE4, kSplit, false},
+                         Shape{"fp8_block_gemm/wgrad_down_4096x14336x8192", kC8, kF8, kRows, kE4, kSplit, false}}) {
+    add(s.name, [s](benchmark::State& state) {
+      std::vector<std::shared_ptr<void>> keep;
+      auto* a = random_array<bf16>(keep, s.m * s.k);
+      auto* b = random_array<bf16>(keep, s.n * s.k);
+      // The forward's B is a weight (128 x 128 blocks); the weight
+      // gradient's operands both take 1 x 128 tiles down the tokens.
+      const bool weight = s.m == kRows;
+      const Fp8Tiles ta = Fp8Tiles::row128, tb = weight ? Fp8Tiles::block128 : Fp8Tiles::row128;
+      auto cast = [&](const bf16* x, int64_t rows, Fp8Tiles tiles, float** scales) {
+        auto q = std::make_shared<DeviceArray<Fp8>>(rows * s.k);
+        auto sc = std::make_shared<DeviceArray<float>>(fp8_tile_scales(tiles, rows, s.k));
+        keep.push_back(q);
+        keep.push_back(sc);
+        const Fp8BlockCastParams<bf16> p{.rows = rows, .cols = s.k, .tiles = tiles, .x = x, .out = q->data(),
+                                         .scale_inv = sc->data()};
+        status_check(launch(p, Workspace{}, make_cuda_stream(stream())), "fp8 block cast");
+        *scales = sc->data();
+        return q->data();
+      };
+      float *sa = nullptr, *sb = nullptr;
+      const Fp8* qa = cast(a->data(), s.m, ta, &sa);
+      const Fp8* qb = cast(b->data(), s.n, tb, &sb);
+      CUDA_CHECK(cudaStreamSynchronize(stream()));
+      const double flops = 2.0 * double(s.m) * double(s.n) * double(s.k);
+      auto* c = random_array<bf16>(keep, s.m * s.n);
+      const Fp8GemmParams<bf16> p{.m = s.m, .n = s.n, .k = s.k, .a = qa, .lda = s.k, .a_scale_inv = sa,
+                                  .a_tiles = ta, .b = qb, .ldb = s.k, .b_scale_inv = sb, .b_tiles = tb,
+                                  .c = c->data(), .ldc = s.n, .accumulation = s.acc};
+      if (!supports(p, Backend::cuda)) return state.SkipWithError("no block-scaled FP8 GEMM on this device");
+      const GemmParams<bf16> ref{.trans_a = Trans::no, .trans_b = Trans::yes, .m = s.m, .n = s.n, .k = s.k,
+                                 .a = a->data(), .lda = s.k, .b = b->data(), .ldb = s.k, .c = c->data(),
+                                 .ldc = s.n};
+      const double bf16_ms = median_ms(op_of(ref, keep), 10);
+      run(state, op_of(p, keep), 0, flops);
+      const double bf16_tflops = flops / (bf16_ms * 1e-3) / 1e12;
+      state.counters["bf16_TFLOP/s"] = bf16_tflops;
+      state.counters["speedup_vs_bf16"] = state.counters["TFLOP/s"] / bf16_tflops;
+    });
+  }
+  // The block cast with its transpose: bf16 read, two sets of codes and
+  // their 1 x 128 tile scales written.
+  add("fp8_block_cast/e4m3_1x128_with_transpose_8192x4096", [](benchmark::State& state) {
+    std::vector<std::shared_ptr<void>> keep;
+    auto* x = random_array<bf16>(keep, kRows * kC);
+    auto out = std::make_shared<DeviceArray<Fp8>>(kRows * kC);
+    auto out_t = std::make_shared<DeviceArray<Fp8>>(kRows * kC);
+    auto sc = std::make_shared<DeviceArray<float>>(2 * kRows * kC / 128);
+    for (const auto& k : {std::shared_ptr<void>(out), std::shared_ptr<void>(out_t), std::shared_ptr<void>(sc)})
+      keep.push_back(k);
+    const Fp8BlockCastParams<bf16> p{.rows = kRows, .cols = kC, .tiles = Fp8Tiles::row128, .x = x->data(),
+                                     .out = out->data(), .scale_inv = sc->data(), .out_t = out_t->data(),
+                                     .scale_inv_t = sc->data() + kRows * kC / 128};
+    run(state, op_of(p, keep), double(kRows * kC) * (2 + 1 + 1) + 2.0 * kRows * kC / 128 * 4, 0);
+  });
   add("fp8_cast/e4m3_with_transpose_8192x4096", [](benchmark::State& state) {
     std::vector<std::shared_ptr<void>> keep;
     auto* x = random_array<bf16>(keep, kRows * kC);

@@ -94,7 +94,11 @@ int main(int argc, char** argv) {
     if (std::getenv("WEFT_FIDELITY_PARTS"))
       for (const auto& x : f.rows)
         if (x.run->sweep.find(want) != std::string::npos && !x.run->oom) {
-          const auto b = predict(x.run->model, x.run->run, x.run->layout, x.run->cluster, fit(x.run->cluster.device));
+          // Priced as fidelity_evaluate prices the row: tensor-parallel
+          // overlap where the framework states it.
+          CostConstants k = fit(x.run->cluster.device);
+          if (x.run->tp_comm_overlapped) k.tp_overlap = 1;
+          const auto b = predict(x.run->model, x.run->run, x.run->layout, x.run->cluster, k);
           fmt::print("{:<60} meas {:6.2f} pred {:6.2f} = comp {:5.2f} rec {:5.2f} tp {:5.2f} cp {:5.2f} bub {:5.2f} p2p {:5.2f} dp {:5.2f} opt {:5.2f}\n",
                      x.run->layout.to_string().substr(0, 60), x.run->measured_step_s, b.step, b.compute, b.recompute, b.tp_comm,
                      b.cp_comm, b.pp_bubble, b.pp_p2p, b.dp_comm, b.optimizer);

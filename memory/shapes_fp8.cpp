@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/fp8/fp8_ops.h"
 #include "memory/shapes.h"
 #include "memory/shapes_detail.h"
 
@@ -93,15 +94,32 @@ void fp8_buffer_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, 
       out.push_back({"scratch.fp8_grad", Category::workspace, d.B * d.T * widest_n, eb, copies});
       const int64_t slots = plan.layers * kFp8Gemms * 3;
       if (gpu && l.fp8 == Fp8Recipe::blockwise) {
-        // Block scaling keeps a float scale per tile beside the codes: the
-        // operands' 1 x 128 and 128 x 1 tiles (codes and transpose) and the
-        // weights' 128 x 128 blocks. (The GPU trainer does not run it yet;
-        // this is what the dry-run counts.)
-        const int64_t t = kFp8BlockTile;
-        const int64_t tiles = 2 * (ceil_div(d.B * d.T * widest_k, t) + ceil_div(d.B * d.T * widest_n, t)) +
-                              (ways > 1 && l.zero >= 3 && !lora ? ceil_div(widest_w, t * t)
-                                                                : n8 * ceil_div(weights, t * t));
-        out.push_back({"fp8.block_scales", Category::workspace, tiles, kFp32, 1});
+        // Block scaling keeps a float per tile beside the codes, in the
+        // layouts cuBLASLt reads (kernels::Fp8Tiles): the input's and the
+        // output gradient's 1 x 128 tiles, each with its transpose's (tiles
+        // down the tokens, for the weight gradient), and each weight's 128 x
+        // 128 blocks laid out for it and for its transpose. Each array's
+        // length is a multiple of 4 floats, so every one starts 16-byte
+        // aligned as cuBLASLt needs.
+        using kernels::Fp8Tiles;
+        const auto both = [](Fp8Tiles t, int64_t rows, int64_t k) {
+          return kernels::fp8_tile_scales(t, rows, k) + kernels::fp8_tile_scales(t, k, rows);
+        };
+        const int64_t M = d.B * d.T;
+        out.push_back({"fp8.input_scales", Category::workspace, both(Fp8Tiles::row128, M, widest_k), kFp32, 1});
+        out.push_back({"fp8.grad_scales", Category::workspace, both(Fp8Tiles::row128, M, widest_n), kFp32, 1});
+        int64_t per_block = 0, widest = 0, widest_t = 0;
+        for (const auto& s : g) {
+          if (!s.fp8) continue;
+          per_block += both(Fp8Tiles::block128, s.N, s.K);
+          widest = std::max(widest, kernels::fp8_tile_scales(Fp8Tiles::block128, s.N, s.K));
+          widest_t = std::max(widest_t, kernels::fp8_tile_scales(Fp8Tiles::block128, s.K, s.N));
+        }
+        // ZeRO-3 casts one weight at a time: the widest of each layout.
+        if (ways > 1 && l.zero >= 3 && !lora)
+          out.push_back({"scratch.fp8_weight_scales", Category::workspace, widest + widest_t, kFp32, 1});
+        else
+          out.push_back({"fp8.weight_scales", Category::weights, n8 * per_block, kFp32, 1});
         out.push_back({"fp8.health", Category::workspace, 2, 8, 1});
       } else if (gpu) {
         // On a GPU the scales live on the device for both recipes, per slot:

@@ -174,11 +174,6 @@ void check_trainable(const Layout& l, DeviceKind device) {
     throw LayoutError(fmt::format("layout {}: context parallelism (cp={}) on a GPU needs attn:flash: the CUDA {} "
                                   "attention takes no blocks of the sequence (use attn:flash, or cp1)",
                                   l.to_string(), l.cp, to_string(l.attention)));
-  if (l.fp8 == Fp8Recipe::blockwise && gpu)
-    throw LayoutError(fmt::format("layout {}: fp8:blockwise (block scaling) runs emulated on the CPU trainer only; "
-                                  "the GPU trainer does not call the block-scaled FP8 kernels yet (use fp8:tensorwise or "
-                                  "fp8:delayed on a GPU, or --device cpu)",
-                                  l.to_string()));
   if (l.fp8 != Fp8Recipe::off && gpu) {
     std::string here;
     if (!kernels::fp8_gemm_available(kernels::Backend::cuda, &here))

@@ -119,9 +119,25 @@ struct Fp8ScaleUpdateParams {
 // row128 for activations and gradients and block128 for weights.
 enum class Fp8Tiles { tensor, row128, block128 };
 const char* to_string(Fp8Tiles t);
-// Floats an operand's scale_inv holds under `tiles`, and where (r, kk)'s is.
-int64_t fp8_tile_scales(Fp8Tiles tiles, int64_t rows, int64_t k);
-int64_t fp8_tile_scale_at(Fp8Tiles tiles, int64_t rows, int64_t k, int64_t r, int64_t kk);
+// Floats an operand's scale_inv holds under `tiles`, and where (r, kk)'s is
+// (inline: the memory model sizes the trainer's scale arrays with it).
+inline int64_t fp8_tile_scales(Fp8Tiles tiles, int64_t rows, int64_t k) {
+  const int64_t runs = (k + 127) / 128;
+  switch (tiles) {
+    case Fp8Tiles::tensor: return 1;
+    case Fp8Tiles::row128: return runs * rows;
+    case Fp8Tiles::block128: return (rows + 127) / 128 * ((runs + 3) / 4 * 4);
+  }
+  return 0;
+}
+inline int64_t fp8_tile_scale_at(Fp8Tiles tiles, int64_t rows, int64_t k, int64_t r, int64_t kk) {
+  switch (tiles) {
+    case Fp8Tiles::tensor: return 0;
+    case Fp8Tiles::row128: return kk / 128 * rows + r;
+    case Fp8Tiles::block128: return r / 128 * (((k + 127) / 128 + 3) / 4 * 4) + kk / 128;
+  }
+  return 0;
+}
 
 // Block scaling's cast: x (rows, cols) -> out (rows, cols), an operand with
 // k = cols, each tile scaled by its own current scale fp8_scale(the tile's

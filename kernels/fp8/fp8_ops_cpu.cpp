@@ -51,27 +51,7 @@ const char* to_string(Fp8Tiles t) {
 
 namespace {
 constexpr int64_t kTile = 128;
-int64_t tiles_of(int64_t n) { return (n + kTile - 1) / kTile; }
-int64_t pad4(int64_t n) { return (n + 3) / 4 * 4; }
 }  // namespace
-
-int64_t fp8_tile_scales(Fp8Tiles tiles, int64_t rows, int64_t k) {
-  switch (tiles) {
-    case Fp8Tiles::tensor: return 1;
-    case Fp8Tiles::row128: return tiles_of(k) * rows;
-    case Fp8Tiles::block128: return tiles_of(rows) * pad4(tiles_of(k));
-  }
-  return 0;
-}
-
-int64_t fp8_tile_scale_at(Fp8Tiles tiles, int64_t rows, int64_t k, int64_t r, int64_t kk) {
-  switch (tiles) {
-    case Fp8Tiles::tensor: return 0;
-    case Fp8Tiles::row128: return kk / kTile * rows + r;
-    case Fp8Tiles::block128: return r / kTile * pad4(tiles_of(k)) + kk / kTile;
-  }
-  return 0;
-}
 
 void fp8_scale_update_one(float amax, float* history, int64_t history_len, Fp8Format format, float* scale,
                           float* scale_inv) {

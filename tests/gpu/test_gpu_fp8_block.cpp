@@ -101,7 +101,7 @@ TEST(GpuFp8Block, CastMatchesTheCpuBitForBit) {
   SCOPED_TRACE(rng.trace());
   for (const Fp8Format f : {Fp8Format::e4m3, Fp8Format::e5m2})
     for (const Fp8Tiles tiles : {Fp8Tiles::row128, Fp8Tiles::block128})
-      for (const auto [rows, cols] : {std::pair<int64_t, int64_t>{128, 128}, {384, 256}, {256, 1024}}) {
+      for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{128, 128}, {384, 256}, {256, 1024}}) {
         SCOPED_TRACE(std::string(to_string(f)) + " " + to_string(tiles) + " " + std::to_string(rows) + "x" +
                      std::to_string(cols));
         Bf16Values x = banded(rng, rows, cols);

@@ -239,10 +239,12 @@ TEST(GpuProfile, TimesABf16GradientLayout) {
   EXPECT_GT(out.peak_bytes[0], 0);
 }
 
-// FP8 GEMMs on the GPU (fp8:tensorwise and fp8:delayed) against the bf16
-// GEMMs of the same layout, model, data and seed. Every GEMM of the tiny
-// model runs in FP8: its dims (128, 64, 352) and B*T (128 rows per
-// sequence) are multiples of 16. Skipped below compute capability 8.9.
+// FP8 GEMMs on the GPU (fp8:tensorwise, fp8:delayed and fp8:blockwise)
+// against the bf16 GEMMs of the same layout, model, data and seed. Every
+// GEMM of the tiny model runs in FP8 under the per-tensor recipes: its dims
+// (128, 64, 352) and B*T (128 rows per sequence) are multiples of 16. Block
+// scaling takes only the GEMMs whose dims are multiples of 128 (q and o;
+// memory::fp8_block_dims). Skipped below compute capability 8.9.
 //
 // Tolerances: E4M3 keeps 3 mantissa bits and E5M2 2, so each quantised
 // operand carries a relative rounding of up to 2^-4 (2^-3 for gradients),
@@ -313,7 +315,9 @@ INSTANTIATE_TEST_SUITE_P(Layouts, GpuTrainFp8,
                                            Fp8Case{"tp1-pp1-dp1-mb2", "fp8:delayed"},
                                            Fp8Case{"tp1-pp1-dp1-mb1-ckpt:full", "fp8:tensorwise"},
                                            Fp8Case{"tp1-pp1-dp1-mb2-grad:bf16", "fp8:delayed"},
-                                           Fp8Case{"tp1-pp1-dp1-mb2", "fp8:delayed@1"}));
+                                           Fp8Case{"tp1-pp1-dp1-mb2", "fp8:delayed@1"},
+                                           Fp8Case{"tp1-pp1-dp1-mb2", "fp8:blockwise"},
+                                           Fp8Case{"tp1-pp1-dp1-mb1-ckpt:full", "fp8:blockwise"}));
 
 // FP8 inputs kept for the weight gradients (memory::fp8_saved_inputs): the
 // run keeping the norm outputs and the SwiGLU output as the forward's

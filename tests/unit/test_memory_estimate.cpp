@@ -3,6 +3,7 @@
 
 #include "core/error.h"
 #include "core/units.h"
+#include "kernels/fp8/fp8_ops.h"
 #include "memory/estimate.h"
 #include "test_util.h"
 
@@ -248,6 +249,48 @@ TEST(MemoryEstimate, Fp8KeepsGemmInputsInOneByte) {
   lora.lora = LoraSpec::with_rank(8);
   const Layout l8 = Layout::parse(base + "-fp8:tensorwise");
   EXPECT_FALSE(fp8_saved_inputs(m, lora, l8, stage_plan(m, lora, l8, 3)).any());
+}
+
+// Block scaling on a GPU: the codes as the other recipes keep them, and a
+// float per tile in cuBLASLt's layouts (kernels::Fp8Tiles) beside them: the
+// input's and output gradient's 1 x 128 tiles with their transposes' at the
+// widest K and N, each FP8 weight's 128 x 128 blocks for both of its
+// layouts (Llama 3 8B's seven GEMMs, every one a multiple of 128), and
+// under ZeRO-3 one weight's at a time.
+TEST(MemoryEstimate, Fp8BlockScalingKeepsATileScaleInCublasLtsLayouts) {
+  using kernels::Fp8Tiles;
+  const auto m = model_preset("llama3-8b");
+  const RunSpec run{8192, 64, Precision::bf16};
+  const auto dev = device_preset("h100");
+  const auto table = [&](const std::string& layout) {
+    const Layout l = Layout::parse(layout);
+    return stage_shapes(m, run, l, dev, stage_plan(m, run, l, 0));
+  };
+  const auto t = table("tp2-pp2-dp2-mb1-fp8:blockwise");
+  const auto find = [&](const char* name) { return shape_named(t, name); };
+  const int64_t M = 8192, C = 4096, F = 14336 / 2, Q = 4096 / 2, KV = 1024 / 2;
+  const auto both = [](Fp8Tiles tiles, int64_t rows, int64_t k) {
+    return kernels::fp8_tile_scales(tiles, rows, k) + kernels::fp8_tile_scales(tiles, k, rows);
+  };
+  ASSERT_NE(find("fp8.input_scales"), nullptr);
+  EXPECT_EQ(find("fp8.input_scales")->elements, 2 * (M / 128) * F);  // widest K: down's F
+  EXPECT_EQ(find("fp8.grad_scales")->elements, 2 * (M / 128) * F);   // widest N: gate's F
+  // q, k, v, o, gate, up, down as (N, K): 16 layers on stage 0.
+  const int64_t per_block = both(Fp8Tiles::block128, Q, C) + 2 * both(Fp8Tiles::block128, KV, C) +
+                            both(Fp8Tiles::block128, C, Q) + 2 * both(Fp8Tiles::block128, F, C) +
+                            both(Fp8Tiles::block128, C, F);
+  EXPECT_EQ(find("fp8.weight_scales")->elements, 16 * per_block);
+  EXPECT_EQ(find("fp8.weight_scales")->category, Category::weights);
+  // k and v: 512 x 4096 is 4 x 32 blocks, laid out for the transpose 32 x 4.
+  EXPECT_EQ(both(Fp8Tiles::block128, KV, C), 4 * 32 + 32 * 4);
+  EXPECT_NE(find("fp8.health"), nullptr);
+  EXPECT_EQ(find("fp8.scaling"), nullptr);  // nothing carries over between steps
+  EXPECT_EQ(find("fp8.weights")->elements, 16 * (Q * C + 2 * KV * C + C * Q + 3 * F * C));
+  const auto z3 = table("tp2-pp2-dp2-mb1-zero3-fp8:blockwise");
+  EXPECT_EQ(shape_named(z3, "fp8.weight_scales"), nullptr);
+  // The widest weight's blocks in each layout: gate's (F, C) and down's (C, F).
+  EXPECT_EQ(shape_named(z3, "scratch.fp8_weight_scales")->elements,
+            kernels::fp8_tile_scales(Fp8Tiles::block128, F, C) + kernels::fp8_tile_scales(Fp8Tiles::block128, F, C));
 }
 
 struct Mono : ::testing::Test {

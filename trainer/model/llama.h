@@ -42,6 +42,7 @@
 
 #include "core/device_spec.h"
 #include "kernels/fp8/fp8.h"
+#include "kernels/fp8/fp8_ops.h"
 #include "kernels/kernel.h"
 #include "kernels/rope/rope.h"
 #include "memory/arena.h"
@@ -322,8 +323,30 @@ class LlamaStage {
   int64_t fp8_slot(const Block& b, memory::Fp8Gemm g, int role) const;
   float* fp8_scale_inv(int64_t slot) const { return fp8_dev_scale_inv_ + memory::kFp8ScaleInvStride * slot; }
   void fp8_cast(int64_t slot, const Elem* x, int64_t rows, int64_t cols, kernels::Fp8* out, kernels::Fp8* out_t);
-  // The weight's codes ([0]: (N, K), [1]: (K, N)), cast once per step (ZeRO-3: at each use).
-  std::array<const kernels::Fp8*, 2> fp8_weight_codes(const Block& b, memory::Fp8Gemm g, const Elem* w);
+  // The weight's codes ([0]: (N, K), [1]: (K, N)), cast once per step
+  // (ZeRO-3: at each use), and under block scaling their 128 x 128 blocks'
+  // scale_invs laid out for each (null otherwise).
+  struct Fp8WeightCodes {
+    std::array<const kernels::Fp8*, 2> codes;
+    std::array<const float*, 2> scales;
+  };
+  Fp8WeightCodes fp8_weight_codes(const Block& b, memory::Fp8Gemm g, const Elem* w);
+  // Block scaling's cast (GPU): x (rows, cols) to codes out[0] and their
+  // transpose out[1], each with its tiles' scale_invs (kernels::Fp8Tiles:
+  // 1 x 128 along the rows and down the columns, or 128 x 128 blocks), E4M3
+  // as the CPU's block scaling.
+  void fp8_block_cast(const Elem* x, int64_t rows, int64_t cols, kernels::Fp8Tiles tiles,
+                      const std::array<kernels::Fp8*, 2>& out, const std::array<float*, 2>& scales);
+  // The input (fp8_in_, its slot fp8_in_slot_ set) and the output gradient
+  // (fp8_gr_) cast under the run's recipe, with the weight gradient's input
+  // operand (fp8_in_t_, fp8_in_scale_inv_, fp8_in_ld_) set from the cast;
+  // and the output gradient's format (E5M2; E4M3 under block scaling, as
+  // the CPU's).
+  void fp8_cast_input(const Elem* x, int64_t K);
+  void fp8_cast_grad(const Block& b, memory::Fp8Gemm g, const Elem* dy, int64_t N);
+  kernels::Fp8Format format_of_grad() const {
+    return l_.fp8 == Fp8Recipe::blockwise ? kernels::Fp8Format::e4m3 : kernels::Fp8Format::e5m2;
+  }
   void head_forward(int64_t slot, const int32_t* targets, double grad_scale);
   void head_backward(Elem* dx);
   // Launches an op on the stage's stream, with the kernel workspace it needs
@@ -480,6 +503,13 @@ class LlamaStage {
   const kernels::Fp8* fp8_in_t_ = nullptr;
   const float* fp8_in_scale_inv_ = nullptr;
   int64_t fp8_in_ld_ = 0;
+  // Block scaling on a GPU: the tile scale_invs beside fp8_in_ and fp8_gr_
+  // ([0] the operand's, [1] its transpose's), the cached weights' (their two
+  // arrays at fp8_wscale_at_ per (block, gemm) in fp8_wscales_) and ZeRO-3's
+  // scratch's.
+  std::array<float*, 2> fp8_in_scales_{}, fp8_gr_scales_{}, fp8_wscratch_scales_{};
+  float* fp8_wscales_ = nullptr;
+  std::vector<int64_t> fp8_wscale_at_;
   // GPU scaling state in fp8.scaling, per slot s = role * (blocks * 7) +
   // block * 7 + gemm (so each format's slots are contiguous for one scale
   // update): the amax history (newest first, fp8_dev_history_ deep: 1 for

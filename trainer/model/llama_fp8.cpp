@@ -25,10 +25,14 @@
 //
 // Operands and formats: the input and the weight in E4M3, the output
 // gradient in E5M2 (dgrad: dY x W, wgrad: dY^T x X), per-tensor scales.
-// Block scaling (CPU only) takes every operand in E4M3 with a scale per tile
+// Block scaling takes every operand in E4M3 with a scale per tile
 // (core/layout.h), each tile's from its own amax: nothing is reduced across
 // ranks, and the weight gradient quantises its operands again with tiles
-// down their tokens.
+// down their tokens. On a GPU one block cast writes both (the codes with 1 x
+// 128 tiles and the transpose with tiles down the tokens; a weight's 128 x
+// 128 blocks serve both of its layouts), and cuBLASLt's block-scaled GEMMs
+// read the tile scales in place (kernels::Fp8Tiles), all three with split
+// accumulation (it has no fast block-scaled kernels).
 //
 // Scales agree across layouts. Tensorwise: a tensor's amax is reduced over
 // the ranks that each hold a part of it before its scale is taken, tp and cp
@@ -59,16 +63,26 @@ using namespace fp8_detail;
 template <typename Elem, typename G>
 void LlamaStage<Elem, G>::fp8_weight_offsets() {
   // Where each (block, GEMM)'s quantised weight sits in fp8.weights, in
-  // block order (-1: a GEMM outside FP8).
-  int64_t at = 0;
+  // block order (-1: a GEMM outside FP8), and on a GPU under block scaling
+  // where its two scale arrays are in fp8.weight_scales.
+  int64_t at = 0, scales_at = 0;
+  [[maybe_unused]] const auto block_scales = [](int64_t rows, int64_t k) {
+    return kernels::fp8_tile_scales(kernels::Fp8Tiles::block128, rows, k);
+  };
   for (int64_t i = 0; i < plan_.layers; ++i) {
     const bool fp8 = l_.fp8_layer(m_, memory::global_layer(m_, l_, plan_.stage, i / Lc_, i % Lc_));
     for (const auto& s : fp8_shapes_) {
       fp8_weight_at_.push_back(fp8 && s.fp8 ? at : -1);
       if (fp8 && s.fp8) at += s.K * s.N;
+      if constexpr (kGpu<Elem>) {
+        if (!fp8_wscales_) continue;
+        fp8_wscale_at_.push_back(fp8 && s.fp8 ? scales_at : -1);
+        if (fp8 && s.fp8) scales_at += block_scales(s.N, s.K) + block_scales(s.K, s.N);
+      }
     }
   }
   WEFT_ASSERT(at == table_->elements("fp8.weights"));
+  WEFT_ASSERT(!fp8_wscales_ || scales_at == table_->elements("fp8.weight_scales"));
   fp8_weight_ready_.assign(fp8_weight_at_.size(), 0);
 }
 
@@ -76,8 +90,29 @@ template <typename Elem, typename G>
 void LlamaStage<Elem, G>::fp8_setup() {
   if (l_.fp8 == Fp8Recipe::off) return;
   if constexpr (kGpu<Elem>) {
-    if (l_.fp8 == Fp8Recipe::blockwise)
-      throw InputError(fmt::format("layout {}: the GPU trainer does not call the block-scaled FP8 kernels yet", l_.to_string()));
+    if (l_.fp8 == Fp8Recipe::blockwise) {
+      const auto halves = [&](const char* name, int64_t first) {
+        float* p = table_->get<float>(name);
+        return std::array<float*, 2>{p, p + first};
+      };
+      if (table_->has("fp8.weight_scales")) fp8_wscales_ = table_->get<float>("fp8.weight_scales");
+      int64_t widest_k = 0, widest_n = 0, widest_w = 0;
+      for (const auto& s : fp8_shapes_)
+        if (s.fp8) {
+          widest_k = std::max(widest_k, s.K);
+          widest_n = std::max(widest_n, s.N);
+          widest_w = std::max(widest_w, kernels::fp8_tile_scales(kernels::Fp8Tiles::block128, s.N, s.K));
+        }
+      if (table_->has("fp8.input_scales")) {
+        fp8_in_scales_ = halves("fp8.input_scales", kernels::fp8_tile_scales(kernels::Fp8Tiles::row128, M_, widest_k));
+        fp8_gr_scales_ = halves("fp8.grad_scales", kernels::fp8_tile_scales(kernels::Fp8Tiles::row128, M_, widest_n));
+      }
+      if (table_->has("scratch.fp8_weight_scales")) fp8_wscratch_scales_ = halves("scratch.fp8_weight_scales", widest_w);
+      if (table_->has("fp8.health")) {
+        fp8_dev_health_ = reinterpret_cast<kernels::Fp8Health*>(table_->get<int64_t>("fp8.health"));
+        run(kernels::FillParams<float>{.n = 4, .value = 0.0, .x = reinterpret_cast<float*>(fp8_dev_health_)}, "fill");
+      }
+    }
     const auto both = [&](const char* name) {
       return std::array<kernels::Fp8*, 2>{table_->get<kernels::Fp8>(name, 0), table_->get<kernels::Fp8>(name, 1)};
     };
@@ -207,59 +242,6 @@ const Elem* LlamaStage<Elem, G>::fp8_weight(const Block& b, Fp8Gemm g, const Ele
 }
 
 template <typename Elem, typename G>
-int64_t LlamaStage<Elem, G>::fp8_slot(const Block& b, Fp8Gemm g, int role) const {
-  return role * plan_.layers * kFp8Gemms + b.index * kFp8Gemms + int64_t(g);
-}
-
-template <typename Elem, typename G>
-void LlamaStage<Elem, G>::fp8_cast(int64_t slot, const Elem* x, int64_t rows, int64_t cols, kernels::Fp8* out,
-                                   kernels::Fp8* out_t) {
-  const int role = int(slot / (plan_.layers * kFp8Gemms));
-  const kernels::Fp8Format f = format_of(role);
-  float* amax = fp8_dev_amax_ + slot;
-  const bool delayed = l_.fp8 == Fp8Recipe::delayed;
-  if (!delayed || fp8_history_len_ == 0) {
-    // Current scaling (tensorwise, and delayed scaling's first step, whose
-    // history is still empty, as on the CPU): the amax of the whole tensor,
-    // over the ranks holding parts of it (device groups, device buffers),
-    // then its scale on the device. Delayed scaling keeps the slot's amax
-    // for the step's accumulation and works in fp8.first_step instead.
-    float* current = delayed ? fp8_dev_first_ : amax;
-    float* history = delayed ? fp8_dev_first_ + 1 : fp8_dev_hist_ + slot;
-    run(kernels::Fp8AmaxParams<Elem>{.n = rows * cols, .x = x, .amax = current}, "fp8_amax");
-    groups_.tp->all_reduce(current, 1, parallel::DType::f32, parallel::ReduceOp::max);
-    if (role != 1 && groups_.cp) groups_.cp->all_reduce(current, 1, parallel::DType::f32, parallel::ReduceOp::max);
-    run(kernels::Fp8ScaleUpdateParams<Elem>{.count = 1, .history_len = 1, .format = f, .amax = current,
-                                            .history = history, .scale = fp8_dev_scale_ + slot,
-                                            .scale_inv = fp8_scale_inv(slot)},
-        "fp8_scale");
-  }
-  // Delayed: the step's amax accumulates for fp8_step_end.
-  run(kernels::Fp8CastParams<Elem>{.rows = rows, .cols = cols, .format = f, .x = x, .scale = fp8_dev_scale_ + slot,
-                                   .out = out, .out_t = out_t, .amax = delayed ? amax : nullptr,
-                                   .amax_write = kernels::Write::accumulate, .health = fp8_dev_health_},
-      "fp8_cast");
-  fp8_counts_.values += rows * cols;
-}
-
-template <typename Elem, typename G>
-std::array<const kernels::Fp8*, 2> LlamaStage<Elem, G>::fp8_weight_codes(const Block& b, Fp8Gemm g, const Elem* w) {
-  const auto& s = fp8_shapes_[size_t(g)];
-  const int64_t slot = fp8_slot(b, g, 1);
-  if (!fp8_wcodes_[0]) {  // ZeRO-3: cast at each use
-    fp8_cast(slot, w, s.N, s.K, fp8_wscratch_[0], fp8_wscratch_[1]);
-    return {fp8_wscratch_[0], fp8_wscratch_[1]};
-  }
-  const size_t i = size_t(b.index * kFp8Gemms + int64_t(g));
-  const int64_t at = fp8_weight_at_[i];
-  if (!fp8_weight_ready_[i]) {
-    fp8_cast(slot, w, s.N, s.K, fp8_wcodes_[0] + at, fp8_wcodes_[1] + at);
-    fp8_weight_ready_[i] = 1;
-  }
-  return {fp8_wcodes_[0] + at, fp8_wcodes_[1] + at};
-}
-
-template <typename Elem, typename G>
 void LlamaStage<Elem, G>::linear_forward(const Block& b, Fp8Gemm g, const Elem* x, bool x_same, const Elem* w,
                                          Elem* y, const char* op, const Fp8Kept* keep, bool x_rows) {
   const int64_t K = fp8_shapes_[size_t(g)].K, N = fp8_shapes_[size_t(g)].N;
@@ -284,8 +266,7 @@ void LlamaStage<Elem, G>::linear_forward(const Block& b, Fp8Gemm g, const Elem* 
       if (keep) copy(keep->scale_inv, fp8_scale_inv(fp8_in_slot_), int64_t(sizeof(float)));
     } else if (!(x_same && fp8_input_of_ == x)) {
       fp8_in_slot_ = fp8_slot(b, g, 0);
-      fp8_cast(fp8_in_slot_, x, M_, K, fp8_in_[0], fp8_in_[1]);
-      fp8_input_of_ = x;
+      fp8_cast_input(x, K);
       if (keep) {
         // This rank's rows of the transposed codes: columns [row0, row0 +
         // rows) of (K, M), and the scale_inv they were cast with.
@@ -294,13 +275,18 @@ void LlamaStage<Elem, G>::linear_forward(const Block& b, Fp8Gemm g, const Elem* 
       }
     }
     const auto wq = fp8_weight_codes(b, g, w);
+    const bool blocks = l_.fp8 == Fp8Recipe::blockwise;
     // y (M, N) = x (M, K) W (N, K)^T.
     run(kernels::Fp8GemmParams<Elem>{.m = M_, .n = N, .k = K, .alpha = 1, .beta = 0,
                                      .a = fp8_in_[0], .lda = K, .a_format = kernels::Fp8Format::e4m3,
-                                     .a_scale_inv = fp8_scale_inv(fp8_in_slot_),
-                                     .b = wq[0], .ldb = K, .b_format = kernels::Fp8Format::e4m3,
-                                     .b_scale_inv = fp8_scale_inv(fp8_slot(b, g, 1)),
-                                     .c = y, .ldc = N, .accumulation = kernels::Fp8Accumulation::fast},
+                                     .a_scale_inv = blocks ? fp8_in_scales_[0] : fp8_scale_inv(fp8_in_slot_),
+                                     .a_tiles = blocks ? kernels::Fp8Tiles::row128 : kernels::Fp8Tiles::tensor,
+                                     .b = wq.codes[0], .ldb = K, .b_format = kernels::Fp8Format::e4m3,
+                                     .b_scale_inv = wq.scales[0],
+                                     .b_tiles = blocks ? kernels::Fp8Tiles::block128 : kernels::Fp8Tiles::tensor,
+                                     .c = y, .ldc = N,
+                                     .accumulation = blocks ? kernels::Fp8Accumulation::split
+                                                            : kernels::Fp8Accumulation::fast},
         op);
   } else {
     if (!(x_same && fp8_input_of_ == x && !fp8_input_over_tokens_)) {
@@ -331,19 +317,18 @@ void LlamaStage<Elem, G>::linear_dgrad(const Block& b, Fp8Gemm g, const Elem* dy
   }
   if constexpr (kGpu<Elem>) {
     const int64_t K = shape.K, N = shape.N;
-    if (!(dy_same && fp8_grad_of_ == dy)) {
-      fp8_gr_slot_ = fp8_slot(b, g, 2);
-      fp8_cast(fp8_gr_slot_, dy, M_, N, fp8_gr_[0], fp8_gr_[1]);
-      fp8_grad_of_ = dy;
-    }
+    if (!(dy_same && fp8_grad_of_ == dy)) fp8_cast_grad(b, g, dy, N);
     const auto wq = fp8_weight_codes(b, g, w);
+    const bool blocks = l_.fp8 == Fp8Recipe::blockwise;
     // dx (M, K) = dy (M, N) (W^T (K, N))^T.
     run(kernels::Fp8GemmParams<Elem>{.m = M_, .n = K, .k = N, .alpha = 1,
                                      .beta = write == kernels::Write::accumulate ? 1.0f : 0.0f,
-                                     .a = fp8_gr_[0], .lda = N, .a_format = kernels::Fp8Format::e5m2,
-                                     .a_scale_inv = fp8_scale_inv(fp8_gr_slot_),
-                                     .b = wq[1], .ldb = N, .b_format = kernels::Fp8Format::e4m3,
-                                     .b_scale_inv = fp8_scale_inv(fp8_slot(b, g, 1)),
+                                     .a = fp8_gr_[0], .lda = N, .a_format = format_of_grad(),
+                                     .a_scale_inv = blocks ? fp8_gr_scales_[0] : fp8_scale_inv(fp8_gr_slot_),
+                                     .a_tiles = blocks ? kernels::Fp8Tiles::row128 : kernels::Fp8Tiles::tensor,
+                                     .b = wq.codes[1], .ldb = N, .b_format = kernels::Fp8Format::e4m3,
+                                     .b_scale_inv = wq.scales[1],
+                                     .b_tiles = blocks ? kernels::Fp8Tiles::block128 : kernels::Fp8Tiles::tensor,
                                      .c = dx, .ldc = K, .accumulation = kernels::Fp8Accumulation::split},
         op);
   } else {
@@ -449,29 +434,24 @@ void LlamaStage<Elem, G>::linear_wgrad(const Block& b, Fp8Gemm g, const Elem* dy
   }
   if constexpr (kGpu<Elem>) {
     const int64_t K = shape.K, N = shape.N;
-    if (!(dy_same && fp8_grad_of_ == dy)) {
-      fp8_gr_slot_ = fp8_slot(b, g, 2);
-      fp8_cast(fp8_gr_slot_, dy, M_, N, fp8_gr_[0], fp8_gr_[1]);
-      fp8_grad_of_ = dy;
-    }
+    if (!(dy_same && fp8_grad_of_ == dy)) fp8_cast_grad(b, g, dy, N);
     if (kept) {
       if (!((x_same || fresh) && fp8_input_of_ == kept->codes)) fp8_restore(*kept, K);
     } else if (!(x_same && fp8_input_of_ == x)) {
       fp8_in_slot_ = fp8_slot(b, g, 0);
-      fp8_cast(fp8_in_slot_, x, M_, K, fp8_in_[0], fp8_in_[1]);
-      fp8_input_of_ = x;
-      fp8_in_t_ = fp8_in_[1];
-      fp8_in_scale_inv_ = fp8_scale_inv(fp8_in_slot_);
-      fp8_in_ld_ = M_;
+      fp8_cast_input(x, K);
     }
-    // dW (N, K) += dy^T (N, M) (x^T (K, M))^T, into the main gradients.
+    // dW (N, K) += dy^T (N, M) (x^T (K, M))^T, into the main gradients;
+    // under block scaling both with tiles down the tokens.
+    const bool blocks = l_.fp8 == Fp8Recipe::blockwise;
+    const kernels::Fp8Tiles tiles = blocks ? kernels::Fp8Tiles::row128 : kernels::Fp8Tiles::tensor;
     using Gemm = std::conditional_t<std::is_same_v<G, Elem>, kernels::Fp8GemmParams<Elem>,
                                     kernels::Fp8GemmAccParams<Elem>>;
     run(Gemm{.m = N, .n = K, .k = M_, .alpha = 1, .beta = 1,
-             .a = fp8_gr_[1], .lda = M_, .a_format = kernels::Fp8Format::e5m2,
-             .a_scale_inv = fp8_scale_inv(fp8_gr_slot_),
+             .a = fp8_gr_[1], .lda = M_, .a_format = format_of_grad(),
+             .a_scale_inv = blocks ? fp8_gr_scales_[1] : fp8_scale_inv(fp8_gr_slot_), .a_tiles = tiles,
              .b = fp8_in_t_, .ldb = fp8_in_ld_, .b_format = kernels::Fp8Format::e4m3,
-             .b_scale_inv = fp8_in_scale_inv_,
+             .b_scale_inv = fp8_in_scale_inv_, .b_tiles = tiles,
              .c = dw, .ldc = K, .accumulation = kernels::Fp8Accumulation::split},
         op);
   } else {
@@ -519,14 +499,5 @@ WEFT_LLAMA_FP8(double, double)
 WEFT_LLAMA_FP8(kernels::bf16, float)
 WEFT_LLAMA_FP8(kernels::bf16, kernels::bf16)
 #undef WEFT_LLAMA_FP8
-
-// The GPU's FP8 helpers, bf16 only.
-#define WEFT_LLAMA_FP8_GPU(E, G)                                                                               \
-  template int64_t LlamaStage<E, G>::fp8_slot(const Block&, Fp8Gemm, int) const;                              \
-  template void LlamaStage<E, G>::fp8_cast(int64_t, const E*, int64_t, int64_t, kernels::Fp8*, kernels::Fp8*); \
-  template std::array<const kernels::Fp8*, 2> LlamaStage<E, G>::fp8_weight_codes(const Block&, Fp8Gemm, const E*);
-WEFT_LLAMA_FP8_GPU(kernels::bf16, float)
-WEFT_LLAMA_FP8_GPU(kernels::bf16, kernels::bf16)
-#undef WEFT_LLAMA_FP8_GPU
 
 }  // namespace weft::trainer

@@ -21,9 +21,10 @@ void LlamaStage<Elem, G>::fp8_step_begin() {
   std::fill(fp8_weight_ready_.begin(), fp8_weight_ready_.end(), 0);
   fp8_input_of_ = fp8_grad_of_ = nullptr;
   if constexpr (kGpu<Elem>) {
-    if (!fp8_dev_hist_) return;
+    // Block scaling keeps health counts and no scaling state.
+    if (!fp8_dev_health_) return;
     run(kernels::FillParams<float>{.n = 4, .value = 0.0, .x = reinterpret_cast<float*>(fp8_dev_health_)}, "fill");
-    if (l_.fp8 == Fp8Recipe::delayed)
+    if (fp8_dev_hist_ && l_.fp8 == Fp8Recipe::delayed)
       run(kernels::FillParams<float>{.n = plan_.layers * kFp8Gemms * kRoles, .value = 0.0, .x = fp8_dev_amax_},
           "fill");
     return;
@@ -38,9 +39,9 @@ typename LlamaStage<Elem, G>::Fp8Counts LlamaStage<Elem, G>::fp8_step_end() {
   Fp8Counts counts = fp8_counts_;
   fp8_counts_ = {};
   if constexpr (kGpu<Elem>) {
-    if (!fp8_dev_hist_) return counts;
+    if (!fp8_dev_health_) return counts;
     const int64_t S = plan_.layers * kFp8Gemms * kRoles, BG = plan_.layers * kFp8Gemms;
-    if (l_.fp8 == Fp8Recipe::delayed) {
+    if (fp8_dev_hist_ && l_.fp8 == Fp8Recipe::delayed) {
       // As on the CPU: the step's amaxes over tp, then dp x cp (device
       // groups), then each format's slots gain them in one scale update.
       groups_.tp->all_reduce(fp8_dev_amax_, S, parallel::DType::f32, parallel::ReduceOp::max);
