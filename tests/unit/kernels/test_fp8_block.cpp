@@ -184,6 +184,78 @@ TEST(Fp8Block, TiledGemmMatchesTheDecodedProduct) {
   }
 }
 
+// One linear layer's three products as the GPU trainer forms them under
+// fp8:blockwise (trainer/model/llama_fp8.cpp): x, W and dy each cast once
+// with their transposes, the forward reading x's codes and W's, dgrad dy's
+// and W's transpose (the same blocks, the transpose's layout), wgrad the
+// transposes of dy and x (tiles down the tokens). Against the CPU trainer's
+// emulation of the same recipe: fp8_qdq_tiles on each operand with the
+// tiles its product reduces over, then fp64 products. A transposed scale
+// array paired with the wrong codes, or a weight's blocks read in the wrong
+// layout, is an error of order 1.
+TEST(Fp8Block, LinearLayerProductsMatchTheCpuTrainersEmulation) {
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  const int64_t M = 256, K = 384, N = 128;
+  const Fp8Format f = Fp8Format::e4m3;
+  const std::vector<float> x = tiled_values(rng, M, K, f), w = tiled_values(rng, N, K, f),
+                           dy = tiled_values(rng, M, N, f);
+  const Cast qx = block_cast(x, M, K, f, Fp8Tiles::row128), qw = block_cast(w, N, K, f, Fp8Tiles::block128),
+             qdy = block_cast(dy, M, N, f, Fp8Tiles::row128);
+  // The emulation's operands, row-major, as the CPU trainer's GEMMs take them.
+  const auto qdq = [&](const std::vector<float>& v, int64_t rows, int64_t cols, int64_t tr, int64_t tc) {
+    std::vector<float> out(v.size());
+    fp8_qdq_tiles(v.data(), out.data(), rows, cols, tr, tc, f);
+    return std::vector<double>(out.begin(), out.end());
+  };
+  const auto transpose = [](const std::vector<double>& v, int64_t rows, int64_t cols) {
+    std::vector<double> t(v.size());
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) t[c * rows + r] = v[r * cols + c];
+    return t;
+  };
+  const std::vector<double> ex = qdq(x, M, K, 1, 128), ew = qdq(w, N, K, 128, 128), edy = qdq(dy, M, N, 1, 128);
+  const std::vector<double> ex_tok = qdq(x, M, K, 128, 1), edy_tok = qdq(dy, M, N, 128, 1);
+
+  struct Product {
+    const char* what;
+    int64_t m, n, k;
+    const std::vector<Fp8>& a;
+    const std::vector<float>& sa;
+    Fp8Tiles ta;
+    const std::vector<Fp8>& b;
+    const std::vector<float>& sb;
+    Fp8Tiles tb;
+    std::vector<double> ea, eb;  // the emulation's A (m, k) and B (n, k): C = A B^T
+  };
+  const Product products[] = {
+      {"forward y = x W^T", M, N, K, qx.out, qx.scale_inv, Fp8Tiles::row128, qw.out, qw.scale_inv,
+       Fp8Tiles::block128, ex, ew},
+      {"dgrad dx = dy W", M, K, N, qdy.out, qdy.scale_inv, Fp8Tiles::row128, qw.out_t, qw.scale_inv_t,
+       Fp8Tiles::block128, edy, transpose(ew, N, K)},
+      {"wgrad dW = dy^T x", N, K, M, qdy.out_t, qdy.scale_inv_t, Fp8Tiles::row128, qx.out_t, qx.scale_inv_t,
+       Fp8Tiles::row128, transpose(edy_tok, M, N), transpose(ex_tok, M, K)}};
+  for (const Product& g : products) {
+    SCOPED_TRACE(g.what);
+    std::vector<float> c(g.m * g.n, NAN);
+    const Fp8GemmParams<float> p{.m = g.m, .n = g.n, .k = g.k, .a = g.a.data(), .lda = g.k, .a_format = f,
+                                 .a_scale_inv = g.sa.data(), .a_tiles = g.ta, .b = g.b.data(), .ldb = g.k,
+                                 .b_format = f, .b_scale_inv = g.sb.data(), .b_tiles = g.tb, .c = c.data(),
+                                 .ldc = g.n};
+    ASSERT_EQ(run(p), Status::ok);
+    const std::vector<double> ref = test::gemm_nt_f64(g.ea, g.eb, g.m, g.n, g.k);
+    // The emulated operands in fp32, summed naively: the rule's yardstick.
+    std::vector<float> naive(g.m * g.n);
+    for (int64_t i = 0; i < g.m; ++i)
+      for (int64_t j = 0; j < g.n; ++j) {
+        float sum = 0;
+        for (int64_t l = 0; l < g.k; ++l) sum += float(g.ea[i * g.k + l]) * float(g.eb[j * g.k + l]);
+        naive[i * g.n + j] = sum;
+      }
+    test::expect_within_rule(g.what, c, naive, ref);
+  }
+}
+
 TEST(Fp8Block, RefusesWhatNoBackendRuns) {
   std::vector<float> x(128 * 128, 1.0f), s(256, 1.0f);
   std::vector<Fp8> codes(128 * 128);
