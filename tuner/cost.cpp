@@ -36,6 +36,15 @@ CostConstants cost_defaults(const DeviceSpec& device) {
   return datasheet_constants(device);
 }
 
+namespace {
+// Causal attention's efficiency against sequence length, measured on an
+// H200 (benchmarks/RESULTS.md, causal GQA 32/8 D 128, forward + backward,
+// 16,384 tokens as B 8 T 2048 and B 2 T 8192): cuDNN's fused SDPA ran 1.26x
+// and PyTorch's flash backend 1.29x the TFLOP/s at T 8192 than at 2048,
+// which T / (T + h) gives for h = 761 and 877. Between the two.
+constexpr double kAttentionTHalf = 800;
+}  // namespace
+
 CostConstants datasheet_constants(const DeviceSpec& device) {
   CostConstants k;
   if (device.kind == DeviceKind::cpu) {
@@ -59,6 +68,7 @@ CostConstants datasheet_constants(const DeviceSpec& device) {
     // NCCL all-reduce bus bandwidth ~230 of 300 GB/s over NVLink 3.
     k.gemm_efficiency = 0.85;
     k.flash_efficiency = 0.6;
+    k.attention_t_half = kAttentionTHalf;
     // No measurement of cuDNN's fused attention on Ampere, where Transformer
     // Engine prefers FlashAttention-2: priced as flash (also after a fit).
     k.cudnn_efficiency = k.flash_efficiency;
@@ -69,11 +79,14 @@ CostConstants datasheet_constants(const DeviceSpec& device) {
     // bus bandwidth ~360 of 450 GB/s over NVLink 4.
     k.gemm_efficiency = 0.8;
     k.flash_efficiency = 0.4;
+    k.attention_t_half = kAttentionTHalf;
     // cuDNN's fused SDPA (causal, GQA 32/8, D 128, forward + backward)
     // measured on an H200 at 416 TFLOP/s at B 8 T 2048 and 522 at B 2
     // T 8192 (0.42 and 0.53 of the dense bf16 peak; benchmarks/RESULTS.md);
-    // Transformer Engine prefers it to FlashAttention-2 on Hopper.
-    k.cudnn_efficiency = 0.47;
+    // with attention_t_half 800 both are 0.58 at long sequences (0.417 and
+    // 0.528 at those lengths). Transformer Engine prefers it to
+    // FlashAttention-2 on Hopper.
+    k.cudnn_efficiency = 0.58;
     k.intra_efficiency = 0.8;
     // cuBLASLt FP8 (E4M3, TN, fp32 accumulation) at 8192^3 measured at
     // ~1610 of 1979 dense TFLOP/s on H100 SXM (0.81; through PyTorch's
@@ -373,6 +386,7 @@ void to_json(nlohmann::json& j, const CostConstants& k) {
                      {"gemm_k_half", k.gemm_k_half},
                      {"flash_efficiency", k.flash_efficiency},
                      {"cudnn_efficiency", k.cudnn_efficiency},
+                     {"attention_t_half", k.attention_t_half},
                      {"memory_efficiency", k.memory_efficiency},
                      {"intra_efficiency", k.intra_efficiency},
                      {"inter_efficiency", k.inter_efficiency},
@@ -396,6 +410,8 @@ void from_json(const nlohmann::json& j, CostConstants& k) {
   // Profiles written before cuDNN's attention had a constant of its own
   // priced it as flash.
   k.cudnn_efficiency = j.contains("cudnn_efficiency") ? j["cudnn_efficiency"].get<double>() : k.flash_efficiency;
+  k.attention_t_half = 0;  // profiles written before it priced attention alike at every length
+  get("attention_t_half", k.attention_t_half);
   get("memory_efficiency", k.memory_efficiency);
   get("intra_efficiency", k.intra_efficiency);
   get("inter_efficiency", k.inter_efficiency);

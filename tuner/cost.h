@@ -27,6 +27,13 @@ struct CostConstants {
   double gemm_k_half = 64;            // K at which the main loop's prologue halves efficiency
   double flash_efficiency = 0.5;      // fraction of peak of flash attention fwd+bwd
   double cudnn_efficiency = 0.5;      // the same for cuDNN's fused SDPA (attn:cudnn), a kernel of its own
+  // The sequence length (per kernel call) at which a causal tiled attention
+  // kernel reaches half the efficiencies above, which are its long-sequence
+  // values: each query tile's fixed work (loading it, the softmax's
+  // bookkeeping, writing its output and statistics) is spread over the keys
+  // it runs against, so efficiency goes as T / (T + attention_t_half). 0:
+  // none (profiles written before it).
+  double attention_t_half = 0;
   double memory_efficiency = 0.8;     // fraction of memory bandwidth of streaming kernels
   double intra_efficiency = 0.75;     // NCCL bus bandwidth / NVLink bandwidth
   double inter_efficiency = 0.85;     // NCCL bus bandwidth / network bandwidth

@@ -66,7 +66,15 @@ AttentionTime attention_time(const Model& x, double B, double Hl, double Kl, dou
     // all-gather: against the keys up to their end; all-to-all: the whole
     // sequence on H/cp heads).
     const double flops = 4.0 * B * Hl * T * T * D * 0.5 / cp;
-    const double eff = l.attention == AttentionKind::cudnn ? x.k.cudnn_efficiency : x.k.flash_efficiency;
+    // Efficiency grows with the keys each query tile runs over in one call
+    // (CostConstants::attention_t_half, whose T is a causal call's: T / 2
+    // keys on average): the ring's calls are blocks of T / 2cp queries
+    // against as many keys (a causal call of T / cp); all-gather runs its
+    // chunks against their key prefixes and all-to-all the whole sequence
+    // (T).
+    const double run = l.cp > 1 && l.cp_comm == CpComm::ring ? T / cp : T;
+    const double eff = (l.attention == AttentionKind::cudnn ? x.k.cudnn_efficiency : x.k.flash_efficiency) * run /
+                       (run + x.k.attention_t_half);
     at.fwd = flops / (x.peak * eff) + x.k.launch_overhead;
     at.bwd = 2.5 * flops / (x.peak * eff) + x.k.launch_overhead;
   } else {

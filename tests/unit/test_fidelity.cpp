@@ -91,9 +91,10 @@ TEST(Fidelity, Fp8RowsAreExpressedHeldOutAndReportedApart) {
   const auto f = fidelity_evaluate(set.runs, Split::held_out, [](const DeviceSpec& d) { return cost_defaults(d); });
   EXPECT_GE(f.fp8.measured, 5);
   EXPECT_GT(f.fp8.mae_points, 0);
-  // The target is 5 points; this holds what the model reaches now
-  // (5.5; benchmarks/RESULTS.md, "FP8"), so that a change that loses it fails.
-  EXPECT_LE(f.fp8.mae_points, 5.6);
+  // The target: 5 points (the model reaches 4.98 since attention's
+  // efficiency grows with the sequence; benchmarks/RESULTS.md, "FP8"), so
+  // that a change that loses it fails.
+  EXPECT_LE(f.fp8.mae_points, 5.0);
 }
 
 // Megatron-Core through Transformer Engine on Hopper runs cuDNN's attention
