@@ -83,4 +83,11 @@ struct DeviceMemory {
 };
 DeviceMemory device_memory();
 
+// This process's memory on the current device as the driver accounts it
+// (NVML's count of the process, loaded at run time from the driver's
+// libnvidia-ml.so.1): the CUDA context included, which device_memory() taken
+// once the context exists cannot show. -1 where NVML cannot say: no driver
+// library, or a PID namespace that hides this process from the driver.
+int64_t device_process_bytes();
+
 }  // namespace weft::memory

@@ -1,6 +1,8 @@
 // The arena's device allocator and the device services of memory/device.h in
 // CUDA builds.
 #include <cuda_runtime.h>
+#include <dlfcn.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -149,6 +151,53 @@ double seconds_between(void* start, void* stop) {
 }
 
 void release_event(void* event) { (void)cudaEventDestroy(static_cast<cudaEvent_t>(event)); }
+
+namespace {
+
+// The few NVML declarations device_process_bytes needs (nvml.h's C ABI; the
+// header is not part of every CUDA toolkit): the process record of the
+// _v2/_v3 queries, and the entry points, looked up by name.
+struct NvmlProcess {
+  unsigned int pid;
+  unsigned long long used_bytes;
+  unsigned int gpu_instance, compute_instance;
+};
+using NvmlDevice = void*;
+using NvmlInit = int (*)();
+using NvmlShutdown = int (*)();
+using NvmlByBusId = int (*)(const char*, NvmlDevice*);
+using NvmlProcesses = int (*)(NvmlDevice, unsigned int*, NvmlProcess*);
+
+}  // namespace
+
+int64_t device_process_bytes() {
+  void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) return -1;
+  int64_t bytes = -1;
+  const auto init = reinterpret_cast<NvmlInit>(dlsym(lib, "nvmlInit_v2"));
+  const auto shutdown = reinterpret_cast<NvmlShutdown>(dlsym(lib, "nvmlShutdown"));
+  const auto by_bus_id = reinterpret_cast<NvmlByBusId>(dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2"));
+  auto processes = reinterpret_cast<NvmlProcesses>(dlsym(lib, "nvmlDeviceGetComputeRunningProcesses_v3"));
+  if (!processes) processes = reinterpret_cast<NvmlProcesses>(dlsym(lib, "nvmlDeviceGetComputeRunningProcesses_v2"));
+  int device = 0;
+  char bus_id[32] = {};
+  if (init && shutdown && by_bus_id && processes && cudaGetDevice(&device) == cudaSuccess &&
+      cudaDeviceGetPCIBusId(bus_id, int(sizeof bus_id), device) == cudaSuccess && init() == 0) {
+    NvmlDevice handle = nullptr;
+    NvmlProcess found[64] = {};
+    unsigned int count = 64;
+    if (by_bus_id(bus_id, &handle) == 0 && processes(handle, &count, found) == 0) {
+      const unsigned int me = unsigned(getpid());
+      for (unsigned int i = 0; i < count && i < 64; ++i)
+        // NVML_VALUE_NOT_AVAILABLE (all ones) where the driver keeps no count.
+        if (found[i].pid == me && found[i].used_bytes != ~0ull) bytes = int64_t(found[i].used_bytes);
+    }
+    shutdown();
+  }
+  (void)cudaGetLastError();
+  dlclose(lib);
+  return bytes;
+}
 
 DeviceMemory device_memory() {
   size_t free = 0, total = 0;

@@ -54,6 +54,8 @@ OwnedStream::~OwnedStream() = default;
 
 DeviceMemory device_memory() { no_cuda("memory::device_memory"); }
 
+int64_t device_process_bytes() { return -1; }
+
 void* record_event(kernels::Stream) { no_cuda("memory::record_event"); }
 
 HostStaging::HostStaging(int64_t bytes, int slots, kernels::Backend backend) : backend_(backend), bytes_(bytes) {

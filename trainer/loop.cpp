@@ -126,7 +126,7 @@ std::string memory_table(const TrainReport& r, const DeviceSpec& d) {
   if (r.independent > 0)
     s += fmt::format("  {:<12} {:>12} {:>12} {:>+8.2f}%   ({})\n", "independent", format_bytes(double(r.independent)),
                      format_bytes(double(pt)), pt > 0 ? 100.0 * double(r.independent - pt) / double(pt) : 0.0,
-                     d.kind == DeviceKind::cpu ? kHostIndependent : "device memory in use by the run, cudaMemGetInfo");
+                     d.kind == DeviceKind::cpu ? kHostIndependent : r.independent_what.c_str());
   if (r.independent_save > 0)
     s += fmt::format("  {:<12} {:>12} {:>12}            (the same while a checkpoint is written: its whole "
                      "tensors, gathered for the files, are outside the memory model)\n",
@@ -483,12 +483,19 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
   if constexpr (R::kDevice) {
     // The runtime's share is what the driver counts beyond the arena; the
     // memory model's "overhead" category predicts it.
-    const int64_t used = memory::device_memory().used() - device_before;
+    // NVML's count of this process includes the CUDA context; where NVML
+    // cannot say, the driver's used memory since the run began does not
+    // (the context existed before it).
+    const int64_t process = memory::device_process_bytes();
+    const int64_t used = process >= 0 ? process : memory::device_memory().used() - device_before;
+    report.independent_what = process >= 0 ? "device memory of this process, NVML (the CUDA context included)"
+                                            : "device memory in use since the run began, cudaMemGetInfo (the "
+                                              "CUDA context, created before it, not included)";
     const int64_t arena = run.arena.reserved() > 0 ? run.arena.reserved() : run.arena.in_use_total();
     report.measured[size_t(memory::Category::overhead)] = std::max<int64_t>(0, used - arena);
     report.independent = std::max<int64_t>(0, used);
-    fmt::print(log, "device memory: {} in use by this run (cudaMemGetInfo), arena peak {}\n",
-               format_bytes(double(used)), format_bytes(double(run.arena.peak_total())));
+    fmt::print(log, "device memory: {} ({}), arena peak {}\n", format_bytes(double(used)), report.independent_what,
+               format_bytes(double(run.arena.peak_total())));
   }
   fmt::print(log, "{}", memory_table(report, c.device));
   // Every rank records its measured peaks beside the memory model's
@@ -502,7 +509,7 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
   }
   if (report.independent > 0)
     mj["independent"] = {{"bytes", report.independent},
-                         {"what", R::kDevice ? "device memory in use by the run (cudaMemGetInfo)" : kHostIndependent}};
+                         {"what", R::kDevice ? report.independent_what.c_str() : kHostIndependent}};
   if (report.independent_save > 0) mj["independent_saving"] = report.independent_save;
   // The device arena's one reservation (the model's bytes and their slack),
   // so a check outside the process can tell it from the runtime's share.

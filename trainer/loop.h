@@ -101,8 +101,12 @@ struct TrainReport {
   std::array<int64_t, memory::kCategories> predicted{};  // memory model
   // Measured apart from the arena: on the CPU the growth of the process's
   // resident high-water mark over the run (memory/host_usage.h), on a GPU
-  // the driver's count of device memory in use (cudaMemGetInfo). 0: none.
+  // this run's device memory as the driver counts it (independent_what). 0:
+  // none.
   int64_t independent = 0;
+  // What measured it on a GPU (NVML's count of the process, or the
+  // driver's used memory since the run began).
+  std::string independent_what;
   // On the CPU, the same growth while a checkpoint was written (the save's
   // whole-tensor copies, outside the memory model); 0: no save measured.
   int64_t independent_save = 0;

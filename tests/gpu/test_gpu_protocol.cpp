@@ -6,12 +6,14 @@
 // zero-filled device memory.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <string>
 #include <vector>
 
 #include "kernels/elementwise/elementwise.h"
 #include "kernels/rmsnorm/rmsnorm.h"
 #include "memory/arena.h"
+#include "memory/device.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace weft::kernels::test {
@@ -75,6 +77,25 @@ TEST(GpuProtocol, DeviceArena) {
   // More than the device holds is refused, not thrown from CUDA.
   memory::Arena huge(memory::device_allocator());
   EXPECT_THROW(huge.reserve(int64_t{1} << 50), memory::OutOfMemory);
+}
+
+// The driver's count of this process (NVML): the CUDA context already in
+// it, and 256 MiB more once they are allocated. Where NVML cannot say (no
+// driver library, a PID namespace) -1, and the trainer falls back to
+// cudaMemGetInfo; the test says which.
+TEST(GpuProtocol, DeviceProcessBytesCountTheContextAndAllocations) {
+  const int64_t before = memory::device_process_bytes();
+  if (before < 0) GTEST_SKIP() << "NVML gives no count for this process here";
+  std::printf("[ process ] %.1f MiB on the device before the allocation (the CUDA context and earlier tests)\n",
+              double(before) / double(1 << 20));
+  EXPECT_GT(before, int64_t{1} << 20);  // a context is tens to hundreds of MiB
+  void* p = nullptr;
+  const int64_t bytes = int64_t{256} << 20;
+  CUDA_CHECK(cudaMalloc(&p, size_t(bytes)));
+  const int64_t after = memory::device_process_bytes();
+  CUDA_CHECK(cudaFree(p));
+  EXPECT_GE(after - before, bytes);
+  EXPECT_LE(after - before, bytes + (int64_t{8} << 20));  // the driver's granularity
 }
 
 }  // namespace
