@@ -27,6 +27,7 @@
 // step).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 namespace weft::kernels {
@@ -84,5 +85,20 @@ Fp8Health fp8_qdq(const float* x, float* y, int64_t n, float scale, Fp8Format f)
 // Engine's block recipe). y may alias x. Bit-identical for any thread count.
 Fp8Health fp8_qdq_tiles(const float* x, float* y, int64_t rows, int64_t cols, int64_t tile_rows,
                         int64_t tile_cols, Fp8Format f);
+
+// One tile's scale under that rule: rows [r0, r1) and columns [c0, c1) of x
+// (row-major, `cols` wide), each value rounded to float first.
+template <typename T>
+float fp8_tile_scale(const T* x, int64_t cols, int64_t r0, int64_t r1, int64_t c0, int64_t c1, Fp8Format f) {
+  float amax = 0.0f;
+  bool finite = true;
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t c = c0; c < c1; ++c) {
+      const float a = std::fabs(float(x[r * cols + c]));
+      finite = finite && std::isfinite(a);
+      amax = a > amax ? a : amax;
+    }
+  return fp8_scale(finite ? amax : NAN, f);
+}
 
 }  // namespace weft::kernels

@@ -151,15 +151,7 @@ Fp8Health fp8_qdq_tiles(const float* x, float* y, int64_t rows, int64_t cols, in
   for (int64_t t = 0; t < grid_rows * grid_cols; ++t) {
     const int64_t r0 = (t / grid_cols) * tile_rows, c0 = (t % grid_cols) * tile_cols;
     const int64_t r1 = std::min(rows, r0 + tile_rows), c1 = std::min(cols, c0 + tile_cols);
-    float amax = 0.0f;
-    bool finite = true;
-    for (int64_t r = r0; r < r1; ++r)
-      for (int64_t c = c0; c < c1; ++c) {
-        const float a = std::fabs(x[r * cols + c]);
-        finite = finite && std::isfinite(a);
-        amax = a > amax ? a : amax;
-      }
-    const float scale = fp8_scale(finite ? amax : NAN, f), scale_inv = 1.0f / scale;
+    const float scale = fp8_tile_scale(x, cols, r0, r1, c0, c1, f), scale_inv = 1.0f / scale;
     for (int64_t r = r0; r < r1; ++r)
       for (int64_t c = c0; c < c1; ++c)
         y[r * cols + c] = qdq_one(x[r * cols + c], scale, scale_inv, over_at, f, over, under);

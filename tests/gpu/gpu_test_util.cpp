@@ -5,6 +5,14 @@
 
 namespace weft::kernels::test {
 
+bool fp8_gemm_here() {
+  int device = 0, major = 0, minor = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  return major * 10 + minor >= 89;
+}
+
 cudaStream_t gpu_stream() {
   static const cudaStream_t stream = [] {
     cudaStream_t s = nullptr;

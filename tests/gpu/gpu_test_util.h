@@ -43,6 +43,10 @@ namespace weft::kernels::test {
 // the default stream, so the backend must honour Stream::handle.
 cudaStream_t gpu_stream();
 
+// Whether this device runs FP8 GEMMs (compute capability 8.9 or newer); the
+// FP8 GEMM tests skip otherwise, after checking that the backend says so.
+bool fp8_gemm_here();
+
 // A device array of n elements, filled with 0xff bytes (NaN as bf16 and as
 // fp32) until written.
 template <typename T>

@@ -25,14 +25,6 @@
 namespace weft::kernels::test {
 namespace {
 
-bool fp8_here() {
-  int device = 0, major = 0, minor = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  return major * 10 + minor >= 89;
-}
-
 // bf16 values whose runs of 16 rows sit at magnitudes of their own, so tiles
 // take different scales.
 Bf16Values banded(Rng& rng, int64_t rows, int64_t cols) {
@@ -118,7 +110,7 @@ TEST(GpuFp8Block, CastMatchesTheCpuBitForBit) {
 }
 
 TEST(GpuFp8Block, TiledGemmMatchesTheDecodedProduct) {
-  if (!fp8_here()) GTEST_SKIP() << "no FP8 tensor cores (sm_89 or newer) on this device";
+  if (!fp8_gemm_here()) GTEST_SKIP() << "no FP8 tensor cores (sm_89 or newer) on this device";
   Rng rng;
   SCOPED_TRACE(rng.trace());
   struct Case {

@@ -35,16 +35,6 @@
 namespace weft::kernels::test {
 namespace {
 
-// Whether this device runs FP8 GEMMs (sm_89 or newer); the GEMM tests skip
-// otherwise, after checking that the backend says so rather than failing.
-bool fp8_gemm_here() {
-  int device = 0, major = 0, minor = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  return major * 10 + minor >= 89;
-}
-
 double acc_tolerance(Fp8Accumulation a) { return a == Fp8Accumulation::split ? 1.0 / 1024 : 1.0 / 64; }
 
 struct GemmShape {
