@@ -1,15 +1,25 @@
-// The NCCL backend under mpirun, one GPU per rank: every collective and the
+// The device backends of Comm under mpirun: every collective and the
 // point-to-point calls on device buffers, against values computed on the host
 // from every rank's contribution (fresh random integers stored as floats, so
-// sums are exact). Exits 77 (skipped) on every rank unless each rank has a GPU
-// of its own.
+// sums are exact; bf16 sums of random reals within one bf16 rounding).
+//
+//   test_comm_device [--comm nccl|mpi]
+//
+// nccl (the default) needs a GPU per rank and exits 77 (skipped) on every
+// rank otherwise; with a single rank it runs each NCCL call once on a
+// communicator of one. mpi (the device communicator over MPI, for ranks that
+// share a GPU) runs wherever there is a GPU: rank r takes GPU r mod count.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
 #include <span>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -18,10 +28,25 @@
 #include "core/error.h"
 #include "core/layout.h"
 #include "trainer/parallel/comm_mpi.h"
+#include "trainer/parallel/comm_mpi_device.h"
+#ifdef WEFT_HAVE_NCCL
 #include "trainer/parallel/comm_nccl.h"
+#endif
 
 namespace weft::parallel {
 namespace {
+
+// The backend under test (--comm), and its groups for a layout, ordered
+// after the legacy default stream (the helpers below copy on it).
+bool g_nccl = true;
+
+ProcessGroups groups_for(const std::string& layout) {
+  const Layout l = Layout::parse(layout);
+#ifdef WEFT_HAVE_NCCL
+  if (g_nccl) return nccl_process_groups(l, nullptr);
+#endif
+  return mpi_device_process_groups(l, nullptr);
+}
 
 uint64_t seed() {
   static const uint64_t s = [] {
@@ -54,9 +79,9 @@ struct Device {
   }
 };
 
-TEST(CommNccl, EveryCollectiveOnDeviceBuffers) {
+TEST(CommDevice, EveryCollectiveOnDeviceBuffers) {
   const int64_t world = mpi_world_size();
-  ProcessGroups g = nccl_process_groups(Layout::parse(fmt::format("tp1-pp1-dp{}-mb1", world)), nullptr);
+  ProcessGroups g = groups_for(fmt::format("tp1-pp1-dp{}-mb1", world));
   Comm& c = *g.world;
   const int64_t r = c.rank(), n = 1037;
   // all_reduce
@@ -135,8 +160,8 @@ TEST(CommNccl, EveryCollectiveOnDeviceBuffers) {
     c.broadcast(d.p, n, DType::f32, world - 1);
     EXPECT_EQ(d.get(n), part(6, world - 1, n));
   }
-  // Groups without point-to-point refuse it by name.
-  EXPECT_THROW(c.send(nullptr, 1, DType::f32, (r + 1) % world, 0), InternalError);
+  // NCCL groups without point-to-point refuse it by name (MPI's have it).
+  if (g_nccl && world > 1) EXPECT_THROW(c.send(nullptr, 1, DType::f32, (r + 1) % world, 0), InternalError);
   c.barrier();
 }
 
@@ -144,11 +169,11 @@ TEST(CommNccl, EveryCollectiveOnDeviceBuffers) {
 // and uneven reduce-scatter into this rank's shard (ZeRO-1 and -2) on bf16
 // device buffers. Integers in [-16, 16] and their sums over up to 16 ranks
 // are exact in bf16, so the results must be too.
-TEST(CommNccl, Bf16GradientReductions) {
+TEST(CommDevice, Bf16GradientReductions) {
   using kernels::bf16;
   const int64_t world = mpi_world_size();
   ASSERT_LE(world, 16);
-  ProcessGroups g = nccl_process_groups(Layout::parse(fmt::format("tp1-pp1-dp{}-mb1", world)), nullptr);
+  ProcessGroups g = groups_for(fmt::format("tp1-pp1-dp{}-mb1", world));
   Comm& c = *g.dp;
   const int64_t r = c.rank(), n = 1037;
   auto values = [&](uint64_t salt, int64_t q, int64_t count) {
@@ -214,14 +239,97 @@ TEST(CommNccl, Bf16GradientReductions) {
   c.barrier();
 }
 
+// Stream order: a buffer whose producer is still queued when the call is
+// made (a host function that sleeps, then a copy of the values, both on the
+// stream the groups order after) is reduced only once it is written, and a
+// copy queued after the call sees the sum. A backend that read the buffer
+// at once would reduce the NaNs it was poisoned with.
+TEST(CommDevice, WaitsForTheBufferItsProducerIsStillWriting) {
+  const int64_t world = mpi_world_size();
+  ProcessGroups g = groups_for(fmt::format("tp1-pp1-dp{}-mb1", world));
+  Comm& c = *g.dp;
+  const int64_t r = c.rank(), n = 1 << 16;
+  Device d(n);
+  d.put(std::vector<float>(size_t(n), NAN));
+  cudaDeviceSynchronize();
+  float* pinned = nullptr;
+  ASSERT_EQ(cudaMallocHost(&pinned, size_t(n) * 4), cudaSuccess);
+  const auto mine = part(30, r, n);
+  std::copy(mine.begin(), mine.end(), pinned);
+  ASSERT_EQ(cudaLaunchHostFunc(
+                nullptr, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(200)); }, nullptr),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(d.p, pinned, size_t(n) * 4, cudaMemcpyHostToDevice, nullptr), cudaSuccess);
+  c.all_reduce(d.p, n, DType::f32, ReduceOp::sum);
+  std::vector<float> got(static_cast<size_t>(n));
+  ASSERT_EQ(cudaMemcpyAsync(got.data(), d.p, size_t(n) * 4, cudaMemcpyDeviceToHost, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+  std::vector<float> want(static_cast<size_t>(n), 0);
+  for (int64_t q = 0; q < world; ++q)
+    for (int64_t i = 0; i < n; ++i) want[size_t(i)] += part(30, q, n)[size_t(i)];
+  EXPECT_EQ(got, want);
+  cudaFreeHost(pinned);
+}
+
+// bf16 sums of random reals (fresh each run) against the fp64 sum: within
+// one bf16 rounding of every partial sum a ring may round, world * 2^-8 of
+// the sum of magnitudes (the MPI device backend rounds once).
+TEST(CommDevice, Bf16SumsOfRandomRealsWithinTheRoundingRule) {
+  using kernels::bf16;
+  const int64_t world = mpi_world_size();
+  ProcessGroups g = groups_for(fmt::format("tp1-pp1-dp{}-mb1", world));
+  Comm& c = *g.dp;
+  const int64_t r = c.rank(), n = 4099;
+  auto reals = [&](uint64_t salt, int64_t q, int64_t count) {
+    std::mt19937_64 rng(seed() ^ (salt << 20) ^ uint64_t(q + 1));
+    std::uniform_real_distribution<float> u(-1.f, 1.f);
+    std::vector<bf16> v(static_cast<size_t>(count));
+    for (auto& x : v) x = kernels::float_to_bf16(u(rng) * std::exp2(float(int(rng() % 9) - 4)));
+    return v;
+  };
+  bf16* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, size_t(n * world) * sizeof(bf16)), cudaSuccess);
+  auto check = [&](const std::vector<bf16>& got, uint64_t salt, int64_t count, int64_t from) {
+    double worst = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      double sum = 0, mag = 0;
+      for (int64_t q = 0; q < world; ++q) {
+        const double x = kernels::bf16_to_float(reals(salt, q, count)[size_t(from) + i]);
+        sum += x;
+        mag += std::abs(x);
+      }
+      const double err = std::abs(double(kernels::bf16_to_float(got[i])) - sum);
+      ASSERT_TRUE(std::isfinite(err)) << "element " << i;
+      worst = std::max(worst, err / (double(world) * std::exp2(-8) * mag + 1e-30));
+    }
+    EXPECT_LE(worst, 1.0) << "worst error as a share of the allowance";
+  };
+  auto download = [&](int64_t count) {
+    cudaDeviceSynchronize();
+    std::vector<bf16> h(static_cast<size_t>(count));
+    cudaMemcpy(h.data(), d, size_t(count) * sizeof(bf16), cudaMemcpyDeviceToHost);
+    return h;
+  };
+  const auto a = reals(40, r, n);
+  cudaMemcpy(d, a.data(), size_t(n) * sizeof(bf16), cudaMemcpyHostToDevice);
+  c.all_reduce(d, n);
+  check(download(n), 40, n, 0);
+  const auto b = reals(41, r, n * world);
+  cudaMemcpy(d, b.data(), size_t(n * world) * sizeof(bf16), cudaMemcpyHostToDevice);
+  c.reduce_scatter(d, d, n);
+  check(download(n), 41, n * world, r * n);
+  cudaFree(d);
+}
+
 // The pipeline's pattern on the pp group: every stage sends to both ring
 // neighbours before it receives from either, with messages far larger than
 // NCCL's buffers, then a second round with non-blocking receives. On one
 // stream per group this waits forever; each direction has a stream of its
 // own here.
-TEST(CommNccl, SendsBeforeReceivesOnThePipelineGroup) {
+TEST(CommDevice, SendsBeforeReceivesOnThePipelineGroup) {
   const int64_t world = mpi_world_size();
-  ProcessGroups g = nccl_process_groups(Layout::parse(fmt::format("tp1-pp{}-dp1-mb1", world)), nullptr);
+  if (world < 2) GTEST_SKIP() << "point-to-point needs two ranks";
+  ProcessGroups g = groups_for(fmt::format("tp1-pp{}-dp1-mb1", world));
   Comm& c = *g.pp;
   const int64_t r = c.rank(), n = 8 << 20;  // 32 MiB of fp32
   const int64_t next = (r + 1) % world, prev = (r + world - 1) % world;
@@ -253,9 +361,9 @@ TEST(CommNccl, SendsBeforeReceivesOnThePipelineGroup) {
 // every rank (the group's point-to-point channels reach ring neighbours only,
 // so with 4 or more ranks some pairs have none), and leaves this rank's own
 // block of out alone.
-TEST(CommNccl, AllToAllOnTheContextParallelGroup) {
+TEST(CommDevice, AllToAllOnTheContextParallelGroup) {
   const int64_t world = mpi_world_size();
-  ProcessGroups g = nccl_process_groups(Layout::parse(fmt::format("tp1-cp{}-pp1-dp1-mb1", world)), nullptr);
+  ProcessGroups g = groups_for(fmt::format("tp1-cp{}-pp1-dp1-mb1", world));
   Comm& c = *g.cp;
   const int64_t r = c.rank(), n = 3001;
   Device in(n * world), out(n * world);
@@ -279,6 +387,20 @@ TEST(CommNccl, AllToAllOnTheContextParallelGroup) {
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
+  std::string comm = "nccl";
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::string(argv[i]) == "--comm") comm = argv[i + 1];
+  if (comm != "nccl" && comm != "mpi") {
+    std::fprintf(stderr, "--comm %s: use nccl or mpi\n", comm.c_str());
+    return 2;
+  }
+  weft::parallel::g_nccl = comm == "nccl";
+#ifndef WEFT_HAVE_NCCL
+  if (weft::parallel::g_nccl) {
+    std::printf("skipped: this build has no NCCL\n");
+    return 77;
+  }
+#endif
   weft::parallel::mpi_init();
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
@@ -286,12 +408,14 @@ int main(int argc, char** argv) {
   const int local_rank = local ? std::atoi(local) : 0;
   // Every rank must agree, or a rank with a GPU would wait for one without.
   auto c = weft::parallel::mpi_world_dup("probe");
-  int32_t ok = local_rank < devices ? 1 : 0;
+  int32_t ok = (weft::parallel::g_nccl ? local_rank < devices : devices > 0) ? 1 : 0;
   c->all_reduce(&ok, 1, weft::parallel::ReduceOp::sum);
   if (ok < c->size()) {
-    if (c->rank() == 0) std::printf("skipped: %d of %lld ranks have a GPU of their own\n", ok, (long long)c->size());
+    if (c->rank() == 0)
+      std::printf("skipped: %d of %lld ranks have a GPU%s\n", ok, (long long)c->size(),
+                  weft::parallel::g_nccl ? " of their own" : "");
     return 77;
   }
-  cudaSetDevice(local_rank);
+  cudaSetDevice(local_rank % devices);
   return RUN_ALL_TESTS();
 }
