@@ -23,9 +23,7 @@
 #ifdef WEFT_HAVE_MPI
 #include "trainer/parallel/comm_mpi.h"
 #endif
-#ifdef WEFT_HAVE_NCCL
-#include "trainer/parallel/comm_nccl.h"
-#endif
+#include "trainer/parallel/device_comm.h"
 
 namespace weft::cli {
 
@@ -102,6 +100,11 @@ std::optional<Layout> auto_layout(const trainer::TrainConfig& base, const tuner:
   const int64_t local = local_ranks_from_env();
   ctx.cluster.gpus_per_node = local > 0 && local <= world && world % local == 0 ? local : world;
   ctx.constants = tuner::cost_defaults(base.device);
+  if (base.device.shared_by > 1 && log && world_rank_from_env() == 0)
+    fmt::print(log, "note: {} ranks share each GPU, so the trials' tensors travel over MPI through host memory "
+                    "(--comm {}): their timings are not those of separate GPUs, and the recipe is kept for runs "
+                    "that share GPUs alike\n",
+               base.device.shared_by, base.comm);
   if (!a.profile.empty()) {
     const auto p = tuner::profile_load(a.profile);
     tuner::profile_use(p, a.profile, tuner::machine_fingerprint(base.device, local_ranks_from_env(), base.threads),
@@ -114,12 +117,13 @@ std::optional<Layout> auto_layout(const trainer::TrainConfig& base, const tuner:
   if (multi_rank) {
     control = parallel::mpi_world_dup("control");
     if (base.device.kind == DeviceKind::gpu) {
-#ifdef WEFT_HAVE_NCCL
-      make_groups = [](const Layout& l, const std::atomic<bool>* cancel) {
-        return parallel::nccl_device_groups(l, cancel);
+#ifdef WEFT_HAVE_DEVICE_COMM
+      const auto kind = base.comm == "mpi" ? parallel::DeviceCommKind::mpi : parallel::DeviceCommKind::nccl;
+      make_groups = [kind](const Layout& l, const std::atomic<bool>* cancel) {
+        return parallel::device_process_groups(kind, l, cancel);
       };
 #else
-      throw InputError("tuning on several GPUs needs NCCL, which this build lacks; use --device cpu");
+      throw InputError("tuning on several GPUs needs MPI and CUDA together, which this build lacks; use --device cpu");
 #endif
     } else {
       make_groups = [](const Layout& l, const std::atomic<bool>* cancel) {

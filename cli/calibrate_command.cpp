@@ -16,10 +16,8 @@
 #include "calibration/fidelity.h"
 #ifdef WEFT_HAVE_MPI
 #include "trainer/parallel/comm_mpi.h"
-#ifdef WEFT_HAVE_NCCL
-#include "trainer/parallel/comm_nccl.h"
 #endif
-#endif
+#include "trainer/parallel/device_comm.h"
 
 namespace weft::cli {
 
@@ -84,8 +82,15 @@ int run_measure(const CalibrateArgs& a) {
   if (under_mpi()) {
     world = parallel::mpi_world_dup("calibrate");
     if (gpu) {
-#ifdef WEFT_HAVE_NCCL
-      groups_for = [](const Layout& l) { return parallel::nccl_device_groups(l, nullptr); };
+#ifdef WEFT_HAVE_DEVICE_COMM
+      // A profile measures a cluster's collectives: ranks sharing a GPU
+      // would measure the MPI device communicator's host copies instead.
+      const auto choice = parallel::device_comm_choose("auto");
+      if (choice.ranks_per_device > 1)
+        throw InputError(fmt::format("weft calibrate measures a cluster's collectives with one rank per GPU, but {} "
+                                     "ranks share a GPU here; start one rank per GPU, or one rank",
+                                     choice.ranks_per_device));
+      groups_for = [kind = choice.kind](const Layout& l) { return parallel::device_process_groups(kind, l, nullptr); };
 #else
       throw InputError("calibrating several GPUs needs NCCL, which this build lacks");
 #endif

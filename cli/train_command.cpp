@@ -29,12 +29,10 @@
 #include "trainer/resume_check.h"
 #include "trainer/run_folder.h"
 #include "tuner/recipe.h"
+#include "trainer/parallel/device_comm.h"
 #ifdef WEFT_HAVE_MPI
 #include "trainer/parallel/comm_mpi.h"
 #include "trainer/parallel/comm_watchdog.h"
-#ifdef WEFT_HAVE_NCCL
-#include "trainer/parallel/comm_nccl.h"
-#endif
 #endif
 
 namespace weft::cli {
@@ -85,6 +83,7 @@ struct TrainArgs {
   bool force_recipe = false;
   bool overwrite = false;
   double comm_timeout = 300;
+  std::string comm = "auto";  // --comm: what carries a multi-rank GPU run's tensors
   AutoArgs tune;
   // The layout knobs: given without --auto they choose the layout by hand;
   // with --auto they restrict the tuner's space.
@@ -168,7 +167,27 @@ int run_train(TrainArgs& a) {
     const int ordinal = int(local_rank_from_env() % gpu_count());
     gpu_select(ordinal);
     c.device = *gpu_detect(ordinal);
+    // Several ranks: NCCL where each has a GPU of its own, else the MPI
+    // device communicator, and each rank's memory is its share of its GPU.
+    if (under_mpi()) {
+#ifdef WEFT_HAVE_DEVICE_COMM
+      const auto choice = parallel::device_comm_choose(a.comm);
+      c.comm = parallel::to_string(choice.kind);
+      c.comm_why = choice.why;
+      c.device.shared_by = choice.ranks_per_device;
+      c.device.memory_bytes /= choice.ranks_per_device;
+#else
+      throw InputError("a GPU run over several ranks needs MPI and CUDA together, which this build lacks; use "
+                       "--device cpu");
+#endif
+    } else {
+      parallel::device_comm_check_request(a.comm);
+    }
   } else {
+    parallel::device_comm_check_request(a.comm);
+    if (a.comm == "nccl")
+      throw InputError("--comm nccl carries tensors between GPUs; a CPU run's ranks talk over MPI (--comm mpi or "
+                       "auto)");
     c.device = cpu_rank_share(device_preset("cpu"), local_ranks_from_env(), c.threads);
   }
   // A cap on each rank's memory: the memory model holds every layout to it.
@@ -332,14 +351,15 @@ int run_train(TrainArgs& a) {
 #ifdef WEFT_HAVE_MPI
     watchdog = std::make_unique<parallel::CommWatchdog>(a.comm_timeout);
     if (gpu) {
-#ifdef WEFT_HAVE_NCCL
-      groups = std::make_unique<parallel::ProcessGroups>(parallel::nccl_device_groups(c.layout, nullptr));
+#ifdef WEFT_HAVE_DEVICE_COMM
+      const auto kind = c.comm == "mpi" ? parallel::DeviceCommKind::mpi : parallel::DeviceCommKind::nccl;
+      groups = std::make_unique<parallel::ProcessGroups>(parallel::device_process_groups(kind, c.layout, nullptr));
       // The host groups' calls; NCCL operations are enqueued without
       // waiting, and the run names its waits for the GPU (where a dead
-      // peer's NCCL operation would hang) to the watchdog itself.
+      // peer's NCCL operation would hang) to the watchdog itself. The MPI
+      // device communicator waits on the host, inside its calls: watched too.
+      if (kind == parallel::DeviceCommKind::mpi) watchdog->watch(*groups);
       watchdog->watch(*groups->host);
-#else
-      throw InputError("a GPU run over several ranks needs NCCL, which this build lacks; use --device cpu");
 #endif
     } else {
       groups = std::make_unique<parallel::ProcessGroups>(parallel::mpi_process_groups(c.layout));
@@ -427,6 +447,11 @@ Command add_train_command(CLI::App& app) {
                   "Parallel layout for mpirun, e.g. tp2-pp2-dp1-mb1 (overrides "
                   "--mb/--ckpt/--attn/--norm/--grad/--cp/--cp-comm/--fp8)")
       ->check(non_empty());
+  sub->add_option("--comm", a->comm,
+                  "What carries a multi-rank GPU run's tensors: nccl (a GPU per rank), mpi (through pinned host "
+                  "memory; ranks may share a GPU, for checking rather than speed) or auto (nccl unless ranks share a "
+                  "GPU)")
+      ->capture_default_str();
   sub->add_option("--comm-timeout", a->comm_timeout,
                   "Seconds without progress in a collective before a rank gives up (multi-rank)")
       ->capture_default_str();

@@ -94,8 +94,10 @@ std::string DeviceSpec::summary() const {
   if (kind == DeviceKind::cpu)
     return fmt::format("{} ({} cores, fp32 peak {:.0f} GFLOP/s, {:.1f} GiB)", name, sm_count,
                        peak_fp32_flops / 1e9, memory_bytes / double(1 << 30));
-  return fmt::format("{} ({:.1f} GiB, bf16 dense peak {:.1f} TFLOP/s{}, HBM {:.0f} GB/s)", name,
-                     memory_bytes / double(1 << 30), peak_bf16_flops / TF,
+  return fmt::format("{} ({:.1f} GiB{}, bf16 dense peak {:.1f} TFLOP/s{}, HBM {:.0f} GB/s)", name,
+                     memory_bytes / double(1 << 30),
+                     shared_by > 1 ? fmt::format(": this rank's share, the GPU is shared by {} ranks", shared_by) : "",
+                     peak_bf16_flops / TF,
                      has_fp8() ? fmt::format(", fp8 dense peak {:.0f} TFLOP/s", peak_fp8_flops / TF) : "",
                      memory_bandwidth / GB);
 }

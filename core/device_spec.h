@@ -39,6 +39,11 @@ struct DeviceSpec {
   int64_t sm_count = 0;              // streaming multiprocessors (cores on CPU)
   int64_t runtime_overhead_bytes = 0;  // CUDA context, library handles (kGpuRuntimeBytes on a GPU)
   int64_t default_gpus_per_node = 8;
+  // Ranks of this run that share this one device (a GPU several ranks were
+  // started on): memory_bytes is then this rank's share, and the tensors
+  // travel over MPI through host memory instead of NCCL (which needs a device
+  // per rank). 1: a device of its own.
+  int64_t shared_by = 1;
   // Rates measured on this machine (a measured device profile), which the
   // cost model prefers to the datasheet numbers above; none by default.
   std::shared_ptr<const MeasuredRates> measured;

@@ -1,6 +1,8 @@
 #include "memory/estimate.h"
 
 #include <algorithm>
+#include <string_view>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -51,6 +53,24 @@ MemoryEstimate estimate(const ModelSpec& m, const RunSpec& run, const Layout& l,
                            to_string(e.binding), format_bytes(double(big)), detail);
   }
   return e;
+}
+
+int64_t host_staging_bytes(const ModelSpec& m, const RunSpec& run, const Layout& l, const DeviceSpec& device,
+                           int64_t stage) {
+  if (device.kind != DeviceKind::gpu || device.shared_by <= 1 || l.world() <= 1) return 0;
+  const StagePlan plan = stage_plan(m, run, l, stage);
+  const std::vector<TensorShape> shapes = stage_shapes(m, run, l, device, plan);
+  int64_t psi = 0, largest = 0;
+  for (const TensorShape& t : shapes) {
+    if (t.category == Category::comm) largest = std::max(largest, t.elements * t.element_bytes);
+    if (std::string_view(t.name) == "grads.flat" && l.shard_ways() > 1)
+      largest = std::max(largest, t.elements * t.element_bytes * (l.zero >= 2 ? l.shard_ways() : 1));
+    if (std::string_view(t.name) == "weights.flat") psi = t.elements * (l.zero >= 3 ? l.shard_ways() : 1);
+  }
+  const int64_t compute_bytes = run.precision == Precision::fp32 ? 4 : 2;
+  if (l.shard_ways() > 1 && (l.zero == 1 || l.zero == 2)) largest = std::max(largest, psi * compute_bytes);
+  if (l.tp > 1) largest = std::max(largest, l.mb * (run.seq / l.cp) * m.hidden * compute_bytes);
+  return 2 * largest;
 }
 
 void require_fits(const ModelSpec& m, const RunSpec& run, const Layout& l, const DeviceSpec& device,

@@ -59,4 +59,17 @@ MemoryEstimate estimate(const ModelSpec& m, const RunSpec& run, const Layout& l,
 void require_fits(const ModelSpec& m, const RunSpec& run, const Layout& l, const DeviceSpec& device,
                   const std::string& capacity_note = "");
 
+// Pinned host memory that the MPI device communicator stages one rank's
+// messages through, on `stage`, where ranks share a GPU (device.shared_by >
+// 1, a GPU run over several ranks): host memory, not the device's, so apart
+// from the categories. Its buffers are reused and grow to the largest
+// message they carry, and an operation's buffer can be held while a pending
+// send or receive holds another: twice the stage's largest message. The
+// messages: the gradients' reduction over dp x cp (every parameter of the
+// stage in the gradient type), ZeRO-1 and -2's gather of the weights (in the
+// compute type), a tensor-parallel sum of activations (B T C), and the
+// table's communication buffers. 0 where the GPU is not shared.
+int64_t host_staging_bytes(const ModelSpec& m, const RunSpec& run, const Layout& l, const DeviceSpec& device,
+                           int64_t stage);
+
 }  // namespace weft::memory

@@ -466,7 +466,9 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
     out.push_back({"runtime", Category::overhead, device.runtime_overhead_bytes, 1, 1});
   // NCCL's own buffers and handles on a GPU of several ranks, outside the
   // arena: stated, not measured (no multi-GPU run has been measured yet).
-  if (device.kind == DeviceKind::gpu && l.world() > 1)
+  // Ranks that share a GPU run no NCCL: their tensors are staged through
+  // pinned host memory (host_staging_bytes), which is not the device's.
+  if (device.kind == DeviceKind::gpu && l.world() > 1 && device.shared_by == 1)
     out.push_back({"runtime.nccl", Category::overhead, kNcclRuntimeBytes, 1, 1});
   WEFT_ASSERT(next_ckpt == ckpt.size());
 }

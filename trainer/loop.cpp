@@ -28,6 +28,7 @@
 #include "memory/estimate.h"
 #include "memory/host_usage.h"
 #include "trainer/build_info.h"
+#include "trainer/parallel/device_comm.h"
 #include "trainer/checkpoint/checkpoint.h"
 #include "data/corpus.h"
 #include "data/loader.h"
@@ -70,6 +71,14 @@ nlohmann::json metrics_header(const TrainConfig& c, int64_t world, int64_t done,
                       {"trainable", c.run.lora.enabled() ? lora_params(c.model, c.run.lora) : c.model.param_count()}}},
           {"device", c.device.summary()},
           {"world", world},
+          // How the ranks' tensors travel: NCCL, MPI through host memory for
+          // ranks that share a GPU, or MPI on the CPU's own memory.
+          {"comm", world > 1 || !c.comm.empty()
+                       ? nlohmann::json{{"backend", c.comm.empty() ? std::string("mpi-host") : c.comm},
+                                        {"why", c.comm.empty() ? std::string("the CPU: MPI on host memory")
+                                                               : c.comm_why},
+                                        {"ranks_per_device", c.device.shared_by}}
+                       : nlohmann::json()},
           {"peak_flops", c.device.peak_flops(to_string(c.run.precision))},  // per device, what MFU is against
           {"seed", c.seed},
           {"steps", c.steps},
@@ -357,6 +366,7 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
   const double flops_per_step = model_flops_per_step(c.model, c.run);
   fmt::print(log, "training {} on {} x {} ({}), layout {}\n", c.model.summary(), world,
              c.device.summary(), to_string(c.run.precision), c.layout.to_string());
+  if (!c.comm.empty()) fmt::print(log, "comm {}: {}\n", c.comm, c.comm_why);
   if (c.run.lora.enabled()) fmt::print(log, "{}; the base model frozen\n", lora_summary(c.model, c.run.lora));
   fmt::print(log, "data {}: {} train tokens, {} samples of {} tokens per step; unigram baseline "
                   "{:.4f} nats/token\n",
@@ -514,6 +524,16 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
   // The device arena's one reservation (the model's bytes and their slack),
   // so a check outside the process can tell it from the runtime's share.
   if (run.arena.reserved() > 0) mj["arena_reserved"] = run.arena.reserved();
+  // Ranks sharing a GPU stage their messages through pinned host memory.
+  if (c.device.shared_by > 1) {
+    const int64_t model = memory::host_staging_bytes(c.model, c.run, c.layout, c.device, run.groups.pp_rank());
+    const int64_t held = parallel::device_comm_staging_peak();
+    fmt::print(log, "  {:<12} {:>12} {:>12} {:>+8.2f}%   (pinned host memory the MPI device communicator staged "
+                    "through; not the device's)\n",
+               "host staging", format_bytes(double(held)), format_bytes(double(model)),
+               model > 0 ? 100.0 * double(held - model) / double(model) : 0.0);
+    mj["host_staging"] = {{"measured", held}, {"predicted", model}};
+  }
   run.emit(nlohmann::json{{"kind", "end"},
                           {"last_step", report.last_step},
                           {"steps_run", std::max<int64_t>(0, ran)},

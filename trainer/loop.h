@@ -78,6 +78,11 @@ struct TrainConfig {
   const std::atomic<bool>* stop = nullptr;  // set asynchronously: checkpoint and return
   // The rank's process groups (MPI); null: a single process.
   parallel::ProcessGroups* groups = nullptr;
+  // The communicator that carries a multi-rank GPU run's tensors ("nccl" or
+  // "mpi", parallel::device_comm_choose) and why, for the run header; empty:
+  // none (one rank) or host memory (the CPU).
+  std::string comm;
+  std::string comm_why;
   // Watches those groups; also measures the time spent communicating. Long
   // stretches without communication (the weights' initialisation) tell it
   // they are progress.

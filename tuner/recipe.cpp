@@ -20,6 +20,7 @@ Recipe recipe_for(const ModelSpec& m, const ClusterSpec& c, const RunSpec& run, 
   r.device_memory = c.device.memory_bytes;
   r.world = c.gpus;
   r.gpus_per_node = c.gpus_per_node;
+  r.ranks_per_device = c.device.shared_by;
   r.run = run;
   r.layout = layout;
   r.source = std::move(source);
@@ -34,7 +35,8 @@ nlohmann::json recipe_to_json(const Recipe& r) {
                         {"cluster", {{"device", r.device},
                                      {"device_memory_bytes", r.device_memory},
                                      {"world", r.world},
-                                     {"gpus_per_node", r.gpus_per_node}}},
+                                     {"gpus_per_node", r.gpus_per_node},
+                                     {"ranks_per_device", r.ranks_per_device}}},
                         {"run", r.run},
                         {"layout", r.layout.to_string()},
                         {"source", r.source},
@@ -67,6 +69,7 @@ Recipe recipe_from_json(const nlohmann::json& j, const std::string& origin) {
     r.device_memory = json_integer(c, "device_memory_bytes", "cluster");
     r.world = json_integer(c, "world", "cluster");
     r.gpus_per_node = json_integer(c, "gpus_per_node", "cluster");
+    r.ranks_per_device = c.contains("ranks_per_device") ? json_integer(c, "ranks_per_device", "cluster") : 1;
     r.run = j.at("run").get<RunSpec>();
     r.layout = Layout::parse(j.at("layout").get<std::string>());
     r.source = j.value("source", std::string("dry-run"));
@@ -93,7 +96,8 @@ Recipe recipe_from_json(const nlohmann::json& j, const std::string& origin) {
     if (!r.tuning.is_object()) throw bad(fmt::format("field 'tuning' must be an object, got {}", r.tuning.dump()));
     for (const auto& [name, v] : {std::pair<const char*, int64_t>{"cluster.device_memory_bytes", r.device_memory},
                                   {"cluster.world", r.world},
-                                  {"cluster.gpus_per_node", r.gpus_per_node}})
+                                  {"cluster.gpus_per_node", r.gpus_per_node},
+                                  {"cluster.ranks_per_device", r.ranks_per_device}})
       if (v <= 0) throw bad(fmt::format("field '{}' must be positive, got {}", name, v));
   } catch (const nlohmann::json::exception& e) {
     throw bad(json_error_text(e));
@@ -120,6 +124,7 @@ std::vector<std::string> recipe_mismatches(const Recipe& r, const ModelSpec& m, 
   cmp("model hash", r.model.hash(), m.hash());
   cmp("device", r.device, c.device.name);
   cmp("world size", r.world, c.gpus);
+  cmp("ranks per GPU", r.ranks_per_device, c.device.shared_by);
   cmp("seq", r.run.seq, run.seq);
   cmp("global batch", r.run.global_batch, run.global_batch);
   cmp("precision", std::string(to_string(r.run.precision)), std::string(to_string(run.precision)));

@@ -26,6 +26,9 @@ struct Recipe {
   int64_t device_memory = 0;   // bytes
   int64_t world = 0;
   int64_t gpus_per_node = 0;
+  // Ranks that shared each GPU while it was tuned (1: a GPU each): timings
+  // over a shared GPU are not a cluster's, so the count must match to reuse.
+  int64_t ranks_per_device = 1;
   RunSpec run;
   Layout layout;
   std::string source;          // "dry-run" (predicted only) or "profiled"

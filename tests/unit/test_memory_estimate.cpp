@@ -44,7 +44,35 @@ TEST(MemoryEstimate, RuntimeOverheadByDeviceAndRanks) {
     const Layout l = Layout::parse(text);
     EXPECT_EQ(overhead(l, gpu), kGpuRuntimeBytes + kNcclRuntimeBytes) << text;
     EXPECT_EQ(overhead(l, cpu_device()), 0) << text;
+    // Ranks that share a GPU run no NCCL: their messages go through pinned
+    // host memory (host_staging_bytes), not the device's.
+    DeviceSpec shared = gpu;
+    shared.shared_by = l.world();
+    EXPECT_EQ(overhead(l, shared), kGpuRuntimeBytes) << text;
   }
+}
+
+// The MPI device communicator's pinned staging, where ranks share a GPU:
+// twice the stage's largest message, none otherwise.
+TEST(MemoryEstimate, HostStagingIsTwiceTheLargestMessageOnASharedGpu) {
+  const auto m = model_preset("tiny-test");
+  const RunSpec run{16, 8, Precision::bf16};
+  DeviceSpec gpu = device_preset("h100");
+  const Layout dp2 = Layout::parse("tp1-pp1-dp2-mb1");
+  EXPECT_EQ(host_staging_bytes(m, run, dp2, gpu, 0), 0);  // a GPU each: NCCL
+  gpu.shared_by = 2;
+  EXPECT_EQ(host_staging_bytes(m, run, Layout{}, gpu, 0), 0);  // one rank: no messages
+  // dp2, ZeRO-0, fp32 gradients: the all-reduce of every gradient.
+  EXPECT_EQ(host_staging_bytes(m, run, dp2, gpu, 0), 2 * 4 * m.param_count());
+  // bf16 gradients halve it; ZeRO-3 reduces the same full gradient.
+  EXPECT_EQ(host_staging_bytes(m, run, Layout::parse("tp1-pp1-dp2-mb1-grad:bf16"), gpu, 0), 2 * 2 * m.param_count());
+  EXPECT_GE(host_staging_bytes(m, run, Layout::parse("tp1-pp1-dp2-mb1-zero3"), gpu, 0), 2 * 4 * (m.param_count() - 1));
+  // tp2 alone: an activation sum of mb x T x C in bf16, or a larger buffer.
+  EXPECT_GE(host_staging_bytes(m, run, Layout::parse("tp2-pp1-dp1-mb2"), gpu, 0), 2 * 2 * 16 * m.hidden * 2);
+  // pp2: the stage boundary's activations, and no gradient reduction.
+  const int64_t pp = host_staging_bytes(m, run, Layout::parse("tp1-pp2-dp1-mb1"), gpu, 1);
+  EXPECT_GT(pp, 0);
+  EXPECT_LT(pp, 2 * 4 * m.param_count());
 }
 
 // tiny-test: V=96 C=32 F=80 L=8 H=4 H_kv=2 D=8, fp32, T=16, one rank, mb 1.

@@ -66,6 +66,31 @@ TEST(Recipe, MismatchesNameEachField) {
   EXPECT_EQ(d[3], "seq: recipe 2048, this run 4096");
 }
 
+// A recipe tuned by ranks that shared a GPU (the MPI device communicator)
+// timed host copies, not a cluster's links: it is kept, read back, and reused
+// only by a run whose ranks share GPUs alike. Older files without the field
+// were tuned on a GPU each.
+TEST(Recipe, RanksPerGpuMustMatch) {
+  Recipe r = sample();
+  auto m = model_preset("llama-13b");
+  auto c = cluster_resolve("a100-80gb", 64, 8);
+  RunSpec run{2048, 2048, Precision::bf16};
+  c.device.shared_by = 2;
+  r.ranks_per_device = 2;
+  EXPECT_TRUE(recipe_mismatches(r, m, c, run).empty());
+  const Recipe back = recipe_from_json(recipe_to_json(r), "memory");
+  EXPECT_EQ(back.ranks_per_device, 2);
+  c.device.shared_by = 1;
+  const auto d = recipe_mismatches(back, m, c, run);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0], "ranks per GPU: recipe 2, this run 1");
+  auto old = recipe_to_json(sample());
+  old["cluster"].erase("ranks_per_device");
+  EXPECT_EQ(recipe_from_json(old, "old").ranks_per_device, 1);
+  old["cluster"]["ranks_per_device"] = 0;
+  EXPECT_THROW(recipe_from_json(old, "zero"), FileFormatError);
+}
+
 // A recipe tuned for full fine-tuning is no answer for a LoRA run (and one
 // of another rank is none either); the recipe file keeps its LoRA settings.
 TEST(Recipe, LoraSettingsMustMatch) {
