@@ -22,10 +22,20 @@
 #              200 steps of training
 #   memory     benchmarks/gpu_memory_model.py (the memory model against the
 #              device): memory-flash, memory-materialized and memory-cudnn
-#   multi      two GPUs or more, with Open MPI's mpirun: test_comm_nccl over 2 ranks,
-#              and tests/gpu/multi_gpu_train.py (cp with each transport, tp, pp and dp
-#              over 2 GPUs against one); skipped (exit 77) with fewer GPUs
+#   probe      what the multi-rank checks stand on: mpirun starting 2 ranks
+#              (a CPU run of weft train over MPI), and test_comm_device over
+#              NCCL with as many ranks as there are GPUs (one rank: every
+#              NCCL call once, on a communicator of one)
+#   multi      several ranks on the GPUs there are, sharing them where there
+#              are fewer GPUs than ranks: test_comm_device over the MPI device
+#              communicator (2 and 4 ranks) and over NCCL (2 ranks, with 2
+#              GPUs), then tests/gpu/multi_gpu_train.py, every multi-rank
+#              layout against one rank, with memcheck on a 2-rank layout of
+#              each collective pattern; its table goes to multi.md
 # A whole step may take longer than 10 minutes; each of its parts fits.
+# To fit a short lease: WEFT_GPU_SANITIZE_FILTER (a GoogleTest filter) narrows
+# the sanitize step to those tests, and WEFT_GPU_BENCH_FILTER (a Google
+# Benchmark regex) the kernels step to those rows, without the PyTorch side.
 # Needs the NVIDIA driver and the CUDA runtime; cuDNN and NCCL are found in
 # the CUDA folder or in Python's nvidia-* wheels, when present.
 set -uo pipefail
@@ -37,14 +47,14 @@ while [ $# -gt 0 ]; do
     --bundle) bundle=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
-    tests|sanitize|kernels|attention|auto|mfu[1248]|memory-flash|memory-materialized|memory-cudnn|multi) steps+=("$1"); shift ;;
+    tests|sanitize|kernels|attention|auto|mfu[1248]|memory-flash|memory-materialized|memory-cudnn|probe|multi) steps+=("$1"); shift ;;
     mfu) steps+=(mfu1 mfu2 mfu4); shift ;;
     memory) steps+=(memory-flash memory-materialized memory-cudnn); shift ;;
     *) echo "gpu_checks: '$1' is not an option or step; see the top of $0" >&2; exit 2 ;;
   esac
 done
 [ ${#steps[@]} -eq 0 ] && steps=(tests sanitize kernels attention auto mfu1 mfu2 mfu4 mfu8 memory-flash memory-materialized
-                                 memory-cudnn multi)
+                                 memory-cudnn probe multi)
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 
@@ -72,9 +82,20 @@ print(":".join(dirs))
 EOF
 )
 [ -n "$wheel_libs" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$wheel_libs"
+# The bundle's own Open MPI (tools/gpu_bundle.sh), its installed paths moved
+# under the bundle: the programs are linked against it, so its mpirun is
+# taken over any the machine has.
+if [ -x "$build/ompi/usr/bin/orterun" ]; then
+  ompi=$build/ompi/usr
+  export OPAL_PREFIX=$ompi OPAL_SYSCONFDIR=$build/ompi/etc/openmpi
+  export PMIX_INSTALL_PREFIX=$ompi/lib/x86_64-linux-gnu/pmix2
+  export PATH="$ompi/bin:$PATH" LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$ompi/lib/x86_64-linux-gnu/openmpi/lib"
+fi
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export PYTHONUNBUFFERED=1
 
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$out/gpu.txt" 2>&1
+nvidia-smi --query-gpu=name,memory.total,driver_version,compute_mode --format=csv,noheader > "$out/gpu.txt" 2>&1
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
 echo "gpu_checks: $(cat "$out/gpu.txt"); programs from $build; logs in $out"
 
 status=0
@@ -100,14 +121,19 @@ for s in "${steps[@]}"; do
     sanitize)
       # The protocol tests that provoke a CUDA error on purpose (a bad device
       # ordinal, an allocation too large) are left out: memcheck counts those.
+      only=${WEFT_GPU_SANITIZE_FILTER:-*}
       run sanitize 590 compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/gpu/test_gpu_kernels" \
-        --gtest_filter=-GpuProtocol.CudaCheckNamesTheCall:GpuProtocol.DeviceArena
+        "--gtest_filter=$only-GpuProtocol.CudaCheckNamesTheCall:GpuProtocol.DeviceArena"
       for t in tests/gpu/test_gpu_attention tests/gpu/test_gpu_train; do
-        run sanitize 590 compute-sanitizer --tool memcheck --error-exitcode 1 "$build/$t"
+        run sanitize 590 compute-sanitizer --tool memcheck --error-exitcode 1 "$build/$t" "--gtest_filter=$only"
       done ;;
     kernels)
-      run kernels 590 "$build/benchmarks/bench_gpu_kernels"
-      run kernels 590 python3 "$here/benchmarks/kernels_vs_pytorch.py" --build "$build" ;;
+      if [ -n "${WEFT_GPU_BENCH_FILTER:-}" ]; then
+        run kernels 590 "$build/benchmarks/bench_gpu_kernels" "--benchmark_filter=$WEFT_GPU_BENCH_FILTER"
+      else
+        run kernels 590 "$build/benchmarks/bench_gpu_kernels"
+        run kernels 590 python3 "$here/benchmarks/kernels_vs_pytorch.py" --build "$build"
+      fi ;;
     attention)
       run attention 590 "$build/benchmarks/bench_gpu_attention"
       run attention 590 python3 "$here/benchmarks/attention_vs_pytorch.py" --build "$build" ;;
@@ -122,15 +148,21 @@ for s in "${steps[@]}"; do
       rm -f "$tokens" ;;
     memory-*)
       run "$s" 590 python3 "$here/benchmarks/gpu_memory_model.py" --weft "$build/weft" --attn "${s#memory-}" ;;
+    probe)
+      tokens="$out/probe-tokens.npy"
+      python3 -c "import numpy as np, sys; np.save(sys.argv[1], np.random.default_rng(3).integers(0, 256, size=1 << 16, dtype=np.int32))" "$tokens"
+      run probe 120 mpirun --version
+      run probe 300 mpirun --oversubscribe -np 2 "$build/weft" train --device cpu --model tiny --seq 64 \
+        --global-batch 4 --steps 3 --layout tp1-pp1-dp2-mb1 --eval-every 0 --no-checkpoint --threads 1 \
+        --log-every 1 --data "$tokens" --out "$out/probe-run" --overwrite
+      run probe 300 mpirun --oversubscribe -np "$gpus" "$build/tests/mpi/test_comm_device" --comm nccl ;;
     multi)
-      if ! command -v mpirun > /dev/null; then
-        echo "== multi: no mpirun here (Open MPI); skipped" | tee -a "$out/multi.log"
-        continue
-      fi
-      export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-      [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')" -ge 2 ] &&
-        run multi 590 mpirun --oversubscribe -np 2 "$build/tests/mpi/test_comm_nccl"
-      run multi 590 python3 "$here/tests/gpu/multi_gpu_train.py" --weft "$build/weft" ;;
+      for np in 2 4; do
+        run multi 300 mpirun --oversubscribe -np $np "$build/tests/mpi/test_comm_device" --comm mpi
+      done
+      [ "$gpus" -ge 2 ] && run multi 300 mpirun --oversubscribe -np 2 "$build/tests/mpi/test_comm_device" --comm nccl
+      run multi 590 python3 "$here/tests/gpu/multi_gpu_train.py" --weft "$build/weft" --memcheck \
+        --summary "$out/multi.md" ;;
   esac
 done
 echo "gpu_checks: done (exit $status); logs in $out"

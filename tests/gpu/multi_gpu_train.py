@@ -1,44 +1,82 @@
 #!/usr/bin/env python3
-"""Training on several devices against one: the tiny model trains for a few
-steps under layouts that spread it over 2 ranks (context parallelism with each
-transport, tensor, pipeline and data parallelism with ZeRO, and FP8 GEMMs under
-sequence and pipeline parallelism, whose kept FP8 inputs are gathered or held
-per micro-batch), each started with `mpirun -np 2`, and every step's loss is
-compared with the same run on one rank (with the same FP8 recipe).
+"""Training over several ranks against one: small models train for a few
+steps under layouts that spread them over 2 and 4 ranks, each started with
+`mpirun`, and every step's loss is compared with the same run on one rank
+(same model, FP8 recipe, gradient precision and LoRA). The cases: context
+parallelism with each transport, tensor (with sequence), pipeline and data
+parallelism with ZeRO 0-3, FP8 under tp and pp (tensorwise, delayed and
+blockwise), LoRA under tp, bf16 gradients under dp, 4-rank grids, a
+checkpoint written under one layout and resumed under another, and
+`weft train --auto` tuning over 2 ranks.
 
     python3 tests/gpu/multi_gpu_train.py --weft build/weft [--device gpu|cpu] [--steps 20]
+        [--jobs N] [--memcheck] [--summary FILE] [--only SUBSTRING ...]
 
-On GPUs (the default) the ranks talk over NCCL, one GPU each, and the rule is
-the bf16 training tests' (tests/gpu/test_gpu_train.cpp): every step within
-4/256 of the one-GPU loss and the mean within 1/256. Fewer than 2 GPUs: it
-says so and exits 77 (skipped). With --device cpu the same runs go over MPI on
-host memory in fp32, held to 1e-5 (the layout parity tests' rule): that is how
-this script is itself checked on machines without GPUs. FP8 layouts (the
-emulated FP8 on a CPU) take the layout parity tests' FP8 rule there, 3e-3:
-splitting a sum moves a few values across an FP8 rounding boundary. FP8 on
-GPUs needs compute capability 8.9 or newer; elsewhere those layouts fail.
+On GPUs (the default) the rule is the bf16 training tests'
+(tests/gpu/test_gpu_train.cpp): every step within 4/256 of the one-rank
+loss, the mean within 1/256. The ranks take the GPUs in turn; where there
+are fewer GPUs than ranks, they share them and weft's `--comm auto` carries
+their tensors over MPI through host memory (NCCL needs a GPU per rank): the
+summary says which communicator each run used, from its run header. With
+--device cpu the same runs go over MPI on host memory in fp32, held to 1e-5
+(the layout parity tests' rule), FP8 cases to 3e-3 (splitting a sum moves a
+few values across an FP8 rounding boundary); cases that need a GPU (bf16
+gradients) are left out there. That is how this script is itself checked on
+machines without GPUs.
+
+--memcheck runs a 2-rank layout of each collective pattern (the cp ring's
+point-to-point, its all-gather and all-to-all, tp's gather and
+reduce-scatter, pp's send and receive, ZeRO-3's uneven gathers) for 2 steps
+under compute-sanitizer's memcheck on every rank. --jobs runs that many
+cases at once (the GPU's memory is shared; the losses do not depend on it).
 """
-import argparse, json, os, shutil, subprocess, sys, tempfile
+import argparse, concurrent.futures, json, os, shutil, subprocess, sys, tempfile, time
 
-# Flash attention: the only CUDA attention that takes blocks of the sequence.
-LAYOUTS = [
+ONE = "tp1-pp1-dp1-mb1-attn:flash"
+# (ranks, layout, model, extra arguments); flash attention: the only CUDA
+# attention that takes blocks of the sequence.
+CASES = [
+    (2, "tp1-cp2-pp1-dp1-mb1-attn:flash-cp:ring", "tiny", []),
+    (2, "tp1-cp2-pp1-dp1-mb1-attn:flash-cp:allgather", "tiny", []),
+    (2, "tp1-cp2-pp1-dp1-mb1-attn:flash-cp:a2a", "tiny", []),
+    (2, "tp1-cp2-pp1-dp1-mb1-attn:flash-ckpt:full-cp:ring", "tiny", []),
+    (2, "tp2-pp1-dp1-mb1-sp-attn:flash", "tiny", []),
+    (2, "tp1-pp2-dp1-mb1-attn:flash", "tiny", []),
+    (2, "tp1-pp2-dp1-mb1-vpp2-attn:flash", "tiny", []),
+    (2, "tp1-pp1-dp2-mb1-attn:flash-zero1", "tiny", []),
+    (2, "tp1-pp1-dp2-mb1-attn:flash-zero2", "tiny", []),
+    (2, "tp1-pp1-dp2-mb1-attn:flash-zero3", "tiny", []),
+    (2, "tp1-pp1-dp2-mb1-attn:flash-grad:bf16", "tiny", []),
+    (2, "tp2-pp1-dp1-mb1-sp-attn:flash-fp8:tensorwise", "tiny", []),
+    (2, "tp1-pp2-dp1-mb1-attn:flash-fp8:delayed", "tiny", []),
+    # Under tp2 only small's attention GEMMs have dims that are multiples of
+    # 128, which block scaling needs.
+    (2, "tp2-pp1-dp1-mb1-sp-attn:flash-fp8:blockwise", "small", []),
+    (2, "tp2-pp1-dp1-mb1-attn:flash", "tiny", ["--lora", "8", "--lora-targets", "q,k,v,o,gate,up,down"]),
+    (4, "tp2-pp2-dp1-mb1-attn:flash", "tiny", []),
+    (4, "tp2-cp2-pp1-dp1-mb1-sp-attn:flash-cp:ring", "tiny", []),
+    (4, "tp1-cp4-pp1-dp1-mb1-attn:flash-cp:ring", "tiny", []),
+    (4, "tp1-pp1-dp4-mb1-attn:flash-zero3", "tiny", []),
+]
+# Saved under the first layout halfway, resumed under the second.
+RESUME = (2, "tp2-pp1-dp1-mb1-sp-attn:flash", "tp1-pp2-dp1-mb1-attn:flash")
+MEMCHECK = [
     "tp1-cp2-pp1-dp1-mb1-attn:flash-cp:ring",
     "tp1-cp2-pp1-dp1-mb1-attn:flash-cp:allgather",
     "tp1-cp2-pp1-dp1-mb1-attn:flash-cp:a2a",
-    "tp1-cp2-pp1-dp1-mb1-attn:flash-ckpt:full-cp:ring",
     "tp2-pp1-dp1-mb1-sp-attn:flash",
     "tp1-pp2-dp1-mb1-attn:flash",
-    "tp1-pp1-dp2-mb1-attn:flash-zero1",
     "tp1-pp1-dp2-mb1-attn:flash-zero3",
-    "tp2-pp1-dp1-mb1-sp-attn:flash-fp8:tensorwise",
-    "tp1-pp2-dp1-mb1-attn:flash-fp8:delayed",
 ]
 
 
-def fp8_of(layout):
-    """The layout's FP8 knob ("-fp8:..."), or "" without one."""
-    at = layout.find("-fp8:")
-    return layout[at:] if at >= 0 else ""
+def knob(layout, name):
+    """The layout's knob ("-fp8:...", "-grad:bf16"), or "" without one."""
+    at = layout.find("-" + name + ":")
+    if at < 0:
+        return ""
+    end = layout.find("-", at + 1)
+    return layout[at:] if end < 0 else layout[at:end]
 
 
 def gpu_count():
@@ -48,9 +86,20 @@ def gpu_count():
     return sum(1 for line in r.stdout.splitlines() if line.startswith("GPU ")) if r.returncode == 0 else 0
 
 
+def records(path):
+    return [json.loads(line) for line in open(path)] if os.path.exists(path) else []
+
+
 def losses(path):
-    rows = [json.loads(line) for line in open(path)]
-    return {r["step"]: r["loss"] for r in rows if r.get("kind") == "train"}
+    return {r["step"]: r["loss"] for r in records(path) if r.get("kind") == "train"}
+
+
+def comm_of(path):
+    """The communicator the run header names ("nccl", "mpi", ...), or "?"."""
+    for r in records(path):
+        if r.get("kind") == "run" and r.get("comm"):
+            return r["comm"].get("backend", "?")
+    return "?"
 
 
 def main():
@@ -58,53 +107,157 @@ def main():
     ap.add_argument("--weft", required=True)
     ap.add_argument("--device", choices=["gpu", "cpu"], default="gpu")
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--layouts", nargs="*", default=LAYOUTS)
+    ap.add_argument("--jobs", type=int, default=0, help="cases at once (default: 4 on GPUs, 1 on the CPU)")
+    ap.add_argument("--memcheck", action="store_true")
+    ap.add_argument("--summary", help="also write the table here (markdown)")
+    ap.add_argument("--only", nargs="*", default=[], help="run the cases whose layout contains one of these")
     a = ap.parse_args()
-    if a.device == "gpu" and gpu_count() < 2:
-        print(f"multi_gpu_train: {gpu_count()} GPU(s) here, 2 needed; skipped")
+    if a.device == "gpu" and gpu_count() < 1:
+        print("multi_gpu_train: no GPU here; skipped")
+        return 77
+    if not shutil.which("mpirun"):
+        print("multi_gpu_train: no mpirun here; skipped")
         return 77
     weft = os.path.abspath(a.weft)
+    jobs = a.jobs or (4 if a.device == "gpu" else 1)
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMP_WAIT_POLICY="passive", WEFT_DEVICE=a.device)
     per_step, mean_rule = (4 / 256, 1 / 256) if a.device == "gpu" else (1e-5, 1e-5)
-    base = ["train", "--model", "tiny", "--seq", "256", "--global-batch", "4", "--steps", str(a.steps),
-            "--warmup", "2", "--log-every", "1", "--eval-every", "0", "--threads", "1", "--no-checkpoint"]
-    failed = 0
+    steps = a.steps - a.steps % 2  # the resume case saves halfway
+    base = ["train", "--seq", "256", "--global-batch", "4", "--warmup", "2", "--log-every", "1",
+            "--eval-every", "0", "--threads", "1"]
+    cases = [c for c in CASES if not a.only or any(s in c[1] for s in a.only)]
+    if a.device == "cpu":
+        cases = [c for c in cases if not knob(c[1], "grad")]  # bf16 gradients are for GPUs
+    rows, failed = [], 0
     with tempfile.TemporaryDirectory() as tmp:
-        def train(ranks, layout):
-            out = os.path.join(tmp, f"{ranks}-{layout}")
-            cmd = [weft] + base + ["--layout", layout, "--out", out]
+        def run(ranks, layout, model, extra, out, more=(), sanitize=False, n=steps):
+            cmd = [weft] + base + ["--model", model, "--steps", str(n), "--layout", layout, "--out", out] + list(extra) + list(more)
+            if sanitize:
+                cmd = ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "1"] + cmd
             if ranks > 1:
                 cmd = ["mpirun", "--oversubscribe", "-np", str(ranks)] + cmd
+            t0 = time.time()
             r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            return r, time.time() - t0
+
+        def train(ranks, layout, model, extra, tag):
+            out = tempfile.mkdtemp(prefix=f"{tag}-{ranks}-", dir=tmp)
+            r, secs = run(ranks, layout, model, extra, out, ["--no-checkpoint"])
             if r.returncode != 0:
-                sys.stdout.write(r.stdout[-2000:] + r.stderr[-2000:])
-                return None
-            return losses(os.path.join(out, "metrics.jsonl"))
+                sys.stdout.write(f"--- {ranks} ranks {layout} ({model}) failed, exit {r.returncode}:\n"
+                                 + r.stdout[-3000:] + r.stderr[-3000:])
+                return None, "?", secs
+            path = os.path.join(out, "metrics.jsonl")
+            return losses(path), comm_of(path), secs
+
+        def baseline_key(layout, model, extra):
+            return (model, knob(layout, "fp8"), knob(layout, "grad"), tuple(extra))
 
         ones = {}
-        for fp8 in sorted({fp8_of(layout) for layout in a.layouts}):
-            ones[fp8] = train(1, "tp1-pp1-dp1-mb1-attn:flash" + fp8)
-            if ones[fp8] is None or len(ones[fp8]) != a.steps:
-                print(f"multi_gpu_train: the one-rank run{' with ' + fp8[1:] if fp8 else ''} failed")
+        for ranks, layout, model, extra in cases + [(RESUME[0], RESUME[1], "tiny", [])]:
+            ones.setdefault(baseline_key(layout, model, extra), None)
+        def one(key):
+            model, fp8, grad, extra = key
+            return key, train(1, ONE + grad + fp8, model, list(extra), "one")
+        with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+            for key, (got, _, _) in pool.map(one, list(ones)):
+                ones[key] = got
+        # The resume case's baseline: a constant schedule, so that a run of
+        # half the steps follows a whole one.
+        constant = ["--schedule", "constant"]
+        ones_constant, _, _ = train(1, ONE, "tiny", constant, "one-constant")
+        for key, got in list(ones.items()) + [(("tiny", "", "", ("constant",)), ones_constant)]:
+            if got is None or len(got) != steps:
+                print(f"multi_gpu_train: the one-rank run {key} failed")
                 return 1
-        print(f"device {a.device}; rule: every step within {per_step:.3g}, the mean within {mean_rule:.3g} "
-              f"(relative, against one rank{'; FP8 layouts 3e-3' if a.device == 'cpu' else ''})")
-        print(f"{'layout (2 ranks)':<48}{'worst':>10}{'mean':>10}  result")
-        for layout in a.layouts:
-            one = ones[fp8_of(layout)]
-            worst_rule, mean_rule_here = (per_step, mean_rule) if a.device == "gpu" or not fp8_of(layout) else (3e-3, 3e-3)
-            two = train(2, layout)
-            if two is None or sorted(two) != sorted(one):
-                print(f"{layout:<48}{'':>20}  FAILED (the run failed or logged other steps)")
+
+        fp8_rule = 3e-3 if a.device == "cpu" else per_step
+
+        def judge(name, ranks, one_losses, got, comm, secs):
+            nonlocal failed
+            if got is None or sorted(got) != sorted(one_losses):
                 failed += 1
-                continue
-            rel = [abs(two[s] - one[s]) / abs(one[s]) for s in sorted(one)]
+                rows.append((name, ranks, comm, None, None, "FAILED (the run failed or logged other steps)", secs))
+                return
+            rel = [abs(got[s] - one_losses[s]) / abs(one_losses[s]) for s in sorted(one_losses)]
             worst, mean = max(rel), sum(rel) / len(rel)
-            ok = worst <= worst_rule and mean <= mean_rule_here
+            fp8 = "-fp8:" in name
+            rule_w, rule_m = (fp8_rule, fp8_rule) if fp8 and a.device == "cpu" else (per_step, mean_rule)
+            ok = worst <= rule_w and mean <= rule_m
             failed += not ok
-            print(f"{layout:<48}{worst:>10.2e}{mean:>10.2e}  {'ok' if ok else 'FAILED'}")
-    print(f"multi_gpu_train: {len(a.layouts) - failed} of {len(a.layouts)} layouts within the rule")
+            rows.append((name, ranks, comm, worst, mean, "ok" if ok else "FAILED", secs))
+
+        def case(c):
+            ranks, layout, model, extra = c
+            return c, train(ranks, layout, model, extra, "many")
+        with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+            for (ranks, layout, model, extra), (got, comm, secs) in pool.map(case, cases):
+                name = layout + ("" if model == "tiny" else f" ({model})") + (" lora" if "--lora" in extra else "")
+                judge(name, ranks, ones[baseline_key(layout, model, extra)], got, comm, secs)
+
+        # A checkpoint saved under one layout and resumed under another.
+        ranks, first, second = RESUME
+        out = os.path.join(tmp, "resume")
+        t0 = time.time()
+        r1, _ = run(ranks, first, "tiny", constant, out, ["--ckpt-every", "0"], n=steps // 2)
+        r2, _ = run(ranks, second, "tiny", constant, out, ["--resume", "--no-checkpoint"]) if r1.returncode == 0 else (r1, 0)
+        if r1.returncode != 0 or r2.returncode != 0:
+            bad = r1 if r1.returncode != 0 else r2
+            sys.stdout.write(f"--- resume case failed, exit {bad.returncode}:\n" + bad.stdout[-3000:] + bad.stderr[-3000:])
+            got = None
+        else:
+            got = losses(os.path.join(out, "metrics.jsonl"))
+        judge(f"{first} -> {second} at step {steps // 2}", ranks, ones_constant, got,
+              comm_of(os.path.join(out, "metrics.jsonl")), time.time() - t0)
+
+        # Tuning over 2 ranks: it must finish and train with its pick.
+        out = os.path.join(tmp, "auto")
+        t0 = time.time()
+        cmd = ["mpirun", "--oversubscribe", "-np", "2", weft] + base + [
+            "--model", "tiny", "--steps", "4", "--auto", "--tune-top", "4", "--trial-warmup", "1",
+            "--trial-steps", "2", "--trial-min-time", "0", "--no-checkpoint", "--out", out]
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        header = next((x for x in records(os.path.join(out, "metrics.jsonl")) if x.get("kind") == "run"), {})
+        trained = len(losses(os.path.join(out, "metrics.jsonl")))
+        ok = r.returncode == 0 and trained == 4 and header.get("world") == 2
+        if not ok:
+            sys.stdout.write(f"--- weft train --auto over 2 ranks: exit {r.returncode}, {trained} steps:\n"
+                             + r.stdout[-3000:] + r.stderr[-3000:])
+        failed += not ok
+        rows.append((f"--auto over 2 ranks: {header.get('layout', '?')}", 2,
+                     (header.get("comm") or {}).get("backend", "?"), None, None, "ok" if ok else "FAILED",
+                     time.time() - t0))
+
+        if a.memcheck and a.device == "gpu" and shutil.which("compute-sanitizer"):
+            def sanitized(layout):
+                out = os.path.join(tmp, f"memcheck-{layout}")
+                r, secs = run(2, layout, "tiny", [], out, ["--no-checkpoint"], sanitize=True, n=2)
+                return layout, r, secs
+            with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+                for layout, r, secs in pool.map(sanitized, MEMCHECK):
+                    ok = r.returncode == 0
+                    if not ok:
+                        sys.stdout.write(f"--- memcheck {layout}: exit {r.returncode}:\n" + r.stdout[-4000:] + r.stderr[-4000:])
+                    failed += not ok
+                    rows.append((f"memcheck {layout}", 2, comm_of(os.path.join(tmp, f"memcheck-{layout}", "metrics.jsonl")),
+                                 None, None, "clean" if ok else "FAILED", secs))
+
+    head = (f"device {a.device}, {gpu_count() if a.device == 'gpu' else 0} GPU(s); rule: every step within "
+            f"{per_step:.3g}, the mean within {mean_rule:.3g} (relative, against one rank"
+            f"{'; FP8 cases 3e-3' if a.device == 'cpu' else ''}); {steps} steps")
+    lines = ["| case | ranks | comm | worst | mean | result | seconds |", "|---|---:|---|---:|---:|---|---:|"]
+    for name, ranks, comm, worst, mean, result, secs in rows:
+        w = f"{worst:.2e}" if worst is not None else ""
+        m = f"{mean:.2e}" if mean is not None else ""
+        lines.append(f"| {name} | {ranks} | {comm} | {w} | {m} | {result} | {secs:.0f} |")
+    tail = f"multi_gpu_train: {len(rows) - failed} of {len(rows)} cases passed"
+    print(head)
+    print("\n".join(lines))
+    print(tail)
+    if a.summary:
+        with open(a.summary, "w") as f:
+            f.write(head + "\n\n" + "\n".join(lines) + "\n\n" + tail + "\n")
     return 1 if failed else 0
 
 
