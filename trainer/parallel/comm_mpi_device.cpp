@@ -395,14 +395,18 @@ ProcessGroups mpi_device_process_groups(const Layout& layout, void* compute_stre
   return g;
 }
 
-ProcessGroups mpi_device_groups(const Layout& layout, const std::atomic<bool>* cancel) {
+ProcessGroups device_groups_on_own_stream(const std::function<ProcessGroups(void* stream)>& make) {
   cudaStream_t s = nullptr;
   WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   // Destroyed after the communicators (ProcessGroups declares the owner first).
   std::shared_ptr<void> owner(s, [](void* p) { cudaStreamDestroy(static_cast<cudaStream_t>(p)); });
-  ProcessGroups g = mpi_device_process_groups(layout, s, cancel);
+  ProcessGroups g = make(s);
   g.stream_owner = std::move(owner);
   return g;
+}
+
+ProcessGroups mpi_device_groups(const Layout& layout, const std::atomic<bool>* cancel) {
+  return device_groups_on_own_stream([&](void* s) { return mpi_device_process_groups(layout, s, cancel); });
 }
 
 }  // namespace weft::parallel

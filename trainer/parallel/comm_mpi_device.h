@@ -23,6 +23,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -52,5 +53,10 @@ ProcessGroups mpi_device_process_groups(const Layout& layout, void* compute_stre
 // The same with a compute stream of their own that the run computes on, as
 // nccl_device_groups makes.
 ProcessGroups mpi_device_groups(const Layout& layout, const std::atomic<bool>* cancel);
+
+// Device groups on a new non-blocking CUDA stream: `make(stream)` builds
+// them ordered after it, and the groups keep the stream (destroyed after
+// their communicators).
+ProcessGroups device_groups_on_own_stream(const std::function<ProcessGroups(void* stream)>& make);
 
 }  // namespace weft::parallel

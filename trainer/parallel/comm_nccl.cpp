@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/layout.h"
 #include "trainer/parallel/comm_mpi.h"
+#include "trainer/parallel/comm_mpi_device.h"
 #include "trainer/parallel/rank_grid.h"
 
 namespace weft::parallel {
@@ -415,13 +416,7 @@ ProcessGroups nccl_process_groups(const Layout& layout, void* compute_stream,
 }
 
 ProcessGroups nccl_device_groups(const Layout& layout, const std::atomic<bool>* cancel) {
-  cudaStream_t s = nullptr;
-  WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  // Destroyed after the communicators (ProcessGroups declares the owner first).
-  std::shared_ptr<void> owner(s, [](void* p) { cudaStreamDestroy(static_cast<cudaStream_t>(p)); });
-  ProcessGroups g = nccl_process_groups(layout, s, cancel);
-  g.stream_owner = std::move(owner);
-  return g;
+  return device_groups_on_own_stream([&](void* s) { return nccl_process_groups(layout, s, cancel); });
 }
 
 }  // namespace weft::parallel
