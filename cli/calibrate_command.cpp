@@ -11,6 +11,7 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "core/error.h"
+#include "core/output_guard.h"
 #include "calibration/measure_device.h"
 #include "trainer/loop.h"
 #include "calibration/fidelity.h"
@@ -102,6 +103,10 @@ int run_measure(const CalibrateArgs& a) {
   if (!world) world = parallel::single_rank_comm();
   const bool rank0 = world->rank() == 0;
 
+  // The profile it will write: checked before anything is measured.
+  const std::string out = a.out.empty() ? "device-profile.json" : a.out;
+  output_check(out, OutputKind::device_profile, {a.model.model}, "--out");
+
   calibration::DeviceCalibration c;
   c.model = m;
   c.run = RunSpec{a.seq, 1, gpu ? Precision::bf16 : Precision::fp32};
@@ -142,7 +147,6 @@ int run_measure(const CalibrateArgs& a) {
   }
   p.rates = std::make_shared<const MeasuredRates>(std::move(rates));
   if (rank0) {
-    const std::string out = a.out.empty() ? "device-profile.json" : a.out;
     tuner::profile_save(p, out);
     fmt::print("calibrate: {} GEMM shapes, {} attention calls, {} kernel families, {} collectives; wrote {}\n",
                p.rates->gemm.size(), p.rates->attention.size(), p.rates->streams.size(), p.rates->comm.size(), out);

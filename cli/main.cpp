@@ -89,6 +89,16 @@ int main(int argc, char** argv) {
                  argv[1], fmt::format("{}", fmt::join(names, ", ")).c_str());
     return 2;
   }
+  // An empty argument is never a value weft takes, and CLI11 does not return
+  // from one: refused before parsing, naming where it stands.
+  for (int i = 1; i < argc; ++i) {
+    if (argv[i][0] != '\0') continue;
+    const bool after_option = i > 1 && argv[i - 1][0] == '-' && argv[i - 1][1] == '-';
+    std::fprintf(stderr, "weft: error: argument %d is empty%s; give %s or leave it out\n", i,
+                 after_option ? (std::string(" (the value of ") + argv[i - 1] + ")").c_str() : "",
+                 after_option ? "a value" : "something");
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

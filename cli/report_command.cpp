@@ -3,11 +3,14 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "cli/commands.h"
 #include "core/json_io.h"
+#include "core/output_guard.h"
 #include "report/html_report.h"
 
 namespace weft::cli {
@@ -17,18 +20,31 @@ namespace {
 struct ReportArgs {
   std::string input;
   std::string out;
+  CLI::Option* out_option = nullptr;
 };
 
 int run_report(const ReportArgs& a) {
-  const std::string html = report::report_html_for(a.input);
+  namespace fs = std::filesystem;
   // A run folder's page goes beside its metrics unless told otherwise; a
   // JSON file's goes next to it with .html in place of .json.
   std::string out = a.out;
-  if (out.empty()) {
-    namespace fs = std::filesystem;
-    const fs::path in(a.input);
+  const fs::path in(a.input);
+  if (out.empty() && a.out_option->count() == 0)
     out = fs::is_directory(in) ? (in / "report.html").string() : fs::path(in).replace_extension(".html").string();
+  // Checked before reading: the page may replace only an earlier page, never
+  // the input, nor a run folder's metrics, checkpoints or recipe.
+  if (out != "-") {
+    std::vector<std::string> inputs;
+    if (fs::is_directory(in)) {
+      for (const char* f : {"metrics.jsonl", "memory", "checkpoints", "tuning", "tuning.json", "tuning.md",
+                            "recipe.json", "tensorboard"})
+        inputs.push_back((in / f).string());
+    } else {
+      inputs.push_back(a.input);
+    }
+    output_check(out, OutputKind::html_report, inputs, "--out");
   }
+  const std::string html = report::report_html_for(a.input);
   if (out == "-") {
     std::fwrite(html.data(), 1, html.size(), stdout);
     return 0;
@@ -57,9 +73,9 @@ Command add_report_command(CLI::App& app) {
                   "A run folder (metrics.jsonl, memory/), a tuning.json (weft train --auto) or a dry-run JSON "
                   "report (weft tune --dry-run --format json --all)")
       ->required();
-  sub->add_option("--out", a->out,
-                  "The HTML file to write; - for stdout (default: report.html in a run folder, else the input "
-                  "with .html for .json)");
+  a->out_option = sub->add_option("--out", a->out,
+                                  "The HTML file to write, new or an earlier report; - for stdout (default: "
+                                  "report.html in a run folder, else the input with .html for .json)");
   return {sub, [a] { return run_report(*a); }};
 }
 

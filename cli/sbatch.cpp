@@ -1,23 +1,68 @@
 #include "cli/sbatch.h"
 
+#include <string_view>
+
 #include <fmt/format.h>
+
+#include "core/error.h"
 
 namespace weft::cli {
 
-namespace {
-
-// One shell word, single-quoted.
-std::string q(const std::string& s) {
+std::string shell_quote(const std::string& s) {
   std::string out = "'";
   for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
   return out + "'";
 }
 
-}  // namespace
+std::vector<std::string> shell_words(const std::string& text, const std::string& option) {
+  std::vector<std::string> words;
+  std::string word;
+  bool in_word = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == ' ' || c == '\t' || c == '\n') {
+      if (in_word) words.push_back(std::move(word));
+      word.clear();
+      in_word = false;
+      continue;
+    }
+    in_word = true;
+    if (c == '\'') {
+      const size_t end = text.find('\'', i + 1);
+      if (end == std::string::npos)
+        throw InputError(fmt::format("{} has an unbalanced ' (from character {}): close the quote", option, i + 1));
+      word += text.substr(i + 1, end - i - 1);
+      i = end;
+    } else if (c == '"') {
+      size_t j = i + 1;
+      for (; j < text.size() && text[j] != '"'; ++j) {
+        if (text[j] == '\\' && j + 1 < text.size() && std::string_view("\\\"$`").find(text[j + 1]) != std::string_view::npos)
+          ++j;
+        word += text[j];
+      }
+      if (j >= text.size())
+        throw InputError(fmt::format("{} has an unbalanced \" (from character {}): close the quote", option, i + 1));
+      i = j;
+    } else if (c == '\\') {
+      if (i + 1 >= text.size())
+        throw InputError(fmt::format("{} ends in a backslash: escape a character or drop it", option));
+      word += text[++i];
+    } else {
+      word += c;
+    }
+  }
+  if (in_word) words.push_back(std::move(word));
+  return words;
+}
 
 std::string sbatch_script(const SbatchSpec& s) {
+  std::string train;
+  for (const std::string& w : s.train_words) train += (train.empty() ? "" : " ") + shell_quote(w);
   std::string o = "#!/bin/bash\n";
-  o += fmt::format("# Written by `weft recipe sbatch`: {}\n", s.summary);
+  std::string summary = s.summary;  // one comment line, whatever the words hold
+  for (char& c : summary)
+    if (c == '\n' || c == '\r') c = ' ';
+  o += fmt::format("# Written by `weft recipe sbatch`: {}\n", summary);
   o += "# Submit with: sbatch THIS_FILE. Each launch continues from the run folder's last\n"
        "# complete checkpoint; a launch that fails for a reason another launch can fix\n"
        "# requeues the job (see the end of this file).\n";
@@ -34,7 +79,7 @@ std::string sbatch_script(const SbatchSpec& s) {
   if (!s.partition.empty()) o += fmt::format("#SBATCH --partition={}\n", s.partition);
   if (!s.account.empty()) o += fmt::format("#SBATCH --account={}\n", s.account);
   o += "\nset -u\n";
-  o += fmt::format("weft={}\nrun={}\nmax_restarts={}\n", q(s.weft), q(s.run_dir), s.max_restarts);
+  o += fmt::format("weft={}\nrun={}\nmax_restarts={}\n", shell_quote(s.weft), shell_quote(s.run_dir), s.max_restarts);
   o += "restarts=${SLURM_RESTART_COUNT:-0}\n";
   o += "mkdir -p \"$run\"\n";
   o += R"SH(
@@ -53,7 +98,7 @@ launch=(mpirun --bind-to none)
          "# into the run folder; later launches train that recipe.\n";
     o += "if [ -f \"$run/recipe.json\" ]; then layout=(--recipe \"$run/recipe.json\"); else layout=(--auto); fi\n";
   } else {
-    o += fmt::format("layout=(--recipe {})\n", q(s.recipe));
+    o += fmt::format("layout=(--recipe {})\n", shell_quote(s.recipe));
   }
   o += fmt::format(R"SH(
 echo "weft: job ${{SLURM_JOB_ID:-?}} launch $((restarts + 1)) on ${{SLURM_JOB_NODELIST:-?}} ($(date -u +%FT%TZ))"
@@ -79,7 +124,7 @@ else
 fi
 exit $rc
 )SH",
-                   s.train_args);
+                   train);
   return o;
 }
 

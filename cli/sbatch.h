@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace weft::cli {
 
@@ -30,10 +31,20 @@ struct SbatchSpec {
   std::string partition;      // empty: the default partition
   std::string account;        // empty: none
   int64_t max_restarts = 3;
-  std::string train_args;     // the rest of `weft train`'s arguments, as shell words
+  std::vector<std::string> train_words;  // the rest of `weft train`'s arguments (quoted in the script)
   std::string summary;        // one line on what the job trains, for the script's header
 };
 
 std::string sbatch_script(const SbatchSpec& s);
+
+// `text` split into words as a POSIX shell splits them (blanks between words;
+// '...' literal; "..." with \\ \" \$ \` escapes; \ outside quotes escapes the
+// next character); InputError naming `option` for an unbalanced quote or a
+// trailing backslash. Expansions ($, `, globs) are taken literally: the
+// words are quoted again in the script.
+std::vector<std::string> shell_words(const std::string& text, const std::string& option);
+
+// A word as the script writes it: single-quoted.
+std::string shell_quote(const std::string& word);
 
 }  // namespace weft::cli

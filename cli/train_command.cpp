@@ -21,6 +21,7 @@
 #include "memory/device.h"
 #include "memory/estimate.h"
 #include "report/tensorboard.h"
+#include "trainer/checkpoint/peft.h"
 #include "trainer/checkpoint/pretrained.h"
 #include "data/corpus.h"
 #include "data/loader.h"
@@ -300,6 +301,24 @@ int run_train(TrainArgs& a) {
     memory::require_fits(c.model, c.run, c.layout, c.device,
                          a.memory_limit.empty() ? "" : "--memory-limit " + a.memory_limit);
   }
+  // The files the run reads, and the folders it writes beside its own, are
+  // checked before the run folder is touched: a refusal must not have moved
+  // an earlier run aside (--overwrite) first.
+  if (!c.lora_init.empty()) (void)checkpoint::peft_open(c.lora_init, c.model);
+  std::string tensorboard_dir;
+  if (a.tensorboard_opt->count() > 0) {
+    namespace fs = std::filesystem;
+    tensorboard_dir = a.tensorboard.empty() ? (fs::path(c.out_dir) / "tensorboard").string() : a.tensorboard;
+    // A folder of its own (outside the run folder) is made now, so that one
+    // that cannot be made refuses the run before anything moves.
+    if (!a.tensorboard.empty() && world_rank_from_env() == 0) {
+      std::error_code ec;
+      fs::create_directories(tensorboard_dir, ec);
+      if (ec || !fs::is_directory(tensorboard_dir))
+        throw InputError(fmt::format("--tensorboard {}: cannot create the folder: {}", tensorboard_dir,
+                                     ec ? ec.message() : "something else is there"));
+    }
+  }
   // The run folder, once every cheap check has passed and before tuning or
   // training write anything: a run refused up to here changed nothing.
   const auto folder_mode = resuming      ? trainer::RunFolderMode::resume
@@ -310,7 +329,7 @@ int run_train(TrainArgs& a) {
   if (!moved.empty()) std::fputs(moved.c_str(), stdout);
   if (a.tensorboard_opt->count() > 0 && world_rank_from_env() == 0) {
     namespace fs = std::filesystem;
-    const std::string dir = a.tensorboard.empty() ? (fs::path(c.out_dir) / "tensorboard").string() : a.tensorboard;
+    const std::string& dir = tensorboard_dir;
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec) throw InputError(fmt::format("--tensorboard {}: cannot create the folder: {}", dir, ec.message()));

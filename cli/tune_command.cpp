@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <limits>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 
 #include <fmt/format.h>
@@ -11,6 +12,7 @@
 #include "core/error.h"
 #include "core/flops.h"
 #include "core/json_io.h"
+#include "core/output_guard.h"
 #include "core/units.h"
 #include "tuner/device_profile.h"
 #include "tuner/recipe.h"
@@ -36,6 +38,8 @@ struct TuneArgs {
   double margin = 0.05;
   std::string profile;
   LoraArgs lora;
+  CLI::Option* out_option = nullptr;
+  CLI::Option* save_recipe_option = nullptr;
 };
 
 // Under LoRA, the dry-run also says what full fine-tuning of the same model
@@ -87,6 +91,20 @@ int run_tune(const TuneArgs& a) {
   if (!(a.margin >= 0 && a.margin < 1))
     throw InputError(fmt::format("--margin {} must be in [0, 1)", a.margin));
   const auto format = report::report_format_parse(a.format);
+  // The files it will write, before any work: never an input, nor a file
+  // that is not an earlier output of the same kind.
+  {
+    std::vector<std::string> inputs;
+    for (const std::string& p : {a.model.model, a.cluster.gpu, a.profile})
+      if (!p.empty() && std::filesystem::exists(p)) inputs.push_back(p);
+    if (!a.out.empty() || a.out_option->count() > 0)
+      output_check(a.out, format == report::ReportFormat::html ? OutputKind::html_report : OutputKind::dry_run_report,
+                   inputs, "--out");
+    if (!a.save_recipe.empty() || a.save_recipe_option->count() > 0) {
+      if (!a.out.empty()) inputs.push_back(a.out);
+      output_check(a.save_recipe, OutputKind::recipe, inputs, "--save-recipe");
+    }
+  }
 
   tuner::SpaceContext ctx;
   ctx.model = a.model.resolve();
@@ -188,11 +206,14 @@ Command add_tune_command(CLI::App& app) {
                 "Evaluate with the memory and cost models only (no devices needed)");
   sub->add_option("--format", args->format, "Output: table, json, csv, md, or html (a page with plots of every layout; see weft report)")
       ->capture_default_str();
-  sub->add_option("--out", args->out, "Write the report to this file instead of stdout");
+  args->out_option = sub->add_option("--out", args->out, "Write the report to this file instead of stdout (a new file, or "
+                                     "a report of weft's written earlier)");
   sub->add_option("--layout", args->layout,
                   "Evaluate this one layout (canonical text form) instead of the space")
       ->check(non_empty());
-  sub->add_option("--save-recipe", args->save_recipe, "Save the best layout as a recipe file");
+  args->save_recipe_option = sub->add_option("--save-recipe", args->save_recipe,
+                                             "Save the best layout as a recipe file (a new file, or a recipe written "
+                                             "earlier)");
   sub->add_option("--top", args->top, "Layouts listed, in every format (fitting ones by rank first)")
       ->capture_default_str();
   sub->add_flag("--all", args->all, "List every layout evaluated (overrides --top; predicts every layout)");

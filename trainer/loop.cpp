@@ -269,8 +269,10 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
   const bool resumed = ck.has_value();
   if (ck) {
     done = run.load(*ck);
-    fmt::print(log, "resumed from {} at step {}{}\n", resume, done,
-               c.init.empty() ? "" : " (--init applies to a run without checkpoints)");
+    fmt::print(log, "resumed from {} at step {}{}{}\n", resume, done,
+               c.init.empty() ? "" : " (--init applies to a run without checkpoints)",
+               c.lora_init.empty() ? "" : " (--lora-init applies to a run without checkpoints: the adapters are the "
+                                          "checkpoint's)");
     changes = resume_changes(ck->manifest, c, resume);
     if (!changes.empty()) fmt::print(log, "changed from the checkpoint: {}\n", resume_changes_text(changes));
     ck.reset();  // the stage holds its copy; unmap the files

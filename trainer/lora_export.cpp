@@ -65,8 +65,8 @@ void lora_export_adapter(const std::string& checkpoint_dir, const std::string& o
     tensors.push_back({p.name, checkpoint::DType::F32, p.shape, values.back().data()});
   }
   const nlohmann::json base = ck.manifest.run.at("lora").value("base", nlohmann::json());
-  checkpoint::peft_write(out_dir, lora, base.is_object() ? base.value("path", std::string()) : std::string(),
-                         tensors);
+  const std::string base_path = base.is_object() ? base.value("path", std::string()) : std::string();
+  checkpoint::peft_write(out_dir, lora, base_path, tensors, {checkpoint_dir, base_path});
 }
 
 void lora_export_merged(const std::string& checkpoint_dir, const std::string& out_dir) {
@@ -112,7 +112,10 @@ void lora_export_merged(const std::string& checkpoint_dir, const std::string& ou
     }
     tensors.push_back({info.name, checkpoint::DType::F32, info.shape, w.data()});
   }
-  hf_folder_write(out_dir, checkpoint_dir, m, ck.manifest.bos_token_id, ck.manifest.eos_token_id, tensors);
+  // The base folder is read, so never written: the run and every later
+  // merge of it check the base's hash.
+  hf_folder_write(out_dir, {checkpoint_dir, src ? src->dir : std::string()}, m, ck.manifest.bos_token_id,
+                  ck.manifest.eos_token_id, tensors);
 }
 
 }  // namespace weft::trainer

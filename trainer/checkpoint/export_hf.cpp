@@ -45,24 +45,6 @@ namespace {
 
 constexpr const char* kConfigFile = "config.json";
 
-void check_export_target(const fs::path& out, const fs::path& checkpoint) {
-  std::error_code ec;
-  if (fs::exists(out) && fs::equivalent(out, checkpoint, ec))
-    throw InputError(
-        fmt::format("export folder '{}' is the checkpoint itself; choose another", out.string()));
-  if (!fs::exists(out)) return;
-  if (!fs::is_directory(out))
-    throw InputError(fmt::format("export folder '{}' exists and is not a folder", out.string()));
-  for (const auto& e : fs::directory_iterator(out)) {
-    const std::string name = e.path().filename().string();
-    if (name != kConfigFile && name != kModelFile)
-      throw InputError(
-          fmt::format("export folder '{}' exists and holds '{}'; choose a new or "
-                      "empty folder (only an earlier export is replaced)",
-                      out.string(), name));
-  }
-}
-
 }  // namespace
 
 void export_hf(const std::string& checkpoint_dir, const std::string& out_dir,
@@ -93,14 +75,14 @@ void export_hf(const std::string& checkpoint_dir, const std::string& out_dir,
     tensors.push_back(std::move(ref));
   }
   const auto& man = ckpt.manifest;
-  hf_folder_write(out_dir, checkpoint_dir, man.model, man.bos_token_id, man.eos_token_id, tensors, options);
+  hf_folder_write(out_dir, {checkpoint_dir}, man.model, man.bos_token_id, man.eos_token_id, tensors, options);
 }
 
-void hf_folder_write(const std::string& out_dir, const std::string& source_dir, const ModelSpec& model,
+void hf_folder_write(const std::string& out_dir, const std::vector<std::string>& inputs, const ModelSpec& model,
                      int64_t bos_token_id, int64_t eos_token_id, const std::vector<TensorRef>& tensors,
                      const ExportOptions& options) {
   const fs::path out = dir_path_clean(out_dir);
-  check_export_target(out, source_dir);
+  export_target_check(out.string(), "hf", {kConfigFile, kModelFile}, inputs);
   const auto stage = [&](std::string_view name) {
     if (options.on_stage) options.on_stage(name);
   };
@@ -114,6 +96,7 @@ void hf_folder_write(const std::string& out_dir, const std::string& source_dir, 
     stage("config");
     safetensors_write((fs::path(tmp) / kModelFile).string(), tensors, {{"format", "pt"}});
     stage("model");
+    export_marker_write(tmp, "hf", inputs.empty() ? std::string() : inputs.front());
     fsync_dir(tmp);
     stage("synced");
     commit_dir(tmp, out.string(), options.on_stage);

@@ -28,16 +28,18 @@ struct ExportOptions {
 // Loads and validates `checkpoint_dir` and writes `out_dir` atomically (built
 // under a temporary name, then swapped in). Parameters are written as fp32:
 // the fp32 master copy where the checkpoint has one, else the stored weights
-// widened. InputError when `out_dir` exists and holds anything besides an
-// earlier export's config.json and model.safetensors, so a mistyped path
-// never deletes a user's files.
+// widened, with the marker (kExportMarkerFile) that lets a later export
+// replace the folder. InputError when `out_dir` exists and is anything but
+// an earlier export of weft's (config.json and model.safetensors with the
+// marker), so a mistyped path never deletes a user's files.
 void export_hf(const std::string& checkpoint_dir, const std::string& out_dir,
                const ExportOptions& options = {});
 
 // The folder export_hf writes, from given fp32 tensors under Hugging Face
-// names (a merged LoRA model); the same checks of `out_dir` (`source_dir`
-// may not be it) and the same atomic swap.
-void hf_folder_write(const std::string& out_dir, const std::string& source_dir, const ModelSpec& model,
+// names (a merged LoRA model); the same checks of `out_dir` (none of
+// `inputs`, the first of which is the checkpoint it comes from, may be it,
+// hold it or lie inside it) and the same atomic swap.
+void hf_folder_write(const std::string& out_dir, const std::vector<std::string>& inputs, const ModelSpec& model,
                      int64_t bos_token_id, int64_t eos_token_id, const std::vector<TensorRef>& tensors,
                      const ExportOptions& options = {});
 

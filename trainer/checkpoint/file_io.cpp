@@ -8,10 +8,14 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/json_io.h"
 
 namespace weft::checkpoint {
 
@@ -119,6 +123,76 @@ void commit_dir(const std::string& tmp, const std::string& dir, const StageHook&
   if (ec)
     throw InputError(fmt::format("saved '{}' but cannot remove the previous contents at '{}': {}",
                                  target.string(), old, ec.message()));
+}
+
+}  // namespace weft::checkpoint
+
+namespace weft::checkpoint {
+
+namespace {
+
+// Whether `inner` is `outer` or lies inside it (absolute, normal, links
+// resolved where they exist).
+bool path_within(const fs::path& inner, const fs::path& outer) {
+  std::error_code ec;
+  const fs::path a = fs::weakly_canonical(inner, ec);
+  if (ec) return false;
+  const fs::path b = fs::weakly_canonical(outer, ec);
+  if (ec) return false;
+  auto i = a.begin();
+  for (auto j = b.begin(); j != b.end(); ++j, ++i) {
+    if (j->empty()) continue;
+    if (i == a.end() || *i != *j) return false;
+  }
+  return true;
+}
+
+std::string marker_kind(const fs::path& marker) {
+  try {
+    const auto j = json_read_file(marker.string(), "export marker");
+    if (j.is_object() && j.value("format", std::string()) == "weft-export") return j.value("kind", std::string());
+  } catch (const std::exception&) {
+  }
+  return {};
+}
+
+}  // namespace
+
+void export_target_check(const std::string& out_dir, const char* kind, const std::vector<std::string>& files,
+                         const std::vector<std::string>& inputs) {
+  const fs::path out = dir_path_clean(out_dir);
+  for (const std::string& in : inputs) {
+    if (in.empty()) continue;
+    if (path_within(out, in) || path_within(in, out))
+      throw InputError(fmt::format("export folder '{}' {} '{}', which this export reads; choose another folder",
+                                   out.string(), path_within(out, in) ? "is or lies inside" : "holds", in));
+  }
+  if (!fs::exists(out)) return;
+  if (!fs::is_directory(out))
+    throw InputError(fmt::format("export folder '{}' exists and is not a folder; choose another path", out.string()));
+  bool empty = true, marked = false;
+  for (const auto& e : fs::directory_iterator(out)) {
+    empty = false;
+    const std::string name = e.path().filename().string();
+    if (name == kExportMarkerFile) {
+      marked = marker_kind(e.path()) == kind;
+      continue;
+    }
+    if (std::find(files.begin(), files.end(), name) == files.end())
+      throw InputError(fmt::format("export folder '{}' exists and holds '{}'; choose a new or empty folder (only an "
+                                   "earlier export of weft's is replaced)",
+                                   out.string(), name));
+  }
+  if (!empty && !marked)
+    throw InputError(fmt::format("export folder '{}' holds {} but no {} of an earlier {} export of weft's, so it may be "
+                                 "a model of your own and is left as it is; choose a new or empty folder, or move it "
+                                 "away first",
+                                 out.string(), fmt::join(files, " or "), kExportMarkerFile, kind));
+}
+
+void export_marker_write(const std::string& dir, const char* kind, const std::string& source) {
+  const nlohmann::json j = {{"format", "weft-export"}, {"kind", kind}, {"source", source}};
+  file_write_atomic((fs::path(dir) / kExportMarkerFile).string(), j.dump(2) + "\n");
 }
 
 }  // namespace weft::checkpoint

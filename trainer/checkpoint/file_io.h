@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 #include <string_view>
 
 namespace weft::checkpoint {
@@ -55,5 +56,20 @@ void dir_create(const std::string& dir);
 
 // "<dir>.tmp-<pid>": where a folder is built before commit_dir.
 std::string temp_dir_name(const std::string& dir);
+
+// The file an export writes into its folder to say what it is: an export
+// replaces only a folder that holds it (with the same `kind`), so a user's
+// own model folder, or an export of another kind, is never written over.
+inline constexpr const char* kExportMarkerFile = "weft_export.json";
+
+// Where an export of `kind` ("hf", "peft") may write `out`: a new or empty
+// folder, or an earlier export of the same kind holding only `files` and the
+// marker; never one of `inputs` (the checkpoint, the base model), a folder
+// inside one, or a folder holding one. InputError naming the folder and what
+// is in the way, before anything is written.
+void export_target_check(const std::string& out, const char* kind, const std::vector<std::string>& files,
+                         const std::vector<std::string>& inputs);
+// Writes the marker of an export of `kind` from `source` into `dir`.
+void export_marker_write(const std::string& dir, const char* kind, const std::string& source);
 
 }  // namespace weft::checkpoint

@@ -110,20 +110,10 @@ PeftAdapter peft_open(const std::string& dir, const ModelSpec& m) {
 }
 
 void peft_write(const std::string& dir, const LoraSpec& lora, const std::string& base_model,
-                const std::vector<TensorRef>& tensors) {
+                const std::vector<TensorRef>& tensors, const std::vector<std::string>& inputs) {
   const fs::path out = dir_path_clean(dir);
   // Only an earlier export is replaced, so a mistyped path deletes nothing.
-  if (fs::exists(out)) {
-    if (!fs::is_directory(out))
-      throw InputError(fmt::format("export folder '{}' exists and is not a folder", out.string()));
-    for (const auto& e : fs::directory_iterator(out)) {
-      const std::string name = e.path().filename().string();
-      if (name != kPeftConfigFile && name != kPeftWeightsFile)
-        throw InputError(fmt::format("export folder '{}' exists and holds '{}'; choose a new or empty folder (only "
-                                     "an earlier adapter export is replaced)",
-                                     out.string(), name));
-    }
-  }
+  export_target_check(out.string(), "peft", {kPeftConfigFile, kPeftWeightsFile}, inputs);
   std::vector<TensorRef> named = tensors;
   for (auto& t : named) t.name = kPeftPrefix + t.name;
   nlohmann::json targets = nlohmann::json::array();
@@ -153,6 +143,7 @@ void peft_write(const std::string& dir, const LoraSpec& lora, const std::string&
   try {
     file_write_atomic((fs::path(tmp) / kPeftConfigFile).string(), cfg.dump(2) + "\n");
     safetensors_write((fs::path(tmp) / kPeftWeightsFile).string(), named, {{"format", "pt"}});
+    export_marker_write(tmp, "peft", inputs.empty() ? std::string() : inputs.front());
     fsync_dir(tmp);
     commit_dir(tmp, out.string(), {});
   } catch (...) {

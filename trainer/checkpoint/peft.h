@@ -45,8 +45,10 @@ PeftAdapter peft_open(const std::string& dir, const ModelSpec& m);
 
 // Writes a PEFT folder: adapter_config.json (base_model_name_or_path as given)
 // and adapter_model.safetensors with `tensors` (weft's names, stored under
-// PEFT's), atomically file by file. Creates the folder.
+// PEFT's), and the export marker, built aside and swapped in. Creates the
+// folder; replaces only an earlier adapter export (export_target_check), never
+// one of `inputs` (the first: the checkpoint it comes from).
 void peft_write(const std::string& dir, const LoraSpec& lora, const std::string& base_model,
-                const std::vector<TensorRef>& tensors);
+                const std::vector<TensorRef>& tensors, const std::vector<std::string>& inputs);
 
 }  // namespace weft::checkpoint
