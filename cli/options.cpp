@@ -1,6 +1,7 @@
 #include "cli/options.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 
 #include <fmt/format.h>
@@ -242,9 +243,22 @@ void require_fp8_device(const tuner::SpaceLimits& limits, const DeviceSpec& devi
 
 LoraSpec LoraArgs::resolve() const {
   if (rank < 0) throw InputError(fmt::format("--lora {} must be a positive rank (0: off)", rank));
-  if (rank == 0) return {};
+  if (rank == 0) {
+    // The adapters' settings without adapters would be dropped without a word.
+    for (const CLI::Option* o : {alpha_option, dropout_option, targets_option})
+      if (o != nullptr && o->count() > 0)
+        throw InputError(fmt::format("{} {} sets LoRA's adapters, but LoRA is off; give --lora RANK too, or drop it",
+                                     o->get_name(), o->as<std::string>()));
+    return {};
+  }
   LoraSpec l = LoraSpec::with_rank(rank);
-  if (alpha != 0) l.alpha = alpha;
+  if (alpha_option != nullptr && alpha_option->count() > 0) {
+    if (!(alpha > 0) || !std::isfinite(alpha))
+      throw InputError(fmt::format("--lora-alpha {} must be a positive number (the adapters' output is scaled by "
+                                   "alpha / r; leave it out for 2 x r)",
+                                   alpha));
+    l.alpha = alpha;
+  }
   l.dropout = dropout;
   l.targets = LoraSpec::parse_targets(targets);
   RunSpec{.seq = 1, .global_batch = 1, .precision = Precision::fp32, .lora = l}.validate();
@@ -257,9 +271,11 @@ void add_lora_options(CLI::App& app, LoraArgs& a) {
                 "LoRA rank r: train adapters A (r, in) and B (out, r) on the --lora-targets layers, every other "
                 "weight frozen (0: off; usually with --init)")
       ->capture_default_str();
-  g->add_option("--lora-alpha", a.alpha, "LoRA alpha: the adapters' output is scaled by alpha / r (default 2 x r)");
-  g->add_option("--lora-dropout", a.dropout, "Dropout on the adapters' input while training")->capture_default_str();
-  g->add_option("--lora-targets", a.targets,
+  a.alpha_option =
+      g->add_option("--lora-alpha", a.alpha, "LoRA alpha: the adapters' output is scaled by alpha / r (default 2 x r)");
+  a.dropout_option =
+      g->add_option("--lora-dropout", a.dropout, "Dropout on the adapters' input while training")->capture_default_str();
+  a.targets_option = g->add_option("--lora-targets", a.targets,
                 "Layers that get adapters: all, or any of q,k,v,o,gate,up,down (Hugging Face names such as q_proj "
                 "too)")
       ->capture_default_str();

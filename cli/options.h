@@ -50,9 +50,12 @@ void add_run_options(CLI::App& app, RunArgs& a);
 // rank), --lora-dropout and --lora-targets (default every linear layer).
 struct LoraArgs {
   int64_t rank = 0;
-  double alpha = 0;  // 0: 2 x rank
+  double alpha = 0;  // not given: 2 x rank
   double dropout = 0;
   std::string targets = "all";
+  CLI::Option* alpha_option = nullptr;
+  CLI::Option* dropout_option = nullptr;
+  CLI::Option* targets_option = nullptr;
   LoraSpec resolve() const;  // InputError naming a bad value
 };
 void add_lora_options(CLI::App& app, LoraArgs& a);

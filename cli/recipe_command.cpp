@@ -49,13 +49,6 @@ std::string self_exe() {
   return ec ? std::string("weft") : p.string();
 }
 
-// Slurm's time formats: minutes, minutes:seconds, hours:minutes:seconds,
-// days-hours, days-hours:minutes, days-hours:minutes:seconds, or unlimited.
-bool slurm_time(const std::string& t) {
-  static const std::regex re(R"(^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+|\d+-\d+:\d{1,2}|\d+-\d+:\d{1,2}:\d{1,2}|UNLIMITED|unlimited|INFINITE|infinite)$)");
-  return std::regex_match(t, re);
-}
-
 // The words of --train, as weft train parses them (the same option table),
 // none of them one the script sets itself.
 std::vector<std::string> train_words(const std::string& text, bool auto_tune) {
@@ -101,7 +94,7 @@ int write_sbatch(const RecipeArgs& a) {
                                  "nodes run (the same path on every node)",
                                  s.weft));
   s.run_dir = fs::absolute(a.out).lexically_normal().string();
-  if (!a.time.empty() && !slurm_time(a.time))
+  if (!a.time.empty() && !slurm_time_valid(a.time))
     throw InputError(fmt::format("--time '{}' is not a Slurm time limit; use minutes, minutes:seconds, "
                                  "hours:minutes:seconds, days-hours, days-hours:minutes or days-hours:minutes:seconds "
                                  "(e.g. 24:00:00, 2-00:00:00)",

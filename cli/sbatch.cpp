@@ -1,5 +1,6 @@
 #include "cli/sbatch.h"
 
+#include <regex>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -7,6 +8,12 @@
 #include "core/error.h"
 
 namespace weft::cli {
+
+bool slurm_time_valid(const std::string& t) {
+  static const std::regex re(
+      R"(^(\d{1,9}|\d{1,9}:\d{1,2}|\d{1,9}:\d{1,2}:\d{1,2}|\d{1,9}-\d{1,9}|\d{1,9}-\d{1,9}:\d{1,2}|\d{1,9}-\d{1,9}:\d{1,2}:\d{1,2}|UNLIMITED|unlimited|INFINITE|infinite)$)");
+  return std::regex_match(t, re);
+}
 
 std::string shell_quote(const std::string& s) {
   std::string out = "'";

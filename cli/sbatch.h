@@ -44,6 +44,11 @@ std::string sbatch_script(const SbatchSpec& s);
 // words are quoted again in the script.
 std::vector<std::string> shell_words(const std::string& text, const std::string& option);
 
+// Whether `t` is a time limit sbatch takes: minutes, minutes:seconds,
+// hours:minutes:seconds, days-hours, days-hours:minutes,
+// days-hours:minutes:seconds, or unlimited.
+bool slurm_time_valid(const std::string& t);
+
 // A word as the script writes it: single-quoted.
 std::string shell_quote(const std::string& word);
 

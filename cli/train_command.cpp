@@ -145,6 +145,36 @@ void print_summary(const trainer::TrainConfig& c, const trainer::TrainReport& r)
   std::fputs(s.c_str(), stdout);
 }
 
+// A knob given beside --layout or --recipe must say what the layout says:
+// one of the two would otherwise be dropped without a word. InputError
+// naming both.
+void knobs_agree(const TrainArgs& a, const Layout& knobs, const Layout& layout, const std::string& what) {
+  for (CLI::Option* o : a.knobs) {
+    if (o->count() == 0) continue;
+    const std::string name = o->get_name();
+    bool same = true;
+    std::string says;
+    if (name == "--mb") same = knobs.mb == layout.mb, says = fmt::format("mb{}", layout.mb);
+    if (name == "--ckpt") {
+      same = knobs.ckpt == layout.ckpt && knobs.ckpt_layers == layout.ckpt_layers;
+      says = fmt::format("ckpt:{}{}", to_string(layout.ckpt),
+                         layout.ckpt_layers > 0 ? fmt::format("@{}", layout.ckpt_layers) : "");
+    }
+    if (name == "--attn") same = knobs.attention == layout.attention, says = fmt::format("attn:{}", to_string(layout.attention));
+    if (name == "--norm") same = knobs.norm == layout.norm, says = fmt::format("norm:{}", to_string(layout.norm));
+    if (name == "--grad") same = knobs.grad == layout.grad, says = fmt::format("grad:{}", to_string(layout.grad));
+    if (name == "--cp") same = knobs.cp == layout.cp, says = fmt::format("cp{}", layout.cp);
+    if (name == "--cp-comm") same = knobs.cp_comm == layout.cp_comm, says = fmt::format("cp:{}", to_string(layout.cp_comm));
+    if (name == "--fp8") {
+      same = knobs.fp8 == layout.fp8 && knobs.fp8_bf16_layers == layout.fp8_bf16_layers;
+      says = layout.fp8 == Fp8Recipe::off ? std::string("no FP8") : gemm_precision_text(layout);
+    }
+    if (!same)
+      throw InputError(fmt::format("{} {} and {} disagree (the layout says {}); give the knob in one place", name,
+                                   o->as<std::string>(), what, says));
+  }
+}
+
 int run_train(TrainArgs& a) {
   StopScope stoppable;  // tuning, training, validation: signals are requests from here on
   trainer::TrainConfig c = a.cfg;
@@ -201,6 +231,7 @@ int run_train(TrainArgs& a) {
   c.run.precision = a.precision == "auto" ? (gpu ? Precision::bf16 : Precision::fp32) : precision_parse(a.precision);
   c.run.lora = a.lora.resolve();
   c.run.validate();
+  lora_check_model(c.model, c.run.lora);
   if (!c.lora_init.empty() && !c.run.lora.enabled())
     throw InputError(fmt::format("--lora-init {} starts LoRA adapters from a PEFT folder; give --lora RANK (its r) "
                                  "too", c.lora_init));
@@ -241,7 +272,7 @@ int run_train(TrainArgs& a) {
   c.layout.mb = a.mb;
   const auto at = a.ckpt.find('@');
   c.layout.ckpt = checkpointing_parse(a.ckpt.substr(0, at));
-  if (at != std::string::npos) c.layout = Layout::parse(c.layout.to_string() + "-ckpt:" + a.ckpt);
+  if (at != std::string::npos) c.layout.ckpt_layers = Layout::parse("ckpt:" + a.ckpt).ckpt_layers;
   c.layout.attention = attention_parse(a.attention);
   c.layout.norm = norm_parse(a.norm);
   c.layout.grad = grad_precision_parse(a.grad);
@@ -249,7 +280,11 @@ int run_train(TrainArgs& a) {
   c.layout.cp = a.cp;
   c.layout.cp_comm = cp_comm_parse(a.cp_comm);
   std::tie(c.layout.fp8, c.layout.fp8_bf16_layers) = fp8_pin_parse(a.fp8);
-  if (!a.layout.empty()) c.layout = Layout::parse(a.layout);
+  const Layout from_knobs = c.layout;
+  if (!a.layout.empty()) {
+    c.layout = Layout::parse(a.layout);
+    knobs_agree(a, from_knobs, c.layout, "--layout " + a.layout);
+  }
   const bool knobs = std::any_of(a.knobs.begin(), a.knobs.end(), [](CLI::Option* o) { return o->count() > 0; });
   if (a.tune.enabled && (!a.layout.empty() || !a.recipe.empty()))
     throw InputError(fmt::format("--auto chooses the layout; drop {}", a.layout.empty() ? "--recipe" : "--layout"));
@@ -274,6 +309,7 @@ int run_train(TrainArgs& a) {
     if (!diff.empty())
       std::fprintf(stderr, "weft: warning: using recipe %s despite: %s\n", a.recipe.c_str(),
                    fmt::format("{}", fmt::join(diff, "; ")).c_str());
+    knobs_agree(a, from_knobs, r.layout, "recipe " + a.recipe);
     c.layout = r.layout;
   }
   // FP8 GEMMs need FP8 tensor cores, or the CPU, which emulates them.
@@ -298,6 +334,11 @@ int run_train(TrainArgs& a) {
   if (!tune) {
     c.layout.validate(c.model, c.run, mpi_world_size_from_env());
     trainer::check_trainable(c.layout, c.device.kind);
+    if (const std::string none = memory::fp8_runs_none(c.model, c.run, c.layout); !none.empty())
+      throw InputError(fmt::format("{}: {}", !a.layout.empty() ? "--layout " + a.layout
+                                             : !a.recipe.empty() ? "recipe " + a.recipe
+                                                                 : "--fp8 " + a.fp8,
+                                   none));
     memory::require_fits(c.model, c.run, c.layout, c.device,
                          a.memory_limit.empty() ? "" : "--memory-limit " + a.memory_limit);
   }
@@ -527,9 +568,9 @@ Command add_train_command(CLI::App& app) {
                       "folder: <out>/tensorboard; a tuning's trials go to its tune/ folder)")
           ->expected(0, 1);
   sub->add_option("--change", c.changes,
-                  "With --resume: optimizer settings or the seed this command may change from the run's, e.g. "
-                  "lr,warmup (any of lr, min-lr-ratio, warmup, schedule, beta1, beta2, adam-eps, weight-decay, "
-                  "clip, seed); others that differ are refused")
+                  "With --resume: optimizer settings, the seed or the data this command may change from the run's, "
+                  "e.g. lr,warmup (any of lr, min-lr-ratio, warmup, schedule, beta1, beta2, adam-eps, weight-decay, "
+                  "clip, seed, data); others that differ are refused")
       ->delimiter(',');
   sub->add_option("--init", c.init,
                   "Start from pretrained weights: a Hugging Face model folder (config.json and safetensors in "

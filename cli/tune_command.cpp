@@ -1,5 +1,11 @@
 // `weft tune --dry-run`: the analytic half of tuning, no GPU needed.
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <optional>
+#include <vector>
 #include <limits>
 #include <cstdio>
 #include <filesystem>
@@ -14,8 +20,12 @@
 #include "core/json_io.h"
 #include "core/output_guard.h"
 #include "core/units.h"
+#include "memory/shapes.h"
 #include "tuner/device_profile.h"
+#include "trainer/loop.h"
 #include "tuner/recipe.h"
+#include "tuner/space_scan.h"
+#include "report/html_report.h"
 #include "report/report.h"
 
 namespace weft::cli {
@@ -83,6 +93,56 @@ std::string full_fine_tuning_note(const tuner::SpaceContext& lora_ctx, const tun
   return s + fmt::format("  full fine-tuning fits on no layout of up to {} GPUs\n", 64 * lora_ctx.cluster.gpus);
 }
 
+// Formats other than CSV are built whole in memory: a row is a few hundred
+// bytes there, and a JSON row a few KB while it is built.
+constexpr int64_t kRowsInMemory = 200'000;
+// The page keeps a point of a few tens of bytes for each layout it plots
+// (most of them binned on a grid in the end): ten million stay under 1 GiB.
+constexpr int64_t kPageLayouts = 10'000'000;
+
+// Every row of `scan` as CSV, predicted again in blocks on every core and
+// written as they come, to `out` (built aside and renamed into place) or to
+// stdout.
+void write_streamed_csv(const tuner::SpaceScan& scan, const tuner::SpaceContext& ctx, const std::string& out) {
+  namespace fs = std::filesystem;
+  const std::string tmp = out.empty() ? std::string() : fmt::format("{}.tmp-{}", out, ::getpid());
+  std::FILE* f = out.empty() ? stdout : std::fopen(tmp.c_str(), "wb");
+  if (f == nullptr) throw InputError(fmt::format("--out {}: cannot write {}: {}", out, tmp, std::strerror(errno)));
+  const auto put = [&](const std::string& s) {
+    if (std::fwrite(s.data(), 1, s.size(), f) != s.size())
+      throw InputError(fmt::format("--out {}: cannot write: {}", out.empty() ? "stdout" : out, std::strerror(errno)));
+  };
+  try {
+    put(report::report_csv_header());
+    constexpr int64_t kBlock = 4096;
+    std::vector<std::string> rows(static_cast<size_t>(kBlock));
+    for (int64_t at = 0; at < scan.size(); at += kBlock) {
+      const int64_t n = std::min(kBlock, scan.size() - at);
+#pragma omp parallel for schedule(dynamic, 64)
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t position = at + i;
+        rows[size_t(i)] = report::report_csv_row(scan.candidate(ctx, position),
+                                                 position < scan.summary.fitting ? position + 1 : 0, ctx);
+      }
+      for (int64_t i = 0; i < n; ++i) put(rows[size_t(i)]);
+    }
+    if (f != stdout) {
+      if (std::fflush(f) != 0 || ::fsync(::fileno(f)) != 0)
+        throw InputError(fmt::format("--out {}: cannot write: {}", out, std::strerror(errno)));
+      std::fclose(f);
+      f = nullptr;
+      fs::rename(tmp, out);
+      std::fprintf(stderr, "weft: wrote %s (%lld layouts, streamed)\n", out.c_str(),
+                   static_cast<long long>(scan.size()));
+    }
+  } catch (...) {
+    if (f != nullptr && f != stdout) std::fclose(f);
+    std::error_code ec;
+    if (!tmp.empty()) fs::remove(tmp, ec);
+    throw;
+  }
+}
+
 int run_tune(const TuneArgs& a) {
   if (!a.dry_run)
     throw InputError("weft tune ranks layouts with the models only: pass --dry-run; to tune with real steps "
@@ -111,6 +171,7 @@ int run_tune(const TuneArgs& a) {
   ctx.cluster = a.cluster.resolve();
   ctx.run = a.run.resolve(ctx.cluster.device);
   ctx.run.lora = a.lora.resolve();
+  lora_check_model(ctx.model, ctx.run.lora);
   ctx.constants = tuner::cost_defaults(ctx.cluster.device);
   if (!a.profile.empty()) {
     // A measured profile describes this machine with the dry-run's ranks per
@@ -132,21 +193,51 @@ int run_tune(const TuneArgs& a) {
         ctx.model.name, ctx.cluster.gpus, ctx.run.global_batch));
   };
   tuner::SpaceReport report;
+  // A space too large to hold as candidates is ranked in a few bytes a
+  // layout (tuner::space_scan) and its rows predicted again as they are
+  // written: the CSV streams every one; other formats list at most
+  // kRowsInMemory rows, and more is refused here, before any work.
+  std::optional<tuner::SpaceScan> scan;
+  bool stream_csv = false;
   if (a.layout.empty() && !a.all && !a.exhaustive && format != report::ReportFormat::html) {
     // The listed rows only: the search predicts what its bounds cannot rule out.
     report = tuner::search(ctx, a.space.resolve(), top, ctx.cluster.device);
     if (report.evaluated == 0) throw no_layout();
-  } else {
-    std::vector<Layout> layouts;
-    if (!a.layout.empty()) {
-      const Layout l = Layout::parse(a.layout);
-      l.validate(ctx.model, ctx.run, ctx.cluster.gpus);
-      layouts.push_back(l);
+  } else if (a.layout.empty()) {
+    const int64_t size = tuner::space_size(ctx, a.space.resolve(), ctx.cluster.device);
+    if (size == 0) throw no_layout();
+    const bool whole = a.all || format == report::ReportFormat::html;
+    const int64_t listed = whole ? size : std::min(top, size);
+    const bool html = format == report::ReportFormat::html;
+    if (html && size > kPageLayouts)
+      throw InputError(fmt::format("the space holds {} layouts, and the page plots every one, past the {} it is "
+                                   "built for in bounded memory; pin knobs to shrink the space (--tp, --pp, --mb, "
+                                   "...), or use --format csv, which streams every row",
+                                   size, kPageLayouts));
+    if (!html && format != report::ReportFormat::csv && listed > kRowsInMemory)
+      throw InputError(fmt::format("the space holds {} layouts, and --all would list every one as {}, past the {} rows "
+                                   "that format is built in memory for; give --top N (at most {}), pin knobs to "
+                                   "shrink the space, or use --format csv, which streams every row",
+                                   size, a.format, kRowsInMemory, kRowsInMemory));
+    if (size <= kRowsInMemory) {
+      report = tuner::evaluate(ctx.model, ctx.run, ctx.cluster,
+                               tuner::enumerate(ctx.model, ctx.run, ctx.cluster.gpus, a.space.resolve(),
+                                                ctx.cluster.device),
+                               ctx.constants, ctx.memory);
     } else {
-      layouts = tuner::enumerate(ctx.model, ctx.run, ctx.cluster.gpus, a.space.resolve(), ctx.cluster.device);
+      scan = tuner::space_scan(ctx, a.space.resolve(), ctx.cluster.device, html);
+      report = scan->summary;
+      stream_csv = format == report::ReportFormat::csv && listed > kRowsInMemory;
+      // The rows held: those listed, or (streamed, or the page's table)
+      // enough for the checks and the recipe below.
+      const int64_t held = std::min<int64_t>(stream_csv || html ? 1000 : listed, scan->size());
+      report.candidates.reserve(size_t(held));
+      for (int64_t i = 0; i < held; ++i) report.candidates.push_back(scan->candidate(ctx, i));
     }
-    if (layouts.empty()) throw no_layout();
-    report = tuner::evaluate(ctx.model, ctx.run, ctx.cluster, layouts, ctx.constants, ctx.memory);
+  } else {
+    const Layout l = Layout::parse(a.layout);
+    l.validate(ctx.model, ctx.run, ctx.cluster.gpus);
+    report = tuner::evaluate(ctx.model, ctx.run, ctx.cluster, {l}, ctx.constants, ctx.memory);
   }
   if (report.fitting == 0 && !report.candidates.empty() &&
       report.candidates.front().verdict == tuner::Verdict::invalid) {
@@ -169,7 +260,40 @@ int run_tune(const TuneArgs& a) {
   if (!a.save_recipe.empty()) {
     if (report.fitting == 0)
       throw InputError(fmt::format("no layout fits, so there is no recipe to save to '{}'", a.save_recipe));
-    const auto& best = report.candidates.front();
+    // The best layout the trainer can run: a recipe is for training. Where
+    // every listed one cannot run yet, the search lists every fitting layout.
+    const auto first_runnable = [&](tuner::SpaceReport& rep, std::string& skipped) -> tuner::Candidate* {
+      for (auto& c : rep.candidates) {
+        if (c.verdict != tuner::Verdict::fits) break;
+        try {
+          trainer::check_trainable(c.layout, ctx.cluster.device.kind, trainer::Trainable::anywhere);
+          return &c;
+        } catch (const LayoutError& e) {
+          if (skipped.empty()) skipped = e.what();
+        }
+      }
+      return nullptr;
+    };
+    std::string skipped;
+    tuner::Candidate* runnable = first_runnable(report, skipped);
+    if (runnable == nullptr && int64_t(report.candidates.size()) < report.fitting && a.layout.empty()) {
+      report = tuner::search(ctx, a.space.resolve(), report.fitting, ctx.cluster.device);
+      runnable = first_runnable(report, skipped);
+    }
+    if (runnable == nullptr)
+      throw InputError(fmt::format("none of the {} layouts that fit can be trained yet ({}), so there is no "
+                                   "recipe to save to '{}'",
+                                   report.fitting, skipped, a.save_recipe));
+    if (runnable != &report.candidates.front())
+      std::fprintf(stderr, "weft: the best-ranked layout cannot be trained yet (%s); the recipe takes the best that "
+                           "can\n",
+                   skipped.c_str());
+    {
+      memory::MemoryOptions all = ctx.memory;
+      all.all_stages = true;
+      runnable->memory = memory::estimate(ctx.model, ctx.run, runnable->layout, ctx.cluster.device, all);
+    }
+    const auto& best = *runnable;
     tuner::Recipe r = tuner::recipe_for(ctx.model, ctx.cluster, ctx.run, best.layout, "dry-run");
     r.predicted = {{"step_s", best.cost.step}, {"tokens_per_s", best.cost.tokens_per_second},
                    {"mfu", best.cost.mfu}, {"peak_flops", best.cost.peak_flops},
@@ -179,9 +303,21 @@ int run_tune(const TuneArgs& a) {
     tuner::recipe_save(a.save_recipe, r);
     std::fprintf(stderr, "weft: saved recipe %s (%s)\n", a.save_recipe.c_str(), best.layout.to_string().c_str());
   }
-  std::string text = report::report_render(format, report, ctx, top);
+  if (stream_csv) {
+    write_streamed_csv(*scan, ctx, a.out);
+    return 0;
+  }
+  std::string text = scan && format == report::ReportFormat::html
+                         ? report::report_html(report::report_data_scan(*scan, report, ctx, top))
+                         : report::report_render(format, report, ctx, top);
   if (ctx.run.lora.enabled() && (format == report::ReportFormat::table || format == report::ReportFormat::md))
     text += full_fine_tuning_note(ctx, a.space.resolve(), report);
+  // Where the best layout runs FP8, the GEMMs it leaves in bf16, and why.
+  if ((format == report::ReportFormat::table || format == report::ReportFormat::md) && !report.candidates.empty())
+    if (const std::string bf16 = memory::fp8_bf16_gemms_text(ctx.model, ctx.run, report.candidates.front().layout);
+        !bf16.empty())
+      text += fmt::format("\nFP8 GEMMs of the best layout ({}): {}\n",
+                          gemm_precision_text(report.candidates.front().layout), bf16);
   if (a.out.empty()) {
     std::fwrite(text.data(), 1, text.size(), stdout);
   } else {

@@ -112,6 +112,12 @@ std::string fp8_unsupported_reason(const DeviceSpec& d) {
 
 void ClusterSpec::validate() const {
   if (gpus <= 0) throw InputError(fmt::format("--gpus {} must be a positive device count", gpus));
+  // The largest clusters built hold about 10^5 GPUs; a count far past that
+  // is a slip, and its space of layouts takes minutes to enumerate.
+  if (gpus > kMaxClusterGpus)
+    throw InputError(fmt::format("--gpus {} is past the {} GPUs a cluster may have here (2^20); give the cluster's "
+                                 "own count",
+                                 gpus, kMaxClusterGpus));
   if (gpus_per_node <= 0)
     throw InputError(fmt::format("--gpus-per-node {} must be positive", gpus_per_node));
   if (gpus > gpus_per_node && gpus % gpus_per_node != 0)

@@ -65,6 +65,9 @@ struct DeviceSpec {
 // which training allows and the tuner searches only when pinned.
 std::string fp8_unsupported_reason(const DeviceSpec& d);
 
+// The most GPUs a cluster may have (2^20): ten times the largest built.
+inline constexpr int64_t kMaxClusterGpus = int64_t{1} << 20;
+
 // How the devices are wired. A node is the devices that share its network
 // ports; an NVLink domain is the devices that reach each other over the fast
 // link (a DGX node, or several nodes on one NVLink switch fabric). Ranks are

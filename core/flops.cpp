@@ -1,8 +1,12 @@
 #include "core/flops.h"
 
+#include <algorithm>
 #include <array>
+#include <utility>
 
 #include <fmt/format.h>
+
+#include "core/error.h"
 
 namespace weft {
 
@@ -33,6 +37,31 @@ int64_t lora_params(const ModelSpec& m, const LoraSpec& lora) {
   for (int g = 0; g < kLinears; ++g)
     if (lora.targets_linear(Linear(g))) n += lora.rank * int64_t(io[size_t(g)]);
   return n * m.layers;
+}
+
+std::string mfu_flops_text(const ModelSpec& m) {
+  const double n = double(m.flop_params()), all = double(m.param_count());
+  const double embedding = double(m.vocab) * double(m.hidden);
+  return fmt::format("6N + 12 L C T model FLOPs a token, N = {} (the parameters but the input embedding's {}: a "
+                     "lookup, no matmul; {} in all)",
+                     count_text(n), count_text(embedding), count_text(all));
+}
+
+void lora_check_model(const ModelSpec& m, const LoraSpec& lora) {
+  if (!lora.enabled()) return;
+  const int64_t C = m.hidden, q = m.heads * m.head_dim, kv = m.kv_heads * m.head_dim, F = m.intermediate;
+  const std::array<std::pair<int64_t, int64_t>, kLinears> in_out = {
+      {{C, q}, {C, kv}, {C, kv}, {q, C}, {C, F}, {C, F}, {F, C}}};
+  const char* names[kLinears] = {"q", "k", "v", "o", "gate", "up", "down"};
+  for (int g = 0; g < kLinears; ++g) {
+    if (!lora.targets_linear(Linear(g))) continue;
+    const auto [in, out] = in_out[size_t(g)];
+    if (lora.rank > std::min(in, out))
+      throw InputError(fmt::format("--lora {} is past the width of {}'s {} layer ({} x {}): a rank is at most {} "
+                                   "there; give a rank of at most {} or leave {} out of --lora-targets",
+                                   lora.rank, m.name, names[g], out, in, std::min(in, out), std::min(in, out),
+                                   names[g]));
+  }
 }
 
 std::string lora_summary(const ModelSpec& m, const LoraSpec& lora) {

@@ -23,6 +23,14 @@ namespace weft {
 double model_flops_per_token(const ModelSpec& m, int64_t seq);
 // LoRA's trainable parameters: the adapters, L x sum over targets of r (in + out).
 int64_t lora_params(const ModelSpec& m, const LoraSpec& lora);
+// Which N MFU's 6N counts, for headers: "6N + 12 L C T model FLOPs a token,
+// N = 7.50B (the parameters but the input embedding's 525.3M: a lookup, no
+// matmul; 8.03B in all)".
+std::string mfu_flops_text(const ModelSpec& m);
+// InputError when `lora`'s rank is past the width of a targeted layer of
+// `m` (the rank of an adapter pair B A is at most min(in, out): beyond it
+// the adapters are larger than the weight they adapt), naming the layer.
+void lora_check_model(const ModelSpec& m, const LoraSpec& lora);
 // "LoRA r 16, alpha 32 on q,k,v,o,gate,up,down: 207.1M trainable of 70.55B
 // parameters (0.29%)"; empty without LoRA. The run headers, the dry-run and
 // the reports print it.

@@ -1,6 +1,7 @@
 #include "core/layout.h"
 
 #include <algorithm>
+#include <map>
 #include <charconv>
 
 #include <fmt/format.h>
@@ -126,12 +127,29 @@ Layout Layout::parse(const std::string& text) {
     throw InputError("empty layout; expected e.g. tp2-pp2-dp1-mb1-vpp1-sp-ckpt:none-attn:flash-"
                      "norm:fused-zero0");
   Layout l;
+  // Each field once: "tp2-tp1" or "zero3-zero0" would otherwise take the
+  // last and drop the first without a word.
+  std::map<std::string, std::string> seen;
+  const auto once = [&](const std::string& field, const std::string& tok) {
+    const auto [it, fresh] = seen.emplace(field, tok);
+    if (!fresh)
+      throw InputError(fmt::format("layout '{}': {} is given twice ('{}' and '{}'); give each field once", text,
+                                   field, it->second, tok));
+  };
   size_t start = 0;
   while (start <= text.size()) {
     size_t end = text.find('-', start);
     if (end == std::string::npos) end = text.size();
     const std::string tok = text.substr(start, end - start);
     start = end + 1;
+    {
+      // The field a token sets: its name before ':' or its digits.
+      std::string field = tok.substr(0, tok.find(':'));
+      if (tok.find(':') == std::string::npos) field = tok.substr(0, tok.find_first_of("0123456789"));
+      if (tok.rfind("cp:", 0) == 0) field = "cp transport";
+      if (field == "nosp") field = "sp";
+      if (!field.empty()) once(field, tok);
+    }
     auto after = [&](size_t n) { return tok.substr(n); };
     // A number cut off by its own '-' ("mb-1" reads as "mb" then "1"): the
     // value the user wrote is negative, and the message says so.

@@ -105,6 +105,18 @@ bool fp8_gemm_dims(int64_t M, int64_t K, int64_t N);
 // rank's part and matches the tile one rank holding everything would form.
 int64_t fp8_token_run(const RunSpec& run, const Layout& l);
 bool fp8_block_dims(int64_t token_run, int64_t K, int64_t N);
+// Which GEMMs of a block stay in the compute precision under the layout's
+// FP8 recipe, and why, as one clause ("gate, up and down stay in bf16 on
+// every rank: block scaling needs K,
+// N and the run of tokens multiples of 128 (gate: K 128, N 176)"); empty
+// when FP8 is off or every GEMM runs in FP8.
+std::string fp8_bf16_gemms_text(const ModelSpec& m, const RunSpec& run, const Layout& l);
+// Whether any GEMM of the model runs in FP8 under the layout: a GEMM shape
+// that qualifies, in a block the layout does not keep in bf16 (fp8@N).
+bool fp8_any_gemm(const ModelSpec& m, const RunSpec& run, const Layout& l);
+// "no GEMM runs in FP8 under fp8:blockwise (...)" for a layout with FP8 on
+// and no GEMM in FP8; empty otherwise.
+std::string fp8_runs_none(const ModelSpec& m, const RunSpec& run, const Layout& l);
 // The stage's blocks that run FP8 GEMMs (Layout::fp8_layer of their global index).
 int64_t fp8_stage_blocks(const ModelSpec& m, const Layout& l, const StagePlan& plan);
 // The global index of block `layer` of model chunk `chunk` on `stage`.

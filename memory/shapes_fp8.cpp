@@ -2,6 +2,10 @@
 // and the buffers they need.
 #include <algorithm>
 #include <cstring>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
 
 #include "kernels/fp8/fp8_ops.h"
 #include "memory/shapes.h"
@@ -21,6 +25,52 @@ std::array<Fp8GemmShape, kFp8Gemms> fp8_gemm_shapes(const ModelSpec& m, const Ru
     s.fp8 = l.fp8 != Fp8Recipe::off && (l.fp8 == Fp8Recipe::blockwise ? fp8_block_dims(run_of_tokens, s.K, s.N)
                                                                         : fp8_gemm_dims(M, s.K, s.N));
   return g;
+}
+
+std::string fp8_bf16_gemms_text(const ModelSpec& m, const RunSpec& run, const Layout& l) {
+  if (l.fp8 == Fp8Recipe::off) return {};
+  static const char* const kNames[kFp8Gemms] = {"q", "k", "v", "o", "gate", "up", "down"};
+  const auto g = fp8_gemm_shapes(m, run, l);
+  std::vector<std::string> bf16;
+  int first = -1;
+  for (int i = 0; i < kFp8Gemms; ++i)
+    if (!g[size_t(i)].fp8) {
+      bf16.push_back(kNames[i]);
+      if (first < 0) first = i;
+    }
+  if (bf16.empty()) return {};
+  std::string names;
+  for (size_t i = 0; i < bf16.size(); ++i)
+    names += (i == 0 ? "" : i + 1 == bf16.size() ? " and " : ", ") + bf16[i];
+  const Fp8GemmShape& s = g[size_t(first)];
+  const std::string why =
+      l.fp8 == Fp8Recipe::blockwise
+          ? fmt::format("block scaling needs K, N and the run of tokens one rank holds multiples of {} ({}: K {}, N "
+                        "{}, a run of {} tokens)",
+                        kFp8BlockTile, kNames[first], s.K, s.N, fp8_token_run(run, l))
+          : fmt::format("FP8 tensor cores need M, K and N multiples of 16 ({}: M {}, K {}, N {})", kNames[first],
+                        l.mb * l.local_seq(run), s.K, s.N);
+  return fmt::format("{} {} in {} on every rank: {}", names, bf16.size() == 1 ? "stays" : "stay",
+                     to_string(run.precision), why);
+}
+
+bool fp8_any_gemm(const ModelSpec& m, const RunSpec& run, const Layout& l) {
+  if (l.fp8 == Fp8Recipe::off) return false;
+  bool shape = false;
+  for (const auto& s : fp8_gemm_shapes(m, run, l)) shape = shape || s.fp8;
+  if (!shape) return false;
+  for (int64_t i = 0; i < m.layers; ++i)
+    if (l.fp8_layer(m, i)) return true;
+  return false;
+}
+
+std::string fp8_runs_none(const ModelSpec& m, const RunSpec& run, const Layout& l) {
+  if (l.fp8 == Fp8Recipe::off || fp8_any_gemm(m, run, l)) return {};
+  const std::string why = fp8_bf16_gemms_text(m, run, l);
+  return fmt::format("no GEMM runs in FP8 under {}{}; use fp8:off, or a recipe and layout whose GEMMs qualify",
+                     gemm_precision_text(l),
+                     why.empty() ? fmt::format(" (fp8@{} keeps all {} blocks in bf16)", l.fp8_bf16_layers, m.layers)
+                                 : fmt::format(" ({})", why));
 }
 
 bool fp8_gemm_dims(int64_t M, int64_t K, int64_t N) {

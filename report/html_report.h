@@ -15,6 +15,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "report/report.h"
+#include "tuner/space_scan.h"
 
 namespace weft::report {
 
@@ -33,6 +34,11 @@ nlohmann::json report_data_dry_run(const nlohmann::json& dry_run);
 // html), without the JSON of every layout in between; the `top` fitting
 // layouts (at most 1000) are listed with their step breakdown.
 nlohmann::json report_data_space(const tuner::SpaceReport& r, const tuner::SpaceContext& ctx, int64_t top = 10);
+// The same page data for a space ranked by tuner::space_scan with points:
+// `head_rows` holds the first rows as candidates (the page's table and best
+// layout), the scan every layout's point.
+nlohmann::json report_data_scan(const tuner::SpaceScan& scan, const tuner::SpaceReport& head_rows,
+                                const tuner::SpaceContext& ctx, int64_t top = 10);
 // A tuning's data from its tuning.json (tune_report_json): copied as it is,
 // with the trials' start times added for the timeline.
 nlohmann::json report_data_tuning(const nlohmann::json& tuning);

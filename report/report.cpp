@@ -68,13 +68,13 @@ std::string header(const SpaceReport& r, const SpaceContext& c) {
           : "";
   return fmt::format(
       "model   {}\ncluster {}\nrun     seq {}, global batch {} ({:.2f}M tokens/step), {}{}\n"
-      "MFU against the {} peak of {:.1f} TFLOP/s per device; memory margin {:.0f}% "
+      "MFU against the {} peak of {:.1f} TFLOP/s per device, of {}; memory margin {:.0f}% "
       "(usable {:.1f} of {:.1f} GiB)\n{}{}",
       c.model.summary(), c.cluster.summary(), c.run.seq, c.run.global_batch,
       double(c.run.tokens_per_step()) / 1e6, to_string(c.run.precision),
       c.run.lora.enabled() ? "\nlora    " + lora_summary(c.model, c.run.lora) + " (MFU counts 4N + adapters: no weight gradients of frozen weights)" : "",
       peak_kind,
-      c.cluster.device.peak_flops(to_string(c.run.precision)) / 1e12, 100 * c.memory.margin,
+      c.cluster.device.peak_flops(to_string(c.run.precision)) / 1e12, mfu_flops_text(c.model), 100 * c.memory.margin,
       usable / double(GiB), gib(c.cluster.device.memory_bytes), fp8_note, space);
 }
 
@@ -134,6 +134,18 @@ struct Row {
   }
 };
 
+// Why the trainer cannot run a layout on the device yet ("" when it can),
+// without the "layout <text>: " its error starts with.
+std::string cannot_run_yet(const Layout& l, DeviceKind device) {
+  try {
+    trainer::check_trainable(l, device, trainer::Trainable::anywhere);
+  } catch (const LayoutError& e) {
+    const std::string what = e.what(), prefix = "layout " + l.to_string() + ": ";
+    return what.rfind(prefix, 0) == 0 ? what.substr(prefix.size()) : what;
+  }
+  return {};
+}
+
 std::vector<Row> ranked_rows(const SpaceReport& r, const SpaceContext& ctx, int64_t top) {
   auto key = [](const Candidate& c) {
     Layout l = c.layout;
@@ -148,13 +160,7 @@ std::vector<Row> ranked_rows(const SpaceReport& r, const SpaceContext& ctx, int6
     Row row{&c, 0, {}, {}};
     if (c.verdict == Verdict::fits) {
       row.rank = ++fitting;
-      try {
-        trainer::check_trainable(c.layout, ctx.cluster.device.kind);
-      } catch (const LayoutError& e) {
-        // The reason, without the "layout <text>: " it starts with.
-        const std::string what = e.what(), prefix = "layout " + c.layout.to_string() + ": ";
-        row.untrainable = what.rfind(prefix, 0) == 0 ? what.substr(prefix.size()) : what;
-      }
+      row.untrainable = cannot_run_yet(c.layout, ctx.cluster.device.kind);
       twins[key(c)].push_back(rows.size());
     }
     rows.push_back(std::move(row));
@@ -252,7 +258,11 @@ nlohmann::json report_json(const SpaceReport& r, const SpaceContext& ctx, int64_
     nlohmann::json row{{"layout", c.layout.to_string()},
                        {"gemm_precision", gemms(c.layout, ctx.run)},
                        {"verdict", to_string(c.verdict)}};
-    if (c.verdict == Verdict::fits) row["rank"] = ++rank;
+    if (c.verdict == Verdict::fits) {
+      row["rank"] = ++rank;
+      if (const std::string why = cannot_run_yet(c.layout, ctx.cluster.device.kind); !why.empty())
+        row["cannot_run_yet"] = why;
+    }
     if (!c.reason.empty()) row["reason"] = c.reason;
     if (!c.prune_class.empty()) row["prune_class"] = c.prune_class;
     if (c.verdict != Verdict::invalid) {
@@ -273,28 +283,36 @@ nlohmann::json report_json(const SpaceReport& r, const SpaceContext& ctx, int64_
   return j;
 }
 
+std::string report_csv_header() {
+  return "rank,layout,verdict,reason,peak_bytes,usable_bytes,step_s,tokens_per_s,model_tflops_per_dev,"
+         "mfu,compute_s,recompute_s,tp_comm_s,cp_comm_s,pp_bubble_s,pp_p2p_s,dp_comm_s,optimizer_s,gemm_precision,"
+         "cannot_run_yet\n";
+}
+
+std::string report_csv_row(const Candidate& c, int64_t rank, const SpaceContext& ctx) {
+  std::string reason = c.reason;
+  for (char& ch : reason)
+    if (ch == '"') ch = '\'';
+  std::string not_yet = c.verdict == Verdict::fits ? cannot_run_yet(c.layout, ctx.cluster.device.kind) : "";
+  for (char& ch : not_yet)
+    if (ch == '"') ch = '\'';
+  std::string s = fmt::format("{},{},{},\"{}\",", rank > 0 ? fmt::format("{}", rank) : "", c.layout.to_string(),
+                              to_string(c.verdict), reason);
+  if (c.verdict == Verdict::invalid) return s + fmt::format(",,,,,,,,,,,,,,{},\"\"\n", gemms(c.layout, ctx.run));
+  const auto& k = c.cost;
+  return s + fmt::format(
+                 "{},{},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{},\"{}\"\n",
+                 c.memory.peak(), c.memory.usable, k.step, k.tokens_per_second, k.model_flops_per_gpu / 1e12, k.mfu,
+                 k.compute, k.recompute, k.tp_comm, k.cp_comm, k.pp_bubble, k.pp_p2p, k.dp_comm, k.optimizer,
+                 gemms(c.layout, ctx.run), not_yet);
+}
+
 std::string report_csv(const SpaceReport& r, const SpaceContext& ctx, int64_t top) {
-  std::string s =
-      "rank,layout,verdict,reason,peak_bytes,usable_bytes,step_s,tokens_per_s,model_tflops_per_dev,"
-      "mfu,compute_s,recompute_s,tp_comm_s,cp_comm_s,pp_bubble_s,pp_p2p_s,dp_comm_s,optimizer_s,gemm_precision\n";
+  std::string s = report_csv_header();
   int64_t rank = 0, listed = 0;
   for (const auto& c : r.candidates) {
     if (listed++ >= top) break;
-    std::string reason = c.reason;
-    for (char& ch : reason)
-      if (ch == '"') ch = '\'';
-    const bool has = c.verdict != Verdict::invalid;
-    s += fmt::format("{},{},{},\"{}\",", c.verdict == Verdict::fits ? fmt::format("{}", ++rank) : "",
-                     c.layout.to_string(), to_string(c.verdict), reason);
-    if (has) {
-      const auto& k = c.cost;
-      s += fmt::format("{},{},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{}\n",
-                       c.memory.peak(), c.memory.usable, k.step, k.tokens_per_second,
-                       k.model_flops_per_gpu / 1e12, k.mfu, k.compute, k.recompute, k.tp_comm, k.cp_comm,
-                       k.pp_bubble, k.pp_p2p, k.dp_comm, k.optimizer, gemms(c.layout, ctx.run));
-    } else {
-      s += fmt::format(",,,,,,,,,,,,,,{}\n", gemms(c.layout, ctx.run));
-    }
+    s += report_csv_row(c, c.verdict == Verdict::fits ? ++rank : 0, ctx);
   }
   return s;
 }

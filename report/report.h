@@ -26,6 +26,10 @@ std::string report_table(const tuner::SpaceReport& r, const tuner::SpaceContext&
 // reason; every layout with top = the count (`--all`).
 nlohmann::json report_json(const tuner::SpaceReport& r, const tuner::SpaceContext& ctx, int64_t top);
 std::string report_csv(const tuner::SpaceReport& r, const tuner::SpaceContext& ctx, int64_t top);
+// The CSV's header line and one row (rank 0: not fitting), for writing a
+// listing of millions of rows as it is made.
+std::string report_csv_header();
+std::string report_csv_row(const tuner::Candidate& c, int64_t rank, const tuner::SpaceContext& ctx);
 std::string report_md(const tuner::SpaceReport& r, const tuner::SpaceContext& ctx, int64_t top);
 
 // html: the page of report/html_report.h over every layout evaluated (its

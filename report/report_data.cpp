@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <set>
 #include <functional>
 #include <tuple>
 
@@ -44,7 +45,7 @@ json categories() {
 // One layout with a prediction, as plotted. Its text is fetched only for the
 // points kept exact (formatting 400k layouts costs more than the rest).
 struct Point {
-  std::string verdict;
+  const char* verdict = "";  // a verdict's name (static, or held by the Collector)
   int cls = 0;  // index into the page's classes
   double mfu = 0, step_s = 0;
   int64_t peak = 0;
@@ -76,6 +77,8 @@ struct Collector {
   std::vector<Point> pts;
   json classes = json::array({"fits"});
   std::map<std::string, int> class_of{{"fits", 0}};
+  std::set<std::string> verdicts;  // names read from a file, held for the points
+  const char* verdict_name(const std::string& v) { return verdicts.insert(v).first->c_str(); }
   int class_index(const std::string& cls) {
     const auto [it, added] = class_of.emplace(cls, int(classes.size()));
     if (added) classes.push_back(cls);
@@ -160,7 +163,8 @@ json dry_run_data(const json& head, Collector c, int64_t invalid, double usable,
     if (top.size() >= kTopListed || field_text(row, "verdict") != "fits") break;
     json t{{"layout", field_text(row, "layout")},
            {"gemm_precision", field_text(row, "gemm_precision", "bf16")},
-           {"rank", field_whole(row, "rank")}};
+           {"rank", field_whole(row, "rank")},
+           {"cannot_run_yet", field_text(row, "cannot_run_yet", "")}};
     for (const char* k : {"compute_s", "recompute_s", "tp_comm_s", "cp_comm_s", "pp_bubble_s", "pp_p2p_s",
                           "dp_comm_s", "optimizer_s", "step_s", "mfu", "tokens_per_s"})
       t[k] = field_number(field_of(row, "prediction"), k);
@@ -192,8 +196,8 @@ json report_data_dry_run(const json& src) {
       continue;
     }
     Point p;
-    p.verdict = field_text(row, "verdict");
-    p.cls = c.class_index(p.verdict == "fits" ? "fits" : field_text(row, "prune_class", p.verdict));
+    p.verdict = c.verdict_name(field_text(row, "verdict"));
+    p.cls = c.class_index(std::string(p.verdict) == "fits" ? "fits" : field_text(row, "prune_class", p.verdict));
     p.mfu = num(row["prediction"], "mfu");
     p.step_s = num(row["prediction"], "step_s");
     p.peak = field_whole(row, "memory_peak_bytes");
@@ -235,6 +239,43 @@ json report_data_space(const SpaceReport& r, const SpaceContext& ctx, int64_t to
   }
   return dry_run_data(head, std::move(c), invalid, usable, peak_flops,
                       [&](size_t i) { return r.candidates[i].layout.to_string(); });
+}
+
+json report_data_scan(const SpaceScan& scan, const SpaceReport& head_rows, const SpaceContext& ctx, int64_t top) {
+  // The header and the top rows from the rows held; the points from the
+  // scan's compact values, the same numbers evaluate() gives (as floats).
+  const json head = report_json(head_rows, ctx, std::clamp<int64_t>(top, 1, int64_t(kTopListed)));
+  Collector c;
+  for (size_t k = 1; k < scan.classes.size(); ++k) c.class_index(scan.classes[k]);
+  int64_t invalid = 0, rank = 0;
+  double usable = 0, peak_flops = 0;
+  c.pts.reserve(scan.points.size());
+  for (size_t i = 0; i < scan.points.size(); ++i) {
+    const SpaceScan::Point& s = scan.points[i];
+    const Verdict v = Verdict(s.verdict);
+    if (v == Verdict::fits) ++rank;
+    if (v == Verdict::invalid) {
+      ++invalid;
+      continue;
+    }
+    Point p;
+    p.verdict = to_string(v);
+    p.cls = c.class_index(scan.classes[s.cls]);
+    p.mfu = s.mfu;
+    p.step_s = s.step;
+    p.peak = s.peak;
+    p.rank = v == Verdict::fits ? rank : 0;
+    p.source = i;
+    c.pts.push_back(p);
+  }
+  for (const Candidate& first : head_rows.candidates) {
+    if (first.verdict == Verdict::invalid) continue;
+    usable = double(first.memory.usable);
+    peak_flops = first.cost.peak_flops;
+    break;
+  }
+  return dry_run_data(head, std::move(c), invalid, usable, peak_flops,
+                      [&](size_t i) { return scan.layout_at(int64_t(scan.order[i])).to_string(); });
 }
 
 json report_data_tuning(const json& src) {

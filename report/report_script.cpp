@@ -246,9 +246,10 @@ function dryRun(d) {
     stacked(bc, bars.map(t => PARTS.map(([k, name], j) =>
         [t[k], PALETTE[j], `#${t.rank} ${t.layout}\n${name}: ${sec(t[k])} of ${sec(t.step_s)}`])));
     legend(bc, PARTS.map(([k, name], j) => ({label: name, color: PALETTE[j]})));
-    table(sb, ["rank", "layout", "GEMMs", "step", "MFU (vs bf16 peak)", "tokens/s", "peak memory (GiB)"],
+    table(sb, ["rank", "layout", "GEMMs", "step", "MFU (vs bf16 peak)", "tokens/s", "peak memory (GiB)",
+               "the trainer"],
           d.top.map(t => [t.rank, t.layout, t.gemm_precision || "bf16", sec(t.step_s), pct(t.mfu), num(t.tokens_per_s),
-                          num(gib(t.peak_bytes))]));
+                          num(gib(t.peak_bytes)), t.cannot_run_yet ? "cannot run it yet: " + t.cannot_run_yet : "runs it"]));
   }
   if (d.best && d.best.stages.length) {
     const st = d.best.stages, cats = d.categories;

@@ -65,6 +65,10 @@ nlohmann::json metrics_header(const TrainConfig& c, int64_t world, int64_t done,
           {"start", start},
           {"model", c.model},
           {"layout", c.layout.to_string()},
+          // Which GEMMs an FP8 layout leaves in bf16, and why (null: none, or no FP8).
+          {"fp8_bf16_gemms", memory::fp8_bf16_gemms_text(c.model, c.run, c.layout).empty()
+                                 ? nlohmann::json()
+                                 : nlohmann::json(memory::fp8_bf16_gemms_text(c.model, c.run, c.layout))},
           {"run", c.run},
           // Trainable against total parameters (LoRA trains the adapters alone).
           {"params", {{"total", c.model.param_count()},
@@ -80,6 +84,8 @@ nlohmann::json metrics_header(const TrainConfig& c, int64_t world, int64_t done,
                                         {"ranks_per_device", c.device.shared_by}}
                        : nlohmann::json()},
           {"peak_flops", c.device.peak_flops(to_string(c.run.precision))},  // per device, what MFU is against
+          // The N of MFU's 6N: every parameter but the input embedding.
+          {"mfu_params", c.model.flop_params()},
           {"seed", c.seed},
           {"steps", c.steps},
           {"first_step", done + 1},
@@ -162,13 +168,14 @@ void set_threads(int64_t threads) {
   openblas_set_num_threads(n);
 }
 
-void check_trainable(const Layout& l, DeviceKind device) {
+void check_trainable(const Layout& l, DeviceKind device, Trainable where) {
   const bool gpu = device == DeviceKind::gpu;
+  const bool here = where == Trainable::here;
   if (l.grad == GradPrecision::bf16 && !gpu)
     throw LayoutError(fmt::format("layout {}: grad:bf16 needs the GPU trainer; the CPU trainer computes and "
                                   "accumulates in fp32 (use grad:fp32)",
                                   l.to_string()));
-  if (l.attention == AttentionKind::cudnn &&
+  if (l.attention == AttentionKind::cudnn && (here || !gpu) &&
       !kernels::attention_available(l.attention, gpu ? kernels::Backend::cuda : kernels::Backend::cpu))
     throw LayoutError(fmt::format(
         "layout {}: attention cudnn runs cuDNN's fused attention, {}; attn:flash and attn:materialized run "
@@ -183,7 +190,7 @@ void check_trainable(const Layout& l, DeviceKind device) {
     throw LayoutError(fmt::format("layout {}: context parallelism (cp={}) on a GPU needs attn:flash: the CUDA {} "
                                   "attention takes no blocks of the sequence (use attn:flash, or cp1)",
                                   l.to_string(), l.cp, to_string(l.attention)));
-  if (l.fp8 != Fp8Recipe::off && gpu) {
+  if (l.fp8 != Fp8Recipe::off && gpu && here) {
     std::string here;
     if (!kernels::fp8_gemm_available(kernels::Backend::cuda, &here))
       throw LayoutError(fmt::format("layout {}: FP8 GEMMs ({}) need a GPU with FP8 tensor cores (compute capability "
@@ -242,15 +249,25 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
   // the ranks agree before the first collective, so none waits for a peer
   // that has given up.
   std::string resume = c.resume_from;
-  if (resume.empty() && c.resume)
-    resume = checkpoint::resume_checkpoint(c.ckpt_dir.empty() ? c.out_dir + "/checkpoints" : c.ckpt_dir)
-                 .value_or("");
+  const std::string ckpt_root = c.ckpt_dir.empty() ? c.out_dir + "/checkpoints" : c.ckpt_dir;
+  if (resume.empty() && c.resume) resume = checkpoint::resume_checkpoint(ckpt_root).value_or("");
+  const bool resume_newest = c.resume_from.empty() && !resume.empty();
   std::optional<R> built;
   std::optional<checkpoint::Checkpoint> ck;
   std::optional<checkpoint::Pretrained> init;
   on_every_rank(c, "building the run", [&] {
     built.emplace(c, std::move(data), reserved.get());
-    if (!resume.empty()) ck.emplace(built->open(resume));
+    if (!resume.empty()) {
+      try {
+        ck.emplace(built->open(resume));
+      } catch (const FileFormatError& e) {
+        // A checksum that does not match, found only now that the files are
+        // read: the same refusal as a file of the wrong size, with the
+        // intact checkpoint to give --resume-from.
+        if (!resume_newest) throw;
+        throw checkpoint::resume_damaged(ckpt_root, resume, e.what());
+      }
+    }
     else if (!c.init.empty()) init.emplace(built->open_init(c.init));
   });
   // Only now that every input has been checked: a run refused above leaves
@@ -273,7 +290,7 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
                c.init.empty() ? "" : " (--init applies to a run without checkpoints)",
                c.lora_init.empty() ? "" : " (--lora-init applies to a run without checkpoints: the adapters are the "
                                           "checkpoint's)");
-    changes = resume_changes(ck->manifest, c, resume);
+    changes = resume_changes(ck->manifest, c, resume, run.data.path);
     if (!changes.empty()) fmt::print(log, "changed from the checkpoint: {}\n", resume_changes_text(changes));
     ck.reset();  // the stage holds its copy; unmap the files
   } else if (init) {
@@ -369,12 +386,16 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
   fmt::print(log, "training {} on {} x {} ({}), layout {}\n", c.model.summary(), world,
              c.device.summary(), to_string(c.run.precision), c.layout.to_string());
   if (!c.comm.empty()) fmt::print(log, "comm {}: {}\n", c.comm, c.comm_why);
+  if (const std::string bf16 = memory::fp8_bf16_gemms_text(c.model, c.run, c.layout); !bf16.empty())
+    fmt::print(log, "FP8 GEMMs ({}): {}\n", gemm_precision_text(c.layout), bf16);
   if (c.run.lora.enabled()) fmt::print(log, "{}; the base model frozen\n", lora_summary(c.model, c.run.lora));
   fmt::print(log, "data {}: {} train tokens, {} samples of {} tokens per step; unigram baseline "
                   "{:.4f} nats/token\n",
              run.data.path, run.data.train->size(), c.run.global_batch, c.run.seq, report.baseline);
-  fmt::print(log, "MFU is against the stated peak of {:.1f} GFLOP/s ({})\n", peak / 1e9,
-             c.device.kind == DeviceKind::cpu ? "cores x clock x fp32 FMA lanes" : "dense bf16");
+  fmt::print(log, "MFU is against the stated peak of {:.1f} GFLOP/s ({}), of {}\n", peak / 1e9,
+             c.device.kind == DeviceKind::cpu ? "cores x clock x fp32 FMA lanes" : "dense bf16",
+             c.run.lora.enabled() ? std::string("4N + the adapters' FLOPs (no weight gradients of frozen weights)")
+                                  : mfu_flops_text(c.model));
   fmt::print(log, "{}", data_repeat_note(*run.loader, c.run, c.steps));
 
   report.first_step = done + 1;

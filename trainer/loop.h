@@ -119,13 +119,18 @@ struct TrainReport {
   bool nothing_to_do = false;  // resumed at or past --steps
 };
 
-// LayoutError when the trainer cannot run a valid layout yet (ZeRO-3 with
-// dp > 1; the models still cover it)
-// or not on this device in this build (attn:cudnn on a CPU, or in a build
-// without the cuDNN frontend; grad:bf16 on a CPU, which trains in fp32;
-// FP8 GEMMs on a GPU when this process's CUDA device lacks FP8 tensor cores,
-// below compute capability 8.9, or the build lacks CUDA).
-void check_trainable(const Layout& l, DeviceKind device = DeviceKind::gpu);
+// Where check_trainable asks: `here`, this process's build and device (a
+// run, a tuning); `anywhere`, the trainer's code alone, for a device of the
+// kind named (a dry-run for a cluster this machine is not).
+enum class Trainable { here, anywhere };
+
+// LayoutError when the trainer cannot run a valid layout yet (context
+// parallelism on a GPU with an attention kernel other than flash; grad:bf16
+// on a CPU, which trains in fp32; attn:cudnn on a CPU), or, asked `here`,
+// not in this build or on this process's device (attn:cudnn in a build
+// without the cuDNN frontend; FP8 GEMMs when the CUDA device lacks FP8
+// tensor cores, below compute capability 8.9, or the build lacks CUDA).
+void check_trainable(const Layout& l, DeviceKind device = DeviceKind::gpu, Trainable where = Trainable::here);
 
 // InputError naming the value for settings train() cannot run with, apart
 // from the layout (steps, intervals, threads, precision against the device,

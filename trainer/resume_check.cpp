@@ -79,6 +79,7 @@ const std::vector<std::string>& changeable_settings() {
     std::vector<std::string> v;
     for (const auto& s : kOptimSettings) v.push_back(s.field);
     v.push_back("seed");
+    v.push_back("data");
     return v;
   }();
   return names;
@@ -140,7 +141,8 @@ std::vector<RunChange> resume_adopt(TrainConfig& c, const std::string& dir, cons
   return out;
 }
 
-std::vector<RunChange> resume_changes(const checkpoint::Manifest& m, const TrainConfig& c, const std::string& dir) {
+std::vector<RunChange> resume_changes(const checkpoint::Manifest& m, const TrainConfig& c, const std::string& dir,
+                                      const std::string& data) {
   const auto& run = m.run;
   if (run.value("seq", c.run.seq) != c.run.seq || run.value("global_batch", c.run.global_batch) != c.run.global_batch)
     throw InputError(fmt::format(
@@ -166,6 +168,10 @@ std::vector<RunChange> resume_changes(const checkpoint::Manifest& m, const Train
   }
   if (const auto it = run.find("seed"); it != run.end() && it->is_number_unsigned() && it->get<uint64_t>() != c.seed)
     out.push_back({"seed", *it, c.seed, true});
+  // The data is a setting like the others: another corpus (or blend) is a
+  // different run unless the user says so.
+  if (const auto it = run.find("data"); !data.empty() && it != run.end() && it->is_string() && it->get<std::string>() != data)
+    out.push_back({"data", *it, data, true});
 
   // Free to change, but said: where the schedule ends, how the ranks split
   // the work, and the compute precision.

@@ -45,8 +45,12 @@ std::vector<RunChange> resume_adopt(TrainConfig& c, const std::string& dir, cons
 // (its manifest's run.optim, or for checkpoints without it the optimizer
 // record), in a fixed order. FileFormatError naming `dir` and the field for
 // a manifest whose optimizer settings are of the wrong type or out of range;
-// InputError for seq or global batch that differ (they never may).
-std::vector<RunChange> resume_changes(const checkpoint::Manifest& m, const TrainConfig& c, const std::string& dir);
+// InputError for seq or global batch that differ (they never may). `data`:
+// the training data this run reads (TokenData::path), set against the one the
+// checkpoint recorded; another needs consent (--change data). Empty: not
+// compared.
+std::vector<RunChange> resume_changes(const checkpoint::Manifest& m, const TrainConfig& c, const std::string& dir,
+                                      const std::string& data = {});
 
 // InputError naming every change that needs consent and --change (`allowed`)
 // does not list, with both values and the --change that would allow them.

@@ -271,7 +271,8 @@ struct Run {
                        {"global_batch", c.run.global_batch},
                        {"precision", to_string(c.run.precision)},
                        {"seed", c.seed},
-                       {"optim", c.optim}};
+                       {"optim", c.optim},
+                       {"data", data.path}};
     info.run = std::move(run);
     if (data.meta.is_object() && data.meta.contains("tokenizer")) info.run["tokenizer"] = data.meta["tokenizer"];
     if (!init_dir.empty()) info.run["init"] = init_dir;
@@ -317,7 +318,7 @@ struct Run {
   checkpoint::Checkpoint open(const std::string& dir) const {
     auto ck = checkpoint::load_checkpoint(dir);
     checkpoint::check_compatible(ck.manifest, c.model, dir);
-    resume_changes_check(resume_changes(ck.manifest, c, dir), c.changes, dir);
+    resume_changes_check(resume_changes(ck.manifest, c, dir, data.path), c.changes, dir);
     return ck;
   }
 

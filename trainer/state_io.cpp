@@ -1,6 +1,7 @@
 #include "trainer/state_io.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -27,6 +28,19 @@ std::string lora_text(const LoraSpec& l) {
 
 void slice_into(const checkpoint::TensorRef& t, float* dst, const ParamSpec& p) {
   checkpoint::tensor_read_f32_block(t, p.row_begin, p.local_rows, p.col_begin, p.local_cols, dst);
+}
+
+// Weights a run starts from must be finite: a NaN or infinity would train
+// NaN from the first step and be written into every checkpoint. `rows` x
+// `cols` read from (row0, col0) of tensor `name` of `source`.
+void require_finite(const float* w, int64_t rows, int64_t cols, int64_t row0, int64_t col0, const std::string& name,
+                    const std::string& source) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      if (const float x = w[r * cols + c]; !std::isfinite(x))
+        throw InputError(fmt::format("{}: tensor {} holds {} at [{}, {}]; the weights a run starts from must be "
+                                     "finite",
+                                     source, name, x, row0 + r, col0 + c));
 }
 
 }  // namespace
@@ -257,6 +271,7 @@ std::vector<float> read_pretrained(const checkpoint::Pretrained& src, const std:
     // splits them by rows: this rank's block may lie past V or straddle it.
     const int64_t stored = is_vocab_param(p) ? std::clamp<int64_t>(V - p.row_begin, 0, p.local_rows) : p.local_rows;
     if (stored > 0) checkpoint::tensor_read_f32_block(t, p.row_begin, stored, p.col_begin, p.local_cols, dst);
+    require_finite(dst, stored, p.local_cols, p.row_begin, p.col_begin, p.name, "--init " + src.dir);
     if (stored == p.local_rows) continue;
     const std::vector<float> mean = mean_row(t);
     for (int64_t r = stored; r < p.local_rows; ++r)
@@ -289,7 +304,11 @@ void state_lora_init(const checkpoint::PeftAdapter& src, LlamaStage<Elem, G>& st
                                  src.dir, have.rank, have.alpha, have.targets_text(), want.rank, want.alpha,
                                  want.targets_text()));
   std::vector<float> w(static_cast<size_t>(sp.elements));
-  for (const auto& p : sp.specs) slice_into(src.tensor(p.name), w.data() + p.offset, p);
+  for (const auto& p : sp.specs) {
+    slice_into(src.tensor(p.name), w.data() + p.offset, p);
+    require_finite(w.data() + p.offset, p.local_rows, p.local_cols, p.row_begin, p.col_begin, p.name,
+                   "--lora-init " + src.dir);
+  }
   optim.weights_set(w);
 }
 

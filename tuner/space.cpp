@@ -177,6 +177,7 @@ Candidate evaluate_one(const ModelSpec& m, const RunSpec& run, const ClusterSpec
   try {
     auto bad = l.violations(m, run, cluster.gpus);
     if (auto f8 = fp8_on_device(l, cluster.device); !f8.empty()) bad.insert(bad.begin(), f8);
+    if (auto none = memory::fp8_runs_none(m, run, l); !none.empty()) bad.push_back(none);
     if (l.attention == AttentionKind::cudnn && cluster.device.kind != DeviceKind::gpu)
       bad.push_back(cudnn_on_cpu(cluster.device));
     if (!bad.empty()) {

@@ -68,7 +68,7 @@ std::string first_violation(const SpaceContext& ctx, const Layout& l) {
   // evaluate_one's order: FP8 on a device without it before the layout's rules.
   if (auto f8 = fp8_on_device(l, ctx.cluster.device); !f8.empty()) return f8;
   const auto v = l.violations(ctx.model, ctx.run, ctx.cluster.gpus);
-  return v.empty() ? std::string() : v.front();
+  return v.empty() ? memory::fp8_runs_none(ctx.model, ctx.run, l) : v.front();
 }
 
 Rules rules_of(const SpaceContext& ctx, const Subspace& s) {

@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <sstream>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -183,6 +185,48 @@ TEST_F(CliOutputs, SbatchRefusesWhatWouldBreakTheScript) {
   const std::string text = slurp(path("c.sbatch"));
   // (The test's own shell turned \\$ into $ before weft saw it.)
   EXPECT_NE(text.find("'--data' '/a b/c$x' '--steps' '5' '--change' 'lr,seed'"), std::string::npos) << text;
+}
+
+// Listings of spaces of millions of layouts stay in bounded memory: under a
+// 2 GiB address-space limit, formats built in memory refuse up front naming
+// the row count, the CSV streams every row, and --exhaustive holds a few
+// bytes a layout; an absurd cluster size is refused at once.
+TEST(CliListings, LargeSpacesStayInBoundedMemory) {
+  TempDir dir;
+  const auto limited = [](const std::string& args) {
+    return run_shell("ulimit -v 2097152; timeout 300 " + std::string(WEFT_BIN) + " " + args + " 2>&1");
+  };
+  const std::string big = "tune --dry-run --model llama3.1-70b --gpu h100 --gpus 64 --seq 8192 --global-batch 128";
+  // (The page of a space this large is built in bounded memory:
+  // CliReport.LargestDryRunStaysSmall.)
+  for (const std::string& f : {"json", "table", "md"}) {
+    const auto r = limited(big + " --all --format " + f);
+    EXPECT_EQ(r.code, 2) << f << "\n" << r.out.substr(0, 2000);
+    EXPECT_NE(r.out.find("the space holds 4140576 layouts"), std::string::npos) << f << "\n" << r.out.substr(0, 2000);
+    EXPECT_NE(r.out.find("--format csv"), std::string::npos) << r.out.substr(0, 2000);
+  }
+  // 401,912 layouts: past the rows held in memory, streamed.
+  const std::string space = "tune --dry-run --model llama-7b --gpu h100 --gpus 16 --attn flash";
+  auto r = limited(space + " --all --format csv --out " + dir.path("all.csv"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("401912 layouts, streamed"), std::string::npos) << r.out;
+  std::ifstream in(dir.path("all.csv"));
+  std::vector<std::string> head;
+  int64_t lines = 0;
+  for (std::string line; std::getline(in, line); ++lines)
+    if (head.size() < 4) head.push_back(line);
+  EXPECT_EQ(lines, 401913);
+  // Its first rows are the search's, and --exhaustive's.
+  for (const std::string& mode : {std::string(""), std::string(" --exhaustive")}) {
+    r = limited(space + " --top 3 --format csv" + mode);
+    ASSERT_EQ(r.code, 0) << r.out.substr(0, 2000);
+    std::istringstream rows(r.out);
+    std::string line;
+    for (size_t i = 0; i < head.size() && std::getline(rows, line); ++i) EXPECT_EQ(line, head[i]) << mode << " row " << i;
+  }
+  r = run_weft("tune --dry-run --model tiny --gpu h100 --gpus 2147483648");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--gpus 2147483648 is past the 1048576 GPUs"), std::string::npos) << r.out;
 }
 
 // CLI11 never returns from an empty argument: refused before parsing.

@@ -67,6 +67,23 @@ TEST(Layout, ParseAcceptsAnyOrderAndDefaults) {
   EXPECT_EQ(l.norm, NormKind::fused);
 }
 
+// A field given twice would take the last value and drop the first without
+// a word: refused, naming both.
+TEST(Layout, AFieldGivenTwiceIsRefused) {
+  for (const auto& [text, field] : std::vector<std::pair<std::string, std::string>>{
+           {"tp2-tp1-pp1-dp1-mb1", "tp is given twice ('tp2' and 'tp1')"},
+           {"tp1-pp1-dp1-mb1-zero3-zero0", "zero is given twice ('zero3' and 'zero0')"},
+           {"tp1-pp1-dp1-mb1-fp8:delayed@1-fp8:tensorwise", "fp8 is given twice"},
+           {"tp2-sp-pp1-dp1-mb1-nosp", "sp is given twice ('sp' and 'nosp')"},
+           {"tp1-cp2-cp:ring-pp1-dp1-mb1-cp:a2a", "cp transport is given twice"},
+           {"tp1-pp1-dp1-mb1-ckpt:full-ckpt:none", "ckpt is given twice"},
+           {"mb1-mb2", "mb is given twice"}}) {
+    WEFT_EXPECT_THROW_MSG(Layout::parse(text), InputError, field);
+  }
+  // cp and its transport are two fields.
+  EXPECT_EQ(Layout::parse("tp1-cp2-pp1-dp1-mb1-cp:a2a").cp, 2);
+}
+
 TEST(Layout, EveryAttentionKindRoundTrips) {
   for (auto kind : {AttentionKind::flash, AttentionKind::materialized, AttentionKind::cudnn}) {
     Layout l;

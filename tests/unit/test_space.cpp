@@ -1,5 +1,7 @@
 #include <algorithm>
 #include <set>
+#include <tuple>
+#include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -8,6 +10,7 @@
 #include "report/report.h"
 #include "tuner/space.h"
 #include "tuner/space_bounds.h"
+#include "tuner/space_scan.h"
 
 namespace weft::tuner {
 namespace {
@@ -533,6 +536,41 @@ TEST(SpaceSearch, LoraFitsWhereFullFineTuningDoesNot) {
   EXPECT_EQ(f.ckpt, Checkpointing::full) << f.to_string();
   EXPECT_LT(int(best.ckpt), int(f.ckpt)) << best.to_string() << " against " << f.to_string();
   std::printf("LoRA r16 on 8 H100: %s; full fine-tuning on 16: %s\n", best.to_string().c_str(), f.to_string().c_str());
+}
+
+// The bounded-memory ranking of a whole space (what --all and --exhaustive
+// use past the rows held in memory) lists the same layouts in the same order
+// with the same numbers as evaluate(), and counts the same prunes.
+TEST(SpaceScan, RanksAsEvaluateDoes) {
+  for (const auto& [model, gpu, gpus, seq] : std::vector<std::tuple<std::string, std::string, int64_t, int64_t>>{
+           {"llama-13b", "a100-80gb", 16, 2048}, {"llama3.1-8b", "h100", 8, 8192}, {"tiny", "h100", 4, 256}}) {
+    SpaceContext ctx;
+    ctx.model = model_preset(model);
+    ctx.run = RunSpec{seq, 64, Precision::bf16};
+    ctx.cluster = cluster_resolve(gpu, gpus, 8);
+    ctx.constants = cost_defaults(ctx.cluster.device);
+    SpaceLimits limits;
+    limits.mb = {1, 2};
+    const SpaceReport whole = evaluate(ctx.model, ctx.run, ctx.cluster,
+                                       enumerate(ctx.model, ctx.run, gpus, limits, ctx.cluster.device), ctx.constants,
+                                       ctx.memory);
+    const SpaceScan scan = space_scan(ctx, limits, ctx.cluster.device);
+    const std::string what = fmt::format("{} on {} x {}", model, gpus, gpu);
+    ASSERT_EQ(scan.size(), int64_t(whole.candidates.size())) << what;
+    EXPECT_EQ(space_size(ctx, limits, ctx.cluster.device), scan.size()) << what;
+    EXPECT_EQ(scan.summary.fitting, whole.fitting) << what;
+    EXPECT_EQ(scan.summary.pruned, whole.pruned) << what;
+    EXPECT_GT(whole.fitting, 0) << what;
+    for (int64_t i = 0; i < scan.size(); ++i) {
+      const Candidate c = scan.candidate(ctx, i);
+      const Candidate& w = whole.candidates[size_t(i)];
+      ASSERT_EQ(c.layout.to_string(), w.layout.to_string()) << what << " row " << i;
+      ASSERT_EQ(c.verdict, w.verdict) << what << " row " << i;
+      if (c.verdict == Verdict::invalid) continue;  // no prediction
+      ASSERT_EQ(c.cost.step, w.cost.step) << what << " row " << i;
+      ASSERT_EQ(c.memory.peak(), w.memory.peak()) << what << " row " << i;
+    }
+  }
 }
 
 }  // namespace

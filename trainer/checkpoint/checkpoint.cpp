@@ -394,18 +394,29 @@ std::optional<std::string> resume_checkpoint(const std::string& root) {
   if (!newest) return std::nullopt;
   const std::string fault = incompleteness(*newest);
   if (fault.empty()) return newest->string();
+  throw resume_damaged(root, newest->string(), fault);
+}
+
+InputError resume_damaged(const std::string& root, const std::string& newest, const std::string& fault) {
   // Never fall back on our own: the run would redo the steps after the older
-  // checkpoint, and its metrics would say them twice.
+  // checkpoint, and its metrics would say them twice. The one named is
+  // intact to its checksums.
   std::string older;
-  for (const auto& d : folders)
-    if (d != *newest && incompleteness(d).empty()) {
-      older = d.string();
-      break;
+  std::error_code ec;
+  for (const auto& d : step_folders(root)) {
+    if (fs::equivalent(d, newest, ec) || !incompleteness(d).empty()) continue;
+    try {
+      (void)load_checkpoint(d.string());
+    } catch (const Error&) {
+      continue;
     }
-  throw InputError(fmt::format(
+    older = d.string();
+    break;
+  }
+  return InputError(fmt::format(
       "cannot resume: the newest checkpoint {} is damaged ({}); weft does not fall back to an older one by "
       "itself. {}",
-      newest->string(), fault,
+      newest, fault,
       older.empty() ? std::string("No intact checkpoint is left in ") + root +
                           "; start again with --overwrite (the run is moved aside, not deleted)"
                     : fmt::format("To continue from the newest intact one, give --resume-from {} (the steps after "

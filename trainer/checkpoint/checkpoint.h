@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "core/model_spec.h"
 #include "trainer/checkpoint/file_io.h"
 #include "trainer/checkpoint/hf_names.h"
@@ -122,5 +123,11 @@ std::optional<std::string> latest_checkpoint(const std::string& root);
 // back to an older checkpoint by itself, which would train steps again.
 // nullopt when `root` holds no checkpoint.
 std::optional<std::string> resume_checkpoint(const std::string& root);
+
+// The refusal of a --resume whose newest checkpoint `newest` under `root` is
+// damaged (`fault`: sizes, or checksums found when it is loaded), naming the
+// newest checkpoint that is intact to its checksums to give --resume-from,
+// or saying none is left.
+InputError resume_damaged(const std::string& root, const std::string& newest, const std::string& fault);
 
 }  // namespace weft::checkpoint

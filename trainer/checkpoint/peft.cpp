@@ -1,5 +1,6 @@
 #include "trainer/checkpoint/peft.h"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -47,7 +48,7 @@ PeftAdapter peft_open(const std::string& dir, const ModelSpec& m) {
   const fs::path p(dir);
   if (!fs::is_directory(p))
     throw InputError(fmt::format("PEFT adapter folder '{}' does not exist or is not a folder", dir));
-  if (!fs::exists(p / kPeftConfigFile) || !fs::exists(p / kPeftWeightsFile))
+  if (!fs::is_regular_file(p / kPeftConfigFile) || !fs::is_regular_file(p / kPeftWeightsFile))
     throw InputError(fmt::format("'{}' is not a PEFT adapter folder: it needs {} and {} (peft's save_pretrained "
                                  "writes both; weft export --lora too)",
                                  dir, kPeftConfigFile, kPeftWeightsFile));
@@ -63,8 +64,15 @@ PeftAdapter peft_open(const std::string& dir, const ModelSpec& m) {
   };
   if (cfg.value("peft_type", std::string()) != "LORA")
     throw refuse(fmt::format("peft_type is {}, not \"LORA\"", cfg.contains("peft_type") ? cfg["peft_type"].dump() : "absent"));
-  const auto flag = [&](const char* key) { return cfg.contains(key) && cfg[key].is_boolean() && cfg[key].get<bool>(); };
-  for (const char* key : {"use_dora", "use_rslora", "fan_in_fan_out"})
+  // A switch is true, false or absent (null); anything else is no answer.
+  const auto flag = [&](const char* key) {
+    if (!cfg.contains(key) || cfg[key].is_null()) return false;
+    if (!cfg[key].is_boolean())
+      throw FileFormatError(fmt::format("{}/{}: '{}' must be true or false, got {}", dir, kPeftConfigFile, key,
+                                        cfg[key].dump()));
+    return cfg[key].get<bool>();
+  };
+  for (const char* key : {"use_dora", "use_rslora", "fan_in_fan_out", "lora_bias"})
     if (flag(key)) throw refuse(fmt::format("{} is true", key));
   if (cfg.value("bias", std::string("none")) != "none") throw refuse(fmt::format("bias is {}", cfg["bias"].dump()));
   for (const char* key : {"rank_pattern", "alpha_pattern"})
@@ -76,8 +84,21 @@ PeftAdapter peft_open(const std::string& dir, const ModelSpec& m) {
     throw FileFormatError(fmt::format("{}/{}: 'r' must be a positive integer", dir, kPeftConfigFile));
   PeftAdapter a{.dir = dir, .lora = {}, .config = cfg, .file = SafetensorsFile((p / kPeftWeightsFile).string())};
   a.lora.rank = cfg["r"].get<int64_t>();
-  a.lora.alpha = cfg.value("lora_alpha", 8.0);
-  a.lora.dropout = cfg.value("lora_dropout", 0.0);
+  const auto number = [&](const char* key, double fallback) {
+    if (!cfg.contains(key) || cfg[key].is_null()) return fallback;
+    if (!cfg[key].is_number())
+      throw FileFormatError(fmt::format("{}/{}: '{}' must be a number, got {}", dir, kPeftConfigFile, key,
+                                        cfg[key].dump()));
+    return cfg[key].get<double>();
+  };
+  a.lora.alpha = number("lora_alpha", 8.0);
+  a.lora.dropout = number("lora_dropout", 0.0);
+  if (!(a.lora.alpha > 0) || !std::isfinite(a.lora.alpha))
+    throw FileFormatError(fmt::format("{}/{}: 'lora_alpha' must be a positive number, got {}", dir, kPeftConfigFile,
+                                      cfg["lora_alpha"].dump()));
+  if (!(a.lora.dropout >= 0 && a.lora.dropout < 1))
+    throw FileFormatError(fmt::format("{}/{}: 'lora_dropout' must lie in [0, 1), got {}", dir, kPeftConfigFile,
+                                      cfg["lora_dropout"].dump()));
   const nlohmann::json& targets = cfg.value("target_modules", nlohmann::json());
   std::string list;
   if (targets.is_string()) {

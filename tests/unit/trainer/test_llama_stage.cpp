@@ -196,6 +196,21 @@ TEST(LlamaStage, CudnnAttentionOnlyWhereBuilt) {
   EXPECT_NO_THROW(check_trainable(Layout::parse("mb1-attn:flash"), DeviceKind::cpu));
 }
 
+// Asked for anywhere (a dry-run for a cluster that is not this machine),
+// only the trainer's own limits count: FP8 and cuDNN's attention on a GPU
+// are trainable whatever this build and device are; cp with cuDNN, bf16
+// gradients on a CPU and cuDNN on a CPU are not.
+TEST(LlamaStage, TrainableAnywhereAsksTheTrainerNotThisMachine) {
+  const auto anywhere = [](const char* text, DeviceKind d) {
+    check_trainable(Layout::parse(text), d, Trainable::anywhere);
+  };
+  EXPECT_NO_THROW(anywhere("mb1-attn:cudnn-fp8:tensorwise", DeviceKind::gpu));
+  EXPECT_NO_THROW(anywhere("mb1-attn:flash-fp8:blockwise-grad:bf16", DeviceKind::gpu));
+  WEFT_EXPECT_THROW_MSG(anywhere("cp2-mb1-attn:cudnn", DeviceKind::gpu), LayoutError, "needs attn:flash");
+  WEFT_EXPECT_THROW_MSG(anywhere("mb1-grad:bf16", DeviceKind::cpu), LayoutError, "grad:bf16");
+  WEFT_EXPECT_THROW_MSG(anywhere("mb1-attn:cudnn", DeviceKind::cpu), LayoutError, "needs a GPU");
+}
+
 // Context parallelism calls attention on blocks of the sequence: the CPU
 // takes them with flash and materialized, a GPU with flash only.
 TEST(LlamaStage, ContextParallelOnAGpuOnlyWithFlash) {
