@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <charconv>
+#include <string>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -219,14 +220,21 @@ Layout Layout::parse(const std::string& text) {
 std::vector<std::string> Layout::violations(const ModelSpec& m, const RunSpec& run,
                                             int64_t world) const {
   std::vector<std::string> v;
-  for (auto [name, x] : {std::pair{"tp", tp}, {"cp", cp}, {"pp", pp}, {"dp", dp}, {"mb", mb}, {"vpp", vpp}})
+  // No degree past the most GPUs a cluster may have (2^20), so that the
+  // products below stay far inside 64 bits.
+  constexpr int64_t kMaxDegree = int64_t{1} << 20;
+  for (auto [name, x] : {std::pair{"tp", tp}, {"cp", cp}, {"pp", pp}, {"dp", dp}, {"mb", mb}, {"vpp", vpp}}) {
     if (x < 1) v.push_back(fmt::format("{}={} must be at least 1", name, x));
+    else if (x > kMaxDegree) v.push_back(fmt::format("{}={} must be at most {} (2^20)", name, x, kMaxDegree));
+  }
   if (!v.empty()) return v;
-  if (this->world() != world)
+  int64_t ranks = tp * cp;  // each factor at most 2^20: the product of two fits, of four may not
+  const bool past = __builtin_mul_overflow(ranks, pp * dp, &ranks);
+  if (past || ranks != world)
     v.push_back(cp == 1 ? fmt::format("tp*pp*dp = {}*{}*{} = {} must equal the world size {}", tp, pp, dp,
-                                      tp * pp * dp, world)
+                                      past ? std::string("more than 2^63") : std::to_string(ranks), world)
                         : fmt::format("tp*cp*pp*dp = {}*{}*{}*{} = {} must equal the world size {}", tp, cp, pp,
-                                      dp, this->world(), world));
+                                      dp, past ? std::string("more than 2^63") : std::to_string(ranks), world));
   if (cp > 1 && run.seq % (2 * cp) != 0)
     v.push_back(fmt::format("context parallelism cuts seq T={} into 2*cp = {} equal chunks: T must be divisible",
                             run.seq, 2 * cp));
@@ -283,7 +291,7 @@ std::vector<std::string> Layout::violations(const ModelSpec& m, const RunSpec& r
   if (fp8_bf16_layers < 0) v.push_back(fmt::format("fp8@{} must not be negative", fp8_bf16_layers));
   if (fp8 == Fp8Recipe::off && fp8_bf16_layers > 0)
     v.push_back(fmt::format("fp8:off@{} names bf16 blocks but FP8 is off", fp8_bf16_layers));
-  if (fp8 != Fp8Recipe::off && fp8_bf16_layers > 0 && 2 * fp8_bf16_layers >= m.layers)
+  if (fp8 != Fp8Recipe::off && fp8_bf16_layers > 0 && fp8_bf16_layers >= m.layers - fp8_bf16_layers)
     v.push_back(fmt::format("fp8:{}@{} keeps the first and last {} blocks in bf16, which is all L={} of them",
                             weft::to_string(fp8), fp8_bf16_layers, fp8_bf16_layers, m.layers));
   if (zero < 0 || zero > 3) v.push_back(fmt::format("zero={} must be 0, 1, 2 or 3", zero));

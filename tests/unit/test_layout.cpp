@@ -162,6 +162,20 @@ TEST(Layout, ValidationPrintsEveryValue) {
   WEFT_EXPECT_THROW_MSG(k.validate(m, run, 64), LayoutError, "ckpt@11", "10 layers");
 }
 
+// Values no cluster has are refused by name, never wrapped: a degree past
+// 2^20 GPUs, a world whose product passes 64 bits, and FP8 bf16 end blocks
+// so many that twice their count would overflow (inputs the fuzzer found).
+TEST(Layout, HugeValuesAreRefusedNotOverflowed) {
+  const auto m = model_preset("tiny");
+  RunSpec run{256, 16, Precision::bf16};
+  WEFT_EXPECT_THROW_MSG(Layout::parse("cp5555555555555555550").validate(m, run, 8), LayoutError,
+                        "cp=5555555555555555550 must be at most 1048576");
+  WEFT_EXPECT_THROW_MSG(Layout::parse("tp1048576-cp1048576-pp1048576-dp1048576").validate(m, run, 8), LayoutError,
+                        "= more than 2^63 must equal the world size 8");
+  WEFT_EXPECT_THROW_MSG(Layout::parse("dp8-fp8:blockwise@5535055555554555072").validate(m, run, 8), LayoutError,
+                        "keeps the first and last 5535055555554555072 blocks in bf16");
+}
+
 // Context parallelism: cp and its transport print only when cp > 1, so a
 // layout without it reads as before; the world counts cp; each rule names
 // its values.

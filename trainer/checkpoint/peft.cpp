@@ -44,21 +44,11 @@ const TensorRef& PeftAdapter::tensor(const std::string& name) const {
                                     kPeftPrefix, name));
 }
 
-PeftAdapter peft_open(const std::string& dir, const ModelSpec& m) {
-  const fs::path p(dir);
-  if (!fs::is_directory(p))
-    throw InputError(fmt::format("PEFT adapter folder '{}' does not exist or is not a folder", dir));
-  if (!fs::is_regular_file(p / kPeftConfigFile) || !fs::is_regular_file(p / kPeftWeightsFile))
-    throw InputError(fmt::format("'{}' is not a PEFT adapter folder: it needs {} and {} (peft's save_pretrained "
-                                 "writes both; weft export --lora too)",
-                                 dir, kPeftConfigFile, kPeftWeightsFile));
-  nlohmann::json cfg;
-  try {
-    std::ifstream in(p / kPeftConfigFile);
-    cfg = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    throw FileFormatError(fmt::format("{}/{}: not valid JSON: {}", dir, kPeftConfigFile, e.what()));
-  }
+namespace {
+
+// The adapter a parsed config (an object) describes, checked against the
+// model; nlohmann type errors are the caller's to turn into FileFormatError.
+PeftAdapter peft_read(const std::string& dir, const fs::path& p, const nlohmann::json& cfg, const ModelSpec& m) {
   const auto refuse = [&](const std::string& what) {
     return InputError(fmt::format("PEFT adapter '{}': {}; weft's LoRA reads plain LoRA adapters", dir, what));
   };
@@ -128,6 +118,35 @@ PeftAdapter peft_open(const std::string& dir, const ModelSpec& m) {
                                         "layers ({} layers, targets {})",
                                         dir, t.name, m.layers, a.lora.targets_text()));
   return a;
+}
+
+}  // namespace
+
+PeftAdapter peft_open(const std::string& dir, const ModelSpec& m) {
+  const fs::path p(dir);
+  if (!fs::is_directory(p))
+    throw InputError(fmt::format("PEFT adapter folder '{}' does not exist or is not a folder", dir));
+  if (!fs::is_regular_file(p / kPeftConfigFile) || !fs::is_regular_file(p / kPeftWeightsFile))
+    throw InputError(fmt::format("'{}' is not a PEFT adapter folder: it needs {} and {} (peft's save_pretrained "
+                                 "writes both; weft export --lora too)",
+                                 dir, kPeftConfigFile, kPeftWeightsFile));
+  nlohmann::json cfg;
+  try {
+    std::ifstream in(p / kPeftConfigFile);
+    cfg = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw FileFormatError(fmt::format("{}/{}: not valid JSON: {}", dir, kPeftConfigFile, e.what()));
+  }
+  if (!cfg.is_object())
+    throw FileFormatError(fmt::format("{}/{}: must be a JSON object of settings, got {}", dir, kPeftConfigFile,
+                                      cfg.type_name()));
+  // A setting of the wrong type (a number where text belongs, ...) is a
+  // malformed file, said with the field.
+  try {
+    return peft_read(dir, p, cfg, m);
+  } catch (const nlohmann::json::exception& e) {
+    throw FileFormatError(fmt::format("{}/{}: {}", dir, kPeftConfigFile, json_error_text(e)));
+  }
 }
 
 void peft_write(const std::string& dir, const LoraSpec& lora, const std::string& base_model,
