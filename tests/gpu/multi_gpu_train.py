@@ -111,6 +111,7 @@ def main():
     ap.add_argument("--memcheck", action="store_true")
     ap.add_argument("--summary", help="also write the table here (markdown)")
     ap.add_argument("--only", nargs="*", default=[], help="run the cases whose layout contains one of these")
+    ap.add_argument("--data", help="training tokens (default: weft's built-in corpus)")
     a = ap.parse_args()
     if a.device == "gpu" and gpu_count() < 1:
         print("multi_gpu_train: no GPU here; skipped")
@@ -125,11 +126,17 @@ def main():
     per_step, mean_rule = (4 / 256, 1 / 256) if a.device == "gpu" else (1e-5, 1e-5)
     steps = a.steps - a.steps % 2  # the resume case saves halfway
     base = ["train", "--seq", "256", "--global-batch", "4", "--warmup", "2", "--log-every", "1",
-            "--eval-every", "0", "--threads", "1"]
+            "--eval-every", "0", "--threads", "1"] + (["--data", os.path.abspath(a.data)] if a.data else [])
     cases = [c for c in CASES if not a.only or any(s in c[1] for s in a.only)]
     if a.device == "cpu":
         cases = [c for c in cases if not knob(c[1], "grad")]  # bf16 gradients are for GPUs
     rows, failed = [], 0
+
+    def add_row(row):
+        # Each row as it is judged too, so that a run cut short by a time
+        # limit still shows the cases it finished.
+        rows.append(row)
+        print("case:", " | ".join(str(x) if not isinstance(x, float) else f"{x:.3g}" for x in row), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         def run(ranks, layout, model, extra, out, more=(), sanitize=False, n=steps):
             cmd = [weft] + base + ["--model", model, "--steps", str(n), "--layout", layout, "--out", out] + list(extra) + list(more)
@@ -178,7 +185,7 @@ def main():
             nonlocal failed
             if got is None or sorted(got) != sorted(one_losses):
                 failed += 1
-                rows.append((name, ranks, comm, None, None, "FAILED (the run failed or logged other steps)", secs))
+                add_row((name, ranks, comm, None, None, "FAILED (the run failed or logged other steps)", secs))
                 return
             rel = [abs(got[s] - one_losses[s]) / abs(one_losses[s]) for s in sorted(one_losses)]
             worst, mean = max(rel), sum(rel) / len(rel)
@@ -186,7 +193,7 @@ def main():
             rule_w, rule_m = (fp8_rule, fp8_rule) if fp8 and a.device == "cpu" else (per_step, mean_rule)
             ok = worst <= rule_w and mean <= rule_m
             failed += not ok
-            rows.append((name, ranks, comm, worst, mean, "ok" if ok else "FAILED", secs))
+            add_row((name, ranks, comm, worst, mean, "ok" if ok else "FAILED", secs))
 
         def case(c):
             ranks, layout, model, extra = c
@@ -225,7 +232,7 @@ def main():
             sys.stdout.write(f"--- weft train --auto over 2 ranks: exit {r.returncode}, {trained} steps:\n"
                              + r.stdout[-3000:] + r.stderr[-3000:])
         failed += not ok
-        rows.append((f"--auto over 2 ranks: {header.get('layout', '?')}", 2,
+        add_row((f"--auto over 2 ranks: {header.get('layout', '?')}", 2,
                      (header.get("comm") or {}).get("backend", "?"), None, None, "ok" if ok else "FAILED",
                      time.time() - t0))
 
@@ -240,7 +247,7 @@ def main():
                     if not ok:
                         sys.stdout.write(f"--- memcheck {layout}: exit {r.returncode}:\n" + r.stdout[-4000:] + r.stderr[-4000:])
                     failed += not ok
-                    rows.append((f"memcheck {layout}", 2, comm_of(os.path.join(tmp, f"memcheck-{layout}", "metrics.jsonl")),
+                    add_row((f"memcheck {layout}", 2, comm_of(os.path.join(tmp, f"memcheck-{layout}", "metrics.jsonl")),
                                  None, None, "clean" if ok else "FAILED", secs))
 
     head = (f"device {a.device}, {gpu_count() if a.device == 'gpu' else 0} GPU(s); rule: every step within "

@@ -90,8 +90,10 @@ TEST(CommDevice, EveryCollectiveOnDeviceBuffers) {
     d.put(part(1, r, n));
     c.all_reduce(d.p, n, DType::f32, ReduceOp::sum);
     std::vector<float> want(static_cast<size_t>(n), 0);
-    for (int64_t q = 0; q < world; ++q)
-      for (int64_t i = 0; i < n; ++i) want[size_t(i)] += part(1, q, n)[size_t(i)];
+    for (int64_t q = 0; q < world; ++q) {
+      const auto v = part(1, q, n);
+      for (int64_t i = 0; i < n; ++i) want[size_t(i)] += v[size_t(i)];
+    }
     EXPECT_EQ(d.get(n), want);
   }
   // all_gather, in place
@@ -110,8 +112,10 @@ TEST(CommDevice, EveryCollectiveOnDeviceBuffers) {
     d.put(part(3, r, n * world));
     c.reduce_scatter(d.p, d.p, n, DType::f32);
     std::vector<float> want(static_cast<size_t>(n), 0);
-    for (int64_t q = 0; q < world; ++q)
-      for (int64_t i = 0; i < n; ++i) want[size_t(i)] += part(3, q, n * world)[size_t(r * n + i)];
+    for (int64_t q = 0; q < world; ++q) {
+      const auto v = part(3, q, n * world);
+      for (int64_t i = 0; i < n; ++i) want[size_t(i)] += v[size_t(r * n + i)];
+    }
     EXPECT_EQ(d.get(n), want);
   }
   // uneven all_gather and reduce_scatter
@@ -135,8 +139,10 @@ TEST(CommDevice, EveryCollectiveOnDeviceBuffers) {
     int64_t start = 0;
     for (int64_t q = 0; q < r; ++q) start += counts[size_t(q)];
     std::vector<float> want(static_cast<size_t>(counts[size_t(r)]), 0);
-    for (int64_t q = 0; q < world; ++q)
-      for (size_t i = 0; i < want.size(); ++i) want[i] += part(5, q, total)[size_t(start) + i];
+    for (int64_t q = 0; q < world; ++q) {
+      const auto v = part(5, q, total);
+      for (size_t i = 0; i < want.size(); ++i) want[i] += v[size_t(start) + i];
+    }
     EXPECT_EQ(mine.get(counts[size_t(r)]), want);
     // In place (the sum lands at the front, over part of this rank's own
     // block for every rank but the first), into this rank's own block of the
@@ -265,8 +271,10 @@ TEST(CommDevice, WaitsForTheBufferItsProducerIsStillWriting) {
   ASSERT_EQ(cudaMemcpyAsync(got.data(), d.p, size_t(n) * 4, cudaMemcpyDeviceToHost, nullptr), cudaSuccess);
   ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
   std::vector<float> want(static_cast<size_t>(n), 0);
-  for (int64_t q = 0; q < world; ++q)
-    for (int64_t i = 0; i < n; ++i) want[size_t(i)] += part(30, q, n)[size_t(i)];
+  for (int64_t q = 0; q < world; ++q) {
+    const auto v = part(30, q, n);
+    for (int64_t i = 0; i < n; ++i) want[size_t(i)] += v[size_t(i)];
+  }
   EXPECT_EQ(got, want);
   cudaFreeHost(pinned);
 }
@@ -291,10 +299,12 @@ TEST(CommDevice, Bf16SumsOfRandomRealsWithinTheRoundingRule) {
   ASSERT_EQ(cudaMalloc(&d, size_t(n * world) * sizeof(bf16)), cudaSuccess);
   auto check = [&](const std::vector<bf16>& got, uint64_t salt, int64_t count, int64_t from) {
     double worst = 0;
+    std::vector<std::vector<bf16>> inputs;  // every rank's, generated once
+    for (int64_t q = 0; q < world; ++q) inputs.push_back(reals(salt, q, count));
     for (size_t i = 0; i < got.size(); ++i) {
       double sum = 0, mag = 0;
       for (int64_t q = 0; q < world; ++q) {
-        const double x = kernels::bf16_to_float(reals(salt, q, count)[size_t(from) + i]);
+        const double x = kernels::bf16_to_float(inputs[size_t(q)][size_t(from) + i]);
         sum += x;
         mag += std::abs(x);
       }
