@@ -489,9 +489,9 @@ Command add_train_command(CLI::App& app) {
   sub->add_flag("--retune", t.retune, "Tune even when a cached recipe matches");
   sub->add_flag("--tune-all", t.all,
                 "Profile every candidate (brute force: no --tune-top limit and no stop by the refit cost model)");
-  a->tune_top = sub->add_option("--tune-top", t.top, "Profile at most this many candidates (default: one per parallel "
-                                                      "shape, up to 32, and 8 more, at least 16; with --tune-budget "
-                                                      "alone, every candidate within the budget)");
+  a->tune_top = sub->add_option("--tune-top", t.top, "Profile at most this many candidates (default: 2% of them, at "
+                                                      "least 16 and at most 96; with --tune-budget alone, every "
+                                                      "candidate within the budget)");
   sub->add_option("--tune-budget", t.budget, "Start no trial after this long, e.g. 10m, 90s (default: none)");
   sub->add_option("--trial-warmup", t.trial_warmup, "Warm-up steps per trial")->capture_default_str();
   sub->add_option("--trial-steps", t.trial_steps, "Timed steps per trial, at least")->capture_default_str();

@@ -36,9 +36,15 @@ std::string tune_report_md(const TuneResult& r, const SpaceContext& ctx) {
     s += lora_summary(ctx.model, ctx.run.lora) + "; MFU counts the FLOPs a LoRA step needs (4N, no weight gradients of "
          "frozen weights, plus the attention and the adapters).\n\n";
   s += fmt::format("{} layouts evaluated, {} fit the memory model, {} candidates the trainer runs; "
-                   "{} trials in {} (tuning {} in all). Stopped: {}.\n\n",
+                   "{} trials in {} (tuning {} in all): {} of the candidates profiled{}{}. Stopped: {}.\n\n",
                    r.space.evaluated, r.space.fitting, r.candidates, r.trials.size(),
-                   format_seconds(r.profile_seconds), format_seconds(r.seconds), r.stop_reason);
+                   format_seconds(r.profile_seconds), format_seconds(r.seconds), r.profiled,
+                   r.repeats > 0 ? fmt::format(", {} leaders measured again", r.repeats) : "",
+                   r.journal_seconds > 0
+                       ? fmt::format(", trials taken from the journal took {} when they ran",
+                                     format_seconds(r.journal_seconds))
+                       : "",
+                   r.stop_reason);
   if (!r.space.pruned.empty()) {
     s += "Pruned before profiling:\n\n| reason | layouts |\n|---|---:|\n";
     for (const auto& [why, n] : r.space.pruned) s += fmt::format("| {} | {} |\n", why, n);
@@ -72,6 +78,17 @@ std::string tune_report_md(const TuneResult& r, const SpaceContext& ctx) {
                      fmt::join(c.fitted, ", "), c.accepted ? "accepted" : "rejected: no better than the defaults");
   } else {
     s += "Cost model: too few measured trials to refit.\n\n";
+  }
+  if (!r.knob_effects.empty()) {
+    // The five largest, as the factor each knob value's steps took against
+    // the refit model's prediction.
+    std::vector<std::string> effects;
+    for (size_t i = 0; i < r.knob_effects.size() && i < 5; ++i)
+      effects.push_back(fmt::format("{} {:+.1f}%", r.knob_effects[i].first,
+                                    100 * std::expm1(r.knob_effects[i].second)));
+    s += fmt::format("Corrections learnt per knob value on top of the refit (measured against predicted, the "
+                     "largest): {}; spread left {:.1f}%.\n\n",
+                     fmt::join(effects, ", "), 100 * r.correction_noise);
   }
   if (r.stopped) {
     s += fmt::format("The tuning was {} before it finished: no recipe was saved. Running the same command again "
@@ -112,7 +129,12 @@ nlohmann::json tune_report_json(const TuneResult& r, const SpaceContext& ctx) {
                    {"trials", trials},
                    {"stop_reason", r.stop_reason},
                    {"stopped", r.stopped},
+                   {"profiled", r.profiled},
+                   {"repeats", r.repeats},
                    {"profile_seconds", r.profile_seconds},
+                   {"journal_seconds", r.journal_seconds},
+                   {"correction_noise", r.correction_noise},
+                   {"knob_effects", r.knob_effects},
                    {"seconds", r.seconds},
                    {"winner", r.winner ? nlohmann::json(r.trials[*r.winner].layout.to_string()) : nlohmann::json()}};
   if (r.calibration) {

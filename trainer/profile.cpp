@@ -16,6 +16,7 @@
 
 #include "memory/estimate.h"
 #include "data/corpus.h"
+#include "kernels/gemm/gemm.h"
 #include "trainer/parallel/comm_watchdog.h"
 #include "trainer/parallel/rank_grid.h"
 #include "trainer/run_state.h"
@@ -28,6 +29,41 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// The machine's speed at this moment, for CPU trials: every rank times the
+// same fixed GEMM (256 x 256 x 256, fp32, the trainer's own CPU kernel) at
+// once; the slowest rank's median of 8, in seconds. A VM's cores slow down
+// and speed up by a quarter over minutes as their host gets busy (measured:
+// the same layouts' steps drift that much across a brute-force run), and a
+// step measured in a slow minute would lose to one measured in a fast one;
+// step / probe does not move with that drift.
+double cpu_probe_seconds(parallel::Comm& control) {
+  constexpr int64_t n = 256, reps = 8;
+  static const std::vector<float> a = [] {
+    std::vector<float> v(size_t(n * n));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = float(int64_t(i * 2654435761u % 1000) - 500) / 500.0f;
+    return v;
+  }();
+  std::vector<float> c(size_t(n * n));
+  kernels::GemmParams<float> p;
+  p.m = p.n = p.k = n;
+  p.a = a.data();
+  p.b = a.data();
+  p.c = c.data();
+  p.lda = p.ldb = p.ldc = n;
+  int32_t token = 0;
+  control.all_reduce(&token, 1, parallel::ReduceOp::max);  // start together: the ranks share the cores
+  std::vector<double> t;
+  for (int64_t r = 0; r < reps; ++r) {
+    const auto t0 = Clock::now();
+    (void)kernels::launch(p, kernels::Workspace{});
+    t.push_back(seconds_since(t0));
+  }
+  std::sort(t.begin(), t.end());
+  double mine = t[t.size() / 2];
+  control.all_reduce(&mine, 1, parallel::ReduceOp::max);
+  return mine;
 }
 
 // What one rank saw; the ranks then agree on the trial's outcome.
@@ -256,16 +292,30 @@ TrialOutcome profile_layout(const ProfileConfig& pc, parallel::Comm& control, co
       timed_steps(*st->gpu_run_bf16_grads);
     else if (st->gpu_run)
       timed_steps(*st->gpu_run);
-    else
+    else {
+      const double before = cpu_probe_seconds(control);
       timed_steps(*st->cpu_run);
+      // The ranks agreed on the steps' outcome, so all of them take this
+      // branch or none; the probe's all-reduces are on the control group.
+      if (all.status == TrialStatus::ok) out.probe_s = 0.5 * (before + cpu_probe_seconds(control));
+    }
   }
 
   // Measurements, agreed: the slowest rank's median step and every rank's peak.
   if (all.status == TrialStatus::ok && !times.empty()) {
     std::sort(times.begin(), times.end());
-    out.step_s = times[times.size() / 2];
+    const size_t n = times.size();
+    out.step_s = times[n / 2];
+    // The median's relative standard error, from the interquartile range
+    // (robust to the odd slow step): sigma ~ IQR / 1.349, and the median of
+    // n steps varies by 1.2533 sigma / sqrt(n).
+    if (n >= 3 && out.step_s > 0) {
+      const double iqr = times[(3 * n) / 4] - times[n / 4];
+      out.step_noise = 1.2533 * (iqr / 1.349) / std::sqrt(double(n)) / out.step_s;
+    }
   }
   control.all_reduce(&out.step_s, 1, parallel::ReduceOp::max);
+  control.all_reduce(&out.step_noise, 1, parallel::ReduceOp::max);
   out.peak_bytes.assign(size_t(world), 0);
   const int64_t peak = st->arena.peak_total();
   control.all_gather(&peak, out.peak_bytes.data(), 1);

@@ -64,6 +64,8 @@ nlohmann::json trial_to_json(const TrialRecord& t) {
           {"predicted_s", t.predicted_s},
           {"calibrated_s", t.calibrated_s},
           {"measured_s", t.measured_s},
+          {"noise", t.noise},
+          {"probe_s", t.probe_s},
           {"tokens_per_s", t.tokens_per_s},
           {"mfu", t.mfu},
           {"predicted_peak_bytes", t.predicted_peak},
@@ -85,6 +87,8 @@ TrialRecord record_from_json(const nlohmann::json& j, const std::string& origin)
     t.predicted_s = j.value("predicted_s", 0.0);
     t.calibrated_s = j.value("calibrated_s", 0.0);
     t.measured_s = j.value("measured_s", 0.0);
+    t.noise = j.value("noise", 0.0);  // journals written before these have none
+    t.probe_s = j.value("probe_s", 0.0);
     t.tokens_per_s = j.value("tokens_per_s", 0.0);
     t.mfu = j.value("mfu", 0.0);
     t.predicted_peak = j.contains("predicted_peak_bytes") ? json_integer(j, "predicted_peak_bytes", "trial record") : 0;
@@ -94,6 +98,8 @@ TrialRecord record_from_json(const nlohmann::json& j, const std::string& origin)
     for (const auto& [name, v] : {std::pair<const char*, double>{"predicted_s", t.predicted_s},
                                   {"calibrated_s", t.calibrated_s},
                                   {"measured_s", t.measured_s},
+                                  {"noise", t.noise},
+                                  {"probe_s", t.probe_s},
                                   {"tokens_per_s", t.tokens_per_s},
                                   {"mfu", t.mfu},
                                   {"predicted_peak_bytes", double(t.predicted_peak)},

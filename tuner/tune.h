@@ -6,18 +6,26 @@
 // how a failing trial is contained.
 //
 // The search: candidates that fit (and that the trainer can run), ranked by
-// predicted step time. Layouts that share a parallel shape (tp, pp, dp, mb,
-// vpp) and differ only in kernel knobs are predicted alike, so the first
-// trials go to distinct shapes, best predicted first (every shape up to 32 by
-// default; half of an explicit trial count); the rest refine
-// the three best measured shapes. After `calibrate_after` measured trials the
-// cost model's efficiencies are refit to the measured steps (nlopt least
-// squares, see calibrate.h) and the remaining candidates re-ranked. Once the
-// refit model is confident that the next candidate cannot beat the best
-// measured one (predicted slower than best × (1 + 2·its RMS error + 5%)), the
-// search stops. Last, the three leaders are measured again (and whichever
-// layout then leads, if it had one trial), and the winner is the layout with
-// the shortest mean step (within 1%: the least memory).
+// predicted step time. The first trials go to distinct parallel shapes (tp,
+// cp, pp, dp, mb, vpp), best predicted first. After `calibrate_after`
+// measured trials the cost model's efficiencies are refit to the measured
+// steps (nlopt least squares, see calibrate.h), and after every trial a
+// correction per knob value (tuner/surrogate.h: tp=2, mb=8, attn:materialized,
+// norm:unfused, zero1, ...) is fitted to what the refit still misses, with a
+// spread for each prediction. Each next trial is the candidate with the
+// largest expected shortening of the best measured step under that
+// prediction and spread, so a knob value never measured, whose spread is the
+// prior's, is tried while its layouts could still win. The search stops when
+// no candidate is expected to shorten the best step by 0.5% or more, or
+// after 2% of the candidates (at least 16, at most 96; --tune-top sets it).
+// Last, the three leaders are measured again (and whichever layout then
+// leads, if it had one trial), and the winner is the layout with the
+// shortest mean step (within 1%: the least memory).
+//
+// On CPUs every decision compares steady steps: the measured step times the
+// median probe over the trial's own probe (a fixed GEMM timed around its
+// steps, trainer/profile.h), since a VM's cores drift by a quarter over
+// minutes; the reports and the recipe carry the measured steps.
 //
 // The journal (JSONL, written by rank 0 after every trial) makes tuning
 // resumable: a re-run reuses completed trials and records a trial that was
@@ -41,7 +49,7 @@
 namespace weft::tuner {
 
 struct TuneOptions {
-  int64_t top = 0;               // profile at most this many candidates; 0: every shape (up to 32) + 8, >= 16
+  int64_t top = 0;               // profile at most this many candidates; 0: 2% of them, 16 to 96
   double budget_s = 0;           // start no trial after this many seconds; 0: none
   bool model_stop = true;        // stop once the refit model is confident the rest are slower
   bool confirm = true;           // measure the three leaders again at the end
@@ -71,6 +79,8 @@ struct TrialRecord {
   double predicted_s = 0;         // default constants
   double calibrated_s = 0;        // constants refit before this trial (= predicted_s before any fit)
   double measured_s = 0;          // median timed step, slowest rank
+  double noise = 0;               // measured_s's relative standard error, from the trial's own steps
+  double probe_s = 0;             // CPU trials: the machine's speed around the trial (trainer/profile.h)
   double tokens_per_s = 0;
   double mfu = 0;
   int64_t predicted_peak = 0;     // worst stage, memory model
@@ -89,7 +99,15 @@ struct TuneResult {
   // A stop signal ended the search: the trials are a part of a tuning, and
   // no recipe may come of them (the journal lets the next run go on).
   bool stopped = false;
+  int64_t profiled = 0;            // distinct layouts profiled (a repeat of a leader is not counted)
+  int64_t repeats = 0;             // trials that measured a leader again
   double profile_seconds = 0;      // wall time spent in trials
+  double journal_seconds = 0;      // what the trials taken from the journal took when they ran
+  // The corrections the search learnt on top of the refit cost model: each
+  // measured knob value's effect (log of measured over predicted step), the
+  // largest first, and the noise left.
+  std::vector<std::pair<std::string, double>> knob_effects;
+  double correction_noise = 0;
   double seconds = 0;              // wall time of tune()
   double peak_flops = 0;           // per device, what MFU is against
 };

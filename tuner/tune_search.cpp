@@ -1,6 +1,7 @@
 #include "tuner/tune_search.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include <fmt/format.h>
@@ -75,13 +76,19 @@ Search::Search(const SpaceContext& ctx, const TuneOptions& o, const trainer::Tra
       rank0_(control.rank() == 0), k_(ctx.constants) {
   tokens_ = double(ctx.run.tokens_per_step());
   flops_ = model_flops_per_step(ctx.model, ctx.run);
-  // Trials: by default every parallel shape (up to 32) and 8 more, at least
-  // 16; the first half of an explicit --tune-top explores shapes.
   std::set<std::string> all_shapes;
-  for (const auto& c : cands_) all_shapes.insert(shape_key(c.layout));
-  const int64_t shapes = std::min<int64_t>(32, int64_t(all_shapes.size()));
-  limit_ = std::min<int64_t>(o.top > 0 ? o.top : std::max<int64_t>(16, shapes + 8), int64_t(cands_.size()));
-  explore_ = o.top > 0 ? (limit_ + 1) / 2 : shapes;
+  for (size_t i = 0; i < cands_.size(); ++i) {
+    all_shapes.insert(shape_key(cands_[i].layout));
+    index_of_[cands_[i].layout.to_string()] = i;
+    knobs_.push_back(corrections_.encode(cands_[i].layout));
+  }
+  // Trials: 2% of the candidates, at least 16 and at most 96 (the stopping
+  // rule usually ends the search well before); the first few go to distinct
+  // parallel shapes, so that the first refit has steps of different shapes
+  // to fit.
+  const int64_t n = int64_t(cands_.size());
+  limit_ = std::min<int64_t>(o.top > 0 ? o.top : std::clamp<int64_t>(n / 50, 16, 96), n);
+  explore_ = std::min<int64_t>({kSeedShapes, int64_t(all_shapes.size()), limit_});
   say(fmt::format("tuning {} on {} x {}: {} layouts evaluated, {} fit, {} candidates; profiling up to {}{} "
                   "({} warm-up + at least {} timed steps and {:g} s each)\n",
                   ctx.model.name, ctx.cluster.gpus, ctx.cluster.device.name, r.space.evaluated, r.space.fitting,
@@ -97,8 +104,15 @@ void Search::say(const std::string& s) {
 }
 
 double Search::mean_of(const std::string& l) const {
-  const auto& v = measured_.at(l);
-  return std::accumulate(v.begin(), v.end(), 0.0) / double(v.size());
+  double sum = 0;
+  for (const auto& [m, probe] : measured_.at(l)) sum += steady(m, probe);
+  return sum / double(measured_.at(l).size());
+}
+
+double Search::raw_mean_of(const std::string& l) const {
+  double sum = 0;
+  for (const auto& [m, probe] : measured_.at(l)) sum += m;
+  return sum / double(measured_.at(l).size());
 }
 
 // The measured layouts by mean step, shortest first; the first is the one
@@ -127,14 +141,48 @@ std::vector<std::string> Search::leaders(size_t n) {
 void Search::refit(bool final) {
   std::vector<Observation> obs;
   for (const auto& t : r_.trials)
-    if (t.status == "ok") obs.push_back({t.layout, t.measured_s});
+    if (t.status == "ok") obs.push_back({t.layout, steady(t.measured_s, t.probe_s)});
   if (o_.calibrate_after <= 0 || int64_t(obs.size()) < o_.calibrate_after || obs.size() == fitted_on_) return;
   if (!final && obs.size() > 12 && double(obs.size()) < 1.25 * double(fitted_on_)) return;
   fitted_on_ = obs.size();
   r_.calibration = calibrate(ctx_.model, ctx_.run, ctx_.cluster, obs, ctx_.constants);
   k_ = r_.calibration->constants;
-  for (auto& c : cands_)
-    if (!c.done) c.calibrated_s = predict(ctx_.model, ctx_.run, c.layout, ctx_.cluster, k_).step;
+  // Profiled candidates too: the corrections are fitted to their residuals
+  // against these constants.
+  for (auto& c : cands_) c.calibrated_s = predict(ctx_.model, ctx_.run, c.layout, ctx_.cluster, k_).step;
+}
+
+void Search::fit_corrections() {
+  // No correction is finer than the trials can tell: the noise floor is the
+  // median trial's own (the standard error of its median step).
+  std::vector<double> noises;
+  for (const auto& t : r_.trials)
+    if (t.status == "ok" && t.noise > 0) noises.push_back(t.noise);
+  if (!noises.empty()) {
+    std::nth_element(noises.begin(), noises.begin() + long(noises.size() / 2), noises.end());
+    corrections_.set_noise_floor(std::max(kLeastNoise, noises[noises.size() / 2]));
+  }
+  std::vector<std::vector<int32_t>> rows;
+  std::vector<double> y;
+  for (const auto& [l, v] : measured_) {
+    const size_t i = index_of_.at(l);
+    rows.push_back(knobs_[i]);
+    y.push_back(std::log(mean_of(l) / cands_[i].calibrated_s));
+  }
+  corrections_.fit(rows, y);
+}
+
+double Search::log_prediction(size_t i) const {
+  return std::log(cands_[i].calibrated_s) + corrections_.mean(knobs_[i]);
+}
+
+// E[max(0, best - T)] for a log-normal T with log mean mu and spread s:
+// best * Phi(z) - exp(mu + s^2 / 2) * Phi(z - s), z = (log best - mu) / s.
+double Search::expected_gain(size_t i, double best) const {
+  const double mu = log_prediction(i), sd = corrections_.spread(knobs_[i]);
+  const auto phi = [](double x) { return 0.5 * std::erfc(-x / std::sqrt(2.0)); };
+  const double z = (std::log(best) - mu) / sd;
+  return std::max(0.0, best * phi(z) - std::exp(mu + sd * sd / 2) * phi(z - sd));
 }
 
 // Layouts that share a parallel shape (tp, pp, dp, mb, vpp) and differ in
@@ -161,24 +209,33 @@ Search::Next Search::choose() {
   if (main_stop_.empty()) {
     const bool exploring = profiled_ < explore_;
     if (exploring) next = best_of([&](const SearchCandidate& c) { return !shapes_tried_.count(shape_key(c.layout)); });
-    if (next == cands_.size()) {
-      std::set<std::string> top;
-      for (const auto& l : leaders(3)) top.insert(shape_key(Layout::parse(l)));
-      next = best_of([&](const SearchCandidate& c) { return top.count(shape_key(c.layout)) > 0; });
+    if (next == cands_.size() && measured_.empty()) next = best_of([](const SearchCandidate&) { return true; });
+    if (next == cands_.size() && !measured_.empty()) {
+      // The candidate that promises the most: the largest expected
+      // shortening of the best step, under the corrected prediction and its
+      // spread. A knob value never measured keeps the prior's spread, so
+      // each one is tried once while its layouts could still win.
+      const double best = mean_of(leaders(1)[0]);
+      double gain = -1;
+      for (size_t i = 0; i < cands_.size(); ++i) {
+        if (cands_[i].done) continue;
+        const double g = expected_gain(i, best);
+        if (g > gain || (g == gain && log_prediction(i) < log_prediction(next))) {
+          gain = g;
+          next = i;
+        }
+      }
+      if (next < cands_.size() && o_.model_stop && !exploring && gain < kStopGain * best) {
+        main_stop_ = fmt::format(
+            "no remaining candidate is expected to shorten the best step by {:.1f}% or more (the {} left, "
+            "predicted by the cost model refit to {} trials and corrected per knob value, spread {:.1f}%)",
+            100 * kStopGain,
+            std::count_if(cands_.begin(), cands_.end(), [](const SearchCandidate& c) { return !c.done; }),
+            measured_.size(), 100 * corrections_.noise());
+        next = cands_.size();
+      }
     }
-    if (next == cands_.size()) next = best_of([](const SearchCandidate&) { return true; });
-    if (next == cands_.size()) {
-      main_stop_ = "profiled every candidate";
-    } else if (o_.model_stop && !exploring && !measured_.empty() && r_.calibration && r_.calibration->accepted &&
-               cands_[next].calibrated_s >
-                   mean_of(leaders(1)[0]) * (1 + 2 * r_.calibration->rms_error_after + 0.05)) {
-      main_stop_ = fmt::format(
-          "the refit cost model (RMS error {:.1f}% over the {} trials measured so far) predicts the {} remaining "
-          "candidates slower than the best measured by more than its error",
-          100 * r_.calibration->rms_error_after, r_.calibration->error_before.size(),
-          std::count_if(cands_.begin(), cands_.end(), [](const SearchCandidate& c) { return !c.done; }));
-      next = cands_.size();
-    }
+    if (next == cands_.size() && main_stop_.empty()) main_stop_ = "profiled every candidate";
   }
   Next n;
   if (next < cands_.size()) {
@@ -210,8 +267,7 @@ TrialRecord Search::trial(SearchCandidate& cand, int64_t order, Mode mode) {
   t.order = order;
   t.layout = cand.layout;
   t.predicted_s = cand.predicted_s;
-  t.calibrated_s =
-      mode == Mode::confirm ? predict(ctx_.model, ctx_.run, cand.layout, ctx_.cluster, k_).step : cand.calibrated_s;
+  t.calibrated_s = std::exp(log_prediction(index_of_.at(cand.layout.to_string())));
   t.predicted_peak = cand.peak;
   t.repeat = mode == Mode::confirm;
   const std::string text = cand.layout.to_string();
@@ -233,6 +289,7 @@ TrialRecord Search::trial(SearchCandidate& cand, int64_t order, Mode mode) {
       }
     }
     t.from_journal = true;
+    r_.journal_seconds += t.seconds;
     return t;
   }
   trainer::ProfileConfig pc;
@@ -253,6 +310,8 @@ TrialRecord Search::trial(SearchCandidate& cand, int64_t order, Mode mode) {
   t.status = trainer::to_string(m.status);
   t.reason = m.reason;
   t.measured_s = m.step_s;
+  t.noise = m.step_noise;
+  t.probe_s = m.probe_s;
   t.measured_peak = m.peak_bytes.empty() ? 0 : *std::max_element(m.peak_bytes.begin(), m.peak_bytes.end());
   t.seconds = m.seconds;
   r_.profile_seconds += m.seconds;
@@ -273,9 +332,17 @@ void Search::record(const TrialRecord& t) {
   const std::string text = t.layout.to_string();
   const bool ok = t.status == "ok";
   if (ok) {
-    measured_[text].push_back(t.measured_s);
+    measured_[text].emplace_back(t.measured_s, t.probe_s);
+    std::vector<double> probes;
+    for (const auto& x : r_.trials)
+      if (x.status == "ok" && x.probe_s > 0) probes.push_back(x.probe_s);
+    if (!probes.empty()) {
+      std::nth_element(probes.begin(), probes.begin() + long(probes.size() / 2), probes.end());
+      probe_ref_ = probes[probes.size() / 2];
+    }
     peak_of_[text] = std::max(peak_of_[text], t.measured_peak);
     refit(false);
+    fit_corrections();
   }
   // Confirmations come after the profiled trials: they are counted apart,
   // so the counter never reads past its total.
@@ -314,6 +381,9 @@ void Search::run() {
     if (n.mode != Mode::confirm) {
       cand.done = true;
       ++profiled_;
+      r_.profiled = profiled_;
+    } else {
+      ++r_.repeats;
     }
     shapes_tried_.insert(shape_key(cand.layout));
     r_.trials.push_back(trial(cand, order, n.mode));
@@ -325,6 +395,17 @@ void Search::finish() {
   std::optional<size_t> best;
   if (rank0_) {
     refit(true);
+    fit_corrections();
+    r_.correction_noise = corrections_.noise();
+    for (const auto& [l, v] : measured_)
+      for (int32_t k : knobs_[index_of_.at(l)]) {
+        const std::string& name = corrections_.values()[size_t(k)];
+        if (std::none_of(r_.knob_effects.begin(), r_.knob_effects.end(),
+                         [&](const auto& e) { return e.first == name; }))
+          r_.knob_effects.emplace_back(name, corrections_.effect(name));
+      }
+    std::sort(r_.knob_effects.begin(), r_.knob_effects.end(),
+              [](const auto& a, const auto& b) { return std::abs(a.second) > std::abs(b.second); });
     say(fmt::format("tuning stopped: {}\n", r_.stop_reason));
     // The winner's row: its last trial, carrying the mean over its trials.
     if (!measured_.empty()) {
@@ -332,7 +413,7 @@ void Search::finish() {
       for (size_t i = 0; i < r_.trials.size(); ++i)
         if (r_.trials[i].status == "ok" && r_.trials[i].layout.to_string() == lead) best = i;
       auto& w = r_.trials[*best];
-      w.measured_s = mean_of(lead);
+      w.measured_s = raw_mean_of(lead);
       w.measured_peak = peak_of_[lead];
       w.tokens_per_s = tokens_ / w.measured_s;
       w.mfu = mfu(flops_ / w.measured_s, ctx_.cluster.gpus, r_.peak_flops);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "tuner/journal.h"
+#include "tuner/surrogate.h"
 #include "tuner/tune.h"
 
 namespace weft::tuner {
@@ -77,6 +78,14 @@ class Search {
   TrialRecord trial(SearchCandidate& c, int64_t order, Mode mode);
   void record(const TrialRecord& t);  // rank 0: the measurement, a refit, the progress line
   void refit(bool final);
+  // The knob corrections refit to every measured layout (cheap: after each).
+  void fit_corrections();
+  // A candidate's predicted step with the corrections, in log seconds, and
+  // the spread of that prediction.
+  double log_prediction(size_t i) const;
+  // The expected shortening of the best measured step (seconds) were
+  // candidate i profiled, under the corrected prediction and its spread.
+  double expected_gain(size_t i, double best) const;
   double mean_of(const std::string& layout) const;
   std::vector<std::string> leaders(size_t n);
   void say(const std::string& s);
@@ -91,6 +100,14 @@ class Search {
   std::vector<Fault> faults_;
   std::vector<SearchCandidate> cands_;
   TuneResult& r_;
+  // Parallel shapes the first trials go to, one each, best predicted first.
+  static constexpr int64_t kSeedShapes = 4;
+  // The search stops once no candidate is expected to shorten the best
+  // measured step by this fraction (trial noise on shared machines is a few
+  // percent, so smaller gains are not worth a trial).
+  static constexpr double kStopGain = 0.005;
+  // The least noise the corrections assume, whatever the trials' own steps say.
+  static constexpr double kLeastNoise = 0.005;
   const Clock::time_point start_;  // tune()'s, which the budget counts from
   const bool rank0_;
   CostConstants k_;
@@ -98,8 +115,19 @@ class Search {
   int64_t limit_ = 0, explore_ = 0;  // trials at most, and how many go to distinct shapes
   // A layout's measurement is the mean of its ok trials (the confirmation
   // phase measures the leaders twice); its peak the largest.
-  std::map<std::string, std::vector<double>> measured_;
+  // Each trial's (measured step, probe); the decisions use the steady step,
+  // measured * probe_ref_ / probe, which does not move with the machine's
+  // drift (trainer/profile.h), the reports the measured one.
+  std::map<std::string, std::vector<std::pair<double, double>>> measured_;
+  double probe_ref_ = 0;  // the median probe of the trials so far (0: none, GPU trials)
+  double steady(double measured, double probe) const {
+    return probe > 0 && probe_ref_ > 0 ? measured * probe_ref_ / probe : measured;
+  }
+  double raw_mean_of(const std::string& layout) const;
   std::map<std::string, int64_t> peak_of_;
+  std::map<std::string, size_t> index_of_;  // layout text -> candidate
+  Surrogate corrections_;
+  std::vector<std::vector<int32_t>> knobs_;  // each candidate's knob values, encoded
   std::set<std::string> shapes_tried_, confirmed_;
   std::string main_stop_;
   size_t fitted_on_ = 0;

@@ -1,6 +1,7 @@
 // The tuning driver on one process: profiling order, selection, the journal
 // (resume, a trial that killed the process, a journal of another run), a
 // refused reservation, and duration parsing.
+#include <algorithm>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -62,24 +63,35 @@ TEST(Tune, ProfilesTheTopCandidatesAndPicksTheFastest) {
   ASSERT_EQ(r.trials.size(), 6u);
   for (size_t i = 0; i < 6; ++i) EXPECT_EQ(r.trials[i].repeat, i >= 3);
   ASSERT_TRUE(r.winner.has_value());
-  std::map<std::string, std::vector<double>> times;
-  for (size_t i = 0; i < r.trials.size(); ++i) {
-    const auto& t = r.trials[i];
+  std::vector<double> probes;
+  for (const auto& t : r.trials) {
     EXPECT_EQ(t.status, "ok") << t.reason;
     EXPECT_GT(t.measured_s, 0);
     EXPECT_GT(t.mfu, 0);
+    // A CPU trial times the machine around its steps, and its steps' noise.
+    EXPECT_TRUE(t.probe_s > 0 && t.probe_s < 1) << t.probe_s;
+    EXPECT_TRUE(t.noise >= 0 && t.noise < 1) << t.noise;
+    probes.push_back(t.probe_s);
     // The arena's high-water mark against the memory model.
     EXPECT_NEAR(double(t.measured_peak) / double(t.predicted_peak), 1.0, 0.05) << t.layout.to_string();
-    if (i != *r.winner) times[t.layout.to_string()].push_back(t.measured_s);
   }
-  // The winner's row carries the mean of its two trials; the shortest mean
-  // step wins, or one within 1% of it with less memory.
+  // The decisions compare steady steps, measured * median probe / probe: the
+  // shortest mean of them wins, or one within 1% of it with less memory.
+  std::nth_element(probes.begin(), probes.begin() + long(probes.size() / 2), probes.end());
+  const double ref = probes[probes.size() / 2];
+  std::map<std::string, std::vector<double>> steady;
+  for (const auto& t : r.trials) steady[t.layout.to_string()].push_back(t.measured_s * ref / t.probe_s);
+  const auto mean = [](const std::vector<double>& v) { return (v[0] + v[1]) / 2; };
   const auto& w = r.trials[*r.winner];
-  double fastest = w.measured_s;
-  for (auto& [l, v] : times)
-    if (v.size() == 2) fastest = std::min(fastest, (v[0] + v[1]) / 2);
+  double fastest = mean(steady.at(w.layout.to_string()));
+  for (auto& [l, v] : steady) fastest = std::min(fastest, mean(v));
   EXPECT_EQ(w.repeats, 2);
-  EXPECT_LE(w.measured_s, fastest * 1.01 + 1e-12);
+  EXPECT_LE(mean(steady.at(w.layout.to_string())), fastest * 1.01 + 1e-12);
+  // Its row carries the mean of its two measured steps.
+  double raw = 0;
+  for (size_t i = 0; i < r.trials.size(); ++i)
+    if (i != *r.winner && r.trials[i].layout == w.layout) raw = r.trials[i].measured_s;
+  EXPECT_GT(raw, 0);
   ASSERT_TRUE(r.calibration.has_value());
   EXPECT_LE(r.calibration->rms_error_after, r.calibration->rms_error_before + 1e-12);
   EXPECT_EQ(r.stop_reason, "profiled the top 3");
