@@ -55,15 +55,20 @@ double cpu_probe_seconds(parallel::Comm& control) {
   int32_t token = 0;
   control.all_reduce(&token, 1, parallel::ReduceOp::max);  // start together: the ranks share the cores
   std::vector<double> t;
+  bool ran = true;
   for (int64_t r = 0; r < reps; ++r) {
     const auto t0 = Clock::now();
-    (void)kernels::launch(p, kernels::Workspace{});
+    ran = ran && kernels::launch(p, kernels::Workspace{}) == kernels::Status::ok;
     t.push_back(seconds_since(t0));
   }
   std::sort(t.begin(), t.end());
+  // A GEMM that did not run times nothing: 0 on any rank means no probe,
+  // and the trial's steps are compared as measured.
   double mine = t[t.size() / 2];
+  int32_t failed = ran ? 0 : 1;
   control.all_reduce(&mine, 1, parallel::ReduceOp::max);
-  return mine;
+  control.all_reduce(&failed, 1, parallel::ReduceOp::max);
+  return failed ? 0 : mine;
 }
 
 // What one rank saw; the ranks then agree on the trial's outcome.
@@ -297,7 +302,10 @@ TrialOutcome profile_layout(const ProfileConfig& pc, parallel::Comm& control, co
       timed_steps(*st->cpu_run);
       // The ranks agreed on the steps' outcome, so all of them take this
       // branch or none; the probe's all-reduces are on the control group.
-      if (all.status == TrialStatus::ok) out.probe_s = 0.5 * (before + cpu_probe_seconds(control));
+      if (all.status == TrialStatus::ok) {
+        const double after = cpu_probe_seconds(control);
+        out.probe_s = before > 0 && after > 0 ? 0.5 * (before + after) : 0;
+      }
     }
   }
 

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -13,6 +12,16 @@
 #include "trainer/loop.h"
 
 namespace weft::tuner {
+
+namespace {
+
+// The (upper) median of `v`, which it reorders; v must not be empty.
+double median_of(std::vector<double>& v) {
+  std::nth_element(v.begin(), v.begin() + long(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
 
 std::vector<SearchCandidate> search_candidates(const SpaceContext& ctx, const SpaceLimits& limits, TuneResult& r) {
   const auto layouts = enumerate(ctx.model, ctx.run, ctx.cluster.gpus, limits, ctx.cluster.device);
@@ -158,10 +167,7 @@ void Search::fit_corrections() {
   std::vector<double> noises;
   for (const auto& t : r_.trials)
     if (t.status == "ok" && t.noise > 0) noises.push_back(t.noise);
-  if (!noises.empty()) {
-    std::nth_element(noises.begin(), noises.begin() + long(noises.size() / 2), noises.end());
-    corrections_.set_noise_floor(std::max(kLeastNoise, noises[noises.size() / 2]));
-  }
+  if (!noises.empty()) corrections_.set_noise_floor(std::max(kLeastNoise, median_of(noises)));
   std::vector<std::vector<int32_t>> rows;
   std::vector<double> y;
   for (const auto& [l, v] : measured_) {
@@ -336,10 +342,7 @@ void Search::record(const TrialRecord& t) {
     std::vector<double> probes;
     for (const auto& x : r_.trials)
       if (x.status == "ok" && x.probe_s > 0) probes.push_back(x.probe_s);
-    if (!probes.empty()) {
-      std::nth_element(probes.begin(), probes.begin() + long(probes.size() / 2), probes.end());
-      probe_ref_ = probes[probes.size() / 2];
-    }
+    if (!probes.empty()) probe_ref_ = median_of(probes);
     peak_of_[text] = std::max(peak_of_[text], t.measured_peak);
     refit(false);
     fit_corrections();
