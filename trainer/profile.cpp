@@ -32,14 +32,16 @@ double seconds_since(Clock::time_point t) {
 }
 
 // The machine's speed at this moment, for CPU trials: every rank times the
-// same fixed GEMM (256 x 256 x 256, fp32, the trainer's own CPU kernel) at
-// once; the slowest rank's median of 8, in seconds. A VM's cores slow down
-// and speed up by a quarter over minutes as their host gets busy (measured:
-// the same layouts' steps drift that much across a brute-force run), and a
-// step measured in a slow minute would lose to one measured in a fast one;
-// step / probe does not move with that drift.
-double cpu_probe_seconds(parallel::Comm& control) {
-  constexpr int64_t n = 256, reps = 8;
+// same fixed GEMM (256 x 256 x 256, fp32, the trainer's own CPU kernel)
+// `reps` times at once; the slowest rank's median, in seconds. A VM's cores
+// slow down and speed up as their host gets busy: by a quarter over minutes
+// (the same layouts' steps drift that much across a brute-force run), and
+// twofold between hours, in bursts down to a second. A step measured in a
+// slow second would lose to one measured in a fast one; step / probe, with
+// the probe timed right after each step, does not move with that drift. The
+// ranks must arrive together (`comm` just synchronised them).
+double cpu_probe_seconds(parallel::Comm& comm, int64_t reps) {
+  constexpr int64_t n = 256;
   static const std::vector<float> a = [] {
     std::vector<float> v(size_t(n * n));
     for (size_t i = 0; i < v.size(); ++i) v[i] = float(int64_t(i * 2654435761u % 1000) - 500) / 500.0f;
@@ -52,8 +54,6 @@ double cpu_probe_seconds(parallel::Comm& control) {
   p.b = a.data();
   p.c = c.data();
   p.lda = p.ldb = p.ldc = n;
-  int32_t token = 0;
-  control.all_reduce(&token, 1, parallel::ReduceOp::max);  // start together: the ranks share the cores
   std::vector<double> t;
   bool ran = true;
   for (int64_t r = 0; r < reps; ++r) {
@@ -62,13 +62,35 @@ double cpu_probe_seconds(parallel::Comm& control) {
     t.push_back(seconds_since(t0));
   }
   std::sort(t.begin(), t.end());
-  // A GEMM that did not run times nothing: 0 on any rank means no probe,
-  // and the trial's steps are compared as measured.
-  double mine = t[t.size() / 2];
-  int32_t failed = ran ? 0 : 1;
-  control.all_reduce(&mine, 1, parallel::ReduceOp::max);
-  control.all_reduce(&failed, 1, parallel::ReduceOp::max);
-  return failed ? 0 : mine;
+  // A GEMM that did not run times nothing: a negative time on any rank
+  // means no probe, and the trial's steps are compared as measured.
+  double mine = ran ? t[t.size() / 2] : -1;
+  std::array<double, 2> v{mine, -mine};  // max of the times, and whether any rank failed
+  comm.all_reduce(v.data(), 2, parallel::ReduceOp::max);
+  return v[1] > 0 ? 0 : v[0];
+}
+
+// Repetitions of the probe's GEMM after each timed step (their median
+// counts): about 5% of a step of the tiny model at seq 64 over 4 ranks.
+constexpr int64_t kProbeReps = 3;
+
+// The median of v (sorted in place); 0 when empty.
+double median_in_place(std::vector<double>& v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// The relative standard error of the median of v's values, from their
+// interquartile range (robust to the odd slow step): sigma ~ IQR / 1.349,
+// and the median of n values varies by 1.2533 sigma / sqrt(n). 0 under 3.
+double median_noise(std::vector<double> v) {
+  const size_t n = v.size();
+  if (n < 3) return 0;
+  const double med = median_in_place(v);
+  if (med <= 0) return 0;
+  const double iqr = v[(3 * n) / 4] - v[n / 4];
+  return 1.2533 * (iqr / 1.349) / std::sqrt(double(n)) / med;
 }
 
 // What one rank saw; the ranks then agree on the trial's outcome.
@@ -185,7 +207,7 @@ TrialOutcome profile_layout(const ProfileConfig& pc, parallel::Comm& control, co
   Local all = agree(control, mine);
 
   bool abandoned = false;
-  std::vector<double> times;
+  std::vector<double> times, probes;  // each timed step, and on CPUs the probe right after it
   if (all.status == TrialStatus::ok) {
     try {
       if (make_groups) {
@@ -266,6 +288,9 @@ TrialOutcome profile_layout(const ProfileConfig& pc, parallel::Comm& control, co
             n < pc.timed_steps || (timed < pc.min_timed_s && n < pc.max_timed_steps) ? 1 : 0,
             pc.time_limit_s > 0 && seconds_since(t_start) > pc.time_limit_s ? 1 : 0, stop_requested() ? 1 : 0};
         run.groups.host_groups().world->all_reduce(flags.data(), 3, parallel::ReduceOp::max);
+        // The flags agree on every rank, so all of them probe or none.
+        if (!std::remove_reference_t<decltype(run)>::kDevice && i >= pc.warmup_steps && !flags[1] && !flags[2])
+          probes.push_back(cpu_probe_seconds(*run.groups.host_groups().world, kProbeReps));
         if (flags[2]) {
           mine = {TrialStatus::stopped, fmt::format("stopped by a signal after {} steps", i + 1)};
           break;
@@ -297,33 +322,28 @@ TrialOutcome profile_layout(const ProfileConfig& pc, parallel::Comm& control, co
       timed_steps(*st->gpu_run_bf16_grads);
     else if (st->gpu_run)
       timed_steps(*st->gpu_run);
-    else {
-      const double before = cpu_probe_seconds(control);
+    else
       timed_steps(*st->cpu_run);
-      // The ranks agreed on the steps' outcome, so all of them take this
-      // branch or none; the probe's all-reduces are on the control group.
-      if (all.status == TrialStatus::ok) {
-        const double after = cpu_probe_seconds(control);
-        out.probe_s = before > 0 && after > 0 ? 0.5 * (before + after) : 0;
-      }
-    }
   }
 
-  // Measurements, agreed: the slowest rank's median step and every rank's peak.
+  // Measurements, agreed: the slowest rank's median step and every rank's
+  // peak. On CPUs also the median of step / probe, which decides: the probe
+  // reported is the one that gives that ratio for the median step, and the
+  // noise is the ratio's (what the machine's drift leaves).
+  double ratio = 0;
   if (all.status == TrialStatus::ok && !times.empty()) {
-    std::sort(times.begin(), times.end());
-    const size_t n = times.size();
-    out.step_s = times[n / 2];
-    // The median's relative standard error, from the interquartile range
-    // (robust to the odd slow step): sigma ~ IQR / 1.349, and the median of
-    // n steps varies by 1.2533 sigma / sqrt(n).
-    if (n >= 3 && out.step_s > 0) {
-      const double iqr = times[(3 * n) / 4] - times[n / 4];
-      out.step_noise = 1.2533 * (iqr / 1.349) / std::sqrt(double(n)) / out.step_s;
-    }
+    std::vector<double> r;
+    if (probes.size() == times.size() && *std::min_element(probes.begin(), probes.end()) > 0)
+      for (size_t i = 0; i < times.size(); ++i) r.push_back(times[i] / probes[i]);
+    out.step_noise = median_noise(r.empty() ? times : r);
+    ratio = median_in_place(r);
+    out.step_s = median_in_place(times);
   }
-  control.all_reduce(&out.step_s, 1, parallel::ReduceOp::max);
-  control.all_reduce(&out.step_noise, 1, parallel::ReduceOp::max);
+  std::array<double, 3> agreed{out.step_s, out.step_noise, ratio};
+  control.all_reduce(agreed.data(), 3, parallel::ReduceOp::max);
+  out.step_s = agreed[0];
+  out.step_noise = agreed[1];
+  out.probe_s = agreed[2] > 0 ? out.step_s / agreed[2] : 0;
   out.peak_bytes.assign(size_t(world), 0);
   const int64_t peak = st->arena.peak_total();
   control.all_gather(&peak, out.peak_bytes.data(), 1);

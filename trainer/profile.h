@@ -72,7 +72,7 @@ struct TrialOutcome {
   std::string reason;                // "rank 1: ..." when not ok
   double step_s = 0;                 // median timed step, slowest rank
   double step_noise = 0;             // that median's relative standard error, from its own steps (largest rank's)
-  double probe_s = 0;                // CPU trials: a fixed GEMM's time around the steps (the machine's speed then)
+  double probe_s = 0;                // CPU trials: the probe (a fixed GEMM timed after each step) that gives the median step / probe for step_s
   std::vector<int64_t> peak_bytes;   // arena high-water mark per world rank
   int64_t steps = 0;                 // steps completed (warm-up included)
   double seconds = 0;                // wall time of the whole trial

@@ -23,9 +23,10 @@
 // shortest mean step (within 1%: the least memory).
 //
 // On CPUs every decision compares steady steps: the measured step times the
-// median probe over the trial's own probe (a fixed GEMM timed around its
-// steps, trainer/profile.h), since a VM's cores drift by a quarter over
-// minutes; the reports and the recipe carry the measured steps.
+// median probe over the trial's own probe (a fixed GEMM timed after each of
+// its steps, trainer/profile.h), since a VM's cores drift by a quarter over
+// minutes and twofold over hours; the reports and the recipe carry the
+// measured steps.
 //
 // The journal (JSONL, written by rank 0 after every trial) makes tuning
 // resumable: a re-run reuses completed trials and records a trial that was
@@ -79,8 +80,8 @@ struct TrialRecord {
   double predicted_s = 0;         // default constants
   double calibrated_s = 0;        // constants refit before this trial (= predicted_s before any fit)
   double measured_s = 0;          // median timed step, slowest rank
-  double noise = 0;               // measured_s's relative standard error, from the trial's own steps
-  double probe_s = 0;             // CPU trials: the machine's speed around the trial (trainer/profile.h)
+  double noise = 0;               // relative standard error of the trial's own median (of step / probe on CPUs)
+  double probe_s = 0;             // CPU trials: the machine's speed during the trial (trainer/profile.h)
   double tokens_per_s = 0;
   double mfu = 0;
   int64_t predicted_peak = 0;     // worst stage, memory model
