@@ -165,9 +165,9 @@ inline std::vector<Shard> shards(const DeviceCalibration& c) {
   std::vector<Shard> out;
   for (int64_t tp : c.tps)
     for (int64_t mb : c.mbs) {
-      if (tp < 1 || mb < 1 || m.heads % tp || m.kv_heads % tp || m.intermediate % tp || m.vocab % tp) continue;
+      if (tp < 1 || mb < 1 || m.heads % tp || m.kv_heads % tp || m.intermediate % tp) continue;
       out.push_back({mb * c.run.seq, c.run.seq, mb, m.hidden, m.heads / tp, m.kv_heads / tp, m.head_dim,
-                     m.intermediate / tp, m.vocab / tp, tp});
+                     m.intermediate / tp, m.padded_vocab(tp) / tp, tp});
     }
   return out;
 }

@@ -116,8 +116,7 @@ int run_measure(const CalibrateArgs& a) {
   c.tps = a.tp;
   if (c.tps.empty())
     for (int64_t t = 1; t <= world->size(); ++t)
-      if (world->size() % t == 0 && m.heads % t == 0 && m.kv_heads % t == 0 && m.intermediate % t == 0 &&
-          m.vocab % t == 0)
+      if (world->size() % t == 0 && m.heads % t == 0 && m.kv_heads % t == 0 && m.intermediate % t == 0)
         c.tps.push_back(t);
   c.attention.clear();
   for (const auto& s : a.attention) c.attention.push_back(attention_parse(s));

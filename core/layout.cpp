@@ -255,10 +255,6 @@ std::vector<std::string> Layout::violations(const ModelSpec& m, const RunSpec& r
     v.push_back(fmt::format("kv heads H_kv={} must be divisible by tp={}", m.kv_heads, tp));
   if (m.intermediate % tp != 0)
     v.push_back(fmt::format("intermediate F={} must be divisible by tp={}", m.intermediate, tp));
-  if (m.vocab % tp != 0)
-    v.push_back(fmt::format("vocab V={} must be divisible by tp={} for the vocab-parallel "
-                            "embedding and loss (use --vocab to pad it)",
-                            m.vocab, tp));
   if (m.layers % (pp * vpp) != 0)
     v.push_back(fmt::format("layers L={} must be divisible by pp*vpp = {}*{} = {}", m.layers, pp,
                             vpp, pp * vpp));

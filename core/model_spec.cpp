@@ -32,6 +32,12 @@ int64_t ModelSpec::block_params() const {
   return q + kv + o + mlp + norms;
 }
 
+int64_t ModelSpec::padded_vocab(int64_t tp) const {
+  if (tp <= 1 || vocab % tp == 0) return vocab;
+  const int64_t unit = kVocabPadMultiple * tp;
+  return (vocab + unit - 1) / unit * unit;
+}
+
 int64_t ModelSpec::param_count() const {
   return embedding_params() + layers * block_params() + hidden + head_params();
 }

@@ -16,6 +16,7 @@ namespace weft {
 // (V 256k, C 16k, F 53k, L 126, H 128, D 256) and far inside what the int64
 // sizes and the int32 token ids and kernel loop counts can hold.
 inline constexpr int64_t kMaxVocab = int64_t{1} << 31;  // ids are int32
+inline constexpr int64_t kVocabPadMultiple = 128;        // rows of a padded vocabulary per tp rank: a multiple
 inline constexpr int64_t kMaxHidden = int64_t{1} << 20;
 inline constexpr int64_t kMaxIntermediate = int64_t{1} << 22;
 inline constexpr int64_t kMaxLayers = int64_t{1} << 14;
@@ -49,6 +50,13 @@ struct ModelSpec {
   int64_t embedding_params() const { return vocab * hidden; }
   // LM head parameters stored separately (0 when tied to the embedding).
   int64_t head_params() const { return tied_embeddings ? 0 : vocab * hidden; }
+  // The rows of the embedding and head tables under tensor parallelism of
+  // degree tp: V where tp divides it, else V rounded up to a multiple of
+  // kVocabPadMultiple * tp (Megatron's rule: each rank's shard a multiple of
+  // 128 rows). The extra rows are padding: zero, never looked up, masked out
+  // of the softmax, and left out of checkpoints and exports, so the model and
+  // its losses stay those of V. --vocab instead changes V itself.
+  int64_t padded_vocab(int64_t tp) const;
   // Every stored parameter, counted once (tied weights once).
   int64_t param_count() const;
   // Parameters that take part in a matmul per token: every block weight, the

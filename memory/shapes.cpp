@@ -52,7 +52,7 @@ constexpr int64_t kCudnnEngineAllowance = 16 * MiB;
 // overflow in every product below.
 void check_representable(const ModelSpec& m, const RunSpec& run, const Layout& l) {
   using Wide = __int128;
-  const Wide widest = std::max<Wide>({m.hidden, m.intermediate, m.vocab, Wide(m.heads + 2 * m.kv_heads) * m.head_dim});
+  const Wide widest = std::max<Wide>({m.hidden, m.intermediate, m.padded_vocab(l.tp), Wide(m.heads + 2 * m.kv_heads) * m.head_dim});
   const Wide rows = Wide(l.mb) * run.seq;
   const Wide scores = rows * m.heads * run.seq;
   const Wide limit = Wide(std::numeric_limits<int64_t>::max()) / 64;
@@ -166,7 +166,7 @@ Dims dims(const ModelSpec& m, const RunSpec& run, const Layout& l) {
   const int64_t t = l.tp, T = run.seq / std::max<int64_t>(l.cp, 1);
   return Dims{l.mb,     T,           l.sp ? T / t : T,
               m.hidden, m.heads / t, m.kv_heads / t,
-              m.head_dim, m.intermediate / t, m.vocab / t,
+              m.head_dim, m.intermediate / t, m.padded_vocab(t) / t,
               run.compute_bytes(), run.seq, std::max<int64_t>(l.cp, 1)};
 }
 
@@ -239,7 +239,7 @@ int64_t block_param_elements(const ModelSpec& m, const Layout& l) {
 namespace {
 
 int64_t stage_model_elements(const ModelSpec& m, const Layout& l, const StagePlan& plan) {
-  const int64_t table = (m.vocab / l.tp) * m.hidden;
+  const int64_t table = (m.padded_vocab(l.tp) / l.tp) * m.hidden;
   int64_t n = plan.layers * block_param_elements(m, l);
   if (plan.has_embedding) n += table;
   if (plan.has_head) {

@@ -4,6 +4,9 @@
 #include <cstdint>
 #include <unordered_map>
 
+#include <numeric>
+#include <utility>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -45,6 +48,26 @@ std::string gemms(const Layout& l, const RunSpec& run) {
   return l.fp8 == Fp8Recipe::off ? std::string(to_string(run.precision)) : gemm_precision_text(l);
 }
 
+// The tp degrees of the world at which the vocabulary is padded
+// (ModelSpec::padded_vocab), with the padded sizes; empty when none.
+std::vector<std::pair<int64_t, int64_t>> vocab_paddings(const ModelSpec& m, int64_t world) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  const int64_t model_tp = std::gcd(std::gcd(m.heads, m.kv_heads), m.intermediate);
+  for (int64_t t = 2; t <= world; ++t)
+    if (world % t == 0 && model_tp % t == 0 && m.padded_vocab(t) > m.vocab) out.emplace_back(t, m.padded_vocab(t));
+  return out;
+}
+
+std::string vocab_note(const ModelSpec& m, int64_t world) {
+  const auto pads = vocab_paddings(m, world);
+  if (pads.empty()) return "";
+  std::string sizes;
+  for (const auto& [t, vp] : pads) sizes += fmt::format("{}{} at tp {}", sizes.empty() ? "" : ", ", vp, t);
+  return fmt::format("vocab   V={} is padded where tp does not divide it, to a multiple of {} x tp: {} (the padding "
+                     "is masked out of the loss, and MFU counts V)\n",
+                     m.vocab, kVocabPadMultiple, sizes);
+}
+
 std::string header(const SpaceReport& r, const SpaceContext& c) {
   const double usable = double(c.cluster.device.memory_bytes) * (1 - c.memory.margin);
   std::string peak_kind = c.cluster.device.kind == DeviceKind::cpu ? "fp32" : "dense bf16";
@@ -67,10 +90,10 @@ std::string header(const SpaceReport& r, const SpaceContext& c) {
                         c.cluster.device.peak_bf16_flops / 1e12, c.cluster.device.peak_fp8_flops / 1e12)
           : "";
   return fmt::format(
-      "model   {}\ncluster {}\nrun     seq {}, global batch {} ({:.2f}M tokens/step), {}{}\n"
+      "model   {}\n{}cluster {}\nrun     seq {}, global batch {} ({:.2f}M tokens/step), {}{}\n"
       "MFU against the {} peak of {:.1f} TFLOP/s per device, of {}; memory margin {:.0f}% "
       "(usable {:.1f} of {:.1f} GiB)\n{}{}",
-      c.model.summary(), c.cluster.summary(), c.run.seq, c.run.global_batch,
+      c.model.summary(), vocab_note(c.model, c.cluster.gpus), c.cluster.summary(), c.run.seq, c.run.global_batch,
       double(c.run.tokens_per_step()) / 1e6, to_string(c.run.precision),
       c.run.lora.enabled() ? "\nlora    " + lora_summary(c.model, c.run.lora) + " (MFU counts 4N + adapters: no weight gradients of frozen weights)" : "",
       peak_kind,
@@ -244,6 +267,7 @@ nlohmann::json report_json(const SpaceReport& r, const SpaceContext& ctx, int64_
   j["cost_constants"] = ctx.constants;
   j["memory_margin"] = ctx.memory.margin;
   if (ctx.run.lora.enabled()) j["trainable_params"] = lora_params(ctx.model, ctx.run.lora);
+  for (const auto& [t, vp] : vocab_paddings(ctx.model, ctx.cluster.gpus)) j["padded_vocab"][std::to_string(t)] = vp;
   j["evaluated"] = r.evaluated;
   j["visited"] = r.visited;
   j["exhaustive"] = r.exhaustive;

@@ -298,7 +298,7 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
     const int64_t V = init->model.vocab, Vp = c.model.vocab;
     fmt::print(log, "initialised from {}: step 0, fresh optimizer state and data position{}\n",
                init->describe(),
-               Vp > V ? fmt::format("; vocabulary padded from {} to {}, rows {}..{} of the embedding{} "
+               Vp > V ? fmt::format("; vocabulary enlarged from {} to {} by --vocab, rows {}..{} of the embedding{} "
                                     "start as the mean of the pretrained rows",
                                     V, Vp, V, Vp - 1, c.model.tied_embeddings ? " (tied head)" : " and head")
                       : "");
@@ -385,6 +385,10 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
   const double flops_per_step = model_flops_per_step(c.model, c.run);
   fmt::print(log, "training {} on {} x {} ({}), layout {}\n", c.model.summary(), world,
              c.device.summary(), to_string(c.run.precision), c.layout.to_string());
+  if (const int64_t V = c.model.vocab, Vp = c.model.padded_vocab(c.layout.tp); Vp > V)
+    fmt::print(log, "vocabulary padded from {} to {} for tp={} (a multiple of {} x tp): rows {}..{} of the embedding "
+                    "and head are zero, masked out of the loss, and left out of checkpoints and exports\n",
+               V, Vp, c.layout.tp, kVocabPadMultiple, V, Vp - 1);
   if (!c.comm.empty()) fmt::print(log, "comm {}: {}\n", c.comm, c.comm_why);
   if (const std::string bf16 = memory::fp8_bf16_gemms_text(c.model, c.run, c.layout); !bf16.empty())
     fmt::print(log, "FP8 GEMMs ({}): {}\n", gemm_precision_text(c.layout), bf16);

@@ -26,8 +26,19 @@ std::string lora_text(const LoraSpec& l) {
                      l.targets_text());
 }
 
+bool is_vocab_param(const ParamSpec& p) {
+  return p.name == checkpoint::hf_param_name(ParamKind::embed_tokens) ||
+         p.name == checkpoint::hf_param_name(ParamKind::lm_head);
+}
+
+// This rank's block of parameter p from stored tensor t. The embedding and
+// head of a padded vocabulary (ModelSpec::padded_vocab) hold rows past the
+// stored V: padding, zero in the weights and in Adam's moments.
 void slice_into(const checkpoint::TensorRef& t, float* dst, const ParamSpec& p) {
-  checkpoint::tensor_read_f32_block(t, p.row_begin, p.local_rows, p.col_begin, p.local_cols, dst);
+  const int64_t stored =
+      is_vocab_param(p) ? std::clamp<int64_t>(t.shape[0] - p.row_begin, 0, p.local_rows) : p.local_rows;
+  if (stored > 0) checkpoint::tensor_read_f32_block(t, p.row_begin, stored, p.col_begin, p.local_cols, dst);
+  std::fill(dst + stored * p.local_cols, dst + p.local_rows * p.local_cols, 0.0f);
 }
 
 // Weights a run starts from must be finite: a NaN or infinity would train
@@ -157,7 +168,10 @@ std::unique_ptr<SaveJob> state_gather(const std::string& dir, LlamaStage<Elem, G
     const float* src = stages[size_t(s)].data();
     for (const auto& p : specs[size_t(s)].specs) {
       const int64_t n = p.rows * p.cols;
-      const auto shape = p.shape();
+      auto shape = p.shape();
+      // A padded vocabulary's rows past V are stored nowhere: the files
+      // hold the model's V rows, whatever tp padded them for.
+      if (is_vocab_param(p)) shape[0] = m.vocab;
       // A tied head on the last stage is a copy of the embedding: stored once.
       const bool dup = s > 0 && p.name == checkpoint::hf_param_name(ParamKind::embed_tokens);
       if (!dup) {
@@ -253,15 +267,10 @@ std::vector<float> mean_row(const checkpoint::TensorRef& t) {
   return mean;
 }
 
-bool is_vocab_param(const ParamSpec& p) {
-  return p.name == checkpoint::hf_param_name(ParamKind::embed_tokens) ||
-         p.name == checkpoint::hf_param_name(ParamKind::lm_head);
-}
-
 // This rank's slices of the model parameters `specs` from pretrained
 // weights, in the flat layout their offsets give (elements long).
 std::vector<float> read_pretrained(const checkpoint::Pretrained& src, const std::vector<ParamSpec>& specs,
-                                   int64_t elements) {
+                                   int64_t elements, int64_t run_vocab) {
   const int64_t V = src.model.vocab;
   std::vector<float> w(static_cast<size_t>(elements));
   for (const auto& p : specs) {
@@ -273,9 +282,13 @@ std::vector<float> read_pretrained(const checkpoint::Pretrained& src, const std:
     if (stored > 0) checkpoint::tensor_read_f32_block(t, p.row_begin, stored, p.col_begin, p.local_cols, dst);
     require_finite(dst, stored, p.local_cols, p.row_begin, p.col_begin, p.name, "--init " + src.dir);
     if (stored == p.local_rows) continue;
-    const std::vector<float> mean = mean_row(t);
-    for (int64_t r = stored; r < p.local_rows; ++r)
+    // Rows up to the run's V (--vocab) start as the mean row; rows past it
+    // pad the vocabulary for tp (ModelSpec::padded_vocab) and stay zero.
+    const int64_t real = std::clamp<int64_t>(run_vocab - p.row_begin, stored, p.local_rows);
+    const std::vector<float> mean = real > stored ? mean_row(t) : std::vector<float>();
+    for (int64_t r = stored; r < real; ++r)
       std::copy_n(mean.data() + p.col_begin, p.local_cols, dst + r * p.local_cols);
+    std::fill(dst + real * p.local_cols, dst + p.local_rows * p.local_cols, 0.0f);
   }
   return w;
 }
@@ -287,10 +300,10 @@ void state_init(const checkpoint::Pretrained& src, LlamaStage<Elem, G>& stage, O
   checkpoint::pretrained_check(src.model, stage.model(), src.dir);
   const StageParams& sp = stage.params();
   if (sp.lora.enabled()) {  // the base model, frozen; the adapters keep their start
-    stage.set_frozen_weights(read_pretrained(src, sp.frozen, sp.frozen_elements));
+    stage.set_frozen_weights(read_pretrained(src, sp.frozen, sp.frozen_elements, stage.model().vocab));
     return;
   }
-  optim.weights_set(read_pretrained(src, sp.specs, sp.elements));
+  optim.weights_set(read_pretrained(src, sp.specs, sp.elements, stage.model().vocab));
 }
 
 template <typename Elem, typename G>
@@ -347,7 +360,7 @@ void lora_base_load(const nlohmann::json& base, LlamaStage<Elem, G>& stage, cons
   }
   checkpoint::pretrained_check(src->model, stage.model(), src->dir);
   const StageParams& sp = stage.params();
-  stage.set_frozen_weights(read_pretrained(*src, sp.frozen, sp.frozen_elements));
+  stage.set_frozen_weights(read_pretrained(*src, sp.frozen, sp.frozen_elements, stage.model().vocab));
 }
 
 // The stage types a run trains: CPU fp32, and bf16 with fp32 or bf16 gradients.

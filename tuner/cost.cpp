@@ -145,7 +145,7 @@ Sharding sharding_cost(const Model& x, double mbs, double bwd_mb, double t_mb) {
   const ModelSpec& m = x.m;
   const Layout& l = x.l;
   const CostConstants& k = x.k;
-  const double C = double(m.hidden), Vl = double(m.vocab) / double(l.tp);
+  const double C = double(m.hidden), Vl = double(m.padded_vocab(l.tp)) / double(l.tp);
   const int64_t layers = l.stage_layers(m);
   Sharding s;
   // Tied embeddings: the first and last stages exchange the table's

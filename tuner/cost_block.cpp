@@ -316,7 +316,7 @@ std::pair<StageCost, StageCost> stage_costs(const Model& x, const Blocks& keeps,
                                             int64_t n_ckpt) {
   const Layout& l = x.l;
   const double t = double(l.tp), M = double(l.mb * x.run.seq) / double(l.cp), C = double(x.m.hidden);
-  const double Vl = double(x.m.vocab) / t, Msp = l.sp ? M / t : M;
+  const double Vl = double(x.m.padded_vocab(l.tp)) / t, Msp = l.sp ? M / t : M;
   const double act = M * C * x.a;
   const Group tg = x.tp_group();
   const auto body = [&](const Part& keep, const Part& ckpt) {

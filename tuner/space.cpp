@@ -63,7 +63,8 @@ Layout Subspace::at(int64_t i) const {
 
 std::vector<Subspace> enumerate_subspaces(const ModelSpec& m, const RunSpec& run, int64_t world,
                                           const SpaceLimits& limits, SpaceDevice device) {
-  const int64_t model_tp = std::gcd(std::gcd(m.heads, m.kv_heads), std::gcd(m.vocab, m.intermediate));
+  // The vocabulary is padded for any tp (ModelSpec::padded_vocab).
+  const int64_t model_tp = std::gcd(std::gcd(m.heads, m.kv_heads), m.intermediate);
   std::vector<int64_t> tps;
   for (int64_t d : divisors(world))
     if (model_tp % d == 0) tps.push_back(d);

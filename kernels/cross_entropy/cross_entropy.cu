@@ -21,7 +21,8 @@
 // for every element and (p - 1) * scale for the target, each rounded once.
 // Targets are checked on the device before anything is written
 // (gpu::first_invalid_id, which synchronises the stream), unless the caller
-// checked them (ids_checked).
+// checked them (ids_checked). Columns of a padded vocabulary are skipped by
+// (a) and (b) and get a zero gradient in (c).
 #include <cmath>
 #include <string>
 
@@ -65,31 +66,35 @@ __device__ __forceinline__ void row_for_each(const nv_bf16* row, int64_t n, F&& 
 }
 
 __global__ void __launch_bounds__(kMaxThreads)
-    row_max_kernel(int64_t V_local,
+    row_max_kernel(int64_t V_local, int64_t valid,  // columns [valid, V_local) are padding
                    const nv_bf16* logits,  // (rows, V_local)
                    float* row_max) {       // (rows)
   const int64_t row = blockIdx.x;
   float m = -INFINITY;
-  row_for_each(logits + row * V_local, V_local, [&](int64_t, float x) { m = fmaxf(m, x); });
+  row_for_each(logits + row * V_local, V_local, [&](int64_t j, float x) {
+    if (j < valid) m = fmaxf(m, x);
+  });
   m = gpu::block_reduce(m, gpu::MaxOp{}, -INFINITY);
   if (threadIdx.x == 0) row_max[row] = m;
 }
 
 __global__ void __launch_bounds__(kMaxThreads)
-    sum_exp_kernel(int64_t V_local,
+    sum_exp_kernel(int64_t V_local, int64_t valid,  // columns [valid, V_local) are padding
                    const nv_bf16* logits,  // (rows, V_local)
                    const float* row_max,   // (rows) over all shards
                    float* sum_exp) {       // (rows) this shard's
   const int64_t row = blockIdx.x;
   const float m = row_max[row];
   float s = 0;
-  row_for_each(logits + row * V_local, V_local, [&](int64_t, float x) { s += __expf(x - m); });
+  row_for_each(logits + row * V_local, V_local, [&](int64_t j, float x) {
+    if (j < valid) s += __expf(x - m);
+  });
   s = gpu::block_reduce(s, gpu::SumOp{}, 0.0f);
   if (threadIdx.x == 0) sum_exp[row] = s;
 }
 
 __global__ void __launch_bounds__(kMaxThreads)
-    loss_grad_kernel(int64_t vocab_start, int64_t V_local,
+    loss_grad_kernel(int64_t vocab_start, int64_t V_local, int64_t valid,  // [valid, V_local): padding
                      nv_bf16* logits,         // (rows, V_local) logits in, gradient out
                      const int32_t* targets,  // (rows)
                      const float* row_max,    // (rows)
@@ -120,7 +125,9 @@ __global__ void __launch_bounds__(kMaxThreads)
   // (p - 1) * scale from the saved logit rounds once, where adjusting the
   // stored p * scale would round twice.
   const float target_grad = (__expf(target_logit - m) * inv_sum - 1.0f) * scale;
-  auto grad = [&](int64_t j, float v) { return j == local ? target_grad : __expf(v - m) * inv_sum * scale; };
+  auto grad = [&](int64_t j, float v) {
+    return j == local ? target_grad : j < valid ? __expf(v - m) * inv_sum * scale : 0.0f;
+  };
   for (int64_t j = threadIdx.x; j < split.head; j += blockDim.x) x[j] = gpu::to_bf16(grad(j, to_float(x[j])));
   for (int64_t j = split.head + int64_t(threadIdx.x) * kVec; j < split.body_end;
        j += int64_t(blockDim.x) * kVec) {
@@ -157,16 +164,16 @@ int64_t scratch(const CrossEntropyLossGradParams<bf16>&) { return gpu::kIdCheckB
 
 Status run(const CrossEntropyMaxParams<bf16>& p, Workspace, cudaStream_t stream) {
   if (p.rows == 0) return Status::ok;
-  row_max_kernel<<<p.rows, threads_for(p.V_local), 0, stream>>>(p.V_local, gpu::dev(p.logits),
-                                                                 p.row_max);
+  row_max_kernel<<<p.rows, threads_for(p.V_local), 0, stream>>>(
+      p.V_local, valid_columns(p.valid, p.V_local), gpu::dev(p.logits), p.row_max);
   WEFT_LAUNCH_CHECK(stream, "row_max_kernel");
   return Status::ok;
 }
 
 Status run(const CrossEntropySumExpParams<bf16>& p, Workspace, cudaStream_t stream) {
   if (p.rows == 0) return Status::ok;
-  sum_exp_kernel<<<p.rows, threads_for(p.V_local), 0, stream>>>(p.V_local, gpu::dev(p.logits),
-                                                                 p.row_max, p.sum_exp);
+  sum_exp_kernel<<<p.rows, threads_for(p.V_local), 0, stream>>>(
+      p.V_local, valid_columns(p.valid, p.V_local), gpu::dev(p.logits), p.row_max, p.sum_exp);
   WEFT_LAUNCH_CHECK(stream, "sum_exp_kernel");
   return Status::ok;
 }
@@ -182,7 +189,8 @@ Status run(const CrossEntropyLossGradParams<bf16>& p, Workspace ws, cudaStream_t
                      " is outside [0, V) for the model's vocabulary size V = " + std::to_string(p.V) +
                      " and is not the ignore index " + std::to_string(p.ignore_index));
   loss_grad_kernel<<<p.rows, threads_for(p.V_local), 0, stream>>>(
-      p.vocab_start, p.V_local, gpu::dev(p.logits), p.targets, p.row_max, p.sum_exp, p.loss,
+      p.vocab_start, p.V_local, valid_columns(p.V, p.vocab_start, p.V_local), gpu::dev(p.logits), p.targets,
+      p.row_max, p.sum_exp, p.loss,
       float(p.grad_scale), p.ignore_index);
   WEFT_LAUNCH_CHECK(stream, "loss_grad_kernel");
   return Status::ok;

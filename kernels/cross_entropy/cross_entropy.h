@@ -24,7 +24,12 @@
 // backend then skips the check and its stream synchronisation, and such a
 // target is owned by no rank: loss 0, and the softmax alone as gradient).
 //
-// rows = B * T tokens; V_local = V / tp.
+// rows = B * T tokens; V_local = V / tp, or of a padded vocabulary Vp / tp
+// (ModelSpec::padded_vocab). Padding columns, those of ids vocab_start + j >=
+// V, get no probability: phases (a) and (b) read only the first `valid`
+// columns, and phase (c) writes their gradient as 0. The loss is then the
+// unpadded model's, and the padded rows of the head get no gradient. A shard
+// may be all padding (valid 0: row max -inf, sum 0).
 #pragma once
 
 #include <cstdint>
@@ -39,6 +44,7 @@ struct CrossEntropyMaxParams {
   int64_t V_local = 0;
   const Elem* logits = nullptr;  // (rows, V_local)
   Acc<Elem>* row_max = nullptr;  // (rows) this shard's max
+  int64_t valid = -1;            // columns [0, valid) are vocabulary, the rest padding; -1: all
 };
 
 template <typename Elem>
@@ -48,13 +54,14 @@ struct CrossEntropySumExpParams {
   const Elem* logits = nullptr;        // (rows, V_local)
   const Acc<Elem>* row_max = nullptr;  // (rows) max over all shards
   Acc<Elem>* sum_exp = nullptr;        // (rows) this shard's sum
+  int64_t valid = -1;                  // columns [0, valid) are vocabulary, the rest padding; -1: all
 };
 
 template <typename Elem>
 struct CrossEntropyLossGradParams {
   int64_t rows = 0;
-  int64_t V = 0;  // full vocabulary
-  int64_t vocab_start = 0;
+  int64_t V = 0;            // full vocabulary, unpadded: ids >= V are padding
+  int64_t vocab_start = 0;  // the id of column 0
   int64_t V_local = 0;
   Elem* logits = nullptr;              // (rows, V_local) in: logits; out: their gradient
   const int32_t* targets = nullptr;    // (rows) in [0, V) or ignore_index
@@ -65,6 +72,12 @@ struct CrossEntropyLossGradParams {
   int32_t ignore_index = -100;
   bool ids_checked = false;
 };
+
+// The vocabulary columns of a shard: [0, valid_columns) of V_local.
+inline int64_t valid_columns(int64_t valid, int64_t V_local) { return valid < 0 ? V_local : valid; }
+inline int64_t valid_columns(int64_t V, int64_t vocab_start, int64_t V_local) {
+  return V - vocab_start <= 0 ? 0 : (V - vocab_start < V_local ? V - vocab_start : V_local);
+}
 
 template <typename Elem>
 bool supports(const CrossEntropyMaxParams<Elem>& p, Backend backend = Backend::cpu);

@@ -41,11 +41,12 @@ template <typename Elem>
 Status launch(const CrossEntropyMaxParams<Elem>& p, Workspace ws, Stream stream) {
   using A = Acc<Elem>;
   if (Status s = cpu::preflight(params_check(p), 0, ws, stream); s != Status::ok) return s;
+  const int64_t valid = valid_columns(p.valid, p.V_local);
 #pragma omp parallel for schedule(static) if (cpu::worth_parallel(p.rows * p.V_local))
   for (int64_t r = 0; r < p.rows; ++r) {
     const Elem* x = p.logits + r * p.V_local;
     A m = -std::numeric_limits<A>::infinity();
-    for (int64_t j = 0; j < p.V_local; ++j) m = std::max(m, A(x[j]));
+    for (int64_t j = 0; j < valid; ++j) m = std::max(m, A(x[j]));
     p.row_max[r] = m;
   }
   return Status::ok;
@@ -63,12 +64,13 @@ template <typename Elem>
 Status launch(const CrossEntropySumExpParams<Elem>& p, Workspace ws, Stream stream) {
   using A = Acc<Elem>;
   if (Status s = cpu::preflight(params_check(p), 0, ws, stream); s != Status::ok) return s;
+  const int64_t valid = valid_columns(p.valid, p.V_local);
 #pragma omp parallel for schedule(static) if (cpu::worth_parallel(p.rows * p.V_local))
   for (int64_t r = 0; r < p.rows; ++r) {
     const Elem* x = p.logits + r * p.V_local;
     const A m = p.row_max[r];
     A s = 0;
-    for (int64_t j = 0; j < p.V_local; ++j) s += std::exp(A(x[j]) - m);
+    for (int64_t j = 0; j < valid; ++j) s += std::exp(A(x[j]) - m);
     p.sum_exp[r] = s;
   }
   return Status::ok;
@@ -88,6 +90,7 @@ Status launch(const CrossEntropyLossGradParams<Elem>& p, Workspace ws, Stream st
   if (Status s = cpu::preflight(params_check(p), 0, ws, stream); s != Status::ok) return s;
   targets_check(p.targets, p.rows, p.V, p.ignore_index);
   const A scale = A(p.grad_scale);
+  const int64_t valid = valid_columns(p.V, p.vocab_start, p.V_local);
 #pragma omp parallel for schedule(static) if (cpu::worth_parallel(p.rows * p.V_local))
   for (int64_t r = 0; r < p.rows; ++r) {
     Elem* x = p.logits + r * p.V_local;
@@ -102,7 +105,8 @@ Status launch(const CrossEntropyLossGradParams<Elem>& p, Workspace ws, Stream st
     const A inv_sum = A(1) / p.sum_exp[r];
     const A target_logit = owner ? A(x[local]) : A(0);
     if (p.loss) p.loss[r] = owner ? std::log(p.sum_exp[r]) + m - target_logit : A(0);
-    for (int64_t j = 0; j < p.V_local; ++j) x[j] = Elem(std::exp(A(x[j]) - m) * inv_sum * scale);
+    for (int64_t j = 0; j < valid; ++j) x[j] = Elem(std::exp(A(x[j]) - m) * inv_sum * scale);
+    std::fill(x + valid, x + p.V_local, Elem(0));  // padding: no probability
     // Recomputed from the saved logit: (p - 1) * scale rounds once, where
     // adjusting the stored p * scale would round twice.
     if (owner) x[local] = Elem((std::exp(target_logit - m) * inv_sum - A(1)) * scale);

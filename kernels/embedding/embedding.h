@@ -1,6 +1,7 @@
 // embedding: token-id row gather, vocab-parallel.
 //
-// A rank holds rows [vocab_start, vocab_start + V_local) of the (V, C) table.
+// A rank holds rows [vocab_start, vocab_start + V_local) of the (V, C) table,
+// or of a padded (Vp, C) one (rows past V: no valid id looks them up).
 // The forward writes the table row of tokens in its shard and a zero row for
 // the others, so summing the outputs over the tp ranks gives the full lookup.
 // The backward scatter-adds dout rows into the shard's table gradient. Token

@@ -12,8 +12,10 @@ namespace weft::kernels {
 
 inline bool embedding_shard_valid(int64_t rows, int64_t C, int64_t V, int64_t vocab_start,
                                   int64_t V_local) {
+  // A shard may reach past V, or lie past it: a padded vocabulary's rows,
+  // which no valid id looks up.
   return rows >= 0 && C >= 1 && V >= 1 && V <= (int64_t{1} << 31) && vocab_start >= 0 &&
-         V_local >= 1 && vocab_start + V_local <= V;
+         V_local >= 1 && vocab_start <= (int64_t{1} << 31);
 }
 
 template <typename Elem>

@@ -272,6 +272,30 @@ TEST(CliTune, OneExplicitLayout) {
   EXPECT_NE(r.out.find("evaluated 1 layouts"), std::string::npos) << r.out;
 }
 
+// GPT-2's vocabulary (50257, odd) under tp: padded per tp degree, said in
+// the header and the JSON, and every tp the heads allow is searched.
+TEST(CliTune, AVocabularyTpDoesNotDivideIsPadded) {
+  TempDir dir;  // Llama 2 7B's shape
+  const auto cfg = dir.file("gpt2vocab/config.json", R"({"vocab_size": 50257, "hidden_size": 4096,
+      "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
+      "rms_norm_eps": 1e-5})");
+  auto r = run_weft("tune --dry-run --model " + cfg + " --gpu h100 --gpus 8 --seq 4096 --global-batch 64 --top 3");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("vocab   V=50257 is padded where tp does not divide it, to a multiple of 128 x tp: 50432 at "
+                       "tp 2, 50688 at tp 4, 51200 at tp 8"),
+            std::string::npos)
+      << r.out;
+  r = run_weft("tune --dry-run --model " + cfg + " --gpu h100 --gpus 8 --seq 4096 --global-batch 64 --tp 2,4,8 "
+               "--all --format csv");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* tp : {"tp2-", "tp4-", "tp8-"}) EXPECT_NE(r.out.find(tp), std::string::npos) << tp;
+  r = run_weft("tune --dry-run --model " + cfg + " --gpu h100 --gpus 8 --seq 4096 --global-batch 64 --format json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["padded_vocab"]["8"], 51200);
+  EXPECT_EQ(j["model"]["vocab"], 50257);
+}
+
 struct BadInput {
   const char* args;
   std::vector<const char*> says;

@@ -166,6 +166,95 @@ TEST_P(GpuCrossEntropy, InvalidTargetThrowsBeforeWriting) {
   expect_same_bits("logits after the refusal", d_logits.download(), logits.bits);
 }
 
+// A vocabulary padded for tp (32001 ids as 32256 rows, tp 2): the padding's
+// logits are larger than any real one, and get no probability: the CUDA
+// loss and gradient follow the CPU backend's (itself checked against fp64 on
+// the CPU) by the rules, and the padding's gradient is exactly zero.
+TEST(GpuCrossEntropyPadded, PaddingGetsNoProbability) {
+  constexpr int32_t kIgnore = -100;
+  const int64_t rows = 9, V = 32001, tp = 2, Vl = 32256 / tp;
+  const double scale = 1.0 / double(rows);
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  std::vector<int32_t> targets(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) targets[size_t(r)] = r % 4 == 1 ? kIgnore : int32_t(rng.index(V));
+  DeviceArray<int32_t> d_targets(targets);
+  std::vector<Bf16Values> logits;
+  for (int64_t rank = 0; rank < tp; ++rank) {
+    std::vector<double> x = rng.uniform<double>(rows * Vl, -6.0, 6.0);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = valid_columns(V, rank * Vl, Vl); j < Vl; ++j) x[size_t(r * Vl + j)] = 18.0;
+    logits.push_back(bf16_values(x));
+  }
+  std::vector<double> m_ref(size_t(rows), -INFINITY), s_ref(size_t(rows), 0.0), l_ref(size_t(rows), 0.0);
+  std::vector<float> m_cpu(size_t(rows), -INFINITY), s_cpu(size_t(rows), 0.0f), l_cpu(size_t(rows), 0.0f);
+  std::vector<float> m_gpu(size_t(rows), -INFINITY), s_gpu(size_t(rows), 0.0f), l_gpu(size_t(rows), 0.0f);
+  std::vector<std::unique_ptr<DeviceArray<bf16>>> d_logits;
+  for (const auto& x : logits) d_logits.push_back(std::make_unique<DeviceArray<bf16>>(x.bits));
+  std::vector<double> pd(static_cast<size_t>(rows));
+  std::vector<float> pf(static_cast<size_t>(rows));
+  DeviceArray<float> dstat(std::vector<float>(size_t(rows), 0.0f));
+  for (int64_t rank = 0; rank < tp; ++rank) {  // (a), then the max over shards
+    const int64_t valid = valid_columns(V, rank * Vl, Vl);
+    ASSERT_EQ(run(CrossEntropyMaxParams<double>{rows, Vl, logits[size_t(rank)].d.data(), pd.data(), valid}), Status::ok);
+    for (int64_t r = 0; r < rows; ++r) m_ref[size_t(r)] = std::max(m_ref[size_t(r)], pd[size_t(r)]);
+    ASSERT_EQ(run(CrossEntropyMaxParams<float>{rows, Vl, logits[size_t(rank)].f.data(), pf.data(), valid}), Status::ok);
+    for (int64_t r = 0; r < rows; ++r) m_cpu[size_t(r)] = std::max(m_cpu[size_t(r)], pf[size_t(r)]);
+    ASSERT_EQ(run_cuda(CrossEntropyMaxParams<bf16>{rows, Vl, d_logits[size_t(rank)]->data(), dstat.data(), valid}),
+              Status::ok);
+    const std::vector<float> g = dstat.download();
+    for (int64_t r = 0; r < rows; ++r) m_gpu[size_t(r)] = std::max(m_gpu[size_t(r)], g[size_t(r)]);
+  }
+  EXPECT_EQ(m_gpu, m_cpu) << "a max of bf16 values is exact";
+  DeviceArray<float> d_max(m_gpu);
+  for (int64_t rank = 0; rank < tp; ++rank) {  // (b), then the sum over shards
+    const int64_t valid = valid_columns(V, rank * Vl, Vl);
+    ASSERT_EQ(run(CrossEntropySumExpParams<double>{rows, Vl, logits[size_t(rank)].d.data(), m_ref.data(), pd.data(),
+                                                   valid}),
+              Status::ok);
+    ASSERT_EQ(run(CrossEntropySumExpParams<float>{rows, Vl, logits[size_t(rank)].f.data(), m_cpu.data(), pf.data(),
+                                                  valid}),
+              Status::ok);
+    ASSERT_EQ(run_cuda(CrossEntropySumExpParams<bf16>{rows, Vl, d_logits[size_t(rank)]->data(), d_max.data(),
+                                                      dstat.data(), valid}),
+              Status::ok);
+    const std::vector<float> g = dstat.download();
+    for (int64_t r = 0; r < rows; ++r) {
+      s_ref[size_t(r)] += pd[size_t(r)];
+      s_cpu[size_t(r)] += pf[size_t(r)];
+      s_gpu[size_t(r)] += g[size_t(r)];
+    }
+  }
+  expect_fp32_rule("sum of exponentials", s_gpu, s_cpu, s_ref);
+  DeviceArray<float> d_sum(s_gpu), d_loss(std::vector<float>(size_t(rows), 0.0f));
+  for (int64_t rank = 0; rank < tp; ++rank) {  // (c)
+    auto grad_ref = logits[size_t(rank)].d;
+    auto grad_cpu = logits[size_t(rank)].f;
+    ASSERT_EQ(run(CrossEntropyLossGradParams<double>{rows, V, rank * Vl, Vl, grad_ref.data(), targets.data(),
+                                                     m_ref.data(), s_ref.data(), pd.data(), scale, kIgnore}),
+              Status::ok);
+    ASSERT_EQ(run(CrossEntropyLossGradParams<float>{rows, V, rank * Vl, Vl, grad_cpu.data(), targets.data(),
+                                                    m_cpu.data(), s_cpu.data(), pf.data(), scale, kIgnore}),
+              Status::ok);
+    ASSERT_EQ(run_cuda(CrossEntropyLossGradParams<bf16>{rows, V, rank * Vl, Vl, d_logits[size_t(rank)]->data(),
+                                                        d_targets.data(), d_max.data(), d_sum.data(), d_loss.data(),
+                                                        scale, kIgnore}),
+              Status::ok);
+    const std::vector<float> l = d_loss.download();
+    for (int64_t r = 0; r < rows; ++r) {
+      l_ref[size_t(r)] += pd[size_t(r)];
+      l_cpu[size_t(r)] += pf[size_t(r)];
+      l_gpu[size_t(r)] += l[size_t(r)];
+    }
+    const std::vector<bf16> grad = d_logits[size_t(rank)]->download();
+    expect_bf16_rule("gradient of shard " + std::to_string(rank), grad, grad_cpu, grad_ref);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = valid_columns(V, rank * Vl, Vl); j < Vl; ++j)
+        ASSERT_EQ(grad[size_t(r * Vl + j)].bits, 0) << "padding row " << r << " column " << j;
+  }
+  expect_fp32_rule("loss", l_gpu, l_cpu, l_ref);
+}
+
 INSTANTIATE_TEST_SUITE_P(Cases, GpuCrossEntropy, ::testing::ValuesIn(gpu_cross_entropy_cases()),
                          CaseName());
 

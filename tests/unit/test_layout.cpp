@@ -252,6 +252,10 @@ TEST(Layout, ValidLayoutsPass) {
   EXPECT_EQ(l.stage_layers(m), 10);
   EXPECT_EQ(l.checkpointed_layers(m), 4);
   EXPECT_TRUE(l.violations(m, run, 64).empty());
+  // A vocabulary tp does not divide is padded (ModelSpec::padded_vocab), not refused.
+  ModelSpec odd = m;
+  odd.vocab = 32001;
+  EXPECT_TRUE(Layout::parse("tp8-pp1-dp8-mb1").violations(odd, run, 64).empty());
 }
 
 }  // namespace

@@ -25,6 +25,26 @@ TEST(ModelSpec, ExactParameterCounts) {
   EXPECT_EQ(model_preset("llama3.1-405b").param_count(), 405'853'388'800);
 }
 
+// tp pads a vocabulary it does not divide to a multiple of 128 x tp (as
+// Megatron's make-vocab-size-divisible-by does), and leaves one it divides.
+TEST(ModelSpec, PaddedVocabulary) {
+  ModelSpec m = model_preset("llama3.1-8b");  // V = 128256 = 1002 x 128
+  for (int64_t tp : {1, 2, 4, 8}) EXPECT_EQ(m.padded_vocab(tp), 128256) << tp;
+  m.vocab = 50257;  // GPT-2's
+  EXPECT_EQ(m.padded_vocab(1), 50257);
+  EXPECT_EQ(m.padded_vocab(2), 50432);  // 197 x 256
+  EXPECT_EQ(m.padded_vocab(4), 50688);  // 99 x 512
+  EXPECT_EQ(m.padded_vocab(8), 51200);  // 50 x 1024
+  m.vocab = 32001;  // a token added to Llama 2's
+  EXPECT_EQ(m.padded_vocab(2), 32256);
+  m.vocab = 259;
+  EXPECT_EQ(m.padded_vocab(3), 384);
+  for (int64_t tp : {2, 3, 4, 8, 16}) {
+    EXPECT_EQ(m.padded_vocab(tp) % tp, 0) << tp;
+    EXPECT_GE(m.padded_vocab(tp), m.vocab) << tp;
+  }
+}
+
 // As published: Llama 3 has "rope_scaling": null, Llama 3.1 factor 8 and
 // Llama 3.2 factor 32, both with low 1, high 4 and 8192 original positions.
 TEST(ModelSpec, PresetRopeScaling) {

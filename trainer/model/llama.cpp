@@ -516,7 +516,7 @@ void LlamaStage<Elem, G>::forward(int64_t slot, const int32_t* tokens, const int
     int32_t* tok = table_->get<int32_t>("embedding.tokens", slot);
     upload(tok, tokens, M_ * int64_t(sizeof(int32_t)));
     const auto& emb = params_.model(ParamKind::embed_tokens);
-    const int64_t Vl = m_.vocab / l_.tp;
+    const int64_t Vl = m_.padded_vocab(l_.tp) / l_.tp;
     run(kernels::EmbeddingForwardParams<Elem>{.rows = M_, .C = C, .V = m_.vocab,
                                               .vocab_start = groups_.tp_rank() * Vl, .V_local = Vl,
                                               .tokens = tok, .table = weight(emb),
@@ -573,7 +573,7 @@ void LlamaStage<Elem, G>::backward(int64_t slot, int64_t chunk, bool final) {
   if (plan_.has_embedding && chunk == 0 && !params_.lora.enabled()) {
     group_begin({{0, params_.specs[0].local_elements()}});
     const auto& emb = params_.model(ParamKind::embed_tokens);
-    const int64_t Vl = m_.vocab / l_.tp;
+    const int64_t Vl = m_.padded_vocab(l_.tp) / l_.tp;
     // The vocab-parallel lookup's all-reduce is conjugate to the identity here.
     run(kernels::EmbeddingBackwardParams<Elem, G>{.rows = M_, .C = C, .V = m_.vocab,
                                                   .vocab_start = groups_.tp_rank() * Vl,

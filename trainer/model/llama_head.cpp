@@ -15,7 +15,7 @@ using kernels::Write;
 template <typename Elem, typename G>
 void LlamaStage<Elem, G>::head_forward(int64_t slot, const int32_t* targets, double grad_scale) {
   (void)slot;
-  const int64_t C = m_.hidden, Vl = m_.vocab / l_.tp;
+  const int64_t C = m_.hidden, Vl = m_.padded_vocab(l_.tp) / l_.tp;
   parallel::Comm& tp = *groups_.tp;
   const auto& head = params_.model(ParamKind::lm_head);
   const auto& fnorm = params_.model(ParamKind::final_norm);
@@ -38,15 +38,18 @@ void LlamaStage<Elem, G>::head_forward(int64_t slot, const int32_t* targets, dou
   A* row_max = table_->get<A>("loss.row_max");
   A* sum_exp = table_->get<A>("loss.row_sumexp");
   A* loss = table_->get<A>("loss.per_token");
-  run(kernels::CrossEntropyMaxParams<Elem>{.rows = M_, .V_local = Vl, .logits = logits, .row_max = row_max},
+  // Columns past V pad the vocabulary for tp: no probability (cross_entropy.h).
+  const int64_t vocab_start = groups_.tp_rank() * Vl, valid = kernels::valid_columns(m_.vocab, vocab_start, Vl);
+  run(kernels::CrossEntropyMaxParams<Elem>{.rows = M_, .V_local = Vl, .logits = logits, .row_max = row_max,
+                                           .valid = valid},
       "cross_entropy_max");
   tp.all_reduce(row_max, M_, parallel::ReduceOp::max);
   run(kernels::CrossEntropySumExpParams<Elem>{.rows = M_, .V_local = Vl, .logits = logits,
-                                              .row_max = row_max, .sum_exp = sum_exp},
+                                              .row_max = row_max, .sum_exp = sum_exp, .valid = valid},
       "cross_entropy_sumexp");
   tp.all_reduce(sum_exp, M_);
   run(kernels::CrossEntropyLossGradParams<Elem>{.rows = M_, .V = m_.vocab,
-                                                .vocab_start = groups_.tp_rank() * Vl,
+                                                .vocab_start = vocab_start,
                                                 .V_local = Vl, .logits = logits, .targets = tgt,
                                                 .row_max = row_max, .sum_exp = sum_exp,
                                                 .loss = loss, .grad_scale = grad_scale,
@@ -75,7 +78,7 @@ double LlamaStage<Elem, G>::take_loss() {
 
 template <typename Elem, typename G>
 void LlamaStage<Elem, G>::head_backward(Elem* dx) {
-  const int64_t C = m_.hidden, Vl = m_.vocab / l_.tp;
+  const int64_t C = m_.hidden, Vl = m_.padded_vocab(l_.tp) / l_.tp;
   const auto& head = params_.model(ParamKind::lm_head);
   const auto& fnorm = params_.model(ParamKind::final_norm);
   // The final norm and the head are the last parameters of the stage, one

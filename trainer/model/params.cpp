@@ -85,7 +85,13 @@ StageParams stage_params(const ModelSpec& m, const Layout& l, const memory::Stag
     elements += p.local_elements();
     list.push_back(p);
   };
-  if (plan.has_embedding) add(ParamKind::embed_tokens, 0, m.vocab, C, ShardDim::rows);
+  // The vocabulary's tables hold Vp rows, tp's padding of V past the model's.
+  const int64_t Vp = m.padded_vocab(t);
+  auto padded = [&] { (lora ? sp.frozen : sp.specs).back().real_rows = Vp > m.vocab ? m.vocab : 0; };
+  if (plan.has_embedding) {
+    add(ParamKind::embed_tokens, 0, Vp, C, ShardDim::rows);
+    padded();
+  }
   // Local block i sits in chunk i / Lc, which is virtual stage chunk * pp + stage.
   const int64_t Lc = plan.layers / l.vpp;
   auto global = [&](int64_t i) { return ((i / Lc) * l.pp + plan.stage) * Lc + i % Lc; };
@@ -106,7 +112,8 @@ StageParams stage_params(const ModelSpec& m, const Layout& l, const memory::Stag
     if (m.tied_embeddings && plan.has_embedding) {
       sp.head_is_embedding = true;
     } else {
-      add(ParamKind::lm_head, 0, m.vocab, C, ShardDim::rows);
+      add(ParamKind::lm_head, 0, Vp, C, ShardDim::rows);
+      padded();
       // A tied head on another stage is a copy of the embedding table: it is
       // initialised from the embedding's name so both copies start equal.
       if (m.tied_embeddings) {
@@ -152,7 +159,7 @@ StageParams stage_params(const ModelSpec& m, const Layout& l, const memory::Stag
 
 double param_init_value(const ParamSpec& p, uint64_t seed, int64_t r, int64_t c) {
   if (p.init == ParamInit::ones) return 1.0;
-  if (p.init == ParamInit::zeros) return 0.0;
+  if (p.init == ParamInit::zeros || (p.real_rows > 0 && r >= p.real_rows)) return 0.0;
   // A counter-based draw: Box-Muller on two uniforms hashed from (seed, name,
   // element index), so no rank needs the full tensor or a shared stream.
   const uint64_t key = splitmix64(seed ^ fnv1a64(p.name)) + uint64_t(r * p.cols + c) * 2;

@@ -29,6 +29,11 @@ struct ParamSpec {
   ShardDim shard = ShardDim::none;
   int64_t local_rows = 0;
   int64_t local_cols = 0;
+  // The embedding and head of a padded vocabulary (ModelSpec::padded_vocab):
+  // rows at or past real_rows (V) are padding, zero from the start, never
+  // looked up and masked out of the loss, so they never get a gradient. 0:
+  // every row is the model's.
+  int64_t real_rows = 0;
   int64_t row_begin = 0;  // this rank's block in the full tensor
   int64_t col_begin = 0;
   int64_t offset = 0;     // in the flat buffers, elements

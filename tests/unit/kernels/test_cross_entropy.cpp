@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/error.h"
@@ -145,6 +146,69 @@ TEST_P(CrossEntropyTest, GradientMatchesFiniteDifferences) {
 INSTANTIATE_TEST_SUITE_P(Cases, CrossEntropyTest, ::testing::ValuesIn(cross_entropy_cases()),
                          CaseName{});
 
+// A vocabulary padded for tp (ModelSpec::padded_vocab): V real columns of Vp,
+// shards of Vp / tp, the padding holding logits larger than any real one.
+// The loss and the real columns' gradient are the unpadded fp64 reference's
+// within the rule, and the padding's gradient is exactly zero, also on a
+// shard that is all padding.
+TEST(CrossEntropyPadded, PaddingGetsNoProbability) {
+  for (const auto& [V, tp, Vp] : {std::tuple<int64_t, int64_t, int64_t>{37, 2, 48}, {37, 4, 64}, {250, 2, 256}}) {
+    const CrossEntropyCase c{"padded", 9, V, 1, 4, 6.0};
+    Rng rng;
+    SCOPED_TRACE(rng.trace() + " V=" + std::to_string(V) + " tp=" + std::to_string(tp));
+    const auto real = rng.uniform<float>(c.rows * V, -c.logit_range, c.logit_range);
+    const auto targets = random_targets(rng, c);
+    const double scale = mean_scale(targets);
+    std::vector<double> ref_loss, ref_grad;
+    std::vector<float> naive_loss, naive_grad;
+    reference(c, cast<double>(real), targets, scale, ref_loss, ref_grad);
+    reference(c, real, targets, float(scale), naive_loss, naive_grad);
+    const int64_t Vl = Vp / tp;
+    std::vector<std::vector<float>> local(size_t(tp), std::vector<float>(size_t(c.rows * Vl)));
+    for (int64_t rank = 0; rank < tp; ++rank)
+      for (int64_t r = 0; r < c.rows; ++r)
+        for (int64_t j = 0; j < Vl; ++j) {
+          const int64_t id = rank * Vl + j;
+          local[size_t(rank)][size_t(r * Vl + j)] = id < V ? real[size_t(r * V + id)] : 3 * float(c.logit_range);
+        }
+    std::vector<float> row_max(size_t(c.rows), -INFINITY), sum_exp(size_t(c.rows), 0.0f), loss(size_t(c.rows), 0.0f),
+        part(size_t(c.rows));
+    for (int64_t rank = 0; rank < tp; ++rank) {
+      run_or_throw(CrossEntropyMaxParams<float>{.rows = c.rows, .V_local = Vl, .logits = local[size_t(rank)].data(),
+                                                .row_max = part.data(),
+                                                .valid = valid_columns(V, rank * Vl, Vl)});
+      for (int64_t r = 0; r < c.rows; ++r) row_max[size_t(r)] = std::max(row_max[size_t(r)], part[size_t(r)]);
+    }
+    for (int64_t rank = 0; rank < tp; ++rank) {
+      run_or_throw(CrossEntropySumExpParams<float>{.rows = c.rows, .V_local = Vl,
+                                                   .logits = local[size_t(rank)].data(), .row_max = row_max.data(),
+                                                   .sum_exp = part.data(),
+                                                   .valid = valid_columns(V, rank * Vl, Vl)});
+      for (int64_t r = 0; r < c.rows; ++r) sum_exp[size_t(r)] += part[size_t(r)];
+    }
+    std::vector<float> grad(size_t(c.rows * V));
+    for (int64_t rank = 0; rank < tp; ++rank) {
+      auto& x = local[size_t(rank)];
+      run_or_throw(CrossEntropyLossGradParams<float>{
+          .rows = c.rows, .V = V, .vocab_start = rank * Vl, .V_local = Vl, .logits = x.data(),
+          .targets = targets.data(), .row_max = row_max.data(), .sum_exp = sum_exp.data(), .loss = part.data(),
+          .grad_scale = scale, .ignore_index = kIgnore});
+      for (int64_t r = 0; r < c.rows; ++r) {
+        loss[size_t(r)] += part[size_t(r)];
+        for (int64_t j = 0; j < Vl; ++j) {
+          const int64_t id = rank * Vl + j;
+          if (id < V)
+            grad[size_t(r * V + id)] = x[size_t(r * Vl + j)];
+          else
+            ASSERT_EQ(x[size_t(r * Vl + j)], 0.0f) << "padding id " << id << " row " << r;
+        }
+      }
+    }
+    expect_within_rule("loss", loss, naive_loss, ref_loss);
+    expect_within_rule("gradient", grad, naive_grad, ref_grad);
+  }
+}
+
 TEST(CrossEntropyArgs, TargetOutsideVocabularyThrowsNamingIt) {
   const int64_t rows = 3, V = 11;
   std::vector<float> logits(rows * V, 0.5f), row_max(rows, 0.5f), sum_exp(rows, 11.0f);
@@ -174,7 +238,9 @@ TEST(CrossEntropyArgs, RejectsImpossibleParams) {
                                              .row_max = stat.data(), .sum_exp = stat.data()};
   EXPECT_TRUE(supports(ok)) << "the loss output is optional";
   auto bad = ok;
-  bad.vocab_start = 7;  // shard past V
+  bad.vocab_start = 7;  // a shard reaching past V: a padded vocabulary's
+  EXPECT_TRUE(supports(bad));
+  bad.vocab_start = -1;
   EXPECT_FALSE(supports(bad));
   EXPECT_EQ(run(bad), Status::invalid_argument);
   bad = ok;
@@ -189,6 +255,12 @@ TEST(CrossEntropyArgs, RejectsImpossibleParams) {
   CrossEntropySumExpParams<float> se{.rows = 2, .V_local = 5, .logits = logits.data(),
                                      .row_max = nullptr, .sum_exp = stat.data()};
   EXPECT_EQ(run(se), Status::invalid_argument);
+  se.row_max = stat.data();
+  se.valid = 6;  // more vocabulary columns than the shard has
+  EXPECT_EQ(run(se), Status::invalid_argument);
+  mx.V_local = 5;
+  mx.valid = -2;
+  EXPECT_EQ(run(mx), Status::invalid_argument);
   EXPECT_EQ(launch(ok, {}, Stream{Backend::cuda, nullptr}), Status::unsupported);
 }
 

@@ -121,7 +121,10 @@ TEST(EmbeddingArgs, RejectsImpossibleParams) {
                                          .table = table.data(), .out = out.data()};
   EXPECT_TRUE(supports(ok));
   auto bad = ok;
-  bad.V_local = 6;  // the shard would run past V
+  bad.V_local = 6;  // a shard reaching past V: a padded vocabulary's rows
+  EXPECT_TRUE(supports(bad));
+  bad = ok;
+  bad.vocab_start = -1;
   EXPECT_FALSE(supports(bad));
   EXPECT_EQ(run(bad), Status::invalid_argument);
   bad = ok;
