@@ -12,9 +12,13 @@ brute force's winner, using at most 2% of its profiling time.
     python3 benchmarks/tuner_quality.py [--build build] [--spaces tiny-seq64 ...]
         [--journals benchmarks/tuner_journals] [--replay] [--repeats 5] [--keep DIR]
 
-Brute force is the expensive half (43 minutes for tiny-seq64 on 2 cores), so
-its journal and report are kept, compressed, in --journals (one folder per
-space) and reused by later runs; --rebrute profiles again. --replay runs the
+Brute force is the expensive half (tiny-seq64's 7,432 candidates at about 50
+trials a minute on 2 cores: two and a half hours), so its journal and report
+are kept, compressed, in --journals (one folder per space) and reused by
+later runs; --brute-minutes N stops it and keeps the journal, the next run
+goes on from it; --rebrute profiles again. Nothing else may run meanwhile:
+a process sharing the cores slows steps in ways the trials' probe does not
+see. --replay runs the
 tuner against a copy of the brute-force journal instead of the machine: each
 trial it picks is read from the journal (what that trial took when brute
 force ran it counts as its cost), only the leaders' repeats run for real,

@@ -98,6 +98,9 @@ std::optional<Layout> auto_layout(const trainer::TrainConfig& base, const tuner:
   // Slurm's tasks per node): under Slurm the allocation's shape, so layouts
   // whose tp or cp group would span nodes are priced over the network.
   const int64_t local = local_ranks_from_env();
+  // The CPU probe needs a core a rank: ranks sharing cores make it time the
+  // scheduler (trainer::ProfileConfig::probe).
+  o.probe = local * std::max<int64_t>(1, base.threads) <= std::max<int64_t>(1, device_preset("cpu").sm_count);
   ctx.cluster.gpus_per_node = local > 0 && local <= world && world % local == 0 ? local : world;
   ctx.constants = tuner::cost_defaults(base.device);
   if (base.device.shared_by > 1 && log && world_rank_from_env() == 0)

@@ -60,6 +60,11 @@ struct ProfileConfig {
   double silence_s = 60;      // seconds without communication progress before abandoning
   double time_limit_s = 0;    // whole-trial limit, checked between steps; 0: none
   TrialFault fault = TrialFault::none;
+  // CPU trials: time the probe GEMM after each timed step (trial's probe_s).
+  // Off where a node's ranks share cores: the probe then times the
+  // scheduler's switches between them, which spread the probe-corrected
+  // steps more than the raw ones (21% against 13% on 4 ranks over 2 cores).
+  bool probe = true;
 };
 
 // Builds the process groups of a layout whose waits give up (CommAbandoned)
@@ -72,7 +77,7 @@ struct TrialOutcome {
   std::string reason;                // "rank 1: ..." when not ok
   double step_s = 0;                 // median timed step, slowest rank
   double step_noise = 0;             // that median's relative standard error, from its own steps (largest rank's)
-  double probe_s = 0;                // CPU trials: the probe (a fixed GEMM timed after each step) that gives the median step / probe for step_s
+  double probe_s = 0;                // CPU trials with a probe: the one that gives step_s the median step / probe (0: none)
   std::vector<int64_t> peak_bytes;   // arena high-water mark per world rank
   int64_t steps = 0;                 // steps completed (warm-up included)
   double seconds = 0;                // wall time of the whole trial

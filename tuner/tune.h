@@ -58,6 +58,7 @@ struct TuneOptions {
   int64_t timed_steps = 3;       // at least; more until they took min_timed_s
   double min_timed_s = 0.5;
   double silence_s = 60;         // a trial's communication watchdog
+  bool probe = true;             // CPU trials time a probe GEMM after each step (trainer::ProfileConfig::probe)
   double trial_limit_s = 0;      // a trial's wall-time limit; 0: 10 × predicted + 30 s
   int64_t calibrate_after = 3;   // measured trials before the first refit
   std::string journal;           // JSONL path; empty: no journal
@@ -80,7 +81,7 @@ struct TrialRecord {
   double predicted_s = 0;         // default constants
   double calibrated_s = 0;        // constants refit before this trial (= predicted_s before any fit)
   double measured_s = 0;          // median timed step, slowest rank
-  double noise = 0;               // relative standard error of the trial's own median (of step / probe on CPUs)
+  double noise = 0;               // relative standard error of the trial's own median (of step / probe with a probe)
   double probe_s = 0;             // CPU trials: the machine's speed during the trial (trainer/profile.h)
   double tokens_per_s = 0;
   double mfu = 0;

@@ -305,6 +305,7 @@ TrialRecord Search::trial(SearchCandidate& cand, int64_t order, Mode mode) {
   pc.timed_steps = o_.timed_steps;
   pc.min_timed_s = o_.min_timed_s;
   pc.silence_s = o_.silence_s;
+  pc.probe = o_.probe;
   pc.time_limit_s = o_.trial_limit_s > 0 ? o_.trial_limit_s
                                          : 10 * cand.calibrated_s * double(o_.warmup_steps + o_.timed_steps) + 30;
   for (const auto& f : faults_)

@@ -79,10 +79,19 @@ TEST(Tune, ProfilesTheTopCandidatesAndPicksTheFastest) {
   // shortest mean of them wins, or one within 1% of it with less memory.
   std::nth_element(probes.begin(), probes.begin() + long(probes.size() / 2), probes.end());
   const double ref = probes[probes.size() / 2];
-  std::map<std::string, std::vector<double>> steady;
-  for (const auto& t : r.trials) steady[t.layout.to_string()].push_back(t.measured_s * ref / t.probe_s);
-  const auto mean = [](const std::vector<double>& v) { return (v[0] + v[1]) / 2; };
+  // The winner's row carries the mean of its two measured steps: its own
+  // trial measured twice that, less the other trial.
   const auto& w = r.trials[*r.winner];
+  double other = 0;
+  for (size_t i = 0; i < r.trials.size(); ++i)
+    if (i != *r.winner && r.trials[i].layout == w.layout) other = r.trials[i].measured_s;
+  std::map<std::string, std::vector<double>> steady;
+  for (size_t i = 0; i < r.trials.size(); ++i) {
+    const auto& t = r.trials[i];
+    const double measured = i == *r.winner ? 2 * t.measured_s - other : t.measured_s;
+    steady[t.layout.to_string()].push_back(measured * ref / t.probe_s);
+  }
+  const auto mean = [](const std::vector<double>& v) { return (v[0] + v[1]) / 2; };
   double fastest = mean(steady.at(w.layout.to_string()));
   for (auto& [l, v] : steady) fastest = std::min(fastest, mean(v));
   EXPECT_EQ(w.repeats, 2);
