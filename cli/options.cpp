@@ -204,6 +204,9 @@ tuner::SpaceLimits SpaceArgs::resolve() const {
   l.grad = parse_all<GradPrecision>(grad, grad_precision_parse);
   l.cp_comm = parse_all<CpComm>(cp_comm, cp_comm_parse);
   l.fp8 = parse_all<std::pair<Fp8Recipe, int64_t>>(fp8, fp8_pin_parse);
+  l.split = parse_all<std::vector<int64_t>>(split, [](const std::string& s) {
+    return s == "even" ? std::vector<int64_t>{} : split_parse(s);
+  });
   return l;
 }
 
@@ -308,6 +311,11 @@ void add_space_options(CLI::App& app, SpaceArgs& a) {
   g->add_option("--fp8", a.fp8,
                 "GEMM precision of the blocks' linear layers: off (bf16), tensorwise, delayed, blockwise; RECIPE@N keeps the "
                 "first and last N blocks in bf16 (searched: off,tensorwise on devices with FP8 tensor cores)")
+      ->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  g->add_option("--split", a.split,
+                "Pipeline splits: even, or each virtual stage's layers (1.2x62.1: 1 layer, 62 stages of 2, 1); "
+                "searched: the even split, and where the vocabulary's tables are heavy or L does not divide, "
+                "the first and last virtual stage 0-2 layers lighter")
       ->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   g->add_option("--max-mb", a.max_mb, "Largest micro-batch tried when --mb is free")
       ->capture_default_str();

@@ -62,7 +62,7 @@ void add_lora_options(CLI::App& app, LoraArgs& a);
 
 struct SpaceArgs {
   std::vector<int64_t> tp, cp, pp, mb, vpp, zero, ckpt_layers;
-  std::vector<std::string> sp, ckpt, attention, norm, grad, cp_comm, fp8;
+  std::vector<std::string> sp, ckpt, attention, norm, grad, cp_comm, fp8, split;
   int64_t max_mb = 64;
   tuner::SpaceLimits resolve() const;
 };

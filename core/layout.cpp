@@ -92,10 +92,80 @@ GradPrecision grad_precision_parse(const std::string& s) {
   throw InputError(fmt::format("unknown gradient precision '{}'; valid: fp32, bf16", s));
 }
 
-int64_t Layout::checkpointed_layers(const ModelSpec& m) const {
+int64_t Layout::virtual_first_layer(const ModelSpec& m, int64_t v) const {
+  if (split.empty()) return v * (m.layers / (pp * vpp));
+  int64_t first = 0;
+  for (int64_t i = 0; i < v && size_t(i) < split.size(); ++i) first += split[size_t(i)];
+  return first;
+}
+
+int64_t Layout::stage_layers(const ModelSpec& m, int64_t stage) const {
+  if (split.empty()) return m.layers / pp;
+  int64_t n = 0;
+  for (int64_t c = 0; c < vpp; ++c) n += chunk_layers(m, stage, c);
+  return n;
+}
+
+int64_t Layout::max_stage_layers(const ModelSpec& m) const {
+  if (split.empty()) return m.layers / pp;
+  int64_t n = 0;
+  for (int64_t s = 0; s < pp; ++s) n = std::max(n, stage_layers(m, s));
+  return n;
+}
+
+int64_t Layout::max_chunk_layers(const ModelSpec& m, int64_t stage) const {
+  if (split.empty()) return m.layers / (pp * vpp);
+  int64_t n = 0;
+  for (int64_t c = 0; c < vpp; ++c) n = std::max(n, chunk_layers(m, stage, c));
+  return n;
+}
+
+int64_t Layout::chunk_checkpointed(const ModelSpec& m, int64_t stage) const {
   if (ckpt == Checkpointing::none) return 0;
-  const int64_t n = stage_layers(m);
-  return ckpt_layers > 0 && ckpt_layers < n ? ckpt_layers : n;
+  const int64_t n = max_chunk_layers(m, stage);
+  return ckpt_layers > 0 ? std::min(n, ckpt_layers / vpp) : n;
+}
+
+int64_t Layout::checkpointed_layers(const ModelSpec& m, int64_t stage) const {
+  if (ckpt == Checkpointing::none) return 0;
+  if (split.empty()) {
+    const int64_t n = stage_layers(m, stage);
+    return ckpt_layers > 0 && ckpt_layers < n ? ckpt_layers : n;
+  }
+  const int64_t k = chunk_checkpointed(m, stage);
+  int64_t n = 0;
+  for (int64_t c = 0; c < vpp; ++c) n += std::min(k, chunk_layers(m, stage, c));
+  return n;
+}
+
+bool Layout::edge_split() const {
+  for (size_t v = 2; v + 1 < split.size(); ++v)
+    if (split[v] != split[1]) return false;
+  return true;
+}
+
+std::string split_text(const std::vector<int64_t>& split) {
+  std::string out;
+  for (size_t i = 0; i < split.size();) {
+    size_t j = i;
+    while (j < split.size() && split[j] == split[i]) ++j;
+    if (!out.empty()) out += '.';
+    out += j - i > 1 ? fmt::format("{}x{}", split[i], j - i) : fmt::format("{}", split[i]);
+    i = j;
+  }
+  return out;
+}
+
+std::optional<std::vector<int64_t>> edge_split(int64_t layers, int64_t virtual_stages, int64_t first, int64_t last) {
+  if (virtual_stages < 2 || first < 0 || last < 0) return std::nullopt;
+  const int64_t rest = layers - first - last, between = virtual_stages - 2;
+  if (between == 0 ? rest != 0 : rest < between || rest % between != 0) return std::nullopt;
+  const int64_t each = between > 0 ? rest / between : first;
+  if (first == each && last == each) return std::vector<int64_t>{};
+  std::vector<int64_t> s(size_t(virtual_stages), each);
+  s.front() = first;
+  s.back() = last;
+  return s;
 }
 
 std::string Layout::to_string() const {
@@ -104,10 +174,11 @@ std::string Layout::to_string() const {
   std::string f8;
   if (fp8 != Fp8Recipe::off || fp8_bf16_layers > 0)
     f8 = fmt::format("-fp8:{}{}", weft::to_string(fp8), fp8_bf16_layers > 0 ? fmt::format("@{}", fp8_bf16_layers) : "");
-  return fmt::format("tp{}{}-pp{}-dp{}-mb{}-vpp{}-{}-ckpt:{}-attn:{}-norm:{}-zero{}-grad:{}{}{}", tp,
+  return fmt::format("tp{}{}-pp{}-dp{}-mb{}-vpp{}-{}-ckpt:{}-attn:{}-norm:{}-zero{}-grad:{}{}{}{}", tp,
                      cp != 1 ? fmt::format("-cp{}", cp) : "", pp, dp, mb, vpp, sp ? "sp" : "nosp", ck,
                      weft::to_string(attention), weft::to_string(norm), zero, weft::to_string(grad),
-                     cp != 1 || cp_comm != CpComm::ring ? fmt::format("-cp:{}", weft::to_string(cp_comm)) : "", f8);
+                     cp != 1 || cp_comm != CpComm::ring ? fmt::format("-cp:{}", weft::to_string(cp_comm)) : "", f8,
+                     split.empty() ? "" : "-split:" + split_text(split));
 }
 
 namespace {
@@ -122,6 +193,30 @@ int64_t parse_count(const std::string& field, const std::string& digits) {
 }
 
 }  // namespace
+
+std::vector<int64_t> split_parse(const std::string& text) {
+  std::vector<int64_t> out;
+  size_t start = 0;
+  while (true) {
+    const size_t end = std::min(text.find('.', start), text.size());
+    const std::string item = text.substr(start, end - start);
+    const size_t x = item.find('x');
+    const int64_t n = parse_count("split:" + text, item.substr(0, x));
+    const int64_t k = x == std::string::npos ? 1 : parse_count("split:" + text, item.substr(x + 1));
+    if (k < 1 || k > (int64_t{1} << 20))
+      throw InputError(fmt::format("split:{}: '{}' repeats a count {} times; give 1 to 2^20", text, item, k));
+    if (n > (int64_t{1} << 40))
+      throw InputError(fmt::format("split:{}: {} layers in one virtual stage is past any model", text, n));
+    if (out.size() + size_t(k) > (size_t{1} << 20))
+      throw InputError(fmt::format("split:{} names more than 2^20 virtual stages", text));
+    out.insert(out.end(), size_t(k), n);
+    if (end == text.size()) break;
+    start = end + 1;
+  }
+  // Equal counts are the even split, which the text leaves out.
+  if (std::all_of(out.begin(), out.end(), [&](int64_t n) { return n == out.front(); })) out.clear();
+  return out;
+}
 
 Layout Layout::parse(const std::string& text) {
   if (text.empty())
@@ -185,6 +280,8 @@ Layout Layout::parse(const std::string& text) {
       l.fp8 = fp8_recipe_parse(recipe);
     } else if (tok.rfind("cp:", 0) == 0) {
       l.cp_comm = cp_comm_parse(after(3));
+    } else if (tok.rfind("split:", 0) == 0) {
+      l.split = split_parse(after(6));
     } else if (tok.rfind("grad:", 0) == 0) {
       l.grad = grad_precision_parse(after(5));
     } else if (tok == "sp") {
@@ -209,7 +306,8 @@ Layout Layout::parse(const std::string& text) {
       throw InputError(fmt::format(
           "layout '{}': unknown field '{}'; fields are tpN, cpN, ppN, dpN, mbN, vppN, sp|nosp, "
           "ckpt:none|selective|ffn|full[@K], attn:flash|materialized|cudnn, norm:fused|unfused, zeroN, "
-          "grad:fp32|bf16, cp:ring|allgather|a2a, fp8:tensorwise|delayed|blockwise[@N]",
+          "grad:fp32|bf16, cp:ring|allgather|a2a, fp8:tensorwise|delayed|blockwise[@N], "
+          "split:N.N.N (layers per virtual stage; NxK for K stages of N)",
           text, tok));
     }
     if (end == text.size()) break;
@@ -255,9 +353,34 @@ std::vector<std::string> Layout::violations(const ModelSpec& m, const RunSpec& r
     v.push_back(fmt::format("kv heads H_kv={} must be divisible by tp={}", m.kv_heads, tp));
   if (m.intermediate % tp != 0)
     v.push_back(fmt::format("intermediate F={} must be divisible by tp={}", m.intermediate, tp));
-  if (m.layers % (pp * vpp) != 0)
-    v.push_back(fmt::format("layers L={} must be divisible by pp*vpp = {}*{} = {}", m.layers, pp,
-                            vpp, pp * vpp));
+  const int64_t stages = pp * vpp;  // both at most 2^20
+  if (split.empty() && m.layers % stages != 0) {
+    // The split that counts the embedding and the loss as layers, where it divides.
+    const auto counted = m.layers + 2 > stages ? weft::edge_split(m.layers, stages, (m.layers + 2) / stages - 1,
+                                                           (m.layers + 2) / stages - 1)
+                                               : std::nullopt;
+    v.push_back(fmt::format("layers L={} must be divisible by pp*vpp = {}*{} = {}, or the layout must give each "
+                            "virtual stage's layers (split:{}){}",
+                            m.layers, pp, vpp, stages,
+                            counted && !counted->empty() ? split_text(*counted) : "N.N...",
+                            counted && !counted->empty() ? ", the embedding and the loss counted as layers" : ""));
+  }
+  if (!split.empty()) {
+    int64_t sum = 0;
+    for (int64_t n : split) sum += n;
+    if (int64_t(split.size()) != stages)
+      v.push_back(fmt::format("split:{} gives {} virtual stages; pp*vpp = {}*{} = {} need a count each",
+                              split_text(split), split.size(), pp, vpp, stages));
+    else if (sum != m.layers)
+      v.push_back(fmt::format("split:{} holds {} layers; the model has L={}", split_text(split), sum, m.layers));
+    for (size_t i = 1; i + 1 < split.size(); ++i)
+      if (split[i] < 1) {
+        v.push_back(fmt::format("split:{} leaves virtual stage {} without a layer; only the first (embedding) and "
+                                "the last (head and loss) may hold none",
+                                split_text(split), i));
+        break;
+      }
+  }
   if (run.global_batch % (mb * dp) != 0)
     v.push_back(fmt::format("global batch {} must be divisible by mb*dp = {}*{} = {}",
                             run.global_batch, mb, dp, mb * dp));
@@ -277,9 +400,12 @@ std::vector<std::string> Layout::violations(const ModelSpec& m, const RunSpec& r
   if (ckpt_layers < 0) v.push_back(fmt::format("ckpt@{} must not be negative", ckpt_layers));
   if (ckpt == Checkpointing::none && ckpt_layers > 0)
     v.push_back(fmt::format("ckpt:none@{} names layers but no checkpointing mode", ckpt_layers));
-  if (ckpt_layers > 0 && m.layers % pp == 0 && ckpt_layers > stage_layers(m))
+  if (ckpt_layers > 0 && split.empty() && m.layers % pp == 0 && ckpt_layers > m.layers / pp)
     v.push_back(fmt::format("ckpt@{} exceeds the {} layers of a pipeline stage (L={} / pp={})",
-                            ckpt_layers, stage_layers(m), m.layers, pp));
+                            ckpt_layers, m.layers / pp, m.layers, pp));
+  if (ckpt_layers > 0 && !split.empty() && int64_t(split.size()) == stages && ckpt_layers > max_stage_layers(m))
+    v.push_back(fmt::format("ckpt@{} exceeds the {} layers of the largest pipeline stage", ckpt_layers,
+                            max_stage_layers(m)));
   if (vpp > 1 && ckpt_layers > 0 && ckpt_layers % vpp != 0)
     v.push_back(fmt::format("ckpt@{} with vpp={} must be divisible by vpp (K/vpp layers of each "
                             "chunk are checkpointed)",

@@ -2,10 +2,12 @@
 // text form, e.g. "tp2-pp4-dp8-mb1-vpp1-sp-ckpt:none-attn:flash-norm:fused-zero1-grad:fp32";
 // with context parallelism "tp2-cp2-pp4-dp8-...-zero1-grad:fp32-cp:ring" (cp
 // and its transport are left out at cp 1, so older layouts read the same),
-// with FP8 GEMMs "...-grad:fp32-fp8:delayed" (left out when off).
+// with FP8 GEMMs "...-grad:fp32-fp8:delayed" (left out when off), with an
+// uneven pipeline split "...-split:1.2x62.1" (left out when even).
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -88,6 +90,15 @@ struct Layout {
   GradPrecision grad = GradPrecision::fp32;
   Fp8Recipe fp8 = Fp8Recipe::off;
   int64_t fp8_bf16_layers = 0;  // first and last N blocks keep compute-precision GEMMs
+  // The decoder layers of each virtual stage v = chunk * pp + stage, in model
+  // order (pp * vpp counts summing to L); empty: the even split, L / (pp *
+  // vpp) each. The first virtual stage also runs the embedding and the last
+  // the final norm, the head and the loss, so either may hold no layer at all
+  // (Megatron's account_for_embedding_in_pipeline_split and _loss_: the
+  // embedding or the loss counted as a layer); every other holds at least
+  // one. Text: split:1.2x62.1 (one virtual stage of 1 layer, 62 of 2, one of
+  // 1); a list of equal counts is the even split and reads as empty.
+  std::vector<int64_t> split;
 
   // Whether global block `layer` runs its linear layers in FP8 (before the
   // multiple-of-16 rule, which depends on each GEMM's local shape).
@@ -107,10 +118,33 @@ struct Layout {
   int64_t local_seq(const RunSpec& run) const { return run.seq / cp; }
   // Micro-batches per optimizer step on each dp replica (gradient accumulation).
   int64_t micro_batches(const RunSpec& run) const { return run.global_batch / (mb * dp); }
-  // Layers held by one pipeline stage.
-  int64_t stage_layers(const ModelSpec& m) const { return m.layers / pp; }
-  // Layers of a stage that use the checkpointing mode (the rest keep everything).
-  int64_t checkpointed_layers(const ModelSpec& m) const;
+  bool uneven() const { return !split.empty(); }
+  // Layers of virtual stage v (0 .. pp * vpp - 1), and the global index of its first.
+  // (A split of the wrong length, which violations() names, reads as 0
+  // past its end.)
+  int64_t virtual_layers(const ModelSpec& m, int64_t v) const {
+    if (split.empty()) return m.layers / (pp * vpp);
+    return v >= 0 && size_t(v) < split.size() ? split[size_t(v)] : 0;
+  }
+  int64_t virtual_first_layer(const ModelSpec& m, int64_t v) const;
+  // Layers of model chunk `chunk` on pipeline stage `stage`.
+  int64_t chunk_layers(const ModelSpec& m, int64_t stage, int64_t chunk) const {
+    return virtual_layers(m, chunk * pp + stage);
+  }
+  // Layers held by pipeline stage `stage` (all its chunks).
+  int64_t stage_layers(const ModelSpec& m, int64_t stage) const;
+  // The most layers any stage holds, and any one chunk of `stage`.
+  int64_t max_stage_layers(const ModelSpec& m) const;
+  int64_t max_chunk_layers(const ModelSpec& m, int64_t stage) const;
+  // Layers of each chunk of `stage` that use the checkpointing mode: all, or
+  // the first K / vpp of each (ckpt@K), at most the chunk's own.
+  int64_t chunk_checkpointed(const ModelSpec& m, int64_t stage) const;
+  // Layers of stage `stage` that use the checkpointing mode (the rest keep everything).
+  int64_t checkpointed_layers(const ModelSpec& m, int64_t stage) const;
+  // Whether the split differs from the even one only on the first and last
+  // virtual stage (Megatron's first/last-stage counts): then the stages
+  // between are alike, and stage 1 bounds them.
+  bool edge_split() const;
 
   std::string to_string() const;
   // Parses the text form; fields may come in any order and missing ones take
@@ -137,6 +171,15 @@ NormKind norm_parse(const std::string& s);
 GradPrecision grad_precision_parse(const std::string& s);
 CpComm cp_comm_parse(const std::string& s);
 Fp8Recipe fp8_recipe_parse(const std::string& s);
+// The split's text, "1.2x62.1" (runs of equal counts as NxK: N layers, K
+// virtual stages), and back; the parser names a malformed count.
+std::string split_text(const std::vector<int64_t>& split);
+std::vector<int64_t> split_parse(const std::string& s);
+// The split that gives the first virtual stage `first` layers, the last
+// `last`, and spreads the rest evenly over the pp * vpp - 2 between; empty
+// when that is the even split, nullopt when the rest does not divide (or a
+// count would be negative, or a stage between would be empty).
+std::optional<std::vector<int64_t>> edge_split(int64_t layers, int64_t virtual_stages, int64_t first, int64_t last);
 // The GEMM precision of a layout as reports print it: "bf16" (the compute
 // precision; fp32 on the CPU) or "fp8:tensorwise", "fp8:delayed@1".
 std::string gemm_precision_text(const Layout& l);

@@ -18,12 +18,17 @@ MemoryEstimate estimate(const ModelSpec& m, const RunSpec& run, const Layout& l,
   e.margin = opt.margin;
   e.usable = static_cast<int64_t>(double(device.memory_bytes) * (1.0 - opt.margin));
 
-  const bool every = opt.all_stages || l.pp <= 2;
-  const int64_t n = every ? l.pp : 2;
+  // An even split's middle stages hold the first stage's layers and fewer
+  // micro-batches in flight, and no embedding: the first and last stage
+  // bound them. An uneven split that differs only on the first and last
+  // virtual stage leaves the middle stages alike, and stage 1 (the most in
+  // flight of them) bounds those; any other split is judged stage by stage.
+  const bool every = opt.all_stages || l.pp <= 2 || (l.uneven() && !l.edge_split());
+  const int64_t n = every ? l.pp : l.uneven() ? 3 : 2;
   e.stages.reserve(size_t(n));
   thread_local std::vector<TensorShape> shapes;
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t s = every ? i : (i == 0 ? 0 : l.pp - 1);
+    const int64_t s = every ? i : i == n - 1 ? l.pp - 1 : i;
     const StagePlan plan = stage_plan(m, run, l, s);
     StageMemory sm;
     sm.stage = s;

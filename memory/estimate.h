@@ -17,9 +17,10 @@ struct MemoryOptions {
   // transient library allocations; a layout fits when its worst stage needs at
   // most (1 - margin) of the device.
   double margin = 0.05;
-  // Evaluate every stage (reports) or only the first and last, which bound all
-  // others: a middle stage holds no embedding/head and fewer micro-batches in
-  // flight than stage 0 (the tuner's fast path).
+  // Evaluate every stage (reports) or only those that bound all others (the
+  // tuner's fast path): the first and last (an even split's middle stage
+  // holds no embedding/head and fewer micro-batches in flight than stage 0),
+  // and stage 1 where only the first and last virtual stage are uneven.
   bool all_stages = false;
 };
 

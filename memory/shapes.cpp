@@ -175,8 +175,10 @@ Dims dims(const ModelSpec& m, const RunSpec& run, const Layout& l) {
 StagePlan stage_plan(const ModelSpec& m, const RunSpec& run, const Layout& l, int64_t stage) {
   StagePlan p;
   p.stage = stage;
-  p.layers = l.stage_layers(m);
-  p.checkpointed = l.checkpointed_layers(m);
+  p.layers = l.stage_layers(m, stage);
+  p.checkpointed = l.checkpointed_layers(m, stage);
+  p.slot_layers = l.max_chunk_layers(m, stage);
+  p.slot_checkpointed = l.chunk_checkpointed(m, stage);
   p.in_flight_chunks = pipeline_max_in_flight(l.pp, l.vpp, l.micro_batches(run), stage);
   p.has_embedding = stage == 0;
   p.has_head = stage == l.pp - 1;
@@ -209,8 +211,7 @@ int64_t lora_block_elements(const ModelSpec& m, const Layout& l, const LoraSpec&
 }
 
 int64_t global_layer(const ModelSpec& m, const Layout& l, int64_t stage, int64_t chunk, int64_t layer) {
-  const int64_t per_chunk = l.stage_layers(m) / l.vpp;
-  return (chunk * l.pp + stage) * per_chunk + layer;
+  return l.virtual_first_layer(m, chunk * l.pp + stage) + layer;
 }
 
 void block_param_shapes(const ModelSpec& m, const Layout& l, std::vector<TensorShape>& out) {
@@ -353,9 +354,10 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
   out.push_back({"optimizer.adam_m", Category::optimizer, opt, kFp32, 1});
   out.push_back({"optimizer.adam_v", Category::optimizer, opt, kFp32, 1});
 
-  // Saved activations. A chunk holds layers / vpp blocks; with ckpt@K the
-  // first K blocks of the stage use the mode (spread evenly over chunks).
-  const int64_t n_ckpt = plan.checkpointed, n_keep = plan.layers - n_ckpt;
+  // Saved activations: a slot per chunk-micro-batch in flight, each for the
+  // stage's largest chunk (layers / vpp blocks of an even split); with ckpt@K
+  // the first K / vpp blocks of each chunk use the mode.
+  const int64_t n_ckpt = plan.slot_checkpointed, n_keep = plan.slot_layers - n_ckpt;
   const int64_t chunks = plan.in_flight_chunks;
   thread_local std::vector<TensorShape> kept, ckpt;
   kept.clear();
@@ -374,7 +376,7 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
     // One block's dropped tensors are rebuilt at a time during the backward
     // (an FP8 input is rebuilt in the compute type, into its scratch below).
     const int64_t recompute = n_ckpt > 0 && !in_ckpt && !fp8_saved_name(t.name) ? 1 : 0;
-    const int64_t count = ceil_div(chunks * saved_layers, l.vpp) + recompute;
+    const int64_t count = chunks * saved_layers + recompute;
     if (count > 0) out.push_back({t.name, t.category, t.elements, t.element_bytes, count});
   }
   if (plan.has_embedding)

@@ -47,6 +47,11 @@ struct StagePlan {
   int64_t stage = 0;
   int64_t layers = 0;            // blocks on this stage
   int64_t checkpointed = 0;      // of which use the checkpointing mode
+  // A chunk-micro-batch's activation slot holds the saved tensors of the
+  // stage's largest chunk (an uneven split's smaller chunks leave part of
+  // theirs unused), of which the first slot_checkpointed blocks use the mode.
+  int64_t slot_layers = 0;
+  int64_t slot_checkpointed = 0;
   int64_t in_flight_chunks = 0;  // chunk-micro-batches in flight (pipeline schedule)
   bool has_embedding = false;    // first stage
   bool has_head = false;         // last stage: final norm, LM head, loss

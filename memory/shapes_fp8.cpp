@@ -86,10 +86,9 @@ bool fp8_block_dims(int64_t token_run, int64_t K, int64_t N) {
 
 int64_t fp8_stage_blocks(const ModelSpec& m, const Layout& l, const StagePlan& plan) {
   if (l.fp8 == Fp8Recipe::off) return 0;
-  const int64_t per_chunk = plan.layers / l.vpp;
   int64_t n = 0;
   for (int64_t c = 0; c < l.vpp; ++c)
-    for (int64_t i = 0; i < per_chunk; ++i) n += l.fp8_layer(m, global_layer(m, l, plan.stage, c, i)) ? 1 : 0;
+    for (int64_t i = 0, per_chunk = l.chunk_layers(m, plan.stage, c); i < per_chunk; ++i) n += l.fp8_layer(m, global_layer(m, l, plan.stage, c, i)) ? 1 : 0;
   return n;
 }
 

@@ -101,6 +101,23 @@ std::string header(const SpaceReport& r, const SpaceContext& c) {
       usable / double(GiB), gib(c.cluster.device.memory_bytes), fp8_note, space);
 }
 
+// The pipeline's balance: each stage's time per micro-batch (the cost
+// model's, tuner::stage_times) and how far the slowest is over their mean,
+// the share of the steady state the other stages wait.
+std::string stage_times_text(const Layout& l, const SpaceContext& ctx) {
+  const auto t = tuner::stage_times(ctx.model, ctx.run, l, ctx.cluster, ctx.constants);
+  double sum = 0, slowest = 0;
+  std::vector<std::string> each;
+  for (size_t s = 0; s < t.size(); ++s) {
+    sum += t[s];
+    slowest = std::max(slowest, t[s]);
+    each.push_back(fmt::format("{} ({})", format_seconds(t[s]), l.stage_layers(ctx.model, int64_t(s))));
+  }
+  return fmt::format("  stage times per micro-batch (layers): {}; slowest {:.1f}% over the mean{}\n",
+                     fmt::join(each, ", "), 100 * (slowest * double(t.size()) / sum - 1),
+                     l.uneven() ? fmt::format(" (split {})", split_text(l.split)) : "");
+}
+
 std::string breakdown(const Candidate& c, const SpaceContext& ctx) {
   std::string s = fmt::format("best layout: {}\n", c.layout.to_string());
   s += fmt::format("  memory per stage (GiB){:>4}", "");
@@ -127,6 +144,7 @@ std::string breakdown(const Candidate& c, const SpaceContext& ctx) {
   s += part("compute", k.compute) + part("recompute", k.recompute) + part("tp comm", k.tp_comm) +
        part("cp comm", k.cp_comm) + part("pp bubble", k.pp_bubble) + part("pp p2p", k.pp_p2p) + part("dp comm", k.dp_comm) +
        part("optimizer", k.optimizer);
+  if (c.layout.pp > 1) s += stage_times_text(c.layout, ctx);
   s += grad_precision_note(c.layout);
   return s;
 }
@@ -299,6 +317,7 @@ nlohmann::json report_json(const SpaceReport& r, const SpaceContext& ctx, int64_
           sj[memory::to_string(cat)] = st.bytes[static_cast<size_t>(cat)];
         stages.push_back(sj);
       }
+      if (c.layout.pp > 1) row["stage_times_s"] = tuner::stage_times(ctx.model, ctx.run, c.layout, ctx.cluster, ctx.constants);
       row["memory_peak_bytes"] = c.memory.peak();
       row["memory_usable_bytes"] = c.memory.usable;
     }

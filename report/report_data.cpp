@@ -56,7 +56,10 @@ struct Point {
 // The fitting points on the memory/MFU Pareto front: none other reaches the
 // same MFU with less memory.
 std::vector<size_t> pareto(const std::vector<Point>& pts) {
+  // Counted first: the space's millions of points leave no room for a
+  // growing vector's spare half.
   std::vector<size_t> fit;
+  fit.reserve(size_t(std::count_if(pts.begin(), pts.end(), [](const Point& p) { return p.rank > 0; })));
   for (size_t i = 0; i < pts.size(); ++i)
     if (pts[i].rank > 0) fit.push_back(i);
   std::sort(fit.begin(), fit.end(), [&](size_t a, size_t b) {

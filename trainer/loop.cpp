@@ -389,6 +389,12 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
     fmt::print(log, "vocabulary padded from {} to {} for tp={} (a multiple of {} x tp): rows {}..{} of the embedding "
                     "and head are zero, masked out of the loss, and left out of checkpoints and exports\n",
                V, Vp, c.layout.tp, kVocabPadMultiple, V, Vp - 1);
+  if (c.layout.uneven()) {
+    std::vector<int64_t> per_stage;
+    for (int64_t s = 0; s < c.layout.pp; ++s) per_stage.push_back(c.layout.stage_layers(c.model, s));
+    fmt::print(log, "pipeline split {}: stages hold {} layers (the first also the embedding, the last the head)\n",
+               split_text(c.layout.split), fmt::join(per_stage, ", "));
+  }
   if (!c.comm.empty()) fmt::print(log, "comm {}: {}\n", c.comm, c.comm_why);
   if (const std::string bf16 = memory::fp8_bf16_gemms_text(c.model, c.run, c.layout); !bf16.empty())
     fmt::print(log, "FP8 GEMMs ({}): {}\n", gemm_precision_text(c.layout), bf16);

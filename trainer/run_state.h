@@ -175,7 +175,7 @@ struct Run {
       const int64_t mb = op.micro_batch, ch = op.chunk;
       switch (op.kind) {
         case PipeOpKind::recv_forward:
-          pp.recv(stage.stage_input(slot_for(mb, ch)), act_count(), op.peer, tag(mb, ch, 0));
+          pp.recv(stage.stage_input(slot_for(mb, ch), ch), act_count(), op.peer, tag(mb, ch, 0));
           break;
         case PipeOpKind::forward:
           if (send_act) send_act->wait();  // the output buffer is about to be rewritten
@@ -245,7 +245,7 @@ struct Run {
       // Walk the virtual stages in order; this rank runs those it holds.
       for (int64_t v = 0; v < pp_size * vpp; ++v) {
         if (v % pp_size != s) continue;
-        if (v > 0) pp.recv(stage.stage_input(0), act_count(), (s + pp_size - 1) % pp_size, 2 * (j * pp_size * vpp + v));
+        if (v > 0) pp.recv(stage.stage_input(0, v / pp_size), act_count(), (s + pp_size - 1) % pp_size, 2 * (j * pp_size * vpp + v));
         forward_samples(*val_loader, groups.dp_rank() * rounds * mb + j * mb, 0, 0.0, v / pp_size);
         loss += stage.take_loss();
         if (v + 1 < pp_size * vpp)

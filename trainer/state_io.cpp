@@ -181,10 +181,10 @@ std::unique_ptr<SaveJob> state_gather(const std::string& dir, LlamaStage<Elem, G
       }
       src += 3 * n;
     }
-    const int64_t blocks = memory::stage_plan(m, run, l, s).layers, per_chunk = blocks / l.vpp;
-    for (int64_t b = 0; b < blocks && history_per_block > 0; ++b, src += history_per_block)
-      std::copy(src, src + history_per_block,
-                history_full.begin() + memory::global_layer(m, l, s, b / per_chunk, b % per_chunk) * history_per_block);
+    for (int64_t c = 0; c < l.vpp && history_per_block > 0; ++c)
+      for (int64_t i = 0, n = l.chunk_layers(m, s, c); i < n; ++i, src += history_per_block)
+        std::copy(src, src + history_per_block,
+                  history_full.begin() + memory::global_layer(m, l, s, c, i) * history_per_block);
   }
   if (history_per_block > 0)
     state.push_back({checkpoint::kFp8HistoryTensor, checkpoint::DType::F32,
@@ -238,13 +238,14 @@ void state_load(const checkpoint::Checkpoint& ck, LlamaStage<Elem, G>& stage,
   if (const auto* h = ck.optimizer.find(checkpoint::kFp8HistoryTensor); h && !stage.fp8_history().empty()) {
     const ModelSpec& model = stage.model();
     const Layout& l = stage.layout();
-    const int64_t per_block = h->elements() / model.layers, blocks = stage.plan().layers, per_chunk = blocks / l.vpp;
+    const int64_t per_block = h->elements() / model.layers, blocks = stage.plan().layers, s = stage.plan().stage;
     std::vector<float> full(size_t(h->elements())), mine(size_t(per_block * blocks));
     std::memcpy(full.data(), h->data, size_t(h->bytes()));  // F32, checked when the checkpoint was opened
-    for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t g = memory::global_layer(model, l, stage.plan().stage, b / per_chunk, b % per_chunk);
-      std::copy(full.begin() + g * per_block, full.begin() + (g + 1) * per_block, mine.begin() + b * per_block);
-    }
+    for (int64_t c = 0, b = 0; c < l.vpp; ++c)
+      for (int64_t i = 0, n = l.chunk_layers(model, s, c); i < n; ++i, ++b) {
+        const int64_t g = memory::global_layer(model, l, s, c, i);
+        std::copy(full.begin() + g * per_block, full.begin() + (g + 1) * per_block, mine.begin() + b * per_block);
+      }
     stage.fp8_history_set(mine, ck.manifest.run.value("fp8_history_len", int64_t{0}));
   }
   optim->restore(ck.manifest.optimizer.step, ck.manifest.run.value("nonfinite_total", int64_t{0}));

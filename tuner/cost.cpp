@@ -123,7 +123,6 @@ int64_t fp8_stage_blocks(const ModelSpec& m, const Layout& l, int64_t stage) {
   if (l.fp8 == Fp8Recipe::off || l.pp <= 0 || l.vpp <= 0) return 0;
   memory::StagePlan plan;
   plan.stage = stage;
-  plan.layers = l.stage_layers(m);
   return memory::fp8_stage_blocks(m, l, plan);
 }
 
@@ -146,7 +145,6 @@ Sharding sharding_cost(const Model& x, double mbs, double bwd_mb, double t_mb) {
   const Layout& l = x.l;
   const CostConstants& k = x.k;
   const double C = double(m.hidden), Vl = double(m.padded_vocab(l.tp)) / double(l.tp);
-  const int64_t layers = l.stage_layers(m);
   Sharding s;
   // Tied embeddings: the first and last stages exchange the table's
   // gradient (fp32 or bf16, as the layout keeps gradients) after the
@@ -164,7 +162,9 @@ Sharding sharding_cost(const Model& x, double mbs, double bwd_mb, double t_mb) {
   // its part of every sequence).
   // Under LoRA only the adapters have gradients and optimizer state, and
   // only they are reduced and sharded.
-  const auto stage_params = [&](bool emb, bool head) {
+  const auto stage_params = [&](int64_t stage) {
+    const bool emb = stage == 0, head = stage == l.pp - 1;
+    const int64_t layers = l.stage_layers(m, stage);
     if (lora) return double(layers) * double(memory::lora_block_elements(m, l, x.run.lora));
     const double block = double(2 * m.hidden + (2 * (m.heads / l.tp) + 2 * (m.kv_heads / l.tp)) *
                                                    m.head_dim * m.hidden +
@@ -174,7 +174,9 @@ Sharding sharding_cost(const Model& x, double mbs, double bwd_mb, double t_mb) {
     if (head) n += C + (m.tied_embeddings && emb ? 0 : Vl * C);
     return n;
   };
-  const double psi = std::max(stage_params(true, l.pp == 1), stage_params(l.pp == 1, true));
+  // (An uneven split's middle stage may hold more.)
+  const int64_t mid = middle_stage(m, l);
+  const double psi = std::max({stage_params(0), stage_params(l.pp - 1), mid > 0 ? stage_params(mid) : 0.0});
   const Group dg = x.shard_group();
   const double grad_bytes = double(l.grad_bytes()) * psi, param_bytes = x.a * psi;
   double reduce = 0, gather = 0, window = 0;
@@ -214,8 +216,8 @@ Sharding sharding_cost(const Model& x, double mbs, double bwd_mb, double t_mb) {
     // The group reduced last is exposed: the embedding table, whose
     // gradient is final only at the very end of the first stage's backward.
     // (Under LoRA a block's adapters.)
-    const double tail = lora ? 1.0 / double(std::max<int64_t>(1, layers))
-                             : std::min(1.0, Vl * C / stage_params(true, l.pp == 1));
+    const double tail = lora ? 1.0 / double(std::max<int64_t>(1, l.stage_layers(m, 0)))
+                             : std::min(1.0, Vl * C / stage_params(0));
     // Hidden communication is not free: NCCL kernels take SMs and memory
     // bandwidth from the compute they overlap (10-20% slowdowns are typical).
     const double exposed = std::max(reduce - k.dp_overlap * window, reduce * tail * tail_share);
@@ -241,7 +243,8 @@ Sharding sharding_cost(const Model& x, double mbs, double bwd_mb, double t_mb) {
     double per_block = 0;
     for (const auto& [N, K] : linears)
       if (f8.in_fp8(M, N, K)) per_block += f8.fp8_cast(N * K) + f8.fp8_amax_reduce();
-    const int64_t blocks = std::max(fp8_stage_blocks(m, l, 0), fp8_stage_blocks(m, l, l.pp - 1));
+    const int64_t blocks = std::max({fp8_stage_blocks(m, l, 0), fp8_stage_blocks(m, l, l.pp - 1),
+                                     mid > 0 ? fp8_stage_blocks(m, l, mid) : 0});
     s.optimizer += double(blocks) * per_block;
     if (l.fp8 == Fp8Recipe::delayed)
       s.dp_comm += all_reduce(4.0 * 3 * 7 * double(m.layers), x.group(l.world(), 1));
@@ -271,11 +274,16 @@ CostBreakdown predict(const ModelSpec& m, const RunSpec& run, const Layout& l,
   const Model x = model_of(m, run, l, cluster, k);
   const Blocks keep = stage_blocks(x);
   const Blocks ckpt = with_recompute(keep, l.ckpt);
-  const int64_t layers = l.stage_layers(m);
-  const int64_t n_ckpt = l.checkpointed_layers(m);
 
-  auto [first, last] = stage_costs(x, keep, ckpt, layers, n_ckpt);
-  const StageCost& slow = first.total() >= last.total() ? first : last;
+  const auto [first, last] =
+      stage_costs(x, keep, ckpt, stage_layers_of(m, l, 0), stage_layers_of(m, l, l.pp - 1));
+  // The slowest stage sets the pace (and the bubble): the first or the last,
+  // or under an uneven split a middle one with more blocks.
+  StageCost slow = first.total() >= last.total() ? first : last;
+  if (const int64_t mid = middle_stage(m, l); mid > 0) {
+    const StageCost between = middle_cost(keep.mid, ckpt.mid, stage_layers_of(m, l, mid));
+    if (between.total() > slow.total()) slow = between;
+  }
   const double t_mb = slow.total();
 
   const double mbs = double(l.micro_batches(run));
@@ -304,6 +312,27 @@ CostBreakdown predict(const ModelSpec& m, const RunSpec& run, const Layout& l,
     b.fp8_peak_utilization = mfu(model_flops_per_step(m, run) / b.step, l.world(), b.fp8_peak_flops);
   }
   return b;
+}
+
+std::vector<double> stage_times(const ModelSpec& m, const RunSpec& run, const Layout& l, const ClusterSpec& cluster,
+                                const CostConstants& k) {
+  const Model x = model_of(m, run, l, cluster, k);
+  Model f8 = x, plain = x;
+  f8.fp8 = true;
+  plain.fp8 = false;
+  const Part p16 = block_cost(plain), p8 = l.fp8 == Fp8Recipe::off ? p16 : block_cost(f8);
+  const Blocks keep = stage_blocks(x), ckpt = with_recompute(keep, l.ckpt);
+  const auto [first, last] =
+      stage_costs(x, keep, ckpt, stage_layers_of(m, l, 0), stage_layers_of(m, l, l.pp - 1));
+  std::vector<double> t(size_t(l.pp));
+  t.front() = first.total();
+  t.back() = last.total();
+  for (int64_t s = 1; s + 1 < l.pp; ++s) {
+    const StageLayers n = stage_layers_of(m, l, s);
+    const Part blk = mix(p8, p16, double(fp8_stage_blocks(m, l, s)) / double(std::max<int64_t>(1, n.layers)));
+    t[size_t(s)] = middle_cost(blk, with_recompute(blk, l.ckpt), n).total();
+  }
+  return t;
 }
 
 StepBounds step_bounds(const ModelSpec& m, const RunSpec& run, const Layout& shape, const ClusterSpec& cluster,
@@ -335,23 +364,33 @@ StepBounds step_bounds(const ModelSpec& m, const RunSpec& run, const Layout& sha
       l.norm = norms[n];
       const Model x = model_of(m, run, l, cluster, k);
       const Blocks keep = stage_blocks(x);
-      const auto [first, last] = stage_costs(x, keep, keep, l.stage_layers(m), 0);
+      StageLayers first_n = stage_layers_of(m, l, 0), last_n = stage_layers_of(m, l, l.pp - 1);
+      first_n.n_ckpt = last_n.n_ckpt = 0;
+      const auto [first, last] = stage_costs(x, keep, keep, first_n, last_n);
+      // Under an uneven split the slowest stage may be a middle one: each
+      // least below takes it in too.
+      const int64_t mid = middle_stage(m, l);
+      StageLayers mid_n = mid > 0 ? stage_layers_of(m, l, mid) : first_n;
+      mid_n.n_ckpt = 0;
+      const StageCost between = mid > 0 ? middle_cost(keep.mid, keep.mid, mid_n) : first;
       const double hops = pp_hops(x, mbs);
       for (size_t c = 0; c < ckpts.size(); ++c) {
         Layout lc = l;
         lc.ckpt = ckpts[c].first;
         lc.ckpt_layers = ckpts[c].second;
-        const double n_ckpt = double(lc.checkpointed_layers(m));
+        const double n_ckpt =
+            double(std::min({lc.checkpointed_layers(m, 0), lc.checkpointed_layers(m, l.pp - 1),
+                             mid > 0 ? lc.checkpointed_layers(m, mid) : lc.checkpointed_layers(m, 0)}));
         // The first and last stage's blocks differ under FP8 (fp8@N): the
         // lesser of each redone part bounds the slower stage's.
         const Blocks rb = with_recompute(keep, lc.ckpt);
-        const auto least = [&](double Part::*f) { return std::min(rb.first.*f, rb.last.*f); };
-        const double redo = n_ckpt * std::min(rb.first.recompute + rb.first.recompute_tp + rb.first.recompute_cp,
-                                              rb.last.recompute + rb.last.recompute_tp + rb.last.recompute_cp);
-        double t = mbs * std::min(first.fwd + first.bwd, last.fwd + last.bwd) +
+        const auto least = [&](double Part::*f) { return std::min({rb.first.*f, rb.last.*f, rb.mid.*f}); };
+        const auto redone = [](const Part& p) { return p.recompute + p.recompute_tp + p.recompute_cp; };
+        const double redo = n_ckpt * std::min(redone(rb.first), redone(rb.last));
+        double t = mbs * std::min({first.fwd + first.bwd, last.fwd + last.bwd, between.fwd + between.bwd}) +
                    mbs * n_ckpt * least(&Part::recompute) +
-                   mbs * (std::min(first.tp, last.tp) + n_ckpt * least(&Part::recompute_tp)) * tp_share +
-                   mbs * (std::min(first.cp, last.cp) + n_ckpt * least(&Part::recompute_cp)) + hops;
+                   mbs * (std::min({first.tp, last.tp, between.tp}) + n_ckpt * least(&Part::recompute_tp)) * tp_share +
+                   mbs * (std::min({first.cp, last.cp, between.cp}) + n_ckpt * least(&Part::recompute_cp)) + hops;
         if (!shared_cores) t += double(l.pp - 1) / double(l.vpp) * (std::max(first.total(), last.total()) + redo);
         b.kernels[(c * attentions.size() + a) * norms.size() + n] = t;
       }

@@ -84,6 +84,13 @@ struct CostBreakdown {
 CostBreakdown predict(const ModelSpec& m, const RunSpec& run, const Layout& l,
                       const ClusterSpec& cluster, const CostConstants& k);
 
+// Each pipeline stage's time for one micro-batch (its blocks' forward and
+// backward with their recomputation and exposed tp and cp communication, the
+// first stage's embedding, the last's head and loss), stage 0 first: what
+// predict() takes the slowest of. The spread of these is a split's balance.
+std::vector<double> stage_times(const ModelSpec& m, const RunSpec& run, const Layout& l, const ClusterSpec& cluster,
+                                const CostConstants& k);
+
 // Lower bounds on predict(...).step for the layouts of one parallel shape
 // (`shape`'s tp, cp and its transport, pp, dp, mb, vpp and sp): a term per
 // (checkpointing, attention, norm) choice and one per (ZeRO stage, gradient

@@ -294,42 +294,58 @@ Blocks stage_blocks(const Model& x) {
   Model plain = x;
   plain.fp8 = false;
   const Part p16 = block_cost(plain);
-  if (x.l.fp8 == Fp8Recipe::off) return {p16, p16};
+  if (x.l.fp8 == Fp8Recipe::off) return {p16, p16, p16};
   Model f8 = x;
   f8.fp8 = true;
   const Part p8 = block_cost(f8);
-  const double layers = double(std::max<int64_t>(1, x.l.stage_layers(x.m)));
-  return {mix(p8, p16, double(fp8_stage_blocks(x.m, x.l, 0)) / layers),
-          mix(p8, p16, double(fp8_stage_blocks(x.m, x.l, x.l.pp - 1)) / layers)};
+  const auto share = [&](int64_t stage) {
+    return double(fp8_stage_blocks(x.m, x.l, stage)) / double(std::max<int64_t>(1, x.l.stage_layers(x.m, stage)));
+  };
+  const int64_t mid = middle_stage(x.m, x.l);
+  return {mix(p8, p16, share(0)), mix(p8, p16, share(x.l.pp - 1)), mix(p8, p16, share(mid))};
 }
 
 Blocks with_recompute(const Blocks& b, Checkpointing mode) {
-  return {with_recompute(b.first, mode), with_recompute(b.last, mode)};
+  return {with_recompute(b.first, mode), with_recompute(b.last, mode), with_recompute(b.mid, mode)};
 }
 
-// The first and last stage's time per micro-batch: `layers` blocks, of
+StageLayers stage_layers_of(const ModelSpec& m, const Layout& l, int64_t stage) {
+  return {l.stage_layers(m, stage), l.checkpointed_layers(m, stage)};
+}
+
+int64_t middle_stage(const ModelSpec& m, const Layout& l) {
+  if (!l.uneven() || l.pp < 3) return 0;
+  if (l.edge_split()) return 1;
+  int64_t best = 1;
+  for (int64_t s = 2; s < l.pp - 1; ++s)
+    if (l.stage_layers(m, s) > l.stage_layers(m, best)) best = s;
+  return best;
+}
+
+StageCost middle_cost(const Part& keep, const Part& ckpt, StageLayers n) {
+  StageCost s;
+  s.fwd = double(n.layers) * keep.fwd;
+  s.bwd = double(n.layers) * keep.bwd;
+  s.tp = double(n.layers) * keep.tp + double(n.n_ckpt) * ckpt.recompute_tp;
+  s.cp = double(n.layers) * keep.cp + double(n.n_ckpt) * ckpt.recompute_cp;
+  s.recompute = double(n.n_ckpt) * ckpt.recompute;
+  return s;
+}
+
+// The first and last stage's time per micro-batch: each stage's blocks, of
 // which `n_ckpt` recompute as `ckpt` says; the first adds the vocab-parallel
 // embedding (gather, then a sum over tp), the last the final norm, LM head
 // and the fused vocab-parallel loss, whose max, sum-exp and target logit are
 // reduced over tp. One stage (pp 1) holds both.
-std::pair<StageCost, StageCost> stage_costs(const Model& x, const Blocks& keeps, const Blocks& ckpts, int64_t layers,
-                                            int64_t n_ckpt) {
+std::pair<StageCost, StageCost> stage_costs(const Model& x, const Blocks& keeps, const Blocks& ckpts,
+                                            StageLayers first_n, StageLayers last_n) {
   const Layout& l = x.l;
   const double t = double(l.tp), M = double(l.mb * x.run.seq) / double(l.cp), C = double(x.m.hidden);
   const double Vl = double(x.m.padded_vocab(l.tp)) / t, Msp = l.sp ? M / t : M;
   const double act = M * C * x.a;
   const Group tg = x.tp_group();
-  const auto body = [&](const Part& keep, const Part& ckpt) {
-    StageCost s;
-    s.fwd = layers * keep.fwd;
-    s.bwd = layers * keep.bwd;
-    s.tp = layers * keep.tp + n_ckpt * ckpt.recompute_tp;
-    s.cp = layers * keep.cp + n_ckpt * ckpt.recompute_cp;
-    s.recompute = n_ckpt * ckpt.recompute;
-    return s;
-  };
-
-  StageCost first = body(keeps.first, ckpts.first), last = body(keeps.last, ckpts.last);
+  StageCost first = middle_cost(keeps.first, ckpts.first, first_n),
+            last = middle_cost(keeps.last, ckpts.last, last_n);
   first.fwd += x.stream("embedding_fwd", M, C);
   if (!x.run.lora.enabled()) first.bwd += x.stream("embedding_bwd", M, C);  // a frozen table has no gradient
   first.tp += l.sp ? reduce_scatter(act, tg) + all_gather(act, tg) : all_reduce(act, tg);
@@ -340,7 +356,7 @@ std::pair<StageCost, StageCost> stage_costs(const Model& x, const Blocks& keeps,
              (l.sp ? 2 * all_gather(act, tg) + reduce_scatter(act, tg) : all_reduce(act, tg));
   if (l.pp == 1) {
     // One stage: its blocks are the first's (the same as the last's).
-    const StageCost blocks = body(keeps.first, ckpts.first);
+    const StageCost blocks = middle_cost(keeps.first, ckpts.first, first_n);
     first.fwd += last.fwd - blocks.fwd;
     first.bwd += last.bwd - blocks.bwd;
     first.tp += last.tp - blocks.tp;

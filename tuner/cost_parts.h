@@ -261,15 +261,28 @@ struct StageCost {
 // of the stage's FP8 blocks and the blocks it keeps in the compute precision
 // (the first and last fp8_bf16_layers of the model), as the stage's time is
 // their sum. A checkpointed block is priced as the stage's mean block.
+// `mid` is a block of middle_stage()'s (the first's where there is none).
 struct Blocks {
-  Part first, last;
+  Part first, last, mid;
 };
+
+// A stage's blocks: how many, and how many of them recompute.
+struct StageLayers {
+  int64_t layers = 0, n_ckpt = 0;
+};
+StageLayers stage_layers_of(const ModelSpec& m, const Layout& l, int64_t stage);
+// The stage between the first and the last that may be the slowest: none (0)
+// for an even split, whose middle stages hold the first's blocks and neither
+// embedding nor head; else the middle stage with the most blocks.
+int64_t middle_stage(const ModelSpec& m, const Layout& l);
 
 Part mix(const Part& a, const Part& b, double wa);
 Blocks stage_blocks(const Model& x);
 Blocks with_recompute(const Blocks& b, Checkpointing mode);
 // The first and last stage's time per micro-batch (cost_block.cpp says how).
-std::pair<StageCost, StageCost> stage_costs(const Model& x, const Blocks& keeps, const Blocks& ckpts, int64_t layers,
-                                            int64_t n_ckpt);
+std::pair<StageCost, StageCost> stage_costs(const Model& x, const Blocks& keeps, const Blocks& ckpts,
+                                            StageLayers first, StageLayers last);
+// A middle stage's: its blocks alone.
+StageCost middle_cost(const Part& keep, const Part& ckpt, StageLayers n);
 
 }  // namespace weft::tuner::cost_parts

@@ -29,9 +29,80 @@ std::vector<int64_t> divisors(int64_t n) {
   return d;
 }
 
+// The splits searched, or the even one (pruned with the rule) where none is.
+std::vector<std::vector<int64_t>> splits_or_even(const ModelSpec& m, int64_t tp, int64_t virtual_stages);
+
 template <class T>
 std::vector<T> pick(const std::vector<T>& pinned, std::vector<T> free) {
   return pinned.empty() ? free : pinned;
+}
+
+}  // namespace
+
+double vocab_table_blocks(const ModelSpec& m, int64_t tp) {
+  const double table = double(m.padded_vocab(tp)) * double(m.hidden) / double(tp);
+  const double block = double(2 * m.hidden + (2 * (m.heads / tp) + 2 * (m.kv_heads / tp)) * m.head_dim * m.hidden +
+                              3 * (m.intermediate / tp) * m.hidden);
+  return table / block;
+}
+
+std::vector<int64_t> pipeline_vpps(const ModelSpec& m, int64_t tp, int64_t pp) {
+  std::vector<int64_t> out;
+  if (pp < 1 || m.layers + 2 < pp) return out;
+  out.push_back(1);
+  if (pp == 1) return out;
+  const bool counted = m.layers % pp != 0 || vocab_table_blocks(m, tp) >= 1;
+  for (int64_t v = 2; pp * v <= m.layers + 2; ++v)
+    if (m.layers % (pp * v) == 0 || (counted && (m.layers + 2) % (pp * v) == 0)) out.push_back(v);
+  return out;
+}
+
+std::vector<std::vector<int64_t>> pipeline_splits(const ModelSpec& m, int64_t tp, int64_t virtual_stages) {
+  const int64_t V = virtual_stages, L = m.layers;
+  if (V <= 1) return {{}};
+  std::vector<std::vector<int64_t>> out;
+  const auto add = [&](std::vector<int64_t> s) {
+    if (!s.empty() && std::all_of(s.begin(), s.end(), [&](int64_t n) { return n == s.front(); })) s.clear();
+    if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(std::move(s));
+  };
+  const bool divides = L % V == 0;
+  if (divides) out.push_back({});
+  // The head's GEMMs are x blocks' time; moving r = round(x) layers off the
+  // last stage (each stage between taking at most one more) pays where x >= 1.
+  const double x = vocab_table_blocks(m, tp);
+  const int64_t r = x >= 1 ? std::min<int64_t>(2, std::llround(x)) : 0;
+  if (divides && r == 0) return out;
+  const int64_t base = L / V;
+  std::vector<int64_t> firsts = {base}, lasts = {base};
+  if (r > 0) {
+    firsts.push_back(base - 1);
+    lasts.push_back(base - r);
+  }
+  if (V == 2) {
+    // Both stages are ends: L split near the middle, and r layers off the last.
+    for (int64_t first : {base, L - base, base + r})
+      if (first >= 0 && first <= L) add({first, L - first});
+    return out;
+  }
+  for (int64_t first : firsts)
+    for (int64_t last : lasts) {
+      const int64_t rest = L - first - last, between = V - 2;
+      if (first < 0 || last < 0 || rest < between) continue;
+      std::vector<int64_t> s(size_t(V), rest / between);
+      s.front() = first;
+      s.back() = last;
+      for (int64_t i = 0; i < rest % between; ++i) ++s[size_t(V - 2 - i)];
+      add(std::move(s));
+    }
+  return out;
+}
+
+namespace {
+
+std::vector<std::vector<int64_t>> splits_or_even(const ModelSpec& m, int64_t tp, int64_t virtual_stages) {
+  auto s = pipeline_splits(m, tp, virtual_stages);
+  if (s.empty()) s.push_back({});
+  return s;
 }
 
 }  // namespace
@@ -95,24 +166,23 @@ std::vector<Subspace> enumerate_subspaces(const ModelSpec& m, const RunSpec& run
       for (CpComm comm : comms) {
         std::vector<int64_t> pps;
         for (int64_t d : divisors(world / (tp * cp)))
-          if (m.layers % d == 0) pps.push_back(d);
+          if (!pipeline_vpps(m, tp, d).empty()) pps.push_back(d);
         for (int64_t pp : pick(limits.pp, pps)) {
           if (pp <= 0 || (world / (tp * cp)) % pp != 0) continue;
           const int64_t dp = world / (tp * cp * pp);
           std::vector<int64_t> mbs;
           for (int64_t mb = 1; mb <= limits.max_mb && run.global_batch % (mb * dp) == 0; mb *= 2)
             mbs.push_back(mb);
-          std::vector<int64_t> vpps = {1};
-          if (pp > 1 && m.layers % pp == 0)
-            for (int64_t d : divisors(m.layers / pp))
-              if (d > 1) vpps.push_back(d);
+          // (A pinned pp past L + 2 is kept, and pruned with the rule.)
+          std::vector<int64_t> vpps = pipeline_vpps(m, tp, pp);
+          if (vpps.empty()) vpps = {1};
           std::vector<bool> sps = {false};
           if (tp > 1) sps.push_back(true);
           // ZeRO shards over the dp x cp ranks a gradient sums over.
           std::vector<int64_t> zeros = {0};
           if (dp * cp > 1) zeros = {0, 1, 2, 3};
           zeros = pick(limits.zero, zeros);
-          const int64_t stage = m.layers % pp == 0 ? m.layers / pp : 0;
+          const int64_t stage = m.layers / pp;
           std::vector<std::pair<Checkpointing, int64_t>> ckpts;
           for (Checkpointing c : pick(limits.ckpt, {Checkpointing::none, Checkpointing::selective,
                                                     Checkpointing::ffn, Checkpointing::full})) {
@@ -132,9 +202,11 @@ std::vector<Subspace> enumerate_subspaces(const ModelSpec& m, const RunSpec& run
           }
           for (int64_t mb : pick(limits.mb, mbs))
             for (int64_t vpp : pick(limits.vpp, vpps))
+              for (const auto& split : pick(limits.split, splits_or_even(m, tp, pp * vpp)))
               for (bool sp : pick(limits.sp, sps))
                 for (const auto& [fp8, fp8_bf16] : fp8s) {
                   Subspace s;
+                  s.shape.split = split;
                   s.shape.tp = tp;
                   s.shape.cp = cp;
                   s.shape.cp_comm = comm;

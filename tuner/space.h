@@ -32,7 +32,33 @@ struct SpaceLimits {
   // (Fp8Recipe::off with 0 for bf16).
   std::vector<std::pair<Fp8Recipe, int64_t>> fp8;
   int64_t max_mb = 64;  // largest micro-batch tried when mb is free
+  // Pipeline splits (Layout::split; an empty one is the even split): empty,
+  // searched as pipeline_splits says.
+  std::vector<std::vector<int64_t>> split;
 };
+
+// The pipeline splits searched for pp * vpp = `virtual_stages` virtual
+// stages of a model. Where L divides, the even split; where the vocabulary's
+// table on a tp rank weighs x >= 1 blocks (the head's GEMMs then take x
+// blocks' time on the last stage: Llama 3's 128k vocabulary at 8B and 70B),
+// also the splits with r = round(x) (at most 2) layers fewer on the last
+// virtual stage and one fewer on the first, spread over the stages between
+// (each then holds at most one more, so this pays only from x >= 1). Where L
+// does not divide, L / (pp * vpp) on the first and last and the rest spread
+// (the later stages between taking the remainder, as they hold fewer
+// micro-batches in flight), with the same lighter ends where x >= 1. Every
+// stage between keeps at least one layer; a split of two stages puts L / 2
+// (rounded either way) on the first, and where x >= 1 r layers more.
+std::vector<std::vector<int64_t>> pipeline_splits(const ModelSpec& m, int64_t tp, int64_t virtual_stages);
+// The vpp values searched for pp stages (none where pp > L + 2: a stage
+// between the first and last needs a layer, while those two may hold the
+// embedding and the head alone): 1, and those where L divides by pp * vpp,
+// or L + 2 does (the embedding and the loss counted as layers) where the
+// table weighs a block or more or L does not divide by pp.
+std::vector<int64_t> pipeline_vpps(const ModelSpec& m, int64_t tp, int64_t pp);
+// The vocabulary's table on a tp rank in blocks' parameters (the head's
+// GEMMs against a block's).
+double vocab_table_blocks(const ModelSpec& m, int64_t tp);
 
 // What the space needs to know of the device: whether it is a GPU (cuDNN
 // attention) and whether it has FP8 tensor cores (FP8 searched when free).
@@ -47,8 +73,9 @@ struct SpaceDevice {
 // All layouts of the space. tp runs over divisors of the world that divide H,
 // H_kv, F and V; cp over divisors of the rest that cut T into 2*cp equal
 // chunks, each cp > 1 with the transports ring, allgather and a2a; pp over
-// divisors of the rest that divide L; dp fills the world; mb over powers of
-// two dividing the per-replica batch; vpp over divisors of L / pp (pp > 1);
+// divisors of the rest of at most L + 2; dp fills the world; mb over powers of
+// two dividing the per-replica batch; vpp as pipeline_vpps says (pp > 1), and
+// the splits of pipeline_splits;
 // sp with tp > 1; ZeRO > 0 with dp * cp > 1 (the ranks it shards over); full checkpointing
 // also on 1/4, 1/2 and 3/4 of a stage's layers; attention flash and
 // materialized, and cudnn on a GPU device (cuDNN has no CPU kernels);
@@ -63,7 +90,7 @@ std::vector<Layout> enumerate(const ModelSpec& m, const RunSpec& run, int64_t wo
                               const SpaceLimits& limits, SpaceDevice device = {});
 
 // The same space as the layouts that share a parallel shape (tp, cp and its
-// transport, pp, dp, mb, vpp, sp, and the GEMM precision, which changes
+// transport, pp, dp, mb, vpp and the split, sp, and the GEMM precision, which changes
 // every block's time): each the product of the lists of the
 // other knobs, in enumerate()'s order (ckpt slowest, then attention, norm,
 // ZeRO, gradient precision fastest). enumerate() is these, one after the

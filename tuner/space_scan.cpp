@@ -101,10 +101,13 @@ SpaceScan space_scan(const SpaceContext& ctx, const SpaceLimits& limits, SpaceDe
     }
   }
   if (failed) std::rethrow_exception(failed);
-  std::stable_sort(keys.begin(), keys.end(), [](const Key& a, const Key& b) {
+  // The index breaks ties as a stable sort of the index order would, without
+  // its buffer of n more keys.
+  std::sort(keys.begin(), keys.end(), [](const Key& a, const Key& b) {
     if (a.rank != b.rank) return a.rank < b.rank;
     if (a.step != b.step) return a.step < b.step;
-    return a.peak < b.peak;
+    if (a.peak != b.peak) return a.peak < b.peak;
+    return a.index < b.index;
   });
   // The tie rule: of the fitting layouts within `tie` of the fastest, the
   // one with the least memory comes first.

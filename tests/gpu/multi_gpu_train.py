@@ -43,6 +43,10 @@ CASES = [
     (2, "tp2-pp1-dp1-mb1-sp-attn:flash", "tiny", []),
     (2, "tp1-pp2-dp1-mb1-attn:flash", "tiny", []),
     (2, "tp1-pp2-dp1-mb1-vpp2-attn:flash", "tiny", []),
+    # Uneven pipeline splits: a lighter first stage, and virtual stages of
+    # only the embedding and only the head.
+    (2, "tp1-pp2-dp1-mb1-attn:flash-split:1.3", "tiny", []),
+    (2, "tp1-pp2-dp1-mb1-vpp2-attn:flash-split:0.2.2.0", "tiny", []),
     (2, "tp1-pp1-dp2-mb1-attn:flash-zero1", "tiny", []),
     (2, "tp1-pp1-dp2-mb1-attn:flash-zero2", "tiny", []),
     (2, "tp1-pp1-dp2-mb1-attn:flash-zero3", "tiny", []),

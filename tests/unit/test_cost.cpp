@@ -386,6 +386,26 @@ TEST_F(Cost, CudnnAttentionHasAnEfficiencyOfItsOwn) {
   EXPECT_EQ(old.get<CostConstants>().cudnn_efficiency, h.flash_efficiency);
 }
 
+// Uneven pipeline splits: the slowest stage sets the pace. With a 128k
+// vocabulary the last stage's head weighs over two blocks, so moving
+// layers off it shortens the step; moving them onto it lengthens it, and a
+// middle stage holding more blocks is priced too.
+TEST(CostModel, TheSlowestStageOfAnUnevenSplitSetsThePace) {
+  const auto m = model_preset("llama3.1-8b");
+  const RunSpec run{8192, 64, Precision::bf16};
+  const auto c = cluster_resolve("h100", 32, 8);
+  const auto k = cost_defaults(c.device);
+  const auto step = [&](const std::string& l) { return predict(m, run, Layout::parse(l), c, k).step; };
+  const double even = step("tp8-pp4-dp1-mb1");
+  EXPECT_LT(step("tp8-pp4-dp1-mb1-split:8.9.9.6"), even);
+  EXPECT_GT(step("tp8-pp4-dp1-mb1-split:7.7.7.11"), even);
+  EXPECT_GT(step("tp8-pp4-dp1-mb1-split:2.14.14.2"), step("tp8-pp4-dp1-mb1-split:8.9.9.6"));
+  // Parts still sum to the step.
+  const auto b = predict(m, run, Layout::parse("tp8-pp4-dp1-mb1-vpp2-split:3.4x2.5x4.1"), c, k);
+  EXPECT_NEAR(b.step, b.compute + b.recompute + b.tp_comm + b.cp_comm + b.pp_bubble + b.pp_p2p + b.dp_comm + b.optimizer,
+              1e-12 * b.step);
+}
+
 TEST(CostModel, ConstantsRoundTripJson) {
   auto k = cost_defaults(device_preset("a100-80gb"));
   k.overlap_cost = 0.3;

@@ -249,13 +249,104 @@ TEST(Layout, ValidLayoutsPass) {
   const auto l = Layout::parse("tp2-pp4-dp8-mb1-vpp2-sp-ckpt:full@4-zero1");
   EXPECT_NO_THROW(l.validate(m, run, 64));
   EXPECT_EQ(l.micro_batches(run), 256);
-  EXPECT_EQ(l.stage_layers(m), 10);
-  EXPECT_EQ(l.checkpointed_layers(m), 4);
+  EXPECT_EQ(l.stage_layers(m, 0), 10);
+  EXPECT_EQ(l.checkpointed_layers(m, 3), 4);
   EXPECT_TRUE(l.violations(m, run, 64).empty());
   // A vocabulary tp does not divide is padded (ModelSpec::padded_vocab), not refused.
   ModelSpec odd = m;
   odd.vocab = 32001;
   EXPECT_TRUE(Layout::parse("tp8-pp1-dp8-mb1").violations(odd, run, 64).empty());
+}
+
+// Uneven pipeline splits: the text (runs of equal counts as NxK, left out
+// when even), each virtual stage's layers and first layer, the stages' sums,
+// partial checkpointing per chunk, and every rule with its values.
+TEST(Layout, SplitsPrintParseAndValidate) {
+  auto m = model_preset("llama-13b");  // L = 40
+  m.layers = 126;
+  const RunSpec run{8192, 1024, Precision::bf16};
+  const auto l = Layout::parse("tp8-cp2-pp8-dp8-mb1-vpp8-split:1.2x62.1");
+  ASSERT_EQ(l.split.size(), 64u);
+  EXPECT_EQ(l.split.front(), 1);
+  EXPECT_EQ(l.split[1], 2);
+  EXPECT_EQ(l.split.back(), 1);
+  EXPECT_TRUE(l.uneven());
+  EXPECT_TRUE(l.edge_split());
+  EXPECT_EQ(Layout::parse(l.to_string()), l);
+  EXPECT_NE(l.to_string().find("-split:1.2x62.1"), std::string::npos) << l.to_string();
+  EXPECT_TRUE(l.violations(m, run, 1024).empty()) << fmt::format("{}", fmt::join(l.violations(m, run, 1024), "; "));
+  // Virtual stage v = chunk * pp + stage; stage 0 holds v 0, 8, ..., 56.
+  EXPECT_EQ(l.chunk_layers(m, 0, 0), 1);
+  EXPECT_EQ(l.chunk_layers(m, 0, 1), 2);
+  EXPECT_EQ(l.chunk_layers(m, 7, 7), 1);
+  EXPECT_EQ(l.virtual_first_layer(m, 0), 0);
+  EXPECT_EQ(l.virtual_first_layer(m, 1), 1);
+  EXPECT_EQ(l.virtual_first_layer(m, 63), 125);
+  EXPECT_EQ(l.stage_layers(m, 0), 15);
+  EXPECT_EQ(l.stage_layers(m, 3), 16);
+  EXPECT_EQ(l.stage_layers(m, 7), 15);
+  EXPECT_EQ(l.max_stage_layers(m), 16);
+  EXPECT_EQ(l.max_chunk_layers(m, 0), 2);
+  // Every layer once, in order.
+  int64_t next = 0;
+  for (int64_t v = 0; v < 64; ++v) {
+    EXPECT_EQ(l.virtual_first_layer(m, v), next);
+    next += l.virtual_layers(m, v);
+  }
+  EXPECT_EQ(next, 126);
+  // ckpt@K: K / vpp blocks of each chunk, at most the chunk's own.
+  Layout k = l;
+  k.ckpt = Checkpointing::full;
+  k.ckpt_layers = 16;
+  EXPECT_EQ(k.chunk_checkpointed(m, 0), 2);
+  EXPECT_EQ(k.checkpointed_layers(m, 0), 15);
+  EXPECT_EQ(k.checkpointed_layers(m, 3), 16);
+  k.ckpt_layers = 8;
+  EXPECT_EQ(k.checkpointed_layers(m, 0), 8);
+  EXPECT_EQ(k.checkpointed_layers(m, 3), 8);
+  k.ckpt_layers = 24;
+  EXPECT_NE(fmt::format("{}", fmt::join(k.violations(m, run, 1024), "; ")).find("ckpt@24 exceeds the 16 layers"),
+            std::string::npos);
+
+  // Equal counts are the even split, and read as none.
+  EXPECT_TRUE(Layout::parse("pp4-split:2x4").split.empty());
+  EXPECT_EQ(Layout::parse("pp4-split:2x4").to_string(), Layout::parse("pp4").to_string());
+  EXPECT_EQ(Layout::parse("pp2-split:3.5").split, (std::vector<int64_t>{3, 5}));
+  EXPECT_EQ(split_text({0, 1, 1, 1, 3, 3, 0}), "0.1x3.3x2.0");
+  EXPECT_EQ(split_parse("0.1x3.3x2.0"), (std::vector<int64_t>{0, 1, 1, 1, 3, 3, 0}));
+
+  // The rules, each with its values.
+  ModelSpec eight = model_preset("tiny-test");  // L = 8
+  const RunSpec small{16, 8, Precision::fp32};
+  const auto broken = [&](const std::string& text, int64_t world) {
+    return fmt::format("{}", fmt::join(Layout::parse(text).violations(eight, small, world), "; "));
+  };
+  EXPECT_EQ(broken("pp2-split:3.5", 2), "");
+  EXPECT_EQ(broken("pp2-split:0.8", 2), "");
+  EXPECT_EQ(broken("pp2-vpp2-split:0.4.4.0", 2), "");
+  EXPECT_NE(broken("pp2-split:3.4", 2).find("split:3.4 holds 7 layers; the model has L=8"), std::string::npos);
+  EXPECT_NE(broken("pp2-split:2.3.3", 2).find("split:2.3x2 gives 3 virtual stages; pp*vpp = 2*1 = 2 need a count each"),
+            std::string::npos);
+  EXPECT_NE(broken("pp4-split:4.0.2.2", 4).find("leaves virtual stage 1 without a layer"), std::string::npos);
+  // L does not divide: the message offers the split that counts the
+  // embedding and the loss as layers where there is one.
+  eight.layers = 7;
+  EXPECT_NE(broken("pp4", 4).find("or the layout must give each virtual stage's layers (split:N.N...)"),
+            std::string::npos);
+  eight.layers = 126;
+  EXPECT_NE(broken("pp8-vpp8", 8).find("(split:1.2x62.1), the embedding and the loss counted as layers"),
+            std::string::npos);
+  // Malformed text names the token.
+  EXPECT_THROW(Layout::parse("pp2-split:3.x"), InputError);
+  EXPECT_THROW(Layout::parse("pp2-split:3.5x0"), InputError);
+  EXPECT_THROW(Layout::parse("pp2-split:"), InputError);
+  EXPECT_THROW(Layout::parse("pp2-split:3.5-split:4.4"), InputError);
+
+  // edge_split: the first and last given, the rest even.
+  EXPECT_EQ(edge_split(126, 64, 1, 1), l.split);
+  EXPECT_EQ(edge_split(8, 4, 2, 2), std::vector<int64_t>{});
+  EXPECT_FALSE(edge_split(8, 4, 1, 2).has_value());
+  EXPECT_EQ(edge_split(8, 2, 3, 5), (std::vector<int64_t>{3, 5}));
 }
 
 }  // namespace

@@ -416,6 +416,36 @@ TEST_F(Mono, PipelineStagesHoldTheirInFlightMicroBatches) {
   EXPECT_EQ(fast.peak(), e.peak());
 }
 
+// An uneven split: each stage's table holds its own blocks, the activation
+// slots the stage's largest chunk, and the fast path (the first, second and
+// last stage where only the ends differ) finds the worst stage of all.
+TEST_F(Mono, UnevenSplitsPriceEachStage) {
+  MemoryOptions o;
+  o.all_stages = true;
+  // llama-30b: L = 60.
+  for (const char* text : {"tp4-pp4-dp4-split:14.16.16.14", "tp4-pp4-dp4-vpp2-split:6.8x6.6",
+                           "tp4-pp4-dp4-split:15.14.16.15", "tp4-pp4-dp4-split:0.20.20.20"}) {
+    const Layout l = Layout::parse(text);
+    ASSERT_TRUE(l.violations(m, run, 64).empty()) << text;
+    const auto e = estimate(m, run, l, dev, o);
+    ASSERT_EQ(e.stages.size(), 4u);
+    for (int64_t s = 0; s < 4; ++s) EXPECT_EQ(e.stages[size_t(s)].layers, l.stage_layers(m, s)) << text;
+    EXPECT_EQ(estimate(m, run, l, dev).peak(), e.peak()) << text;
+  }
+  // The weights follow the blocks: stage 1 of 14.16.16.14 holds 16 of the
+  // even split's 15 blocks.
+  const int64_t even = part("tp4-pp4-dp4", Category::weights, 1);
+  const int64_t more = part("tp4-pp4-dp4-split:14.16.16.14", Category::weights, 1);
+  EXPECT_NEAR(double(more) * 15, double(even) * 16, 1e-6 * double(even) * 16);
+  // Slots for the largest chunk: stage 0 of 6.8x6.6 (chunks of 6 and 8)
+  // keeps activations as an even split of 8 per chunk would.
+  EXPECT_EQ(part("tp4-pp4-dp4-vpp2-split:6.8x6.6", Category::activations, 0),
+            part("tp4-pp4-dp4-vpp2-split:8x7.4", Category::activations, 0));
+  // A first stage with only the embedding keeps no block's activations.
+  EXPECT_LT(part("tp4-pp4-dp4-split:0.20.20.20", Category::activations, 0),
+            part("tp4-pp4-dp4", Category::activations, 0) / 10);
+}
+
 TEST_F(Mono, MoreMicroBatchMoreActivations) {
   EXPECT_LT(part("tp4-pp2-dp8-mb1", Category::activations), part("tp4-pp2-dp8-mb2", Category::activations));
 }

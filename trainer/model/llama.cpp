@@ -61,7 +61,9 @@ LlamaStage<Elem, G>::LlamaStage(const ModelSpec& m, const RunSpec& run, const La
     throw InternalError(fmt::format("a stage with {}-byte gradients for layout {}", sizeof(G), l.to_string()));
   M_ = l.mb * l.local_seq(run);  // this rank's T / cp tokens of each sequence
   Msp_ = l.sp ? M_ / l.tp : M_;
-  Lc_ = plan_.layers / l.vpp;
+  chunk_begin_.assign(1, 0);
+  for (int64_t c = 0; c < l.vpp; ++c) chunk_begin_.push_back(chunk_begin_.back() + l.chunk_layers(m, stage, c));
+  WEFT_ASSERT(chunk_begin_.back() == plan_.layers);
   table_ = std::make_unique<TensorTable>(memory::stage_shapes(m, run, l, device, plan_), arena,
                                          sizeof(Elem) == 8);
   weights_ = table_->get<Elem>("weights.flat");
@@ -121,7 +123,7 @@ LlamaStage<Elem, G>::LlamaStage(const ModelSpec& m, const RunSpec& run, const La
       return std::any_of(v.begin(), v.end(), [&](const auto& t) { return std::strcmp(t.name, name) == 0; });
     };
     SavedIndex idx;
-    for (int64_t i = 0; i < Lc_; ++i) {
+    for (int64_t i = 0; i < plan_.slot_layers; ++i) {
       const bool saved = mode(i) == Checkpointing::none ? keeps(kept) : keeps(ckpt);
       idx.of_layer.push_back(saved ? idx.saving++ : -1);
     }
@@ -140,7 +142,13 @@ LlamaStage<Elem, G>::~LlamaStage() = default;
 template <typename Elem, typename G>
 Checkpointing LlamaStage<Elem, G>::mode(int64_t layer) const {
   // ckpt@K checkpoints the first K / vpp blocks of each chunk.
-  return layer < plan_.checkpointed / l_.vpp ? l_.ckpt : Checkpointing::none;
+  return layer < plan_.slot_checkpointed ? l_.ckpt : Checkpointing::none;
+}
+
+template <typename Elem, typename G>
+int64_t LlamaStage<Elem, G>::chunk_of(int64_t local) const {
+  const auto it = std::upper_bound(chunk_begin_.begin(), chunk_begin_.end() - 1, local);
+  return int64_t(it - chunk_begin_.begin()) - 1;
 }
 
 template <typename Elem, typename G>
@@ -160,7 +168,7 @@ typename LlamaStage<Elem, G>::Block LlamaStage<Elem, G>::block(int64_t slot, int
   b.slot = slot;
   b.layer = layer;
   b.mode = mode(layer);
-  const int64_t local = chunk * Lc_ + layer;  // the stage's block index
+  const int64_t local = chunk_begin_[size_t(chunk)] + layer;  // the stage's block index
   b.index = local;
   b.fp8 = l_.fp8_layer(m_, memory::global_layer(m_, l_, plan_.stage, chunk, layer));
   auto w = [&](ParamKind k) { return weight(params_.model(k, local)); };
@@ -489,7 +497,11 @@ void LlamaStage<Elem, G>::block_backward(const Block& b, Elem* dx) {
 }
 
 template <typename Elem, typename G>
-Elem* LlamaStage<Elem, G>::stage_input(int64_t slot) {
+Elem* LlamaStage<Elem, G>::stage_input(int64_t slot, int64_t chunk) {
+  if (chunk_layers(chunk) == 0) {
+    if (plan_.has_head && chunk == l_.vpp - 1) return table_->get<Elem>("final_norm.input");
+    throw InternalError(fmt::format("chunk {} of stage {} has no block to take an input", chunk, plan_.stage));
+  }
   return table_->get<Elem>("layer.attn_norm.input", instance("layer.attn_norm.input", slot, 0));
 }
 template <typename Elem, typename G>
@@ -511,7 +523,10 @@ void LlamaStage<Elem, G>::forward(int64_t slot, const int32_t* tokens, const int
   const int64_t C = m_.hidden;
   const bool embeds = plan_.has_embedding && chunk == 0;
   const bool heads = plan_.has_head && chunk == l_.vpp - 1;
+  const int64_t Lc = chunk_layers(chunk);
   if (embeds) {
+    // A first virtual stage without blocks sends the embedding on.
+    Elem* x0 = Lc > 0 || heads ? stage_input(slot, chunk) : stage_output();
     if (!params_.lora.enabled()) gather({{0, params_.specs[0].local_elements()}});
     int32_t* tok = table_->get<int32_t>("embedding.tokens", slot);
     upload(tok, tokens, M_ * int64_t(sizeof(int32_t)));
@@ -520,8 +535,7 @@ void LlamaStage<Elem, G>::forward(int64_t slot, const int32_t* tokens, const int
     run(kernels::EmbeddingForwardParams<Elem>{.rows = M_, .C = C, .V = m_.vocab,
                                               .vocab_start = groups_.tp_rank() * Vl, .V_local = Vl,
                                               .tokens = tok, .table = weight(emb),
-                                              .out = l_.sp ? table_->get<Elem>("scratch.linear_out")
-                                                           : stage_input(slot),
+                                              .out = l_.sp ? table_->get<Elem>("scratch.linear_out") : x0,
                                               .ids_checked = on_device()},
         "embedding_forward");
     // The vocab-parallel lookup sums over tp (scattered to this rank's rows
@@ -529,15 +543,15 @@ void LlamaStage<Elem, G>::forward(int64_t slot, const int32_t* tokens, const int
     if (l_.sp) {
       Elem* lin = table_->get<Elem>("scratch.linear_out");
       reduce_rows(lin);
-      copy(stage_input(slot), lin, Msp_ * C * int64_t(sizeof(Elem)));
+      copy(x0, lin, Msp_ * C * int64_t(sizeof(Elem)));
     } else {
-      reduce_rows(stage_input(slot));
+      reduce_rows(x0);
     }
   }
-  for (int64_t i = 0; i < Lc_; ++i) {
+  for (int64_t i = 0; i < Lc; ++i) {
     gather_block(chunk, i);
-    if (i + 1 < Lc_) gather_block(chunk, i + 1, true);
-    Elem* x_out = i + 1 < Lc_ ? block(slot, chunk, i + 1).x_in
+    if (i + 1 < Lc) gather_block(chunk, i + 1, true);
+    Elem* x_out = i + 1 < Lc ? block(slot, chunk, i + 1).x_in
                   : heads     ? table_->get<Elem>("final_norm.input")
                               : stage_output();
     block_forward(block(slot, chunk, i), x_out, false);
@@ -553,14 +567,15 @@ void LlamaStage<Elem, G>::backward(int64_t slot, int64_t chunk, bool final) {
   const int64_t C = m_.hidden;
   final_ = final;
   Elem* dx = table_->get<Elem>("scratch.d_residual");
+  const int64_t Lc = chunk_layers(chunk);
   if (plan_.has_head && chunk == l_.vpp - 1) {
     gather_head();
-    if (Lc_ > 0) gather_block(chunk, Lc_ - 1, true);
+    if (Lc > 0) gather_block(chunk, Lc - 1, true);
     head_backward(dx);
   } else {
     copy(dx, output_grad(), Msp_ * C * int64_t(sizeof(Elem)));
   }
-  for (int64_t i = Lc_ - 1; i >= 0; --i) {
+  for (int64_t i = Lc - 1; i >= 0; --i) {
     group_begin({block_range(chunk, i)});
     gather_block(chunk, i);
     if (i > 0) gather_block(chunk, i - 1, true);

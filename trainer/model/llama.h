@@ -168,8 +168,10 @@ class LlamaStage {
   // Pipeline boundaries: a non-first stage's input activations, and a
   // non-last stage's output activations and their gradient, (B, T_sp, C)
   // with T_sp = T / tp under sequence parallelism.
+  // The input of chunk `chunk` in activation slot `slot`: its first block's,
+  // or for a last virtual stage without blocks the final norm's.
   int64_t boundary_elements() const { return Msp_ * m_.hidden; }
-  Elem* stage_input(int64_t slot);
+  Elem* stage_input(int64_t slot, int64_t chunk);
   Elem* stage_output();
   Elem* output_grad();
   Elem* input_grad();
@@ -531,7 +533,12 @@ class LlamaStage {
   std::vector<std::pair<std::string, SavedIndex>> saved_;
   int64_t M_ = 0;    // rows of a micro-batch: B * T
   int64_t Msp_ = 0;  // rows of the norm regions on this rank: M_ / tp under sp
-  int64_t Lc_ = 0;   // blocks per model chunk: the stage's blocks / vpp
+  // The stage's block index of each chunk's first block (vpp + 1 entries):
+  // chunk c holds blocks [chunk_begin_[c], chunk_begin_[c + 1]).
+  std::vector<int64_t> chunk_begin_;
+  int64_t chunk_layers(int64_t chunk) const { return chunk_begin_[size_t(chunk + 1)] - chunk_begin_[size_t(chunk)]; }
+  // The chunk of the stage's block `local`.
+  int64_t chunk_of(int64_t local) const;
 };
 
 extern template class LlamaStage<float>;

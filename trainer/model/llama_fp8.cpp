@@ -70,7 +70,7 @@ void LlamaStage<Elem, G>::fp8_weight_offsets() {
     return kernels::fp8_tile_scales(kernels::Fp8Tiles::block128, rows, k);
   };
   for (int64_t i = 0; i < plan_.layers; ++i) {
-    const bool fp8 = l_.fp8_layer(m_, memory::global_layer(m_, l_, plan_.stage, i / Lc_, i % Lc_));
+    const bool fp8 = l_.fp8_layer(m_, memory::global_layer(m_, l_, plan_.stage, chunk_of(i), i - chunk_begin_[size_t(chunk_of(i))]));
     for (const auto& s : fp8_shapes_) {
       fp8_weight_at_.push_back(fp8 && s.fp8 ? at : -1);
       if (fp8 && s.fp8) at += s.K * s.N;

@@ -34,7 +34,7 @@ void LlamaStage<Elem, G>::set_samples(int64_t slot, int64_t first_sample) {
 template <typename Elem, typename G>
 void LlamaStage<Elem, G>::lora_drop(const Block& b, Linear g, const Elem* x, int64_t cols, Elem* out, Write write) {
   const bool column = column_parallel(g);
-  const int64_t layer = memory::global_layer(m_, l_, plan_.stage, b.index / Lc_, b.index % Lc_);
+  const int64_t layer = memory::global_layer(m_, l_, plan_.stage, chunk_of(b.index), b.index - chunk_begin_[size_t(chunk_of(b.index))]);
   const int64_t cp = std::max<int64_t>(l_.cp, 1);
   // The slot's first sample (set_samples): what makes every layout draw the same mask.
   WEFT_ASSERT(size_t(b.slot) < slot_first_sample_.size());

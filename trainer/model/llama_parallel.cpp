@@ -81,7 +81,7 @@ void LlamaStage<Elem, G>::gather(std::initializer_list<Range> ranges, bool next)
 
 template <typename Elem, typename G>
 typename LlamaStage<Elem, G>::Range LlamaStage<Elem, G>::block_range(int64_t chunk, int64_t layer) const {
-  const int64_t local = chunk * Lc_ + layer;
+  const int64_t local = chunk_begin_[size_t(chunk)] + layer;
   if (params_.lora.enabled()) {  // the block's adapters, A and B of each targeted layer in turn
     int64_t begin = -1, end = -1;
     for (int g = 0; g < kLinears; ++g)

@@ -60,7 +60,6 @@ StageParams stage_params(const ModelSpec& m, const Layout& l, const memory::Stag
   const int64_t t = l.tp, C = m.hidden, D = m.head_dim;
   StageParams sp;
   sp.layers = plan.layers;
-  sp.first_layer = plan.stage * plan.layers;
   sp.lora = plan.lora;
   const bool lora = plan.lora.enabled();
   // Under LoRA the model's parameters go to the frozen list and buffer.
@@ -92,9 +91,14 @@ StageParams stage_params(const ModelSpec& m, const Layout& l, const memory::Stag
     add(ParamKind::embed_tokens, 0, Vp, C, ShardDim::rows);
     padded();
   }
-  // Local block i sits in chunk i / Lc, which is virtual stage chunk * pp + stage.
-  const int64_t Lc = plan.layers / l.vpp;
-  auto global = [&](int64_t i) { return ((i / Lc) * l.pp + plan.stage) * Lc + i % Lc; };
+  // The stage's blocks in order: chunk 0's, then chunk 1's, ...; chunk c is
+  // virtual stage c * pp + stage.
+  std::vector<int64_t> global_of;
+  for (int64_t c = 0; c < l.vpp; ++c)
+    for (int64_t i = 0, n = l.chunk_layers(m, plan.stage, c); i < n; ++i)
+      global_of.push_back(memory::global_layer(m, l, plan.stage, c, i));
+  WEFT_ASSERT(int64_t(global_of.size()) == plan.layers);
+  auto global = [&](int64_t i) { return global_of[size_t(i)]; };
   for (int64_t i = 0; i < plan.layers; ++i) {
     const int64_t layer = global(i);
     add(ParamKind::input_layernorm, layer, C, 1, ShardDim::none);

@@ -75,7 +75,6 @@ struct StageParams {
   // Index into specs of the A adapter of local block `layer`'s linear g (B
   // follows it), or -1 without one.
   int64_t adapter(int64_t layer, Linear g) const;
-  int64_t first_layer = 0;  // global index of the stage's first block (vpp = 1)
   int64_t layers = 0;
   // The head reads the embedding table (tied embeddings on one stage).
   bool head_is_embedding = false;
