@@ -51,7 +51,7 @@ std::vector<int64_t> pipeline_vpps(const ModelSpec& m, int64_t tp, int64_t pp) {
   if (pp < 1 || m.layers + 2 < pp) return out;
   out.push_back(1);
   if (pp == 1) return out;
-  const bool counted = m.layers % pp != 0 || vocab_table_blocks(m, tp) >= 1;
+  const bool counted = m.layers % pp != 0;
   for (int64_t v = 2; pp * v <= m.layers + 2; ++v)
     if (m.layers % (pp * v) == 0 || (counted && (m.layers + 2) % (pp * v) == 0)) out.push_back(v);
   return out;
@@ -73,10 +73,12 @@ std::vector<std::vector<int64_t>> pipeline_splits(const ModelSpec& m, int64_t tp
   const int64_t r = x >= 1 ? std::min<int64_t>(2, std::llround(x)) : 0;
   if (divides && r == 0) return out;
   const int64_t base = L / V;
-  std::vector<int64_t> firsts = {base}, lasts = {base};
+  // The even (or evenly spread) ends; r off the last; and r off the last with
+  // one off the first, which also holds the most micro-batches in flight.
+  std::vector<std::pair<int64_t, int64_t>> ends = {{base, base}};
   if (r > 0) {
-    firsts.push_back(base - 1);
-    lasts.push_back(base - r);
+    ends.push_back({base, base - r});
+    ends.push_back({base - 1, base - r});
   }
   if (V == 2) {
     // Both stages are ends: L split near the middle, and r layers off the last.
@@ -84,16 +86,15 @@ std::vector<std::vector<int64_t>> pipeline_splits(const ModelSpec& m, int64_t tp
       if (first >= 0 && first <= L) add({first, L - first});
     return out;
   }
-  for (int64_t first : firsts)
-    for (int64_t last : lasts) {
-      const int64_t rest = L - first - last, between = V - 2;
-      if (first < 0 || last < 0 || rest < between) continue;
-      std::vector<int64_t> s(size_t(V), rest / between);
-      s.front() = first;
-      s.back() = last;
-      for (int64_t i = 0; i < rest % between; ++i) ++s[size_t(V - 2 - i)];
-      add(std::move(s));
-    }
+  for (const auto& [first, last] : ends) {
+    const int64_t rest = L - first - last, between = V - 2;
+    if (first < 0 || last < 0 || rest < between) continue;
+    std::vector<int64_t> s(size_t(V), rest / between);
+    s.front() = first;
+    s.back() = last;
+    for (int64_t i = 0; i < rest % between; ++i) ++s[size_t(V - 2 - i)];
+    add(std::move(s));
+  }
   return out;
 }
 

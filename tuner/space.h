@@ -42,8 +42,9 @@ struct SpaceLimits {
 // table on a tp rank weighs x >= 1 blocks (the head's GEMMs then take x
 // blocks' time on the last stage: Llama 3's 128k vocabulary at 8B and 70B),
 // also the splits with r = round(x) (at most 2) layers fewer on the last
-// virtual stage and one fewer on the first, spread over the stages between
-// (each then holds at most one more, so this pays only from x >= 1). Where L
+// virtual stage, and those with one fewer on the first too (which holds the
+// most micro-batches in flight), spread over the stages between (each then
+// holds at most one more, so this pays only from x >= 1). Where L
 // does not divide, L / (pp * vpp) on the first and last and the rest spread
 // (the later stages between taking the remainder, as they hold fewer
 // micro-batches in flight), with the same lighter ends where x >= 1. Every
@@ -53,8 +54,8 @@ std::vector<std::vector<int64_t>> pipeline_splits(const ModelSpec& m, int64_t tp
 // The vpp values searched for pp stages (none where pp > L + 2: a stage
 // between the first and last needs a layer, while those two may hold the
 // embedding and the head alone): 1, and those where L divides by pp * vpp,
-// or L + 2 does (the embedding and the loss counted as layers) where the
-// table weighs a block or more or L does not divide by pp.
+// or, where L does not divide by pp, L + 2 does (the embedding and the loss
+// counted as layers).
 std::vector<int64_t> pipeline_vpps(const ModelSpec& m, int64_t tp, int64_t pp);
 // The vocabulary's table on a tp rank in blocks' parameters (the head's
 // GEMMs against a block's).

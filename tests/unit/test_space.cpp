@@ -399,7 +399,8 @@ TEST(SpaceSplit, LighterEndsWhereTheTablesAreHeavyOrLDoesNotDivide) {
   const auto l8b = model_preset("llama3.1-8b");    // 128,256 x 4,096: 2.4 blocks
   EXPECT_NEAR(vocab_table_blocks(l8b, 8), 2.4, 0.1);
   const auto splits = pipeline_splits(l8b, 8, 4);
-  EXPECT_EQ(splits, (std::vector<std::vector<int64_t>>{{}, {8, 9, 9, 6}, {7, 8, 9, 8}, {7, 9, 10, 6}}));
+  EXPECT_EQ(splits, (std::vector<std::vector<int64_t>>{{}, {8, 9, 9, 6}, {7, 9, 10, 6}}));
+  EXPECT_EQ(pipeline_vpps(l8b, 8, 2), (std::vector<int64_t>{1, 2, 4, 8, 16}));  // not 17: L divides by pp
   // 405B: L = 126 over pp 8 x vpp 8 only with the embedding and the loss
   // counted as layers, the published split among them.
   const auto big = model_preset("llama3.1-405b");
