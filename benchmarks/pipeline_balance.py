@@ -29,8 +29,10 @@ def dry_run(weft, model, gpus, seq, batch, extra):
            "--global-batch", str(batch), "--format", "json", "--top", "1"] + extra
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
+        if "none of the" in r.stderr + r.stdout:  # no valid layout: e.g. no even split of L
+            return (r.stderr + r.stdout).strip().splitlines()[-1]
         sys.exit(f"{' '.join(cmd)} failed:\n{r.stdout}{r.stderr}")
-    rows = json.loads(r.stdout)["rows"]
+    rows = json.loads(r.stdout)["layouts"]
     return rows[0] if rows else None
 
 
@@ -41,6 +43,8 @@ def spread(times):
 def line(name, row):
     if row is None:
         return f"| {name} | (nothing fits) | | | | |"
+    if isinstance(row, str):
+        return f"| {name} | {row.replace('weft: error: ', '')} | | | | |"
     t = row.get("stage_times_s", [])
     p = row["prediction"]
     stages = ", ".join(f"{x * 1e3:.0f}" for x in t)
