@@ -115,4 +115,11 @@ inline std::string parity_row(Fixture& f, const std::vector<double>& ref, const 
   return fmt::format("{:<62} {:>5} {:>12.2e} {:>13.2f}%\n", layout, ranks, dev, 100 * worst_mem);
 }
 
+// parity_row for each layout, under a header: the table the tests print.
+inline std::string parity_table(Fixture& f, const std::vector<double>& ref, const std::vector<std::string>& layouts) {
+  std::string table = fmt::format("{:<62} {:>5} {:>12} {:>14}\n", "layout", "ranks", "max rel dev", "worst mem dev");
+  for (const auto& layout : layouts) table += parity_row(f, ref, layout);
+  return table;
+}
+
 }  // namespace weft::test

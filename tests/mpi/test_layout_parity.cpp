@@ -69,10 +69,7 @@ TEST(LayoutParity, LossesMatchTheSingleRankRunAndMemoryMatchesTheModel) {
       "tp2-pp1-dp2-mb1-zero3-ckpt:selective-attn:materialized-norm:unfused",
       "tp1-pp1-dp4-mb1-zero3-ckpt:ffn",
   };
-  std::string table = fmt::format("{:<52} {:>5} {:>12} {:>14}\n", "layout", "ranks", "max rel dev",
-                                  "worst mem dev");
-  for (const auto& layout : layouts) table += parity_row(f, ref, layout);
-  std::printf("%s", table.c_str());
+  std::printf("%s", parity_table(f, ref, layouts).c_str());
 }
 
 // Context parallelism: every transport at cp 2 and 4, and composed with tp
@@ -101,9 +98,7 @@ TEST(LayoutParity, ContextParallelism) {
       "tp1-cp2-pp1-dp1-mb2-ckpt:ffn-attn:materialized-cp:allgather",
       "tp2-cp2-pp2-dp1-mb1-sp-ckpt:full@2-cp:allgather",
   };
-  std::string table = fmt::format("{:<62} {:>5} {:>12} {:>14}\n", "layout", "ranks", "max rel dev", "worst mem dev");
-  for (const auto& layout : layouts) table += parity_row(f, ref, layout);
-  std::printf("%s", table.c_str());
+  std::printf("%s", parity_table(f, ref, layouts).c_str());
 }
 
 // FP8 (emulated on the CPU): the scales agree across layouts, for

@@ -51,9 +51,7 @@ TEST(PipelineSplit, UnevenSplitsGiveTheSingleRankLosses) {
       "tp1-pp2-dp2-mb1-zero3-split:5.3",
       "tp1-pp2-dp2-mb1-vpp2-zero3-ckpt:selective-split:0.3.3.2",
   };
-  std::string table = fmt::format("{:<62} {:>5} {:>12} {:>14}\n", "layout", "ranks", "max rel dev", "worst mem dev");
-  for (const auto& layout : layouts) table += parity_row(f, ref, layout);
-  std::printf("%s", table.c_str());
+  std::printf("%s", parity_table(f, ref, layouts).c_str());
 }
 
 TEST(PipelineSplit, APrimeLayerCount) {
@@ -68,9 +66,7 @@ TEST(PipelineSplit, APrimeLayerCount) {
       "tp1-pp4-dp1-mb1-vpp2-split:0.1x7",
       "tp2-pp2-dp2-mb1-sp-zero1-ckpt:full@1-split:4.3",
   };
-  std::string table = fmt::format("{:<62} {:>5} {:>12} {:>14}\n", "layout", "ranks", "max rel dev", "worst mem dev");
-  for (const auto& layout : layouts) table += parity_row(f, ref, layout);
-  std::printf("%s", table.c_str());
+  std::printf("%s", parity_table(f, ref, layouts).c_str());
 }
 
 TEST(PipelineSplit, TiedEmbeddings) {
