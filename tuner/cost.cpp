@@ -390,7 +390,13 @@ StepBounds step_bounds(const ModelSpec& m, const RunSpec& run, const Layout& sha
         double t = mbs * std::min({first.fwd + first.bwd, last.fwd + last.bwd, between.fwd + between.bwd}) +
                    mbs * n_ckpt * least(&Part::recompute) +
                    mbs * (std::min({first.tp, last.tp, between.tp}) + n_ckpt * least(&Part::recompute_tp)) * tp_share +
-                   mbs * (std::min({first.cp, last.cp, between.cp}) + n_ckpt * least(&Part::recompute_cp)) + hops;
+                   mbs * (std::min({first.cp, last.cp, between.cp}) + n_ckpt * least(&Part::recompute_cp));
+        // predict()'s slowest stage holds at least the total of every stage
+        // compared (each without its recomputation), of which the exposed
+        // share of tp is at least tp_share: the slower of the stages bounds
+        // too, and is tighter where they differ (an uneven split's middle).
+        t = std::max(t, mbs * std::min(1.0, tp_share) * std::max({first.total(), last.total(), between.total()}));
+        t += hops;
         if (!shared_cores) t += double(l.pp - 1) / double(l.vpp) * (std::max(first.total(), last.total()) + redo);
         b.kernels[(c * attentions.size() + a) * norms.size() + n] = t;
       }
