@@ -86,9 +86,14 @@ bool fp8_block_dims(int64_t token_run, int64_t K, int64_t N) {
 
 int64_t fp8_stage_blocks(const ModelSpec& m, const Layout& l, const StagePlan& plan) {
   if (l.fp8 == Fp8Recipe::off) return 0;
+  // The FP8 blocks are the global layers [N, L - N) (Layout::fp8_layer):
+  // each chunk's share of them, counted without walking its blocks.
+  const int64_t lo = l.fp8_bf16_layers, hi = m.layers - l.fp8_bf16_layers;
   int64_t n = 0;
-  for (int64_t c = 0; c < l.vpp; ++c)
-    for (int64_t i = 0, per_chunk = l.chunk_layers(m, plan.stage, c); i < per_chunk; ++i) n += l.fp8_layer(m, global_layer(m, l, plan.stage, c, i)) ? 1 : 0;
+  for (int64_t c = 0; c < l.vpp; ++c) {
+    const int64_t first = global_layer(m, l, plan.stage, c, 0), last = first + l.chunk_layers(m, plan.stage, c);
+    n += std::max<int64_t>(0, std::min(last, hi) - std::max(first, lo));
+  }
   return n;
 }
 
