@@ -29,9 +29,6 @@ std::vector<int64_t> divisors(int64_t n) {
   return d;
 }
 
-// The splits searched, or the even one (pruned with the rule) where none is.
-std::vector<std::vector<int64_t>> splits_or_even(const ModelSpec& m, int64_t tp, int64_t virtual_stages);
-
 template <class T>
 std::vector<T> pick(const std::vector<T>& pinned, std::vector<T> free) {
   return pinned.empty() ? free : pinned;
@@ -100,6 +97,7 @@ std::vector<std::vector<int64_t>> pipeline_splits(const ModelSpec& m, int64_t tp
 
 namespace {
 
+// The splits searched, or the even one (pruned with the rule) where none is.
 std::vector<std::vector<int64_t>> splits_or_even(const ModelSpec& m, int64_t tp, int64_t virtual_stages) {
   auto s = pipeline_splits(m, tp, virtual_stages);
   if (s.empty()) s.push_back({});

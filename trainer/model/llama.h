@@ -168,9 +168,9 @@ class LlamaStage {
   // Pipeline boundaries: a non-first stage's input activations, and a
   // non-last stage's output activations and their gradient, (B, T_sp, C)
   // with T_sp = T / tp under sequence parallelism.
+  int64_t boundary_elements() const { return Msp_ * m_.hidden; }
   // The input of chunk `chunk` in activation slot `slot`: its first block's,
   // or for a last virtual stage without blocks the final norm's.
-  int64_t boundary_elements() const { return Msp_ * m_.hidden; }
   Elem* stage_input(int64_t slot, int64_t chunk);
   Elem* stage_output();
   Elem* output_grad();
