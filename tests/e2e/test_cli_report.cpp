@@ -101,7 +101,10 @@ TEST(CliReport, DryRunPageEmbedsEveryLayout) {
 // ranks stay exact, the sampled points equal their rows, the rest is binned.
 TEST(CliReport, LargeDryRunKeepsTheFrontExact) {
   TempDir dir;
-  const std::string common = "tune --dry-run --model llama-7b --gpu h100 --gpus 16 --tp 1,2 --mb 1,2 --ckpt none,full";
+  // About 15,000 layouts (the 65B case below ranks millions).
+  const std::string common =
+      "tune --dry-run --model llama-7b --gpu h100 --gpus 16 --tp 1,2 --mb 1,2 --ckpt none,full --attn flash "
+      "--norm fused --fp8 off";
   auto r = run_weft(common + " --format html --out " + dir.path("big.html"));
   ASSERT_EQ(r.code, 0) << r.out;
   r = run_weft(common + " --all --format json --out " + dir.path("big.json"));
