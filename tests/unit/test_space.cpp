@@ -233,13 +233,16 @@ TEST_F(Space, EvaluateRanksFittingLayoutsAndExplainsTheRest) {
 }
 
 TEST_F(Space, ReportsCoverEveryLayout) {
-  // Every kind of row (fits, each prune reason, uneven splits at pp 16) in a
-  // space of some thousands: the reports' size is the dry-run tests' concern.
+  // Every kind of row (fits, several prune reasons, uneven splits at pp 16)
+  // in a space of 11,412: the reports' size is the dry-run tests' concern.
   SpaceLimits lim;
   lim.tp = {2, 4};
   lim.mb = {1, 2};
   lim.pp = {1, 2, 16};
   lim.cp = {1, 2};
+  lim.norm = {NormKind::fused};
+  lim.zero = {0, 1, 3};
+  lim.grad = {GradPrecision::fp32};
   const auto r = evaluate(m, run, c, enumerate(m, run, 32, lim), k);
   std::set<std::string> reasons;
   for (const auto& cand : r.candidates)
