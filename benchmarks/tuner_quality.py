@@ -169,7 +169,10 @@ def main():
         else:
             tuned = tune(os.path.join(space_dir, "tuner"), [])
         cost = tuned["profile_seconds"] + tuned.get("journal_seconds", 0)
-        frac = cost / brute["profile_seconds"]
+        # Brute force's trials over all the runs that built its journal (a
+        # resumed run profiles only the rest; the trials it read back count).
+        brute_cost = brute["profile_seconds"] + brute.get("journal_seconds", 0)
+        frac = cost / brute_cost
 
         winners = {"brute": brute["winner"], "tuner": tuned["winner"]}
         if a.replay:
@@ -204,7 +207,7 @@ def main():
         ok = ok and row_ok
         cal = tuned.get("calibration") or {}
         rows.append((name, brute["candidates"], brute.get("profiled", len(brute["trials"])),
-                     brute["profile_seconds"], tuned.get("profiled", len(tuned["trials"])),
+                     brute_cost, tuned.get("profiled", len(tuned["trials"])),
                      tuned.get("repeats", 0), cost, frac, ratio, cal.get("rms_error_before"),
                      cal.get("rms_error_after"), tuned["stop_reason"], winners, row_ok))
         print(f"{name}: brute force {winners['brute']} ({rate['brute']:.0f} tok/s), tuner {winners['tuner']} "
