@@ -65,7 +65,7 @@ skip_args=()
 # CliReport.LargeDryRunKeepsTheFrontExact writes a binned page of over 4,000
 # layouts; the search against the exhaustive listing (a check of the bounds'
 # logic; the other SpaceSearch cases run the search); and every layout of a
-# 7B space in three formats (CliTune.TopListsTheSameLayoutsInEveryFormat
+# 7B space in three formats (CliTune.MachineFormatsListEveryLayout
 # writes them). CI leaves them out here; the main ctest runs them all.
 # SpaceSearch.LoraFitsWhereFullFineTuningDoesNot searches a 70B space on 8
 # and 16 GPUs and evaluates the whole first one (70 s under ASan), and
