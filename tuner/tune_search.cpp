@@ -140,9 +140,9 @@ std::vector<std::string> Search::leaders(size_t n) {
   if (by_mean.empty()) return {};
   const double fastest = std::min_element(by_mean.begin(), by_mean.end(), less)->first;
   // The ties within 1% of the fastest, and n more, are all the order needs.
-  const auto tied = std::partition(by_mean.begin(), by_mean.end(),
-                                   [&](const auto& m) { return m.first <= fastest * 1.01; });
-  const size_t front = std::min(by_mean.size(), size_t(tied - by_mean.begin()) + n);
+  const auto tied =
+      std::count_if(by_mean.begin(), by_mean.end(), [&](const auto& m) { return m.first <= fastest * 1.01; });
+  const size_t front = std::min(by_mean.size(), size_t(tied) + n);
   std::partial_sort(by_mean.begin(), by_mean.begin() + ptrdiff_t(front), by_mean.end(), less);
   auto pick = by_mean.begin();
   for (auto it = by_mean.begin(); it != by_mean.end() && it->first <= fastest * 1.01; ++it)
