@@ -43,7 +43,7 @@ double vocab_table_blocks(const ModelSpec& m, int64_t tp) {
   return table / block;
 }
 
-std::vector<int64_t> pipeline_vpps(const ModelSpec& m, int64_t tp, int64_t pp) {
+std::vector<int64_t> pipeline_vpps(const ModelSpec& m, int64_t pp) {
   std::vector<int64_t> out;
   if (pp < 1 || m.layers + 2 < pp) return out;
   out.push_back(1);
@@ -165,7 +165,7 @@ std::vector<Subspace> enumerate_subspaces(const ModelSpec& m, const RunSpec& run
       for (CpComm comm : comms) {
         std::vector<int64_t> pps;
         for (int64_t d : divisors(world / (tp * cp)))
-          if (!pipeline_vpps(m, tp, d).empty()) pps.push_back(d);
+          if (!pipeline_vpps(m, d).empty()) pps.push_back(d);
         for (int64_t pp : pick(limits.pp, pps)) {
           if (pp <= 0 || (world / (tp * cp)) % pp != 0) continue;
           const int64_t dp = world / (tp * cp * pp);
@@ -173,7 +173,7 @@ std::vector<Subspace> enumerate_subspaces(const ModelSpec& m, const RunSpec& run
           for (int64_t mb = 1; mb <= limits.max_mb && run.global_batch % (mb * dp) == 0; mb *= 2)
             mbs.push_back(mb);
           // (A pinned pp past L + 2 is kept, and pruned with the rule.)
-          std::vector<int64_t> vpps = pipeline_vpps(m, tp, pp);
+          std::vector<int64_t> vpps = pipeline_vpps(m, pp);
           if (vpps.empty()) vpps = {1};
           std::vector<bool> sps = {false};
           if (tp > 1) sps.push_back(true);

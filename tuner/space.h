@@ -56,7 +56,7 @@ std::vector<std::vector<int64_t>> pipeline_splits(const ModelSpec& m, int64_t tp
 // embedding and the head alone): 1, and those where L divides by pp * vpp,
 // or, where L does not divide by pp, L + 2 does (the embedding and the loss
 // counted as layers).
-std::vector<int64_t> pipeline_vpps(const ModelSpec& m, int64_t tp, int64_t pp);
+std::vector<int64_t> pipeline_vpps(const ModelSpec& m, int64_t pp);
 // The vocabulary's table on a tp rank in blocks' parameters (the head's
 // GEMMs against a block's).
 double vocab_table_blocks(const ModelSpec& m, int64_t tp);

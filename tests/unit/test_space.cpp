@@ -287,17 +287,17 @@ TEST(SpaceSplit, LighterEndsWhereTheTablesAreHeavyOrLDoesNotDivide) {
   const auto tiny = model_preset("tiny");  // 256 x 128 table against a 184,576-parameter block
   EXPECT_NEAR(vocab_table_blocks(tiny, 1), 0.18, 0.01);
   EXPECT_EQ(pipeline_splits(tiny, 1, 4), (std::vector<std::vector<int64_t>>{{}}));
-  EXPECT_EQ(pipeline_vpps(tiny, 1, 2), (std::vector<int64_t>{1, 2}));
-  EXPECT_TRUE(pipeline_vpps(tiny, 1, 8).empty());  // L + 2 < pp
+  EXPECT_EQ(pipeline_vpps(tiny, 2), (std::vector<int64_t>{1, 2}));
+  EXPECT_TRUE(pipeline_vpps(tiny, 8).empty());  // L + 2 < pp
   const auto l8b = model_preset("llama3.1-8b");    // 128,256 x 4,096: 2.4 blocks
   EXPECT_NEAR(vocab_table_blocks(l8b, 8), 2.4, 0.1);
   const auto splits = pipeline_splits(l8b, 8, 4);
   EXPECT_EQ(splits, (std::vector<std::vector<int64_t>>{{}, {8, 9, 9, 6}, {7, 9, 10, 6}}));
-  EXPECT_EQ(pipeline_vpps(l8b, 8, 2), (std::vector<int64_t>{1, 2, 4, 8, 16}));  // not 17: L divides by pp
+  EXPECT_EQ(pipeline_vpps(l8b, 2), (std::vector<int64_t>{1, 2, 4, 8, 16}));  // not 17: L divides by pp
   // 405B: L = 126 over pp 8 x vpp 8 only with the embedding and the loss
   // counted as layers, the published split among them.
   const auto big = model_preset("llama3.1-405b");
-  const auto vpps = pipeline_vpps(big, 8, 8);
+  const auto vpps = pipeline_vpps(big, 8);
   EXPECT_NE(std::find(vpps.begin(), vpps.end(), 8), vpps.end());
   const auto s405 = pipeline_splits(big, 8, 64);
   EXPECT_NE(std::find(s405.begin(), s405.end(), *edge_split(126, 64, 1, 1)), s405.end());
@@ -305,7 +305,7 @@ TEST(SpaceSplit, LighterEndsWhereTheTablesAreHeavyOrLDoesNotDivide) {
   ModelSpec prime = model_preset("tiny-test");
   prime.layers = 7;
   EXPECT_EQ(pipeline_splits(prime, 1, 2), (std::vector<std::vector<int64_t>>{{3, 4}, {4, 3}}));
-  EXPECT_EQ(pipeline_vpps(prime, 1, 2), (std::vector<int64_t>{1}));
+  EXPECT_EQ(pipeline_vpps(prime, 2), (std::vector<int64_t>{1}));
 }
 
 // FP8 is searched (off and tensorwise) on devices with FP8 tensor cores
