@@ -24,6 +24,7 @@
 #include "core/units.h"
 #include "kernels/fp8/fp8_ops.h"
 #include "kernels/attention/attention.h"
+#include "kernels/gemm/blas_core.h"
 #include "memory/device.h"
 #include "memory/estimate.h"
 #include "memory/host_usage.h"
@@ -152,6 +153,7 @@ std::string memory_table(const TrainReport& r, const DeviceSpec& d) {
 }  // namespace
 
 void set_threads(int64_t threads) {
+  kernels::blas_core();  // before other threads start: it may set OPENBLAS_CORETYPE
   // Ranks sharing a node share its cores: by default each takes its part, as
   // oversubscribed threads would slow every rank and blur the tuner's timings.
   int local_ranks = 1;
@@ -396,6 +398,8 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
                split_text(c.layout.split), fmt::join(per_stage, ", "));
   }
   if (!c.comm.empty()) fmt::print(log, "comm {}: {}\n", c.comm, c.comm_why);
+  if (c.device.kind == DeviceKind::cpu && !kernels::blas_core().note.empty())
+    fmt::print(log, "GEMMs: {}\n", kernels::blas_core().note);
   if (const std::string bf16 = memory::fp8_bf16_gemms_text(c.model, c.run, c.layout); !bf16.empty())
     fmt::print(log, "FP8 GEMMs ({}): {}\n", gemm_precision_text(c.layout), bf16);
   if (c.run.lora.enabled()) fmt::print(log, "{}; the base model frozen\n", lora_summary(c.model, c.run.lora));

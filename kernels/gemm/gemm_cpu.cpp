@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "kernels/cpu_common.h"
+#include "kernels/gemm/blas_core.h"
 #include "kernels/gemm/gemm_check.h"
 
 namespace weft::kernels {
@@ -29,11 +30,13 @@ Status check(const GemmParams<Elem>& p) {
 
 void blas_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha,
                const float* a, int lda, const float* b, int ldb, float beta, float* c, int ldc) {
+  blas_core();
   cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 void blas_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, double alpha,
                const double* a, int lda, const double* b, int ldb, double beta, double* c,
                int ldc) {
+  blas_core();
   cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 

@@ -3,10 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <strings.h>
 #include <limits>
 #include <type_traits>
 #include <vector>
 
+#include "kernels/gemm/blas_core.h"
 #include "kernels/gemm/gemm.h"
 #include "tests/unit/kernels/kernel_test_util.h"
 #include "tests/unit/kernels/op_cases.h"
@@ -165,6 +168,37 @@ TEST(GemmArgs, RejectsImpossibleParams) {
   bad.ldb = 4;
   EXPECT_EQ(run(bad), Status::unsupported);
   EXPECT_EQ(launch(ok, {}, Stream{Backend::cuda, nullptr}), Status::unsupported);
+}
+
+// OpenBLAS's kernel set: a fallback narrower than the CPU is replaced by the
+// widest set the CPU runs, and nothing else is touched.
+TEST(BlasCore, ReplacesOnlyAKnownNarrowerKernelSet) {
+  EXPECT_EQ(blas_core_correction("Prescott", CpuVector::avx512, true), "Cooperlake");
+  EXPECT_EQ(blas_core_correction("Prescott", CpuVector::avx512, false), "SkylakeX");
+  EXPECT_EQ(blas_core_correction("prescott", CpuVector::avx2, false), "Haswell");
+  EXPECT_EQ(blas_core_correction("Nehalem", CpuVector::avx, false), "Sandybridge");
+  EXPECT_EQ(blas_core_correction("Sandybridge", CpuVector::avx2, false), "Haswell");
+  EXPECT_EQ(blas_core_correction("Zen", CpuVector::avx512, true), "Cooperlake");
+  EXPECT_EQ(blas_core_correction("Prescott", CpuVector::sse, false), "");     // nothing wider to run
+  EXPECT_EQ(blas_core_correction("Haswell", CpuVector::avx2, true), "");     // already the CPU's width
+  EXPECT_EQ(blas_core_correction("SkylakeX", CpuVector::avx2, false), "");   // never narrower
+  EXPECT_EQ(blas_core_correction("Zen5", CpuVector::avx512, true), "");      // a name from a later release
+  EXPECT_EQ(blas_core_correction("", CpuVector::avx512, true), "");          // a BLAS that names none
+}
+
+// This process's choice: where weft replaced OpenBLAS's set, the GEMMs above
+// ran on the replacement, which the environment hands to child processes.
+TEST(BlasCore, ThisProcessRunsWhatItSays) {
+  const BlasCore& c = blas_core();
+  if (c.note.empty()) {
+    EXPECT_EQ(c.running, c.detected);
+    return;
+  }
+  EXPECT_NE(c.running, c.detected);
+  const char* env = std::getenv("OPENBLAS_CORETYPE");
+  ASSERT_NE(env, nullptr);
+  EXPECT_EQ(strcasecmp(env, c.running.c_str()), 0) << env << " vs " << c.running;
+  EXPECT_NE(c.note.find(c.detected), std::string::npos) << c.note;
 }
 
 }  // namespace
