@@ -142,7 +142,7 @@ std::optional<Layout> auto_layout(const trainer::TrainConfig& base, const tuner:
   std::FILE* out = rank0 ? log : nullptr;
 
   trainer::set_threads(base.threads);
-  const auto space = tuner::enumerate(ctx.model, ctx.run, world, limits, ctx.cluster.device);
+  const auto space = tuner::enumerate(ctx.model, ctx.run, world, limits, ctx.cluster);
   if (!a.retune) {
     std::string cached = rank0 ? find_cached(ctx, space, log) : std::string();
     cached = tuner::share_text(*control, cached);

@@ -184,6 +184,11 @@ tuner::SpaceLimits SpaceArgs::resolve() const {
   require_positive("--ckpt-layers", ckpt_layers, 0);
   for (int64_t z : zero)
     if (z < 0 || z > 3) throw InputError(fmt::format("--zero {} must be 0, 1, 2 or 3", z));
+  for (int64_t g : zero_group)
+    if (g < 0 || g == 1)
+      throw InputError(fmt::format("--zero-group {} must be 0 (all dp x cp ranks) or a group of at least 2 ranks "
+                                   "that divides dp x cp",
+                                   g));
   if (max_mb < 1) throw InputError(fmt::format("--max-mb {} must be at least 1", max_mb));
   l.tp = tp;
   l.cp = cp;
@@ -191,6 +196,7 @@ tuner::SpaceLimits SpaceArgs::resolve() const {
   l.mb = mb;
   l.vpp = vpp;
   l.zero = zero;
+  l.zero_group = zero_group;
   l.ckpt_layers = ckpt_layers;
   l.max_mb = max_mb;
   l.sp = parse_all<bool>(sp, [](const std::string& s) {
@@ -304,6 +310,10 @@ void add_space_options(CLI::App& app, SpaceArgs& a) {
   g->add_option("--attn", a.attention, "Attention: flash, materialized, cudnn (GPU)")->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   g->add_option("--norm", a.norm, "Norm: fused, unfused")->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   g->add_option("--zero", a.zero, "ZeRO stages 0-3")->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  g->add_option("--zero-group", a.zero_group,
+                "ZeRO shard-group sizes, hybrid sharding (0: all dp x cp ranks); searched: 0, and on GPUs the size "
+                "that fills one NVLink domain with its tp ranks, where it divides dp x cp")
+      ->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   g->add_option("--grad", a.grad,
                 "Gradient precision: fp32, bf16 (bf16 runs only; halves gradient memory and dp "
                 "traffic, rounds each accumulation and reduction to bf16)")

@@ -201,10 +201,10 @@ int run_tune(const TuneArgs& a) {
   bool stream_csv = false;
   if (a.layout.empty() && !a.all && !a.exhaustive && format != report::ReportFormat::html) {
     // The listed rows only: the search predicts what its bounds cannot rule out.
-    report = tuner::search(ctx, a.space.resolve(), top, ctx.cluster.device);
+    report = tuner::search(ctx, a.space.resolve(), top, ctx.cluster);
     if (report.evaluated == 0) throw no_layout();
   } else if (a.layout.empty()) {
-    const int64_t size = tuner::space_size(ctx, a.space.resolve(), ctx.cluster.device);
+    const int64_t size = tuner::space_size(ctx, a.space.resolve(), ctx.cluster);
     if (size == 0) throw no_layout();
     const bool whole = a.all || format == report::ReportFormat::html;
     const int64_t listed = whole ? size : std::min(top, size);
@@ -222,10 +222,10 @@ int run_tune(const TuneArgs& a) {
     if (size <= kRowsInMemory) {
       report = tuner::evaluate(ctx.model, ctx.run, ctx.cluster,
                                tuner::enumerate(ctx.model, ctx.run, ctx.cluster.gpus, a.space.resolve(),
-                                                ctx.cluster.device),
+                                                ctx.cluster),
                                ctx.constants, ctx.memory);
     } else {
-      scan = tuner::space_scan(ctx, a.space.resolve(), ctx.cluster.device, html);
+      scan = tuner::space_scan(ctx, a.space.resolve(), ctx.cluster, html);
       report = scan->summary;
       stream_csv = format == report::ReportFormat::csv && listed > kRowsInMemory;
       // The rows held: those listed, or (streamed, or the page's table)
@@ -277,7 +277,7 @@ int run_tune(const TuneArgs& a) {
     std::string skipped;
     tuner::Candidate* runnable = first_runnable(report, skipped);
     if (runnable == nullptr && int64_t(report.candidates.size()) < report.fitting && a.layout.empty()) {
-      report = tuner::search(ctx, a.space.resolve(), report.fitting, ctx.cluster.device);
+      report = tuner::search(ctx, a.space.resolve(), report.fitting, ctx.cluster);
       runnable = first_runnable(report, skipped);
     }
     if (runnable == nullptr)

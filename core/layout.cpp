@@ -174,9 +174,10 @@ std::string Layout::to_string() const {
   std::string f8;
   if (fp8 != Fp8Recipe::off || fp8_bf16_layers > 0)
     f8 = fmt::format("-fp8:{}{}", weft::to_string(fp8), fp8_bf16_layers > 0 ? fmt::format("@{}", fp8_bf16_layers) : "");
-  return fmt::format("tp{}{}-pp{}-dp{}-mb{}-vpp{}-{}-ckpt:{}-attn:{}-norm:{}-zero{}-grad:{}{}{}{}", tp,
+  return fmt::format("tp{}{}-pp{}-dp{}-mb{}-vpp{}-{}-ckpt:{}-attn:{}-norm:{}-zero{}{}-grad:{}{}{}{}", tp,
                      cp != 1 ? fmt::format("-cp{}", cp) : "", pp, dp, mb, vpp, sp ? "sp" : "nosp", ck,
-                     weft::to_string(attention), weft::to_string(norm), zero, weft::to_string(grad),
+                     weft::to_string(attention), weft::to_string(norm), zero,
+                     zero_group > 0 ? fmt::format("@{}", zero_group) : "", weft::to_string(grad),
                      cp != 1 || cp_comm != CpComm::ring ? fmt::format("-cp:{}", weft::to_string(cp_comm)) : "", f8,
                      split.empty() ? "" : "-split:" + split_text(split));
 }
@@ -289,7 +290,17 @@ Layout Layout::parse(const std::string& text) {
     } else if (tok == "nosp") {
       l.sp = false;
     } else if (tok.rfind("zero", 0) == 0) {
-      l.zero = count(after(4), "zero", "0, 1, 2 or 3");
+      std::string stage = after(4);
+      const auto at = stage.find('@');
+      if (at != std::string::npos) {
+        l.zero_group = count(stage.substr(at + 1), "zero@G", "a whole number of ranks that divides dp x cp");
+        if (l.zero_group == 0)
+          throw InputError(fmt::format("layout '{}': zero{} shards within groups of 0 ranks; give at least 2 "
+                                       "(or leave out @G for one group of all dp x cp ranks)",
+                                       text, stage.substr(0, at)));
+        stage = stage.substr(0, at);
+      }
+      l.zero = count(stage, "zero", "0, 1, 2 or 3");
     } else if (tok.rfind("vpp", 0) == 0) {
       l.vpp = count(after(3), "vpp", "a whole number of at least 1");
     } else if (tok.rfind("cp", 0) == 0) {
@@ -305,13 +316,16 @@ Layout Layout::parse(const std::string& text) {
     } else {
       throw InputError(fmt::format(
           "layout '{}': unknown field '{}'; fields are tpN, cpN, ppN, dpN, mbN, vppN, sp|nosp, "
-          "ckpt:none|selective|ffn|full[@K], attn:flash|materialized|cudnn, norm:fused|unfused, zeroN, "
+          "ckpt:none|selective|ffn|full[@K], attn:flash|materialized|cudnn, norm:fused|unfused, zeroN[@G], "
           "grad:fp32|bf16, cp:ring|allgather|a2a, fp8:tensorwise|delayed|blockwise[@N], "
           "split:N.N.N (layers per virtual stage; NxK for K stages of N)",
           text, tok));
     }
     if (end == text.size()) break;
   }
+  // One shard group of every dp x cp rank is plain ZeRO.
+  if (int64_t ways = 0; l.zero_group > 0 && !__builtin_mul_overflow(l.dp, l.cp, &ways) && l.zero_group == ways)
+    l.zero_group = 0;
   return l;
 }
 
@@ -417,6 +431,17 @@ std::vector<std::string> Layout::violations(const ModelSpec& m, const RunSpec& r
     v.push_back(fmt::format("fp8:{}@{} keeps the first and last {} blocks in bf16, which is all L={} of them",
                             weft::to_string(fp8), fp8_bf16_layers, fp8_bf16_layers, m.layers));
   if (zero < 0 || zero > 3) v.push_back(fmt::format("zero={} must be 0, 1, 2 or 3", zero));
+  if (zero_group != 0) {
+    const int64_t ways = dp * cp;  // each at most 2^20
+    if (zero == 0)
+      v.push_back(fmt::format("zero0@{} names a shard group but ZeRO-0 shards nothing (use zero1, zero2 or zero3 "
+                              "with @{})",
+                              zero_group, zero_group));
+    else if (zero_group < 2 || zero_group > ways || ways % zero_group != 0)
+      v.push_back(fmt::format("zero{}@{}: the shard group must divide dp x cp = {} x {} = {} and hold at least 2 "
+                              "ranks",
+                              zero, zero_group, dp, cp, ways));
+  }
   if (grad == GradPrecision::bf16 && run.precision != Precision::bf16)
     v.push_back(fmt::format("grad:bf16 needs bf16 compute, got precision {} (gradients are never "
                             "kept narrower than the compute type; use grad:fp32)",

@@ -3,7 +3,8 @@
 // with context parallelism "tp2-cp2-pp4-dp8-...-zero1-grad:fp32-cp:ring" (cp
 // and its transport are left out at cp 1, so older layouts read the same),
 // with FP8 GEMMs "...-grad:fp32-fp8:delayed" (left out when off), with an
-// uneven pipeline split "...-split:1.2x62.1" (left out when even).
+// uneven pipeline split "...-split:1.2x62.1" (left out when even), with
+// hybrid sharding "...-zero3@8-..." (ZeRO shards within groups of 8 ranks).
 #pragma once
 
 #include <cstdint>
@@ -87,6 +88,14 @@ struct Layout {
   AttentionKind attention = AttentionKind::flash;
   NormKind norm = NormKind::fused;
   int64_t zero = 0;  // ZeRO stage 0-3 over the dp axis
+  // Hybrid sharding (torchtitan's HSDP, ZeRO++'s hpZ): ZeRO shards the
+  // weights, gradients and optimizer state within groups of zero_group
+  // consecutive ranks of dp x cp (cp fastest, so a group holds whole cp
+  // groups first) and replicates them across the groups; gradients
+  // reduce-scatter within a group, then the shards all-reduce across the
+  // groups holding the same one. 0: one group of all dp x cp ranks. Text
+  // zero3@8; a group of all dp x cp reads as 0.
+  int64_t zero_group = 0;
   GradPrecision grad = GradPrecision::fp32;
   Fp8Recipe fp8 = Fp8Recipe::off;
   int64_t fp8_bf16_layers = 0;  // first and last N blocks keep compute-precision GEMMs
@@ -114,6 +123,13 @@ struct Layout {
   // the data-parallel replicas times the context-parallel ranks (each sees
   // only its part of every sequence).
   int64_t shard_ways() const { return dp * cp; }
+  // Ranks ZeRO shards its state over: the shard group of hybrid sharding,
+  // else all dp x cp.
+  int64_t zero_shards() const { return zero_group > 0 ? zero_group : dp * cp; }
+  // Shard groups holding the same shard (the replicas the shards all-reduce
+  // over): 1 without hybrid sharding.
+  int64_t zero_replicas() const { return zero_group > 0 ? dp * cp / zero_group : 1; }
+  bool hybrid_sharding() const { return zero_group > 0; }
   // Tokens of each sequence one rank holds: T / cp.
   int64_t local_seq(const RunSpec& run) const { return run.seq / cp; }
   // Micro-batches per optimizer step on each dp replica (gradient accumulation).

@@ -68,12 +68,12 @@ int64_t host_staging_bytes(const ModelSpec& m, const RunSpec& run, const Layout&
   int64_t psi = 0, largest = 0;
   for (const TensorShape& t : shapes) {
     if (t.category == Category::comm) largest = std::max(largest, t.elements * t.element_bytes);
-    if (std::string_view(t.name) == "grads.flat" && l.shard_ways() > 1)
-      largest = std::max(largest, t.elements * t.element_bytes * (l.zero >= 2 ? l.shard_ways() : 1));
-    if (std::string_view(t.name) == "weights.flat") psi = t.elements * (l.zero >= 3 ? l.shard_ways() : 1);
+    if (std::string_view(t.name) == "grads.flat" && l.zero_shards() > 1)
+      largest = std::max(largest, t.elements * t.element_bytes * (l.zero >= 2 ? l.zero_shards() : 1));
+    if (std::string_view(t.name) == "weights.flat") psi = t.elements * (l.zero >= 3 ? l.zero_shards() : 1);
   }
   const int64_t compute_bytes = run.precision == Precision::fp32 ? 4 : 2;
-  if (l.shard_ways() > 1 && (l.zero == 1 || l.zero == 2)) largest = std::max(largest, psi * compute_bytes);
+  if (l.zero_shards() > 1 && (l.zero == 1 || l.zero == 2)) largest = std::max(largest, psi * compute_bytes);
   if (l.tp > 1) largest = std::max(largest, l.mb * (run.seq / l.cp) * m.hidden * compute_bytes);
   return 2 * largest;
 }

@@ -337,7 +337,7 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
   // compute copy and the optimizer keeps an fp32 master; in fp32 the weights
   // are the master.
   const int64_t psi = stage_param_elements(m, l, plan);
-  const int64_t ways = l.shard_ways();  // dp x cp
+  const int64_t ways = l.zero_shards();  // dp x cp, or the hybrid shard group
   const int64_t shard = ceil_div(psi, ways);
   out.push_back({"weights.flat", Category::weights, l.zero >= 3 ? shard : psi, d.a, 1});
   // LoRA: the base model's weights, frozen, in the compute type (bf16 on a

@@ -9,7 +9,7 @@ namespace weft::memory::detail {
 
 void comm_buffer_shapes(const ModelSpec& m, const Layout& l, const StagePlan& plan, const Dims& d,
                         std::vector<TensorShape>& out) {
-  const int64_t ways = l.shard_ways();  // dp x cp
+  const int64_t ways = l.zero_shards();  // dp x cp, or the hybrid shard group
   const bool lora = plan.lora.enabled();
   const int64_t psi = stage_param_elements(m, l, plan);
   const int64_t g = l.grad_bytes();

@@ -116,7 +116,7 @@ namespace detail {
 
 void fp8_buffer_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const DeviceSpec& device,
                        const StagePlan& plan, const Dims& d, std::vector<TensorShape>& out) {
-  const int64_t ways = l.shard_ways();
+  const int64_t ways = l.zero_shards();
   const bool lora = plan.lora.enabled();
   // FP8 GEMMs: each FP8 weight quantised once per step and kept (under
   // ZeRO-3, whose weights exist only while gathered, quantised at each use

@@ -154,7 +154,7 @@ Sharding sharding_cost(const Model& x, double mbs, double bwd_mb, double t_mb) {
   if (l.pp > 1 && m.tied_embeddings && !lora) {
     const double table = double(l.grad_bytes()) * Vl * C;
     s.tied_p2p = 2 * x.p2p(table);
-    if (l.zero >= 1 && l.shard_ways() > 1) s.tied_p2p += all_gather(table, x.shard_group());
+    if (l.zero >= 1 && l.shard_ways() > 1) s.tied_p2p += all_gather(table, x.zero_group());
   }
 
   // Data parallelism over the larger of the first and last stage's params:
@@ -177,7 +177,7 @@ Sharding sharding_cost(const Model& x, double mbs, double bwd_mb, double t_mb) {
   // (An uneven split's middle stage may hold more.)
   const int64_t mid = middle_stage(m, l);
   const double psi = std::max({stage_params(0), stage_params(l.pp - 1), mid > 0 ? stage_params(mid) : 0.0});
-  const Group dg = x.shard_group();
+  const Group dg = x.shard_group(), zg = x.zero_group();
   const double grad_bytes = double(l.grad_bytes()) * psi, param_bytes = x.a * psi;
   double reduce = 0, gather = 0, window = 0;
   // As weft's trainer reduces: ZeRO-0 all-reduces, and ZeRO-1 reduce-scatters,
@@ -197,21 +197,25 @@ Sharding sharding_cost(const Model& x, double mbs, double bwd_mb, double t_mb) {
       window = bwd_mb;
       break;
     case 1:
-      reduce = reduce_scatter(grad_bytes, dg);
-      gather = all_gather(param_bytes, dg);
+      reduce = reduce_scatter(grad_bytes, zg);
+      gather = all_gather(param_bytes, zg);
       window = bwd_mb;
       break;
     case 2:
-      reduce = mbs * reduce_scatter(grad_bytes, dg);
-      gather = all_gather(param_bytes, dg);
+      reduce = mbs * reduce_scatter(grad_bytes, zg);
+      gather = all_gather(param_bytes, zg);
       window = mbs * bwd_mb;
       tail_share = 1.0 / mbs;
       break;
     default:
-      reduce = mbs * (reduce_scatter(grad_bytes, dg) + 2 * all_gather(param_bytes, dg));
+      reduce = mbs * (reduce_scatter(grad_bytes, zg) + 2 * all_gather(param_bytes, zg));
       window = mbs * t_mb;
       break;
   }
+  // Hybrid sharding's second level: after the backward, each shard
+  // all-reduced over the groups that hold it (exposed, as the trainer runs it).
+  if (l.zero >= 1 && l.hybrid_sharding())
+    gather += all_reduce(grad_bytes / double(l.zero_shards()), x.replica_group());
   if (l.shard_ways() > 1) {
     // The group reduced last is exposed: the embedding table, whose
     // gradient is final only at the very end of the first stage's backward.
@@ -224,7 +228,7 @@ Sharding sharding_cost(const Model& x, double mbs, double bwd_mb, double t_mb) {
     s.dp_comm = exposed + k.overlap_cost * (reduce - exposed) + gather;
   }
 
-  const double shard = l.zero >= 1 ? psi / double(l.shard_ways()) : psi;
+  const double shard = l.zero >= 1 ? psi / double(l.zero_shards()) : psi;
   s.optimizer = x.stream("adamw", shard, double(l.grad_bytes()));
 
   if (l.fp8 != Fp8Recipe::off) {
@@ -338,7 +342,7 @@ std::vector<double> stage_times(const ModelSpec& m, const RunSpec& run, const La
 StepBounds step_bounds(const ModelSpec& m, const RunSpec& run, const Layout& shape, const ClusterSpec& cluster,
                        const CostConstants& k, const std::vector<std::pair<Checkpointing, int64_t>>& ckpts,
                        const std::vector<AttentionKind>& attentions, const std::vector<NormKind>& norms,
-                       const std::vector<int64_t>& zeros, const std::vector<GradPrecision>& grads) {
+                       const std::vector<ZeroChoice>& zeros, const std::vector<GradPrecision>& grads) {
   // predict()'s parts, each at its least over what the other term's knobs
   // leave open:
   // - per checkpointing, attention and norm: compute, tensor- and
@@ -405,7 +409,7 @@ StepBounds step_bounds(const ModelSpec& m, const RunSpec& run, const Layout& sha
   for (size_t z = 0; z < zeros.size(); ++z)
     for (size_t g = 0; g < grads.size(); ++g) {
       Layout l = shape;
-      l.zero = zeros[z];
+      zeros[z].apply(l);
       l.grad = grads[g];
       const Model x = model_of(m, run, l, cluster, k);
       // A window past any backward (and finite: no ZeRO stage's window times

@@ -97,6 +97,18 @@ std::vector<double> stage_times(const ModelSpec& m, const RunSpec& run, const La
 // type) choice, the indices into the lists step_bounds() was given; their
 // sum bounds the step of the layout with those choices. What the space's
 // search (tuner/space.h) skips layouts and shapes by.
+// A ZeRO stage with its shard group (Layout::zero and zero_group; group 0:
+// all dp x cp ranks), one choice of the space's ZeRO knob.
+struct ZeroChoice {
+  int64_t stage = 0;
+  int64_t group = 0;
+  void apply(Layout& l) const {
+    l.zero = stage;
+    l.zero_group = group;
+  }
+  bool operator==(const ZeroChoice&) const = default;
+};
+
 struct StepBounds {
   size_t attentions = 0, norms = 0, grads = 0;
   std::vector<double> kernels;   // [(c * attentions + a) * norms + n]
@@ -106,7 +118,7 @@ struct StepBounds {
 StepBounds step_bounds(const ModelSpec& m, const RunSpec& run, const Layout& shape, const ClusterSpec& cluster,
                        const CostConstants& k, const std::vector<std::pair<Checkpointing, int64_t>>& ckpts,
                        const std::vector<AttentionKind>& attentions, const std::vector<NormKind>& norms,
-                       const std::vector<int64_t>& zeros, const std::vector<GradPrecision>& grads);
+                       const std::vector<ZeroChoice>& zeros, const std::vector<GradPrecision>& grads);
 
 // Efficiency of one (M x K) * (K x N) GEMM on the device: the large-shape
 // efficiency, times wave quantisation of its output tiles over the SMs, times

@@ -194,6 +194,11 @@ struct Model {
   // The ranks a gradient sums over and ZeRO shards over: dp x cp, tp apart
   // (the dp group at cp 1).
   Group shard_group() const { return group(l.dp * l.cp, l.tp); }
+  // ZeRO's shard group: all of the above, or under hybrid sharding its
+  // zero_group consecutive ranks; and the replicas that all-reduce each
+  // shard, zero_group * tp ranks apart.
+  Group zero_group() const { return group(l.zero_shards(), l.tp); }
+  Group replica_group() const { return group(l.zero_replicas(), l.tp * l.zero_shards()); }
   // A stage and the next are tp * cp * dp ranks apart: the same domain only
   // when a whole stage fits in part of one.
   Link pp_link() const { return l.tp * l.cp * l.dp < c.domain() ? intra_link() : inter_link(); }

@@ -122,7 +122,7 @@ Layout Subspace::at(int64_t i) const {
     return k;
   };
   l.grad = grads[take(grads.size())];
-  l.zero = zeros[take(zeros.size())];
+  zeros[take(zeros.size())].apply(l);
   l.norm = norms[take(norms.size())];
   l.attention = attentions[take(attentions.size())];
   const auto& [ckpt, k] = ckpts[take(ckpts.size())];
@@ -177,10 +177,28 @@ std::vector<Subspace> enumerate_subspaces(const ModelSpec& m, const RunSpec& run
           if (vpps.empty()) vpps = {1};
           std::vector<bool> sps = {false};
           if (tp > 1) sps.push_back(true);
-          // ZeRO shards over the dp x cp ranks a gradient sums over.
-          std::vector<int64_t> zeros = {0};
-          if (dp * cp > 1) zeros = {0, 1, 2, 3};
-          zeros = pick(limits.zero, zeros);
+          // ZeRO shards over the dp x cp ranks a gradient sums over, or
+          // (hybrid sharding) within the group of them that fills one
+          // NVLink domain with its tp ranks. A smaller group is dominated
+          // (it holds more and all-reduces more over the network, with its
+          // gathers on the same link); a larger one takes its gathers onto
+          // the network, and is searched when pinned. A pinned group of all
+          // of them is plain ZeRO; one that does not divide is kept, and
+          // pruned with the rule.
+          std::vector<int64_t> stages = {0};
+          if (dp * cp > 1) stages = {0, 1, 2, 3};
+          std::vector<int64_t> groups = {0};
+          if (const int64_t g = device.domain / tp;
+              device.domain % tp == 0 && g > 1 && g < dp * cp && (dp * cp) % g == 0)
+            groups.push_back(g);
+          groups = pick(limits.zero_group, groups);
+          std::vector<ZeroChoice> zeros;
+          for (int64_t z : pick(limits.zero, stages))
+            for (int64_t g : groups) {
+              const ZeroChoice c{z, g == dp * cp ? 0 : g};
+              if ((z > 0 || c.group == 0) && std::find(zeros.begin(), zeros.end(), c) == zeros.end())
+                zeros.push_back(c);
+            }
           const int64_t stage = m.layers / pp;
           std::vector<std::pair<Checkpointing, int64_t>> ckpts;
           for (Checkpointing c : pick(limits.ckpt, {Checkpointing::none, Checkpointing::selective,

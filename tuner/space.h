@@ -21,6 +21,9 @@ namespace weft::tuner {
 // leaves that knob free.
 struct SpaceLimits {
   std::vector<int64_t> tp, cp, pp, mb, vpp, zero;
+  // ZeRO shard-group sizes (Layout::zero_group; 0: all dp x cp ranks) for
+  // stages 1-3; empty: 0, and those hybrid sharding searches (enumerate()).
+  std::vector<int64_t> zero_group;
   std::vector<CpComm> cp_comm;  // the transports tried at cp > 1 (cp 1 has none)
   std::vector<bool> sp;
   std::vector<Checkpointing> ckpt;
@@ -63,12 +66,18 @@ double vocab_table_blocks(const ModelSpec& m, int64_t tp);
 
 // What the space needs to know of the device: whether it is a GPU (cuDNN
 // attention) and whether it has FP8 tensor cores (FP8 searched when free).
+// And, for hybrid sharding, the GPUs of one NVLink domain (0: a device
+// alone, or the CPU, where every rank shares one memory: hybrid sharding is
+// searched only when pinned).
 struct SpaceDevice {
   DeviceKind kind = DeviceKind::gpu;
   bool fp8 = false;
+  int64_t domain = 0;
   SpaceDevice() = default;
   SpaceDevice(DeviceKind k) : kind(k) {}  // NOLINT(google-explicit-constructor): a kind alone has no FP8
   SpaceDevice(const DeviceSpec& d) : kind(d.kind), fp8(d.has_fp8()) {}  // NOLINT(google-explicit-constructor)
+  SpaceDevice(const ClusterSpec& c)  // NOLINT(google-explicit-constructor)
+      : kind(c.device.kind), fp8(c.device.has_fp8()), domain(c.device.kind == DeviceKind::gpu ? c.domain() : 0) {}
 };
 
 // All layouts of the space. tp runs over divisors of the world that divide H,
@@ -77,7 +86,11 @@ struct SpaceDevice {
 // divisors of the rest of at most L + 2; dp fills the world; mb over powers of
 // two dividing the per-replica batch; vpp as pipeline_vpps says (pp > 1), and
 // the splits of pipeline_splits;
-// sp with tp > 1; ZeRO > 0 with dp * cp > 1 (the ranks it shards over); full checkpointing
+// sp with tp > 1; ZeRO > 0 with dp * cp > 1 (the ranks it shards over), each
+// stage > 0 also with hybrid sharding over groups of g = domain / tp ranks
+// where that divides dp * cp and 1 < g < dp * cp (the group and its tp ranks
+// fill one NVLink domain: its gathers and reduce-scatters stay on the fast
+// link, only the replicas' all-reduce crosses the network); full checkpointing
 // also on 1/4, 1/2 and 3/4 of a stage's layers; attention flash and
 // materialized, and cudnn on a GPU device (cuDNN has no CPU kernels);
 // gradients in fp32, and in bf16 too when the run computes in bf16; GEMMs
@@ -101,7 +114,7 @@ struct Subspace {
   std::vector<std::pair<Checkpointing, int64_t>> ckpts;  // mode and ckpt_layers
   std::vector<AttentionKind> attentions;
   std::vector<NormKind> norms;
-  std::vector<int64_t> zeros;
+  std::vector<ZeroChoice> zeros;  // stage slowest, shard group fastest
   std::vector<GradPrecision> grads;
   int64_t first = 0;  // the index of its first layout in enumerate()'s list
 

@@ -91,9 +91,9 @@ Rules rules_of(const SpaceContext& ctx, const Subspace& s) {
     l.ckpt_layers = k;
     r.ckpt.push_back(first_violation(ctx, l));
   }
-  for (int64_t z : s.zeros) {
+  for (const ZeroChoice& z : s.zeros) {
     Layout l = valid;
-    l.zero = z;
+    z.apply(l);
     r.zero.push_back(first_violation(ctx, l));
   }
   for (GradPrecision g : s.grads) {
@@ -299,7 +299,7 @@ int64_t MemoryBounds::of(const Member& x) {
 int64_t MemoryBounds::part(int stage_end, const Member& x, bool params) {
   Layout l = s_.shape;
   if (params) {
-    l.zero = s_.zeros[x.z];
+    s_.zeros[x.z].apply(l);
     l.grad = s_.grads[x.g];
   } else {
     l.ckpt = s_.ckpts[x.c].first;

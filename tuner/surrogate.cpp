@@ -19,6 +19,7 @@ std::vector<std::string> knob_values(const Layout& l) {
   v.push_back(fmt::format("attn={}", to_string(l.attention)));
   v.push_back(fmt::format("norm={}", to_string(l.norm)));
   v.push_back(fmt::format("zero={}", l.zero));
+  if (l.hybrid_sharding()) v.push_back(fmt::format("zero_group={}", l.zero_group));
   v.push_back(fmt::format("grad={}", to_string(l.grad)));
   v.push_back(l.fp8 == Fp8Recipe::off ? std::string("fp8=off")
                                       : fmt::format("fp8={}/{}", to_string(l.fp8), l.fp8_bf16_layers));

@@ -24,7 +24,7 @@ double median_of(std::vector<double>& v) {
 }  // namespace
 
 std::vector<SearchCandidate> search_candidates(const SpaceContext& ctx, const SpaceLimits& limits, TuneResult& r) {
-  const auto layouts = enumerate(ctx.model, ctx.run, ctx.cluster.gpus, limits, ctx.cluster.device);
+  const auto layouts = enumerate(ctx.model, ctx.run, ctx.cluster.gpus, limits, ctx.cluster);
   r.space = evaluate(ctx.model, ctx.run, ctx.cluster, layouts, ctx.constants, ctx.memory);
   r.peak_flops = ctx.cluster.device.peak_flops(to_string(ctx.run.precision));
   std::vector<SearchCandidate> cands;

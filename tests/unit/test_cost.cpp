@@ -406,6 +406,26 @@ TEST(CostModel, TheSlowestStageOfAnUnevenSplitSetsThePace) {
               1e-12 * b.step);
 }
 
+// Hybrid sharding: ZeRO-3's gathers and reduce-scatters inside a node's
+// NVLink, and only each shard's all-reduce over the network, beat sharding
+// over every node on a model whose state is large against its compute;
+// each rank then keeps 8 times the optimizer state of ZeRO-3 over 64, and
+// updates as much.
+TEST_F(Cost, HybridShardingKeepsZero3sTrafficOnNvlink) {
+  c = cluster_resolve("a100-80gb", 64, 8);
+  const auto plain = p("tp1-pp1-dp64-mb1-zero3"), hybrid = p("tp1-pp1-dp64-mb1-zero3@8");
+  EXPECT_LT(hybrid.dp_comm, 0.5 * plain.dp_comm) << hybrid.dp_comm << " vs " << plain.dp_comm;
+  EXPECT_NEAR(hybrid.optimizer, 8 * plain.optimizer, 0.05 * hybrid.optimizer);
+  EXPECT_EQ(hybrid.compute, plain.compute);
+  // The two levels cost more than one where the group already fits a node.
+  c = cluster_resolve("a100-80gb", 8, 8);
+  EXPECT_GT(p("tp1-pp1-dp8-mb1-zero1@4").dp_comm, p("tp1-pp1-dp8-mb1-zero1").dp_comm);
+  // Parts still sum to the step.
+  const auto b = p("tp1-pp1-dp8-mb1-zero2@2");
+  EXPECT_NEAR(b.step, b.compute + b.recompute + b.tp_comm + b.cp_comm + b.pp_bubble + b.pp_p2p + b.dp_comm + b.optimizer,
+              1e-12 * b.step);
+}
+
 TEST(CostModel, ConstantsRoundTripJson) {
   auto k = cost_defaults(device_preset("a100-80gb"));
   k.overlap_cost = 0.3;

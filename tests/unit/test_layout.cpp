@@ -30,6 +30,11 @@ Layout random_layout(std::mt19937_64& rng) {
   l.cp_comm = l.cp > 1 ? CpComm(pick(3)) : CpComm::ring;
   l.fp8 = Fp8Recipe(pick(3));
   l.fp8_bf16_layers = l.fp8 == Fp8Recipe::off ? 0 : pick(3);
+  // A shard group below dp x cp (one of all of them reads as none).
+  if (l.zero > 0 && pick(2) == 1) {
+    const int64_t g = 2 + pick(8);
+    if (g < l.dp * l.cp) l.zero_group = g;
+  }
   return l;
 }
 
@@ -347,6 +352,38 @@ TEST(Layout, SplitsPrintParseAndValidate) {
   EXPECT_EQ(edge_split(8, 4, 2, 2), std::vector<int64_t>{});
   EXPECT_FALSE(edge_split(8, 4, 1, 2).has_value());
   EXPECT_EQ(edge_split(8, 2, 3, 5), (std::vector<int64_t>{3, 5}));
+}
+
+// Hybrid sharding: zeroN@G prints, parses and validates; a group of every
+// dp x cp rank is plain ZeRO.
+TEST(Layout, HybridShardingPrintsParsesAndValidates) {
+  const ModelSpec m = model_preset("llama3.1-8b");
+  const RunSpec run{8192, 64, Precision::bf16};
+  const auto l = Layout::parse("tp2-cp2-pp1-dp8-mb1-zero3@4");
+  EXPECT_EQ(l.zero, 3);
+  EXPECT_EQ(l.zero_group, 4);
+  EXPECT_EQ(l.zero_shards(), 4);
+  EXPECT_EQ(l.zero_replicas(), 4);  // dp x cp = 16 ranks in 4 groups
+  EXPECT_TRUE(l.hybrid_sharding());
+  EXPECT_NE(l.to_string().find("-zero3@4-"), std::string::npos) << l.to_string();
+  EXPECT_EQ(Layout::parse(l.to_string()), l);
+  EXPECT_TRUE(l.violations(m, run, 32).empty()) << fmt::format("{}", fmt::join(l.violations(m, run, 32), "; "));
+  // One group of all 16 is plain ZeRO-3, in the text too.
+  const auto all = Layout::parse("tp2-cp2-pp1-dp8-mb1-zero3@16");
+  EXPECT_EQ(all.zero_group, 0);
+  EXPECT_EQ(all.zero_shards(), 16);
+  EXPECT_EQ(all, Layout::parse("tp2-cp2-pp1-dp8-mb1-zero3"));
+  const auto broken = [&](const std::string& text) {
+    return fmt::format("{}", fmt::join(Layout::parse(text).violations(m, run, 32), "; "));
+  };
+  EXPECT_NE(broken("tp2-cp2-pp1-dp8-mb1-zero3@3").find("zero3@3: the shard group must divide dp x cp = 8 x 2 = 16"),
+            std::string::npos);
+  EXPECT_NE(broken("tp2-cp2-pp1-dp8-mb1-zero3@32").find("must divide dp x cp = 8 x 2 = 16"), std::string::npos);
+  EXPECT_NE(broken("tp2-cp2-pp1-dp8-mb1-zero1@1").find("hold at least 2 ranks"), std::string::npos);
+  EXPECT_NE(broken("tp2-cp2-pp1-dp8-mb1-zero0@4").find("zero0@4 names a shard group but ZeRO-0 shards nothing"),
+            std::string::npos);
+  WEFT_EXPECT_THROW_MSG(Layout::parse("dp4-zero3@0"), InputError, "give at least 2");
+  WEFT_EXPECT_THROW_MSG(Layout::parse("dp4-zero3@x"), InputError, "'x' is not a whole number");
 }
 
 }  // namespace

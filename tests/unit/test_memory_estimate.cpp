@@ -196,6 +196,25 @@ TEST(MemoryEstimate, Bf16KeepsAnFp32MasterAndZeroShardsIt) {
   EXPECT_LT(e1.peak(), e0.peak());
 }
 
+// Hybrid sharding shards the state over its group alone: over dp 64 in
+// groups of 8, each rank holds what ZeRO over dp 8 holds, stage by stage.
+TEST(MemoryEstimate, HybridShardingShardsOverItsGroup) {
+  const auto m = model_preset("llama-13b");
+  const RunSpec run{2048, 2048, Precision::bf16};
+  const auto dev = device_preset("a100-80gb");
+  for (int zero = 1; zero <= 3; ++zero) {
+    const auto hybrid = estimate(m, run, Layout::parse(fmt::format("tp1-pp1-dp64-mb1-zero{}@8", zero)), dev);
+    const auto dp8 = estimate(m, run, Layout::parse(fmt::format("tp1-pp1-dp8-mb1-zero{}", zero)), dev);
+    const auto dp64 = estimate(m, run, Layout::parse(fmt::format("tp1-pp1-dp64-mb1-zero{}", zero)), dev);
+    for (Category c : {Category::weights, Category::grads, Category::optimizer, Category::comm})
+      EXPECT_EQ(cat(hybrid.stages[0], c), cat(dp8.stages[0], c)) << "zero" << zero << " " << to_string(c);
+    EXPECT_GT(hybrid.peak(), dp64.peak()) << zero;
+  }
+  const int64_t shard = (m.param_count() + 7) / 8;
+  EXPECT_EQ(cat(estimate(m, run, Layout::parse("tp1-pp1-dp64-mb1-zero1@8"), dev).stages[0], Category::optimizer),
+            12 * shard);
+}
+
 // grad:bf16 halves the gradients and every buffer they are reduced through:
 // 2 + 2 + 12 / dp bytes per parameter under ZeRO-1, the rest unchanged.
 TEST(MemoryEstimate, Bf16GradientsHalveGradientsAndTheirBuffers) {

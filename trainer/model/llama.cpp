@@ -75,9 +75,11 @@ LlamaStage<Elem, G>::LlamaStage(const ModelSpec& m, const RunSpec& run, const La
   if (on_device())
     staging_ = std::make_unique<memory::HostStaging>(M_ * int64_t(sizeof(int32_t)), 8, stream_.backend);
   if (table_->has("loss.step_sum")) loss_device_ = table_->get<A>("loss.step_sum");
-  // Gradients sum, and ZeRO shards, over dp x cp (groups_.dpcp; the dp
-  // group itself without context parallelism).
-  const int64_t ways = l.shard_ways();
+  // Gradients sum over dp x cp (groups_.dpcp; the dp group itself without
+  // context parallelism), and ZeRO shards over it too, or under hybrid
+  // sharding over the shard group (groups_.zero_shard()), whose shards the
+  // optimizer then all-reduces over the replicas.
+  const int64_t ways = l.zero_shards();
   zero2_ = ways > 1 && l.zero >= 2;
   zero3_ = ways > 1 && l.zero >= 3;
   overlap_dp_ = ways > 1 && l.zero == 0;
@@ -87,13 +89,15 @@ LlamaStage<Elem, G>::LlamaStage(const ModelSpec& m, const RunSpec& run, const La
   // are summed on the shards afterwards).
   scatter_dp_ = ways > 1 && l.zero == 1;
   if (ways > 1 && l.zero >= 1) {
-    // Rank r of the dp group owns elements [r * shard, (r + 1) * shard) of
+    // Rank r of the shard group owns elements [r * shard, (r + 1) * shard) of
     // the flat parameters (the last one fewer); the optimizer uses the same.
     const int64_t psi = params_.elements, shard = (psi + ways - 1) / ways;
     for (int64_t r = 0; r < ways; ++r)
       shard_counts_.push_back(std::max<int64_t>(0, std::min(psi, (r + 1) * shard) - r * shard));
-    shard_lo_ = std::min(psi, groups.dpcp->rank() * shard);
-    shard_hi_ = shard_lo_ + shard_counts_[size_t(groups.dpcp->rank())];
+    const int64_t me = groups.zero_shard().rank();
+    WEFT_ASSERT(groups.zero_shard().size() == ways);
+    shard_lo_ = std::min(psi, me * shard);
+    shard_hi_ = shard_lo_ + shard_counts_[size_t(me)];
   }
   if (zero2_) {
     for (size_t i = 0; const char* name : {"comm.dp_grad_bucket", "comm.dp_grad_bucket_next"}) {

@@ -69,7 +69,8 @@ void LlamaStage<Elem, G>::gather(std::initializer_list<Range> ranges, bool next)
     const int64_t begin = std::clamp(r.begin, shard_lo_, shard_hi_);
     WEFT_ASSERT(at + (r.end - r.begin) <= g.elements);
     g.pending.push_back(
-        groups_.dpcp->iall_gather_v(weights_ + (begin - shard_lo_), g.data + at, std::span<const int64_t>(counts)));
+        groups_.zero_shard().iall_gather_v(weights_ + (begin - shard_lo_), g.data + at,
+                                           std::span<const int64_t>(counts)));
     at += r.end - r.begin;
   }
   g.ranges = want;
@@ -172,13 +173,13 @@ void LlamaStage<Elem, G>::group_end() {
     // the accumulated shard.
     const std::vector<int64_t> counts = shard_parts(group_);
     Bucket& b = buckets_[size_t(building_)];
-    b.own = b.data + std::accumulate(counts.begin(), counts.begin() + groups_.dpcp->rank(), int64_t{0});
+    b.own = b.data + std::accumulate(counts.begin(), counts.begin() + groups_.zero_shard().rank(), int64_t{0});
     b.pieces.clear();
     for (const Range& r : group_) {
       const int64_t begin = std::max(r.begin, shard_lo_), end = std::min(r.end, shard_hi_);
       if (begin < end) b.pieces.emplace_back(begin - shard_lo_, end - begin);
     }
-    b.pending = groups_.dpcp->ireduce_scatter_v(b.data, b.own, std::span<const int64_t>(counts));
+    b.pending = groups_.zero_shard().ireduce_scatter_v(b.data, b.own, std::span<const int64_t>(counts));
     built_ = building_;
     building_ = -1;
   } else if (final_ && overlap_dp_) {
@@ -187,8 +188,8 @@ void LlamaStage<Elem, G>::group_end() {
   } else if (final_ && scatter_dp_) {
     // The group's gradient is complete: its sum over dp goes straight to the
     // shard, while the backward of the groups below goes on.
-    dp_pending_.push_back(groups_.dpcp->ireduce_scatter_v(grads_ + group_[0].begin, dp_shard_ + group_shard_offset(),
-                                                        std::span<const int64_t>(shard_parts(group_))));
+    dp_pending_.push_back(groups_.zero_shard().ireduce_scatter_v(
+        grads_ + group_[0].begin, dp_shard_ + group_shard_offset(), std::span<const int64_t>(shard_parts(group_))));
   }
   group_.clear();
 }
@@ -272,11 +273,11 @@ void LlamaStage<Elem, G>::sync_tied_grads() {
   const Range copy_range{p.offset, p.offset + n};
   const std::vector<int64_t> counts = shard_parts({&copy_range, 1});
   const int64_t begin = std::clamp(p.offset, shard_lo_, shard_hi_);
-  const int64_t mine = counts[size_t(groups_.dpcp->rank())];
+  const int64_t mine = counts[size_t(groups_.zero_shard().rank())];
   G* part = shard + (begin - shard_lo_);  // this rank's part of the copy
   G* full = table_->get<G>("comm.tied_embedding_grad");
   if (plan_.has_head) {
-    groups_.dpcp->all_gather_v(part, full, std::span<const int64_t>(counts));
+    groups_.zero_shard().all_gather_v(part, full, std::span<const int64_t>(counts));
     pp.send(full, n, 0, kTag);
     pp.recv(full, n, 0, kTag + 1);
     copy(part, full + (begin - p.offset), mine * int64_t(sizeof(G)));
@@ -284,7 +285,7 @@ void LlamaStage<Elem, G>::sync_tied_grads() {
     pp.recv(full, n, last, kTag);
     if (mine > 0)
       run(kernels::AxpyParams<G>{.n = mine, .alpha = 1.0, .x = full + (begin - p.offset), .y = part}, "axpy");
-    groups_.dpcp->all_gather_v(part, full, std::span<const int64_t>(counts));
+    groups_.zero_shard().all_gather_v(part, full, std::span<const int64_t>(counts));
     pp.send(full, n, last, kTag + 1);
   }
 }

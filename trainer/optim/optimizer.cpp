@@ -49,16 +49,16 @@ Optimizer<Elem, G>::Optimizer(LlamaStage<Elem, G>& stage, const OptimConfig& con
   if (stage.tensors().has("optimizer.master")) master_ = stage.tensors().template get<A>("optimizer.master");
   WEFT_ASSERT((master_ != nullptr) == (sizeof(Elem) < sizeof(A)));
   const Layout& l = stage.layout();
-  const int64_t dp = l.shard_ways(), psi = stage.param_elements();
-  sharded_ = dp > 1 && l.zero >= 1;
+  const int64_t ways = l.zero_shards(), psi = stage.param_elements();
+  sharded_ = ways > 1 && l.zero >= 1;
   lo_ = 0;
   hi_ = psi;
   if (sharded_) {
     // This rank updates the stage's shard of the flat parameters.
     counts_ = stage.dp_shard_counts();
-    WEFT_ASSERT(int64_t(counts_.size()) == dp);
+    WEFT_ASSERT(int64_t(counts_.size()) == ways);
     lo_ = stage.dp_shard_begin();
-    hi_ = lo_ + counts_[size_t(stage.groups().dpcp->rank())];
+    hi_ = lo_ + counts_[size_t(stage.groups().zero_shard().rank())];
     // ZeRO-1 reduce-scatters the full gradients in place, into this rank's
     // range of them (the stage during its backward, or reduce_grads() after
     // it); under ZeRO-2 the stage already accumulated its shard group by
@@ -80,12 +80,18 @@ void Optimizer<Elem, G>::reset_master() {
 
 template <typename Elem, typename G>
 void Optimizer<Elem, G>::reduce_grads() {
-  auto& dp = *stage_.groups().dpcp;  // the replicas and the context-parallel ranks
-  if (stage_.grads_sharded() || stage_.grads_reduced()) return;  // done during the backward
-  if (sharded_)
-    dp.reduce_scatter_v(stage_.grads(), grad_shard_, std::span<const int64_t>(counts_));
-  else
-    dp.all_reduce(stage_.grads(), stage_.param_elements());
+  const parallel::ProcessGroups& g = stage_.groups();
+  if (!stage_.grads_sharded() && !stage_.grads_reduced()) {  // else done during the backward
+    // Over the replicas and the context-parallel ranks (or, under hybrid
+    // sharding, the shard group's).
+    if (sharded_)
+      g.zero_shard().reduce_scatter_v(stage_.grads(), grad_shard_, std::span<const int64_t>(counts_));
+    else
+      g.dpcp->all_reduce(stage_.grads(), stage_.param_elements());
+  }
+  // Hybrid sharding: each shard group summed its own part of the batch; the
+  // groups holding the same shard add theirs (the second level).
+  if (sharded_ && g.replica) g.replica->all_reduce(grad_shard_, hi_ - lo_);
 }
 
 template <typename Elem, typename G>
@@ -106,8 +112,9 @@ G* Optimizer<Elem, G>::grad_at(int64_t flat) {
 template <typename Elem, typename G>
 double Optimizer<Elem, G>::grad_norm() {
   // Parameters replicated over tp (the norms) count once; sharded ones sum
-  // over tp; stages sum over pp; ZeRO shards sum over dp (without ZeRO the
-  // dp replicas hold equal gradients).
+  // over tp; stages sum over pp; ZeRO shards sum over their shard group (without
+  // ZeRO the dp replicas hold equal gradients, and under hybrid sharding each
+  // shard group the same shards).
   // sums[0]: tp-sharded parameters, sums[1]: tp-replicated ones; in device
   // memory on a GPU, read back once.
   double host_sums[2] = {0, 0};
@@ -133,7 +140,7 @@ double Optimizer<Elem, G>::grad_norm() {
   const parallel::ProcessGroups& host = stage_.groups().host_groups();
   host.tp->all_reduce(&sum, 1);
   host.pp->all_reduce(&sum, 1);
-  if (sharded_) host.dpcp->all_reduce(&sum, 1);
+  if (sharded_) host.zero_shard().all_reduce(&sum, 1);
   return std::sqrt(sum);
 }
 
@@ -176,7 +183,7 @@ StepStats Optimizer<Elem, G>::step(int64_t step, double loss) {
   // owners; under ZeRO-3 they stay sharded, gathered group by group as the
   // next forward needs them.
   if (sharded_ && !stage_.weights_sharded())
-    stage_.groups().dpcp->all_gather_v(stage_.weights() + lo_, stage_.weights(),
+    stage_.groups().zero_shard().all_gather_v(stage_.weights() + lo_, stage_.weights(),
                                      std::span<const int64_t>(counts_));
   return s;
 }
@@ -195,7 +202,8 @@ void Optimizer<Elem, G>::host_full(const A* mine, std::vector<A>& full) {
   std::vector<A> shard(size_t(hi_ - lo_));
   memory::copy(shard.data(), mine, (hi_ - lo_) * int64_t(sizeof(A)), stage_.stream());
   memory::synchronize(stage_.stream());
-  stage_.groups().host_groups().dpcp->all_gather_v(shard.data(), full.data(), std::span<const int64_t>(counts_));
+  stage_.groups().host_groups().zero_shard().all_gather_v(shard.data(), full.data(),
+                                                          std::span<const int64_t>(counts_));
 }
 
 template <typename Elem, typename G>

@@ -575,7 +575,24 @@ ProcessGroups mpi_process_groups(int64_t tp, int64_t pp, int64_t dp, RankOrder o
 
 ProcessGroups mpi_process_groups(const Layout& layout, RankOrder order,
                                  const std::atomic<bool>* cancel) {
-  return mpi_process_groups(layout.tp, layout.pp, layout.dp, order, cancel, layout.cp);
+  ProcessGroups g = mpi_process_groups(layout.tp, layout.pp, layout.dp, order, cancel, layout.cp);
+  if (layout.hybrid_sharding()) {
+    // Hybrid sharding: the shard group is zero_group consecutive ranks of
+    // dpcp, the replica group every zero_group-th.
+    const int64_t size = layout.zero_group, ways = g.dpcp->size(), i = g.dpcp->rank();
+    if (size < 2 || ways % size != 0)
+      throw InputError(fmt::format("layout {}: the ZeRO shard group of {} ranks must divide dp x cp = {}",
+                                   layout.to_string(), size, ways));
+    const MPI_Comm base = static_cast<MpiComm*>(g.dpcp)->handle();
+    for (const bool shard : {true, false}) {
+      MPI_Comm split;
+      WEFT_MPI_CHECK(MPI_Comm_split(base, int(shard ? i / size : i % size), int(shard ? i % size : i / size), &split));
+      g.owned.push_back(std::make_unique<MpiComm>(split, shard ? "shard" : "replica", cancel));
+      (shard ? g.shard : g.replica) = g.owned.back().get();
+    }
+    WEFT_ASSERT(g.shard->size() == size && g.shard->rank() == i % size && g.replica->size() == ways / size);
+  }
+  return g;
 }
 
 std::unique_ptr<Comm> mpi_world_dup(const std::string& name, const std::atomic<bool>* cancel) {

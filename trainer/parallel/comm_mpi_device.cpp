@@ -390,6 +390,8 @@ ProcessGroups mpi_device_process_groups(const Layout& layout, void* compute_stre
   g.cp = wrap(wires->cp);
   g.tp_side = wrap(wires->tp_side);
   g.dpcp = wires->dpcp == wires->dp ? g.dp : wrap(wires->dpcp);
+  g.shard = wrap(wires->shard);
+  g.replica = wrap(wires->replica);
   g.host = std::move(host);
   g.cuda_stream = compute_stream;
   return g;

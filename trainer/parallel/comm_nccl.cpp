@@ -410,6 +410,12 @@ ProcessGroups nccl_process_groups(const Layout& layout, void* compute_stream,
     g.owned.push_back(nccl_comm(*mpi->dpcp, "dpcp", compute_stream, false));
     g.dpcp = g.owned.back().get();
   }
+  for (auto [slot, mpi_comm, label] : {std::tuple{&g.shard, mpi->shard, "shard"},
+                                       std::tuple{&g.replica, mpi->replica, "replica"}})
+    if (mpi_comm) {
+      g.owned.push_back(nccl_comm(*mpi_comm, label, compute_stream, false));
+      *slot = g.owned.back().get();
+    }
   g.host = std::move(mpi);
   g.cuda_stream = compute_stream;
   return g;

@@ -234,9 +234,10 @@ void CommWatchdog::watch(ProcessGroups& groups) {
   std::map<Comm*, Comm*> wrapped;
   const std::pair<Comm**, const char*> slots[] = {{&groups.world, "world"}, {&groups.tp, "tp"}, {&groups.pp, "pp"},
                                                    {&groups.dp, "dp"},       {&groups.cp, "cp"}, {&groups.dpcp, "dpcp"},
+                                                   {&groups.shard, "shard"}, {&groups.replica, "replica"},
                                                    {&groups.tp_side, "tp-side"}};
   for (auto [slot, label] : slots) {
-    if (*slot == nullptr) continue;  // no cp, or no tp-side group
+    if (*slot == nullptr) continue;  // no cp, no tp-side group, no hybrid sharding
     auto it = wrapped.find(*slot);
     if (it == wrapped.end()) {
       groups.owned.push_back(std::make_unique<WatchedComm>(**slot, label, *this));

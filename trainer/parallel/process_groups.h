@@ -20,6 +20,12 @@ struct ProcessGroups {
   // group itself when cp is 1.
   Comm* cp = nullptr;
   Comm* dpcp = nullptr;
+  // Hybrid sharding (Layout::zero_group): ZeRO's shard group, zero_group
+  // consecutive ranks of dpcp, and the replica group, the dpcp ranks that
+  // hold the same shard (equal dpcp rank mod zero_group), which all-reduce
+  // it. Null without: ZeRO shards over dpcp.
+  Comm* shard = nullptr;
+  Comm* replica = nullptr;
   // The tensor-parallel ranks again, on a communicator of their own: the
   // backward's collectives that run beside its GEMMs (the re-gathered inputs
   // of the weight gradients, the input gradients' reduce), so that the tp
@@ -44,6 +50,7 @@ struct ProcessGroups {
   void* cuda_stream = nullptr;
 
   Comm& tp_beside() const { return tp_side ? *tp_side : *tp; }
+  Comm& zero_shard() const { return shard ? *shard : *dpcp; }
   int64_t tp_rank() const { return tp->rank(); }
   int64_t pp_rank() const { return pp->rank(); }
   int64_t dp_rank() const { return dp->rank(); }
