@@ -89,10 +89,14 @@ int64_t fp8_stage_blocks(const ModelSpec& m, const Layout& l, const StagePlan& p
   // The FP8 blocks are the global layers [N, L - N) (Layout::fp8_layer):
   // each chunk's share of them, counted without walking its blocks.
   const int64_t lo = l.fp8_bf16_layers, hi = m.layers - l.fp8_bf16_layers;
-  int64_t n = 0;
+  if (lo == 0) return l.stage_layers(m, plan.stage);
+  // Chunk c of the stage is virtual stage c * pp + stage: its first layer
+  // follows the pp virtual stages from the previous chunk's first on.
+  int64_t n = 0, first = l.virtual_first_layer(m, plan.stage);
   for (int64_t c = 0; c < l.vpp; ++c) {
-    const int64_t first = global_layer(m, l, plan.stage, c, 0), last = first + l.chunk_layers(m, plan.stage, c);
+    const int64_t v = c * l.pp + plan.stage, last = first + l.virtual_layers(m, v);
     n += std::max<int64_t>(0, std::min(last, hi) - std::max(first, lo));
+    for (int64_t u = v; u < v + l.pp && c + 1 < l.vpp; ++u) first += l.virtual_layers(m, u);
   }
   return n;
 }

@@ -231,28 +231,37 @@ Sharding sharding_cost(const Model& x, double mbs, double bwd_mb, double t_mb) {
   const double shard = l.zero >= 1 ? psi / double(l.zero_shards()) : psi;
   s.optimizer = x.stream("adamw", shard, double(l.grad_bytes()));
 
-  if (l.fp8 != Fp8Recipe::off) {
-    // The FP8 copies of the weights: each FP8 block's weights cast once per
-    // step, when the optimizer has updated them (codes and transpose, with
-    // a tensorwise amax all-reduce each), on the stage with more FP8 blocks.
-    // Delayed scaling reduces every amax of the step over all ranks at once:
-    // one small all-reduce (3 operands of 7 linears per block), after the
-    // backward, exposed.
-    Model f8 = x;
-    f8.fp8 = true;
-    const double M = double(l.mb * x.run.seq) / double(l.cp), D = double(m.head_dim), t = double(l.tp);
-    const double Hl = double(m.heads) / t, Kl = double(m.kv_heads) / t, Fl = double(m.intermediate) / t;
-    const std::pair<double, double> linears[] = {{Hl * D, C}, {Kl * D, C}, {Kl * D, C}, {C, Hl * D},
-                                                 {Fl, C},     {Fl, C},     {C, Fl}};
-    double per_block = 0;
-    for (const auto& [N, K] : linears)
-      if (f8.in_fp8(M, N, K)) per_block += f8.fp8_cast(N * K) + f8.fp8_amax_reduce();
-    const int64_t blocks = std::max({fp8_stage_blocks(m, l, 0), fp8_stage_blocks(m, l, l.pp - 1),
-                                     mid > 0 ? fp8_stage_blocks(m, l, mid) : 0});
-    s.optimizer += double(blocks) * per_block;
-    if (l.fp8 == Fp8Recipe::delayed)
-      s.dp_comm += all_reduce(4.0 * 3 * 7 * double(m.layers), x.group(l.world(), 1));
-  }
+  return s;
+}
+
+// The FP8 copies of the weights, which no ZeRO stage or gradient type
+// changes: each FP8 block's weights cast once per step, when the optimizer
+// has updated them (codes and transpose, with a tensorwise amax all-reduce
+// each), on the stage with more FP8 blocks (added to the optimizer's time);
+// delayed scaling reduces every amax of the step over all ranks at once:
+// one small all-reduce (3 operands of 7 linears per block), after the
+// backward, exposed (added to the data-parallel time).
+Sharding fp8_weight_casts(const Model& x) {
+  const ModelSpec& m = x.m;
+  const Layout& l = x.l;
+  Sharding s;
+  if (l.fp8 == Fp8Recipe::off) return s;
+  const double C = double(m.hidden);
+  const int64_t mid = middle_stage(m, l);
+  Model f8 = x;
+  f8.fp8 = true;
+  const double M = double(l.mb * x.run.seq) / double(l.cp), D = double(m.head_dim), t = double(l.tp);
+  const double Hl = double(m.heads) / t, Kl = double(m.kv_heads) / t, Fl = double(m.intermediate) / t;
+  const std::pair<double, double> linears[] = {{Hl * D, C}, {Kl * D, C}, {Kl * D, C}, {C, Hl * D},
+                                               {Fl, C},     {Fl, C},     {C, Fl}};
+  double per_block = 0;
+  for (const auto& [N, K] : linears)
+    if (f8.in_fp8(M, N, K)) per_block += f8.fp8_cast(N * K) + f8.fp8_amax_reduce();
+  const int64_t blocks = std::max({fp8_stage_blocks(m, l, 0), fp8_stage_blocks(m, l, l.pp - 1),
+                                   mid > 0 ? fp8_stage_blocks(m, l, mid) : 0});
+  s.optimizer += double(blocks) * per_block;
+  if (l.fp8 == Fp8Recipe::delayed)
+    s.dp_comm += all_reduce(4.0 * 3 * 7 * double(m.layers), x.group(l.world(), 1));
   return s;
 }
 
@@ -301,7 +310,10 @@ CostBreakdown predict(const ModelSpec& m, const RunSpec& run, const Layout& l,
   // rank computing: the bubble costs no wall time of its own there.
   const bool shared_cores = x.rates && x.rates->shared_cores;
   b.pp_bubble = shared_cores ? 0.0 : double(l.pp - 1) / double(l.vpp) * t_mb;
-  const Sharding sh = sharding_cost(x, mbs, slow.bwd + slow.recompute, t_mb);
+  Sharding sh = sharding_cost(x, mbs, slow.bwd + slow.recompute, t_mb);
+  const Sharding casts = fp8_weight_casts(x);
+  sh.optimizer += casts.optimizer;
+  sh.dp_comm += casts.dp_comm;
   b.pp_p2p = pp_hops(x, mbs) + sh.tied_p2p;
   b.dp_comm = sh.dp_comm;
   b.optimizer = sh.optimizer;
@@ -406,6 +418,7 @@ StepBounds step_bounds(const ModelSpec& m, const RunSpec& run, const Layout& sha
       }
     }
   b.sharding.assign(zeros.size() * grads.size(), 0.0);
+  const Sharding casts = fp8_weight_casts(model_of(m, run, shape, cluster, k));  // the same for each
   for (size_t z = 0; z < zeros.size(); ++z)
     for (size_t g = 0; g < grads.size(); ++g) {
       Layout l = shape;
@@ -416,8 +429,8 @@ StepBounds step_bounds(const ModelSpec& m, const RunSpec& run, const Layout& sha
       // a dp_overlap of 0 may make a NaN).
       constexpr double unbounded = 1e200;
       const Sharding hidden = sharding_cost(x, mbs, unbounded, unbounded), bare = sharding_cost(x, mbs, 0, 0);
-      b.sharding[z * grads.size() + g] =
-          std::min(hidden.dp_comm, bare.dp_comm) + hidden.optimizer + hidden.tied_p2p;
+      b.sharding[z * grads.size() + g] = std::min(hidden.dp_comm, bare.dp_comm) + casts.dp_comm +
+                                         hidden.optimizer + casts.optimizer + hidden.tied_p2p;
     }
   return b;
 }

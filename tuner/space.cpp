@@ -178,19 +178,19 @@ std::vector<Subspace> enumerate_subspaces(const ModelSpec& m, const RunSpec& run
           std::vector<bool> sps = {false};
           if (tp > 1) sps.push_back(true);
           // ZeRO shards over the dp x cp ranks a gradient sums over, or
-          // (hybrid sharding) within the group of them that fills one
-          // NVLink domain with its tp ranks. A smaller group is dominated
-          // (it holds more and all-reduces more over the network, with its
-          // gathers on the same link); a larger one takes its gathers onto
-          // the network, and is searched when pinned. A pinned group of all
-          // of them is plain ZeRO; one that does not divide is kept, and
-          // pruned with the rule.
+          // (hybrid sharding) within groups of them: the group that fills
+          // one NVLink domain with its tp ranks, and those of 2, 4 and 8
+          // domains. A group smaller than a domain is dominated (it holds
+          // more and all-reduces more over the network, its gathers on the
+          // same link); the larger ones hold less, for models whose state
+          // a domain cannot hold. A pinned group of all of them is plain
+          // ZeRO; one that does not divide is kept, and pruned with the rule.
           std::vector<int64_t> stages = {0};
           if (dp * cp > 1) stages = {0, 1, 2, 3};
           std::vector<int64_t> groups = {0};
-          if (const int64_t g = device.domain / tp;
-              device.domain % tp == 0 && g > 1 && g < dp * cp && (dp * cp) % g == 0)
-            groups.push_back(g);
+          if (device.domain > 0 && device.domain % tp == 0)
+            for (int64_t g = device.domain / tp; g <= 8 * device.domain / tp && g < dp * cp; g *= 2)
+              if (g > 1 && (dp * cp) % g == 0) groups.push_back(g);
           groups = pick(limits.zero_group, groups);
           std::vector<ZeroChoice> zeros;
           for (int64_t z : pick(limits.zero, stages))
