@@ -5,8 +5,8 @@ one 400 Gb/s port per GPU), and what the tuner picks with the group free.
 
 For each case the dry-run's best layout with the parallel degrees pinned as
 shown and the ZeRO stage and shard group pinned per row; then the tuner's
-own best with the group free (the search adds the group that fills a node
-with its tp ranks and those of 2, 4 and 8 nodes). Each row prints the cost
+own best with the group free (the search adds, for ZeRO-3, the group that
+fills a node with its tp ranks). Each row prints the cost
 model's step, its data-parallel part (the reduce-scatters and gathers, and
 under hybrid sharding the replicas' all-reduce), the optimizer, the
 memory model's peak per GPU and the MFU. No GPU is needed: these are the

@@ -311,8 +311,8 @@ void add_space_options(CLI::App& app, SpaceArgs& a) {
   g->add_option("--norm", a.norm, "Norm: fused, unfused")->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   g->add_option("--zero", a.zero, "ZeRO stages 0-3")->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   g->add_option("--zero-group", a.zero_group,
-                "ZeRO shard-group sizes, hybrid sharding (0: all dp x cp ranks); searched: 0, and on GPUs the sizes "
-                "that fill 1, 2, 4 and 8 NVLink domains with their tp ranks, where they divide dp x cp")
+                "ZeRO shard-group sizes, hybrid sharding (0: all dp x cp ranks; a group applies to ZeRO 1-3); "
+                "searched: 0, and for ZeRO-3 on GPUs the size that fills one NVLink domain with its tp ranks")
       ->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   g->add_option("--grad", a.grad,
                 "Gradient precision: fp32, bf16 (bf16 runs only; halves gradient memory and dp "

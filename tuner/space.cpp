@@ -177,27 +177,31 @@ std::vector<Subspace> enumerate_subspaces(const ModelSpec& m, const RunSpec& run
           if (vpps.empty()) vpps = {1};
           std::vector<bool> sps = {false};
           if (tp > 1) sps.push_back(true);
-          // ZeRO shards over the dp x cp ranks a gradient sums over, or
-          // (hybrid sharding) within groups of them: the group that fills
-          // one NVLink domain with its tp ranks, and those of 2, 4 and 8
-          // domains. A group smaller than a domain is dominated (it holds
-          // more and all-reduces more over the network, its gathers on the
-          // same link); the larger ones hold less, for models whose state
-          // a domain cannot hold. A pinned group of all of them is plain
-          // ZeRO; one that does not divide is kept, and pruned with the rule.
+          // ZeRO shards over the dp x cp ranks a gradient sums over; ZeRO-3
+          // also (hybrid sharding: HSDP, MiCS, ZeRO++'s hpZ) within the
+          // group of them that fills one NVLink domain with its tp ranks,
+          // which keeps its per-layer gathers and reduce-scatters on the
+          // fast link. A smaller group is dominated (it holds more and
+          // all-reduces more over the network, its gathers on the same
+          // link); larger groups, and ZeRO-1 and -2 in groups, are searched
+          // when pinned (--zero-group), which keeps the spaces users page
+          // through within 1.25 times their size without it. A pinned
+          // group of all of them is plain ZeRO; one that does not divide
+          // is kept, and pruned with the rule.
           std::vector<int64_t> stages = {0};
           if (dp * cp > 1) stages = {0, 1, 2, 3};
           std::vector<int64_t> groups = {0};
-          if (device.domain > 0 && device.domain % tp == 0)
-            for (int64_t g = device.domain / tp; g <= 8 * device.domain / tp && g < dp * cp; g *= 2)
-              if (g > 1 && (dp * cp) % g == 0) groups.push_back(g);
+          if (const int64_t g = device.domain > 0 && device.domain % tp == 0 ? device.domain / tp : 0;
+              g > 1 && g < dp * cp && (dp * cp) % g == 0)
+            groups.push_back(g);
+          const bool pinned = !limits.zero_group.empty();
           groups = pick(limits.zero_group, groups);
           std::vector<ZeroChoice> zeros;
           for (int64_t z : pick(limits.zero, stages))
             for (int64_t g : groups) {
               const ZeroChoice c{z, g == dp * cp ? 0 : g};
-              if ((z > 0 || c.group == 0) && std::find(zeros.begin(), zeros.end(), c) == zeros.end())
-                zeros.push_back(c);
+              const bool searched = c.group == 0 || z == 3 || (pinned && z > 0);
+              if (searched && std::find(zeros.begin(), zeros.end(), c) == zeros.end()) zeros.push_back(c);
             }
           const int64_t stage = m.layers / pp;
           std::vector<std::pair<Checkpointing, int64_t>> ckpts;

@@ -86,12 +86,12 @@ struct SpaceDevice {
 // divisors of the rest of at most L + 2; dp fills the world; mb over powers of
 // two dividing the per-replica batch; vpp as pipeline_vpps says (pp > 1), and
 // the splits of pipeline_splits;
-// sp with tp > 1; ZeRO > 0 with dp * cp > 1 (the ranks it shards over), each
-// stage > 0 also with hybrid sharding over groups of g = k * domain / tp
-// ranks, k = 1, 2, 4, 8, where g divides dp * cp and 1 < g < dp * cp (at k =
-// 1 the group and its tp ranks fill one NVLink domain: its gathers and
-// reduce-scatters stay on the fast link, only the replicas' all-reduce
-// crosses the network; the larger groups hold less); full checkpointing
+// sp with tp > 1; ZeRO > 0 with dp * cp > 1 (the ranks it shards over),
+// ZeRO-3 also with hybrid sharding over groups of g = domain / tp ranks
+// where g divides dp * cp and 1 < g < dp * cp (the group and its tp ranks
+// fill one NVLink domain: its gathers and reduce-scatters stay on the fast
+// link, only the replicas' all-reduce crosses the network; pinned groups
+// apply to ZeRO-1 to 3); full checkpointing
 // also on 1/4, 1/2 and 3/4 of a stage's layers; attention flash and
 // materialized, and cudnn on a GPU device (cuDNN has no CPU kernels);
 // gradients in fp32, and in bf16 too when the run computes in bf16; GEMMs

@@ -94,7 +94,7 @@ TEST_F(ReportBrowser, DryRunPages) {
                dir_.path("dry60.html"));
   ASSERT_EQ(r.code, 0) << r.out;
   render("dry-run-top60", dir_.path("dry60.html"));
-  r = run_weft("tune --dry-run --model llama-65b --gpu a100-80gb --gpus 1024 --attn cudnn --format html --out " +
+  r = run_weft("tune --dry-run --model llama-65b --gpu a100-80gb --gpus 1024 --format html --out " +
                dir_.path("big.html"));
   ASSERT_EQ(r.code, 0) << r.out;
   render("dry-run-65b", dir_.path("big.html"));
