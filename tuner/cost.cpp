@@ -212,10 +212,11 @@ Sharding sharding_cost(const Model& x, double mbs, double bwd_mb, double t_mb) {
       window = mbs * t_mb;
       break;
   }
-  // Hybrid sharding's second level: after the backward, each shard
-  // all-reduced over the groups that hold it (exposed, as the trainer runs it).
+  // Hybrid sharding's second level: each group's final shard piece
+  // all-reduced over the shard groups that hold it, once a step, one group
+  // behind the reduce-scatters and hidden beside the backward as they are.
   if (l.zero >= 1 && l.hybrid_sharding())
-    gather += all_reduce(grad_bytes / double(l.zero_shards()), x.replica_group());
+    reduce += all_reduce(grad_bytes / double(l.zero_shards()), x.replica_group());
   if (l.shard_ways() > 1) {
     // The group reduced last is exposed: the embedding table, whose
     // gradient is final only at the very end of the first stage's backward.

@@ -338,7 +338,7 @@ void LlamaStage<Elem, G>::weights_updated() {
 
 template <typename Elem, typename G>
 void LlamaStage<Elem, G>::zero_grads() {
-  reduced_ = false;
+  reduced_ = replicas_reduced_ = false;
   run(kernels::FillParams<G>{.n = table_->elements("grads.flat"), .value = 0.0, .x = grads_}, "fill");
 }
 

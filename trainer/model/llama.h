@@ -152,6 +152,10 @@ class LlamaStage {
   // last backward. grads_reduced(): they summed the gradients over dp.
   void finish_dp_reduction();
   bool grads_reduced() const { return reduced_; }
+  // Hybrid sharding: the backwards also all-reduced each final shard piece
+  // over the replica group (one group behind the reduce-scatters, beside
+  // the backward of the groups below).
+  bool replicas_reduced() const { return replicas_reduced_; }
 
   // Sums the gradients of tp-replicated parameters (the norms) over the tp
   // group where sequence parallelism split their rows; call after the last
@@ -415,6 +419,15 @@ class LlamaStage {
   G* dp_shard_ = nullptr;
   bool final_ = false;
   bool reduced_ = false;  // this step's gradients were reduced over dp (see grads_reduced())
+  bool replicas_reduced_ = false;
+  // Hybrid sharding under ZeRO-1: the last group's reduce-scatter, whose
+  // piece of the shard (scatter_piece_, scatter_count_ elements) is
+  // all-reduced over the replicas once it lands (settle_scatter()).
+  std::unique_ptr<parallel::CommRequest> scatter_pending_;
+  G* scatter_piece_ = nullptr;
+  int64_t scatter_count_ = 0;
+  void settle_scatter();
+  void reduce_over_replicas(G* piece, int64_t n);
   std::vector<std::unique_ptr<parallel::CommRequest>> dp_pending_;
   // ZeRO-2's two buckets: the first holds the largest group, the second a
   // block's. A group is built in the bucket the group before did not use,
@@ -427,6 +440,7 @@ class LlamaStage {
     G* own = nullptr;  // where this rank's part of the sum lands
     // Where the consecutive pieces of that part go in the shard: (offset, size).
     std::vector<std::pair<int64_t, int64_t>> pieces;
+    bool last = false;  // built in the step's final backward of its chunk: the pieces are then final
   };
   std::array<Bucket, 2> buckets_;
   int building_ = -1, built_ = -1;  // the bucket of the group being built, and of the last one

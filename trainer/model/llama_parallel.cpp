@@ -142,6 +142,23 @@ void LlamaStage<Elem, G>::drain(Bucket& b) {
     run(kernels::AxpyParams<G>{.n = n, .alpha = 1.0, .x = x, .y = grads_ + offset}, "axpy");
     x += n;
   }
+  // Hybrid sharding: the last micro-batch's sum is in; the shard groups add theirs.
+  if (b.last)
+    for (const auto& [offset, n] : b.pieces) reduce_over_replicas(grads_ + offset, n);
+  b.last = false;
+}
+
+template <typename Elem, typename G>
+void LlamaStage<Elem, G>::reduce_over_replicas(G* piece, int64_t n) {
+  if (groups_.replica && n > 0) dp_pending_.push_back(groups_.replica->iall_reduce(piece, n));
+}
+
+template <typename Elem, typename G>
+void LlamaStage<Elem, G>::settle_scatter() {
+  if (!scatter_pending_) return;
+  scatter_pending_->wait();
+  scatter_pending_.reset();
+  reduce_over_replicas(scatter_piece_, scatter_count_);
 }
 
 template <typename Elem, typename G>
@@ -180,6 +197,7 @@ void LlamaStage<Elem, G>::group_end() {
       if (begin < end) b.pieces.emplace_back(begin - shard_lo_, end - begin);
     }
     b.pending = groups_.zero_shard().ireduce_scatter_v(b.data, b.own, std::span<const int64_t>(counts));
+    b.last = final_;
     built_ = building_;
     building_ = -1;
   } else if (final_ && overlap_dp_) {
@@ -188,8 +206,20 @@ void LlamaStage<Elem, G>::group_end() {
   } else if (final_ && scatter_dp_) {
     // The group's gradient is complete: its sum over dp goes straight to the
     // shard, while the backward of the groups below goes on.
-    dp_pending_.push_back(groups_.zero_shard().ireduce_scatter_v(
-        grads_ + group_[0].begin, dp_shard_ + group_shard_offset(), std::span<const int64_t>(shard_parts(group_))));
+    const std::vector<int64_t> counts = shard_parts(group_);
+    auto scatter = groups_.zero_shard().ireduce_scatter_v(grads_ + group_[0].begin, dp_shard_ + group_shard_offset(),
+                                                          std::span<const int64_t>(counts));
+    if (!groups_.replica) {
+      dp_pending_.push_back(std::move(scatter));
+    } else {
+      // Hybrid sharding: the group before's piece has landed by now (its
+      // reduce-scatter ran beside this group's backward); its replicas'
+      // all-reduce runs beside the next one's.
+      settle_scatter();
+      scatter_pending_ = std::move(scatter);
+      scatter_piece_ = dp_shard_ + group_shard_offset();
+      scatter_count_ = counts[size_t(groups_.zero_shard().rank())];
+    }
   }
   group_.clear();
 }
@@ -321,9 +351,12 @@ void LlamaStage<Elem, G>::finish_dp_reduction() {
     drain(buckets_[size_t(built_)]);
     built_ = -1;
   }
-  reduced_ = !dp_pending_.empty();
+  const bool any = scatter_pending_ || !dp_pending_.empty();
+  settle_scatter();
   for (auto& r : dp_pending_) r->wait();
   dp_pending_.clear();
+  reduced_ = any && !zero2_;
+  replicas_reduced_ = groups_.replica && (zero2_ || reduced_);
 }
 
 // The members defined here, for each stage type llama.cpp instantiates.
@@ -332,6 +365,8 @@ void LlamaStage<Elem, G>::finish_dp_reduction() {
   template void LlamaStage<E, G>::group_begin(std::initializer_list<Range>);                 \
   template void LlamaStage<E, G>::group_end();                                               \
   template void LlamaStage<E, G>::drain(Bucket&);                                            \
+  template void LlamaStage<E, G>::settle_scatter();                                          \
+  template void LlamaStage<E, G>::reduce_over_replicas(G*, int64_t);                         \
   template std::vector<int64_t> LlamaStage<E, G>::shard_parts(std::span<const Range>) const; \
   template int64_t LlamaStage<E, G>::group_shard_offset() const;                             \
   template const E* LlamaStage<E, G>::gathered(const E*, E*);                                \

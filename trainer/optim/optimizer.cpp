@@ -90,8 +90,9 @@ void Optimizer<Elem, G>::reduce_grads() {
       g.dpcp->all_reduce(stage_.grads(), stage_.param_elements());
   }
   // Hybrid sharding: each shard group summed its own part of the batch; the
-  // groups holding the same shard add theirs (the second level).
-  if (sharded_ && g.replica) g.replica->all_reduce(grad_shard_, hi_ - lo_);
+  // groups holding the same shard add theirs (the second level), unless the
+  // backward did, group by group.
+  if (sharded_ && g.replica && !stage_.replicas_reduced()) g.replica->all_reduce(grad_shard_, hi_ - lo_);
 }
 
 template <typename Elem, typename G>
