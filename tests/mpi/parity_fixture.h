@@ -122,4 +122,22 @@ inline std::string parity_table(Fixture& f, const std::vector<double>& ref, cons
   return table;
 }
 
+// Each case saves a checkpoint at step 3 under its first layout and resumes
+// it under each of the others: steps 4 and 5 must give the reference's
+// losses within 1e-5.
+using ReshardCases = std::vector<std::pair<std::string, std::vector<std::string>>>;
+inline void expect_reshards(Fixture& f, const std::vector<double>& ref, const ReshardCases& cases) {
+  for (const auto& [from, tos] : cases) {
+    const auto saved = f.dir.path("a-" + from);
+    f.train(from, saved, "--ckpt-every 3");
+    const auto ckpt = saved + "/checkpoints/step_000003";
+    for (const auto& to : tos) {
+      const auto losses = f.train(to, f.dir.path("b-" + from + "-" + to), "--resume-from " + ckpt);
+      ASSERT_EQ(losses.size(), 2u) << from << " -> " << to;
+      for (size_t i = 0; i < 2; ++i)
+        EXPECT_NEAR(losses[i], ref[3 + i], 1e-5 * ref[3 + i]) << from << " -> " << to << " step " << 4 + i;
+    }
+  }
+}
+
 }  // namespace weft::test

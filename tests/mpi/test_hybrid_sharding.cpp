@@ -54,21 +54,11 @@ TEST(HybridSharding, TiedEmbeddingsOverStages) {
 TEST(HybridSharding, CheckpointsReshard) {
   Fixture f;
   const auto ref = f.train("tp1-pp1-dp1-mb2", f.dir.path("ref"));
-  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+  const ReshardCases cases = {
       {"tp1-pp1-dp4-mb1-zero3@2", {"tp1-pp1-dp4-mb1-zero3", "tp1-pp1-dp1-mb2", "tp1-pp1-dp4-mb1-zero1@2"}},
       {"tp1-pp1-dp4-mb1-zero1", {"tp1-pp1-dp4-mb1-zero2@2"}},
   };
-  for (const auto& [from, tos] : cases) {
-    const auto saved = f.dir.path("a-" + from);
-    f.train(from, saved, "--ckpt-every 3");
-    const auto ckpt = saved + "/checkpoints/step_000003";
-    for (const auto& to : tos) {
-      const auto losses = f.train(to, f.dir.path("b-" + from + "-" + to), "--resume-from " + ckpt);
-      ASSERT_EQ(losses.size(), 2u) << from << " -> " << to;
-      for (size_t i = 0; i < 2; ++i)
-        EXPECT_NEAR(losses[i], ref[3 + i], 1e-5 * ref[3 + i]) << from << " -> " << to << " step " << 4 + i;
-    }
-  }
+  expect_reshards(f, ref, cases);
 }
 
 // A shard group that does not divide dp x cp, or one under ZeRO-0, is

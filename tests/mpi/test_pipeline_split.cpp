@@ -83,21 +83,11 @@ TEST(PipelineSplit, TiedEmbeddings) {
 TEST(PipelineSplit, CheckpointsReshardAcrossSplits) {
   Fixture f;
   const auto ref = f.train("tp1-pp1-dp1-mb2", f.dir.path("ref"));
-  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+  const ReshardCases cases = {
       {"tp1-pp2-dp1-mb1-split:3.5", {"tp1-pp2-dp1-mb1-vpp2-split:1.3.3.1", "tp1-pp1-dp1-mb2", "tp1-pp2-dp1-mb1"}},
       {"tp1-pp4-dp1-mb1-vpp2-split:0.1x6.2", {"tp2-pp2-dp1-mb1-sp-split:6.2", "tp1-pp4-dp1-mb1"}},
   };
-  for (const auto& [from, tos] : cases) {
-    const auto saved = f.dir.path("a-" + from);
-    f.train(from, saved, "--ckpt-every 3");
-    const auto ckpt = saved + "/checkpoints/step_000003";
-    for (const auto& to : tos) {
-      const auto losses = f.train(to, f.dir.path("b-" + from + "-" + to), "--resume-from " + ckpt);
-      ASSERT_EQ(losses.size(), 2u) << from << " -> " << to;
-      for (size_t i = 0; i < 2; ++i)
-        EXPECT_NEAR(losses[i], ref[3 + i], 1e-5 * ref[3 + i]) << from << " -> " << to << " step " << 4 + i;
-    }
-  }
+  expect_reshards(f, ref, cases);
 }
 
 // The run header names the split and each stage's layers; a split that
