@@ -189,6 +189,12 @@ tuner::SpaceLimits SpaceArgs::resolve() const {
       throw InputError(fmt::format("--zero-group {} must be 0 (all dp x cp ranks) or a group of at least 2 ranks "
                                    "that divides dp x cp",
                                    g));
+  if (!zero.empty() && std::all_of(zero.begin(), zero.end(), [](int64_t z) { return z == 0; }))
+    for (int64_t g : zero_group)
+      if (g > 0)
+        throw InputError(fmt::format("--zero-group {} shards ZeRO-1, -2 or -3 within groups, but --zero 0 shards "
+                                     "nothing; add a stage to --zero (e.g. --zero 3) or leave out --zero-group",
+                                     g));
   if (max_mb < 1) throw InputError(fmt::format("--max-mb {} must be at least 1", max_mb));
   l.tp = tp;
   l.cp = cp;
