@@ -19,8 +19,11 @@
 #include "kernels/rope/rope.h"
 #include "kernels/swiglu/swiglu.h"
 #include "kernels/dropout/dropout.h"
+#include "kernels/lazy_library.h"
 
 namespace weft::kernels {
+
+bool cublas_loaded() { return false; }
 
 #define WEFT_CUDA_UNAVAILABLE(Params)                                                \
   template <>                                                                        \

@@ -3,16 +3,24 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
+#include <sstream>
 #include <cstdlib>
 #include <strings.h>
 #include <limits>
 #include <type_traits>
 #include <vector>
 
+#include "core/error.h"
 #include "kernels/gemm/blas_core.h"
 #include "kernels/gemm/gemm.h"
+#include "kernels/lazy_library.h"
 #include "tests/unit/kernels/kernel_test_util.h"
 #include "tests/unit/kernels/op_cases.h"
+
+#ifdef WEFT_TEST_CUDA
+#include <cublasLt.h>
+#endif
 
 namespace weft::kernels::test {
 namespace {
@@ -199,6 +207,59 @@ TEST(BlasCore, ThisProcessRunsWhatItSays) {
   ASSERT_NE(env, nullptr);
   EXPECT_EQ(strcasecmp(env, c.running.c_str()), 0) << env << " vs " << c.running;
   EXPECT_NE(c.note.find(c.detected), std::string::npos) << c.note;
+}
+
+
+// A library opened on first use: its symbols, and the errors that name the
+// library, every file tried and the hint, or the missing symbol.
+TEST(LazyLibrary, OpensOnFirstUseAndNamesWhatFails) {
+  LazyLibrary libm("the C math library", {"libweft-absent.so.7", "libm.so.6"}, "hint");
+  EXPECT_FALSE(libm.loaded());
+  const auto cosine = reinterpret_cast<double (*)(double)>(libm.symbol("cos"));
+  EXPECT_TRUE(libm.loaded());
+  const double x = 0.3 + 0.1 * double(std::rand() % 7);
+  EXPECT_EQ(cosine(x), std::cos(x));
+  try {
+    libm.symbol("weft_no_such_symbol");
+    FAIL() << "a missing symbol was returned";
+  } catch (const weft::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("weft_no_such_symbol"), std::string::npos) << e.what();
+  }
+
+  LazyLibrary absent("WeftAbsent", {"libweft-absent.so.7", "/nonexistent/libweft-absent.so"}, "Install it.");
+  for (int call = 0; call < 2; ++call) {  // the same answer every time, nothing opened
+    try {
+      absent.symbol("f");
+      FAIL() << "an absent library was opened";
+    } catch (const weft::Error& e) {
+      const std::string m = e.what();
+      for (const char* part : {"WeftAbsent", "libweft-absent.so.7", "/nonexistent/libweft-absent.so", "Install it."})
+        EXPECT_NE(m.find(part), std::string::npos) << part << " missing from: " << m;
+    }
+    EXPECT_FALSE(absent.loaded());
+  }
+}
+
+// Whether a library is mapped into this process.
+bool mapped(const std::string& name) {
+  std::ifstream maps("/proc/self/maps");
+  std::stringstream all;
+  all << maps.rdbuf();
+  return all.str().find(name) != std::string::npos;
+}
+
+// The CPU GEMMs above never open cuBLAS; in a CUDA build the first call of
+// a cuBLASLt entry point opens it (no GPU needed for a status name).
+TEST(LazyLibrary, CublasOpensOnlyWhenCalled) {
+  EXPECT_FALSE(cublas_loaded());
+  EXPECT_FALSE(mapped("libcublasLt.so"));
+  EXPECT_FALSE(mapped("libcublas.so"));
+#ifdef WEFT_TEST_CUDA
+  EXPECT_STREQ(cublasLtGetStatusName(CUBLAS_STATUS_NOT_SUPPORTED), "CUBLAS_STATUS_NOT_SUPPORTED");
+  EXPECT_TRUE(cublas_loaded());
+  EXPECT_TRUE(mapped("libcublasLt.so"));
+  EXPECT_FALSE(mapped("libcublas.so"));
+#endif
 }
 
 }  // namespace
