@@ -14,7 +14,7 @@ const std::vector<std::string>& stream_families() {
   return f;
 }
 
-StreamWork stream_work(const std::string& family, double rows, double width, double a) {
+StreamWork stream_work(std::string_view family, double rows, double width, double a) {
   const double n = rows * width;
   // RMSNorm fused reads x and writes y (backward: reads x and dy, writes dx);
   // the unfused composition upcasts, reduces, normalises and scales in
@@ -39,7 +39,7 @@ StreamWork stream_work(const std::string& family, double rows, double width, dou
   // AdamW streams master, m, v (read and write), the gradient (read for the
   // norm, the update and the zeroing) and writes the compute copy.
   if (family == "adamw") return {rows * (24 + 3 * width + a), 4};
-  throw InternalError("unknown stream family '" + family + "'");
+  throw InternalError("unknown stream family '" + std::string(family) + "'");
 }
 
 namespace {

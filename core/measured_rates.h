@@ -10,6 +10,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace weft {
@@ -58,7 +59,7 @@ struct StreamWork {
   double bytes = 0;
   int launches = 1;
 };
-StreamWork stream_work(const std::string& family, double rows, double width, double a);
+StreamWork stream_work(std::string_view family, double rows, double width, double a);
 
 struct MeasuredRates {
   std::vector<GemmRate> gemm;

@@ -140,12 +140,20 @@ struct Sharding {
   double dp_comm = 0, optimizer = 0, tied_p2p = 0;
 };
 
-Sharding sharding_cost(const Model& x, double mbs, double bwd_mb, double t_mb) {
+// sharding_cost's terms before the backward's window hides part of the
+// reduction: the window is window_bwd * bwd_mb + window_t * t_mb.
+struct ShardingTerms {
+  Sharding fixed;  // optimizer and tied_p2p; dp_comm is set by with_window
+  bool sharded = false;
+  double reduce = 0, gather = 0, floor = 0, window_bwd = 0, window_t = 0;
+};
+
+ShardingTerms sharding_terms(const Model& x, double mbs) {
   const ModelSpec& m = x.m;
   const Layout& l = x.l;
-  const CostConstants& k = x.k;
   const double C = double(m.hidden), Vl = double(m.padded_vocab(l.tp)) / double(l.tp);
-  Sharding s;
+  ShardingTerms terms;
+  Sharding& s = terms.fixed;
   // Tied embeddings: the first and last stages exchange the table's
   // gradient (fp32 or bf16, as the layout keeps gradients) after the
   // backward, there and back; under ZeRO-1 and -2 each first gathers its
@@ -179,7 +187,7 @@ Sharding sharding_cost(const Model& x, double mbs, double bwd_mb, double t_mb) {
   const double psi = std::max({stage_params(0), stage_params(l.pp - 1), mid > 0 ? stage_params(mid) : 0.0});
   const Group dg = x.shard_group(), zg = x.zero_group();
   const double grad_bytes = double(l.grad_bytes()) * psi, param_bytes = x.a * psi;
-  double reduce = 0, gather = 0, window = 0;
+  double reduce = 0, gather = 0, window_bwd = 0, window_t = 0;
   // As weft's trainer reduces: ZeRO-0 all-reduces, and ZeRO-1 reduce-scatters,
   // each parameter group (a block, the head, the embedding) as soon as the
   // last micro-batch's backward finishes it, beside the backward of the
@@ -194,22 +202,22 @@ Sharding sharding_cost(const Model& x, double mbs, double bwd_mb, double t_mb) {
   switch (l.zero) {
     case 0:
       reduce = all_reduce(grad_bytes, dg);
-      window = bwd_mb;
+      window_bwd = 1;
       break;
     case 1:
       reduce = reduce_scatter(grad_bytes, zg);
       gather = all_gather(param_bytes, zg);
-      window = bwd_mb;
+      window_bwd = 1;
       break;
     case 2:
       reduce = mbs * reduce_scatter(grad_bytes, zg);
       gather = all_gather(param_bytes, zg);
-      window = mbs * bwd_mb;
+      window_bwd = mbs;
       tail_share = 1.0 / mbs;
       break;
     default:
       reduce = mbs * (reduce_scatter(grad_bytes, zg) + 2 * all_gather(param_bytes, zg));
-      window = mbs * t_mb;
+      window_t = mbs;
       break;
   }
   // Hybrid sharding's second level: each group's final shard piece
@@ -223,16 +231,35 @@ Sharding sharding_cost(const Model& x, double mbs, double bwd_mb, double t_mb) {
     // (Under LoRA a block's adapters.)
     const double tail = lora ? 1.0 / double(std::max<int64_t>(1, l.stage_layers(m, 0)))
                              : std::min(1.0, Vl * C / stage_params(0));
-    // Hidden communication is not free: NCCL kernels take SMs and memory
-    // bandwidth from the compute they overlap (10-20% slowdowns are typical).
-    const double exposed = std::max(reduce - k.dp_overlap * window, reduce * tail * tail_share);
-    s.dp_comm = exposed + k.overlap_cost * (reduce - exposed) + gather;
+    terms.sharded = true;
+    terms.reduce = reduce;
+    terms.gather = gather;
+    terms.floor = reduce * tail * tail_share;
+    terms.window_bwd = window_bwd;
+    terms.window_t = window_t;
   }
 
   const double shard = l.zero >= 1 ? psi / double(l.zero_shards()) : psi;
   s.optimizer = x.stream("adamw", shard, double(l.grad_bytes()));
 
+  return terms;
+}
+
+// The terms with the backward's window: one micro-batch's backward bwd_mb
+// (its recomputation included) and its whole time t_mb.
+Sharding with_window(const ShardingTerms& terms, const CostConstants& k, double bwd_mb, double t_mb) {
+  Sharding s = terms.fixed;
+  if (!terms.sharded) return s;
+  const double window = terms.window_bwd * bwd_mb + terms.window_t * t_mb;
+  // Hidden communication is not free: NCCL kernels take SMs and memory
+  // bandwidth from the compute they overlap (10-20% slowdowns are typical).
+  const double exposed = std::max(terms.reduce - k.dp_overlap * window, terms.floor);
+  s.dp_comm = exposed + k.overlap_cost * (terms.reduce - exposed) + terms.gather;
   return s;
+}
+
+Sharding sharding_cost(const Model& x, double mbs, double bwd_mb, double t_mb) {
+  return with_window(sharding_terms(x, mbs), x.k, bwd_mb, t_mb);
 }
 
 // The FP8 copies of the weights, which no ZeRO stage or gradient type
@@ -355,7 +382,8 @@ std::vector<double> stage_times(const ModelSpec& m, const RunSpec& run, const La
 StepBounds step_bounds(const ModelSpec& m, const RunSpec& run, const Layout& shape, const ClusterSpec& cluster,
                        const CostConstants& k, const std::vector<std::pair<Checkpointing, int64_t>>& ckpts,
                        const std::vector<AttentionKind>& attentions, const std::vector<NormKind>& norms,
-                       const std::vector<ZeroChoice>& zeros, const std::vector<GradPrecision>& grads) {
+                       const std::vector<ZeroChoice>& zeros, const std::vector<GradPrecision>& grads,
+                       BlockCostCache* cache) {
   // predict()'s parts, each at its least over what the other term's knobs
   // leave open:
   // - per checkpointing, attention and norm: compute, tensor- and
@@ -380,7 +408,7 @@ StepBounds step_bounds(const ModelSpec& m, const RunSpec& run, const Layout& sha
       l.attention = attentions[a];
       l.norm = norms[n];
       const Model x = model_of(m, run, l, cluster, k);
-      const Blocks keep = stage_blocks(x);
+      const Blocks keep = stage_blocks(x, cache);
       StageLayers first_n = stage_layers_of(m, l, 0), last_n = stage_layers_of(m, l, l.pp - 1);
       first_n.n_ckpt = last_n.n_ckpt = 0;
       const auto [first, last] = stage_costs(x, keep, keep, first_n, last_n);
@@ -429,7 +457,8 @@ StepBounds step_bounds(const ModelSpec& m, const RunSpec& run, const Layout& sha
       // A window past any backward (and finite: no ZeRO stage's window times
       // a dp_overlap of 0 may make a NaN).
       constexpr double unbounded = 1e200;
-      const Sharding hidden = sharding_cost(x, mbs, unbounded, unbounded), bare = sharding_cost(x, mbs, 0, 0);
+      const ShardingTerms terms = sharding_terms(x, mbs);
+      const Sharding hidden = with_window(terms, k, unbounded, unbounded), bare = with_window(terms, k, 0, 0);
       b.sharding[z * grads.size() + g] = std::min(hidden.dp_comm, bare.dp_comm) + casts.dp_comm +
                                          hidden.optimizer + casts.optimizer + hidden.tied_p2p;
     }

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -115,10 +116,29 @@ struct StepBounds {
   std::vector<double> sharding;  // [z * grads + g]
   double of(size_t c, size_t a, size_t n, size_t z, size_t g) const;
 };
+// One block's cost, which step_bounds() computes for every shape, depends
+// on few of the layout's knobs (tp, cp and its transport, mb, sp, the
+// attention, the norm and the FP8 recipe), so the shapes of one search
+// share most of them. A cache holds them for one model, run, cluster and
+// constants (step_bounds checks that they are the ones it was filled with)
+// and one thread.
+class BlockCostCache {
+ public:
+  BlockCostCache();
+  ~BlockCostCache();
+  BlockCostCache(BlockCostCache&&) noexcept;
+  BlockCostCache& operator=(BlockCostCache&&) noexcept;
+  struct Impl;
+  Impl& impl() { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
 StepBounds step_bounds(const ModelSpec& m, const RunSpec& run, const Layout& shape, const ClusterSpec& cluster,
                        const CostConstants& k, const std::vector<std::pair<Checkpointing, int64_t>>& ckpts,
                        const std::vector<AttentionKind>& attentions, const std::vector<NormKind>& norms,
-                       const std::vector<ZeroChoice>& zeros, const std::vector<GradPrecision>& grads);
+                       const std::vector<ZeroChoice>& zeros, const std::vector<GradPrecision>& grads,
+                       BlockCostCache* cache = nullptr);
 
 // Efficiency of one (M x K) * (K x N) GEMM on the device: the large-shape
 // efficiency, times wave quantisation of its output tiles over the SMs, times

@@ -4,7 +4,10 @@
 #include "tuner/cost_parts.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <memory>
+#include <unordered_map>
 
 namespace weft::tuner::cost_parts {
 
@@ -290,14 +293,74 @@ Part mix(const Part& a, const Part& b, double wa) {
   return p;
 }
 
-Blocks stage_blocks(const Model& x) {
+}  // namespace weft::tuner::cost_parts
+
+namespace weft::tuner {
+
+// The knobs of the layout block_cost() reads, with the Model's FP8 flag:
+// two layouts equal in these price a block alike (on one model, run,
+// cluster and constants). A knob block_cost starts to read joins the key;
+// SpaceSearch.BlockCostCacheChangesNoBound fails until it does.
+using BlockKey = std::array<int64_t, 9>;
+struct BlockKeyHash {
+  size_t operator()(const BlockKey& key) const {
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (int64_t v : key) h = (h ^ uint64_t(v)) * 0x100000001b3ULL;
+    return size_t(h ^ (h >> 29));
+  }
+};
+
+struct BlockCostCache::Impl {
+  const ModelSpec* m = nullptr;
+  const RunSpec* run = nullptr;
+  const ClusterSpec* c = nullptr;
+  const CostConstants* k = nullptr;
+  std::unordered_map<BlockKey, cost_parts::Part, BlockKeyHash> parts;
+};
+
+BlockCostCache::BlockCostCache() : impl_(std::make_unique<Impl>()) {}
+BlockCostCache::~BlockCostCache() = default;
+BlockCostCache::BlockCostCache(BlockCostCache&&) noexcept = default;
+BlockCostCache& BlockCostCache::operator=(BlockCostCache&&) noexcept = default;
+
+}  // namespace weft::tuner
+
+namespace weft::tuner::cost_parts {
+namespace {
+
+BlockKey block_key(const Model& x) {
+  const Layout& l = x.l;
+  return {l.tp, l.cp, int64_t(l.cp_comm), l.mb, int64_t(l.sp), int64_t(l.attention), int64_t(l.norm),
+          int64_t(l.fp8), int64_t(x.fp8)};
+}
+
+Part cached_block_cost(const Model& x, BlockCostCache* cache) {
+  if (!cache) return block_cost(x);
+  BlockCostCache::Impl& c = cache->impl();
+  if (c.m != &x.m || c.run != &x.run || c.c != &x.c || c.k != &x.k) {
+    c.parts.clear();
+    c.m = &x.m;
+    c.run = &x.run;
+    c.c = &x.c;
+    c.k = &x.k;
+  }
+  const BlockKey key = block_key(x);
+  if (auto it = c.parts.find(key); it != c.parts.end()) return it->second;
+  return c.parts.emplace(key, block_cost(x)).first->second;
+}
+
+}  // namespace
+
+Blocks stage_blocks(const Model& x) { return stage_blocks(x, nullptr); }
+
+Blocks stage_blocks(const Model& x, BlockCostCache* cache) {
   Model plain = x;
   plain.fp8 = false;
-  const Part p16 = block_cost(plain);
+  const Part p16 = cached_block_cost(plain, cache);
   if (x.l.fp8 == Fp8Recipe::off) return {p16, p16, p16};
   Model f8 = x;
   f8.fp8 = true;
-  const Part p8 = block_cost(f8);
+  const Part p8 = cached_block_cost(f8, cache);
   const auto share = [&](int64_t stage) {
     return double(fp8_stage_blocks(x.m, x.l, stage)) / double(std::max<int64_t>(1, x.l.stage_layers(x.m, stage)));
   };

@@ -283,6 +283,9 @@ int64_t middle_stage(const ModelSpec& m, const Layout& l);
 
 Part mix(const Part& a, const Part& b, double wa);
 Blocks stage_blocks(const Model& x);
+// The same, its block costs taken from `cache` where a shape priced them
+// before (null: computed).
+Blocks stage_blocks(const Model& x, BlockCostCache* cache);
 Blocks with_recompute(const Blocks& b, Checkpointing mode);
 // The first and last stage's time per micro-batch (cost_block.cpp says how).
 std::pair<StageCost, StageCost> stage_costs(const Model& x, const Blocks& keeps, const Blocks& ckpts,

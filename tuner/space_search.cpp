@@ -32,6 +32,7 @@
 #include <optional>
 
 #include <fmt/format.h>
+#include <omp.h>
 
 #include "core/error.h"
 #include "memory/shapes.h"
@@ -63,6 +64,13 @@ struct Rules {
     return shape[a];
   }
 };
+
+// The data-parallel buffers of ZeRO and tied embeddings (memory/shapes_comm),
+// whose size follows ZeRO and the gradient type.
+bool sharding_buffer(const memory::TensorShape& t) {
+  return t.category == memory::Category::comm &&
+         (std::strncmp(t.name, "comm.dp_", 8) == 0 || std::strncmp(t.name, "comm.tied_", 10) == 0);
+}
 
 std::string first_violation(const SpaceContext& ctx, const Layout& l) {
   // evaluate_one's order: FP8 on a device without it before the layout's rules.
@@ -126,7 +134,9 @@ int64_t memory_lower_bound(const SpaceContext& ctx, const Subspace& s, const Rul
   const int64_t per_param = run.compute_bytes() + narrowest + (run.precision == Precision::bf16 ? 12 : 8);
   thread_local std::vector<memory::TensorShape> table;
   int64_t bound = 0;
-  for (int64_t stage : {int64_t{0}, s.shape.pp - 1}) {
+  const int64_t ends[] = {0, s.shape.pp - 1};  // at pp 1 one stage, the first and the last
+  for (int e = 0; e < (s.shape.pp > 1 ? 2 : 1); ++e) {
+    const int64_t stage = ends[e];
     int64_t least = std::numeric_limits<int64_t>::max();
     for (size_t a : rules.valid_attentions)
       for (NormKind norm : s.norms) {
@@ -142,7 +152,7 @@ int64_t memory_lower_bound(const SpaceContext& ctx, const Subspace& s, const Rul
           if (t.category == memory::Category::weights || t.category == memory::Category::grads ||
               t.category == memory::Category::optimizer)
             continue;
-          if (std::strncmp(t.name, "comm.dp_", 8) == 0 || std::strncmp(t.name, "comm.tied_", 10) == 0) continue;
+          if (sharding_buffer(t)) continue;
           sum += t.bytes();
         }
         least = std::min(least, sum);
@@ -314,8 +324,7 @@ int64_t MemoryBounds::part(int stage_end, const Member& x, bool params) {
   for (const auto& t : table) {
     const bool state = t.category == memory::Category::weights || t.category == memory::Category::grads ||
                        t.category == memory::Category::optimizer;
-    const bool sharding = std::strncmp(t.name, "comm.dp_", 8) == 0 || std::strncmp(t.name, "comm.tied_", 10) == 0;
-    if (params ? state : !state && !sharding) sum += t.bytes();
+    if (params ? state : !state && !sharding_buffer(t)) sum += t.bytes();
   }
   return sum;
 }
@@ -336,6 +345,7 @@ SpaceReport search(const SpaceContext& ctx, const SpaceLimits& limits, int64_t t
   std::vector<int64_t> memory_bound(n, 0);
   std::vector<std::string> size_error(n);
   std::exception_ptr failed;
+  std::vector<BlockCostCache> caches(static_cast<size_t>(omp_get_max_threads()));
 #pragma omp parallel for schedule(dynamic, 8)
   for (size_t i = 0; i < n; ++i) try {
     const Subspace& s = subs[i];
@@ -350,7 +360,7 @@ SpaceReport search(const SpaceContext& ctx, const SpaceLimits& limits, int64_t t
       continue;
     }
     steps[i] = step_bounds(ctx.model, ctx.run, s.shape, ctx.cluster, ctx.constants, s.ckpts, s.attentions, s.norms,
-                           s.zeros, s.grads);
+                           s.zeros, s.grads, &caches[size_t(omp_get_thread_num())]);
     // The shape's bound: the least of its valid layouts'.
     double kernels = std::numeric_limits<double>::infinity(), sharding = kernels;
     for (size_t c = 0; c < s.ckpts.size(); ++c)
@@ -373,31 +383,47 @@ SpaceReport search(const SpaceContext& ctx, const SpaceLimits& limits, int64_t t
   };
   std::vector<Invalid> invalid;
   std::vector<int64_t> valid(n, 0);
-  std::map<std::string, std::string> class_of;  // violation -> its class
+  // The rule text each layout breaks (held by rules[i], or size_error[i]),
+  // counted per subspace on every core; the norm is under no rule, so its
+  // choices count alike.
+  std::vector<std::vector<std::pair<const std::string*, int64_t>>> broken_of(n);
+#pragma omp parallel for schedule(dynamic, 64)
   for (size_t i = 0; i < n; ++i) {
     const Subspace& s = subs[i];
-    const size_t norms = s.norms.size();
-    // The rule text each layout breaks (held by rules[i]), counted; the norm
-    // is under no rule, so its choices count alike.
-    std::map<const std::string*, int64_t> broken;
+    const int64_t norms = int64_t(s.norms.size());
+    auto& broken = broken_of[i];
+    const auto count = [&broken](const std::string* rule, int64_t k) {
+      for (auto& [r, c] : broken)
+        if (r == rule) {
+          c += k;
+          return;
+        }
+      broken.push_back({rule, k});
+    };
+    const int64_t per_attention = int64_t(s.ckpts.size() * s.zeros.size() * s.grads.size()) * norms;
+    for (size_t a = 0; a < s.attentions.size(); ++a)
+      if (!rules[i].shape[a].empty()) count(&rules[i].shape[a], per_attention);  // the shape's rule first
     for (size_t c = 0; c < s.ckpts.size(); ++c)
-      for (size_t a = 0; a < s.attentions.size(); ++a)
+      for (size_t a : rules[i].valid_attentions)
         for (size_t z = 0; z < s.zeros.size(); ++z)
           for (size_t g = 0; g < s.grads.size(); ++g) {
             const std::string& rule = rules[i].of(c, a, z, g);
-            if (rule.empty() && size_error[i].empty()) {
-              valid[i] += int64_t(norms);
-              continue;
-            }
-            broken[rule.empty() ? &size_error[i] : &rule] += int64_t(norms);
+            if (rule.empty() && size_error[i].empty())
+              valid[i] += norms;
+            else
+              count(rule.empty() ? &size_error[i] : &rule, norms);
           }
+  }
+  std::map<std::string, std::string> class_of;  // violation -> its class
+  for (size_t i = 0; i < n; ++i) {
+    const Subspace& s = subs[i];
     // The first invalid layouts by index, for the rows when too few others.
     for (int64_t j = 0; j < s.size() && invalid.size() < top; ++j) {
       const Member x = member_of(s, j);
       if (!rules[i].of(x.c, x.a, x.z, x.g).empty() || !size_error[i].empty())
         invalid.push_back({s.first + j, s.at(j)});
     }
-    for (const auto& [rule, count] : broken) {
+    for (const auto& [rule, count] : broken_of[i]) {
       if (rule == &size_error[i]) {
         r.pruned["size"] += count;
         continue;

@@ -205,6 +205,45 @@ TEST(SpaceSearch, BoundsNeverExceedTheLayouts) {
   }
 }
 
+// One cache shared by every shape of a space, in the search's order, gives
+// each shape exactly the bounds it gets alone: the shapes differ in pp, dp,
+// vpp, the split and the FP8 recipe's edge blocks, which block costs must
+// not depend on (or the cache's key must hold them).
+TEST(SpaceSearch, BlockCostCacheChangesNoBound) {
+  struct Where {
+    const char* model;
+    const char* gpu;
+    int64_t gpus, seq, batch;
+    DeviceKind device;
+    std::vector<std::pair<Fp8Recipe, int64_t>> fp8 = {};
+  };
+  for (const Where& w : {Where{"llama3.1-8b", "h100", 64, 8192, 64, DeviceKind::gpu},
+                         Where{"llama3.1-8b", "h100", 32, 8192, 32, DeviceKind::gpu,
+                               {{Fp8Recipe::delayed, 3}, {Fp8Recipe::blockwise, 0}}},
+                         Where{"tiny-test", "cpu", 8, 256, 64, DeviceKind::cpu, {{Fp8Recipe::tensorwise, 1}}}}) {
+    SpaceContext ctx;
+    ctx.model = model_preset(w.model);
+    ctx.run = RunSpec{w.seq, w.batch, w.device == DeviceKind::cpu ? Precision::fp32 : Precision::bf16};
+    ctx.cluster = cluster_resolve(w.gpu, w.gpus, w.device == DeviceKind::cpu ? w.gpus : 8);
+    ctx.constants = cost_defaults(ctx.cluster.device);
+    SpaceLimits lim;
+    lim.fp8 = w.fp8;
+    const auto subs = enumerate_subspaces(ctx.model, ctx.run, w.gpus, lim, ctx.cluster.device);
+    BlockCostCache cache;
+    std::set<std::tuple<int64_t, int64_t, int64_t>> pp_dp_vpp;
+    for (const Subspace& sub : subs) {
+      const auto alone = step_bounds(ctx.model, ctx.run, sub.shape, ctx.cluster, ctx.constants, sub.ckpts,
+                                     sub.attentions, sub.norms, sub.zeros, sub.grads);
+      const auto shared = step_bounds(ctx.model, ctx.run, sub.shape, ctx.cluster, ctx.constants, sub.ckpts,
+                                      sub.attentions, sub.norms, sub.zeros, sub.grads, &cache);
+      ASSERT_EQ(alone.kernels, shared.kernels) << sub.shape.to_string();
+      ASSERT_EQ(alone.sharding, shared.sharding) << sub.shape.to_string();
+      pp_dp_vpp.insert({sub.shape.pp, sub.shape.dp, sub.shape.vpp});
+    }
+    EXPECT_GT(pp_dp_vpp.size(), 4u) << w.model;  // shapes that share blocks across these knobs were compared
+  }
+}
+
 // The search predicts a sliver of a large space: Llama 3.1 8B at 128k
 // tokens on 64 H100s (the full product of the knobs is over a million).
 TEST(SpaceSearch, VisitsFewOfALargeSpace) {
