@@ -69,6 +69,7 @@ struct TrainArgs {
   int64_t cp = 1;
   std::string cp_comm = "ring";
   std::string fp8 = "off";
+  int64_t zero = 0;
   LoraArgs lora;
   // --device's default: $WEFT_DEVICE when set (scripts and test suites pin
   // the CPU this way on machines with a GPU), else auto.
@@ -165,6 +166,7 @@ void knobs_agree(const TrainArgs& a, const Layout& knobs, const Layout& layout, 
     if (name == "--grad") same = knobs.grad == layout.grad, says = fmt::format("grad:{}", to_string(layout.grad));
     if (name == "--cp") same = knobs.cp == layout.cp, says = fmt::format("cp{}", layout.cp);
     if (name == "--cp-comm") same = knobs.cp_comm == layout.cp_comm, says = fmt::format("cp:{}", to_string(layout.cp_comm));
+    if (name == "--zero") same = knobs.zero == layout.zero, says = fmt::format("zero{}", layout.zero);
     if (name == "--fp8") {
       same = knobs.fp8 == layout.fp8 && knobs.fp8_bf16_layers == layout.fp8_bf16_layers;
       says = layout.fp8 == Fp8Recipe::off ? std::string("no FP8") : gemm_precision_text(layout);
@@ -280,6 +282,8 @@ int run_train(TrainArgs& a) {
   c.layout.cp = a.cp;
   c.layout.cp_comm = cp_comm_parse(a.cp_comm);
   std::tie(c.layout.fp8, c.layout.fp8_bf16_layers) = fp8_pin_parse(a.fp8);
+  if (a.zero < 0 || a.zero > 3) throw InputError(fmt::format("--zero {} must be 0, 1, 2 or 3", a.zero));
+  c.layout.zero = a.zero;
   const Layout from_knobs = c.layout;
   if (!a.layout.empty()) {
     c.layout = Layout::parse(a.layout);
@@ -295,7 +299,7 @@ int run_train(TrainArgs& a) {
     throw InputError(fmt::format("--tune-top {} must be at least 1", a.tune.top));
   if (a.tune.retune && !tune)
     throw InputError("--retune applies to --auto; a run with --layout, --recipe or "
-                     "--mb/--ckpt/--attn/--norm/--grad/--cp/--cp-comm/--fp8 does not tune");
+                     "--mb/--ckpt/--attn/--norm/--grad/--cp/--cp-comm/--fp8/--zero does not tune");
   if (!a.recipe.empty()) {
     if (!a.layout.empty()) throw InputError("give either --layout or --recipe, not both");
     const auto r = tuner::recipe_load(a.recipe);
@@ -393,6 +397,7 @@ int run_train(TrainArgs& a) {
       if (o->get_name() == "--cp") limits.cp = {c.layout.cp};
       if (o->get_name() == "--cp-comm") limits.cp_comm = {c.layout.cp_comm};
       if (o->get_name() == "--fp8") limits.fp8 = {{c.layout.fp8, c.layout.fp8_bf16_layers}};
+      if (o->get_name() == "--zero") limits.zero = {c.layout.zero};
     }
     c.optim.total_steps = c.steps;
     if (!a.tune.budget.empty() && a.tune_top->count() == 0) a.tune.top = int64_t{1} << 40;
@@ -481,6 +486,10 @@ Command add_train_command(CLI::App& app) {
       sub->add_option("--fp8", a->fp8,
                       "GEMM precision of the blocks' linear layers: off, tensorwise or delayed; RECIPE@N keeps the "
                       "first and last N blocks in bf16 (GPUs with FP8 tensor cores; emulated on the CPU)")
+          ->capture_default_str(),
+      sub->add_option("--zero", a->zero,
+                      "ZeRO stage 0-3: 1 shards the optimizer state, 2 also the gradients, 3 also the weights, "
+                      "over the dp x cp ranks")
           ->capture_default_str()};
   auto& t = a->tune;
   sub->add_flag("--auto", t.enabled,
@@ -505,7 +514,7 @@ Command add_train_command(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--layout", a->layout,
                   "Parallel layout for mpirun, e.g. tp2-pp2-dp1-mb1 (overrides "
-                  "--mb/--ckpt/--attn/--norm/--grad/--cp/--cp-comm/--fp8)")
+                  "--mb/--ckpt/--attn/--norm/--grad/--cp/--cp-comm/--fp8/--zero)")
       ->check(non_empty());
   sub->add_option("--comm", a->comm,
                   "What carries a multi-rank GPU run's tensors: nccl (a GPU per rank), mpi (through pinned host "

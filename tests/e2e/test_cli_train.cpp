@@ -367,6 +367,9 @@ TEST(CliTrain, BadInputIsOneClearLineAndNothingIsOverwritten) {
       {"--data " + data + " --cp-comm tree", {"'tree'", "ring, allgather, a2a"}},
       {"--data " + data + " --cp-comm a2a", {"cp:a2a", "cp=1"}},
       // --fp8 chooses the GEMM precision by hand (emulated on the CPU).
+      // --zero chooses the ZeRO stage by hand, or pins it under --auto.
+      {"--data " + data + " --zero 4", {"--zero 4", "0, 1, 2 or 3"}},
+      {"--data " + data + " --zero 1 --layout tp1-pp1-dp1-mb2-zero2", {"--zero 1", "zero2", "disagree"}},
       {"--data " + data + " --fp8 fast", {"--fp8", "'fast'", "tensorwise, delayed, off"}},
       {"--data " + data + " --fp8 off@1", {"--fp8 'off@1'", "@N applies to tensorwise, delayed and blockwise"}},
       {"--data " + data + " --fp8 delayed@2", {"fp8:delayed@2", "all L=4"}},
@@ -453,12 +456,13 @@ TEST(CliTrain, AutoTunesThenReusesTheCachedRecipe) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(r.out.find("tuning"), std::string::npos) << r.out;
   // With --auto, knobs restrict the space.
-  r = run_weft(cmd + dir.path("d") + " --auto --retune --mb 1 --attn materialized --cp 1 --cp-comm ring");
+  r = run_weft(cmd + dir.path("d") + " --auto --retune --mb 1 --attn materialized --cp 1 --cp-comm ring --zero 1");
   ASSERT_EQ(r.code, 0) << r.out;
   const auto pinned = nlohmann::json::parse(slurp(dir.path("d/tuning.json")));
   for (const auto& t : pinned["trials"]) {
     EXPECT_NE(t["layout"].get<std::string>().find("-mb1-"), std::string::npos) << t.dump();
     EXPECT_NE(t["layout"].get<std::string>().find("attn:materialized"), std::string::npos) << t.dump();
+    EXPECT_NE(t["layout"].get<std::string>().find("-zero1-"), std::string::npos) << t.dump();
   }
   ::unsetenv("XDG_CACHE_HOME");
 }
