@@ -20,6 +20,7 @@
 #include "kernels/swiglu/swiglu.h"
 #include "kernels/dropout/dropout.h"
 #include "kernels/lazy_library.h"
+#include "kernels/moe/moe.h"
 
 namespace weft::kernels {
 
@@ -68,6 +69,12 @@ WEFT_CUDA_UNAVAILABLE(NarrowParams)
 WEFT_CUDA_UNAVAILABLE(Fp8CastParams)
 WEFT_CUDA_UNAVAILABLE(Fp8BlockCastParams)
 WEFT_CUDA_UNAVAILABLE(Fp8AmaxParams)
+WEFT_CUDA_UNAVAILABLE(MoeRouteParams)
+WEFT_CUDA_UNAVAILABLE(MoeRouteBackwardParams)
+WEFT_CUDA_UNAVAILABLE(MoePermuteParams)
+WEFT_CUDA_UNAVAILABLE(MoePermuteBackwardParams)
+WEFT_CUDA_UNAVAILABLE(MoeUnpermuteParams)
+WEFT_CUDA_UNAVAILABLE(MoeUnpermuteBackwardParams)
 WEFT_CUDA_UNAVAILABLE(Fp8ScaleUpdateParams)
 WEFT_CUDA_UNAVAILABLE(Fp8GemmParams)
 WEFT_CUDA_UNAVAILABLE(Fp8GemmAccParams)
