@@ -286,6 +286,22 @@ __global__ void __launch_bounds__(kRowThreads)
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) dst[c] = gated ? to_bf16(w * to_float(src[c])) : src[c];
 }
 
+// Row t of out = (out[t] +) the sum over its kept choices of src[pos[j]],
+// each times weights[t, j] unless weights is null (the block's threads
+// across C): the unpermute, and the permute's backward for dx.
+__device__ void combine_row(int64_t t, int64_t C, int64_t k, const int64_t* pos, const float* weights,
+                            const nv_bf16* src, nv_bf16* out, bool add) {
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    float sum = add ? to_float(out[t * C + c]) : 0.0f;
+    for (int64_t j = 0; j < k; ++j) {
+      if (pos[j] < 0) continue;
+      const float v = to_float(src[pos[j] * C + c]);
+      sum += weights ? weights[t * k + j] * v : v;
+    }
+    out[t * C + c] = to_bf16(sum);
+  }
+}
+
 __global__ void __launch_bounds__(kRowThreads)
     permute_backward_kernel(int64_t C, int64_t k, bool gated, bool add, const int64_t* position,
                             const float* weights, const nv_bf16* x, const nv_bf16* dout, nv_bf16* dx,
@@ -301,31 +317,14 @@ __global__ void __launch_bounds__(kRowThreads)
       dot = gpu::block_reduce(dot, gpu::SumOp{}, 0.0f);
       if (threadIdx.x == 0) dweights[t * k + j] = dot;
     }
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-    float sum = add ? to_float(dx[t * C + c]) : 0.0f;
-    for (int64_t j = 0; j < k; ++j) {
-      if (pos[j] < 0) continue;
-      const float g = to_float(dout[pos[j] * C + c]);
-      sum += gated ? weights[t * k + j] * g : g;
-    }
-    dx[t * C + c] = to_bf16(sum);
-  }
+  combine_row(t, C, k, pos, gated ? weights : nullptr, dout, dx, add);
 }
 
 __global__ void __launch_bounds__(kRowThreads)
     unpermute_kernel(int64_t C, int64_t k, bool weighted, bool add, const int64_t* position, const float* weights,
                      const nv_bf16* y, nv_bf16* out) {
   const int64_t t = blockIdx.x;
-  const int64_t* pos = position + t * k;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-    float sum = add ? to_float(out[t * C + c]) : 0.0f;
-    for (int64_t j = 0; j < k; ++j) {
-      if (pos[j] < 0) continue;
-      const float v = to_float(y[pos[j] * C + c]);
-      sum += weighted ? weights[t * k + j] * v : v;
-    }
-    out[t * C + c] = to_bf16(sum);
-  }
+  combine_row(t, C, k, position + t * k, weighted ? weights : nullptr, y, out, add);
 }
 
 __global__ void __launch_bounds__(kRowThreads)

@@ -23,15 +23,48 @@
 #include "kernels/moe/moe_check.h"
 
 namespace weft::kernels {
+namespace {
 
+// out[t] = (out[t] +) the sum over t's kept choices of src[pos(t, j)], each
+// times weights[t, j] unless weights is null: the unpermute, and the
+// permute's backward for dx.
 template <typename Elem>
-bool supports(const MoeRouteParams<Elem>& p, Backend backend) {
-  return backend == Backend::cpu && params_check(p) == Status::ok;
+void combine_rows(int64_t rows, int64_t C, int64_t k, const int64_t* position, const Acc<Elem>* weights,
+                  const Elem* src, Elem* out, bool add) {
+  using A = Acc<Elem>;
+#pragma omp parallel for schedule(static) if (cpu::worth_parallel(rows * k * C))
+  for (int64_t t = 0; t < rows; ++t) {
+    const int64_t* pos = position + t * k;
+    Elem* dst = out + t * C;
+    for (int64_t c = 0; c < C; ++c) {
+      A sum = add ? A(dst[c]) : A(0);
+      for (int64_t j = 0; j < k; ++j) {
+        if (pos[j] < 0) continue;
+        const A v = A(src[pos[j] * C + c]);
+        sum += weights ? weights[t * k + j] * v : v;
+      }
+      dst[c] = Elem(sum);
+    }
+  }
 }
-template <typename Elem>
-int64_t workspace_bytes(const MoeRouteParams<Elem>&, Backend) {
-  return 0;
-}
+
+}  // namespace
+
+// supports() of a CPU op: the backend and the params' rules; the ops that
+// need no scratch.
+#define WEFT_MOE_CPU_SUPPORTS(Params)                                  \
+  template <typename Elem>                                             \
+  bool supports(const Params<Elem>& p, Backend backend) {              \
+    return backend == Backend::cpu && params_check(p) == Status::ok;   \
+  }
+#define WEFT_MOE_CPU_NO_WORKSPACE(Params)                  \
+  template <typename Elem>                                 \
+  int64_t workspace_bytes(const Params<Elem>&, Backend) {  \
+    return 0;                                              \
+  }
+
+WEFT_MOE_CPU_SUPPORTS(MoeRouteParams)
+WEFT_MOE_CPU_NO_WORKSPACE(MoeRouteParams)
 template <typename Elem>
 Status launch(const MoeRouteParams<Elem>& p, Workspace ws, Stream stream) {
   using A = Acc<Elem>;
@@ -83,14 +116,8 @@ Status launch(const MoeRouteParams<Elem>& p, Workspace ws, Stream stream) {
   return Status::ok;
 }
 
-template <typename Elem>
-bool supports(const MoeRouteBackwardParams<Elem>& p, Backend backend) {
-  return backend == Backend::cpu && params_check(p) == Status::ok;
-}
-template <typename Elem>
-int64_t workspace_bytes(const MoeRouteBackwardParams<Elem>&, Backend) {
-  return 0;
-}
+WEFT_MOE_CPU_SUPPORTS(MoeRouteBackwardParams)
+WEFT_MOE_CPU_NO_WORKSPACE(MoeRouteBackwardParams)
 template <typename Elem>
 Status launch(const MoeRouteBackwardParams<Elem>& p, Workspace ws, Stream stream) {
   using A = Acc<Elem>;
@@ -130,10 +157,7 @@ Status launch(const MoeRouteBackwardParams<Elem>& p, Workspace ws, Stream stream
   return Status::ok;
 }
 
-template <typename Elem>
-bool supports(const MoePermuteParams<Elem>& p, Backend backend) {
-  return backend == Backend::cpu && params_check(p) == Status::ok;
-}
+WEFT_MOE_CPU_SUPPORTS(MoePermuteParams)
 template <typename Elem>
 int64_t workspace_bytes(const MoePermuteParams<Elem>& p, Backend) {
   return cpu::piece_bytes<int64_t>(p.experts);
@@ -182,89 +206,41 @@ Status launch(const MoePermuteParams<Elem>& p, Workspace ws, Stream stream) {
   return Status::ok;
 }
 
-template <typename Elem>
-bool supports(const MoePermuteBackwardParams<Elem>& p, Backend backend) {
-  return backend == Backend::cpu && params_check(p) == Status::ok;
-}
-template <typename Elem>
-int64_t workspace_bytes(const MoePermuteBackwardParams<Elem>&, Backend) {
-  return 0;
-}
+WEFT_MOE_CPU_SUPPORTS(MoePermuteBackwardParams)
+WEFT_MOE_CPU_NO_WORKSPACE(MoePermuteBackwardParams)
 template <typename Elem>
 Status launch(const MoePermuteBackwardParams<Elem>& p, Workspace ws, Stream stream) {
   using A = Acc<Elem>;
   if (Status s = cpu::preflight(params_check(p), 0, ws, stream); s != Status::ok) return s;
   const int64_t k = p.top_k, C = p.C;
   const bool gated = p.gate == GateOn::input;
-  const bool add = p.write == Write::accumulate;
+  if (gated) {
 #pragma omp parallel for schedule(static) if (cpu::worth_parallel(p.rows * k * C))
-  for (int64_t t = 0; t < p.rows; ++t) {
-    const int64_t* pos = p.position + t * k;
-    Elem* dx = p.dx + t * C;
-    if (gated) {
-      const Elem* x = p.x + t * C;
+    for (int64_t t = 0; t < p.rows; ++t)
       for (int64_t j = 0; j < k; ++j) {
+        const int64_t pos = p.position[t * k + j];
         A dot = 0;
-        if (pos[j] >= 0) {
-          const Elem* g = p.dout + pos[j] * C;
-          for (int64_t c = 0; c < C; ++c) dot += A(x[c]) * A(g[c]);
-        }
+        if (pos >= 0)
+          for (int64_t c = 0; c < C; ++c) dot += A(p.x[t * C + c]) * A(p.dout[pos * C + c]);
         p.dweights[t * k + j] = dot;
       }
-    }
-    for (int64_t c = 0; c < C; ++c) {
-      A sum = add ? A(dx[c]) : A(0);
-      for (int64_t j = 0; j < k; ++j) {
-        if (pos[j] < 0) continue;
-        const A g = A(p.dout[pos[j] * C + c]);
-        sum += gated ? p.weights[t * k + j] * g : g;
-      }
-      dx[c] = Elem(sum);
-    }
   }
+  combine_rows(p.rows, C, k, p.position, gated ? p.weights : nullptr, p.dout, p.dx, p.write == Write::accumulate);
   return Status::ok;
 }
 
-template <typename Elem>
-bool supports(const MoeUnpermuteParams<Elem>& p, Backend backend) {
-  return backend == Backend::cpu && params_check(p) == Status::ok;
-}
-template <typename Elem>
-int64_t workspace_bytes(const MoeUnpermuteParams<Elem>&, Backend) {
-  return 0;
-}
+WEFT_MOE_CPU_SUPPORTS(MoeUnpermuteParams)
+WEFT_MOE_CPU_NO_WORKSPACE(MoeUnpermuteParams)
 template <typename Elem>
 Status launch(const MoeUnpermuteParams<Elem>& p, Workspace ws, Stream stream) {
-  using A = Acc<Elem>;
   if (Status s = cpu::preflight(params_check(p), 0, ws, stream); s != Status::ok) return s;
-  const int64_t k = p.top_k, C = p.C;
-  const bool weighted = p.gate == GateOn::output;
-  const bool add = p.write == Write::accumulate;
-#pragma omp parallel for schedule(static) if (cpu::worth_parallel(p.rows * k * C))
-  for (int64_t t = 0; t < p.rows; ++t) {
-    const int64_t* pos = p.position + t * k;
-    Elem* out = p.out + t * C;
-    for (int64_t c = 0; c < C; ++c) {
-      A sum = add ? A(out[c]) : A(0);
-      for (int64_t j = 0; j < k; ++j) {
-        if (pos[j] < 0) continue;
-        const A y = A(p.y[pos[j] * C + c]);
-        sum += weighted ? p.weights[t * k + j] * y : y;
-      }
-      out[c] = Elem(sum);
-    }
-  }
+  combine_rows(p.rows, p.C, p.top_k, p.position, p.gate == GateOn::output ? p.weights : nullptr, p.y, p.out,
+               p.write == Write::accumulate);
   return Status::ok;
 }
 
-template <typename Elem>
-bool supports(const MoeUnpermuteBackwardParams<Elem>& p, Backend backend) {
-  return backend == Backend::cpu && params_check(p) == Status::ok;
-}
-template <typename Elem>
-int64_t workspace_bytes(const MoeUnpermuteBackwardParams<Elem>&, Backend) {
-  return 0;
-}
+WEFT_MOE_CPU_SUPPORTS(MoeUnpermuteBackwardParams)
+WEFT_MOE_CPU_NO_WORKSPACE(MoeUnpermuteBackwardParams)
 template <typename Elem>
 Status launch(const MoeUnpermuteBackwardParams<Elem>& p, Workspace ws, Stream stream) {
   using A = Acc<Elem>;

@@ -153,14 +153,26 @@ TEST(SpaceSearch, ListsTheExhaustiveRows) {
   }
 }
 
+// A model on a cluster, and the FP8 recipes pinned (none: FP8 searched
+// where the device has it).
+struct Where {
+  const char* model;
+  const char* gpu;
+  int64_t gpus, seq, batch;
+  DeviceKind device;
+  std::vector<std::pair<Fp8Recipe, int64_t>> fp8 = {};
+};
+
+SpaceContext context_of(const Where& w) {
+  SpaceContext ctx;
+  ctx.model = model_preset(w.model);
+  ctx.run = RunSpec{w.seq, w.batch, w.device == DeviceKind::cpu ? Precision::fp32 : Precision::bf16};
+  ctx.cluster = cluster_resolve(w.gpu, w.gpus, w.device == DeviceKind::cpu ? w.gpus : 8);
+  ctx.constants = cost_defaults(ctx.cluster.device);
+  return ctx;
+}
+
 TEST(SpaceSearch, BoundsNeverExceedTheLayouts) {
-  struct Where {
-    const char* model;
-    const char* gpu;
-    int64_t gpus, seq, batch;
-    DeviceKind device;
-    std::vector<std::pair<Fp8Recipe, int64_t>> fp8 = {};  // free: FP8 searched on the H100s
-  };
   for (const Where& w : {Where{"llama-13b", "a100-80gb", 32, 2048, 512, DeviceKind::gpu},
                          Where{"tiny-test", "cpu", 8, 256, 64, DeviceKind::cpu},
                          Where{"llama3.1-8b", "h100", 16, 32768, 16, DeviceKind::gpu},
@@ -170,11 +182,7 @@ TEST(SpaceSearch, BoundsNeverExceedTheLayouts) {
                                {{Fp8Recipe::delayed, 3}, {Fp8Recipe::tensorwise, 1}}},
                          // FP8 emulated on the CPU, pinned.
                          Where{"tiny-test", "cpu", 8, 256, 64, DeviceKind::cpu, {{Fp8Recipe::tensorwise, 1}}}}) {
-    SpaceContext ctx;
-    ctx.model = model_preset(w.model);
-    ctx.run = RunSpec{w.seq, w.batch, w.device == DeviceKind::cpu ? Precision::fp32 : Precision::bf16};
-    ctx.cluster = cluster_resolve(w.gpu, w.gpus, w.device == DeviceKind::cpu ? w.gpus : 8);
-    ctx.constants = cost_defaults(ctx.cluster.device);
+    const SpaceContext ctx = context_of(w);
     SpaceLimits lim;
     lim.mb = {1, 2};
     lim.fp8 = w.fp8;
@@ -210,22 +218,11 @@ TEST(SpaceSearch, BoundsNeverExceedTheLayouts) {
 // vpp, the split and the FP8 recipe's edge blocks, which block costs must
 // not depend on (or the cache's key must hold them).
 TEST(SpaceSearch, BlockCostCacheChangesNoBound) {
-  struct Where {
-    const char* model;
-    const char* gpu;
-    int64_t gpus, seq, batch;
-    DeviceKind device;
-    std::vector<std::pair<Fp8Recipe, int64_t>> fp8 = {};
-  };
   for (const Where& w : {Where{"llama3.1-8b", "h100", 64, 8192, 64, DeviceKind::gpu},
                          Where{"llama3.1-8b", "h100", 32, 8192, 32, DeviceKind::gpu,
                                {{Fp8Recipe::delayed, 3}, {Fp8Recipe::blockwise, 0}}},
                          Where{"tiny-test", "cpu", 8, 256, 64, DeviceKind::cpu, {{Fp8Recipe::tensorwise, 1}}}}) {
-    SpaceContext ctx;
-    ctx.model = model_preset(w.model);
-    ctx.run = RunSpec{w.seq, w.batch, w.device == DeviceKind::cpu ? Precision::fp32 : Precision::bf16};
-    ctx.cluster = cluster_resolve(w.gpu, w.gpus, w.device == DeviceKind::cpu ? w.gpus : 8);
-    ctx.constants = cost_defaults(ctx.cluster.device);
+    const SpaceContext ctx = context_of(w);
     SpaceLimits lim;
     lim.fp8 = w.fp8;
     const auto subs = enumerate_subspaces(ctx.model, ctx.run, w.gpus, lim, ctx.cluster.device);
