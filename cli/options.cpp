@@ -50,6 +50,7 @@ ModelSpec ModelArgs::resolve() const {
                                  vocab, kMaxVocab, m.vocab));
   if (given) m.vocab = vocab;
   m.validate();
+  m.require_computed("train or plan");
   return m;
 }
 

@@ -1,6 +1,10 @@
 #include "core/model_spec.h"
 
+#include <algorithm>
+#include <array>
 #include <cmath>
+#include <optional>
+#include <type_traits>
 #include <filesystem>
 #include <fstream>
 #include <tuple>
@@ -20,16 +24,41 @@ namespace {
 // largest published Llama), so that bytes per parameter times it stays far
 // inside int64.
 constexpr double kMaxParams = 1125899906842624.0;
+// Attention chunks and temperature floors: positions, far past any context.
+constexpr int64_t kMaxChunk = int64_t{1} << 40;
+constexpr double kMaxTemperatureScale = 1e3;
 
 }  // namespace
 
-int64_t ModelSpec::block_params() const {
+bool ModelSpec::moe_layer(int64_t i) const {
+  if (!moe.enabled() || moe.step < 1 || (i + 1) % moe.step != 0) return false;
+  return !std::binary_search(moe.dense_layers.begin(), moe.dense_layers.end(), i);
+}
+
+int64_t ModelSpec::moe_layers() const {
+  int64_t n = 0;
+  for (int64_t i = 0; i < layers; ++i) n += moe_layer(i) ? 1 : 0;
+  return n;
+}
+
+int64_t ModelSpec::attention_params() const {
   const int64_t q = hidden * heads * head_dim;
   const int64_t kv = 2 * hidden * kv_heads * head_dim;
   const int64_t o = heads * head_dim * hidden;
-  const int64_t mlp = 3 * hidden * intermediate;
+  const int64_t qk_norms = attention.qk_norm == QkNorm::rms ? 2 * head_dim : 0;
+  return q + kv + o + qk_norms;
+}
+
+int64_t ModelSpec::layer_params(int64_t i) const {
   const int64_t norms = 2 * hidden;
-  return q + kv + o + mlp + norms;
+  if (!moe_layer(i)) return attention_params() + norms + 3 * hidden * intermediate;
+  return attention_params() + norms + moe.experts * hidden + moe.experts * 3 * hidden * moe.expert_intermediate +
+         3 * hidden * moe.shared_intermediate;
+}
+
+int64_t ModelSpec::layer_active_params(int64_t i) const {
+  if (!moe_layer(i)) return layer_params(i);
+  return layer_params(i) - (moe.experts - moe.top_k) * 3 * hidden * moe.expert_intermediate;
 }
 
 int64_t ModelSpec::padded_vocab(int64_t tp) const {
@@ -39,12 +68,96 @@ int64_t ModelSpec::padded_vocab(int64_t tp) const {
 }
 
 int64_t ModelSpec::param_count() const {
-  return embedding_params() + layers * block_params() + hidden + head_params();
+  int64_t blocks = moe.enabled() ? 0 : layers * layer_params(0);
+  for (int64_t i = 0; moe.enabled() && i < layers; ++i) blocks += layer_params(i);
+  return embedding_params() + blocks + hidden + head_params();
 }
 
 int64_t ModelSpec::flop_params() const {
-  return layers * block_params() + hidden + vocab * hidden;
+  int64_t blocks = moe.enabled() ? 0 : layers * layer_params(0);
+  for (int64_t i = 0; moe.enabled() && i < layers; ++i) blocks += layer_active_params(i);
+  return blocks + hidden + vocab * hidden;
 }
+
+namespace {
+
+// Each MoE field out of range or inconsistent, named; none for a dense model
+// that leaves them all at their defaults.
+std::vector<std::string> moe_problems(const ModelSpec& m) {
+  std::vector<std::string> bad;
+  const MoeSpec& e = m.moe;
+  if (!e.enabled()) {
+    if (!(e == MoeSpec{}))
+      bad.push_back(fmt::format("moe.experts={} but other MoE fields are set (top_k={} expert_intermediate={}); "
+                                "an MoE model needs experts from 1 to {}",
+                                e.experts, e.top_k, e.expert_intermediate, kMaxExperts));
+    return bad;
+  }
+  if (e.experts > kMaxExperts)
+    bad.push_back(fmt::format("moe.experts={} must be from 1 to {}", e.experts, kMaxExperts));
+  if (e.top_k < 1 || e.top_k > e.experts)
+    bad.push_back(fmt::format("moe.top_k={} must be from 1 to experts={}", e.top_k, e.experts));
+  if (e.expert_intermediate < 1 || e.expert_intermediate > kMaxIntermediate)
+    bad.push_back(fmt::format("moe.expert_intermediate={} must be from 1 to {}", e.expert_intermediate,
+                              kMaxIntermediate));
+  if (e.shared_intermediate < 0 || e.shared_intermediate > kMaxIntermediate)
+    bad.push_back(fmt::format("moe.shared_intermediate={} must be from 0 (no shared expert) to {}",
+                              e.shared_intermediate, kMaxIntermediate));
+  if (!(e.route_scale > 0 && e.route_scale <= kMaxRouteScale))
+    bad.push_back(fmt::format("moe.route_scale={} must be above 0 and at most {:g}", e.route_scale,
+                              kMaxRouteScale));
+  if (!(e.aux_loss_coef >= 0 && e.aux_loss_coef <= kMaxAuxLossCoef))
+    bad.push_back(fmt::format("moe.aux_loss_coef={} must be from 0 (no balancing loss) to {:g}", e.aux_loss_coef,
+                              kMaxAuxLossCoef));
+  if (m.layers > 0 && (e.step < 1 || e.step > m.layers)) {
+    bad.push_back(fmt::format("moe.step={} must be from 1 to layers={}", e.step, m.layers));
+    return bad;
+  }
+  for (size_t j = 0; j < e.dense_layers.size(); ++j) {
+    const int64_t i = e.dense_layers[j];
+    if (i < 0 || i >= m.layers)
+      bad.push_back(fmt::format("moe.dense_layers holds {}, not a layer (0 to {})", i, m.layers - 1));
+    else if ((i + 1) % e.step != 0)
+      bad.push_back(fmt::format("moe.dense_layers holds {}, which moe.step={} already leaves dense "
+                                "(MoE layers are those with (i + 1) % step == 0)",
+                                i, e.step));
+    if (j > 0 && i <= e.dense_layers[j - 1])
+      bad.push_back(fmt::format("moe.dense_layers must ascend without repeats ({} after {})", i,
+                                e.dense_layers[j - 1]));
+  }
+  if (bad.empty() && m.layers > 0 && m.moe_layers() == 0)
+    bad.push_back(fmt::format("moe.step={} and moe.dense_layers leave no MoE layer of the {}", e.step, m.layers));
+  return bad;
+}
+
+std::vector<std::string> attention_problems(const ModelSpec& m) {
+  std::vector<std::string> bad;
+  const AttentionVariant& a = m.attention;
+  if (a.nope_interval < 0 || (m.layers > 0 && a.nope_interval > m.layers))
+    bad.push_back(fmt::format("attention.nope_interval={} must be from 0 (RoPE in every layer) to layers={}",
+                              a.nope_interval, m.layers));
+  if (a.attention_chunk < 0 || a.attention_chunk > kMaxChunk)
+    bad.push_back(fmt::format("attention.attention_chunk={} must be from 0 (the whole sequence) to {}",
+                              a.attention_chunk, kMaxChunk));
+  if (!(a.temperature_scale >= 0 && a.temperature_scale <= kMaxTemperatureScale))
+    bad.push_back(fmt::format("attention.temperature_scale={} must be from 0 (off) to {:g}", a.temperature_scale,
+                              kMaxTemperatureScale));
+  else if (a.temperature_scale > 0 && (a.temperature_floor < 1 || a.temperature_floor > kMaxChunk))
+    bad.push_back(fmt::format("attention.temperature_floor={} must be from 1 to {} when temperature_scale={} "
+                              "scales the queries",
+                              a.temperature_floor, kMaxChunk, a.temperature_scale));
+  if (a.temperature_scale == 0 && a.temperature_floor != 0)
+    bad.push_back(fmt::format("attention.temperature_floor={} is set but temperature_scale=0 (off); leave it 0 "
+                              "or give a scale",
+                              a.temperature_floor));
+  if (a.temperature_scale > 0 && a.nope_interval == 0)
+    bad.push_back(fmt::format("attention.temperature_scale={} scales the NoPE layers' queries, but "
+                              "nope_interval=0 names none",
+                              a.temperature_scale));
+  return bad;
+}
+
+}  // namespace
 
 void ModelSpec::validate() const {
   std::vector<std::string> bad;
@@ -68,22 +181,56 @@ void ModelSpec::validate() const {
   if (!(norm_eps >= kMinNormEps && norm_eps <= kMaxNormEps))
     bad.push_back(fmt::format("norm_eps={} must be from {:g} to {:g}", norm_eps, kMinNormEps, kMaxNormEps));
   for (auto& p : rope_scaling_problems(rope_scaling)) bad.push_back(std::move(p));
+  for (auto& p : moe_problems(*this)) bad.push_back(std::move(p));
+  for (auto& p : attention_problems(*this)) bad.push_back(std::move(p));
   if (bad.empty()) {
     // The counts are int64 and weft multiplies them by bytes per parameter
     // (16 and more for the optimizer), so bound them, in double, before any
     // int64 product can overflow.
-    const double c = double(hidden), block = c * double(heads) * double(head_dim) * 2 +
-                                             2 * c * double(kv_heads) * double(head_dim) +
-                                             3 * c * double(intermediate) + 2 * c;
-    const double params = double(vocab) * c * 2 + double(layers) * block + c;
+    const double c = double(hidden);
+    const double attention = c * double(heads) * double(head_dim) * 2 + 2 * c * double(kv_heads) * double(head_dim) +
+                             2 * double(head_dim) + 2 * c;
+    const double moe_layers = moe.enabled() ? double(layers) : 0;  // at most every layer
+    const double ffn = 3 * c * double(intermediate) * double(layers) +
+                       moe_layers * (double(moe.experts) * c * (1 + 3 * double(moe.expert_intermediate)) +
+                                     3 * c * double(moe.shared_intermediate));
+    const double params = double(vocab) * c * 2 + double(layers) * attention + ffn + c;
     if (params > kMaxParams)
       bad.push_back(fmt::format("{:.3g} parameters (vocab={} hidden={} intermediate={} layers={} heads={} "
-                                "kv_heads={} head_dim={}) are more than the {:.3g} weft can count",
+                                "kv_heads={} head_dim={}{}) are more than the {:.3g} weft can count",
                                 params, vocab, hidden, intermediate, layers, heads, kv_heads, head_dim,
+                                moe.enabled() ? fmt::format(" experts={} expert_intermediate={} shared_intermediate={}",
+                                                            moe.experts, moe.expert_intermediate,
+                                                            moe.shared_intermediate)
+                                              : "",
                                 kMaxParams));
   }
   if (!bad.empty())
     throw InputError(fmt::format("model '{}': {}", name, fmt::join(bad, "; ")));
+}
+
+std::vector<std::string> ModelSpec::not_yet_computed() const {
+  std::vector<std::string> parts;
+  if (moe.enabled())
+    parts.push_back(fmt::format("its {} MoE layers ({} experts of width {}, top-{}{})", moe_layers(), moe.experts,
+                                moe.expert_intermediate, moe.top_k,
+                                moe.shared_intermediate > 0 ? ", a shared expert" : ""));
+  if (attention.qk_norm != QkNorm::none)
+    parts.push_back(fmt::format("the {} norm of queries and keys", attention.qk_norm == QkNorm::rms ? "RMS" : "L2"));
+  if (attention.nope_interval > 0)
+    parts.push_back(fmt::format("layers without RoPE (every {})", attention.nope_interval));
+  if (attention.attention_chunk > 0)
+    parts.push_back(fmt::format("attention in chunks of {} positions", attention.attention_chunk));
+  if (attention.temperature_scale > 0) parts.push_back("the attention temperature of its NoPE layers");
+  return parts;
+}
+
+void ModelSpec::require_computed(const std::string& what) const {
+  const auto parts = not_yet_computed();
+  if (parts.empty()) return;
+  throw InputError(fmt::format("weft cannot {} {} yet: it does not compute {} ({} lists its shape and parameter "
+                               "counts)",
+                               what, name, fmt::join(parts, ", "), "`weft presets`"));
 }
 
 std::string ModelSpec::hash() const {
@@ -97,6 +244,14 @@ std::string ModelSpec::hash() const {
   if (s.enabled())
     text += fmt::format("s{}f{:.17g}l{:.17g}h{:.17g}o{}", rope_scaling_type_name(s.type), s.factor,
                         s.low_freq_factor, s.high_freq_factor, s.original_max_position);
+  // Likewise the experts and the attention variants, only when present.
+  if (moe.enabled())
+    text += fmt::format("E{}k{}f{}s{}{}{}x{:.17g}g{}p{}d{}", moe.experts, moe.top_k, moe.expert_intermediate,
+                        moe.shared_intermediate, router_score_name(moe.score), router_weights_name(moe.weights),
+                        moe.route_scale, gate_on_name(moe.gate_on), moe.step, fmt::join(moe.dense_layers, ","));
+  if (!attention.plain())
+    text += fmt::format("q{}n{}c{}t{:.17g}/{}", qk_norm_name(attention.qk_norm), attention.nope_interval,
+                        attention.attention_chunk, attention.temperature_scale, attention.temperature_floor);
   const uint64_t h = fnv1a64(text);
   return fmt::format("{:016x}", h);
 }
@@ -107,9 +262,28 @@ std::string ModelSpec::summary() const {
                            : n >= 1e6 ? fmt::format("{:.2f}M", n / 1e6)
                                       : fmt::format("{:.1f}K", n / 1e3);
   const std::string rope = rope_scaling_summary(rope_scaling);
-  return fmt::format("{} ({} params: V={} C={} F={} L={} H={} H_kv={} D={}{}{}{})", name, size, vocab,
+  std::string extra;
+  if (moe.enabled()) {
+    const int64_t n_moe = moe_layers();
+    const double active = double(flop_params() + embedding_params());
+    extra += fmt::format("; experts {}x{} top-{} {}{}{}{}{}, {} active", moe.experts, moe.expert_intermediate,
+                         moe.top_k, router_score_name(moe.score),
+                         moe.weights == RouterWeights::renormalized ? " renormalized" : "",
+                         moe.gate_on == GateOn::input ? " on input" : "",
+                         moe.shared_intermediate > 0 ? fmt::format(" + shared {}", moe.shared_intermediate) : "",
+                         n_moe < layers ? fmt::format(" in {} of {} layers", n_moe, layers) : "",
+                         active >= 1e9 ? fmt::format("{:.2f}B", active / 1e9) : fmt::format("{:.2f}M", active / 1e6));
+  }
+  std::vector<std::string> attn;
+  if (attention.qk_norm != QkNorm::none) attn.push_back(fmt::format("qk-norm {}", qk_norm_name(attention.qk_norm)));
+  if (attention.nope_interval > 0) attn.push_back(fmt::format("NoPE every {}", attention.nope_interval));
+  if (attention.attention_chunk > 0) attn.push_back(fmt::format("chunk {}", attention.attention_chunk));
+  if (attention.temperature_scale > 0)
+    attn.push_back(fmt::format("temperature {:g}/{}", attention.temperature_scale, attention.temperature_floor));
+  if (!attn.empty()) extra += fmt::format("; {}", fmt::join(attn, ", "));
+  return fmt::format("{} ({} params: V={} C={} F={} L={} H={} H_kv={} D={}{}{}{}{})", name, size, vocab,
                      hidden, intermediate, layers, heads, kv_heads, head_dim,
-                     tied_embeddings ? " tied" : "", rope.empty() ? "" : " ", rope);
+                     tied_embeddings ? " tied" : "", rope.empty() ? "" : " ", rope, extra);
 }
 
 namespace {
@@ -156,305 +330,109 @@ constexpr Preset kPresets[] = {
     {"small", 256, 512, 1376, 6, 8, 8, 64, 1e4, 1e-5, false, 2048},
 };
 
+ModelSpec from_preset(const Preset& p) {
+  ModelSpec m;
+  m.name = p.name;
+  m.vocab = p.V;
+  m.hidden = p.C;
+  m.intermediate = p.F;
+  m.layers = p.L;
+  m.heads = p.H;
+  m.kv_heads = p.H_kv;
+  m.head_dim = p.D;
+  m.rope_theta = p.theta;
+  m.norm_eps = p.eps;
+  m.tied_embeddings = p.tied;
+  m.max_seq = p.max_seq;
+  if (p.rope_factor > 0)
+    m.rope_scaling = rope_scaling_llama3(p.rope_factor, p.rope_low, p.rope_high, p.rope_original);
+  return m;
+}
+
+// The Mixtures of Experts, from each model's published config.json (for
+// Llama 4 its text_config): F is the dense layers' width (Qwen3's
+// intermediate_size, Llama 4's intermediate_size_mlp; Mixtral has no dense
+// layer and gives the experts' width there too).
+// Routed experts as Mixtral and Qwen3 have them: softmax over the E, top k,
+// weights renormalised, on the expert's output, every layer, no shared expert.
+MoeSpec routed(int64_t experts, int64_t top_k, int64_t width, double aux_loss_coef) {
+  MoeSpec e;
+  e.experts = experts;
+  e.top_k = top_k;
+  e.expert_intermediate = width;
+  e.aux_loss_coef = aux_loss_coef;
+  return e;
+}
+
+const std::vector<ModelSpec>& moe_presets() {
+  static const std::vector<ModelSpec> presets = [] {
+    std::vector<ModelSpec> v;
+    const auto add = [&](const Preset& p, const MoeSpec& moe, const AttentionVariant& attention = {}) {
+      ModelSpec m = from_preset(p);
+      m.moe = moe;
+      m.attention = attention;
+      v.push_back(std::move(m));
+    };
+    // Mixtral: softmax over the 8, top 2 renormalised, no shared expert.
+    add({"mixtral-8x7b", 32000, 4096, 14336, 32, 32, 8, 128, 1e6, 1e-5, false, 32768}, routed(8, 2, 14336, 0.02));
+    add({"mixtral-8x22b", 32000, 6144, 16384, 56, 48, 8, 128, 1e6, 1e-5, false, 65536},
+        routed(8, 2, 16384, 0.001));
+    // Qwen3: softmax over 128, top 8 renormalised (norm_topk_prob true),
+    // RMSNorm on each head's queries and keys.
+    AttentionVariant qwen3;
+    qwen3.qk_norm = QkNorm::rms;
+    add({"qwen3-30b-a3b", 151936, 2048, 6144, 48, 32, 4, 128, 1e6, 1e-6, false, 40960},
+        routed(128, 8, 768, 0.001), qwen3);
+    add({"qwen3-235b-a22b", 151936, 4096, 12288, 94, 64, 4, 128, 1e6, 1e-6, false, 40960},
+        routed(128, 8, 1536, 0.001), qwen3);
+    // Llama 4: sigmoid of the chosen logit, top 1, on the expert's input,
+    // plus a shared expert; NoPE every 4th layer with temperature tuning,
+    // chunked attention (8192) in the others. Scout: every layer MoE, QK L2
+    // norm, rope llama3 x8; Maverick: dense and MoE layers alternate, no QK
+    // norm, plain RoPE.
+    MoeSpec llama4 = routed(16, 1, 8192, 0.001);
+    llama4.shared_intermediate = 8192;
+    llama4.score = RouterScore::sigmoid;
+    llama4.weights = RouterWeights::scores;
+    llama4.gate_on = GateOn::input;
+    AttentionVariant irope;
+    irope.nope_interval = 4;
+    irope.attention_chunk = 8192;
+    irope.temperature_scale = 0.1;
+    irope.temperature_floor = 8192;
+    irope.qk_norm = QkNorm::l2;
+    add({"llama4-scout", 202048, 5120, 16384, 48, 40, 8, 128, 5e5, 1e-5, false, 10485760, 8, 1, 4, 8192}, llama4,
+        irope);
+    MoeSpec maverick = llama4;
+    maverick.experts = 128;
+    maverick.step = 2;
+    irope.qk_norm = QkNorm::none;
+    add({"llama4-maverick", 202048, 5120, 16384, 48, 40, 8, 128, 5e5, 1e-5, false, 1048576}, maverick, irope);
+    // weft's own: tiny's shapes with 8 experts of width 96, top 2, for tests
+    // and CPU runs (8 divides by ep 2 and 4).
+    add({"tiny-moe", 256, 128, 352, 4, 4, 2, 32, 1e4, 1e-5, false, 1024}, routed(8, 2, 96, 0.01));
+    return v;
+  }();
+  return presets;
+}
+
 }  // namespace
 
 std::vector<std::string> model_preset_names() {
   std::vector<std::string> names;
   for (const auto& p : kPresets) names.emplace_back(p.name);
+  for (const auto& m : moe_presets()) names.push_back(m.name);
   return names;
 }
 
 ModelSpec model_preset(const std::string& name) {
-  for (const auto& p : kPresets) {
-    if (name == p.name) {
-      ModelSpec m;
-      m.name = p.name;
-      m.vocab = p.V;
-      m.hidden = p.C;
-      m.intermediate = p.F;
-      m.layers = p.L;
-      m.heads = p.H;
-      m.kv_heads = p.H_kv;
-      m.head_dim = p.D;
-      m.rope_theta = p.theta;
-      m.norm_eps = p.eps;
-      m.tied_embeddings = p.tied;
-      m.max_seq = p.max_seq;
-      if (p.rope_factor > 0)
-        m.rope_scaling = rope_scaling_llama3(p.rope_factor, p.rope_low, p.rope_high, p.rope_original);
-      return m;
-    }
-  }
+  for (const auto& p : kPresets)
+    if (name == p.name) return from_preset(p);
+  for (const auto& m : moe_presets())
+    if (name == m.name) return m;
   throw InputError(fmt::format("unknown model preset '{}'; valid presets: {} (or a path to a "
                                "Hugging Face config.json)",
                                name, fmt::join(model_preset_names(), ", ")));
-}
-
-namespace {
-
-int64_t require_int(const nlohmann::json& j, const char* key, const std::string& origin,
-                    int64_t max = INT64_MAX) {
-  if (!j.contains(key))
-    throw InputError(fmt::format("{}: missing field '{}' (LlamaForCausalLM config)", origin, key));
-  const auto& v = j.at(key);
-  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX)))
-    throw InputError(fmt::format("{}: field '{}' must be an integer, got {}", origin, key, v.dump()));
-  const int64_t x = v.get<int64_t>();
-  if (x <= 0)
-    throw InputError(fmt::format("{}: field '{}'={} must be positive", origin, key, x));
-  if (x > max)
-    throw InputError(fmt::format("{}: field '{}'={} must be from 1 to {}", origin, key, x, max));
-  return x;
-}
-
-// The architectures a config may name: weft computes LlamaForCausalLM only
-// (MistralForCausalLM, say, attends through a sliding window).
-bool llama_architecture(const std::string& name) { return name == "LlamaForCausalLM"; }
-
-// bos_token_id or eos_token_id (one id, a list of them, or null): each must
-// be an id of the vocabulary.
-void check_token_ids(const nlohmann::json& j, const char* key, int64_t vocab, const std::string& origin) {
-  if (!j.contains(key) || j[key].is_null()) return;
-  const auto& v = j[key];
-  std::vector<nlohmann::json> ids;
-  if (v.is_array()) ids.assign(v.begin(), v.end());
-  else ids.push_back(v);
-  for (const auto& id : ids)
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= vocab ||
-        (id.is_number_unsigned() && id.get<uint64_t>() >= uint64_t(vocab)))
-      throw InputError(fmt::format("{}: field '{}' is {}; a token id must be a whole number from 0 to "
-                                   "vocab_size - 1 = {}",
-                                   origin, key, v.dump(), vocab - 1));
-}
-
-// Parses a rope_scaling object into `s`, appending to `problems` each reason
-// it cannot be used (naming `field` and the key); `s` is plain RoPE then.
-RopeScaling rope_scaling_parse(const nlohmann::json& r, const std::string& field,
-                               std::vector<std::string>& problems) {
-  if (r.is_null()) return {};
-  if (!r.is_object()) {
-    problems.push_back(fmt::format("{} is {}, not an object or null", field, r.dump()));
-    return {};
-  }
-  std::string type = "default";
-  for (const char* key : {"rope_type", "type"}) {
-    if (!r.contains(key)) continue;
-    if (!r[key].is_string()) {
-      problems.push_back(fmt::format("{}.{} is {}, not a name", field, key, r[key].dump()));
-      return {};
-    }
-    type = r[key].get<std::string>();
-    break;
-  }
-  if (type == "default") return {};
-  if (type != "llama3") {
-    problems.push_back(fmt::format("{} has rope_type '{}' (weft computes rope_type 'default' and "
-                                   "'llama3' only)",
-                                   field, type));
-    return {};
-  }
-  const size_t before = problems.size();
-  const auto number = [&](const char* key) {
-    if (!r.contains(key) || !r[key].is_number()) {
-      problems.push_back(fmt::format("{}.{} is {} (rope_type 'llama3' needs the numbers factor, "
-                                     "low_freq_factor, high_freq_factor and "
-                                     "original_max_position_embeddings)",
-                                     field, key, r.contains(key) ? r[key].dump() : "missing"));
-      return 0.0;
-    }
-    return r[key].get<double>();
-  };
-  const double factor = number("factor");
-  const double low = number("low_freq_factor");
-  const double high = number("high_freq_factor");
-  const double original = number("original_max_position_embeddings");
-  if (problems.size() == before && original != std::floor(original))
-    problems.push_back(fmt::format("{}.original_max_position_embeddings={} must be a whole number",
-                                   field, original));
-  if (problems.size() != before) return {};
-  const RopeScaling s = rope_scaling_llama3(factor, low, high, static_cast<int64_t>(original));
-  for (auto& p : rope_scaling_problems(s, field)) problems.push_back(std::move(p));
-  return problems.size() == before ? s : RopeScaling{};
-}
-
-// The scaling a Hugging Face config asks for: transformers 4 writes
-// rope_scaling, transformers 5 rope_parameters (with rope_theta inside).
-RopeScaling hf_rope_scaling(const nlohmann::json& j, std::vector<std::string>& problems) {
-  RopeScaling found;
-  std::string found_in;
-  for (const char* key : {"rope_scaling", "rope_parameters"}) {
-    if (!j.contains(key)) continue;
-    const RopeScaling s = rope_scaling_parse(j[key], key, problems);
-    if (!s.enabled()) continue;
-    if (found.enabled() && !(found == s))
-      problems.push_back(fmt::format("{} and {} name different scalings", found_in, key));
-    found = s;
-    found_in = key;
-  }
-  return found;
-}
-
-}  // namespace
-
-nlohmann::json rope_scaling_to_json(const RopeScaling& s) {
-  if (!s.enabled()) return nullptr;
-  return {{"rope_type", rope_scaling_type_name(s.type)},
-          {"factor", s.factor},
-          {"low_freq_factor", s.low_freq_factor},
-          {"high_freq_factor", s.high_freq_factor},
-          {"original_max_position_embeddings", s.original_max_position}};
-}
-
-RopeScaling rope_scaling_from_json(const nlohmann::json& j, const std::string& origin,
-                                   const std::string& field) {
-  std::vector<std::string> problems;
-  const RopeScaling s = rope_scaling_parse(j, field, problems);
-  if (!problems.empty())
-    throw InputError(fmt::format("{}: {}", origin, fmt::join(problems, "; ")));
-  return s;
-}
-
-namespace {
-
-ModelSpec model_from_hf_config_checked(const nlohmann::json& j, const std::string& origin);
-
-}  // namespace
-
-ModelSpec model_from_hf_config_json(const nlohmann::json& j, const std::string& origin) {
-  // A value of the wrong type that the reader below does not check by name:
-  // still the file and the field.
-  try {
-    return model_from_hf_config_checked(j, origin);
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(fmt::format("{}: {}", origin, json_error_text(e)));
-  }
-}
-
-namespace {
-
-ModelSpec model_from_hf_config_checked(const nlohmann::json& j, const std::string& origin) {
-  if (!j.is_object()) throw InputError(fmt::format("{}: expected a JSON object", origin));
-  if (j.contains("model_type") && !j["model_type"].is_null() && j["model_type"] != "llama")
-    throw InputError(fmt::format("{}: model_type {} is not supported; weft trains \"llama\"", origin,
-                                 j["model_type"].dump()));
-  if (j.contains("architectures") && !j["architectures"].is_null()) {
-    const auto& a = j["architectures"];
-    bool ok = a.is_array() && !a.empty();
-    for (const auto& name : a.is_array() ? a : nlohmann::json::array())
-      ok = ok && name.is_string() && llama_architecture(name.get<std::string>());
-    if (!ok)
-      throw InputError(fmt::format("{}: field 'architectures' is {}; weft computes [\"LlamaForCausalLM\"] "
-                                   "only (another architecture computes something else with these weights)",
-                                   origin, a.dump()));
-  }
-  ModelSpec m;
-  m.name = std::filesystem::path(origin).parent_path().filename().string();
-  if (m.name.empty()) m.name = "hf-config";
-  m.vocab = require_int(j, "vocab_size", origin, kMaxVocab);
-  m.hidden = require_int(j, "hidden_size", origin, kMaxHidden);
-  m.intermediate = require_int(j, "intermediate_size", origin, kMaxIntermediate);
-  m.layers = require_int(j, "num_hidden_layers", origin, kMaxLayers);
-  m.heads = require_int(j, "num_attention_heads", origin, kMaxHeads);
-  m.kv_heads = j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null()
-                   ? require_int(j, "num_key_value_heads", origin, kMaxHeads)
-                   : m.heads;
-  if (j.contains("head_dim") && !j["head_dim"].is_null()) {
-    m.head_dim = require_int(j, "head_dim", origin, kMaxHeadDim);
-  } else {
-    if (m.hidden % m.heads != 0)
-      throw InputError(fmt::format("{}: hidden_size={} is not divisible by num_attention_heads={} "
-                                   "and no head_dim is given",
-                                   origin, m.hidden, m.heads));
-    m.head_dim = m.hidden / m.heads;
-  }
-  auto number = [&](const char* key, double fallback) {
-    if (!j.contains(key) || j[key].is_null()) return fallback;
-    if (!j[key].is_number())
-      throw InputError(fmt::format("{}: field '{}' must be a number, got {}", origin, key,
-                                   j[key].dump()));
-    return j[key].get<double>();
-  };
-  m.rope_theta = number("rope_theta", 10000.0);
-  // transformers 5 writes the RoPE settings as one object, rope_parameters,
-  // with rope_theta inside it and none at the top level.
-  if (j.contains("rope_parameters") && j["rope_parameters"].is_object() &&
-      j["rope_parameters"].contains("rope_theta")) {
-    const auto& t = j["rope_parameters"]["rope_theta"];
-    if (!t.is_number())
-      throw InputError(fmt::format("{}: field 'rope_parameters.rope_theta' must be a number, got {}",
-                                   origin, t.dump()));
-    m.rope_theta = t.get<double>();
-  }
-  m.norm_eps = number("rms_norm_eps", 1e-6);
-  for (auto [key, v, lo, hi] : {std::tuple{"rope_theta", m.rope_theta, kMinRopeTheta, kMaxRopeTheta},
-                                {"rms_norm_eps", m.norm_eps, kMinNormEps, kMaxNormEps}})
-    if (!(v >= lo && v <= hi))
-      throw InputError(fmt::format("{}: field '{}'={} must be from {:g} to {:g}", origin, key, v, lo, hi));
-  check_token_ids(j, "bos_token_id", m.vocab, origin);
-  check_token_ids(j, "eos_token_id", m.vocab, origin);
-  m.max_seq = j.contains("max_position_embeddings") ? require_int(j, "max_position_embeddings", origin)
-                                                    : 2048;
-  if (j.contains("tie_word_embeddings")) {
-    if (!j["tie_word_embeddings"].is_boolean())
-      throw InputError(fmt::format("{}: field 'tie_word_embeddings' must be true or false", origin));
-    m.tied_embeddings = j["tie_word_embeddings"].get<bool>();
-  }
-  // Every field that asks for a computation weft's Llama lacks is refused,
-  // all of them in one message, so that weights are never loaded into a
-  // network that computes something else than what they were trained in.
-  std::vector<std::string> refused;
-  m.rope_scaling = hf_rope_scaling(j, refused);
-  for (const char* key : {"attention_bias", "mlp_bias"})
-    if (j.contains(key) && !j[key].is_null() && j[key] != false)
-      refused.push_back(fmt::format("{} is {} (weft's projections have no bias)", key, j[key].dump()));
-  if (j.contains("hidden_act") && j["hidden_act"] != "silu")
-    refused.push_back(fmt::format("hidden_act is {} (weft's MLP is SwiGLU with \"silu\")",
-                                  j["hidden_act"].dump()));
-  if (j.contains("attention_dropout") && !j["attention_dropout"].is_null() &&
-      !(j["attention_dropout"].is_number() && j["attention_dropout"].get<double>() == 0))
-    refused.push_back(fmt::format("attention_dropout is {} (weft trains without dropout: 0.0)",
-                                  j["attention_dropout"].dump()));
-  // transformers rotates only the first partial_rotary_factor * D dims of a
-  // head when a config sets it (transformers 5 keeps it in rope_parameters).
-  for (const nlohmann::json* where : {&j, j.contains("rope_parameters") && j["rope_parameters"].is_object()
-                                                ? &j["rope_parameters"]
-                                                : nullptr}) {
-    if (!where || !where->contains("partial_rotary_factor")) continue;
-    const auto& f = (*where)["partial_rotary_factor"];
-    if (!f.is_null() && !(f.is_number() && f.get<double>() == 1.0))
-      refused.push_back(fmt::format("{}partial_rotary_factor is {} (weft rotates every dim of a head: 1.0)",
-                                    where == &j ? "" : "rope_parameters.", f.dump()));
-  }
-  // Qwen2-style configs switch a sliding window on with use_sliding_window;
-  // Mistral's have no switch: a window given is a window used, unless it
-  // spans every position the model takes.
-  if (j.contains("sliding_window") && !j["sliding_window"].is_null() &&
-      !(j.contains("use_sliding_window") && j["use_sliding_window"] == false)) {
-    const auto& w = j["sliding_window"];
-    if (!w.is_number() || w.get<double>() < double(m.max_seq))
-      refused.push_back(fmt::format("sliding_window is {}{} (weft attends over the whole sequence; "
-                                    "use_sliding_window false or a window of max_position_embeddings={} "
-                                    "or more matches it)",
-                                    w.dump(), j.contains("use_sliding_window") ? " with use_sliding_window true" : "",
-                                    m.max_seq));
-  }
-  if (j.contains("quantization_config") && !j["quantization_config"].is_null())
-    refused.push_back("quantization_config is present (weft reads unquantized fp32, bf16 or fp16 weights)");
-  if (!refused.empty())
-    throw InputError(fmt::format("{}: weft's Llama does not compute this model: {}", origin,
-                                 fmt::join(refused, "; ")));
-  try {
-    m.validate();
-  } catch (const InputError& e) {
-    throw InputError(fmt::format("{}: {}", origin, e.what()));
-  }
-  return m;
-}
-
-}  // namespace
-
-ModelSpec model_from_hf_config(const std::string& path) {
-  return model_from_hf_config_json(json_read_file(path, "model config"), path);
 }
 
 ModelSpec model_resolve(const std::string& name_or_path) {
@@ -484,7 +462,99 @@ void to_json(nlohmann::json& j, const ModelSpec& m) {
                      {"hash", m.hash()}};
   // Only when set, so that the JSON of models with plain RoPE is unchanged.
   if (m.rope_scaling.enabled()) j["rope_scaling"] = rope_scaling_to_json(m.rope_scaling);
+  // Likewise the experts and the attention variants.
+  if (m.moe.enabled())
+    j["moe"] = {{"experts", m.moe.experts},
+                {"top_k", m.moe.top_k},
+                {"expert_intermediate", m.moe.expert_intermediate},
+                {"shared_intermediate", m.moe.shared_intermediate},
+                {"score", router_score_name(m.moe.score)},
+                {"weights", router_weights_name(m.moe.weights)},
+                {"route_scale", m.moe.route_scale},
+                {"gate_on", gate_on_name(m.moe.gate_on)},
+                {"step", m.moe.step},
+                {"dense_layers", m.moe.dense_layers},
+                {"aux_loss_coef", m.moe.aux_loss_coef},
+                {"aux_scope", aux_loss_scope_name(m.moe.aux_scope)},
+                {"moe_layers", m.moe_layers()},
+                {"active_params", m.flop_params() + m.embedding_params()}};
+  if (!m.attention.plain())
+    j["attention"] = {{"qk_norm", qk_norm_name(m.attention.qk_norm)},
+                      {"nope_interval", m.attention.nope_interval},
+                      {"attention_chunk", m.attention.attention_chunk},
+                      {"temperature_scale", m.attention.temperature_scale},
+                      {"temperature_floor", m.attention.temperature_floor}};
 }
+
+namespace {
+
+// One of `names` (the enum's values in order) read from j[key] of `section`,
+// or `fallback` when absent; InputError naming the field and the valid names.
+template <typename Enum, size_t N>
+Enum enum_field(const nlohmann::json& j, const char* section, const char* key, Enum fallback,
+                const std::array<const char*, N>& names) {
+  if (!j.contains(key)) return fallback;
+  for (size_t i = 0; i < N; ++i)
+    if (j[key].is_string() && j[key].get<std::string>() == names[i]) return Enum(i);
+  throw InputError(fmt::format("model spec: field '{}.{}' is {}; valid: {}", section, key, j[key].dump(),
+                               fmt::join(names, ", ")));
+}
+
+// A field of `section`: an integer or number as T, `fallback` when absent
+// and `fallback` is given, else required.
+template <typename T>
+T number_field(const nlohmann::json& j, const char* section, const char* key, std::optional<T> fallback) {
+  if (!j.contains(key)) {
+    if (fallback) return *fallback;
+    throw InputError(fmt::format("model spec: missing field '{}.{}'", section, key));
+  }
+  const bool ok = std::is_integral_v<T> ? j[key].is_number_integer() : j[key].is_number();
+  if (!ok)
+    throw InputError(fmt::format("model spec: field '{}.{}' must be {}, got {}", section, key,
+                                 std::is_integral_v<T> ? "an integer" : "a number", j[key].dump()));
+  return j[key].get<T>();
+}
+
+MoeSpec moe_from_json(const nlohmann::json& j) {
+  if (!j.is_object()) throw InputError(fmt::format("model spec: field 'moe' must be an object, got {}", j.dump()));
+  MoeSpec e;
+  e.experts = number_field<int64_t>(j, "moe", "experts", std::nullopt);
+  e.top_k = number_field<int64_t>(j, "moe", "top_k", std::nullopt);
+  e.expert_intermediate = number_field<int64_t>(j, "moe", "expert_intermediate", std::nullopt);
+  e.shared_intermediate = number_field<int64_t>(j, "moe", "shared_intermediate", int64_t{0});
+  e.score = enum_field(j, "moe", "score", RouterScore::softmax, std::array{"softmax", "sigmoid"});
+  e.weights = enum_field(j, "moe", "weights", RouterWeights::renormalized, std::array{"scores", "renormalized"});
+  e.route_scale = number_field<double>(j, "moe", "route_scale", 1.0);
+  e.gate_on = enum_field(j, "moe", "gate_on", GateOn::output, std::array{"output", "input"});
+  e.step = number_field<int64_t>(j, "moe", "step", int64_t{1});
+  if (j.contains("dense_layers")) {
+    const auto& d = j["dense_layers"];
+    if (!d.is_array())
+      throw InputError(fmt::format("model spec: field 'moe.dense_layers' must be a list of layers, got {}", d.dump()));
+    for (const auto& i : d) {
+      if (!i.is_number_integer())
+        throw InputError(fmt::format("model spec: field 'moe.dense_layers' holds {}, not a layer", i.dump()));
+      e.dense_layers.push_back(i.get<int64_t>());
+    }
+  }
+  e.aux_loss_coef = number_field<double>(j, "moe", "aux_loss_coef", 0.0);
+  e.aux_scope = enum_field(j, "moe", "aux_scope", AuxLossScope::global, std::array{"global", "per_layer"});
+  return e;
+}
+
+AttentionVariant attention_from_json(const nlohmann::json& j) {
+  if (!j.is_object())
+    throw InputError(fmt::format("model spec: field 'attention' must be an object, got {}", j.dump()));
+  AttentionVariant a;
+  a.qk_norm = enum_field(j, "attention", "qk_norm", QkNorm::none, std::array{"none", "rms", "l2"});
+  a.nope_interval = number_field<int64_t>(j, "attention", "nope_interval", int64_t{0});
+  a.attention_chunk = number_field<int64_t>(j, "attention", "attention_chunk", int64_t{0});
+  a.temperature_scale = number_field<double>(j, "attention", "temperature_scale", 0.0);
+  a.temperature_floor = number_field<int64_t>(j, "attention", "temperature_floor", int64_t{0});
+  return a;
+}
+
+}  // namespace
 
 void from_json(const nlohmann::json& j, ModelSpec& m) {
   const std::string origin = "model spec";
@@ -518,6 +588,8 @@ void from_json(const nlohmann::json& j, ModelSpec& m) {
   m.rope_scaling = j.contains("rope_scaling")
                        ? rope_scaling_from_json(j["rope_scaling"], origin, "rope_scaling")
                        : RopeScaling{};
+  m.moe = j.contains("moe") ? moe_from_json(j["moe"]) : MoeSpec{};
+  m.attention = j.contains("attention") ? attention_from_json(j["attention"]) : AttentionVariant{};
   m.validate();
 }
 

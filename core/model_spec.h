@@ -8,6 +8,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "core/moe_spec.h"
 #include "core/rope_scaling.h"
 
 namespace weft {
@@ -33,7 +34,7 @@ struct ModelSpec {
   std::string name;
   int64_t vocab = 0;         // V
   int64_t hidden = 0;        // C
-  int64_t intermediate = 0;  // F, SwiGLU inner width
+  int64_t intermediate = 0;  // F, the dense layers' SwiGLU inner width
   int64_t layers = 0;        // L
   int64_t heads = 0;         // H
   int64_t kv_heads = 0;      // H_kv (GQA when < H)
@@ -43,9 +44,20 @@ struct ModelSpec {
   double norm_eps = 1e-5;
   bool tied_embeddings = false;
   int64_t max_seq = 2048;    // max_position_embeddings, informational
+  MoeSpec moe;                  // experts; none for a dense Llama
+  AttentionVariant attention;   // plain for Llama (core/moe_spec.h)
 
-  // Parameters of one transformer block: q, k, v, o, gate, up, down, two norms.
-  int64_t block_params() const;
+  // Whether layer i (from 0) has an MoE FFN, and how many do.
+  bool moe_layer(int64_t i) const;
+  int64_t moe_layers() const;
+  // Parameters of one block's attention: q, k, v, o and Qwen3's q and k norms.
+  int64_t attention_params() const;
+  // Parameters of block i: attention, two norms, and its FFN: gate, up and
+  // down, or the router, every expert's and the shared expert's.
+  int64_t layer_params(int64_t i) const;
+  // Of those, the ones a token's matmuls use: the router, k experts' and the
+  // shared expert's (every one in a dense block).
+  int64_t layer_active_params(int64_t i) const;
   // Embedding table V x C.
   int64_t embedding_params() const { return vocab * hidden; }
   // LM head parameters stored separately (0 when tied to the embedding).
@@ -59,7 +71,8 @@ struct ModelSpec {
   int64_t padded_vocab(int64_t tp) const;
   // Every stored parameter, counted once (tied weights once).
   int64_t param_count() const;
-  // Parameters that take part in a matmul per token: every block weight, the
+  // Parameters that take part in a matmul per token: every block weight (of
+  // an MoE layer the router, the k chosen experts and the shared one), the
   // final norm and the LM head (V x C, also when tied), but not the input
   // embedding lookup. This is the N of MFU's 6N (see core/flops.h).
   int64_t flop_params() const;
@@ -67,7 +80,15 @@ struct ModelSpec {
   // Throws InputError naming each field that is zero/negative, past the
   // bounds above or inconsistent.
   void validate() const;
-  // Stable 16-hex-digit hash of the architecture (not the name).
+  // The parts of this model weft's trainer, memory model and cost model do
+  // not compute yet, each named: MoE layers, QK norms, NoPE layers, chunked
+  // attention, attention temperature. Empty for every Llama.
+  std::vector<std::string> not_yet_computed() const;
+  // InputError naming them, when there are any: "weft cannot <what> <name>
+  // yet: ...".
+  void require_computed(const std::string& what) const;
+  // Stable 16-hex-digit hash of the architecture (not the name, nor the
+  // balancing loss's coefficient and scope: a training setting).
   std::string hash() const;
   // One-line summary, e.g. "llama2-7b (6.74B params: V=32000 C=4096 ...)".
   std::string summary() const;
@@ -77,10 +98,13 @@ struct ModelSpec {
 std::vector<std::string> model_preset_names();
 // A preset by name; InputError listing valid names when unknown.
 ModelSpec model_preset(const std::string& name);
-// Reads a Hugging Face LlamaForCausalLM config.json; InputError naming the
-// file and the missing or invalid field: a value past the bounds above, a
-// bos or eos token id outside the vocabulary, another architecture, or a
-// computation weft's Llama lacks (biases, sliding-window attention, ...).
+// Reads a Hugging Face config.json of LlamaForCausalLM, MixtralForCausalLM,
+// Qwen3MoeForCausalLM or Llama 4 (Llama4ForCausalLM, model_type
+// "llama4_text", or the text_config of Llama4ForConditionalGeneration);
+// InputError naming the file and the missing or invalid field: a value past
+// the bounds above, a bos or eos token id outside the vocabulary, another
+// architecture, or a computation weft lacks (biases, sliding-window
+// attention, router jitter, ...).
 ModelSpec model_from_hf_config(const std::string& path);
 ModelSpec model_from_hf_config_json(const nlohmann::json& j, const std::string& origin);
 // A preset name or a path to a config.json.

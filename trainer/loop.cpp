@@ -589,6 +589,7 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
 
 void validate_config(const TrainConfig& c) {
   c.model.validate();
+  c.model.require_computed("train");
   c.run.validate();
   c.optim.validate();
   if (c.steps < 1 && !(c.steps == 0 && !c.init.empty()))

@@ -32,17 +32,16 @@
 
 #include <cstdint>
 
+#include "core/moe_spec.h"
 #include "kernels/kernel.h"
 
 namespace weft::kernels {
 
-enum class RouterScore { softmax, sigmoid };
-// The combine weights: the scores of the chosen experts as they are, or
-// divided by their sum over the k.
-enum class RouterWeights { scores, renormalized };
-// Where the weight multiplies: the expert's output (Mixtral, Qwen3) or its
-// input (Llama 4's moe_apply_probs_on_input).
-enum class GateOn { output, input };
+// The router's scoring, its combine weights and where they multiply are
+// the model's (core/moe_spec.h).
+using weft::GateOn;
+using weft::RouterScore;
+using weft::RouterWeights;
 
 struct RouterConfig {
   int64_t experts = 0;  // E

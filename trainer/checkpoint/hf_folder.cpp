@@ -70,6 +70,7 @@ HfFolder hf_folder_open(const std::string& dir) {
   HfFolder f;
   f.dir = dir;
   f.model = hf_folder_model(dir, &f.config);
+  f.model.require_computed("load the weights of");
   std::map<std::string, std::string> placed;
   const auto names = weight_files(dir, placed);
   for (const auto& name : names) {
