@@ -51,6 +51,13 @@ constexpr double kProbe = 0.05;
 // A constant whose probe changes no log prediction by more than this per
 // unit of its coordinate is left out of the fit.
 constexpr double kMinInfluence = 1e-6;
+// Restarts of the optimizer from its best point, and the relative fall of
+// the objective a restart must bring for the next to run.
+constexpr int kRestarts = 4;
+// The evaluations a fit may take: a base and more per fitted constant.
+constexpr int kBaseEvaluations = 100;
+constexpr int kEvaluationsPerConstant = 100;
+constexpr double kRestartGain = 1e-4;
 
 double to_coord(const CalibrationParam& p, double v) {
   v = std::clamp(v, p.lower, p.upper);
@@ -212,20 +219,31 @@ CalibrationResult calibrate(const std::vector<MeasuredStep>& obs, const CostCons
     r.fitted.push_back(param.name);
   }
 
-  nlopt::opt opt(nlopt::LN_BOBYQA, unsigned(n));
-  opt.set_lower_bounds(lower);
-  opt.set_upper_bounds(upper);
-  opt.set_initial_step(step);
-  opt.set_ftol_rel(1e-10);
-  opt.set_xtol_abs(1e-7);
-  opt.set_maxeval(max_evaluations > 0 ? max_evaluations : 100 + 60 * int(n));
-  opt.set_min_objective(nlopt_objective, &p);
-  double f = 0;
-  try {
-    opt.optimize(x, f);
-  } catch (const std::runtime_error&) {
-    // Round-off limits and other early stops still leave the best point
-    // evaluated so far, which is all the fit needs.
+  // BOBYQA fits a quadratic model of the objective around its start; on
+  // this piecewise objective (maxima of overlapped terms, clamps) a run can
+  // end on its tolerances short of the fit, so it starts again from the best
+  // point, with fresh trust-region steps, while the budget lasts and the
+  // last start still lowered the objective.
+  const int budget = max_evaluations > 0 ? max_evaluations : kBaseEvaluations + kEvaluationsPerConstant * int(n);
+  for (int start_no = 0; start_no <= kRestarts && p.evaluations < budget; ++start_no) {
+    nlopt::opt opt(nlopt::LN_BOBYQA, unsigned(n));
+    opt.set_lower_bounds(lower);
+    opt.set_upper_bounds(upper);
+    opt.set_initial_step(step);
+    opt.set_ftol_rel(1e-10);
+    opt.set_xtol_abs(1e-7);
+    opt.set_maxeval(budget - p.evaluations);
+    opt.set_min_objective(nlopt_objective, &p);
+    if (start_no > 0) x = p.best_x;
+    const double before = p.best_f;
+    double f = 0;
+    try {
+      opt.optimize(x, f);
+    } catch (const std::runtime_error&) {
+      // Round-off limits and other early stops still leave the best point
+      // evaluated so far, which is all the fit needs.
+    }
+    if (start_no > 0 && !(p.best_f < before * (1 - kRestartGain))) break;
   }
   r.evaluations = p.evaluations;
 

@@ -77,9 +77,11 @@ const std::vector<CalibrationParam>& calibration_params();
 //
 // Constants that move no observation's prediction are skipped; of the rest,
 // the first min(count, observations) in the order of calibration_params() are
-// fitted, so that the fit is never under-determined. Stops at a relative
-// change of the objective below 1e-10, a step below 1e-7 in every coordinate,
-// or 100 + 60 per fitted constant evaluations. The best point evaluated is
+// fitted, so that the fit is never under-determined. A run of the optimizer
+// stops at a relative change of the objective below 1e-10 or a step below
+// 1e-7 in every coordinate; it starts again from its best point (at most 4
+// times) while a start still lowers the objective by 1e-4, all of them
+// within 100 + 100 per fitted constant evaluations. The best point evaluated is
 // kept (accepted) only when its objective is below the start's and its RMS
 // relative error is not above it; otherwise the start constants are returned.
 //

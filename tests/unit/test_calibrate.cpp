@@ -61,10 +61,13 @@ TEST_F(Calibrate, RecoversSyntheticConstantsFromNoisyMeasurements) {
   truth.dp_overlap = uniform(0.5, 0.9);
   truth.overlap_cost = uniform(0.05, 0.3);
 
+  // 24 measured layouts, as many as a tuning's refit takes, for the 9
+  // constants tiny's space moves; the rest of the space is held out.
+  constexpr size_t kFitted = 24;
   const auto layouts = fitting_layouts();
-  ASSERT_GE(layouts.size(), 24u);
-  const std::vector<Layout> fit(layouts.begin(), layouts.begin() + 12);
-  const std::vector<Layout> held(layouts.begin() + 12, layouts.end());
+  ASSERT_GE(layouts.size(), 2 * kFitted);
+  const std::vector<Layout> fit(layouts.begin(), layouts.begin() + kFitted);
+  const std::vector<Layout> held(layouts.begin() + kFitted, layouts.end());
   auto measure = [&](const std::vector<Layout>& ls) {
     std::vector<double> t;
     for (const auto& l : ls) t.push_back(step(l, truth) * (1 + uniform(-0.01, 0.01)));
@@ -86,7 +89,7 @@ TEST_F(Calibrate, RecoversSyntheticConstantsFromNoisyMeasurements) {
   EXPECT_LE(r.fitted.size(), obs.size());
   EXPECT_EQ(r.fitted.front(), "gemm_efficiency");
   EXPECT_GT(r.evaluations, 0);
-  EXPECT_LE(r.evaluations, 100 + 60 * int(r.fitted.size()));
+  EXPECT_LE(r.evaluations, 100 + 100 * int(r.fitted.size()));
   // The fitted constants also predict layouts they were not fitted to.
   const double held_before = rms_error(held, held_t, start);
   const double held_after = rms_error(held, held_t, r.constants);
