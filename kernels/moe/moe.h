@@ -41,6 +41,7 @@ namespace weft::kernels {
 // the model's (core/moe_spec.h).
 using weft::GateOn;
 using weft::RouterScore;
+using weft::AuxLossScope;
 using weft::RouterWeights;
 
 struct RouterConfig {
@@ -158,5 +159,24 @@ WEFT_MOE_PROTOCOL(MoeUnpermuteParams)
 WEFT_MOE_PROTOCOL(MoeUnpermuteBackwardParams)
 
 #undef WEFT_MOE_PROTOCOL
+
+// The load-balancing loss of one micro-batch (core/moe_spec.h says the two
+// scopes), on the host, from what route() summed over the micro-batch's
+// `tokens` rows in each of its `layers` MoE layers: counts (layers, E), the
+// tokens each expert took (all k choices, so a layer's counts sum to
+// tokens * k), and score_sums (layers, E). Returns coef times the loss, and
+// overwrites dscore (layers, E) with its derivative with respect to the
+// score of expert e at any one row of layer l: the loss is linear in each
+// expert's score sum, so every row has the same, which is route's backward
+// dscore_per_expert. The counts take no gradient (a choice is not
+// differentiable), as in transformers and Megatron.
+//   global:    R = tokens * layers, c_e and S_e summed over the layers;
+//              coef * E * sum_e (c_e / R) (S_e / R)
+//   per_layer: coef * sum_l E * sum_e c_le / (tokens k) * S_le / tokens
+// InputError for a size below 1, k past E, a negative coefficient, or
+// counts and score sums that are not a route's (a layer whose counts do not
+// sum to tokens * k, a negative or non-finite score sum).
+double moe_balance_loss(AuxLossScope scope, double coef, int64_t layers, int64_t experts, int64_t top_k,
+                        int64_t tokens, const int64_t* counts, const double* score_sums, double* dscore);
 
 }  // namespace weft::kernels

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
 #include <string>
 #include <tuple>
@@ -14,6 +15,7 @@
 #include "core/error.h"
 #include "kernels/moe/moe.h"
 #include "tests/unit/kernels/kernel_test_util.h"
+#include "tests/unit/test_util.h"
 
 namespace weft::kernels::test {
 namespace {
@@ -146,6 +148,112 @@ TEST_P(MoeRouteTest, GradientsMatchFiniteDifferences) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, MoeRouteTest, ::testing::ValuesIn(kRouteCases),
                          [](const auto& info) { return route_name(info.param); });
+
+// The balancing loss against transformers' load_balancing_loss_func (the
+// routers of every layer concatenated, one-hot masks over the k choices)
+// and Megatron's per-layer aux_loss, both written out from the reference
+// routing in double; and its score gradient through route's backward
+// against finite differences of that written-out loss.
+TEST(MoeBalanceLoss, IsTransformersAndMegatronsLoss) {
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  for (const RouteCase base : {RouteCase{23, 8, 2, RouterScore::softmax, RouterWeights::renormalized, 1.0},
+                               RouteCase{31, 6, 3, RouterScore::softmax, RouterWeights::scores, 1.0},
+                               RouteCase{17, 5, 1, RouterScore::sigmoid, RouterWeights::scores, 1.0}}) {
+    SCOPED_TRACE(route_name(base));
+    const int64_t L = 1 + rng.index(3), T = base.rows, E = base.E, k = base.k;
+    const double coef = 0.001 + rng.uniform<double>(1, 0, 0.05)[0];
+    std::vector<std::vector<double>> logits;
+    for (int64_t l = 0; l < L; ++l) logits.push_back(rng.uniform<double>(T * E, -3, 3));
+    // transformers: rows of all layers, tokens_per_expert (k, E) the mean of
+    // the one-hot choices, router_prob_per_expert (E) the mean score,
+    // loss = E * sum over (j, e) of their product.
+    const auto hf_loss = [&] {
+      std::vector<double> per_slot(size_t(k * E), 0), prob(size_t(E), 0);
+      for (int64_t l = 0; l < L; ++l) {
+        const auto r = route_reference<double>(base, logits[size_t(l)]);
+        for (int64_t t = 0; t < T; ++t) {
+          for (int64_t j = 0; j < k; ++j) per_slot[size_t(j * E + r.experts[size_t(t * k + j)])] += 1;
+          for (int64_t e = 0; e < E; ++e) prob[size_t(e)] += r.scores[size_t(t * E + e)];
+        }
+      }
+      double loss = 0;
+      const double R = double(T * L);
+      for (int64_t j = 0; j < k; ++j)
+        for (int64_t e = 0; e < E; ++e) loss += per_slot[size_t(j * E + e)] / R * (prob[size_t(e)] / R);
+      return coef * double(E) * loss;
+    };
+    // Megatron: per layer E * sum_e tokens_e / (T k) * mean score_e, summed.
+    const auto megatron_loss = [&] {
+      double loss = 0;
+      for (int64_t l = 0; l < L; ++l) {
+        const auto r = route_reference<double>(base, logits[size_t(l)]);
+        for (int64_t e = 0; e < E; ++e) {
+          double tokens = 0, score = 0;
+          for (int32_t x : r.experts) tokens += x == e;
+          for (int64_t t = 0; t < T; ++t) score += r.scores[size_t(t * E + e)];
+          loss += double(E) * tokens / double(T * k) * score / double(T);
+        }
+      }
+      return coef * loss;
+    };
+    // The kernels' statistics, layer by layer.
+    std::vector<int64_t> counts(size_t(L * E), 0);
+    std::vector<double> sums(size_t(L * E), 0);
+    std::vector<std::vector<double>> scores(static_cast<size_t>(L));
+    std::vector<std::vector<int32_t>> experts(static_cast<size_t>(L));
+    for (int64_t l = 0; l < L; ++l) {
+      scores[size_t(l)].resize(size_t(T * E));
+      experts[size_t(l)].resize(size_t(T * k));
+      std::vector<double> weights(size_t(T * k));
+      run_or_throw(MoeRouteParams<double>{.rows = T, .router = router_of(base), .logits = logits[size_t(l)].data(),
+                                          .scores = scores[size_t(l)].data(), .experts = experts[size_t(l)].data(),
+                                          .weights = weights.data(), .counts = counts.data() + l * E,
+                                          .score_sums = sums.data() + l * E});
+    }
+    for (const auto& [scope, reference] : {std::pair{AuxLossScope::global, std::function<double()>(hf_loss)},
+                                           std::pair{AuxLossScope::per_layer, std::function<double()>(megatron_loss)}}) {
+      std::vector<double> dscore(size_t(L * E));
+      const double loss = moe_balance_loss(scope, coef, L, E, k, T, counts.data(), sums.data(), dscore.data());
+      const double want = reference();
+      EXPECT_NEAR(loss, want, 1e-12 * want) << aux_loss_scope_name(scope);
+      // One layer's logits: route's backward with the per-expert score
+      // gradient and no weight gradient, against central differences.
+      const int64_t l = rng.index(L);
+      std::vector<double> dlogits(size_t(T * E)), no_dweights(size_t(T * k), 0);
+      run_or_throw(MoeRouteBackwardParams<double>{.rows = T, .router = router_of(base),
+                                                  .scores = scores[size_t(l)].data(),
+                                                  .experts = experts[size_t(l)].data(), .dweights = no_dweights.data(),
+                                                  .dscore_per_expert = dscore.data() + l * E,
+                                                  .dlogits = dlogits.data()});
+      EXPECT_LE(fd_error(logits[size_t(l)], dlogits, reference, rng), kFdTolerance) << aux_loss_scope_name(scope);
+    }
+    // The two scopes differ by the cross-layer terms and by k.
+    if (L == 1) {
+      std::vector<double> d(static_cast<size_t>(E));
+      EXPECT_NEAR(moe_balance_loss(AuxLossScope::global, coef, 1, E, k, T, counts.data(), sums.data(), d.data()),
+                  double(k) * megatron_loss(), 1e-12 * megatron_loss());
+    }
+  }
+}
+
+TEST(MoeBalanceLoss, StatisticsThatNoRouteGivesAreRefused) {
+  // 2 layers x 3 experts, 2 tokens, top 2: each layer's counts sum to 4.
+  std::vector<int64_t> counts = {2, 1, 1, 2, 2, 0};
+  std::vector<double> sums = {1.2, 0.5, 0.3, 0.9, 0.6, 0.5}, d(6);
+  const auto loss = [&](AuxLossScope scope, double coef, int64_t k) {
+    return moe_balance_loss(scope, coef, 2, 3, k, 2, counts.data(), sums.data(), d.data());
+  };
+  EXPECT_GT(loss(AuxLossScope::global, 0.01, 2), 0);
+  counts[5] = 1;
+  WEFT_EXPECT_THROW_MSG(loss(AuxLossScope::global, 0.01, 2), InputError, "layer 1's counts sum to 5", "2 x 2");
+  counts[5] = 0;
+  sums[1] = -0.1;
+  WEFT_EXPECT_THROW_MSG(loss(AuxLossScope::per_layer, 0.01, 2), InputError, "layer 0 expert 1", "-0.1");
+  sums[1] = 0.5;
+  WEFT_EXPECT_THROW_MSG(loss(AuxLossScope::global, 0.01, 4), InputError, "top_k=4");
+  WEFT_EXPECT_THROW_MSG(loss(AuxLossScope::global, -1, 2), InputError, "coefficient -1");
+}
 
 struct PermuteCase {
   int64_t rows, C, E, k, capacity;
