@@ -228,9 +228,7 @@ std::vector<std::string> ModelSpec::not_yet_computed() const {
 void ModelSpec::require_computed(const std::string& what) const {
   const auto parts = not_yet_computed();
   if (parts.empty()) return;
-  throw InputError(fmt::format("weft cannot {} {} yet: it does not compute {} ({} lists its shape and parameter "
-                               "counts)",
-                               what, name, fmt::join(parts, ", "), "`weft presets`"));
+  throw InputError(fmt::format("weft cannot {} {} yet: it does not compute {}", what, name, fmt::join(parts, ", ")));
 }
 
 std::string ModelSpec::hash() const {
