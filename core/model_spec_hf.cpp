@@ -49,6 +49,12 @@ constexpr HfFamilyName kHfFamilies[] = {
     {HfFamily::llama4_text, "llama4_text", "Llama4ForCausalLM"},
 };
 
+const char* hf_architecture(HfFamily family) {
+  for (const auto& f : kHfFamilies)
+    if (f.family == family) return f.architecture;
+  return "LlamaForCausalLM";
+}
+
 std::string hf_family_list(bool architectures) {
   std::vector<std::string> names;
   for (const auto& f : kHfFamilies) names.push_back(fmt::format("\"{}\"", architectures ? f.architecture : f.model_type));
@@ -241,9 +247,7 @@ ModelSpec model_from_hf_config_checked(const nlohmann::json& top, const std::str
     throw InputError(fmt::format("{}: model_type {} is not Llama 4's text model \"llama4_text\"", origin,
                                  j["model_type"].dump()));
   const HfFamily family = text != &top ? HfFamily::llama4_text : hf_family(j, origin);
-  const char* architecture = "LlamaForCausalLM";
-  for (const auto& f : kHfFamilies)
-    if (f.family == family) architecture = f.architecture;
+  const char* architecture = hf_architecture(family);
   const auto require_int = [&](const nlohmann::json& in, const char* key, const std::string& where,
                                int64_t max = INT64_MAX) {
     return weft::require_int(in, key, where, max, architecture);
@@ -490,10 +494,7 @@ void read_moe_family(const nlohmann::json& j, HfFamily family, const std::string
   MoeSpec& e = m.moe;
   const int64_t L = m.layers;
   const char* experts_key = family == HfFamily::qwen3_moe ? "num_experts" : "num_local_experts";
-  e.experts = require_int(j, experts_key, origin, kMaxExperts,
-                          family == HfFamily::qwen3_moe ? "Qwen3MoeForCausalLM"
-                          : family == HfFamily::mixtral ? "MixtralForCausalLM"
-                                                        : "Llama4ForCausalLM");
+  e.experts = require_int(j, experts_key, origin, kMaxExperts, hf_architecture(family));
   e.top_k = hf_int(j, "num_experts_per_tok", family == HfFamily::mixtral ? 2 : family == HfFamily::qwen3_moe ? 8 : 1,
                    1, e.experts, origin);
   e.aux_loss_coef = hf_number(j, "router_aux_loss_coef", 0.001, 0, kMaxAuxLossCoef, origin);
@@ -512,7 +513,7 @@ void read_moe_family(const nlohmann::json& j, HfFamily family, const std::string
       e.weights = RouterWeights::renormalized;
       break;
     case HfFamily::qwen3_moe: {
-      e.expert_intermediate = require_int(j, "moe_intermediate_size", origin, kMaxIntermediate, "Qwen3MoeForCausalLM");
+      e.expert_intermediate = require_int(j, "moe_intermediate_size", origin, kMaxIntermediate, hf_architecture(family));
       e.weights = hf_flag(j, "norm_topk_prob", false, origin) ? RouterWeights::renormalized : RouterWeights::scores;
       const int64_t step = hf_int(j, "decoder_sparse_step", 1, 1, std::max<int64_t>(L, 1), origin);
       const auto mlp_only = hf_layer_list(j, "mlp_only_layers", L, origin);
