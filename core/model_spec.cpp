@@ -211,11 +211,6 @@ void ModelSpec::validate() const {
 
 std::vector<std::string> ModelSpec::not_yet_computed() const {
   std::vector<std::string> parts;
-  if (moe.enabled())
-    parts.push_back(fmt::format("its {} MoE layer{} ({} experts of width {}, top-{}{})", moe_layers(),
-                                moe_layers() == 1 ? "" : "s", moe.experts,
-                                moe.expert_intermediate, moe.top_k,
-                                moe.shared_intermediate > 0 ? ", a shared expert" : ""));
   if (attention.qk_norm != QkNorm::none)
     parts.push_back(fmt::format("the {} norm of queries and keys", attention.qk_norm == QkNorm::rms ? "RMS" : "L2"));
   if (attention.nope_interval > 0)

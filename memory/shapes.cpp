@@ -183,7 +183,30 @@ StagePlan stage_plan(const ModelSpec& m, const RunSpec& run, const Layout& l, in
   p.has_embedding = stage == 0;
   p.has_head = stage == l.pp - 1;
   p.lora = run.lora;
+  if (!m.moe.enabled()) {
+    p.slot_ffn[int(SlotFfn::dense)] = {p.slot_layers, p.slot_checkpointed};
+    return p;
+  }
+  for (int64_t c = 0; c < l.vpp; ++c)
+    for (int64_t i = 0, n = l.chunk_layers(m, stage, c); i < n; ++i)
+      p.moe_layers += m.moe_layer(global_layer(m, l, stage, c, i)) ? 1 : 0;
+  for (int64_t i = 0; i < p.slot_layers; ++i) {
+    SlotPositions& s = p.slot_ffn[int(slot_ffn(m, l, stage, i))];
+    ++s.positions;
+    s.checkpointed += i < p.slot_checkpointed ? 1 : 0;
+  }
   return p;
+}
+
+SlotFfn slot_ffn(const ModelSpec& m, const Layout& l, int64_t stage, int64_t position) {
+  bool dense = false, moe = false;
+  for (int64_t c = 0; c < l.vpp; ++c)
+    if (position < l.chunk_layers(m, stage, c)) {
+      const bool here = m.moe_layer(global_layer(m, l, stage, c, position));
+      moe = moe || here;
+      dense = dense || !here;
+    }
+  return dense && moe ? SlotFfn::both : moe ? SlotFfn::moe : SlotFfn::dense;
 }
 
 LinearShape linear_shape(const ModelSpec& m, const Layout& l, Linear g) {
@@ -214,34 +237,41 @@ int64_t global_layer(const ModelSpec& m, const Layout& l, int64_t stage, int64_t
   return l.virtual_first_layer(m, chunk * l.pp + stage) + layer;
 }
 
-void block_param_shapes(const ModelSpec& m, const Layout& l, std::vector<TensorShape>& out) {
-  const int64_t t = l.tp, C = m.hidden, D = m.head_dim;
-  const int64_t Hl = m.heads / t, Kl = m.kv_heads / t, Fl = m.intermediate / t;
-  out.push_back({"layer.attn_norm.weight", Category::weights, C, 0, 1});
-  out.push_back({"layer.attn.q_proj", Category::weights, Hl * D * C, 0, 1});
-  out.push_back({"layer.attn.k_proj", Category::weights, Kl * D * C, 0, 1});
-  out.push_back({"layer.attn.v_proj", Category::weights, Kl * D * C, 0, 1});
-  out.push_back({"layer.attn.o_proj", Category::weights, C * Hl * D, 0, 1});
-  out.push_back({"layer.mlp_norm.weight", Category::weights, C, 0, 1});
-  out.push_back({"layer.mlp.gate_proj", Category::weights, Fl * C, 0, 1});
-  out.push_back({"layer.mlp.up_proj", Category::weights, Fl * C, 0, 1});
-  out.push_back({"layer.mlp.down_proj", Category::weights, C * Fl, 0, 1});
-}
-
 namespace detail {
 
-int64_t block_param_elements(const ModelSpec& m, const Layout& l) {
-  const int64_t t = l.tp, C = m.hidden, D = m.head_dim;
-  return 2 * C + (2 * (m.heads / t) + 2 * (m.kv_heads / t)) * D * C + 3 * (m.intermediate / t) * C;
+int64_t block_param_elements(const ModelSpec& m, const Layout& l, const StagePlan& plan) {
+  const int64_t dense = plan.layers > plan.moe_layers ? dense_block_param_elements(m, l) : 0;
+  return std::max(dense, plan.moe_layers > 0 ? moe_block_param_elements(m, l) : 0);
 }
 
 }  // namespace detail
 
 namespace {
 
+// A block's norms and attention on one tp rank.
+int64_t block_attention_elements(const ModelSpec& m, const Layout& l) {
+  const int64_t t = l.tp, C = m.hidden, D = m.head_dim;
+  return 2 * C + (2 * (m.heads / t) + 2 * (m.kv_heads / t)) * D * C;
+}
+
+}  // namespace
+
+int64_t dense_block_param_elements(const ModelSpec& m, const Layout& l) {
+  return block_attention_elements(m, l) + 3 * (m.intermediate / l.tp) * m.hidden;
+}
+
+int64_t moe_block_param_elements(const ModelSpec& m, const Layout& l) {
+  const MoeSpec& e = m.moe;
+  return block_attention_elements(m, l) + e.experts * m.hidden + 3 * e.experts * e.expert_intermediate * m.hidden +
+         3 * (e.shared_intermediate / l.tp) * m.hidden;
+}
+
+namespace {
+
 int64_t stage_model_elements(const ModelSpec& m, const Layout& l, const StagePlan& plan) {
   const int64_t table = (m.padded_vocab(l.tp) / l.tp) * m.hidden;
-  int64_t n = plan.layers * block_param_elements(m, l);
+  int64_t n = (plan.layers - plan.moe_layers) * dense_block_param_elements(m, l);
+  if (plan.moe_layers > 0) n += plan.moe_layers * moe_block_param_elements(m, l);
   if (plan.has_embedding) n += table;
   if (plan.has_head) {
     n += m.hidden;  // final norm
@@ -268,10 +298,39 @@ bool lora_frees_act(const RunSpec& run) { return run.lora.enabled() && !run.lora
 
 }  // namespace
 
+namespace {
+
+// The MoE FFN's saved tensors past its norm (block_saved_shapes).
+void moe_saved(const ModelSpec& m, const Layout& l, const Dims& d, std::vector<TensorShape>& out) {
+  const MoeSpec& e = m.moe;
+  const int64_t rows = d.B * d.T, k = e.top_k, E = e.experts, Fe = e.expert_intermediate;
+  out.push_back({"layer.moe.scores", Category::activations, rows * E, kFp32, 1});
+  out.push_back({"layer.moe.experts", Category::activations, rows * k, kInt32, 1});
+  out.push_back({"layer.moe.weights", Category::activations, rows * k, kFp32, 1});
+  out.push_back({"layer.moe.routing", Category::activations, rows * k + E + 1, 8, 1});
+  out.push_back({"layer.moe.input", Category::activations, rows * k * d.C, d.a, 1});
+  out.push_back({"layer.moe.gate", Category::activations, rows * k * Fe, d.a, 1});
+  out.push_back({"layer.moe.up", Category::activations, rows * k * Fe, d.a, 1});
+  out.push_back({"layer.moe.act", Category::activations, rows * k * Fe, d.a, 1});
+  if (e.gate_on == GateOn::output) out.push_back({"layer.moe.output", Category::activations, rows * k * d.C, d.a, 1});
+  if (e.shared_intermediate > 0) {
+    const int64_t Fs = e.shared_intermediate / l.tp;
+    out.push_back({"layer.moe.shared_gate", Category::activations, rows * Fs, d.a, 1});
+    out.push_back({"layer.moe.shared_up", Category::activations, rows * Fs, d.a, 1});
+    out.push_back({"layer.moe.shared_act", Category::activations, rows * Fs, d.a, 1});
+  }
+}
+
+}  // namespace
+
 void block_saved_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, Checkpointing mode,
-                        const Fp8SavedInputs& fp8, std::vector<TensorShape>& out) {
+                        const Fp8SavedInputs& fp8, std::vector<TensorShape>& out, SlotFfn ffn) {
   const Dims d = dims(m, run, l);
   const bool full = mode == Checkpointing::full;
+  const bool dense = ffn != SlotFfn::moe, moe = ffn != SlotFfn::dense;
+  // The router's statistics outlive every mode's recompute: the balancing
+  // loss of the micro-batch reads every MoE layer's.
+  if (moe) out.push_back({"layer.moe.stats", Category::activations, 2 * m.moe.experts, 8, 1});
   // The block input doubles as the attention norm's input; every mode keeps it.
   if (full) {
     out.push_back({"layer.attn_norm.input", Category::activations, d.B * d.Tsp * d.C, d.a, 1});
@@ -306,15 +365,18 @@ void block_saved_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l,
     out.push_back({"layer.mlp_norm.output_fp8", Category::activations, fp8_saved_bytes(d.B * d.Tsp * d.C), 1, 1});
   else
     out.push_back({"layer.mlp_norm.output", Category::activations, d.B * d.Tsp * d.C, d.a, 1});
-  out.push_back({"layer.mlp.gate", Category::activations, d.B * d.T * d.Fl, d.a, 1});
-  out.push_back({"layer.mlp.up", Category::activations, d.B * d.T * d.Fl, d.a, 1});
-  // The SwiGLU output feeds only down_proj's weight gradient (and its
-  // adapters'): a frozen down_proj without adapters (LoRA) needs it in the
-  // forward alone, in scratch.mlp_act.
-  if (fp8.down)
-    out.push_back({"layer.mlp.act_fp8", Category::activations, fp8_saved_bytes(d.B * d.T * d.Fl), 1, 1});
-  else if (!lora_frees_act(run))
-    out.push_back({"layer.mlp.act", Category::activations, d.B * d.T * d.Fl, d.a, 1});
+  if (dense) {
+    out.push_back({"layer.mlp.gate", Category::activations, d.B * d.T * d.Fl, d.a, 1});
+    out.push_back({"layer.mlp.up", Category::activations, d.B * d.T * d.Fl, d.a, 1});
+    // The SwiGLU output feeds only down_proj's weight gradient (and its
+    // adapters'): a frozen down_proj without adapters (LoRA) needs it in the
+    // forward alone, in scratch.mlp_act.
+    if (fp8.down)
+      out.push_back({"layer.mlp.act_fp8", Category::activations, fp8_saved_bytes(d.B * d.T * d.Fl), 1, 1});
+    else if (!lora_frees_act(run))
+      out.push_back({"layer.mlp.act", Category::activations, d.B * d.T * d.Fl, d.a, 1});
+  }
+  if (moe) moe_saved(m, l, d, out);
 }
 
 std::vector<TensorShape> stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l,
@@ -356,28 +418,53 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
 
   // Saved activations: a slot per chunk-micro-batch in flight, each for the
   // stage's largest chunk (layers / vpp blocks of an even split); with ckpt@K
-  // the first K / vpp blocks of each chunk use the mode.
-  const int64_t n_ckpt = plan.slot_checkpointed, n_keep = plan.slot_layers - n_ckpt;
+  // the first K / vpp blocks of each chunk use the mode. A slot position
+  // keeps its FFN's tensors: a dense block's, an MoE block's, or either's
+  // (SlotFfn), so a tensor's count sums over the kinds of position whose
+  // lists hold it.
   const int64_t chunks = plan.in_flight_chunks;
-  thread_local std::vector<TensorShape> kept, ckpt;
-  kept.clear();
-  ckpt.clear();
   const Fp8SavedInputs fp8 = fp8_saved_inputs(m, run, l, plan);
-  block_saved_shapes(m, run, l, Checkpointing::none, fp8, kept);
-  if (n_ckpt > 0) block_saved_shapes(m, run, l, l.ckpt, fp8, ckpt);
-  // What a checkpointing mode keeps is a subsequence of what no
-  // checkpointing keeps, in the same order (block_saved_shapes), so one walk
-  // over both tells which of the kept tensors the mode keeps too.
-  size_t next_ckpt = 0;
-  for (const auto& t : kept) {
-    const bool in_ckpt = next_ckpt < ckpt.size() && std::strcmp(ckpt[next_ckpt].name, t.name) == 0;
-    if (in_ckpt) ++next_ckpt;
-    const int64_t saved_layers = n_keep + (in_ckpt ? n_ckpt : 0);
-    // One block's dropped tensors are rebuilt at a time during the backward
-    // (an FP8 input is rebuilt in the compute type, into its scratch below).
-    const int64_t recompute = n_ckpt > 0 && !in_ckpt && !fp8_saved_name(t.name) ? 1 : 0;
-    const int64_t count = chunks * saved_layers + recompute;
-    if (count > 0) out.push_back({t.name, t.category, t.elements, t.element_bytes, count});
+  struct Saved {
+    TensorShape shape;
+    int64_t layers = 0;     // slot positions keeping it
+    bool rebuilt = false;   // a checkpointed position rebuilds it
+  };
+  thread_local std::vector<Saved> saved;
+  thread_local std::vector<TensorShape> kept, ckpt;
+  saved.clear();
+  const int kinds = int(std::count_if(plan.slot_ffn.begin(), plan.slot_ffn.end(),
+                                      [](const SlotPositions& p) { return p.positions > 0; }));
+  for (int kind = 0; kind < 3; ++kind) {
+    const SlotPositions& pos = plan.slot_ffn[size_t(kind)];
+    if (pos.positions == 0) continue;
+    const int64_t n_ckpt = pos.checkpointed, n_keep = pos.positions - n_ckpt;
+    kept.clear();
+    ckpt.clear();
+    block_saved_shapes(m, run, l, Checkpointing::none, fp8, kept, SlotFfn(kind));
+    if (n_ckpt > 0) block_saved_shapes(m, run, l, l.ckpt, fp8, ckpt, SlotFfn(kind));
+    // What a checkpointing mode keeps is a subsequence of what no
+    // checkpointing keeps, in the same order (block_saved_shapes), so one
+    // walk over both tells which of the kept tensors the mode keeps too.
+    size_t next_ckpt = 0;
+    for (const auto& t : kept) {
+      const bool in_ckpt = next_ckpt < ckpt.size() && std::strcmp(ckpt[next_ckpt].name, t.name) == 0;
+      if (in_ckpt) ++next_ckpt;
+      // (One kind of position, a dense model's: every name is new.)
+      auto it = kinds == 1 ? saved.end()
+                           : std::find_if(saved.begin(), saved.end(),
+                                          [&](const Saved& x) { return std::strcmp(x.shape.name, t.name) == 0; });
+      if (it == saved.end()) it = saved.insert(saved.end(), Saved{t});
+      it->layers += n_keep + (in_ckpt ? n_ckpt : 0);
+      // One block's dropped tensors are rebuilt at a time during the
+      // backward (an FP8 input is rebuilt in the compute type, into its
+      // scratch below).
+      it->rebuilt = it->rebuilt || (n_ckpt > 0 && !in_ckpt && !fp8_saved_name(t.name));
+    }
+    WEFT_ASSERT(next_ckpt == ckpt.size());
+  }
+  for (const auto& x : saved) {
+    const int64_t count = chunks * x.layers + (x.rebuilt ? 1 : 0);
+    if (count > 0) out.push_back({x.shape.name, x.shape.category, x.shape.elements, x.shape.element_bytes, count});
   }
   if (plan.has_embedding)
     out.push_back({"embedding.tokens", Category::activations, d.B * d.T, kInt32, chunks});
@@ -425,7 +512,24 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
   out.push_back({"scratch.linear_out", Category::workspace, d.B * d.T * d.C, d.a, 1});
   out.push_back({"scratch.d_qkv", Category::workspace, d.B * d.T * (d.Hl + 2 * d.Kl) * d.D, d.a, 1});
   out.push_back({"scratch.d_attn_out", Category::workspace, d.B * d.T * d.Hl * d.D, d.a, 1});
-  out.push_back({"scratch.d_mlp", Category::workspace, d.B * d.T * d.Fl, d.a, 3});
+  // The dense FFN's (and the shared expert's) gradients of SwiGLU's output
+  // and inputs.
+  const bool dense_ffn = plan.layers > plan.moe_layers;
+  const int64_t shared_width = plan.moe_layers > 0 ? m.moe.shared_intermediate / l.tp : 0;
+  const int64_t ffn_width = std::max(dense_ffn ? d.Fl : 0, shared_width);
+  if (ffn_width > 0) out.push_back({"scratch.d_mlp", Category::workspace, d.B * d.T * ffn_width, d.a, 3});
+  if (plan.moe_layers > 0) {
+    // The MoE FFN's: the router's logits (then their gradient), the
+    // gradient of the experts' rows (their output's, then their input's),
+    // of their SwiGLU, of the combine weights, and the router's statistics
+    // of a block rebuilding its FFN (its saved ones stay as they were).
+    const int64_t rows = d.B * d.T, k = m.moe.top_k, E = m.moe.experts;
+    out.push_back({"scratch.moe_logits", Category::workspace, rows * E, d.a, 1});
+    out.push_back({"scratch.moe_d_rows", Category::workspace, rows * k * d.C, d.a, 1});
+    out.push_back({"scratch.moe_d_mlp", Category::workspace, rows * k * m.moe.expert_intermediate, d.a, 3});
+    out.push_back({"scratch.moe_dweights", Category::workspace, rows * k, kFp32, 1});
+    out.push_back({"scratch.moe_stats", Category::workspace, 2 * E, 8, 1});
+  }
   // The compute-type copies of the GEMM inputs kept in FP8: each block's
   // forward writes one here before quantising it, and a block rebuilding it
   // in its backward too.
@@ -450,6 +554,9 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
                      piece(d.B * d.Tsp * d.C, kFp32) + piece(d.B * d.Tsp, kFp32), kFp32, 1});
     // RoPE's cos and sin tables, (T, D/2) each.
     out.push_back({"scratch.rope_table", Category::workspace, 2 * piece(d.T * (d.D / 2), kFp32), kFp32, 1});
+    // The permute's running count per expert (kernels/moe/moe_cpu.cpp).
+    if (plan.moe_layers > 0)
+      out.push_back({"scratch.moe_kernels", Category::workspace, ceil_div(m.moe.experts * 8, 64) * 64, 1, 1});
   } else {
     out.push_back({"scratch.kernels", Category::workspace, gpu_kernel_scratch(d, l), 1, 1});
   }
@@ -472,7 +579,6 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
   // pinned host memory (host_staging_bytes), which is not the device's.
   if (device.kind == DeviceKind::gpu && l.world() > 1 && device.shared_by == 1)
     out.push_back({"runtime.nccl", Category::overhead, kNcclRuntimeBytes, 1, 1});
-  WEFT_ASSERT(next_ckpt == ckpt.size());
 }
 
 std::array<int64_t, kCategories> sum_by_category(const std::vector<TensorShape>& shapes) {

@@ -42,6 +42,15 @@ struct TensorShape {
   int64_t bytes() const { return elements * element_bytes * count; }
 };
 
+// What the FFN of a slot position holds (StagePlan): a dense block's in
+// every chunk, an MoE block's in every chunk, or either (interleaved dense
+// and MoE layers whose chunks disagree at that position).
+enum class SlotFfn : int { dense, moe, both };
+struct SlotPositions {
+  int64_t positions = 0;
+  int64_t checkpointed = 0;  // of them, among the slot's first slot_checkpointed
+};
+
 // Which layers and pieces of the model a pipeline stage holds.
 struct StagePlan {
   int64_t stage = 0;
@@ -53,6 +62,11 @@ struct StagePlan {
   int64_t slot_layers = 0;
   int64_t slot_checkpointed = 0;
   int64_t in_flight_chunks = 0;  // chunk-micro-batches in flight (pipeline schedule)
+  // MoE models: the stage's blocks with an MoE FFN, and the slot's
+  // positions by SlotFfn (position i holds block i of whichever chunk is in
+  // flight). A dense model's positions are all dense.
+  int64_t moe_layers = 0;
+  std::array<SlotPositions, 3> slot_ffn{};
   bool has_embedding = false;    // first stage
   bool has_head = false;         // last stage: final norm, LM head, loss
   // LoRA (RunSpec::lora): the parameters above are frozen and the stage
@@ -61,6 +75,8 @@ struct StagePlan {
 };
 
 StagePlan stage_plan(const ModelSpec& m, const RunSpec& run, const Layout& l, int64_t stage);
+// What slot position `position` of `stage` holds (over the stage's chunks).
+SlotFfn slot_ffn(const ModelSpec& m, const Layout& l, int64_t stage, int64_t position);
 
 // (K, N) of one block's linear layer y = x W^T on one tp rank: W is (N, K),
 // the outputs N split for column-parallel layers, the inputs K for row-parallel ones.
@@ -80,15 +96,32 @@ int64_t stage_frozen_elements(const ModelSpec& m, const Layout& l, const StagePl
 // The adapters of one block on one tp rank.
 int64_t lora_block_elements(const ModelSpec& m, const Layout& l, const LoraSpec& lora);
 
-// Tensors of one block's parameters on one tp rank (per layer, count 1). They
-// are views into the flat weight buffer, so element_bytes is 0 here.
-void block_param_shapes(const ModelSpec& m, const Layout& l, std::vector<TensorShape>& out);
+// Elements of one block's parameters on one tp rank: a dense block's, an
+// MoE block's (the router and the experts whole, the shared expert split
+// over tp).
+int64_t dense_block_param_elements(const ModelSpec& m, const Layout& l);
+int64_t moe_block_param_elements(const ModelSpec& m, const Layout& l);
 struct Fp8SavedInputs;
 // Activations one block saves for its backward, per micro-batch, for a
 // checkpointing mode (count 1): what the backward finds without recomputing.
 // The GEMM inputs `fp8` names are kept as FP8 codes (fp8_saved_inputs).
+// `ffn`: a dense block's, an MoE block's, or both lists merged (a slot
+// position that holds either), in one order, so each list is a subsequence
+// of the merged one.
+// An MoE block keeps, besides its attention's and its FFN norm's: the
+// router's scores (rows, E) fp32, the chosen experts (rows, k) int32 and
+// their weights fp32, the permutation (each choice's row, rows k, then
+// expert offsets, E + 1, int64), the permuted input (rows k, C), the
+// experts' gate, up and SwiGLU output (rows k, F_e), their output (rows k,
+// C; only with the gate on the output, for the weights' gradient), and the
+// shared expert's gate, up and output (rows, F_s / tp). Every mode keeps the
+// router's per-expert counts and score sums (layer.moe.stats, 2 E of 8
+// bytes), which the balancing loss of the micro-batch reads in each MoE
+// layer's backward. rows = B T of this rank (all of them under sequence
+// parallelism: the MoE FFN runs on the gathered rows), k the top-k; the
+// experts hold exactly rows k (dropless, without expert parallelism).
 void block_saved_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, Checkpointing mode,
-                        const Fp8SavedInputs& fp8, std::vector<TensorShape>& out);
+                        const Fp8SavedInputs& fp8, std::vector<TensorShape>& out, SlotFfn ffn = SlotFfn::dense);
 
 // FP8 GEMMs (Layout::fp8). The seven linear layers of a block, in the order
 // the trainer and the scaling state index them; (K, N) of y = x W^T on one tp

@@ -24,8 +24,9 @@ struct Dims {
 // A layout's dimensions; refuses sizes a 64-bit count cannot hold.
 Dims dims(const ModelSpec& m, const RunSpec& run, const Layout& l);
 
-// Elements of one block's parameters on a tp rank.
-int64_t block_param_elements(const ModelSpec& m, const Layout& l);
+// Elements of the largest block's parameters of the stage on a tp rank (0
+// without blocks).
+int64_t block_param_elements(const ModelSpec& m, const Layout& l, const StagePlan& plan);
 
 // The stage's FP8 buffers (shapes_fp8.cpp): quantised weights, the operands
 // of the GEMM running, scales and health counts.

@@ -464,10 +464,12 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
         fp8_text = fmt::format(" | fp8 over {} under {} of {}", window_fp8[1], window_fp8[2], window_fp8[0]);
       }
       window_fp8 = {};
+      // An MoE model's balancing loss (its coefficient included), beside the token loss.
+      const bool aux = c.model.moe.aux_loss_coef > 0;
       fmt::print(log,
-                 "step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | "
+                 "step {:>5}/{} | loss {:.4f}{} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | "
                  "{:.2f} TFLOP/s/dev | MFU {:.1f}% | peak mem {}{}{}{}\n",
-                 step, c.steps, loss, s.lr, s.grad_norm, tps, fps / double(world) / 1e12, 100 * mfu(fps, world, peak),
+                 step, c.steps, loss, aux ? fmt::format(" | aux {:.4f}", run.aux_loss) : "", s.lr, s.grad_norm, tps, fps / double(world) / 1e12, 100 * mfu(fps, world, peak),
                  format_bytes(double(run.arena.peak_total())),
                  c.watchdog ? fmt::format(" | comm {}/step", format_seconds(comm)) : "", fp8_text,
                  s.skipped ? " | SKIPPED (non-finite)" : "");
@@ -480,6 +482,7 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
                                     {"step_s", window_time / window_steps},
                                     {"comm_s", window_comm / window_steps}};
       if (!fp8_health.is_null()) record["fp8"] = fp8_health;
+      if (aux) record["aux_loss"] = run.aux_loss;
       run.emit(record);
       window_time = 0;
       window_comm = 0;
@@ -634,6 +637,7 @@ TrainReport train(const TrainConfig& c, std::FILE* log_all) {
   const int64_t world = c.groups ? c.groups->world->size() : 1;
   c.layout.validate(c.model, c.run, world);
   check_trainable(c.layout, c.device.kind);
+  require_moe_layout(c.model, c.run, c.layout, c.device);
   const bool rank0 = !c.groups || c.groups->world->rank() == 0;
   // Only world rank 0 reports; the others write their progress nowhere.
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> devnull(std::fopen("/dev/null", "w"), &std::fclose);

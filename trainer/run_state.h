@@ -223,8 +223,14 @@ struct Run {
       loss = stage.take_loss();
     }
     groups.host_groups().world->all_reduce(&loss, 1);
+    // The balancing loss the same way (each stage its layers', on tp rank 0).
+    double aux = stage.take_aux_loss();
+    groups.host_groups().world->all_reduce(&aux, 1);
+    aux_loss = aux * scale;
     return loss * scale;
   }
+  // The last step's mean balancing loss (MoE models; 0 otherwise).
+  double aux_loss = 0;
 
   // Mean loss over the first eval_samples validation samples, spread over the
   // dp replicas and walked forward through the pipeline.

@@ -131,8 +131,17 @@ Layout Subspace::at(int64_t i) const {
   return l;
 }
 
+void require_priced(const ModelSpec& m) {
+  if (!m.moe.enabled()) return;
+  throw InputError(fmt::format("weft cannot plan or tune the layout of the MoE model {} yet: its cost model does "
+                               "not price MoE layers (the router, the permutation, the experts' GEMMs) nor "
+                               "expert parallelism; train it with a --layout (on the CPU: tp 1, cp 1)",
+                               m.name));
+}
+
 std::vector<Subspace> enumerate_subspaces(const ModelSpec& m, const RunSpec& run, int64_t world,
                                           const SpaceLimits& limits, SpaceDevice device) {
+  require_priced(m);
   // The vocabulary is padded for any tp (ModelSpec::padded_vocab).
   const int64_t model_tp = std::gcd(std::gcd(m.heads, m.kv_heads), m.intermediate);
   std::vector<int64_t> tps;
@@ -313,6 +322,7 @@ std::string cudnn_on_cpu(const DeviceSpec& device) {
 SpaceReport evaluate(const ModelSpec& m, const RunSpec& run, const ClusterSpec& cluster,
                      const std::vector<Layout>& layouts, const CostConstants& k,
                      const memory::MemoryOptions& mem, double tie) {
+  require_priced(m);
   const auto t0 = std::chrono::steady_clock::now();
   SpaceReport r;
   r.candidates.resize(layouts.size());

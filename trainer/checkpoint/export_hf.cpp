@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/json_io.h"
 #include "trainer/checkpoint/checkpoint.h"
+#include "trainer/checkpoint/hf_names.h"
 
 namespace weft::checkpoint {
 
@@ -38,6 +39,33 @@ nlohmann::json hf_config_json(const ModelSpec& m, int64_t bos_token_id, int64_t 
   };
   if (bos_token_id >= 0) j["bos_token_id"] = bos_token_id;
   if (eos_token_id >= 0) j["eos_token_id"] = eos_token_id;
+  if (!m.moe.enabled()) return j;
+  // An MoE model goes out as the transformers class that computes it:
+  // Mixtral (every layer an MoE of softmax-scored, renormalised top-k
+  // experts on the output, no shared expert), whose intermediate_size is
+  // the experts' width. The others have no exporter yet.
+  const MoeSpec& e = m.moe;
+  std::vector<std::string> unlike;
+  if (ffn_naming(m) != FfnNaming::mixtral) unlike.push_back("its family is not Mixtral's");
+  if (e.score != RouterScore::softmax || e.weights != RouterWeights::renormalized || e.route_scale != 1)
+    unlike.push_back(fmt::format("its router is {} with {} weights scaled by {} (Mixtral's: softmax, renormalized, 1)",
+                                 router_score_name(e.score), router_weights_name(e.weights), e.route_scale));
+  if (m.moe_layers() != m.layers)
+    unlike.push_back(fmt::format("{} of its {} layers are dense", m.layers - m.moe_layers(), m.layers));
+  if (e.aux_scope != AuxLossScope::global) unlike.push_back("its balancing loss is per layer (Mixtral's is global)");
+  if (!unlike.empty())
+    throw InputError(fmt::format("weft exports MoE models as Mixtral only, and {} is not one: {}", m.name,
+                                 fmt::join(unlike, "; ")));
+  j["architectures"] = {"MixtralForCausalLM"};
+  j["model_type"] = "mixtral";
+  j["intermediate_size"] = e.expert_intermediate;
+  j["num_local_experts"] = e.experts;
+  j["num_experts_per_tok"] = e.top_k;
+  j["router_aux_loss_coef"] = e.aux_loss_coef;
+  j["router_jitter_noise"] = 0.0;
+  j["output_router_logits"] = false;
+  j["sliding_window"] = nullptr;
+  for (const char* key : {"attention_bias", "mlp_bias"}) j.erase(key);
   return j;
 }
 

@@ -26,8 +26,55 @@ std::string hf_param_name(ParamKind kind, int64_t layer) {
     case ParamKind::post_attention_layernorm: return block("post_attention_layernorm");
     case ParamKind::final_norm: return "model.norm.weight";
     case ParamKind::lm_head: return "lm_head.weight";
+    default: break;  // the MoE kinds have their family's names (the model's form)
   }
   return {};
+}
+
+FfnNaming ffn_naming(const ModelSpec& m) {
+  if (!m.moe.enabled()) return FfnNaming::llama;
+  if (m.moe.shared_intermediate > 0 || m.moe.gate_on == GateOn::input) return FfnNaming::llama4;
+  return m.attention.qk_norm == QkNorm::rms ? FfnNaming::qwen3_moe : FfnNaming::mixtral;
+}
+
+std::string hf_param_name(const ModelSpec& m, ParamKind kind, int64_t layer, int64_t expert) {
+  const FfnNaming naming = ffn_naming(m);
+  const auto block = [&](const std::string& rest) { return fmt::format("model.layers.{}.{}.weight", layer, rest); };
+  // The per-expert name of weight j (0 gate, 1 up, 2 down).
+  const auto expert_name = [&](int j) {
+    switch (naming) {
+      case FfnNaming::mixtral: {
+        constexpr const char* kMixtral[] = {"w1", "w3", "w2"};  // gate, up, down
+        return block(fmt::format("block_sparse_moe.experts.{}.{}", expert, kMixtral[j]));
+      }
+      case FfnNaming::qwen3_moe:
+        return block(fmt::format("mlp.experts.{}.{}", expert, hf_module_name(Linear(int(Linear::gate) + j))));
+      default:
+        return block(fmt::format("feed_forward.experts.{}.{}", expert, hf_module_name(Linear(int(Linear::gate) + j))));
+    }
+  };
+  switch (kind) {
+    case ParamKind::router:
+      return block(naming == FfnNaming::mixtral   ? "block_sparse_moe.gate"
+                   : naming == FfnNaming::qwen3_moe ? "mlp.gate"
+                                                    : "feed_forward.router");
+    case ParamKind::expert_gate: return expert_name(0);
+    case ParamKind::expert_up: return expert_name(1);
+    case ParamKind::expert_down: return expert_name(2);
+    case ParamKind::shared_gate: return block("feed_forward.shared_expert.gate_proj");
+    case ParamKind::shared_up: return block("feed_forward.shared_expert.up_proj");
+    case ParamKind::shared_down: return block("feed_forward.shared_expert.down_proj");
+    case ParamKind::gate_proj:
+    case ParamKind::up_proj:
+    case ParamKind::down_proj:
+      // Llama 4's dense layers keep their FFN under feed_forward.
+      if (naming == FfnNaming::llama4)
+        return block(fmt::format("feed_forward.{}", kind == ParamKind::gate_proj ? "gate_proj"
+                                                     : kind == ParamKind::up_proj ? "up_proj"
+                                                                                  : "down_proj"));
+      return hf_param_name(kind, layer);
+    default: return hf_param_name(kind, layer);
+  }
 }
 
 std::string lora_param_name(Linear g, int64_t layer, bool b) {
@@ -65,23 +112,38 @@ std::vector<int64_t> hf_param_shape(ParamKind kind, const ModelSpec& m) {
     case ParamKind::input_layernorm:
     case ParamKind::post_attention_layernorm:
     case ParamKind::final_norm: return {C};
+    case ParamKind::router: return {m.moe.experts, C};
+    case ParamKind::expert_gate:
+    case ParamKind::expert_up: return {m.moe.expert_intermediate, C};
+    case ParamKind::expert_down: return {C, m.moe.expert_intermediate};
+    case ParamKind::shared_gate:
+    case ParamKind::shared_up: return {m.moe.shared_intermediate, C};
+    case ParamKind::shared_down: return {C, m.moe.shared_intermediate};
   }
   return {};
 }
 
 std::vector<ParamInfo> hf_param_table(const ModelSpec& m) {
-  constexpr ParamKind kBlock[] = {
-      ParamKind::q_proj,    ParamKind::k_proj,          ParamKind::v_proj,
-      ParamKind::o_proj,    ParamKind::gate_proj,       ParamKind::up_proj,
-      ParamKind::down_proj, ParamKind::input_layernorm, ParamKind::post_attention_layernorm};
   std::vector<ParamInfo> table;
   table.reserve(static_cast<size_t>(m.layers) * 9 + 3);
-  auto add = [&](ParamKind kind, int64_t layer) {
-    table.push_back({hf_param_name(kind, layer), kind, layer, hf_param_shape(kind, m)});
+  auto add = [&](ParamKind kind, int64_t layer, int64_t expert = -1) {
+    table.push_back({hf_param_name(m, kind, layer, expert), kind, layer, hf_param_shape(kind, m), expert});
   };
   add(ParamKind::embed_tokens, -1);
-  for (int64_t l = 0; l < m.layers; ++l)
-    for (ParamKind kind : kBlock) add(kind, l);
+  for (int64_t l = 0; l < m.layers; ++l) {
+    for (ParamKind kind : {ParamKind::q_proj, ParamKind::k_proj, ParamKind::v_proj, ParamKind::o_proj}) add(kind, l);
+    if (m.moe_layer(l)) {
+      add(ParamKind::router, l);
+      for (int64_t e = 0; e < m.moe.experts; ++e)
+        for (ParamKind kind : {ParamKind::expert_gate, ParamKind::expert_up, ParamKind::expert_down}) add(kind, l, e);
+      if (m.moe.shared_intermediate > 0)
+        for (ParamKind kind : {ParamKind::shared_gate, ParamKind::shared_up, ParamKind::shared_down}) add(kind, l);
+    } else {
+      for (ParamKind kind : {ParamKind::gate_proj, ParamKind::up_proj, ParamKind::down_proj}) add(kind, l);
+    }
+    add(ParamKind::input_layernorm, l);
+    add(ParamKind::post_attention_layernorm, l);
+  }
   add(ParamKind::final_norm, -1);
   if (!m.tied_embeddings) add(ParamKind::lm_head, -1);
   return table;

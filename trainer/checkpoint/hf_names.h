@@ -2,6 +2,15 @@
 // exports: Hugging Face LlamaForCausalLM names and shapes, e.g.
 // "model.layers.3.self_attn.q_proj.weight" of shape (H*D, C). Linear weights
 // are stored (out_features, in_features), as torch.nn.Linear keeps them.
+// An MoE layer's FFN takes its family's names (ffn_naming): Mixtral's
+// "block_sparse_moe.gate" router and "block_sparse_moe.experts.{e}.w1"
+// (gate), "w3" (up), "w2" (down); Qwen3-MoE's "mlp.gate" and
+// "mlp.experts.{e}.gate_proj", ...; Llama 4's "feed_forward.router" and
+// "feed_forward.shared_expert.*", with its routed experts one tensor per
+// expert, "feed_forward.experts.{e}.gate_proj", ..., where its published
+// checkpoints fuse them ("experts.gate_up_proj" (E, C, 2F) and
+// "experts.down_proj" (E, F, C)): reading and writing those is a conversion
+// of its own, not done yet (hf_folder_open refuses them).
 #pragma once
 
 #include <cstdint>
@@ -26,14 +35,31 @@ enum class ParamKind {
   post_attention_layernorm,  // (C)
   final_norm,                // (C)  "model.norm.weight"
   lm_head,                   // (V, C), absent when tied to embed_tokens
+  // An MoE layer's FFN, in place of gate, up and down:
+  router,                    // (E, C)
+  expert_gate,               // (F_e, C), one per routed expert
+  expert_up,                 // (F_e, C)
+  expert_down,               // (C, F_e)
+  shared_gate,               // (F_s, C), Llama 4's shared expert
+  shared_up,                 // (F_s, C)
+  shared_down,               // (C, F_s)
 };
+
+// Whose names an FFN takes: a dense Llama's, or an MoE family's, told from
+// the model's structure (a shared expert or the gate on the input: Llama 4;
+// RMS norms on queries and keys: Qwen3-MoE; otherwise Mixtral).
+enum class FfnNaming { llama, mixtral, qwen3_moe, llama4 };
+FfnNaming ffn_naming(const ModelSpec& m);
 
 // True for the kinds that exist once per transformer block.
 bool is_block_param(ParamKind kind);
 
 // The Hugging Face name. `layer` is the block index for block kinds and is
-// ignored otherwise.
+// ignored otherwise. The first form is a dense Llama's (and every model's
+// outside the FFN); the second a model's own, `expert` the routed expert of
+// the expert kinds.
 std::string hf_param_name(ParamKind kind, int64_t layer = 0);
+std::string hf_param_name(const ModelSpec& m, ParamKind kind, int64_t layer, int64_t expert = -1);
 
 // A LoRA adapter of block `layer`'s linear layer g: A ("lora_A", (r, in))
 // or B ("lora_B", (out, r)), named as PEFT names them inside the model, e.g.
@@ -50,11 +76,14 @@ struct ParamInfo {
   ParamKind kind;  // for an adapter, its base layer's
   int64_t layer;  // -1 outside the blocks
   std::vector<int64_t> shape;
+  int64_t expert = -1;  // the routed expert of the expert kinds
 };
 
 // Every stored parameter of a model, in the order checkpoints store them:
-// the embedding, each block (q, k, v, o, gate, up, down, the two norms), the
-// final norm, then the LM head unless tied.
+// the embedding, each block (q, k, v, o, its FFN, the two norms), the final
+// norm, then the LM head unless tied. A dense block's FFN is gate, up and
+// down; an MoE block's the router, each expert's gate, up and down, then
+// the shared expert's.
 std::vector<ParamInfo> hf_param_table(const ModelSpec& m);
 
 // Every LoRA adapter of a model, in the order checkpoints store them: per

@@ -41,7 +41,11 @@ constexpr const char* kSavedNames[] = {
     "layer.attn.probs",            "layer.mlp_norm.input", "layer.mlp_norm.rstd",
     "layer.mlp_norm.normed_fp32",  "layer.mlp_norm.output", "layer.mlp.gate",
     "layer.mlp.up",                "layer.mlp.act",         "layer.attn_norm.output_fp8",
-    "layer.mlp_norm.output_fp8",   "layer.mlp.act_fp8"};
+    "layer.mlp_norm.output_fp8",   "layer.mlp.act_fp8",     "layer.moe.stats",
+    "layer.moe.scores",            "layer.moe.experts",     "layer.moe.weights",
+    "layer.moe.routing",           "layer.moe.input",       "layer.moe.gate",
+    "layer.moe.up",                "layer.moe.act",         "layer.moe.output",
+    "layer.moe.shared_gate",       "layer.moe.shared_up",   "layer.moe.shared_act"};
 
 }  // namespace
 
@@ -117,10 +121,18 @@ LlamaStage<Elem, G>::LlamaStage(const ModelSpec& m, const RunSpec& run, const La
 
   // Which layers keep each saved tensor, and where: slot-major, then the
   // keeping layers in order; the rebuilt copy (if any) is the last instance.
-  std::vector<memory::TensorShape> kept, ckpt;
+  // A slot position keeps the lists of its FFN's kind (memory::SlotFfn).
   const memory::Fp8SavedInputs fp8_kept = memory::fp8_saved_inputs(m, run, l, plan_);
-  memory::block_saved_shapes(m, run, l, Checkpointing::none, fp8_kept, kept);
-  memory::block_saved_shapes(m, run, l, l.ckpt, fp8_kept, ckpt);
+  std::vector<memory::SlotFfn> kinds;
+  std::array<std::array<std::vector<memory::TensorShape>, 2>, 3> lists;  // [kind][checkpointed]
+  for (int64_t i = 0; i < plan_.slot_layers; ++i) {
+    kinds.push_back(memory::slot_ffn(m, l, stage, i));
+    auto& kl = lists[size_t(kinds.back())];
+    if (kl[0].empty()) {
+      memory::block_saved_shapes(m, run, l, Checkpointing::none, fp8_kept, kl[0], kinds.back());
+      memory::block_saved_shapes(m, run, l, l.ckpt, fp8_kept, kl[1], kinds.back());
+    }
+  }
   for (const char* name : kSavedNames) {
     if (!table_->has(name)) continue;
     auto keeps = [&](const std::vector<memory::TensorShape>& v) {
@@ -128,16 +140,18 @@ LlamaStage<Elem, G>::LlamaStage(const ModelSpec& m, const RunSpec& run, const La
     };
     SavedIndex idx;
     for (int64_t i = 0; i < plan_.slot_layers; ++i) {
-      const bool saved = mode(i) == Checkpointing::none ? keeps(kept) : keeps(ckpt);
+      const auto& kl = lists[size_t(kinds[size_t(i)])];
+      const bool saved = keeps(kl[mode(i) == Checkpointing::none ? 0 : 1]);
       idx.of_layer.push_back(saved ? idx.saving++ : -1);
+      // A layer recomputing an FP8 input rebuilds it in the compute type, in
+      // its scratch (memory::fp8_saved_name).
+      idx.rebuilt = idx.rebuilt || (!saved && keeps(kl[0]) && !memory::fp8_saved_name(name));
     }
-    // A layer recomputing an FP8 input rebuilds it in the compute type, in
-    // its scratch (memory::fp8_saved_name).
-    idx.rebuilt = !memory::fp8_saved_name(name) &&
-                  std::find(idx.of_layer.begin(), idx.of_layer.end(), -1) != idx.of_layer.end();
     WEFT_ASSERT(table_->count(name) == plan_.in_flight_chunks * idx.saving + (idx.rebuilt ? 1 : 0));
     saved_.emplace_back(name, std::move(idx));
   }
+  slot_scale_.assign(size_t(plan_.in_flight_chunks), 0.0);
+  require_moe_layout(m, run, l, device);
 }
 
 template <typename Elem, typename G>
@@ -190,20 +204,40 @@ typename LlamaStage<Elem, G>::Block LlamaStage<Elem, G>::block(int64_t slot, int
   b.wv = w(ParamKind::v_proj);
   b.wo = w(ParamKind::o_proj);
   b.w_mlp_norm = w(ParamKind::post_attention_layernorm);
-  b.wg = w(ParamKind::gate_proj);
-  b.wu = w(ParamKind::up_proj);
-  b.wd = w(ParamKind::down_proj);
   b.g_attn_norm = g(ParamKind::input_layernorm);
   b.gq = g(ParamKind::q_proj);
   b.gk = g(ParamKind::k_proj);
   b.gv = g(ParamKind::v_proj);
   b.go = g(ParamKind::o_proj);
   b.g_mlp_norm = g(ParamKind::post_attention_layernorm);
-  b.gg = g(ParamKind::gate_proj);
-  b.gu = g(ParamKind::up_proj);
-  b.gd = g(ParamKind::down_proj);
+  b.moe = params_.block_moe[size_t(local)] != 0;
+  if (!b.moe) {
+    b.wg = w(ParamKind::gate_proj);
+    b.wu = w(ParamKind::up_proj);
+    b.wd = w(ParamKind::down_proj);
+    b.gg = g(ParamKind::gate_proj);
+    b.gu = g(ParamKind::up_proj);
+    b.gd = g(ParamKind::down_proj);
+  } else {
+    b.w_router = w(ParamKind::router);
+    b.g_router = g(ParamKind::router);
+    b.w_experts = weight(params_.model(ParamKind::expert_gate, local, 0));
+    b.g_experts = grad(params_.model(ParamKind::expert_gate, local, 0));
+    if (params_.shared_expert) {
+      b.w_sg = w(ParamKind::shared_gate);
+      b.w_su = w(ParamKind::shared_up);
+      b.w_sd = w(ParamKind::shared_down);
+      b.g_sg = g(ParamKind::shared_gate);
+      b.g_su = g(ParamKind::shared_up);
+      b.g_sd = g(ParamKind::shared_down);
+    }
+  }
+  // (null where its slot position keeps none: an MoE block's dense FFN
+  // tensors, a dense block's MoE ones)
   auto act = [&]<typename T>(const char* name, T*) -> T* {
-    return table_->has(name) ? table_->get<T>(name, instance(name, slot, layer)) : nullptr;
+    if (!table_->has(name)) return nullptr;
+    const int64_t i = instance(name, slot, layer);
+    return i < 0 ? nullptr : table_->get<T>(name, i);
   };
   b.x_in = act("layer.attn_norm.input", (Elem*)nullptr);
   b.rstd1 = act("layer.attn_norm.rstd", (A*)nullptr);
@@ -224,7 +258,24 @@ typename LlamaStage<Elem, G>::Block LlamaStage<Elem, G>::block(int64_t slot, int
   b.act = act("layer.mlp.act", (Elem*)nullptr);
   // LoRA with a frozen, unadapted down_proj keeps no SwiGLU output: its
   // backward reads none (memory::block_saved_shapes).
-  if (!b.act) b.act = table_->get<Elem>("scratch.mlp_act");
+  if (!b.act && !b.moe) b.act = table_->get<Elem>("scratch.mlp_act");
+  if (b.moe) {
+    // Its FFN's tensors, where its slot position keeps them or a rebuild
+    // refills them.
+    b.moe_stats = act("layer.moe.stats", (int64_t*)nullptr);
+    b.moe_scores = act("layer.moe.scores", (A*)nullptr);
+    b.moe_experts = act("layer.moe.experts", (int32_t*)nullptr);
+    b.moe_weights = act("layer.moe.weights", (A*)nullptr);
+    b.moe_routing = act("layer.moe.routing", (int64_t*)nullptr);
+    b.moe_in = act("layer.moe.input", (Elem*)nullptr);
+    b.moe_gate = act("layer.moe.gate", (Elem*)nullptr);
+    b.moe_up = act("layer.moe.up", (Elem*)nullptr);
+    b.moe_act = act("layer.moe.act", (Elem*)nullptr);
+    b.moe_out = act("layer.moe.output", (Elem*)nullptr);
+    b.sh_gate = act("layer.moe.shared_gate", (Elem*)nullptr);
+    b.sh_up = act("layer.moe.shared_up", (Elem*)nullptr);
+    b.sh_act = act("layer.moe.shared_act", (Elem*)nullptr);
+  }
   fp8_kept_inputs(b, slot, layer);
   return b;
 }
@@ -413,19 +464,25 @@ void LlamaStage<Elem, G>::block_forward(const Block& b, Elem* x_out, bool recomp
       norm_forward(lin, b.x_in, b.x_mid, b.w_mlp_norm, b.ln2, b.rstd2, b.xhat2);
     else
       norm_forward(b.x_mid, nullptr, nullptr, b.w_mlp_norm, b.ln2, b.rstd2, b.xhat2);
-    const bool codes2 = fp8_gathers_codes(b, Fp8Gemm::gate);
-    const Elem* ln2 = codes2 ? b.ln2 : gathered(b.ln2, all_rows);
-    linear_forward(b, Fp8Gemm::gate, ln2, false, b.wg, b.gate, "gemm gate", &b.in_gate_up, codes2);
-    linear_forward(b, Fp8Gemm::up, ln2, true, b.wu, b.up, "gemm up");
-    lora_forward(b, Linear::gate, ln2, b.gate);
-    lora_forward(b, Linear::up, ln2, b.up);
-    run(kernels::SwigluForwardParams<Elem>{.rows = M_, .F = Fl, .gate = b.gate, .up = b.up, .act = b.act},
-        "swiglu_forward");
+    if (b.moe) {
+      moe_forward(b, gathered(b.ln2, all_rows), lin, recompute);
+    } else {
+      const bool codes2 = fp8_gathers_codes(b, Fp8Gemm::gate);
+      const Elem* ln2 = codes2 ? b.ln2 : gathered(b.ln2, all_rows);
+      linear_forward(b, Fp8Gemm::gate, ln2, false, b.wg, b.gate, "gemm gate", &b.in_gate_up, codes2);
+      linear_forward(b, Fp8Gemm::up, ln2, true, b.wu, b.up, "gemm up");
+      lora_forward(b, Linear::gate, ln2, b.gate);
+      lora_forward(b, Linear::up, ln2, b.up);
+      run(kernels::SwigluForwardParams<Elem>{.rows = M_, .F = Fl, .gate = b.gate, .up = b.up, .act = b.act},
+          "swiglu_forward");
+    }
   }
   // A rebuild stops here: the block's output was consumed already.
   if (recompute) return;
-  linear_forward(b, Fp8Gemm::down, b.act, false, b.wd, lin, "gemm down", &b.in_down);
-  lora_forward(b, Linear::down, b.act, lin);
+  if (!b.moe) {
+    linear_forward(b, Fp8Gemm::down, b.act, false, b.wd, lin, "gemm down", &b.in_down);
+    lora_forward(b, Linear::down, b.act, lin);
+  }
   reduce_rows(lin);
   run(kernels::AddParams<Elem>{.n = Msp_ * C, .a = b.x_mid, .b = lin, .out = x_out}, "add");
 }
@@ -442,9 +499,6 @@ void LlamaStage<Elem, G>::block_backward(const Block& b, Elem* dx) {
   Elem* d_norm = table_->get<Elem>("scratch.d_norm");
   Elem* lin = table_->get<Elem>("scratch.linear_out");
   Elem* all_rows = l_.sp ? table_->get<Elem>("comm.sp_gather") : nullptr;
-  Elem* d_act = table_->get<Elem>("scratch.d_mlp", 0);
-  Elem* d_gate = table_->get<Elem>("scratch.d_mlp", 1);
-  Elem* d_up = table_->get<Elem>("scratch.d_mlp", 2);
   Elem* d_out = table_->get<Elem>("scratch.d_attn_out");
   Elem* dq = table_->get<Elem>("scratch.d_qkv");
   Elem* dk = dq + M_ * Hl * D;
@@ -456,25 +510,35 @@ void LlamaStage<Elem, G>::block_backward(const Block& b, Elem* dx) {
   // the forward's reduce-scatter gathers them. The MLP norm's output (or its
   // kept FP8 codes) is re-gathered for gate and up's weight gradients while
   // SwiGLU's backward and their input gradients run, and the input gradient
-  // is reduced over tp while the weight gradients run (begin_input).
-  const Elem* dxo = gathered(dx, lin);
-  linear_dgrad(b, Fp8Gemm::down, dxo, false, b.wd, d_act, Write::overwrite, "gemm down dgrad");
-  linear_wgrad(b, Fp8Gemm::down, dxo, true, b.act, false, b.gd, "gemm down wgrad", &b.in_down);
-  lora_backward(b, Linear::down, dxo, b.act, d_act);
-  InputGather in2 = begin_input(b.ln2, all_rows, b.in_gate_up);
-  run(kernels::SwigluBackwardParams<Elem>{.rows = M_, .F = Fl, .gate = b.gate, .up = b.up,
-                                          .dact = d_act, .dgate = d_gate, .dup = d_up},
-      "swiglu_backward");
-  linear_dgrad(b, Fp8Gemm::gate, d_gate, false, b.wg, d_norm, Write::overwrite, "gemm gate dgrad");
-  linear_dgrad(b, Fp8Gemm::up, d_up, false, b.wu, d_norm, Write::accumulate, "gemm up dgrad");
-  const Elem* ln2 = end_input(in2);
-  lora_backward(b, Linear::gate, d_gate, ln2, d_norm);
-  lora_backward(b, Linear::up, d_up, ln2, d_norm);
-  auto reduce = begin_reduce_rows(d_norm);  // column-parallel input
-  linear_wgrad(b, Fp8Gemm::gate, d_gate, false, ln2, false, b.gg, "gemm gate wgrad", &b.in_gate_up);
-  linear_wgrad(b, Fp8Gemm::up, d_up, false, ln2, true, b.gu, "gemm up wgrad", &b.in_gate_up);
-  reduce->wait();
-  norm_backward(b.x_mid, b.xhat2, b.rstd2, b.w_mlp_norm, d_norm, dx, Write::accumulate, b.g_mlp_norm);
+  // is reduced over tp while the weight gradients run (begin_input). An MoE
+  // block's FFN runs its own backward (llama_moe.cpp).
+  if (b.moe) {
+    moe_backward(b, gathered(b.ln2, all_rows), gathered(dx, lin), d_norm);
+    begin_reduce_rows(d_norm)->wait();
+    norm_backward(b.x_mid, b.xhat2, b.rstd2, b.w_mlp_norm, d_norm, dx, Write::accumulate, b.g_mlp_norm);
+  } else {
+    Elem* d_act = table_->get<Elem>("scratch.d_mlp", 0);
+    Elem* d_gate = table_->get<Elem>("scratch.d_mlp", 1);
+    Elem* d_up = table_->get<Elem>("scratch.d_mlp", 2);
+    const Elem* dxo = gathered(dx, lin);
+    linear_dgrad(b, Fp8Gemm::down, dxo, false, b.wd, d_act, Write::overwrite, "gemm down dgrad");
+    linear_wgrad(b, Fp8Gemm::down, dxo, true, b.act, false, b.gd, "gemm down wgrad", &b.in_down);
+    lora_backward(b, Linear::down, dxo, b.act, d_act);
+    InputGather in2 = begin_input(b.ln2, all_rows, b.in_gate_up);
+    run(kernels::SwigluBackwardParams<Elem>{.rows = M_, .F = Fl, .gate = b.gate, .up = b.up,
+                                            .dact = d_act, .dgate = d_gate, .dup = d_up},
+        "swiglu_backward");
+    linear_dgrad(b, Fp8Gemm::gate, d_gate, false, b.wg, d_norm, Write::overwrite, "gemm gate dgrad");
+    linear_dgrad(b, Fp8Gemm::up, d_up, false, b.wu, d_norm, Write::accumulate, "gemm up dgrad");
+    const Elem* ln2 = end_input(in2);
+    lora_backward(b, Linear::gate, d_gate, ln2, d_norm);
+    lora_backward(b, Linear::up, d_up, ln2, d_norm);
+    auto reduce = begin_reduce_rows(d_norm);  // column-parallel input
+    linear_wgrad(b, Fp8Gemm::gate, d_gate, false, ln2, false, b.gg, "gemm gate wgrad", &b.in_gate_up);
+    linear_wgrad(b, Fp8Gemm::up, d_up, false, ln2, true, b.gu, "gemm up wgrad", &b.in_gate_up);
+    reduce->wait();
+    norm_backward(b.x_mid, b.xhat2, b.rstd2, b.w_mlp_norm, d_norm, dx, Write::accumulate, b.g_mlp_norm);
+  }
 
   // Attention, the same way: the attention norm's output re-gathered beside
   // the attention's backward and q, k and v's input gradients.
@@ -492,7 +556,7 @@ void LlamaStage<Elem, G>::block_backward(const Block& b, Elem* dx) {
   lora_backward(b, Linear::q, dq, ln1, d_norm);
   lora_backward(b, Linear::k, dk, ln1, d_norm);
   lora_backward(b, Linear::v, dv, ln1, d_norm);
-  reduce = begin_reduce_rows(d_norm);
+  auto reduce = begin_reduce_rows(d_norm);
   linear_wgrad(b, Fp8Gemm::q, dq, false, ln1, false, b.gq, "gemm q wgrad", &b.in_qkv);
   linear_wgrad(b, Fp8Gemm::k, dk, false, ln1, true, b.gk, "gemm k wgrad", &b.in_qkv);
   linear_wgrad(b, Fp8Gemm::v, dv, false, ln1, true, b.gv, "gemm v wgrad", &b.in_qkv);
@@ -560,6 +624,12 @@ void LlamaStage<Elem, G>::forward(int64_t slot, const int32_t* tokens, const int
                               : stage_output();
     block_forward(block(slot, chunk, i), x_out, false);
   }
+  // The balancing loss of the chunk's MoE layers, for the metrics (a
+  // training forward's: validation passes a grad_scale of 0); its gradient
+  // comes in their backwards.
+  slot_scale_[size_t(slot)] = grad_scale;
+  if (grad_scale > 0 && m_.moe.aux_loss_coef > 0 && groups_.tp_rank() == 0)
+    aux_host_ += moe_balance(slot, chunk, nullptr) * double(l_.mb * run_.seq);
   if (heads) {
     gather_head();
     head_forward(slot, targets, grad_scale);

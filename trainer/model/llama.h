@@ -135,6 +135,16 @@ class LlamaStage {
   // on a stage without the head), and a fresh sum. On a device this waits
   // for the stream.
   double take_loss();
+  // MoE models: the load-balancing loss of this stage's MoE layers (its
+  // coefficient included) times each training micro-batch's tokens, summed
+  // over the training forwards since the last call (validation's, with a
+  // grad_scale of 0, add nothing), on the first tp rank (0 elsewhere), and
+  // a fresh sum: summed over the ranks and scaled as the losses are, it is
+  // the step's mean balancing loss. The objective trained is the mean
+  // token loss plus the mean over micro-batches of the balancing loss
+  // (transformers' loss + coef * aux_loss per forward, averaged as
+  // gradient accumulation averages the losses).
+  double take_aux_loss();
   // Backward of the micro-batch (chunk) in `slot`, accumulating parameter gradients.
   // final: no later backward of this step touches the chunk's parameters.
   // Without ZeRO and with dp > 1, each parameter group's (a block's, the
@@ -353,6 +363,21 @@ class LlamaStage {
   kernels::Fp8Format format_of_grad() const {
     return l_.fp8 == Fp8Recipe::blockwise ? kernels::Fp8Format::e4m3 : kernels::Fp8Format::e5m2;
   }
+  // An MoE block's FFN (llama_moe.cpp) on the FFN norm's output x (rows
+  // M_, C): the router, the routing, the experts over their tokens and the
+  // shared expert, their sum into y (M_, C). A rebuild (recompute) refills
+  // the block's dropped tensors and stops before y; its router statistics
+  // go to scratch (the saved ones stay). The backward takes dy (M_, C) and
+  // writes dx (M_, C), accumulating the weight gradients, the router's
+  // with the balancing loss's part.
+  void moe_forward(const Block& b, const Elem* x, Elem* y, bool recompute);
+  void moe_backward(const Block& b, const Elem* x, const Elem* dy, Elem* dx);
+  // The balancing loss of the micro-batch in `slot` over chunk `chunk`'s
+  // MoE blocks (global scope: every MoE block of the model, on this one
+  // chunk), from their saved statistics: coef times the loss, and per
+  // block its derivative with respect to each expert's score at any row
+  // (into dscore, (MoE blocks, E), in block order), or null.
+  double moe_balance(int64_t slot, int64_t chunk, std::vector<double>* dscore);
   void head_forward(int64_t slot, const int32_t* targets, double grad_scale);
   void head_backward(Elem* dx);
   // Launches an op on the stage's stream, with the kernel workspace it needs
@@ -406,6 +431,8 @@ class LlamaStage {
   // `out` (write: accumulate adds it).
   void lora_drop(const Block& b, Linear g, const Elem* x, int64_t cols, Elem* out, kernels::Write write);
   double loss_host_ = 0;      // CPU: the loss sum since take_loss()
+  double aux_host_ = 0;       // the balancing loss sum since take_aux_loss()
+  std::vector<double> slot_scale_;  // the grad_scale of each slot's forward (MoE: the balancing loss's)
   A* loss_device_ = nullptr;  // GPU: per-token losses summed since take_loss()
   // ZeRO-2: each parameter group's gradient of a micro-batch is built in the
   // bucket, reduce-scattered over dp and added into this rank's shard
@@ -554,6 +581,10 @@ class LlamaStage {
   // The chunk of the stage's block `local`.
   int64_t chunk_of(int64_t local) const;
 };
+
+// InputError naming what an MoE model's training does not compute yet under
+// the layout, run and device (nothing for a dense model): llama_moe.cpp.
+void require_moe_layout(const ModelSpec& m, const RunSpec& run, const Layout& l, const DeviceSpec& device);
 
 extern template class LlamaStage<float>;
 extern template class LlamaStage<double>;

@@ -93,8 +93,9 @@ typename LlamaStage<Elem, G>::Range LlamaStage<Elem, G>::block_range(int64_t chu
     WEFT_ASSERT(begin >= 0);
     return {begin, end};
   }
-  const auto& first = params_.model(ParamKind::input_layernorm, local);
-  const auto& last = params_.model(ParamKind::down_proj, local);
+  const auto& specs = params_.model_specs();
+  const auto& first = specs[size_t(params_.block_first[size_t(local)])];
+  const auto& last = specs[size_t(params_.block_first[size_t(local + 1)] - 1)];
   return {first.offset, last.offset + last.local_elements()};
 }
 

@@ -68,6 +68,24 @@ struct LlamaStage<Elem, G>::Block {
   // q, k and v, ln2 for gate and up, act for down. ln1, ln2 and act then
   // point at their compute-type scratch.
   Fp8Kept in_qkv, in_gate_up, in_down;
+  // An MoE block (llama_moe.cpp): the router's weight, expert 0's gate
+  // (each expert's gate, up and down follow one another, kExpertStride
+  // apart), the shared expert's, and their gradients; gate, up and down
+  // above are then null.
+  bool moe = false;
+  const Elem *w_router, *w_experts, *w_sg, *w_su, *w_sd;
+  G *g_router, *g_experts, *g_sg, *g_su, *g_sd;
+  // Its saved tensors (memory::block_saved_shapes), null where its mode
+  // drops them and no rebuild is in flight: the router's scores, the chosen
+  // experts and their weights, the permutation (each choice's row, then the
+  // E + 1 expert offsets), the permuted input, the experts' gate, up, SwiGLU
+  // output and output, the shared expert's gate, up and output; and the
+  // router's statistics (E counts, then E score sums as doubles).
+  A *moe_scores, *moe_weights;
+  int32_t* moe_experts;
+  int64_t* moe_routing;
+  int64_t* moe_stats;
+  Elem *moe_in, *moe_gate, *moe_up, *moe_act, *moe_out, *sh_gate, *sh_up, *sh_act;
 };
 
 template <typename P>

@@ -11,25 +11,54 @@ namespace weft::trainer {
 
 namespace {
 
-constexpr int kBlockKinds = 9;
-// The order of a block's parameters in the flat buffers.
-constexpr ParamKind kBlock[kBlockKinds] = {
-    ParamKind::input_layernorm, ParamKind::q_proj,    ParamKind::k_proj,
-    ParamKind::v_proj,          ParamKind::o_proj,    ParamKind::post_attention_layernorm,
-    ParamKind::gate_proj,       ParamKind::up_proj,   ParamKind::down_proj};
+// The order of the parameters every block starts with, in the flat buffers.
+constexpr ParamKind kBlockHead[] = {ParamKind::input_layernorm, ParamKind::q_proj, ParamKind::k_proj,
+                                    ParamKind::v_proj,          ParamKind::o_proj,
+                                    ParamKind::post_attention_layernorm};
+constexpr int64_t kHead = 6;
+// The kind of each linear layer (Linear's order).
+constexpr ParamKind kLinearKind[kLinears] = {ParamKind::q_proj,    ParamKind::k_proj,  ParamKind::v_proj,
+                                             ParamKind::o_proj,    ParamKind::gate_proj, ParamKind::up_proj,
+                                             ParamKind::down_proj};
+
+// Where `kind` sits in a block (params.h's order), or -1 where the block has
+// none.
+int64_t block_position(ParamKind kind, bool moe, int64_t experts, bool shared, int64_t expert) {
+  for (int64_t i = 0; i < kHead; ++i)
+    if (kBlockHead[i] == kind) return i;
+  switch (kind) {
+    case ParamKind::gate_proj: return moe ? -1 : kHead;
+    case ParamKind::up_proj: return moe ? -1 : kHead + 1;
+    case ParamKind::down_proj: return moe ? -1 : kHead + 2;
+    case ParamKind::router: return moe ? kHead : -1;
+    case ParamKind::expert_gate:
+    case ParamKind::expert_up:
+    case ParamKind::expert_down:
+      if (!moe || expert < 0 || expert >= experts) return -1;
+      return kHead + 1 + 3 * expert + (int64_t(kind) - int64_t(ParamKind::expert_gate));
+    case ParamKind::shared_gate:
+    case ParamKind::shared_up:
+    case ParamKind::shared_down:
+      if (!moe || !shared) return -1;
+      return kHead + 1 + 3 * experts + (int64_t(kind) - int64_t(ParamKind::shared_gate));
+    default: return -1;
+  }
+}
 
 }  // namespace
 
 using checkpoint::hf_param_name;
 
-int64_t StageParams::index(ParamKind kind, int64_t layer) const {
+int64_t StageParams::index(ParamKind kind, int64_t layer, int64_t expert) const {
   const auto& all = model_specs();
-  const bool has_embed = !all.empty() && all[0].name == hf_param_name(ParamKind::embed_tokens, 0);
-  const int64_t base = has_embed ? 1 : 0;
-  for (int i = 0; i < kBlockKinds; ++i)
-    if (kBlock[i] == kind) return base + layer * kBlockKinds + i;
+  const bool has_embed = !all.empty() && all[0].kind == ParamKind::embed_tokens;
+  if (checkpoint::is_block_param(kind)) {
+    if (layer < 0 || layer >= layers) return -1;
+    const int64_t i = block_position(kind, block_moe[size_t(layer)], experts, shared_expert, expert);
+    return i < 0 ? -1 : block_first[size_t(layer)] + i;
+  }
   if (kind == ParamKind::embed_tokens) return has_embed ? 0 : -1;
-  const int64_t tail = base + layers * kBlockKinds;
+  const int64_t tail = block_first.back();
   if (kind == ParamKind::final_norm) return tail < int64_t(all.size()) ? tail : -1;
   if (kind == ParamKind::lm_head) {
     if (head_is_embedding) return 0;
@@ -38,8 +67,8 @@ int64_t StageParams::index(ParamKind kind, int64_t layer) const {
   return -1;
 }
 
-const ParamSpec& StageParams::model(ParamKind kind, int64_t layer) const {
-  const int64_t i = index(kind, layer);
+const ParamSpec& StageParams::model(ParamKind kind, int64_t layer, int64_t expert) const {
+  const int64_t i = index(kind, layer, expert);
   WEFT_ASSERT(i >= 0);
   return model_specs()[size_t(i)];
 }
@@ -63,11 +92,13 @@ StageParams stage_params(const ModelSpec& m, const Layout& l, const memory::Stag
   sp.lora = plan.lora;
   const bool lora = plan.lora.enabled();
   // Under LoRA the model's parameters go to the frozen list and buffer.
-  auto add = [&](ParamKind kind, int64_t layer, int64_t rows, int64_t cols, ShardDim shard) {
+  auto add = [&](ParamKind kind, int64_t layer, int64_t rows, int64_t cols, ShardDim shard, int64_t expert = -1) {
     auto& list = lora ? sp.frozen : sp.specs;
     int64_t& elements = lora ? sp.frozen_elements : sp.elements;
     ParamSpec p;
-    p.name = hf_param_name(kind, layer);
+    p.name = hf_param_name(m, kind, layer, expert);
+    p.kind = kind;
+    p.expert = expert;
     p.rows = rows;
     p.cols = cols;
     p.shard = shard;
@@ -99,18 +130,42 @@ StageParams stage_params(const ModelSpec& m, const Layout& l, const memory::Stag
       global_of.push_back(memory::global_layer(m, l, plan.stage, c, i));
   WEFT_ASSERT(int64_t(global_of.size()) == plan.layers);
   auto global = [&](int64_t i) { return global_of[size_t(i)]; };
+  sp.experts = m.moe.experts;
+  sp.shared_expert = m.moe.shared_intermediate > 0;
+  // The routed experts and the router are whole on every tp rank (an
+  // expert tp degree of 1, Megatron's default); the shared expert splits
+  // over tp as a dense FFN does.
+  const int64_t Fe = m.moe.expert_intermediate, Fs = m.moe.shared_intermediate;
   for (int64_t i = 0; i < plan.layers; ++i) {
     const int64_t layer = global(i);
+    const bool moe = m.moe_layer(layer);
+    sp.block_first.push_back(int64_t((lora ? sp.frozen : sp.specs).size()));
+    sp.block_moe.push_back(moe ? 1 : 0);
     add(ParamKind::input_layernorm, layer, C, 1, ShardDim::none);
     add(ParamKind::q_proj, layer, m.heads * D, C, ShardDim::rows);
     add(ParamKind::k_proj, layer, m.kv_heads * D, C, ShardDim::rows);
     add(ParamKind::v_proj, layer, m.kv_heads * D, C, ShardDim::rows);
     add(ParamKind::o_proj, layer, C, m.heads * D, ShardDim::cols);
     add(ParamKind::post_attention_layernorm, layer, C, 1, ShardDim::none);
-    add(ParamKind::gate_proj, layer, m.intermediate, C, ShardDim::rows);
-    add(ParamKind::up_proj, layer, m.intermediate, C, ShardDim::rows);
-    add(ParamKind::down_proj, layer, C, m.intermediate, ShardDim::cols);
+    if (!moe) {
+      add(ParamKind::gate_proj, layer, m.intermediate, C, ShardDim::rows);
+      add(ParamKind::up_proj, layer, m.intermediate, C, ShardDim::rows);
+      add(ParamKind::down_proj, layer, C, m.intermediate, ShardDim::cols);
+      continue;
+    }
+    add(ParamKind::router, layer, m.moe.experts, C, ShardDim::none);
+    for (int64_t e = 0; e < m.moe.experts; ++e) {
+      add(ParamKind::expert_gate, layer, Fe, C, ShardDim::none, e);
+      add(ParamKind::expert_up, layer, Fe, C, ShardDim::none, e);
+      add(ParamKind::expert_down, layer, C, Fe, ShardDim::none, e);
+    }
+    if (Fs > 0) {
+      add(ParamKind::shared_gate, layer, Fs, C, ShardDim::rows);
+      add(ParamKind::shared_up, layer, Fs, C, ShardDim::rows);
+      add(ParamKind::shared_down, layer, C, Fs, ShardDim::cols);
+    }
   }
+  sp.block_first.push_back(int64_t((lora ? sp.frozen : sp.specs).size()));
   if (plan.has_head) {
     add(ParamKind::final_norm, 0, C, 1, ShardDim::none);
     if (m.tied_embeddings && plan.has_embedding) {
@@ -143,6 +198,7 @@ StageParams stage_params(const ModelSpec& m, const Layout& l, const memory::Stag
       for (const bool b : {false, true}) {
         ParamSpec p;
         p.name = checkpoint::lora_param_name(lin, global(i), b);
+        p.kind = kLinearKind[g];
         p.rows = b ? full_n : r;
         p.cols = b ? r : full_k;
         p.shard = b ? (col ? ShardDim::rows : ShardDim::none) : (col ? ShardDim::none : ShardDim::cols);

@@ -24,6 +24,8 @@ enum class ParamInit { normal, ones, zeros, lora_a };
 
 struct ParamSpec {
   std::string name;    // Hugging Face name, e.g. model.layers.3.self_attn.q_proj.weight
+  checkpoint::ParamKind kind = checkpoint::ParamKind::embed_tokens;  // a LoRA adapter: its base layer's
+  int64_t expert = -1;  // the routed expert of the expert kinds
   int64_t rows = 0;    // full shape (out, in); norms are (C, 1)
   int64_t cols = 0;
   ShardDim shard = ShardDim::none;
@@ -60,6 +62,11 @@ using checkpoint::ParamKind;
 // gradients, the optimizer and ZeRO work on: every parameter of the model,
 // or under LoRA the adapters (per block, per targeted layer in block order,
 // A then B), with the base model's parameters in `frozen`.
+// A block's parameters are its two norms and attention, then its FFN: the
+// attention norm, q, k, v, o, the FFN norm, then gate, up and down, or in
+// an MoE block the router, each routed expert's gate, up and down (expert
+// by expert, so an expert's weights are one range), and the shared
+// expert's gate, up and down.
 struct StageParams {
   std::vector<ParamSpec> specs;
   int64_t elements = 0;
@@ -68,10 +75,18 @@ struct StageParams {
   LoraSpec lora;
   // The base model's parameters: specs, or frozen under LoRA.
   const std::vector<ParamSpec>& model_specs() const { return lora.enabled() ? frozen : specs; }
-  // Index into model_specs() of each kind for local layer l (block kinds) or -1.
-  int64_t index(ParamKind kind, int64_t layer = 0) const;
+  // Index into model_specs() of each kind for local layer l (block kinds;
+  // `expert` the routed expert of the expert kinds) or -1.
+  int64_t index(ParamKind kind, int64_t layer = 0, int64_t expert = -1) const;
   // The model parameter of a kind (present: asserted).
-  const ParamSpec& model(ParamKind kind, int64_t layer = 0) const;
+  const ParamSpec& model(ParamKind kind, int64_t layer = 0, int64_t expert = -1) const;
+  // Local block `layer`'s parameters: model_specs()[block_first[layer],
+  // block_first[layer + 1]) (layers + 1 entries), and whether it is an MoE
+  // block.
+  std::vector<int64_t> block_first;
+  std::vector<char> block_moe;
+  int64_t experts = 0;        // E of the MoE blocks
+  bool shared_expert = false;  // they have a shared expert
   // Index into specs of the A adapter of local block `layer`'s linear g (B
   // follows it), or -1 without one.
   int64_t adapter(int64_t layer, Linear g) const;

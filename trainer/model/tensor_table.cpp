@@ -9,7 +9,7 @@ namespace weft::trainer {
 namespace {
 
 bool is_integer(const std::string& name) {
-  return name == "embedding.tokens" || name == "loss.targets";
+  return name == "embedding.tokens" || name == "loss.targets" || name == "layer.moe.experts";
 }
 
 }  // namespace

@@ -1,0 +1,250 @@
+// An MoE block's FFN on one rank (core/moe_spec.h says the model): the
+// router's GEMM, the routing and the permutation into expert order
+// (kernels/moe), each routed expert's SwiGLU as one GEMM per expert and
+// projection over its contiguous rows, the combine back into token order,
+// and the shared expert beside them; then the backwards in reverse, with
+// the balancing loss's gradient entering at the router's scores.
+//
+// Without expert parallelism every rank holds every expert and routes its
+// own rows: the experts' rows are exactly rows x k (dropless), so the shape
+// table's buffers fit every batch, however unevenly it routes. The experts'
+// row offsets are read on the host, so this runs on the CPU; on a GPU the
+// grouped GEMM takes them from the device (not in the step yet:
+// require_moe_layout says so).
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "kernels/gemm/gemm.h"
+#include "kernels/moe/moe.h"
+#include "kernels/swiglu/swiglu.h"
+#include "trainer/model/llama_run.h"
+
+namespace weft::trainer {
+
+using kernels::Write;
+
+void require_moe_layout(const ModelSpec& m, const RunSpec& run, const Layout& l, const DeviceSpec& device) {
+  if (!m.moe.enabled()) return;
+  std::vector<std::string> missing;
+  if (device.kind != DeviceKind::cpu)
+    missing.push_back(fmt::format("on a GPU ({}: the experts' grouped GEMM is not in the training step yet)",
+                                  device.name));
+  if (l.tp > 1)
+    missing.push_back(fmt::format("under tensor parallelism (tp {}: the experts' own tp degree comes with "
+                                  "expert parallelism)",
+                                  l.tp));
+  if (l.cp > 1)
+    missing.push_back(fmt::format("under context parallelism (cp {}: the balancing loss takes the router's "
+                                  "statistics of whole sequences)",
+                                  l.cp));
+  if (l.fp8 != Fp8Recipe::off) missing.push_back(fmt::format("with FP8 GEMMs (fp8:{})", to_string(l.fp8)));
+  if (run.lora.enabled()) missing.push_back("with LoRA adapters");
+  if (m.moe.aux_loss_coef > 0 && m.moe.aux_scope == AuxLossScope::global && (l.pp > 1 || l.vpp > 1))
+    missing.push_back(fmt::format("with the global balancing loss over {} (each layer's gradient needs every "
+                                  "layer's router statistics; the per_layer scope trains there)",
+                                  l.pp > 1 ? fmt::format("pp {}", l.pp) : fmt::format("vpp {}", l.vpp)));
+  if (!missing.empty())
+    throw InputError(fmt::format("weft cannot train the MoE model {} under layout {} yet: not {}; it trains on "
+                                 "the CPU with tp 1, cp 1, FP8 off and no LoRA, over pp, vpp, dp and every ZeRO "
+                                 "stage and checkpointing mode",
+                                 m.name, l.to_string(), fmt::join(missing, ", nor ")));
+}
+
+template <typename Elem, typename G>
+void LlamaStage<Elem, G>::moe_forward(const Block& b, const Elem* x, Elem* y, bool recompute) {
+  const MoeSpec& e = m_.moe;
+  const int64_t C = m_.hidden, E = e.experts, k = e.top_k, Fe = e.expert_intermediate, rows = M_;
+  const int64_t stride = 3 * Fe * C;  // one expert's gate, up and down (StageParams' order)
+  const kernels::RouterConfig router{
+      .experts = E, .top_k = k, .score = e.score, .weights = e.weights, .scale = e.route_scale};
+  Elem* logits = table_->get<Elem>("scratch.moe_logits");
+  run(kernels::linear_forward_gemm(rows, C, E, x, b.w_router, logits), "gemm router");
+  // The statistics start from zero in each forward (route adds to them); a
+  // rebuild's go to scratch, the forward's stay for the balancing loss.
+  int64_t* stats = recompute ? table_->get<int64_t>("scratch.moe_stats") : b.moe_stats;
+  std::memset(stats, 0, size_t(2 * E) * sizeof(int64_t));
+  run(kernels::MoeRouteParams<Elem>{.rows = rows, .router = router, .logits = logits, .scores = b.moe_scores,
+                                    .experts = b.moe_experts, .weights = b.moe_weights, .counts = stats,
+                                    .score_sums = reinterpret_cast<double*>(stats + E)},
+      "moe_route");
+  int64_t* position = b.moe_routing;
+  const int64_t* offsets = b.moe_routing + rows * k;
+  run(kernels::MoePermuteParams<Elem>{.rows = rows, .C = C, .experts = E, .top_k = k, .gate = e.gate_on,
+                                      .expert_of = b.moe_experts, .weights = b.moe_weights, .x = x,
+                                      .out = b.moe_in, .offsets = b.moe_routing + rows * k,
+                                      .position = position},
+      "moe_permute", "scratch.moe_kernels");
+  const int64_t routed = offsets[E];  // rows x k: dropless
+  for (int64_t j = 0; j < E; ++j) {
+    const int64_t o = offsets[j], n = offsets[j + 1] - o;
+    if (n == 0) continue;
+    const Elem* w = b.w_experts + j * stride;
+    run(kernels::linear_forward_gemm(n, C, Fe, b.moe_in + o * C, w, b.moe_gate + o * Fe), "gemm expert gate");
+    run(kernels::linear_forward_gemm(n, C, Fe, b.moe_in + o * C, w + Fe * C, b.moe_up + o * Fe), "gemm expert up");
+  }
+  run(kernels::SwigluForwardParams<Elem>{.rows = routed, .F = Fe, .gate = b.moe_gate, .up = b.moe_up,
+                                         .act = b.moe_act},
+      "swiglu_forward");
+  // The experts' outputs: kept where the gate multiplies them (the weights'
+  // gradient reads them), else only the combine reads them, from scratch.
+  Elem* out = b.moe_out ? b.moe_out : table_->get<Elem>("scratch.moe_d_rows");
+  if (!recompute || b.moe_out)
+    for (int64_t j = 0; j < E; ++j) {
+      const int64_t o = offsets[j], n = offsets[j + 1] - o;
+      if (n == 0) continue;
+      run(kernels::linear_forward_gemm(n, Fe, C, b.moe_act + o * Fe, b.w_experts + j * stride + 2 * Fe * C,
+                                       out + o * C),
+          "gemm expert down");
+    }
+  const bool shared = params_.shared_expert;
+  if (shared) {
+    const int64_t Fs = e.shared_intermediate / l_.tp;
+    run(kernels::linear_forward_gemm(rows, C, Fs, x, b.w_sg, b.sh_gate), "gemm shared gate");
+    run(kernels::linear_forward_gemm(rows, C, Fs, x, b.w_su, b.sh_up), "gemm shared up");
+    run(kernels::SwigluForwardParams<Elem>{.rows = rows, .F = Fs, .gate = b.sh_gate, .up = b.sh_up,
+                                           .act = b.sh_act},
+        "swiglu_forward");
+    if (!recompute) run(kernels::linear_forward_gemm(rows, Fs, C, b.sh_act, b.w_sd, y), "gemm shared down");
+  }
+  if (recompute) return;
+  run(kernels::MoeUnpermuteParams<Elem>{.rows = rows, .C = C, .top_k = k, .gate = e.gate_on, .position = position,
+                                        .weights = b.moe_weights, .y = out, .out = y,
+                                        .write = shared ? Write::accumulate : Write::overwrite},
+      "moe_unpermute");
+}
+
+template <typename Elem, typename G>
+void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* x, const Elem* dy, Elem* dx) {
+  const MoeSpec& e = m_.moe;
+  const int64_t C = m_.hidden, E = e.experts, k = e.top_k, Fe = e.expert_intermediate, rows = M_;
+  const int64_t stride = 3 * Fe * C;
+  const bool shared = params_.shared_expert;
+  if (shared) {
+    const int64_t Fs = e.shared_intermediate / l_.tp;
+    Elem* d_act = table_->get<Elem>("scratch.d_mlp", 0);
+    Elem* d_gate = table_->get<Elem>("scratch.d_mlp", 1);
+    Elem* d_up = table_->get<Elem>("scratch.d_mlp", 2);
+    run(kernels::linear_dgrad_gemm(rows, Fs, C, dy, b.w_sd, d_act), "gemm shared down dgrad");
+    run(kernels::linear_wgrad_gemm(rows, Fs, C, dy, b.sh_act, b.g_sd), "gemm shared down wgrad");
+    run(kernels::SwigluBackwardParams<Elem>{.rows = rows, .F = Fs, .gate = b.sh_gate, .up = b.sh_up,
+                                            .dact = d_act, .dgate = d_gate, .dup = d_up},
+        "swiglu_backward");
+    run(kernels::linear_dgrad_gemm(rows, C, Fs, d_gate, b.w_sg, dx), "gemm shared gate dgrad");
+    run(kernels::linear_dgrad_gemm(rows, C, Fs, d_up, b.w_su, dx, Write::accumulate), "gemm shared up dgrad");
+    run(kernels::linear_wgrad_gemm(rows, C, Fs, d_gate, x, b.g_sg), "gemm shared gate wgrad");
+    run(kernels::linear_wgrad_gemm(rows, C, Fs, d_up, x, b.g_su), "gemm shared up wgrad");
+  }
+  const int64_t* position = b.moe_routing;
+  const int64_t* offsets = b.moe_routing + rows * k;
+  const int64_t routed = offsets[E];
+  Elem* d_rows = table_->get<Elem>("scratch.moe_d_rows");
+  Elem* d_act = table_->get<Elem>("scratch.moe_d_mlp", 0);
+  Elem* d_gate = table_->get<Elem>("scratch.moe_d_mlp", 1);
+  Elem* d_up = table_->get<Elem>("scratch.moe_d_mlp", 2);
+  A* dweights = table_->get<A>("scratch.moe_dweights");
+  const bool on_output = e.gate_on == GateOn::output;
+  // The combine's gradient: each choice's row of the experts' output
+  // gradient, and with the gate on the output the weights' gradient.
+  run(kernels::MoeUnpermuteBackwardParams<Elem>{.rows = rows, .C = C, .top_k = k, .gate = e.gate_on,
+                                                .position = position, .weights = b.moe_weights,
+                                                .y = b.moe_out, .dout = dy, .dy = d_rows,
+                                                .dweights = on_output ? dweights : nullptr},
+      "moe_unpermute_backward");
+  for (int64_t j = 0; j < E; ++j) {
+    const int64_t o = offsets[j], n = offsets[j + 1] - o;
+    if (n == 0) continue;
+    const Elem* wd = b.w_experts + j * stride + 2 * Fe * C;
+    run(kernels::linear_dgrad_gemm(n, Fe, C, d_rows + o * C, wd, d_act + o * Fe), "gemm expert down dgrad");
+    run(kernels::linear_wgrad_gemm(n, Fe, C, d_rows + o * C, b.moe_act + o * Fe, b.g_experts + j * stride + 2 * Fe * C),
+        "gemm expert down wgrad");
+  }
+  run(kernels::SwigluBackwardParams<Elem>{.rows = routed, .F = Fe, .gate = b.moe_gate, .up = b.moe_up,
+                                          .dact = d_act, .dgate = d_gate, .dup = d_up},
+      "swiglu_backward");
+  // The experts' input gradient takes d_rows over (its output gradient is spent).
+  for (int64_t j = 0; j < E; ++j) {
+    const int64_t o = offsets[j], n = offsets[j + 1] - o;
+    if (n == 0) continue;
+    const Elem* w = b.w_experts + j * stride;
+    G* g = b.g_experts + j * stride;
+    run(kernels::linear_dgrad_gemm(n, C, Fe, d_gate + o * Fe, w, d_rows + o * C), "gemm expert gate dgrad");
+    run(kernels::linear_dgrad_gemm(n, C, Fe, d_up + o * Fe, w + Fe * C, d_rows + o * C, Write::accumulate),
+        "gemm expert up dgrad");
+    run(kernels::linear_wgrad_gemm(n, C, Fe, d_gate + o * Fe, b.moe_in + o * C, g), "gemm expert gate wgrad");
+    run(kernels::linear_wgrad_gemm(n, C, Fe, d_up + o * Fe, b.moe_in + o * C, g + Fe * C), "gemm expert up wgrad");
+  }
+  run(kernels::MoePermuteBackwardParams<Elem>{.rows = rows, .C = C, .top_k = k, .gate = e.gate_on,
+                                              .position = position, .weights = b.moe_weights, .x = x,
+                                              .dout = d_rows, .dx = dx,
+                                              .dweights = on_output ? nullptr : dweights,
+                                              .write = shared ? Write::accumulate : Write::overwrite},
+      "moe_permute_backward");
+  // The router: the balancing loss's gradient at each expert's score (the
+  // same at every row), weighted as the micro-batch's share of the step's
+  // objective (its tokens over the step's: the mean over micro-batches).
+  std::vector<double> dscore;
+  const double* dscore_row = nullptr;
+  const double aux_scale = slot_scale_[size_t(b.slot)] * double(l_.mb * run_.seq);
+  if (e.aux_loss_coef > 0 && aux_scale > 0) {
+    const int64_t chunk = chunk_of(b.index);
+    moe_balance(b.slot, chunk, &dscore);
+    int64_t before = 0;  // the chunk's MoE blocks ahead of this one
+    for (int64_t i = chunk_begin_[size_t(chunk)]; i < b.index; ++i) before += params_.block_moe[size_t(i)];
+    for (int64_t j = 0; j < E; ++j) dscore[size_t(before * E + j)] *= aux_scale;
+    dscore_row = dscore.data() + before * E;
+  }
+  Elem* dlogits = table_->get<Elem>("scratch.moe_logits");
+  const kernels::RouterConfig router{
+      .experts = E, .top_k = k, .score = e.score, .weights = e.weights, .scale = e.route_scale};
+  run(kernels::MoeRouteBackwardParams<Elem>{.rows = rows, .router = router, .scores = b.moe_scores,
+                                            .experts = b.moe_experts, .dweights = dweights,
+                                            .dscore_per_expert = dscore_row, .dlogits = dlogits},
+      "moe_route_backward");
+  run(kernels::linear_dgrad_gemm(rows, C, E, dlogits, b.w_router, dx, Write::accumulate), "gemm router dgrad");
+  run(kernels::linear_wgrad_gemm(rows, C, E, dlogits, x, b.g_router), "gemm router wgrad");
+}
+
+template <typename Elem, typename G>
+double LlamaStage<Elem, G>::moe_balance(int64_t slot, int64_t chunk, std::vector<double>* dscore) {
+  const MoeSpec& e = m_.moe;
+  const int64_t E = e.experts;
+  std::vector<int64_t> counts;
+  std::vector<double> sums;
+  for (int64_t i = 0; i < chunk_layers(chunk); ++i) {
+    if (!params_.block_moe[size_t(chunk_begin_[size_t(chunk)] + i)]) continue;
+    const int64_t* stats = table_->get<int64_t>("layer.moe.stats", instance("layer.moe.stats", slot, i));
+    counts.insert(counts.end(), stats, stats + E);
+    const double* s = reinterpret_cast<const double*>(stats + E);
+    sums.insert(sums.end(), s, s + E);
+  }
+  const int64_t layers = int64_t(counts.size()) / E;
+  std::vector<double> unused;
+  std::vector<double>& d = dscore ? *dscore : unused;
+  d.assign(counts.size(), 0.0);
+  if (layers == 0) return 0;
+  return kernels::moe_balance_loss(e.aux_scope, e.aux_loss_coef, layers, E, e.top_k, M_, counts.data(), sums.data(),
+                                   d.data());
+}
+
+template <typename Elem, typename G>
+double LlamaStage<Elem, G>::take_aux_loss() {
+  const double v = aux_host_;
+  aux_host_ = 0;
+  return v;
+}
+
+#define WEFT_LLAMA_MOE(E, G)                                                                  \
+  template void LlamaStage<E, G>::moe_forward(const Block&, const E*, E*, bool);              \
+  template void LlamaStage<E, G>::moe_backward(const Block&, const E*, const E*, E*);         \
+  template double LlamaStage<E, G>::moe_balance(int64_t, int64_t, std::vector<double>*);      \
+  template double LlamaStage<E, G>::take_aux_loss();
+WEFT_LLAMA_MOE(float, float)
+WEFT_LLAMA_MOE(double, double)
+WEFT_LLAMA_MOE(kernels::bf16, float)
+WEFT_LLAMA_MOE(kernels::bf16, kernels::bf16)
+
+}  // namespace weft::trainer
