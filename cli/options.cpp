@@ -49,9 +49,32 @@ ModelSpec ModelArgs::resolve() const {
                                  "own {} is used",
                                  vocab, kMaxVocab, m.vocab));
   if (given) m.vocab = vocab;
+  apply_moe_options(m);
   m.validate();
   m.require_computed("train or plan");
   return m;
+}
+
+void ModelArgs::apply_moe_options(ModelSpec& m) const {
+  const bool coef = aux_coef_option && aux_coef_option->count() > 0;
+  if (!coef && aux_scope.empty()) return;
+  if (!m.moe.enabled())
+    throw InputError(fmt::format("{} applies to MoE models; {} is dense",
+                                 coef ? "--moe-aux-coef" : "--moe-aux-scope", m.name));
+  if (coef) {
+    if (!(aux_coef >= 0 && aux_coef <= kMaxAuxLossCoef))
+      throw InputError(fmt::format("--moe-aux-coef {} must be from 0 (no balancing loss) to {}", aux_coef,
+                                   kMaxAuxLossCoef));
+    m.moe.aux_loss_coef = aux_coef;
+  }
+  if (aux_scope == "global")
+    m.moe.aux_scope = AuxLossScope::global;
+  else if (aux_scope == "per_layer")
+    m.moe.aux_scope = AuxLossScope::per_layer;
+  else if (!aux_scope.empty())
+    throw InputError(fmt::format("--moe-aux-scope {} is not a scope; use global (transformers' loss over every "
+                                 "MoE layer's router pooled) or per_layer (Megatron's, summed over the layers)",
+                                 aux_scope));
 }
 
 void add_model_options(CLI::App& app, ModelArgs& a) {
@@ -59,6 +82,12 @@ void add_model_options(CLI::App& app, ModelArgs& a) {
                  "Model preset (see `weft presets`) or a Hugging Face config.json")
       ->capture_default_str();
   a.vocab_option = app.add_option("--vocab", a.vocab, "Override the vocabulary size (e.g. padded for tp)");
+  a.aux_coef_option = app.add_option("--moe-aux-coef", a.aux_coef,
+                                     "MoE models: the load-balancing loss's coefficient (0: none; default the "
+                                     "model's, e.g. router_aux_loss_coef)");
+  app.add_option("--moe-aux-scope", a.aux_scope,
+                 "MoE models: the load-balancing loss over every MoE layer's router pooled (global, "
+                 "transformers') or per layer, summed (per_layer, Megatron's)");
 }
 
 namespace {

@@ -107,6 +107,7 @@ ModelSpec init_model(const TrainArgs& a, const trainer::TrainConfig& c) {
   const bool given = a.model_option->count() > 0;
   const auto with_vocab = [&](ModelSpec from) {
     if (a.model.vocab > 0) from.vocab = a.model.vocab;
+    a.model.apply_moe_options(from);
     from.validate();
     return from;
   };

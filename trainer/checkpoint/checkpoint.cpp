@@ -263,6 +263,25 @@ std::vector<std::string> model_differences(const ModelSpec& c, const ModelSpec& 
                               rope_scaling_to_json(m.rope_scaling).dump()));
   cmp("norm_eps", c.norm_eps, m.norm_eps);
   cmp("tied_embeddings", c.tied_embeddings, m.tied_embeddings);
+  // The experts and the attention variants, as the hash counts them (the
+  // balancing loss's coefficient and scope are training settings).
+  const auto moe_text = [](const ModelSpec& x) {
+    if (!x.moe.enabled()) return std::string("dense");
+    const MoeSpec& e = x.moe;
+    return fmt::format("{} experts of width {}, top-{}, {} {}, scale {}, gate on the {}, shared {}, MoE layers {}",
+                       e.experts, e.expert_intermediate, e.top_k, router_score_name(e.score),
+                       router_weights_name(e.weights), e.route_scale, gate_on_name(e.gate_on),
+                       e.shared_intermediate, x.moe_layers());
+  };
+  MoeSpec ce = c.moe, me = m.moe;
+  ce.aux_loss_coef = me.aux_loss_coef = 0;
+  ce.aux_scope = me.aux_scope = AuxLossScope::global;
+  if (!(ce == me)) cmp("moe", moe_text(c), moe_text(m));
+  const auto attention_text = [](const AttentionVariant& a) {
+    return fmt::format("qk norm {}, NoPE every {}, chunk {}, temperature {}/{}", qk_norm_name(a.qk_norm),
+                       a.nope_interval, a.attention_chunk, a.temperature_scale, a.temperature_floor);
+  };
+  if (!(c.attention == m.attention)) cmp("attention", attention_text(c.attention), attention_text(m.attention));
   return out;
 }
 

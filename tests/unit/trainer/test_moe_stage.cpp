@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "memory/estimate.h"
+#include "trainer/checkpoint/checkpoint.h"
 #include "trainer/checkpoint/export_hf.h"
 #include "trainer/checkpoint/hf_names.h"
 #include "trainer/model/llama.h"
@@ -284,6 +285,16 @@ TEST(MoeStage, ExportedConfigReadsBack) {
                         "tiny-qwen3", "renormalized", "per layer");
   WEFT_EXPECT_THROW_MSG(checkpoint::hf_config_json(moe_model("mixtral", 2), 1, 2), InputError,
                         "2 of its 3 layers are dense");
+  // A checkpoint of an MoE model is not another model's, though their
+  // dense dimensions agree (tiny-moe is tiny's with experts); the balancing
+  // loss's settings are the run's.
+  const auto diffs = checkpoint::model_differences(model_preset("tiny-moe"), model_preset("tiny"));
+  ASSERT_EQ(diffs.size(), 1u);
+  EXPECT_NE(diffs[0].find("moe: checkpoint 8 experts of width 96, top-2"), std::string::npos) << diffs[0];
+  ModelSpec other_loss = model_preset("tiny-moe");
+  other_loss.moe.aux_loss_coef = 0.5;
+  other_loss.moe.aux_scope = AuxLossScope::per_layer;
+  EXPECT_TRUE(checkpoint::model_differences(model_preset("tiny-moe"), other_loss).empty());
 }
 
 TEST(MoeStage, RefusesWhatItDoesNotComputeYet) {
