@@ -303,7 +303,9 @@ namespace {
 // The MoE FFN's saved tensors past its norm (block_saved_shapes).
 void moe_saved(const ModelSpec& m, const Layout& l, const Dims& d, std::vector<TensorShape>& out) {
   const MoeSpec& e = m.moe;
-  const int64_t rows = d.B * d.T, k = e.top_k, E = e.experts, Fe = e.expert_intermediate;
+  // The routed experts run on the norm region's rows (this rank's own
+  // under sp), the shared expert on all of them.
+  const int64_t rows = d.B * d.Tsp, k = e.top_k, E = e.experts, Fe = e.expert_intermediate;
   out.push_back({"layer.moe.scores", Category::activations, rows * E, kFp32, 1});
   out.push_back({"layer.moe.experts", Category::activations, rows * k, kInt32, 1});
   out.push_back({"layer.moe.weights", Category::activations, rows * k, kFp32, 1});
@@ -314,10 +316,10 @@ void moe_saved(const ModelSpec& m, const Layout& l, const Dims& d, std::vector<T
   out.push_back({"layer.moe.act", Category::activations, rows * k * Fe, d.a, 1});
   if (e.gate_on == GateOn::output) out.push_back({"layer.moe.output", Category::activations, rows * k * d.C, d.a, 1});
   if (e.shared_intermediate > 0) {
-    const int64_t Fs = e.shared_intermediate / l.tp;
-    out.push_back({"layer.moe.shared_gate", Category::activations, rows * Fs, d.a, 1});
-    out.push_back({"layer.moe.shared_up", Category::activations, rows * Fs, d.a, 1});
-    out.push_back({"layer.moe.shared_act", Category::activations, rows * Fs, d.a, 1});
+    const int64_t Fs = e.shared_intermediate / l.tp, all = d.B * d.T;
+    out.push_back({"layer.moe.shared_gate", Category::activations, all * Fs, d.a, 1});
+    out.push_back({"layer.moe.shared_up", Category::activations, all * Fs, d.a, 1});
+    out.push_back({"layer.moe.shared_act", Category::activations, all * Fs, d.a, 1});
   }
 }
 
@@ -523,7 +525,7 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
     // gradient of the experts' rows (their output's, then their input's),
     // of their SwiGLU, of the combine weights, and the router's statistics
     // of a block rebuilding its FFN (its saved ones stay as they were).
-    const int64_t rows = d.B * d.T, k = m.moe.top_k, E = m.moe.experts;
+    const int64_t rows = d.B * d.Tsp, k = m.moe.top_k, E = m.moe.experts;
     out.push_back({"scratch.moe_logits", Category::workspace, rows * E, d.a, 1});
     out.push_back({"scratch.moe_d_rows", Category::workspace, rows * k * d.C, d.a, 1});
     out.push_back({"scratch.moe_d_mlp", Category::workspace, rows * k * m.moe.expert_intermediate, d.a, 3});

@@ -117,9 +117,10 @@ struct Fp8SavedInputs;
 // shared expert's gate, up and output (rows, F_s / tp). Every mode keeps the
 // router's per-expert counts and score sums (layer.moe.stats, 2 E of 8
 // bytes), which the balancing loss of the micro-batch reads in each MoE
-// layer's backward. rows = B T of this rank (all of them under sequence
-// parallelism: the MoE FFN runs on the gathered rows), k the top-k; the
-// experts hold exactly rows k (dropless, without expert parallelism).
+// layer's backward. rows = B T_sp, this rank's norm region (its own 1 / tp
+// under sequence parallelism: the routed experts run on them, the shared
+// expert on all B T), k the top-k; the experts hold exactly rows k
+// (dropless, without expert parallelism).
 void block_saved_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, Checkpointing mode,
                         const Fp8SavedInputs& fp8, std::vector<TensorShape>& out, SlotFfn ffn = SlotFfn::dense);
 

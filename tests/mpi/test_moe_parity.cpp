@@ -1,8 +1,10 @@
-// An MoE model (Mixtral's form: 8 layers of 4 experts, top-2) trained 5
-// steps from one seed under pipeline, interleaved and data-parallel layouts,
-// ZeRO 0-3 and the checkpointing modes, with real mpirun ranks: the same
-// losses as one rank within a relative 1e-5 (fp32), and every rank's arena
-// the memory model's per category. The balancing loss is over each
+// An MoE model (Mixtral's form: 8 layers of 4 experts, top-2; and Llama 4's
+// FFN: sigmoid top-1 on the expert's input, a shared expert, MoE layers
+// interleaved with dense ones) trained 5 steps from one seed under tensor
+// (with and without sp), context, pipeline, interleaved and data-parallel
+// layouts, ZeRO 0-3 and the checkpointing modes, with real mpirun ranks:
+// the same losses as one rank within a relative 1e-5 (fp32), and every
+// rank's arena the memory model's per category. The balancing loss is over each
 // micro-batch (as in transformers and Megatron), so every layout keeps the
 // reference's micro-batch of 1; the global loss trains over dp, the
 // per-layer one also over pp (trainer::require_moe_layout). Prints the table.
@@ -27,10 +29,31 @@ constexpr const char* kMixtral = R"({"architectures": ["MixtralForCausalLM"], "m
   "rope_theta": 10000.0, "tie_word_embeddings": false, "num_local_experts": 4, "num_experts_per_tok": 2,
   "router_aux_loss_coef": 0.05})";
 
+// Llama 4's text model without its attention variants (no NoPE layers, no
+// chunked attention, no QK norm, no temperature): its FFN alone.
+constexpr const char* kLlama4Ffn = R"({"architectures": ["Llama4ForCausalLM"], "model_type": "llama4_text",
+  "vocab_size": 256, "hidden_size": 64, "intermediate_size": 32, "intermediate_size_mlp": 96,
+  "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 8,
+  "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": false, "num_local_experts": 4,
+  "num_experts_per_tok": 1, "interleave_moe_layer_step": 2, "router_aux_loss_coef": 0.05,
+  "no_rope_layers": [1, 1, 1, 1, 1, 1, 1, 1], "attention_chunk_size": null, "use_qk_norm": false,
+  "attn_temperature_tuning": false, "rope_scaling": null})";
+
+// parity_row for each layout, and the balancing losses against the
+// reference's (`ref_aux`, the same rule), in a column of their own.
 std::string table_of(Fixture& f, const std::vector<double>& ref, const std::vector<std::string>& layouts,
                      const std::string& extra) {
-  std::string table = fmt::format("{:<62} {:>5} {:>12} {:>14}\n", "layout", "ranks", "max rel dev", "worst mem dev");
-  for (const auto& layout : layouts) table += parity_row(f, ref, layout, 1e-5, 1e-5, extra);
+  const std::vector<double> ref_aux = f.aux_losses;
+  EXPECT_EQ(ref_aux.size(), ref.size());
+  std::string table = fmt::format("{:<62} {:>5} {:>12} {:>14} {:>12}\n", "layout", "ranks", "max rel dev",
+                                  "worst mem dev", "aux rel dev");
+  for (const auto& layout : layouts) {
+    std::string row = parity_row(f, ref, layout, 1e-5, 1e-5, extra);
+    const double aux = max_rel(f.aux_losses, ref_aux);
+    EXPECT_LE(aux, 1e-5) << layout << ": the balancing loss";
+    row.pop_back();
+    table += fmt::format("{} {:>12.2e}\n", row, aux);
+  }
   return table;
 }
 
@@ -59,6 +82,24 @@ TEST(MoeParity, PerLayerBalancingLossOverPipelineStages) {
   const auto global = f.train("tp1-pp1-dp1-mb1", f.dir.path("global"));
   ASSERT_EQ(global.size(), 5u);
   EXPECT_NE(global[4], ref[4]);
+}
+
+// Under tp the experts are whole on every rank: with sp each routes its own
+// rows (their gradients summed over tp), without it all rows alike; under cp
+// each routes its chunks. The router's statistics are summed over the ranks
+// that split the micro-batch, so the balancing loss is the single rank's.
+TEST(MoeParity, TensorAndContextParallelism) {
+  for (const char* config : {kMixtral, kLlama4Ffn}) {
+    Fixture f(false, config);
+    const auto ref = f.train("tp1-pp1-dp1-mb1", f.dir.path("ref"));
+    ASSERT_EQ(ref.size(), 5u);
+    std::printf("%s", table_of(f, ref,
+                               {"tp2-pp1-dp1-mb1", "tp2-pp1-dp1-mb1-sp", "tp1-cp2-pp1-dp1-mb1-cp:ring",
+                                "tp1-cp2-pp1-dp1-mb1-ckpt:full-cp:a2a", "tp2-cp2-pp1-dp1-mb1-sp-cp:allgather",
+                                "tp2-pp1-dp2-mb1-sp-zero1-ckpt:ffn", "tp1-cp2-pp1-dp2-mb1-zero3-cp:ring"},
+                               "")
+                          .c_str());
+  }
 }
 
 }  // namespace

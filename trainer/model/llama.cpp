@@ -465,7 +465,7 @@ void LlamaStage<Elem, G>::block_forward(const Block& b, Elem* x_out, bool recomp
     else
       norm_forward(b.x_mid, nullptr, nullptr, b.w_mlp_norm, b.ln2, b.rstd2, b.xhat2);
     if (b.moe) {
-      moe_forward(b, gathered(b.ln2, all_rows), lin, recompute);
+      moe_forward(b, lin, recompute);
     } else {
       const bool codes2 = fp8_gathers_codes(b, Fp8Gemm::gate);
       const Elem* ln2 = codes2 ? b.ln2 : gathered(b.ln2, all_rows);
@@ -479,11 +479,11 @@ void LlamaStage<Elem, G>::block_forward(const Block& b, Elem* x_out, bool recomp
   }
   // A rebuild stops here: the block's output was consumed already.
   if (recompute) return;
-  if (!b.moe) {
+  if (!b.moe) {  // (an MoE FFN's output is whole already)
     linear_forward(b, Fp8Gemm::down, b.act, false, b.wd, lin, "gemm down", &b.in_down);
     lora_forward(b, Linear::down, b.act, lin);
+    reduce_rows(lin);
   }
-  reduce_rows(lin);
   run(kernels::AddParams<Elem>{.n = Msp_ * C, .a = b.x_mid, .b = lin, .out = x_out}, "add");
 }
 
@@ -513,8 +513,7 @@ void LlamaStage<Elem, G>::block_backward(const Block& b, Elem* dx) {
   // is reduced over tp while the weight gradients run (begin_input). An MoE
   // block's FFN runs its own backward (llama_moe.cpp).
   if (b.moe) {
-    moe_backward(b, gathered(b.ln2, all_rows), gathered(dx, lin), d_norm);
-    begin_reduce_rows(d_norm)->wait();
+    moe_backward(b, dx, d_norm);
     norm_backward(b.x_mid, b.xhat2, b.rstd2, b.w_mlp_norm, d_norm, dx, Write::accumulate, b.g_mlp_norm);
   } else {
     Elem* d_act = table_->get<Elem>("scratch.d_mlp", 0);
@@ -628,7 +627,7 @@ void LlamaStage<Elem, G>::forward(int64_t slot, const int32_t* tokens, const int
   // training forward's: validation passes a grad_scale of 0); its gradient
   // comes in their backwards.
   slot_scale_[size_t(slot)] = grad_scale;
-  if (grad_scale > 0 && m_.moe.aux_loss_coef > 0 && groups_.tp_rank() == 0)
+  if (grad_scale > 0 && m_.moe.aux_loss_coef > 0 && groups_.tp_rank() == 0 && groups_.cp_rank() == 0)
     aux_host_ += moe_balance(slot, chunk, nullptr) * double(l_.mb * run_.seq);
   if (heads) {
     gather_head();

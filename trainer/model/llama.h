@@ -138,7 +138,8 @@ class LlamaStage {
   // MoE models: the load-balancing loss of this stage's MoE layers (its
   // coefficient included) times each training micro-batch's tokens, summed
   // over the training forwards since the last call (validation's, with a
-  // grad_scale of 0, add nothing), on the first tp rank (0 elsewhere), and
+  // grad_scale of 0, add nothing), on the first tp and cp rank (0
+  // elsewhere: their statistics are the micro-batch's alike), and
   // a fresh sum: summed over the ranks and scaled as the losses are, it is
   // the step's mean balancing loss. The objective trained is the mean
   // token loss plus the mean over micro-batches of the balancing loss
@@ -363,15 +364,17 @@ class LlamaStage {
   kernels::Fp8Format format_of_grad() const {
     return l_.fp8 == Fp8Recipe::blockwise ? kernels::Fp8Format::e4m3 : kernels::Fp8Format::e5m2;
   }
-  // An MoE block's FFN (llama_moe.cpp) on the FFN norm's output x (rows
-  // M_, C): the router, the routing, the experts over their tokens and the
-  // shared expert, their sum into y (M_, C). A rebuild (recompute) refills
-  // the block's dropped tensors and stops before y; its router statistics
-  // go to scratch (the saved ones stay). The backward takes dy (M_, C) and
-  // writes dx (M_, C), accumulating the weight gradients, the router's
+  // An MoE block's FFN (llama_moe.cpp) on its FFN norm's output (the rows
+  // of its norm region, Msp_): the router, the routing, the experts over
+  // their tokens and the shared expert, their sum into y, whole (this
+  // rank's rows first under sp: no reduction over tp follows). A rebuild
+  // (recompute) refills the block's dropped tensors and stops before y; its
+  // router statistics go to scratch (the saved ones stay). The backward
+  // takes dy (the norm region's rows) and writes the norm output's gradient
+  // dx (its rows, whole), accumulating the weight gradients, the router's
   // with the balancing loss's part.
-  void moe_forward(const Block& b, const Elem* x, Elem* y, bool recompute);
-  void moe_backward(const Block& b, const Elem* x, const Elem* dy, Elem* dx);
+  void moe_forward(const Block& b, Elem* y, bool recompute);
+  void moe_backward(const Block& b, const Elem* dy, Elem* dx);
   // The balancing loss of the micro-batch in `slot` over chunk `chunk`'s
   // MoE blocks (global scope: every MoE block of the model, on this one
   // chunk), from their saved statistics: coef times the loss, and per

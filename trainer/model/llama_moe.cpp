@@ -5,12 +5,21 @@
 // and the shared expert beside them; then the backwards in reverse, with
 // the balancing loss's gradient entering at the router's scores.
 //
-// Without expert parallelism every rank holds every expert and routes its
-// own rows: the experts' rows are exactly rows x k (dropless), so the shape
-// table's buffers fit every batch, however unevenly it routes. The experts'
-// row offsets are read on the host, so this runs on the CPU; on a GPU the
-// grouped GEMM takes them from the device (not in the step yet:
-// require_moe_layout says so).
+// Without expert parallelism every rank holds every expert (the router and
+// the experts whole on every tp rank: an expert tp degree of 1) and routes
+// its own rows: the experts' rows are exactly rows x k (dropless), so the
+// shape table's buffers fit every batch, however unevenly it routes. Its
+// rows: this rank's T / cp tokens of each sequence, and under sequence
+// parallelism its 1 / tp of them (Megatron's MoE under tp), whose routed
+// output is whole, so it is not reduced over tp; without sp every tp rank
+// routes all rows alike. The shared expert splits over tp as a dense FFN
+// does (its input gathered, its output reduced). The router's statistics
+// are summed over the ranks that split the micro-batch's tokens (cp, and tp
+// under sp) before the balancing loss reads them, and the router's and the
+// experts' gradients over them with the others' (reduce_replicated_grads
+// sums the tp-whole weights' under sp). The experts' row offsets are read
+// on the host, so this runs on the CPU; on a GPU the grouped GEMM takes them
+// from the device (not in the step yet: require_moe_layout says so).
 #include <cstring>
 #include <string>
 #include <vector>
@@ -33,14 +42,6 @@ void require_moe_layout(const ModelSpec& m, const RunSpec& run, const Layout& l,
   if (device.kind != DeviceKind::cpu)
     missing.push_back(fmt::format("on a GPU ({}: the experts' grouped GEMM is not in the training step yet)",
                                   device.name));
-  if (l.tp > 1)
-    missing.push_back(fmt::format("under tensor parallelism (tp {}: the experts' own tp degree comes with "
-                                  "expert parallelism)",
-                                  l.tp));
-  if (l.cp > 1)
-    missing.push_back(fmt::format("under context parallelism (cp {}: the balancing loss takes the router's "
-                                  "statistics of whole sequences)",
-                                  l.cp));
   if (l.fp8 != Fp8Recipe::off) missing.push_back(fmt::format("with FP8 GEMMs (fp8:{})", to_string(l.fp8)));
   if (run.lora.enabled()) missing.push_back("with LoRA adapters");
   if (m.moe.aux_loss_coef > 0 && m.moe.aux_scope == AuxLossScope::global && (l.pp > 1 || l.vpp > 1))
@@ -49,28 +50,37 @@ void require_moe_layout(const ModelSpec& m, const RunSpec& run, const Layout& l,
                                   l.pp > 1 ? fmt::format("pp {}", l.pp) : fmt::format("vpp {}", l.vpp)));
   if (!missing.empty())
     throw InputError(fmt::format("weft cannot train the MoE model {} under layout {} yet: not {}; it trains on "
-                                 "the CPU with tp 1, cp 1, FP8 off and no LoRA, over pp, vpp, dp and every ZeRO "
-                                 "stage and checkpointing mode",
+                                 "the CPU with FP8 off and no LoRA, under tp (with or without sp), cp, pp, vpp, "
+                                 "dp, every ZeRO stage and checkpointing mode",
                                  m.name, l.to_string(), fmt::join(missing, ", nor ")));
 }
 
 template <typename Elem, typename G>
-void LlamaStage<Elem, G>::moe_forward(const Block& b, const Elem* x, Elem* y, bool recompute) {
+void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
   const MoeSpec& e = m_.moe;
-  const int64_t C = m_.hidden, E = e.experts, k = e.top_k, Fe = e.expert_intermediate, rows = M_;
+  const int64_t C = m_.hidden, E = e.experts, k = e.top_k, Fe = e.expert_intermediate, rows = Msp_;
   const int64_t stride = 3 * Fe * C;  // one expert's gate, up and down (StageParams' order)
   const kernels::RouterConfig router{
       .experts = E, .top_k = k, .score = e.score, .weights = e.weights, .scale = e.route_scale};
+  const Elem* x = b.ln2;  // this rank's rows
   Elem* logits = table_->get<Elem>("scratch.moe_logits");
   run(kernels::linear_forward_gemm(rows, C, E, x, b.w_router, logits), "gemm router");
   // The statistics start from zero in each forward (route adds to them); a
   // rebuild's go to scratch, the forward's stay for the balancing loss.
   int64_t* stats = recompute ? table_->get<int64_t>("scratch.moe_stats") : b.moe_stats;
   std::memset(stats, 0, size_t(2 * E) * sizeof(int64_t));
+  double* score_sums = reinterpret_cast<double*>(stats + E);
   run(kernels::MoeRouteParams<Elem>{.rows = rows, .router = router, .logits = logits, .scores = b.moe_scores,
                                     .experts = b.moe_experts, .weights = b.moe_weights, .counts = stats,
-                                    .score_sums = reinterpret_cast<double*>(stats + E)},
+                                    .score_sums = score_sums},
       "moe_route");
+  if (!recompute) {  // the micro-batch's, over the ranks that split its tokens
+    for (parallel::Comm* g : {l_.sp ? groups_.tp : nullptr, l_.cp > 1 ? groups_.cp : nullptr})
+      if (g && g->size() > 1) {
+        g->all_reduce(stats, E);
+        g->all_reduce(score_sums, E);
+      }
+  }
   int64_t* position = b.moe_routing;
   const int64_t* offsets = b.moe_routing + rows * k;
   run(kernels::MoePermuteParams<Elem>{.rows = rows, .C = C, .experts = E, .top_k = k, .gate = e.gate_on,
@@ -102,13 +112,18 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, const Elem* x, Elem* y, bo
     }
   const bool shared = params_.shared_expert;
   if (shared) {
+    // Column- then row-parallel over all rows, as a dense FFN.
     const int64_t Fs = e.shared_intermediate / l_.tp;
-    run(kernels::linear_forward_gemm(rows, C, Fs, x, b.w_sg, b.sh_gate), "gemm shared gate");
-    run(kernels::linear_forward_gemm(rows, C, Fs, x, b.w_su, b.sh_up), "gemm shared up");
-    run(kernels::SwigluForwardParams<Elem>{.rows = rows, .F = Fs, .gate = b.sh_gate, .up = b.sh_up,
+    const Elem* x_all = gathered(b.ln2, l_.sp ? table_->get<Elem>("comm.sp_gather") : nullptr);
+    run(kernels::linear_forward_gemm(M_, C, Fs, x_all, b.w_sg, b.sh_gate), "gemm shared gate");
+    run(kernels::linear_forward_gemm(M_, C, Fs, x_all, b.w_su, b.sh_up), "gemm shared up");
+    run(kernels::SwigluForwardParams<Elem>{.rows = M_, .F = Fs, .gate = b.sh_gate, .up = b.sh_up,
                                            .act = b.sh_act},
         "swiglu_forward");
-    if (!recompute) run(kernels::linear_forward_gemm(rows, Fs, C, b.sh_act, b.w_sd, y), "gemm shared down");
+    if (!recompute) {
+      run(kernels::linear_forward_gemm(M_, Fs, C, b.sh_act, b.w_sd, y), "gemm shared down");
+      reduce_rows(y);  // this rank's rows first under sp
+    }
   }
   if (recompute) return;
   run(kernels::MoeUnpermuteParams<Elem>{.rows = rows, .C = C, .top_k = k, .gate = e.gate_on, .position = position,
@@ -118,25 +133,31 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, const Elem* x, Elem* y, bo
 }
 
 template <typename Elem, typename G>
-void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* x, const Elem* dy, Elem* dx) {
+void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx) {
   const MoeSpec& e = m_.moe;
-  const int64_t C = m_.hidden, E = e.experts, k = e.top_k, Fe = e.expert_intermediate, rows = M_;
+  const int64_t C = m_.hidden, E = e.experts, k = e.top_k, Fe = e.expert_intermediate, rows = Msp_;
   const int64_t stride = 3 * Fe * C;
+  const Elem* x = b.ln2;
   const bool shared = params_.shared_expert;
   if (shared) {
+    // Over all rows, its input gradient reduced over tp (to this rank's rows
+    // under sp) before the routed experts' adds to them.
     const int64_t Fs = e.shared_intermediate / l_.tp;
     Elem* d_act = table_->get<Elem>("scratch.d_mlp", 0);
     Elem* d_gate = table_->get<Elem>("scratch.d_mlp", 1);
     Elem* d_up = table_->get<Elem>("scratch.d_mlp", 2);
-    run(kernels::linear_dgrad_gemm(rows, Fs, C, dy, b.w_sd, d_act), "gemm shared down dgrad");
-    run(kernels::linear_wgrad_gemm(rows, Fs, C, dy, b.sh_act, b.g_sd), "gemm shared down wgrad");
-    run(kernels::SwigluBackwardParams<Elem>{.rows = rows, .F = Fs, .gate = b.sh_gate, .up = b.sh_up,
+    const Elem* dy_all = gathered(dy, table_->get<Elem>("scratch.linear_out"));
+    const Elem* x_all = gathered(b.ln2, l_.sp ? table_->get<Elem>("comm.sp_gather") : nullptr);
+    run(kernels::linear_dgrad_gemm(M_, Fs, C, dy_all, b.w_sd, d_act), "gemm shared down dgrad");
+    run(kernels::linear_wgrad_gemm(M_, Fs, C, dy_all, b.sh_act, b.g_sd), "gemm shared down wgrad");
+    run(kernels::SwigluBackwardParams<Elem>{.rows = M_, .F = Fs, .gate = b.sh_gate, .up = b.sh_up,
                                             .dact = d_act, .dgate = d_gate, .dup = d_up},
         "swiglu_backward");
-    run(kernels::linear_dgrad_gemm(rows, C, Fs, d_gate, b.w_sg, dx), "gemm shared gate dgrad");
-    run(kernels::linear_dgrad_gemm(rows, C, Fs, d_up, b.w_su, dx, Write::accumulate), "gemm shared up dgrad");
-    run(kernels::linear_wgrad_gemm(rows, C, Fs, d_gate, x, b.g_sg), "gemm shared gate wgrad");
-    run(kernels::linear_wgrad_gemm(rows, C, Fs, d_up, x, b.g_su), "gemm shared up wgrad");
+    run(kernels::linear_dgrad_gemm(M_, C, Fs, d_gate, b.w_sg, dx), "gemm shared gate dgrad");
+    run(kernels::linear_dgrad_gemm(M_, C, Fs, d_up, b.w_su, dx, Write::accumulate), "gemm shared up dgrad");
+    run(kernels::linear_wgrad_gemm(M_, C, Fs, d_gate, x_all, b.g_sg), "gemm shared gate wgrad");
+    run(kernels::linear_wgrad_gemm(M_, C, Fs, d_up, x_all, b.g_su), "gemm shared up wgrad");
+    begin_reduce_rows(dx)->wait();
   }
   const int64_t* position = b.moe_routing;
   const int64_t* offsets = b.moe_routing + rows * k;
@@ -188,7 +209,7 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* x, const Elem
   // objective (its tokens over the step's: the mean over micro-batches).
   std::vector<double> dscore;
   const double* dscore_row = nullptr;
-  const double aux_scale = slot_scale_[size_t(b.slot)] * double(l_.mb * run_.seq);
+  const double aux_scale = slot_scale_[size_t(b.slot)] * double(l_.mb * run_.seq);  // the micro-batch's tokens
   if (e.aux_loss_coef > 0 && aux_scale > 0) {
     const int64_t chunk = chunk_of(b.index);
     moe_balance(b.slot, chunk, &dscore);
@@ -226,8 +247,10 @@ double LlamaStage<Elem, G>::moe_balance(int64_t slot, int64_t chunk, std::vector
   std::vector<double>& d = dscore ? *dscore : unused;
   d.assign(counts.size(), 0.0);
   if (layers == 0) return 0;
-  return kernels::moe_balance_loss(e.aux_scope, e.aux_loss_coef, layers, E, e.top_k, M_, counts.data(), sums.data(),
-                                   d.data());
+  // Over the micro-batch's tokens: its statistics were summed over the
+  // ranks that split them.
+  return kernels::moe_balance_loss(e.aux_scope, e.aux_loss_coef, layers, E, e.top_k, l_.mb * run_.seq, counts.data(),
+                                   sums.data(), d.data());
 }
 
 template <typename Elem, typename G>
@@ -238,8 +261,8 @@ double LlamaStage<Elem, G>::take_aux_loss() {
 }
 
 #define WEFT_LLAMA_MOE(E, G)                                                                  \
-  template void LlamaStage<E, G>::moe_forward(const Block&, const E*, E*, bool);              \
-  template void LlamaStage<E, G>::moe_backward(const Block&, const E*, const E*, E*);         \
+  template void LlamaStage<E, G>::moe_forward(const Block&, E*, bool);                        \
+  template void LlamaStage<E, G>::moe_backward(const Block&, const E*, E*);                   \
   template double LlamaStage<E, G>::moe_balance(int64_t, int64_t, std::vector<double>*);      \
   template double LlamaStage<E, G>::take_aux_loss();
 WEFT_LLAMA_MOE(float, float)
