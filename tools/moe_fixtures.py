@@ -1,0 +1,203 @@
+#!/usr/bin/env python3
+"""Write the Mixture-of-Experts Hugging Face folders weft is tested against.
+
+transformers builds tiny randomly initialised MixtralForCausalLM models,
+saves them with `save_pretrained` (per-expert tensors,
+model.layers.{i}.block_sparse_moe.experts.{e}.w1/w2/w3, as the published
+checkpoints hold them), and records its own fp32 loss, the logits of the
+first window and its load-balancing loss on fixed tokens; weft must load each
+folder with --init and compute the same. CI does not run this script; its
+outputs are committed under tests/fixtures/hf_moe/. To regenerate:
+
+    pip install torch transformers safetensors numpy
+    python3 tools/moe_fixtures.py           # writes tests/fixtures/hf_moe/
+    python3 tools/moe_fixtures.py --check   # regenerates in memory, compares
+
+Folders
+-------
+mixtral/       V=64 C=16 L=3 H=4 H_kv=2 D=8, 4 experts of width 24, top-2,
+               untied, fp32, one model.safetensors
+mixtral_wide/  V=64 C=16 L=2 H=4 H_kv=4 D=8, 8 experts of width 12, top-3,
+               untied, bf16, split by max_shard_size into several files
+Both: rope_theta 500000, rms_norm_eps 1e-3, router_aux_loss_coef 0.1.
+
+Weights: drawn from one seeded torch.Generator in named_parameters() order
+(transformers keeps the experts fused in memory: gate_up_proj (E, 2F, C),
+down_proj (E, C, F)); matrices normal(0, 1/sqrt(in_features)), the router
+normal(0, 2/sqrt(C)) so that its scores spread and the choices are far from
+ties, the embedding normal(0, 0.5), the head normal(0, 2/sqrt(C)), RMSNorm
+weights 1 + 0.2 normal(0, 1).
+
+Tokens: W*T + 1 ids, uniform in [0, V), in tokens.npy (int32); window w is
+tokens[w*T : w*T + T + 1].
+
+reference.bin (tools/golden_llama.py's format, read by
+tests/unit/golden/golden_file.h). For each folder F:
+    F.loss      f32 ()      mean cross-entropy over the W*T targets, one
+                            fp32 forward of all W windows (eager attention)
+    F.loss_f64  f64 ()      the same in fp64
+    F.aux       f32 ()      transformers' load_balancing_loss_func over that
+                            forward's router logits (all W*T tokens of every
+                            layer pooled), without the coefficient
+    F.logits0   f32 (T, V)  logits of window 0
+    F.counts    i32 (L, E)  tokens each expert took in each layer (all k
+                            choices), from the router logits
+and tokens (N,) i32. The header's "scalars" hold seq, windows, vocab and
+each F.loss and F.aux.
+"""
+
+import argparse
+import platform
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import transformers
+from transformers import MixtralConfig, MixtralForCausalLM
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from golden_llama import serialize  # noqa: E402  (same file format)
+
+SEQ = 10
+WINDOWS = 4
+VOCAB = 64
+ROPE_THETA = 500000.0
+RMS_NORM_EPS = 1e-3
+AUX_COEF = 0.1
+DATA_SEED = 20261129
+
+MODELS = {
+    "mixtral": dict(config=dict(hidden_size=16, intermediate_size=24, num_hidden_layers=3, num_attention_heads=4,
+                                num_key_value_heads=2, head_dim=8, num_local_experts=4, num_experts_per_tok=2),
+                    dtype=torch.float32, save={}, seed=20261130),
+    "mixtral_wide": dict(config=dict(hidden_size=16, intermediate_size=12, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=4, head_dim=8,
+                                     num_local_experts=8, num_experts_per_tok=3),
+                         dtype=torch.bfloat16, save={"max_shard_size": "8KB"}, seed=20261131),
+}
+
+
+def make_model(spec: dict) -> MixtralForCausalLM:
+    config = MixtralConfig(
+        **spec["config"], vocab_size=VOCAB, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA}, rms_norm_eps=RMS_NORM_EPS,
+        router_aux_loss_coef=AUX_COEF, router_jitter_noise=0.0, output_router_logits=True, sliding_window=None,
+        max_position_embeddings=64, attention_dropout=0.0, attn_implementation="eager",
+        experts_implementation="eager")
+    model = MixtralForCausalLM(config).float()
+    g = torch.Generator().manual_seed(spec["seed"])
+    C = config.hidden_size
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g, dtype=torch.float32)
+            if p.dim() == 1:
+                p.copy_(1.0 + 0.2 * noise)
+            elif name == "model.embed_tokens.weight":
+                p.copy_(0.5 * noise)
+            elif name == "lm_head.weight" or name.endswith(".gate.weight"):
+                p.copy_(2.0 / C ** 0.5 * noise)
+            else:
+                p.copy_(noise / p.shape[-1] ** 0.5)
+    return model.eval()
+
+
+def evaluate(model: MixtralForCausalLM, inputs: torch.Tensor, targets: torch.Tensor) -> dict:
+    k, E = model.config.num_experts_per_tok, model.config.num_local_experts
+    with torch.no_grad():
+        out = model(input_ids=inputs, output_router_logits=True)
+        logits = out.logits.float()
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        loss64 = F.cross_entropy(model.double()(input_ids=inputs).logits.reshape(-1, logits.shape[-1]),
+                                 targets.reshape(-1))
+        model.float()
+        # The balancing loss as transformers computes it, and written out.
+        router = torch.stack([r.float() for r in out.router_logits])  # (L, W*T, E)
+        probs = torch.softmax(router, dim=-1)
+        chosen = torch.topk(probs, k, dim=-1).indices
+        counts = F.one_hot(chosen, E).sum(dim=-2).sum(dim=-2)  # (L, E)
+        pooled = probs.reshape(-1, E)
+        mine = E * ((counts.sum(0).float() / pooled.shape[0]) * pooled.mean(0)).sum()
+        aux = out.aux_loss.float()
+        assert abs(mine.item() - aux.item()) <= 1e-6 * aux.item(), (mine.item(), aux.item())
+        assert counts.sum().item() == router.shape[0] * router.shape[1] * k
+    return dict(loss=loss, loss64=loss64, aux=aux, logits0=logits[0], counts=counts.to(torch.int32))
+
+
+def generate(workdir: Path) -> tuple[dict, list]:
+    g = torch.Generator().manual_seed(DATA_SEED)
+    tokens = torch.randint(0, VOCAB, (WINDOWS * SEQ + 1,), generator=g).to(torch.int32).numpy()
+    np.save(workdir / "tokens.npy", tokens)
+    idx = np.arange(WINDOWS)[:, None] * SEQ + np.arange(SEQ)[None, :]
+    inputs = torch.from_numpy(tokens[idx].astype(np.int64))
+    targets = torch.from_numpy(tokens[idx + 1].astype(np.int64))
+    tensors = [("tokens", tokens)]
+    scalars = dict(seq=SEQ, windows=WINDOWS, vocab=VOCAB, aux_coef=AUX_COEF, data_seed=DATA_SEED)
+    folders = {}
+    for name, spec in MODELS.items():
+        out = workdir / name
+        make_model(spec).to(spec["dtype"]).save_pretrained(out, **spec["save"])
+        # What weft loads: the saved weights, widened to fp32 as weft does.
+        loaded = MixtralForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager",
+                                                    experts_implementation="eager").eval()
+        r = evaluate(loaded, inputs, targets)
+        tensors += [(f"{name}.loss", r["loss"].numpy()),
+                    (f"{name}.loss_f64", np.array(r["loss64"].item(), dtype=np.float64)),
+                    (f"{name}.aux", r["aux"].numpy()),
+                    (f"{name}.logits0", r["logits0"].numpy()),
+                    (f"{name}.counts", r["counts"].numpy())]
+        scalars[f"{name}.loss"] = r["loss"].item()
+        scalars[f"{name}.aux"] = r["aux"].item()
+        folders[name] = dict(dtype=str(spec["dtype"]).removeprefix("torch."), config=spec["config"],
+                             files=sorted(p.name for p in out.iterdir()), seed=spec["seed"], **spec["save"])
+    header = {
+        "generator": {"script": "tools/moe_fixtures.py", "torch": torch.__version__,
+                      "transformers": transformers.__version__, "python": platform.python_version(),
+                      "attn_implementation": "eager", "experts_implementation": "eager"},
+        "config": {"rope_theta": ROPE_THETA, "rms_norm_eps": RMS_NORM_EPS, "router_aux_loss_coef": AUX_COEF},
+        "folders": folders,
+        "scalars": scalars,
+    }
+    return header, tensors
+
+
+def tree_bytes(root: Path) -> dict:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out-dir", type=Path,
+                    default=Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "hf_moe")
+    ap.add_argument("--check", action="store_true", help="compare with the files in --out-dir instead of writing")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp) / "hf_moe"
+        work.mkdir()
+        header, tensors = generate(work)
+        (work / "reference.bin").write_bytes(serialize(header, tensors))
+        new = tree_bytes(work)
+        for k, v in header["scalars"].items():
+            if k.endswith(".loss") or k.endswith(".aux"):
+                print(f"{k}: {v:.6f}")
+        print(f"{len(new)} files, {sum(len(b) for b in new.values())} bytes; torch {torch.__version__}, "
+              f"transformers {transformers.__version__}")
+        if args.check:
+            old = tree_bytes(args.out_dir) if args.out_dir.exists() else {}
+            differ = sorted(k for k in new.keys() | old.keys() if new.get(k) != old.get(k))
+            for k in differ:
+                print(f"  DIFFERS: {k}")
+            return 1 if differ else 0
+        if args.out_dir.exists():
+            shutil.rmtree(args.out_dir)
+        shutil.copytree(work, args.out_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
