@@ -211,8 +211,7 @@ void ModelSpec::validate() const {
 
 std::vector<std::string> ModelSpec::not_yet_computed() const {
   std::vector<std::string> parts;
-  if (attention.qk_norm != QkNorm::none)
-    parts.push_back(fmt::format("the {} norm of queries and keys", attention.qk_norm == QkNorm::rms ? "RMS" : "L2"));
+  if (attention.qk_norm == QkNorm::l2) parts.push_back("the L2 norm of queries and keys");
   if (attention.nope_interval > 0)
     parts.push_back(fmt::format("layers without RoPE (every {})", attention.nope_interval));
   if (attention.attention_chunk > 0)

@@ -493,7 +493,10 @@ void read_moe_family(const nlohmann::json& j, HfFamily family, const std::string
                      std::vector<std::string>& refused) {
   MoeSpec& e = m.moe;
   const int64_t L = m.layers;
-  const char* experts_key = family == HfFamily::qwen3_moe ? "num_experts" : "num_local_experts";
+  // Qwen3's published configs say num_experts; transformers 5 writes it as
+  // num_local_experts, Mixtral's name.
+  const char* experts_key =
+      family == HfFamily::qwen3_moe && !j.contains("num_local_experts") ? "num_experts" : "num_local_experts";
   e.experts = require_int(j, experts_key, origin, kMaxExperts, hf_architecture(family));
   e.top_k = hf_int(j, "num_experts_per_tok", family == HfFamily::mixtral ? 2 : family == HfFamily::qwen3_moe ? 8 : 1,
                    1, e.experts, origin);

@@ -248,10 +248,11 @@ int64_t block_param_elements(const ModelSpec& m, const Layout& l, const StagePla
 
 namespace {
 
-// A block's norms and attention on one tp rank.
+// A block's norms and attention on one tp rank (Qwen3's q and k norms whole).
 int64_t block_attention_elements(const ModelSpec& m, const Layout& l) {
   const int64_t t = l.tp, C = m.hidden, D = m.head_dim;
-  return 2 * C + (2 * (m.heads / t) + 2 * (m.kv_heads / t)) * D * C;
+  const int64_t qk_norms = m.attention.qk_norm == QkNorm::rms ? 2 * D : 0;
+  return 2 * C + (2 * (m.heads / t) + 2 * (m.kv_heads / t)) * D * C + qk_norms;
 }
 
 }  // namespace
@@ -347,6 +348,14 @@ void block_saved_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l,
   out.push_back({"layer.attn.q", Category::activations, d.B * d.T * d.Hl * d.D, d.a, 1});
   out.push_back({"layer.attn.k", Category::activations, d.B * d.T * d.Kl * d.D, d.a, 1});
   out.push_back({"layer.attn.v", Category::activations, d.B * d.T * d.Kl * d.D, d.a, 1});
+  // Qwen3's norm of each head's queries and keys: its inputs (q and k as
+  // their GEMMs wrote them) and 1/rms per row and head, for its backward.
+  if (m.attention.qk_norm == QkNorm::rms) {
+    out.push_back({"layer.attn.q_raw", Category::activations, d.B * d.T * d.Hl * d.D, d.a, 1});
+    out.push_back({"layer.attn.q_rstd", Category::activations, d.B * d.T * d.Hl, kFp32, 1});
+    out.push_back({"layer.attn.k_raw", Category::activations, d.B * d.T * d.Kl * d.D, d.a, 1});
+    out.push_back({"layer.attn.k_rstd", Category::activations, d.B * d.T * d.Kl, kFp32, 1});
+  }
   if (mode != Checkpointing::selective) {
     // The attention output feeds o_proj's weight gradient and the flash
     // backward's rowsum(dO * O); flash keeps the log-sum-exp per row (cudnn

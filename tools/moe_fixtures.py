@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Write the Mixture-of-Experts Hugging Face folders weft is tested against.
 
-transformers builds tiny randomly initialised MixtralForCausalLM models,
-saves them with `save_pretrained` (per-expert tensors,
-model.layers.{i}.block_sparse_moe.experts.{e}.w1/w2/w3, as the published
-checkpoints hold them), and records its own fp32 loss, the logits of the
+transformers builds tiny randomly initialised MixtralForCausalLM and
+Qwen3MoeForCausalLM models, saves them with `save_pretrained` (per-expert
+tensors, model.layers.{i}.block_sparse_moe.experts.{e}.w1/w2/w3 and
+model.layers.{i}.mlp.experts.{e}.gate_proj/up_proj/down_proj, as the
+published checkpoints hold them), and records its own fp32 loss, the logits of the
 first window and its load-balancing loss on fixed tokens; weft must load each
 folder with --init and compute the same. CI does not run this script; its
 outputs are committed under tests/fixtures/hf_moe/. To regenerate:
@@ -19,7 +20,11 @@ mixtral/       V=64 C=16 L=3 H=4 H_kv=2 D=8, 4 experts of width 24, top-2,
                untied, fp32, one model.safetensors
 mixtral_wide/  V=64 C=16 L=2 H=4 H_kv=4 D=8, 8 experts of width 12, top-3,
                untied, bf16, split by max_shard_size into several files
-Both: rope_theta 500000, rms_norm_eps 1e-3, router_aux_loss_coef 0.1.
+qwen3_moe/     V=64 C=16 L=3 H=4 H_kv=2 D=8, 4 experts of width 12, top-2
+               without renormalisation (norm_topk_prob false), layer 1 dense
+               (mlp_only_layers [1], intermediate_size 40), RMS norms of each
+               head's q and k, untied, fp32
+All: rope_theta 500000, rms_norm_eps 1e-3, router_aux_loss_coef 0.1.
 
 Weights: drawn from one seeded torch.Generator in named_parameters() order
 (transformers keeps the experts fused in memory: gate_up_proj (E, 2F, C),
@@ -40,8 +45,8 @@ tests/unit/golden/golden_file.h). For each folder F:
                             forward's router logits (all W*T tokens of every
                             layer pooled), without the coefficient
     F.logits0   f32 (T, V)  logits of window 0
-    F.counts    i32 (L, E)  tokens each expert took in each layer (all k
-                            choices), from the router logits
+    F.counts    i32 (L_moe, E) tokens each expert took in each MoE layer
+                            (all k choices), from the router logits
 and tokens (N,) i32. The header's "scalars" hold seq, windows, vocab and
 each F.loss and F.aux.
 """
@@ -57,7 +62,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 import transformers
-from transformers import MixtralConfig, MixtralForCausalLM
+from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from golden_llama import serialize  # noqa: E402  (same file format)
@@ -78,17 +83,33 @@ MODELS = {
                                      num_attention_heads=4, num_key_value_heads=4, head_dim=8,
                                      num_local_experts=8, num_experts_per_tok=3),
                          dtype=torch.bfloat16, save={"max_shard_size": "8KB"}, seed=20261131),
+    "qwen3_moe": dict(family="qwen3_moe",
+                      config=dict(hidden_size=16, intermediate_size=40, moe_intermediate_size=12,
+                                  num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                  num_experts=4, num_experts_per_tok=2, norm_topk_prob=False,
+                                  decoder_sparse_step=1, mlp_only_layers=[1]),
+                      dtype=torch.float32, save={}, seed=20261132),
 }
 
+FAMILIES = {"mixtral": (MixtralConfig, MixtralForCausalLM), "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM)}
 
-def make_model(spec: dict) -> MixtralForCausalLM:
-    config = MixtralConfig(
-        **spec["config"], vocab_size=VOCAB, tie_word_embeddings=False,
+
+def experts_of(config) -> tuple[int, int]:
+    """(E, k) of a config of either family."""
+    E = getattr(config, "num_local_experts", None) or config.num_experts
+    return E, config.num_experts_per_tok
+
+
+def make_model(spec: dict):
+    config_class, model_class = FAMILIES[spec.get("family", "mixtral")]
+    extra = dict(router_jitter_noise=0.0) if config_class is MixtralConfig else {}
+    config = config_class(
+        **spec["config"], **extra, vocab_size=VOCAB, tie_word_embeddings=False,
         rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA}, rms_norm_eps=RMS_NORM_EPS,
-        router_aux_loss_coef=AUX_COEF, router_jitter_noise=0.0, output_router_logits=True, sliding_window=None,
+        router_aux_loss_coef=AUX_COEF, output_router_logits=True, sliding_window=None,
         max_position_embeddings=64, attention_dropout=0.0, attn_implementation="eager",
         experts_implementation="eager")
-    model = MixtralForCausalLM(config).float()
+    model = model_class(config).float()
     g = torch.Generator().manual_seed(spec["seed"])
     C = config.hidden_size
     with torch.no_grad():
@@ -105,8 +126,8 @@ def make_model(spec: dict) -> MixtralForCausalLM:
     return model.eval()
 
 
-def evaluate(model: MixtralForCausalLM, inputs: torch.Tensor, targets: torch.Tensor) -> dict:
-    k, E = model.config.num_experts_per_tok, model.config.num_local_experts
+def evaluate(model, inputs: torch.Tensor, targets: torch.Tensor) -> dict:
+    E, k = experts_of(model.config)
     with torch.no_grad():
         out = model(input_ids=inputs, output_router_logits=True)
         logits = out.logits.float()
@@ -141,14 +162,17 @@ def generate(workdir: Path) -> tuple[dict, list]:
         out = workdir / name
         make_model(spec).to(spec["dtype"]).save_pretrained(out, **spec["save"])
         # What weft loads: the saved weights, widened to fp32 as weft does.
-        loaded = MixtralForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager",
-                                                    experts_implementation="eager").eval()
+        model_class = FAMILIES[spec.get("family", "mixtral")][1]
+        loaded = model_class.from_pretrained(out, dtype=torch.float32, attn_implementation="eager",
+                                             experts_implementation="eager").eval()
         r = evaluate(loaded, inputs, targets)
         tensors += [(f"{name}.loss", r["loss"].numpy()),
                     (f"{name}.loss_f64", np.array(r["loss64"].item(), dtype=np.float64)),
                     (f"{name}.aux", r["aux"].numpy()),
                     (f"{name}.logits0", r["logits0"].numpy()),
                     (f"{name}.counts", r["counts"].numpy())]
+        if "family" in spec:
+            assert loaded.config.norm_topk_prob is False and list(loaded.config.mlp_only_layers) == [1]
         scalars[f"{name}.loss"] = r["loss"].item()
         scalars[f"{name}.aux"] = r["aux"].item()
         folders[name] = dict(dtype=str(spec["dtype"]).removeprefix("torch."), config=spec["config"],

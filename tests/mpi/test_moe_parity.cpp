@@ -1,6 +1,6 @@
-// An MoE model (Mixtral's form: 8 layers of 4 experts, top-2; and Llama 4's
+// An MoE model (Mixtral's form: 8 layers of 4 experts, top-2; Llama 4's
 // FFN: sigmoid top-1 on the expert's input, a shared expert, MoE layers
-// interleaved with dense ones) trained 5 steps from one seed under tensor
+// interleaved with dense ones; Qwen3-MoE with its q and k norms) trained 5 steps from one seed under tensor
 // (with and without sp), context, pipeline, interleaved and data-parallel
 // layouts, ZeRO 0-3 and the checkpointing modes, with real mpirun ranks:
 // the same losses as one rank within a relative 1e-5 (fp32), and every
@@ -41,6 +41,15 @@ constexpr const char* kLlama4Ffn = R"({"architectures": ["Llama4ForCausalLM"], "
 
 // parity_row for each layout, and the balancing losses against the
 // reference's (`ref_aux`, the same rule), in a column of their own.
+// Qwen3-MoE: RMS norms of each head's queries and keys (whole on every tp
+// rank, their gradients summed over tp), renormalised top-2, a dense layer.
+constexpr const char* kQwen3 = R"({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+  "vocab_size": 256, "hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 32,
+  "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 8,
+  "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": false, "num_experts": 4,
+  "num_experts_per_tok": 2, "norm_topk_prob": true, "decoder_sparse_step": 1, "mlp_only_layers": [3],
+  "router_aux_loss_coef": 0.05})";
+
 std::string table_of(Fixture& f, const std::vector<double>& ref, const std::vector<std::string>& layouts,
                      const std::string& extra) {
   const std::vector<double> ref_aux = f.aux_losses;
@@ -89,7 +98,7 @@ TEST(MoeParity, PerLayerBalancingLossOverPipelineStages) {
 // each routes its chunks. The router's statistics are summed over the ranks
 // that split the micro-batch, so the balancing loss is the single rank's.
 TEST(MoeParity, TensorAndContextParallelism) {
-  for (const char* config : {kMixtral, kLlama4Ffn}) {
+  for (const char* config : {kMixtral, kLlama4Ffn, kQwen3}) {
     Fixture f(false, config);
     const auto ref = f.train("tp1-pp1-dp1-mb1", f.dir.path("ref"));
     ASSERT_EQ(ref.size(), 5u);

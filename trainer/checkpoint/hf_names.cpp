@@ -26,6 +26,8 @@ std::string hf_param_name(ParamKind kind, int64_t layer) {
     case ParamKind::post_attention_layernorm: return block("post_attention_layernorm");
     case ParamKind::final_norm: return "model.norm.weight";
     case ParamKind::lm_head: return "lm_head.weight";
+    case ParamKind::q_norm: return block("self_attn.q_norm");
+    case ParamKind::k_norm: return block("self_attn.k_norm");
     default: break;  // the MoE kinds have their family's names (the model's form)
   }
   return {};
@@ -112,6 +114,8 @@ std::vector<int64_t> hf_param_shape(ParamKind kind, const ModelSpec& m) {
     case ParamKind::input_layernorm:
     case ParamKind::post_attention_layernorm:
     case ParamKind::final_norm: return {C};
+    case ParamKind::q_norm:
+    case ParamKind::k_norm: return {D};
     case ParamKind::router: return {m.moe.experts, C};
     case ParamKind::expert_gate:
     case ParamKind::expert_up: return {m.moe.expert_intermediate, C};
@@ -132,6 +136,8 @@ std::vector<ParamInfo> hf_param_table(const ModelSpec& m) {
   add(ParamKind::embed_tokens, -1);
   for (int64_t l = 0; l < m.layers; ++l) {
     for (ParamKind kind : {ParamKind::q_proj, ParamKind::k_proj, ParamKind::v_proj, ParamKind::o_proj}) add(kind, l);
+    if (m.attention.qk_norm == QkNorm::rms)
+      for (ParamKind kind : {ParamKind::q_norm, ParamKind::k_norm}) add(kind, l);
     if (m.moe_layer(l)) {
       add(ParamKind::router, l);
       for (int64_t e = 0; e < m.moe.experts; ++e)

@@ -35,6 +35,9 @@ enum class ParamKind {
   post_attention_layernorm,  // (C)
   final_norm,                // (C)  "model.norm.weight"
   lm_head,                   // (V, C), absent when tied to embed_tokens
+  // Qwen3's RMSNorm of each head's queries and keys (QkNorm::rms):
+  q_norm,                    // (D)
+  k_norm,                    // (D)
   // An MoE layer's FFN, in place of gate, up and down:
   router,                    // (E, C)
   expert_gate,               // (F_e, C), one per routed expert
@@ -80,7 +83,8 @@ struct ParamInfo {
 };
 
 // Every stored parameter of a model, in the order checkpoints store them:
-// the embedding, each block (q, k, v, o, its FFN, the two norms), the final
+// the embedding, each block (q, k, v, o, Qwen3's q and k norms, its FFN, the
+// two norms), the final
 // norm, then the LM head unless tied. A dense block's FFN is gate, up and
 // down; an MoE block's the router, each expert's gate, up and down, then
 // the shared expert's.

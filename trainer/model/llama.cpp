@@ -9,6 +9,7 @@
 #include <span>
 #include <string>
 #include <cstring>
+#include <tuple>
 #include <utility>
 
 #include <fmt/format.h>
@@ -45,7 +46,9 @@ constexpr const char* kSavedNames[] = {
     "layer.moe.scores",            "layer.moe.experts",     "layer.moe.weights",
     "layer.moe.routing",           "layer.moe.input",       "layer.moe.gate",
     "layer.moe.up",                "layer.moe.act",         "layer.moe.output",
-    "layer.moe.shared_gate",       "layer.moe.shared_up",   "layer.moe.shared_act"};
+    "layer.moe.shared_gate",       "layer.moe.shared_up",   "layer.moe.shared_act",
+    "layer.attn.q_raw",            "layer.attn.q_rstd",     "layer.attn.k_raw",
+    "layer.attn.k_rstd"};
 
 }  // namespace
 
@@ -204,6 +207,12 @@ typename LlamaStage<Elem, G>::Block LlamaStage<Elem, G>::block(int64_t slot, int
   b.wv = w(ParamKind::v_proj);
   b.wo = w(ParamKind::o_proj);
   b.w_mlp_norm = w(ParamKind::post_attention_layernorm);
+  if (params_.qk_norm) {
+    b.w_q_norm = w(ParamKind::q_norm);
+    b.w_k_norm = w(ParamKind::k_norm);
+    b.g_q_norm = g(ParamKind::q_norm);
+    b.g_k_norm = g(ParamKind::k_norm);
+  }
   b.g_attn_norm = g(ParamKind::input_layernorm);
   b.gq = g(ParamKind::q_proj);
   b.gk = g(ParamKind::k_proj);
@@ -246,6 +255,10 @@ typename LlamaStage<Elem, G>::Block LlamaStage<Elem, G>::block(int64_t slot, int
   b.q = act("layer.attn.q", (Elem*)nullptr);
   b.k = act("layer.attn.k", (Elem*)nullptr);
   b.v = act("layer.attn.v", (Elem*)nullptr);
+  b.q_raw = act("layer.attn.q_raw", (Elem*)nullptr);
+  b.k_raw = act("layer.attn.k_raw", (Elem*)nullptr);
+  b.q_rstd = act("layer.attn.q_rstd", (A*)nullptr);
+  b.k_rstd = act("layer.attn.k_rstd", (A*)nullptr);
   b.out = act("layer.attn.out", (Elem*)nullptr);
   b.lse = act("layer.attn.lse", (A*)nullptr);
   b.probs = act("layer.attn.probs", (Elem*)nullptr);
@@ -444,12 +457,24 @@ void LlamaStage<Elem, G>::block_forward(const Block& b, Elem* x_out, bool recomp
     // The column-parallel input, or this rank's rows whose FP8 codes q's cast gathers.
     const bool codes1 = fp8_gathers_codes(b, Fp8Gemm::q);
     const Elem* ln1 = codes1 ? b.ln1 : gathered(b.ln1, all_rows);
-    linear_forward(b, Fp8Gemm::q, ln1, false, b.wq, b.q, "gemm q", &b.in_qkv, codes1);
-    linear_forward(b, Fp8Gemm::k, ln1, true, b.wk, b.k, "gemm k");
+    // With Qwen3's q and k norms the GEMMs write their inputs.
+    Elem* q = b.q_raw ? b.q_raw : b.q;
+    Elem* k = b.k_raw ? b.k_raw : b.k;
+    linear_forward(b, Fp8Gemm::q, ln1, false, b.wq, q, "gemm q", &b.in_qkv, codes1);
+    linear_forward(b, Fp8Gemm::k, ln1, true, b.wk, k, "gemm k");
     linear_forward(b, Fp8Gemm::v, ln1, true, b.wv, b.v, "gemm v");
-    lora_forward(b, Linear::q, ln1, b.q);
-    lora_forward(b, Linear::k, ln1, b.k);
+    lora_forward(b, Linear::q, ln1, q);
+    lora_forward(b, Linear::k, ln1, k);
     lora_forward(b, Linear::v, ln1, b.v);
+    if (b.q_raw) {
+      const int64_t D = m_.head_dim;
+      run(kernels::RmsnormForwardParams<Elem>{.rows = M_ * (m_.heads / t), .C = D, .eps = m_.norm_eps, .x = q,
+                                              .weight = b.w_q_norm, .y = b.q, .rstd = b.q_rstd},
+          "rmsnorm_forward q");
+      run(kernels::RmsnormForwardParams<Elem>{.rows = M_ * (m_.kv_heads / t), .C = D, .eps = m_.norm_eps, .x = k,
+                                              .weight = b.w_k_norm, .y = b.k, .rstd = b.k_rstd},
+          "rmsnorm_forward k");
+    }
     rope(b.q, b.k, kernels::RopeDirection::forward);
   }
   if (full || b.mode == Checkpointing::selective) attention_forward(b);
@@ -548,6 +573,17 @@ void LlamaStage<Elem, G>::block_backward(const Block& b, Elem* dx) {
   InputGather in1 = begin_input(b.ln1, all_rows, b.in_qkv);
   attention_backward(b, d_out, dq, dk, dv);
   rope(dq, dk, kernels::RopeDirection::backward);
+  if (b.q_raw) {
+    // Qwen3's q and k norms, back through d_out (spent): dq and dk become
+    // their inputs' gradients.
+    for (const auto& [d, raw, rstd, w, gw, heads] :
+         {std::tuple{dq, b.q_raw, b.q_rstd, b.w_q_norm, b.g_q_norm, Hl}, std::tuple{dk, b.k_raw, b.k_rstd, b.w_k_norm, b.g_k_norm, Kl}}) {
+      run(kernels::RmsnormBackwardParams<Elem, G>{.rows = M_ * heads, .C = D, .x = raw, .weight = w, .rstd = rstd,
+                                                  .dy = d, .dx = d_out, .dweight = gw},
+          "rmsnorm_backward qk");
+      copy(d, d_out, M_ * heads * D * int64_t(sizeof(Elem)));
+    }
+  }
   linear_dgrad(b, Fp8Gemm::q, dq, false, b.wq, d_norm, Write::overwrite, "gemm q dgrad");
   linear_dgrad(b, Fp8Gemm::k, dk, false, b.wk, d_norm, Write::accumulate, "gemm k dgrad");
   linear_dgrad(b, Fp8Gemm::v, dv, false, b.wv, d_norm, Write::accumulate, "gemm v dgrad");

@@ -327,11 +327,14 @@ void LlamaStage<Elem, G>::reduce_replicated_grads() {
   // same norm-weight gradients; with it, each saw its own rows. LoRA's
   // adapters that are whole on every tp rank (A of a column-parallel layer,
   // B of a row-parallel one) saw only this rank's part of the layer's
-  // outputs or inputs: theirs are partial sums, with or without sp.
+  // outputs or inputs: theirs are partial sums, with or without sp. So are
+  // Qwen3's q and k norms' (each rank normalises its own heads).
   const bool lora = params_.lora.enabled();
-  if (!l_.sp && !(lora && l_.tp > 1)) return;
+  if (!l_.sp && !(lora && l_.tp > 1) && !(params_.qk_norm && l_.tp > 1)) return;
   for (const auto& p : params_.specs) {
     if (p.shard != ShardDim::none) continue;
+    const bool qk = p.kind == ParamKind::q_norm || p.kind == ParamKind::k_norm;
+    if (!l_.sp && !(lora && l_.tp > 1) && !qk) continue;
     // Under ZeRO-2, and ZeRO-1 once the backward reduced the gradients, the
     // summed gradients are this rank's shard (equal ranges on every tp rank).
     G* shard = zero2_ ? grads_ : scatter_dp_ && reduced_ ? dp_shard_ : nullptr;

@@ -48,6 +48,9 @@ struct LlamaStage<Elem, G>::Block {
   const Elem *w_attn_norm, *wq, *wk, *wv, *wo, *w_mlp_norm, *wg, *wu, *wd;
   // (null for frozen parameters under LoRA)
   G *g_attn_norm, *gq, *gk, *gv, *go, *g_mlp_norm, *gg, *gu, *gd;
+  // Qwen3's q and k norms (null without them).
+  const Elem *w_q_norm, *w_k_norm;
+  G *g_q_norm, *g_k_norm;
   // LoRA adapters of each linear layer (null where it has none): A (r, K)
   // and B (N, r), and their gradients.
   std::array<const Elem*, kLinears> lora_a{}, lora_b{};
@@ -57,6 +60,10 @@ struct LlamaStage<Elem, G>::Block {
   A* rstd1;
   A* xhat1;
   Elem *ln1, *q, *k, *v, *out;
+  // Qwen3's q and k norms: their inputs and 1/rms per row and head (null
+  // without them).
+  Elem *q_raw, *k_raw;
+  A *q_rstd, *k_rstd;
   A* lse;
   Elem* probs;
   Elem* x_mid;

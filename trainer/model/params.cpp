@@ -23,24 +23,27 @@ constexpr ParamKind kLinearKind[kLinears] = {ParamKind::q_proj,    ParamKind::k_
 
 // Where `kind` sits in a block (params.h's order), or -1 where the block has
 // none.
-int64_t block_position(ParamKind kind, bool moe, int64_t experts, bool shared, int64_t expert) {
+int64_t block_position(ParamKind kind, bool moe, int64_t experts, bool shared, int64_t expert, bool qk) {
   for (int64_t i = 0; i < kHead; ++i)
     if (kBlockHead[i] == kind) return i;
+  if (kind == ParamKind::q_norm) return qk ? kHead : -1;
+  if (kind == ParamKind::k_norm) return qk ? kHead + 1 : -1;
+  const int64_t ffn = kHead + (qk ? 2 : 0);  // the FFN's first
   switch (kind) {
-    case ParamKind::gate_proj: return moe ? -1 : kHead;
-    case ParamKind::up_proj: return moe ? -1 : kHead + 1;
-    case ParamKind::down_proj: return moe ? -1 : kHead + 2;
-    case ParamKind::router: return moe ? kHead : -1;
+    case ParamKind::gate_proj: return moe ? -1 : ffn;
+    case ParamKind::up_proj: return moe ? -1 : ffn + 1;
+    case ParamKind::down_proj: return moe ? -1 : ffn + 2;
+    case ParamKind::router: return moe ? ffn : -1;
     case ParamKind::expert_gate:
     case ParamKind::expert_up:
     case ParamKind::expert_down:
       if (!moe || expert < 0 || expert >= experts) return -1;
-      return kHead + 1 + 3 * expert + (int64_t(kind) - int64_t(ParamKind::expert_gate));
+      return ffn + 1 + 3 * expert + (int64_t(kind) - int64_t(ParamKind::expert_gate));
     case ParamKind::shared_gate:
     case ParamKind::shared_up:
     case ParamKind::shared_down:
       if (!moe || !shared) return -1;
-      return kHead + 1 + 3 * experts + (int64_t(kind) - int64_t(ParamKind::shared_gate));
+      return ffn + 1 + 3 * experts + (int64_t(kind) - int64_t(ParamKind::shared_gate));
     default: return -1;
   }
 }
@@ -54,7 +57,7 @@ int64_t StageParams::index(ParamKind kind, int64_t layer, int64_t expert) const 
   const bool has_embed = !all.empty() && all[0].kind == ParamKind::embed_tokens;
   if (checkpoint::is_block_param(kind)) {
     if (layer < 0 || layer >= layers) return -1;
-    const int64_t i = block_position(kind, block_moe[size_t(layer)], experts, shared_expert, expert);
+    const int64_t i = block_position(kind, block_moe[size_t(layer)], experts, shared_expert, expert, qk_norm);
     return i < 0 ? -1 : block_first[size_t(layer)] + i;
   }
   if (kind == ParamKind::embed_tokens) return has_embed ? 0 : -1;
@@ -109,7 +112,7 @@ StageParams stage_params(const ModelSpec& m, const Layout& l, const memory::Stag
     p.offset = elements;
     p.frozen = lora;
     const bool norm = kind == ParamKind::input_layernorm || kind == ParamKind::post_attention_layernorm ||
-                      kind == ParamKind::final_norm;
+                      kind == ParamKind::final_norm || kind == ParamKind::q_norm || kind == ParamKind::k_norm;
     p.decay = !norm;
     p.init = norm ? ParamInit::ones : ParamInit::normal;
     elements += p.local_elements();
@@ -132,6 +135,7 @@ StageParams stage_params(const ModelSpec& m, const Layout& l, const memory::Stag
   auto global = [&](int64_t i) { return global_of[size_t(i)]; };
   sp.experts = m.moe.experts;
   sp.shared_expert = m.moe.shared_intermediate > 0;
+  sp.qk_norm = m.attention.qk_norm == QkNorm::rms;
   // The routed experts and the router are whole on every tp rank (an
   // expert tp degree of 1, Megatron's default); the shared expert splits
   // over tp as a dense FFN does.
@@ -147,6 +151,10 @@ StageParams stage_params(const ModelSpec& m, const Layout& l, const memory::Stag
     add(ParamKind::v_proj, layer, m.kv_heads * D, C, ShardDim::rows);
     add(ParamKind::o_proj, layer, C, m.heads * D, ShardDim::cols);
     add(ParamKind::post_attention_layernorm, layer, C, 1, ShardDim::none);
+    if (sp.qk_norm) {
+      add(ParamKind::q_norm, layer, D, 1, ShardDim::none);
+      add(ParamKind::k_norm, layer, D, 1, ShardDim::none);
+    }
     if (!moe) {
       add(ParamKind::gate_proj, layer, m.intermediate, C, ShardDim::rows);
       add(ParamKind::up_proj, layer, m.intermediate, C, ShardDim::rows);

@@ -63,7 +63,8 @@ using checkpoint::ParamKind;
 // or under LoRA the adapters (per block, per targeted layer in block order,
 // A then B), with the base model's parameters in `frozen`.
 // A block's parameters are its two norms and attention, then its FFN: the
-// attention norm, q, k, v, o, the FFN norm, then gate, up and down, or in
+// attention norm, q, k, v, o, the FFN norm, Qwen3's q and k norms (each
+// head's, (D), whole on every tp rank), then gate, up and down, or in
 // an MoE block the router, each routed expert's gate, up and down (expert
 // by expert, so an expert's weights are one range), and the shared
 // expert's gate, up and down.
@@ -87,6 +88,7 @@ struct StageParams {
   std::vector<char> block_moe;
   int64_t experts = 0;        // E of the MoE blocks
   bool shared_expert = false;  // they have a shared expert
+  bool qk_norm = false;        // every block has q and k norms
   // Index into specs of the A adapter of local block `layer`'s linear g (B
   // follows it), or -1 without one.
   int64_t adapter(int64_t layer, Linear g) const;

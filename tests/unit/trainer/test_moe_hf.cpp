@@ -1,6 +1,8 @@
 // An MoE model started from a Hugging Face folder computes what transformers
 // computes with the same weights: tools/moe_fixtures.py recorded, for tiny
-// Mixtral models (4 experts top-2 in fp32; 8 experts top-3 in bf16, sharded),
+// Mixtral models (4 experts top-2 in fp32; 8 experts top-3 in bf16, sharded)
+// and a Qwen3-MoE model (top-2 without renormalisation, a dense layer among
+// the MoE ones, RMS norms of each head's queries and keys),
 // the fp32 loss of one forward over every window, the logits of the first,
 // the load-balancing loss over that forward's routers pooled, and each
 // layer's per-expert token counts.
@@ -45,7 +47,7 @@ TEST(MoeTransformers, LossLogitsBalancingLossAndCountsMatch) {
   }
   std::string table = fmt::format("{:<14} {:>11} {:>11} {:>9} {:>11} {:>11} {:>9} {:>10}\n", "folder", "weft loss",
                                   "transformers", "rel dev", "weft aux", "transformers", "rel dev", "logits rel");
-  for (const char* folder : {"mixtral", "mixtral_wide"}) {
+  for (const char* folder : {"mixtral", "mixtral_wide", "qwen3_moe"}) {
     SCOPED_TRACE(folder);
     const auto src = checkpoint::pretrained_open(fixture(folder));
     const ModelSpec& m = src.model;
@@ -74,12 +76,14 @@ TEST(MoeTransformers, LossLogitsBalancingLossAndCountsMatch) {
     }
     const double e = std::sqrt(num / den);
     EXPECT_LT(e, 64 * kEps32 * 4 * double(m.layers));
-    // Each layer's counts, from its saved router statistics.
+    // Each MoE layer's counts, from its saved router statistics (the MoE
+    // layers' are the stats' instances in order).
     const auto& counts = reference().at(std::string(folder) + ".counts").i32();
-    for (int64_t layer = 0; layer < m.layers; ++layer) {
-      const int64_t* stats = stage.tensors().get<int64_t>("layer.moe.stats", layer);
+    ASSERT_EQ(int64_t(counts.size()), m.moe_layers() * m.moe.experts);
+    for (int64_t i = 0; i < m.moe_layers(); ++i) {
+      const int64_t* stats = stage.tensors().get<int64_t>("layer.moe.stats", i);
       for (int64_t j = 0; j < m.moe.experts; ++j)
-        EXPECT_EQ(stats[j], counts[size_t(layer * m.moe.experts + j)]) << "layer " << layer << " expert " << j;
+        EXPECT_EQ(stats[j], counts[size_t(i * m.moe.experts + j)]) << "MoE layer " << i << " expert " << j;
     }
     table += fmt::format("{:<14} {:>11.7f} {:>11.7f} {:>9.2e} {:>11.7f} {:>11.7f} {:>9.2e} {:>10.2e}\n", folder, loss,
                          want, std::fabs(loss - want) / want, aux, want_aux, std::fabs(aux - want_aux) / want_aux, e);

@@ -34,9 +34,10 @@ ModelSpec moe_model(const char* family, int64_t step = 1) {
   m.moe.step = step;
   m.moe.aux_loss_coef = 0.3;  // large, so its gradient matters
   const std::string f = family;
-  if (f == "qwen3") {  // scores not renormalised, the per-layer loss
+  if (f == "qwen3") {  // scores not renormalised, the per-layer loss, RMS norms of q and k
     m.moe.weights = RouterWeights::scores;
     m.moe.aux_scope = AuxLossScope::per_layer;
+    m.attention.qk_norm = QkNorm::rms;
   } else if (f == "llama4") {  // sigmoid, top-1 on the input, a shared expert
     m.moe.top_k = 1;
     m.moe.score = RouterScore::sigmoid;
@@ -176,7 +177,7 @@ TEST(MoeStage, BalancingLossEntersTheObjective) {
 TEST(MoeStage, CheckpointingGivesBitIdenticalGradients) {
   const uint64_t seed = std::random_device{}();
   SCOPED_TRACE(fmt::format("seed {}", seed));
-  for (const char* family : {"mixtral", "llama4"}) {
+  for (const char* family : {"mixtral", "qwen3", "llama4"}) {
     ModelSpec m = moe_model(family, 2);
     m.layers = 4;  // MoE layers 1 and 3, dense 0 and 2
     const RunSpec run{7, 4, Precision::fp32};
@@ -196,7 +197,7 @@ TEST(MoeStage, CheckpointingGivesBitIdenticalGradients) {
 // routing and when every token goes to the same experts (a router of zeros
 // ties every score: each token takes experts 0 .. k-1).
 TEST(MoeStage, ArenaPeaksEqualTheMemoryModel) {
-  for (const char* family : {"mixtral", "llama4"})
+  for (const char* family : {"mixtral", "qwen3", "llama4"})
     for (const bool one_sided : {false, true}) {
       const ModelSpec m = moe_model(family, 2);
       const RunSpec run{7, 4, Precision::fp32};
@@ -231,9 +232,7 @@ TEST(MoeStage, ArenaPeaksEqualTheMemoryModel) {
 // of dense and MoE layers; and the checkpoint table names them as the
 // family does.
 TEST(MoeStage, ParameterTables) {
-  // (Qwen3's per-head q and k norms are not in the tables yet: the model is
-  // refused until they are computed.)
-  for (const char* preset : {"tiny-moe", "mixtral-8x7b", "llama4-maverick"}) {
+  for (const char* preset : {"tiny-moe", "mixtral-8x7b", "qwen3-30b-a3b", "llama4-maverick"}) {
     const ModelSpec m = model_preset(preset);
     const RunSpec run{128, 8, Precision::fp32};
     for (const char* layout : {"pp1", "pp2", "pp4-vpp2"}) {
