@@ -191,16 +191,19 @@ TEST(ModelSpecMoe, SummaryAndRefusal) {
   for (const char* part : {"experts 128x8192 top-1 sigmoid on input + shared 8192 in 24 of 48 layers",
                            "17.18B active", "NoPE every 4", "chunk 8192", "temperature 0.1/8192"})
     EXPECT_NE(s.find(part), std::string::npos) << part << " in " << s;
-  // Until the trainer and the planners compute them, the attention variants
-  // are refused by name; a Llama and a Mixtral are not (MoE layers train
-  // under trainer::require_moe_layout's layouts).
+  // Until the trainer and the planners compute them, Llama 4's attention
+  // variants are refused by name; a Llama, a Mixtral and a Qwen3-MoE (its
+  // q and k norms computed) are not (MoE layers train under
+  // trainer::require_moe_layout's layouts).
   EXPECT_TRUE(model_preset("llama3-8b").not_yet_computed().empty());
   EXPECT_TRUE(model_preset("mixtral-8x7b").not_yet_computed().empty());
+  EXPECT_TRUE(model_preset("qwen3-30b-a3b").not_yet_computed().empty());
   EXPECT_TRUE(model_preset("tiny-moe").not_yet_computed().empty());
   WEFT_EXPECT_THROW_MSG(model_preset("llama4-scout").require_computed("train"), InputError,
                         "weft cannot train llama4-scout yet", "L2 norm", "layers without RoPE (every 4)",
                         "chunks of 8192", "temperature");
-  WEFT_EXPECT_THROW_MSG(model_preset("qwen3-30b-a3b").require_computed("plan"), InputError, "RMS norm");
+  WEFT_EXPECT_THROW_MSG(model_preset("llama4-maverick").require_computed("plan"), InputError,
+                        "weft cannot plan llama4-maverick yet", "layers without RoPE");
 }
 
 // Each published config.json, read, is its preset.
