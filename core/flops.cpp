@@ -49,6 +49,10 @@ std::string mfu_flops_text(const ModelSpec& m) {
 
 void lora_check_model(const ModelSpec& m, const LoraSpec& lora) {
   if (!lora.enabled()) return;
+  if (m.moe.enabled())
+    throw InputError(fmt::format("--lora on the MoE model {}: LoRA adapters on the attention and expert "
+                                 "projections are not computed yet; train it without --lora",
+                                 m.name));
   const int64_t C = m.hidden, q = m.heads * m.head_dim, kv = m.kv_heads * m.head_dim, F = m.intermediate;
   const std::array<std::pair<int64_t, int64_t>, kLinears> in_out = {
       {{C, q}, {C, kv}, {C, kv}, {q, C}, {C, F}, {C, F}, {F, C}}};

@@ -36,6 +36,14 @@ StreamWork stream_work(std::string_view family, double rows, double width, doubl
   if (family == "embedding_bwd") return {8 * n, 1};
   // The vocab-parallel loss reads the logits in fp32 four times in three passes.
   if (family == "cross_entropy") return {16 * n, 3};
+  // An MoE layer's routing (rows x E: reads the logits, writes fp32 scores;
+  // backward: reads the scores, writes the logits' gradient) and token
+  // movement (rows x C of the routed choices: permute reads each token's row
+  // and writes it once per choice after a counting pass; unpermute reads the
+  // choices and writes the combined rows; their backwards the same).
+  if (family == "moe_route" || family == "moe_route_bwd") return {(a + 4) * n, 1};
+  if (family == "moe_permute") return {2 * a * n, 2};
+  if (family == "moe_unpermute") return {2 * a * n, 1};
   // AdamW streams master, m, v (read and write), the gradient (read for the
   // norm, the update and the zeroing) and writes the compute copy.
   if (family == "adamw") return {rows * (24 + 3 * width + a), 4};

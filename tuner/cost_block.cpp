@@ -119,8 +119,33 @@ double exposed_beside(double transfer, double compute, const CostConstants& k) {
   return std::max(0.0, transfer - compute) + k.overlap_cost * std::min(transfer, compute);
 }
 
-// One block's time for one micro-batch, nothing recomputed.
+namespace {
+
+// One block's time for one micro-batch, nothing recomputed: a dense block,
+// or with x.moe an MoE one.
+Part one_block_cost(const Model& x);
+
+}  // namespace
+
+// An MoE model's block is the mean of its MoE and dense blocks, weighted by
+// how many of the model's layers each is (interleaved layers spread them
+// over the stages alike).
 Part block_cost(const Model& x) {
+  const ModelSpec& m = x.m;
+  if (!m.moe.enabled()) return one_block_cost(x);
+  Model moe = x;
+  moe.moe = true;
+  const Part pm = one_block_cost(moe);
+  const int64_t n = m.moe_layers();
+  if (n == m.layers) return pm;
+  Model dense = x;
+  dense.moe = false;
+  return mix(pm, one_block_cost(dense), double(n) / double(m.layers));
+}
+
+namespace {
+
+Part one_block_cost(const Model& x) {
   const ModelSpec& m = x.m;
   const Layout& l = x.l;
   const double t = double(l.tp), B = double(l.mb), T = double(x.run.seq), cp = double(l.cp);
@@ -165,12 +190,45 @@ Part block_cost(const Model& x) {
 
   double mlp_pre_lora = 0;
   const double attn_pre = x.norm_fwd(Msp) + attn_cast + qkv_fwd + rope;
-  const double mlp_pre = x.norm_fwd(Msp) + mlp_cast + 2 * x.block_linear_fwd(M, Fl, C) + x.stream("swiglu_fwd", M, Fl);
-  p.fwd = attn_pre + attn_fwd + x.block_linear_fwd(M, C, Hl * D) + resid + mlp_pre + x.block_linear_fwd(M, C, Fl) +
-          resid + (casts_fwd - attn_cast - mlp_cast);
-  p.bwd = x.norm_bwd(Msp) + qkv_bwd + rope + attn_bwd + x.block_linear_bwd(M, C, Hl * D) + resid + x.norm_bwd(Msp) +
-          2 * x.block_linear_bwd(M, Fl, C) + x.stream("swiglu_bwd", M, Fl) + x.block_linear_bwd(M, C, Fl) + resid +
-          casts_bwd;
+  // The tp-split part of the FFN's width (an MoE block's shared expert's;
+  // 0: none).
+  double split_width = Fl, mlp_pre = 0;
+  if (!x.moe) {
+    mlp_pre = x.norm_fwd(Msp) + mlp_cast + 2 * x.block_linear_fwd(M, Fl, C) + x.stream("swiglu_fwd", M, Fl);
+    p.fwd = attn_pre + attn_fwd + x.block_linear_fwd(M, C, Hl * D) + resid + mlp_pre + x.block_linear_fwd(M, C, Fl) +
+            resid + (casts_fwd - attn_cast - mlp_cast);
+    p.bwd = x.norm_bwd(Msp) + qkv_bwd + rope + attn_bwd + x.block_linear_bwd(M, C, Hl * D) + resid + x.norm_bwd(Msp) +
+            2 * x.block_linear_bwd(M, Fl, C) + x.stream("swiglu_bwd", M, Fl) + x.block_linear_bwd(M, C, Fl) + resid +
+            casts_bwd;
+  } else {
+    // An MoE block (trainer/model/llama_moe.cpp): the router and routing
+    // over the norm region's rows, the permutation, each expert's three
+    // GEMMs over its share of the rows x k choices (balanced: the mean
+    // expert; fewer rows each lower the GEMMs' efficiency), the combine,
+    // and the shared expert split over tp like a dense FFN. Its input side
+    // (to SwiGLU, and the shared expert's) is what ffn checkpointing redoes.
+    const MoeSpec& e = m.moe;
+    const double E = double(e.experts), k = double(e.top_k), Fe = double(e.expert_intermediate);
+    const double Mr = Msp, choices = Mr * k, per = choices / E;
+    split_width = double(e.shared_intermediate) / t;
+    double pre = x.block_linear_fwd(Mr, E, C) + x.stream("moe_route", Mr, E) + x.stream("moe_permute", choices, C) +
+                 E * 2 * x.block_linear_fwd(per, Fe, C) + x.stream("swiglu_fwd", choices, Fe);
+    double post = E * x.block_linear_fwd(per, C, Fe) + x.stream("moe_unpermute", choices, C);
+    double bwd = x.block_linear_bwd(Mr, E, C) + x.stream("moe_route_bwd", Mr, E) + x.stream("moe_permute", choices, C) +
+                 E * (2 * x.block_linear_bwd(per, Fe, C) + x.block_linear_bwd(per, C, Fe)) +
+                 x.stream("swiglu_bwd", choices, Fe) + x.stream("moe_unpermute", choices, C);
+    if (split_width > 0) {
+      const double Fs = split_width;
+      pre += 2 * x.block_linear_fwd(M, Fs, C) + x.stream("swiglu_fwd", M, Fs);
+      post += x.block_linear_fwd(M, C, Fs);
+      bwd += 2 * x.block_linear_bwd(M, Fs, C) + x.stream("swiglu_bwd", M, Fs) + x.block_linear_bwd(M, C, Fs);
+    }
+    mlp_pre = x.norm_fwd(Msp) + mlp_cast + pre;
+    p.fwd = attn_pre + attn_fwd + x.block_linear_fwd(M, C, Hl * D) + resid + mlp_pre + post + resid +
+            (casts_fwd - attn_cast - mlp_cast);
+    p.bwd = x.norm_bwd(Msp) + qkv_bwd + rope + attn_bwd + x.block_linear_bwd(M, C, Hl * D) + resid + x.norm_bwd(Msp) +
+            bwd + resid + casts_bwd;
+  }
   // LoRA: each targeted layer's adapters, in the forward (redone with it
   // under recomputation: the MLP's gate and up adapters with mlp_pre).
   if (x.run.lora.enabled()) {
@@ -212,15 +270,20 @@ Part block_cost(const Model& x) {
   const bool keeps8 = (l.fp8 == Fp8Recipe::tensorwise || l.fp8 == Fp8Recipe::delayed) && !x.run.lora.enabled();
   const bool qkv_all8 = qkv8 && x.in_fp8(M, Kl * D, C);
   const double gather_qkv = l.sp ? all_gather(keeps8 && qkv_all8 ? M * C : act, tg) : 0.0;
-  const double gather_up = l.sp ? all_gather(keeps8 && up8 ? M * C : act, tg) : 0.0;
-  const double tp_fwd = gather_qkv + gather_up + 2 * reduce + amax_fwd;
+  // (An MoE block's routed experts are whole on every tp rank: only its
+  // shared expert gathers and reduces, where it has one.)
+  const bool ffn_split = split_width > 0;
+  const double gather_up = l.sp && ffn_split ? all_gather(keeps8 && up8 ? M * C : act, tg) : 0.0;
+  const double tp_fwd = gather_qkv + gather_up + (ffn_split ? 2 : 1) * reduce + amax_fwd;
   const double regather_qkv = gather_qkv, regather_up = gather_up;
   const double qkv_dgrad = x.block_linear_dgrad(M, Hl * D, C) + 2 * x.block_linear_dgrad(M, Kl * D, C);
   const double qkv_wgrad = x.block_linear_wgrad(M, Hl * D, C) + 2 * x.block_linear_wgrad(M, Kl * D, C);
-  const double up_dgrad = 2 * x.block_linear_dgrad(M, Fl, C), up_wgrad = 2 * x.block_linear_wgrad(M, Fl, C);
-  const double tp_bwd = 2 * gather + exposed_beside(regather_qkv, attn_bwd + rope + qkv_dgrad, x.k) +
-                        exposed_beside(regather_up, x.stream("swiglu_bwd", M, Fl) + up_dgrad, x.k) +
-                        exposed_beside(reduce, qkv_wgrad, x.k) + exposed_beside(reduce, up_wgrad, x.k);
+  const double Fu = ffn_split ? split_width : Fl;
+  const double up_dgrad = 2 * x.block_linear_dgrad(M, Fu, C), up_wgrad = 2 * x.block_linear_wgrad(M, Fu, C);
+  const double tp_bwd =
+      (ffn_split ? 2 : 1) * gather + exposed_beside(regather_qkv, attn_bwd + rope + qkv_dgrad, x.k) +
+      (ffn_split ? exposed_beside(regather_up, x.stream("swiglu_bwd", M, Fu) + up_dgrad, x.k) : 0.0) +
+      exposed_beside(reduce, qkv_wgrad, x.k) + (ffn_split ? exposed_beside(reduce, up_wgrad, x.k) : 0.0);
   p.tp = tp_fwd - amax_fwd + amax_bwd + tp_bwd;
 
   // Context parallelism's exchanges, per block and micro-batch.
@@ -263,6 +326,8 @@ Part block_cost(const Model& x) {
   p.cp_fwd = cp_fwd;
   return p;
 }
+
+}  // namespace
 
 // The block's time with `mode`'s recomputation: selective redoes the
 // attention core (and the ring's forward passes it needs), ffn the MLP's

@@ -62,8 +62,10 @@ struct Model {
 
   const MeasuredRates* rates;  // the device's measured rates, or null
   // Whether the blocks being priced run their linear layers in FP8 (the
-  // layout's recipe, for the blocks it puts in FP8).
+  // layout's recipe, for the blocks it puts in FP8), and whether their FFN
+  // is the model's MoE one.
   bool fp8 = false;
+  bool moe = false;
 
   double gemm(double M, double N, double K) const {
     if (rates)
@@ -252,7 +254,8 @@ AttentionTime attention_time(const Model& x, double B, double Hl, double Kl, dou
 // Communication that compute hides still costs: the kernels that move it
 // take SMs and memory bandwidth from the compute they overlap.
 double exposed_beside(double transfer, double compute, const CostConstants& k);
-// One block's time for one micro-batch, nothing recomputed.
+// One block's time for one micro-batch, nothing recomputed (an MoE model's:
+// the mean of its MoE and dense blocks).
 Part block_cost(const Model& x);
 // The block's time with `mode`'s recomputation.
 Part with_recompute(Part p, Checkpointing mode);

@@ -127,10 +127,6 @@ struct Subspace {
 };
 std::vector<Subspace> enumerate_subspaces(const ModelSpec& m, const RunSpec& run, int64_t world,
                                           const SpaceLimits& limits, SpaceDevice device = {});
-// InputError for a model the cost model cannot price yet: an MoE model (its
-// router, permutation, experts' GEMMs and expert parallelism are not in
-// the cost model nor in the space). Every search and evaluation checks it.
-void require_priced(const ModelSpec& m);
 
 enum class Verdict { fits, out_of_memory, invalid };
 

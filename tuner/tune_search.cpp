@@ -32,7 +32,7 @@ std::vector<SearchCandidate> search_candidates(const SpaceContext& ctx, const Sp
   for (const auto& c : r.space.candidates) {
     if (c.verdict != Verdict::fits) continue;
     try {
-      trainer::check_trainable(c.layout, ctx.cluster.device.kind);
+      trainer::check_trainable(ctx.model, c.layout, ctx.cluster.device.kind, trainer::Trainable::here);
     } catch (const LayoutError&) {
       ++untrainable;
       continue;

@@ -15,6 +15,8 @@
 #include "trainer/checkpoint/export_hf.h"
 #include "trainer/checkpoint/hf_names.h"
 #include "trainer/model/llama.h"
+#include "core/flops.h"
+#include "tuner/cost.h"
 #include "tuner/space.h"
 #include "../test_util.h"
 
@@ -315,8 +317,17 @@ TEST(MoeStage, RefusesWhatItDoesNotComputeYet) {
   ModelSpec per_layer = m;
   per_layer.moe.aux_scope = AuxLossScope::per_layer;
   EXPECT_NO_THROW(require_moe_layout(per_layer, run, Layout::parse("pp3"), d));
-  WEFT_EXPECT_THROW_MSG(tuner::require_priced(m), InputError, "cannot plan or tune", "tiny-mixtral", "--layout");
-  EXPECT_NO_THROW(tuner::require_priced(model_preset("tiny")));
+  // The planner prices MoE blocks, and prunes what they do not compute.
+  const ClusterSpec cluster = cluster_resolve("h100-80gb", 8, 8);
+  const auto k = tuner::cost_defaults(cluster.device);
+  const auto fits = tuner::evaluate_one(m, run, cluster, Layout::parse("tp2-dp4-sp"), k, {});
+  EXPECT_EQ(fits.verdict, tuner::Verdict::fits) << fits.reason;
+  EXPECT_GT(fits.cost.step, 0);
+  const auto f8 = tuner::evaluate_one(m, run, cluster, Layout::parse("tp2-dp4-sp-fp8:tensorwise"), k, {});
+  EXPECT_EQ(f8.verdict, tuner::Verdict::invalid);
+  EXPECT_NE(f8.reason.find("FP8 GEMMs in tiny-mixtral's MoE blocks are not computed yet"), std::string::npos)
+      << f8.reason;
+  WEFT_EXPECT_THROW_MSG(lora_check_model(m, lora.lora), InputError, "--lora on the MoE model tiny-mixtral");
 }
 
 }  // namespace
