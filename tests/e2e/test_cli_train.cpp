@@ -522,5 +522,37 @@ TEST(CliTrain, RecipesOfAnotherRunOrMalformedAreRefusedByName) {
   }
 }
 
+// An MoE model trains from the command line, its balancing loss in the
+// progress line and the metrics; its options are refused where they mean
+// nothing or name nothing valid, and a layout the MoE trainer does not run
+// yet is refused by name.
+TEST(CliTrain, MixtureOfExpertsTrainsAndItsOptionsAreChecked) {
+  TempDir dir;
+  const auto data = corpus(dir);
+  const std::string moe = " --model tiny-moe --seq 32 --global-batch 4 --threads 1 --log-every 1 --eval-samples 4";
+  auto r = run_weft("train --data " + data + moe + " --layout mb2 --steps 3 --moe-aux-coef 0.05 --out " +
+                    dir.path("moe"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("| aux 0.1"), std::string::npos) << r.out;  // coef x k at balance: about 0.05 x 2
+  std::ifstream in(dir.path("moe") + "/metrics.jsonl");
+  int records = 0;
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j["kind"] != "train") continue;
+    ++records;
+    EXPECT_NEAR(j["aux_loss"].get<double>(), 0.1, 0.02) << line;
+  }
+  EXPECT_EQ(records, 3);
+  r = run_weft("train --data " + data + kSmall + " --steps 1 --moe-aux-coef 0.1 --out " + dir.path("dense"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("--moe-aux-coef applies to MoE models; tiny is dense"), std::string::npos) << r.out;
+  r = run_weft("train --data " + data + moe + " --layout mb2 --steps 1 --moe-aux-scope layer --out " + dir.path("x"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("--moe-aux-scope layer is not a scope; use global"), std::string::npos) << r.out;
+  r = run_weft("train --data " + data + moe + " --layout mb2-fp8:tensorwise --steps 1 --out " + dir.path("y"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("FP8 GEMMs in tiny-moe's MoE blocks are not computed yet"), std::string::npos) << r.out;
+}
+
 }  // namespace
 }  // namespace weft::test
