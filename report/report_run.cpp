@@ -85,6 +85,28 @@ json report_data_run(const std::string& dir) {
   }
   json t = by_step(train);
   d["train_records"] = t.size();
+  // An MoE run's expert loads: each record's since the one before, summed
+  // over the run (records of a layer set other than the newest's are not
+  // added: a different model).
+  json load;
+  for (const auto& r : t) {
+    if (!r.contains("expert_load") || !r["expert_load"].is_object()) continue;
+    const json& e = r["expert_load"];
+    if (!e.contains("layers") || !e.contains("counts") || !e["counts"].is_array()) continue;
+    if (load.is_null() || load["layers"] != e["layers"] || load["counts"].size() != e["counts"].size()) {
+      load = e;
+      continue;
+    }
+    for (size_t i = 0; i < e["counts"].size(); ++i) {
+      json& row = load["counts"][i];
+      const json& add = e["counts"][i];
+      if (!row.is_array() || !add.is_array() || row.size() != add.size()) continue;
+      for (size_t j = 0; j < row.size(); ++j)
+        if (row[j].is_number_integer() && add[j].is_number_integer())
+          row[j] = row[j].get<int64_t>() + add[j].get<int64_t>();
+    }
+  }
+  if (!load.is_null()) d["expert_load"] = std::move(load);
   if (t.size() > kReportTrainRecords) {
     // Every k-th record and the last: the curve's shape at a page's width.
     const size_t k = (t.size() + kReportTrainRecords - 1) / kReportTrainRecords;

@@ -400,8 +400,31 @@ function runReport(d) {
       tip(s("path", {d: `M${gc.X(r.step) - 5},${gc.M.t + 4}l10,10m0,-10l-10,10`, stroke: "#e53e3e", "stroke-width": 2},
             gc.plot), `step ${r.step} skipped`);
   }
+  if (d.expert_load) expertLoad(d.expert_load);
   memorySection(d);
   if (d.tuning) { h("h2", "Tuning of this run", main, "part"); tuning(d.tuning); }
+}
+
+// An MoE run's expert loads over the run: a bar per expert for each MoE
+// layer (the first 8 drawn), and every layer's worst-to-mean ratio.
+function expertLoad(e) {
+  const es = section("Experts' loads",
+                     "Tokens each expert took in each MoE layer over the run (all k choices of every token of the " +
+                     "global batches). Worst / mean is the busiest expert's share against an even split: 1 is " +
+                     "balanced, and it is what sizes the experts' buffers under expert parallelism.");
+  const rows = [];
+  e.layers.forEach((layer, i) => {
+    const c = e.counts[i] || [], total = c.reduce((a, v) => a + v, 0), mean = total / Math.max(1, c.length);
+    const worst = Math.max(...c), least = Math.min(...c);
+    rows.push([layer, num(total), num(mean), num(worst), num(least), mean > 0 ? (worst / mean).toFixed(2) : "-"]);
+    if (i >= 8) return;
+    const ch = chart(es, {title: `Layer ${layer}: tokens per expert (worst / mean ${mean > 0 ? (worst / mean).toFixed(2) : "-"})`,
+                          xlabel: "expert", ylabel: "tokens", cats: c.map((_, j) => String(j)), y: [0, worst],
+                          height: 260});
+    stacked(ch, c.map((v, j) => [[v, PALETTE[0], `expert ${j}: ${num(v)} tokens (${pct(v / Math.max(1, total))})`]]));
+    hline(ch, mean, "#718096", "even split");
+  });
+  table(es, ["layer", "tokens", "mean", "worst", "least", "worst / mean"], rows);
 }
 
 // Measured memory per category against the memory model, per rank; an

@@ -496,6 +496,22 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
                                     {"comm_s", window_comm / window_steps}};
       if (!fp8_health.is_null()) record["fp8"] = fp8_health;
       if (aux) record["aux_loss"] = run.aux_loss;
+      if (c.model.moe.enabled()) {
+        // The tokens each expert of each MoE layer took since the last
+        // record (all k choices, the whole global batch): summed over the
+        // ranks, each stage's layers from its first tp and cp rank.
+        const int64_t E = c.model.moe.experts;
+        run.expert_load.resize(size_t(c.model.layers * E));
+        run.groups.host_groups().world->all_reduce(run.expert_load.data(), int64_t(run.expert_load.size()));
+        nlohmann::json layers = nlohmann::json::array(), counts = nlohmann::json::array();
+        for (int64_t i = 0; i < c.model.layers; ++i) {
+          if (!c.model.moe_layer(i)) continue;
+          layers.push_back(i);
+          counts.push_back(std::vector<int64_t>(run.expert_load.begin() + i * E, run.expert_load.begin() + (i + 1) * E));
+        }
+        record["expert_load"] = {{"layers", layers}, {"counts", counts}};
+        std::fill(run.expert_load.begin(), run.expert_load.end(), int64_t{0});
+      }
       run.emit(record);
       window_time = 0;
       window_comm = 0;

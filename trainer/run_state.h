@@ -227,10 +227,14 @@ struct Run {
     double aux = stage.take_aux_loss();
     groups.host_groups().world->all_reduce(&aux, 1);
     aux_loss = aux * scale;
+    stage.take_expert_load(expert_load);
     return loss * scale;
   }
   // The last step's mean balancing loss (MoE models; 0 otherwise).
   double aux_loss = 0;
+  // MoE models: this rank's expert loads since the last logged record,
+  // (model layers) x E (LlamaStage::take_expert_load).
+  std::vector<int64_t> expert_load;
 
   // Mean loss over the first eval_samples validation samples, spread over the
   // dp replicas and walked forward through the pipeline.

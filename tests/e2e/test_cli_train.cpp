@@ -541,6 +541,13 @@ TEST(CliTrain, MixtureOfExpertsTrainsAndItsOptionsAreChecked) {
     if (j["kind"] != "train") continue;
     ++records;
     EXPECT_NEAR(j["aux_loss"].get<double>(), 0.1, 0.02) << line;
+    // Every MoE layer's experts took the step's 4 x 32 tokens twice (top-2).
+    ASSERT_EQ(j["expert_load"]["layers"].size(), 4u) << line;
+    for (const auto& row : j["expert_load"]["counts"]) {
+      int64_t sum = 0;
+      for (const auto& v : row) sum += v.get<int64_t>();
+      EXPECT_EQ(sum, 4 * 32 * 2) << line;
+    }
   }
   EXPECT_EQ(records, 3);
   r = run_weft("train --data " + data + kSmall + " --steps 1 --moe-aux-coef 0.1 --out " + dir.path("dense"));

@@ -122,6 +122,21 @@ TEST_F(ReportBrowser, RunPage) {
   render("run", dir_.path("run/report.html"));
 }
 
+// An MoE run's page draws its experts' loads: a bar per expert and the
+// worst-to-mean ratio of each MoE layer.
+TEST_F(ReportBrowser, MoeRunPage) {
+  const auto r = run_weft("train --model tiny-moe --layout mb2 --seq 32 --global-batch 4 --steps 3 --threads 1 "
+                          "--eval-samples 4 --out " + dir_.path("moe"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  render("moe-run", dir_.path("moe/report.html"));
+  const auto dom = run_shell(chrome("--dump-dom file://" + fs::absolute(dir_.path("moe/report.html")).string()) +
+                             " 2>/dev/null");
+  EXPECT_NE(dom.out.find("Experts' loads"), std::string::npos);
+  for (int layer = 0; layer < 4; ++layer)
+    EXPECT_NE(dom.out.find("Layer " + std::to_string(layer) + ": tokens per expert (worst / mean "), std::string::npos)
+        << layer;
+}
+
 // Pages of JSON with a null wherever a number was (weft writes a NaN as
 // null): drawn without a script error.
 TEST_F(ReportBrowser, PagesOfNulls) {

@@ -663,8 +663,19 @@ void LlamaStage<Elem, G>::forward(int64_t slot, const int32_t* tokens, const int
   // training forward's: validation passes a grad_scale of 0); its gradient
   // comes in their backwards.
   slot_scale_[size_t(slot)] = grad_scale;
-  if (grad_scale > 0 && m_.moe.aux_loss_coef > 0 && groups_.tp_rank() == 0 && groups_.cp_rank() == 0)
-    aux_host_ += moe_balance(slot, chunk, nullptr) * double(l_.mb * run_.seq);
+  if (grad_scale > 0 && m_.moe.enabled() && groups_.tp_rank() == 0 && groups_.cp_rank() == 0) {
+    if (m_.moe.aux_loss_coef > 0) aux_host_ += moe_balance(slot, chunk, nullptr) * double(l_.mb * run_.seq);
+    // The experts' loads: each MoE block's counts, summed over the ranks
+    // that split the micro-batch already.
+    const int64_t E = m_.moe.experts;
+    load_.resize(size_t(m_.layers * E));
+    for (int64_t i = 0; i < Lc; ++i) {
+      if (!params_.block_moe[size_t(chunk_begin_[size_t(chunk)] + i)]) continue;
+      const int64_t* counts = table_->get<int64_t>("layer.moe.stats", instance("layer.moe.stats", slot, i));
+      int64_t* row = load_.data() + memory::global_layer(m_, l_, plan_.stage, chunk, i) * E;
+      for (int64_t j = 0; j < E; ++j) row[j] += counts[j];
+    }
+  }
   if (heads) {
     gather_head();
     head_forward(slot, targets, grad_scale);

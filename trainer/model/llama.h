@@ -146,6 +146,11 @@ class LlamaStage {
   // (transformers' loss + coef * aux_loss per forward, averaged as
   // gradient accumulation averages the losses).
   double take_aux_loss();
+  // MoE models: the tokens each expert took in each MoE layer of this stage
+  // (all k choices; over the training forwards since the last call, on the
+  // first tp and cp rank), added into `into` ((model layers) x E, row =
+  // the global layer), and a fresh count.
+  void take_expert_load(std::vector<int64_t>& into);
   // Backward of the micro-batch (chunk) in `slot`, accumulating parameter gradients.
   // final: no later backward of this step touches the chunk's parameters.
   // Without ZeRO and with dp > 1, each parameter group's (a block's, the
@@ -435,6 +440,7 @@ class LlamaStage {
   void lora_drop(const Block& b, Linear g, const Elem* x, int64_t cols, Elem* out, kernels::Write write);
   double loss_host_ = 0;      // CPU: the loss sum since take_loss()
   double aux_host_ = 0;       // the balancing loss sum since take_aux_loss()
+  std::vector<int64_t> load_;  // (model layers) x E: tokens per expert since take_expert_load()
   std::vector<double> slot_scale_;  // the grad_scale of each slot's forward (MoE: the balancing loss's)
   A* loss_device_ = nullptr;  // GPU: per-token losses summed since take_loss()
   // ZeRO-2: each parameter group's gradient of a micro-batch is built in the

@@ -254,6 +254,14 @@ double LlamaStage<Elem, G>::moe_balance(int64_t slot, int64_t chunk, std::vector
 }
 
 template <typename Elem, typename G>
+void LlamaStage<Elem, G>::take_expert_load(std::vector<int64_t>& into) {
+  if (load_.empty()) return;
+  into.resize(load_.size());
+  for (size_t i = 0; i < load_.size(); ++i) into[i] += load_[i];
+  std::fill(load_.begin(), load_.end(), int64_t{0});
+}
+
+template <typename Elem, typename G>
 double LlamaStage<Elem, G>::take_aux_loss() {
   const double v = aux_host_;
   aux_host_ = 0;
@@ -264,7 +272,8 @@ double LlamaStage<Elem, G>::take_aux_loss() {
   template void LlamaStage<E, G>::moe_forward(const Block&, E*, bool);                        \
   template void LlamaStage<E, G>::moe_backward(const Block&, const E*, E*);                   \
   template double LlamaStage<E, G>::moe_balance(int64_t, int64_t, std::vector<double>*);      \
-  template double LlamaStage<E, G>::take_aux_loss();
+  template double LlamaStage<E, G>::take_aux_loss();                                          \
+  template void LlamaStage<E, G>::take_expert_load(std::vector<int64_t>&);
 WEFT_LLAMA_MOE(float, float)
 WEFT_LLAMA_MOE(double, double)
 WEFT_LLAMA_MOE(kernels::bf16, float)
