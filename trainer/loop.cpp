@@ -177,10 +177,6 @@ void check_trainable(const ModelSpec& m, const Layout& l, DeviceKind device, Tra
     throw LayoutError(fmt::format("layout {}: the MoE model {} trains on the CPU only yet (the experts' grouped "
                                   "GEMM is not in the GPU step)",
                                   l.to_string(), m.name));
-  if (m.moe.aux_loss_coef > 0 && m.moe.aux_scope == AuxLossScope::global && (l.pp > 1 || l.vpp > 1))
-    throw LayoutError(fmt::format("layout {}: the global balancing loss of {} trains with pp 1 and vpp 1 only yet "
-                                  "(--moe-aux-scope per_layer trains under pp)",
-                                  l.to_string(), m.name));
 }
 
 void check_trainable(const Layout& l, DeviceKind device, Trainable where) {

@@ -132,8 +132,7 @@ enum class Trainable { here, anywhere };
 // tensor cores, below compute capability 8.9, or the build lacks CUDA).
 void check_trainable(const Layout& l, DeviceKind device = DeviceKind::gpu, Trainable where = Trainable::here);
 // The same for a model: also an MoE model on a GPU, whose blocks train on
-// the CPU only yet, or with its global balancing loss under pp or vpp
-// (require_moe_layout says what else).
+// the CPU only yet (require_moe_layout says what else).
 void check_trainable(const ModelSpec& m, const Layout& l, DeviceKind device, Trainable where);
 
 // InputError naming the value for settings train() cannot run with, apart

@@ -67,6 +67,7 @@ struct Run {
   // 2 cp - 1 - cp_rank of each under context parallelism).
   std::vector<int32_t> tokens, targets, local_tokens, local_targets;
   std::unique_ptr<parallel::CommRequest> send_act, send_grad;
+  std::unique_ptr<parallel::CommRequest> send_stats, send_totals;  // an MoE model's statistics (step_loss)
   // The last step's FP8 quantisation counts on this rank (Layout::fp8).
   typename LlamaStage<Elem, G>::Fp8Counts fp8;
   // Where the run's weights started (--init's folder; empty: from the seed)
@@ -167,6 +168,12 @@ struct Run {
       }
       return it->second;
     };
+    // An MoE model's global balancing loss needs the micro-batch's router
+    // statistics from every stage: they follow the activations and the
+    // gradients on the same peers and tags (LlamaStage::moe_stats_travel).
+    const bool stats = stage.moe_stats_travel();
+    const int64_t n_stats = stats ? stage.moe_stats_count() : 0;
+    auto& host_pp = *groups.host_groups().pp;
     stage.zero_grads();
     stage.fp8_step_begin();
     // LoRA dropout draws a fresh mask every step, the same under any layout.
@@ -176,20 +183,30 @@ struct Run {
       switch (op.kind) {
         case PipeOpKind::recv_forward:
           pp.recv(stage.stage_input(slot_for(mb, ch), ch), act_count(), op.peer, tag(mb, ch, 0));
+          if (stats) host_pp.recv(stage.moe_stats_in(slot_for(mb, ch)), n_stats, op.peer, tag(mb, ch, 0));
           break;
         case PipeOpKind::forward:
           if (send_act) send_act->wait();  // the output buffer is about to be rewritten
+          if (send_stats) send_stats->wait();
           micro_forward(step0 * gb, mb, slot_for(mb, ch), scale, ch);
           break;
         case PipeOpKind::send_forward:
           send_act = pp.isend(stage.stage_output(), act_count(), op.peer,
                               tag(mb, s == pp_size - 1 ? ch + 1 : ch, 0));
+          if (stats)
+            send_stats = host_pp.isend(stage.moe_stats_out(), n_stats, op.peer,
+                                       tag(mb, s == pp_size - 1 ? ch + 1 : ch, 0));
           break;
-        case PipeOpKind::recv_backward:
+        case PipeOpKind::recv_backward: {
           pp.recv(stage.output_grad(), act_count(), op.peer, tag(mb, ch, 1));
+          const auto it = slot_of.find({mb, ch});
+          WEFT_ASSERT(it != slot_of.end());
+          if (stats) host_pp.recv(stage.moe_totals(it->second), n_stats, op.peer, tag(mb, ch, 1));
           break;
+        }
         case PipeOpKind::backward: {
           if (send_grad) send_grad->wait();
+          if (send_totals) send_totals->wait();
           const auto it = slot_of.find({mb, ch});
           WEFT_ASSERT(it != slot_of.end());
           // Micro-batches run in order within a chunk, so the last one's
@@ -202,13 +219,19 @@ struct Run {
         case PipeOpKind::send_backward:
           send_grad = pp.isend(stage.input_grad(), act_count(), op.peer,
                                tag(mb, s == 0 ? ch - 1 : ch, 1));
+          if (stats)
+            send_totals = host_pp.isend(stage.moe_totals_out(), n_stats, op.peer, tag(mb, s == 0 ? ch - 1 : ch, 1));
           break;
       }
     }
     if (send_act) send_act->wait();
     if (send_grad) send_grad->wait();
+    if (send_stats) send_stats->wait();
+    if (send_totals) send_totals->wait();
     send_act.reset();
     send_grad.reset();
+    send_stats.reset();
+    send_totals.reset();
     stage.lora_dropout(false);
     stage.finish_dp_reduction();
     stage.sync_tied_grads();

@@ -1,13 +1,15 @@
 // An MoE model (Mixtral's form: 8 layers of 4 experts, top-2; Llama 4's
 // FFN: sigmoid top-1 on the expert's input, a shared expert, MoE layers
-// interleaved with dense ones; Qwen3-MoE with its q and k norms) trained 5 steps from one seed under tensor
-// (with and without sp), context, pipeline, interleaved and data-parallel
-// layouts, ZeRO 0-3 and the checkpointing modes, with real mpirun ranks:
-// the same losses as one rank within a relative 1e-5 (fp32), and every
-// rank's arena the memory model's per category. The balancing loss is over each
-// micro-batch (as in transformers and Megatron), so every layout keeps the
-// reference's micro-batch of 1; the global loss trains over dp, the
-// per-layer one also over pp (trainer::require_moe_layout). Prints the table.
+// interleaved with dense ones; Qwen3-MoE with its q and k norms) trained 5
+// steps from one seed under tensor (with and without sp), context,
+// pipeline, interleaved and data-parallel layouts, ZeRO 0-3 and the
+// checkpointing modes, with real mpirun ranks: the same losses and
+// balancing losses as one rank within a relative 1e-5 (fp32), and every
+// rank's arena the memory model's per category. The balancing loss is over
+// each micro-batch (as in transformers and Megatron), so every layout keeps
+// the reference's micro-batch of 1. Under pp the global loss's statistics
+// travel with the micro-batch's activations and gradients
+// (LlamaStage::moe_stats_travel). Prints the tables.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -66,13 +68,15 @@ std::string table_of(Fixture& f, const std::vector<double>& ref, const std::vect
   return table;
 }
 
-TEST(MoeParity, GlobalBalancingLossOverDataParallelRanks) {
+TEST(MoeParity, GlobalBalancingLossOverDataAndPipelineRanks) {
   Fixture f(false, kMixtral);
   const auto ref = f.train("tp1-pp1-dp1-mb1", f.dir.path("ref"));
   ASSERT_EQ(ref.size(), 5u);
   std::printf("%s", table_of(f, ref,
                              {"tp1-pp1-dp2-mb1", "tp1-pp1-dp2-mb1-zero1", "tp1-pp1-dp2-mb1-zero2-ckpt:full",
-                              "tp1-pp1-dp4-mb1-zero3-ckpt:ffn", "tp1-pp1-dp2-mb1-zero3-ckpt:selective"},
+                              "tp1-pp1-dp4-mb1-zero3-ckpt:ffn", "tp1-pp1-dp2-mb1-zero3-ckpt:selective",
+                              "tp1-pp2-dp1-mb1", "tp1-pp2-dp1-mb1-vpp2", "tp1-pp4-dp1-mb1-vpp2-ckpt:full@2",
+                              "tp1-pp2-dp2-mb1-zero1", "tp2-pp2-dp1-mb1-sp-ckpt:selective"},
                              "")
                         .c_str());
 }

@@ -154,6 +154,13 @@ LlamaStage<Elem, G>::LlamaStage(const ModelSpec& m, const RunSpec& run, const La
     saved_.emplace_back(name, std::move(idx));
   }
   slot_scale_.assign(size_t(plan_.in_flight_chunks), 0.0);
+  if (m.moe.enabled()) {
+    const size_t n = size_t(moe_stats_count());
+    moe_in_.assign(n * size_t(plan_.in_flight_chunks), 0.0);
+    moe_totals_.assign(n * size_t(plan_.in_flight_chunks), 0.0);
+    moe_out_.assign(n, 0.0);
+    moe_totals_out_.assign(n, 0.0);
+  }
   require_moe_layout(m, run, l, device);
 }
 
@@ -659,23 +666,8 @@ void LlamaStage<Elem, G>::forward(int64_t slot, const int32_t* tokens, const int
                               : stage_output();
     block_forward(block(slot, chunk, i), x_out, false);
   }
-  // The balancing loss of the chunk's MoE layers, for the metrics (a
-  // training forward's: validation passes a grad_scale of 0); its gradient
-  // comes in their backwards.
   slot_scale_[size_t(slot)] = grad_scale;
-  if (grad_scale > 0 && m_.moe.enabled() && groups_.tp_rank() == 0 && groups_.cp_rank() == 0) {
-    if (m_.moe.aux_loss_coef > 0) aux_host_ += moe_balance(slot, chunk, nullptr) * double(l_.mb * run_.seq);
-    // The experts' loads: each MoE block's counts, summed over the ranks
-    // that split the micro-batch already.
-    const int64_t E = m_.moe.experts;
-    load_.resize(size_t(m_.layers * E));
-    for (int64_t i = 0; i < Lc; ++i) {
-      if (!params_.block_moe[size_t(chunk_begin_[size_t(chunk)] + i)]) continue;
-      const int64_t* counts = table_->get<int64_t>("layer.moe.stats", instance("layer.moe.stats", slot, i));
-      int64_t* row = load_.data() + memory::global_layer(m_, l_, plan_.stage, chunk, i) * E;
-      for (int64_t j = 0; j < E; ++j) row[j] += counts[j];
-    }
-  }
+  if (m_.moe.enabled()) moe_forward_end(slot, chunk, grad_scale);
   if (heads) {
     gather_head();
     head_forward(slot, targets, grad_scale);
@@ -704,6 +696,8 @@ void LlamaStage<Elem, G>::backward(int64_t slot, int64_t chunk, bool final) {
     block_backward(b, dx);
     group_end();
   }
+  // The micro-batch's balancing-loss totals go back with its gradient.
+  if (moe_stats_travel()) std::copy_n(moe_totals(slot), moe_stats_count(), moe_totals_out());
   // A frozen embedding (LoRA) has no gradient to compute.
   if (plan_.has_embedding && chunk == 0 && !params_.lora.enabled()) {
     group_begin({{0, params_.specs[0].local_elements()}});

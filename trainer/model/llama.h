@@ -151,6 +151,23 @@ class LlamaStage {
   // first tp and cp rank), added into `into` ((model layers) x E, row =
   // the global layer), and a fresh count.
   void take_expert_load(std::vector<int64_t>& into);
+  // The global balancing loss across pipeline stages (an MoE model with the
+  // global scope under pp or vpp > 1): each layer's gradient needs the
+  // router statistics of every MoE layer of the micro-batch, so they travel
+  // with it, 2 E doubles (the per-expert counts, then the score sums): in
+  // the forward, summed over the virtual stages so far, after the
+  // activations (recv into moe_stats_in(slot) before a training forward of
+  // a chunk that does not embed; send moe_stats_out() after one that does
+  // not end in the head); in the backward, the totals the last virtual
+  // stage found, after the gradient (recv into moe_totals(slot) before the
+  // backward of a chunk that does not end in the head; send
+  // moe_totals_out() after one that does not embed).
+  bool moe_stats_travel() const;
+  int64_t moe_stats_count() const { return 2 * m_.moe.experts; }
+  double* moe_stats_in(int64_t slot) { return moe_in_.data() + slot * moe_stats_count(); }
+  double* moe_stats_out() { return moe_out_.data(); }
+  double* moe_totals(int64_t slot) { return moe_totals_.data() + slot * moe_stats_count(); }
+  double* moe_totals_out() { return moe_totals_out_.data(); }
   // Backward of the micro-batch (chunk) in `slot`, accumulating parameter gradients.
   // final: no later backward of this step touches the chunk's parameters.
   // Without ZeRO and with dp > 1, each parameter group's (a block's, the
@@ -386,6 +403,14 @@ class LlamaStage {
   // block its derivative with respect to each expert's score at any row
   // (into dscore, (MoE blocks, E), in block order), or null.
   double moe_balance(int64_t slot, int64_t chunk, std::vector<double>* dscore);
+  // After a forward of chunk `chunk` into `slot`: the experts' loads, the
+  // balancing loss's value (training forwards) and, for the global scope,
+  // the micro-batch's statistics so far (moe_stats_travel).
+  void moe_forward_end(int64_t slot, int64_t chunk, double grad_scale);
+  // The global balancing loss from a micro-batch's totals (2 E: counts, then
+  // score sums, over all its MoE layers): coef times the loss, and the
+  // derivative at each expert's score (E), when dscore is not null.
+  double global_balance(const double* totals, double* dscore) const;
   void head_forward(int64_t slot, const int32_t* targets, double grad_scale);
   void head_backward(Elem* dx);
   // Launches an op on the stage's stream, with the kernel workspace it needs
@@ -441,6 +466,8 @@ class LlamaStage {
   double loss_host_ = 0;      // CPU: the loss sum since take_loss()
   double aux_host_ = 0;       // the balancing loss sum since take_aux_loss()
   std::vector<int64_t> load_;  // (model layers) x E: tokens per expert since take_expert_load()
+  // The global balancing loss's statistics (2 E per slot; moe_stats_travel).
+  std::vector<double> moe_in_, moe_out_, moe_totals_, moe_totals_out_;
   std::vector<double> slot_scale_;  // the grad_scale of each slot's forward (MoE: the balancing loss's)
   A* loss_device_ = nullptr;  // GPU: per-token losses summed since take_loss()
   // ZeRO-2: each parameter group's gradient of a micro-batch is built in the

@@ -20,6 +20,8 @@
 // sums the tp-whole weights' under sp). The experts' row offsets are read
 // on the host, so this runs on the CPU; on a GPU the grouped GEMM takes them
 // from the device (not in the step yet: require_moe_layout says so).
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -44,10 +46,6 @@ void require_moe_layout(const ModelSpec& m, const RunSpec& run, const Layout& l,
                                   device.name));
   if (l.fp8 != Fp8Recipe::off) missing.push_back(fmt::format("with FP8 GEMMs (fp8:{})", to_string(l.fp8)));
   if (run.lora.enabled()) missing.push_back("with LoRA adapters");
-  if (m.moe.aux_loss_coef > 0 && m.moe.aux_scope == AuxLossScope::global && (l.pp > 1 || l.vpp > 1))
-    missing.push_back(fmt::format("with the global balancing loss over {} (each layer's gradient needs every "
-                                  "layer's router statistics; the per_layer scope trains there)",
-                                  l.pp > 1 ? fmt::format("pp {}", l.pp) : fmt::format("vpp {}", l.vpp)));
   if (!missing.empty())
     throw InputError(fmt::format("weft cannot train the MoE model {} under layout {} yet: not {}; it trains on "
                                  "the CPU with FP8 off and no LoRA, under tp (with or without sp), cp, pp, vpp, "
@@ -210,7 +208,14 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx)
   std::vector<double> dscore;
   const double* dscore_row = nullptr;
   const double aux_scale = slot_scale_[size_t(b.slot)] * double(l_.mb * run_.seq);  // the micro-batch's tokens
-  if (e.aux_loss_coef > 0 && aux_scale > 0) {
+  if (e.aux_loss_coef > 0 && aux_scale > 0 && e.aux_scope == AuxLossScope::global) {
+    // Every layer's the same: from the micro-batch's totals over all its
+    // MoE layers (moe_forward_end).
+    dscore.resize(size_t(E));
+    global_balance(moe_totals(b.slot), dscore.data());
+    for (double& v : dscore) v *= aux_scale;
+    dscore_row = dscore.data();
+  } else if (e.aux_loss_coef > 0 && aux_scale > 0) {
     const int64_t chunk = chunk_of(b.index);
     moe_balance(b.slot, chunk, &dscore);
     int64_t before = 0;  // the chunk's MoE blocks ahead of this one
@@ -254,6 +259,67 @@ double LlamaStage<Elem, G>::moe_balance(int64_t slot, int64_t chunk, std::vector
 }
 
 template <typename Elem, typename G>
+bool LlamaStage<Elem, G>::moe_stats_travel() const {
+  return m_.moe.enabled() && m_.moe.aux_loss_coef > 0 && m_.moe.aux_scope == AuxLossScope::global &&
+         (l_.pp > 1 || l_.vpp > 1);
+}
+
+template <typename Elem, typename G>
+double LlamaStage<Elem, G>::global_balance(const double* totals, double* dscore) const {
+  // The pooled loss is one layer of tokens x (MoE layers) rows.
+  const MoeSpec& e = m_.moe;
+  const int64_t E = e.experts;
+  std::vector<int64_t> counts(static_cast<size_t>(E));
+  for (int64_t j = 0; j < E; ++j) counts[size_t(j)] = int64_t(std::llround(totals[j]));
+  std::vector<double> unused(static_cast<size_t>(E));
+  return kernels::moe_balance_loss(AuxLossScope::global, e.aux_loss_coef, 1, E, e.top_k,
+                                   l_.mb * run_.seq * m_.moe_layers(), counts.data(), totals + E,
+                                   dscore ? dscore : unused.data());
+}
+
+template <typename Elem, typename G>
+void LlamaStage<Elem, G>::moe_forward_end(int64_t slot, int64_t chunk, double grad_scale) {
+  if (grad_scale <= 0) return;  // validation and evaluation: no loss to balance
+  const MoeSpec& e = m_.moe;
+  const int64_t E = e.experts, tokens = l_.mb * run_.seq;
+  // This rank reports for the ranks that split the micro-batch (their
+  // statistics are summed already).
+  const bool report = groups_.tp_rank() == 0 && groups_.cp_rank() == 0;
+  std::vector<double> sums(size_t(2 * E), 0.0);  // the chunk's, over its MoE layers
+  for (int64_t i = 0; i < chunk_layers(chunk); ++i) {
+    if (!params_.block_moe[size_t(chunk_begin_[size_t(chunk)] + i)]) continue;
+    const int64_t* stats = table_->get<int64_t>("layer.moe.stats", instance("layer.moe.stats", slot, i));
+    const double* scores = reinterpret_cast<const double*>(stats + E);
+    if (report) {
+      load_.resize(size_t(m_.layers * E));
+      int64_t* row = load_.data() + memory::global_layer(m_, l_, plan_.stage, chunk, i) * E;
+      for (int64_t j = 0; j < E; ++j) row[j] += stats[j];
+    }
+    for (int64_t j = 0; j < E; ++j) {
+      sums[size_t(j)] += double(stats[j]);
+      sums[size_t(E + j)] += scores[j];
+    }
+  }
+  if (e.aux_loss_coef <= 0) return;
+  if (e.aux_scope == AuxLossScope::per_layer) {
+    if (report) aux_host_ += moe_balance(slot, chunk, nullptr) * double(tokens);
+    return;
+  }
+  // The global loss: the micro-batch's statistics over the virtual stages so
+  // far; where it ends (the head's chunk), its totals.
+  const bool travel = moe_stats_travel();
+  const bool first = plan_.has_embedding && chunk == 0, last = plan_.has_head && chunk == l_.vpp - 1;
+  if (travel && !first)
+    for (int64_t j = 0; j < 2 * E; ++j) sums[size_t(j)] += moe_stats_in(slot)[j];
+  if (!travel || last) {
+    std::copy(sums.begin(), sums.end(), moe_totals(slot));
+    if (report) aux_host_ += global_balance(moe_totals(slot), nullptr) * double(tokens);
+  } else {
+    std::copy(sums.begin(), sums.end(), moe_stats_out());
+  }
+}
+
+template <typename Elem, typename G>
 void LlamaStage<Elem, G>::take_expert_load(std::vector<int64_t>& into) {
   if (load_.empty()) return;
   into.resize(load_.size());
@@ -273,7 +339,10 @@ double LlamaStage<Elem, G>::take_aux_loss() {
   template void LlamaStage<E, G>::moe_backward(const Block&, const E*, E*);                   \
   template double LlamaStage<E, G>::moe_balance(int64_t, int64_t, std::vector<double>*);      \
   template double LlamaStage<E, G>::take_aux_loss();                                          \
-  template void LlamaStage<E, G>::take_expert_load(std::vector<int64_t>&);
+  template void LlamaStage<E, G>::take_expert_load(std::vector<int64_t>&);                     \
+  template bool LlamaStage<E, G>::moe_stats_travel() const;                                   \
+  template double LlamaStage<E, G>::global_balance(const double*, double*) const;             \
+  template void LlamaStage<E, G>::moe_forward_end(int64_t, int64_t, double);
 WEFT_LLAMA_MOE(float, float)
 WEFT_LLAMA_MOE(double, double)
 WEFT_LLAMA_MOE(kernels::bf16, float)
