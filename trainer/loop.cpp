@@ -170,47 +170,6 @@ void set_threads(int64_t threads) {
   openblas_set_num_threads(n);
 }
 
-void check_trainable(const ModelSpec& m, const Layout& l, DeviceKind device, Trainable where) {
-  check_trainable(l, device, where);
-  if (!m.moe.enabled()) return;
-  if (device == DeviceKind::gpu)
-    throw LayoutError(fmt::format("layout {}: the MoE model {} trains on the CPU only yet (the experts' grouped "
-                                  "GEMM is not in the GPU step)",
-                                  l.to_string(), m.name));
-}
-
-void check_trainable(const Layout& l, DeviceKind device, Trainable where) {
-  const bool gpu = device == DeviceKind::gpu;
-  const bool here = where == Trainable::here;
-  if (l.grad == GradPrecision::bf16 && !gpu)
-    throw LayoutError(fmt::format("layout {}: grad:bf16 needs the GPU trainer; the CPU trainer computes and "
-                                  "accumulates in fp32 (use grad:fp32)",
-                                  l.to_string()));
-  if (l.attention == AttentionKind::cudnn && (here || !gpu) &&
-      !kernels::attention_available(l.attention, gpu ? kernels::Backend::cuda : kernels::Backend::cpu))
-    throw LayoutError(fmt::format(
-        "layout {}: attention cudnn runs cuDNN's fused attention, {}; attn:flash and attn:materialized run "
-        "everywhere",
-        l.to_string(),
-        gpu ? "which this build lacks (install nvidia-cudnn-frontend, e.g. with tools/setup.sh, and "
-              "reconfigure: CMake prints a line for the cuDNN frontend)"
-            : "which needs a GPU"));
-  // Context parallelism calls attention on blocks of the sequence, which the
-  // CUDA backend computes with flash only.
-  if (l.cp > 1 && gpu && l.attention != AttentionKind::flash)
-    throw LayoutError(fmt::format("layout {}: context parallelism (cp={}) on a GPU needs attn:flash: the CUDA {} "
-                                  "attention takes no blocks of the sequence (use attn:flash, or cp1)",
-                                  l.to_string(), l.cp, to_string(l.attention)));
-  if (l.fp8 != Fp8Recipe::off && gpu && here) {
-    std::string here;
-    if (!kernels::fp8_gemm_available(kernels::Backend::cuda, &here))
-      throw LayoutError(fmt::format("layout {}: FP8 GEMMs ({}) need a GPU with FP8 tensor cores (compute capability "
-                                    "8.9 or newer: L4, L40, H100, H200, B200) and a CUDA build; here: {} (use "
-                                    "fp8:off on this GPU, or the CPU trainer's emulated FP8)",
-                                    l.to_string(), gemm_precision_text(l), here));
-  }
-}
-
 namespace {
 
 // Runs `f` on this rank; if it throws here or on any other rank, every rank
@@ -614,48 +573,6 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
 }
 
 }  // namespace
-
-void validate_config(const TrainConfig& c) {
-  c.model.validate();
-  c.model.require_computed("train");
-  c.run.validate();
-  c.optim.validate();
-  if (c.steps < 1 && !(c.steps == 0 && !c.init.empty()))
-    throw InputError(fmt::format("--steps {} must be at least 1 (0 only with --init: it writes the loaded "
-                                 "model as a step-0 checkpoint)",
-                                 c.steps));
-  if (!c.changes.empty() && !c.resume && c.resume_from.empty())
-    throw InputError(fmt::format("--change {} applies to a resumed run (--resume or --resume-from): a new run "
-                                 "takes every setting from its command",
-                                 fmt::join(c.changes, ",")));
-  for (const auto& name : c.changes)
-    if (std::find(changeable_settings().begin(), changeable_settings().end(), name) == changeable_settings().end())
-      throw InputError(fmt::format("--change {}: '{}' is not a setting a resume may change; use any of {}",
-                                   fmt::join(c.changes, ","), name, fmt::join(changeable_settings(), ", ")));
-  if (!c.init.empty() && !c.resume_from.empty())
-    throw InputError(fmt::format("--init {} starts a new run from pretrained weights and --resume-from {} "
-                                 "continues one; give one of them (--init with --resume continues the run "
-                                 "when it has a checkpoint and starts from --init when it has none)",
-                                 c.init, c.resume_from));
-  const bool gpu = c.device.kind == DeviceKind::gpu;
-  if (!gpu && c.run.precision != Precision::fp32)
-    throw InputError(fmt::format("precision {}: the CPU trainer runs in fp32; pass --precision fp32 "
-                                 "(bf16 needs a GPU)", to_string(c.run.precision)));
-  if (gpu && c.run.precision != Precision::bf16)
-    throw InputError(fmt::format("precision {}: the GPU trainer runs in bf16 with fp32 master weights; "
-                                 "pass --precision bf16, or --device cpu for fp32",
-                                 to_string(c.run.precision)));
-  if (c.log_every < 1) throw InputError(fmt::format("--log-every {} must be at least 1", c.log_every));
-  if (c.eval_every < 0)
-    throw InputError(fmt::format("--eval-every {} is not valid; use 0 (at the end only) or a number of steps",
-                                 c.eval_every));
-  if (c.eval_samples < 1) throw InputError(fmt::format("--eval-samples {} must be at least 1", c.eval_samples));
-  if (c.ckpt_every < 0)
-    throw InputError(fmt::format("--ckpt-every {} is not valid; use 0 (at the end only) or a number of steps",
-                                 c.ckpt_every));
-  if (c.threads < 0)
-    throw InputError(fmt::format("--threads {} is not valid; use 0 (every core) or a number of threads", c.threads));
-}
 
 TrainReport train(const TrainConfig& c, std::FILE* log_all) {
   validate_config(c);
