@@ -569,7 +569,14 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
     if (plan.moe_layers > 0)
       out.push_back({"scratch.moe_kernels", Category::workspace, ceil_div(m.moe.experts * 8, 64) * 64, 1, 1});
   } else {
-    out.push_back({"scratch.kernels", Category::workspace, gpu_kernel_scratch(d, l), 1, 1});
+    int64_t kernels = gpu_kernel_scratch(d, l);
+    if (plan.moe_layers > 0) {
+      // moe.cu's permute: each chunk of 1,024 choices' counts per expert
+      // (int32), and the experts' totals (int64), each piece 64-byte aligned.
+      const int64_t E = m.moe.experts, choices = d.B * d.Tsp * m.moe.top_k;
+      kernels = std::max(kernels, ceil_div(4 * E * ceil_div(choices, 1024), 64) * 64 + ceil_div(8 * E, 64) * 64);
+    }
+    out.push_back({"scratch.kernels", Category::workspace, kernels, 1, 1});
   }
   // The gradient norm's per-chunk partial sums (one double per 2^14
   // elements, kernels/elementwise's kSumChunk), added in a fixed order.

@@ -13,6 +13,7 @@
 #include "kernels/cross_entropy/cross_entropy.h"
 #include "kernels/embedding/embedding.h"
 #include "kernels/gemm/gemm.h"
+#include "kernels/moe/moe.h"
 #include "kernels/rmsnorm/rmsnorm.h"
 #include "kernels/rope/rope.h"
 #include "memory/shapes.h"
@@ -97,6 +98,36 @@ TEST_P(GpuWorkspace, EveryKernelFitsTheTable) {
   const kernels::CrossEntropyLossGradParams<bf16> ce{.rows = rows, .V = m.vocab, .V_local = V, .logits = e,
                                                      .targets = ids, .row_max = f, .sum_exp = f, .loss = f};
   fits(kernels::workspace_bytes(ce, Backend::cuda), "cross entropy");
+}
+
+// An MoE model's permute (the one MoE kernel with a workspace) fits too: on
+// Qwen3-30B-A3B (128 experts, top-8), and on a narrow model with so many
+// experts and choices that the permute's counts are the largest workspace
+// of the stage.
+TEST(GpuWorkspaceMoe, PermuteFitsTheTable) {
+  ModelSpec many = model_preset("tiny-moe");
+  many.moe.experts = 8192;  // the permute takes at most 12,288
+  many.moe.top_k = 32;
+  for (const auto& [m, seq] :
+       {std::pair{model_preset("qwen3-30b-a3b"), int64_t{4096}}, std::pair{many, int64_t{8192}}}) {
+    const RunSpec run{seq, 16, Precision::bf16};
+    const DeviceSpec dev = device_preset("h100");
+    for (const char* text : {"tp1-pp1-dp1-mb1", "tp2-pp1-dp1-mb2-sp"}) {
+      const Layout l = Layout::parse(text);
+      const auto shapes = memory::stage_shapes(m, run, l, dev, memory::stage_plan(m, run, l, 0));
+      auto* e = reinterpret_cast<bf16*>(uintptr_t{1} << 20);
+      auto* f = reinterpret_cast<float*>(uintptr_t{2} << 20);
+      const int64_t rows = l.mb * run.seq / (l.sp ? l.tp : 1);
+      const kernels::MoePermuteParams<bf16> p{.rows = rows, .C = m.hidden, .experts = m.moe.experts,
+                                              .top_k = m.moe.top_k, .expert_of = reinterpret_cast<int32_t*>(f),
+                                              .weights = f, .x = e, .out = e,
+                                              .offsets = reinterpret_cast<int64_t*>(f),
+                                              .position = reinterpret_cast<int64_t*>(f)};
+      const int64_t need = kernels::workspace_bytes(p, Backend::cuda);
+      EXPECT_GT(need, 0) << text;
+      EXPECT_LE(need, table_bytes(shapes, "scratch.kernels")) << m.name << " " << text;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, GpuWorkspace,
