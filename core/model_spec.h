@@ -81,11 +81,11 @@ struct ModelSpec {
   // bounds above or inconsistent.
   void validate() const;
   // The parts of this model weft's trainer, memory model and cost model do
-  // not compute yet, each named: QK norms, NoPE layers, chunked attention,
-  // attention temperature. Empty for every Llama, Mixtral and MoE model
-  // without them (MoE layers train under the layouts
-  // trainer::require_moe_layout allows; the tuner refuses to price them,
-  // tuner::require_priced).
+  // not compute yet, each named; the one place a field the spec gains
+  // before the trainer computes it is refused. Empty for every model today:
+  // MoE layers train under the layouts trainer::require_moe_layout allows,
+  // and attention within chunks over sequences past the chunk is a layout
+  // rule (Layout::violations).
   std::vector<std::string> not_yet_computed() const;
   // InputError naming them, when there are any: "weft cannot <what> <name>
   // yet: ...".

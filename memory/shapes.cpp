@@ -348,9 +348,10 @@ void block_saved_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l,
   out.push_back({"layer.attn.q", Category::activations, d.B * d.T * d.Hl * d.D, d.a, 1});
   out.push_back({"layer.attn.k", Category::activations, d.B * d.T * d.Kl * d.D, d.a, 1});
   out.push_back({"layer.attn.v", Category::activations, d.B * d.T * d.Kl * d.D, d.a, 1});
-  // Qwen3's norm of each head's queries and keys: its inputs (q and k as
-  // their GEMMs wrote them) and 1/rms per row and head, for its backward.
-  if (m.attention.qk_norm == QkNorm::rms) {
+  // The norm of each head's queries and keys (Qwen3's before RoPE, Llama
+  // 4's L2 norm after it, in its RoPE layers): its inputs and 1/rms per row
+  // and head, for its backward.
+  if (m.attention.qk_norm != QkNorm::none) {
     out.push_back({"layer.attn.q_raw", Category::activations, d.B * d.T * d.Hl * d.D, d.a, 1});
     out.push_back({"layer.attn.q_rstd", Category::activations, d.B * d.T * d.Hl, kFp32, 1});
     out.push_back({"layer.attn.k_raw", Category::activations, d.B * d.T * d.Kl * d.D, d.a, 1});
@@ -541,6 +542,9 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
     out.push_back({"scratch.moe_dweights", Category::workspace, rows * k, kFp32, 1});
     out.push_back({"scratch.moe_stats", Category::workspace, 2 * E, 8, 1});
   }
+  // Llama 4's L2 norm of queries and keys: the RMSNorm kernel with a weight
+  // of ones.
+  if (m.attention.qk_norm == QkNorm::l2) out.push_back({"scratch.qk_ones", Category::workspace, d.D, d.a, 1});
   // The compute-type copies of the GEMM inputs kept in FP8: each block's
   // forward writes one here before quantising it, and a block rebuilding it
   // in its backward too.

@@ -1,6 +1,7 @@
 // An MoE model (Mixtral's form: 8 layers of 4 experts, top-2; Llama 4's
 // FFN: sigmoid top-1 on the expert's input, a shared expert, MoE layers
-// interleaved with dense ones; Qwen3-MoE with its q and k norms) trained 5
+// interleaved with dense ones; Qwen3-MoE with its q and k norms; Llama 4's
+// text model with its NoPE layers, temperature and QK L2 norm) trained 5
 // steps from one seed under tensor (with and without sp), context,
 // pipeline, interleaved and data-parallel layouts, ZeRO 0-3 and the
 // checkpointing modes, with real mpirun ranks: the same losses and
@@ -52,6 +53,18 @@ constexpr const char* kQwen3 = R"({"architectures": ["Qwen3MoeForCausalLM"], "mo
   "num_experts_per_tok": 2, "norm_topk_prob": true, "decoder_sparse_step": 1, "mlp_only_layers": [3],
   "router_aux_loss_coef": 0.05})";
 
+// Llama 4's text model whole: every layer MoE, NoPE every 4th layer with
+// the attention temperature (floor 4, so it changes inside the sequence of
+// 16), the QK L2 norm in the RoPE layers, and a chunk of 16, the sequence
+// (attention within chunks past it is refused).
+constexpr const char* kLlama4 = R"({"architectures": ["Llama4ForCausalLM"], "model_type": "llama4_text",
+  "vocab_size": 256, "hidden_size": 64, "intermediate_size": 32, "intermediate_size_mlp": 96,
+  "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 8,
+  "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": false, "num_local_experts": 4,
+  "num_experts_per_tok": 1, "interleave_moe_layer_step": 1, "router_aux_loss_coef": 0.05,
+  "attention_chunk_size": 16, "use_qk_norm": true, "attn_temperature_tuning": true, "floor_scale": 4,
+  "attn_scale": 0.1, "rope_scaling": null})";
+
 std::string table_of(Fixture& f, const std::vector<double>& ref, const std::vector<std::string>& layouts,
                      const std::string& extra) {
   const std::vector<double> ref_aux = f.aux_losses;
@@ -102,7 +115,7 @@ TEST(MoeParity, PerLayerBalancingLossOverPipelineStages) {
 // each routes its chunks. The router's statistics are summed over the ranks
 // that split the micro-batch, so the balancing loss is the single rank's.
 TEST(MoeParity, TensorAndContextParallelism) {
-  for (const char* config : {kMixtral, kLlama4Ffn, kQwen3}) {
+  for (const char* config : {kMixtral, kLlama4Ffn, kQwen3, kLlama4}) {
     Fixture f(false, config);
     const auto ref = f.train("tp1-pp1-dp1-mb1", f.dir.path("ref"));
     ASSERT_EQ(ref.size(), 5u);

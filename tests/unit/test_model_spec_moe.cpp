@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/layout.h"
 #include "core/model_spec.h"
 #include "test_util.h"
 
@@ -191,19 +192,18 @@ TEST(ModelSpecMoe, SummaryAndRefusal) {
   for (const char* part : {"experts 128x8192 top-1 sigmoid on input + shared 8192 in 24 of 48 layers",
                            "17.18B active", "NoPE every 4", "chunk 8192", "temperature 0.1/8192"})
     EXPECT_NE(s.find(part), std::string::npos) << part << " in " << s;
-  // Until the trainer and the planners compute them, Llama 4's attention
-  // variants are refused by name; a Llama, a Mixtral and a Qwen3-MoE (its
-  // q and k norms computed) are not (MoE layers train under
-  // trainer::require_moe_layout's layouts).
-  EXPECT_TRUE(model_preset("llama3-8b").not_yet_computed().empty());
-  EXPECT_TRUE(model_preset("mixtral-8x7b").not_yet_computed().empty());
-  EXPECT_TRUE(model_preset("qwen3-30b-a3b").not_yet_computed().empty());
-  EXPECT_TRUE(model_preset("tiny-moe").not_yet_computed().empty());
-  WEFT_EXPECT_THROW_MSG(model_preset("llama4-scout").require_computed("train"), InputError,
-                        "weft cannot train llama4-scout yet", "L2 norm", "layers without RoPE (every 4)",
-                        "chunks of 8192", "temperature");
-  WEFT_EXPECT_THROW_MSG(model_preset("llama4-maverick").require_computed("plan"), InputError,
-                        "weft cannot plan llama4-maverick yet", "layers without RoPE");
+  // Every model weft reads is computed (MoE layers under
+  // trainer::require_moe_layout's layouts); Llama 4's attention within
+  // chunks is a layout rule past the chunk: up to it, it is the whole
+  // causal attention.
+  for (const char* name : {"llama3-8b", "mixtral-8x7b", "qwen3-30b-a3b", "tiny-moe", "llama4-scout", "llama4-maverick"})
+    EXPECT_TRUE(model_preset(name).not_yet_computed().empty()) << name;
+  const ModelSpec scout = model_preset("llama4-scout");
+  const Layout l = Layout::parse("tp8-pp1-dp8");
+  EXPECT_TRUE(l.violations(scout, RunSpec{8192, 64, Precision::bf16}, 64).empty());
+  const auto v = l.violations(scout, RunSpec{16384, 64, Precision::bf16}, 64);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_NE(v[0].find("seq 16384 is past llama4-scout's attention chunk of 8192 positions"), std::string::npos) << v[0];
 }
 
 // Each published config.json, read, is its preset.

@@ -153,6 +153,8 @@ LlamaStage<Elem, G>::LlamaStage(const ModelSpec& m, const RunSpec& run, const La
     saved_.emplace_back(name, std::move(idx));
   }
   slot_scale_.assign(size_t(plan_.in_flight_chunks), 0.0);
+  if (table_->has("scratch.qk_ones"))
+    this->run(kernels::FillParams<Elem>{.n = m.head_dim, .value = 1.0, .x = table_->get<Elem>("scratch.qk_ones")}, "fill");
   if (m.moe.enabled()) {
     const size_t n = size_t(moe_stats_count());
     moe_in_.assign(n * size_t(plan_.in_flight_chunks), 0.0);

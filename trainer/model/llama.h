@@ -282,6 +282,12 @@ class LlamaStage {
   // chunks of each sequence and the keys and values come through the
   // layout's transport (llama_context.cpp). dq, dk and dv are overwritten.
   void rope(Elem* q, Elem* k, kernels::RopeDirection direction);
+  // Llama 4's attention variants (core/moe_spec.h): whether block b's
+  // layer rotates q and k (not its NoPE layers), and a NoPE layer's
+  // temperature: q's rows scaled by their positions' factors, in place
+  // (its backward scales dq alike). On the CPU.
+  bool rope_layer(const Block& b) const;
+  void temperature(Elem* q);
   void attention_forward(const Block& b);
   void attention_backward(const Block& b, const Elem* dout, Elem* dq, Elem* dk, Elem* dv);
   // The sequence position of chunk k (0 or 1) of cp rank `rank`.

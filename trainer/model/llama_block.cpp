@@ -3,7 +3,9 @@
 // in Hugging Face LlamaForCausalLM semantics; an MoE block's FFN is
 // llama_moe.cpp's, the attention core llama_context.cpp's, the linear
 // layers' FP8 paths llama_fp8.cpp's.
+#include <cmath>
 #include <tuple>
+#include <type_traits>
 
 #include "kernels/elementwise/elementwise.h"
 #include "kernels/gemm/gemm.h"
@@ -25,7 +27,8 @@ typename LlamaStage<Elem, G>::Block LlamaStage<Elem, G>::block(int64_t slot, int
   b.mode = mode(layer);
   const int64_t local = chunk_begin_[size_t(chunk)] + layer;  // the stage's block index
   b.index = local;
-  b.fp8 = l_.fp8_layer(m_, memory::global_layer(m_, l_, plan_.stage, chunk, layer));
+  b.global = memory::global_layer(m_, l_, plan_.stage, chunk, layer);
+  b.fp8 = l_.fp8_layer(m_, b.global);
   auto w = [&](ParamKind k) { return weight(params_.model(k, local)); };
   auto g = [&](ParamKind k) { return grad(params_.model(k, local)); };
   for (int i = 0; i < kLinears; ++i)
@@ -179,25 +182,31 @@ void LlamaStage<Elem, G>::block_forward(const Block& b, Elem* x_out, bool recomp
     // The column-parallel input, or this rank's rows whose FP8 codes q's cast gathers.
     const bool codes1 = fp8_gathers_codes(b, Fp8Gemm::q);
     const Elem* ln1 = codes1 ? b.ln1 : gathered(b.ln1, all_rows);
-    // With Qwen3's q and k norms the GEMMs write their inputs.
-    Elem* q = b.q_raw ? b.q_raw : b.q;
-    Elem* k = b.k_raw ? b.k_raw : b.k;
+    // With a norm of q and k (Qwen3's before RoPE, Llama 4's L2 norm after
+    // it, in RoPE layers) the GEMMs write the norm's inputs.
+    const bool roped = rope_layer(b);
+    const bool rms = m_.attention.qk_norm == QkNorm::rms, l2 = m_.attention.qk_norm == QkNorm::l2 && roped;
+    Elem* q = rms || l2 ? b.q_raw : b.q;
+    Elem* k = rms || l2 ? b.k_raw : b.k;
     linear_forward(b, Fp8Gemm::q, ln1, false, b.wq, q, "gemm q", &b.in_qkv, codes1);
     linear_forward(b, Fp8Gemm::k, ln1, true, b.wk, k, "gemm k");
     linear_forward(b, Fp8Gemm::v, ln1, true, b.wv, b.v, "gemm v");
     lora_forward(b, Linear::q, ln1, q);
     lora_forward(b, Linear::k, ln1, k);
     lora_forward(b, Linear::v, ln1, b.v);
-    if (b.q_raw) {
+    if (l2) rope(q, k, kernels::RopeDirection::forward);
+    if (rms || l2) {
       const int64_t D = m_.head_dim;
+      const Elem* ones = l2 ? table_->get<Elem>("scratch.qk_ones") : nullptr;
       run(kernels::RmsnormForwardParams<Elem>{.rows = M_ * (m_.heads / t), .C = D, .eps = m_.norm_eps, .x = q,
-                                              .weight = b.w_q_norm, .y = b.q, .rstd = b.q_rstd},
+                                              .weight = l2 ? ones : b.w_q_norm, .y = b.q, .rstd = b.q_rstd},
           "rmsnorm_forward q");
       run(kernels::RmsnormForwardParams<Elem>{.rows = M_ * (m_.kv_heads / t), .C = D, .eps = m_.norm_eps, .x = k,
-                                              .weight = b.w_k_norm, .y = b.k, .rstd = b.k_rstd},
+                                              .weight = l2 ? ones : b.w_k_norm, .y = b.k, .rstd = b.k_rstd},
           "rmsnorm_forward k");
     }
-    rope(b.q, b.k, kernels::RopeDirection::forward);
+    if (roped && !l2) rope(b.q, b.k, kernels::RopeDirection::forward);
+    if (!roped && m_.attention.temperature_scale > 0) temperature(b.q);
   }
   if (full || b.mode == Checkpointing::selective) attention_forward(b);
   if (full) {
@@ -294,18 +303,26 @@ void LlamaStage<Elem, G>::block_backward(const Block& b, Elem* dx) {
   lora_backward(b, Linear::o, dxm, b.out, d_out);
   InputGather in1 = begin_input(b.ln1, all_rows, b.in_qkv);
   attention_backward(b, d_out, dq, dk, dv);
-  rope(dq, dk, kernels::RopeDirection::backward);
-  if (b.q_raw) {
-    // Qwen3's q and k norms, back through d_out (spent): dq and dk become
-    // their inputs' gradients.
+  // The forward's q and k steps in reverse: the temperature (NoPE layers),
+  // RoPE, the norm (Qwen3's RMSNorm before RoPE, Llama 4's L2 norm after).
+  const bool roped = rope_layer(b);
+  const bool rms = m_.attention.qk_norm == QkNorm::rms, l2 = m_.attention.qk_norm == QkNorm::l2 && roped;
+  if (!roped && m_.attention.temperature_scale > 0) temperature(dq);
+  if (roped && !l2) rope(dq, dk, kernels::RopeDirection::backward);
+  if (rms || l2) {
+    // Back through d_out (spent): dq and dk become the norm inputs'
+    // gradients. The L2 norm has no weight (ones, no gradient).
+    const Elem* ones = l2 ? table_->get<Elem>("scratch.qk_ones") : nullptr;
     for (const auto& [d, raw, rstd, w, gw, heads] :
-         {std::tuple{dq, b.q_raw, b.q_rstd, b.w_q_norm, b.g_q_norm, Hl}, std::tuple{dk, b.k_raw, b.k_rstd, b.w_k_norm, b.g_k_norm, Kl}}) {
+         {std::tuple{dq, b.q_raw, b.q_rstd, l2 ? ones : b.w_q_norm, l2 ? nullptr : b.g_q_norm, Hl},
+          std::tuple{dk, b.k_raw, b.k_rstd, l2 ? ones : b.w_k_norm, l2 ? nullptr : b.g_k_norm, Kl}}) {
       run(kernels::RmsnormBackwardParams<Elem, G>{.rows = M_ * heads, .C = D, .x = raw, .weight = w, .rstd = rstd,
                                                   .dy = d, .dx = d_out, .dweight = gw},
           "rmsnorm_backward qk");
       copy(d, d_out, M_ * heads * D * int64_t(sizeof(Elem)));
     }
   }
+  if (l2) rope(dq, dk, kernels::RopeDirection::backward);
   linear_dgrad(b, Fp8Gemm::q, dq, false, b.wq, d_norm, Write::overwrite, "gemm q dgrad");
   linear_dgrad(b, Fp8Gemm::k, dk, false, b.wk, d_norm, Write::accumulate, "gemm k dgrad");
   linear_dgrad(b, Fp8Gemm::v, dv, false, b.wv, d_norm, Write::accumulate, "gemm v dgrad");
@@ -321,6 +338,30 @@ void LlamaStage<Elem, G>::block_backward(const Block& b, Elem* dx) {
   norm_backward(b.x_in, b.xhat1, b.rstd1, b.w_attn_norm, d_norm, dx, Write::accumulate, b.g_attn_norm);
 }
 
+template <typename Elem, typename G>
+bool LlamaStage<Elem, G>::rope_layer(const Block& b) const {
+  const int64_t n = m_.attention.nope_interval;
+  return n == 0 || (b.global + 1) % n != 0;
+}
+
+template <typename Elem, typename G>
+void LlamaStage<Elem, G>::temperature(Elem* q) {
+  // Each row's query heads times 1 + scale * log(floor((pos + 1) / floor)
+  // + 1), pos its position in the sequence (under cp, its chunk's).
+  if constexpr (std::is_same_v<Elem, kernels::bf16>) {
+    throw InternalError("the attention temperature runs on the CPU (Llama 4's MoE blocks train there only)");
+  } else {
+    const int64_t T = M_ / l_.mb, width = (m_.heads / l_.tp) * m_.head_dim, half = T / 2;
+    const double scale = m_.attention.temperature_scale, floor_ = double(m_.attention.temperature_floor);
+    for (int64_t r = 0; r < M_; ++r) {
+      const int64_t t = r % T;
+      const int64_t pos = l_.cp == 1 ? t : chunk_offset(groups_.cp_rank(), t / half) + t % half;
+      const double s = 1.0 + scale * std::log1p(std::floor(double(pos + 1) / floor_));
+      for (int64_t j = 0; j < width; ++j) q[r * width + j] = Elem(double(q[r * width + j]) * s);
+    }
+  }
+}
+
 #define WEFT_LLAMA_BLOCK(E, G)                                                                                 \
   template typename LlamaStage<E, G>::Block LlamaStage<E, G>::block(int64_t, int64_t, int64_t);              \
   template void LlamaStage<E, G>::norm_forward(const E*, const E*, E*, const E*, E*, kernels::Acc<E>*,        \
@@ -329,7 +370,9 @@ void LlamaStage<Elem, G>::block_backward(const Block& b, Elem* dx) {
                                                 const E*, const E*, E*, kernels::Write, G*);                 \
   template void LlamaStage<E, G>::block_forward(const Block&, E*, bool);                                      \
   template void LlamaStage<E, G>::block_recompute(const Block&);                                              \
-  template void LlamaStage<E, G>::block_backward(const Block&, E*);
+  template void LlamaStage<E, G>::block_backward(const Block&, E*);                                           \
+  template bool LlamaStage<E, G>::rope_layer(const Block&) const;                                             \
+  template void LlamaStage<E, G>::temperature(E*);
 WEFT_LLAMA_BLOCK(float, float)
 WEFT_LLAMA_BLOCK(double, double)
 WEFT_LLAMA_BLOCK(kernels::bf16, float)

@@ -42,6 +42,7 @@ struct LlamaStage<Elem, G>::Block {
   int64_t slot = 0;   // the activation slot of its micro-batch
   int64_t layer = 0;  // local index
   int64_t index = 0;  // the stage's block index: chunk * blocks per chunk + layer
+  int64_t global = 0; // the model's layer index
   bool fp8 = false;   // its linear layers run in FP8 (Layout::fp8_layer)
   Checkpointing mode = Checkpointing::none;
   // Parameters and their gradients.

@@ -40,7 +40,12 @@ ModelSpec moe_model(const char* family, int64_t step = 1) {
     m.moe.weights = RouterWeights::scores;
     m.moe.aux_scope = AuxLossScope::per_layer;
     m.attention.qk_norm = QkNorm::rms;
-  } else if (f == "llama4") {  // sigmoid, top-1 on the input, a shared expert
+  } else if (f == "llama4") {  // sigmoid, top-1 on the input, a shared expert; NoPE, temperature, L2 norm
+    m.attention.qk_norm = QkNorm::l2;
+    m.attention.nope_interval = 2;       // layer 1 (and 3) without RoPE
+    m.attention.temperature_scale = 0.5;
+    m.attention.temperature_floor = 2;   // the factor grows every 2 positions
+    m.attention.attention_chunk = 64;    // past every test's sequence
     m.moe.top_k = 1;
     m.moe.score = RouterScore::sigmoid;
     m.moe.weights = RouterWeights::scores;
