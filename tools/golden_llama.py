@@ -78,6 +78,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import struct
 import sys
 from pathlib import Path
@@ -342,6 +343,29 @@ def serialize(header: dict, tensors: list) -> bytes:
     text = json.dumps(header, indent=1, ensure_ascii=False).encode("utf-8")
     text += b" " * ((-(16 + len(text))) % ALIGN)
     return MAGIC + struct.pack("<II", FORMAT_VERSION, len(text)) + text + b"".join(chunks)
+
+
+def tree_bytes(root: Path) -> dict:
+    """Every file under `root`, by its path relative to it, as bytes."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def publish_tree(work: Path, out_dir: Path, check: bool) -> int:
+    """A folder of fixtures generated in `work`: with `check`, compared with
+    `out_dir` file by file (each differing one printed; 1 when any differ);
+    else `out_dir` replaced by it. The exit status."""
+    if check:
+        new = tree_bytes(work)
+        old = tree_bytes(out_dir) if out_dir.exists() else {}
+        differ = sorted(k for k in new.keys() | old.keys() if new.get(k) != old.get(k))
+        for k in differ:
+            print(f"  DIFFERS: {k}")
+        return 1 if differ else 0
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(work, out_dir)
+    return 0
 
 
 def main() -> int:

@@ -67,7 +67,6 @@ config and weight files.
 import argparse
 import copy
 import platform
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -79,7 +78,7 @@ import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from golden_llama import serialize  # noqa: E402  (same file format)
+from golden_llama import publish_tree, serialize, tree_bytes  # noqa: E402  (same file format)
 
 SEQ = 12  # T, not a power of two on purpose
 WINDOWS = 6  # W
@@ -252,10 +251,6 @@ def generate(workdir: Path) -> tuple[dict, list]:
     return header, tensors
 
 
-def tree_bytes(root: Path) -> dict:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out-dir", type=Path,
@@ -278,17 +273,7 @@ def main() -> int:
                 print(f"{k}: {v:.6f}")
         print(f"{len(new)} files, {total} bytes; torch {torch.__version__}, "
               f"transformers {transformers.__version__}")
-        if args.check:
-            old = tree_bytes(args.out_dir) if args.out_dir.exists() else {}
-            differ = sorted(k for k in new.keys() | old.keys() if new.get(k) != old.get(k))
-            for k in differ:
-                print(f"  DIFFERS: {k}")
-            return 1 if differ else 0
-        if args.out_dir.exists():
-            shutil.rmtree(args.out_dir)
-        args.out_dir.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copytree(work, args.out_dir)
-    return 0
+        return publish_tree(work, args.out_dir, args.check)
 
 
 if __name__ == "__main__":

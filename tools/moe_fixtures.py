@@ -53,7 +53,6 @@ each F.loss and F.aux.
 
 import argparse
 import platform
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -65,7 +64,7 @@ import transformers
 from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from golden_llama import serialize  # noqa: E402  (same file format)
+from golden_llama import publish_tree, serialize, tree_bytes  # noqa: E402  (same file format)
 
 SEQ = 10
 WINDOWS = 4
@@ -188,10 +187,6 @@ def generate(workdir: Path) -> tuple[dict, list]:
     return header, tensors
 
 
-def tree_bytes(root: Path) -> dict:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out-dir", type=Path,
@@ -211,16 +206,7 @@ def main() -> int:
                 print(f"{k}: {v:.6f}")
         print(f"{len(new)} files, {sum(len(b) for b in new.values())} bytes; torch {torch.__version__}, "
               f"transformers {transformers.__version__}")
-        if args.check:
-            old = tree_bytes(args.out_dir) if args.out_dir.exists() else {}
-            differ = sorted(k for k in new.keys() | old.keys() if new.get(k) != old.get(k))
-            for k in differ:
-                print(f"  DIFFERS: {k}")
-            return 1 if differ else 0
-        if args.out_dir.exists():
-            shutil.rmtree(args.out_dir)
-        shutil.copytree(work, args.out_dir)
-    return 0
+        return publish_tree(work, args.out_dir, args.check)
 
 
 if __name__ == "__main__":

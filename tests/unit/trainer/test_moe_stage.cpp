@@ -19,11 +19,14 @@
 #include "tuner/cost.h"
 #include "tuner/space.h"
 #include "../test_util.h"
+#include "stage_test_util.h"
 
 namespace weft::trainer {
 namespace {
 
-DeviceSpec cpu() { return device_preset("cpu"); }
+using test_stage::Batch;
+using test_stage::cpu;
+using test_stage::random_batch;
 
 // V=96 C=32 H=4 H_kv=2 D=8, 3 layers, 4 experts of width 24, top-2.
 ModelSpec moe_model(const char* family, int64_t step = 1) {
@@ -56,29 +59,10 @@ ModelSpec moe_model(const char* family, int64_t step = 1) {
   return m;
 }
 
-struct Batch {
-  std::vector<int32_t> tokens, targets;
-};
-
-Batch random_batch(int64_t rows, int64_t V, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  Batch b;
-  for (int64_t i = 0; i < rows; ++i) {
-    b.tokens.push_back(int32_t(rng() % uint64_t(V)));
-    b.targets.push_back(int32_t(rng() % uint64_t(V)));
-  }
-  return b;
-}
-
 template <typename Elem>
-struct Harness {
-  memory::Arena arena;
-  parallel::ProcessGroups groups = parallel::single_process_groups();
-  LlamaStage<Elem> stage;
-  Harness(const ModelSpec& m, const RunSpec& run, const Layout& l, uint64_t seed)
-      : stage(m, run, l, 0, cpu(), arena, groups) {
-    stage.init_weights(seed);
-  }
+struct Harness : test_stage::Stage<Elem> {
+  using test_stage::Stage<Elem>::Stage;
+  using test_stage::Stage<Elem>::stage;
   // The step's objective (mean token loss plus the mean balancing loss),
   // gradients accumulated over the micro-batches.
   double step(const Batch& b, int64_t micro_batches, double scale_to = 0) {
