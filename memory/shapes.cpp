@@ -18,6 +18,7 @@ using detail::ceil_div;
 using detail::Dims;
 using detail::dims;
 using detail::kFp32;
+using detail::kInt32;
 
 const char* to_string(Category c) {
   switch (c) {
@@ -35,7 +36,6 @@ const char* to_string(Category c) {
 
 namespace {
 
-constexpr int64_t kInt32 = 4;
 // cuBLASLt workspace weft hands to every GEMM on a GPU (32 MiB is what cuBLAS
 // recommends for Hopper, plus 256 bytes to align it; kernels/gemm/gemm.cu);
 // CPU GEMMs need none.
@@ -299,33 +299,6 @@ bool lora_frees_act(const RunSpec& run) { return run.lora.enabled() && !run.lora
 
 }  // namespace
 
-namespace {
-
-// The MoE FFN's saved tensors past its norm (block_saved_shapes).
-void moe_saved(const ModelSpec& m, const Layout& l, const Dims& d, std::vector<TensorShape>& out) {
-  const MoeSpec& e = m.moe;
-  // The routed experts run on the norm region's rows (this rank's own
-  // under sp), the shared expert on all of them.
-  const int64_t rows = d.B * d.Tsp, k = e.top_k, E = e.experts, Fe = e.expert_intermediate;
-  out.push_back({"layer.moe.scores", Category::activations, rows * E, kFp32, 1});
-  out.push_back({"layer.moe.experts", Category::activations, rows * k, kInt32, 1});
-  out.push_back({"layer.moe.weights", Category::activations, rows * k, kFp32, 1});
-  out.push_back({"layer.moe.routing", Category::activations, rows * k + E + 1, 8, 1});
-  out.push_back({"layer.moe.input", Category::activations, rows * k * d.C, d.a, 1});
-  out.push_back({"layer.moe.gate", Category::activations, rows * k * Fe, d.a, 1});
-  out.push_back({"layer.moe.up", Category::activations, rows * k * Fe, d.a, 1});
-  out.push_back({"layer.moe.act", Category::activations, rows * k * Fe, d.a, 1});
-  if (e.gate_on == GateOn::output) out.push_back({"layer.moe.output", Category::activations, rows * k * d.C, d.a, 1});
-  if (e.shared_intermediate > 0) {
-    const int64_t Fs = e.shared_intermediate / l.tp, all = d.B * d.T;
-    out.push_back({"layer.moe.shared_gate", Category::activations, all * Fs, d.a, 1});
-    out.push_back({"layer.moe.shared_up", Category::activations, all * Fs, d.a, 1});
-    out.push_back({"layer.moe.shared_act", Category::activations, all * Fs, d.a, 1});
-  }
-}
-
-}  // namespace
-
 void block_saved_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, Checkpointing mode,
                         const Fp8SavedInputs& fp8, std::vector<TensorShape>& out, SlotFfn ffn) {
   const Dims d = dims(m, run, l);
@@ -388,7 +361,7 @@ void block_saved_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l,
     else if (!lora_frees_act(run))
       out.push_back({"layer.mlp.act", Category::activations, d.B * d.T * d.Fl, d.a, 1});
   }
-  if (moe) moe_saved(m, l, d, out);
+  if (moe) detail::moe_saved_shapes(m, l, d, out);
 }
 
 std::vector<TensorShape> stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l,
@@ -530,18 +503,7 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
   const int64_t shared_width = plan.moe_layers > 0 ? m.moe.shared_intermediate / l.tp : 0;
   const int64_t ffn_width = std::max(dense_ffn ? d.Fl : 0, shared_width);
   if (ffn_width > 0) out.push_back({"scratch.d_mlp", Category::workspace, d.B * d.T * ffn_width, d.a, 3});
-  if (plan.moe_layers > 0) {
-    // The MoE FFN's: the router's logits (then their gradient), the
-    // gradient of the experts' rows (their output's, then their input's),
-    // of their SwiGLU, of the combine weights, and the router's statistics
-    // of a block rebuilding its FFN (its saved ones stay as they were).
-    const int64_t rows = d.B * d.Tsp, k = m.moe.top_k, E = m.moe.experts;
-    out.push_back({"scratch.moe_logits", Category::workspace, rows * E, d.a, 1});
-    out.push_back({"scratch.moe_d_rows", Category::workspace, rows * k * d.C, d.a, 1});
-    out.push_back({"scratch.moe_d_mlp", Category::workspace, rows * k * m.moe.expert_intermediate, d.a, 3});
-    out.push_back({"scratch.moe_dweights", Category::workspace, rows * k, kFp32, 1});
-    out.push_back({"scratch.moe_stats", Category::workspace, 2 * E, 8, 1});
-  }
+  if (plan.moe_layers > 0) detail::moe_scratch_shapes(m, d, out);
   // Llama 4's L2 norm of queries and keys: the RMSNorm kernel with a weight
   // of ones.
   if (m.attention.qk_norm == QkNorm::l2) out.push_back({"scratch.qk_ones", Category::workspace, d.D, d.a, 1});

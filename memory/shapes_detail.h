@@ -11,6 +11,7 @@
 namespace weft::memory::detail {
 
 inline constexpr int64_t kFp32 = 4;
+inline constexpr int64_t kInt32 = 4;
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -27,6 +28,11 @@ Dims dims(const ModelSpec& m, const RunSpec& run, const Layout& l);
 // Elements of the largest block's parameters of the stage on a tp rank (0
 // without blocks).
 int64_t block_param_elements(const ModelSpec& m, const Layout& l, const StagePlan& plan);
+
+// An MoE block's saved tensors past its norm, and the MoE backward's
+// scratch (shapes_moe.cpp).
+void moe_saved_shapes(const ModelSpec& m, const Layout& l, const Dims& d, std::vector<TensorShape>& out);
+void moe_scratch_shapes(const ModelSpec& m, const Dims& d, std::vector<TensorShape>& out);
 
 // The stage's FP8 buffers (shapes_fp8.cpp): quantised weights, the operands
 // of the GEMM running, scales and health counts.
