@@ -82,6 +82,7 @@ std::optional<Layout> auto_layout(const trainer::TrainConfig& base, const tuner:
   tuner::TuneOptions o;
   o.top = a.all ? std::numeric_limits<int64_t>::max() : a.top;
   o.model_stop = !a.all;
+  if (a.all) o.cut_factor = 0;  // brute force measures every layout in full
   if (!a.budget.empty()) o.budget_s = tuner::duration_parse(a.budget);
   o.warmup_steps = a.trial_warmup;
   o.timed_steps = a.trial_steps;

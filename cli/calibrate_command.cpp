@@ -28,7 +28,7 @@ struct CalibrateArgs {
   bool fit_public = false;
   std::string public_csv;
   std::string out;
-  ModelArgs model{"tiny"};
+  ModelArgs model{.model = "tiny"};
   int64_t seq = 256;
   std::vector<int64_t> tp, mb = {1, 2, 4};
   std::vector<std::string> attention = {"flash", "materialized"};

@@ -29,7 +29,7 @@ struct ModelArgs {
   // An MoE model's balancing loss, a training setting: its coefficient and
   // scope (core/moe_spec.h), when given.
   double aux_coef = 0;
-  std::string aux_scope;
+  std::string aux_scope{};
   CLI::Option* aux_coef_option = nullptr;
   ModelSpec resolve() const;
   // The balancing-loss options on a model (InputError for a dense one, or a

@@ -58,7 +58,7 @@ std::string mpirun_stop_note() {
 }
 
 struct TrainArgs {
-  ModelArgs model{"tiny"};
+  ModelArgs model{.model = "tiny"};
   int64_t seq = 256;
   int64_t global_batch = 16;
   int64_t mb = 4;

@@ -330,7 +330,7 @@ function tuning(d) {
       const r = s("rect", {x, y: y + 1, width: Math.max(2, c.X(t.start_s + t.seconds) - x),
                            height: Math.max(2, c.Y(i) - y - 2), fill: STATUS[t.status] || "#718096",
                            stroke: t.layout === d.winner ? "#000" : "none"}, c.plot);
-      tip(r, `#${t.order} ${t.layout}\n${t.status}${t.repeat ? " (again)" : ""}${t.reason ? ": " + t.reason : ""}` +
+      tip(r, `#${t.order} ${t.layout}\n${t.status}${t.repeat ? " (again)" : ""}${t.cut ? " (cut after one timed step)" : ""}${t.reason ? ": " + t.reason : ""}` +
              `\n${sec(t.seconds)}${t.status === "ok" ? ", step " + sec(t.measured_s) : ""}`);
     });
     legend(c, Object.entries(STATUS).map(([k, v]) => ({label: k, color: v})).concat(

@@ -60,7 +60,7 @@ std::string tune_report_md(const TuneResult& r, const SpaceContext& ctx) {
     const bool ok = t.status == "ok";
     s += fmt::format("| {} | `{}`{} | {} | {}{} | {} | {} | {} | {} | {} | {} | {} | {} |\n", t.order,
                      t.layout.to_string(), r.winner && *r.winner == i ? " **winner**" : "", (t.layout.fp8 == Fp8Recipe::off ? std::string(to_string(ctx.run.precision)) : gemm_precision_text(t.layout)),
-                     t.repeat ? t.status + " (again)" : t.status,
+                     t.repeat ? t.status + " (again)" : t.cut ? t.status + " (cut: one timed step)" : t.status,
                      t.status == "ok" || t.reason.empty() ? "" : ": " + t.reason, format_seconds(t.predicted_s),
                      format_seconds(t.calibrated_s), ok ? format_seconds(t.measured_s) : "-",
                      ok ? percent_error(t.calibrated_s, t.measured_s) : "-",

@@ -284,16 +284,21 @@ TrialOutcome profile_layout(const ProfileConfig& pc, parallel::Comm& control, co
         out.losses.push_back(loss);
         out.steps = i + 1;
         const int64_t n = int64_t(times.size());
-        std::array<int32_t, 3> flags{
+        std::array<int32_t, 4> flags{
             n < pc.timed_steps || (timed < pc.min_timed_s && n < pc.max_timed_steps) ? 1 : 0,
-            pc.time_limit_s > 0 && seconds_since(t_start) > pc.time_limit_s ? 1 : 0, stop_requested() ? 1 : 0};
-        run.groups.host_groups().world->all_reduce(flags.data(), 3, parallel::ReduceOp::max);
+            pc.time_limit_s > 0 && seconds_since(t_start) > pc.time_limit_s ? 1 : 0, stop_requested() ? 1 : 0,
+            n == 1 && pc.cut_above_s > 0 && dt > pc.cut_above_s ? 1 : 0};
+        run.groups.host_groups().world->all_reduce(flags.data(), 4, parallel::ReduceOp::max);
         // The flags agree on every rank, so all of them probe or none.
         if (!std::remove_reference_t<decltype(run)>::kDevice && pc.probe && i >= pc.warmup_steps && !flags[1] &&
             !flags[2])
           probes.push_back(cpu_probe_seconds(*run.groups.host_groups().world, kProbeReps));
         if (flags[2]) {
           mine = {TrialStatus::stopped, fmt::format("stopped by a signal after {} steps", i + 1)};
+          break;
+        }
+        if (flags[3]) {
+          out.cut = true;
           break;
         }
         if (!flags[0]) break;

@@ -59,6 +59,10 @@ struct ProfileConfig {
   double reserve_slack = kArenaSlack;
   double silence_s = 60;      // seconds without communication progress before abandoning
   double time_limit_s = 0;    // whole-trial limit, checked between steps; 0: none
+  // A trial whose first timed step took longer than this (on its slowest
+  // rank) ends there, measured by that one step: a layout that far behind
+  // needs no more steps to rank (0: every trial runs its steps).
+  double cut_above_s = 0;
   TrialFault fault = TrialFault::none;
   // CPU trials: time the probe GEMM after each timed step (trial's probe_s).
   // Off where a node's ranks share cores: the probe then times the
@@ -80,6 +84,7 @@ struct TrialOutcome {
   double probe_s = 0;                // CPU trials with a probe: the one that gives step_s the median step / probe (0: none)
   std::vector<int64_t> peak_bytes;   // arena high-water mark per world rank
   int64_t steps = 0;                 // steps completed (warm-up included)
+  bool cut = false;                  // ended after its first timed step (ProfileConfig::cut_above_s)
   double seconds = 0;                // wall time of the whole trial
   std::vector<double> losses;        // per step, for checks
 };

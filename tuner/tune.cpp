@@ -61,6 +61,7 @@ nlohmann::json trial_to_json(const TrialRecord& t) {
           {"reason", t.reason},
           {"from_journal", t.from_journal},
           {"repeat", t.repeat},
+          {"cut", t.cut},
           {"predicted_s", t.predicted_s},
           {"calibrated_s", t.calibrated_s},
           {"measured_s", t.measured_s},
@@ -88,6 +89,7 @@ TrialRecord record_from_json(const nlohmann::json& j, const std::string& origin)
     t.calibrated_s = j.value("calibrated_s", 0.0);
     t.measured_s = j.value("measured_s", 0.0);
     t.noise = j.value("noise", 0.0);  // journals written before these have none
+    t.cut = j.value("cut", false);
     t.probe_s = j.value("probe_s", 0.0);
     t.tokens_per_s = j.value("tokens_per_s", 0.0);
     t.mfu = j.value("mfu", 0.0);

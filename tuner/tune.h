@@ -60,6 +60,11 @@ struct TuneOptions {
   double silence_s = 60;         // a trial's communication watchdog
   bool probe = true;             // CPU trials time a probe GEMM after each step (trainer::ProfileConfig::probe)
   double trial_limit_s = 0;      // a trial's wall-time limit; 0: 10 × predicted + 30 s
+  // A first trial of a layout whose first timed step takes more than this
+  // many times the best measured step ends there (trainer::ProfileConfig::
+  // cut_above_s): the rest of its steps would only rank it further behind.
+  // 0: every trial runs its steps (brute force).
+  double cut_factor = 1.5;
   int64_t calibrate_after = 3;   // measured trials before the first refit
   std::string journal;           // JSONL path; empty: no journal
   // Test faults, "KIND:TRIAL:RANK[,...]" with KIND refuse_memory, hang or die
@@ -77,6 +82,7 @@ struct TrialRecord {
   std::string reason;
   bool from_journal = false;
   bool repeat = false;            // a leader measured again
+  bool cut = false;               // ended after its first timed step, far behind the best (TuneOptions::cut_factor)
   int64_t repeats = 1;            // on the winner's row: trials its measurement averages
   double predicted_s = 0;         // default constants
   double calibrated_s = 0;        // constants refit before this trial (= predicted_s before any fit)

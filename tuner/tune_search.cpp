@@ -315,6 +315,8 @@ TrialRecord Search::trial(SearchCandidate& cand, int64_t order, Mode mode) {
   pc.min_timed_s = o_.min_timed_s;
   pc.silence_s = o_.silence_s;
   pc.probe = o_.probe;
+  if (mode == Mode::profile && o_.cut_factor > 0 && !measured_.empty())
+    pc.cut_above_s = o_.cut_factor * raw_mean_of(leaders(1)[0]);
   pc.time_limit_s = o_.trial_limit_s > 0 ? o_.trial_limit_s
                                          : 10 * cand.calibrated_s * double(o_.warmup_steps + o_.timed_steps) + 30;
   for (const auto& f : faults_)
@@ -327,6 +329,7 @@ TrialRecord Search::trial(SearchCandidate& cand, int64_t order, Mode mode) {
   t.reason = m.reason;
   t.measured_s = m.step_s;
   t.noise = m.step_noise;
+  t.cut = m.cut;
   t.probe_s = m.probe_s;
   t.measured_peak = m.peak_bytes.empty() ? 0 : *std::max_element(m.peak_bytes.begin(), m.peak_bytes.end());
   t.seconds = m.seconds;
@@ -368,6 +371,7 @@ void Search::record(const TrialRecord& t) {
     line += fmt::format("{}: {}", t.status, t.reason);
   if (t.from_journal) line += " (from the journal)";
   if (t.repeat) line += " (measured again)";
+  if (t.cut) line += fmt::format(" (cut after one timed step: over {:g}x the best)", o_.cut_factor);
   if (!measured_.empty())
     line += fmt::format(" | best MFU {:.2f}%",
                         100 * mfu(flops_ / mean_of(leaders(1)[0]), ctx_.cluster.gpus, r_.peak_flops));

@@ -2,6 +2,7 @@
 // (resume, a trial that killed the process, a journal of another run), a
 // refused reservation, and duration parsing.
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -208,6 +209,57 @@ TEST(Tune, ARefusedReservationIsRecordedAsOutOfMemory) {
   EXPECT_NE(*r.winner, 0u);
   f.o.faults = "melt:1:0";
   EXPECT_THROW(f.run(), InputError);
+}
+
+// Successive trials need not all run in full: a layout whose first timed
+// step is far behind the best measured one ends there.
+TEST(Tune, ATrialFarBehindTheBestEndsAfterOneTimedStep) {
+  TuneFixture f;
+  // The profiler itself: cut, it stops after the warm-up and one timed step;
+  // not cut, it runs them all.
+  trainer::ProfileConfig pc;
+  pc.train = f.base;
+  pc.train.layout = Layout::parse("tp1-pp1-dp1-mb4-vpp1-nosp-ckpt:none-attn:flash-norm:fused-zero0-grad:fp32");
+  pc.warmup_steps = 1;
+  pc.timed_steps = 4;
+  pc.min_timed_s = 0;
+  pc.cut_above_s = 1e-9;
+  const auto cut = trainer::profile_layout(pc, *f.control, nullptr);
+  ASSERT_EQ(cut.status, trainer::TrialStatus::ok) << cut.reason;
+  EXPECT_TRUE(cut.cut);
+  EXPECT_EQ(cut.steps, 2);
+  EXPECT_GT(cut.step_s, 0);
+  pc.cut_above_s = 1e6;
+  const auto full = trainer::profile_layout(pc, *f.control, nullptr);
+  EXPECT_FALSE(full.cut);
+  EXPECT_EQ(full.steps, 5);
+
+  // In a search every first trial after the first one is measured against
+  // the best so far; repeats of the leaders always run in full. A factor
+  // below any ratio of steps cuts them all.
+  f.o.cut_factor = 1e-6;
+  const auto r = f.run();
+  ASSERT_EQ(r.trials.size(), 6u);
+  for (size_t i = 0; i < r.trials.size(); ++i) {
+    EXPECT_EQ(r.trials[i].status, "ok") << r.trials[i].reason;
+    EXPECT_EQ(r.trials[i].cut, i == 1 || i == 2) << i;
+  }
+  EXPECT_NE(report::tune_report_md(r, f.ctx).find("ok (cut: one timed step)"), std::string::npos);
+  // The journal keeps the mark, and a resumed run reads it back.
+  bool marked = false;
+  {
+    std::ifstream in(f.o.journal);
+    for (std::string l; std::getline(in, l);) marked |= l.find("\"cut\":true") != std::string::npos;
+  }
+  EXPECT_TRUE(marked);
+  const auto again = f.run();
+  ASSERT_GE(again.trials.size(), 3u);
+  EXPECT_TRUE(again.trials[1].from_journal);
+  EXPECT_TRUE(again.trials[1].cut);
+  // Brute force (factor 0) cuts nothing.
+  f.o.cut_factor = 0;
+  std::filesystem::remove(f.o.journal);
+  for (const auto& t : f.run().trials) EXPECT_FALSE(t.cut) << t.layout.to_string();
 }
 
 TEST(Tune, DurationsParse) {
