@@ -57,10 +57,20 @@ ModelSpec ModelArgs::resolve() const {
 
 void ModelArgs::apply_moe_options(ModelSpec& m) const {
   const bool coef = aux_coef_option && aux_coef_option->count() > 0;
-  if (!coef && aux_scope.empty()) return;
+  const bool capacity = capacity_option && capacity_option->count() > 0;
+  if (!coef && aux_scope.empty() && !capacity) return;
   if (!m.moe.enabled())
     throw InputError(fmt::format("{} applies to MoE models; {} is dense",
-                                 coef ? "--moe-aux-coef" : "--moe-aux-scope", m.name));
+                                 coef ? "--moe-aux-coef" : capacity ? "--moe-capacity-factor" : "--moe-aux-scope",
+                                 m.name));
+  if (capacity) {
+    if (!(capacity_factor == 0 || (capacity_factor > 0 && capacity_factor <= kMaxCapacityFactor)))
+      throw InputError(fmt::format("--moe-capacity-factor {} must be 0 (dropless: every choice computed) or above 0 "
+                                   "and at most {:g} (each expert keeps ceil(f x rows x k / E) of a rank's rows; 1 "
+                                   "is the balanced share)",
+                                   capacity_factor, kMaxCapacityFactor));
+    m.moe.capacity_factor = capacity_factor;
+  }
   if (coef) {
     if (!(aux_coef >= 0 && aux_coef <= kMaxAuxLossCoef))
       throw InputError(fmt::format("--moe-aux-coef {} must be from 0 (no balancing loss) to {}", aux_coef,
@@ -85,6 +95,11 @@ void add_model_options(CLI::App& app, ModelArgs& a) {
   a.aux_coef_option = app.add_option("--moe-aux-coef", a.aux_coef,
                                      "MoE models: the load-balancing loss's coefficient (0: none; default the "
                                      "model's, e.g. router_aux_loss_coef)");
+  a.capacity_option = app.add_option(
+      "--moe-capacity-factor", a.capacity_factor,
+      "MoE models: each expert keeps at most ceil(F x rows x k / E) of the rows a rank routes per micro-batch, "
+      "the later tokens' choices past it dropped (Megatron's capacity factor, position policy; 0: dropless, "
+      "the default)");
   app.add_option("--moe-aux-scope", a.aux_scope,
                  "MoE models: the load-balancing loss over every MoE layer's router pooled (global, "
                  "transformers') or per layer, summed (per_layer, Megatron's)");

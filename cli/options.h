@@ -26,14 +26,17 @@ struct ModelArgs {
   std::string model = "llama-13b";
   int64_t vocab = 0;  // 0: the model's own
   CLI::Option* vocab_option = nullptr;  // --vocab given is checked, 0 included
-  // An MoE model's balancing loss, a training setting: its coefficient and
-  // scope (core/moe_spec.h), when given.
+  // An MoE model's balancing loss and capacity, training settings: the
+  // loss's coefficient and scope and the capacity factor (core/moe_spec.h),
+  // when given.
   double aux_coef = 0;
   std::string aux_scope{};
   CLI::Option* aux_coef_option = nullptr;
+  double capacity_factor = 0;
+  CLI::Option* capacity_option = nullptr;
   ModelSpec resolve() const;
-  // The balancing-loss options on a model (InputError for a dense one, or a
-  // value out of range).
+  // The balancing-loss and capacity options on a model (InputError for a
+  // dense one, or a value out of range).
   void apply_moe_options(ModelSpec& m) const;
 };
 void add_model_options(CLI::App& app, ModelArgs& a);

@@ -29,11 +29,26 @@
 //   per_layer Megatron's aux_loss: E * sum_e c_e/(T k) * P_e for each MoE
 //             layer, summed over the layers.
 // Both over the tokens of one micro-batch (all of its sequence, also when cp
-// splits it).
+// splits it), and both count the router's choices before a capacity drops
+// any (Megatron's tokens_per_expert).
+//
+// The capacity: without one (capacity_factor 0) every choice is computed
+// (dropless). With a factor f each expert keeps at most
+// ceil(f * rows * k / E) of the rows a rank routes in one micro-batch
+// (Megatron's moe_expert_capacity_factor over the rank's own tokens), the
+// later tokens' choices past it dropped (its "position" drop policy): a
+// dropped choice adds nothing to its token's output, and the others keep
+// their weights. f >= E / k never drops; f = 1 keeps the balanced share.
+// Like the balancing loss's settings it is a training setting, not the
+// model's: which choices drop depends on the rows each rank routes (tp under
+// sp and cp split them), so layouts that split the tokens differently drop
+// differently, as in Megatron.
 //
 // Free of fmt and the JSON library: the moe kernels (nvcc too) include it.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -53,6 +68,7 @@ enum class AuxLossScope { global, per_layer };
 inline constexpr int64_t kMaxExperts = int64_t{1} << 14;
 inline constexpr double kMaxAuxLossCoef = 1e3;
 inline constexpr double kMaxRouteScale = 1e3;
+inline constexpr double kMaxCapacityFactor = 1e3;
 
 struct MoeSpec {
   int64_t experts = 0;                // E routed experts; 0: a dense model
@@ -67,8 +83,20 @@ struct MoeSpec {
   std::vector<int64_t> dense_layers;  // ... but these, ascending
   double aux_loss_coef = 0;           // 0: no balancing loss
   AuxLossScope aux_scope = AuxLossScope::global;
+  double capacity_factor = 0;         // 0: dropless
 
   bool enabled() const { return experts > 0; }
+  // Rows each expert keeps at most of `rows` routed tokens; 0: all (dropless).
+  int64_t capacity(int64_t rows) const {
+    if (capacity_factor <= 0 || experts <= 0) return 0;
+    return int64_t(std::ceil(capacity_factor * double(rows * top_k) / double(experts)));
+  }
+  // Rows the routed experts compute at most for `rows` tokens: every choice,
+  // or E x capacity where that is fewer.
+  int64_t routed_rows(int64_t rows) const {
+    const int64_t c = capacity(rows);
+    return c > 0 ? std::min(rows * top_k, experts * c) : rows * top_k;
+  }
   bool operator==(const MoeSpec&) const = default;
 };
 

@@ -8,17 +8,19 @@ namespace weft::memory::detail {
 void moe_saved_shapes(const ModelSpec& m, const Layout& l, const Dims& d, std::vector<TensorShape>& out) {
   const MoeSpec& e = m.moe;
   // The routed experts run on the norm region's rows (this rank's own
-  // under sp), the shared expert on all of them.
+  // under sp), the shared expert on all of them. The experts' rows: every
+  // choice, rows x k (dropless), or at most E x capacity under a capacity.
   const int64_t rows = d.B * d.Tsp, k = e.top_k, E = e.experts, Fe = e.expert_intermediate;
+  const int64_t routed = e.routed_rows(rows);
   out.push_back({"layer.moe.scores", Category::activations, rows * E, kFp32, 1});
   out.push_back({"layer.moe.experts", Category::activations, rows * k, kInt32, 1});
   out.push_back({"layer.moe.weights", Category::activations, rows * k, kFp32, 1});
   out.push_back({"layer.moe.routing", Category::activations, rows * k + E + 1, 8, 1});
-  out.push_back({"layer.moe.input", Category::activations, rows * k * d.C, d.a, 1});
-  out.push_back({"layer.moe.gate", Category::activations, rows * k * Fe, d.a, 1});
-  out.push_back({"layer.moe.up", Category::activations, rows * k * Fe, d.a, 1});
-  out.push_back({"layer.moe.act", Category::activations, rows * k * Fe, d.a, 1});
-  if (e.gate_on == GateOn::output) out.push_back({"layer.moe.output", Category::activations, rows * k * d.C, d.a, 1});
+  out.push_back({"layer.moe.input", Category::activations, routed * d.C, d.a, 1});
+  out.push_back({"layer.moe.gate", Category::activations, routed * Fe, d.a, 1});
+  out.push_back({"layer.moe.up", Category::activations, routed * Fe, d.a, 1});
+  out.push_back({"layer.moe.act", Category::activations, routed * Fe, d.a, 1});
+  if (e.gate_on == GateOn::output) out.push_back({"layer.moe.output", Category::activations, routed * d.C, d.a, 1});
   if (e.shared_intermediate > 0) {
     const int64_t Fs = e.shared_intermediate / l.tp, all = d.B * d.T;
     out.push_back({"layer.moe.shared_gate", Category::activations, all * Fs, d.a, 1});
@@ -32,10 +34,10 @@ void moe_scratch_shapes(const ModelSpec& m, const Dims& d, std::vector<TensorSha
   // rows (their output's, then their input's), of their SwiGLU, of the
   // combine weights, and the router's statistics of a block rebuilding its
   // FFN (its saved ones stay as they were).
-  const int64_t rows = d.B * d.Tsp, k = m.moe.top_k, E = m.moe.experts;
+  const int64_t rows = d.B * d.Tsp, k = m.moe.top_k, E = m.moe.experts, routed = m.moe.routed_rows(rows);
   out.push_back({"scratch.moe_logits", Category::workspace, rows * E, d.a, 1});
-  out.push_back({"scratch.moe_d_rows", Category::workspace, rows * k * d.C, d.a, 1});
-  out.push_back({"scratch.moe_d_mlp", Category::workspace, rows * k * m.moe.expert_intermediate, d.a, 3});
+  out.push_back({"scratch.moe_d_rows", Category::workspace, routed * d.C, d.a, 1});
+  out.push_back({"scratch.moe_d_mlp", Category::workspace, routed * m.moe.expert_intermediate, d.a, 3});
   out.push_back({"scratch.moe_dweights", Category::workspace, rows * k, kFp32, 1});
   out.push_back({"scratch.moe_stats", Category::workspace, 2 * E, 8, 1});
 }

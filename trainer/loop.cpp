@@ -432,12 +432,45 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
         fp8_text = fmt::format(" | fp8 over {} under {} of {}", window_fp8[1], window_fp8[2], window_fp8[0]);
       }
       window_fp8 = {};
-      // An MoE model's balancing loss (its coefficient included), beside the token loss.
-      const bool aux = c.model.moe.aux_loss_coef > 0;
+      // An MoE model's balancing loss (its coefficient included), beside the
+      // token loss; the tokens each expert of each MoE layer took since the
+      // last record (all k choices, the whole global batch: summed over the
+      // ranks, each stage's layers from its first tp and cp rank), and with
+      // a capacity the choices each layer dropped.
+      const bool aux = c.model.moe.aux_loss_coef > 0, capped = c.model.moe.capacity_factor > 0;
+      nlohmann::json expert_load;
+      std::string dropped_text;
+      if (c.model.moe.enabled()) {
+        const int64_t E = c.model.moe.experts, L = c.model.layers;
+        run.expert_load.resize(size_t(L * E));
+        run.expert_dropped.resize(size_t(L));
+        const auto& world_comm = run.groups.host_groups().world;
+        world_comm->all_reduce(run.expert_load.data(), int64_t(run.expert_load.size()));
+        if (capped) world_comm->all_reduce(run.expert_dropped.data(), L);
+        nlohmann::json layers = nlohmann::json::array(), counts = nlohmann::json::array(),
+                       dropped = nlohmann::json::array();
+        int64_t choices = 0, lost = 0;
+        for (int64_t i = 0; i < L; ++i) {
+          if (!c.model.moe_layer(i)) continue;
+          layers.push_back(i);
+          counts.push_back(std::vector<int64_t>(run.expert_load.begin() + i * E, run.expert_load.begin() + (i + 1) * E));
+          for (int64_t j = 0; j < E; ++j) choices += run.expert_load[size_t(i * E + j)];
+          dropped.push_back(run.expert_dropped[size_t(i)]);
+          lost += run.expert_dropped[size_t(i)];
+        }
+        expert_load = {{"layers", layers}, {"counts", counts}};
+        if (capped) {
+          expert_load["dropped"] = dropped;
+          dropped_text = fmt::format(" | dropped {:.2f}%", choices > 0 ? 100.0 * double(lost) / double(choices) : 0.0);
+        }
+        std::fill(run.expert_load.begin(), run.expert_load.end(), int64_t{0});
+        std::fill(run.expert_dropped.begin(), run.expert_dropped.end(), int64_t{0});
+      }
       fmt::print(log,
-                 "step {:>5}/{} | loss {:.4f}{} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | "
+                 "step {:>5}/{} | loss {:.4f}{}{} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | "
                  "{:.2f} TFLOP/s/dev | MFU {:.1f}% | peak mem {}{}{}{}\n",
-                 step, c.steps, loss, aux ? fmt::format(" | aux {:.4f}", run.aux_loss) : "", s.lr, s.grad_norm, tps, fps / double(world) / 1e12, 100 * mfu(fps, world, peak),
+                 step, c.steps, loss, aux ? fmt::format(" | aux {:.4f}", run.aux_loss) : "", dropped_text, s.lr,
+                 s.grad_norm, tps, fps / double(world) / 1e12, 100 * mfu(fps, world, peak),
                  format_bytes(double(run.arena.peak_total())),
                  c.watchdog ? fmt::format(" | comm {}/step", format_seconds(comm)) : "", fp8_text,
                  s.skipped ? " | SKIPPED (non-finite)" : "");
@@ -451,22 +484,7 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
                                     {"comm_s", window_comm / window_steps}};
       if (!fp8_health.is_null()) record["fp8"] = fp8_health;
       if (aux) record["aux_loss"] = run.aux_loss;
-      if (c.model.moe.enabled()) {
-        // The tokens each expert of each MoE layer took since the last
-        // record (all k choices, the whole global batch): summed over the
-        // ranks, each stage's layers from its first tp and cp rank.
-        const int64_t E = c.model.moe.experts;
-        run.expert_load.resize(size_t(c.model.layers * E));
-        run.groups.host_groups().world->all_reduce(run.expert_load.data(), int64_t(run.expert_load.size()));
-        nlohmann::json layers = nlohmann::json::array(), counts = nlohmann::json::array();
-        for (int64_t i = 0; i < c.model.layers; ++i) {
-          if (!c.model.moe_layer(i)) continue;
-          layers.push_back(i);
-          counts.push_back(std::vector<int64_t>(run.expert_load.begin() + i * E, run.expert_load.begin() + (i + 1) * E));
-        }
-        record["expert_load"] = {{"layers", layers}, {"counts", counts}};
-        std::fill(run.expert_load.begin(), run.expert_load.end(), int64_t{0});
-      }
+      if (!expert_load.is_null()) record["expert_load"] = expert_load;
       run.emit(record);
       window_time = 0;
       window_comm = 0;

@@ -251,6 +251,7 @@ struct Run {
     groups.host_groups().world->all_reduce(&aux, 1);
     aux_loss = aux * scale;
     stage.take_expert_load(expert_load);
+    stage.take_dropped(expert_dropped);
     return loss * scale;
   }
   // The last step's mean balancing loss (MoE models; 0 otherwise).
@@ -258,6 +259,9 @@ struct Run {
   // MoE models: this rank's expert loads since the last logged record,
   // (model layers) x E (LlamaStage::take_expert_load).
   std::vector<int64_t> expert_load;
+  // With a capacity, the choices each layer dropped since then, (model
+  // layers) (LlamaStage::take_dropped).
+  std::vector<int64_t> expert_dropped;
 
   // Mean loss over the first eval_samples validation samples, spread over the
   // dp replicas and walked forward through the pipeline.

@@ -207,9 +207,13 @@ Part one_block_cost(const Model& x) {
     // expert; fewer rows each lower the GEMMs' efficiency), the combine,
     // and the shared expert split over tp like a dense FFN. Its input side
     // (to SwiGLU, and the shared expert's) is what ffn checkpointing redoes.
+    // A capacity below the balanced share (factor < 1) caps each expert's
+    // rows; balanced routing drops nothing at 1 or more.
     const MoeSpec& e = m.moe;
     const double E = double(e.experts), k = double(e.top_k), Fe = double(e.expert_intermediate);
-    const double Mr = Msp, choices = Mr * k, per = choices / E;
+    const double Mr = Msp, all_choices = Mr * k;
+    const double cap = e.capacity_factor > 0 ? std::ceil(e.capacity_factor * all_choices / E) : all_choices;
+    const double per = std::min(all_choices / E, cap), choices = per < all_choices / E ? per * E : all_choices;
     split_width = double(e.shared_intermediate) / t;
     double pre = x.block_linear_fwd(Mr, E, C) + x.stream("moe_route", Mr, E) + x.stream("moe_permute", choices, C) +
                  E * 2 * x.block_linear_fwd(per, Fe, C) + x.stream("swiglu_fwd", choices, Fe);

@@ -559,6 +559,34 @@ TEST(CliTrain, MixtureOfExpertsTrainsAndItsOptionsAreChecked) {
   r = run_weft("train --data " + data + moe + " --layout mb2-fp8:tensorwise --steps 1 --out " + dir.path("y"));
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.out.find("FP8 GEMMs in tiny-moe's MoE blocks are not computed yet"), std::string::npos) << r.out;
+
+  // A capacity of half the balanced share drops at least half the choices:
+  // counted per MoE layer in the records and shown in the progress line.
+  r = run_weft("train --data " + data + moe + " --layout mb2 --steps 2 --moe-capacity-factor 0.5 --out " +
+               dir.path("capped"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("| dropped "), std::string::npos) << r.out;
+  std::ifstream capped(dir.path("capped") + "/metrics.jsonl");
+  records = 0;
+  for (std::string line; std::getline(capped, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j["kind"] != "train") continue;
+    ++records;
+    ASSERT_EQ(j["expert_load"]["dropped"].size(), 4u) << line;
+    for (const auto& d : j["expert_load"]["dropped"]) {
+      // Each micro-batch's 2 x 32 x 2 choices keep at most E x ceil(0.5 x 128 / E).
+      EXPECT_GE(d.get<int64_t>(), 4 * 32 * 2 / 2) << line;
+      EXPECT_LT(d.get<int64_t>(), 4 * 32 * 2) << line;
+    }
+  }
+  EXPECT_EQ(records, 2);
+  r = run_weft("train --data " + data + kSmall + " --steps 1 --moe-capacity-factor 1 --out " + dir.path("dense2"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("--moe-capacity-factor applies to MoE models; tiny is dense"), std::string::npos) << r.out;
+  r = run_weft("train --data " + data + moe + " --layout mb2 --steps 1 --moe-capacity-factor -1 --out " +
+               dir.path("z"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("--moe-capacity-factor -1 must be 0 (dropless"), std::string::npos) << r.out;
 }
 
 }  // namespace

@@ -10,7 +10,8 @@
 // each micro-batch (as in transformers and Megatron), so every layout keeps
 // the reference's micro-batch of 1. Under pp the global loss's statistics
 // travel with the micro-batch's activations and gradients
-// (LlamaStage::moe_stats_travel). Prints the tables.
+// (LlamaStage::moe_stats_travel). A capacity's drops match wherever the
+// ranks route the reference's rows. Prints the tables.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -108,6 +109,26 @@ TEST(MoeParity, PerLayerBalancingLossOverPipelineStages) {
   const auto global = f.train("tp1-pp1-dp1-mb1", f.dir.path("global"));
   ASSERT_EQ(global.size(), 5u);
   EXPECT_NE(global[4], ref[4]);
+}
+
+// A capacity caps each expert's choices per micro-batch of the rows a rank
+// routes: layouts that keep the reference's rows on every rank (dp, ZeRO,
+// pp, vpp, tp without sp) drop the same choices and match it; sp and cp
+// split the rows, so they drop others (as in Megatron) and are not compared.
+TEST(MoeParity, CapacityOverDataPipelineAndTensorRanks) {
+  Fixture f(false, kMixtral);
+  const std::string capacity = "--moe-capacity-factor 0.5";
+  const auto ref = f.train("tp1-pp1-dp1-mb1", f.dir.path("ref"), capacity);
+  ASSERT_EQ(ref.size(), 5u);
+  std::printf("%s", table_of(f, ref,
+                             {"tp1-pp1-dp2-mb1-zero1", "tp1-pp2-dp1-mb1-vpp2", "tp1-pp2-dp2-mb1-zero3-ckpt:ffn",
+                              "tp2-pp1-dp1-mb1"},
+                             capacity)
+                        .c_str());
+  // The capacity binds: the dropless run's losses differ.
+  const auto dropless = f.train("tp1-pp1-dp1-mb1", f.dir.path("dropless"));
+  ASSERT_EQ(dropless.size(), 5u);
+  EXPECT_NE(dropless[4], ref[4]);
 }
 
 // Under tp the experts are whole on every rank: with sp each routes its own

@@ -151,6 +151,11 @@ class LlamaStage {
   // first tp and cp rank), added into `into` ((model layers) x E, row =
   // the global layer), and a fresh count.
   void take_expert_load(std::vector<int64_t>& into);
+  // MoE models with a capacity: the choices each MoE layer of this stage
+  // dropped (over the training forwards since the last call, on the ranks
+  // that route distinct rows: every tp rank under sp, else the first),
+  // added into `into` ((model layers), the global layer), and a fresh count.
+  void take_dropped(std::vector<int64_t>& into);
   // The global balancing loss across pipeline stages (an MoE model with the
   // global scope under pp or vpp > 1): each layer's gradient needs the
   // router statistics of every MoE layer of the micro-batch, so they travel
@@ -472,6 +477,9 @@ class LlamaStage {
   double loss_host_ = 0;      // CPU: the loss sum since take_loss()
   double aux_host_ = 0;       // the balancing loss sum since take_aux_loss()
   std::vector<int64_t> load_;  // (model layers) x E: tokens per expert since take_expert_load()
+  std::vector<int64_t> dropped_;  // (model layers): choices a capacity dropped since take_dropped()
+  // The chunk's forward's drops, counted in dropped_ at its end if it trains.
+  std::vector<int64_t> dropped_pending_;
   // The global balancing loss's statistics (2 E per slot; moe_stats_travel).
   std::vector<double> moe_in_, moe_out_, moe_totals_, moe_totals_out_;
   std::vector<double> slot_scale_;  // the grad_scale of each slot's forward (MoE: the balancing loss's)

@@ -7,8 +7,10 @@
 //
 // Without expert parallelism every rank holds every expert (the router and
 // the experts whole on every tp rank: an expert tp degree of 1) and routes
-// its own rows: the experts' rows are exactly rows x k (dropless), so the
-// shape table's buffers fit every batch, however unevenly it routes. Its
+// its own rows: the experts' rows are exactly rows x k (dropless), or at
+// most E x capacity with a capacity factor (each expert keeps its first
+// capacity choices, MoeSpec::capacity), so the shape table's buffers fit
+// every batch, however unevenly it routes. Its
 // rows: this rank's T / cp tokens of each sequence, and under sequence
 // parallelism its 1 / tp of them (Megatron's MoE under tp), whose routed
 // output is whole, so it is not reduced over tp; without sp every tp rank
@@ -81,12 +83,23 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
   }
   int64_t* position = b.moe_routing;
   const int64_t* offsets = b.moe_routing + rows * k;
-  run(kernels::MoePermuteParams<Elem>{.rows = rows, .C = C, .experts = E, .top_k = k, .gate = e.gate_on,
+  int64_t dropped = 0;
+  run(kernels::MoePermuteParams<Elem>{.rows = rows, .C = C, .experts = E, .top_k = k,
+                                      .capacity = e.capacity(rows), .gate = e.gate_on,
                                       .expert_of = b.moe_experts, .weights = b.moe_weights, .x = x,
                                       .out = b.moe_in, .offsets = b.moe_routing + rows * k,
-                                      .position = position},
+                                      .position = position, .dropped = &dropped},
       "moe_permute", "scratch.moe_kernels");
-  const int64_t routed = offsets[E];  // rows x k: dropless
+  const int64_t routed = offsets[E];  // rows x k, less the dropped choices
+  WEFT_ASSERT(routed <= e.routed_rows(rows));
+  // Counted once per forward (a rebuild drops the same), by the ranks that
+  // route distinct rows; a training forward's at its end (moe_forward_end).
+  if (!recompute && dropped > 0 && (l_.sp || groups_.tp_rank() == 0)) {
+    dropped_pending_.resize(size_t(m_.layers));
+    const int64_t chunk = chunk_of(b.index);
+    dropped_pending_[size_t(
+        memory::global_layer(m_, l_, plan_.stage, chunk, b.index - chunk_begin_[size_t(chunk)]))] += dropped;
+  }
   for (int64_t j = 0; j < E; ++j) {
     const int64_t o = offsets[j], n = offsets[j + 1] - o;
     if (n == 0) continue;
@@ -279,6 +292,11 @@ double LlamaStage<Elem, G>::global_balance(const double* totals, double* dscore)
 
 template <typename Elem, typename G>
 void LlamaStage<Elem, G>::moe_forward_end(int64_t slot, int64_t chunk, double grad_scale) {
+  if (grad_scale > 0 && !dropped_pending_.empty()) {
+    dropped_.resize(dropped_pending_.size());
+    for (size_t i = 0; i < dropped_.size(); ++i) dropped_[i] += dropped_pending_[i];
+  }
+  std::fill(dropped_pending_.begin(), dropped_pending_.end(), int64_t{0});
   if (grad_scale <= 0) return;  // validation and evaluation: no loss to balance
   const MoeSpec& e = m_.moe;
   const int64_t E = e.experts, tokens = l_.mb * run_.seq;
@@ -328,6 +346,14 @@ void LlamaStage<Elem, G>::take_expert_load(std::vector<int64_t>& into) {
 }
 
 template <typename Elem, typename G>
+void LlamaStage<Elem, G>::take_dropped(std::vector<int64_t>& into) {
+  if (dropped_.empty()) return;
+  into.resize(dropped_.size());
+  for (size_t i = 0; i < dropped_.size(); ++i) into[i] += dropped_[i];
+  std::fill(dropped_.begin(), dropped_.end(), int64_t{0});
+}
+
+template <typename Elem, typename G>
 double LlamaStage<Elem, G>::take_aux_loss() {
   const double v = aux_host_;
   aux_host_ = 0;
@@ -342,7 +368,8 @@ double LlamaStage<Elem, G>::take_aux_loss() {
   template void LlamaStage<E, G>::take_expert_load(std::vector<int64_t>&);                     \
   template bool LlamaStage<E, G>::moe_stats_travel() const;                                   \
   template double LlamaStage<E, G>::global_balance(const double*, double*) const;             \
-  template void LlamaStage<E, G>::moe_forward_end(int64_t, int64_t, double);
+  template void LlamaStage<E, G>::moe_forward_end(int64_t, int64_t, double);                   \
+  template void LlamaStage<E, G>::take_dropped(std::vector<int64_t>&);
 WEFT_LLAMA_MOE(float, float)
 WEFT_LLAMA_MOE(double, double)
 WEFT_LLAMA_MOE(kernels::bf16, float)

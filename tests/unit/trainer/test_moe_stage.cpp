@@ -4,6 +4,7 @@
 // checkpointing mode's gradients bit for bit, the arena against the memory
 // model under balanced and one-sided routing, the parameter tables, and the
 // refusals of what it does not compute yet.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -95,49 +96,55 @@ struct Harness : test_stage::Stage<Elem> {
   }
 };
 
+// Each parameter's gradient (two random elements of each) against the
+// central difference of the objective, in float64 with weights larger than
+// the 0.02 init; a draw that changes any token's choice of expert is skipped.
+void finite_differences(const ModelSpec& m, const char* layout, uint64_t seed, int64_t& checked, int64_t& skipped) {
+  const RunSpec run{5, 2, Precision::fp32};
+  Harness<double> h(m, run, Layout::parse(layout), seed);
+  // Larger weights than the 0.02 init make every path matter.
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> nd(0.0, 0.3);
+  for (int64_t i = 0; i < h.stage.param_elements(); ++i) h.stage.weights()[i] += nd(rng);
+  const Batch b = random_batch(2 * 5, m.vocab, seed + 1);
+  h.step(b, 2);
+  std::vector<double> grads(h.stage.grads(), h.stage.grads() + h.stage.param_elements());
+  std::vector<int32_t> routes0;
+  h.objective(b, 2, &routes0);
+  for (const auto& p : h.stage.params().specs)
+    for (int trial = 0; trial < 2; ++trial) {
+      const int64_t i = p.offset + int64_t(rng() % uint64_t(p.local_elements()));
+      double& w = h.stage.weights()[i];
+      const double w0 = w, eps = 1e-5;
+      std::vector<int32_t> r_up, r_down;
+      w = w0 + eps;
+      const double up = h.objective(b, 2, &r_up);
+      w = w0 - eps;
+      const double down = h.objective(b, 2, &r_down);
+      w = w0;
+      // A step that flips a token's choice of expert is not differentiable
+      // there (nor, under a capacity, which choices drop): such a draw
+      // proves nothing.
+      if (r_up != routes0 || r_down != routes0) {
+        ++skipped;
+        continue;
+      }
+      const double fd = (up - down) / (2 * eps);
+      EXPECT_NEAR(grads[size_t(i)], fd, 1e-7 + 1e-5 * std::fabs(fd))
+          << m.name << " " << layout << " " << p.name << " element " << i - p.offset;
+      ++checked;
+    }
+}
+
 TEST(MoeStage, FiniteDifferenceGradients) {
   const uint64_t seed = std::random_device{}();
   SCOPED_TRACE(fmt::format("seed {}", seed));
   int64_t checked = 0, skipped = 0;
   for (const char* family : {"mixtral", "qwen3", "llama4"})
-    for (const char* layout : {"mb1-attn:flash-norm:fused", "mb1-attn:materialized-norm:unfused-ckpt:full"}) {
-      // Layer 1 dense (step 2) beside MoE layers 0 and 2... no: (i + 1) % 2
-      // makes layer 1 the only MoE layer; step 1 makes all three.
-      const ModelSpec m = moe_model(family, std::string(layout).find("full") != std::string::npos ? 2 : 1);
-      const RunSpec run{5, 2, Precision::fp32};
-      Harness<double> h(m, run, Layout::parse(layout), seed);
-      // Larger weights than the 0.02 init make every path matter.
-      std::mt19937_64 rng(seed);
-      std::normal_distribution<double> nd(0.0, 0.3);
-      for (int64_t i = 0; i < h.stage.param_elements(); ++i) h.stage.weights()[i] += nd(rng);
-      const Batch b = random_batch(2 * 5, m.vocab, seed + 1);
-      h.step(b, 2);
-      std::vector<double> grads(h.stage.grads(), h.stage.grads() + h.stage.param_elements());
-      std::vector<int32_t> routes0;
-      h.objective(b, 2, &routes0);
-      for (const auto& p : h.stage.params().specs)
-        for (int trial = 0; trial < 2; ++trial) {
-          const int64_t i = p.offset + int64_t(rng() % uint64_t(p.local_elements()));
-          double& w = h.stage.weights()[i];
-          const double w0 = w, eps = 1e-5;
-          std::vector<int32_t> r_up, r_down;
-          w = w0 + eps;
-          const double up = h.objective(b, 2, &r_up);
-          w = w0 - eps;
-          const double down = h.objective(b, 2, &r_down);
-          w = w0;
-          // A step that flips a token's choice of expert is not
-          // differentiable there: such a draw proves nothing.
-          if (r_up != routes0 || r_down != routes0) {
-            ++skipped;
-            continue;
-          }
-          const double fd = (up - down) / (2 * eps);
-          EXPECT_NEAR(grads[size_t(i)], fd, 1e-7 + 1e-5 * std::fabs(fd))
-              << family << " " << layout << " " << p.name << " element " << i - p.offset;
-          ++checked;
-        }
-    }
+    for (const char* layout : {"mb1-attn:flash-norm:fused", "mb1-attn:materialized-norm:unfused-ckpt:full"})
+      // step 2 makes layer 1 the only MoE layer ((i + 1) % 2), step 1 all three.
+      finite_differences(moe_model(family, std::string(layout).find("full") != std::string::npos ? 2 : 1), layout,
+                         seed, checked, skipped);
   EXPECT_LT(skipped, checked / 10) << checked << " checked";
 }
 
@@ -189,8 +196,10 @@ TEST(MoeStage, CheckpointingGivesBitIdenticalGradients) {
 // ties every score: each token takes experts 0 .. k-1).
 TEST(MoeStage, ArenaPeaksEqualTheMemoryModel) {
   for (const char* family : {"mixtral", "qwen3", "llama4"})
+    for (const double capacity : {0.0, 0.5})  // dropless, and each expert's rows capped below rows x k / E
     for (const bool one_sided : {false, true}) {
-      const ModelSpec m = moe_model(family, 2);
+      ModelSpec m = moe_model(family, 2);
+      m.moe.capacity_factor = capacity;
       const RunSpec run{7, 4, Precision::fp32};
       for (const char* layout : {"mb1", "mb2-ckpt:full", "mb2-ckpt:selective-attn:materialized",
                                  "mb1-norm:unfused-ckpt:ffn", "mb2-ckpt:ffn@2"}) {
@@ -205,18 +214,90 @@ TEST(MoeStage, ArenaPeaksEqualTheMemoryModel) {
             }
         }
         h.step(random_batch(4 * 7, m.vocab, 2), 4 / l.mb);
-        if (one_sided) {  // expert 0 took every token
-          const int64_t* offsets = h.stage.tensors().get<int64_t>("layer.moe.routing", 0) + l.mb * 7 * m.moe.top_k;
-          EXPECT_EQ(offsets[1] - offsets[0], l.mb * 7) << family;
+        if (one_sided) {  // expert 0 took every token, or as many as it keeps
+          const int64_t rows = l.mb * 7;
+          const int64_t* offsets = h.stage.tensors().get<int64_t>("layer.moe.routing", 0) + rows * m.moe.top_k;
+          EXPECT_EQ(offsets[1] - offsets[0], capacity > 0 ? std::min(rows, m.moe.capacity(rows)) : rows) << family;
         }
         memory::MemoryOptions o;
         const auto e = memory::estimate(m, run, l, cpu(), o);
         for (auto c : memory::kAllCategories)
           EXPECT_EQ(h.arena.peak(c), e.stages[0].bytes[size_t(c)])
-              << family << " " << layout << " " << memory::to_string(c);
-        EXPECT_EQ(h.arena.peak_total(), e.peak()) << family << " " << layout;
+              << family << " " << layout << " capacity " << capacity << " " << memory::to_string(c);
+        EXPECT_EQ(h.arena.peak_total(), e.peak()) << family << " " << layout << " capacity " << capacity;
       }
     }
+}
+
+// A capacity: each expert keeps the first ceil(f x rows x k / E) choices of a
+// micro-batch in token order, the rest drop (position -1) and are counted;
+// the gradients are the capped objective's (finite differences, with the
+// capacity binding), and a factor that cannot bind (E / k: no token takes an
+// expert twice) changes nothing, bit for bit.
+TEST(MoeStage, CapacityKeepsEachExpertsFirstChoices) {
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE(fmt::format("seed {}", seed));
+  int64_t checked = 0, skipped = 0;
+  for (const char* family : {"mixtral", "qwen3", "llama4"}) {
+    const ModelSpec m = moe_model(family);
+    const RunSpec run{6, 4, Precision::fp32};
+    const Batch b = random_batch(4 * 6, m.vocab, seed);
+    Harness<float> dropless(m, run, Layout::parse("mb2"), seed);
+    const double j0 = dropless.step(b, 2);
+    ModelSpec loose = m;
+    loose.moe.capacity_factor = double(m.moe.experts) / double(m.moe.top_k);
+    Harness<float> unbound(loose, run, Layout::parse("mb2"), seed);
+    EXPECT_EQ(unbound.step(b, 2), j0) << family;
+    EXPECT_EQ(0, std::memcmp(unbound.stage.grads(), dropless.stage.grads(),
+                             size_t(dropless.stage.param_elements()) * sizeof(float)))
+        << family;
+    std::vector<int64_t> none;
+    unbound.stage.take_dropped(none);
+    for (int64_t d : none) EXPECT_EQ(d, 0) << family;
+
+    // Binding: one micro-batch of 24 rows, so the first layer's choices are
+    // all the step's there.
+    ModelSpec tight = m;
+    tight.moe.capacity_factor = 0.5;
+    Harness<float> h(tight, run, Layout::parse("mb4"), seed);
+    const double j_tight = h.step(b, 1);
+    const int64_t rows = 4 * 6, k = m.moe.top_k, E = m.moe.experts;
+    const int64_t cap = int64_t(std::ceil(0.5 * double(rows * k) / double(E)));
+    ASSERT_EQ(tight.moe.capacity(rows), cap);
+    const auto& t = h.stage.tensors();
+    const int32_t* expert = t.get<int32_t>("layer.moe.experts", 0);
+    const int64_t* position = t.get<int64_t>("layer.moe.routing", 0);
+    const int64_t* offsets = position + rows * k;
+    std::vector<int64_t> kept(size_t(E), 0);
+    int64_t dropped = 0;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < k; ++j) {
+        const int32_t e = expert[r * k + j];
+        const int64_t pos = position[r * k + j];
+        if (kept[size_t(e)] < cap) {
+          // The expert's next row, in token order.
+          EXPECT_EQ(pos, offsets[e] + kept[size_t(e)]) << family << " token " << r << " choice " << j;
+          ++kept[size_t(e)];
+        } else {
+          EXPECT_EQ(pos, -1) << family << " token " << r << " choice " << j;
+          ++dropped;
+        }
+      }
+    for (int64_t e = 0; e < E; ++e) EXPECT_EQ(offsets[e + 1] - offsets[e], kept[size_t(e)]) << family;
+    EXPECT_GT(dropped, 0) << family;  // 24 x k choices, at most E x cap kept
+    std::vector<int64_t> counted;
+    h.stage.take_dropped(counted);
+    ASSERT_EQ(int64_t(counted.size()), m.layers);
+    EXPECT_EQ(counted[0], dropped) << family;
+    // The objective moved: dropped choices add nothing.
+    Harness<float> free(m, run, Layout::parse("mb4"), seed);
+    EXPECT_NE(j_tight, free.step(b, 1)) << family;
+
+    // Gradients under a binding capacity (f 0.5 over 5 rows of top-k).
+    tight.name += "-capacity";
+    finite_differences(tight, "mb1", seed, checked, skipped);
+  }
+  EXPECT_LT(skipped, checked / 10) << checked << " checked";
 }
 
 // Every stage's parameters together are the model's, over pipeline splits
