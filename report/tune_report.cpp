@@ -69,6 +69,24 @@ std::string tune_report_md(const TuneResult& r, const SpaceContext& ctx) {
                      t.measured_peak > 0 ? format_bytes(double(t.measured_peak)) : "-");
   }
   s += "\n";
+  if (ctx.model.moe.enabled()) {
+    // How unevenly the routers spread the trials' tokens: what sizes an
+    // expert's rows past the balanced share (and what a capacity drops).
+    std::vector<double> v;
+    const TrialRecord* worst = nullptr;
+    for (const auto& t : r.trials)
+      if (t.status == "ok" && t.expert_imbalance > 0) {
+        v.push_back(t.expert_imbalance);
+        if (!worst || t.expert_imbalance > worst->expert_imbalance) worst = &t;
+      }
+    if (worst) {
+      std::sort(v.begin(), v.end());
+      s += fmt::format("Experts' loads in the trials: in the worst MoE layer the busiest expert took {:.2f}x its "
+                       "layer's mean tokens at the median trial, {:.2f}x at most (trial {}); balanced routing is "
+                       "1x.\n\n",
+                       v[v.size() / 2], worst->expert_imbalance, worst->order);
+    }
+  }
   if (r.calibration) {
     const auto& c = *r.calibration;
     s += fmt::format("Cost model against all {} measured steps, refit once more at the end: RMS error {:.1f}% "

@@ -322,6 +322,24 @@ TrialOutcome profile_layout(const ProfileConfig& pc, parallel::Comm& control, co
     if (abandoned) st->cancel.store(true);  // no request may wait on a peer that left
     all = agree(control, mine);
     if (st->watchdog) st->watchdog->disarm();
+    // The experts' loads of the trial's steps, summed over the ranks (each
+    // stage's layers from its first tp and cp rank, as the run's records).
+    const ModelSpec& m = cfg.model;
+    if (all.status == TrialStatus::ok && m.moe.enabled()) {
+      const int64_t E = m.moe.experts;
+      run.expert_load.resize(size_t(m.layers * E));
+      control.all_reduce(run.expert_load.data(), int64_t(run.expert_load.size()));
+      for (int64_t i = 0; i < m.layers; ++i) {
+        if (!m.moe_layer(i)) continue;
+        const int64_t* row = run.expert_load.data() + i * E;
+        int64_t sum = 0, most = 0;
+        for (int64_t j = 0; j < E; ++j) {
+          sum += row[j];
+          most = std::max(most, row[j]);
+        }
+        if (sum > 0) out.expert_imbalance = std::max(out.expert_imbalance, double(most) * double(E) / double(sum));
+      }
+    }
   };
   if (all.status == TrialStatus::ok) {
     if (st->gpu_run_bf16_grads)

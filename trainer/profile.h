@@ -85,6 +85,10 @@ struct TrialOutcome {
   std::vector<int64_t> peak_bytes;   // arena high-water mark per world rank
   int64_t steps = 0;                 // steps completed (warm-up included)
   bool cut = false;                  // ended after its first timed step (ProfileConfig::cut_above_s)
+  // MoE models: how unevenly the router spread the trial's tokens, the
+  // busiest expert's tokens over its layer's mean in the worst MoE layer,
+  // over every step of the trial and every rank (1: even; 0: a dense model).
+  double expert_imbalance = 0;
   double seconds = 0;                // wall time of the whole trial
   std::vector<double> losses;        // per step, for checks
 };

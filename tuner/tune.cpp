@@ -62,6 +62,7 @@ nlohmann::json trial_to_json(const TrialRecord& t) {
           {"from_journal", t.from_journal},
           {"repeat", t.repeat},
           {"cut", t.cut},
+          {"expert_imbalance", t.expert_imbalance},
           {"predicted_s", t.predicted_s},
           {"calibrated_s", t.calibrated_s},
           {"measured_s", t.measured_s},
@@ -90,6 +91,7 @@ TrialRecord record_from_json(const nlohmann::json& j, const std::string& origin)
     t.measured_s = j.value("measured_s", 0.0);
     t.noise = j.value("noise", 0.0);  // journals written before these have none
     t.cut = j.value("cut", false);
+    t.expert_imbalance = j.value("expert_imbalance", 0.0);
     t.probe_s = j.value("probe_s", 0.0);
     t.tokens_per_s = j.value("tokens_per_s", 0.0);
     t.mfu = j.value("mfu", 0.0);
@@ -101,6 +103,7 @@ TrialRecord record_from_json(const nlohmann::json& j, const std::string& origin)
                                   {"calibrated_s", t.calibrated_s},
                                   {"measured_s", t.measured_s},
                                   {"noise", t.noise},
+                                  {"expert_imbalance", t.expert_imbalance},
                                   {"probe_s", t.probe_s},
                                   {"tokens_per_s", t.tokens_per_s},
                                   {"mfu", t.mfu},

@@ -83,6 +83,7 @@ struct TrialRecord {
   bool from_journal = false;
   bool repeat = false;            // a leader measured again
   bool cut = false;               // ended after its first timed step, far behind the best (TuneOptions::cut_factor)
+  double expert_imbalance = 0;    // MoE models: busiest expert over its layer's mean, worst layer (trainer::TrialOutcome)
   int64_t repeats = 1;            // on the winner's row: trials its measurement averages
   double predicted_s = 0;         // default constants
   double calibrated_s = 0;        // constants refit before this trial (= predicted_s before any fit)

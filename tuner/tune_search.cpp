@@ -330,6 +330,7 @@ TrialRecord Search::trial(SearchCandidate& cand, int64_t order, Mode mode) {
   t.measured_s = m.step_s;
   t.noise = m.step_noise;
   t.cut = m.cut;
+  t.expert_imbalance = m.expert_imbalance;
   t.probe_s = m.probe_s;
   t.measured_peak = m.peak_bytes.empty() ? 0 : *std::max_element(m.peak_bytes.begin(), m.peak_bytes.end());
   t.seconds = m.seconds;
@@ -372,6 +373,7 @@ void Search::record(const TrialRecord& t) {
   if (t.from_journal) line += " (from the journal)";
   if (t.repeat) line += " (measured again)";
   if (t.cut) line += fmt::format(" (cut after one timed step: over {:g}x the best)", o_.cut_factor);
+  if (ok && t.expert_imbalance > 0) line += fmt::format(" | experts max/mean {:.2f}", t.expert_imbalance);
   if (!measured_.empty())
     line += fmt::format(" | best MFU {:.2f}%",
                         100 * mfu(flops_ / mean_of(leaders(1)[0]), ctx_.cluster.gpus, r_.peak_flops));

@@ -167,7 +167,9 @@ TEST(CommDevice, EveryCollectiveOnDeviceBuffers) {
     EXPECT_EQ(d.get(n), part(6, world - 1, n));
   }
   // NCCL groups without point-to-point refuse it by name (MPI's have it).
-  if (g_nccl && world > 1) EXPECT_THROW(c.send(nullptr, 1, DType::f32, (r + 1) % world, 0), InternalError);
+  if (g_nccl && world > 1) {
+    EXPECT_THROW(c.send(nullptr, 1, DType::f32, (r + 1) % world, 0), InternalError);
+  }
   c.barrier();
 }
 

@@ -262,6 +262,33 @@ TEST(Tune, ATrialFarBehindTheBestEndsAfterOneTimedStep) {
   for (const auto& t : f.run().trials) EXPECT_FALSE(t.cut) << t.layout.to_string();
 }
 
+// An MoE model's trials measure how unevenly its routers spread the tokens
+// (the busiest expert over its layer's mean, worst layer), and the report
+// says it; a dense model's trials have no such figure.
+TEST(Tune, MixtureOfExpertsTrialsMeasureTheExpertsLoads) {
+  TuneFixture f;
+  f.ctx.model = model_preset("tiny-moe");
+  f.base.model = f.ctx.model;
+  f.o.top = 2;
+  f.o.confirm = false;
+  const auto r = f.run();
+  ASSERT_EQ(r.trials.size(), 2u);
+  for (const auto& t : r.trials) {
+    ASSERT_EQ(t.status, "ok") << t.reason;
+    // At least the mean, at most every token's choice on one expert (E x the mean).
+    EXPECT_GE(t.expert_imbalance, 1.0) << t.layout.to_string();
+    EXPECT_LE(t.expert_imbalance, double(f.ctx.model.moe.experts)) << t.layout.to_string();
+  }
+  const std::string md = report::tune_report_md(r, f.ctx);
+  EXPECT_NE(md.find("Experts' loads in the trials: in the worst MoE layer the busiest expert took"), std::string::npos)
+      << md;
+  EXPECT_GT(report::tune_report_json(r, f.ctx)["trials"][0]["expert_imbalance"].get<double>(), 0.0);
+  TuneFixture dense;
+  dense.o.top = 1;
+  dense.o.confirm = false;
+  for (const auto& t : dense.run().trials) EXPECT_EQ(t.expert_imbalance, 0.0);
+}
+
 TEST(Tune, DurationsParse) {
   EXPECT_DOUBLE_EQ(duration_parse("90"), 90);
   EXPECT_DOUBLE_EQ(duration_parse("45s"), 45);
