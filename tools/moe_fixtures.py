@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """Write the Mixture-of-Experts Hugging Face folders weft is tested against.
 
-transformers builds tiny randomly initialised MixtralForCausalLM and
-Qwen3MoeForCausalLM models, saves them with `save_pretrained` (per-expert
-tensors, model.layers.{i}.block_sparse_moe.experts.{e}.w1/w2/w3 and
-model.layers.{i}.mlp.experts.{e}.gate_proj/up_proj/down_proj, as the
-published checkpoints hold them), and records its own fp32 loss, the logits of the
-first window and its load-balancing loss on fixed tokens; weft must load each
-folder with --init and compute the same. CI does not run this script; its
+transformers builds tiny randomly initialised MixtralForCausalLM,
+Qwen3MoeForCausalLM and Llama4ForCausalLM (text) models, saves them with
+`save_pretrained` (per-expert tensors, model.layers.{i}.block_sparse_moe.
+experts.{e}.w1/w2/w3 and model.layers.{i}.mlp.experts.{e}.gate_proj/up_proj/
+down_proj; Llama 4's fused model.layers.{i}.feed_forward.experts.
+gate_up_proj (E, C, 2F) and down_proj (E, F, C), as the published
+checkpoints hold them), and records its own fp32 loss, the logits of the
+first window and its load-balancing loss on fixed tokens (Llama 4's model
+computes none); weft must load each folder with --init and compute the
+same. CI does not run this script; its
 outputs are committed under tests/fixtures/hf_moe/. To regenerate:
 
     pip install torch transformers safetensors numpy
@@ -24,6 +27,13 @@ qwen3_moe/     V=64 C=16 L=3 H=4 H_kv=2 D=8, 4 experts of width 12, top-2
                without renormalisation (norm_topk_prob false), layer 1 dense
                (mlp_only_layers [1], intermediate_size 40), RMS norms of each
                head's q and k, untied, fp32
+llama4/        V=64 C=16 L=4 H=4 H_kv=2 D=8, 4 experts of width 12 and a
+               shared expert of width 12, sigmoid top-1 on the expert's
+               input, MoE layers 1 and 3 (interleave_moe_layer_step 2; the
+               dense ones of width 24), NoPE on layer 3 with the attention
+               temperature (floor 4, scale 0.1: it changes inside the
+               10-token window), the QK L2 norm on the RoPE layers, Meta's
+               interleaved rotary pairs, attention chunk 16, untied, fp32
 All: rope_theta 500000, rms_norm_eps 1e-3, router_aux_loss_coef 0.1.
 
 Weights: drawn from one seeded torch.Generator in named_parameters() order
@@ -43,12 +53,13 @@ tests/unit/golden/golden_file.h). For each folder F:
     F.loss_f64  f64 ()      the same in fp64
     F.aux       f32 ()      transformers' load_balancing_loss_func over that
                             forward's router logits (all W*T tokens of every
-                            layer pooled), without the coefficient
+                            layer pooled), without the coefficient; NaN for
+                            Llama 4, whose model has none
     F.logits0   f32 (T, V)  logits of window 0
     F.counts    i32 (L_moe, E) tokens each expert took in each MoE layer
                             (all k choices), from the router logits
 and tokens (N,) i32. The header's "scalars" hold seq, windows, vocab and
-each F.loss and F.aux.
+each F.loss and F.aux (but a NaN).
 """
 
 import argparse
@@ -61,7 +72,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 import transformers
-from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers import (Llama4ForCausalLM, Llama4TextConfig, MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig,
+                          Qwen3MoeForCausalLM)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from golden_llama import publish_tree, serialize, tree_bytes  # noqa: E402  (same file format)
@@ -88,9 +100,17 @@ MODELS = {
                                   num_experts=4, num_experts_per_tok=2, norm_topk_prob=False,
                                   decoder_sparse_step=1, mlp_only_layers=[1]),
                       dtype=torch.float32, save={}, seed=20261132),
+    "llama4": dict(family="llama4",
+                   config=dict(hidden_size=16, intermediate_size=12, intermediate_size_mlp=24, num_hidden_layers=4,
+                               num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=4,
+                               num_experts_per_tok=1, interleave_moe_layer_step=2, use_qk_norm=True,
+                               attention_chunk_size=16, attn_temperature_tuning=True, floor_scale=4,
+                               attn_scale=0.1),
+                   dtype=torch.float32, save={}, seed=20261133),
 }
 
-FAMILIES = {"mixtral": (MixtralConfig, MixtralForCausalLM), "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM)}
+FAMILIES = {"mixtral": (MixtralConfig, MixtralForCausalLM), "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
+            "llama4": (Llama4TextConfig, Llama4ForCausalLM)}
 
 
 def experts_of(config) -> tuple[int, int]:
@@ -102,10 +122,12 @@ def experts_of(config) -> tuple[int, int]:
 def make_model(spec: dict):
     config_class, model_class = FAMILIES[spec.get("family", "mixtral")]
     extra = dict(router_jitter_noise=0.0) if config_class is MixtralConfig else {}
+    if config_class is not Llama4TextConfig:
+        extra["sliding_window"] = None
     config = config_class(
         **spec["config"], **extra, vocab_size=VOCAB, tie_word_embeddings=False,
         rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA}, rms_norm_eps=RMS_NORM_EPS,
-        router_aux_loss_coef=AUX_COEF, output_router_logits=True, sliding_window=None,
+        router_aux_loss_coef=AUX_COEF, output_router_logits=True,
         max_position_embeddings=64, attention_dropout=0.0, attn_implementation="eager",
         experts_implementation="eager")
     model = model_class(config).float()
@@ -118,8 +140,10 @@ def make_model(spec: dict):
                 p.copy_(1.0 + 0.2 * noise)
             elif name == "model.embed_tokens.weight":
                 p.copy_(0.5 * noise)
-            elif name == "lm_head.weight" or name.endswith(".gate.weight"):
+            elif name == "lm_head.weight" or name.endswith(".gate.weight") or name.endswith(".router.weight"):
                 p.copy_(2.0 / C ** 0.5 * noise)
+            elif ".feed_forward.experts." in name:  # Llama 4's fused experts, (E, in, out)
+                p.copy_(noise / p.shape[-2] ** 0.5)
             else:
                 p.copy_(noise / p.shape[-1] ** 0.5)
     return model.eval()
@@ -134,15 +158,21 @@ def evaluate(model, inputs: torch.Tensor, targets: torch.Tensor) -> dict:
         loss64 = F.cross_entropy(model.double()(input_ids=inputs).logits.reshape(-1, logits.shape[-1]),
                                  targets.reshape(-1))
         model.float()
-        # The balancing loss as transformers computes it, and written out.
+        # The balancing loss as transformers computes it, and written out
+        # (Llama 4's model computes none: its top-k of the logits is the
+        # top-k of their sigmoid).
         router = torch.stack([r.float() for r in out.router_logits])  # (L, W*T, E)
-        probs = torch.softmax(router, dim=-1)
+        llama4 = isinstance(model.config, Llama4TextConfig)
+        probs = torch.sigmoid(router) if llama4 else torch.softmax(router, dim=-1)
         chosen = torch.topk(probs, k, dim=-1).indices
         counts = F.one_hot(chosen, E).sum(dim=-2).sum(dim=-2)  # (L, E)
-        pooled = probs.reshape(-1, E)
-        mine = E * ((counts.sum(0).float() / pooled.shape[0]) * pooled.mean(0)).sum()
-        aux = out.aux_loss.float()
-        assert abs(mine.item() - aux.item()) <= 1e-6 * aux.item(), (mine.item(), aux.item())
+        if llama4:
+            aux = torch.tensor(float("nan"))
+        else:
+            pooled = probs.reshape(-1, E)
+            mine = E * ((counts.sum(0).float() / pooled.shape[0]) * pooled.mean(0)).sum()
+            aux = out.aux_loss.float()
+            assert abs(mine.item() - aux.item()) <= 1e-6 * aux.item(), (mine.item(), aux.item())
         assert counts.sum().item() == router.shape[0] * router.shape[1] * k
     return dict(loss=loss, loss64=loss64, aux=aux, logits0=logits[0], counts=counts.to(torch.int32))
 
@@ -170,10 +200,14 @@ def generate(workdir: Path) -> tuple[dict, list]:
                     (f"{name}.aux", r["aux"].numpy()),
                     (f"{name}.logits0", r["logits0"].numpy()),
                     (f"{name}.counts", r["counts"].numpy())]
-        if "family" in spec:
+        if spec.get("family") == "qwen3_moe":
             assert loaded.config.norm_topk_prob is False and list(loaded.config.mlp_only_layers) == [1]
+        if spec.get("family") == "llama4":  # NoPE on the last layer, MoE on 1 and 3
+            assert list(loaded.config.no_rope_layers) == [1, 1, 1, 0], loaded.config.no_rope_layers
+            assert list(loaded.config.moe_layers) == [1, 3], loaded.config.moe_layers
         scalars[f"{name}.loss"] = r["loss"].item()
-        scalars[f"{name}.aux"] = r["aux"].item()
+        if not np.isnan(r["aux"].item()):  # JSON has no NaN
+            scalars[f"{name}.aux"] = r["aux"].item()
         folders[name] = dict(dtype=str(spec["dtype"]).removeprefix("torch."), config=spec["config"],
                              files=sorted(p.name for p in out.iterdir()), seed=spec["seed"], **spec["save"])
     header = {

@@ -72,11 +72,6 @@ HfFolder hf_folder_open(const std::string& dir) {
   f.dir = dir;
   f.model = hf_folder_model(dir, &f.config);
   f.model.require_computed("load the weights of");
-  if (ffn_naming(f.model) == FfnNaming::llama4)
-    throw InputError(fmt::format("weft cannot load the weights of {} yet: Llama 4 stores its routed experts fused "
-                                 "(feed_forward.experts.gate_up_proj (E, C, 2F) and down_proj (E, F, C)), "
-                                 "which weft does not convert yet",
-                                 dir));
   std::map<std::string, std::string> placed;
   const auto names = weight_files(dir, placed);
   for (const auto& name : names) {

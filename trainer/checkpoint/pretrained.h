@@ -36,6 +36,14 @@ struct Pretrained {
   // stored dtype: for a weft checkpoint the fp32 master copy where it has one.
   std::map<std::string, TensorRef, std::less<>> params;
   std::optional<HfFolder> hf;             // what keeps the files mapped
+  // Tensors converted on opening, which `params` point into: Llama 4's
+  // routed experts, stored fused (feed_forward.experts.gate_up_proj (E, C,
+  // 2F) and down_proj (E, F, C)), as each expert's gate and up (F, C) and
+  // down (C, F); and its q and k projections, whose rows Meta's rotary
+  // embedding pairs as neighbours (2i, 2i + 1) within each head, in weft's
+  // (and the Hugging Face Llama's) order, pairs (i, i + D/2): attention is
+  // the same, since queries and keys are permuted alike.
+  std::vector<std::vector<std::byte>> converted;
   std::optional<Checkpoint> checkpoint;
 
   // InternalError when `name` is not a parameter of `model` (open checked
