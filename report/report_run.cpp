@@ -87,7 +87,8 @@ json report_data_run(const std::string& dir) {
   d["train_records"] = t.size();
   // An MoE run's expert loads: each record's since the one before, summed
   // over the run (records of a layer set other than the newest's are not
-  // added: a different model).
+  // added: a different model), and under a capacity each layer's dropped
+  // choices.
   json load;
   for (const auto& r : t) {
     if (!r.contains("expert_load") || !r["expert_load"].is_object()) continue;
@@ -105,6 +106,11 @@ json report_data_run(const std::string& dir) {
         if (row[j].is_number_integer() && add[j].is_number_integer())
           row[j] = row[j].get<int64_t>() + add[j].get<int64_t>();
     }
+    if (e.contains("dropped") && e["dropped"].is_array() && load.contains("dropped") && load["dropped"].is_array() &&
+        load["dropped"].size() == e["dropped"].size())
+      for (size_t i = 0; i < e["dropped"].size(); ++i)
+        if (load["dropped"][i].is_number_integer() && e["dropped"][i].is_number_integer())
+          load["dropped"][i] = load["dropped"][i].get<int64_t>() + e["dropped"][i].get<int64_t>();
   }
   if (!load.is_null()) d["expert_load"] = std::move(load);
   if (t.size() > kReportTrainRecords) {

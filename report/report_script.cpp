@@ -411,12 +411,16 @@ function expertLoad(e) {
   const es = section("Experts' loads",
                      "Tokens each expert took in each MoE layer over the run (all k choices of every token of the " +
                      "global batches). Worst / mean is the busiest expert's share against an even split: 1 is " +
-                     "balanced, and it is what sizes the experts' buffers under expert parallelism.");
+                     "balanced, and it is what sizes the experts' buffers under expert parallelism." +
+                     (e.dropped ? " Dropped: the choices the capacity dropped (they added nothing to their " +
+                                  "tokens' outputs), of all the layer's choices." : ""));
   const rows = [];
   e.layers.forEach((layer, i) => {
     const c = e.counts[i] || [], total = c.reduce((a, v) => a + v, 0), mean = total / Math.max(1, c.length);
     const worst = Math.max(...c), least = Math.min(...c);
-    rows.push([layer, num(total), num(mean), num(worst), num(least), mean > 0 ? (worst / mean).toFixed(2) : "-"]);
+    const row = [layer, num(total), num(mean), num(worst), num(least), mean > 0 ? (worst / mean).toFixed(2) : "-"];
+    if (e.dropped) row.push(`${num(e.dropped[i] || 0)} (${pct((e.dropped[i] || 0) / Math.max(1, total))})`);
+    rows.push(row);
     if (i >= 8) return;
     const ch = chart(es, {title: `Layer ${layer}: tokens per expert (worst / mean ${mean > 0 ? (worst / mean).toFixed(2) : "-"})`,
                           xlabel: "expert", ylabel: "tokens", cats: c.map((_, j) => String(j)), y: [0, worst],
@@ -424,7 +428,7 @@ function expertLoad(e) {
     stacked(ch, c.map((v, j) => [[v, PALETTE[0], `expert ${j}: ${num(v)} tokens (${pct(v / Math.max(1, total))})`]]));
     hline(ch, mean, "#718096", "even split");
   });
-  table(es, ["layer", "tokens", "mean", "worst", "least", "worst / mean"], rows);
+  table(es, ["layer", "tokens", "mean", "worst", "least", "worst / mean"].concat(e.dropped ? ["dropped"] : []), rows);
 }
 
 // Measured memory per category against the memory model, per rank; an

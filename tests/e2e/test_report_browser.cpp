@@ -123,10 +123,11 @@ TEST_F(ReportBrowser, RunPage) {
 }
 
 // An MoE run's page draws its experts' loads: a bar per expert and the
-// worst-to-mean ratio of each MoE layer.
+// worst-to-mean ratio of each MoE layer, and under a capacity the choices
+// each layer dropped.
 TEST_F(ReportBrowser, MoeRunPage) {
   const auto r = run_weft("train --model tiny-moe --layout mb2 --seq 32 --global-batch 4 --steps 3 --threads 1 "
-                          "--eval-samples 4 --out " + dir_.path("moe"));
+                          "--eval-samples 4 --moe-capacity-factor 0.5 --out " + dir_.path("moe"));
   ASSERT_EQ(r.code, 0) << r.out;
   render("moe-run", dir_.path("moe/report.html"));
   const auto dom = run_shell(chrome("--dump-dom file://" + fs::absolute(dir_.path("moe/report.html")).string()) +
@@ -135,6 +136,8 @@ TEST_F(ReportBrowser, MoeRunPage) {
   for (int layer = 0; layer < 4; ++layer)
     EXPECT_NE(dom.out.find("Layer " + std::to_string(layer) + ": tokens per expert (worst / mean "), std::string::npos)
         << layer;
+  EXPECT_NE(dom.out.find("the choices the capacity dropped"), std::string::npos);
+  EXPECT_NE(dom.out.find(">dropped<"), std::string::npos);
 }
 
 // Pages of JSON with a null wherever a number was (weft writes a NaN as
