@@ -38,6 +38,15 @@ struct Stage {
       : stage(m, run, l, 0, cpu(), arena, groups) {
     stage.init_weights(seed);
   }
+  // Weights larger than the 0.02 init, so that every path matters to a
+  // finite-difference check: N(0, 0.3) added to each; the generator goes on
+  // to the check's own draws.
+  std::mt19937_64 spread_weights(uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<double> nd(0.0, 0.3);
+    for (int64_t i = 0; i < stage.param_elements(); ++i) stage.weights()[i] += Elem(nd(rng));
+    return rng;
+  }
 };
 
 }  // namespace weft::trainer::test_stage

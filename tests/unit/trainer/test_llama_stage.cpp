@@ -66,10 +66,7 @@ TEST(LlamaStage, FiniteDifferenceGradients) {
       const RunSpec run{5, 2, Precision::fp32};
       const Layout l = Layout::parse(layout);
       Harness<double> h(m, run, l, seed);
-      // Larger weights than the 0.02 init make every path matter.
-      std::mt19937_64 rng(seed);
-      std::normal_distribution<double> nd(0.0, 0.3);
-      for (int64_t i = 0; i < h.stage.param_elements(); ++i) h.stage.weights()[i] += nd(rng);
+      std::mt19937_64 rng = h.spread_weights(seed);
       const Batch b = random_batch(2 * 5, m.vocab, seed + 1);
       h.step(b, 2);
       std::vector<double> grads(h.stage.grads(), h.stage.grads() + h.stage.param_elements());

@@ -102,10 +102,7 @@ struct Harness : test_stage::Stage<Elem> {
 void finite_differences(const ModelSpec& m, const char* layout, uint64_t seed, int64_t& checked, int64_t& skipped) {
   const RunSpec run{5, 2, Precision::fp32};
   Harness<double> h(m, run, Layout::parse(layout), seed);
-  // Larger weights than the 0.02 init make every path matter.
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<double> nd(0.0, 0.3);
-  for (int64_t i = 0; i < h.stage.param_elements(); ++i) h.stage.weights()[i] += nd(rng);
+  std::mt19937_64 rng = h.spread_weights(seed);
   const Batch b = random_batch(2 * 5, m.vocab, seed + 1);
   h.step(b, 2);
   std::vector<double> grads(h.stage.grads(), h.stage.grads() + h.stage.param_elements());
