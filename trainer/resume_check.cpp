@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <string_view>
 #include <tuple>
 
 #include <fmt/format.h>
 
 #include "core/error.h"
 #include "core/json_io.h"
+#include "core/moe_spec.h"
 
 namespace weft::trainer {
 
@@ -27,6 +29,26 @@ constexpr Setting kOptimSettings[] = {
     {"schedule", "schedule"}, {"beta1", "beta1"},           {"beta2", "beta2"},
     {"adam-eps", "eps"}, {"weight-decay", "weight_decay"}, {"clip", "clip"},
 };
+
+// The experts' training settings: the balancing loss and the capacity. The
+// manifest keeps them in its model (the model's hash leaves them out); a
+// resume keeps them as it keeps the optimizer's.
+constexpr const char* kMoeSettings[] = {"moe-aux-coef", "moe-aux-scope", "moe-capacity-factor"};
+
+nlohmann::json moe_setting(const MoeSpec& e, std::string_view field) {
+  if (field == "moe-aux-coef") return e.aux_loss_coef;
+  if (field == "moe-aux-scope") return aux_loss_scope_name(e.aux_scope);
+  return e.capacity_factor;
+}
+
+void moe_setting_take(MoeSpec& e, const MoeSpec& from, std::string_view field) {
+  if (field == "moe-aux-coef")
+    e.aux_loss_coef = from.aux_loss_coef;
+  else if (field == "moe-aux-scope")
+    e.aux_scope = from.aux_scope;
+  else
+    e.capacity_factor = from.capacity_factor;
+}
 
 [[noreturn]] void bad_field(const std::string& dir, const std::string& field, const std::string& why) {
   throw FileFormatError(fmt::format("checkpoint {}: manifest field {} {}", dir, field, why));
@@ -80,6 +102,7 @@ const std::vector<std::string>& changeable_settings() {
     for (const auto& s : kOptimSettings) v.push_back(s.field);
     v.push_back("seed");
     v.push_back("data");
+    for (const char* f : kMoeSettings) v.push_back(f);
     return v;
   }();
   return names;
@@ -138,6 +161,14 @@ std::vector<RunChange> resume_adopt(TrainConfig& c, const std::string& dir, cons
     out.push_back({"seed", c.seed, *it, false});
     c.seed = it->get<uint64_t>();
   }
+  // A checkpoint of another model is refused when it loads; adopt only
+  // between MoE models.
+  if (m.model.moe.enabled() && c.model.moe.enabled())
+    for (const char* field : kMoeSettings)
+      if (unstated(field) && moe_setting(c.model.moe, field) != moe_setting(m.model.moe, field)) {
+        out.push_back({field, moe_setting(c.model.moe, field), moe_setting(m.model.moe, field), false});
+        moe_setting_take(c.model.moe, m.model.moe, field);
+      }
   return out;
 }
 
@@ -172,6 +203,10 @@ std::vector<RunChange> resume_changes(const checkpoint::Manifest& m, const Train
   // different run unless the user says so.
   if (const auto it = run.find("data"); !data.empty() && it != run.end() && it->is_string() && it->get<std::string>() != data)
     out.push_back({"data", *it, data, true});
+  if (m.model.moe.enabled() && c.model.moe.enabled())
+    for (const char* field : kMoeSettings)
+      if (moe_setting(m.model.moe, field) != moe_setting(c.model.moe, field))
+        out.push_back({field, moe_setting(m.model.moe, field), moe_setting(c.model.moe, field), true});
 
   // Free to change, but said: where the schedule ends, how the ranks split
   // the work, and the compute precision.

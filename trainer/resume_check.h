@@ -3,8 +3,9 @@
 // A resume continues one run, so every setting that shapes the training
 // comes from the checkpoint: the model, seq and global batch must match; the
 // optimizer (lr and its schedule, betas, eps, weight decay, clipping) and
-// the seed (the data order) are the run's when the command does not state
-// them, and a stated value that differs is refused unless --change names it;
+// the seed (the data order) and an MoE model's balancing loss (coefficient
+// and scope) and capacity factor are the run's when the command does not
+// state them, and a stated value that differs is refused unless --change names it;
 // the steps (where the schedule ends; the run's when not stated), the layout
 // (weights reshard on load) and the precision (a GPU run resumed on the CPU)
 // may change. Every change is said on the terminal and recorded in the run

@@ -191,6 +191,50 @@ TEST(CliResume, OptimizerSettingsChangeOnlyWhenAsked) {
   EXPECT_NE(r.out.find("run.optim.lr is -1.0, out of its range"), std::string::npos) << r.out;
 }
 
+// An MoE run's balancing loss and capacity factor are the run's settings
+// like the optimizer's: unstated, a resume takes them from the checkpoint
+// (said); stated otherwise, refused until --change names them; changed, the
+// new values are said and saved with the next checkpoint.
+TEST(CliResume, MixtureOfExpertsTrainingSettingsChangeOnlyWhenAsked) {
+  TempDir dir;
+  const auto data = corpus(dir);
+  const std::string out = dir.path("moe");
+  const std::string common = "train --data " + data +
+                             " --model tiny-moe --seq 32 --global-batch 4 --layout mb2 --threads 1 --log-every 1 "
+                             "--eval-samples 4 --out " + out;
+  auto r = run_weft(common + " --steps 2 --moe-aux-coef 0.05 --moe-capacity-factor 1.5");
+  ASSERT_EQ(r.code, 0) << r.out;
+
+  r = run_weft(common + " --steps 3 --moe-capacity-factor 2 --moe-aux-scope per_layer --resume");
+  EXPECT_EQ(r.code, 2) << r.out;
+  for (const char* part : {"--moe-aux-scope \"per_layer\" (the run was trained with \"global\")",
+                           "--moe-capacity-factor 2.0 (the run was trained with 1.5)",
+                           "--change moe-aux-scope,moe-capacity-factor"})
+    EXPECT_NE(r.out.find(part), std::string::npos) << part << "\n" << r.out;
+
+  // Unstated: the run's, said, and the run goes on dropping past capacity.
+  r = run_weft(common + " --steps 3 --resume");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("continuing with the run's settings from " + out +
+                       "/checkpoints/step_000002: --moe-aux-coef 0.05, --moe-capacity-factor 1.5"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("| dropped "), std::string::npos) << r.out;
+  auto saved = nlohmann::json::parse(slurp(out + "/checkpoints/step_000003/manifest.json"));
+  EXPECT_EQ(saved["model"]["moe"]["capacity_factor"], 1.5);
+  EXPECT_EQ(saved["model"]["moe"]["aux_loss_coef"], 0.05);
+
+  r = run_weft(common + " --steps 4 --moe-capacity-factor 0 --resume --change moe-capacity-factor");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("changed from the checkpoint: --moe-capacity-factor 1.5 -> 0.0; --steps 3 -> 4"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("| dropped "), std::string::npos) << r.out;
+  saved = nlohmann::json::parse(slurp(out + "/checkpoints/step_000004/manifest.json"));
+  EXPECT_EQ(saved["model"]["moe"]["capacity_factor"], 0.0);
+  EXPECT_EQ(saved["model"]["moe"]["aux_loss_coef"], 0.05);
+}
+
 // Two signals within milliseconds (GNU timeout signals the process and its
 // group; a double key press) are one stop: the run saves its checkpoint and
 // exits 130, every time.
