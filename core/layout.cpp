@@ -174,8 +174,9 @@ std::string Layout::to_string() const {
   std::string f8;
   if (fp8 != Fp8Recipe::off || fp8_bf16_layers > 0)
     f8 = fmt::format("-fp8:{}{}", weft::to_string(fp8), fp8_bf16_layers > 0 ? fmt::format("@{}", fp8_bf16_layers) : "");
-  return fmt::format("tp{}{}-pp{}-dp{}-mb{}-vpp{}-{}-ckpt:{}-attn:{}-norm:{}-zero{}{}-grad:{}{}{}{}", tp,
-                     cp != 1 ? fmt::format("-cp{}", cp) : "", pp, dp, mb, vpp, sp ? "sp" : "nosp", ck,
+  return fmt::format("tp{}{}-pp{}-dp{}{}-mb{}-vpp{}-{}-ckpt:{}-attn:{}-norm:{}-zero{}{}-grad:{}{}{}{}", tp,
+                     cp != 1 ? fmt::format("-cp{}", cp) : "", pp, dp, ep != 1 ? fmt::format("-ep{}", ep) : "", mb,
+                     vpp, sp ? "sp" : "nosp", ck,
                      weft::to_string(attention), weft::to_string(norm), zero,
                      zero_group > 0 ? fmt::format("@{}", zero_group) : "", weft::to_string(grad),
                      cp != 1 || cp_comm != CpComm::ring ? fmt::format("-cp:{}", weft::to_string(cp_comm)) : "", f8,
@@ -303,6 +304,8 @@ Layout Layout::parse(const std::string& text) {
       l.zero = count(stage, "zero", "0, 1, 2 or 3");
     } else if (tok.rfind("vpp", 0) == 0) {
       l.vpp = count(after(3), "vpp", "a whole number of at least 1");
+    } else if (tok.rfind("ep", 0) == 0) {
+      l.ep = count(after(2), "ep", "a whole number of at least 1");
     } else if (tok.rfind("cp", 0) == 0) {
       l.cp = count(after(2), "cp", "a whole number of at least 1");
     } else if (tok.rfind("tp", 0) == 0) {
@@ -315,7 +318,7 @@ Layout Layout::parse(const std::string& text) {
       l.mb = count(after(2), "mb", "a whole number of at least 1");
     } else {
       throw InputError(fmt::format(
-          "layout '{}': unknown field '{}'; fields are tpN, cpN, ppN, dpN, mbN, vppN, sp|nosp, "
+          "layout '{}': unknown field '{}'; fields are tpN, cpN, ppN, dpN, epN, mbN, vppN, sp|nosp, "
           "ckpt:none|selective|ffn|full[@K], attn:flash|materialized|cudnn, norm:fused|unfused, zeroN[@G], "
           "grad:fp32|bf16, cp:ring|allgather|a2a, fp8:tensorwise|delayed|blockwise[@N], "
           "split:N.N.N (layers per virtual stage; NxK for K stages of N)",
@@ -335,7 +338,8 @@ std::vector<std::string> Layout::violations(const ModelSpec& m, const RunSpec& r
   // No degree past the most GPUs a cluster may have (2^20), so that the
   // products below stay far inside 64 bits.
   constexpr int64_t kMaxDegree = int64_t{1} << 20;
-  for (auto [name, x] : {std::pair{"tp", tp}, {"cp", cp}, {"pp", pp}, {"dp", dp}, {"mb", mb}, {"vpp", vpp}}) {
+  for (auto [name, x] :
+       {std::pair{"tp", tp}, {"cp", cp}, {"pp", pp}, {"dp", dp}, {"ep", ep}, {"mb", mb}, {"vpp", vpp}}) {
     if (x < 1) v.push_back(fmt::format("{}={} must be at least 1", name, x));
     else if (x > kMaxDegree) v.push_back(fmt::format("{}={} must be at most {} (2^20)", name, x, kMaxDegree));
   }
@@ -448,6 +452,19 @@ std::vector<std::string> Layout::violations(const ModelSpec& m, const RunSpec& r
       v.push_back(fmt::format("zero{}@{}: the shard group must divide dp x cp = {} x {} = {} and hold at least 2 "
                               "ranks",
                               zero, zero_group, dp, cp, ways));
+  }
+  if (ep > 1) {
+    const int64_t ways = dp * cp;
+    if (!m.moe.enabled())
+      v.push_back(fmt::format("ep={} splits the routed experts over ranks, but {} is dense (use ep1)", ep, m.name));
+    else if (m.moe.experts % ep != 0)
+      v.push_back(fmt::format("ep={} must divide the {} routed experts of {}", ep, m.moe.experts, m.name));
+    if (ways % ep != 0)
+      v.push_back(fmt::format("ep={} folds over dp x cp = {} x {} = {} ranks and must divide it", ep, dp, cp, ways));
+    if (zero_group != 0)
+      v.push_back(fmt::format("zero{}@{} with ep={}: hybrid sharding and expert parallelism together are not "
+                              "supported (under ep, ZeRO shards over the expert data-parallel group already)",
+                              zero, zero_group, ep));
   }
   if (grad == GradPrecision::bf16 && run.precision != Precision::bf16)
     v.push_back(fmt::format("grad:bf16 needs bf16 compute, got precision {} (gradients are never "

@@ -80,6 +80,18 @@ struct Layout {
   CpComm cp_comm = CpComm::ring;
   int64_t pp = 1;   // pipeline stages
   int64_t dp = 1;   // data-parallel replicas
+  // Expert parallelism (MoE models): the routed experts split over ep
+  // consecutive ranks of dp x cp (cp fastest, Megatron's folding of the
+  // expert grid), E / ep on each, every tp rank holding its ep rank's
+  // experts whole (an expert tp degree of 1). Each rank routes its own
+  // rows and sends each choice to the rank holding its expert (all-to-all
+  // with per-expert counts, dropless unless a capacity factor drops). The
+  // experts' gradients sum over the expert data-parallel group, the dp x cp
+  // ranks holding the same experts (every ep-th); ZeRO shards every
+  // parameter over that group, and the other parameters' shards then sum
+  // over ep too (hybrid sharding's two levels: shard group = the expert
+  // data-parallel group, replicas = the ep group). Text ep2; 1 by default.
+  int64_t ep = 1;
   int64_t mb = 1;   // micro-batch size in sequences
   int64_t vpp = 1;  // virtual pipeline chunks per stage (interleaved 1F1B when > 1)
   bool sp = false;  // sequence parallelism of the norm regions (needs tp > 1)
@@ -125,11 +137,15 @@ struct Layout {
   int64_t shard_ways() const { return dp * cp; }
   // Ranks ZeRO shards its state over: the shard group of hybrid sharding,
   // else all dp x cp.
-  int64_t zero_shards() const { return zero_group > 0 ? zero_group : dp * cp; }
+  // Under expert parallelism, the expert data-parallel group of dp x cp / ep.
+  int64_t zero_shards() const { return zero_group > 0 ? zero_group : ep > 1 ? dp * cp / ep : dp * cp; }
   // Shard groups holding the same shard (the replicas the shards all-reduce
-  // over): 1 without hybrid sharding.
-  int64_t zero_replicas() const { return zero_group > 0 ? dp * cp / zero_group : 1; }
+  // over): 1 without hybrid sharding; ep under expert parallelism (where
+  // the experts' ranges differ between them and do not all-reduce).
+  int64_t zero_replicas() const { return zero_group > 0 ? dp * cp / zero_group : ep > 1 ? ep : 1; }
   bool hybrid_sharding() const { return zero_group > 0; }
+  // The dp x cp ranks holding the same experts: dp x cp / ep.
+  int64_t expert_dp() const { return ep > 0 ? dp * cp / ep : dp * cp; }
   // Tokens of each sequence one rank holds: T / cp.
   int64_t local_seq(const RunSpec& run) const { return run.seq / cp; }
   // Micro-batches per optimizer step on each dp replica (gradient accumulation).

@@ -97,6 +97,17 @@ struct MoeSpec {
     const int64_t c = capacity(rows);
     return c > 0 ? std::min(rows * top_k, experts * c) : rows * top_k;
   }
+  // Rows one rank's E / ep experts receive at most under expert parallelism
+  // over ep ranks that route `rows` tokens each: a token sends at most
+  // min(k, E / ep) of its choices to one rank, and each source at most its
+  // capacity per expert; the worst case, one rank taking every choice it
+  // can. routed_rows(rows) for ep 1.
+  int64_t received_rows(int64_t rows, int64_t ep) const {
+    if (ep <= 1) return routed_rows(rows);
+    const int64_t local = experts / ep, c = capacity(rows);
+    const int64_t per_source = rows * std::min(top_k, local);
+    return ep * (c > 0 ? std::min(per_source, local * c) : per_source);
+  }
   bool operator==(const MoeSpec&) const = default;
 };
 

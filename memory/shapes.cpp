@@ -263,7 +263,9 @@ int64_t dense_block_param_elements(const ModelSpec& m, const Layout& l) {
 
 int64_t moe_block_param_elements(const ModelSpec& m, const Layout& l) {
   const MoeSpec& e = m.moe;
-  return block_attention_elements(m, l) + e.experts * m.hidden + 3 * e.experts * e.expert_intermediate * m.hidden +
+  // The router whole; the rank's E / ep routed experts whole.
+  const int64_t local = e.experts / std::max<int64_t>(1, l.ep);
+  return block_attention_elements(m, l) + e.experts * m.hidden + 3 * local * e.expert_intermediate * m.hidden +
          3 * (e.shared_intermediate / l.tp) * m.hidden;
 }
 
@@ -503,7 +505,7 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
   const int64_t shared_width = plan.moe_layers > 0 ? m.moe.shared_intermediate / l.tp : 0;
   const int64_t ffn_width = std::max(dense_ffn ? d.Fl : 0, shared_width);
   if (ffn_width > 0) out.push_back({"scratch.d_mlp", Category::workspace, d.B * d.T * ffn_width, d.a, 3});
-  if (plan.moe_layers > 0) detail::moe_scratch_shapes(m, d, out);
+  if (plan.moe_layers > 0) detail::moe_scratch_shapes(m, l, d, out);
   // Llama 4's L2 norm of queries and keys: the RMSNorm kernel with a weight
   // of ones.
   if (m.attention.qk_norm == QkNorm::l2) out.push_back({"scratch.qk_ones", Category::workspace, d.D, d.a, 1});

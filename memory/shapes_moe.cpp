@@ -11,15 +11,18 @@ void moe_saved_shapes(const ModelSpec& m, const Layout& l, const Dims& d, std::v
   // under sp), the shared expert on all of them. The experts' rows: every
   // choice, rows x k (dropless), or at most E x capacity under a capacity.
   const int64_t rows = d.B * d.Tsp, k = e.top_k, E = e.experts, Fe = e.expert_intermediate;
-  const int64_t routed = e.routed_rows(rows);
+  // Under expert parallelism the experts' rows are those this rank's
+  // experts receive (MoeSpec::received_rows), and the routing keeps the
+  // counts each ep rank sent it per local expert (E of them in all).
+  const int64_t routed = e.routed_rows(rows), received = e.received_rows(rows, l.ep);
   out.push_back({"layer.moe.scores", Category::activations, rows * E, kFp32, 1});
   out.push_back({"layer.moe.experts", Category::activations, rows * k, kInt32, 1});
   out.push_back({"layer.moe.weights", Category::activations, rows * k, kFp32, 1});
-  out.push_back({"layer.moe.routing", Category::activations, rows * k + E + 1, 8, 1});
-  out.push_back({"layer.moe.input", Category::activations, routed * d.C, d.a, 1});
-  out.push_back({"layer.moe.gate", Category::activations, routed * Fe, d.a, 1});
-  out.push_back({"layer.moe.up", Category::activations, routed * Fe, d.a, 1});
-  out.push_back({"layer.moe.act", Category::activations, routed * Fe, d.a, 1});
+  out.push_back({"layer.moe.routing", Category::activations, rows * k + E + 1 + (l.ep > 1 ? E : 0), 8, 1});
+  out.push_back({"layer.moe.input", Category::activations, received * d.C, d.a, 1});
+  out.push_back({"layer.moe.gate", Category::activations, received * Fe, d.a, 1});
+  out.push_back({"layer.moe.up", Category::activations, received * Fe, d.a, 1});
+  out.push_back({"layer.moe.act", Category::activations, received * Fe, d.a, 1});
   if (e.gate_on == GateOn::output) out.push_back({"layer.moe.output", Category::activations, routed * d.C, d.a, 1});
   if (e.shared_intermediate > 0) {
     const int64_t Fs = e.shared_intermediate / l.tp, all = d.B * d.T;
@@ -29,15 +32,23 @@ void moe_saved_shapes(const ModelSpec& m, const Layout& l, const Dims& d, std::v
   }
 }
 
-void moe_scratch_shapes(const ModelSpec& m, const Dims& d, std::vector<TensorShape>& out) {
+void moe_scratch_shapes(const ModelSpec& m, const Layout& l, const Dims& d, std::vector<TensorShape>& out) {
   // The router's logits (then their gradient), the gradient of the experts'
   // rows (their output's, then their input's), of their SwiGLU, of the
   // combine weights, and the router's statistics of a block rebuilding its
-  // FFN (its saved ones stay as they were).
+  // FFN (its saved ones stay as they were). Under expert parallelism the
+  // rows in expert order leave from moe_send (the permuted input, then the
+  // output gradient) and the experts compute on the rows received, whose
+  // output, then input gradient, is moe_received.
   const int64_t rows = d.B * d.Tsp, k = m.moe.top_k, E = m.moe.experts, routed = m.moe.routed_rows(rows);
+  const int64_t received = m.moe.received_rows(rows, l.ep);
   out.push_back({"scratch.moe_logits", Category::workspace, rows * E, d.a, 1});
   out.push_back({"scratch.moe_d_rows", Category::workspace, routed * d.C, d.a, 1});
-  out.push_back({"scratch.moe_d_mlp", Category::workspace, routed * m.moe.expert_intermediate, d.a, 3});
+  out.push_back({"scratch.moe_d_mlp", Category::workspace, received * m.moe.expert_intermediate, d.a, 3});
+  if (l.ep > 1) {
+    out.push_back({"scratch.moe_send", Category::workspace, routed * d.C, d.a, 1});
+    out.push_back({"scratch.moe_received", Category::workspace, received * d.C, d.a, 1});
+  }
   out.push_back({"scratch.moe_dweights", Category::workspace, rows * k, kFp32, 1});
   out.push_back({"scratch.moe_stats", Category::workspace, 2 * E, 8, 1});
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <vector>
 
 #include <filesystem>
@@ -77,6 +78,42 @@ void gather_tp(parallel::Comm& tp, const ParamSpec& p, const float* local, float
                   size_t(p.local_cols) * sizeof(float));
 }
 
+// The stage's state with every ep rank's experts (ep rank 0 of the first ep
+// group, tp rank 0): `mine` is its own (stage_full_state), the others'
+// arrive over the ep group; the result is in the order of the stage's
+// specs without expert parallelism.
+template <typename Elem, typename G>
+std::vector<float> with_every_expert(LlamaStage<Elem, G>& stage, const parallel::ProcessGroups& g,
+                                     std::vector<float> mine) {
+  const ModelSpec& m = stage.model();
+  const Layout& l = stage.layout();
+  const memory::StagePlan& plan = stage.plan();
+  // Where each parameter's three tensors start in each rank's state, by name.
+  std::map<std::string, std::pair<int64_t, int64_t>> at;  // name -> (ep rank, position)
+  std::vector<std::vector<float>> theirs(size_t(l.ep));
+  for (int64_t r = 0; r < l.ep; ++r) {
+    int64_t pos = 0;
+    for (const auto& p : stage_params(m, l, plan, 0, r).specs) {
+      if (r == 0 || p.expert >= 0) at.emplace(p.name, std::pair{r, pos});
+      pos += 3 * p.rows * p.cols;
+    }
+    if (r > 0) {
+      theirs[size_t(r)].resize(size_t(pos));
+      g.ep->recv(theirs[size_t(r)].data(), pos, r, 7001);
+    }
+  }
+  theirs[0] = std::move(mine);
+  Layout whole = l;
+  whole.ep = 1;
+  std::vector<float> out;
+  for (const auto& p : stage_params(m, whole, plan, 0).specs) {
+    const auto [r, pos] = at.at(p.name);
+    const float* src = theirs[size_t(r)].data() + pos;
+    out.insert(out.end(), src, src + 3 * p.rows * p.cols);
+  }
+  return out;
+}
+
 // A stage's weights, Adam m and v as full tensors, back to back in the order
 // of its param specs, into `out` (whose storage a caller may reuse from save
 // to save: no fresh pages to fault in).
@@ -139,6 +176,15 @@ std::unique_ptr<SaveJob> state_gather(const std::string& dir, LlamaStage<Elem, G
   if (job) job->stages.resize(size_t(l.pp));
   std::vector<float>& mine = job ? job->stages[0] : own;
   stage_full_state(stage, opt, mine);
+  // Expert parallelism: the first ep group's other ranks hold the rest of
+  // the stage's experts; their tp rank 0 sends its state to the leader,
+  // which puts every expert in its place.
+  if (g.ep && g.tp_rank() == 0 && g.edp->rank() == 0) {
+    if (g.ep->rank() > 0)
+      g.ep->send(mine.data(), int64_t(mine.size()), 0, 7001);
+    else
+      mine = with_every_expert(stage, g, std::move(mine));
+  }
   // Delayed FP8 scaling's history travels after the stage's tensors.
   const std::vector<float> history = stage.fp8_history();
   mine.insert(mine.end(), history.begin(), history.end());
@@ -151,8 +197,10 @@ std::unique_ptr<SaveJob> state_gather(const std::string& dir, LlamaStage<Elem, G
   std::vector<std::vector<float>>& stages = job->stages;
   std::vector<StageParams> specs(size_t(l.pp));
   RunSpec run{.seq = 1, .global_batch = l.mb * l.dp, .precision = Precision::fp32, .lora = stage.plan().lora};
+  Layout whole = l;  // every expert of each stage
+  whole.ep = 1;
   for (int64_t s = 0; s < l.pp; ++s) {
-    specs[size_t(s)] = stage_params(m, l, memory::stage_plan(m, run, l, s), 0);
+    specs[size_t(s)] = stage_params(m, whole, memory::stage_plan(m, run, l, s), 0);
     if (s == 0) continue;
     int64_t n = history_per_block * memory::stage_plan(m, run, l, s).layers;
     for (const auto& p : specs[size_t(s)].specs) n += 3 * p.rows * p.cols;

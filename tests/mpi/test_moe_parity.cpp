@@ -149,5 +149,25 @@ TEST(MoeParity, TensorAndContextParallelism) {
   }
 }
 
+// Expert parallelism: the experts split over ep ranks of dp x cp, each rank
+// routing its own rows and sending each choice to the rank holding its
+// expert. The experts' gradients sum over the ranks holding the same ones,
+// the rest over every dp x cp rank, under each ZeRO stage, with tp (with
+// and without sp), cp, pp and vpp beside it.
+TEST(MoeParity, ExpertParallelism) {
+  for (const char* config : {kMixtral, kLlama4Ffn}) {
+    Fixture f(false, config);
+    const auto ref = f.train("tp1-pp1-dp1-mb1", f.dir.path("ref"));
+    ASSERT_EQ(ref.size(), 5u);
+    std::printf("%s", table_of(f, ref,
+                               {"tp1-pp1-dp2-ep2-mb1", "tp1-pp1-dp4-ep4-mb1-zero1", "tp1-pp1-dp4-ep2-mb1-zero1",
+                                "tp1-pp1-dp4-ep2-mb1-zero2-ckpt:full", "tp1-pp1-dp4-ep2-mb1-zero3-ckpt:ffn",
+                                "tp2-pp1-dp2-ep2-mb1-sp", "tp2-pp1-dp2-ep2-mb1-nosp-zero3",
+                                "tp1-cp2-pp1-dp1-ep2-mb1-cp:ring", "tp1-pp2-dp2-ep2-mb1-vpp2-ckpt:selective"},
+                               "")
+                          .c_str());
+  }
+}
+
 }  // namespace
 }  // namespace weft::test

@@ -57,7 +57,17 @@ LlamaStage<Elem, G>::LlamaStage(const ModelSpec& m, const RunSpec& run, const La
                                 const DeviceSpec& device, memory::Arena& arena,
                                 parallel::ProcessGroups& groups, kernels::Stream stream)
     : m_(m), run_(run), l_(l), plan_(memory::stage_plan(m, run, l, stage)),
-      params_(stage_params(m, l, plan_, groups.tp_rank())), groups_(groups), stream_(stream) {
+      params_(stage_params(m, l, plan_, groups.tp_rank(), groups.ep_rank())), groups_(groups), stream_(stream) {
+  if (l.ep > 1 && (!groups.ep || groups.ep->size() != l.ep))
+    throw InternalError(fmt::format("layout {} without an ep group of {} ranks", l.to_string(), l.ep));
+  // The routed experts' ranges, which the replicas (the ep group) do not sum.
+  if (l.ep > 1)
+    for (int64_t i = 0; i < params_.layers; ++i) {
+      if (!params_.block_moe[size_t(i)]) continue;
+      const ParamSpec& first = params_.model(ParamKind::expert_gate, i, params_.first_expert);
+      const ParamSpec& last = params_.model(ParamKind::expert_down, i, params_.first_expert + params_.local_experts - 1);
+      expert_ranges_.push_back({first.offset, last.offset + last.local_elements()});
+    }
   if (std::is_same_v<Elem, kernels::bf16> != on_device() || on_device() != (device.kind == DeviceKind::gpu))
     throw InternalError(fmt::format("a {}-byte stage on a {} stream for device {}", sizeof(Elem),
                                     on_device() ? "CUDA" : "CPU", device.name));
@@ -88,7 +98,8 @@ LlamaStage<Elem, G>::LlamaStage(const ModelSpec& m, const RunSpec& run, const La
   const int64_t ways = l.zero_shards();
   zero2_ = ways > 1 && l.zero >= 2;
   zero3_ = ways > 1 && l.zero >= 3;
-  overlap_dp_ = ways > 1 && l.zero == 0;
+  // (Under expert parallelism the optimizer sums them in two steps, after the backward.)
+  overlap_dp_ = ways > 1 && l.zero == 0 && l.ep == 1;
   // ZeRO-1 reduce-scatters each group as its final backward ends, in place:
   // this rank's shard of the sum replaces its own range of the flat
   // gradients, whose other ranges are spent (tied embeddings across stages

@@ -194,6 +194,11 @@ class LlamaStage {
   // over the replica group (one group behind the reduce-scatters, beside
   // the backward of the groups below).
   bool replicas_reduced() const { return replicas_reduced_; }
+  // Sums `data`, the flat gradients [flat, flat + n) (or this rank's shard
+  // of them), over the replica group: under expert parallelism (the ep
+  // group) all but the routed experts' ranges, which hold other experts on
+  // each replica and sum over the expert data-parallel group only.
+  void all_reduce_replicas(G* data, int64_t flat, int64_t n);
 
   // Sums the gradients of tp-replicated parameters (the norms) over the tp
   // group where sequence parallelism split their rows; call after the last
@@ -408,6 +413,14 @@ class LlamaStage {
   // with the balancing loss's part.
   void moe_forward(const Block& b, Elem* y, bool recompute);
   void moe_backward(const Block& b, const Elem* dy, Elem* dx);
+  // Expert parallelism: rows of `width` elements in expert order move
+  // between the ep ranks. `sent` (E): the rows this rank routed to each
+  // expert, `received` (ep blocks of E / ep): the rows each ep rank routed
+  // to each of this rank's experts. Forward (`back` false): from `in` in
+  // the order of `sent` to `out` in the order of `received`; back: the
+  // reverse. Returns the rows that land.
+  int64_t moe_exchange(const int64_t* sent, const int64_t* received, const Elem* in, Elem* out, int64_t width,
+                       bool back);
   // The balancing loss of the micro-batch in `slot` over chunk `chunk`'s
   // MoE blocks (global scope: every MoE block of the model, on this one
   // chunk), from their saved statistics: coef times the loss, and per
@@ -502,9 +515,10 @@ class LlamaStage {
   // all-reduced over the replicas once it lands (settle_scatter()).
   std::unique_ptr<parallel::CommRequest> scatter_pending_;
   G* scatter_piece_ = nullptr;
-  int64_t scatter_count_ = 0;
+  int64_t scatter_flat_ = 0, scatter_count_ = 0;  // the piece's place in the flat gradients, and size
   void settle_scatter();
-  void reduce_over_replicas(G* piece, int64_t n);
+  // all_reduce_replicas, started (dp_pending_ waits for it).
+  void reduce_over_replicas(G* piece, int64_t flat, int64_t n);
   std::vector<std::unique_ptr<parallel::CommRequest>> dp_pending_;
   // ZeRO-2's two buckets: the first holds the largest group, the second a
   // block's. A group is built in the bucket the group before did not use,
@@ -530,6 +544,13 @@ class LlamaStage {
     bool operator==(const Range&) const = default;
   };
   std::vector<Range> group_;
+  // Expert parallelism: the flat ranges of each MoE block's routed experts
+  // (the ones this rank holds), ascending.
+  std::vector<Range> expert_ranges_;
+  // f(offset, count) for each part of [flat, flat + n) outside
+  // expert_ranges_, offsets from flat.
+  template <typename F>
+  void for_each_non_expert(int64_t flat, int64_t n, F f) const;
   // ZeRO-3: the weights live in shards; a group's are all-gathered over dp
   // into one of two buffers before it computes, in the forward and again in
   // the backward of every micro-batch, and the next block's are gathered

@@ -67,8 +67,8 @@ typename LlamaStage<Elem, G>::Block LlamaStage<Elem, G>::block(int64_t slot, int
   } else {
     b.w_router = w(ParamKind::router);
     b.g_router = g(ParamKind::router);
-    b.w_experts = weight(params_.model(ParamKind::expert_gate, local, 0));
-    b.g_experts = grad(params_.model(ParamKind::expert_gate, local, 0));
+    b.w_experts = weight(params_.model(ParamKind::expert_gate, local, params_.first_expert));
+    b.g_experts = grad(params_.model(ParamKind::expert_gate, local, params_.first_expert));
     if (params_.shared_expert) {
       b.w_sg = w(ParamKind::shared_gate);
       b.w_su = w(ParamKind::shared_up);

@@ -22,9 +22,20 @@
 // sums the tp-whole weights' under sp). The experts' row offsets are read
 // on the host, so this runs on the CPU; on a GPU the grouped GEMM takes them
 // from the device (not in the step yet: require_moe_layout says so).
+//
+// Under expert parallelism (Layout::ep) rank r of the ep group holds
+// experts [r E / ep, (r + 1) E / ep), so the rows in expert order are
+// already in blocks by the rank that computes them: the per-expert counts
+// go round the ep group first (all-to-all), kept with the routing for the
+// backward, then the rows (all-to-all with uneven counts). The experts
+// compute on what they receive, source by source, and the outputs go back
+// the same way; the backward sends the output gradients out and the input
+// gradients back. Each rank still routes, drops and combines its own rows,
+// so every layout computes what one rank does.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -51,8 +62,71 @@ void require_moe_layout(const ModelSpec& m, const RunSpec& run, const Layout& l,
   if (!missing.empty())
     throw InputError(fmt::format("weft cannot train the MoE model {} under layout {} yet: not {}; it trains on "
                                  "the CPU with FP8 off and no LoRA, under tp (with or without sp), cp, pp, vpp, "
-                                 "dp, every ZeRO stage and checkpointing mode",
+                                 "dp, ep, every ZeRO stage and checkpointing mode",
                                  m.name, l.to_string(), fmt::join(missing, ", nor ")));
+}
+
+namespace {
+
+// The tags of the ep group's exchanges: the counts, then the rows.
+constexpr int64_t kMoeCountsTag = 4000, kMoeRowsTag = 4001;
+
+// The rows this rank routed to each of the E experts, from the expert
+// offsets of the permutation.
+std::vector<int64_t> expert_counts(const int64_t* offsets, int64_t E) {
+  std::vector<int64_t> n(static_cast<size_t>(E));
+  for (int64_t j = 0; j < E; ++j) n[size_t(j)] = offsets[j + 1] - offsets[j];
+  return n;
+}
+
+// A run of rows in the experts' buffers that one of this rank's experts
+// (`expert`, counted from its first) computes.
+struct ExpertRows {
+  int64_t expert = 0, offset = 0, rows = 0;
+};
+
+// The experts' runs: without expert parallelism each expert's rows in
+// expert order (`offsets`); with it, the rows received, source rank by
+// source rank and within each by expert (`received`, ep blocks of E / ep).
+std::vector<ExpertRows> expert_rows(const int64_t* offsets, const int64_t* received, int64_t E, int64_t ep) {
+  std::vector<ExpertRows> out;
+  if (ep <= 1) {
+    for (int64_t j = 0; j < E; ++j)
+      if (offsets[j + 1] > offsets[j]) out.push_back({j, offsets[j], offsets[j + 1] - offsets[j]});
+    return out;
+  }
+  const int64_t El = E / ep;
+  int64_t at = 0;
+  for (int64_t s = 0; s < ep; ++s)
+    for (int64_t j = 0; j < El; ++j) {
+      const int64_t n = received[s * El + j];
+      if (n > 0) out.push_back({j, at, n});
+      at += n;
+    }
+  return out;
+}
+
+}  // namespace
+
+template <typename Elem, typename G>
+int64_t LlamaStage<Elem, G>::moe_exchange(const int64_t* sent, const int64_t* received, const Elem* in, Elem* out,
+                                          int64_t width, bool back) {
+  parallel::Comm& g = *groups_.ep;
+  const int64_t P = g.size(), El = m_.moe.experts / P, me = g.rank();
+  // Elements to and from each ep rank: in expert order, rank r's block is
+  // the rows for its experts; in received order, rank s's the rows it sent.
+  std::vector<int64_t> to(size_t(P), 0), from(size_t(P), 0);
+  for (int64_t r = 0; r < P; ++r)
+    for (int64_t j = 0; j < El; ++j) {
+      to[size_t(r)] += sent[r * El + j] * width;
+      from[size_t(r)] += received[r * El + j] * width;
+    }
+  if (back) std::swap(to, from);
+  const int64_t in_at = std::accumulate(to.begin(), to.begin() + me, int64_t{0});
+  const int64_t out_at = std::accumulate(from.begin(), from.begin() + me, int64_t{0});
+  g.all_to_all_v(in, to, out, from, parallel::dtype_of<Elem>(), kMoeRowsTag);
+  copy(out + out_at, in + in_at, to[size_t(me)] * int64_t(sizeof(Elem)));  // this rank's own rows
+  return std::accumulate(from.begin(), from.end(), int64_t{0}) / width;
 }
 
 template <typename Elem, typename G>
@@ -82,12 +156,16 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
       }
   }
   int64_t* position = b.moe_routing;
-  const int64_t* offsets = b.moe_routing + rows * k;
+  int64_t* offsets = b.moe_routing + rows * k;
   int64_t dropped = 0;
+  // Under expert parallelism the rows in expert order leave from scratch
+  // and the experts compute on the rows they receive (b.moe_in).
+  const bool ep = l_.ep > 1;
+  Elem* send = ep ? table_->get<Elem>("scratch.moe_send") : b.moe_in;
   run(kernels::MoePermuteParams<Elem>{.rows = rows, .C = C, .experts = E, .top_k = k,
                                       .capacity = e.capacity(rows), .gate = e.gate_on,
                                       .expert_of = b.moe_experts, .weights = b.moe_weights, .x = x,
-                                      .out = b.moe_in, .offsets = b.moe_routing + rows * k,
+                                      .out = send, .offsets = offsets,
                                       .position = position, .dropped = &dropped},
       "moe_permute", "scratch.moe_kernels");
   const int64_t routed = offsets[E];  // rows x k, less the dropped choices
@@ -100,27 +178,40 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
     dropped_pending_[size_t(
         memory::global_layer(m_, l_, plan_.stage, chunk, b.index - chunk_begin_[size_t(chunk)]))] += dropped;
   }
-  for (int64_t j = 0; j < E; ++j) {
-    const int64_t o = offsets[j], n = offsets[j + 1] - o;
-    if (n == 0) continue;
-    const Elem* w = b.w_experts + j * stride;
-    run(kernels::linear_forward_gemm(n, C, Fe, b.moe_in + o * C, w, b.moe_gate + o * Fe), "gemm expert gate");
-    run(kernels::linear_forward_gemm(n, C, Fe, b.moe_in + o * C, w + Fe * C, b.moe_up + o * Fe), "gemm expert up");
+  const std::vector<int64_t> sent = expert_counts(offsets, E);
+  int64_t* received = ep ? offsets + E + 1 : nullptr;  // (ep, E / ep): what each ep rank sent this one's experts
+  int64_t rows_in = routed;
+  if (ep) {
+    const int64_t El = E / l_.ep, me = groups_.ep->rank();
+    groups_.ep->all_to_all(sent.data(), received, El, parallel::DType::i64, kMoeCountsTag);
+    std::copy(sent.begin() + me * El, sent.begin() + (me + 1) * El, received + me * El);
+    rows_in = moe_exchange(sent.data(), received, send, b.moe_in, C, false);
   }
-  run(kernels::SwigluForwardParams<Elem>{.rows = routed, .F = Fe, .gate = b.moe_gate, .up = b.moe_up,
+  WEFT_ASSERT(rows_in <= e.received_rows(rows, l_.ep));
+  const std::vector<ExpertRows> segments = expert_rows(offsets, received, E, l_.ep);
+  for (const ExpertRows& r : segments) {
+    const Elem* w = b.w_experts + r.expert * stride;
+    run(kernels::linear_forward_gemm(r.rows, C, Fe, b.moe_in + r.offset * C, w, b.moe_gate + r.offset * Fe),
+        "gemm expert gate");
+    run(kernels::linear_forward_gemm(r.rows, C, Fe, b.moe_in + r.offset * C, w + Fe * C, b.moe_up + r.offset * Fe),
+        "gemm expert up");
+  }
+  run(kernels::SwigluForwardParams<Elem>{.rows = rows_in, .F = Fe, .gate = b.moe_gate, .up = b.moe_up,
                                          .act = b.moe_act},
       "swiglu_forward");
-  // The experts' outputs: kept where the gate multiplies them (the weights'
-  // gradient reads them), else only the combine reads them, from scratch.
+  // The experts' outputs, in this rank's expert order: kept where the gate
+  // multiplies them (the weights' gradient reads them), else only the
+  // combine reads them, from scratch. Under expert parallelism they are
+  // computed where the rows went and come back.
   Elem* out = b.moe_out ? b.moe_out : table_->get<Elem>("scratch.moe_d_rows");
-  if (!recompute || b.moe_out)
-    for (int64_t j = 0; j < E; ++j) {
-      const int64_t o = offsets[j], n = offsets[j + 1] - o;
-      if (n == 0) continue;
-      run(kernels::linear_forward_gemm(n, Fe, C, b.moe_act + o * Fe, b.w_experts + j * stride + 2 * Fe * C,
-                                       out + o * C),
+  if (!recompute || b.moe_out) {
+    Elem* computed = ep ? table_->get<Elem>("scratch.moe_received") : out;
+    for (const ExpertRows& r : segments)
+      run(kernels::linear_forward_gemm(r.rows, Fe, C, b.moe_act + r.offset * Fe,
+                                       b.w_experts + r.expert * stride + 2 * Fe * C, computed + r.offset * C),
           "gemm expert down");
-    }
+    if (ep) moe_exchange(sent.data(), received, computed, out, C, true);
+  }
   const bool shared = params_.shared_expert;
   if (shared) {
     // Column- then row-parallel over all rows, as a dense FFN.
@@ -172,7 +263,9 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx)
   }
   const int64_t* position = b.moe_routing;
   const int64_t* offsets = b.moe_routing + rows * k;
-  const int64_t routed = offsets[E];
+  const bool ep = l_.ep > 1;
+  const int64_t* received = ep ? offsets + E + 1 : nullptr;
+  const std::vector<int64_t> sent = expert_counts(offsets, E);
   Elem* d_rows = table_->get<Elem>("scratch.moe_d_rows");
   Elem* d_act = table_->get<Elem>("scratch.moe_d_mlp", 0);
   Elem* d_gate = table_->get<Elem>("scratch.moe_d_mlp", 1);
@@ -186,29 +279,35 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx)
                                                 .y = b.moe_out, .dout = dy, .dy = d_rows,
                                                 .dweights = on_output ? dweights : nullptr},
       "moe_unpermute_backward");
-  for (int64_t j = 0; j < E; ++j) {
-    const int64_t o = offsets[j], n = offsets[j + 1] - o;
-    if (n == 0) continue;
-    const Elem* wd = b.w_experts + j * stride + 2 * Fe * C;
-    run(kernels::linear_dgrad_gemm(n, Fe, C, d_rows + o * C, wd, d_act + o * Fe), "gemm expert down dgrad");
-    run(kernels::linear_wgrad_gemm(n, Fe, C, d_rows + o * C, b.moe_act + o * Fe, b.g_experts + j * stride + 2 * Fe * C),
+  // Under expert parallelism the output gradient goes where the rows were
+  // computed, and the input gradient comes back.
+  Elem* d_in = ep ? table_->get<Elem>("scratch.moe_received") : d_rows;
+  int64_t rows_in = offsets[E];
+  if (ep) rows_in = moe_exchange(sent.data(), received, d_rows, d_in, C, false);
+  const std::vector<ExpertRows> segments = expert_rows(offsets, received, E, l_.ep);
+  for (const ExpertRows& r : segments) {
+    const Elem* wd = b.w_experts + r.expert * stride + 2 * Fe * C;
+    run(kernels::linear_dgrad_gemm(r.rows, Fe, C, d_in + r.offset * C, wd, d_act + r.offset * Fe),
+        "gemm expert down dgrad");
+    run(kernels::linear_wgrad_gemm(r.rows, Fe, C, d_in + r.offset * C, b.moe_act + r.offset * Fe,
+                                   b.g_experts + r.expert * stride + 2 * Fe * C),
         "gemm expert down wgrad");
   }
-  run(kernels::SwigluBackwardParams<Elem>{.rows = routed, .F = Fe, .gate = b.moe_gate, .up = b.moe_up,
+  run(kernels::SwigluBackwardParams<Elem>{.rows = rows_in, .F = Fe, .gate = b.moe_gate, .up = b.moe_up,
                                           .dact = d_act, .dgate = d_gate, .dup = d_up},
       "swiglu_backward");
-  // The experts' input gradient takes d_rows over (its output gradient is spent).
-  for (int64_t j = 0; j < E; ++j) {
-    const int64_t o = offsets[j], n = offsets[j + 1] - o;
-    if (n == 0) continue;
-    const Elem* w = b.w_experts + j * stride;
-    G* g = b.g_experts + j * stride;
-    run(kernels::linear_dgrad_gemm(n, C, Fe, d_gate + o * Fe, w, d_rows + o * C), "gemm expert gate dgrad");
-    run(kernels::linear_dgrad_gemm(n, C, Fe, d_up + o * Fe, w + Fe * C, d_rows + o * C, Write::accumulate),
+  // The experts' input gradient takes d_in over (its output gradient is spent).
+  for (const ExpertRows& r : segments) {
+    const Elem* w = b.w_experts + r.expert * stride;
+    G* g = b.g_experts + r.expert * stride;
+    const int64_t o = r.offset, n = r.rows;
+    run(kernels::linear_dgrad_gemm(n, C, Fe, d_gate + o * Fe, w, d_in + o * C), "gemm expert gate dgrad");
+    run(kernels::linear_dgrad_gemm(n, C, Fe, d_up + o * Fe, w + Fe * C, d_in + o * C, Write::accumulate),
         "gemm expert up dgrad");
     run(kernels::linear_wgrad_gemm(n, C, Fe, d_gate + o * Fe, b.moe_in + o * C, g), "gemm expert gate wgrad");
     run(kernels::linear_wgrad_gemm(n, C, Fe, d_up + o * Fe, b.moe_in + o * C, g + Fe * C), "gemm expert up wgrad");
   }
+  if (ep) moe_exchange(sent.data(), received, d_in, d_rows, C, true);
   run(kernels::MoePermuteBackwardParams<Elem>{.rows = rows, .C = C, .top_k = k, .gate = e.gate_on,
                                               .position = position, .weights = b.moe_weights, .x = x,
                                               .dout = d_rows, .dx = dx,
@@ -363,6 +462,7 @@ double LlamaStage<Elem, G>::take_aux_loss() {
 #define WEFT_LLAMA_MOE(E, G)                                                                  \
   template void LlamaStage<E, G>::moe_forward(const Block&, E*, bool);                        \
   template void LlamaStage<E, G>::moe_backward(const Block&, const E*, E*);                   \
+  template int64_t LlamaStage<E, G>::moe_exchange(const int64_t*, const int64_t*, const E*, E*, int64_t, bool); \
   template double LlamaStage<E, G>::moe_balance(int64_t, int64_t, std::vector<double>*);      \
   template double LlamaStage<E, G>::take_aux_loss();                                          \
   template void LlamaStage<E, G>::take_expert_load(std::vector<int64_t>&);                     \

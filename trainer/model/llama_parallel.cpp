@@ -145,13 +145,37 @@ void LlamaStage<Elem, G>::drain(Bucket& b) {
   }
   // Hybrid sharding: the last micro-batch's sum is in; the shard groups add theirs.
   if (b.last)
-    for (const auto& [offset, n] : b.pieces) reduce_over_replicas(grads_ + offset, n);
+    for (const auto& [offset, n] : b.pieces) reduce_over_replicas(grads_ + offset, shard_lo_ + offset, n);
   b.last = false;
 }
 
 template <typename Elem, typename G>
-void LlamaStage<Elem, G>::reduce_over_replicas(G* piece, int64_t n) {
-  if (groups_.replica && n > 0) dp_pending_.push_back(groups_.replica->iall_reduce(piece, n));
+template <typename F>
+void LlamaStage<Elem, G>::for_each_non_expert(int64_t flat, int64_t n, F f) const {
+  int64_t at = flat;
+  const int64_t end = flat + n;
+  for (const Range& r : expert_ranges_) {
+    if (r.end <= at) continue;
+    if (r.begin >= end) break;
+    if (r.begin > at) f(at - flat, r.begin - at);
+    at = r.end;
+  }
+  if (at < end) f(at - flat, end - at);
+}
+
+template <typename Elem, typename G>
+void LlamaStage<Elem, G>::reduce_over_replicas(G* piece, int64_t flat, int64_t n) {
+  if (!groups_.replica || n <= 0) return;
+  for_each_non_expert(flat, n, [&](int64_t offset, int64_t count) {
+    dp_pending_.push_back(groups_.replica->iall_reduce(piece + offset, count));
+  });
+}
+
+template <typename Elem, typename G>
+void LlamaStage<Elem, G>::all_reduce_replicas(G* data, int64_t flat, int64_t n) {
+  if (!groups_.replica || n <= 0) return;
+  for_each_non_expert(flat, n,
+                      [&](int64_t offset, int64_t count) { groups_.replica->all_reduce(data + offset, count); });
 }
 
 template <typename Elem, typename G>
@@ -159,7 +183,7 @@ void LlamaStage<Elem, G>::settle_scatter() {
   if (!scatter_pending_) return;
   scatter_pending_->wait();
   scatter_pending_.reset();
-  reduce_over_replicas(scatter_piece_, scatter_count_);
+  reduce_over_replicas(scatter_piece_, scatter_flat_, scatter_count_);
 }
 
 template <typename Elem, typename G>
@@ -219,6 +243,7 @@ void LlamaStage<Elem, G>::group_end() {
       settle_scatter();
       scatter_pending_ = std::move(scatter);
       scatter_piece_ = dp_shard_ + group_shard_offset();
+      scatter_flat_ = shard_lo_ + group_shard_offset();
       scatter_count_ = counts[size_t(groups_.zero_shard().rank())];
     }
   }
@@ -370,7 +395,8 @@ void LlamaStage<Elem, G>::finish_dp_reduction() {
   template void LlamaStage<E, G>::group_end();                                               \
   template void LlamaStage<E, G>::drain(Bucket&);                                            \
   template void LlamaStage<E, G>::settle_scatter();                                          \
-  template void LlamaStage<E, G>::reduce_over_replicas(G*, int64_t);                         \
+  template void LlamaStage<E, G>::reduce_over_replicas(G*, int64_t, int64_t);                \
+  template void LlamaStage<E, G>::all_reduce_replicas(G*, int64_t, int64_t);                 \
   template std::vector<int64_t> LlamaStage<E, G>::shard_parts(std::span<const Range>) const; \
   template int64_t LlamaStage<E, G>::group_shard_offset() const;                             \
   template const E* LlamaStage<E, G>::gathered(const E*, E*);                                \

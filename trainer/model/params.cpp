@@ -23,6 +23,7 @@ constexpr ParamKind kLinearKind[kLinears] = {ParamKind::q_proj,    ParamKind::k_
 
 // Where `kind` sits in a block (params.h's order), or -1 where the block has
 // none.
+// `expert` counts from the block's first (this ep rank's first routed expert).
 int64_t block_position(ParamKind kind, bool moe, int64_t experts, bool shared, int64_t expert, bool qk) {
   for (int64_t i = 0; i < kHead; ++i)
     if (kBlockHead[i] == kind) return i;
@@ -57,7 +58,8 @@ int64_t StageParams::index(ParamKind kind, int64_t layer, int64_t expert) const 
   const bool has_embed = !all.empty() && all[0].kind == ParamKind::embed_tokens;
   if (checkpoint::is_block_param(kind)) {
     if (layer < 0 || layer >= layers) return -1;
-    const int64_t i = block_position(kind, block_moe[size_t(layer)], experts, shared_expert, expert, qk_norm);
+    const int64_t i = block_position(kind, block_moe[size_t(layer)], local_experts, shared_expert,
+                                     expert < 0 ? expert : expert - first_expert, qk_norm);
     return i < 0 ? -1 : block_first[size_t(layer)] + i;
   }
   if (kind == ParamKind::embed_tokens) return has_embed ? 0 : -1;
@@ -88,7 +90,7 @@ int64_t StageParams::adapter(int64_t layer, Linear g) const {
 }
 
 StageParams stage_params(const ModelSpec& m, const Layout& l, const memory::StagePlan& plan,
-                         int64_t tp_rank) {
+                         int64_t tp_rank, int64_t ep_rank) {
   const int64_t t = l.tp, C = m.hidden, D = m.head_dim;
   StageParams sp;
   sp.layers = plan.layers;
@@ -134,11 +136,15 @@ StageParams stage_params(const ModelSpec& m, const Layout& l, const memory::Stag
   WEFT_ASSERT(int64_t(global_of.size()) == plan.layers);
   auto global = [&](int64_t i) { return global_of[size_t(i)]; };
   sp.experts = m.moe.experts;
+  sp.local_experts = m.moe.enabled() ? m.moe.experts / l.ep : 0;
+  sp.first_expert = ep_rank * sp.local_experts;
+  WEFT_ASSERT(ep_rank >= 0 && ep_rank < l.ep);
   sp.shared_expert = m.moe.shared_intermediate > 0;
   sp.qk_norm = m.attention.qk_norm == QkNorm::rms;
   // The routed experts and the router are whole on every tp rank (an
   // expert tp degree of 1, Megatron's default); the shared expert splits
-  // over tp as a dense FFN does.
+  // over tp as a dense FFN does. Under expert parallelism the block holds
+  // the ep rank's E / ep routed experts, [first_expert, + local_experts).
   const int64_t Fe = m.moe.expert_intermediate, Fs = m.moe.shared_intermediate;
   for (int64_t i = 0; i < plan.layers; ++i) {
     const int64_t layer = global(i);
@@ -162,7 +168,7 @@ StageParams stage_params(const ModelSpec& m, const Layout& l, const memory::Stag
       continue;
     }
     add(ParamKind::router, layer, m.moe.experts, C, ShardDim::none);
-    for (int64_t e = 0; e < m.moe.experts; ++e) {
+    for (int64_t e = sp.first_expert; e < sp.first_expert + sp.local_experts; ++e) {
       add(ParamKind::expert_gate, layer, Fe, C, ShardDim::none, e);
       add(ParamKind::expert_up, layer, Fe, C, ShardDim::none, e);
       add(ParamKind::expert_down, layer, C, Fe, ShardDim::none, e);

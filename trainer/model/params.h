@@ -87,6 +87,10 @@ struct StageParams {
   std::vector<int64_t> block_first;
   std::vector<char> block_moe;
   int64_t experts = 0;        // E of the MoE blocks
+  // The routed experts this rank holds: E / ep from its ep rank's first
+  // (every one without expert parallelism). index() and model() take a
+  // global expert id among them.
+  int64_t local_experts = 0, first_expert = 0;
   bool shared_expert = false;  // they have a shared expert
   bool qk_norm = false;        // every block has q and k norms
   // Index into specs of the A adapter of local block `layer`'s linear g (B
@@ -97,8 +101,9 @@ struct StageParams {
   bool head_is_embedding = false;
 };
 
+// `ep_rank`: the rank's place in its ep group (Layout::ep), whose experts it holds.
 StageParams stage_params(const ModelSpec& m, const Layout& l, const memory::StagePlan& plan,
-                         int64_t tp_rank);
+                         int64_t tp_rank, int64_t ep_rank = 0);
 
 // Value of element (r, c) of the full tensor `name` at initialisation.
 double param_init_value(const ParamSpec& p, uint64_t seed, int64_t r, int64_t c);

@@ -84,15 +84,21 @@ void Optimizer<Elem, G>::reduce_grads() {
   if (!stage_.grads_sharded() && !stage_.grads_reduced()) {  // else done during the backward
     // Over the replicas and the context-parallel ranks (or, under hybrid
     // sharding, the shard group's).
-    if (sharded_)
+    if (sharded_) {
       g.zero_shard().reduce_scatter_v(stage_.grads(), grad_shard_, std::span<const int64_t>(counts_));
-    else
+    } else if (g.ep) {
+      // Expert parallelism without shards: over the ranks holding the same
+      // experts, then the rest over ep.
+      if (g.edp->size() > 1) g.edp->all_reduce(stage_.grads(), stage_.param_elements());
+      stage_.all_reduce_replicas(stage_.grads(), 0, stage_.param_elements());
+    } else {
       g.dpcp->all_reduce(stage_.grads(), stage_.param_elements());
+    }
   }
-  // Hybrid sharding: each shard group summed its own part of the batch; the
-  // groups holding the same shard add theirs (the second level), unless the
-  // backward did, group by group.
-  if (sharded_ && g.replica && !stage_.replicas_reduced()) g.replica->all_reduce(grad_shard_, hi_ - lo_);
+  // Hybrid sharding (and expert parallelism): each shard group summed its
+  // own part of the batch; the groups holding the same shard add theirs
+  // (the second level), unless the backward did, group by group.
+  if (sharded_ && g.replica && !stage_.replicas_reduced()) stage_.all_reduce_replicas(grad_shard_, lo_, hi_ - lo_);
 }
 
 template <typename Elem, typename G>
@@ -123,10 +129,17 @@ double Optimizer<Elem, G>::grad_norm() {
   const kernels::Stream stream = stage_.stream();
   double* sums = stage_.on_device() ? table.template get<double>("scratch.grad_norm_sum") : host_sums;
   if (stage_.on_device()) memory::copy(sums, host_sums, sizeof host_sums, stream);
+  // Expert parallelism (CPU only): the routed experts' squares, which the
+  // ep ranks hold different parts of, sum over ep as well.
+  const bool ep = stage_.groups().ep != nullptr;
+  WEFT_ASSERT(!(ep && stage_.on_device()));
+  double expert_sum = 0;
   for_each_piece([&](const ParamSpec& p, int64_t begin, int64_t end) {
     if (p.tied_copy) return;  // the first stage counts the tied embedding
-    const kernels::SumSquaresParams<G> sq{.n = end - begin, .x = grad_at(begin),
-                                          .sum = p.shard == ShardDim::none ? &sums[1] : &sums[0]};
+    const kernels::SumSquaresParams<G> sq{
+        .n = end - begin,
+        .x = grad_at(begin),
+        .sum = ep && p.expert >= 0 ? &expert_sum : p.shard == ShardDim::none ? &sums[1] : &sums[0]};
     const int64_t need = kernels::workspace_bytes(sq, stream.backend);
     WEFT_ASSERT(need <= table.bytes("scratch.grad_norm"));
     kernels::status_check(
@@ -137,12 +150,14 @@ double Optimizer<Elem, G>::grad_norm() {
     memory::synchronize(stream);
   }
   // Replicated parameters are equal on every tp rank: counted by tp rank 0 only.
-  double sum = host_sums[0] + (stage_.groups().tp_rank() == 0 ? host_sums[1] : 0.0);
+  const bool first = stage_.groups().tp_rank() == 0;
+  double sum[2] = {host_sums[0] + (first ? host_sums[1] : 0.0), first ? expert_sum : 0.0};
   const parallel::ProcessGroups& host = stage_.groups().host_groups();
-  host.tp->all_reduce(&sum, 1);
-  host.pp->all_reduce(&sum, 1);
-  if (sharded_) host.zero_shard().all_reduce(&sum, 1);
-  return std::sqrt(sum);
+  host.tp->all_reduce(sum, 2);
+  host.pp->all_reduce(sum, 2);
+  if (sharded_) host.zero_shard().all_reduce(sum, 2);
+  if (ep) host.ep->all_reduce(&sum[1], 1);
+  return std::sqrt(sum[0] + sum[1]);
 }
 
 template <typename Elem, typename G>

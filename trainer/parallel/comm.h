@@ -103,6 +103,14 @@ class Comm {
   // runs it as one group over the whole communicator, which reaches every
   // rank where its point-to-point channels reach ring neighbours only.
   virtual void all_to_all(const void* in, void* out, int64_t count, DType t, int64_t tag);
+  // The uneven form: send[j] elements of in go to rank j (in's blocks in
+  // rank order), and recv[j] elements from rank j land in out (its blocks
+  // in rank order); send on one rank and recv on its peer must agree. This
+  // rank's own block is neither sent nor written (the caller copies it);
+  // empty blocks post nothing. The default posts an isend and an irecv per
+  // peer and waits for all of them.
+  virtual void all_to_all_v(const void* in, std::span<const int64_t> send, void* out,
+                            std::span<const int64_t> recv, DType t, int64_t tag);
   // Blocking point-to-point; peer is a rank of this group, tag in [0, 32767].
   // Two ranks that both send before they receive may deadlock on large
   // messages: exchange with isend/irecv and wait instead.

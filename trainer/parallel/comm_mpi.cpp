@@ -592,6 +592,25 @@ ProcessGroups mpi_process_groups(const Layout& layout, RankOrder order,
     }
     WEFT_ASSERT(g.shard->size() == size && g.shard->rank() == i % size && g.replica->size() == ways / size);
   }
+  if (layout.ep > 1) {
+    // Expert parallelism: the ep group is ep consecutive ranks of dpcp (cp
+    // fastest), the expert data-parallel group every ep-th; ZeRO shards over
+    // the second, and the first sums the other parameters' shards.
+    const int64_t size = layout.ep, ways = g.dpcp->size(), i = g.dpcp->rank();
+    if (ways % size != 0 || layout.hybrid_sharding())
+      throw InputError(fmt::format("layout {}: ep={} must divide dp x cp = {}, without a ZeRO shard group",
+                                   layout.to_string(), size, ways));
+    const MPI_Comm base = static_cast<MpiComm*>(g.dpcp)->handle();
+    for (const bool ep : {true, false}) {
+      MPI_Comm split;
+      WEFT_MPI_CHECK(MPI_Comm_split(base, int(ep ? i / size : i % size), int(ep ? i % size : i / size), &split));
+      g.owned.push_back(std::make_unique<MpiComm>(split, ep ? "ep" : "edp", cancel));
+      (ep ? g.ep : g.edp) = g.owned.back().get();
+    }
+    WEFT_ASSERT(g.ep->size() == size && g.ep->rank() == i % size && g.edp->size() == ways / size);
+    g.shard = g.edp;
+    g.replica = g.ep;
+  }
   return g;
 }
 

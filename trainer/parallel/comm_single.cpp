@@ -61,6 +61,23 @@ void Comm::all_to_all(const void* in, void* out, int64_t count, DType t, int64_t
   for (auto& p : pending) p->wait();
 }
 
+void Comm::all_to_all_v(const void* in, std::span<const int64_t> send, void* out, std::span<const int64_t> recv,
+                        DType t, int64_t tag) {
+  WEFT_ASSERT(int64_t(send.size()) == size() && int64_t(recv.size()) == size());
+  const int64_t bytes = dtype_bytes(t);
+  std::vector<std::unique_ptr<CommRequest>> pending;
+  int64_t sent = 0, received = 0;
+  for (int64_t j = 0; j < size(); ++j) {
+    if (j != rank() && recv[size_t(j)] > 0)
+      pending.push_back(irecv(static_cast<char*>(out) + received * bytes, recv[size_t(j)], t, j, tag));
+    if (j != rank() && send[size_t(j)] > 0)
+      pending.push_back(isend(static_cast<const char*>(in) + sent * bytes, send[size_t(j)], t, j, tag));
+    sent += send[size_t(j)];
+    received += recv[size_t(j)];
+  }
+  for (auto& p : pending) p->wait();
+}
+
 std::unique_ptr<CommRequest> Comm::ireduce_scatter_v(const void* in, void* out,
                                                      std::span<const int64_t> counts, DType t) {
   reduce_scatter_v(in, out, counts, t);

@@ -235,6 +235,7 @@ void CommWatchdog::watch(ProcessGroups& groups) {
   const std::pair<Comm**, const char*> slots[] = {{&groups.world, "world"}, {&groups.tp, "tp"}, {&groups.pp, "pp"},
                                                    {&groups.dp, "dp"},       {&groups.cp, "cp"}, {&groups.dpcp, "dpcp"},
                                                    {&groups.shard, "shard"}, {&groups.replica, "replica"},
+                                                   {&groups.ep, "ep"},       {&groups.edp, "edp"},
                                                    {&groups.tp_side, "tp-side"}};
   for (auto [slot, label] : slots) {
     if (*slot == nullptr) continue;  // no cp, no tp-side group, no hybrid sharding

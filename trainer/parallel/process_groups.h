@@ -26,6 +26,15 @@ struct ProcessGroups {
   // it. Null without: ZeRO shards over dpcp.
   Comm* shard = nullptr;
   Comm* replica = nullptr;
+  // Expert parallelism (Layout::ep): the ep group, ep consecutive ranks of
+  // dpcp, whose ranks hold the routed experts between them and exchange the
+  // rows routed to them; and the expert data-parallel group, the dpcp ranks
+  // of equal dpcp rank mod ep, which hold the same experts. ZeRO shards over
+  // the second (shard points at it) and the other parameters then sum over
+  // the first (replica points at it; the experts' ranges are left out).
+  // Null without.
+  Comm* ep = nullptr;
+  Comm* edp = nullptr;
   // The tensor-parallel ranks again, on a communicator of their own: the
   // backward's collectives that run beside its GEMMs (the re-gathered inputs
   // of the weight gradients, the input gradients' reduce), so that the tp
@@ -56,6 +65,7 @@ struct ProcessGroups {
   int64_t dp_rank() const { return dp->rank(); }
   int64_t cp_rank() const { return cp ? cp->rank() : 0; }
   int64_t cp_size() const { return cp ? cp->size() : 1; }
+  int64_t ep_rank() const { return ep ? ep->rank() : 0; }
 };
 
 // One process: every group is the single-rank group.
