@@ -12,12 +12,22 @@
 // travel with the micro-batch's activations and gradients
 // (LlamaStage::moe_stats_travel). A capacity's drops match wherever the
 // ranks route the reference's rows. Prints the tables.
+#include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "core/model_spec.h"
+#include "trainer/checkpoint/checkpoint.h"
+#include "trainer/checkpoint/hf_names.h"
+#include "trainer/checkpoint/safetensors.h"
 
 #include "mpi_env.h"
 #include "parity_fixture.h"
@@ -166,6 +176,118 @@ TEST(MoeParity, ExpertParallelism) {
                                 "tp1-cp2-pp1-dp1-ep2-mb1-cp:ring", "tp1-pp2-dp2-ep2-mb1-vpp2-ckpt:selective"},
                                "")
                           .c_str());
+  }
+}
+
+// The gradient of every tensor, router included: after one step Adam's
+// first moment is (1 - beta1) times the (clipped) gradient, so the
+// checkpoints' exp_avg tensors compare the gradients tensor by tensor.
+// Returns the worst ||a - b|| / ||b|| over the tensors, and fails the test
+// where one passes `tol`.
+double worst_gradient(const std::string& ckpt, const std::string& ref_ckpt, const std::string& layout, double tol) {
+  const auto a = checkpoint::load_checkpoint(ckpt), b = checkpoint::load_checkpoint(ref_ckpt);
+  double worst = 0;
+  int64_t tensors = 0;
+  for (const auto& p : checkpoint::hf_param_table(b.manifest.model)) {
+    const std::string name = checkpoint::optim_state_name(checkpoint::OptimState::exp_avg, p.name);
+    const auto& x = a.optimizer.at(name);
+    const auto& y = b.optimizer.at(name);
+    const int64_t rows = p.shape[0], cols = p.shape.size() > 1 ? p.shape[1] : 1;
+    std::vector<float> u(size_t(rows * cols)), v(u.size());
+    checkpoint::tensor_read_f32_block(x, 0, rows, 0, cols, u.data());
+    checkpoint::tensor_read_f32_block(y, 0, rows, 0, cols, v.data());
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < u.size(); ++i) {
+      diff += (double(u[i]) - v[i]) * (double(u[i]) - v[i]);
+      norm += double(v[i]) * v[i];
+    }
+    EXPECT_GT(norm, 0) << layout << " " << p.name << ": a gradient of zeros compares nothing";
+    const double rel = std::sqrt(diff / norm);
+    EXPECT_LE(rel, tol) << layout << " " << p.name;
+    worst = std::max(worst, rel);
+    ++tensors;
+  }
+  EXPECT_GT(tensors, 0);
+  return worst;
+}
+
+TEST(MoeParity, ExpertParallelGradientsPerTensor) {
+  Fixture f(false, kMixtral);
+  f.steps = 1;
+  const std::string ref = f.dir.path("ref");
+  ASSERT_EQ(f.train("tp1-pp1-dp1-mb1", ref).size(), 1u);
+  std::printf("%-62s %14s\n", "layout", "worst grad dev");
+  for (const char* layout : {"tp1-pp1-dp2-ep2-mb1", "tp1-pp1-dp4-ep4-mb1-zero3", "tp2-pp1-dp2-ep2-mb1-sp-zero1",
+                             "tp1-cp2-pp1-dp2-ep4-mb1-zero2", "tp1-pp2-dp2-ep2-mb1-vpp2"}) {
+    const std::string out = f.dir.path(std::string("g-") + layout);
+    ASSERT_EQ(f.train(layout, out).size(), 1u) << layout;
+    const double worst = worst_gradient(out + "/checkpoints/step_000001", ref + "/checkpoints/step_000001", layout, 1e-5);
+    std::printf("%-62s %14.2e\n", layout, worst);
+  }
+}
+
+// A batch routed very unevenly: a model whose routers score every expert but
+// the first at exactly 0 sends every token to expert 1 (top-2 of 4: expert 0
+// and then the first of the ties, or the first two ties), so one expert
+// takes half of all choices, the most top-2 allows, and another none. Under
+// expert parallelism one rank then computes most rows; the losses stay the
+// single rank's, and the checkpoints reshard across ep degrees.
+TEST(MoeParity, ExpertParallelismUnderVeryUnevenRouting) {
+  Fixture f(false, kMixtral);
+  const ModelSpec m = model_from_hf_config(f.config);
+  // Weights drawn at random (fixed seed), the routers' rows past the first zero.
+  std::mt19937_64 gen(20261129);
+  std::vector<std::vector<float>> values;
+  std::vector<checkpoint::TensorRef> refs;
+  for (const auto& p : checkpoint::hf_param_table(m)) {
+    int64_t n = 1;
+    for (int64_t d : p.shape) n *= d;
+    std::vector<float> v(static_cast<size_t>(n));
+    const bool norm = p.shape.size() == 1;
+    std::normal_distribution<float> dist(0.0f, norm ? 0.1f : 1.0f / std::sqrt(float(p.shape.back())));
+    for (auto& x : v) x = norm ? 1.0f + dist(gen) : dist(gen);
+    if (p.kind == checkpoint::ParamKind::router)
+      for (int64_t i = p.shape[1]; i < n; ++i) v[size_t(i)] = 0.0f;  // rows 1.. of (E, C)
+    values.push_back(std::move(v));
+    refs.push_back({p.name, checkpoint::DType::F32, p.shape, values.back().data()});
+  }
+  checkpoint::safetensors_write(f.dir.path("model/model.safetensors"), refs);
+  const std::string init = "--init " + f.dir.path("model");
+  const auto ref = f.train("tp1-pp1-dp1-mb1", f.dir.path("ref"), init);
+  ASSERT_EQ(ref.size(), 5u);
+  // The first step's loads: expert 1 took every token in every MoE layer.
+  std::ifstream in(f.dir.path("ref") + "/metrics.jsonl");
+  bool seen = false;
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j["kind"] != "train" || j["step"] != 1) continue;
+    seen = true;
+    const int64_t tokens = f.seq * f.global_batch;
+    for (const auto& row : j["expert_load"]["counts"]) {
+      EXPECT_EQ(row[1].get<int64_t>(), tokens) << line;
+      EXPECT_EQ(row[3].get<int64_t>(), 0) << line;
+    }
+  }
+  EXPECT_TRUE(seen);
+  std::printf("%s", table_of(f, ref,
+                             {"tp1-pp1-dp2-ep2-mb1", "tp1-pp1-dp4-ep4-mb1-zero1", "tp1-pp1-dp4-ep2-mb1-zero3",
+                              "tp2-pp1-dp2-ep2-mb1-sp"},
+                             init)
+                        .c_str());
+  // Saved at step 3 under one ep degree, resumed under others: steps 4 and
+  // 5 are the reference's.
+  const ReshardCases cases = {{"tp1-pp1-dp4-ep4-mb1-zero1", {"tp1-pp1-dp1-mb1", "tp1-pp1-dp2-ep2-mb1-zero3"}},
+                              {"tp1-pp2-dp2-ep2-mb1", {"tp1-pp1-dp4-ep2-mb1-zero2"}}};
+  for (const auto& [from, tos] : cases) {
+    const auto saved = f.dir.path("a-" + from);
+    f.train(from, saved, init + " --ckpt-every 3");
+    for (const auto& to : tos) {
+      const auto losses = f.train(to, f.dir.path("b-" + from + "-" + to),
+                                  "--resume-from " + saved + "/checkpoints/step_000003");
+      ASSERT_EQ(losses.size(), 2u) << from << " -> " << to;
+      for (size_t i = 0; i < 2; ++i)
+        EXPECT_NEAR(losses[i], ref[3 + i], 1e-5 * ref[3 + i]) << from << " -> " << to << " step " << 4 + i;
+    }
   }
 }
 
