@@ -223,6 +223,7 @@ tuner::SpaceLimits SpaceArgs::resolve() const {
   tuner::SpaceLimits l;
   require_positive("--tp", tp);
   require_positive("--cp", cp);
+  require_positive("--ep", ep);
   require_positive("--pp", pp);
   require_positive("--mb", mb);
   require_positive("--vpp", vpp);
@@ -243,6 +244,7 @@ tuner::SpaceLimits SpaceArgs::resolve() const {
   if (max_mb < 1) throw InputError(fmt::format("--max-mb {} must be at least 1", max_mb));
   l.tp = tp;
   l.cp = cp;
+  l.ep = ep;
   l.pp = pp;
   l.mb = mb;
   l.vpp = vpp;
@@ -349,6 +351,10 @@ void add_space_options(CLI::App& app, SpaceArgs& a) {
       ->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   g->add_option("--cp-comm", a.cp_comm,
                 "Context-parallel transports tried at cp > 1: ring, allgather, a2a")
+      ->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  g->add_option("--ep", a.ep,
+                "Expert-parallel degrees (MoE models): ranks of dp x cp the routed experts split over; searched: "
+                "each that divides dp x cp and the experts")
       ->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   g->add_option("--pp", a.pp, "Pipeline-parallel degrees")->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   g->add_option("--mb", a.mb, "Micro-batch sizes")->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);

@@ -174,17 +174,28 @@ ShardingTerms sharding_terms(const Model& x, double mbs) {
     const bool emb = stage == 0, head = stage == l.pp - 1;
     const int64_t layers = l.stage_layers(m, stage);
     if (lora) return double(layers) * double(memory::lora_block_elements(m, l, x.run.lora));
-    const double block = double(2 * m.hidden + (2 * (m.heads / l.tp) + 2 * (m.kv_heads / l.tp)) *
-                                                   m.head_dim * m.hidden +
-                                3 * (m.intermediate / l.tp) * m.hidden);
-    double n = double(layers) * block;
+    // An MoE model's blocks: its MoE layers' share of the stage's at the
+    // MoE block's size (the router, this ep rank's experts, the shared
+    // expert's tp part), the rest dense.
+    const double moe = m.moe.enabled() ? double(layers) * double(m.moe_layers()) / double(m.layers) : 0.0;
+    double n = (double(layers) - moe) * double(memory::dense_block_param_elements(m, l)) +
+               moe * double(memory::moe_block_param_elements(m, l));
     if (emb) n += Vl * C;
     if (head) n += C + (m.tied_embeddings && emb ? 0 : Vl * C);
     return n;
   };
+  // The routed experts' part of them (this ep rank's), which under expert
+  // parallelism sums over the expert data-parallel group alone.
+  const auto stage_experts = [&](int64_t stage) {
+    if (lora || !m.moe.enabled()) return 0.0;
+    const double moe = double(l.stage_layers(m, stage)) * double(m.moe_layers()) / double(m.layers);
+    return moe * 3.0 * double(m.moe.experts / l.ep) * double(m.moe.expert_intermediate) * C;
+  };
   // (An uneven split's middle stage may hold more.)
   const int64_t mid = middle_stage(m, l);
   const double psi = std::max({stage_params(0), stage_params(l.pp - 1), mid > 0 ? stage_params(mid) : 0.0});
+  const double experts =
+      std::max({stage_experts(0), stage_experts(l.pp - 1), mid > 0 ? stage_experts(mid) : 0.0});
   const Group dg = x.shard_group(), zg = x.zero_group();
   const double grad_bytes = double(l.grad_bytes()) * psi, param_bytes = x.a * psi;
   double reduce = 0, gather = 0, window_bwd = 0, window_t = 0;
@@ -201,6 +212,13 @@ ShardingTerms sharding_terms(const Model& x, double mbs) {
   double tail_share = 1;  // of the exposed tail: the last micro-batch's under ZeRO-2
   switch (l.zero) {
     case 0:
+      if (l.ep > 1) {
+        // Expert parallelism: after the backward (nothing beside it), over
+        // the expert data-parallel group, then all but the experts over ep.
+        reduce = all_reduce(grad_bytes, x.expert_dp_group()) +
+                 all_reduce(double(l.grad_bytes()) * (psi - experts), x.ep_group());
+        break;
+      }
       reduce = all_reduce(grad_bytes, dg);
       window_bwd = 1;
       break;
@@ -225,6 +243,9 @@ ShardingTerms sharding_terms(const Model& x, double mbs) {
   // behind the reduce-scatters and hidden beside the backward as they are.
   if (l.zero >= 1 && l.hybrid_sharding())
     reduce += all_reduce(grad_bytes / double(l.zero_shards()), x.replica_group());
+  // Expert parallelism's: the shards less the experts' ranges, over ep.
+  if (l.zero >= 1 && l.ep > 1)
+    reduce += all_reduce(double(l.grad_bytes()) * (psi - experts) / double(l.zero_shards()), x.replica_group());
   if (l.shard_ways() > 1) {
     // The group reduced last is exposed: the embedding table, whose
     // gradient is final only at the very end of the first stage's backward.

@@ -199,8 +199,15 @@ struct Model {
   // ZeRO's shard group: all of the above, or under hybrid sharding its
   // zero_group consecutive ranks; and the replicas that all-reduce each
   // shard, zero_group * tp ranks apart.
-  Group zero_group() const { return group(l.zero_shards(), l.tp); }
-  Group replica_group() const { return group(l.zero_replicas(), l.tp * l.zero_shards()); }
+  // Under expert parallelism ZeRO's group is the expert data-parallel one,
+  // tp * ep ranks apart, and the replicas are the ep group, ep consecutive
+  // ranks of dp x cp (tp apart).
+  Group zero_group() const { return group(l.zero_shards(), l.ep > 1 ? l.tp * l.ep : l.tp); }
+  Group replica_group() const {
+    return l.ep > 1 ? ep_group() : group(l.zero_replicas(), l.tp * l.zero_shards());
+  }
+  Group ep_group() const { return group(l.ep, l.tp); }
+  Group expert_dp_group() const { return group(l.expert_dp(), l.tp * l.ep); }
   // A stage and the next are tp * cp * dp ranks apart: the same domain only
   // when a whole stage fits in part of one.
   Link pp_link() const { return l.tp * l.cp * l.dp < c.domain() ? intra_link() : inter_link(); }

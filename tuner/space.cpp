@@ -188,21 +188,40 @@ std::vector<Subspace> enumerate_subspaces(const ModelSpec& m, const RunSpec& run
           // through within 1.25 times their size without it. A pinned
           // group of all of them is plain ZeRO; one that does not divide
           // is kept, and pruned with the rule.
-          std::vector<int64_t> stages = {0};
-          if (dp * cp > 1) stages = {0, 1, 2, 3};
-          std::vector<int64_t> groups = {0};
-          if (const int64_t g = device.domain > 0 && device.domain % tp == 0 ? device.domain / tp : 0;
-              g > 1 && g < dp * cp && (dp * cp) % g == 0)
-            groups.push_back(g);
-          const bool pinned = !limits.zero_group.empty();
-          groups = pick(limits.zero_group, groups);
-          std::vector<ZeroChoice> zeros;
-          for (int64_t z : pick(limits.zero, stages))
-            for (int64_t g : groups) {
-              const ZeroChoice c{z, g == dp * cp ? 0 : g};
-              const bool searched = c.group == 0 || z == 3 || (pinned && z > 0);
-              if (searched && std::find(zeros.begin(), zeros.end(), c) == zeros.end()) zeros.push_back(c);
-            }
+          // Expert parallelism (MoE models) folds over the dp x cp ranks:
+          // each degree that divides them and the routed experts, its ep
+          // group (tp * ep consecutive ranks) within one NVLink domain on a
+          // GPU cluster (a soft rule: its all-to-alls every MoE layer would
+          // cross the network; past it only when pinned). A pinned degree
+          // that does not divide is kept, and pruned with the rule.
+          std::vector<int64_t> eps = {1};
+          if (m.moe.enabled())
+            for (int64_t d : divisors(dp * cp))
+              if (d > 1 && m.moe.experts % d == 0 && (device.domain <= 0 || tp * d <= device.domain))
+                eps.push_back(d);
+          eps = pick(limits.ep, eps);
+          // Under expert parallelism ZeRO shards over the expert
+          // data-parallel group (dp x cp / ep ranks, none when that is 1),
+          // and takes no shard group of its own.
+          const auto zeros_of = [&](int64_t ep) {
+            const int64_t ways = ep > 1 && (dp * cp) % ep == 0 ? dp * cp / ep : dp * cp;
+            std::vector<int64_t> stages = {0};
+            if (ways > 1) stages = {0, 1, 2, 3};
+            std::vector<int64_t> groups = {0};
+            if (const int64_t g = device.domain > 0 && device.domain % tp == 0 ? device.domain / tp : 0;
+                ep == 1 && g > 1 && g < dp * cp && (dp * cp) % g == 0)
+              groups.push_back(g);
+            const bool pinned = !limits.zero_group.empty();
+            groups = pick(limits.zero_group, groups);
+            std::vector<ZeroChoice> zeros;
+            for (int64_t z : pick(limits.zero, stages))
+              for (int64_t g : groups) {
+                const ZeroChoice c{z, g == dp * cp ? 0 : g};
+                const bool searched = c.group == 0 || z == 3 || (pinned && z > 0);
+                if (searched && std::find(zeros.begin(), zeros.end(), c) == zeros.end()) zeros.push_back(c);
+              }
+            return zeros;
+          };
           const int64_t stage = m.layers / pp;
           std::vector<std::pair<Checkpointing, int64_t>> ckpts;
           for (Checkpointing c : pick(limits.ckpt, {Checkpointing::none, Checkpointing::selective,
@@ -221,6 +240,7 @@ std::vector<Subspace> enumerate_subspaces(const ModelSpec& m, const RunSpec& run
               for (int64_t k : ks) ckpts.push_back({c, k});
             }
           }
+          for (int64_t ep : eps)
           for (int64_t mb : pick(limits.mb, mbs))
             for (int64_t vpp : pick(limits.vpp, vpps))
               for (const auto& split : pick(limits.split, splits_or_even(m, tp, pp * vpp)))
@@ -233,6 +253,7 @@ std::vector<Subspace> enumerate_subspaces(const ModelSpec& m, const RunSpec& run
                   s.shape.cp_comm = comm;
                   s.shape.pp = pp;
                   s.shape.dp = dp;
+                  s.shape.ep = ep;
                   s.shape.mb = mb;
                   s.shape.vpp = vpp;
                   s.shape.sp = sp;
@@ -243,7 +264,7 @@ std::vector<Subspace> enumerate_subspaces(const ModelSpec& m, const RunSpec& run
                     if (!(vpp > 1 && k % vpp != 0 && limits.ckpt_layers.empty())) s.ckpts.push_back({ckpt, k});
                   s.attentions = attns;
                   s.norms = norms;
-                  s.zeros = zeros;
+                  s.zeros = zeros_of(ep);
                   s.grads = grads;
                   s.first = first;
                   first += s.size();

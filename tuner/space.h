@@ -21,6 +21,9 @@ namespace weft::tuner {
 // leaves that knob free.
 struct SpaceLimits {
   std::vector<int64_t> tp, cp, pp, mb, vpp, zero;
+  // Expert-parallel degrees (MoE models; empty: each that divides dp x cp
+  // and the routed experts, the ep group within one NVLink domain).
+  std::vector<int64_t> ep;
   // ZeRO shard-group sizes (Layout::zero_group; 0: all dp x cp ranks) for
   // stages 1-3; empty: 0, and those hybrid sharding searches (enumerate()).
   std::vector<int64_t> zero_group;

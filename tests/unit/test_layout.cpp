@@ -28,6 +28,7 @@ Layout random_layout(std::mt19937_64& rng) {
   l.zero = pick(4);
   l.cp = int64_t{1} << pick(4);
   l.cp_comm = l.cp > 1 ? CpComm(pick(3)) : CpComm::ring;
+  l.ep = int64_t{1} << pick(3);
   l.fp8 = Fp8Recipe(pick(3));
   l.fp8_bf16_layers = l.fp8 == Fp8Recipe::off ? 0 : pick(3);
   // A shard group below dp x cp (one of all of them reads as none).
@@ -384,6 +385,37 @@ TEST(Layout, HybridShardingPrintsParsesAndValidates) {
             std::string::npos);
   WEFT_EXPECT_THROW_MSG(Layout::parse("dp4-zero3@0"), InputError, "give at least 2");
   WEFT_EXPECT_THROW_MSG(Layout::parse("dp4-zero3@x"), InputError, "'x' is not a whole number");
+}
+
+// Expert parallelism folds over dp x cp: its text after dp, the ZeRO shard
+// group it implies (the expert data-parallel group), and every rule it
+// breaks named with its values.
+TEST(Layout, ExpertParallelismPrintsParsesAndValidates) {
+  const ModelSpec m = model_preset("mixtral-8x7b");  // 8 experts
+  const RunSpec run{4096, 64, Precision::bf16};
+  const auto l = Layout::parse("tp1-cp2-pp4-dp8-ep2-mb1-zero1");
+  EXPECT_EQ(l.ep, 2);
+  EXPECT_EQ(l.expert_dp(), 8);     // dp x cp / ep
+  EXPECT_EQ(l.zero_shards(), 8);   // ZeRO over the expert data-parallel group
+  EXPECT_EQ(l.zero_replicas(), 2); // the shards sum over ep too
+  EXPECT_NE(l.to_string().find("-dp8-ep2-mb1-"), std::string::npos) << l.to_string();
+  EXPECT_EQ(Layout::parse(l.to_string()), l);
+  EXPECT_EQ(Layout::parse("dp4-mb1").to_string().find("-ep"), std::string::npos);  // ep1 is left out
+  EXPECT_TRUE(l.violations(m, run, 64).empty()) << fmt::format("{}", fmt::join(l.violations(m, run, 64), "; "));
+  const auto broken = [&](const ModelSpec& model, const std::string& text, int64_t world) {
+    return fmt::format("{}", fmt::join(Layout::parse(text).violations(model, run, world), "; "));
+  };
+  EXPECT_NE(broken(m, "tp1-pp1-dp6-ep3-mb1", 6).find("ep=3 must divide the 8 routed experts of mixtral-8x7b"),
+            std::string::npos);
+  EXPECT_NE(broken(m, "tp2-cp1-pp1-dp2-ep4-mb1", 4).find("ep=4 folds over dp x cp = 2 x 1 = 2 ranks and must divide it"),
+            std::string::npos);
+  EXPECT_NE(broken(model_preset("llama3.1-8b"), "tp1-pp1-dp2-ep2-mb1", 2).find("but llama3.1-8b is dense"),
+            std::string::npos);
+  EXPECT_NE(broken(m, "tp1-pp1-dp8-ep2-mb1-zero3@4", 8)
+                .find("hybrid sharding and expert parallelism together are not supported"),
+            std::string::npos);
+  EXPECT_NE(broken(m, "tp1-pp1-dp2-ep0-mb1", 2).find("ep=0 must be at least 1"), std::string::npos);
+  WEFT_EXPECT_THROW_MSG(Layout::parse("dp4-epx"), InputError, "'x' is not a whole number");
 }
 
 }  // namespace

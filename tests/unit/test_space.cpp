@@ -283,6 +283,43 @@ TEST_F(Space, ReportsCoverEveryLayout) {
 // The splits searched: the even one where L divides, the rest spread where
 // it does not, and lighter ends where the vocabulary's table weighs a block
 // or more.
+// An MoE model's space folds ep over the dp x cp ranks: each degree that
+// divides them and the experts, its tp x ep ranks within one NVLink domain
+// unless pinned; ZeRO then over the expert data-parallel group, without a
+// shard group of its own. Dense models keep ep 1; a pinned degree that does
+// not divide is pruned with its rule.
+TEST(SpaceExperts, EpIsSearchedWhereItDividesAndPrunedWithItsRule) {
+  const ModelSpec m = model_preset("mixtral-8x7b");  // 8 experts
+  const RunSpec run{4096, 256, Precision::bf16};
+  const ClusterSpec c = cluster_resolve("h100", 64, 8);
+  const auto all = enumerate(m, run, 64, {}, SpaceDevice(c));
+  std::set<int64_t> eps;
+  for (const auto& l : all) {
+    eps.insert(l.ep);
+    EXPECT_EQ((l.dp * l.cp) % l.ep, 0) << l.to_string();
+    EXPECT_EQ(m.moe.experts % l.ep, 0) << l.to_string();
+    EXPECT_LE(l.tp * l.ep, 8) << l.to_string();  // the ep group within a node
+    if (l.ep > 1) {
+      EXPECT_EQ(l.zero_group, 0) << l.to_string();
+      if (l.expert_dp() == 1) { EXPECT_EQ(l.zero, 0) << l.to_string(); }
+    }
+  }
+  EXPECT_EQ(eps, (std::set<int64_t>{1, 2, 4, 8}));
+  for (const auto& l : enumerate(model_preset("llama3.1-8b"), run, 64, {}, SpaceDevice(c))) ASSERT_EQ(l.ep, 1);
+
+  SpaceLimits pinned;
+  pinned.ep = {16};
+  pinned.tp = {1};
+  pinned.cp = {1};
+  pinned.pp = {1};
+  const auto r = evaluate(m, run, c, enumerate(m, run, 64, pinned, SpaceDevice(c)), cost_defaults(c.device));
+  ASSERT_GT(r.evaluated, 0);
+  EXPECT_EQ(r.fitting, 0);
+  EXPECT_EQ(r.pruned.begin()->first, "invalid: ep") << r.candidates.front().reason;
+  EXPECT_NE(r.candidates.front().reason.find("ep=16 must divide the 8 routed experts"), std::string::npos)
+      << r.candidates.front().reason;
+}
+
 TEST(SpaceSplit, LighterEndsWhereTheTablesAreHeavyOrLDoesNotDivide) {
   const auto tiny = model_preset("tiny");  // 256 x 128 table against a 184,576-parameter block
   EXPECT_NEAR(vocab_table_blocks(tiny, 1), 0.18, 0.01);
