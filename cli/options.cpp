@@ -58,11 +58,22 @@ ModelSpec ModelArgs::resolve() const {
 void ModelArgs::apply_moe_options(ModelSpec& m) const {
   const bool coef = aux_coef_option && aux_coef_option->count() > 0;
   const bool capacity = capacity_option && capacity_option->count() > 0;
-  if (!coef && aux_scope.empty() && !capacity) return;
+  const bool skew = imbalance_option && imbalance_option->count() > 0;
+  if (!coef && aux_scope.empty() && !capacity && !skew) return;
   if (!m.moe.enabled())
     throw InputError(fmt::format("{} applies to MoE models; {} is dense",
-                                 coef ? "--moe-aux-coef" : capacity ? "--moe-capacity-factor" : "--moe-aux-scope",
+                                 coef       ? "--moe-aux-coef"
+                                 : capacity ? "--moe-capacity-factor"
+                                 : skew     ? "--moe-imbalance"
+                                            : "--moe-aux-scope",
                                  m.name));
+  if (skew) {
+    if (!(imbalance == 0 || (imbalance >= 1 && imbalance <= kMaxImbalance)))
+      throw InputError(fmt::format("--moe-imbalance {} must be 0 (the worst case: every choice a rank can "
+                                   "receive) or from 1 (balanced routing) to {:g}",
+                                   imbalance, kMaxImbalance));
+    m.moe.imbalance = imbalance;
+  }
   if (capacity) {
     if (!(capacity_factor == 0 || (capacity_factor > 0 && capacity_factor <= kMaxCapacityFactor)))
       throw InputError(fmt::format("--moe-capacity-factor {} must be 0 (dropless: every choice computed) or above 0 "
@@ -100,6 +111,11 @@ void add_model_options(CLI::App& app, ModelArgs& a) {
       "MoE models: each expert keeps at most ceil(F x rows x k / E) of the rows a rank routes per micro-batch, "
       "the later tokens' choices past it dropped (Megatron's capacity factor, position policy; 0: dropless, "
       "the default)");
+  a.imbalance_option = app.add_option(
+      "--moe-imbalance", a.imbalance,
+      "MoE models under expert parallelism: the rows each rank's experts receive are held for F times "
+      "balanced routing's (at most the worst case; 0: the worst case, the default); a batch routed past it "
+      "stops the run with an error naming the rows");
   app.add_option("--moe-aux-scope", a.aux_scope,
                  "MoE models: the load-balancing loss over every MoE layer's router pooled (global, "
                  "transformers') or per layer, summed (per_layer, Megatron's)");

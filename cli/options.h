@@ -34,6 +34,8 @@ struct ModelArgs {
   CLI::Option* aux_coef_option = nullptr;
   double capacity_factor = 0;
   CLI::Option* capacity_option = nullptr;
+  double imbalance = 0;  // --moe-imbalance
+  CLI::Option* imbalance_option = nullptr;
   ModelSpec resolve() const;
   // The balancing-loss and capacity options on a model (InputError for a
   // dense one, or a value out of range).

@@ -109,6 +109,9 @@ std::vector<std::string> moe_problems(const ModelSpec& m) {
   if (!(e.aux_loss_coef >= 0 && e.aux_loss_coef <= kMaxAuxLossCoef))
     bad.push_back(fmt::format("moe.aux_loss_coef={} must be from 0 (no balancing loss) to {:g}", e.aux_loss_coef,
                               kMaxAuxLossCoef));
+  if (!(e.imbalance == 0 || (e.imbalance >= 1 && e.imbalance <= kMaxImbalance)))
+    bad.push_back(fmt::format("moe.imbalance={} must be 0 (the worst case) or from 1 (balanced) to {:g}",
+                              e.imbalance, kMaxImbalance));
   if (!(e.capacity_factor == 0 || (e.capacity_factor > 0 && e.capacity_factor <= kMaxCapacityFactor)))
     bad.push_back(fmt::format("moe.capacity_factor={} must be 0 (dropless) or above 0 and at most {:g}",
                               e.capacity_factor, kMaxCapacityFactor));
@@ -468,6 +471,7 @@ void to_json(nlohmann::json& j, const ModelSpec& m) {
                 {"aux_loss_coef", m.moe.aux_loss_coef},
                 {"aux_scope", aux_loss_scope_name(m.moe.aux_scope)},
                 {"capacity_factor", m.moe.capacity_factor},
+                {"imbalance", m.moe.imbalance},
                 {"moe_layers", m.moe_layers()},
                 {"active_params", m.flop_params() + m.embedding_params()}};
   if (!m.attention.plain())
@@ -532,6 +536,7 @@ MoeSpec moe_from_json(const nlohmann::json& j) {
   e.aux_loss_coef = number_field<double>(j, "moe", "aux_loss_coef", 0.0);
   e.aux_scope = enum_field(j, "moe", "aux_scope", AuxLossScope::global, std::array{"global", "per_layer"});
   e.capacity_factor = number_field<double>(j, "moe", "capacity_factor", 0.0);
+  e.imbalance = number_field<double>(j, "moe", "imbalance", 0.0);
   return e;
 }
 

@@ -69,6 +69,7 @@ inline constexpr int64_t kMaxExperts = int64_t{1} << 14;
 inline constexpr double kMaxAuxLossCoef = 1e3;
 inline constexpr double kMaxRouteScale = 1e3;
 inline constexpr double kMaxCapacityFactor = 1e3;
+inline constexpr double kMaxImbalance = 1e6;
 
 struct MoeSpec {
   int64_t experts = 0;                // E routed experts; 0: a dense model
@@ -84,6 +85,11 @@ struct MoeSpec {
   double aux_loss_coef = 0;           // 0: no balancing loss
   AuxLossScope aux_scope = AuxLossScope::global;
   double capacity_factor = 0;         // 0: dropless
+  // Expert parallelism's receive buffers: `imbalance` times the rows a rank
+  // receives under balanced routing (rows x k), at most the worst case
+  // (received_rows); 0: the worst case. A training setting like the
+  // capacity; a batch routed past it stops the run with a clear error.
+  double imbalance = 0;
 
   bool enabled() const { return experts > 0; }
   // Rows each expert keeps at most of `rows` routed tokens; 0: all (dropless).
@@ -102,7 +108,16 @@ struct MoeSpec {
   // min(k, E / ep) of its choices to one rank, and each source at most its
   // capacity per expert; the worst case, one rank taking every choice it
   // can. routed_rows(rows) for ep 1.
+  //
+  // With an imbalance factor f, ceil(f x rows x k) where that is fewer: the
+  // balanced share times f.
   int64_t received_rows(int64_t rows, int64_t ep) const {
+    const int64_t worst = received_rows_worst(rows, ep);
+    if (ep <= 1 || imbalance <= 0) return worst;
+    return std::min(worst, int64_t(std::ceil(imbalance * double(rows * top_k))));
+  }
+  // The worst case alone, whatever the imbalance factor.
+  int64_t received_rows_worst(int64_t rows, int64_t ep) const {
     if (ep <= 1) return routed_rows(rows);
     const int64_t local = experts / ep, c = capacity(rows);
     const int64_t per_source = rows * std::min(top_k, local);

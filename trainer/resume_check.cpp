@@ -33,11 +33,12 @@ constexpr Setting kOptimSettings[] = {
 // The experts' training settings: the balancing loss and the capacity. The
 // manifest keeps them in its model (the model's hash leaves them out); a
 // resume keeps them as it keeps the optimizer's.
-constexpr const char* kMoeSettings[] = {"moe-aux-coef", "moe-aux-scope", "moe-capacity-factor"};
+constexpr const char* kMoeSettings[] = {"moe-aux-coef", "moe-aux-scope", "moe-capacity-factor", "moe-imbalance"};
 
 nlohmann::json moe_setting(const MoeSpec& e, std::string_view field) {
   if (field == "moe-aux-coef") return e.aux_loss_coef;
   if (field == "moe-aux-scope") return aux_loss_scope_name(e.aux_scope);
+  if (field == "moe-imbalance") return e.imbalance;
   return e.capacity_factor;
 }
 
@@ -46,6 +47,8 @@ void moe_setting_take(MoeSpec& e, const MoeSpec& from, std::string_view field) {
     e.aux_loss_coef = from.aux_loss_coef;
   else if (field == "moe-aux-scope")
     e.aux_scope = from.aux_scope;
+  else if (field == "moe-imbalance")
+    e.imbalance = from.imbalance;
   else
     e.capacity_factor = from.capacity_factor;
 }

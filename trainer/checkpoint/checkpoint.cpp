@@ -277,6 +277,7 @@ std::vector<std::string> model_differences(const ModelSpec& c, const ModelSpec& 
   ce.aux_loss_coef = me.aux_loss_coef = 0;
   ce.aux_scope = me.aux_scope = AuxLossScope::global;
   ce.capacity_factor = me.capacity_factor = 0;
+  ce.imbalance = me.imbalance = 0;
   if (!(ce == me)) cmp("moe", moe_text(c), moe_text(m));
   const auto attention_text = [](const AttentionVariant& a) {
     return fmt::format("qk norm {}, NoPE every {}, chunk {}, temperature {}/{}", qk_norm_name(a.qk_norm),

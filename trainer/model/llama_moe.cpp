@@ -185,6 +185,19 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
     const int64_t El = E / l_.ep, me = groups_.ep->rank();
     groups_.ep->all_to_all(sent.data(), received, El, parallel::DType::i64, kMoeCountsTag);
     std::copy(sent.begin() + me * El, sent.begin() + (me + 1) * El, received + me * El);
+    // The receive buffers hold what --moe-imbalance allows: every ep rank
+    // learns whether any of them would overflow, and all stop together.
+    int64_t most = std::accumulate(received, received + E, int64_t{0});
+    groups_.ep->all_reduce(&most, 1, parallel::ReduceOp::max);
+    if (const int64_t room = e.received_rows(rows, l_.ep); most > room) {
+      const int64_t chunk = chunk_of(b.index);
+      throw InputError(fmt::format(
+          "MoE layer {}: an ep rank's experts received {} rows of this micro-batch, past the {} its buffers hold "
+          "(--moe-imbalance {:g}: {:g} x the balanced {}); raise --moe-imbalance (0 holds the worst case, {} rows) "
+          "or cap the experts with --moe-capacity-factor",
+          memory::global_layer(m_, l_, plan_.stage, chunk, b.index - chunk_begin_[size_t(chunk)]), most, room,
+          e.imbalance, e.imbalance, rows * k, e.received_rows_worst(rows, l_.ep)));
+    }
     rows_in = moe_exchange(sent.data(), received, send, b.moe_in, C, false);
   }
   WEFT_ASSERT(rows_in <= e.received_rows(rows, l_.ep));
