@@ -5,7 +5,8 @@
 // 1 / sqrt(D), query head h reading kv head h / (H / H_kv). Flash also takes
 // blocks of the sequence (context parallelism: Tk, offsets, batch row
 // strides, accumulated gradients); materialized and cudnn refuse them
-// (Status::unsupported).
+// (Status::unsupported). No kind computes chunked attention yet (attention.h:
+// a chunk that masks some key of the call is Status::unsupported here).
 //
 // The flash kernels are in attention_flash.cu (their algorithm and tiles are
 // described there); the cudnn kind's graphs in attention_cudnn.cpp, compiled
@@ -286,6 +287,9 @@ Status check(const AttentionForwardParams<bf16>& p) {
   if (Status s = params_check(p); s != Status::ok) return s;
   // Blocks of the sequence (context parallelism): flash only so far.
   if (attention_is_block(p) && p.kind != AttentionKind::flash) return Status::unsupported;
+  // Chunked attention (attention.h) is computed on the CPU only so far: no
+  // CUDA kind masks the keys before a query's chunk.
+  if (attention_chunk_masks(p)) return Status::unsupported;
   if (p.kind == AttentionKind::cudnn)
     return cudnn_handles(p) && gpu::aligned16(p.out) ? Status::ok : Status::unsupported;
   if (p.kind == AttentionKind::flash)
@@ -296,6 +300,7 @@ Status check(const AttentionForwardParams<bf16>& p) {
 Status check(const AttentionBackwardParams<bf16>& p) {
   if (Status s = params_check(p); s != Status::ok) return s;
   if (attention_is_block(p) && p.kind != AttentionKind::flash) return Status::unsupported;
+  if (attention_chunk_masks(p)) return Status::unsupported;
   if (p.kind == AttentionKind::cudnn)
     return cudnn_handles(p) && gpu::aligned16(p.out) && gpu::aligned16(p.dout) && gpu::aligned16(p.dq) &&
                    gpu::aligned16(p.dk) && gpu::aligned16(p.dv)

@@ -12,7 +12,17 @@
 // dv (accumulated where dq_write or dkv_write say so). The row strides let a
 // block live inside a larger tensor: q_batch_rows between the sequences of
 // q, out, dout and dq (0: T), kv_batch_rows for k, v, dk and dv (0: Tk),
-// lse_batch_rows for lse (0: T). Three
+// lse_batch_rows for lse (0: T).
+//
+// Chunked local attention (Llama 4's RoPE layers): with chunk > 0 a query
+// at position p sees only the keys of its own chunk, those at positions
+// floor(p / chunk) * chunk to p; chunk 0 sees the whole causal range. The
+// bound comes from the absolute positions (q_offset + i), so it holds for
+// any block of the sequence, and a row whose chunk starts past the block's
+// keys sees none of them (out 0, lse -inf, merged as above). The CPU
+// computes it with flash and materialized; the CUDA kinds refuse a chunk
+// that masks a key of the call (attention_chunk_masks) as
+// Status::unsupported. Three
 // variants compute the same function and differ in what they keep and whose
 // kernels run, chosen by the layout's attention knob (weft::AttentionKind):
 //   flash        keeps the log-sum-exp per query row, lse (B, H, T) in Acc;
@@ -51,6 +61,7 @@ struct AttentionForwardParams {
   int64_t Tk = 0;  // 0: T
   int64_t q_offset = 0, k_offset = 0;
   int64_t q_batch_rows = 0, kv_batch_rows = 0, lse_batch_rows = 0;  // 0: dense
+  int64_t chunk = 0;  // positions per attention chunk (see above); 0: the whole causal range
 };
 
 // dq, dk and dv are overwritten. dk and dv of a kv head sum over the H / H_kv
@@ -79,6 +90,7 @@ struct AttentionBackwardParams {
   int64_t Tk = 0;  // 0: T
   int64_t q_offset = 0, k_offset = 0;
   int64_t q_batch_rows = 0, kv_batch_rows = 0, lse_batch_rows = 0;  // 0: dense
+  int64_t chunk = 0;  // as the forward's
   Write dq_write = Write::overwrite;
   Write dkv_write = Write::overwrite;
 };
@@ -95,6 +107,18 @@ bool attention_is_block(const P& p) {
   if constexpr (requires { p.dq_write; })
     block = block || p.dq_write != Write::overwrite || p.dkv_write != Write::overwrite;
   return block;
+}
+
+// Whether the chunk hides from some query of the call a key that the causal
+// rule alone would show it. The last query's chunk starts latest, so it is
+// the one to ask: it loses keys when its chunk starts after the call's first
+// key and that key is at or before it. False for chunk 0 and for a call
+// whose positions lie in one chunk.
+template <typename P>
+bool attention_chunk_masks(const P& p) {
+  if (p.chunk <= 0 || p.T == 0) return false;
+  const int64_t last_q = p.q_offset + p.T - 1;
+  return p.k_offset <= last_q && (last_q / p.chunk) * p.chunk > p.k_offset;
 }
 
 // Merges a partial result of the same queries over another block of keys

@@ -30,6 +30,7 @@ AttentionExtents attention_extents(const P& p) {
   const int64_t kr = p.kv_batch_rows ? p.kv_batch_rows : e.Tk;
   const int64_t lr = p.lse_batch_rows ? p.lse_batch_rows : p.T;
   e.valid = attention_dims_valid(p.B, p.T, p.H, p.H_kv, p.D) && p.Tk >= 0 && p.q_offset >= 0 && p.k_offset >= 0 &&
+            p.chunk >= 0 &&
             qr >= p.T && kr >= e.Tk && lr >= p.T;
   if (!e.valid || p.B == 0) return e;
   e.q = ((p.B - 1) * qr + p.T) * p.H * p.D;

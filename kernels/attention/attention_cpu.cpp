@@ -23,6 +23,14 @@
 // keys [0, q_offset + i - k_offset + 1) of the Tk given, none when that is
 // below 1 (out 0, lse -inf), all when it passes Tk.
 //
+// Chunked attention (chunk > 0) also drops the keys before the start of the
+// row's chunk, floor((q_offset + i) / chunk) * chunk: row i sees keys
+// [first(i), visible(i)). The first key only grows down a block, so a
+// block's tiles start at its first row's first key, and each row masks the
+// few keys before its own, as it masks those past its position. A block
+// within one chunk thus multiplies only the keys of that chunk: the work
+// is at most (chunk + rows) keys per row, not the whole prefix.
+//
 // An item owns its kv head's dK and dV, and walks its heads and blocks in a
 // fixed order, so no atomics are needed and the results do not depend on the
 // thread count. Tiles live in the workspace, one set per item, so the scratch
@@ -72,6 +80,7 @@ struct Dims {
   int64_t B, T, H, H_kv, D;
   int64_t Tk;                  // keys
   int64_t q_off, k_off;        // sequence positions of the first query and key
+  int64_t chunk;               // positions per attention chunk, 0: none
   int64_t q_rows, kv_rows, lse_rows;  // rows from one sequence of the batch to the next
   int64_t group() const { return H / H_kv; }
   int64_t items() const { return B * H_kv; }
@@ -83,6 +92,12 @@ struct Dims {
   int64_t ld_kv() const { return H_kv * D; }
   // Keys query row i sees: those at or before its position.
   int64_t visible(int64_t i) const { return std::clamp<int64_t>(q_off + i - k_off + 1, 0, Tk); }
+  // The first key query row i sees: that of its chunk's start, 0 without
+  // chunks; at most visible(i), since a chunk starts at or before its rows.
+  int64_t first(int64_t i) const {
+    if (chunk <= 0) return 0;
+    return std::clamp<int64_t>((q_off + i) / chunk * chunk - k_off, 0, visible(i));
+  }
 };
 
 template <typename P>
@@ -90,7 +105,7 @@ Dims dims_of(const P& p) {
   const int64_t Tk = p.Tk ? p.Tk : p.T;
   return {p.B,        p.T,        p.H,
           p.H_kv,     p.D,        Tk,
-          p.q_offset, p.k_offset, p.q_batch_rows ? p.q_batch_rows : p.T,
+          p.q_offset, p.k_offset, p.chunk,    p.q_batch_rows ? p.q_batch_rows : p.T,
           p.kv_batch_rows ? p.kv_batch_rows : Tk, p.lse_batch_rows ? p.lse_batch_rows : p.T};
 }
 
@@ -162,39 +177,42 @@ A softmax_exp(A x) {
     return std::exp(x);
 }
 
-// Softmax in place of a row's first `visible` scores; the rest of the row, up
-// to `width`, is zeroed. Returns the row's log-sum-exp (-inf when it sees no
-// key, the row then all zero).
+// Softmax in place of a row's scores [first, visible); the rest of the row,
+// up to `width`, is zeroed. Returns the row's log-sum-exp (-inf when it sees
+// no key, the row then all zero).
 template <typename A>
-A softmax_row(A* s, int64_t visible, int64_t width) {
-  if (visible == 0) {
-    std::fill(s, s + width, A(0));
+A softmax_row(A* s, int64_t first, int64_t visible, int64_t width) {
+  std::fill(s, s + first, A(0));
+  if (visible == first) {
+    std::fill(s + first, s + width, A(0));
     return -std::numeric_limits<A>::infinity();
   }
   A mx = -std::numeric_limits<A>::infinity();
 #pragma omp simd reduction(max : mx)
-  for (int64_t j = 0; j < visible; ++j) mx = s[j] > mx ? s[j] : mx;  // maxps; std::max does not vectorize
+  for (int64_t j = first; j < visible; ++j) mx = s[j] > mx ? s[j] : mx;  // maxps; std::max does not vectorize
   A sum = 0;
 #pragma omp simd reduction(+ : sum)
-  for (int64_t j = 0; j < visible; ++j) {
+  for (int64_t j = first; j < visible; ++j) {
     s[j] = softmax_exp(s[j] - mx);
     sum += s[j];
   }
   const A inv = A(1) / sum;
 #pragma omp simd
-  for (int64_t j = 0; j < visible; ++j) s[j] *= inv;
+  for (int64_t j = first; j < visible; ++j) s[j] *= inv;
   std::fill(s + visible, s + width, A(0));
   return mx + std::log(sum);
 }
 
 // The dS row of the flash backward: p = exp(s - lse) in place,
-// dp = p (dp - delta), both zero past the visible keys (a row that sees none
-// contributes nothing, whatever its lse).
+// dp = p (dp - delta), on the keys [first, visible), both zero elsewhere (a
+// row that sees none contributes nothing, whatever its lse).
 template <typename A>
-void flash_grad_row(A* s, A* dp, int64_t visible, int64_t width, A lse, A delta) {
-  if (visible == 0) lse = 0;
+void flash_grad_row(A* s, A* dp, int64_t first, int64_t visible, int64_t width, A lse, A delta) {
+  if (visible == first) lse = 0;
+  std::fill(s, s + first, A(0));
+  std::fill(dp, dp + first, A(0));
 #pragma omp simd
-  for (int64_t j = 0; j < visible; ++j) {
+  for (int64_t j = first; j < visible; ++j) {
     const A pj = softmax_exp(s[j] - lse);
     s[j] = pj;
     dp[j] = pj * (dp[j] - delta);
@@ -203,14 +221,16 @@ void flash_grad_row(A* s, A* dp, int64_t visible, int64_t width, A lse, A delta)
   std::fill(dp + visible, dp + width, A(0));
 }
 
-// The dS row of the materialized backward from the saved probabilities.
+// The dS row of the materialized backward from the saved probabilities,
+// which are zero outside [first, visible).
 template <typename A>
-void materialized_grad_row(const A* prob, A* dp, int64_t visible, int64_t width) {
+void materialized_grad_row(const A* prob, A* dp, int64_t first, int64_t visible, int64_t width) {
   A delta = 0;
 #pragma omp simd reduction(+ : delta)
-  for (int64_t j = 0; j < visible; ++j) delta += prob[j] * dp[j];
+  for (int64_t j = first; j < visible; ++j) delta += prob[j] * dp[j];
+  std::fill(dp, dp + first, A(0));
 #pragma omp simd
-  for (int64_t j = 0; j < visible; ++j) dp[j] = prob[j] * (dp[j] - delta);
+  for (int64_t j = first; j < visible; ++j) dp[j] = prob[j] * (dp[j] - delta);
   std::fill(dp + visible, dp + width, A(0));
 }
 
@@ -218,7 +238,8 @@ void materialized_grad_row(const A* prob, A* dp, int64_t visible, int64_t width)
 template <typename P>
 int64_t pair_work(const P& p) {
   const Dims d = dims_of(p);
-  return p.B * p.H * p.T * std::min(d.Tk, d.visible(p.T - 1)) * p.D;
+  const int64_t keys = std::min(d.Tk, d.visible(p.T - 1));
+  return p.B * p.H * p.T * (d.chunk > 0 ? std::min(keys, d.chunk) : keys) * p.D;
 }
 
 // Whether items run on the OpenMP team. A BLAS call inside a parallel region
@@ -269,18 +290,24 @@ void attention_forward(const AttentionForwardParams<Elem>& p, Elem* tiles) {
     const Elem* v = p.v + d.kv_at(b, 0, hk);
     for (int64_t h = hk * d.group(); h < (hk + 1) * d.group(); ++h)
       for (int64_t i0 = 0; i0 < d.T; i0 += rows) {
-        const int64_t m = std::min(rows, d.T - i0), n = d.visible(i0 + m - 1);  // rows, keys the last sees
-        // Flash scores go to the item's tile; materialized ones into the saved
-        // probabilities, whose rows run to Tk.
+        // Rows, the first key the first row sees, the keys [j0, n) of the tile.
+        const int64_t m = std::min(rows, d.T - i0), j0 = d.first(i0), n = d.visible(i0 + m - 1) - j0;
+        // Flash scores go to the item's tile, whose column 0 is key j0;
+        // materialized ones into the saved probabilities, whose rows run
+        // over all Tk keys.
         A* s = flash ? tiles + item * stride : p.probs + d.probs_at(b, h, i0);
-        const int64_t lds = flash ? std::max<int64_t>(n, 1) : d.Tk;
-        if (n > 0) gemm(kN, kT, m, n, d.D, scale, p.q + d.q_at(b, i0, h), d.ld_q(), k, d.ld_kv(), A(0), s, lds);
+        const int64_t lds = flash ? std::max<int64_t>(n, 1) : d.Tk, base = flash ? j0 : 0;
+        A* s_j0 = s + (j0 - base);
+        if (n > 0)
+          gemm(kN, kT, m, n, d.D, scale, p.q + d.q_at(b, i0, h), d.ld_q(), k + j0 * d.ld_kv(), d.ld_kv(), A(0), s_j0,
+               lds);
         for (int64_t r = 0; r < m; ++r) {
-          const A lse = softmax_row(s + r * lds, d.visible(i0 + r), flash ? n : lds);
+          const A lse = softmax_row(s + r * lds, d.first(i0 + r) - base, d.visible(i0 + r) - base, flash ? n : lds);
           if (p.lse) p.lse[d.row_at(b, h, i0 + r)] = lse;
         }
         if (n > 0) {
-          gemm(kN, kN, m, d.D, n, A(1), s, lds, v, d.ld_kv(), A(0), p.out + d.q_at(b, i0, h), d.ld_q());
+          gemm(kN, kN, m, d.D, n, A(1), s_j0, lds, v + j0 * d.ld_kv(), d.ld_kv(), A(0), p.out + d.q_at(b, i0, h),
+               d.ld_q());
         } else {
           for (int64_t r = 0; r < m; ++r) std::fill_n(p.out + d.q_at(b, i0 + r, h), d.D, Elem(0));
         }
@@ -314,38 +341,43 @@ void attention_backward(const AttentionBackwardParams<Elem>& p, Elem* tiles) {
     A* dp = s + (n_tiles - 1) * stride;      // dP, then dS
     for (int64_t h = hk * d.group(); h < (hk + 1) * d.group(); ++h)
       for (int64_t i0 = 0; i0 < d.T; i0 += rows) {
-        const int64_t m = std::min(rows, d.T - i0), n = d.visible(i0 + m - 1);
+        const int64_t m = std::min(rows, d.T - i0), j0 = d.first(i0), n = d.visible(i0 + m - 1) - j0;
         const Elem* q = p.q + d.q_at(b, i0, h);
+        const Elem* k_j0 = k + j0 * d.ld_kv();
+        const Elem* v_j0 = v + j0 * d.ld_kv();
         const Elem* dout = p.dout + d.q_at(b, i0, h);
-        if (n == 0) {  // no key in sight: no gradient
+        if (n <= 0) {  // no key in sight: no gradient
           if (p.dq_write == Write::overwrite)
             for (int64_t r = 0; r < m; ++r) std::fill_n(p.dq + d.q_at(b, i0 + r, h), d.D, Elem(0));
           continue;
         }
-        gemm(kN, kT, m, n, d.D, A(1), dout, d.ld_q(), v, d.ld_kv(), A(0), dp, n);
+        // The tiles' column 0 is key j0.
+        gemm(kN, kT, m, n, d.D, A(1), dout, d.ld_q(), v_j0, d.ld_kv(), A(0), dp, n);
         const A* prob;
         int64_t ldp;
         if (flash) {
-          gemm(kN, kT, m, n, d.D, scale, q, d.ld_q(), k, d.ld_kv(), A(0), s, n);
+          gemm(kN, kT, m, n, d.D, scale, q, d.ld_q(), k_j0, d.ld_kv(), A(0), s, n);
           for (int64_t r = 0; r < m; ++r) {
             const Elem* o_r = p.out + d.q_at(b, i0 + r, h);
             const Elem* do_r = dout + r * d.ld_q();
             A delta = 0;
 #pragma omp simd reduction(+ : delta)
             for (int64_t c = 0; c < d.D; ++c) delta += do_r[c] * o_r[c];
-            flash_grad_row(s + r * n, dp + r * n, d.visible(i0 + r), n, p.lse[d.row_at(b, h, i0 + r)], delta);
+            flash_grad_row(s + r * n, dp + r * n, d.first(i0 + r) - j0, d.visible(i0 + r) - j0, n,
+                           p.lse[d.row_at(b, h, i0 + r)], delta);
           }
           prob = s;
           ldp = n;
         } else {
-          prob = p.probs + d.probs_at(b, h, i0);
+          prob = p.probs + d.probs_at(b, h, i0) + j0;
           ldp = d.Tk;
-          for (int64_t r = 0; r < m; ++r) materialized_grad_row(prob + r * ldp, dp + r * n, d.visible(i0 + r), n);
+          for (int64_t r = 0; r < m; ++r)
+            materialized_grad_row(prob + r * ldp, dp + r * n, d.first(i0 + r) - j0, d.visible(i0 + r) - j0, n);
         }
         // dp now holds dS (zero past each row's keys), prob holds P.
-        gemm(kN, kN, m, d.D, n, scale, dp, n, k, d.ld_kv(), dq_beta, p.dq + d.q_at(b, i0, h), d.ld_q());
-        gemm(kT, kN, n, d.D, m, scale, dp, n, q, d.ld_q(), A(1), dk, d.ld_kv());
-        gemm(kT, kN, n, d.D, m, A(1), prob, ldp, dout, d.ld_q(), A(1), dv, d.ld_kv());
+        gemm(kN, kN, m, d.D, n, scale, dp, n, k_j0, d.ld_kv(), dq_beta, p.dq + d.q_at(b, i0, h), d.ld_q());
+        gemm(kT, kN, n, d.D, m, scale, dp, n, q, d.ld_q(), A(1), dk + j0 * d.ld_kv(), d.ld_kv());
+        gemm(kT, kN, n, d.D, m, A(1), prob, ldp, dout, d.ld_q(), A(1), dv + j0 * d.ld_kv(), d.ld_kv());
       }
   }
 }

@@ -31,11 +31,13 @@ struct AttentionResult {
 // of any type: the row of scaled scores is materialised, softmaxed and
 // multiplied by V, and the backward goes through the softmax Jacobian.
 // `round` is applied where a stored tensor would be rounded (scores,
-// probabilities, dP, dS and the outputs); the identity by default.
+// probabilities, dP, dS and the outputs); the identity by default. With
+// chunk > 0, query i sees only the keys of its chunk, from
+// floor(i / chunk) * chunk to i (Llama 4's chunked attention).
 template <typename R, typename In, typename Round>
 AttentionResult<R> textbook_attention(const AttentionCase& c, const std::vector<In>& q,
                                       const std::vector<In>& k, const std::vector<In>& v,
-                                      const std::vector<In>& dout, Round round) {
+                                      const std::vector<In>& dout, Round round, int64_t chunk = 0) {
   const AttentionIndex at{c};
   const R scale = R(1) / std::sqrt(R(c.D));
   const int64_t group = c.H / c.H_kv;
@@ -53,8 +55,9 @@ AttentionResult<R> textbook_attention(const AttentionCase& c, const std::vector<
         const int64_t hk = h / group;
         const In* qi = &q[at.q(b, i, h)];
         const In* doi = &dout[at.q(b, i, h)];
+        const int64_t j0 = chunk > 0 ? i / chunk * chunk : 0;
         R mx = -INFINITY;
-        for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t j = j0; j <= i; ++j) {
           const In* kj = &k[at.kv(b, j, hk)];
           R dot = 0;
           for (int64_t d = 0; d < c.D; ++d) dot += R(qi[d]) * R(kj[d]);
@@ -62,11 +65,11 @@ AttentionResult<R> textbook_attention(const AttentionCase& c, const std::vector<
           mx = std::max(mx, s[j]);
         }
         R sum = 0;
-        for (int64_t j = 0; j <= i; ++j) sum += std::exp(s[j] - mx);
+        for (int64_t j = j0; j <= i; ++j) sum += std::exp(s[j] - mx);
         r.lse[at.row(b, h, i)] = mx + std::log(sum);
         R* prow = &r.probs[at.row(b, h, i) * c.T];
         R delta = 0;
-        for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t j = j0; j <= i; ++j) {
           const In* vj = &v[at.kv(b, j, hk)];
           prow[j] = round(std::exp(s[j] - mx) / sum);
           R dot = 0;
@@ -77,7 +80,7 @@ AttentionResult<R> textbook_attention(const AttentionCase& c, const std::vector<
           dp[j] = round(dot);
           delta += prow[j] * dp[j];
         }
-        for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t j = j0; j <= i; ++j) {
           const R ds = round(prow[j] * (dp[j] - delta));
           const In* kj = &k[at.kv(b, j, hk)];
           for (int64_t d = 0; d < c.D; ++d) {
