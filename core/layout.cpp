@@ -429,9 +429,13 @@ std::vector<std::string> Layout::violations(const ModelSpec& m, const RunSpec& r
                             "chunk are checkpointed)",
                             ckpt_layers, vpp));
   if (fp8_bf16_layers < 0) v.push_back(fmt::format("fp8@{} must not be negative", fp8_bf16_layers));
-  if (m.attention.attention_chunk > 0 && run.seq > m.attention.attention_chunk)
-    v.push_back(fmt::format("seq {} is past {}'s attention chunk of {} positions: attention within chunks is not "
-                            "computed yet (up to the chunk it is the whole causal attention); use --seq {} or less",
+  // Attention within chunks past the chunk: weft's CPU flash and
+  // materialized kernels mask by chunk; cuDNN's graphs (attn:cudnn) have no
+  // chunk mask in weft. The GPU's own kernels refuse it too, which the
+  // trainer says for a GPU run (validate_config).
+  if (m.attention.attention_chunk > 0 && run.seq > m.attention.attention_chunk && attention == AttentionKind::cudnn)
+    v.push_back(fmt::format("seq {} is past {}'s attention chunk of {} positions, and attn:cudnn does not attend "
+                            "within chunks; use attn:flash or attn:materialized (on the CPU), or --seq {} or less",
                             run.seq, m.name, m.attention.attention_chunk, m.attention.attention_chunk));
   if (fp8 != Fp8Recipe::off && m.moe.enabled())
     v.push_back(fmt::format("fp8:{}: FP8 GEMMs in {}'s MoE blocks are not computed yet; use fp8:off",

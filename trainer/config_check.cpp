@@ -83,6 +83,14 @@ void validate_config(const TrainConfig& c) {
     throw InputError(fmt::format("precision {}: the GPU trainer runs in bf16 with fp32 master weights; "
                                  "pass --precision bf16, or --device cpu for fp32",
                                  to_string(c.run.precision)));
+  // The CUDA attention kinds mask by position only (kernels/attention/
+  // attention.h): attention within chunks runs on the CPU.
+  const int64_t chunk = c.model.attention.attention_chunk;
+  if (gpu && chunk > 0 && c.run.seq > chunk)
+    throw InputError(fmt::format("--seq {} is past {}'s attention chunk of {} positions: the GPU's attention kernels "
+                                 "do not attend within chunks yet; train with --device cpu (flash or materialized "
+                                 "attention), or with --seq {} or less",
+                                 c.run.seq, c.model.name, chunk, chunk));
   if (c.log_every < 1) throw InputError(fmt::format("--log-every {} must be at least 1", c.log_every));
   if (c.eval_every < 0)
     throw InputError(fmt::format("--eval-every {} is not valid; use 0 (at the end only) or a number of steps",

@@ -194,16 +194,24 @@ TEST(ModelSpecMoe, SummaryAndRefusal) {
     EXPECT_NE(s.find(part), std::string::npos) << part << " in " << s;
   // Every model weft reads is computed (MoE layers under
   // trainer::require_moe_layout's layouts); Llama 4's attention within
-  // chunks is a layout rule past the chunk: up to it, it is the whole
-  // causal attention.
+  // chunks past the chunk by the flash and materialized kernels, not by
+  // cuDNN's, which the layout refuses by name.
   for (const char* name : {"llama3-8b", "mixtral-8x7b", "qwen3-30b-a3b", "tiny-moe", "llama4-scout", "llama4-maverick"})
     EXPECT_TRUE(model_preset(name).not_yet_computed().empty()) << name;
   const ModelSpec scout = model_preset("llama4-scout");
-  const Layout l = Layout::parse("tp8-pp1-dp8");
-  EXPECT_TRUE(l.violations(scout, RunSpec{8192, 64, Precision::bf16}, 64).empty());
-  const auto v = l.violations(scout, RunSpec{16384, 64, Precision::bf16}, 64);
+  for (const char* attn : {"flash", "materialized"}) {
+    const Layout l = Layout::parse(std::string("tp8-pp1-dp8-attn:") + attn);
+    EXPECT_TRUE(l.violations(scout, RunSpec{8192, 64, Precision::bf16}, 64).empty()) << attn;
+    EXPECT_TRUE(l.violations(scout, RunSpec{16384, 64, Precision::bf16}, 64).empty()) << attn;
+  }
+  const Layout cudnn = Layout::parse("tp8-pp1-dp8-attn:cudnn");
+  EXPECT_TRUE(cudnn.violations(scout, RunSpec{8192, 64, Precision::bf16}, 64).empty());
+  const auto v = cudnn.violations(scout, RunSpec{16384, 64, Precision::bf16}, 64);
   ASSERT_EQ(v.size(), 1u);
-  EXPECT_NE(v[0].find("seq 16384 is past llama4-scout's attention chunk of 8192 positions"), std::string::npos) << v[0];
+  EXPECT_NE(v[0].find("seq 16384 is past llama4-scout's attention chunk of 8192 positions, and attn:cudnn does not "
+                      "attend within chunks"),
+            std::string::npos)
+      << v[0];
 }
 
 // Each published config.json, read, is its preset.

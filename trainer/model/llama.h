@@ -298,6 +298,10 @@ class LlamaStage {
   // (its backward scales dq alike). On the CPU.
   bool rope_layer(const Block& b) const;
   void temperature(Elem* q);
+  // The positions per attention chunk of block b's layer for the attention
+  // kernels: the model's attention_chunk in its RoPE layers, 0 (the whole
+  // causal range) in its NoPE layers and in models without chunks.
+  int64_t attention_chunk(const Block& b) const;
   void attention_forward(const Block& b);
   void attention_backward(const Block& b, const Elem* dout, Elem* dq, Elem* dk, Elem* dv);
   // The sequence position of chunk k (0 or 1) of cp rank `rank`.

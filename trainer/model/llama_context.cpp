@@ -35,6 +35,13 @@
 // exchange buffers come from the shape table (memory/shapes.cpp,
 // "comm.cp_*"). On a device cp > 1 needs the flash kernel (check_trainable):
 // the other CUDA attention kernels take no blocks of the sequence.
+//
+// Llama 4's chunked attention (its RoPE layers: attention_chunk) needs no
+// transport of its own: every call gives the kernels the absolute positions
+// of its queries and keys (offsets; the whole sequence under a2a) and the
+// chunk, and they mask the keys before each query's chunk, so a ring step
+// whose keys all precede its queries' chunks yields nothing and merges as
+// such.
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -89,13 +96,18 @@ void LlamaStage<Elem, G>::fill(T* x, int64_t n, double value) {
 }
 
 template <typename Elem, typename G>
+int64_t LlamaStage<Elem, G>::attention_chunk(const Block& b) const {
+  return rope_layer(b) ? m_.attention.attention_chunk : 0;
+}
+
+template <typename Elem, typename G>
 void LlamaStage<Elem, G>::attention_forward(const Block& b) {
   const int64_t T = M_ / l_.mb, D = m_.head_dim;
   const int64_t Hl = m_.heads / l_.tp, Kl = m_.kv_heads / l_.tp;
   if (l_.cp == 1) {
     run(kernels::AttentionForwardParams<Elem>{.kind = l_.attention, .B = l_.mb, .T = T, .H = Hl, .H_kv = Kl, .D = D,
                                               .q = b.q, .k = b.k, .v = b.v, .out = b.out, .lse = b.lse,
-                                              .probs = b.probs},
+                                              .probs = b.probs, .chunk = attention_chunk(b)},
         "attention_forward", "scratch.attn_tiles");
     return;
   }
@@ -113,7 +125,8 @@ void LlamaStage<Elem, G>::attention_backward(const Block& b, const Elem* dout, E
   if (l_.cp == 1) {
     run(kernels::AttentionBackwardParams<Elem>{.kind = l_.attention, .B = l_.mb, .T = T, .H = Hl, .H_kv = Kl,
                                                .D = D, .q = b.q, .k = b.k, .v = b.v, .out = b.out, .lse = b.lse,
-                                               .probs = b.probs, .dout = dout, .dq = dq, .dk = dk, .dv = dv},
+                                               .probs = b.probs, .dout = dout, .dq = dq, .dk = dk, .dv = dv,
+                                               .chunk = attention_chunk(b)},
         "attention_backward", "scratch.attn_tiles");
     return;
   }
@@ -167,7 +180,7 @@ void LlamaStage<Elem, G>::ring_forward(const Block& b) {
                 .kind = l_.attention, .B = B, .T = c, .H = Hl, .H_kv = Kl, .D = D, .q = b.q + qc * c * Hl * D,
                 .k = k + kc * c * Kl * D, .v = v + kc * c * Kl * D, .out = part_out + qc * c * Hl * D,
                 .lse = part_lse + qc * c, .Tk = c, .q_offset = qo, .k_offset = ko, .q_batch_rows = T,
-                .kv_batch_rows = T, .lse_batch_rows = T},
+                .kv_batch_rows = T, .lse_batch_rows = T, .chunk = attention_chunk(b)},
             "attention_forward", "scratch.attn_tiles");
         run(kernels::AttentionMergeParams<Elem>{.B = B, .T = c, .H = Hl, .D = D, .out = b.out + qc * c * Hl * D,
                                                 .lse = b.lse + qc * c, .part_out = part_out + qc * c * Hl * D,
@@ -234,7 +247,7 @@ void LlamaStage<Elem, G>::ring_backward(const Block& b, const Elem* dout, Elem* 
                 .lse = b.lse + qc * c, .dout = dout + qc * c * Hl * D, .dq = dq + qc * c * Hl * D,
                 .dk = mine + kc * c * Kl * D, .dv = mine + n_kv + kc * c * Kl * D, .Tk = c, .q_offset = qo,
                 .k_offset = ko, .q_batch_rows = T, .kv_batch_rows = T, .lse_batch_rows = T,
-                .dq_write = kernels::Write::accumulate, .dkv_write = kernels::Write::accumulate},
+                .chunk = attention_chunk(b), .dq_write = kernels::Write::accumulate, .dkv_write = kernels::Write::accumulate},
             "attention_backward", "scratch.attn_tiles");
       }
     if (arriving) {
@@ -286,7 +299,7 @@ void LlamaStage<Elem, G>::allgather_forward(const Block& b) {
             .kind = l_.attention, .B = B, .T = c, .H = Hl, .H_kv = Kl, .D = D, .q = b.q + qc * c * Hl * D,
             .k = full, .v = full + B * Tf * Kl * D, .out = b.out + qc * c * Hl * D,
             .lse = b.lse ? b.lse + qc * c : nullptr, .probs = probs, .Tk = keys, .q_offset = qo, .k_offset = 0, .q_batch_rows = T, .kv_batch_rows = Tf,
-            .lse_batch_rows = T},
+            .lse_batch_rows = T, .chunk = attention_chunk(b)},
         "attention_forward", "scratch.attn_tiles");
     if (probs) probs += B * Hl * c * keys;
   }
@@ -310,7 +323,7 @@ void LlamaStage<Elem, G>::allgather_backward(const Block& b, const Elem* dout, E
             .lse = b.lse ? b.lse + qc * c : nullptr, .probs = probs,
             .dout = dout + qc * c * Hl * D, .dq = dq + qc * c * Hl * D, .dk = dfull, .dv = dfull + n_full,
             .Tk = keys, .q_offset = qo, .k_offset = 0, .q_batch_rows = T, .kv_batch_rows = Tf,
-            .lse_batch_rows = T, .dkv_write = kernels::Write::accumulate},
+            .lse_batch_rows = T, .chunk = attention_chunk(b), .dkv_write = kernels::Write::accumulate},
         "attention_backward", "scratch.attn_tiles");
     if (probs) probs += B * Hl * c * keys;
   }
@@ -394,7 +407,7 @@ void LlamaStage<Elem, G>::a2a_forward(const Block& b) {
   a2a_to_heads(b.v, Kl, v);
   run(kernels::AttentionForwardParams<Elem>{.kind = l_.attention, .B = l_.mb, .T = Tf, .H = Hl / cp,
                                             .H_kv = Kl / cp, .D = D, .q = q, .k = k, .v = v, .out = out,
-                                            .lse = b.lse, .probs = b.probs},
+                                            .lse = b.lse, .probs = b.probs, .chunk = attention_chunk(b)},
       "attention_forward", "scratch.attn_tiles");
   a2a_to_sequence(out, Hl, b.out);
 }
@@ -413,7 +426,7 @@ void LlamaStage<Elem, G>::a2a_backward(const Block& b, const Elem* dout, Elem* d
   run(kernels::AttentionBackwardParams<Elem>{.kind = l_.attention, .B = l_.mb, .T = Tf, .H = Hl / cp,
                                              .H_kv = Kl / cp, .D = D, .q = q, .k = k, .v = v, .out = out,
                                              .lse = b.lse, .probs = b.probs, .dout = d_out, .dq = d_q, .dk = d_k,
-                                             .dv = d_v},
+                                             .dv = d_v, .chunk = attention_chunk(b)},
       "attention_backward", "scratch.attn_tiles");
   a2a_to_sequence(d_q, Hl, dq);
   a2a_to_sequence(d_k, Kl, dk);
@@ -423,6 +436,7 @@ void LlamaStage<Elem, G>::a2a_backward(const Block& b, const Elem* dout, Elem* d
 #define WEFT_LLAMA_CONTEXT(E, G)                                                                \
   template int64_t LlamaStage<E, G>::chunk_offset(int64_t, int64_t) const;                      \
   template void LlamaStage<E, G>::rope(E*, E*, kernels::RopeDirection);                         \
+  template int64_t LlamaStage<E, G>::attention_chunk(const Block&) const;                       \
   template void LlamaStage<E, G>::attention_forward(const Block&);                              \
   template void LlamaStage<E, G>::attention_backward(const Block&, const E*, E*, E*, E*);              \
   template std::vector<std::unique_ptr<parallel::CommRequest>> LlamaStage<E, G>::ring_pass_kv(         \

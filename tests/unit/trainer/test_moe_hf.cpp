@@ -20,6 +20,7 @@
 #include <fmt/format.h>
 
 #include "golden/golden_file.h"
+#include "trainer/loop.h"
 #include "trainer/model/llama.h"
 #include "trainer/optim/optimizer.h"
 #include "trainer/state_io.h"
@@ -95,6 +96,22 @@ TEST(MoeTransformers, LossLogitsBalancingLossAndCountsMatch) {
                          want, std::fabs(loss - want) / want, aux, want_aux, std::fabs(aux - want_aux) / want_aux, e);
   }
   std::printf("%s", table.c_str());
+}
+
+// The GPU's attention kernels do not attend within chunks: a GPU run past
+// the chunk is refused by name, the CPU's is not.
+TEST(MoeTransformers, GpuRunPastTheChunkIsRefused) {
+  TrainConfig c;
+  c.model = model_preset("llama4-scout");
+  c.run = RunSpec{16384, 8, Precision::bf16};
+  c.device = device_preset("h100");
+  WEFT_EXPECT_THROW_MSG(validate_config(c), InputError, "--seq 16384 is past llama4-scout's attention chunk of 8192",
+                        "--device cpu");
+  c.run.seq = 8192;
+  EXPECT_NO_THROW(validate_config(c));
+  c.run = RunSpec{16384, 8, Precision::fp32};
+  c.device = device_preset("cpu");
+  EXPECT_NO_THROW(validate_config(c));
 }
 
 }  // namespace
