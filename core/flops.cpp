@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <limits>
 #include <utility>
 
 #include <fmt/format.h>
@@ -10,8 +11,39 @@
 
 namespace weft {
 
+namespace {
+
+// Layers attending within chunks: the RoPE layers of a model with
+// attention_chunk > 0 (NoPE layers are (i + 1) % nope_interval == 0, i < L).
+int64_t chunked_layers(const ModelSpec& m, int64_t seq) {
+  const AttentionVariant& a = m.attention;
+  if (a.attention_chunk <= 0 || seq <= a.attention_chunk) return 0;
+  return m.layers - (a.nope_interval > 0 ? m.layers / a.nope_interval : 0);
+}
+
+// Causal (query, key) pairs of a sequence of n positions.
+double causal_pairs(double n) { return n * (n + 1) / 2; }
+
+}  // namespace
+
+double attention_widths(const ModelSpec& m, int64_t seq) {
+  const int64_t chunked = chunked_layers(m, seq);
+  const double T = double(seq);
+  if (chunked == 0) return double(m.layers) * T;
+  return double(m.layers - chunked) * T + double(chunked) * double(m.attention.attention_chunk);
+}
+
+double attention_pair_fraction(const ModelSpec& m, int64_t seq) {
+  const int64_t chunked = chunked_layers(m, seq);
+  if (chunked == 0 || m.layers == 0) return 1.0;
+  const int64_t w = m.attention.attention_chunk;
+  const double chunk_pairs = double(seq / w) * causal_pairs(double(w)) + causal_pairs(double(seq % w));
+  const double L = double(m.layers);
+  return (L - double(chunked)) / L + double(chunked) / L * chunk_pairs / causal_pairs(double(seq));
+}
+
 double model_flops_per_token(const ModelSpec& m, int64_t seq) {
-  return 6.0 * double(m.flop_params()) + 12.0 * double(m.layers) * double(m.hidden) * double(seq);
+  return 6.0 * double(m.flop_params()) + 12.0 * double(m.hidden) * attention_widths(m, seq);
 }
 
 namespace {
@@ -42,9 +74,14 @@ int64_t lora_params(const ModelSpec& m, const LoraSpec& lora) {
 std::string mfu_flops_text(const ModelSpec& m) {
   const double n = double(m.flop_params()), all = double(m.param_count());
   const double embedding = double(m.vocab) * double(m.hidden);
-  return fmt::format("6N + 12 L C T model FLOPs a token, N = {} (the parameters but the input embedding's {}: a "
+  const int64_t chunked = chunked_layers(m, std::numeric_limits<int64_t>::max());
+  const std::string widths =
+      chunked > 0 ? fmt::format(" (T at most the chunk of {} in the {} chunked layers)", m.attention.attention_chunk,
+                                chunked)
+                  : "";
+  return fmt::format("6N + 12 L C T model FLOPs a token{}, N = {} (the parameters but the input embedding's {}: a "
                      "lookup, no matmul; {} in all)",
-                     count_text(n), count_text(embedding), count_text(all));
+                     widths, count_text(n), count_text(embedding), count_text(all));
 }
 
 void lora_check_model(const ModelSpec& m, const LoraSpec& lora) {
@@ -83,7 +120,7 @@ double model_flops_per_step(const ModelSpec& m, const RunSpec& run) {
   double adapters = 0;
   for (int g = 0; g < kLinears; ++g)
     if (run.lora.targets_linear(Linear(g))) adapters += 6.0 * double(run.lora.rank) * io[size_t(g)];
-  const double per_token = 4.0 * double(m.flop_params()) + 12.0 * double(m.layers) * C * double(run.seq) +
+  const double per_token = 4.0 * double(m.flop_params()) + 12.0 * C * attention_widths(m, run.seq) +
                            double(m.layers) * adapters;
   return per_token * double(run.tokens_per_step());
 }

@@ -5,6 +5,12 @@
 // length (the attention score and value matmuls, counted without the causal
 // halving). Recomputation is not counted.
 //
+// Chunked attention (Llama 4's RoPE layers, ModelSpec::attention.
+// attention_chunk) attends to at most `chunk` keys a query, so such a layer
+// counts min(T, chunk) in place of T: 12 L C T becomes 12 C times the sum
+// of each layer's width (attention_widths). A model without chunks, or a
+// sequence within one chunk, counts 12 L C T as before.
+//
 // LoRA (RunSpec::lora) trains only adapters: the frozen weights need no
 // weight gradients, so a token costs 4 N (forward and input gradients) plus
 // the attention's 12 L C T plus each adapter's 6 r (in + out) per targeted
@@ -21,6 +27,16 @@
 namespace weft {
 
 double model_flops_per_token(const ModelSpec& m, int64_t seq);
+// The keys a query attends to, summed over the layers, as the model FLOPs
+// count them (no causal halving): seq in a layer over the whole sequence,
+// min(seq, attention_chunk) in a chunked one. L seq without chunks.
+double attention_widths(const ModelSpec& m, int64_t seq);
+// The (query, key) pairs a sequence's causal attention visits, averaged
+// over the layers, as a fraction of the whole causal seq (seq + 1) / 2:
+// 1 without chunks; a chunked layer visits chunk (chunk + 1) / 2 per whole
+// chunk and r (r + 1) / 2 for the r positions of the last, partial one.
+// The cost model prices the flash kinds' work by it.
+double attention_pair_fraction(const ModelSpec& m, int64_t seq);
 // LoRA's trainable parameters: the adapters, L x sum over targets of r (in + out).
 int64_t lora_params(const ModelSpec& m, const LoraSpec& lora);
 // Which N MFU's 6N counts, for headers: "6N + 12 L C T model FLOPs a token,

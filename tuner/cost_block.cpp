@@ -9,6 +9,8 @@
 #include <memory>
 #include <unordered_map>
 
+#include "core/flops.h"
+
 namespace weft::tuner::cost_parts {
 
 double ring_all_reduce(double bytes, int64_t n, Link link) {
@@ -68,7 +70,13 @@ AttentionTime attention_time(const Model& x, double B, double Hl, double Kl, dou
     // transport (ring: its chunks against each block of keys in turn;
     // all-gather: against the keys up to their end; all-to-all: the whole
     // sequence on H/cp heads).
-    const double flops = 4.0 * B * Hl * T * T * D * 0.5 / cp;
+    // Chunked layers (Llama 4's RoPE layers past the chunk) visit only the
+    // pairs within chunks, as the CPU kernels do (the GPU's do not attend
+    // within chunks yet, and the trainer refuses such a run there): their
+    // fraction of the causal pairs, averaged over the layers (core/flops.h).
+    // The cp ranks' shares of them are then no longer equal (a late chunk
+    // sees no more keys than an early one); that imbalance is not priced.
+    const double flops = 4.0 * B * Hl * T * T * D * 0.5 / cp * attention_pair_fraction(x.m, x.run.seq);
     // Efficiency grows with the keys each query tile runs over in one call
     // (CostConstants::attention_t_half, whose T is a causal call's: T / 2
     // keys on average): the ring's calls are blocks of T / 2cp queries

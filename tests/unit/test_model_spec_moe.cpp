@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/flops.h"
 #include "core/layout.h"
 #include "core/model_spec.h"
 #include "test_util.h"
@@ -212,6 +213,29 @@ TEST(ModelSpecMoe, SummaryAndRefusal) {
                       "attend within chunks"),
             std::string::npos)
       << v[0];
+}
+
+// Llama 4 Scout's 36 RoPE layers of 48 attend within chunks of 8192: past
+// the chunk, its model FLOPs count 8192 keys a query there and T in the 12
+// NoPE layers, and its causal pairs are the chunks' (two whole chunks at
+// 16384); within one chunk both are the whole causal attention's.
+TEST(ModelSpecMoe, ChunkedLayersCountTheirChunksKeys) {
+  const ModelSpec scout = model_preset("llama4-scout");
+  const double N = double(scout.flop_params()), C = double(scout.hidden);
+  EXPECT_DOUBLE_EQ(attention_widths(scout, 8192), 48.0 * 8192);
+  EXPECT_DOUBLE_EQ(attention_pair_fraction(scout, 8192), 1.0);
+  EXPECT_DOUBLE_EQ(model_flops_per_token(scout, 8192), 6 * N + 12 * C * 48 * 8192);
+  EXPECT_DOUBLE_EQ(attention_widths(scout, 16384), 12.0 * 16384 + 36.0 * 8192);
+  EXPECT_DOUBLE_EQ(model_flops_per_token(scout, 16384), 6 * N + 12 * C * (12.0 * 16384 + 36.0 * 8192));
+  EXPECT_DOUBLE_EQ(attention_pair_fraction(scout, 16384), 0.25 + 0.75 * (8193.0 / 16385.0));
+  // A partial last chunk: 20000 = 2 x 8192 + 3616.
+  const double pairs = 2 * 8192.0 * 8193 / 2 + 3616.0 * 3617 / 2;
+  EXPECT_DOUBLE_EQ(attention_pair_fraction(scout, 20000), 0.25 + 0.75 * pairs / (20000.0 * 20001 / 2));
+  EXPECT_NE(mfu_flops_text(scout).find("T at most the chunk of 8192 in the 36 chunked layers"), std::string::npos)
+      << mfu_flops_text(scout);
+  const ModelSpec llama = model_preset("llama3-8b");
+  EXPECT_DOUBLE_EQ(attention_widths(llama, 16384), 32.0 * 16384);
+  EXPECT_DOUBLE_EQ(attention_pair_fraction(llama, 16384), 1.0);
 }
 
 // Each published config.json, read, is its preset.
