@@ -34,6 +34,9 @@ llama4/        V=64 C=16 L=4 H=4 H_kv=2 D=8, 4 experts of width 12 and a
                temperature (floor 4, scale 0.1: it changes inside the
                10-token window), the QK L2 norm on the RoPE layers, Meta's
                interleaved rotary pairs, attention chunk 16, untied, fp32
+llama4_chunk/  llama4's config with attention chunk 4: the RoPE layers attend
+               within positions 0-3, 4-7 and 8-9 of each 10-token window
+               (two chunk boundaries), the NoPE layer over all of it
 All: rope_theta 500000, rms_norm_eps 1e-3, router_aux_loss_coef 0.1.
 
 Weights: drawn from one seeded torch.Generator in named_parameters() order
@@ -108,6 +111,10 @@ MODELS = {
                                attn_scale=0.1),
                    dtype=torch.float32, save={}, seed=20261133),
 }
+# Llama 4 attending within chunks shorter than the window. Added after the
+# others, so that their weights and reference values stay as they were.
+MODELS["llama4_chunk"] = dict(MODELS["llama4"], config=dict(MODELS["llama4"]["config"], attention_chunk_size=4),
+                              seed=20261134)
 
 FAMILIES = {"mixtral": (MixtralConfig, MixtralForCausalLM), "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
             "llama4": (Llama4TextConfig, Llama4ForCausalLM)}
@@ -202,6 +209,9 @@ def generate(workdir: Path) -> tuple[dict, list]:
                     (f"{name}.counts", r["counts"].numpy())]
         if spec.get("family") == "qwen3_moe":
             assert loaded.config.norm_topk_prob is False and list(loaded.config.mlp_only_layers) == [1]
+        if name == "llama4_chunk":  # the chunks are shorter than the window, and transformers masks by them
+            assert loaded.config.attention_chunk_size < SEQ // 2, loaded.config.attention_chunk_size
+            assert list(loaded.config.layer_types) == ["chunked_attention"] * 3 + ["full_attention"]
         if spec.get("family") == "llama4":  # NoPE on the last layer, MoE on 1 and 3
             assert list(loaded.config.no_rope_layers) == [1, 1, 1, 0], loaded.config.no_rope_layers
             assert list(loaded.config.moe_layers) == [1, 3], loaded.config.moe_layers

@@ -5,7 +5,9 @@
 // the MoE ones, RMS norms of each head's queries and keys) and a Llama 4
 // text model (fused experts converted on loading, sigmoid top-1 on the
 // input, a shared expert, dense layers between, a NoPE layer with the
-// attention temperature, the QK L2 norm, Meta's rotary pairs), the fp32
+// attention temperature, the QK L2 norm, Meta's rotary pairs; and the same
+// attending within chunks of 4 positions, two chunk boundaries inside each
+// 10-token window), the fp32
 // loss of one forward over every window, the logits of the first, the
 // load-balancing loss over that forward's routers pooled (Llama 4's model
 // computes none), and each layer's per-expert token counts.
@@ -51,7 +53,7 @@ TEST(MoeTransformers, LossLogitsBalancingLossAndCountsMatch) {
   }
   std::string table = fmt::format("{:<14} {:>11} {:>11} {:>9} {:>11} {:>11} {:>9} {:>10}\n", "folder", "weft loss",
                                   "transformers", "rel dev", "weft aux", "transformers", "rel dev", "logits rel");
-  for (const char* folder : {"mixtral", "mixtral_wide", "qwen3_moe", "llama4"}) {
+  for (const char* folder : {"mixtral", "mixtral_wide", "qwen3_moe", "llama4", "llama4_chunk"}) {
     SCOPED_TRACE(folder);
     const auto src = checkpoint::pretrained_open(fixture(folder));
     const ModelSpec& m = src.model;
