@@ -1,7 +1,8 @@
 // An MoE model (Mixtral's form: 8 layers of 4 experts, top-2; Llama 4's
 // FFN: sigmoid top-1 on the expert's input, a shared expert, MoE layers
 // interleaved with dense ones; Qwen3-MoE with its q and k norms; Llama 4's
-// text model with its NoPE layers, temperature and QK L2 norm) trained 5
+// text model with its NoPE layers, temperature and QK L2 norm, also
+// attending within chunks shorter than the sequence) trained 5
 // steps from one seed under tensor (with and without sp), context,
 // pipeline, interleaved and data-parallel layouts, ZeRO 0-3 and the
 // checkpointing modes, with real mpirun ranks: the same losses and
@@ -66,8 +67,7 @@ constexpr const char* kQwen3 = R"({"architectures": ["Qwen3MoeForCausalLM"], "mo
 
 // Llama 4's text model whole: every layer MoE, NoPE every 4th layer with
 // the attention temperature (floor 4, so it changes inside the sequence of
-// 16), the QK L2 norm in the RoPE layers, and a chunk of 16, the sequence
-// (attention within chunks past it is refused).
+// 16), the QK L2 norm in the RoPE layers, and a chunk of 16, the sequence.
 constexpr const char* kLlama4 = R"({"architectures": ["Llama4ForCausalLM"], "model_type": "llama4_text",
   "vocab_size": 256, "hidden_size": 64, "intermediate_size": 32, "intermediate_size_mlp": 96,
   "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 8,
@@ -75,6 +75,17 @@ constexpr const char* kLlama4 = R"({"architectures": ["Llama4ForCausalLM"], "mod
   "num_experts_per_tok": 1, "interleave_moe_layer_step": 1, "router_aux_loss_coef": 0.05,
   "attention_chunk_size": 16, "use_qk_norm": true, "attn_temperature_tuning": true, "floor_scale": 4,
   "attn_scale": 0.1, "rope_scaling": null})";
+
+// The same attending within chunks of 6 positions: its RoPE layers see
+// positions 0-5, 6-11 and 12-15 of the sequence of 16, and under cp2 each
+// rank's two blocks of 4 (0-3 and 12-15 on rank 0, 4-7 and 8-11 on rank 1)
+// straddle those chunks.
+const std::string kLlama4Chunk = [] {
+  std::string c = kLlama4;
+  const std::string from = R"("attention_chunk_size": 16)";
+  c.replace(c.find(from), from.size(), R"("attention_chunk_size": 6)");
+  return c;
+}();
 
 std::string table_of(Fixture& f, const std::vector<double>& ref, const std::vector<std::string>& layouts,
                      const std::string& extra) {
@@ -302,6 +313,27 @@ TEST(MoeParity, ExpertParallelismUnderVeryUnevenRouting) {
         EXPECT_NEAR(losses[i], ref[3 + i], 1e-5 * ref[3 + i]) << from << " -> " << to << " step " << 4 + i;
     }
   }
+}
+
+// Chunked attention under context parallelism: each transport gives the
+// kernels the absolute positions of its blocks, so every one computes the
+// single rank's attention within chunks (materialized through the
+// all-gather; the ring takes flash only).
+TEST(MoeParity, ChunkedAttentionUnderContextParallelism) {
+  Fixture f(false, kLlama4Chunk);
+  const auto ref = f.train("tp1-pp1-dp1-mb1", f.dir.path("ref"));
+  ASSERT_EQ(ref.size(), 5u);
+  std::printf("%s", table_of(f, ref,
+                             {"tp1-cp2-pp1-dp1-mb1-cp:ring", "tp1-cp2-pp1-dp1-mb1-ckpt:full-cp:a2a",
+                              "tp1-cp2-pp1-dp1-mb1-attn:materialized-cp:allgather",
+                              "tp2-cp2-pp1-dp1-mb1-sp-cp:allgather"},
+                             "")
+                        .c_str());
+  // The chunks change the model: the whole causal attention's run differs.
+  Fixture whole(false, kLlama4);
+  const auto unchunked = whole.train("tp1-pp1-dp1-mb1", whole.dir.path("ref"));
+  ASSERT_EQ(unchunked.size(), 5u);
+  EXPECT_NE(unchunked[4], ref[4]);
 }
 
 }  // namespace
