@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <ostream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -33,6 +34,8 @@ std::vector<ChunkCase> chunk_cases() {
           {{"b2_t13_h2_kv2_d4", 2, 13, 2, 2, 4}, 1},   {{"b1_t11_h2_kv1_d3", 1, 11, 2, 1, 3}, 64},
           {{"b1_t83_h2_kv1_d16", 1, 83, 2, 1, 16}, 40}, {{"b2_t70_h4_kv4_d7", 2, 70, 4, 4, 7}, 33}};
 }
+
+void PrintTo(const ChunkCase& c, std::ostream* os) { *os << c.shape.name << " chunk " << c.chunk; }
 
 std::string case_name(const ::testing::TestParamInfo<ChunkCase>& info) {
   return info.param.shape.name + "_chunk" + std::to_string(info.param.chunk);
