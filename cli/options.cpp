@@ -278,6 +278,7 @@ tuner::SpaceLimits SpaceArgs::resolve() const {
   l.norm = parse_all<NormKind>(norm, norm_parse);
   l.grad = parse_all<GradPrecision>(grad, grad_precision_parse);
   l.cp_comm = parse_all<CpComm>(cp_comm, cp_comm_parse);
+  l.dispatch = parse_all<MoeDispatch>(dispatch, moe_dispatch_parse);
   l.fp8 = parse_all<std::pair<Fp8Recipe, int64_t>>(fp8, fp8_pin_parse);
   l.split = parse_all<std::vector<int64_t>>(split, [](const std::string& s) {
     return s == "even" ? std::vector<int64_t>{} : split_parse(s);
@@ -371,6 +372,8 @@ void add_space_options(CLI::App& app, SpaceArgs& a) {
   g->add_option("--ep", a.ep,
                 "Expert-parallel degrees (MoE models): ranks of dp x cp the routed experts split over; searched: "
                 "each that divides dp x cp and the experts")
+      ->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  g->add_option("--dispatch", a.dispatch, "Expert dispatchers tried at ep > 1: a2a, allgather")
       ->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   g->add_option("--pp", a.pp, "Pipeline-parallel degrees")->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   g->add_option("--mb", a.mb, "Micro-batch sizes")->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);

@@ -31,6 +31,7 @@ const char* to_string(AttentionKind a) {
 }
 const char* to_string(NormKind n) { return n == NormKind::fused ? "fused" : "unfused"; }
 const char* to_string(GradPrecision g) { return g == GradPrecision::fp32 ? "fp32" : "bf16"; }
+const char* to_string(MoeDispatch d) { return d == MoeDispatch::a2a ? "a2a" : "allgather"; }
 const char* to_string(CpComm c) {
   switch (c) {
     case CpComm::ring: return "ring";
@@ -85,6 +86,11 @@ CpComm cp_comm_parse(const std::string& s) {
   for (auto c : {CpComm::ring, CpComm::allgather, CpComm::a2a})
     if (s == to_string(c)) return c;
   throw InputError(fmt::format("unknown context-parallel transport '{}'; valid: ring, allgather, a2a", s));
+}
+MoeDispatch moe_dispatch_parse(const std::string& s) {
+  for (auto d : {MoeDispatch::a2a, MoeDispatch::allgather})
+    if (s == to_string(d)) return d;
+  throw InputError(fmt::format("unknown expert dispatcher '{}'; valid: a2a, allgather", s));
 }
 GradPrecision grad_precision_parse(const std::string& s) {
   if (s == "fp32") return GradPrecision::fp32;
@@ -174,12 +180,15 @@ std::string Layout::to_string() const {
   std::string f8;
   if (fp8 != Fp8Recipe::off || fp8_bf16_layers > 0)
     f8 = fmt::format("-fp8:{}{}", weft::to_string(fp8), fp8_bf16_layers > 0 ? fmt::format("@{}", fp8_bf16_layers) : "");
-  return fmt::format("tp{}{}-pp{}-dp{}{}-mb{}-vpp{}-{}-ckpt:{}-attn:{}-norm:{}-zero{}{}-grad:{}{}{}{}", tp,
+  return fmt::format("tp{}{}-pp{}-dp{}{}-mb{}-vpp{}-{}-ckpt:{}-attn:{}-norm:{}-zero{}{}-grad:{}{}{}{}{}", tp,
                      cp != 1 ? fmt::format("-cp{}", cp) : "", pp, dp, ep != 1 ? fmt::format("-ep{}", ep) : "", mb,
                      vpp, sp ? "sp" : "nosp", ck,
                      weft::to_string(attention), weft::to_string(norm), zero,
                      zero_group > 0 ? fmt::format("@{}", zero_group) : "", weft::to_string(grad),
-                     cp != 1 || cp_comm != CpComm::ring ? fmt::format("-cp:{}", weft::to_string(cp_comm)) : "", f8,
+                     cp != 1 || cp_comm != CpComm::ring ? fmt::format("-cp:{}", weft::to_string(cp_comm)) : "",
+                     ep != 1 || dispatch != MoeDispatch::a2a ? fmt::format("-dispatch:{}", weft::to_string(dispatch))
+                                                             : "",
+                     f8,
                      split.empty() ? "" : "-split:" + split_text(split));
 }
 
@@ -282,6 +291,8 @@ Layout Layout::parse(const std::string& text) {
       l.fp8 = fp8_recipe_parse(recipe);
     } else if (tok.rfind("cp:", 0) == 0) {
       l.cp_comm = cp_comm_parse(after(3));
+    } else if (tok.rfind("dispatch:", 0) == 0) {
+      l.dispatch = moe_dispatch_parse(after(9));
     } else if (tok.rfind("split:", 0) == 0) {
       l.split = split_parse(after(6));
     } else if (tok.rfind("grad:", 0) == 0) {
@@ -320,7 +331,7 @@ Layout Layout::parse(const std::string& text) {
       throw InputError(fmt::format(
           "layout '{}': unknown field '{}'; fields are tpN, cpN, ppN, dpN, epN, mbN, vppN, sp|nosp, "
           "ckpt:none|selective|ffn|full[@K], attn:flash|materialized|cudnn, norm:fused|unfused, zeroN[@G], "
-          "grad:fp32|bf16, cp:ring|allgather|a2a, fp8:tensorwise|delayed|blockwise[@N], "
+          "grad:fp32|bf16, cp:ring|allgather|a2a, dispatch:a2a|allgather, fp8:tensorwise|delayed|blockwise[@N], "
           "split:N.N.N (layers per virtual stage; NxK for K stages of N)",
           text, tok));
     }
@@ -457,6 +468,8 @@ std::vector<std::string> Layout::violations(const ModelSpec& m, const RunSpec& r
                               "ranks",
                               zero, zero_group, dp, cp, ways));
   }
+  if (ep == 1 && dispatch != MoeDispatch::a2a)
+    v.push_back(fmt::format("dispatch:{} names an expert dispatcher but ep=1", weft::to_string(dispatch)));
   if (ep > 1) {
     const int64_t ways = dp * cp;
     if (!m.moe.enabled())

@@ -44,6 +44,16 @@ enum class GradPrecision { fp32, bf16 };
 // a2a:       Ulysses: all-to-all from sequence-split to head-split before
 //            attention and back after (local heads and kv heads divisible by cp).
 enum class CpComm { ring, allgather, a2a };
+// How expert parallelism moves each rank's routed rows to the ranks holding
+// their experts (Layout::ep > 1), Megatron's token dispatchers:
+// a2a:       all-to-all with per-expert counts: each rank sends only the rows
+//            routed to each other rank's experts, and gets their outputs
+//            back the same way.
+// allgather: every rank's routed rows all-gathered over ep, each rank
+//            computing its experts' share of them; the outputs
+//            reduce-scattered back (more bytes, no per-peer counts; for
+//            small ep and large top-k).
+enum class MoeDispatch { a2a, allgather };
 // FP8 GEMMs for the linear layers of the transformer blocks (q, k, v, o,
 // gate, up, down; never the embedding, the LM head or attention's own
 // products), E4M3 forward operands and E5M2 output gradients with per-tensor
@@ -92,6 +102,7 @@ struct Layout {
   // over ep too (hybrid sharding's two levels: shard group = the expert
   // data-parallel group, replicas = the ep group). Text ep2; 1 by default.
   int64_t ep = 1;
+  MoeDispatch dispatch = MoeDispatch::a2a;  // text dispatch:allgather; printed at ep > 1
   int64_t mb = 1;   // micro-batch size in sequences
   int64_t vpp = 1;  // virtual pipeline chunks per stage (interleaved 1F1B when > 1)
   bool sp = false;  // sequence parallelism of the norm regions (needs tp > 1)
@@ -196,12 +207,14 @@ const char* to_string(AttentionKind a);
 const char* to_string(NormKind n);
 const char* to_string(GradPrecision g);
 const char* to_string(CpComm c);
+const char* to_string(MoeDispatch d);
 const char* to_string(Fp8Recipe r);
 Checkpointing checkpointing_parse(const std::string& s);
 AttentionKind attention_parse(const std::string& s);
 NormKind norm_parse(const std::string& s);
 GradPrecision grad_precision_parse(const std::string& s);
 CpComm cp_comm_parse(const std::string& s);
+MoeDispatch moe_dispatch_parse(const std::string& s);
 Fp8Recipe fp8_recipe_parse(const std::string& s);
 // The split's text, "1.2x62.1" (runs of equal counts as NxK: N layers, K
 // virtual stages), and back; the parser names a malformed count.

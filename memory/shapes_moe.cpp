@@ -18,7 +18,9 @@ void moe_saved_shapes(const ModelSpec& m, const Layout& l, const Dims& d, std::v
   out.push_back({"layer.moe.scores", Category::activations, rows * E, kFp32, 1});
   out.push_back({"layer.moe.experts", Category::activations, rows * k, kInt32, 1});
   out.push_back({"layer.moe.weights", Category::activations, rows * k, kFp32, 1});
-  out.push_back({"layer.moe.routing", Category::activations, rows * k + E + 1 + (l.ep > 1 ? E : 0), 8, 1});
+  // (allgather: every ep rank's per-expert counts, ep x E).
+  const int64_t counts = l.ep <= 1 ? 0 : l.dispatch == MoeDispatch::allgather ? l.ep * E : E;
+  out.push_back({"layer.moe.routing", Category::activations, rows * k + E + 1 + counts, 8, 1});
   out.push_back({"layer.moe.input", Category::activations, received * d.C, d.a, 1});
   out.push_back({"layer.moe.gate", Category::activations, received * Fe, d.a, 1});
   out.push_back({"layer.moe.up", Category::activations, received * Fe, d.a, 1});
@@ -48,6 +50,9 @@ void moe_scratch_shapes(const ModelSpec& m, const Layout& l, const Dims& d, std:
   if (l.ep > 1) {
     out.push_back({"scratch.moe_send", Category::workspace, routed * d.C, d.a, 1});
     out.push_back({"scratch.moe_received", Category::workspace, received * d.C, d.a, 1});
+    // The all-gather dispatcher's: every ep rank's routed rows.
+    if (l.dispatch == MoeDispatch::allgather)
+      out.push_back({"scratch.moe_gathered", Category::workspace, l.ep * routed * d.C, d.a, 1});
   }
   out.push_back({"scratch.moe_dweights", Category::workspace, rows * k, kFp32, 1});
   out.push_back({"scratch.moe_stats", Category::workspace, 2 * E, 8, 1});

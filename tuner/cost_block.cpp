@@ -221,8 +221,9 @@ Part one_block_cost(const Model& x) {
     // Under expert parallelism (ep ranks) each rank's E / ep experts take
     // the rows every ep rank routed to them: balanced, as many rows as the
     // rank routed, ep times as many per expert. The rows go out and their
-    // outputs come back by all-to-all over the ep group, and again for the
-    // gradients in the backward; the trainer waits for each (exposed). The
+    // outputs come back over the ep group, and again for the gradients in
+    // the backward: by all-to-all, or all-gathered (every rank's rows) and
+    // reduce-scattered back; the trainer waits for each (exposed). The
     // dispatch is part of what ffn checkpointing redoes.
     const MoeSpec& e = m.moe;
     const double E = double(e.experts), k = double(e.top_k), Fe = double(e.expert_intermediate);
@@ -230,13 +231,21 @@ Part one_block_cost(const Model& x) {
     const double cap = e.capacity_factor > 0 ? std::ceil(e.capacity_factor * all_choices / E) : all_choices;
     const double per = std::min(all_choices / E, cap), choices = per < all_choices / E ? per * E : all_choices;
     const double ep = double(l.ep), El = E / ep, per_local = per * ep;
-    const double exchange = l.ep > 1 ? all_to_all(choices * C * a, x.ep_group()) : 0.0;
+    const double rows_bytes = choices * C * a;
+    const bool gathered = l.dispatch == MoeDispatch::allgather;
+    const double out_trip = l.ep <= 1 ? 0.0
+                            : gathered ? all_gather(ep * rows_bytes, x.ep_group())
+                                       : all_to_all(rows_bytes, x.ep_group());
+    const double back_trip = l.ep <= 1 ? 0.0
+                             : gathered ? reduce_scatter(ep * rows_bytes, x.ep_group())
+                                        : all_to_all(rows_bytes, x.ep_group());
     split_width = double(e.shared_intermediate) / t;
     double pre = x.block_linear_fwd(Mr, E, C) + x.stream("moe_route", Mr, E) + x.stream("moe_permute", choices, C) +
-                 exchange + El * 2 * x.block_linear_fwd(per_local, Fe, C) + x.stream("swiglu_fwd", choices, Fe);
-    double post = El * x.block_linear_fwd(per_local, C, Fe) + exchange + x.stream("moe_unpermute", choices, C);
+                 out_trip + El * 2 * x.block_linear_fwd(per_local, Fe, C) + x.stream("swiglu_fwd", choices, Fe);
+    double post = El * x.block_linear_fwd(per_local, C, Fe) + back_trip + x.stream("moe_unpermute", choices, C);
     double bwd = x.block_linear_bwd(Mr, E, C) + x.stream("moe_route_bwd", Mr, E) + x.stream("moe_permute", choices, C) +
-                 2 * exchange + El * (2 * x.block_linear_bwd(per_local, Fe, C) + x.block_linear_bwd(per_local, C, Fe)) +
+                 out_trip + back_trip +
+                 El * (2 * x.block_linear_bwd(per_local, Fe, C) + x.block_linear_bwd(per_local, C, Fe)) +
                  x.stream("swiglu_bwd", choices, Fe) + x.stream("moe_unpermute", choices, C);
     if (split_width > 0) {
       const double Fs = split_width;

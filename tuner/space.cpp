@@ -241,6 +241,8 @@ std::vector<Subspace> enumerate_subspaces(const ModelSpec& m, const RunSpec& run
             }
           }
           for (int64_t ep : eps)
+          for (MoeDispatch dispatch : ep == 1 ? std::vector<MoeDispatch>{MoeDispatch::a2a}
+                                              : pick(limits.dispatch, {MoeDispatch::a2a, MoeDispatch::allgather}))
           for (int64_t mb : pick(limits.mb, mbs))
             for (int64_t vpp : pick(limits.vpp, vpps))
               for (const auto& split : pick(limits.split, splits_or_even(m, tp, pp * vpp)))
@@ -254,6 +256,7 @@ std::vector<Subspace> enumerate_subspaces(const ModelSpec& m, const RunSpec& run
                   s.shape.pp = pp;
                   s.shape.dp = dp;
                   s.shape.ep = ep;
+                  s.shape.dispatch = dispatch;
                   s.shape.mb = mb;
                   s.shape.vpp = vpp;
                   s.shape.sp = sp;

@@ -13,6 +13,11 @@ std::vector<std::string> knob_values(const Layout& l) {
                                 fmt::format("dp={}", l.dp), fmt::format("mb={}", l.mb), fmt::format("vpp={}", l.vpp),
                                 fmt::format("sp={}", l.sp ? 1 : 0)};
   if (l.cp > 1) v.push_back(fmt::format("cp_comm={}", to_string(l.cp_comm)));
+  // Expert parallelism (MoE models; dense layouts keep ep 1 and name none).
+  if (l.ep > 1) {
+    v.push_back(fmt::format("ep={}", l.ep));
+    v.push_back(fmt::format("dispatch={}", to_string(l.dispatch)));
+  }
   if (l.uneven()) v.push_back("split=" + split_text(l.split));
   v.push_back(l.ckpt_layers > 0 ? fmt::format("ckpt={}/{}", to_string(l.ckpt), l.ckpt_layers)
                                 : fmt::format("ckpt={}", to_string(l.ckpt)));

@@ -172,7 +172,8 @@ TEST(MoeParity, TensorAndContextParallelism) {
 
 // Expert parallelism: the experts split over ep ranks of dp x cp, each rank
 // routing its own rows and sending each choice to the rank holding its
-// expert. The experts' gradients sum over the ranks holding the same ones,
+// expert (all-to-all), or gathering every rank's rows and reduce-scattering
+// the outputs back (allgather). The experts' gradients sum over the ranks holding the same ones,
 // the rest over every dp x cp rank, under each ZeRO stage, with tp (with
 // and without sp), cp, pp and vpp beside it.
 TEST(MoeParity, ExpertParallelism) {
@@ -184,7 +185,12 @@ TEST(MoeParity, ExpertParallelism) {
                                {"tp1-pp1-dp2-ep2-mb1", "tp1-pp1-dp4-ep4-mb1-zero1", "tp1-pp1-dp4-ep2-mb1-zero1",
                                 "tp1-pp1-dp4-ep2-mb1-zero2-ckpt:full", "tp1-pp1-dp4-ep2-mb1-zero3-ckpt:ffn",
                                 "tp2-pp1-dp2-ep2-mb1-sp", "tp2-pp1-dp2-ep2-mb1-nosp-zero3",
-                                "tp1-cp2-pp1-dp1-ep2-mb1-cp:ring", "tp1-pp2-dp2-ep2-mb1-vpp2-ckpt:selective"},
+                                "tp1-cp2-pp1-dp1-ep2-mb1-cp:ring", "tp1-pp2-dp2-ep2-mb1-vpp2-ckpt:selective",
+                                "tp1-pp1-dp2-ep2-mb1-dispatch:allgather",
+                                "tp1-pp1-dp4-ep4-mb1-zero1-dispatch:allgather",
+                                "tp1-pp1-dp4-ep2-mb1-zero3-ckpt:ffn-dispatch:allgather",
+                                "tp2-pp1-dp2-ep2-mb1-sp-dispatch:allgather",
+                                "tp1-cp2-pp1-dp1-ep2-mb1-cp:allgather-dispatch:allgather"},
                                "")
                           .c_str());
   }
@@ -229,7 +235,8 @@ TEST(MoeParity, ExpertParallelGradientsPerTensor) {
   ASSERT_EQ(f.train("tp1-pp1-dp1-mb1", ref).size(), 1u);
   std::printf("%-62s %14s\n", "layout", "worst grad dev");
   for (const char* layout : {"tp1-pp1-dp2-ep2-mb1", "tp1-pp1-dp4-ep4-mb1-zero3", "tp2-pp1-dp2-ep2-mb1-sp-zero1",
-                             "tp1-cp2-pp1-dp2-ep4-mb1-zero2", "tp1-pp2-dp2-ep2-mb1-vpp2"}) {
+                             "tp1-cp2-pp1-dp2-ep4-mb1-zero2", "tp1-pp2-dp2-ep2-mb1-vpp2",
+                             "tp1-pp1-dp4-ep4-mb1-zero1-dispatch:allgather"}) {
     const std::string out = f.dir.path(std::string("g-") + layout);
     ASSERT_EQ(f.train(layout, out).size(), 1u) << layout;
     const double worst = worst_gradient(out + "/checkpoints/step_000001", ref + "/checkpoints/step_000001", layout, 1e-5);
@@ -282,7 +289,8 @@ TEST(MoeParity, ExpertParallelismUnderVeryUnevenRouting) {
   EXPECT_TRUE(seen);
   std::printf("%s", table_of(f, ref,
                              {"tp1-pp1-dp2-ep2-mb1", "tp1-pp1-dp4-ep4-mb1-zero1", "tp1-pp1-dp4-ep2-mb1-zero3",
-                              "tp2-pp1-dp2-ep2-mb1-sp"},
+                              "tp2-pp1-dp2-ep2-mb1-sp", "tp1-pp1-dp4-ep4-mb1-dispatch:allgather",
+                              "tp1-pp1-dp2-ep2-mb1-zero2-dispatch:allgather"},
                              init)
                         .c_str());
   // Receive buffers held for 2x balanced routing take it (the rank holding

@@ -29,6 +29,7 @@ Layout random_layout(std::mt19937_64& rng) {
   l.cp = int64_t{1} << pick(4);
   l.cp_comm = l.cp > 1 ? CpComm(pick(3)) : CpComm::ring;
   l.ep = int64_t{1} << pick(3);
+  l.dispatch = l.ep > 1 ? MoeDispatch(pick(2)) : MoeDispatch::a2a;
   l.fp8 = Fp8Recipe(pick(3));
   l.fp8_bf16_layers = l.fp8 == Fp8Recipe::off ? 0 : pick(3);
   // A shard group below dp x cp (one of all of them reads as none).
@@ -416,6 +417,16 @@ TEST(Layout, ExpertParallelismPrintsParsesAndValidates) {
             std::string::npos);
   EXPECT_NE(broken(m, "tp1-pp1-dp2-ep0-mb1", 2).find("ep=0 must be at least 1"), std::string::npos);
   WEFT_EXPECT_THROW_MSG(Layout::parse("dp4-epx"), InputError, "'x' is not a whole number");
+  // The dispatcher: a2a by default, printed at ep > 1, named where ep is 1.
+  EXPECT_EQ(l.dispatch, MoeDispatch::a2a);
+  EXPECT_NE(l.to_string().find("-dispatch:a2a"), std::string::npos) << l.to_string();
+  const auto gathered = Layout::parse("tp1-cp2-pp4-dp8-ep2-mb1-zero1-dispatch:allgather");
+  EXPECT_EQ(gathered.dispatch, MoeDispatch::allgather);
+  EXPECT_EQ(Layout::parse(gathered.to_string()), gathered);
+  EXPECT_NE(broken(m, "tp1-pp1-dp2-mb1-dispatch:allgather", 2).find("dispatch:allgather names an expert dispatcher but ep=1"),
+            std::string::npos);
+  WEFT_EXPECT_THROW_MSG(Layout::parse("dp4-ep2-dispatch:ring"), InputError,
+                        "unknown expert dispatcher 'ring'; valid: a2a, allgather");
 }
 
 }  // namespace

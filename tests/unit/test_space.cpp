@@ -294,8 +294,10 @@ TEST(SpaceExperts, EpIsSearchedWhereItDividesAndPrunedWithItsRule) {
   const ClusterSpec c = cluster_resolve("h100", 64, 8);
   const auto all = enumerate(m, run, 64, {}, SpaceDevice(c));
   std::set<int64_t> eps;
+  std::set<std::pair<int64_t, MoeDispatch>> dispatchers;
   for (const auto& l : all) {
     eps.insert(l.ep);
+    dispatchers.insert({std::min<int64_t>(l.ep, 2), l.dispatch});
     EXPECT_EQ((l.dp * l.cp) % l.ep, 0) << l.to_string();
     EXPECT_EQ(m.moe.experts % l.ep, 0) << l.to_string();
     EXPECT_LE(l.tp * l.ep, 8) << l.to_string();  // the ep group within a node
@@ -305,6 +307,9 @@ TEST(SpaceExperts, EpIsSearchedWhereItDividesAndPrunedWithItsRule) {
     }
   }
   EXPECT_EQ(eps, (std::set<int64_t>{1, 2, 4, 8}));
+  // Both dispatchers at ep > 1, none to choose at ep 1.
+  EXPECT_EQ(dispatchers, (std::set<std::pair<int64_t, MoeDispatch>>{
+                             {1, MoeDispatch::a2a}, {2, MoeDispatch::a2a}, {2, MoeDispatch::allgather}}));
   for (const auto& l : enumerate(model_preset("llama3.1-8b"), run, 64, {}, SpaceDevice(c))) ASSERT_EQ(l.ep, 1);
 
   SpaceLimits pinned;

@@ -418,12 +418,14 @@ class LlamaStage {
   void moe_forward(const Block& b, Elem* y, bool recompute);
   void moe_backward(const Block& b, const Elem* dy, Elem* dx);
   // Expert parallelism: rows of `width` elements in expert order move
-  // between the ep ranks. `sent` (E): the rows this rank routed to each
-  // expert, `received` (ep blocks of E / ep): the rows each ep rank routed
-  // to each of this rank's experts. Forward (`back` false): from `in` in
-  // the order of `sent` to `out` in the order of `received`; back: the
-  // reverse. Returns the rows that land.
-  int64_t moe_exchange(const int64_t* sent, const int64_t* received, const Elem* in, Elem* out, int64_t width,
+  // between the ep ranks by the layout's dispatcher. `sent` (E): the rows
+  // this rank routed to each expert; `counts`: what the dispatcher
+  // exchanged, under a2a the rows each ep rank routed to each of this
+  // rank's experts (ep, E / ep), under allgather every rank's `sent` (ep,
+  // E). Forward (`back` false): from `in` in this rank's expert order to
+  // `out` in received order (source rank by source rank, expert by
+  // expert); back: the reverse. Returns the rows that land.
+  int64_t moe_exchange(const int64_t* sent, const int64_t* counts, const Elem* in, Elem* out, int64_t width,
                        bool back);
   // The balancing loss of the micro-batch in `slot` over chunk `chunk`'s
   // MoE blocks (global scope: every MoE block of the model, on this one

@@ -42,6 +42,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "kernels/elementwise/elementwise.h"
 #include "kernels/gemm/gemm.h"
 #include "kernels/moe/moe.h"
 #include "kernels/swiglu/swiglu.h"
@@ -79,6 +80,18 @@ std::vector<int64_t> expert_counts(const int64_t* offsets, int64_t E) {
   return n;
 }
 
+// The rows each ep rank routed to each of this rank's E / ep experts (ep,
+// E / ep), from the counts the dispatcher exchanged: those very counts
+// under a2a, this rank's columns of every rank's (ep, E) under allgather.
+std::vector<int64_t> received_counts(const int64_t* counts, int64_t E, int64_t ep, int64_t me, MoeDispatch d) {
+  const int64_t El = E / ep;
+  if (d == MoeDispatch::a2a) return std::vector<int64_t>(counts, counts + E);
+  std::vector<int64_t> out(static_cast<size_t>(E));
+  for (int64_t s = 0; s < ep; ++s)
+    for (int64_t j = 0; j < El; ++j) out[size_t(s * El + j)] = counts[s * E + me * El + j];
+  return out;
+}
+
 // A run of rows in the experts' buffers that one of this rank's experts
 // (`expert`, counted from its first) computes.
 struct ExpertRows {
@@ -109,12 +122,53 @@ std::vector<ExpertRows> expert_rows(const int64_t* offsets, const int64_t* recei
 }  // namespace
 
 template <typename Elem, typename G>
-int64_t LlamaStage<Elem, G>::moe_exchange(const int64_t* sent, const int64_t* received, const Elem* in, Elem* out,
+int64_t LlamaStage<Elem, G>::moe_exchange(const int64_t* sent, const int64_t* counts, const Elem* in, Elem* out,
                                           int64_t width, bool back) {
   parallel::Comm& g = *groups_.ep;
-  const int64_t P = g.size(), El = m_.moe.experts / P, me = g.rank();
-  // Elements to and from each ep rank: in expert order, rank r's block is
-  // the rows for its experts; in received order, rank s's the rows it sent.
+  const int64_t P = g.size(), E = m_.moe.experts, El = E / P, me = g.rank();
+  if (l_.dispatch == MoeDispatch::allgather) {
+    // Every rank's rows in expert order, rank after rank (`counts`: each
+    // rank's per expert), in scratch; this rank's experts' runs of them are
+    // the received order (source by source, expert by expert).
+    Elem* all = table_->get<Elem>("scratch.moe_gathered");
+    std::vector<int64_t> block(size_t(P), 0);  // elements of each rank's rows
+    for (int64_t r = 0; r < P; ++r)
+      for (int64_t j = 0; j < E; ++j) block[size_t(r)] += counts[r * E + j] * width;
+    // Each of this rank's runs: where it sits among all rows, and its size.
+    std::vector<std::pair<int64_t, int64_t>> runs;
+    int64_t base = 0, landed = 0;
+    for (int64_t s = 0; s < P; ++s) {
+      int64_t at = base + std::accumulate(counts + s * E, counts + s * E + me * El, int64_t{0}) * width;
+      for (int64_t j = 0; j < El; ++j) {
+        const int64_t n = counts[s * E + me * El + j] * width;
+        runs.emplace_back(at, n);
+        at += n;
+      }
+      base += block[size_t(s)];
+    }
+    if (!back) {
+      g.all_gather_v(in, all, block);
+      for (const auto& [at, n] : runs) {
+        copy(out + landed, all + at, n * int64_t(sizeof(Elem)));
+        landed += n;
+      }
+      return landed / width;
+    }
+    // Back: this rank's experts' outputs in their places among zeros, summed
+    // over the ranks into each one's own rows (only the expert's rank wrote
+    // any, so the sums are exact).
+    run(kernels::FillParams<Elem>{.n = base, .value = 0.0, .x = all}, "fill");
+    for (const auto& [at, n] : runs) {
+      copy(all + at, in + landed, n * int64_t(sizeof(Elem)));
+      landed += n;
+    }
+    g.reduce_scatter_v(all, out, block);
+    return block[size_t(me)] / width;
+  }
+  // All-to-all: elements to and from each ep rank. In expert order, rank
+  // r's block is the rows for its experts; in received order, rank s's the
+  // rows it sent.
+  const int64_t* received = counts;
   std::vector<int64_t> to(size_t(P), 0), from(size_t(P), 0);
   for (int64_t r = 0; r < P; ++r)
     for (int64_t j = 0; j < El; ++j) {
@@ -179,15 +233,24 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
         memory::global_layer(m_, l_, plan_.stage, chunk, b.index - chunk_begin_[size_t(chunk)]))] += dropped;
   }
   const std::vector<int64_t> sent = expert_counts(offsets, E);
-  int64_t* received = ep ? offsets + E + 1 : nullptr;  // (ep, E / ep): what each ep rank sent this one's experts
+  // Expert parallelism's counts, kept with the routing for the backward:
+  // what each ep rank sent this one's experts (a2a), or every rank's counts
+  // (allgather).
+  int64_t* counts = ep ? offsets + E + 1 : nullptr;
+  std::vector<int64_t> received;
   int64_t rows_in = routed;
   if (ep) {
     const int64_t El = E / l_.ep, me = groups_.ep->rank();
-    groups_.ep->all_to_all(sent.data(), received, El, parallel::DType::i64, kMoeCountsTag);
-    std::copy(sent.begin() + me * El, sent.begin() + (me + 1) * El, received + me * El);
+    if (l_.dispatch == MoeDispatch::a2a) {
+      groups_.ep->all_to_all(sent.data(), counts, El, parallel::DType::i64, kMoeCountsTag);
+      std::copy(sent.begin() + me * El, sent.begin() + (me + 1) * El, counts + me * El);
+    } else {
+      groups_.ep->all_gather(sent.data(), counts, E);
+    }
+    received = received_counts(counts, E, l_.ep, me, l_.dispatch);
     // The receive buffers hold what --moe-imbalance allows: every ep rank
     // learns whether any of them would overflow, and all stop together.
-    int64_t most = std::accumulate(received, received + E, int64_t{0});
+    int64_t most = std::accumulate(received.begin(), received.end(), int64_t{0});
     groups_.ep->all_reduce(&most, 1, parallel::ReduceOp::max);
     if (const int64_t room = e.received_rows(rows, l_.ep); most > room) {
       const int64_t chunk = chunk_of(b.index);
@@ -198,10 +261,10 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
           memory::global_layer(m_, l_, plan_.stage, chunk, b.index - chunk_begin_[size_t(chunk)]), most, room,
           e.imbalance, e.imbalance, rows * k, e.received_rows_worst(rows, l_.ep)));
     }
-    rows_in = moe_exchange(sent.data(), received, send, b.moe_in, C, false);
+    rows_in = moe_exchange(sent.data(), counts, send, b.moe_in, C, false);
   }
   WEFT_ASSERT(rows_in <= e.received_rows(rows, l_.ep));
-  const std::vector<ExpertRows> segments = expert_rows(offsets, received, E, l_.ep);
+  const std::vector<ExpertRows> segments = expert_rows(offsets, received.data(), E, l_.ep);
   for (const ExpertRows& r : segments) {
     const Elem* w = b.w_experts + r.expert * stride;
     run(kernels::linear_forward_gemm(r.rows, C, Fe, b.moe_in + r.offset * C, w, b.moe_gate + r.offset * Fe),
@@ -223,7 +286,7 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
       run(kernels::linear_forward_gemm(r.rows, Fe, C, b.moe_act + r.offset * Fe,
                                        b.w_experts + r.expert * stride + 2 * Fe * C, computed + r.offset * C),
           "gemm expert down");
-    if (ep) moe_exchange(sent.data(), received, computed, out, C, true);
+    if (ep) moe_exchange(sent.data(), counts, computed, out, C, true);
   }
   const bool shared = params_.shared_expert;
   if (shared) {
@@ -277,8 +340,10 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx)
   const int64_t* position = b.moe_routing;
   const int64_t* offsets = b.moe_routing + rows * k;
   const bool ep = l_.ep > 1;
-  const int64_t* received = ep ? offsets + E + 1 : nullptr;
+  const int64_t* counts = ep ? offsets + E + 1 : nullptr;
   const std::vector<int64_t> sent = expert_counts(offsets, E);
+  const std::vector<int64_t> received =
+      ep ? received_counts(counts, E, l_.ep, groups_.ep->rank(), l_.dispatch) : std::vector<int64_t>{};
   Elem* d_rows = table_->get<Elem>("scratch.moe_d_rows");
   Elem* d_act = table_->get<Elem>("scratch.moe_d_mlp", 0);
   Elem* d_gate = table_->get<Elem>("scratch.moe_d_mlp", 1);
@@ -296,8 +361,8 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx)
   // computed, and the input gradient comes back.
   Elem* d_in = ep ? table_->get<Elem>("scratch.moe_received") : d_rows;
   int64_t rows_in = offsets[E];
-  if (ep) rows_in = moe_exchange(sent.data(), received, d_rows, d_in, C, false);
-  const std::vector<ExpertRows> segments = expert_rows(offsets, received, E, l_.ep);
+  if (ep) rows_in = moe_exchange(sent.data(), counts, d_rows, d_in, C, false);
+  const std::vector<ExpertRows> segments = expert_rows(offsets, received.data(), E, l_.ep);
   for (const ExpertRows& r : segments) {
     const Elem* wd = b.w_experts + r.expert * stride + 2 * Fe * C;
     run(kernels::linear_dgrad_gemm(r.rows, Fe, C, d_in + r.offset * C, wd, d_act + r.offset * Fe),
@@ -320,7 +385,7 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx)
     run(kernels::linear_wgrad_gemm(n, C, Fe, d_gate + o * Fe, b.moe_in + o * C, g), "gemm expert gate wgrad");
     run(kernels::linear_wgrad_gemm(n, C, Fe, d_up + o * Fe, b.moe_in + o * C, g + Fe * C), "gemm expert up wgrad");
   }
-  if (ep) moe_exchange(sent.data(), received, d_in, d_rows, C, true);
+  if (ep) moe_exchange(sent.data(), counts, d_in, d_rows, C, true);
   run(kernels::MoePermuteBackwardParams<Elem>{.rows = rows, .C = C, .top_k = k, .gate = e.gate_on,
                                               .position = position, .weights = b.moe_weights, .x = x,
                                               .dout = d_rows, .dx = dx,
