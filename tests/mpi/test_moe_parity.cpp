@@ -294,14 +294,17 @@ TEST(MoeParity, ExpertParallelismUnderVeryUnevenRouting) {
                              init)
                         .c_str());
   // Receive buffers held for 2x balanced routing take it (the rank holding
-  // experts 0 and 1 receives 1.5x), with less memory; held for balanced
-  // routing they cannot, and every rank stops naming the rows (exit 2).
+  // experts 0 and 1 receives all of expert 1's rows and some of expert
+  // 0's), with less memory; held for balanced routing they cannot, and
+  // every rank stops naming the rows (exit 2).
   std::printf("%s", table_of(f, ref, {"tp1-pp1-dp2-ep2-mb1-zero1"}, init + " --moe-imbalance 2").c_str());
   const auto over = Fixture::run_mpi(
       2, fmt::format("train --data {} --model {} --seq {} --global-batch {} --steps 1 --threads 1 --comm-timeout 60 "
                      "--layout tp1-pp1-dp2-ep2-mb1 --moe-imbalance 1 {} --out {}",
                      f.data, f.config, f.seq, f.global_batch, init, f.dir.path("over")));
   EXPECT_NE(over.code, 0) << over.out;
+  if (const auto at = over.out.find("MoE layer"); at != std::string::npos)
+    std::printf("%s\n", over.out.substr(at, over.out.find('\n', at) - at).c_str());
   EXPECT_NE(over.out.find("past the 32 its buffers hold (--moe-imbalance 1: 1 x the balanced 32); raise "
                           "--moe-imbalance (0 holds the worst case, 64 rows)"),
             std::string::npos)
