@@ -240,6 +240,7 @@ tuner::SpaceLimits SpaceArgs::resolve() const {
   require_positive("--tp", tp);
   require_positive("--cp", cp);
   require_positive("--ep", ep);
+  require_positive("--etp", etp);
   require_positive("--pp", pp);
   require_positive("--mb", mb);
   require_positive("--vpp", vpp);
@@ -261,6 +262,7 @@ tuner::SpaceLimits SpaceArgs::resolve() const {
   l.tp = tp;
   l.cp = cp;
   l.ep = ep;
+  l.etp = etp;
   l.pp = pp;
   l.mb = mb;
   l.vpp = vpp;
@@ -372,6 +374,10 @@ void add_space_options(CLI::App& app, SpaceArgs& a) {
   g->add_option("--ep", a.ep,
                 "Expert-parallel degrees (MoE models): ranks of dp x cp the routed experts split over; searched: "
                 "each that divides dp x cp and the experts")
+      ->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  g->add_option("--etp", a.etp,
+                "Expert tp degrees (MoE models): 1, the experts whole on every tp rank, or tp, their width split "
+                "over the tp ranks (without sp); searched: both where they apply")
       ->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   g->add_option("--dispatch", a.dispatch, "Expert dispatchers tried at ep > 1: a2a, allgather")
       ->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);

@@ -69,6 +69,7 @@ struct TrainArgs {
   int64_t cp = 1;
   int64_t ep = 1;  // --ep: expert-parallel degree (MoE models)
   std::string dispatch = "a2a";  // --dispatch: how ep moves the routed rows
+  int64_t etp = 1;                // --etp: the expert tp degree
   std::string cp_comm = "ring";
   std::string fp8 = "off";
   int64_t zero = 0;
@@ -169,6 +170,7 @@ void knobs_agree(const TrainArgs& a, const Layout& knobs, const Layout& layout, 
     if (name == "--grad") same = knobs.grad == layout.grad, says = fmt::format("grad:{}", to_string(layout.grad));
     if (name == "--cp") same = knobs.cp == layout.cp, says = fmt::format("cp{}", layout.cp);
     if (name == "--ep") same = knobs.ep == layout.ep, says = fmt::format("ep{}", layout.ep);
+    if (name == "--etp") same = knobs.etp == layout.etp, says = fmt::format("etp{}", layout.etp);
     if (name == "--dispatch")
       same = knobs.dispatch == layout.dispatch, says = fmt::format("dispatch:{}", to_string(layout.dispatch));
     if (name == "--cp-comm") same = knobs.cp_comm == layout.cp_comm, says = fmt::format("cp:{}", to_string(layout.cp_comm));
@@ -289,6 +291,8 @@ int run_train(TrainArgs& a) {
   if (a.ep < 1) throw InputError(fmt::format("--ep {} must be at least 1", a.ep));
   c.layout.ep = a.ep;
   c.layout.dispatch = moe_dispatch_parse(a.dispatch);
+  if (a.etp < 1) throw InputError(fmt::format("--etp {} must be at least 1", a.etp));
+  c.layout.etp = a.etp;
   c.layout.cp_comm = cp_comm_parse(a.cp_comm);
   std::tie(c.layout.fp8, c.layout.fp8_bf16_layers) = fp8_pin_parse(a.fp8);
   if (a.zero < 0 || a.zero > 3) throw InputError(fmt::format("--zero {} must be 0, 1, 2 or 3", a.zero));
@@ -406,6 +410,7 @@ int run_train(TrainArgs& a) {
       if (o->get_name() == "--cp") limits.cp = {c.layout.cp};
       if (o->get_name() == "--ep") limits.ep = {c.layout.ep};
       if (o->get_name() == "--dispatch") limits.dispatch = {c.layout.dispatch};
+      if (o->get_name() == "--etp") limits.etp = {c.layout.etp};
       if (o->get_name() == "--cp-comm") limits.cp_comm = {c.layout.cp_comm};
       if (o->get_name() == "--fp8") limits.fp8 = {{c.layout.fp8, c.layout.fp8_bf16_layers}};
       if (o->get_name() == "--zero") limits.zero = {c.layout.zero};
@@ -493,6 +498,10 @@ Command add_train_command(CLI::App& app) {
           ->capture_default_str(),
       sub->add_option("--ep", a->ep,
                       "Expert-parallel degree (MoE models): ranks of dp x cp the routed experts split over")
+          ->capture_default_str(),
+      sub->add_option("--etp", a->etp,
+                      "Expert tp degree (MoE models): 1, every tp rank holding its experts whole, or the tp degree, "
+                      "their width split over the tp ranks (without sp)")
           ->capture_default_str(),
       sub->add_option("--dispatch", a->dispatch,
                       "How expert parallelism moves the routed rows: a2a (all-to-all with per-expert counts) or "

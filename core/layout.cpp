@@ -180,8 +180,9 @@ std::string Layout::to_string() const {
   std::string f8;
   if (fp8 != Fp8Recipe::off || fp8_bf16_layers > 0)
     f8 = fmt::format("-fp8:{}{}", weft::to_string(fp8), fp8_bf16_layers > 0 ? fmt::format("@{}", fp8_bf16_layers) : "");
-  return fmt::format("tp{}{}-pp{}-dp{}{}-mb{}-vpp{}-{}-ckpt:{}-attn:{}-norm:{}-zero{}{}-grad:{}{}{}{}{}", tp,
-                     cp != 1 ? fmt::format("-cp{}", cp) : "", pp, dp, ep != 1 ? fmt::format("-ep{}", ep) : "", mb,
+  return fmt::format("tp{}{}-pp{}-dp{}{}{}-mb{}-vpp{}-{}-ckpt:{}-attn:{}-norm:{}-zero{}{}-grad:{}{}{}{}{}", tp,
+                     cp != 1 ? fmt::format("-cp{}", cp) : "", pp, dp, ep != 1 ? fmt::format("-ep{}", ep) : "",
+                     etp != 1 ? fmt::format("-etp{}", etp) : "", mb,
                      vpp, sp ? "sp" : "nosp", ck,
                      weft::to_string(attention), weft::to_string(norm), zero,
                      zero_group > 0 ? fmt::format("@{}", zero_group) : "", weft::to_string(grad),
@@ -315,6 +316,8 @@ Layout Layout::parse(const std::string& text) {
       l.zero = count(stage, "zero", "0, 1, 2 or 3");
     } else if (tok.rfind("vpp", 0) == 0) {
       l.vpp = count(after(3), "vpp", "a whole number of at least 1");
+    } else if (tok.rfind("etp", 0) == 0) {
+      l.etp = count(after(3), "etp", "1 or the tp degree");
     } else if (tok.rfind("ep", 0) == 0) {
       l.ep = count(after(2), "ep", "a whole number of at least 1");
     } else if (tok.rfind("cp", 0) == 0) {
@@ -329,7 +332,7 @@ Layout Layout::parse(const std::string& text) {
       l.mb = count(after(2), "mb", "a whole number of at least 1");
     } else {
       throw InputError(fmt::format(
-          "layout '{}': unknown field '{}'; fields are tpN, cpN, ppN, dpN, epN, mbN, vppN, sp|nosp, "
+          "layout '{}': unknown field '{}'; fields are tpN, cpN, ppN, dpN, epN, etpN, mbN, vppN, sp|nosp, "
           "ckpt:none|selective|ffn|full[@K], attn:flash|materialized|cudnn, norm:fused|unfused, zeroN[@G], "
           "grad:fp32|bf16, cp:ring|allgather|a2a, dispatch:a2a|allgather, fp8:tensorwise|delayed|blockwise[@N], "
           "split:N.N.N (layers per virtual stage; NxK for K stages of N)",
@@ -350,7 +353,7 @@ std::vector<std::string> Layout::violations(const ModelSpec& m, const RunSpec& r
   // products below stay far inside 64 bits.
   constexpr int64_t kMaxDegree = int64_t{1} << 20;
   for (auto [name, x] :
-       {std::pair{"tp", tp}, {"cp", cp}, {"pp", pp}, {"dp", dp}, {"ep", ep}, {"mb", mb}, {"vpp", vpp}}) {
+       {std::pair{"tp", tp}, {"cp", cp}, {"pp", pp}, {"dp", dp}, {"ep", ep}, {"etp", etp}, {"mb", mb}, {"vpp", vpp}}) {
     if (x < 1) v.push_back(fmt::format("{}={} must be at least 1", name, x));
     else if (x > kMaxDegree) v.push_back(fmt::format("{}={} must be at most {} (2^20)", name, x, kMaxDegree));
   }
@@ -467,6 +470,18 @@ std::vector<std::string> Layout::violations(const ModelSpec& m, const RunSpec& r
       v.push_back(fmt::format("zero{}@{}: the shard group must divide dp x cp = {} x {} = {} and hold at least 2 "
                               "ranks",
                               zero, zero_group, dp, cp, ways));
+  }
+  if (etp != 1) {
+    if (!m.moe.enabled())
+      v.push_back(fmt::format("etp={} splits the routed experts over tp ranks, but {} is dense (use etp1)", etp, m.name));
+    else if (etp != tp)
+      v.push_back(fmt::format("etp={} must be 1 (experts whole on every tp rank) or tp={}", etp, tp));
+    else if (m.moe.expert_intermediate % etp != 0)
+      v.push_back(fmt::format("etp={} must divide the experts' width {}", etp, m.moe.expert_intermediate));
+    if (sp)
+      v.push_back(fmt::format("etp={} with sp: the tp ranks route different rows, which the experts' split "
+                              "over tp does not gather yet (use nosp, or etp1)",
+                              etp));
   }
   if (ep == 1 && dispatch != MoeDispatch::a2a)
     v.push_back(fmt::format("dispatch:{} names an expert dispatcher but ep=1", weft::to_string(dispatch)));

@@ -103,6 +103,11 @@ struct Layout {
   // data-parallel group, replicas = the ep group). Text ep2; 1 by default.
   int64_t ep = 1;
   MoeDispatch dispatch = MoeDispatch::a2a;  // text dispatch:allgather; printed at ep > 1
+  // The expert tp degree: 1 (every tp rank holds its experts whole), or tp
+  // (each expert's width split over the tp ranks as a dense FFN's: gate and
+  // up by rows, down by columns, the partial outputs summed over tp; without
+  // sp, where the tp ranks route the same rows). Text etp2; 1 by default.
+  int64_t etp = 1;
   int64_t mb = 1;   // micro-batch size in sequences
   int64_t vpp = 1;  // virtual pipeline chunks per stage (interleaved 1F1B when > 1)
   bool sp = false;  // sequence parallelism of the norm regions (needs tp > 1)

@@ -264,8 +264,10 @@ int64_t dense_block_param_elements(const ModelSpec& m, const Layout& l) {
 int64_t moe_block_param_elements(const ModelSpec& m, const Layout& l) {
   const MoeSpec& e = m.moe;
   // The router whole; the rank's E / ep routed experts whole.
+  // (Their width split over tp under an expert tp degree.)
   const int64_t local = e.experts / std::max<int64_t>(1, l.ep);
-  return block_attention_elements(m, l) + e.experts * m.hidden + 3 * local * e.expert_intermediate * m.hidden +
+  return block_attention_elements(m, l) + e.experts * m.hidden +
+         3 * local * (e.expert_intermediate / std::max<int64_t>(1, l.etp)) * m.hidden +
          3 * (e.shared_intermediate / l.tp) * m.hidden;
 }
 

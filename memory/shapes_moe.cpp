@@ -1,5 +1,7 @@
 // The MoE FFN's tensors of the shape table (memory/shapes.h): what an MoE
 // block saves past its norm, and its backward's scratch.
+#include <algorithm>
+
 #include "memory/shapes.h"
 #include "memory/shapes_detail.h"
 
@@ -10,7 +12,10 @@ void moe_saved_shapes(const ModelSpec& m, const Layout& l, const Dims& d, std::v
   // The routed experts run on the norm region's rows (this rank's own
   // under sp), the shared expert on all of them. The experts' rows: every
   // choice, rows x k (dropless), or at most E x capacity under a capacity.
-  const int64_t rows = d.B * d.Tsp, k = e.top_k, E = e.experts, Fe = e.expert_intermediate;
+  // Each rank computes its share of the experts' width under an expert tp
+  // degree.
+  const int64_t rows = d.B * d.Tsp, k = e.top_k, E = e.experts;
+  const int64_t Fe = e.expert_intermediate / std::max<int64_t>(1, l.etp);
   // Under expert parallelism the experts' rows are those this rank's
   // experts receive (MoeSpec::received_rows), and the routing keeps the
   // counts each ep rank sent it per local expert (E of them in all).
@@ -46,7 +51,8 @@ void moe_scratch_shapes(const ModelSpec& m, const Layout& l, const Dims& d, std:
   const int64_t received = m.moe.received_rows(rows, l.ep);
   out.push_back({"scratch.moe_logits", Category::workspace, rows * E, d.a, 1});
   out.push_back({"scratch.moe_d_rows", Category::workspace, routed * d.C, d.a, 1});
-  out.push_back({"scratch.moe_d_mlp", Category::workspace, received * m.moe.expert_intermediate, d.a, 3});
+  const int64_t Fe = m.moe.expert_intermediate / std::max<int64_t>(1, l.etp);
+  out.push_back({"scratch.moe_d_mlp", Category::workspace, received * Fe, d.a, 3});
   if (l.ep > 1) {
     out.push_back({"scratch.moe_send", Category::workspace, routed * d.C, d.a, 1});
     out.push_back({"scratch.moe_received", Category::workspace, received * d.C, d.a, 1});

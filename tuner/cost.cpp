@@ -189,7 +189,7 @@ ShardingTerms sharding_terms(const Model& x, double mbs) {
   const auto stage_experts = [&](int64_t stage) {
     if (lora || !m.moe.enabled()) return 0.0;
     const double moe = double(l.stage_layers(m, stage)) * double(m.moe_layers()) / double(m.layers);
-    return moe * 3.0 * double(m.moe.experts / l.ep) * double(m.moe.expert_intermediate) * C;
+    return moe * 3.0 * double(m.moe.experts / l.ep) * double(m.moe.expert_intermediate / l.etp) * C;
   };
   // (An uneven split's middle stage may hold more.)
   const int64_t mid = middle_stage(m, l);

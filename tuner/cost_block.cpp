@@ -226,7 +226,9 @@ Part one_block_cost(const Model& x) {
     // reduce-scattered back; the trainer waits for each (exposed). The
     // dispatch is part of what ffn checkpointing redoes.
     const MoeSpec& e = m.moe;
-    const double E = double(e.experts), k = double(e.top_k), Fe = double(e.expert_intermediate);
+    // (Fe: this rank's share of each expert's width under an expert tp
+    // degree, whose partial outputs and input gradients sum over tp.)
+    const double E = double(e.experts), k = double(e.top_k), Fe = double(e.expert_intermediate) / double(l.etp);
     const double Mr = Msp, all_choices = Mr * k;
     const double cap = e.capacity_factor > 0 ? std::ceil(e.capacity_factor * all_choices / E) : all_choices;
     const double per = std::min(all_choices / E, cap), choices = per < all_choices / E ? per * E : all_choices;
@@ -242,9 +244,11 @@ Part one_block_cost(const Model& x) {
     split_width = double(e.shared_intermediate) / t;
     double pre = x.block_linear_fwd(Mr, E, C) + x.stream("moe_route", Mr, E) + x.stream("moe_permute", choices, C) +
                  out_trip + El * 2 * x.block_linear_fwd(per_local, Fe, C) + x.stream("swiglu_fwd", choices, Fe);
-    double post = El * x.block_linear_fwd(per_local, C, Fe) + back_trip + x.stream("moe_unpermute", choices, C);
+    const double etp_sum = l.etp > 1 ? all_reduce(choices * C * a, x.tp_group()) : 0.0;
+    double post = El * x.block_linear_fwd(per_local, C, Fe) + etp_sum + back_trip +
+                  x.stream("moe_unpermute", choices, C);
     double bwd = x.block_linear_bwd(Mr, E, C) + x.stream("moe_route_bwd", Mr, E) + x.stream("moe_permute", choices, C) +
-                 out_trip + back_trip +
+                 out_trip + back_trip + etp_sum +
                  El * (2 * x.block_linear_bwd(per_local, Fe, C) + x.block_linear_bwd(per_local, C, Fe)) +
                  x.stream("swiglu_bwd", choices, Fe) + x.stream("moe_unpermute", choices, C);
     if (split_width > 0) {

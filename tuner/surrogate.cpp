@@ -14,6 +14,7 @@ std::vector<std::string> knob_values(const Layout& l) {
                                 fmt::format("sp={}", l.sp ? 1 : 0)};
   if (l.cp > 1) v.push_back(fmt::format("cp_comm={}", to_string(l.cp_comm)));
   // Expert parallelism (MoE models; dense layouts keep ep 1 and name none).
+  if (l.etp > 1) v.push_back(fmt::format("etp={}", l.etp));
   if (l.ep > 1) {
     v.push_back(fmt::format("ep={}", l.ep));
     v.push_back(fmt::format("dispatch={}", to_string(l.dispatch)));

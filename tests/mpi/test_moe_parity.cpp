@@ -175,7 +175,8 @@ TEST(MoeParity, TensorAndContextParallelism) {
 // expert (all-to-all), or gathering every rank's rows and reduce-scattering
 // the outputs back (allgather). The experts' gradients sum over the ranks holding the same ones,
 // the rest over every dp x cp rank, under each ZeRO stage, with tp (with
-// and without sp), cp, pp and vpp beside it.
+// and without sp), cp, pp and vpp beside it; and with the experts' width
+// split over tp (etp2, without sp), their partial outputs summed over tp.
 TEST(MoeParity, ExpertParallelism) {
   for (const char* config : {kMixtral, kLlama4Ffn}) {
     Fixture f(false, config);
@@ -190,7 +191,10 @@ TEST(MoeParity, ExpertParallelism) {
                                 "tp1-pp1-dp4-ep4-mb1-zero1-dispatch:allgather",
                                 "tp1-pp1-dp4-ep2-mb1-zero3-ckpt:ffn-dispatch:allgather",
                                 "tp2-pp1-dp2-ep2-mb1-sp-dispatch:allgather",
-                                "tp1-cp2-pp1-dp1-ep2-mb1-cp:allgather-dispatch:allgather"},
+                                "tp1-cp2-pp1-dp1-ep2-mb1-cp:allgather-dispatch:allgather",
+                                "tp2-pp1-dp1-etp2-mb1", "tp2-pp1-dp2-ep2-etp2-mb1-zero1",
+                                "tp2-pp1-dp2-ep2-etp2-mb1-zero3-ckpt:ffn-dispatch:allgather",
+                                "tp2-pp2-dp1-etp2-mb1-vpp2-ckpt:full"},
                                "")
                           .c_str());
   }
@@ -236,7 +240,7 @@ TEST(MoeParity, ExpertParallelGradientsPerTensor) {
   std::printf("%-62s %14s\n", "layout", "worst grad dev");
   for (const char* layout : {"tp1-pp1-dp2-ep2-mb1", "tp1-pp1-dp4-ep4-mb1-zero3", "tp2-pp1-dp2-ep2-mb1-sp-zero1",
                              "tp1-cp2-pp1-dp2-ep4-mb1-zero2", "tp1-pp2-dp2-ep2-mb1-vpp2",
-                             "tp1-pp1-dp4-ep4-mb1-zero1-dispatch:allgather"}) {
+                             "tp1-pp1-dp4-ep4-mb1-zero1-dispatch:allgather", "tp2-pp1-dp2-ep2-etp2-mb1-zero1"}) {
     const std::string out = f.dir.path(std::string("g-") + layout);
     ASSERT_EQ(f.train(layout, out).size(), 1u) << layout;
     const double worst = worst_gradient(out + "/checkpoints/step_000001", ref + "/checkpoints/step_000001", layout, 1e-5);

@@ -295,7 +295,10 @@ TEST(SpaceExperts, EpIsSearchedWhereItDividesAndPrunedWithItsRule) {
   const auto all = enumerate(m, run, 64, {}, SpaceDevice(c));
   std::set<int64_t> eps;
   std::set<std::pair<int64_t, MoeDispatch>> dispatchers;
+  bool split_experts = false;
   for (const auto& l : all) {
+    EXPECT_TRUE(l.etp == 1 || (l.etp == l.tp && !l.sp)) << l.to_string();
+    split_experts = split_experts || (l.etp > 1 && l.ep > 1);
     eps.insert(l.ep);
     dispatchers.insert({std::min<int64_t>(l.ep, 2), l.dispatch});
     EXPECT_EQ((l.dp * l.cp) % l.ep, 0) << l.to_string();
@@ -307,6 +310,7 @@ TEST(SpaceExperts, EpIsSearchedWhereItDividesAndPrunedWithItsRule) {
     }
   }
   EXPECT_EQ(eps, (std::set<int64_t>{1, 2, 4, 8}));
+  EXPECT_TRUE(split_experts);
   // Both dispatchers at ep > 1, none to choose at ep 1.
   EXPECT_EQ(dispatchers, (std::set<std::pair<int64_t, MoeDispatch>>{
                              {1, MoeDispatch::a2a}, {2, MoeDispatch::a2a}, {2, MoeDispatch::allgather}}));

@@ -32,6 +32,11 @@
 // the same way; the backward sends the output gradients out and the input
 // gradients back. Each rank still routes, drops and combines its own rows,
 // so every layout computes what one rank does.
+//
+// An expert tp degree (Layout::etp = tp, without sp) splits each expert's
+// width over the tp ranks as a dense FFN's: they route, dispatch and
+// receive the same rows, each computes its part of the width, and the
+// experts' outputs and input gradients are summed over tp.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -186,7 +191,9 @@ int64_t LlamaStage<Elem, G>::moe_exchange(const int64_t* sent, const int64_t* co
 template <typename Elem, typename G>
 void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
   const MoeSpec& e = m_.moe;
-  const int64_t C = m_.hidden, E = e.experts, k = e.top_k, Fe = e.expert_intermediate, rows = Msp_;
+  // Fe: this rank's share of each expert's width (all of it unless an
+  // expert tp degree splits it).
+  const int64_t C = m_.hidden, E = e.experts, k = e.top_k, Fe = e.expert_intermediate / l_.etp, rows = Msp_;
   const int64_t stride = 3 * Fe * C;  // one expert's gate, up and down (StageParams' order)
   const kernels::RouterConfig router{
       .experts = E, .top_k = k, .score = e.score, .weights = e.weights, .scale = e.route_scale};
@@ -286,6 +293,9 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
       run(kernels::linear_forward_gemm(r.rows, Fe, C, b.moe_act + r.offset * Fe,
                                        b.w_experts + r.expert * stride + 2 * Fe * C, computed + r.offset * C),
           "gemm expert down");
+    // An expert tp degree: each tp rank's part of the width gave a partial
+    // output (the tp ranks computed the same rows: no sp).
+    if (l_.etp > 1) groups_.tp->all_reduce(computed, rows_in * C);
     if (ep) moe_exchange(sent.data(), counts, computed, out, C, true);
   }
   const bool shared = params_.shared_expert;
@@ -313,7 +323,7 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
 template <typename Elem, typename G>
 void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx) {
   const MoeSpec& e = m_.moe;
-  const int64_t C = m_.hidden, E = e.experts, k = e.top_k, Fe = e.expert_intermediate, rows = Msp_;
+  const int64_t C = m_.hidden, E = e.experts, k = e.top_k, Fe = e.expert_intermediate / l_.etp, rows = Msp_;
   const int64_t stride = 3 * Fe * C;
   const Elem* x = b.ln2;
   const bool shared = params_.shared_expert;
@@ -385,6 +395,9 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx)
     run(kernels::linear_wgrad_gemm(n, C, Fe, d_gate + o * Fe, b.moe_in + o * C, g), "gemm expert gate wgrad");
     run(kernels::linear_wgrad_gemm(n, C, Fe, d_up + o * Fe, b.moe_in + o * C, g + Fe * C), "gemm expert up wgrad");
   }
+  // An expert tp degree: the input gradient's parts from each tp rank's
+  // part of the width, summed.
+  if (l_.etp > 1) groups_.tp->all_reduce(d_in, rows_in * C);
   if (ep) moe_exchange(sent.data(), counts, d_in, d_rows, C, true);
   run(kernels::MoePermuteBackwardParams<Elem>{.rows = rows, .C = C, .top_k = k, .gate = e.gate_on,
                                               .position = position, .weights = b.moe_weights, .x = x,

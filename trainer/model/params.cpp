@@ -169,9 +169,11 @@ StageParams stage_params(const ModelSpec& m, const Layout& l, const memory::Stag
     }
     add(ParamKind::router, layer, m.moe.experts, C, ShardDim::none);
     for (int64_t e = sp.first_expert; e < sp.first_expert + sp.local_experts; ++e) {
-      add(ParamKind::expert_gate, layer, Fe, C, ShardDim::none, e);
-      add(ParamKind::expert_up, layer, Fe, C, ShardDim::none, e);
-      add(ParamKind::expert_down, layer, C, Fe, ShardDim::none, e);
+      // (etp = tp: split as a dense FFN's, gate and up by rows, down by columns)
+      const bool split = l.etp > 1;
+      add(ParamKind::expert_gate, layer, Fe, C, split ? ShardDim::rows : ShardDim::none, e);
+      add(ParamKind::expert_up, layer, Fe, C, split ? ShardDim::rows : ShardDim::none, e);
+      add(ParamKind::expert_down, layer, C, Fe, split ? ShardDim::cols : ShardDim::none, e);
     }
     if (Fs > 0) {
       add(ParamKind::shared_gate, layer, Fs, C, ShardDim::rows);

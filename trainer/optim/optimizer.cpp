@@ -151,7 +151,10 @@ double Optimizer<Elem, G>::grad_norm() {
   }
   // Replicated parameters are equal on every tp rank: counted by tp rank 0 only.
   const bool first = stage_.groups().tp_rank() == 0;
-  double sum[2] = {host_sums[0] + (first ? host_sums[1] : 0.0), first ? expert_sum : 0.0};
+  // (The experts are whole on every tp rank, or split over them under an
+  // expert tp degree.)
+  const bool experts_split = stage_.layout().etp > 1;
+  double sum[2] = {host_sums[0] + (first ? host_sums[1] : 0.0), first || experts_split ? expert_sum : 0.0};
   const parallel::ProcessGroups& host = stage_.groups().host_groups();
   host.tp->all_reduce(sum, 2);
   host.pp->all_reduce(sum, 2);
