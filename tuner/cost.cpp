@@ -170,6 +170,9 @@ ShardingTerms sharding_terms(const Model& x, double mbs) {
   // its part of every sequence).
   // Under LoRA only the adapters have gradients and optimizer state, and
   // only they are reduced and sharded.
+  // An MoE model's share of MoE layers (counted once: every candidate
+  // comes here).
+  const double moe_share = m.moe.enabled() ? double(m.moe_layers()) / double(m.layers) : 0.0;
   const auto stage_params = [&](int64_t stage) {
     const bool emb = stage == 0, head = stage == l.pp - 1;
     const int64_t layers = l.stage_layers(m, stage);
@@ -177,7 +180,7 @@ ShardingTerms sharding_terms(const Model& x, double mbs) {
     // An MoE model's blocks: its MoE layers' share of the stage's at the
     // MoE block's size (the router, this ep rank's experts, the shared
     // expert's tp part), the rest dense.
-    const double moe = m.moe.enabled() ? double(layers) * double(m.moe_layers()) / double(m.layers) : 0.0;
+    const double moe = double(layers) * moe_share;
     double n = (double(layers) - moe) * double(memory::dense_block_param_elements(m, l)) +
                moe * double(memory::moe_block_param_elements(m, l));
     if (emb) n += Vl * C;
@@ -188,7 +191,7 @@ ShardingTerms sharding_terms(const Model& x, double mbs) {
   // parallelism sums over the expert data-parallel group alone.
   const auto stage_experts = [&](int64_t stage) {
     if (lora || !m.moe.enabled()) return 0.0;
-    const double moe = double(l.stage_layers(m, stage)) * double(m.moe_layers()) / double(m.layers);
+    const double moe = double(l.stage_layers(m, stage)) * moe_share;
     return moe * 3.0 * double(m.moe.experts / l.ep) * double(m.moe.expert_intermediate / l.etp) * C;
   };
   // (An uneven split's middle stage may hold more.)

@@ -241,8 +241,13 @@ std::vector<Subspace> enumerate_subspaces(const ModelSpec& m, const RunSpec& run
             }
           }
           for (int64_t ep : eps)
+          // The all-gather dispatcher moves ep x the routed rows where the
+          // all-to-all moves (ep - 1) / ep of them: searched at ep 2, where it
+          // costs at most four times as much and needs no per-peer counts
+          // (Megatron's advice: small ep); past it only when pinned.
           for (MoeDispatch dispatch : ep == 1 ? std::vector<MoeDispatch>{MoeDispatch::a2a}
-                                              : pick(limits.dispatch, {MoeDispatch::a2a, MoeDispatch::allgather}))
+                                      : ep == 2 ? pick(limits.dispatch, {MoeDispatch::a2a, MoeDispatch::allgather})
+                                                : pick(limits.dispatch, {MoeDispatch::a2a}))
           for (int64_t mb : pick(limits.mb, mbs))
             for (int64_t vpp : pick(limits.vpp, vpps))
               for (const auto& split : pick(limits.split, splits_or_even(m, tp, pp * vpp)))

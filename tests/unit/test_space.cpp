@@ -300,7 +300,7 @@ TEST(SpaceExperts, EpIsSearchedWhereItDividesAndPrunedWithItsRule) {
     EXPECT_TRUE(l.etp == 1 || (l.etp == l.tp && !l.sp)) << l.to_string();
     split_experts = split_experts || (l.etp > 1 && l.ep > 1);
     eps.insert(l.ep);
-    dispatchers.insert({std::min<int64_t>(l.ep, 2), l.dispatch});
+    dispatchers.insert({std::min<int64_t>(l.ep, 3), l.dispatch});
     EXPECT_EQ((l.dp * l.cp) % l.ep, 0) << l.to_string();
     EXPECT_EQ(m.moe.experts % l.ep, 0) << l.to_string();
     EXPECT_LE(l.tp * l.ep, 8) << l.to_string();  // the ep group within a node
@@ -311,9 +311,12 @@ TEST(SpaceExperts, EpIsSearchedWhereItDividesAndPrunedWithItsRule) {
   }
   EXPECT_EQ(eps, (std::set<int64_t>{1, 2, 4, 8}));
   EXPECT_TRUE(split_experts);
-  // Both dispatchers at ep > 1, none to choose at ep 1.
-  EXPECT_EQ(dispatchers, (std::set<std::pair<int64_t, MoeDispatch>>{
-                             {1, MoeDispatch::a2a}, {2, MoeDispatch::a2a}, {2, MoeDispatch::allgather}}));
+  // Both dispatchers at ep 2, all-to-all past it (the all-gather pinned only),
+  // none to choose at ep 1.
+  EXPECT_EQ(dispatchers, (std::set<std::pair<int64_t, MoeDispatch>>{{1, MoeDispatch::a2a},
+                                                                    {2, MoeDispatch::a2a},
+                                                                    {2, MoeDispatch::allgather},
+                                                                    {3, MoeDispatch::a2a}}));
   for (const auto& l : enumerate(model_preset("llama3.1-8b"), run, 64, {}, SpaceDevice(c))) ASSERT_EQ(l.ep, 1);
 
   SpaceLimits pinned;
