@@ -30,7 +30,9 @@
 // backward, then the rows (all-to-all with uneven counts). The experts
 // compute on what they receive, source by source, and the outputs go back
 // the same way; the backward sends the output gradients out and the input
-// gradients back. Each rank still routes, drops and combines its own rows,
+// gradients back. The all-gather dispatcher (dispatch:allgather) gathers
+// every rank's counts and rows instead, each rank taking its experts' runs,
+// and reduce-scatters a buffer of zeros but its experts' outputs back. Each rank still routes, drops and combines its own rows,
 // so every layout computes what one rank does.
 //
 // An expert tp degree (Layout::etp = tp, without sp) splits each expert's

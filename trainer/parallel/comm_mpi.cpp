@@ -10,6 +10,7 @@
 #include <numeric>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -573,41 +574,49 @@ ProcessGroups mpi_process_groups(int64_t tp, int64_t pp, int64_t dp, RankOrder o
   return g;
 }
 
+namespace {
+
+// Cuts dpcp into blocks of `size` consecutive ranks (cp fastest) and the
+// groups across them (the ranks of equal place in their block): hybrid
+// sharding's shard and replica groups, expert parallelism's ep and expert
+// data-parallel groups. InputError naming the layout where size does not
+// divide dp x cp.
+std::pair<Comm*, Comm*> split_dpcp(ProcessGroups& g, const Layout& layout, int64_t size, const char* what,
+                                   std::pair<const char*, const char*> names, const std::atomic<bool>* cancel) {
+  const int64_t ways = g.dpcp->size(), i = g.dpcp->rank();
+  if (size < 2 || ways % size != 0)
+    throw InputError(fmt::format("layout {}: {} of {} ranks must divide dp x cp = {}", layout.to_string(), what,
+                                 size, ways));
+  const MPI_Comm base = static_cast<MpiComm*>(g.dpcp)->handle();
+  Comm* made[2] = {nullptr, nullptr};
+  for (const bool block : {true, false}) {
+    MPI_Comm split;
+    WEFT_MPI_CHECK(MPI_Comm_split(base, int(block ? i / size : i % size), int(block ? i % size : i / size), &split));
+    g.owned.push_back(std::make_unique<MpiComm>(split, block ? names.first : names.second, cancel));
+    made[block ? 0 : 1] = g.owned.back().get();
+  }
+  WEFT_ASSERT(made[0]->size() == size && made[0]->rank() == i % size && made[1]->size() == ways / size);
+  return {made[0], made[1]};
+}
+
+}  // namespace
+
 ProcessGroups mpi_process_groups(const Layout& layout, RankOrder order,
                                  const std::atomic<bool>* cancel) {
   ProcessGroups g = mpi_process_groups(layout.tp, layout.pp, layout.dp, order, cancel, layout.cp);
-  if (layout.hybrid_sharding()) {
-    // Hybrid sharding: the shard group is zero_group consecutive ranks of
-    // dpcp, the replica group every zero_group-th.
-    const int64_t size = layout.zero_group, ways = g.dpcp->size(), i = g.dpcp->rank();
-    if (size < 2 || ways % size != 0)
-      throw InputError(fmt::format("layout {}: the ZeRO shard group of {} ranks must divide dp x cp = {}",
-                                   layout.to_string(), size, ways));
-    const MPI_Comm base = static_cast<MpiComm*>(g.dpcp)->handle();
-    for (const bool shard : {true, false}) {
-      MPI_Comm split;
-      WEFT_MPI_CHECK(MPI_Comm_split(base, int(shard ? i / size : i % size), int(shard ? i % size : i / size), &split));
-      g.owned.push_back(std::make_unique<MpiComm>(split, shard ? "shard" : "replica", cancel));
-      (shard ? g.shard : g.replica) = g.owned.back().get();
-    }
-    WEFT_ASSERT(g.shard->size() == size && g.shard->rank() == i % size && g.replica->size() == ways / size);
-  }
+  if (layout.hybrid_sharding() && layout.ep > 1)
+    throw InputError(fmt::format("layout {}: a ZeRO shard group and ep={} together are not supported",
+                                 layout.to_string(), layout.ep));
+  // Hybrid sharding: the shard group is zero_group consecutive ranks of
+  // dpcp, the replica group every zero_group-th.
+  if (layout.hybrid_sharding())
+    std::tie(g.shard, g.replica) =
+        split_dpcp(g, layout, layout.zero_group, "the ZeRO shard group", {"shard", "replica"}, cancel);
+  // Expert parallelism: the ep group is ep consecutive ranks of dpcp, the
+  // expert data-parallel group every ep-th; ZeRO shards over the second,
+  // and the first sums the other parameters' shards.
   if (layout.ep > 1) {
-    // Expert parallelism: the ep group is ep consecutive ranks of dpcp (cp
-    // fastest), the expert data-parallel group every ep-th; ZeRO shards over
-    // the second, and the first sums the other parameters' shards.
-    const int64_t size = layout.ep, ways = g.dpcp->size(), i = g.dpcp->rank();
-    if (ways % size != 0 || layout.hybrid_sharding())
-      throw InputError(fmt::format("layout {}: ep={} must divide dp x cp = {}, without a ZeRO shard group",
-                                   layout.to_string(), size, ways));
-    const MPI_Comm base = static_cast<MpiComm*>(g.dpcp)->handle();
-    for (const bool ep : {true, false}) {
-      MPI_Comm split;
-      WEFT_MPI_CHECK(MPI_Comm_split(base, int(ep ? i / size : i % size), int(ep ? i % size : i / size), &split));
-      g.owned.push_back(std::make_unique<MpiComm>(split, ep ? "ep" : "edp", cancel));
-      (ep ? g.ep : g.edp) = g.owned.back().get();
-    }
-    WEFT_ASSERT(g.ep->size() == size && g.ep->rank() == i % size && g.edp->size() == ways / size);
+    std::tie(g.ep, g.edp) = split_dpcp(g, layout, layout.ep, "the ep group", {"ep", "edp"}, cancel);
     g.shard = g.edp;
     g.replica = g.ep;
   }
