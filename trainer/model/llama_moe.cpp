@@ -235,11 +235,14 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
   WEFT_ASSERT(routed <= e.routed_rows(rows));
   // Counted once per forward (a rebuild drops the same), by the ranks that
   // route distinct rows; a training forward's at its end (moe_forward_end).
+  // The block's layer in the model, for the records and messages.
+  const auto model_layer = [&] {
+    const int64_t chunk = chunk_of(b.index);
+    return memory::global_layer(m_, l_, plan_.stage, chunk, b.index - chunk_begin_[size_t(chunk)]);
+  };
   if (!recompute && dropped > 0 && (l_.sp || groups_.tp_rank() == 0)) {
     dropped_pending_.resize(size_t(m_.layers));
-    const int64_t chunk = chunk_of(b.index);
-    dropped_pending_[size_t(
-        memory::global_layer(m_, l_, plan_.stage, chunk, b.index - chunk_begin_[size_t(chunk)]))] += dropped;
+    dropped_pending_[size_t(model_layer())] += dropped;
   }
   const std::vector<int64_t> sent = expert_counts(offsets, E);
   // Expert parallelism's counts, kept with the routing for the backward:
@@ -261,15 +264,12 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
     // learns whether any of them would overflow, and all stop together.
     int64_t most = std::accumulate(received.begin(), received.end(), int64_t{0});
     groups_.ep->all_reduce(&most, 1, parallel::ReduceOp::max);
-    if (const int64_t room = e.received_rows(rows, l_.ep); most > room) {
-      const int64_t chunk = chunk_of(b.index);
+    if (const int64_t room = e.received_rows(rows, l_.ep); most > room)
       throw InputError(fmt::format(
           "MoE layer {}: an ep rank's experts received {} rows of this micro-batch, past the {} its buffers hold "
           "(--moe-imbalance {:g}: {:g} x the balanced {}); raise --moe-imbalance (0 holds the worst case, {} rows) "
           "or cap the experts with --moe-capacity-factor",
-          memory::global_layer(m_, l_, plan_.stage, chunk, b.index - chunk_begin_[size_t(chunk)]), most, room,
-          e.imbalance, e.imbalance, rows * k, e.received_rows_worst(rows, l_.ep)));
-    }
+          model_layer(), most, room, e.imbalance, e.imbalance, rows * k, e.received_rows_worst(rows, l_.ep)));
     rows_in = moe_exchange(sent.data(), counts, send, b.moe_in, C, false);
   }
   WEFT_ASSERT(rows_in <= e.received_rows(rows, l_.ep));
