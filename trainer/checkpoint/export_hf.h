@@ -1,6 +1,9 @@
-// Export of a checkpoint as a Hugging Face model folder that
-// transformers.LlamaForCausalLM.from_pretrained loads: config.json and a
-// model.safetensors of fp32 parameters under their Hugging Face names.
+// Export of a checkpoint as a Hugging Face model folder that transformers
+// loads: config.json and a model.safetensors of fp32 parameters under their
+// Hugging Face names. A dense model is a LlamaForCausalLM; an MoE model the
+// class its FFN is named for (hf_names.h's ffn_naming): MixtralForCausalLM,
+// Qwen3MoeForCausalLM or Llama4ForCausalLM (Llama 4's text model, its
+// experts fused as its checkpoints store them: llama4_form.h).
 #pragma once
 
 #include <cstdint>
@@ -15,8 +18,11 @@
 
 namespace weft::checkpoint {
 
-// The LlamaForCausalLM config.json of a model; bos/eos ids are written when
-// not negative. model_from_hf_config reads it back to the same hash.
+// The config.json of a model, of its family's class; bos/eos ids are
+// written when not negative. model_from_hf_config reads it back to the same
+// model, the balancing loss's scope aside (a run's setting, which configs do
+// not record). InputError naming every part of the model that class does
+// not compute (a Mixtral-named MoE with dense layers, say).
 nlohmann::json hf_config_json(const ModelSpec& m, int64_t bos_token_id = -1,
                               int64_t eos_token_id = -1);
 

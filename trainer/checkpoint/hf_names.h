@@ -9,8 +9,7 @@
 // "feed_forward.shared_expert.*", with its routed experts one tensor per
 // expert, "feed_forward.experts.{e}.gate_proj", ..., where its published
 // checkpoints fuse them ("experts.gate_up_proj" (E, C, 2F) and
-// "experts.down_proj" (E, F, C)): reading and writing those is a conversion
-// of its own, not done yet (hf_folder_open refuses them).
+// "experts.down_proj" (E, F, C)): llama4_form.h converts both ways.
 #pragma once
 
 #include <cstdint>

@@ -1,8 +1,6 @@
 #include "trainer/checkpoint/pretrained.h"
 
-#include <cstring>
 #include <filesystem>
-#include <optional>
 #include <set>
 
 #include <fmt/format.h>
@@ -10,6 +8,7 @@
 #include "core/error.h"
 #include "core/json_io.h"
 #include "trainer/checkpoint/crc32c.h"
+#include "trainer/checkpoint/llama4_form.h"
 
 namespace weft::checkpoint {
 
@@ -56,61 +55,6 @@ bool ignored_tensor(const std::string& name, const ModelSpec& m) {
          (m.tied_embeddings && name == hf_param_name(ParamKind::lm_head));
 }
 
-// Llama 4's stored form of a parameter (Pretrained::converted): the tensor
-// it is read from, and how. gate and up are expert e's columns [0, F) and
-// [F, 2F) of gate_up_proj[e] (C, 2F), transposed; down is down_proj[e]
-// (F, C) transposed; q and k keep their shape, rows paired anew per head.
-struct Llama4Source {
-  std::string tensor;
-  std::vector<int64_t> shape;  // the stored tensor's
-};
-
-std::optional<Llama4Source> llama4_source(const ModelSpec& m, const ParamInfo& p) {
-  if (ffn_naming(m) != FfnNaming::llama4) return std::nullopt;
-  const int64_t E = m.moe.experts, C = m.hidden, F = m.moe.expert_intermediate;
-  const std::string experts = fmt::format("model.layers.{}.feed_forward.experts.", p.layer);
-  switch (p.kind) {
-    case ParamKind::expert_gate:
-    case ParamKind::expert_up: return Llama4Source{experts + "gate_up_proj", {E, C, 2 * F}};
-    case ParamKind::expert_down: return Llama4Source{experts + "down_proj", {E, F, C}};
-    case ParamKind::q_proj:
-    case ParamKind::k_proj: return Llama4Source{p.name, p.shape};
-    default: return std::nullopt;
-  }
-}
-
-// The parameter p in weft's form from Llama 4's stored tensor t (any float
-// dtype: elements are moved, never converted).
-std::vector<std::byte> llama4_convert(const ModelSpec& m, const ParamInfo& p, const TensorRef& t) {
-  const int64_t es = dtype_size(t.dtype), rows = p.shape[0], cols = p.shape[1];
-  std::vector<std::byte> out(size_t(rows * cols * es));
-  const auto* src = static_cast<const std::byte*>(t.data);
-  const auto put = [&](int64_t r, int64_t c, int64_t from) {
-    std::memcpy(out.data() + (r * cols + c) * es, src + from * es, size_t(es));
-  };
-  if (p.kind == ParamKind::q_proj || p.kind == ParamKind::k_proj) {
-    const int64_t D = m.head_dim, half = D / 2;
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t head = r / D, i = r % D;
-      const int64_t from_row = head * D + (i < half ? 2 * i : 2 * (i - half) + 1);
-      std::memcpy(out.data() + r * cols * es, src + from_row * cols * es, size_t(cols * es));
-    }
-    return out;
-  }
-  const int64_t e = p.expert;
-  if (p.kind == ParamKind::expert_down) {  // (C, F) from down_proj[e] (F, C)
-    const int64_t F = cols, C = rows;
-    for (int64_t r = 0; r < C; ++r)
-      for (int64_t c = 0; c < F; ++c) put(r, c, (e * F + c) * C + r);
-    return out;
-  }
-  // (F, C) from gate_up_proj[e] (C, 2F), columns [0, F) or [F, 2F).
-  const int64_t F = rows, C = cols, first = p.kind == ParamKind::expert_up ? F : 0;
-  for (int64_t r = 0; r < F; ++r)
-    for (int64_t c = 0; c < C; ++c) put(r, c, (e * C + c) * 2 * F + first + r);
-  return out;
-}
-
 // Each parameter of the model from the folder's tensors, checked; throws a
 // FileFormatError naming the folder, the file and the tensor. Llama 4's
 // experts and q/k projections are converted into `converted`.
@@ -137,7 +81,7 @@ std::map<std::string, TensorRef, std::less<>> hf_params(const HfFolder& f,
         throw fail(fmt::format("tensor '{}' in {} has dtype {}; weights must be F32, BF16, F16 or F64",
                                from->tensor, file, to_string(t.dtype)));
       read.insert(from->tensor);
-      converted.push_back(llama4_convert(f.model, p, t));
+      converted.push_back(llama4_from_stored(f.model, p, t));
       out.emplace(p.name, TensorRef{p.name, t.dtype, p.shape, converted.back().data()});
       continue;
     }

@@ -16,6 +16,8 @@
 #include "../test_util.h"
 #include "checkpoint_test_util.h"
 #include "core/error.h"
+#include "trainer/checkpoint/export_hf.h"
+#include "trainer/checkpoint/hf_names.h"
 #include "trainer/checkpoint/pretrained.h"
 
 namespace weft::checkpoint {
@@ -305,6 +307,45 @@ TEST(Pretrained, TheRunsModelMustMatchButMayPadTheVocabulary) {
     pretrained_check(m, other, "f");
   } catch (const InputError& e) {
     EXPECT_EQ(std::string(e.what()).find("vocab"), std::string::npos) << e.what();
+  }
+}
+
+// An MoE model read from the folder transformers wrote goes back out as
+// transformers stores it: every tensor of the original folder, the same
+// names, shapes, dtype's values and nothing else, Llama 4's experts fused
+// again and its q and k rows in Meta's order again; and the exported config
+// reads back as the same model. (transformers loads what it wrote, so it
+// loads these.)
+TEST(Pretrained, MoeFoldersExportBackAsTransformersStoresThem) {
+  TempDir dir;
+  for (const char* folder : {"mixtral", "mixtral_wide", "qwen3_moe", "llama4", "llama4_chunk"}) {
+    SCOPED_TRACE(folder);
+    const std::string in = std::string(WEFT_FIXTURES_DIR) + "/hf_moe/" + folder;
+    const Pretrained src = pretrained_open(in);
+    std::vector<TensorRef> tensors;
+    for (const auto& p : hf_param_table(src.model)) tensors.push_back(src.param(p.name));
+    const std::string out = dir.path(folder);
+    hf_folder_write(out, {in}, src.model, src.bos_token_id, src.eos_token_id, tensors);
+
+    const HfFolder want = hf_folder_open(in), got = hf_folder_open(out);
+    EXPECT_EQ(got.model.hash(), want.model.hash());
+    EXPECT_EQ(got.model.moe, want.model.moe);
+    EXPECT_EQ(got.model.attention, want.model.attention);
+    std::set<std::string> want_names, got_names;
+    for (const auto& [name, t] : want.tensors) want_names.insert(name);
+    for (const auto& [name, t] : got.tensors) got_names.insert(name);
+    EXPECT_EQ(got_names, want_names);
+    int64_t compared = 0;
+    for (const auto& [name, w] : want.tensors) {
+      const auto it = got.tensors.find(name);
+      if (it == got.tensors.end()) continue;
+      const TensorRef& g = it->second;
+      ASSERT_EQ(g.shape, w.shape) << name;
+      ASSERT_EQ(g.dtype, w.dtype) << name;
+      EXPECT_EQ(std::memcmp(g.data, w.data, size_t(w.bytes())), 0) << name;
+      ++compared;
+    }
+    EXPECT_GT(compared, 10);
   }
 }
 
