@@ -286,6 +286,10 @@ function tuning(d) {
     h("p", "Why: the shortest mean measured step of the trials (layouts within 1% of it: the one with the " +
            `least memory). Profiling stopped because: ${d.stop_reason}.`, ws);
   } else h("p", "No trial succeeded.", ws);
+  if (w && w.expert_load)
+    expertLoad(w.expert_load, "Experts' loads in the winner's trial",
+               `Tokens each expert took in each MoE layer over trial #${w.order}'s steps, every rank's (all k ` +
+               "choices of every token). The table of trials gives each trial's worst layer.");
   if (d.calibration) {
     const k = d.calibration;
     h("p", `Cost model against the ${k.observations} measured steps: RMS error ${pct(k.rms_error_before)} with ` +
@@ -335,12 +339,14 @@ function tuning(d) {
     });
     legend(c, Object.entries(STATUS).map(([k, v]) => ({label: k, color: v})).concat(
         [{label: "winner (outlined)", color: "#000", mark: "line"}]));
+    const moe = trials.some(t => t.expert_imbalance > 0);
     table(tl, ["#", "layout", "GEMMs", "status", "predicted", "refit", "measured", "MFU (vs bf16 peak)",
-               "memory measured (GiB)"],
+               "memory measured (GiB)"].concat(moe ? ["experts worst / mean (worst layer)"] : []),
           trials.map(t => [t.order, t.layout + (t.layout === d.winner ? "  (winner)" : ""), t.gemm_precision || "bf16",
                            t.status + (t.reason ? ": " + t.reason : "") + (t.on_timeline === false ? " (earlier run)" : ""), sec(t.predicted_s), sec(t.calibrated_s),
                            t.status === "ok" ? sec(t.measured_s) : "-", t.status === "ok" ? pct(t.mfu) : "-",
-                           t.measured_peak_bytes > 0 ? num(gib(t.measured_peak_bytes)) : "-"]));
+                           t.measured_peak_bytes > 0 ? num(gib(t.measured_peak_bytes)) : "-"].concat(
+                              moe ? [t.expert_imbalance > 0 ? t.expert_imbalance.toFixed(2) : "-"] : [])));
   }
 }
 
@@ -400,17 +406,18 @@ function runReport(d) {
       tip(s("path", {d: `M${gc.X(r.step) - 5},${gc.M.t + 4}l10,10m0,-10l-10,10`, stroke: "#e53e3e", "stroke-width": 2},
             gc.plot), `step ${r.step} skipped`);
   }
-  if (d.expert_load) expertLoad(d.expert_load);
+  if (d.expert_load) expertLoad(d.expert_load, "Experts' loads",
+                                "Tokens each expert took in each MoE layer over the run (all k choices of every " +
+                                "token of the global batches).");
   memorySection(d);
   if (d.tuning) { h("h2", "Tuning of this run", main, "part"); tuning(d.tuning); }
 }
 
-// An MoE run's expert loads over the run: a bar per expert for each MoE
+// An MoE run's or trial's expert loads: a bar per expert for each MoE
 // layer (the first 8 drawn), and every layer's worst-to-mean ratio.
-function expertLoad(e) {
-  const es = section("Experts' loads",
-                     "Tokens each expert took in each MoE layer over the run (all k choices of every token of the " +
-                     "global batches). Worst / mean is the busiest expert's share against an even split: 1 is " +
+function expertLoad(e, title, what) {
+  const es = section(title,
+                     what + " Worst / mean is the busiest expert's share against an even split: 1 is " +
                      "balanced, and it is what sizes the experts' buffers under expert parallelism." +
                      (e.dropped ? " Dropped: the choices the capacity dropped (they added nothing to their " +
                                   "tokens' outputs), of all the layer's choices." : ""));

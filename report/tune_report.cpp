@@ -86,6 +86,24 @@ std::string tune_report_md(const TuneResult& r, const SpaceContext& ctx) {
                        "1x.\n\n",
                        v[v.size() / 2], worst->expert_imbalance, worst->order);
     }
+    // The winner's own: each MoE layer's busiest expert over its mean.
+    const TrialRecord* w = r.winner ? &r.trials[*r.winner] : nullptr;
+    if (w && !w->expert_layers.empty()) {
+      std::vector<std::string> per_layer;
+      for (size_t i = 0; i < w->expert_layers.size(); ++i) {
+        const auto& c = w->expert_counts[i];
+        int64_t sum = 0, most = 0;
+        for (const int64_t n : c) {
+          sum += n;
+          most = std::max(most, n);
+        }
+        per_layer.push_back(fmt::format("{} {}", w->expert_layers[i],
+                                        sum > 0 ? fmt::format("{:.2f}x", double(most) * double(c.size()) / double(sum))
+                                                : std::string("-")));
+      }
+      s += fmt::format("The winner's trial, busiest expert over its layer's mean, by MoE layer: {}.\n\n",
+                       fmt::join(per_layer, ", "));
+    }
   }
   if (r.calibration) {
     const auto& c = *r.calibration;

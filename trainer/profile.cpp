@@ -339,6 +339,7 @@ TrialOutcome profile_layout(const ProfileConfig& pc, parallel::Comm& control, co
         }
         if (sum > 0) out.expert_imbalance = std::max(out.expert_imbalance, double(most) * double(E) / double(sum));
       }
+      out.expert_load = run.expert_load;
     }
   };
   if (all.status == TrialStatus::ok) {

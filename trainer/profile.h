@@ -89,6 +89,9 @@ struct TrialOutcome {
   // busiest expert's tokens over its layer's mean in the worst MoE layer,
   // over every step of the trial and every rank (1: even; 0: a dense model).
   double expert_imbalance = 0;
+  // The tokens each expert took, (model layers) x E over the trial's steps
+  // and every rank (dense layers' rows 0); empty for a dense model.
+  std::vector<int64_t> expert_load;
   double seconds = 0;                // wall time of the whole trial
   std::vector<double> losses;        // per step, for checks
 };

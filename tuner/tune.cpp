@@ -76,6 +76,7 @@ nlohmann::json trial_to_json(const TrialRecord& t) {
   // Only trials run by this tuning have a start in its time; the journal's
   // ran in an earlier process.
   if (t.start_s >= 0) j["start_s"] = t.start_s;
+  if (!t.expert_layers.empty()) j["expert_load"] = {{"layers", t.expert_layers}, {"counts", t.expert_counts}};
   return j;
 }
 
@@ -92,6 +93,22 @@ TrialRecord record_from_json(const nlohmann::json& j, const std::string& origin)
     t.noise = j.value("noise", 0.0);  // journals written before these have none
     t.cut = j.value("cut", false);
     t.expert_imbalance = j.value("expert_imbalance", 0.0);
+    if (j.contains("expert_load")) {
+      const auto& e = j.at("expert_load");
+      t.expert_layers = e.at("layers").get<std::vector<int64_t>>();
+      t.expert_counts = e.at("counts").get<std::vector<std::vector<int64_t>>>();
+      bool ok = t.expert_counts.size() == t.expert_layers.size();
+      for (size_t i = 0; ok && i < t.expert_counts.size(); ++i) {
+        ok = t.expert_layers[i] >= 0 && !t.expert_counts[i].empty() &&
+             t.expert_counts[i].size() == t.expert_counts[0].size();
+        for (const int64_t c : t.expert_counts[i]) ok = ok && c >= 0;
+      }
+      if (!ok)
+        throw InputError(fmt::format("field 'expert_load' must hold 'layers' (MoE layer indices) and 'counts', a "
+                                     "row of every expert's tokens (whole numbers >= 0, one length) for each layer; "
+                                     "got {}",
+                                     e.dump()));
+    }
     t.probe_s = j.value("probe_s", 0.0);
     t.tokens_per_s = j.value("tokens_per_s", 0.0);
     t.mfu = j.value("mfu", 0.0);

@@ -84,6 +84,11 @@ struct TrialRecord {
   bool repeat = false;            // a leader measured again
   bool cut = false;               // ended after its first timed step, far behind the best (TuneOptions::cut_factor)
   double expert_imbalance = 0;    // MoE models: busiest expert over its layer's mean, worst layer (trainer::TrialOutcome)
+  // MoE models: the tokens each expert took in each MoE layer over the
+  // trial's steps and every rank, as a run's records give them: the MoE
+  // layers, and a row of E counts for each. Empty for a dense model.
+  std::vector<int64_t> expert_layers;
+  std::vector<std::vector<int64_t>> expert_counts;
   int64_t repeats = 1;            // on the winner's row: trials its measurement averages
   double predicted_s = 0;         // default constants
   double calibrated_s = 0;        // constants refit before this trial (= predicted_s before any fit)

@@ -331,6 +331,14 @@ TrialRecord Search::trial(SearchCandidate& cand, int64_t order, Mode mode) {
   t.noise = m.step_noise;
   t.cut = m.cut;
   t.expert_imbalance = m.expert_imbalance;
+  if (!m.expert_load.empty()) {
+    const int64_t E = ctx_.model.moe.experts;
+    for (int64_t i = 0; i < ctx_.model.layers; ++i)
+      if (ctx_.model.moe_layer(i)) {
+        t.expert_layers.push_back(i);
+        t.expert_counts.emplace_back(m.expert_load.begin() + i * E, m.expert_load.begin() + (i + 1) * E);
+      }
+  }
   t.probe_s = m.probe_s;
   t.measured_peak = m.peak_bytes.empty() ? 0 : *std::max_element(m.peak_bytes.begin(), m.peak_bytes.end());
   t.seconds = m.seconds;

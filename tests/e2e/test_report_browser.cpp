@@ -140,6 +140,20 @@ TEST_F(ReportBrowser, MoeRunPage) {
   EXPECT_NE(dom.out.find(">dropped<"), std::string::npos);
 }
 
+// A tuned MoE run's page also draws the winner's trial's expert loads, and
+// each trial's worst layer in the table of trials.
+TEST_F(ReportBrowser, MoeTuningPage) {
+  const auto r = run_weft("train --model tiny-moe --auto --tune-top 2 --seq 32 --global-batch 4 --steps 1 "
+                          "--threads 1 --eval-samples 4 --out " + dir_.path("moe-tuned"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  render("moe-tuning", dir_.path("moe-tuned/report.html"));
+  const auto dom = run_shell(chrome("--dump-dom file://" + fs::absolute(dir_.path("moe-tuned/report.html")).string()) +
+                             " 2>/dev/null");
+  EXPECT_NE(dom.out.find("Experts' loads in the winner's trial"), std::string::npos);
+  EXPECT_NE(dom.out.find("experts worst / mean (worst layer)"), std::string::npos);
+  EXPECT_NE(dom.out.find("Layer 3: tokens per expert (worst / mean "), std::string::npos);
+}
+
 // Pages of JSON with a null wherever a number was (weft writes a NaN as
 // null): drawn without a script error.
 TEST_F(ReportBrowser, PagesOfNulls) {

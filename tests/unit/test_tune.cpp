@@ -15,6 +15,7 @@
 #include "data/prepare.h"
 #include "report/tune_report.h"
 #include "tuner/tune.h"
+#include "tuner/tune_search.h"
 
 namespace weft::tuner {
 namespace {
@@ -278,15 +279,50 @@ TEST(Tune, MixtureOfExpertsTrialsMeasureTheExpertsLoads) {
     // At least the mean, at most every token's choice on one expert (E x the mean).
     EXPECT_GE(t.expert_imbalance, 1.0) << t.layout.to_string();
     EXPECT_LE(t.expert_imbalance, double(f.ctx.model.moe.experts)) << t.layout.to_string();
+    // Each MoE layer's tokens per expert: every layer took every token's k
+    // choices, and the worst layer's busiest expert is the figure above.
+    ASSERT_EQ(t.expert_layers, (std::vector<int64_t>{0, 1, 2, 3}));
+    ASSERT_EQ(t.expert_counts.size(), 4u);
+    double worst = 0;
+    int64_t first_sum = -1;
+    for (const auto& row : t.expert_counts) {
+      ASSERT_EQ(int64_t(row.size()), f.ctx.model.moe.experts);
+      int64_t sum = 0, most = 0;
+      for (const int64_t c : row) {
+        EXPECT_GE(c, 0);
+        sum += c;
+        most = std::max(most, c);
+      }
+      EXPECT_GT(sum, 0);
+      EXPECT_EQ(sum % f.ctx.model.moe.top_k, 0);
+      if (first_sum < 0) first_sum = sum;
+      EXPECT_EQ(sum, first_sum);
+      worst = std::max(worst, double(most) * double(row.size()) / double(sum));
+    }
+    EXPECT_DOUBLE_EQ(worst, t.expert_imbalance);
+    // The journal keeps them; a damaged record is refused by field.
+    const TrialRecord back = record_from_json(trial_to_json(t), "journal");
+    EXPECT_EQ(back.expert_layers, t.expert_layers);
+    EXPECT_EQ(back.expert_counts, t.expert_counts);
+    nlohmann::json bad = trial_to_json(t);
+    bad["expert_load"]["counts"][1].push_back(3);
+    WEFT_EXPECT_THROW_MSG(record_from_json(bad, "journal"), FileFormatError, "journal", "field 'expert_load'",
+                          "one length");
   }
   const std::string md = report::tune_report_md(r, f.ctx);
   EXPECT_NE(md.find("Experts' loads in the trials: in the worst MoE layer the busiest expert took"), std::string::npos)
+      << md;
+  EXPECT_NE(md.find("The winner's trial, busiest expert over its layer's mean, by MoE layer: 0 "), std::string::npos)
       << md;
   EXPECT_GT(report::tune_report_json(r, f.ctx)["trials"][0]["expert_imbalance"].get<double>(), 0.0);
   TuneFixture dense;
   dense.o.top = 1;
   dense.o.confirm = false;
-  for (const auto& t : dense.run().trials) EXPECT_EQ(t.expert_imbalance, 0.0);
+  for (const auto& t : dense.run().trials) {
+    EXPECT_EQ(t.expert_imbalance, 0.0);
+    EXPECT_TRUE(t.expert_layers.empty());
+    EXPECT_FALSE(trial_to_json(t).contains("expert_load"));
+  }
 }
 
 TEST(Tune, DurationsParse) {
