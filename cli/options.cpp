@@ -377,7 +377,7 @@ void add_space_options(CLI::App& app, SpaceArgs& a) {
       ->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   g->add_option("--etp", a.etp,
                 "Expert tp degrees (MoE models): 1, the experts whole on every tp rank, or tp, their width split "
-                "over the tp ranks (without sp); searched: both where they apply")
+                "over the tp ranks (under sp after gathering the tp group's rows); searched: both where they apply")
       ->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   g->add_option("--dispatch", a.dispatch, "Expert dispatchers tried at ep > 1: a2a, allgather")
       ->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);

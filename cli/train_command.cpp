@@ -501,7 +501,7 @@ Command add_train_command(CLI::App& app) {
           ->capture_default_str(),
       sub->add_option("--etp", a->etp,
                       "Expert tp degree (MoE models): 1, every tp rank holding its experts whole, or the tp degree, "
-                      "their width split over the tp ranks (without sp)")
+                      "their width split over the tp ranks (under sp after gathering the tp group's rows)")
           ->capture_default_str(),
       sub->add_option("--dispatch", a->dispatch,
                       "How expert parallelism moves the routed rows: a2a (all-to-all with per-expert counts) or "

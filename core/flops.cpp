@@ -86,10 +86,12 @@ std::string mfu_flops_text(const ModelSpec& m) {
 
 void lora_check_model(const ModelSpec& m, const LoraSpec& lora) {
   if (!lora.enabled()) return;
-  if (m.moe.enabled())
-    throw InputError(fmt::format("--lora on the MoE model {}: LoRA adapters on the attention and expert "
-                                 "projections are not computed yet; train it without --lora",
-                                 m.name));
+  if (m.moe.enabled() && (lora.targets_linear(Linear::gate) || lora.targets_linear(Linear::up) ||
+                          lora.targets_linear(Linear::down)))
+    throw InputError(fmt::format("--lora-targets {} on the MoE model {}: adapters on its FFN (gate, up, down: the "
+                                 "experts' projections) are not computed yet; --lora-targets q,k,v,o adapts the "
+                                 "attention, the experts and router frozen",
+                                 lora.targets_text(), m.name));
   const int64_t C = m.hidden, q = m.heads * m.head_dim, kv = m.kv_heads * m.head_dim, F = m.intermediate;
   const std::array<std::pair<int64_t, int64_t>, kLinears> in_out = {
       {{C, q}, {C, kv}, {C, kv}, {q, C}, {C, F}, {C, F}, {F, C}}};

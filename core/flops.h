@@ -45,7 +45,8 @@ int64_t lora_params(const ModelSpec& m, const LoraSpec& lora);
 std::string mfu_flops_text(const ModelSpec& m);
 // InputError when `lora`'s rank is past the width of a targeted layer of
 // `m` (the rank of an adapter pair B A is at most min(in, out): beyond it
-// the adapters are larger than the weight they adapt), naming the layer.
+// the adapters are larger than the weight they adapt), naming the layer;
+// and for an MoE model's FFN targets (its experts: not computed yet).
 void lora_check_model(const ModelSpec& m, const LoraSpec& lora);
 // "LoRA r 16, alpha 32 on q,k,v,o,gate,up,down: 207.1M trainable of 70.55B
 // parameters (0.29%)"; empty without LoRA. The run headers, the dry-run and

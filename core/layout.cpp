@@ -478,10 +478,6 @@ std::vector<std::string> Layout::violations(const ModelSpec& m, const RunSpec& r
       v.push_back(fmt::format("etp={} must be 1 (experts whole on every tp rank) or tp={}", etp, tp));
     else if (m.moe.expert_intermediate % etp != 0)
       v.push_back(fmt::format("etp={} must divide the experts' width {}", etp, m.moe.expert_intermediate));
-    if (sp)
-      v.push_back(fmt::format("etp={} with sp: the tp ranks route different rows, which the experts' split "
-                              "over tp does not gather yet (use nosp, or etp1)",
-                              etp));
   }
   if (ep == 1 && dispatch != MoeDispatch::a2a)
     v.push_back(fmt::format("dispatch:{} names an expert dispatcher but ep=1", weft::to_string(dispatch)));

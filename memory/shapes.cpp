@@ -543,7 +543,7 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
     if (plan.moe_layers > 0) {
       // moe.cu's permute: each chunk of 1,024 choices' counts per expert
       // (int32), and the experts' totals (int64), each piece 64-byte aligned.
-      const int64_t E = m.moe.experts, choices = d.B * d.Tsp * m.moe.top_k;
+      const int64_t E = m.moe.experts, choices = detail::routed_token_rows(l, d) * m.moe.top_k;
       kernels = std::max(kernels, ceil_div(4 * E * ceil_div(choices, 1024), 64) * 64 + ceil_div(8 * E, 64) * 64);
     }
     out.push_back({"scratch.kernels", Category::workspace, kernels, 1, 1});

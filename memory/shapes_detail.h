@@ -29,6 +29,9 @@ Dims dims(const ModelSpec& m, const RunSpec& run, const Layout& l);
 // without blocks).
 int64_t block_param_elements(const ModelSpec& m, const Layout& l, const StagePlan& plan);
 
+// The token rows an MoE block routes on a rank: its own (B x T / (cp tp)
+// under sp), or under sp with an expert tp degree all the tp group's.
+int64_t routed_token_rows(const Layout& l, const Dims& d);
 // An MoE block's saved tensors past its norm, and the MoE backward's
 // scratch (shapes_moe.cpp).
 void moe_saved_shapes(const ModelSpec& m, const Layout& l, const Dims& d, std::vector<TensorShape>& out);

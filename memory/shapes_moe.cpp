@@ -7,14 +7,18 @@
 
 namespace weft::memory::detail {
 
+int64_t routed_token_rows(const Layout& l, const Dims& d) {
+  return l.sp && l.etp > 1 ? d.B * d.T : d.B * d.Tsp;
+}
+
 void moe_saved_shapes(const ModelSpec& m, const Layout& l, const Dims& d, std::vector<TensorShape>& out) {
   const MoeSpec& e = m.moe;
   // The routed experts run on the norm region's rows (this rank's own
   // under sp), the shared expert on all of them. The experts' rows: every
   // choice, rows x k (dropless), or at most E x capacity under a capacity.
   // Each rank computes its share of the experts' width under an expert tp
-  // degree.
-  const int64_t rows = d.B * d.Tsp, k = e.top_k, E = e.experts;
+  // degree, and with sp routes all the tp group's rows.
+  const int64_t rows = routed_token_rows(l, d), k = e.top_k, E = e.experts;
   const int64_t Fe = e.expert_intermediate / std::max<int64_t>(1, l.etp);
   // Under expert parallelism the experts' rows are those this rank's
   // experts receive (MoeSpec::received_rows), and the routing keeps the
@@ -47,8 +51,8 @@ void moe_scratch_shapes(const ModelSpec& m, const Layout& l, const Dims& d, std:
   // rows in expert order leave from moe_send (the permuted input, then the
   // output gradient) and the experts compute on the rows received, whose
   // output, then input gradient, is moe_received.
-  const int64_t rows = d.B * d.Tsp, k = m.moe.top_k, E = m.moe.experts, routed = m.moe.routed_rows(rows);
-  const int64_t received = m.moe.received_rows(rows, l.ep);
+  const int64_t rows = routed_token_rows(l, d), k = m.moe.top_k, E = m.moe.experts;
+  const int64_t routed = m.moe.routed_rows(rows), received = m.moe.received_rows(rows, l.ep);
   out.push_back({"scratch.moe_logits", Category::workspace, rows * E, d.a, 1});
   out.push_back({"scratch.moe_d_rows", Category::workspace, routed * d.C, d.a, 1});
   const int64_t Fe = m.moe.expert_intermediate / std::max<int64_t>(1, l.etp);

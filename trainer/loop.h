@@ -131,8 +131,7 @@ enum class Trainable { here, anywhere };
 // without the cuDNN frontend; FP8 GEMMs when the CUDA device lacks FP8
 // tensor cores, below compute capability 8.9, or the build lacks CUDA).
 void check_trainable(const Layout& l, DeviceKind device = DeviceKind::gpu, Trainable where = Trainable::here);
-// The same for a model: also an MoE model on a GPU, whose blocks train on
-// the CPU only yet (require_moe_layout says what else).
+// The same for a model (an MoE model's own limits are require_moe_layout's).
 void check_trainable(const ModelSpec& m, const Layout& l, DeviceKind device, Trainable where);
 
 // InputError naming the value for settings train() cannot run with, apart

@@ -229,7 +229,8 @@ Part one_block_cost(const Model& x) {
     // (Fe: this rank's share of each expert's width under an expert tp
     // degree, whose partial outputs and input gradients sum over tp.)
     const double E = double(e.experts), k = double(e.top_k), Fe = double(e.expert_intermediate) / double(l.etp);
-    const double Mr = Msp, all_choices = Mr * k;
+    // (Under sp with an expert tp degree every tp rank routes the group's rows.)
+    const double Mr = l.sp && l.etp > 1 ? M : Msp, all_choices = Mr * k;
     const double cap = e.capacity_factor > 0 ? std::ceil(e.capacity_factor * all_choices / E) : all_choices;
     const double per = std::min(all_choices / E, cap), choices = per < all_choices / E ? per * E : all_choices;
     const double ep = double(l.ep), El = E / ep, per_local = per * ep;
@@ -304,10 +305,13 @@ Part one_block_cost(const Model& x) {
   const bool keeps8 = (l.fp8 == Fp8Recipe::tensorwise || l.fp8 == Fp8Recipe::delayed) && !x.run.lora.enabled();
   const bool qkv_all8 = qkv8 && x.in_fp8(M, Kl * D, C);
   const double gather_qkv = l.sp ? all_gather(keeps8 && qkv_all8 ? M * C : act, tg) : 0.0;
-  // (An MoE block's routed experts are whole on every tp rank: only its
-  // shared expert gathers and reduces, where it has one.)
+  // (An MoE block's routed experts whole on every tp rank gather and reduce
+  // nothing: only its shared expert does, where it has one. Split over tp
+  // under sp they gather the rows, forward and backward, and their
+  // partial sums are etp_sum's.)
   const bool ffn_split = split_width > 0;
-  const double gather_up = l.sp && ffn_split ? all_gather(keeps8 && up8 ? M * C : act, tg) : 0.0;
+  const bool ffn_gathers = ffn_split || (x.moe && l.sp && l.etp > 1);
+  const double gather_up = l.sp && ffn_gathers ? all_gather(keeps8 && up8 ? M * C : act, tg) : 0.0;
   const double tp_fwd = gather_qkv + gather_up + (ffn_split ? 2 : 1) * reduce + amax_fwd;
   const double regather_qkv = gather_qkv, regather_up = gather_up;
   const double qkv_dgrad = x.block_linear_dgrad(M, Hl * D, C) + 2 * x.block_linear_dgrad(M, Kl * D, C);
@@ -315,8 +319,8 @@ Part one_block_cost(const Model& x) {
   const double Fu = ffn_split ? split_width : Fl;
   const double up_dgrad = 2 * x.block_linear_dgrad(M, Fu, C), up_wgrad = 2 * x.block_linear_wgrad(M, Fu, C);
   const double tp_bwd =
-      (ffn_split ? 2 : 1) * gather + exposed_beside(regather_qkv, attn_bwd + rope + qkv_dgrad, x.k) +
-      (ffn_split ? exposed_beside(regather_up, x.stream("swiglu_bwd", M, Fu) + up_dgrad, x.k) : 0.0) +
+      (ffn_gathers ? 2 : 1) * gather + exposed_beside(regather_qkv, attn_bwd + rope + qkv_dgrad, x.k) +
+      (ffn_gathers ? exposed_beside(regather_up, x.stream("swiglu_bwd", M, Fu) + up_dgrad, x.k) : 0.0) +
       exposed_beside(reduce, qkv_wgrad, x.k) + (ffn_split ? exposed_beside(reduce, up_wgrad, x.k) : 0.0);
   p.tp = tp_fwd - amax_fwd + amax_bwd + tp_bwd;
 

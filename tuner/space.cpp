@@ -252,10 +252,10 @@ std::vector<Subspace> enumerate_subspaces(const ModelSpec& m, const RunSpec& run
             for (int64_t vpp : pick(limits.vpp, vpps))
               for (const auto& split : pick(limits.split, splits_or_even(m, tp, pp * vpp)))
               for (bool sp : pick(limits.sp, sps))
-              // The experts whole on every tp rank, or (MoE models, tp > 1
-              // without sp) split over them.
-              for (int64_t etp : pick(limits.etp, m.moe.enabled() && tp > 1 && !sp ? std::vector<int64_t>{1, tp}
-                                                                                    : std::vector<int64_t>{1}))
+              // The experts whole on every tp rank, or (MoE models, tp > 1)
+              // split over them.
+              for (int64_t etp : pick(limits.etp, m.moe.enabled() && tp > 1 ? std::vector<int64_t>{1, tp}
+                                                                             : std::vector<int64_t>{1}))
                 for (const auto& [fp8, fp8_bf16] : fp8s) {
                   Subspace s;
                   s.shape.split = split;

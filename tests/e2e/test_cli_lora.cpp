@@ -108,5 +108,35 @@ TEST(CliLora, InitTrainResumeEvalExport) {
   EXPECT_NE(r.out.find("--lora-dropout 1 must lie in [0, 1)"), std::string::npos) << r.out;
 }
 
+// A Mixture-of-Experts model takes adapters on its attention: they learn,
+// and the merged export (Mixtral's class) is the adapted model. Adapters on
+// its FFN, the experts', are refused by name, the default "all" too.
+TEST(CliLora, MixtureOfExpertsAttention) {
+  TempDir dir;
+  const auto data = corpus(dir);
+  const std::string shape = " --seq 32 --global-batch 4 --mb 2 --threads 1 --log-every 1 --eval-samples 4";
+  const std::string lora =
+      "train --model tiny-moe --data " + data + shape + " --lora 4 --lora-targets q,k,v,o --lr 1e-2 --warmup 1";
+  auto r = run_weft(lora + " --steps 4 --out " + dir.path("a"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("LoRA r 4, alpha 8 on q,k,v,o"), std::string::npos) << r.out;
+  const auto l = losses(dir.path("a/metrics.jsonl"));
+  ASSERT_EQ(l.size(), 4u);
+  EXPECT_LT(l.back(), l.front()) << "the adapters learn";
+  const std::string ck = dir.path("a/checkpoints/step_000004");
+  const double adapted = eval_loss(ck, data);
+  r = run_weft("export --merge --checkpoint " + ck + " --out " + dir.path("merged"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(slurp(dir.path("merged/config.json")).find("MixtralForCausalLM"), std::string::npos);
+  r = run_weft("train --data " + data + shape + " --init " + dir.path("merged") + " --steps 0 --out " + dir.path("m"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NEAR(eval_loss(dir.path("m/checkpoints/step_000000"), data), adapted, 1e-5 * adapted);
+
+  r = run_weft("train --model tiny-moe --data " + data + shape + " --lora 4 --steps 1 --out " + dir.path("x"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("--lora-targets q,k,v,o,gate,up,down on the MoE model tiny-moe"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(dir.path("x")));
+}
+
 }  // namespace
 }  // namespace weft::test

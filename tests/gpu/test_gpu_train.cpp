@@ -13,8 +13,8 @@
 //
 // Then bf16 gradients (grad:bf16) against fp32 ones, both on the GPU, the
 // tuner's trial profiling of a grad:bf16 layout, FP8 GEMMs against bf16
-// ones (on sm_89 and newer), and LoRA against the CPU run and with bf16
-// gradients.
+// ones (on sm_89 and newer), LoRA against the CPU run and with bf16
+// gradients, and a Mixture-of-Experts model against the CPU run.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -543,6 +543,53 @@ INSTANTIATE_TEST_SUITE_P(Lora, GpuTrainLoraBf16Grads, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& info) {
                            return info.param ? std::string("DropoutQVDown") : std::string("AllTargets");
                          });
+
+// A Mixture-of-Experts model on the GPU (tiny-moe: 8 experts, top-2, every
+// layer an MoE block): the routing, permutation and combine kernels of
+// kernels/moe, a GEMM per expert over its rows (the offsets read back to the
+// host each layer), the balancing loss, against the CPU's fp32 run. The
+// tolerance is the dense rule's, doubled: besides the roundings, a token
+// whose top two scores lie within bf16's rounding of each other may choose
+// another expert on the GPU, which moves its FFN output by a whole expert's
+// difference (a few tokens of 1,024 a step at this router's spread). A
+// wrong offset, a dropped expert or a missing gradient moves the loss far
+// more. With a capacity factor the choices past it drop alike on both
+// (positions by token order on both backends), and the arena equals the
+// model in every category.
+class GpuTrainMoe : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GpuTrainMoe, FollowsTheFp32CpuRun) {
+  test::TempDir dir;
+  std::FILE* quiet = std::fopen("/dev/null", "w");
+  auto cfg = [&](const char* name, bool gpu) {
+    TrainConfig c = config(dir.path(name), gpu, layout_of(GetParam()));
+    c.model = model_preset("tiny-moe");
+    c.model.moe.capacity_factor = GetParam().find("ckpt") != std::string::npos ? 1.25 : 0.0;
+    c.checkpoints = false;
+    return c;
+  };
+  const TrainReport cpu = train(cfg("cpu", false), quiet);
+  const TrainReport gpu = train(cfg("gpu", true), quiet);
+  std::fclose(quiet);
+  ASSERT_EQ(cpu.losses.size(), 20u);
+  ASSERT_EQ(gpu.losses.size(), 20u);
+  double mean_rel = 0;
+  for (size_t i = 0; i < 20; ++i) {
+    const double rel = std::abs(gpu.losses[i] - cpu.losses[i]) / std::abs(cpu.losses[i]);
+    EXPECT_LE(rel, 8.0 / 256) << "step " << i + 1 << ": gpu " << gpu.losses[i] << ", cpu " << cpu.losses[i];
+    mean_rel += rel / 20;
+  }
+  EXPECT_LE(mean_rel, 2.0 / 256);
+  EXPECT_LT(gpu.losses.back(), gpu.losses.front()) << "the GPU MoE run learns";
+  for (auto cat : memory::kAllCategories) {
+    if (cat == memory::Category::overhead) continue;
+    EXPECT_EQ(gpu.measured[size_t(cat)], gpu.predicted[size_t(cat)]) << memory::to_string(cat);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, GpuTrainMoe,
+                         ::testing::Values("tp1-pp1-dp1-mb2", "tp1-pp1-dp1-mb1-ckpt:ffn",
+                                           "tp1-pp1-dp1-mb2-ckpt:full-attn:materialized"));
 
 }  // namespace
 }  // namespace weft::trainer

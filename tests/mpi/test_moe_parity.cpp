@@ -176,7 +176,8 @@ TEST(MoeParity, TensorAndContextParallelism) {
 // the outputs back (allgather). The experts' gradients sum over the ranks holding the same ones,
 // the rest over every dp x cp rank, under each ZeRO stage, with tp (with
 // and without sp), cp, pp and vpp beside it; and with the experts' width
-// split over tp (etp2, without sp), their partial outputs summed over tp.
+// split over tp (etp2), their partial outputs summed over tp, under sp
+// after gathering the tp group's rows.
 TEST(MoeParity, ExpertParallelism) {
   for (const char* config : {kMixtral, kLlama4Ffn}) {
     Fixture f(false, config);
@@ -194,8 +195,30 @@ TEST(MoeParity, ExpertParallelism) {
                                 "tp1-cp2-pp1-dp1-ep2-mb1-cp:allgather-dispatch:allgather",
                                 "tp2-pp1-dp1-etp2-mb1", "tp2-pp1-dp2-ep2-etp2-mb1-zero1",
                                 "tp2-pp1-dp2-ep2-etp2-mb1-zero3-ckpt:ffn-dispatch:allgather",
-                                "tp2-pp2-dp1-etp2-mb1-vpp2-ckpt:full"},
+                                "tp2-pp2-dp1-etp2-mb1-vpp2-ckpt:full", "tp2-pp1-dp1-etp2-mb1-sp",
+                                "tp2-pp1-dp2-ep2-etp2-mb1-sp-zero1",
+                                "tp2-pp1-dp2-ep2-etp2-mb1-sp-zero3-ckpt:ffn-dispatch:allgather",
+                                "tp2-cp2-pp1-dp1-ep2-etp2-mb1-sp-ckpt:full-cp:ring"},
                                "")
+                          .c_str());
+  }
+}
+
+// LoRA on an MoE model: adapters on the attention's projections, the
+// router and the experts (and Llama 4's shared expert) frozen; the
+// balancing loss's gradient reaches the adapters through the router's
+// input. Over tp with sp, ep (with the experts split over tp too), pp and cp.
+TEST(MoeParity, LoraOnTheAttention) {
+  for (const char* config : {kMixtral, kLlama4Ffn}) {
+    Fixture f(false, config);
+    const std::string lora = "--lora 4 --lora-targets q,k,v,o";
+    const auto ref = f.train("tp1-pp1-dp1-mb1", f.dir.path("ref"), lora);
+    ASSERT_EQ(ref.size(), 5u);
+    std::printf("%s", table_of(f, ref,
+                               {"tp2-pp1-dp1-mb1-sp", "tp1-pp1-dp2-ep2-mb1-zero1",
+                                "tp2-pp1-dp2-ep2-etp2-mb1-sp-zero2", "tp1-pp2-dp1-mb1-vpp2-ckpt:full",
+                                "tp1-cp2-pp1-dp1-ep2-mb1-cp:ring"},
+                               lora)
                           .c_str());
   }
 }
@@ -240,7 +263,8 @@ TEST(MoeParity, ExpertParallelGradientsPerTensor) {
   std::printf("%-62s %14s\n", "layout", "worst grad dev");
   for (const char* layout : {"tp1-pp1-dp2-ep2-mb1", "tp1-pp1-dp4-ep4-mb1-zero3", "tp2-pp1-dp2-ep2-mb1-sp-zero1",
                              "tp1-cp2-pp1-dp2-ep4-mb1-zero2", "tp1-pp2-dp2-ep2-mb1-vpp2",
-                             "tp1-pp1-dp4-ep4-mb1-zero1-dispatch:allgather", "tp2-pp1-dp2-ep2-etp2-mb1-zero1"}) {
+                             "tp1-pp1-dp4-ep4-mb1-zero1-dispatch:allgather", "tp2-pp1-dp2-ep2-etp2-mb1-zero1",
+                             "tp2-pp1-dp2-ep2-etp2-mb1-sp-zero1"}) {
     const std::string out = f.dir.path(std::string("g-") + layout);
     ASSERT_EQ(f.train(layout, out).size(), 1u) << layout;
     const double worst = worst_gradient(out + "/checkpoints/step_000001", ref + "/checkpoints/step_000001", layout, 1e-5);

@@ -112,12 +112,13 @@ TEST(GpuWorkspaceMoe, PermuteFitsTheTable) {
        {std::pair{model_preset("qwen3-30b-a3b"), int64_t{4096}}, std::pair{many, int64_t{8192}}}) {
     const RunSpec run{seq, 16, Precision::bf16};
     const DeviceSpec dev = device_preset("h100");
-    for (const char* text : {"tp1-pp1-dp1-mb1", "tp2-pp1-dp1-mb2-sp"}) {
+    for (const char* text : {"tp1-pp1-dp1-mb1", "tp2-pp1-dp1-mb2-sp", "tp2-pp1-dp1-mb2-sp-etp2"}) {
       const Layout l = Layout::parse(text);
       const auto shapes = memory::stage_shapes(m, run, l, dev, memory::stage_plan(m, run, l, 0));
       auto* e = reinterpret_cast<bf16*>(uintptr_t{1} << 20);
       auto* f = reinterpret_cast<float*>(uintptr_t{2} << 20);
-      const int64_t rows = l.mb * run.seq / (l.sp ? l.tp : 1);
+      // (an expert tp degree under sp routes the tp group's rows)
+      const int64_t rows = l.mb * run.seq / (l.sp && l.etp == 1 ? l.tp : 1);
       const kernels::MoePermuteParams<bf16> p{.rows = rows, .C = m.hidden, .experts = m.moe.experts,
                                               .top_k = m.moe.top_k, .expert_of = reinterpret_cast<int32_t*>(f),
                                               .weights = f, .x = e, .out = e,

@@ -295,10 +295,11 @@ TEST(SpaceExperts, EpIsSearchedWhereItDividesAndPrunedWithItsRule) {
   const auto all = enumerate(m, run, 64, {}, SpaceDevice(c));
   std::set<int64_t> eps;
   std::set<std::pair<int64_t, MoeDispatch>> dispatchers;
-  bool split_experts = false;
+  bool split_experts = false, split_with_sp = false;
   for (const auto& l : all) {
-    EXPECT_TRUE(l.etp == 1 || (l.etp == l.tp && !l.sp)) << l.to_string();
+    EXPECT_TRUE(l.etp == 1 || l.etp == l.tp) << l.to_string();
     split_experts = split_experts || (l.etp > 1 && l.ep > 1);
+    split_with_sp = split_with_sp || (l.etp > 1 && l.sp);
     eps.insert(l.ep);
     dispatchers.insert({std::min<int64_t>(l.ep, 3), l.dispatch});
     EXPECT_EQ((l.dp * l.cp) % l.ep, 0) << l.to_string();
@@ -311,6 +312,7 @@ TEST(SpaceExperts, EpIsSearchedWhereItDividesAndPrunedWithItsRule) {
   }
   EXPECT_EQ(eps, (std::set<int64_t>{1, 2, 4, 8}));
   EXPECT_TRUE(split_experts);
+  EXPECT_TRUE(split_with_sp);
   // Both dispatchers at ep 2, all-to-all past it (the all-gather pinned only),
   // none to choose at ep 1.
   EXPECT_EQ(dispatchers, (std::set<std::pair<int64_t, MoeDispatch>>{{1, MoeDispatch::a2a},

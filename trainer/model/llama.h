@@ -427,6 +427,13 @@ class LlamaStage {
   // expert); back: the reverse. Returns the rows that land.
   int64_t moe_exchange(const int64_t* sent, const int64_t* counts, const Elem* in, Elem* out, int64_t width,
                        bool back);
+  // This rank's rows (under sp) of `all`, every tp rank's rows in tp order,
+  // copied or (`add`) added to the first rows of `mine`.
+  void own_rows(const Elem* all, Elem* mine, bool add);
+  // `n` of the MoE metadata the host reads (the routing's offsets and
+  // exchanged counts, the router's statistics), read back from the device
+  // (the stream waited for) where the stage runs on one.
+  std::vector<int64_t> moe_host(const int64_t* src, int64_t n);
   // The balancing loss of the micro-batch in `slot` over chunk `chunk`'s
   // MoE blocks (global scope: every MoE block of the model, on this one
   // chunk), from their saved statistics: coef times the loss, and per
@@ -660,7 +667,8 @@ class LlamaStage {
 };
 
 // InputError naming what an MoE model's training does not compute yet under
-// the layout, run and device (nothing for a dense model): llama_moe.cpp.
+// the layout and run (nothing for a dense model), on either device:
+// llama_moe.cpp.
 void require_moe_layout(const ModelSpec& m, const RunSpec& run, const Layout& l, const DeviceSpec& device);
 
 extern template class LlamaStage<float>;

@@ -19,9 +19,12 @@
 // are summed over the ranks that split the micro-batch's tokens (cp, and tp
 // under sp) before the balancing loss reads them, and the router's and the
 // experts' gradients over them with the others' (reduce_replicated_grads
-// sums the tp-whole weights' under sp). The experts' row offsets are read
-// on the host, so this runs on the CPU; on a GPU the grouped GEMM takes them
-// from the device (not in the step yet: require_moe_layout says so).
+// sums the tp-whole weights' under sp). The experts' row offsets, the
+// exchanged counts and the router's statistics are read on the host
+// (moe_host: copied back from a device, the stream waited for, once per
+// layer and pass), which sizes each expert's GEMM: on a GPU as on the CPU,
+// a GEMM per local expert over its contiguous rows (cuBLAS); the counts
+// go round the ep group on the host groups.
 //
 // Under expert parallelism (Layout::ep) rank r of the ep group holds
 // experts [r E / ep, (r + 1) E / ep), so the rows in expert order are
@@ -35,10 +38,15 @@
 // and reduce-scatters a buffer of zeros but its experts' outputs back. Each rank still routes, drops and combines its own rows,
 // so every layout computes what one rank does.
 //
-// An expert tp degree (Layout::etp = tp, without sp) splits each expert's
-// width over the tp ranks as a dense FFN's: they route, dispatch and
-// receive the same rows, each computes its part of the width, and the
-// experts' outputs and input gradients are summed over tp.
+// An expert tp degree (Layout::etp = tp) splits each expert's width over the
+// tp ranks as a dense FFN's: they route, dispatch and receive the same
+// rows, each computes its part of the width, and the experts' outputs and
+// input gradients are summed over tp. Under sp the tp ranks first gather
+// the group's rows (as a dense FFN does), route all of them alike (the
+// router's statistics are then the group's already) and keep their own
+// rows of the combined output and input gradient; the router's gradients
+// come from each rank's own rows, summed over tp with the other tp-whole
+// weights' (reduce_replicated_grads).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -59,18 +67,23 @@ namespace weft::trainer {
 
 using kernels::Write;
 
-void require_moe_layout(const ModelSpec& m, const RunSpec& run, const Layout& l, const DeviceSpec& device) {
+void require_moe_layout(const ModelSpec& m, const RunSpec& run, const Layout& l, const DeviceSpec& /*device*/) {
   if (!m.moe.enabled()) return;
   std::vector<std::string> missing;
-  if (device.kind != DeviceKind::cpu)
-    missing.push_back(fmt::format("on a GPU ({}: the experts' grouped GEMM is not in the training step yet)",
-                                  device.name));
   if (l.fp8 != Fp8Recipe::off) missing.push_back(fmt::format("with FP8 GEMMs (fp8:{})", to_string(l.fp8)));
-  if (run.lora.enabled()) missing.push_back("with LoRA adapters");
+  // LoRA adapts the attention; its FFN targets would adapt the experts
+  // (and the router, under Mixtral's names), which no adapter computes yet.
+  std::vector<std::string> ffn;
+  for (Linear g : {Linear::gate, Linear::up, Linear::down})
+    if (run.lora.enabled() && run.lora.targets_linear(g)) ffn.push_back(short_name(g));
+  if (!ffn.empty())
+    missing.push_back(fmt::format("with LoRA adapters on the FFN ({}: its experts'; --lora-targets q,k,v,o adapts "
+                                  "the attention, which it can)",
+                                  fmt::join(ffn, ",")));
   if (!missing.empty())
     throw InputError(fmt::format("weft cannot train the MoE model {} under layout {} yet: not {}; it trains on "
-                                 "the CPU with FP8 off and no LoRA, under tp (with or without sp), cp, pp, vpp, "
-                                 "dp, ep, every ZeRO stage and checkpointing mode",
+                                 "the CPU with FP8 off, LoRA on the attention's projections only, under tp (with or "
+                                 "without sp), cp, pp, vpp, dp, ep, every ZeRO stage and checkpointing mode",
                                  m.name, l.to_string(), fmt::join(missing, ", nor ")));
 }
 
@@ -194,25 +207,35 @@ template <typename Elem, typename G>
 void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
   const MoeSpec& e = m_.moe;
   // Fe: this rank's share of each expert's width (all of it unless an
-  // expert tp degree splits it).
-  const int64_t C = m_.hidden, E = e.experts, k = e.top_k, Fe = e.expert_intermediate / l_.etp, rows = Msp_;
+  // expert tp degree splits it). The routed rows: this rank's, or under sp
+  // with an expert tp degree all the tp group's (gathered).
+  const bool etp_sp = l_.sp && l_.etp > 1, shared = params_.shared_expert;
+  const int64_t C = m_.hidden, E = e.experts, k = e.top_k, Fe = e.expert_intermediate / l_.etp;
+  const int64_t rows = etp_sp ? M_ : Msp_;
   const int64_t stride = 3 * Fe * C;  // one expert's gate, up and down (StageParams' order)
   const kernels::RouterConfig router{
       .experts = E, .top_k = k, .score = e.score, .weights = e.weights, .scale = e.route_scale};
-  const Elem* x = b.ln2;  // this rank's rows
+  // All rows (gathered under sp) for the shared expert and etp under sp;
+  // nothing else writes comm.sp_gather until the combine.
+  Elem* all_rows = l_.sp ? table_->get<Elem>("comm.sp_gather") : nullptr;
+  const Elem* x_all = shared || etp_sp ? gathered(b.ln2, all_rows) : nullptr;
+  const Elem* x = etp_sp ? x_all : b.ln2;
   Elem* logits = table_->get<Elem>("scratch.moe_logits");
   run(kernels::linear_forward_gemm(rows, C, E, x, b.w_router, logits), "gemm router");
   // The statistics start from zero in each forward (route adds to them); a
   // rebuild's go to scratch, the forward's stay for the balancing loss.
   int64_t* stats = recompute ? table_->get<int64_t>("scratch.moe_stats") : b.moe_stats;
-  std::memset(stats, 0, size_t(2 * E) * sizeof(int64_t));
+  {
+    const std::vector<int64_t> zeros(size_t(2 * E), 0);  // (a zero double's bytes too)
+    copy(stats, zeros.data(), 2 * E * int64_t(sizeof(int64_t)));
+  }
   double* score_sums = reinterpret_cast<double*>(stats + E);
   run(kernels::MoeRouteParams<Elem>{.rows = rows, .router = router, .logits = logits, .scores = b.moe_scores,
                                     .experts = b.moe_experts, .weights = b.moe_weights, .counts = stats,
                                     .score_sums = score_sums},
       "moe_route");
   if (!recompute) {  // the micro-batch's, over the ranks that split its tokens
-    for (parallel::Comm* g : {l_.sp ? groups_.tp : nullptr, l_.cp > 1 ? groups_.cp : nullptr})
+    for (parallel::Comm* g : {l_.sp && !etp_sp ? groups_.tp : nullptr, l_.cp > 1 ? groups_.cp : nullptr})
       if (g && g->size() > 1) {
         g->all_reduce(stats, E);
         g->all_reduce(score_sums, E);
@@ -220,7 +243,6 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
   }
   int64_t* position = b.moe_routing;
   int64_t* offsets = b.moe_routing + rows * k;
-  int64_t dropped = 0;
   // Under expert parallelism the rows in expert order leave from scratch
   // and the experts compute on the rows they receive (b.moe_in).
   const bool ep = l_.ep > 1;
@@ -228,10 +250,12 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
   run(kernels::MoePermuteParams<Elem>{.rows = rows, .C = C, .experts = E, .top_k = k,
                                       .capacity = e.capacity(rows), .gate = e.gate_on,
                                       .expert_of = b.moe_experts, .weights = b.moe_weights, .x = x,
-                                      .out = send, .offsets = offsets,
-                                      .position = position, .dropped = &dropped},
+                                      .out = send, .offsets = offsets, .position = position},
       "moe_permute", "scratch.moe_kernels");
-  const int64_t routed = offsets[E];  // rows x k, less the dropped choices
+  // The experts' offsets on the host (moe_host): rows x k, less the choices
+  // the capacity dropped.
+  const std::vector<int64_t> off = moe_host(offsets, E + 1);
+  const int64_t routed = off[E], dropped = rows * k - routed;
   WEFT_ASSERT(routed <= e.routed_rows(rows));
   // Counted once per forward (a rebuild drops the same), by the ranks that
   // route distinct rows; a training forward's at its end (moe_forward_end).
@@ -240,40 +264,44 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
     const int64_t chunk = chunk_of(b.index);
     return memory::global_layer(m_, l_, plan_.stage, chunk, b.index - chunk_begin_[size_t(chunk)]);
   };
-  if (!recompute && dropped > 0 && (l_.sp || groups_.tp_rank() == 0)) {
+  if (!recompute && dropped > 0 && ((l_.sp && !etp_sp) || groups_.tp_rank() == 0)) {
     dropped_pending_.resize(size_t(m_.layers));
     dropped_pending_[size_t(model_layer())] += dropped;
   }
-  const std::vector<int64_t> sent = expert_counts(offsets, E);
-  // Expert parallelism's counts, kept with the routing for the backward:
-  // what each ep rank sent this one's experts (a2a), or every rank's counts
-  // (allgather).
-  int64_t* counts = ep ? offsets + E + 1 : nullptr;
+  const std::vector<int64_t> sent = expert_counts(off.data(), E);
+  // Expert parallelism's counts, exchanged on the host (host_groups) and
+  // kept with the routing for the backward: what each ep rank sent this
+  // one's experts (a2a), or every rank's counts (allgather).
+  std::vector<int64_t> counts;
   std::vector<int64_t> received;
   int64_t rows_in = routed;
   if (ep) {
-    const int64_t El = E / l_.ep, me = groups_.ep->rank();
+    parallel::Comm& host_ep = *groups_.host_groups().ep;
+    const int64_t El = E / l_.ep, me = host_ep.rank();
     if (l_.dispatch == MoeDispatch::a2a) {
-      groups_.ep->all_to_all(sent.data(), counts, El, parallel::DType::i64, kMoeCountsTag);
-      std::copy(sent.begin() + me * El, sent.begin() + (me + 1) * El, counts + me * El);
+      counts.resize(size_t(E));
+      host_ep.all_to_all(sent.data(), counts.data(), El, parallel::DType::i64, kMoeCountsTag);
+      std::copy(sent.begin() + me * El, sent.begin() + (me + 1) * El, counts.begin() + me * El);
     } else {
-      groups_.ep->all_gather(sent.data(), counts, E);
+      counts.resize(size_t(l_.ep * E));
+      host_ep.all_gather(sent.data(), counts.data(), E);
     }
-    received = received_counts(counts, E, l_.ep, me, l_.dispatch);
+    copy(offsets + E + 1, counts.data(), int64_t(counts.size() * sizeof(int64_t)));
+    received = received_counts(counts.data(), E, l_.ep, me, l_.dispatch);
     // The receive buffers hold what --moe-imbalance allows: every ep rank
     // learns whether any of them would overflow, and all stop together.
     int64_t most = std::accumulate(received.begin(), received.end(), int64_t{0});
-    groups_.ep->all_reduce(&most, 1, parallel::ReduceOp::max);
+    host_ep.all_reduce(&most, 1, parallel::ReduceOp::max);
     if (const int64_t room = e.received_rows(rows, l_.ep); most > room)
       throw InputError(fmt::format(
           "MoE layer {}: an ep rank's experts received {} rows of this micro-batch, past the {} its buffers hold "
           "(--moe-imbalance {:g}: {:g} x the balanced {}); raise --moe-imbalance (0 holds the worst case, {} rows) "
           "or cap the experts with --moe-capacity-factor",
           model_layer(), most, room, e.imbalance, e.imbalance, rows * k, e.received_rows_worst(rows, l_.ep)));
-    rows_in = moe_exchange(sent.data(), counts, send, b.moe_in, C, false);
+    rows_in = moe_exchange(sent.data(), counts.data(), send, b.moe_in, C, false);
   }
   WEFT_ASSERT(rows_in <= e.received_rows(rows, l_.ep));
-  const std::vector<ExpertRows> segments = expert_rows(offsets, received.data(), E, l_.ep);
+  const std::vector<ExpertRows> segments = expert_rows(off.data(), received.data(), E, l_.ep);
   for (const ExpertRows& r : segments) {
     const Elem* w = b.w_experts + r.expert * stride;
     run(kernels::linear_forward_gemm(r.rows, C, Fe, b.moe_in + r.offset * C, w, b.moe_gate + r.offset * Fe),
@@ -296,15 +324,13 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
                                        b.w_experts + r.expert * stride + 2 * Fe * C, computed + r.offset * C),
           "gemm expert down");
     // An expert tp degree: each tp rank's part of the width gave a partial
-    // output (the tp ranks computed the same rows: no sp).
+    // output (the tp ranks computed the same rows).
     if (l_.etp > 1) groups_.tp->all_reduce(computed, rows_in * C);
-    if (ep) moe_exchange(sent.data(), counts, computed, out, C, true);
+    if (ep) moe_exchange(sent.data(), counts.data(), computed, out, C, true);
   }
-  const bool shared = params_.shared_expert;
   if (shared) {
     // Column- then row-parallel over all rows, as a dense FFN.
     const int64_t Fs = e.shared_intermediate / l_.tp;
-    const Elem* x_all = gathered(b.ln2, l_.sp ? table_->get<Elem>("comm.sp_gather") : nullptr);
     run(kernels::linear_forward_gemm(M_, C, Fs, x_all, b.w_sg, b.sh_gate), "gemm shared gate");
     run(kernels::linear_forward_gemm(M_, C, Fs, x_all, b.w_su, b.sh_up), "gemm shared up");
     run(kernels::SwigluForwardParams<Elem>{.rows = M_, .F = Fs, .gate = b.sh_gate, .up = b.sh_up,
@@ -316,6 +342,17 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
     }
   }
   if (recompute) return;
+  if (etp_sp) {
+    // Every row's combined output, the same on each tp rank, where the
+    // gathered input was (spent); this rank's rows go to y's first, beside
+    // the shared expert's there.
+    run(kernels::MoeUnpermuteParams<Elem>{.rows = rows, .C = C, .top_k = k, .gate = e.gate_on,
+                                          .position = position, .weights = b.moe_weights, .y = out,
+                                          .out = all_rows},
+        "moe_unpermute");
+    own_rows(all_rows, y, shared);
+    return;
+  }
   run(kernels::MoeUnpermuteParams<Elem>{.rows = rows, .C = C, .top_k = k, .gate = e.gate_on, .position = position,
                                         .weights = b.moe_weights, .y = out, .out = y,
                                         .write = shared ? Write::accumulate : Write::overwrite},
@@ -323,12 +360,37 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
 }
 
 template <typename Elem, typename G>
+void LlamaStage<Elem, G>::own_rows(const Elem* all, Elem* mine, bool add) {
+  const int64_t n = Msp_ * m_.hidden;
+  const Elem* from = all + groups_.tp_rank() * n;
+  if (add)
+    run(kernels::AxpyParams<Elem>{.n = n, .alpha = 1.0, .x = from, .y = mine}, "axpy");
+  else
+    copy(mine, from, n * int64_t(sizeof(Elem)));
+}
+
+template <typename Elem, typename G>
+std::vector<int64_t> LlamaStage<Elem, G>::moe_host(const int64_t* src, int64_t n) {
+  std::vector<int64_t> out(static_cast<size_t>(n));
+  copy(out.data(), src, n * int64_t(sizeof(int64_t)));
+  if (on_device()) memory::synchronize(stream_);
+  return out;
+}
+
+template <typename Elem, typename G>
 void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx) {
   const MoeSpec& e = m_.moe;
-  const int64_t C = m_.hidden, E = e.experts, k = e.top_k, Fe = e.expert_intermediate / l_.etp, rows = Msp_;
+  const bool etp_sp = l_.sp && l_.etp > 1, shared = params_.shared_expert;
+  const int64_t C = m_.hidden, E = e.experts, k = e.top_k, Fe = e.expert_intermediate / l_.etp;
+  const int64_t rows = etp_sp ? M_ : Msp_;
   const int64_t stride = 3 * Fe * C;
-  const Elem* x = b.ln2;
-  const bool shared = params_.shared_expert;
+  // All rows' input and output gradient, gathered under sp, for the shared
+  // expert and etp under sp (the forward's way).
+  Elem* all_rows = l_.sp ? table_->get<Elem>("comm.sp_gather") : nullptr;
+  Elem* all_dy = table_->get<Elem>("scratch.linear_out");
+  const Elem* x_all = shared || etp_sp ? gathered(b.ln2, all_rows) : nullptr;
+  const Elem* dy_all = shared || etp_sp ? gathered(dy, all_dy) : nullptr;
+  const Elem* x = etp_sp ? x_all : b.ln2;
   if (shared) {
     // Over all rows, its input gradient reduced over tp (to this rank's rows
     // under sp) before the routed experts' adds to them.
@@ -336,22 +398,24 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx)
     Elem* d_act = table_->get<Elem>("scratch.d_mlp", 0);
     Elem* d_gate = table_->get<Elem>("scratch.d_mlp", 1);
     Elem* d_up = table_->get<Elem>("scratch.d_mlp", 2);
-    const Elem* dy_all = gathered(dy, table_->get<Elem>("scratch.linear_out"));
-    const Elem* x_all = gathered(b.ln2, l_.sp ? table_->get<Elem>("comm.sp_gather") : nullptr);
     run(kernels::linear_dgrad_gemm(M_, Fs, C, dy_all, b.w_sd, d_act), "gemm shared down dgrad");
-    run(kernels::linear_wgrad_gemm(M_, Fs, C, dy_all, b.sh_act, b.g_sd), "gemm shared down wgrad");
+    // (LoRA: the base's weights are frozen, without gradients.)
+    if (b.g_sd) run(kernels::linear_wgrad_gemm(M_, Fs, C, dy_all, b.sh_act, b.g_sd), "gemm shared down wgrad");
     run(kernels::SwigluBackwardParams<Elem>{.rows = M_, .F = Fs, .gate = b.sh_gate, .up = b.sh_up,
                                             .dact = d_act, .dgate = d_gate, .dup = d_up},
         "swiglu_backward");
     run(kernels::linear_dgrad_gemm(M_, C, Fs, d_gate, b.w_sg, dx), "gemm shared gate dgrad");
     run(kernels::linear_dgrad_gemm(M_, C, Fs, d_up, b.w_su, dx, Write::accumulate), "gemm shared up dgrad");
-    run(kernels::linear_wgrad_gemm(M_, C, Fs, d_gate, x_all, b.g_sg), "gemm shared gate wgrad");
-    run(kernels::linear_wgrad_gemm(M_, C, Fs, d_up, x_all, b.g_su), "gemm shared up wgrad");
+    if (b.g_sg) run(kernels::linear_wgrad_gemm(M_, C, Fs, d_gate, x_all, b.g_sg), "gemm shared gate wgrad");
+    if (b.g_su) run(kernels::linear_wgrad_gemm(M_, C, Fs, d_up, x_all, b.g_su), "gemm shared up wgrad");
     begin_reduce_rows(dx)->wait();
   }
   const int64_t* position = b.moe_routing;
-  const int64_t* offsets = b.moe_routing + rows * k;
   const bool ep = l_.ep > 1;
+  // The forward's offsets and exchanged counts, on the host (moe_host).
+  const int64_t exchanged = !ep ? 0 : l_.dispatch == MoeDispatch::allgather ? l_.ep * E : E;
+  const std::vector<int64_t> tail = moe_host(b.moe_routing + rows * k, E + 1 + exchanged);
+  const int64_t* offsets = tail.data();
   const int64_t* counts = ep ? offsets + E + 1 : nullptr;
   const std::vector<int64_t> sent = expert_counts(offsets, E);
   const std::vector<int64_t> received =
@@ -366,7 +430,7 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx)
   // gradient, and with the gate on the output the weights' gradient.
   run(kernels::MoeUnpermuteBackwardParams<Elem>{.rows = rows, .C = C, .top_k = k, .gate = e.gate_on,
                                                 .position = position, .weights = b.moe_weights,
-                                                .y = b.moe_out, .dout = dy, .dy = d_rows,
+                                                .y = b.moe_out, .dout = etp_sp ? dy_all : dy, .dy = d_rows,
                                                 .dweights = on_output ? dweights : nullptr},
       "moe_unpermute_backward");
   // Under expert parallelism the output gradient goes where the rows were
@@ -379,9 +443,10 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx)
     const Elem* wd = b.w_experts + r.expert * stride + 2 * Fe * C;
     run(kernels::linear_dgrad_gemm(r.rows, Fe, C, d_in + r.offset * C, wd, d_act + r.offset * Fe),
         "gemm expert down dgrad");
-    run(kernels::linear_wgrad_gemm(r.rows, Fe, C, d_in + r.offset * C, b.moe_act + r.offset * Fe,
-                                   b.g_experts + r.expert * stride + 2 * Fe * C),
-        "gemm expert down wgrad");
+    if (b.g_experts)
+      run(kernels::linear_wgrad_gemm(r.rows, Fe, C, d_in + r.offset * C, b.moe_act + r.offset * Fe,
+                                     b.g_experts + r.expert * stride + 2 * Fe * C),
+          "gemm expert down wgrad");
   }
   run(kernels::SwigluBackwardParams<Elem>{.rows = rows_in, .F = Fe, .gate = b.moe_gate, .up = b.moe_up,
                                           .dact = d_act, .dgate = d_gate, .dup = d_up},
@@ -389,11 +454,12 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx)
   // The experts' input gradient takes d_in over (its output gradient is spent).
   for (const ExpertRows& r : segments) {
     const Elem* w = b.w_experts + r.expert * stride;
-    G* g = b.g_experts + r.expert * stride;
     const int64_t o = r.offset, n = r.rows;
     run(kernels::linear_dgrad_gemm(n, C, Fe, d_gate + o * Fe, w, d_in + o * C), "gemm expert gate dgrad");
     run(kernels::linear_dgrad_gemm(n, C, Fe, d_up + o * Fe, w + Fe * C, d_in + o * C, Write::accumulate),
         "gemm expert up dgrad");
+    if (!b.g_experts) continue;
+    G* g = b.g_experts + r.expert * stride;
     run(kernels::linear_wgrad_gemm(n, C, Fe, d_gate + o * Fe, b.moe_in + o * C, g), "gemm expert gate wgrad");
     run(kernels::linear_wgrad_gemm(n, C, Fe, d_up + o * Fe, b.moe_in + o * C, g + Fe * C), "gemm expert up wgrad");
   }
@@ -401,12 +467,16 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx)
   // part of the width, summed.
   if (l_.etp > 1) groups_.tp->all_reduce(d_in, rows_in * C);
   if (ep) moe_exchange(sent.data(), counts, d_in, d_rows, C, true);
+  // Under etp with sp every row's input gradient, the same on each tp rank,
+  // goes where the gathered output gradient was (spent), and this rank's
+  // rows to dx's first.
   run(kernels::MoePermuteBackwardParams<Elem>{.rows = rows, .C = C, .top_k = k, .gate = e.gate_on,
                                               .position = position, .weights = b.moe_weights, .x = x,
-                                              .dout = d_rows, .dx = dx,
+                                              .dout = d_rows, .dx = etp_sp ? all_dy : dx,
                                               .dweights = on_output ? nullptr : dweights,
-                                              .write = shared ? Write::accumulate : Write::overwrite},
+                                              .write = shared && !etp_sp ? Write::accumulate : Write::overwrite},
       "moe_permute_backward");
+  if (etp_sp) own_rows(all_dy, dx, shared);
   // The router: the balancing loss's gradient at each expert's score (the
   // same at every row), weighted as the micro-batch's share of the step's
   // objective (its tokens over the step's: the mean over micro-batches).
@@ -428,6 +498,13 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx)
     for (int64_t j = 0; j < E; ++j) dscore[size_t(before * E + j)] *= aux_scale;
     dscore_row = dscore.data() + before * E;
   }
+  // On a device the kernel reads the balancing loss's gradient from device
+  // memory: the rebuild's statistics scratch, free by now.
+  if (dscore_row && on_device()) {
+    auto* at = reinterpret_cast<double*>(table_->get<int64_t>("scratch.moe_stats"));
+    copy(at, dscore_row, E * int64_t(sizeof(double)));
+    dscore_row = at;
+  }
   Elem* dlogits = table_->get<Elem>("scratch.moe_logits");
   const kernels::RouterConfig router{
       .experts = E, .top_k = k, .score = e.score, .weights = e.weights, .scale = e.route_scale};
@@ -435,8 +512,11 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx)
                                             .experts = b.moe_experts, .dweights = dweights,
                                             .dscore_per_expert = dscore_row, .dlogits = dlogits},
       "moe_route_backward");
-  run(kernels::linear_dgrad_gemm(rows, C, E, dlogits, b.w_router, dx, Write::accumulate), "gemm router dgrad");
-  run(kernels::linear_wgrad_gemm(rows, C, E, dlogits, x, b.g_router), "gemm router wgrad");
+  // The router's input and weight gradients from this rank's rows (all of
+  // them under etp with sp are every tp rank's).
+  const Elem* own = dlogits + (etp_sp ? groups_.tp_rank() * Msp_ * E : 0);
+  run(kernels::linear_dgrad_gemm(Msp_, C, E, own, b.w_router, dx, Write::accumulate), "gemm router dgrad");
+  if (b.g_router) run(kernels::linear_wgrad_gemm(Msp_, C, E, own, b.ln2, b.g_router), "gemm router wgrad");
 }
 
 template <typename Elem, typename G>
@@ -447,7 +527,9 @@ double LlamaStage<Elem, G>::moe_balance(int64_t slot, int64_t chunk, std::vector
   std::vector<double> sums;
   for (int64_t i = 0; i < chunk_layers(chunk); ++i) {
     if (!params_.block_moe[size_t(chunk_begin_[size_t(chunk)] + i)]) continue;
-    const int64_t* stats = table_->get<int64_t>("layer.moe.stats", instance("layer.moe.stats", slot, i));
+    const std::vector<int64_t> host =
+        moe_host(table_->get<int64_t>("layer.moe.stats", instance("layer.moe.stats", slot, i)), 2 * E);
+    const int64_t* stats = host.data();
     counts.insert(counts.end(), stats, stats + E);
     const double* s = reinterpret_cast<const double*>(stats + E);
     sums.insert(sums.end(), s, s + E);
@@ -498,7 +580,9 @@ void LlamaStage<Elem, G>::moe_forward_end(int64_t slot, int64_t chunk, double gr
   std::vector<double> sums(size_t(2 * E), 0.0);  // the chunk's, over its MoE layers
   for (int64_t i = 0; i < chunk_layers(chunk); ++i) {
     if (!params_.block_moe[size_t(chunk_begin_[size_t(chunk)] + i)]) continue;
-    const int64_t* stats = table_->get<int64_t>("layer.moe.stats", instance("layer.moe.stats", slot, i));
+    const std::vector<int64_t> host =
+        moe_host(table_->get<int64_t>("layer.moe.stats", instance("layer.moe.stats", slot, i)), 2 * E);
+    const int64_t* stats = host.data();
     const double* scores = reinterpret_cast<const double*>(stats + E);
     if (report) {
       load_.resize(size_t(m_.layers * E));
@@ -556,6 +640,8 @@ double LlamaStage<Elem, G>::take_aux_loss() {
   template void LlamaStage<E, G>::moe_forward(const Block&, E*, bool);                        \
   template void LlamaStage<E, G>::moe_backward(const Block&, const E*, E*);                   \
   template int64_t LlamaStage<E, G>::moe_exchange(const int64_t*, const int64_t*, const E*, E*, int64_t, bool); \
+  template void LlamaStage<E, G>::own_rows(const E*, E*, bool);                                \
+  template std::vector<int64_t> LlamaStage<E, G>::moe_host(const int64_t*, int64_t);           \
   template double LlamaStage<E, G>::moe_balance(int64_t, int64_t, std::vector<double>*);      \
   template double LlamaStage<E, G>::take_aux_loss();                                          \
   template void LlamaStage<E, G>::take_expert_load(std::vector<int64_t>&);                     \

@@ -237,6 +237,27 @@ class NcclComm final : public Comm {
     end();
   }
 
+  // The uneven form the same way: expert parallelism's rows, to and from
+  // every peer of the ep group in one NCCL group.
+  void all_to_all_v(const void* in, std::span<const int64_t> send, void* out, std::span<const int64_t> recv, DType t,
+                    int64_t) override {
+    WEFT_ASSERT(int64_t(send.size()) == size_ && int64_t(recv.size()) == size_);
+    start();
+    WEFT_NCCL_CHECK(ncclGroupStart());
+    int64_t sent = 0, received = 0;
+    for (int64_t j = 0; j < size_; ++j) {
+      const int64_t s = send[size_t(j)], r = recv[size_t(j)];
+      if (j != rank_ && s > 0)
+        WEFT_NCCL_CHECK(ncclSend(at(in, sent, t), size_t(s), nccl_type(t), int(j), group_.comm, group_.stream));
+      if (j != rank_ && r > 0)
+        WEFT_NCCL_CHECK(ncclRecv(at(out, received, t), size_t(r), nccl_type(t), int(j), group_.comm, group_.stream));
+      sent += s;
+      received += r;
+    }
+    WEFT_NCCL_CHECK(ncclGroupEnd());
+    end();
+  }
+
   void broadcast(void* data, int64_t count, DType t, int64_t root) override {
     WEFT_ASSERT(root >= 0 && root < size_);
     start();

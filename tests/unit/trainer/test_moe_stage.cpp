@@ -339,20 +339,52 @@ TEST(MoeStage, ParameterTables) {
             "model.layers.0.feed_forward.gate_proj.weight");
 }
 
-// A Mixtral-form model's exported config.json reads back as the same model;
-// the other MoE forms are refused by name.
+// Each MoE family's exported config.json reads back as the same model (the
+// balancing loss's scope aside: a run's setting); what a family's class
+// does not compute is refused by name.
 TEST(MoeStage, ExportedConfigReadsBack) {
-  ModelSpec m = model_preset("tiny-moe");
-  m.intermediate = m.moe.expert_intermediate;  // Mixtral's intermediate_size is the experts' width
-  const nlohmann::json j = checkpoint::hf_config_json(m, 1, 2);
-  EXPECT_EQ(j["architectures"][0], "MixtralForCausalLM");
-  ModelSpec back = model_from_hf_config_json(j, "exported");
-  EXPECT_EQ(back.hash(), m.hash());
-  EXPECT_EQ(back.moe, m.moe);
-  WEFT_EXPECT_THROW_MSG(checkpoint::hf_config_json(moe_model("qwen3"), 1, 2), InputError, "as Mixtral only",
-                        "tiny-qwen3", "renormalized", "per layer");
+  ModelSpec mixtral = model_preset("tiny-moe");
+  mixtral.intermediate = mixtral.moe.expert_intermediate;  // Mixtral's intermediate_size is the experts' width
+  ModelSpec qwen3 = moe_model("qwen3", 2);  // layer 1 an MoE, 0 and 2 dense
+  qwen3.moe.dense_layers = {};
+  ModelSpec qwen3_listed = moe_model("qwen3");
+  qwen3_listed.moe.dense_layers = {1};  // mlp_only_layers
+  ModelSpec llama4 = moe_model("llama4", 2);
+  llama4.moe.shared_intermediate = llama4.moe.expert_intermediate;  // Llama 4's are one width
+  llama4.layers = 5;  // MoE layers 1 and 3, NoPE 1 and 3
+  ModelSpec llama4_plain = llama4;  // every layer RoPE'd, no chunks, no norm
+  llama4_plain.attention = AttentionVariant{};
+  llama4_plain.moe.dense_layers = {3};  // moe_layers [1]
+  for (const auto& [m, cls] : {std::pair{mixtral, "MixtralForCausalLM"}, {qwen3, "Qwen3MoeForCausalLM"},
+                                {qwen3_listed, "Qwen3MoeForCausalLM"}, {llama4, "Llama4ForCausalLM"},
+                                {llama4_plain, "Llama4ForCausalLM"}}) {
+    SCOPED_TRACE(m.name);
+    m.validate();
+    const nlohmann::json j = checkpoint::hf_config_json(m, 1, 2);
+    EXPECT_EQ(j["architectures"][0], cls);
+    ModelSpec back = model_from_hf_config_json(j, "exported");
+    ModelSpec want = m;
+    want.moe.aux_scope = AuxLossScope::global;
+    EXPECT_EQ(back.hash(), want.hash());
+    EXPECT_EQ(back.moe, want.moe);
+    EXPECT_EQ(back.attention, want.attention);
+  }
   WEFT_EXPECT_THROW_MSG(checkpoint::hf_config_json(moe_model("mixtral", 2), 1, 2), InputError,
-                        "2 of its 3 layers are dense");
+                        "tiny-mixtral as a MixtralForCausalLM", "2 of its 3 layers are dense");
+  ModelSpec sigmoid = moe_model("mixtral");
+  sigmoid.moe.score = RouterScore::sigmoid;
+  WEFT_EXPECT_THROW_MSG(checkpoint::hf_config_json(sigmoid, 1, 2), InputError, "its router is sigmoid",
+                        "the family's: softmax with renormalized weights");
+  ModelSpec chunked = moe_model("qwen3");
+  chunked.attention.attention_chunk = 8;
+  WEFT_EXPECT_THROW_MSG(checkpoint::hf_config_json(chunked, 1, 2), InputError, "Qwen3MoeForCausalLM",
+                        "it attends in chunks of 8");
+  WEFT_EXPECT_THROW_MSG(checkpoint::hf_config_json(moe_model("llama4"), 1, 2), InputError,
+                        "shared expert's width is 16, not the routed experts' 24");
+  ModelSpec dense_nope = model_preset("tiny-test");
+  dense_nope.attention.nope_interval = 2;
+  WEFT_EXPECT_THROW_MSG(checkpoint::hf_config_json(dense_nope, 1, 2), InputError, "LlamaForCausalLM",
+                        "its layers i with (i + 1) % 2 == 0 are NoPE");
   // A checkpoint of an MoE model is not another model's, though their
   // dense dimensions agree (tiny-moe is tiny's with experts); the balancing
   // loss's settings are the run's.
@@ -376,10 +408,12 @@ TEST(MoeStage, RefusesWhatItDoesNotComputeYet) {
   RunSpec lora = run;
   lora.lora.rank = 4;
   lora.lora.alpha = 8;
-  lora.lora.targets = 1;
-  WEFT_EXPECT_THROW_MSG(require_moe_layout(m, lora, Layout::parse("mb1"), d), InputError, "LoRA");
-  WEFT_EXPECT_THROW_MSG(require_moe_layout(m, run, Layout::parse("mb1"), device_preset("h100")), InputError,
-                        "on a GPU (h100");
+  lora.lora.targets = 0b1111;  // q, k, v, o: the attention's
+  EXPECT_NO_THROW(require_moe_layout(m, lora, Layout::parse("tp2-sp-dp2-ep2"), d));
+  lora.lora.targets = LoraSpec::kAllTargets;
+  WEFT_EXPECT_THROW_MSG(require_moe_layout(m, lora, Layout::parse("mb1"), d), InputError,
+                        "LoRA adapters on the FFN (gate,up,down: its experts'", "--lora-targets q,k,v,o");
+  EXPECT_NO_THROW(require_moe_layout(m, run, Layout::parse("tp2-sp-dp2-ep2"), device_preset("h100")));
   ModelSpec per_layer = m;
   per_layer.moe.aux_scope = AuxLossScope::per_layer;
   EXPECT_NO_THROW(require_moe_layout(per_layer, run, Layout::parse("pp3"), d));
@@ -393,7 +427,10 @@ TEST(MoeStage, RefusesWhatItDoesNotComputeYet) {
   EXPECT_EQ(f8.verdict, tuner::Verdict::invalid);
   EXPECT_NE(f8.reason.find("FP8 GEMMs in tiny-mixtral's MoE blocks are not computed yet"), std::string::npos)
       << f8.reason;
-  WEFT_EXPECT_THROW_MSG(lora_check_model(m, lora.lora), InputError, "--lora on the MoE model tiny-mixtral");
+  WEFT_EXPECT_THROW_MSG(lora_check_model(m, lora.lora), InputError,
+                        "--lora-targets q,k,v,o,gate,up,down on the MoE model tiny-mixtral", "the experts' projections");
+  lora.lora.targets = 0b1001;  // q and o
+  EXPECT_NO_THROW(lora_check_model(m, lora.lora));
 }
 
 }  // namespace
