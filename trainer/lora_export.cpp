@@ -7,6 +7,8 @@
 
 #include "core/error.h"
 #include "trainer/checkpoint/export_hf.h"
+#include "trainer/checkpoint/hf_names.h"
+#include "trainer/checkpoint/llama4_form.h"
 #include "trainer/checkpoint/peft.h"
 #include "trainer/model/params.h"
 #include "trainer/state_io.h"
@@ -60,9 +62,18 @@ void lora_export_adapter(const std::string& checkpoint_dir, const std::string& o
   std::vector<std::vector<float>> values;
   values.reserve(table.size());
   std::vector<checkpoint::TensorRef> tensors;
+  // PEFT's adapters act in the base's row order: a Llama 4 model's q and k
+  // B rows go to Meta's rotary pairs, as its base's do (llama4_form.h).
+  const ModelSpec& m = ck.manifest.model;
+  const bool meta_rows = checkpoint::ffn_naming(m) == checkpoint::FfnNaming::llama4;
+  std::vector<std::vector<std::byte>> reordered;
   for (const auto& p : table) {
     values.push_back(param_f32(ck, p.name));
-    tensors.push_back({p.name, checkpoint::DType::F32, p.shape, values.back().data()});
+    checkpoint::TensorRef t{p.name, checkpoint::DType::F32, p.shape, values.back().data()};
+    const bool qk_b = p.name == checkpoint::lora_param_name(Linear::q, p.layer, true) ||
+                      p.name == checkpoint::lora_param_name(Linear::k, p.layer, true);
+    if (meta_rows && qk_b) t.data = reordered.emplace_back(checkpoint::llama4_rows_to_meta(t, m.head_dim)).data();
+    tensors.push_back(t);
   }
   const nlohmann::json base = ck.manifest.run.at("lora").value("base", nlohmann::json());
   const std::string base_path = base.is_object() ? base.value("path", std::string()) : std::string();

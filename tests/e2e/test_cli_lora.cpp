@@ -4,6 +4,7 @@
 // for bit on the CPU; eval reads the checkpoint on its base; export writes a
 // PEFT folder that --lora-init starts from again, and a merged model whose
 // loss is the adapted model's. Bad settings are refused by name.
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -136,6 +137,35 @@ TEST(CliLora, MixtureOfExpertsAttention) {
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.out.find("--lora-targets q,k,v,o,gate,up,down on the MoE model tiny-moe"), std::string::npos) << r.out;
   EXPECT_FALSE(fs::exists(dir.path("x")));
+}
+
+// A Llama 4 text model (tests/fixtures/hf_moe/llama4's shape, the byte
+// vocabulary): PEFT applies q and k adapters to rows in Meta's rotary order,
+// the base's, so their B rows are exported so and read back into weft's. A
+// run started from the exported adapters computes the adapted model's loss,
+// which differs from the base's.
+TEST(CliLora, Llama4AdaptersRoundTripThroughPeft) {
+  TempDir dir;
+  const auto data = corpus(dir);
+  std::ofstream(dir.path("config.json")) << R"({"architectures": ["Llama4ForCausalLM"], "attention_bias": false, "attention_chunk_size": 16, "attention_dropout": 0.0, "attn_scale": 0.1, "attn_temperature_tuning": true, "dtype": "float32", "floor_scale": 4, "head_dim": 8, "hidden_act": "silu", "hidden_size": 16, "initializer_range": 0.02, "interleave_moe_layer_step": 2, "intermediate_size": 12, "intermediate_size_mlp": 24, "layer_types": ["chunked_attention", "chunked_attention", "chunked_attention", "full_attention"], "max_position_embeddings": 256, "model_type": "llama4_text", "moe_layers": [1, 3], "no_rope_layer_interval": 4, "no_rope_layers": [1, 1, 1, 0], "num_attention_heads": 4, "num_experts_per_tok": 1, "num_hidden_layers": 4, "num_key_value_heads": 2, "num_local_experts": 4, "output_router_logits": true, "pad_token_id": null, "rms_norm_eps": 0.001, "rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"}, "router_aux_loss_coef": 0.1, "router_jitter_noise": 0.0, "tie_word_embeddings": false, "transformers_version": "5.24.0", "use_cache": true, "use_qk_norm": true, "vocab_size": 256})";
+  const std::string shape = " --seq 32 --global-batch 4 --mb 2 --threads 1 --log-every 1 --eval-samples 4";
+  auto r = run_weft("train --model " + dir.path("config.json") + " --data " + data + shape + " --steps 2 --out " +
+                    dir.path("base"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = run_weft("export --checkpoint " + dir.path("base/checkpoints/step_000002") + " --out " + dir.path("hf"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string lora = "train --init " + dir.path("hf") + " --data " + data + shape +
+                           " --lora 4 --lora-targets q,k,v,o --lr 3e-2 --warmup 1";
+  r = run_weft(lora + " --steps 4 --out " + dir.path("a"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string ck = dir.path("a/checkpoints/step_000004");
+  const double adapted = eval_loss(ck, data), base = eval_loss(dir.path("base/checkpoints/step_000002"), data);
+  EXPECT_GT(std::abs(adapted - base), 1e-4 * base) << "the adapters change the model";
+  r = run_weft("export --lora --checkpoint " + ck + " --out " + dir.path("peft"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = run_weft(lora + " --steps 0 --out " + dir.path("b") + " --lora-init " + dir.path("peft"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NEAR(eval_loss(dir.path("b/checkpoints/step_000000"), data), adapted, 1e-5 * adapted);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "trainer/checkpoint/llama4_form.h"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <set>
@@ -25,11 +26,33 @@ int64_t meta_row(int64_t r, int64_t D) {
   return head * D + (i < half ? 2 * i : 2 * (i - half) + 1);
 }
 
+// t's rows permuted: row r goes to row to(r) when `to_meta`, else row to(r)
+// comes to row r.
+std::vector<std::byte> permute_rows(const TensorRef& t, int64_t D, bool to_meta) {
+  const int64_t es = dtype_size(t.dtype), rows = t.shape.at(0), cols = t.elements() / std::max<int64_t>(rows, 1);
+  std::vector<std::byte> out(size_t(rows * cols * es));
+  const auto* src = static_cast<const std::byte*>(t.data);
+  const int64_t row = cols * es;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t m = meta_row(r, D);
+    std::memcpy(out.data() + (to_meta ? m : r) * row, src + (to_meta ? r : m) * row, size_t(row));
+  }
+  return out;
+}
+
 bool is_expert(ParamKind k) {
   return k == ParamKind::expert_gate || k == ParamKind::expert_up || k == ParamKind::expert_down;
 }
 
 }  // namespace
+
+std::vector<std::byte> llama4_rows_to_meta(const TensorRef& t, int64_t head_dim) {
+  return permute_rows(t, head_dim, true);
+}
+
+std::vector<std::byte> llama4_rows_from_meta(const TensorRef& t, int64_t head_dim) {
+  return permute_rows(t, head_dim, false);
+}
 
 std::optional<Llama4Source> llama4_source(const ModelSpec& m, const ParamInfo& p) {
   if (ffn_naming(m) != FfnNaming::llama4) return std::nullopt;
@@ -45,17 +68,13 @@ std::optional<Llama4Source> llama4_source(const ModelSpec& m, const ParamInfo& p
 }
 
 std::vector<std::byte> llama4_from_stored(const ModelSpec& m, const ParamInfo& p, const TensorRef& t) {
+  if (p.kind == ParamKind::q_proj || p.kind == ParamKind::k_proj) return llama4_rows_from_meta(t, m.head_dim);
   const int64_t es = dtype_size(t.dtype), rows = p.shape[0], cols = p.shape[1];
   std::vector<std::byte> out(size_t(rows * cols * es));
   const auto* src = static_cast<const std::byte*>(t.data);
   const auto put = [&](int64_t r, int64_t c, int64_t from) {
     std::memcpy(out.data() + (r * cols + c) * es, src + from * es, size_t(es));
   };
-  if (p.kind == ParamKind::q_proj || p.kind == ParamKind::k_proj) {
-    for (int64_t r = 0; r < rows; ++r)
-      std::memcpy(out.data() + r * cols * es, src + meta_row(r, m.head_dim) * cols * es, size_t(cols * es));
-    return out;
-  }
   const int64_t e = p.expert;
   if (p.kind == ParamKind::expert_down) {  // (C, F) from down_proj[e] (F, C)
     const int64_t F = cols, C = rows;
@@ -89,12 +108,7 @@ std::vector<TensorRef> llama4_to_stored(const ModelSpec& m, const std::vector<Te
     const ParamInfo& p = it->second;
     const int64_t es = dtype_size(t.dtype);
     if (!is_expert(p.kind)) {  // q or k: rows back into Meta's pairs
-      const int64_t rows = p.shape[0], cols = p.shape[1];
-      auto& buf = buffers.emplace_back(size_t(rows * cols * es));
-      const auto* src = static_cast<const std::byte*>(t.data);
-      for (int64_t r = 0; r < rows; ++r)
-        std::memcpy(buf.data() + meta_row(r, D) * cols * es, src + r * cols * es, size_t(cols * es));
-      out.push_back(TensorRef{t.name, t.dtype, t.shape, buf.data()});
+      out.push_back(TensorRef{t.name, t.dtype, t.shape, buffers.emplace_back(llama4_rows_to_meta(t, D)).data()});
       continue;
     }
     if (!fused.insert(p.layer).second) continue;

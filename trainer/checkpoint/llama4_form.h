@@ -30,6 +30,11 @@ struct Llama4Source {
 };
 std::optional<Llama4Source> llama4_source(const ModelSpec& m, const ParamInfo& p);
 
+// The rows of a q or k projection, or of its LoRA B (PEFT's adapters act in
+// the base's row order), from weft's pairs to Meta's, or back.
+std::vector<std::byte> llama4_rows_to_meta(const TensorRef& t, int64_t head_dim);
+std::vector<std::byte> llama4_rows_from_meta(const TensorRef& t, int64_t head_dim);
+
 // Parameter p in weft's form from its stored tensor t (llama4_source's).
 std::vector<std::byte> llama4_from_stored(const ModelSpec& m, const ParamInfo& p, const TensorRef& t);
 

@@ -11,6 +11,7 @@
 #include "core/json_io.h"
 #include "trainer/checkpoint/file_io.h"
 #include "trainer/checkpoint/hf_names.h"
+#include "trainer/checkpoint/llama4_form.h"
 
 namespace weft::checkpoint {
 
@@ -39,6 +40,7 @@ std::vector<int64_t> adapter_shape(const ModelSpec& m, const LoraSpec& l, Linear
 }  // namespace
 
 const TensorRef& PeftAdapter::tensor(const std::string& name) const {
+  if (const auto it = reordered.find(name); it != reordered.end()) return it->second;
   if (const TensorRef* t = file.find(kPeftPrefix + name)) return *t;
   throw FileFormatError(fmt::format("PEFT adapter '{}': {} has no tensor '{}{}'", dir, kPeftWeightsFile,
                                     kPeftPrefix, name));
@@ -111,6 +113,10 @@ PeftAdapter peft_read(const std::string& dir, const fs::path& p, const nlohmann:
             throw FileFormatError(fmt::format("PEFT adapter '{}': {}{} has shape {}, the model's is {}", dir,
                                               kPeftPrefix, name, shape_text(t.shape), shape_text(want)));
           expected.insert(kPeftPrefix + name);
+          if (b && (g == int(Linear::q) || g == int(Linear::k)) && ffn_naming(m) == FfnNaming::llama4) {
+            a.converted.push_back(llama4_rows_from_meta(t, m.head_dim));
+            a.reordered.emplace(name, TensorRef{name, t.dtype, t.shape, a.converted.back().data()});
+          }
         }
   for (const auto& t : a.file.tensors())
     if (!expected.count(t.name))

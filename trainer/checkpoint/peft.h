@@ -11,6 +11,7 @@
 // weights stored (out, in)); anything else is refused with the field named.
 #pragma once
 
+#include <cstddef>
 #include <map>
 #include <string>
 #include <string_view>
@@ -32,8 +33,14 @@ struct PeftAdapter {
   LoraSpec lora;          // r, lora_alpha, lora_dropout, target_modules
   nlohmann::json config;  // adapter_config.json as read
   SafetensorsFile file;
+  // Adapters read in another row order than the file's: a Llama 4 model's
+  // q and k lora_B, whose rows PEFT keeps in Meta's rotary pairs, as the
+  // base's (llama4_form.h); by weft's name, into `converted`.
+  std::vector<std::vector<std::byte>> converted;
+  std::map<std::string, TensorRef, std::less<>> reordered;
   // The adapter of block `layer`'s linear g (b: lora_B), by weft's name
-  // (lora_param_name); FileFormatError naming the folder when absent.
+  // (lora_param_name), in weft's row order; FileFormatError naming the
+  // folder when absent.
   const TensorRef& tensor(const std::string& name) const;
 };
 
