@@ -30,14 +30,12 @@ constexpr double kMaxTemperatureScale = 1e3;
 
 }  // namespace
 
-bool ModelSpec::moe_layer(int64_t i) const {
-  if (!moe.enabled() || moe.step < 1 || (i + 1) % moe.step != 0) return false;
-  return !std::binary_search(moe.dense_layers.begin(), moe.dense_layers.end(), i);
-}
-
 int64_t ModelSpec::moe_layers() const {
-  int64_t n = 0;
-  for (int64_t i = 0; i < layers; ++i) n += moe_layer(i) ? 1 : 0;
+  // Every step-th layer but the dense ones among them (the planner asks
+  // this per candidate: no walk over the layers).
+  if (!moe.enabled() || moe.step < 1) return 0;
+  int64_t n = layers / moe.step;
+  for (const int64_t d : moe.dense_layers) n -= d < layers && (d + 1) % moe.step == 0 ? 1 : 0;
   return n;
 }
 
@@ -49,16 +47,27 @@ int64_t ModelSpec::attention_params() const {
   return q + kv + o + qk_norms;
 }
 
+namespace {
+
+// A dense block's parameters, and an MoE block's: all of them, or those a
+// token computes with (its top-k experts').
+int64_t dense_block_params(const ModelSpec& m) {
+  return m.attention_params() + 2 * m.hidden + 3 * m.hidden * m.intermediate;
+}
+int64_t moe_block_params(const ModelSpec& m, bool active) {
+  const MoeSpec& e = m.moe;
+  return m.attention_params() + 2 * m.hidden + e.experts * m.hidden +
+         (active ? e.top_k : e.experts) * 3 * m.hidden * e.expert_intermediate + 3 * m.hidden * e.shared_intermediate;
+}
+
+}  // namespace
+
 int64_t ModelSpec::layer_params(int64_t i) const {
-  const int64_t norms = 2 * hidden;
-  if (!moe_layer(i)) return attention_params() + norms + 3 * hidden * intermediate;
-  return attention_params() + norms + moe.experts * hidden + moe.experts * 3 * hidden * moe.expert_intermediate +
-         3 * hidden * moe.shared_intermediate;
+  return moe_layer(i) ? moe_block_params(*this, false) : dense_block_params(*this);
 }
 
 int64_t ModelSpec::layer_active_params(int64_t i) const {
-  if (!moe_layer(i)) return layer_params(i);
-  return layer_params(i) - (moe.experts - moe.top_k) * 3 * hidden * moe.expert_intermediate;
+  return moe_layer(i) ? moe_block_params(*this, true) : dense_block_params(*this);
 }
 
 int64_t ModelSpec::padded_vocab(int64_t tp) const {
@@ -68,14 +77,15 @@ int64_t ModelSpec::padded_vocab(int64_t tp) const {
 }
 
 int64_t ModelSpec::param_count() const {
-  int64_t blocks = moe.enabled() ? 0 : layers * layer_params(0);
-  for (int64_t i = 0; moe.enabled() && i < layers; ++i) blocks += layer_params(i);
+  // (Closed forms over the MoE layers' count: the planner asks per candidate.)
+  const int64_t n = moe_layers();
+  const int64_t blocks = (layers - n) * dense_block_params(*this) + (n > 0 ? n * moe_block_params(*this, false) : 0);
   return embedding_params() + blocks + hidden + head_params();
 }
 
 int64_t ModelSpec::flop_params() const {
-  int64_t blocks = moe.enabled() ? 0 : layers * layer_params(0);
-  for (int64_t i = 0; moe.enabled() && i < layers; ++i) blocks += layer_active_params(i);
+  const int64_t n = moe_layers();
+  const int64_t blocks = (layers - n) * dense_block_params(*this) + (n > 0 ? n * moe_block_params(*this, true) : 0);
   return blocks + hidden + vocab * hidden;
 }
 

@@ -2,6 +2,7 @@
 // parameter count, and import from a Hugging Face config.json.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -47,8 +48,12 @@ struct ModelSpec {
   MoeSpec moe;                  // experts; none for a dense Llama
   AttentionVariant attention;   // plain for Llama (core/moe_spec.h)
 
-  // Whether layer i (from 0) has an MoE FFN, and how many do.
-  bool moe_layer(int64_t i) const;
+  // Whether layer i (from 0) has an MoE FFN, and how many do. (Inline: the
+  // planner asks for each layer of each stage of each candidate.)
+  bool moe_layer(int64_t i) const {
+    if (!moe.enabled() || moe.step < 1 || (i + 1) % moe.step != 0) return false;
+    return !std::binary_search(moe.dense_layers.begin(), moe.dense_layers.end(), i);
+  }
   int64_t moe_layers() const;
   // Parameters of one block's attention: q, k, v, o and Qwen3's q and k norms.
   int64_t attention_params() const;

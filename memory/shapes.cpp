@@ -187,11 +187,28 @@ StagePlan stage_plan(const ModelSpec& m, const RunSpec& run, const Layout& l, in
     p.slot_ffn[int(SlotFfn::dense)] = {p.slot_layers, p.slot_checkpointed};
     return p;
   }
-  for (int64_t c = 0; c < l.vpp; ++c)
-    for (int64_t i = 0, n = l.chunk_layers(m, stage, c); i < n; ++i)
-      p.moe_layers += m.moe_layer(global_layer(m, l, stage, c, i)) ? 1 : 0;
+  if (m.moe_layers() == m.layers) {  // every layer an MoE one (Mixtral, Scout)
+    p.moe_layers = p.layers;
+    p.slot_ffn[int(SlotFfn::moe)] = {p.slot_layers, p.slot_checkpointed};
+    return p;
+  }
+  // Each chunk's first model layer and its layers, found once (the planner
+  // plans every stage of every candidate).
+  std::vector<std::pair<int64_t, int64_t>> chunks(static_cast<size_t>(l.vpp));
+  for (int64_t c = 0; c < l.vpp; ++c) {
+    chunks[size_t(c)] = {global_layer(m, l, stage, c, 0), l.chunk_layers(m, stage, c)};
+    for (int64_t i = 0; i < chunks[size_t(c)].second; ++i)
+      p.moe_layers += m.moe_layer(chunks[size_t(c)].first + i) ? 1 : 0;
+  }
   for (int64_t i = 0; i < p.slot_layers; ++i) {
-    SlotPositions& s = p.slot_ffn[int(slot_ffn(m, l, stage, i))];
+    bool dense = false, moe = false;  // slot_ffn's answer, from the chunks above
+    for (const auto& [first, n] : chunks)
+      if (i < n) {
+        const bool here = m.moe_layer(first + i);
+        moe = moe || here;
+        dense = dense || !here;
+      }
+    SlotPositions& s = p.slot_ffn[int(dense && moe ? SlotFfn::both : moe ? SlotFfn::moe : SlotFfn::dense)];
     ++s.positions;
     s.checkpointed += i < p.slot_checkpointed ? 1 : 0;
   }
@@ -447,7 +464,7 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
       // One block's dropped tensors are rebuilt at a time during the
       // backward (an FP8 input is rebuilt in the compute type, into its
       // scratch below).
-      it->rebuilt = it->rebuilt || (n_ckpt > 0 && !in_ckpt && !fp8_saved_name(t.name));
+      it->rebuilt = it->rebuilt || (n_ckpt > 0 && !in_ckpt && !(fp8.any() && fp8_saved_name(t.name)));
     }
     WEFT_ASSERT(next_ckpt == ckpt.size());
   }
