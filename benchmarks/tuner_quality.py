@@ -46,6 +46,12 @@ SPACES = {
     # adapters train, so the ZeRO stage shards just their gradients and
     # optimizer state), so that brute force fits in half an hour on 2 cores.
     "lora-init-zero1": (None, 256, 16, 4, ["--lora", "8", "--lora-targets", "q,k,v,o,gate,up,down"], ["--zero", "1"]),
+    # small-seq256 cut to what brute force profiles in about an hour on 2
+    # cores (its 9,744 layouts at 11 s a trial would take 30 hours): global
+    # batch 8 and ZeRO-1, flash attention and the fused norm pinned; 657
+    # valid layouts, the degrees, micro-batch, interleaving, sp, checkpointing,
+    # cp and its transports and the pipeline splits free.
+    "small-seq256-pinned": ("small", 256, 8, 4, [], ["--zero", "1", "--attn", "flash", "--norm", "fused"]),
     # Small enough for brute force in minutes, for developing the search.
     "dev-tiny-2ranks": ("tiny", 64, 8, 2, []),
 }
