@@ -82,6 +82,27 @@ TrainConfig config(const std::string& out, bool gpu, const Layout& layout) {
 
 Layout layout_of(const std::string& text) { return Layout::parse(text); }
 
+// The GPU run's 20 losses against the CPU's, each within `step_tol` and
+// on average within `mean_tol` (relative), the GPU run learning; and, the
+// arena allocating exactly the shape table, every category but the
+// runtime's equal to the memory model to the byte.
+void expect_follows(const TrainReport& cpu, const TrainReport& gpu, double step_tol, double mean_tol) {
+  ASSERT_EQ(cpu.losses.size(), 20u);
+  ASSERT_EQ(gpu.losses.size(), 20u);
+  double mean_rel = 0;
+  for (size_t i = 0; i < 20; ++i) {
+    const double rel = std::abs(gpu.losses[i] - cpu.losses[i]) / std::abs(cpu.losses[i]);
+    EXPECT_LE(rel, step_tol) << "step " << i + 1 << ": gpu " << gpu.losses[i] << ", cpu " << cpu.losses[i];
+    mean_rel += rel / 20;
+  }
+  EXPECT_LE(mean_rel, mean_tol);
+  EXPECT_LT(gpu.losses.back(), gpu.losses.front()) << "the GPU run learns";
+  for (auto cat : memory::kAllCategories) {
+    if (cat == memory::Category::overhead) continue;
+    EXPECT_EQ(gpu.measured[size_t(cat)], gpu.predicted[size_t(cat)]) << memory::to_string(cat);
+  }
+}
+
 class GpuTrain : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GpuTrain, FirstTwentyLossesFollowTheFp32CpuRun) {
@@ -91,22 +112,7 @@ TEST_P(GpuTrain, FirstTwentyLossesFollowTheFp32CpuRun) {
   const TrainReport cpu = train(config(dir.path("cpu"), false, l), quiet);
   const TrainReport gpu = train(config(dir.path("gpu"), true, l), quiet);
   std::fclose(quiet);
-  ASSERT_EQ(cpu.losses.size(), 20u);
-  ASSERT_EQ(gpu.losses.size(), 20u);
-  double mean_rel = 0;
-  for (size_t i = 0; i < 20; ++i) {
-    const double rel = std::abs(gpu.losses[i] - cpu.losses[i]) / std::abs(cpu.losses[i]);
-    EXPECT_LE(rel, 4.0 / 256) << "step " << i + 1 << ": gpu " << gpu.losses[i] << ", cpu " << cpu.losses[i];
-    mean_rel += rel / 20;
-  }
-  EXPECT_LE(mean_rel, 1.0 / 256);
-  EXPECT_LT(gpu.losses.back(), gpu.losses.front()) << "the GPU run learns";
-  // The arena allocates exactly the shape table, so every category but the
-  // runtime's matches the memory model to the byte.
-  for (auto cat : memory::kAllCategories) {
-    if (cat == memory::Category::overhead) continue;
-    EXPECT_EQ(gpu.measured[size_t(cat)], gpu.predicted[size_t(cat)]) << memory::to_string(cat);
-  }
+  expect_follows(cpu, gpu, 4.0 / 256, 1.0 / 256);
 }
 
 // A bf16 checkpoint holds the fp32 master weights and Adam state, so a run
@@ -460,21 +466,8 @@ void expect_lora_tracks_cpu(const std::string& layout, const LoraSpec& lora) {
   const TrainReport cpu = train(cfg("cpu", false), quiet);
   const TrainReport gpu = train(cfg("gpu", true), quiet);
   std::fclose(quiet);
-  ASSERT_EQ(cpu.losses.size(), 20u);
-  ASSERT_EQ(gpu.losses.size(), 20u);
-  double mean_rel = 0;
-  for (size_t i = 0; i < 20; ++i) {
-    const double rel = std::abs(gpu.losses[i] - cpu.losses[i]) / std::abs(cpu.losses[i]);
-    EXPECT_LE(rel, 4.0 / 256) << "step " << i + 1 << ": gpu " << gpu.losses[i] << ", cpu " << cpu.losses[i];
-    mean_rel += rel / 20;
-  }
-  EXPECT_LE(mean_rel, 1.0 / 256);
-  EXPECT_LT(gpu.losses.back(), gpu.losses.front()) << "the GPU LoRA run learns";
+  expect_follows(cpu, gpu, 4.0 / 256, 1.0 / 256);
   EXPECT_LT(cpu.losses.back(), cpu.losses.front()) << "the CPU LoRA run learns";
-  for (auto cat : memory::kAllCategories) {
-    if (cat == memory::Category::overhead) continue;
-    EXPECT_EQ(gpu.measured[size_t(cat)], gpu.predicted[size_t(cat)]) << memory::to_string(cat);
-  }
 }
 
 // Rank 4 (alpha 8) on all seven linear layers, no dropout.
@@ -571,20 +564,7 @@ TEST_P(GpuTrainMoe, FollowsTheFp32CpuRun) {
   const TrainReport cpu = train(cfg("cpu", false), quiet);
   const TrainReport gpu = train(cfg("gpu", true), quiet);
   std::fclose(quiet);
-  ASSERT_EQ(cpu.losses.size(), 20u);
-  ASSERT_EQ(gpu.losses.size(), 20u);
-  double mean_rel = 0;
-  for (size_t i = 0; i < 20; ++i) {
-    const double rel = std::abs(gpu.losses[i] - cpu.losses[i]) / std::abs(cpu.losses[i]);
-    EXPECT_LE(rel, 8.0 / 256) << "step " << i + 1 << ": gpu " << gpu.losses[i] << ", cpu " << cpu.losses[i];
-    mean_rel += rel / 20;
-  }
-  EXPECT_LE(mean_rel, 2.0 / 256);
-  EXPECT_LT(gpu.losses.back(), gpu.losses.front()) << "the GPU MoE run learns";
-  for (auto cat : memory::kAllCategories) {
-    if (cat == memory::Category::overhead) continue;
-    EXPECT_EQ(gpu.measured[size_t(cat)], gpu.predicted[size_t(cat)]) << memory::to_string(cat);
-  }
+  expect_follows(cpu, gpu, 8.0 / 256, 2.0 / 256);
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, GpuTrainMoe,
