@@ -42,6 +42,8 @@ bool cublas_loaded() { return false; }
 
 WEFT_CUDA_UNAVAILABLE(GemmParams)
 WEFT_CUDA_UNAVAILABLE(GemmAccParams)
+WEFT_CUDA_UNAVAILABLE(GroupedGemmParams)
+WEFT_CUDA_UNAVAILABLE(GroupedGemmAccParams)
 WEFT_CUDA_UNAVAILABLE(AttentionForwardParams)
 WEFT_CUDA_UNAVAILABLE(AttentionBackwardParams)
 WEFT_CUDA_UNAVAILABLE(AttentionMergeParams)

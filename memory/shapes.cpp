@@ -570,8 +570,13 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
   out.push_back({"scratch.grad_norm", Category::workspace, piece(ceil_div(psi, int64_t{1} << 14), 8), 8, 1});
   // On a GPU the two sums (tp-sharded, tp-replicated parameters) stay on the device.
   if (device.kind == DeviceKind::gpu) out.push_back({"scratch.grad_norm_sum", Category::workspace, 2, 8, 1});
-  if (device.kind == DeviceKind::gpu)
-    out.push_back({"scratch.gemm", Category::workspace, kGpuGemmWorkspace, 1, 1});
+  if (device.kind == DeviceKind::gpu) {
+    // An MoE block's grouped GEMMs (kernels/gemm/gemm.h) also stage three
+    // device pointer arrays there, each 256-byte aligned, for at most 2 E
+    // entries (the gate's and the up's of each expert's run of rows).
+    const int64_t grouped = plan.moe_layers > 0 ? 3 * ceil_div(2 * m.moe.experts * 8, 256) * 256 : 0;
+    out.push_back({"scratch.gemm", Category::workspace, kGpuGemmWorkspace + grouped, 1, 1});
+  }
 
   fp8_buffer_shapes(m, run, l, device, plan, d, out);
   comm_buffer_shapes(m, l, plan, d, out);

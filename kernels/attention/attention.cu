@@ -34,6 +34,7 @@
 #include "kernels/attention/attention_check.h"
 #include "kernels/attention/attention_cuda.cuh"
 #include "kernels/cuda_common.cuh"
+#include "kernels/gemm/gemm_lt.cuh"
 #ifdef WEFT_HAVE_CUDNN_FRONTEND
 #include "kernels/attention/attention_cudnn.h"
 #endif
@@ -47,18 +48,7 @@ namespace {
 using gpu::dev;
 using gpu::nv_bf16;
 
-// One cuBLAS handle per thread and device: a handle must not be driven from
-// two threads at once, and creating one costs milliseconds. Handles are never
-// destroyed: at thread or process exit the CUDA context may already be gone.
-cublasHandle_t cublas_handle(cudaStream_t stream) {
-  thread_local std::vector<cublasHandle_t> handles;
-  int device = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  if (handles.size() <= size_t(device)) handles.resize(size_t(device) + 1, nullptr);
-  if (handles[device] == nullptr) CUBLAS_CHECK(cublasCreate(&handles[device]));
-  CUBLAS_CHECK(cublasSetStream(handles[device], stream));
-  return handles[device];
-}
+using gpu::cublas_handle;  // kernels/gemm/gemm_lt.cuh
 
 // The flash kernels use bf16 tensor-core MMA, sm_80 and newer.
 bool device_has_bf16_mma() {

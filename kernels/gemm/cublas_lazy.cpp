@@ -88,3 +88,11 @@ WEFT_FORWARD(cublas, cublasStatus_t, cublasGemmBatchedEx,
               int batch, cublasComputeType_t compute, cublasGemmAlgo_t algo),
              (handle, ta, tb, m, n, k, alpha, A, a_type, lda, B, b_type, ldb, beta, C, c_type, ldc, batch, compute,
               algo))
+WEFT_FORWARD(cublas, cublasStatus_t, cublasGemmGroupedBatchedEx_64,
+             (cublasHandle_t handle, const cublasOperation_t ta[], const cublasOperation_t tb[], const int64_t m[],
+              const int64_t n[], const int64_t k[], const void* alpha, const void* const A[], cudaDataType a_type,
+              const int64_t lda[], const void* const B[], cudaDataType b_type, const int64_t ldb[],
+              const void* beta, void* const C[], cudaDataType c_type, const int64_t ldc[], int64_t groups,
+              const int64_t group_size[], cublasComputeType_t compute),
+             (handle, ta, tb, m, n, k, alpha, A, a_type, lda, B, b_type, ldb, beta, C, c_type, ldc, groups,
+              group_size, compute))

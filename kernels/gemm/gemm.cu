@@ -15,13 +15,25 @@
 // costs one cublasLtMatmul call. The alignment is part of the key because a
 // kernel chosen for 16-byte aligned operands must not see a less aligned one.
 //
+// A grouped GEMM (an MoE layer's experts) is one cublasGemmGroupedBatchedEx
+// call, each entry a group of one in the same column-major view, with the
+// device pointer arrays written by a small kernel from its arguments (no
+// host copy, so the host never waits). cuBLAS documents its grouped kernels
+// for bf16 in and out; where it answers "not supported" (bf16 in, fp32 out:
+// the weight gradients into fp32 main gradients) the entries go to
+// cuBLASLt one by one.
+//
 // With beta = 0, C is not read (cuBLAS's documented contract, so NaN there
 // does not propagate); k = 0 is done here as C = beta * C, which cuBLASLt
 // does not accept.
+#include <algorithm>
+#include <atomic>
 #include <climits>
+#include <cstddef>
 #include <map>
 #include <tuple>
 #include <unordered_map>
+#include <vector>
 
 #include "kernels/cuda_common.cuh"
 #include "kernels/gemm/gemm.h"
@@ -173,7 +185,142 @@ Status run(const GemmAccParams<bf16>& p, Workspace ws, cudaStream_t stream) {
   return run_view(view(p), ws, stream);
 }
 
+// ------------------------------------------------------------ grouped
+
+// The pointer arrays go to the device by kernel argument, a chunk of
+// kPointerChunk entries per launch (3 KiB of arguments, within the 4 KiB
+// every device takes): stream-ordered, so the host never waits for the
+// stream, and the workspace may be reused by the next call.
+constexpr int kPointerChunk = 128;
+struct PointerChunk {
+  const void* a[kPointerChunk];  // cuBLAS's A (weft's B)
+  const void* b[kPointerChunk];  // cuBLAS's B (weft's A)
+  void* c[kPointerChunk];
+  int64_t count;
+};
+
+__global__ void pointer_chunk_kernel(PointerChunk chunk, const void** a, const void** b, void** c) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= chunk.count) return;
+  a[i] = chunk.a[i];
+  b[i] = chunk.b[i];
+  c[i] = chunk.c[i];
+}
+
+// Types cuBLAS answered "not supported" for in a grouped call (bf16 in,
+// C's type): those entries run one by one through cuBLASLt from then on.
+std::atomic<bool>& grouped_unsupported(cudaDataType_t c_type) {
+  static std::atomic<bool> bf16_c{false}, fp32_c{false};
+  return c_type == CUDA_R_16BF ? bf16_c : fp32_c;
+}
+
+// The entries that reach cuBLAS in one call: those with a non-empty C and
+// k > 0 (k = 0 is C = beta * C, which run_view does alone).
+template <typename Entry>
+Status run_grouped(const Entry* gemms, int64_t count, Workspace ws, cudaStream_t stream) {
+  if (count == 0) return Status::ok;
+  const cudaDataType_t c_type = view(gemms[0]).c_type;
+  const int64_t pointer_bytes = grouped_gemm_pointer_bytes(count);
+  const Workspace lt{static_cast<std::byte*>(ws.data) + pointer_bytes, ws.bytes - pointer_bytes};
+  std::vector<GemmView> grouped;
+  for (int64_t i = 0; i < count; ++i) {
+    const GemmView v = view(gemms[i]);
+    if (v.m == 0 || v.n == 0) continue;
+    if (v.k == 0 || grouped_unsupported(c_type)) {
+      if (Status s = run_view(v, lt, stream); s != Status::ok) return s;
+      continue;
+    }
+    grouped.push_back(v);
+  }
+  if (grouped.empty()) return Status::ok;
+  const int64_t n = int64_t(grouped.size());
+  // cuBLAS is column-major: each entry as run_view hands it to cuBLASLt,
+  // weft's B as cuBLAS's A, (n, m) for C.
+  const auto count_n = static_cast<size_t>(n);
+  std::vector<cublasOperation_t> ta(count_n), tb(count_n);
+  std::vector<int64_t> m(count_n), nn(count_n), k(count_n), lda(count_n), ldb(count_n), ldc(count_n),
+      size(count_n, 1);
+  std::vector<float> alpha(count_n), beta(count_n);
+  for (int64_t i = 0; i < n; ++i) {
+    const GemmView& v = grouped[size_t(i)];
+    ta[size_t(i)] = v.trans_b == Trans::yes ? CUBLAS_OP_T : CUBLAS_OP_N;
+    tb[size_t(i)] = v.trans_a == Trans::yes ? CUBLAS_OP_T : CUBLAS_OP_N;
+    m[size_t(i)] = v.n;
+    nn[size_t(i)] = v.m;
+    k[size_t(i)] = v.k;
+    lda[size_t(i)] = v.ldb;
+    ldb[size_t(i)] = v.lda;
+    ldc[size_t(i)] = v.ldc;
+    alpha[size_t(i)] = v.alpha;
+    beta[size_t(i)] = v.beta;
+  }
+  const int64_t one = pointer_bytes / 3;
+  auto* dev_a = reinterpret_cast<const void**>(ws.data);
+  auto* dev_b = reinterpret_cast<const void**>(static_cast<std::byte*>(ws.data) + one);
+  auto* dev_c = reinterpret_cast<void**>(static_cast<std::byte*>(ws.data) + 2 * one);
+  for (int64_t at = 0; at < n; at += kPointerChunk) {
+    PointerChunk chunk{};
+    chunk.count = std::min<int64_t>(kPointerChunk, n - at);
+    for (int64_t j = 0; j < chunk.count; ++j) {
+      const GemmView& v = grouped[size_t(at + j)];
+      chunk.a[j] = v.b;
+      chunk.b[j] = v.a;
+      chunk.c[j] = v.c;
+    }
+    pointer_chunk_kernel<<<1, kPointerChunk, 0, stream>>>(chunk, dev_a + at, dev_b + at, dev_c + at);
+    WEFT_LAUNCH_CHECK(stream, "pointer_chunk_kernel");
+  }
+  const cublasStatus_t status = cublasGemmGroupedBatchedEx_64(
+      gpu::cublas_handle(stream), ta.data(), tb.data(), m.data(), nn.data(), k.data(), alpha.data(), dev_a,
+      CUDA_R_16BF, lda.data(), dev_b, CUDA_R_16BF, ldb.data(), beta.data(), dev_c, c_type, ldc.data(), n,
+      size.data(), CUBLAS_COMPUTE_32F);
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED) {
+    grouped_unsupported(c_type) = true;
+    for (const GemmView& v : grouped)
+      if (Status s = run_view(v, lt, stream); s != Status::ok) return s;
+    return Status::ok;
+  }
+  CUBLAS_CHECK(status);
+  WEFT_LAUNCH_CHECK(stream, "cublasGemmGroupedBatchedEx");
+  return Status::ok;
+}
+
+template <typename P>
+Status grouped_lt_check(const P& p) {
+  Status s = grouped_check(p);
+  for (int64_t i = 0; s == Status::ok && i < p.count; ++i) s = lt_check(p.gemms[i]);
+  return s;
+}
+Status check(const GroupedGemmParams<bf16>& p) { return grouped_lt_check(p); }
+Status check(const GroupedGemmAccParams<bf16>& p) { return grouped_lt_check(p); }
+int64_t scratch(const GroupedGemmParams<bf16>& p) {
+  return grouped_gemm_pointer_bytes(p.count) + kLtWorkspace + kLtAlign;
+}
+int64_t scratch(const GroupedGemmAccParams<bf16>& p) {
+  return grouped_gemm_pointer_bytes(p.count) + kLtWorkspace + kLtAlign;
+}
+Status run(const GroupedGemmParams<bf16>& p, Workspace ws, cudaStream_t stream) {
+  return run_grouped(p.gemms, p.count, ws, stream);
+}
+Status run(const GroupedGemmAccParams<bf16>& p, Workspace ws, cudaStream_t stream) {
+  return run_grouped(p.gemms, p.count, ws, stream);
+}
+
 }  // namespace
+
+cublasHandle_t gpu::cublas_handle(cudaStream_t stream) {
+  static thread_local auto* handles = new std::unordered_map<int, cublasHandle_t>;
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  auto it = handles->find(device);
+  if (it == handles->end()) {
+    cublasHandle_t h = nullptr;
+    CUBLAS_CHECK(cublasCreate(&h));
+    it = handles->emplace(device, h).first;
+  }
+  CUBLAS_CHECK(cublasSetStream(it->second, stream));
+  return it->second;
+}
 
 cublasLtHandle_t gpu::lt_handle(int device) {
   static thread_local auto* handles = new std::unordered_map<int, cublasLtHandle_t>;
@@ -188,5 +335,7 @@ cublasLtHandle_t gpu::lt_handle(int device) {
 
 WEFT_CUDA_INSTANTIATE(GemmParams)
 WEFT_CUDA_INSTANTIATE(GemmAccParams)
+WEFT_CUDA_INSTANTIATE(GroupedGemmParams)
+WEFT_CUDA_INSTANTIATE(GroupedGemmAccParams)
 
 }  // namespace weft::kernels

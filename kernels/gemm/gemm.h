@@ -84,6 +84,68 @@ int64_t workspace_bytes(const GemmAccParams<Elem>& p, Backend backend = Backend:
 template <typename Elem>
 Status launch(const GemmAccParams<Elem>& p, Workspace ws, Stream stream = {});
 
+// A grouped GEMM: `count` independent products launched as one (an MoE
+// layer's experts, each over its own rows, so each entry has its own m or k).
+// Each entry is a GemmParams of its own, with batch 1: sizes, pointers,
+// leading dimensions, alpha and beta. The list lives in host memory, the
+// matrices where the backend's do; no two entries' C may overlap. On the
+// CPU the entries run one after another. On CUDA they go to cuBLAS's grouped
+// GEMM (cublasGemmGroupedBatchedEx) in one call, each entry a group of one,
+// the device pointer arrays staged through the workspace; where cuBLAS has
+// no grouped kernel for the types (it answers not supported), each entry
+// goes to cuBLASLt as a GEMM of its own, as before.
+template <typename Elem>
+struct GroupedGemmParams {
+  const GemmParams<Elem>* gemms = nullptr;  // (count), host memory
+  int64_t count = 0;
+};
+
+// The same with C in the accumulator type (the experts' weight gradients
+// into fp32 main gradients): entries as GemmAccParams.
+template <typename Elem>
+struct GroupedGemmAccParams {
+  const GemmAccParams<Elem>* gemms = nullptr;  // (count), host memory
+  int64_t count = 0;
+};
+
+// The grouped form of a GEMM's params: GroupedOf<GemmParams<E>> is
+// GroupedGemmParams<E>, GroupedOf<GemmAccParams<E>> GroupedGemmAccParams<E>.
+template <typename P>
+struct GroupedOfT;
+template <typename Elem>
+struct GroupedOfT<GemmParams<Elem>> {
+  using type = GroupedGemmParams<Elem>;
+};
+template <typename Elem>
+struct GroupedOfT<GemmAccParams<Elem>> {
+  using type = GroupedGemmAccParams<Elem>;
+};
+template <typename P>
+using GroupedOf = typename GroupedOfT<P>::type;
+
+template <typename Elem>
+bool supports(const GroupedGemmParams<Elem>& p, Backend backend = Backend::cpu);
+template <typename Elem>
+int64_t workspace_bytes(const GroupedGemmParams<Elem>& p, Backend backend = Backend::cpu);
+template <typename Elem>
+Status launch(const GroupedGemmParams<Elem>& p, Workspace ws, Stream stream = {});
+
+template <typename Elem>
+bool supports(const GroupedGemmAccParams<Elem>& p, Backend backend = Backend::cpu);
+template <typename Elem>
+int64_t workspace_bytes(const GroupedGemmAccParams<Elem>& p, Backend backend = Backend::cpu);
+template <typename Elem>
+Status launch(const GroupedGemmAccParams<Elem>& p, Workspace ws, Stream stream = {});
+
+// The CUDA grouped GEMM's workspace for `count` entries: cuBLASLt's scratch
+// (for entries it runs alone) and the three device pointer arrays, each
+// 256-byte aligned. The memory model sizes scratch.gemm with it.
+inline constexpr int64_t kGroupedGemmPointerAlign = 256;
+inline int64_t grouped_gemm_pointer_bytes(int64_t count) {
+  const int64_t one = (count * 8 + kGroupedGemmPointerAlign - 1) / kGroupedGemmPointerAlign * kGroupedGemmPointerAlign;
+  return 3 * one;
+}
+
 // A linear layer y = x W^T over `rows` tokens with weight W (out, in).
 
 // Forward: y = x W^T.

@@ -42,4 +42,16 @@ Status params_check(const GemmAccParams<Elem>& p) {
   return gemm_detail::fields_check(p);
 }
 
+// A grouped GEMM: a list in host memory (none when count is 0) of entries
+// that each pass the GEMM's rules with batch 1.
+template <typename P>
+Status grouped_check(const P& p) {
+  if (p.count < 0 || (p.count > 0 && p.gemms == nullptr)) return Status::invalid_argument;
+  for (int64_t i = 0; i < p.count; ++i) {
+    if (p.gemms[i].batch != 1) return Status::invalid_argument;
+    if (Status s = params_check(p.gemms[i]); s != Status::ok) return s;
+  }
+  return Status::ok;
+}
+
 }  // namespace weft::kernels

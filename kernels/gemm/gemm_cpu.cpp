@@ -108,7 +108,64 @@ Status launch(const GemmAccParams<Elem>& p, Workspace ws, Stream stream) {
   return launch(as_gemm(p), ws, stream);
 }
 
+// Grouped: each entry in turn, every one checked before any runs.
+namespace {
+
+template <typename Elem>
+const GemmParams<Elem>& as_gemm(const GemmParams<Elem>& p) {
+  return p;
+}
+
+template <typename P>
+Status grouped_cpu_check(const P& p) {
+  Status s = grouped_check(p);
+  for (int64_t i = 0; s == Status::ok && i < p.count; ++i) s = check(as_gemm(p.gemms[i]));
+  return s;
+}
+
+template <typename P>
+Status grouped_launch(const P& p, Workspace ws, Stream stream) {
+  if (Status s = cpu::preflight(grouped_cpu_check(p), 0, ws, stream); s != Status::ok) return s;
+  for (int64_t i = 0; i < p.count; ++i)
+    if (Status s = launch(as_gemm(p.gemms[i]), ws, stream); s != Status::ok) return s;
+  return Status::ok;
+}
+
+}  // namespace
+
+template <typename Elem>
+bool supports(const GroupedGemmParams<Elem>& p, Backend backend) {
+  return backend == Backend::cpu && grouped_cpu_check(p) == Status::ok;
+}
+
+template <typename Elem>
+int64_t workspace_bytes(const GroupedGemmParams<Elem>&, Backend) {
+  return 0;
+}
+
+template <typename Elem>
+Status launch(const GroupedGemmParams<Elem>& p, Workspace ws, Stream stream) {
+  return grouped_launch(p, ws, stream);
+}
+
+template <typename Elem>
+bool supports(const GroupedGemmAccParams<Elem>& p, Backend backend) {
+  return backend == Backend::cpu && grouped_cpu_check(p) == Status::ok;
+}
+
+template <typename Elem>
+int64_t workspace_bytes(const GroupedGemmAccParams<Elem>&, Backend) {
+  return 0;
+}
+
+template <typename Elem>
+Status launch(const GroupedGemmAccParams<Elem>& p, Workspace ws, Stream stream) {
+  return grouped_launch(p, ws, stream);
+}
+
 WEFT_CPU_INSTANTIATE(GemmParams)
 WEFT_CPU_INSTANTIATE(GemmAccParams)
+WEFT_CPU_INSTANTIATE(GroupedGemmParams)
+WEFT_CPU_INSTANTIATE(GroupedGemmAccParams)
 
 }  // namespace weft::kernels

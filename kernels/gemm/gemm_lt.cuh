@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cublasLt.h>
+#include <cublas_v2.h>
 
 #include <cstdint>
 
@@ -20,6 +21,11 @@ constexpr int64_t kLtAlign = 256;
 // until the process ends: destroying it from a thread_local destructor could
 // run after the CUDA runtime has shut down.
 cublasLtHandle_t lt_handle(int device);
+
+// One cuBLAS handle per thread and device, the same rule (a handle must not
+// be driven from two threads at once, and creating one costs milliseconds),
+// set to `stream`: the grouped GEMM's and the materialized attention's.
+cublasHandle_t cublas_handle(cudaStream_t stream);
 
 // The caller's workspace from its first 256-byte boundary, at most
 // kLtWorkspace long (workspace_bytes asked for kLtWorkspace + kLtAlign).

@@ -179,5 +179,51 @@ TEST(GpuGemmHelpers, LinearWgradIntoBf16) {
   expect_bf16_rule("dW accumulated in bf16", dw.download(), cpu, ref);
 }
 
+// The grouped GEMM as an MoE layer calls it: experts of uneven rows (none,
+// one, a few, many), forward into bf16 and weight gradients accumulating
+// into fp32 (cuBLAS's grouped kernel, or cuBLASLt entry by entry where it
+// has none), each against the CPU's fp32 and the fp64 definition.
+TEST(GpuGroupedGemm, ExpertsForwardAndWeightGradients) {
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  const std::vector<int64_t> rows = {0, 1, 37, 130, 16, 64};
+  const int64_t E = int64_t(rows.size()), C = 64, F = 96;
+  int64_t total = 0;
+  std::vector<int64_t> offset;
+  for (int64_t r : rows) offset.push_back(total), total += r;
+  const Bf16Values x = random_bf16(rng, total * C), w = random_bf16(rng, E * F * C);
+  const Bf16Values dy = random_bf16(rng, total * F);
+  const std::vector<float> dw0 = rng.uniform<float>(E * F * C);
+  DeviceArray<bf16> dx(x.bits), dwt(w.bits), ddy(dy.bits), dout(total * F);
+  DeviceArray<float> dgrad(dw0);
+  std::vector<double> y64(total * F), g64(dw0.begin(), dw0.end());
+  std::vector<float> y32(total * F), g32 = dw0;
+  std::vector<GemmParams<bf16>> forward;
+  std::vector<GemmAccParams<bf16>> wgrad;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t o = offset[size_t(e)], n = rows[size_t(e)];
+    ASSERT_EQ(run(linear_forward_gemm<double>(n, C, F, x.d.data() + o * C, w.d.data() + e * F * C,
+                                              y64.data() + o * F)),
+              Status::ok);
+    ASSERT_EQ(run(linear_forward_gemm<float>(n, C, F, x.f.data() + o * C, w.f.data() + e * F * C,
+                                             y32.data() + o * F)),
+              Status::ok);
+    ASSERT_EQ(run(linear_wgrad_gemm<double>(n, C, F, dy.d.data() + o * F, x.d.data() + o * C,
+                                            g64.data() + e * F * C)),
+              Status::ok);
+    ASSERT_EQ(run(linear_wgrad_gemm<float>(n, C, F, dy.f.data() + o * F, x.f.data() + o * C,
+                                           g32.data() + e * F * C)),
+              Status::ok);
+    forward.push_back(linear_forward_gemm<bf16>(n, C, F, dx.data() + o * C, dwt.data() + e * F * C,
+                                                dout.data() + o * F));
+    wgrad.push_back(linear_wgrad_gemm<bf16>(n, C, F, ddy.data() + o * F, dx.data() + o * C,
+                                            dgrad.data() + e * F * C));
+  }
+  ASSERT_EQ(run_cuda(GroupedGemmParams<bf16>{.gemms = forward.data(), .count = E}), Status::ok);
+  ASSERT_EQ(run_cuda(GroupedGemmAccParams<bf16>{.gemms = wgrad.data(), .count = E}), Status::ok);
+  expect_bf16_rule("experts' outputs (bf16)", dout.download(), y32, y64);
+  expect_fp32_rule("experts' weight gradients (fp32)", dgrad.download(), g32, g64);
+}
+
 }  // namespace
 }  // namespace weft::kernels::test

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "core/device_spec.h"
 #include "core/model_spec.h"
@@ -100,7 +101,7 @@ TEST_P(GpuWorkspace, EveryKernelFitsTheTable) {
   fits(kernels::workspace_bytes(ce, Backend::cuda), "cross entropy");
 }
 
-// An MoE model's permute (the one MoE kernel with a workspace) fits too: on
+// An MoE model's permute and its experts' grouped GEMMs fit too: on
 // Qwen3-30B-A3B (128 experts, top-8), and on a narrow model with so many
 // experts and choices that the permute's counts are the largest workspace
 // of the stage.
@@ -127,6 +128,14 @@ TEST(GpuWorkspaceMoe, PermuteFitsTheTable) {
       const int64_t need = kernels::workspace_bytes(p, Backend::cuda);
       EXPECT_GT(need, 0) << text;
       EXPECT_LE(need, table_bytes(shapes, "scratch.kernels")) << m.name << " " << text;
+      // The experts' grouped GEMMs: at most two entries per expert (the
+      // gate's and the up's of each run of rows) in scratch.gemm.
+      const std::vector<kernels::GemmParams<bf16>> gemms(
+          size_t(2 * m.moe.experts), kernels::linear_forward_gemm<bf16>(1, m.hidden, 16, e, e, e));
+      const int64_t grouped = kernels::workspace_bytes(
+          kernels::GroupedGemmParams<bf16>{.gemms = gemms.data(), .count = int64_t(gemms.size())}, Backend::cuda);
+      EXPECT_GT(grouped, 0) << text;
+      EXPECT_LE(grouped, table_bytes(shapes, "scratch.gemm")) << m.name << " " << text;
     }
   }
 }

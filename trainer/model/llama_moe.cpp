@@ -1,7 +1,8 @@
 // An MoE block's FFN on one rank (core/moe_spec.h says the model): the
 // router's GEMM, the routing and the permutation into expert order
-// (kernels/moe), each routed expert's SwiGLU as one GEMM per expert and
-// projection over its contiguous rows, the combine back into token order,
+// (kernels/moe), each routed expert's SwiGLU as a GEMM per expert and
+// projection over its contiguous rows (every expert's of a projection one
+// grouped GEMM, kernels/gemm/gemm.h), the combine back into token order,
 // and the shared expert beside them; then the backwards in reverse, with
 // the balancing loss's gradient entering at the router's scores.
 //
@@ -23,7 +24,8 @@
 // exchanged counts and the router's statistics are read on the host
 // (moe_host: copied back from a device, the stream waited for, once per
 // layer and pass), which sizes each expert's GEMM: on a GPU as on the CPU,
-// a GEMM per local expert over its contiguous rows (cuBLAS); the counts
+// a GEMM per local expert over its contiguous rows (on a GPU cuBLAS's
+// grouped GEMM, all of a projection's in one launch); the counts
 // go round the ep group on the host groups.
 //
 // Under expert parallelism (Layout::ep) rank r of the ep group holds
@@ -136,6 +138,31 @@ std::vector<ExpertRows> expert_rows(const int64_t* offsets, const int64_t* recei
       if (n > 0) out.push_back({j, at, n});
       at += n;
     }
+  return out;
+}
+
+// A list of GEMMs as one grouped launch's params (kernels/gemm/gemm.h).
+template <typename P>
+kernels::GroupedOf<P> grouped(const std::vector<P>& gemms) {
+  return {.gemms = gemms.data(), .count = int64_t(gemms.size())};
+}
+
+// The entries in waves none of which holds two with the same C (a grouped
+// launch's entries run at once): under expert parallelism an expert's rows
+// come from several ranks in runs of their own, each adding to the expert's
+// weight gradient. Each entry goes to the first wave without its C, so an
+// expert's runs add in their order, wave after wave.
+template <typename P>
+std::vector<std::vector<P>> waves(const std::vector<P>& gemms) {
+  std::vector<std::vector<P>> out;
+  for (const P& g : gemms) {
+    size_t w = 0;
+    while (w < out.size() &&
+           std::any_of(out[w].begin(), out[w].end(), [&](const P& other) { return other.c == g.c; }))
+      ++w;
+    if (w == out.size()) out.emplace_back();
+    out[w].push_back(g);
+  }
   return out;
 }
 
@@ -301,14 +328,18 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
     rows_in = moe_exchange(sent.data(), counts.data(), send, b.moe_in, C, false);
   }
   WEFT_ASSERT(rows_in <= e.received_rows(rows, l_.ep));
+  // Each projection of every local expert over its rows: one grouped GEMM
+  // (the gate's and the up's together), as the backward's below.
   const std::vector<ExpertRows> segments = expert_rows(off.data(), received.data(), E, l_.ep);
+  std::vector<kernels::GemmParams<Elem>> gemms;
   for (const ExpertRows& r : segments) {
     const Elem* w = b.w_experts + r.expert * stride;
-    run(kernels::linear_forward_gemm(r.rows, C, Fe, b.moe_in + r.offset * C, w, b.moe_gate + r.offset * Fe),
-        "gemm expert gate");
-    run(kernels::linear_forward_gemm(r.rows, C, Fe, b.moe_in + r.offset * C, w + Fe * C, b.moe_up + r.offset * Fe),
-        "gemm expert up");
+    gemms.push_back(
+        kernels::linear_forward_gemm(r.rows, C, Fe, b.moe_in + r.offset * C, w, b.moe_gate + r.offset * Fe));
+    gemms.push_back(
+        kernels::linear_forward_gemm(r.rows, C, Fe, b.moe_in + r.offset * C, w + Fe * C, b.moe_up + r.offset * Fe));
   }
+  run(grouped(gemms), "gemm experts gate up");
   run(kernels::SwigluForwardParams<Elem>{.rows = rows_in, .F = Fe, .gate = b.moe_gate, .up = b.moe_up,
                                          .act = b.moe_act},
       "swiglu_forward");
@@ -319,10 +350,12 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
   Elem* out = b.moe_out ? b.moe_out : table_->get<Elem>("scratch.moe_d_rows");
   if (!recompute || b.moe_out) {
     Elem* computed = ep ? table_->get<Elem>("scratch.moe_received") : out;
+    gemms.clear();
     for (const ExpertRows& r : segments)
-      run(kernels::linear_forward_gemm(r.rows, Fe, C, b.moe_act + r.offset * Fe,
-                                       b.w_experts + r.expert * stride + 2 * Fe * C, computed + r.offset * C),
-          "gemm expert down");
+      gemms.push_back(kernels::linear_forward_gemm(r.rows, Fe, C, b.moe_act + r.offset * Fe,
+                                                   b.w_experts + r.expert * stride + 2 * Fe * C,
+                                                   computed + r.offset * C));
+    run(grouped(gemms), "gemm experts down");
     // An expert tp degree: each tp rank's part of the width gave a partial
     // output (the tp ranks computed the same rows).
     if (l_.etp > 1) groups_.tp->all_reduce(computed, rows_in * C);
@@ -438,31 +471,45 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx)
   Elem* d_in = ep ? table_->get<Elem>("scratch.moe_received") : d_rows;
   int64_t rows_in = offsets[E];
   if (ep) rows_in = moe_exchange(sent.data(), counts, d_rows, d_in, C, false);
+  // Each projection's GEMMs over every local expert's rows as one grouped
+  // GEMM: the down projection's input and weight gradients, then the gate's
+  // and the up's input gradients (the up's adding to the gate's, so after
+  // them) and their weight gradients together.
   const std::vector<ExpertRows> segments = expert_rows(offsets, received.data(), E, l_.ep);
+  std::vector<kernels::GemmParams<Elem>> gemms;
+  std::vector<kernels::WgradGemmParams<Elem, G>> wgrads;
   for (const ExpertRows& r : segments) {
     const Elem* wd = b.w_experts + r.expert * stride + 2 * Fe * C;
-    run(kernels::linear_dgrad_gemm(r.rows, Fe, C, d_in + r.offset * C, wd, d_act + r.offset * Fe),
-        "gemm expert down dgrad");
+    gemms.push_back(kernels::linear_dgrad_gemm(r.rows, Fe, C, d_in + r.offset * C, wd, d_act + r.offset * Fe));
     if (b.g_experts)
-      run(kernels::linear_wgrad_gemm(r.rows, Fe, C, d_in + r.offset * C, b.moe_act + r.offset * Fe,
-                                     b.g_experts + r.expert * stride + 2 * Fe * C),
-          "gemm expert down wgrad");
+      wgrads.push_back(kernels::linear_wgrad_gemm(r.rows, Fe, C, d_in + r.offset * C, b.moe_act + r.offset * Fe,
+                                                  b.g_experts + r.expert * stride + 2 * Fe * C));
   }
+  run(grouped(gemms), "gemm experts down dgrad");
+  for (const auto& wave : waves(wgrads)) run(grouped(wave), "gemm experts down wgrad");
   run(kernels::SwigluBackwardParams<Elem>{.rows = rows_in, .F = Fe, .gate = b.moe_gate, .up = b.moe_up,
                                           .dact = d_act, .dgate = d_gate, .dup = d_up},
       "swiglu_backward");
   // The experts' input gradient takes d_in over (its output gradient is spent).
+  gemms.clear();
+  wgrads.clear();
+  for (const ExpertRows& r : segments) {
+    const Elem* w = b.w_experts + r.expert * stride;
+    gemms.push_back(kernels::linear_dgrad_gemm(r.rows, C, Fe, d_gate + r.offset * Fe, w, d_in + r.offset * C));
+  }
+  run(grouped(gemms), "gemm experts gate dgrad");
+  gemms.clear();
   for (const ExpertRows& r : segments) {
     const Elem* w = b.w_experts + r.expert * stride;
     const int64_t o = r.offset, n = r.rows;
-    run(kernels::linear_dgrad_gemm(n, C, Fe, d_gate + o * Fe, w, d_in + o * C), "gemm expert gate dgrad");
-    run(kernels::linear_dgrad_gemm(n, C, Fe, d_up + o * Fe, w + Fe * C, d_in + o * C, Write::accumulate),
-        "gemm expert up dgrad");
+    gemms.push_back(kernels::linear_dgrad_gemm(n, C, Fe, d_up + o * Fe, w + Fe * C, d_in + o * C, Write::accumulate));
     if (!b.g_experts) continue;
     G* g = b.g_experts + r.expert * stride;
-    run(kernels::linear_wgrad_gemm(n, C, Fe, d_gate + o * Fe, b.moe_in + o * C, g), "gemm expert gate wgrad");
-    run(kernels::linear_wgrad_gemm(n, C, Fe, d_up + o * Fe, b.moe_in + o * C, g + Fe * C), "gemm expert up wgrad");
+    wgrads.push_back(kernels::linear_wgrad_gemm(n, C, Fe, d_gate + o * Fe, b.moe_in + o * C, g));
+    wgrads.push_back(kernels::linear_wgrad_gemm(n, C, Fe, d_up + o * Fe, b.moe_in + o * C, g + Fe * C));
   }
+  run(grouped(gemms), "gemm experts up dgrad");
+  for (const auto& wave : waves(wgrads)) run(grouped(wave), "gemm experts gate up wgrad");
   // An expert tp degree: the input gradient's parts from each tp rank's
   // part of the width, summed.
   if (l_.etp > 1) groups_.tp->all_reduce(d_in, rows_in * C);

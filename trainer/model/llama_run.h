@@ -106,6 +106,10 @@ template <typename E>
 inline constexpr bool kIsGemm<kernels::Fp8GemmParams<E>> = true;  // cuBLASLt's scratch, as the bf16 GEMMs
 template <typename E>
 inline constexpr bool kIsGemm<kernels::Fp8GemmAccParams<E>> = true;
+template <typename E>
+inline constexpr bool kIsGemm<kernels::GroupedGemmParams<E>> = true;  // its pointer arrays beside cuBLASLt's
+template <typename E>
+inline constexpr bool kIsGemm<kernels::GroupedGemmAccParams<E>> = true;
 
 template <typename Elem, typename G>
 template <typename P>

@@ -178,6 +178,92 @@ TEST(GemmArgs, RejectsImpossibleParams) {
   EXPECT_EQ(launch(ok, {}, Stream{Backend::cuda, nullptr}), Status::unsupported);
 }
 
+// A grouped GEMM: entries of their own sizes (rows that vary as an MoE
+// layer's experts' do, an empty one, a k = 0 one), transposes, leading
+// dimensions, alpha and beta, each in its own part of shared buffers, against
+// the fp64 definition entry by entry; what lies between the entries' C
+// matrices must be left alone.
+TEST(GroupedGemm, EntriesMatchFp64Reference) {
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  struct Entry {
+    GemmCase c;
+    Layout l;
+    int64_t a_at, b_at, c_at;
+  };
+  std::vector<Entry> entries;
+  int64_t a_total = 0, b_total = 0, c_total = 0;
+  const int64_t count = 9;
+  for (int64_t i = 0; i < count; ++i) {
+    GemmCase c{"entry", rng.index(2) ? Trans::yes : Trans::no, rng.index(2) ? Trans::yes : Trans::no,
+               1 + rng.index(23), 1 + rng.index(17), 1 + rng.index(29), 1, 0.5 + rng.index(3) * 0.5,
+               double(rng.index(3)) * 0.5};
+    if (i == 2) c.m = 0;  // an expert that received no rows (forward, dgrad)
+    if (i == 5) c.k = 0, c.beta = 0.5;  // its weight gradient: C = beta * C
+    const Layout l = layout_of(c);
+    entries.push_back({c, l, a_total, b_total, c_total});
+    a_total += std::max<int64_t>(1, l.stride_a);
+    b_total += std::max<int64_t>(1, l.stride_b);
+    c_total += l.stride_c + 5;  // a gap between the entries' C matrices
+  }
+  auto a = rng.uniform<float>(a_total), b = rng.uniform<float>(b_total), out = rng.uniform<float>(c_total);
+  const std::vector<float> start = out;
+  std::vector<double> ref = cast<double>(out);
+  std::vector<float> naive = out;
+  const std::vector<double> a64 = cast<double>(a), b64 = cast<double>(b);
+  std::vector<GemmParams<float>> gemms;
+  for (const Entry& e : entries) {
+    const GemmCase& c = e.c;
+    const Layout& l = e.l;
+    auto slice = [](const auto& v, int64_t at, int64_t n) {
+      return std::vector<std::decay_t<decltype(v[0])>>(v.begin() + at, v.begin() + at + n);
+    };
+    const int64_t na = std::max<int64_t>(1, l.stride_a), nb = std::max<int64_t>(1, l.stride_b);
+    std::vector<double> r = slice(ref, e.c_at, l.stride_c);
+    std::vector<float> f = slice(naive, e.c_at, l.stride_c);
+    reference(c, l, slice(a64, e.a_at, na), slice(b64, e.b_at, nb), r);
+    reference(c, l, slice(a, e.a_at, na), slice(b, e.b_at, nb), f);
+    std::copy(r.begin(), r.end(), ref.begin() + e.c_at);
+    std::copy(f.begin(), f.end(), naive.begin() + e.c_at);
+    gemms.push_back({.trans_a = c.trans_a, .trans_b = c.trans_b, .m = c.m, .n = c.n, .k = c.k,
+                     .alpha = float(c.alpha), .beta = float(c.beta), .a = a.data() + e.a_at, .lda = l.lda,
+                     .b = b.data() + e.b_at, .ldb = l.ldb, .c = out.data() + e.c_at, .ldc = l.ldc});
+  }
+  const GroupedGemmParams<float> p{.gemms = gemms.data(), .count = count};
+  EXPECT_TRUE(supports(p));
+  EXPECT_EQ(workspace_bytes(p), 0);
+  ASSERT_EQ(run(p), Status::ok);
+  expect_within_rule("grouped C", out, naive, ref);
+  for (const Entry& e : entries)  // the gaps between the entries
+    for (int64_t i = e.c_at + e.l.stride_c; i < e.c_at + e.l.stride_c + 5; ++i) ASSERT_EQ(out[i], start[i]) << i;
+
+  // The accumulator form (weight gradients) on the same entries.
+  std::vector<GemmAccParams<float>> acc;
+  std::vector<float> out2 = start;
+  for (const GemmParams<float>& g : gemms) {
+    acc.push_back({.trans_a = g.trans_a, .trans_b = g.trans_b, .m = g.m, .n = g.n, .k = g.k, .alpha = g.alpha,
+                   .beta = g.beta, .a = g.a, .lda = g.lda, .b = g.b, .ldb = g.ldb,
+                   .c = out2.data() + (g.c - out.data()), .ldc = g.ldc});
+  }
+  ASSERT_EQ(run(GroupedGemmAccParams<float>{.gemms = acc.data(), .count = count}), Status::ok);
+  EXPECT_EQ(out2, out);
+
+  // An empty list runs nothing; a list it cannot take names no backend.
+  EXPECT_EQ(run(GroupedGemmParams<float>{}), Status::ok);
+  EXPECT_EQ(run(GroupedGemmParams<float>{.gemms = nullptr, .count = 2}), Status::invalid_argument);
+  auto bad = gemms;
+  bad[3].batch = 2;  // entries are single products
+  bad[3].stride_c = 1 << 20;
+  EXPECT_FALSE(supports(GroupedGemmParams<float>{.gemms = bad.data(), .count = count}));
+  EXPECT_EQ(run(GroupedGemmParams<float>{.gemms = bad.data(), .count = count}), Status::invalid_argument);
+  bad = gemms;
+  bad[7].ldc = 0;
+  const std::vector<float> before = out;
+  EXPECT_EQ(run(GroupedGemmParams<float>{.gemms = bad.data(), .count = count}), Status::invalid_argument);
+  EXPECT_EQ(out, before) << "no entry runs when one is invalid";
+  EXPECT_EQ(launch(p, {}, Stream{Backend::cuda, nullptr}), Status::unsupported);
+}
+
 // OpenBLAS's kernel set: a fallback narrower than the CPU is replaced by the
 // widest set the CPU runs, and nothing else is touched.
 TEST(BlasCore, ReplacesOnlyAKnownNarrowerKernelSet) {
