@@ -34,6 +34,9 @@ void print_stats(const char* label, const Fidelity& f) {
   // FP8 rows apart: their error is the FP8 model's. MFU on them is against
   // the dense bf16 peak (989 TFLOP/s on H100), as on every other row.
   line("fp8 (MFU vs the bf16 peak)", f.fp8);
+  // Mixture-of-Experts rows apart: never fitted, so every one is held out
+  // from the fit; MFU of the active parameters.
+  line("moe (never fitted)", f.moe);
 }
 
 }  // namespace

@@ -81,6 +81,7 @@ Fidelity fidelity_evaluate(const std::vector<PublicRun>& runs, Split split, cons
     add(f.total, x);
     if (x.run->layout.cp > 1) add(f.context_parallel, x);
     if (x.run->layout.fp8 != Fp8Recipe::off) add(f.fp8, x);
+    if (x.run->model.moe.enabled()) add(f.moe, x);
   }
 
   // Sweeps, in the order they first appear.
@@ -116,6 +117,7 @@ Fidelity fidelity_evaluate(const std::vector<PublicRun>& runs, Split split, cons
         stats.push_back(&f.context_parallel);
       if (std::all_of(v.begin(), v.end(), [](const FidelityRow* x) { return x->run->layout.fp8 != Fp8Recipe::off; }))
         stats.push_back(&f.fp8);
+      if (v.front()->run->model.moe.enabled()) stats.push_back(&f.moe);  // (a sweep is one model)
       for (FidelityStats* st : stats) {
         ++st->sweeps;
         st->mean_spearman += std::isfinite(s.spearman) ? s.spearman : 0;
@@ -125,7 +127,7 @@ Fidelity fidelity_evaluate(const std::vector<PublicRun>& runs, Split split, cons
     f.sweeps.push_back(std::move(s));
   }
   for (FidelityStats* st : [&] {
-         std::vector<FidelityStats*> all{&f.total, &f.context_parallel, &f.fp8};
+         std::vector<FidelityStats*> all{&f.total, &f.context_parallel, &f.fp8, &f.moe};
          for (auto& [k, v] : f.by_source) all.push_back(&v);
          return all;
        }()) {
@@ -141,8 +143,10 @@ Fidelity fidelity_evaluate(const std::vector<PublicRun>& runs, Split split, cons
 CalibrationResult fidelity_fit(const std::vector<PublicRun>& runs, const std::string& family,
                                const CostConstants& start) {
   std::vector<MeasuredStep> steps, fp8_steps;
+  // MoE rows are judged, never fitted: the MoE terms are priced from the
+  // same constants as the dense blocks' (their GEMMs' efficiency by shape).
   for (const auto& r : runs)
-    if (!r.oom && !r.held_out && device_family_name(r.cluster.device) == family)
+    if (!r.oom && !r.held_out && !r.model.moe.enabled() && device_family_name(r.cluster.device) == family)
       (r.layout.fp8 != Fp8Recipe::off ? fp8_steps : steps)
           .push_back({&r.model, &r.run, &r.cluster, r.layout, r.measured_step_s, r.tp_comm_overlapped});
   // The public runs that overlap tensor-parallel communication with compute
@@ -200,7 +204,7 @@ DeviceProfile fidelity_profile(const PublicRunSet& set, const std::string& famil
   // efficiency, and the RMS errors are each stage's own.
   std::map<std::string, int64_t> rows, held, fp8_rows, fp8_held;
   for (const auto& r : set.runs)
-    if (!r.oom && device_family_name(r.cluster.device) == family) {
+    if (!r.oom && !r.model.moe.enabled() && device_family_name(r.cluster.device) == family) {
       const bool fp8 = r.layout.fp8 != Fp8Recipe::off;
       ++(r.held_out ? (fp8 ? fp8_held : held) : (fp8 ? fp8_rows : rows))[r.source];
     }

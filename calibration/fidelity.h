@@ -65,6 +65,7 @@ struct Fidelity {
   FidelityStats total;
   FidelityStats context_parallel;  // the rows with cp > 1, whatever their source
   FidelityStats fp8;               // the rows with FP8 GEMMs, whatever their source (MFU against the bf16 peak)
+  FidelityStats moe;               // the Mixture-of-Experts rows (MFU of the active parameters' FLOPs)
 };
 
 // The constants each device is predicted with (e.g. cost_defaults, or a
@@ -79,6 +80,7 @@ Fidelity fidelity_evaluate(const std::vector<PublicRun>& runs, Split split, cons
 // squares on log step time (tuner/calibrate.h), starting from `start`: the
 // constants of every precision to the rows without FP8, then the FP8 GEMM
 // efficiency alone to the FP8 rows (so FP8 rows never move the bf16 rates).
+// Mixture-of-Experts rows are never fitted (only judged: Fidelity::moe).
 CalibrationResult fidelity_fit(const std::vector<PublicRun>& runs, const std::string& family,
                                const CostConstants& start);
 

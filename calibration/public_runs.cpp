@@ -138,20 +138,39 @@ PublicRun row_to_run(const Row& r) {
   const bool fp8 =
       contains(precision_notes, "fp8") || contains(precision_notes, "FP8") || contains(precision_notes, "Float8");
 
-  // The model. GPT-style models (4h GELU MLP: two h x 4h matrices) become a
-  // Llama with the same matmul FLOPs per token: three h x F matrices, F = 8h/3.
+  // The model. A Mixture of Experts is its weft preset (the `preset`
+  // column), whose shape the row's columns must state alike. GPT-style
+  // models (4h GELU MLP: two h x 4h matrices) become a Llama with the same
+  // matmul FLOPs per token: three h x F matrices, F = 8h/3.
   ModelSpec& m = p.model;
+  if (r.has("preset")) {
+    m = model_preset(r.get("preset"));
+    if (!m.moe.enabled())
+      throw InputError(fmt::format("{}:{}: preset '{}' is not a Mixture of Experts (the column names MoE models)",
+                                   r.path, r.line, r.get("preset")));
+    const std::pair<const char*, int64_t> shape[] = {
+        {"layers", m.layers}, {"hidden", m.hidden}, {"heads", m.heads}, {"kv_heads", m.kv_heads}};
+    for (const auto& [column, value] : shape)
+      if (r.count(column) != value)
+        throw InputError(fmt::format("{}:{}: {} {} differs from preset {}'s {}", r.path, r.line, column,
+                                     r.get(column), m.name, value));
+    // Public MoE benchmarks force balanced routing (SOURCES.md, "MoE rows"):
+    // the receive buffers hold the balanced rows.
+    m.moe.imbalance = 1.0;
+  }
   m.name = r.get("model");
-  m.layers = r.count("layers");
-  m.hidden = r.count("hidden");
-  m.heads = r.count("heads");
-  m.kv_heads = r.count_or("kv_heads", m.heads);
-  m.head_dim = m.hidden / m.heads;
-  const int64_t ffn = r.count("ffn");
-  const bool gpt = ffn == 4 * m.hidden && !hagemann && !titan;
-  m.intermediate = gpt ? round_up(8 * m.hidden / 3, 128) : ffn;
-  m.tied_embeddings = gpt;
-  m.vocab = r.count("vocab");
+  if (!m.moe.enabled()) {
+    m.layers = r.count("layers");
+    m.hidden = r.count("hidden");
+    m.heads = r.count("heads");
+    m.kv_heads = r.count_or("kv_heads", m.heads);
+    m.head_dim = m.hidden / m.heads;
+    const int64_t ffn = r.count("ffn");
+    const bool gpt = ffn == 4 * m.hidden && !hagemann && !titan;
+    m.intermediate = gpt ? round_up(8 * m.hidden / 3, 128) : ffn;
+    m.tied_embeddings = gpt;
+    m.vocab = r.count("vocab");
+  }
 
   // The layout.
   Layout& l = p.layout;
@@ -165,6 +184,10 @@ PublicRun row_to_run(const Row& r) {
   // context_parallel_rotate_method "allgather", Megatron-Core's (NeMo's)
   // cp_comm_type "p2p", a ring.
   l.cp = r.count_or("cp", 1);
+  // Expert parallelism and the expert tp degree (Megatron's folding, as
+  // weft's): all-to-all dispatch, Megatron-Core's default "alltoall".
+  l.ep = r.count_or("ep", 1);
+  l.etp = r.count_or("etp", 1);
   if (l.cp > 1) l.cp_comm = titan ? CpComm::allgather : CpComm::ring;
   // Sequence parallelism over one tp rank is no parallelism (S9 swept it at tp1 too).
   l.sp = r.get("sp").rfind("yes", 0) == 0 && l.tp > 1;
@@ -263,16 +286,17 @@ PublicRun row_to_run(const Row& r) {
 // model and cluster it was not fitted to. Of each study's sweeps (its tables
 // together: the source tag up to the first '_'), ordered by a hash of their
 // name, the first 30% (rounded up; none of a study with one sweep) are held
-// out. A study's FP8 sweeps are split apart from its others, so that the
-// FP8 rows hold out their own 30% (and the others' split stays as it was).
+// out. A study's FP8 sweeps and its MoE sweeps are split apart from its
+// others, so that they hold out their own 30% (and the others' split stays
+// as it was).
 // Rows on the power-limited h100-96gb are all held out (below).
 void hold_out(std::vector<PublicRun>& runs) {
   std::map<std::string, std::vector<std::pair<uint64_t, std::string>>> sweeps;
   const auto judged_only = [](const PublicRun& r) { return r.cluster.device.name == "h100-96gb"; };
   for (const auto& r : runs) {
     if (judged_only(r)) continue;  // out of the draw, so the others' split stays as it was
-    auto& v = sweeps[r.source.substr(0, r.source.find('_')) +
-                     (r.layout.fp8 != Fp8Recipe::off ? " fp8" : "")];  // a study's tables together
+    auto& v = sweeps[r.source.substr(0, r.source.find('_')) + (r.layout.fp8 != Fp8Recipe::off ? " fp8" : "") +
+                     (r.model.moe.enabled() ? " moe" : "")];  // a study's tables together
     const std::pair<uint64_t, std::string> key{splitmix64(fnv1a64(r.sweep)), r.sweep};
     if (std::find(v.begin(), v.end(), key) == v.end()) v.push_back(key);
   }

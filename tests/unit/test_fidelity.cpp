@@ -179,6 +179,78 @@ TEST(PublicRuns, ContextParallelRowsKeepTheirDegree) {
   EXPECT_GT(f.context_parallel.mae_points, 0);
 }
 
+// A Mixture-of-Experts row names its weft preset, whose shape its columns
+// must state alike; it keeps its ep and expert tp degrees, counts apart in
+// the fidelity, splits its own sweeps and is never fitted.
+TEST(PublicRuns, MoeRowsTakeTheirPresetAndAreNeverFitted) {
+  std::ifstream real(calibration_dir() + "/public_runs.csv");
+  std::string header;
+  std::getline(real, header);
+  std::vector<std::string> columns;
+  for (size_t at = 0, next; at <= header.size(); at = next + 1) {
+    next = std::min(header.find(',', at), header.size());
+    columns.push_back(header.substr(at, next - at));
+  }
+  std::map<std::string, std::string> cells = {
+      {"model", "Mixtral 8x7B"}, {"layers", "32"}, {"hidden", "4096"}, {"heads", "32"}, {"kv_heads", "8"},
+      {"ffn", "14336"}, {"vocab", "32000"}, {"seq", "4096"}, {"gpu", "H100 80GB HBM3"}, {"gpus", "64"},
+      {"global_batch", "256"}, {"micro_batch", "1"}, {"tp", "1"}, {"pp", "4"}, {"vpp", "8"}, {"dp", "16"},
+      {"ep", "8"}, {"recompute", "none"}, {"status", "measured"}, {"tflops_per_gpu", "438"},
+      {"tokens_per_s_per_gpu", "3000"}, {"preset", "mixtral-8x7b"}};
+  const auto row = [&](const std::string& source) {
+    std::string line;
+    for (size_t i = 0; i < columns.size(); ++i) {
+      const auto it = cells.find(columns[i]);
+      line += (i ? "," : "") + (columns[i] == "source" ? source : it == cells.end() ? "" : it->second);
+    }
+    return line + "\n";
+  };
+  const std::string path = ::testing::TempDir() + "/public_runs_moe.csv";
+  std::string rows = header + "\n";
+  for (int i = 0; i < 4; ++i) {
+    cells["seq"] = std::to_string(4096 << (i % 2));
+    cells["gpus"] = std::to_string(64 << (i / 2)), cells["dp"] = std::to_string(16 << (i / 2));
+    rows += row("megatron_moe");
+  }
+  std::ofstream(path) << rows;
+  const auto set = public_runs_load(path);
+  ASSERT_EQ(set.runs.size(), 4u);
+  const PublicRun& r = set.runs.front();
+  EXPECT_TRUE(r.model.moe.enabled());
+  EXPECT_EQ(r.model.moe.experts, 8);
+  EXPECT_EQ(r.model.name, "Mixtral 8x7B");
+  EXPECT_EQ(r.layout.ep, 8);
+  EXPECT_EQ(r.layout.vpp, 8);
+  EXPECT_TRUE(r.layout.violations(r.model, r.run, r.cluster.gpus).empty());
+  int64_t held = 0;
+  for (const auto& x : set.runs) held += x.held_out;
+  EXPECT_EQ(held, 2);  // 30% of its 4 sweeps, rounded up
+  const auto f = fidelity_evaluate(set.runs, Split::all, [](const DeviceSpec& d) { return cost_defaults(d); });
+  EXPECT_EQ(f.moe.measured, 4);
+  EXPECT_GT(f.moe.mae_points, 0);
+  // Never fitted: beside the real rows, even outside the held-out split,
+  // they leave the fit as it was.
+  std::vector<PublicRun> with = runs().runs;
+  for (PublicRun x : set.runs) {
+    x.held_out = false;
+    with.push_back(x);
+  }
+  const CostConstants start = datasheet_constants(device_preset("h100"));
+  const nlohmann::json a = fidelity_fit(runs().runs, "hopper", start).constants,
+                       b = fidelity_fit(with, "hopper", start).constants;
+  EXPECT_EQ(a, b);
+  // Columns that disagree with the preset are an error naming both.
+  cells["layers"] = "40";
+  std::ofstream(path) << header << "\n" << row("megatron_moe");
+  try {
+    public_runs_load(path);
+    FAIL() << "a row unlike its preset loaded";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("layers 40 differs from preset mixtral-8x7b's 32"), std::string::npos)
+        << e.what();
+  }
+}
+
 // The shipped profiles are the fit of the current model to the current rows:
 // a change to either without `weft calibrate --public` fails here.
 TEST(Fidelity, ShippedProfilesAreTheFit) {
