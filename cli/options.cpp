@@ -115,7 +115,8 @@ void add_model_options(CLI::App& app, ModelArgs& a) {
       "--moe-imbalance", a.imbalance,
       "MoE models under expert parallelism: the rows each rank's experts receive are held for F times "
       "balanced routing's (at most the worst case; 0: the worst case, the default); a batch routed past it "
-      "stops the run with an error naming the rows");
+      "stops the run with an error naming the rows. The cost model prices the busiest ep rank's experts at F "
+      "times balanced (0 and 1: balanced)");
   app.add_option("--moe-aux-scope", a.aux_scope,
                  "MoE models: the load-balancing loss over every MoE layer's router pooled (global, "
                  "transformers') or per layer, summed (per_layer, Megatron's)");

@@ -211,8 +211,9 @@ Part one_block_cost(const Model& x) {
   } else {
     // An MoE block (trainer/model/llama_moe.cpp): the router and routing
     // over the norm region's rows, the permutation, each expert's three
-    // GEMMs over its share of the rows x k choices (balanced: the mean
-    // expert; fewer rows each lower the GEMMs' efficiency), the combine,
+    // GEMMs over its share of the rows x k choices (the mean expert, or
+    // under ep the stated imbalance's; fewer rows each lower the GEMMs'
+    // efficiency), the combine,
     // and the shared expert split over tp like a dense FFN. Its input side
     // (to SwiGLU, and the shared expert's) is what ffn checkpointing redoes.
     // A capacity below the balanced share (factor < 1) caps each expert's
@@ -233,25 +234,34 @@ Part one_block_cost(const Model& x) {
     const double Mr = l.sp && l.etp > 1 ? M : Msp, all_choices = Mr * k;
     const double cap = e.capacity_factor > 0 ? std::ceil(e.capacity_factor * all_choices / E) : all_choices;
     const double per = std::min(all_choices / E, cap), choices = per < all_choices / E ? per * E : all_choices;
-    const double ep = double(l.ep), El = E / ep, per_local = per * ep;
-    const double rows_bytes = choices * C * a;
+    // The slowest ep rank sets the step: the run's stated imbalance
+    // (--moe-imbalance; 0, the worst-case buffers, prices balanced routing,
+    // as does 1) has its experts take f
+    // times the balanced rows, at most the capacity from each source rank,
+    // and receive and send back f times the balanced bytes. Without expert
+    // parallelism each rank computes every choice of its own rows, however
+    // they route.
+    const double f = l.ep > 1 && e.imbalance > 1 ? std::min(e.imbalance, cap / per) : 1.0;
+    const double ep = double(l.ep), El = E / ep, per_local = per * f * ep;
+    // (The all-gather dispatcher moves every rank's rows whatever they route.)
+    const double rows_bytes = choices * C * a, received = choices * f;
     const bool gathered = l.dispatch == MoeDispatch::allgather;
     const double out_trip = l.ep <= 1 ? 0.0
                             : gathered ? all_gather(ep * rows_bytes, x.ep_group())
-                                       : all_to_all(rows_bytes, x.ep_group());
+                                       : all_to_all(rows_bytes * f, x.ep_group());
     const double back_trip = l.ep <= 1 ? 0.0
                              : gathered ? reduce_scatter(ep * rows_bytes, x.ep_group())
-                                        : all_to_all(rows_bytes, x.ep_group());
+                                        : all_to_all(rows_bytes * f, x.ep_group());
     split_width = double(e.shared_intermediate) / t;
     double pre = x.block_linear_fwd(Mr, E, C) + x.stream("moe_route", Mr, E) + x.stream("moe_permute", choices, C) +
-                 out_trip + El * 2 * x.block_linear_fwd(per_local, Fe, C) + x.stream("swiglu_fwd", choices, Fe);
-    const double etp_sum = l.etp > 1 ? all_reduce(choices * C * a, x.tp_group()) : 0.0;
+                 out_trip + El * 2 * x.block_linear_fwd(per_local, Fe, C) + x.stream("swiglu_fwd", received, Fe);
+    const double etp_sum = l.etp > 1 ? all_reduce(received * C * a, x.tp_group()) : 0.0;
     double post = El * x.block_linear_fwd(per_local, C, Fe) + etp_sum + back_trip +
                   x.stream("moe_unpermute", choices, C);
     double bwd = x.block_linear_bwd(Mr, E, C) + x.stream("moe_route_bwd", Mr, E) + x.stream("moe_permute", choices, C) +
                  out_trip + back_trip + etp_sum +
                  El * (2 * x.block_linear_bwd(per_local, Fe, C) + x.block_linear_bwd(per_local, C, Fe)) +
-                 x.stream("swiglu_bwd", choices, Fe) + x.stream("moe_unpermute", choices, C);
+                 x.stream("swiglu_bwd", received, Fe) + x.stream("moe_unpermute", choices, C);
     if (split_width > 0) {
       const double Fs = split_width;
       pre += 2 * x.block_linear_fwd(M, Fs, C) + x.stream("swiglu_fwd", M, Fs);

@@ -433,5 +433,36 @@ TEST(CostModel, ConstantsRoundTripJson) {
   EXPECT_EQ(j.get<CostConstants>(), k);
 }
 
+// Under expert parallelism the busiest ep rank sets the step: the stated
+// imbalance prices its experts' GEMMs, SwiGLU and the all-to-all's bytes at
+// f times balanced routing's, at most what a capacity lets through; without
+// ep every rank computes all its own rows' choices, however they route.
+TEST(CostMoe, TheBusiestExpertRankSetsTheStep) {
+  const RunSpec run{4096, 256, Precision::bf16};
+  const ClusterSpec c = cluster_resolve("h100", 64, 8);
+  const CostConstants k = cost_defaults(c.device);
+  const auto at = [&](double imbalance, double capacity, const char* layout) {
+    ModelSpec m = model_preset("mixtral-8x7b");
+    m.moe.imbalance = imbalance;
+    m.moe.capacity_factor = capacity;
+    return predict(m, run, Layout::parse(layout), c, k);
+  };
+  const char* ep8 = "tp1-pp4-dp16-ep8-mb1-vpp8";
+  const auto worst = at(0, 0, ep8), balanced = at(1, 0, ep8), skewed = at(1.5, 0, ep8), more = at(2, 0, ep8);
+  EXPECT_DOUBLE_EQ(worst.step, balanced.step);  // 0 (worst-case buffers) prices balanced routing
+  EXPECT_GT(skewed.compute, balanced.compute);
+  EXPECT_GT(skewed.step, balanced.step);
+  EXPECT_GT(more.step, skewed.step);
+  // The experts' part grows by about the factor: not more than half again
+  // of the whole step at 1.5 (the attention and the rest stay).
+  EXPECT_LT(skewed.step, 1.5 * balanced.step);
+  // A capacity of the balanced share caps what the busiest rank takes.
+  EXPECT_NEAR(at(1.5, 1.0, ep8).step, at(1, 1.0, ep8).step, 1e-3 * balanced.step);
+  EXPECT_LT(at(1.5, 1.25, ep8).step, skewed.step);
+  // Without ep the imbalance costs nothing here.
+  const char* ep1 = "tp1-pp4-dp16-mb1-vpp8";
+  EXPECT_DOUBLE_EQ(at(1.5, 0, ep1).step, at(1, 0, ep1).step);
+}
+
 }  // namespace
 }  // namespace weft::tuner
