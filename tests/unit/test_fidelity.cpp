@@ -22,6 +22,29 @@ const PublicRunSet& runs() {
   return set;
 }
 
+// Rows in the real CSV's columns: the header, and a row from the cells
+// given (the others empty).
+struct CsvRows {
+  std::string header;
+  std::vector<std::string> columns;
+  CsvRows() {
+    std::ifstream real(calibration_dir() + "/public_runs.csv");
+    std::getline(real, header);
+    for (size_t at = 0, next; at <= header.size(); at = next + 1) {
+      next = std::min(header.find(',', at), header.size());
+      columns.push_back(header.substr(at, next - at));
+    }
+  }
+  std::string row(const std::string& source, const std::map<std::string, std::string>& cells) const {
+    std::string line;
+    for (size_t i = 0; i < columns.size(); ++i) {
+      const auto it = cells.find(columns[i]);
+      line += (i ? "," : "") + (columns[i] == "source" ? source : it == cells.end() ? "" : it->second);
+    }
+    return line + "\n";
+  }
+};
+
 TEST(Fidelity, RowsLoadWithTheirSplit) {
   const auto& set = runs();
   ASSERT_GT(set.runs.size(), 800u);
@@ -143,30 +166,15 @@ TEST(PublicRuns, FrameworksKeepTheirAttentionKernelAndTensorParallelOverlap) {
 // A context-parallel row weft can express keeps its degree, takes its
 // framework's default transport, and counts apart in the fidelity.
 TEST(PublicRuns, ContextParallelRowsKeepTheirDegree) {
-  std::ifstream real(calibration_dir() + "/public_runs.csv");
-  std::string header;
-  std::getline(real, header);
-  std::vector<std::string> columns;
-  for (size_t at = 0, next; at <= header.size(); at = next + 1) {
-    next = std::min(header.find(',', at), header.size());
-    columns.push_back(header.substr(at, next - at));
-  }
+  const CsvRows csv;
   const std::map<std::string, std::string> cells = {
       {"model", "Llama 3.1 8B"}, {"layers", "32"},     {"hidden", "4096"},  {"heads", "32"},
       {"kv_heads", "8"},         {"ffn", "14336"},     {"vocab", "128256"}, {"seq", "8192"},
       {"gpu", "H100 80GB HBM3"}, {"gpus", "8"},        {"global_batch", "8"}, {"micro_batch", "1"},
       {"tp", "1"},               {"pp", "1"},          {"dp", "4"},         {"cp", "2"},
       {"recompute", "full"},     {"status", "measured"}, {"tokens_per_s_per_gpu", "4000"}};
-  const auto row = [&](const std::string& source) {
-    std::string line;
-    for (size_t i = 0; i < columns.size(); ++i) {
-      const auto it = cells.find(columns[i]);
-      line += (i ? "," : "") + (columns[i] == "source" ? source : it == cells.end() ? "" : it->second);
-    }
-    return line + "\n";
-  };
   const std::string path = ::testing::TempDir() + "/public_runs_cp.csv";
-  std::ofstream(path) << header << "\n" << row("torchtitan_example") << row("nemo_example");
+  std::ofstream(path) << csv.header << "\n" << csv.row("torchtitan_example", cells) << csv.row("nemo_example", cells);
   const auto set = public_runs_load(path);
   ASSERT_EQ(set.runs.size(), 2u);
   EXPECT_EQ(set.runs[0].layout.cp, 2);
@@ -183,34 +191,19 @@ TEST(PublicRuns, ContextParallelRowsKeepTheirDegree) {
 // must state alike; it keeps its ep and expert tp degrees, counts apart in
 // the fidelity, splits its own sweeps and is never fitted.
 TEST(PublicRuns, MoeRowsTakeTheirPresetAndAreNeverFitted) {
-  std::ifstream real(calibration_dir() + "/public_runs.csv");
-  std::string header;
-  std::getline(real, header);
-  std::vector<std::string> columns;
-  for (size_t at = 0, next; at <= header.size(); at = next + 1) {
-    next = std::min(header.find(',', at), header.size());
-    columns.push_back(header.substr(at, next - at));
-  }
+  const CsvRows csv;
   std::map<std::string, std::string> cells = {
       {"model", "Mixtral 8x7B"}, {"layers", "32"}, {"hidden", "4096"}, {"heads", "32"}, {"kv_heads", "8"},
       {"ffn", "14336"}, {"vocab", "32000"}, {"seq", "4096"}, {"gpu", "H100 80GB HBM3"}, {"gpus", "64"},
       {"global_batch", "256"}, {"micro_batch", "1"}, {"tp", "1"}, {"pp", "4"}, {"vpp", "8"}, {"dp", "16"},
       {"ep", "8"}, {"recompute", "none"}, {"status", "measured"}, {"tflops_per_gpu", "438"},
       {"tokens_per_s_per_gpu", "3000"}, {"preset", "mixtral-8x7b"}};
-  const auto row = [&](const std::string& source) {
-    std::string line;
-    for (size_t i = 0; i < columns.size(); ++i) {
-      const auto it = cells.find(columns[i]);
-      line += (i ? "," : "") + (columns[i] == "source" ? source : it == cells.end() ? "" : it->second);
-    }
-    return line + "\n";
-  };
   const std::string path = ::testing::TempDir() + "/public_runs_moe.csv";
-  std::string rows = header + "\n";
+  std::string rows = csv.header + "\n";
   for (int i = 0; i < 4; ++i) {
     cells["seq"] = std::to_string(4096 << (i % 2));
     cells["gpus"] = std::to_string(64 << (i / 2)), cells["dp"] = std::to_string(16 << (i / 2));
-    rows += row("megatron_moe");
+    rows += csv.row("megatron_moe", cells);
   }
   std::ofstream(path) << rows;
   const auto set = public_runs_load(path);
@@ -241,7 +234,7 @@ TEST(PublicRuns, MoeRowsTakeTheirPresetAndAreNeverFitted) {
   EXPECT_EQ(a, b);
   // Columns that disagree with the preset are an error naming both.
   cells["layers"] = "40";
-  std::ofstream(path) << header << "\n" << row("megatron_moe");
+  std::ofstream(path) << csv.header << "\n" << csv.row("megatron_moe", cells);
   try {
     public_runs_load(path);
     FAIL() << "a row unlike its preset loaded";
