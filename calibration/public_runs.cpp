@@ -159,6 +159,11 @@ PublicRun row_to_run(const Row& r) {
     m.moe.imbalance = 1.0;
   }
   m.name = r.get("model");
+  // Another Mixture of Experts (no weft preset) from the columns: every
+  // layer routed over `experts`, top_k of them, each `moe_ffn` wide, plus a
+  // shared expert where `shared_ffn` is stated; its experts' activation (a
+  // GELU's, say) priced as SwiGLU's, the same matmuls.
+  const bool routed = !r.has("preset") && r.has("experts");
   if (!m.moe.enabled()) {
     m.layers = r.count("layers");
     m.hidden = r.count("hidden");
@@ -170,6 +175,19 @@ PublicRun row_to_run(const Row& r) {
     m.intermediate = gpt ? round_up(8 * m.hidden / 3, 128) : ffn;
     m.tied_embeddings = gpt;
     m.vocab = r.count("vocab");
+  }
+  if (routed) {
+    m.moe.experts = r.count("experts");
+    m.moe.top_k = r.count("top_k");
+    m.moe.expert_intermediate = r.count("moe_ffn");
+    m.moe.shared_intermediate = r.count_or("shared_ffn", 0);
+    m.moe.imbalance = 1.0;  // balanced, as the MoE presets' rows above
+    m.tied_embeddings = false;
+    try {
+      m.validate();
+    } catch (const InputError& e) {
+      throw InputError(fmt::format("{}:{}: the MoE columns describe no valid model: {}", r.path, r.line, e.what()));
+    }
   }
 
   // The layout.
@@ -191,6 +209,17 @@ PublicRun row_to_run(const Row& r) {
   if (l.cp > 1) l.cp_comm = titan ? CpComm::allgather : CpComm::ring;
   // Sequence parallelism over one tp rank is no parallelism (S9 swept it at tp1 too).
   l.sp = r.get("sp").rfind("yes", 0) == 0 && l.tp > 1;
+  // An MoE row whose layers do not divide over pp x vpp: Megatron's
+  // account_for_embedding_in_pipeline_split and _loss_ (the embedding and
+  // the loss counted as a layer each, so L + 2 divides), as weft's split
+  // text writes it: one layer fewer on the first and the last virtual stage.
+  if (m.moe.enabled() && l.pp * l.vpp > 1 && m.layers % (l.pp * l.vpp) != 0 &&
+      (m.layers + 2) % (l.pp * l.vpp) == 0) {
+    const int64_t each = (m.layers + 2) / (l.pp * l.vpp);
+    l.split.assign(size_t(l.pp * l.vpp), each);
+    --l.split.front();
+    --l.split.back();
+  }
   // Megatron pads the vocabulary to a multiple of 128 x tp.
   if (m.vocab % (128 * l.tp) != 0 && !hagemann) m.vocab = round_up(m.vocab, 128 * l.tp);
 
@@ -259,6 +288,10 @@ PublicRun row_to_run(const Row& r) {
   p.run = RunSpec{r.count("seq"), r.count("global_batch"), Precision::bf16};
   p.sweep = fmt::format("{} {} seq{} {}x{}{}", p.source, m.name, p.run.seq, p.cluster.gpus, device, fp8 ? " fp8" : "");
   if (fp8 && !p.cluster.device.has_fp8()) throw Skip{"fp8 on a device without FP8 tensor cores"};
+  // What weft's MoE blocks do not compute yet, named (SOURCES.md, "MoE rows").
+  if (m.moe.enabled() && fp8) throw Skip{"moe: FP8 GEMMs in MoE blocks"};
+  if (m.moe.enabled() && l.ep > 1 && (l.dp * l.cp) % l.ep != 0 && (l.tp * l.dp * l.cp) % (l.ep * l.etp) == 0)
+    throw Skip{"moe: ep folded over tp ranks (Megatron's expert grid at etp < tp)"};
   const auto broken = l.violations(m, p.run, p.cluster.gpus);
   if (!broken.empty()) throw Skip{"layout weft cannot run: " + broken.front().substr(0, 40)};
 

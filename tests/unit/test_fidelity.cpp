@@ -69,10 +69,12 @@ TEST(Fidelity, RowsLoadWithTheirSplit) {
   // The CSV's context-parallel rows (S6, S7, S10) are read for their cp:
   // S7's two Llama 3 rows and S6's three Llama 3.1 8B rows (FP8, on the
   // h100-96gb part) are expressed; S6's 405B rows state no global batch and
-  // S10's spreads 126 layers unevenly over pp x vpp.
+  // S10's spreads 126 layers unevenly over pp x vpp; S13's Grok-1 rows at
+  // cp2 in FP8 wait for FP8 in MoE blocks.
   EXPECT_EQ(set.skipped_cp,
             (std::map<std::string, int64_t>{{"global_batch not stated", 3},
-                                            {"layout weft cannot run: layers L=126 must be divisible by pp*vpp", 1}}));
+                                            {"layout weft cannot run: layers L=126 must be divisible by pp*vpp", 1},
+                                            {"moe: FP8 GEMMs in MoE blocks", 7}}));
   // Rows on the power-limited 96 GB part are judged, never fitted.
   for (const auto& r : set.runs)
     if (r.cluster.device.name == "h100-96gb") {
@@ -134,6 +136,11 @@ TEST(PublicRuns, FrameworksKeepTheirAttentionKernelAndTensorParallelOverlap) {
       ++te;
       EXPECT_EQ(r.layout.attention, AttentionKind::cudnn) << where;
       EXPECT_TRUE(r.tp_comm_overlapped) << where;
+    } else if (r.source.rfind("automodel", 0) == 0) {
+      // NeMo AutoModel's rows state Transformer Engine's attention (the
+      // attention column), cuDNN's on Hopper, without tp overlap.
+      EXPECT_EQ(r.layout.attention, AttentionKind::cudnn) << where;
+      EXPECT_FALSE(r.tp_comm_overlapped) << where;
     } else {
       EXPECT_NE(r.layout.attention, AttentionKind::cudnn) << where;
       if (r.tp_comm_overlapped) {
@@ -232,6 +239,27 @@ TEST(PublicRuns, MoeRowsTakeTheirPresetAndAreNeverFitted) {
   const nlohmann::json a = fidelity_fit(runs().runs, "hopper", start).constants,
                        b = fidelity_fit(with, "hopper", start).constants;
   EXPECT_EQ(a, b);
+  // A Mixture of Experts weft has no preset of, from its columns (every
+  // layer routed; a GELU expert priced as SwiGLU's matmuls).
+  {
+    std::map<std::string, std::string> grok = cells;
+    grok.erase("preset");
+    grok.insert({{"experts", "8"}, {"top_k", "2"}, {"moe_ffn", "32768"}});
+    grok["model"] = "Grok-1 proxy", grok["layers"] = "8", grok["hidden"] = "6144", grok["heads"] = "48",
+    grok["vocab"] = "131072", grok["ffn"] = "32768", grok["pp"] = "1", grok["vpp"] = "", grok["dp"] = "64",
+    grok["gpus"] = "64";
+    std::ofstream(path) << csv.header << "\n" << csv.row("megatron_moe", grok);
+    const auto g = public_runs_load(path);
+    ASSERT_EQ(g.runs.size(), 1u) << (g.skipped.empty() ? "" : g.skipped.begin()->first);
+    const ModelSpec& gm = g.runs[0].model;
+    EXPECT_EQ(gm.moe.experts, 8);
+    EXPECT_EQ(gm.moe.top_k, 2);
+    EXPECT_EQ(gm.moe.expert_intermediate, 32768);
+    EXPECT_EQ(gm.moe_layers(), 8);
+    grok["top_k"] = "9";
+    std::ofstream(path) << csv.header << "\n" << csv.row("megatron_moe", grok);
+    EXPECT_THROW(public_runs_load(path), InputError);
+  }
   // Columns that disagree with the preset are an error naming both.
   cells["layers"] = "40";
   std::ofstream(path) << csv.header << "\n" << csv.row("megatron_moe", cells);
@@ -286,6 +314,25 @@ TEST(Fidelity, HeldOutSweepsWithinBounds) {
   const auto memory = fidelity_evaluate(comparable, Split::held_out, [](const DeviceSpec& d) { return cost_defaults(d); });
   EXPECT_GE(double(memory.total.fit_predicted), 0.95 * double(memory.total.measured));
   EXPECT_GE(double(t.oom_predicted), 0.5 * double(t.oom));
+}
+
+// The public MoE rows weft can express (bf16; calibration/SOURCES.md, "MoE
+// rows"), never fitted: their MFU error is the MoE cost terms' on runs they
+// never saw. The issue's target is 5 points; today's 6.9 is bounded so that
+// a change that loses accuracy here fails (benchmarks/RESULTS.md says why
+// the rest is missed).
+TEST(Fidelity, MoeRowsAreJudgedNeverFitted) {
+  std::vector<PublicRun> moe;
+  for (const auto& r : runs().runs)
+    if (r.model.moe.enabled()) moe.push_back(r);
+  ASSERT_GE(moe.size(), 12u);
+  const auto f = fidelity_evaluate(moe, Split::all, [](const DeviceSpec& d) { return cost_defaults(d); });
+  EXPECT_EQ(f.moe.measured, int64_t(moe.size()));
+  EXPECT_LE(f.moe.mae_points, 7.5);
+  EXPECT_GE(f.moe.fit_predicted, 9);
+  // FP8 MoE rows and Megatron's ep over tp ranks wait, counted by name.
+  EXPECT_GE(runs().skipped.at("moe: FP8 GEMMs in MoE blocks"), 20);
+  EXPECT_GE(runs().skipped.at("moe: ep folded over tp ranks (Megatron's expert grid at etp < tp)"), 1);
 }
 
 TEST(Fidelity, SpearmanHandlesTiesAndTooFewPoints) {
