@@ -136,9 +136,10 @@ TEST(PublicRuns, FrameworksKeepTheirAttentionKernelAndTensorParallelOverlap) {
       ++te;
       EXPECT_EQ(r.layout.attention, AttentionKind::cudnn) << where;
       EXPECT_TRUE(r.tp_comm_overlapped) << where;
-    } else if (r.source.rfind("automodel", 0) == 0) {
-      // NeMo AutoModel's rows state Transformer Engine's attention (the
-      // attention column), cuDNN's on Hopper, without tp overlap.
+    } else if (r.source.rfind("automodel", 0) == 0 || r.source.rfind("mcoremodelzoo", 0) == 0) {
+      // NeMo AutoModel's and the MCore MoE ModelZoo's rows state Transformer
+      // Engine's attention (the attention column), cuDNN's on Hopper, and
+      // no tp overlap.
       EXPECT_EQ(r.layout.attention, AttentionKind::cudnn) << where;
       EXPECT_FALSE(r.tp_comm_overlapped) << where;
     } else {
