@@ -13,6 +13,9 @@
 #   kernels    bench_gpu_kernels: each family against the measured copy and GEMM ceilings,
 #              gemm beside cuBLAS's best; benchmarks/kernels_vs_pytorch.py: rmsnorm and
 #              cross-entropy beside PyTorch eager
+#   gemm-tune  the GEMMs with WEFT_GEMM_TUNE=1 (each plan times cuBLASLt's candidates
+#              and keeps the fastest): the GEMM tests, bench_gpu_kernels' gemm rows
+#              (pct_of_cublas_best, target 95) and mfu_vs_pytorch at micro-batch 1
 #   attention  bench_gpu_attention and benchmarks/attention_vs_pytorch.py
 #   mfu        benchmarks/mfu_vs_pytorch.py (Llama 3.2 1B, weft vs PyTorch): the
 #              steps mfu1, mfu2 and mfu4, one micro-batch size each (4 a step);
@@ -47,13 +50,13 @@ while [ $# -gt 0 ]; do
     --bundle) bundle=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
-    tests|sanitize|kernels|attention|auto|mfu[1248]|memory-flash|memory-materialized|memory-cudnn|probe|multi) steps+=("$1"); shift ;;
+    tests|sanitize|kernels|gemm-tune|attention|auto|mfu[1248]|memory-flash|memory-materialized|memory-cudnn|probe|multi) steps+=("$1"); shift ;;
     mfu) steps+=(mfu1 mfu2 mfu4); shift ;;
     memory) steps+=(memory-flash memory-materialized memory-cudnn); shift ;;
     *) echo "gpu_checks: '$1' is not an option or step; see the top of $0" >&2; exit 2 ;;
   esac
 done
-[ ${#steps[@]} -eq 0 ] && steps=(tests sanitize kernels attention auto mfu1 mfu2 mfu4 mfu8 memory-flash memory-materialized
+[ ${#steps[@]} -eq 0 ] && steps=(tests sanitize kernels gemm-tune attention auto mfu1 mfu2 mfu4 mfu8 memory-flash memory-materialized
                                  memory-cudnn probe multi)
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
@@ -137,6 +140,12 @@ for s in "${steps[@]}"; do
         run kernels 590 "$build/benchmarks/bench_gpu_kernels"
         run kernels 590 python3 "$here/benchmarks/kernels_vs_pytorch.py" --build "$build"
       fi ;;
+    gemm-tune)
+      run gemm-tune 590 env WEFT_GEMM_TUNE=1 "$build/tests/gpu/test_gpu_kernels" \
+        "--gtest_filter=GpuGemm*:GpuGroupedGemm*"
+      run gemm-tune 590 env WEFT_GEMM_TUNE=1 "$build/benchmarks/bench_gpu_kernels" "--benchmark_filter=gemm"
+      run gemm-tune 590 env WEFT_GEMM_TUNE=1 python3 "$here/benchmarks/mfu_vs_pytorch.py" --weft "$build/weft" \
+        --mb-list 1 ;;
     attention)
       run attention 590 "$build/benchmarks/bench_gpu_attention"
       run attention 590 python3 "$here/benchmarks/attention_vs_pytorch.py" --build "$build" ;;

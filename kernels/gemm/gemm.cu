@@ -29,6 +29,8 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <cstdlib>
+#include <string>
 #include <cstddef>
 #include <map>
 #include <tuple>
@@ -83,6 +85,72 @@ struct Plan {
   bool found = false;
 };
 
+// WEFT_GEMM_TUNE=1: a new plan times cuBLASLt's candidate algorithms for
+// its shape (up to kTuneCandidates the heuristic offers) on the call's own
+// operands and keeps the fastest, where the heuristic's first is otherwise
+// taken. Off by default until a GPU run has measured it (benchmarks/
+// bench_gpu_kernels' pct_of_cublas_best, its target 95%). The choice is the
+// process's: a resumed run may choose again, and two algorithms may round
+// differently.
+constexpr int kTuneCandidates = 8;
+constexpr int kTuneRuns = 3;
+// Device memory left free beside the copy of C the timing keeps.
+constexpr int64_t kTuneHeadroom = int64_t{256} << 20;
+
+bool gemm_tune() {
+  static const bool on = [] {
+    const char* v = std::getenv("WEFT_GEMM_TUNE");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return on;
+}
+
+// The fastest of `algos` for the call (the median of kTuneRuns launches
+// after one warm-up each), on its own operands and stream; the candidates
+// write C, so C's extent is copied aside first and back after. -1 where it
+// cannot time them: too little free memory for the copy, or no candidate
+// that runs.
+int fastest(cublasLtHandle_t handle, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
+            cublasLtMatrixLayout_t lc, const cublasLtMatmulAlgo_t* algos, int count, const GemmView& p,
+            gpu::LtScratch scratch, cudaStream_t stream) {
+  const int64_t extent = ((p.batch - 1) * p.stride_c + (p.m - 1) * p.ldc + p.n) * p.c_bytes;
+  size_t free_bytes = 0, total_bytes = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  if (int64_t(free_bytes) < extent + kTuneHeadroom) return -1;
+  void* saved = nullptr;
+  CUDA_CHECK(cudaMallocAsync(&saved, size_t(extent), stream));
+  CUDA_CHECK(cudaMemcpyAsync(saved, p.c, size_t(extent), cudaMemcpyDeviceToDevice, stream));
+  cudaEvent_t start = nullptr, stop = nullptr;
+  CUDA_CHECK(cudaEventCreate(&start));
+  CUDA_CHECK(cudaEventCreate(&stop));
+  int best = -1;
+  float best_ms = 0;
+  for (int i = 0; i < count; ++i) {
+    const auto launch_one = [&] {
+      return cublasLtMatmul(handle, op, &p.alpha, p.b, la, p.a, lb, &p.beta, p.c, lc, p.c, lc, &algos[i],
+                            scratch.data, size_t(scratch.bytes), stream);
+    };
+    if (launch_one() != CUBLAS_STATUS_SUCCESS) continue;  // the warm-up; a candidate that fails is passed over
+    std::vector<float> ms;
+    for (int r = 0; r < kTuneRuns; ++r) {
+      CUDA_CHECK(cudaEventRecord(start, stream));
+      CUBLAS_CHECK(launch_one());
+      CUDA_CHECK(cudaEventRecord(stop, stream));
+      CUDA_CHECK(cudaEventSynchronize(stop));
+      float t = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+      ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    if (best < 0 || ms[ms.size() / 2] < best_ms) best = i, best_ms = ms[ms.size() / 2];
+  }
+  CUDA_CHECK(cudaMemcpyAsync(p.c, saved, size_t(extent), cudaMemcpyDeviceToDevice, stream));
+  CUDA_CHECK(cudaFreeAsync(saved, stream));
+  CUDA_CHECK(cudaEventDestroy(start));
+  CUDA_CHECK(cudaEventDestroy(stop));
+  return best;
+}
+
 // The thread's plans. They live until the process ends, as the handles do
 // (gemm_lt.cuh).
 std::map<PlanKey, Plan>& thread_plans() {
@@ -90,7 +158,9 @@ std::map<PlanKey, Plan>& thread_plans() {
   return *plans;
 }
 
-const Plan& plan_for(cublasLtHandle_t handle, int device, const GemmView& p, int64_t ws_bytes) {
+const Plan& plan_for(cublasLtHandle_t handle, int device, const GemmView& p, gpu::LtScratch scratch,
+                     cudaStream_t stream) {
+  const int64_t ws_bytes = scratch.bytes;
   const uint32_t align_a = gpu::lt_alignment(p.b, p.batch, p.stride_b * 2);  // cuBLASLt's A is weft's B
   const uint32_t align_b = gpu::lt_alignment(p.a, p.batch, p.stride_a * 2);
   const uint32_t align_c = gpu::lt_alignment(p.c, p.batch, p.stride_c * p.c_bytes);
@@ -116,6 +186,15 @@ const Plan& plan_for(cublasLtHandle_t handle, int device, const GemmView& p, int
 
   plan.found =
       gpu::lt_pick(handle, plan.op, plan.a, plan.b, plan.c, ws_bytes, align_a, align_b, align_c, &plan.algo);
+  if (plan.found && gemm_tune()) {
+    cublasLtMatmulAlgo_t algos[kTuneCandidates];
+    const int count = gpu::lt_candidates(handle, plan.op, plan.a, plan.b, plan.c, ws_bytes, align_a, align_b,
+                                         align_c, kTuneCandidates, algos);
+    if (count > 1)
+      if (const int best = fastest(handle, plan.op, plan.a, plan.b, plan.c, algos, count, p, scratch, stream);
+          best >= 0)
+        plan.algo = algos[best];
+  }
   return plans.emplace(key, plan).first->second;
 }
 
@@ -155,7 +234,7 @@ Status run_view(const GemmView& p, Workspace ws, cudaStream_t stream) {
   const cublasLtHandle_t handle = gpu::lt_handle(device);
   // The workspace rounded up to cuBLASLt's preferred 256-byte alignment.
   const gpu::LtScratch scratch = gpu::lt_scratch(ws);
-  const Plan& plan = plan_for(handle, device, p, scratch.bytes);
+  const Plan& plan = plan_for(handle, device, p, scratch, stream);
   if (!plan.found) return Status::unsupported;
   CUBLAS_CHECK(cublasLtMatmul(handle, plan.op, &p.alpha, p.b, plan.a, p.a, plan.b, &p.beta, p.c,
                               plan.c, p.c, plan.c, &plan.algo, scratch.data, size_t(scratch.bytes),

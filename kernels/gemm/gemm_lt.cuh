@@ -94,4 +94,38 @@ inline bool lt_pick(cublasLtHandle_t handle, cublasLtMatmulDesc_t op, cublasLtMa
   return true;
 }
 
+// Up to `most` (at most 16) algorithms the heuristic offers for op over
+// layouts a, b and c (= d), best first by its own estimate, within ws_bytes
+// of scratch and for operands of these alignments (bytes), into `out`;
+// how many.
+inline int lt_candidates(cublasLtHandle_t handle, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a,
+                         cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c, int64_t ws_bytes, uint32_t align_a,
+                         uint32_t align_b, uint32_t align_c, int most, cublasLtMatmulAlgo_t* out) {
+  cublasLtMatmulPreference_t pref = nullptr;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const uint64_t max_ws = uint64_t(ws_bytes);
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_ws,
+                                                    sizeof max_ws));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
+                                                    sizeof align_a));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
+                                                    sizeof align_b));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
+                                                    sizeof align_c));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
+                                                    sizeof align_c));
+  constexpr int kMost = 16;
+  cublasLtMatmulHeuristicResult_t results[kMost] = {};
+  if (most > kMost) most = kMost;
+  int found = 0;
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle, op, a, b, c, c, pref, most, results, &found);
+  CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+  if (status != CUBLAS_STATUS_NOT_SUPPORTED) CUBLAS_CHECK(status);
+  int n = 0;
+  if (status != CUBLAS_STATUS_SUCCESS) return n;
+  for (int i = 0; i < found; ++i)
+    if (results[i].state == CUBLAS_STATUS_SUCCESS) out[n++] = results[i].algo;
+  return n;
+}
+
 }  // namespace weft::kernels::gpu
