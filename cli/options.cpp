@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "core/error.h"
 
@@ -74,14 +75,7 @@ void ModelArgs::apply_moe_options(ModelSpec& m) const {
                                    imbalance, kMaxImbalance));
     m.moe.imbalance = imbalance;
   }
-  if (capacity) {
-    if (!(capacity_factor == 0 || (capacity_factor > 0 && capacity_factor <= kMaxCapacityFactor)))
-      throw InputError(fmt::format("--moe-capacity-factor {} must be 0 (dropless: every choice computed) or above 0 "
-                                   "and at most {:g} (each expert keeps ceil(f x rows x k / E) of a rank's rows; 1 "
-                                   "is the balanced share)",
-                                   capacity_factor, kMaxCapacityFactor));
-    m.moe.capacity_factor = capacity_factor;
-  }
+  if (capacity) m.moe.capacity_factor = capacity_factors().front();
   if (coef) {
     if (!(aux_coef >= 0 && aux_coef <= kMaxAuxLossCoef))
       throw InputError(fmt::format("--moe-aux-coef {} must be from 0 (no balancing loss) to {}", aux_coef,
@@ -98,6 +92,34 @@ void ModelArgs::apply_moe_options(ModelSpec& m) const {
                                  aux_scope));
 }
 
+void layout_capacity(const ModelArgs& a, const std::string& what, Layout& l, ModelSpec& m, bool named) {
+  if (!m.moe.enabled()) return;
+  if (!named) {
+    l.capacity_factor = m.moe.capacity_factor;
+    return;
+  }
+  const auto given = a.capacity_factors();
+  if (!given.empty() && (given.size() != 1 || given[0] != l.capacity_factor))
+    throw InputError(fmt::format("--moe-capacity-factor {} and {} disagree (the layout says cap:{:g}); give the "
+                                 "factor in one place",
+                                 fmt::join(given, ","), what, l.capacity_factor));
+  m.moe.capacity_factor = l.capacity_factor;
+}
+
+std::vector<double> ModelArgs::capacity_factors() const {
+  for (size_t i = 0; i < capacity_factor.size(); ++i) {
+    const double f = capacity_factor[i];
+    if (!(f == 0 || (f > 0 && f <= kMaxCapacityFactor)))
+      throw InputError(fmt::format("--moe-capacity-factor {} must be 0 (dropless: every choice computed) or above 0 "
+                                   "and at most {:g} (each expert keeps ceil(f x rows x k / E) of a rank's rows; 1 "
+                                   "is the balanced share)",
+                                   f, kMaxCapacityFactor));
+    if (std::find(capacity_factor.begin(), capacity_factor.begin() + long(i), f) != capacity_factor.begin() + long(i))
+      throw InputError(fmt::format("--moe-capacity-factor lists {:g} twice", f));
+  }
+  return capacity_factor;
+}
+
 void add_model_options(CLI::App& app, ModelArgs& a) {
   app.add_option("--model", a.model,
                  "Model preset (see `weft presets`) or a Hugging Face config.json")
@@ -110,7 +132,10 @@ void add_model_options(CLI::App& app, ModelArgs& a) {
       "--moe-capacity-factor", a.capacity_factor,
       "MoE models: each expert keeps at most ceil(F x rows x k / E) of the rows a rank routes per micro-batch, "
       "the later tokens' choices past it dropped (Megatron's capacity factor, position policy; 0: dropless, "
-      "the default)");
+      "the default). Several (0,1.25): tuning searches them, as dropping tokens changes what the model "
+      "computes only where listed")
+      ->delimiter(',')
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   a.imbalance_option = app.add_option(
       "--moe-imbalance", a.imbalance,
       "MoE models under expert parallelism: the rows each rank's experts receive are held for F times "

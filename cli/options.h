@@ -32,7 +32,10 @@ struct ModelArgs {
   double aux_coef = 0;
   std::string aux_scope{};
   CLI::Option* aux_coef_option = nullptr;
-  double capacity_factor = 0;
+  // --moe-capacity-factor: one factor, the run's; several (0,1.25), the
+  // ones tuning searches (capacity_factors()), the run's model taking the
+  // first until a layout picks one.
+  std::vector<double> capacity_factor;
   CLI::Option* capacity_option = nullptr;
   double imbalance = 0;  // --moe-imbalance
   CLI::Option* imbalance_option = nullptr;
@@ -40,8 +43,21 @@ struct ModelArgs {
   // The balancing-loss and capacity options on a model (InputError for a
   // dense one, or a value out of range).
   void apply_moe_options(ModelSpec& m) const;
+  // The capacity factors listed (empty: none given); InputError unless each
+  // is 0 or above 0 and at most kMaxCapacityFactor, and none twice.
+  std::vector<double> capacity_factors() const;
 };
 void add_model_options(CLI::App& app, ModelArgs& a);
+
+// A layout given by hand (`what`: "--layout ..." or "recipe ...") and the
+// run's capacity factor: a layout whose text names none (cap:F) takes the
+// model's; one that names a factor sets the model's, unless
+// --moe-capacity-factor gives another (InputError naming both). Dense
+// models are left alone (violations() refuses a cap: on them).
+void layout_capacity(const ModelArgs& a, const std::string& what, Layout& l, ModelSpec& m, bool named);
+inline void layout_capacity(const ModelArgs& a, const std::string& what, Layout& l, ModelSpec& m) {
+  layout_capacity(a, what, l, m, what.find("cap:") != std::string::npos);
+}
 
 struct ClusterArgs {
   std::string gpu = "a100-80gb";

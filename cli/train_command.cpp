@@ -302,6 +302,9 @@ int run_train(TrainArgs& a) {
     c.layout = Layout::parse(a.layout);
     knobs_agree(a, from_knobs, c.layout, "--layout " + a.layout);
   }
+  // Several capacity factors are for tuning to search; a run given its
+  // layout drops at one (the layout's cap:F, or the model's).
+  const auto capacities = a.model.capacity_factors();
   const bool knobs = std::any_of(a.knobs.begin(), a.knobs.end(), [](CLI::Option* o) { return o->count() > 0; });
   if (a.tune.enabled && (!a.layout.empty() || !a.recipe.empty()))
     throw InputError(fmt::format("--auto chooses the layout; drop {}", a.layout.empty() ? "--recipe" : "--layout"));
@@ -329,6 +332,16 @@ int run_train(TrainArgs& a) {
     knobs_agree(a, from_knobs, r.layout, "recipe " + a.recipe);
     c.layout = r.layout;
   }
+  if (!tune && capacities.size() > 1)
+    throw InputError(fmt::format("--moe-capacity-factor lists {} factors, which tuning searches (--auto); a run with "
+                                 "{} trains at one",
+                                 capacities.size(),
+                                 !a.layout.empty()   ? "--layout"
+                                 : !a.recipe.empty() ? "--recipe"
+                                                     : "its layout knobs"));
+  if (!tune)
+    cli::layout_capacity(a.model, !a.layout.empty() ? "--layout " + a.layout : "recipe " + a.recipe, c.layout,
+                         c.model, c.layout.capacity_factor > 0 || a.layout.find("cap:") != std::string::npos);
   // FP8 GEMMs need FP8 tensor cores, or the CPU, which emulates them.
   if (c.layout.fp8 != Fp8Recipe::off)
     if (const std::string why = fp8_unsupported_reason(c.device); !why.empty())
@@ -415,11 +428,13 @@ int run_train(TrainArgs& a) {
       if (o->get_name() == "--fp8") limits.fp8 = {{c.layout.fp8, c.layout.fp8_bf16_layers}};
       if (o->get_name() == "--zero") limits.zero = {c.layout.zero};
     }
+    if (capacities.size() > 1) limits.capacity = capacities;
     c.optim.total_steps = c.steps;
     if (!a.tune.budget.empty() && a.tune_top->count() == 0) a.tune.top = int64_t{1} << 40;
     const auto tuned = auto_layout(c, limits, a.tune, world, world > 1 || under_mpi(), stdout);
     if (!tuned) return stop_exit_code();
     c.layout = *tuned;
+    c.model = model_for(c.model, c.layout);  // (dropping at the factor the tuning chose)
   }
   // The watchdog outlives the groups it watches: a rank whose peer died
   // leaves with a clear message instead of waiting forever.

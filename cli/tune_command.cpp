@@ -182,7 +182,17 @@ int run_tune(const TuneArgs& a) {
     tuner::profile_use(p, a.profile, here, ctx.cluster, ctx.constants);
   }
   ctx.memory.margin = a.margin;
-  cli::require_fp8_device(a.space.resolve(), ctx.cluster.device);
+  // The space's pins, and an MoE model's capacity factors where several are
+  // listed (the model drops at the first until a layout names its own).
+  tuner::SpaceLimits limits = a.space.resolve();
+  if (const auto caps = a.model.capacity_factors(); caps.size() > 1) {
+    if (!a.layout.empty())
+      throw InputError(fmt::format("--layout evaluates one layout at one capacity factor; --moe-capacity-factor "
+                                   "lists {} (give one, or cap:F in the layout)",
+                                   caps.size()));
+    limits.capacity = caps;
+  }
+  cli::require_fp8_device(limits, ctx.cluster.device);
 
   const int64_t top = a.all ? std::numeric_limits<int64_t>::max() : a.top;
   const auto no_layout = [&] {
@@ -201,10 +211,10 @@ int run_tune(const TuneArgs& a) {
   bool stream_csv = false;
   if (a.layout.empty() && !a.all && !a.exhaustive && format != report::ReportFormat::html) {
     // The listed rows only: the search predicts what its bounds cannot rule out.
-    report = tuner::search(ctx, a.space.resolve(), top, ctx.cluster);
+    report = tuner::search(ctx, limits, top, ctx.cluster);
     if (report.evaluated == 0) throw no_layout();
   } else if (a.layout.empty()) {
-    const int64_t size = tuner::space_size(ctx, a.space.resolve(), ctx.cluster);
+    const int64_t size = tuner::space_size(ctx, limits, ctx.cluster);
     if (size == 0) throw no_layout();
     const bool whole = a.all || format == report::ReportFormat::html;
     const int64_t listed = whole ? size : std::min(top, size);
@@ -221,11 +231,11 @@ int run_tune(const TuneArgs& a) {
                                    size, a.format, kRowsInMemory, kRowsInMemory));
     if (size <= kRowsInMemory) {
       report = tuner::evaluate(ctx.model, ctx.run, ctx.cluster,
-                               tuner::enumerate(ctx.model, ctx.run, ctx.cluster.gpus, a.space.resolve(),
+                               tuner::enumerate(ctx.model, ctx.run, ctx.cluster.gpus, limits,
                                                 ctx.cluster),
                                ctx.constants, ctx.memory);
     } else {
-      scan = tuner::space_scan(ctx, a.space.resolve(), ctx.cluster, html);
+      scan = tuner::space_scan(ctx, limits, ctx.cluster, html);
       report = scan->summary;
       stream_csv = format == report::ReportFormat::csv && listed > kRowsInMemory;
       // The rows held: those listed, or (streamed, or the page's table)
@@ -235,7 +245,8 @@ int run_tune(const TuneArgs& a) {
       for (int64_t i = 0; i < held; ++i) report.candidates.push_back(scan->candidate(ctx, i));
     }
   } else {
-    const Layout l = Layout::parse(a.layout);
+    Layout l = Layout::parse(a.layout);
+    cli::layout_capacity(a.model, "--layout " + a.layout, l, ctx.model);
     l.validate(ctx.model, ctx.run, ctx.cluster.gpus);
     report = tuner::evaluate(ctx.model, ctx.run, ctx.cluster, {l}, ctx.constants, ctx.memory);
   }
@@ -255,7 +266,7 @@ int run_tune(const TuneArgs& a) {
     auto& best = report.candidates.front();
     memory::MemoryOptions all = ctx.memory;
     all.all_stages = true;
-    best.memory = memory::estimate(ctx.model, ctx.run, best.layout, ctx.cluster.device, all);
+    best.memory = memory::estimate(model_for(ctx.model, best.layout), ctx.run, best.layout, ctx.cluster.device, all);
   }
   if (!a.save_recipe.empty()) {
     if (report.fitting == 0)
@@ -277,7 +288,7 @@ int run_tune(const TuneArgs& a) {
     std::string skipped;
     tuner::Candidate* runnable = first_runnable(report, skipped);
     if (runnable == nullptr && int64_t(report.candidates.size()) < report.fitting && a.layout.empty()) {
-      report = tuner::search(ctx, a.space.resolve(), report.fitting, ctx.cluster);
+      report = tuner::search(ctx, limits, report.fitting, ctx.cluster);
       runnable = first_runnable(report, skipped);
     }
     if (runnable == nullptr)
@@ -291,10 +302,11 @@ int run_tune(const TuneArgs& a) {
     {
       memory::MemoryOptions all = ctx.memory;
       all.all_stages = true;
-      runnable->memory = memory::estimate(ctx.model, ctx.run, runnable->layout, ctx.cluster.device, all);
+      runnable->memory =
+          memory::estimate(model_for(ctx.model, runnable->layout), ctx.run, runnable->layout, ctx.cluster.device, all);
     }
     const auto& best = *runnable;
-    tuner::Recipe r = tuner::recipe_for(ctx.model, ctx.cluster, ctx.run, best.layout, "dry-run");
+    tuner::Recipe r = tuner::recipe_for(model_for(ctx.model, best.layout), ctx.cluster, ctx.run, best.layout, "dry-run");
     r.predicted = {{"step_s", best.cost.step}, {"tokens_per_s", best.cost.tokens_per_second},
                    {"mfu", best.cost.mfu}, {"peak_flops", best.cost.peak_flops},
                    {"peak_bytes", best.memory.peak()}};
@@ -311,7 +323,7 @@ int run_tune(const TuneArgs& a) {
                          ? report::report_html(report::report_data_scan(*scan, report, ctx, top))
                          : report::report_render(format, report, ctx, top);
   if (ctx.run.lora.enabled() && (format == report::ReportFormat::table || format == report::ReportFormat::md))
-    text += full_fine_tuning_note(ctx, a.space.resolve(), report);
+    text += full_fine_tuning_note(ctx, limits, report);
   // Where the best layout runs FP8, the GEMMs it leaves in bf16, and why.
   if ((format == report::ReportFormat::table || format == report::ReportFormat::md) && !report.candidates.empty())
     if (const std::string bf16 = memory::fp8_bf16_gemms_text(ctx.model, ctx.run, report.candidates.front().layout);

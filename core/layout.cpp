@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <charconv>
+#include <cstdlib>
 #include <string>
 
 #include <fmt/format.h>
@@ -190,7 +191,8 @@ std::string Layout::to_string() const {
                      ep != 1 || dispatch != MoeDispatch::a2a ? fmt::format("-dispatch:{}", weft::to_string(dispatch))
                                                              : "",
                      f8,
-                     split.empty() ? "" : "-split:" + split_text(split));
+                     split.empty() ? "" : "-split:" + split_text(split)) +
+         (capacity_factor > 0 ? fmt::format("-cap:{:g}", capacity_factor) : "");
 }
 
 namespace {
@@ -294,6 +296,14 @@ Layout Layout::parse(const std::string& text) {
       l.cp_comm = cp_comm_parse(after(3));
     } else if (tok.rfind("dispatch:", 0) == 0) {
       l.dispatch = moe_dispatch_parse(after(9));
+    } else if (tok.rfind("cap:", 0) == 0) {
+      const std::string f = after(4);
+      char* end = nullptr;
+      const double v = std::strtod(f.c_str(), &end);
+      if (f.empty() || end != f.c_str() + f.size() || !(v >= 0 && v <= kMaxCapacityFactor))
+        throw InputError(fmt::format("layout '{}': cap:{} must be an MoE capacity factor from 0 (dropless) to {:g}",
+                                     text, f, kMaxCapacityFactor));
+      l.capacity_factor = v;
     } else if (tok.rfind("split:", 0) == 0) {
       l.split = split_parse(after(6));
     } else if (tok.rfind("grad:", 0) == 0) {
@@ -334,7 +344,7 @@ Layout Layout::parse(const std::string& text) {
       throw InputError(fmt::format(
           "layout '{}': unknown field '{}'; fields are tpN, cpN, ppN, dpN, epN, etpN, mbN, vppN, sp|nosp, "
           "ckpt:none|selective|ffn|full[@K], attn:flash|materialized|cudnn, norm:fused|unfused, zeroN[@G], "
-          "grad:fp32|bf16, cp:ring|allgather|a2a, dispatch:a2a|allgather, fp8:tensorwise|delayed|blockwise[@N], "
+          "grad:fp32|bf16, cp:ring|allgather|a2a, dispatch:a2a|allgather, cap:F, fp8:tensorwise|delayed|blockwise[@N], "
           "split:N.N.N (layers per virtual stage; NxK for K stages of N)",
           text, tok));
     }
@@ -451,6 +461,13 @@ std::vector<std::string> Layout::violations(const ModelSpec& m, const RunSpec& r
     v.push_back(fmt::format("seq {} is past {}'s attention chunk of {} positions, and attn:cudnn does not attend "
                             "within chunks; use attn:flash or attn:materialized (on the CPU), or --seq {} or less",
                             run.seq, m.name, m.attention.attention_chunk, m.attention.attention_chunk));
+  if (capacity_factor != m.moe.capacity_factor) {
+    if (!m.moe.enabled())
+      v.push_back(fmt::format("cap:{:g} names an MoE capacity factor, but {} is dense", capacity_factor, m.name));
+    else
+      v.push_back(fmt::format("cap:{:g} but the run's {} drops at capacity factor {:g} (--moe-capacity-factor)",
+                              capacity_factor, m.name, m.moe.capacity_factor));
+  }
   if (fp8 != Fp8Recipe::off && m.moe.enabled())
     v.push_back(fmt::format("fp8:{}: FP8 GEMMs in {}'s MoE blocks are not computed yet; use fp8:off",
                             weft::to_string(fp8), m.name));
@@ -506,6 +523,12 @@ void Layout::validate(const ModelSpec& m, const RunSpec& run, int64_t world) con
   if (!v.empty())
     throw LayoutError(fmt::format("layout {} is invalid for {} on {} rank{}: {}", to_string(),
                                   m.name, world, world == 1 ? "" : "s", fmt::join(v, "; ")));
+}
+
+ModelSpec model_for(const ModelSpec& m, const Layout& l) {
+  ModelSpec out = m;
+  if (m.moe.enabled()) out.moe.capacity_factor = l.capacity_factor;
+  return out;
 }
 
 void to_json(nlohmann::json& j, const Layout& l) { j = l.to_string(); }

@@ -108,6 +108,14 @@ struct Layout {
   // up by rows, down by columns, the partial outputs summed over tp; without
   // sp, where the tp ranks route the same rows). Text etp2; 1 by default.
   int64_t etp = 1;
+  // The capacity factor an MoE model's blocks drop at (MoeSpec::
+  // capacity_factor: each expert keeps ceil(f x rows x k / E) of a rank's
+  // rows; 0: dropless). A training setting of the model's, which the tuner
+  // searches among the values the user lists (--moe-capacity-factor
+  // 0,1.25), so it travels with the layout: a layout is trained only with a
+  // model that drops at its factor (violations() says so otherwise), and
+  // evaluated with such a copy of the model. Text cap:1.25; 0 is not printed.
+  double capacity_factor = 0;
   int64_t mb = 1;   // micro-batch size in sequences
   int64_t vpp = 1;  // virtual pipeline chunks per stage (interleaved 1F1B when > 1)
   bool sp = false;  // sequence parallelism of the norm regions (needs tp > 1)
@@ -206,6 +214,10 @@ struct Layout {
 
   bool operator==(const Layout&) const = default;
 };
+
+// The model a layout runs: `m`, dropping at the layout's capacity factor
+// (a copy where m's differs; MoE models only, a dense one is m as it is).
+ModelSpec model_for(const ModelSpec& m, const Layout& l);
 
 const char* to_string(Checkpointing c);
 const char* to_string(AttentionKind a);

@@ -186,6 +186,12 @@ TrialOutcome profile_layout(const ProfileConfig& pc, parallel::Comm& control, co
     // layering-ok: the test fault stands for a trial that kills its process
     std::_Exit(137);
   }
+  // The tuner sends only layouts the model computes as they say (its
+  // capacity factor included: model_for): a rule broken here is the
+  // tuner's fault, never a trial that measures something else.
+  if (const auto v = pc.train.layout.violations(pc.train.model, pc.train.run, world); !v.empty())
+    throw InternalError(fmt::format("trial layout {} for {}: {}", pc.train.layout.to_string(), pc.train.model.name,
+                                    v.front()));
   // The refuse_memory fault makes the host refuse any block over 1 MiB, as a
   // full device would refuse the reservation.
   const bool gpu = pc.train.device.kind == DeviceKind::gpu;

@@ -6,6 +6,7 @@
 #include "tuner/calibrate.h"
 
 #include <algorithm>
+#include <deque>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -177,7 +178,20 @@ CalibrationResult calibrate(const ModelSpec& m, const RunSpec& run, const Cluste
                             const std::vector<Observation>& obs, const CostConstants& start) {
   std::vector<MeasuredStep> steps;
   steps.reserve(obs.size());
-  for (const auto& o : obs) steps.push_back({&m, &run, &cluster, o.layout, o.measured_step_s});
+  // A layout of another capacity factor than the model's (a searched one)
+  // is priced with the model dropping at it (model_for); one copy a factor.
+  std::deque<ModelSpec> copies;
+  for (const auto& o : obs) {
+    const ModelSpec* model = &m;
+    if (m.moe.enabled() && o.layout.capacity_factor != m.moe.capacity_factor) {
+      auto it = std::find_if(copies.begin(), copies.end(), [&](const ModelSpec& c) {
+        return c.moe.capacity_factor == o.layout.capacity_factor;
+      });
+      if (it == copies.end()) it = copies.insert(copies.end(), model_for(m, o.layout));
+      model = &*it;
+    }
+    steps.push_back({model, &run, &cluster, o.layout, o.measured_step_s});
+  }
   return calibrate(steps, start);
 }
 

@@ -267,6 +267,7 @@ std::vector<Subspace> enumerate_subspaces(const ModelSpec& m, const RunSpec& run
                   s.shape.ep = ep;
                   s.shape.dispatch = dispatch;
                   s.shape.etp = etp;
+                  s.shape.capacity_factor = m.moe.capacity_factor;
                   s.shape.mb = mb;
                   s.shape.vpp = vpp;
                   s.shape.sp = sp;
@@ -287,6 +288,22 @@ std::vector<Subspace> enumerate_subspaces(const ModelSpec& m, const RunSpec& run
       }
     }
   }
+  // An MoE model's capacity factors (the model's own where none is listed):
+  // the space once for each, in the order listed.
+  if (m.moe.enabled() && !limits.capacity.empty() &&
+      !(limits.capacity.size() == 1 && limits.capacity[0] == m.moe.capacity_factor)) {
+    std::vector<Subspace> all;
+    all.reserve(out.size() * limits.capacity.size());
+    int64_t at = 0;
+    for (double capacity : limits.capacity)
+      for (const Subspace& s : out) {
+        all.push_back(s);
+        all.back().shape.capacity_factor = capacity;
+        all.back().first = at;
+        at += s.size();
+      }
+    out = std::move(all);
+  }
   return out;
 }
 
@@ -300,6 +317,10 @@ std::vector<Layout> enumerate(const ModelSpec& m, const RunSpec& run, int64_t wo
 
 Candidate evaluate_one(const ModelSpec& m, const RunSpec& run, const ClusterSpec& cluster, const Layout& l,
                        const CostConstants& k, const memory::MemoryOptions& mem) {
+  // A layout of another capacity factor than the model's (a searched one)
+  // is judged with the model dropping at it.
+  if (m.moe.enabled() && l.capacity_factor != m.moe.capacity_factor)
+    return evaluate_one(model_for(m, l), run, cluster, l, k, mem);
   Candidate c;
   c.layout = l;
   try {

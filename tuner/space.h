@@ -26,6 +26,10 @@ struct SpaceLimits {
   std::vector<int64_t> ep;
   std::vector<MoeDispatch> dispatch;  // the dispatchers tried at ep > 1 (ep 1 has none)
   std::vector<int64_t> etp;  // expert tp degrees (1, or tp without sp; empty: both where they apply)
+  // MoE capacity factors (Layout::capacity_factor; 0: dropless), searched
+  // only among those listed, since dropping tokens changes what the model
+  // computes; empty: the model's own.
+  std::vector<double> capacity;
   // ZeRO shard-group sizes (Layout::zero_group; 0: all dp x cp ranks) for
   // stages 1-3; empty: 0, and those hybrid sharding searches (enumerate()).
   std::vector<int64_t> zero_group;

@@ -329,7 +329,9 @@ int64_t MemoryBounds::part(int stage_end, const Member& x, bool params) {
   return sum;
 }
 
-SpaceReport search(const SpaceContext& ctx, const SpaceLimits& limits, int64_t top_rows, SpaceDevice device) {
+namespace {
+
+SpaceReport search_one(const SpaceContext& ctx, const SpaceLimits& limits, int64_t top_rows, SpaceDevice device) {
   const auto t0 = std::chrono::steady_clock::now();
   const size_t top = size_t(std::max<int64_t>(top_rows, 1));
   const auto subs = enumerate_subspaces(ctx.model, ctx.run, ctx.cluster.gpus, limits, device);
@@ -526,6 +528,62 @@ SpaceReport search(const SpaceContext& ctx, const SpaceLimits& limits, int64_t t
   for (size_t i = 0; i < rows.size(); ++i)
     r.candidates[i] = evaluate_one(ctx.model, ctx.run, ctx.cluster, rows[i], ctx.constants, ctx.memory);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+}  // namespace
+
+SpaceReport search(const SpaceContext& ctx, const SpaceLimits& limits, int64_t top_rows, SpaceDevice device) {
+  const auto& caps = limits.capacity;
+  if (!ctx.model.moe.enabled() || caps.empty() || (caps.size() == 1 && caps[0] == ctx.model.moe.capacity_factor))
+    return search_one(ctx, limits, top_rows, device);
+  // Each listed capacity factor's space searched with the model dropping
+  // at it, and the rows merged as one search orders them: fitting layouts
+  // by step with the least memory within the tie window of the fastest
+  // first, then out of memory by step, then invalid ones.
+  SpaceReport r;
+  r.exhaustive = false;
+  std::vector<Candidate> fits, oom, invalid;
+  std::optional<Candidate> nearest;  // where none fits: the one listed after the rows
+  for (double capacity : caps) {
+    SpaceContext one = ctx;
+    one.model.moe.capacity_factor = capacity;
+    SpaceLimits pinned = limits;
+    pinned.capacity = {capacity};
+    SpaceReport part = search_one(one, pinned, top_rows, device);
+    r.evaluated += part.evaluated;
+    r.fitting += part.fitting;
+    r.visited += part.visited;
+    r.seconds += part.seconds;
+    for (auto& [k, v] : part.pruned) r.pruned[k] += v;
+    for (auto& c : part.candidates)
+      (c.verdict == Verdict::fits ? fits : c.verdict == Verdict::out_of_memory ? oom : invalid).push_back(std::move(c));
+  }
+  // (evaluate()'s order: by step, then memory, then the space's order, in
+  // which the listed factors come one after another)
+  const auto by_step = [](const Candidate& a, const Candidate& b) {
+    return a.cost.step != b.cost.step ? a.cost.step < b.cost.step : a.memory.peak() < b.memory.peak();
+  };
+  std::stable_sort(fits.begin(), fits.end(), by_step);
+  std::stable_sort(oom.begin(), oom.end(), by_step);
+  if (!fits.empty()) {
+    const double limit = fits.front().cost.step * (1.0 + ctx.tie);
+    size_t best = 0;
+    for (size_t i = 1; i < fits.size() && fits[i].cost.step <= limit; ++i)
+      if (fits[i].memory.peak() < fits[best].memory.peak()) best = i;
+    std::rotate(fits.begin(), fits.begin() + long(best), fits.begin() + long(best) + 1);
+  } else if (!oom.empty()) {
+    nearest = *std::min_element(oom.begin(), oom.end(), [](const Candidate& a, const Candidate& b) {
+      return a.memory.peak() < b.memory.peak();
+    });
+  }
+  const size_t top = size_t(std::max<int64_t>(top_rows, 1));
+  for (auto* list : {&fits, &oom, &invalid})
+    for (auto& c : *list)
+      if (r.candidates.size() < top) r.candidates.push_back(std::move(c));
+  if (nearest && std::none_of(r.candidates.begin(), r.candidates.end(),
+                              [&](const Candidate& c) { return c.layout == nearest->layout; }))
+    r.candidates.push_back(std::move(*nearest));
   return r;
 }
 

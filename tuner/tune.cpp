@@ -244,7 +244,7 @@ Recipe tune_recipe(const TuneResult& r, const SpaceContext& ctx, const std::stri
     throw InputError(fmt::format("the tuning was {} after {} trials, so its best layout is no recipe to reuse",
                                  r.stop_reason, r.trials.size()));
   const auto& w = r.trials[*r.winner];
-  Recipe rc = recipe_for(ctx.model, ctx.cluster, ctx.run, w.layout, "profiled");
+  Recipe rc = recipe_for(model_for(ctx.model, w.layout), ctx.cluster, ctx.run, w.layout, "profiled");
   rc.machine = machine;
   rc.predicted = {{"step_s", w.predicted_s},
                   {"step_s_refit", w.calibrated_s},

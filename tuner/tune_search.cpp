@@ -167,7 +167,11 @@ void Search::refit(bool final) {
   k_ = r_.calibration->constants;
   // Profiled candidates too: the corrections are fitted to their residuals
   // against these constants.
-  for (auto& c : cands_) c.calibrated_s = predict(ctx_.model, ctx_.run, c.layout, ctx_.cluster, k_).step;
+  for (auto& c : cands_) {
+    const bool own = c.layout.capacity_factor == ctx_.model.moe.capacity_factor;
+    c.calibrated_s =
+        predict(own ? ctx_.model : model_for(ctx_.model, c.layout), ctx_.run, c.layout, ctx_.cluster, k_).step;
+  }
 }
 
 void Search::fit_corrections() {
@@ -310,6 +314,7 @@ TrialRecord Search::trial(SearchCandidate& cand, int64_t order, Mode mode) {
   trainer::ProfileConfig pc;
   pc.train = base_;
   pc.train.layout = cand.layout;
+  pc.train.model = model_for(base_.model, cand.layout);  // (dropping at the layout's capacity factor)
   pc.warmup_steps = o_.warmup_steps;
   pc.timed_steps = o_.timed_steps;
   pc.min_timed_s = o_.min_timed_s;

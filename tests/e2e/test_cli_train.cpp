@@ -580,6 +580,25 @@ TEST(CliTrain, MixtureOfExpertsTrainsAndItsOptionsAreChecked) {
     }
   }
   EXPECT_EQ(records, 2);
+  // The layout may name the factor (cap:F); the option must then agree.
+  // Several factors are for tuning to search, not for a run given its layout.
+  r = run_weft("train --data " + data + moe + " --layout mb2-cap:0.5 --steps 1 --out " + dir.path("cap_layout"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("| dropped "), std::string::npos) << r.out;
+  r = run_weft("train --data " + data + moe + " --layout mb2-cap:0.5 --moe-capacity-factor 1 --steps 1 --out " +
+               dir.path("cap_both"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("--moe-capacity-factor 1 and --layout mb2-cap:0.5 disagree (the layout says cap:0.5)"),
+            std::string::npos)
+      << r.out;
+  r = run_weft("train --data " + data + moe + " --layout mb2 --moe-capacity-factor 0,1 --steps 1 --out " +
+               dir.path("cap_two"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("--moe-capacity-factor lists 2 factors, which tuning searches (--auto)"), std::string::npos)
+      << r.out;
+  r = run_weft("train --data " + data + kSmall + " --layout mb2-cap:1 --steps 1 --out " + dir.path("cap_dense"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("cap:1 names an MoE capacity factor, but tiny is dense"), std::string::npos) << r.out;
   r = run_weft("train --data " + data + kSmall + " --steps 1 --moe-capacity-factor 1 --out " + dir.path("dense2"));
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.out.find("--moe-capacity-factor applies to MoE models; tiny is dense"), std::string::npos) << r.out;

@@ -278,6 +278,34 @@ TEST(CliTune, Fp8SearchedPinnedAndRefused) {
   EXPECT_NE(r.out.find("vs the dense bf16 peak"), std::string::npos) << r.out;
 }
 
+// MoE capacity factors: searched among those listed (each layout at each),
+// priced where they cap the busiest ep rank, and named in the layout text.
+TEST(CliTune, ListedCapacityFactorsAreSearched) {
+  const std::string mixtral = "tune --dry-run --model mixtral-8x7b --gpu h100 --gpus 64 --seq 4096 --global-batch 256 "
+                              "--moe-imbalance 1.5 --ep 8 --top 3 --format json";
+  auto r = run_weft(mixtral + " --moe-capacity-factor 0,1.25");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  const std::string first = j.at("layouts")[0].at("layout").get<std::string>();
+  EXPECT_NE(first.find("-cap:1.25"), std::string::npos) << first;
+  // Dropless alone: the same layout without the factor is slower.
+  r = run_weft(mixtral);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_GT(nlohmann::json::parse(r.out).at("layouts")[0].at("prediction").at("step_s").get<double>(),
+            j.at("layouts")[0].at("prediction").at("step_s").get<double>());
+  r = run_weft("tune --dry-run --model mixtral-8x7b --gpu h100 --gpus 64 --moe-capacity-factor 0,1.25 --layout "
+               "tp1-pp4-dp16-ep8-mb1-vpp8");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("--layout evaluates one layout at one capacity factor"), std::string::npos) << r.out;
+  r = run_weft("tune --dry-run --model mixtral-8x7b --gpu h100 --gpus 64 --seq 4096 --global-batch 256 --layout "
+               "tp1-pp4-dp16-ep8-mb1-vpp8-cap:1.25");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("-cap:1.25"), std::string::npos) << r.out;
+  r = run_weft("tune --dry-run --model mixtral-8x7b --gpus 64 --moe-capacity-factor 1,1");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("--moe-capacity-factor lists 1 twice"), std::string::npos) << r.out;
+}
+
 TEST(CliTune, OneExplicitLayout) {
   const auto r = run_weft("tune --dry-run --model llama-13b --gpus 64 --layout tp2-pp2-dp16-mb1-zero1");
   ASSERT_EQ(r.code, 0) << r.out;

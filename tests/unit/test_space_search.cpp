@@ -25,6 +25,7 @@ struct Case {
   int64_t gpus, seq, batch, top;
   SpaceLimits limits;
   DeviceKind device = DeviceKind::gpu;
+  double moe_imbalance = 0;  // MoE models: --moe-imbalance
 };
 
 // What a report lists: its rows (evaluate()'s are the whole space, in order).
@@ -113,9 +114,23 @@ TEST(SpaceSearch, ListsTheExhaustiveRows) {
     c.top = 3;
     cases.push_back(c);
   }
+  {
+    // An MoE model's listed capacity factors, each a space of its own,
+    // merged: at imbalance 1.5 the factor caps the busiest ep rank.
+    Case c{"mixtral-8x7b", "h100", 64, 4096, 256, 12, {}};
+    c.limits.ep = {8};
+    c.limits.mb = {1};
+    c.limits.capacity = {0.0, 1.25};
+    c.moe_imbalance = 1.5;
+    cases.push_back(c);
+    c.top = 3;
+    c.limits.capacity = {1.0, 0.0};
+    cases.push_back(c);
+  }
   for (const auto& c : cases) {
     SpaceContext ctx;
     ctx.model = model_preset(c.model);
+    ctx.model.moe.imbalance = c.moe_imbalance;
     ctx.run = RunSpec{c.seq, c.batch, c.device == DeviceKind::cpu ? Precision::fp32 : Precision::bf16};
     ctx.cluster = cluster_resolve(c.gpu, c.gpus, c.device == DeviceKind::cpu ? c.gpus : 8);
     ctx.constants = cost_defaults(ctx.cluster.device);

@@ -8,6 +8,8 @@
 #include <map>
 
 #include <gtest/gtest.h>
+
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -323,6 +325,41 @@ TEST(Tune, MixtureOfExpertsTrialsMeasureTheExpertsLoads) {
     EXPECT_TRUE(t.expert_layers.empty());
     EXPECT_FALSE(trial_to_json(t).contains("expert_load"));
   }
+}
+
+// Capacity factors the user lists are searched: each layout of the space
+// at each factor, its trial trained with the model dropping at it (the
+// trainer refuses a layout whose factor is not the model's, so a trial that
+// ran says so), the refit priced likewise, and the recipe's model drops at
+// the winner's.
+TEST(Tune, ListedCapacityFactorsAreSearched) {
+  TuneFixture f;
+  f.ctx.model = model_preset("tiny-moe");
+  f.base.model = f.ctx.model;
+  f.limits.mb = {4};
+  f.limits.ckpt = {Checkpointing::none};
+  f.limits.capacity = {0.0, 1.0};
+  f.o.top = 2;
+  f.o.confirm = false;
+  const auto space = enumerate(f.ctx.model, f.ctx.run, 1, f.limits, f.ctx.cluster);
+  ASSERT_EQ(space.size(), 2u);
+  EXPECT_EQ(space[0].capacity_factor, 0.0);
+  EXPECT_EQ(space[1].capacity_factor, 1.0);
+  EXPECT_EQ(Layout::parse(space[1].to_string()), space[1]);
+  EXPECT_NE(space[1].to_string().find("-cap:1"), std::string::npos) << space[1].to_string();
+  const auto r = f.run();
+  ASSERT_EQ(r.trials.size(), 2u);
+  std::set<double> ran;
+  for (const auto& t : r.trials) {
+    EXPECT_EQ(t.status, "ok") << t.layout.to_string() << ": " << t.reason;
+    ran.insert(t.layout.capacity_factor);
+  }
+  EXPECT_EQ(ran, (std::set<double>{0.0, 1.0}));
+  ASSERT_TRUE(r.calibration.has_value());
+  ASSERT_TRUE(r.winner.has_value());
+  const Recipe rc = tune_recipe(r, f.ctx, "test");
+  EXPECT_EQ(rc.model.moe.capacity_factor, r.trials[*r.winner].layout.capacity_factor);
+  EXPECT_TRUE(rc.layout.violations(rc.model, f.ctx.run, 1).empty());
 }
 
 TEST(Tune, DurationsParse) {
