@@ -64,36 +64,6 @@ inline cublasLtMatrixLayout_t lt_layout(cudaDataType_t type, int64_t rows, int64
   return layout;
 }
 
-// The heuristic's first algorithm for op over layouts a, b and c (= d),
-// within ws_bytes of scratch and for operands of these alignments (bytes);
-// false when no algorithm fits (NOT_SUPPORTED: the params are valid but
-// this backend cannot run them, which launch reports as unsupported).
-inline bool lt_pick(cublasLtHandle_t handle, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a,
-                    cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c, int64_t ws_bytes, uint32_t align_a,
-                    uint32_t align_b, uint32_t align_c, cublasLtMatmulAlgo_t* algo) {
-  cublasLtMatmulPreference_t pref = nullptr;
-  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  const uint64_t max_ws = uint64_t(ws_bytes);
-  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_ws,
-                                                    sizeof max_ws));
-  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
-                                                    sizeof align_a));
-  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
-                                                    sizeof align_b));
-  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
-                                                    sizeof align_c));
-  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
-                                                    sizeof align_c));
-  cublasLtMatmulHeuristicResult_t result{};
-  int found = 0;
-  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle, op, a, b, c, c, pref, 1, &result, &found);
-  CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
-  if (status != CUBLAS_STATUS_NOT_SUPPORTED) CUBLAS_CHECK(status);
-  if (status != CUBLAS_STATUS_SUCCESS || found == 0) return false;
-  *algo = result.algo;
-  return true;
-}
-
 // Up to `most` (at most 16) algorithms the heuristic offers for op over
 // layouts a, b and c (= d), best first by its own estimate, within ws_bytes
 // of scratch and for operands of these alignments (bytes), into `out`;
@@ -126,6 +96,16 @@ inline int lt_candidates(cublasLtHandle_t handle, cublasLtMatmulDesc_t op, cubla
   for (int i = 0; i < found; ++i)
     if (results[i].state == CUBLAS_STATUS_SUCCESS) out[n++] = results[i].algo;
   return n;
+}
+
+// The heuristic's first algorithm for op over layouts a, b and c (= d),
+// within ws_bytes of scratch and for operands of these alignments (bytes);
+// false when no algorithm fits (NOT_SUPPORTED: the params are valid but
+// this backend cannot run them, which launch reports as unsupported).
+inline bool lt_pick(cublasLtHandle_t handle, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a,
+                    cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c, int64_t ws_bytes, uint32_t align_a,
+                    uint32_t align_b, uint32_t align_c, cublasLtMatmulAlgo_t* algo) {
+  return lt_candidates(handle, op, a, b, c, ws_bytes, align_a, align_b, align_c, 1, algo) == 1;
 }
 
 }  // namespace weft::kernels::gpu
