@@ -175,6 +175,21 @@ std::optional<std::vector<int64_t>> edge_split(int64_t layers, int64_t virtual_s
   return s;
 }
 
+namespace {
+
+// A capacity factor as the layout text writes it: its shortest form that
+// reads back the same, without an exponent (whose '-' would split the text).
+std::string factor_text(double f) {
+  std::string t = fmt::format("{}", f);
+  if (t.find('e') == std::string::npos) return t;
+  t = fmt::format("{:.17f}", f);
+  while (t.back() == '0') t.pop_back();
+  if (t.back() == '.') t.pop_back();
+  return t;
+}
+
+}  // namespace
+
 std::string Layout::to_string() const {
   std::string ck = weft::to_string(ckpt);
   if (ckpt != Checkpointing::none && ckpt_layers > 0) ck += fmt::format("@{}", ckpt_layers);
@@ -192,7 +207,7 @@ std::string Layout::to_string() const {
                                                              : "",
                      f8,
                      split.empty() ? "" : "-split:" + split_text(split)) +
-         (capacity_factor > 0 ? fmt::format("-cap:{:g}", capacity_factor) : "");
+         (capacity_factor > 0 ? "-cap:" + factor_text(capacity_factor) : "");
 }
 
 namespace {

@@ -442,5 +442,20 @@ TEST(Layout, ExpertParallelismPrintsParsesAndValidates) {
                         "unknown expert dispatcher 'ring'; valid: a2a, allgather");
 }
 
+// An MoE capacity factor in the text (cap:F) reads back as the same double,
+// however small or long, without an exponent; 0 (dropless) is left out.
+TEST(Layout, CapacityFactorRoundTrips) {
+  for (double f : {1.25, 0.1, 1e-5, 2.0 / 3.0, 1000.0}) {
+    Layout l;
+    l.capacity_factor = f;
+    const std::string text = l.to_string();
+    EXPECT_EQ(text.find('e', text.find("cap:")), std::string::npos) << text;
+    EXPECT_EQ(Layout::parse(text).capacity_factor, f) << text;
+  }
+  EXPECT_EQ(Layout{}.to_string().find("cap:"), std::string::npos);
+  EXPECT_NE(Layout::parse("mb2-cap:1.25").to_string().find("-cap:1.25"), std::string::npos);
+  WEFT_EXPECT_THROW_MSG(Layout::parse("mb2-cap:abc"), InputError, "cap:abc must be an MoE capacity factor");
+}
+
 }  // namespace
 }  // namespace weft
