@@ -60,15 +60,32 @@ std::string count_text(double n) {
                                                                 : fmt::format("{:.1f}K", n / 1e3);
 }
 
+// (in + out) of the adapters one token passes in one block, summed over
+// the targeted layers; in an MoE block its k routed experts' (`active`) or
+// all E's (the parameters), and its shared expert's.
+double lora_io(const ModelSpec& m, const LoraSpec& lora, bool moe, bool active) {
+  const auto io = linear_io(m);
+  double n = 0;
+  for (int g = 0; g < kLinears; ++g)
+    if (lora.targets_linear(Linear(g)) && (!moe || g < int(Linear::gate))) n += io[size_t(g)];
+  if (!moe) return n;
+  const double C = double(m.hidden), Fe = double(m.moe.expert_intermediate), Fs = double(m.moe.shared_intermediate);
+  const double experts = active ? double(m.moe.top_k) : double(m.moe.experts);
+  if (lora.targets_linear(Linear::gate)) n += experts * (C + 2 * Fe);  // gate_up: one A, one B
+  if (lora.targets_linear(Linear::down)) n += experts * (Fe + C);
+  if (Fs > 0)
+    for (Linear g : {Linear::gate, Linear::up, Linear::down})
+      if (lora.targets_linear(g)) n += C + Fs;
+  return n;
+}
+
 }  // namespace
 
 int64_t lora_params(const ModelSpec& m, const LoraSpec& lora) {
   if (!lora.enabled()) return 0;
-  const auto io = linear_io(m);
-  int64_t n = 0;
-  for (int g = 0; g < kLinears; ++g)
-    if (lora.targets_linear(Linear(g))) n += lora.rank * int64_t(io[size_t(g)]);
-  return n * m.layers;
+  const int64_t moe = m.moe.enabled() ? m.moe_layers() : 0;
+  const double io = double(m.layers - moe) * lora_io(m, lora, false, false) + double(moe) * lora_io(m, lora, true, false);
+  return lora.rank * int64_t(io);
 }
 
 std::string mfu_flops_text(const ModelSpec& m) {
@@ -86,24 +103,42 @@ std::string mfu_flops_text(const ModelSpec& m) {
 
 void lora_check_model(const ModelSpec& m, const LoraSpec& lora) {
   if (!lora.enabled()) return;
-  if (m.moe.enabled() && (lora.targets_linear(Linear::gate) || lora.targets_linear(Linear::up) ||
-                          lora.targets_linear(Linear::down)))
-    throw InputError(fmt::format("--lora-targets {} on the MoE model {}: adapters on its FFN (gate, up, down: the "
-                                 "experts' projections) are not computed yet; --lora-targets q,k,v,o adapts the "
-                                 "attention, the experts and router frozen",
-                                 lora.targets_text(), m.name));
+  const bool ffn = lora.targets_linear(Linear::gate) || lora.targets_linear(Linear::up) ||
+                   lora.targets_linear(Linear::down);
+  if (m.moe.enabled() && ffn) {
+    // The routed experts' gate and up are one tensor (transformers'
+    // gate_up_proj), which PEFT adapts as one.
+    if (lora.targets_linear(Linear::gate) != lora.targets_linear(Linear::up))
+      throw InputError(fmt::format("--lora-targets {} on the MoE model {}: its routed experts' gate and up are one "
+                                   "tensor (gate_up_proj) with one adapter; target gate and up together, or neither",
+                                   lora.targets_text(), m.name));
+    if (lora.dropout > 0)
+      throw InputError(fmt::format("--lora-dropout {:g} with LoRA on {}'s routed experts (--lora-targets {}): an "
+                                   "adapter on a 3-D expert tensor cannot factor dropout out of its input (PEFT "
+                                   "refuses it too); use --lora-dropout 0 or --lora-targets q,k,v,o",
+                                   lora.dropout, m.name, lora.targets_text()));
+  }
   const int64_t C = m.hidden, q = m.heads * m.head_dim, kv = m.kv_heads * m.head_dim, F = m.intermediate;
   const std::array<std::pair<int64_t, int64_t>, kLinears> in_out = {
       {{C, q}, {C, kv}, {C, kv}, {q, C}, {C, F}, {C, F}, {F, C}}};
   const char* names[kLinears] = {"q", "k", "v", "o", "gate", "up", "down"};
-  for (int g = 0; g < kLinears; ++g) {
-    if (!lora.targets_linear(Linear(g))) continue;
-    const auto [in, out] = in_out[size_t(g)];
+  const auto check = [&](const std::string& layer, int64_t in, int64_t out) {
     if (lora.rank > std::min(in, out))
       throw InputError(fmt::format("--lora {} is past the width of {}'s {} layer ({} x {}): a rank is at most {} "
-                                   "there; give a rank of at most {} or leave {} out of --lora-targets",
-                                   lora.rank, m.name, names[g], out, in, std::min(in, out), std::min(in, out),
-                                   names[g]));
+                                   "there; give a rank of at most {} or leave it out of --lora-targets",
+                                   lora.rank, m.name, layer, out, in, std::min(in, out), std::min(in, out)));
+  };
+  // The dense layers' FFN (every layer's attention).
+  const bool dense_ffn = !m.moe.enabled() || m.moe_layers() < m.layers;
+  for (int g = 0; g < kLinears; ++g) {
+    if (!lora.targets_linear(Linear(g)) || (g >= int(Linear::gate) && !dense_ffn)) continue;
+    check(names[g], in_out[size_t(g)].first, in_out[size_t(g)].second);
+  }
+  if (m.moe.enabled() && ffn) {
+    const int64_t Fe = m.moe.expert_intermediate, Fs = m.moe.shared_intermediate;
+    if (lora.targets_linear(Linear::gate)) check("experts' gate_up", C, 2 * Fe);
+    if (lora.targets_linear(Linear::down)) check("experts' down", Fe, C);
+    if (Fs > 0) check("shared expert's", std::min(C, Fs), std::max(C, Fs));
   }
 }
 
@@ -118,12 +153,13 @@ std::string lora_summary(const ModelSpec& m, const LoraSpec& lora) {
 double model_flops_per_step(const ModelSpec& m, const RunSpec& run) {
   if (!run.lora.enabled()) return model_flops_per_token(m, run.seq) * double(run.tokens_per_step());
   const double C = double(m.hidden);
-  const auto io = linear_io(m);
-  double adapters = 0;
-  for (int g = 0; g < kLinears; ++g)
-    if (run.lora.targets_linear(Linear(g))) adapters += 6.0 * double(run.lora.rank) * io[size_t(g)];
-  const double per_token = 4.0 * double(m.flop_params()) + 12.0 * C * attention_widths(m, run.seq) +
-                           double(m.layers) * adapters;
+  // Each adapter a token passes: 6 r (in + out) (forward, input and weight
+  // gradients), through its k routed experts' in an MoE layer.
+  const int64_t moe = m.moe.enabled() ? m.moe_layers() : 0;
+  const double adapters = 6.0 * double(run.lora.rank) *
+                          (double(m.layers - moe) * lora_io(m, run.lora, false, true) +
+                           double(moe) * lora_io(m, run.lora, true, true));
+  const double per_token = 4.0 * double(m.flop_params()) + 12.0 * C * attention_widths(m, run.seq) + adapters;
   return per_token * double(run.tokens_per_step());
 }
 

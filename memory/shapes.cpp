@@ -240,14 +240,33 @@ LinearShape linear_shape(const ModelSpec& m, const Layout& l, Linear g) {
   return {};
 }
 
-int64_t lora_block_elements(const ModelSpec& m, const Layout& l, const LoraSpec& lora) {
+int64_t lora_block_elements(const ModelSpec& m, const Layout& l, const LoraSpec& lora, bool moe) {
+  if (!lora.enabled()) return 0;
+  const int64_t r = lora.rank, C = m.hidden;
   int64_t n = 0;
-  for (int g = 0; g < kLinears; ++g)
-    if (lora.targets_linear(Linear(g))) {
-      const LinearShape s = linear_shape(m, l, Linear(g));
-      n += lora.rank * (s.K + s.N);
+  for (int g = 0; g < kLinears; ++g) {
+    if (!lora.targets_linear(Linear(g))) continue;
+    const LinearShape s = linear_shape(m, l, Linear(g));
+    if (!moe || g < int(Linear::gate)) {
+      n += r * (s.K + s.N);
+      continue;
     }
-  return lora.enabled() ? n : 0;
+    // The shared expert's, split over tp as a dense FFN's.
+    if (m.moe.shared_intermediate > 0) n += r * (C + m.moe.shared_intermediate / l.tp);
+  }
+  if (moe) {
+    // Each of this ep rank's routed experts: gate_up's A (r, C) and B
+    // (2 F_e, r), down's A (r, F_e) and B (C, r), whole (etp1).
+    const int64_t Fe = m.moe.expert_intermediate, local = m.moe.experts / std::max<int64_t>(1, l.ep);
+    if (lora.targets_linear(Linear::gate)) n += local * r * (C + 2 * Fe);
+    if (lora.targets_linear(Linear::down)) n += local * r * (Fe + C);
+  }
+  return n;
+}
+
+int64_t lora_largest_block_elements(const ModelSpec& m, const Layout& l, const StagePlan& plan) {
+  const int64_t dense = plan.layers > plan.moe_layers ? lora_block_elements(m, l, plan.lora, false) : 0;
+  return std::max(dense, plan.moe_layers > 0 ? lora_block_elements(m, l, plan.lora, true) : 0);
 }
 
 int64_t global_layer(const ModelSpec& m, const Layout& l, int64_t stage, int64_t chunk, int64_t layer) {
@@ -307,7 +326,9 @@ int64_t stage_model_elements(const ModelSpec& m, const Layout& l, const StagePla
 }  // namespace
 
 int64_t stage_param_elements(const ModelSpec& m, const Layout& l, const StagePlan& plan) {
-  return plan.lora.enabled() ? plan.layers * lora_block_elements(m, l, plan.lora) : stage_model_elements(m, l, plan);
+  if (!plan.lora.enabled()) return stage_model_elements(m, l, plan);
+  return (plan.layers - plan.moe_layers) * lora_block_elements(m, l, plan.lora, false) +
+         plan.moe_layers * lora_block_elements(m, l, plan.lora, true);
 }
 
 int64_t stage_frozen_elements(const ModelSpec& m, const Layout& l, const StagePlan& plan) {
@@ -524,7 +545,7 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
   const int64_t shared_width = plan.moe_layers > 0 ? m.moe.shared_intermediate / l.tp : 0;
   const int64_t ffn_width = std::max(dense_ffn ? d.Fl : 0, shared_width);
   if (ffn_width > 0) out.push_back({"scratch.d_mlp", Category::workspace, d.B * d.T * ffn_width, d.a, 3});
-  if (plan.moe_layers > 0) detail::moe_scratch_shapes(m, l, d, out);
+  if (plan.moe_layers > 0) detail::moe_scratch_shapes(m, l, plan.lora, d, out);
   // Llama 4's L2 norm of queries and keys: the RMSNorm kernel with a weight
   // of ones.
   if (m.attention.qk_norm == QkNorm::l2) out.push_back({"scratch.qk_ones", Category::workspace, d.D, d.a, 1});

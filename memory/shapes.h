@@ -93,8 +93,12 @@ int64_t stage_param_elements(const ModelSpec& m, const Layout& l, const StagePla
 // The frozen ones (the base model under LoRA, else 0): weights only, whole
 // on every dp rank.
 int64_t stage_frozen_elements(const ModelSpec& m, const Layout& l, const StagePlan& plan);
-// The adapters of one block on one tp rank.
-int64_t lora_block_elements(const ModelSpec& m, const Layout& l, const LoraSpec& lora);
+// The adapters of one block on one tp rank: a dense block's, or an MoE
+// block's (`moe`: its attention's, its ep rank's routed experts' and its
+// shared expert's; trainer/model/params.h).
+int64_t lora_block_elements(const ModelSpec& m, const Layout& l, const LoraSpec& lora, bool moe);
+// The largest of the stage's blocks' adapters (a ZeRO group under LoRA).
+int64_t lora_largest_block_elements(const ModelSpec& m, const Layout& l, const StagePlan& plan);
 
 // Elements of one block's parameters on one tp rank: a dense block's, an
 // MoE block's (the router and the experts whole, the shared expert split

@@ -29,7 +29,7 @@ void comm_buffer_shapes(const ModelSpec& m, const Layout& l, const StagePlan& pl
     // the largest group (a block, the vocab table, or the final norm with the
     // LM head), the other a block.
     // Under LoRA a group is a block's adapters.
-    const int64_t block = lora ? lora_block_elements(m, l, plan.lora) : block_param_elements(m, l, plan);
+    const int64_t block = lora ? lora_largest_block_elements(m, l, plan) : block_param_elements(m, l, plan);
     const int64_t group = lora ? block : std::max(block, (m.padded_vocab(l.tp) / l.tp) * m.hidden + m.hidden);
     out.push_back({"comm.dp_grad_bucket", Category::comm, std::min(group, psi), g, 1});
     out.push_back({"comm.dp_grad_bucket_next", Category::comm, std::min(block, psi), g, 1});
@@ -41,7 +41,7 @@ void comm_buffer_shapes(const ModelSpec& m, const Layout& l, const StagePlan& pl
     // group of the stage (a block, the embedding table, or the final norm
     // with the LM head or the tied table).
     // (Under LoRA only the adapters are sharded: a block's adapters.)
-    int64_t largest = plan.layers > 0 ? (lora ? lora_block_elements(m, l, plan.lora) : block_param_elements(m, l, plan)) : 0;
+    int64_t largest = plan.layers > 0 ? (lora ? lora_largest_block_elements(m, l, plan) : block_param_elements(m, l, plan)) : 0;
     const int64_t table = (m.padded_vocab(l.tp) / l.tp) * m.hidden;
     if (plan.has_embedding && !lora) largest = std::max(largest, table);
     if (plan.has_head && !lora) largest = std::max(largest, m.hidden + table);

@@ -35,7 +35,8 @@ int64_t routed_token_rows(const Layout& l, const Dims& d);
 // An MoE block's saved tensors past its norm, and the MoE backward's
 // scratch (shapes_moe.cpp).
 void moe_saved_shapes(const ModelSpec& m, const Layout& l, const Dims& d, std::vector<TensorShape>& out);
-void moe_scratch_shapes(const ModelSpec& m, const Layout& l, const Dims& d, std::vector<TensorShape>& out);
+void moe_scratch_shapes(const ModelSpec& m, const Layout& l, const LoraSpec& lora, const Dims& d,
+                        std::vector<TensorShape>& out);
 
 // The stage's FP8 buffers (shapes_fp8.cpp): quantised weights, the operands
 // of the GEMM running, scales and health counts.

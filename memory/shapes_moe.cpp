@@ -43,7 +43,8 @@ void moe_saved_shapes(const ModelSpec& m, const Layout& l, const Dims& d, std::v
   }
 }
 
-void moe_scratch_shapes(const ModelSpec& m, const Layout& l, const Dims& d, std::vector<TensorShape>& out) {
+void moe_scratch_shapes(const ModelSpec& m, const Layout& l, const LoraSpec& lora, const Dims& d,
+                        std::vector<TensorShape>& out) {
   // The router's logits (then their gradient), the gradient of the experts'
   // rows (their output's, then their input's), of their SwiGLU, of the
   // combine weights, and the router's statistics of a block rebuilding its
@@ -66,6 +67,10 @@ void moe_scratch_shapes(const ModelSpec& m, const Layout& l, const Dims& d, std:
   }
   out.push_back({"scratch.moe_dweights", Category::workspace, rows * k, kFp32, 1});
   out.push_back({"scratch.moe_stats", Category::workspace, 2 * E, 8, 1});
+  // LoRA on the routed experts: h = x A^T of the rows received, then the
+  // adapters' gradient g = s dY B (llama_moe_lora.cpp), (rows, r) each.
+  if (lora.enabled() && (lora.targets_linear(Linear::gate) || lora.targets_linear(Linear::down)))
+    out.push_back({"scratch.moe_lora", Category::workspace, received * lora.rank, d.a, 2});
 }
 
 }  // namespace weft::memory::detail

@@ -65,14 +65,35 @@ def main():
         e_logits = rel_l2(weft_logits[:, : logits.shape[1]], logits)
         want = model.merge_and_unload().state_dict()
         got = load_file(os.path.join(merged, "model.safetensors"))
-        # (An MoE class may hold its experts fused where the file names each:
-        # the tensors both name are compared, the adapted ones among them.)
+        # An MoE class may hold its experts fused where the file names each
+        # (Mixtral's block_sparse_moe.experts.{e}.w1/w3/w2, Qwen3-MoE's
+        # mlp.experts.{e}.gate_proj/...): the file's are fused as the class
+        # holds them, gate_up_proj (E, 2F, C) and down_proj (E, C, F), so the
+        # experts' merged adapters are compared too.
+        for name in [n for n in want if n.endswith("experts.gate_up_proj") or n.endswith("experts.down_proj")]:
+            if name in got:
+                continue
+            layer = name.split(".")[2]
+            E = want[name].shape[0]
+            forms = [("block_sparse_moe.experts.{e}.w1", "block_sparse_moe.experts.{e}.w3",
+                      "block_sparse_moe.experts.{e}.w2"),
+                     ("mlp.experts.{e}.gate_proj", "mlp.experts.{e}.up_proj", "mlp.experts.{e}.down_proj")]
+            for gate, up, down in forms:
+                key = lambda f, e: f"model.layers.{layer}.{f.format(e=e)}.weight"
+                if key(gate, 0) not in got:
+                    continue
+                if name.endswith("gate_up_proj"):
+                    got[name] = np.stack([np.concatenate([got[key(gate, e)], got[key(up, e)]]) for e in range(E)])
+                else:
+                    got[name] = np.stack([got[key(down, e)] for e in range(E)])
         common = [n for n in got if n in want]
         if not any("self_attn" in n for n in common):
             sys.exit("the merged folder and merge_and_unload() share no attention tensor to compare")
         e_merge = max(rel_l2(got[n], want[n].numpy()) for n in common)
+        experts = sum(1 for n in common if "experts" in n)
     print(f"logits: weft vs transformers+peft rel L2 {e_logits:.3e}")
-    print(f"merged: weft export --merge vs merge_and_unload() worst rel L2 {e_merge:.3e} over {len(common)} tensors")
+    print(f"merged: weft export --merge vs merge_and_unload() worst rel L2 {e_merge:.3e} over {len(common)} tensors "
+          f"({experts} of them routed experts')")
     ok = e_logits < 1e-5 and e_merge < 1e-5
     print("OK" if ok else "FAILED")
     return 0 if ok else 1

@@ -38,7 +38,8 @@ std::vector<float> param_f32(const checkpoint::Checkpoint& ck, const std::string
   return out;
 }
 
-// The linear layer of a block parameter kind, or -1.
+// The linear layer of a block parameter kind (a shared or routed expert's
+// gate, up or down included), or -1.
 int linear_of(checkpoint::ParamKind k) {
   using checkpoint::ParamKind;
   switch (k) {
@@ -46,11 +47,35 @@ int linear_of(checkpoint::ParamKind k) {
     case ParamKind::k_proj: return int(Linear::k);
     case ParamKind::v_proj: return int(Linear::v);
     case ParamKind::o_proj: return int(Linear::o);
-    case ParamKind::gate_proj: return int(Linear::gate);
-    case ParamKind::up_proj: return int(Linear::up);
-    case ParamKind::down_proj: return int(Linear::down);
+    case ParamKind::gate_proj:
+    case ParamKind::shared_gate:
+    case ParamKind::expert_gate: return int(Linear::gate);
+    case ParamKind::up_proj:
+    case ParamKind::shared_up:
+    case ParamKind::expert_up: return int(Linear::up);
+    case ParamKind::down_proj:
+    case ParamKind::shared_down:
+    case ParamKind::expert_down: return int(Linear::down);
     default: return -1;
   }
+}
+
+// The adapter pair of a base parameter's LoRA, whole, and the first row of
+// B that is its (a routed expert's up: the second half of gate_up's B).
+struct AdapterOf {
+  std::vector<float> a, b;
+  int64_t b_row = 0;
+};
+
+AdapterOf adapter_of(const checkpoint::Checkpoint& ck, const ModelSpec& m, const checkpoint::ParamInfo& info, Linear g) {
+  using checkpoint::ExpertLora;
+  if (info.expert < 0)
+    return {param_f32(ck, checkpoint::lora_param_name(m, g, info.layer, false)),
+            param_f32(ck, checkpoint::lora_param_name(m, g, info.layer, true)), 0};
+  const ExpertLora site = g == Linear::down ? ExpertLora::down : ExpertLora::gate_up;
+  return {param_f32(ck, checkpoint::lora_expert_name(m, site, info.layer, info.expert, false)),
+          param_f32(ck, checkpoint::lora_expert_name(m, site, info.layer, info.expert, true)),
+          g == Linear::up ? m.moe.expert_intermediate : 0};
 }
 
 }  // namespace
@@ -77,7 +102,7 @@ void lora_export_adapter(const std::string& checkpoint_dir, const std::string& o
   }
   const nlohmann::json base = ck.manifest.run.at("lora").value("base", nlohmann::json());
   const std::string base_path = base.is_object() ? base.value("path", std::string()) : std::string();
-  checkpoint::peft_write(out_dir, lora, base_path, tensors, {checkpoint_dir, base_path});
+  checkpoint::peft_write(out_dir, m, lora, base_path, tensors, {checkpoint_dir, base_path});
 }
 
 void lora_export_merged(const std::string& checkpoint_dir, const std::string& out_dir) {
@@ -111,13 +136,13 @@ void lora_export_merged(const std::string& checkpoint_dir, const std::string& ou
     }
     // W (out, in) += s B (out, r) A (r, in), in fp64.
     if (const int g = linear_of(info.kind); g >= 0 && lora.targets_linear(Linear(g))) {
-      const std::vector<float> a = param_f32(ck, checkpoint::lora_param_name(Linear(g), info.layer, false));
-      const std::vector<float> b = param_f32(ck, checkpoint::lora_param_name(Linear(g), info.layer, true));
+      const AdapterOf ad = adapter_of(ck, m, info, Linear(g));
       const int64_t r = lora.rank, out = p.rows, in = p.cols;
       for (int64_t i = 0; i < out; ++i)
         for (int64_t j = 0; j < in; ++j) {
           double sum = 0;
-          for (int64_t k = 0; k < r; ++k) sum += double(b[size_t(i * r + k)]) * double(a[size_t(k * in + j)]);
+          for (int64_t k = 0; k < r; ++k)
+            sum += double(ad.b[size_t((ad.b_row + i) * r + k)]) * double(ad.a[size_t(k * in + j)]);
           w[size_t(i * in + j)] = float(double(w[size_t(i * in + j)]) + lora.scale() * sum);
         }
     }

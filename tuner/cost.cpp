@@ -176,11 +176,13 @@ ShardingTerms sharding_terms(const Model& x, double mbs) {
   const auto stage_params = [&](int64_t stage) {
     const bool emb = stage == 0, head = stage == l.pp - 1;
     const int64_t layers = l.stage_layers(m, stage);
-    if (lora) return double(layers) * double(memory::lora_block_elements(m, l, x.run.lora));
     // An MoE model's blocks: its MoE layers' share of the stage's at the
     // MoE block's size (the router, this ep rank's experts, the shared
-    // expert's tp part), the rest dense.
+    // expert's tp part; under LoRA their adapters), the rest dense.
     const double moe = double(layers) * moe_share;
+    if (lora)
+      return (double(layers) - moe) * double(memory::lora_block_elements(m, l, x.run.lora, false)) +
+             moe * double(memory::lora_block_elements(m, l, x.run.lora, true));
     double n = (double(layers) - moe) * double(memory::dense_block_param_elements(m, l)) +
                moe * double(memory::moe_block_param_elements(m, l));
     if (emb) n += Vl * C;

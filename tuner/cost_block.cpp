@@ -201,6 +201,8 @@ Part one_block_cost(const Model& x) {
   // The tp-split part of the FFN's width (an MoE block's shared expert's;
   // 0: none).
   double split_width = Fl, mlp_pre = 0;
+  // An MoE block's local experts and each one's rows (LoRA's below).
+  double local_experts = 0, expert_rows = 0;
   if (!x.moe) {
     mlp_pre = x.norm_fwd(Msp) + mlp_cast + 2 * x.block_linear_fwd(M, Fl, C) + x.stream("swiglu_fwd", M, Fl);
     p.fwd = attn_pre + attn_fwd + x.block_linear_fwd(M, C, Hl * D) + resid + mlp_pre + x.block_linear_fwd(M, C, Fl) +
@@ -253,6 +255,8 @@ Part one_block_cost(const Model& x) {
                              : gathered ? reduce_scatter(ep * rows_bytes, x.ep_group())
                                         : all_to_all(rows_bytes * f, x.ep_group());
     split_width = double(e.shared_intermediate) / t;
+    local_experts = El;
+    expert_rows = per_local;
     double pre = x.block_linear_fwd(Mr, E, C) + x.stream("moe_route", Mr, E) + x.stream("moe_permute", choices, C) +
                  out_trip + El * 2 * x.block_linear_fwd(per_local, Fe, C) + x.stream("swiglu_fwd", received, Fe);
     const double etp_sum = l.etp > 1 ? all_reduce(received * C * a, x.tp_group()) : 0.0;
@@ -281,11 +285,32 @@ Part one_block_cost(const Model& x) {
                                                     {Fl, C},     {Fl, C},     {C, Fl}};
     for (int g = 0; g < kLinears; ++g) {
       if (!x.run.lora.targets_linear(Linear(g))) continue;
-      const auto [N, K] = nk[g];
+      auto [N, K] = nk[g];
+      // An MoE block's gate, up and down adapters are its shared expert's
+      // (its tp part of the width; none without one).
+      if (x.moe && g >= int(Linear::gate)) {
+        if (split_width <= 0) continue;
+        (g == int(Linear::down) ? K : N) = split_width;
+      }
       const double f = x.lora_fwd(M, N, K);
       p.fwd += f;
       p.bwd += x.lora_bwd(M, N, K);
       if (Linear(g) == Linear::gate || Linear(g) == Linear::up) mlp_pre_lora += f;
+    }
+    // Its routed experts' (llama_moe_lora.cpp): each local expert's fused
+    // gate_up (one A, one B of 2 F_e rows) and down over its rows.
+    if (x.moe) {
+      const double Fe = double(m.moe.expert_intermediate);
+      if (x.run.lora.targets_linear(Linear::gate)) {
+        const double f = local_experts * x.lora_fwd(expert_rows, 2 * Fe, C);
+        p.fwd += f;
+        p.bwd += local_experts * x.lora_bwd(expert_rows, 2 * Fe, C);
+        mlp_pre_lora += f;
+      }
+      if (x.run.lora.targets_linear(Linear::down)) {
+        p.fwd += local_experts * x.lora_fwd(expert_rows, C, Fe);
+        p.bwd += local_experts * x.lora_bwd(expert_rows, C, Fe);
+      }
     }
   }
 

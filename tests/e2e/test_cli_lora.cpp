@@ -109,39 +109,68 @@ TEST(CliLora, InitTrainResumeEvalExport) {
   EXPECT_NE(r.out.find("--lora-dropout 1 must lie in [0, 1)"), std::string::npos) << r.out;
 }
 
-// A Mixture-of-Experts model takes adapters on its attention: they learn,
-// and the merged export (Mixtral's class) is the adapted model. Adapters on
-// its FFN, the experts', are refused by name, the default "all" too.
-TEST(CliLora, MixtureOfExpertsAttention) {
+// A Mixture-of-Experts model takes adapters on its attention and on its
+// routed experts (the default, every linear layer): they learn, the merged
+// export (Mixtral's class) is the adapted model, and the adapters go out as
+// a PEFT folder (the experts' packed, target_parameters) and come back.
+// Adapting the experts' fused gate_up half, or with dropout, is refused by
+// name.
+TEST(CliLora, MixtureOfExperts) {
   TempDir dir;
   const auto data = corpus(dir);
   const std::string shape = " --seq 32 --global-batch 4 --mb 2 --threads 1 --log-every 1 --eval-samples 4";
-  const std::string lora =
-      "train --model tiny-moe --data " + data + shape + " --lora 4 --lora-targets q,k,v,o --lr 1e-2 --warmup 1";
-  auto r = run_weft(lora + " --steps 4 --out " + dir.path("a"));
-  ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("LoRA r 4, alpha 8 on q,k,v,o"), std::string::npos) << r.out;
-  const auto l = losses(dir.path("a/metrics.jsonl"));
-  ASSERT_EQ(l.size(), 4u);
-  EXPECT_LT(l.back(), l.front()) << "the adapters learn";
-  const std::string ck = dir.path("a/checkpoints/step_000004");
-  const double adapted = eval_loss(ck, data);
-  r = run_weft("export --merge --checkpoint " + ck + " --out " + dir.path("merged"));
-  ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(slurp(dir.path("merged/config.json")).find("MixtralForCausalLM"), std::string::npos);
-  r = run_weft("train --data " + data + shape + " --init " + dir.path("merged") + " --steps 0 --out " + dir.path("m"));
-  ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_NEAR(eval_loss(dir.path("m/checkpoints/step_000000"), data), adapted, 1e-5 * adapted);
-
-  r = run_weft("train --model tiny-moe --data " + data + shape + " --lora 4 --steps 1 --out " + dir.path("x"));
+  // The base: tiny-moe trained a step and exported (a run from a folder may
+  // write its step 0).
+  auto b = run_weft("train --model tiny-moe --data " + data + shape + " --steps 1 --out " + dir.path("base"));
+  ASSERT_EQ(b.code, 0) << b.out;
+  b = run_weft("export --checkpoint " + dir.path("base/checkpoints/step_000001") + " --out " + dir.path("hf"));
+  ASSERT_EQ(b.code, 0) << b.out;
+  for (const char* targets : {"q,k,v,o", "all"}) {
+    SCOPED_TRACE(targets);
+    const std::string out = dir.path(std::string("a-") + targets);
+    const std::string lora = "train --init " + dir.path("hf") + " --data " + data + shape + " --lora 4 --lora-targets " +
+                             targets + " --lr 1e-2 --warmup 1";
+    auto r = run_weft(lora + " --steps 4 --out " + out);
+    ASSERT_EQ(r.code, 0) << r.out;
+    const std::string listed = std::string(targets) == "all" ? "q,k,v,o,gate,up,down" : targets;
+    EXPECT_NE(r.out.find("LoRA r 4, alpha 8 on " + listed), std::string::npos) << r.out;
+    const auto l = losses(out + "/metrics.jsonl");
+    ASSERT_EQ(l.size(), 4u);
+    EXPECT_LT(l.back(), l.front()) << "the adapters learn";
+    const std::string ck = out + "/checkpoints/step_000004";
+    const double adapted = eval_loss(ck, data);
+    r = run_weft("export --merge --checkpoint " + ck + " --out " + out + "-merged");
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(slurp(out + "-merged/config.json").find("MixtralForCausalLM"), std::string::npos);
+    r = run_weft("train --data " + data + shape + " --init " + out + "-merged --steps 0 --out " + out + "-m");
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NEAR(eval_loss(out + "-m/checkpoints/step_000000", data), adapted, 1e-5 * adapted);
+    r = run_weft("export --lora --checkpoint " + ck + " --out " + out + "-peft");
+    ASSERT_EQ(r.code, 0) << r.out;
+    const std::string cfg = slurp(out + "-peft/adapter_config.json");
+    EXPECT_EQ(cfg.find("experts.gate_up_proj") != std::string::npos, std::string(targets) == "all") << cfg;
+    r = run_weft(lora + " --steps 0 --out " + out + "-b --lora-init " + out + "-peft");
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NEAR(eval_loss(out + "-b/checkpoints/step_000000", data), adapted, 1e-5 * adapted);
+  }
+  auto r = run_weft("train --model tiny-moe --data " + data + shape + " --lora 4 --lora-targets q,gate --steps 1 --out " +
+                    dir.path("x"));
   EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.out.find("--lora-targets q,k,v,o,gate,up,down on the MoE model tiny-moe"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--lora-targets q,gate on the MoE model tiny-moe: its routed experts' gate and up are one "
+                       "tensor"),
+            std::string::npos)
+      << r.out;
   EXPECT_FALSE(fs::exists(dir.path("x")));
+  r = run_weft("train --model tiny-moe --data " + data + shape + " --lora 4 --lora-dropout 0.1 --steps 1 --out " +
+               dir.path("y"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("--lora-dropout 0.1 with LoRA on tiny-moe's routed experts"), std::string::npos) << r.out;
 }
 
 // A Llama 4 text model (tests/fixtures/hf_moe/llama4's shape, the byte
 // vocabulary): PEFT applies q and k adapters to rows in Meta's rotary order,
-// the base's, so their B rows are exported so and read back into weft's. A
+// the base's, so their B rows are exported so and read back into weft's; its
+// experts, stored (E, in, out), take their packed adapters transposed. A
 // run started from the exported adapters computes the adapted model's loss,
 // which differs from the base's.
 TEST(CliLora, Llama4AdaptersRoundTripThroughPeft) {
@@ -155,7 +184,7 @@ TEST(CliLora, Llama4AdaptersRoundTripThroughPeft) {
   r = run_weft("export --checkpoint " + dir.path("base/checkpoints/step_000002") + " --out " + dir.path("hf"));
   ASSERT_EQ(r.code, 0) << r.out;
   const std::string lora = "train --init " + dir.path("hf") + " --data " + data + shape +
-                           " --lora 4 --lora-targets q,k,v,o --lr 3e-2 --warmup 1";
+                           " --lora 4 --lora-targets all --lr 3e-2 --warmup 1";
   r = run_weft(lora + " --steps 4 --out " + dir.path("a"));
   ASSERT_EQ(r.code, 0) << r.out;
   const std::string ck = dir.path("a/checkpoints/step_000004");

@@ -29,7 +29,7 @@ const std::string& adapter_dir(const weft::ModelSpec& m) {
                              values.back().data()});
         }
     const std::string d = (fuzz::fuzz_dir() / "peft").string();
-    checkpoint::peft_write(d, lora, "", tensors, {});
+    checkpoint::peft_write(d, m, lora, "", tensors, {});
     return d;
   }();
   return dir;

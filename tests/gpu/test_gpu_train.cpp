@@ -571,5 +571,26 @@ INSTANTIATE_TEST_SUITE_P(Layouts, GpuTrainMoe,
                          ::testing::Values("tp1-pp1-dp1-mb2", "tp1-pp1-dp1-mb1-ckpt:ffn",
                                            "tp1-pp1-dp1-mb2-ckpt:full-attn:materialized"));
 
+// LoRA on tiny-moe's attention and routed experts (the experts' fused
+// gate_up and down adapters: grouped GEMMs over each expert's rows, the
+// weight gradients in fp32), the base frozen in bf16, against the CPU's
+// fp32 run: GpuTrainLora's rule, and the loss falls.
+TEST(GpuTrainMoe, LoraOnTheExpertsTracksTheCpuRun) {
+  test::TempDir dir;
+  std::FILE* quiet = std::fopen("/dev/null", "w");
+  auto cfg = [&](const char* name, bool gpu) {
+    TrainConfig c = config(dir.path(name), gpu, layout_of("tp1-pp1-dp1-mb2-ckpt:ffn"));
+    c.model = model_preset("tiny-moe");
+    c.run.lora = LoraSpec::with_rank(4);
+    c.checkpoints = false;
+    return c;
+  };
+  const TrainReport cpu = train(cfg("cpu", false), quiet);
+  const TrainReport gpu = train(cfg("gpu", true), quiet);
+  std::fclose(quiet);
+  expect_follows(cpu, gpu, 8.0 / 256, 2.0 / 256);
+  EXPECT_LT(cpu.losses.back(), cpu.losses.front()) << "the CPU LoRA run learns";
+}
+
 }  // namespace
 }  // namespace weft::trainer

@@ -84,18 +84,59 @@ std::string lora_param_name(Linear g, int64_t layer, bool b) {
                      hf_module_name(g), b ? "lora_B" : "lora_A");
 }
 
+std::string ffn_module_path(const ModelSpec& m, int64_t layer) {
+  return fmt::format("model.layers.{}.{}", layer, ffn_naming(m) == FfnNaming::llama4 ? "feed_forward" : "mlp");
+}
+
+std::string lora_param_name(const ModelSpec& m, Linear g, int64_t layer, bool b) {
+  if (int(g) <= int(Linear::o)) return lora_param_name(g, layer, b);
+  return fmt::format("{}{}.{}.{}.weight", ffn_module_path(m, layer), m.moe_layer(layer) ? ".shared_expert" : "",
+                     hf_module_name(g), b ? "lora_B" : "lora_A");
+}
+
+std::string lora_expert_name(const ModelSpec& m, ExpertLora site, int64_t layer, int64_t expert, bool b) {
+  return fmt::format("{}.experts.{}.{}.{}.weight", ffn_module_path(m, layer), expert,
+                     site == ExpertLora::gate_up ? "gate_up_proj" : "down_proj", b ? "lora_B" : "lora_A");
+}
+
+std::vector<int64_t> lora_expert_shape(const ModelSpec& m, ExpertLora site, int64_t rank, bool b) {
+  const int64_t C = m.hidden, F = m.moe.expert_intermediate;
+  if (site == ExpertLora::gate_up) return b ? std::vector<int64_t>{2 * F, rank} : std::vector<int64_t>{rank, C};
+  return b ? std::vector<int64_t>{C, rank} : std::vector<int64_t>{rank, F};
+}
+
 std::vector<ParamInfo> lora_param_table(const ModelSpec& m, const LoraSpec& lora) {
   constexpr ParamKind kKind[kLinears] = {ParamKind::q_proj,    ParamKind::k_proj,  ParamKind::v_proj,
                                          ParamKind::o_proj,    ParamKind::gate_proj, ParamKind::up_proj,
                                          ParamKind::down_proj};
+  constexpr ParamKind kShared[3] = {ParamKind::shared_gate, ParamKind::shared_up, ParamKind::shared_down};
   std::vector<ParamInfo> table;
-  for (int64_t layer = 0; layer < m.layers; ++layer)
+  const auto linear = [&](Linear g, int64_t layer, ParamKind kind, const std::vector<int64_t>& base) {
+    table.push_back({lora_param_name(m, g, layer, false), kind, layer, {lora.rank, base[1]}});
+    table.push_back({lora_param_name(m, g, layer, true), kind, layer, {base[0], lora.rank}});
+  };
+  for (int64_t layer = 0; layer < m.layers; ++layer) {
+    const bool moe = m.moe_layer(layer);
     for (int g = 0; g < kLinears; ++g) {
       if (!lora.targets_linear(Linear(g))) continue;
-      const auto base = hf_param_shape(kKind[g], m);  // (out, in)
-      table.push_back({lora_param_name(Linear(g), layer, false), kKind[g], layer, {lora.rank, base[1]}});
-      table.push_back({lora_param_name(Linear(g), layer, true), kKind[g], layer, {base[0], lora.rank}});
+      if (moe && g >= int(Linear::gate)) continue;  // below
+      linear(Linear(g), layer, kKind[g], hf_param_shape(kKind[g], m));
     }
+    if (!moe) continue;
+    const bool gate_up = lora.targets_linear(Linear::gate), down = lora.targets_linear(Linear::down);
+    for (int64_t e = 0; e < m.moe.experts; ++e)
+      for (const ExpertLora site : {ExpertLora::gate_up, ExpertLora::down}) {
+        if (!(site == ExpertLora::gate_up ? gate_up : down)) continue;
+        const ParamKind kind = site == ExpertLora::gate_up ? ParamKind::expert_gate : ParamKind::expert_down;
+        for (const bool b : {false, true})
+          table.push_back({lora_expert_name(m, site, layer, e, b), kind, layer,
+                           lora_expert_shape(m, site, lora.rank, b), e});
+      }
+    if (m.moe.shared_intermediate > 0)
+      for (int j = 0; j < 3; ++j)
+        if (lora.targets_linear(Linear(int(Linear::gate) + j)))
+          linear(Linear(int(Linear::gate) + j), layer, kShared[j], hf_param_shape(kShared[j], m));
+  }
   return table;
 }
 

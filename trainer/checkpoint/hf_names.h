@@ -69,6 +69,25 @@ std::string hf_param_name(const ModelSpec& m, ParamKind kind, int64_t layer, int
 // prefixes "base_model.model.").
 std::string lora_param_name(Linear g, int64_t layer, bool b);
 inline constexpr const char* kPeftPrefix = "base_model.model.";
+// The same in `m`'s own modules: its FFN's module name (Llama 4's
+// "feed_forward"), and in an MoE layer the shared expert's gate, up and
+// down ("feed_forward.shared_expert.gate_proj...").
+std::string lora_param_name(const ModelSpec& m, Linear g, int64_t layer, bool b);
+
+// LoRA on an MoE layer's routed experts, as PEFT adapts transformers' 3-D
+// expert tensors (target_parameters): the fused gate and up of each expert
+// take one A (r, C), which both read, and one B (2 F_e, r), the gate's rows
+// then the up's; the down one A (r, F_e) and one B (C, r). weft keeps them
+// per expert, "model.layers.{i}.mlp.experts.{e}.gate_up_proj.lora_A.weight"
+// (Llama 4: feed_forward); a PEFT file packs every expert's into one pair
+// per layer (peft.h).
+enum class ExpertLora { gate_up, down };
+std::string lora_expert_name(const ModelSpec& m, ExpertLora site, int64_t layer, int64_t expert, bool b);
+// The adapters' shapes: A (r, in), B (out, r).
+std::vector<int64_t> lora_expert_shape(const ModelSpec& m, ExpertLora site, int64_t rank, bool b);
+// The module path of layer `layer`'s FFN: "model.layers.3.mlp" (Llama 4:
+// "...feed_forward").
+std::string ffn_module_path(const ModelSpec& m, int64_t layer);
 
 // The shape of a full (unsharded) parameter for a model.
 std::vector<int64_t> hf_param_shape(ParamKind kind, const ModelSpec& m);
@@ -90,7 +109,10 @@ struct ParamInfo {
 std::vector<ParamInfo> hf_param_table(const ModelSpec& m);
 
 // Every LoRA adapter of a model, in the order checkpoints store them: per
-// block, per targeted layer (q, ..., down), A (r, in) then B (out, r).
+// block, per targeted layer (q, ..., down), A (r, in) then B (out, r); in an
+// MoE block the FFN's are each routed expert's (gate_up, then down: kind
+// expert_gate or expert_down, `expert` set), then the shared expert's
+// (kinds shared_gate, ...).
 std::vector<ParamInfo> lora_param_table(const ModelSpec& m, const LoraSpec& lora);
 
 // Optimizer state kept per parameter.

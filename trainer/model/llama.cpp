@@ -60,8 +60,16 @@ LlamaStage<Elem, G>::LlamaStage(const ModelSpec& m, const RunSpec& run, const La
       params_(stage_params(m, l, plan_, groups.tp_rank(), groups.ep_rank())), groups_(groups), stream_(stream) {
   if (l.ep > 1 && (!groups.ep || groups.ep->size() != l.ep))
     throw InternalError(fmt::format("layout {} without an ep group of {} ranks", l.to_string(), l.ep));
-  // The routed experts' ranges, which the replicas (the ep group) do not sum.
-  if (l.ep > 1)
+  // The routed experts' ranges, which the replicas (the ep group) do not
+  // sum: their weights', or under LoRA their adapters'.
+  if (l.ep > 1 && params_.lora.enabled())
+    for (int64_t i = 0; i < params_.layers; ++i) {
+      const int64_t a = params_.expert_adapter_first[size_t(i)];
+      if (a < 0) continue;
+      const ParamSpec& last = params_.specs[size_t(a + params_.local_experts * params_.expert_adapters - 1)];
+      expert_ranges_.push_back({params_.specs[size_t(a)].offset, last.offset + last.local_elements()});
+    }
+  else if (l.ep > 1)
     for (int64_t i = 0; i < params_.layers; ++i) {
       if (!params_.block_moe[size_t(i)]) continue;
       const ParamSpec& first = params_.model(ParamKind::expert_gate, i, params_.first_expert);

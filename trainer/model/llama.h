@@ -362,8 +362,11 @@ class LlamaStage {
   // the reduction over tp, as the base GEMM does). The backward, after g's
   // own: dx += s (dY B) A, dA += s (dY B)^T x, dB += s dY^T (x A^T), with
   // x A^T rebuilt; dy and x as g's backward has them (gathered under sp).
-  void lora_forward(const Block& b, Linear g, const Elem* x, Elem* y);
-  void lora_backward(const Block& b, Linear g, const Elem* dy, const Elem* x, Elem* dx);
+  // (K and N: the layer's local input and output widths where they are not
+  // the dense block's, an MoE block's shared expert's.)
+  void lora_forward(const Block& b, Linear g, const Elem* x, Elem* y, int64_t K = 0, int64_t N = 0);
+  void lora_backward(const Block& b, Linear g, const Elem* dy, const Elem* x, Elem* dx, int64_t K = 0,
+                     int64_t N = 0);
   void fp8_setup();  // the FP8 buffers and scaling state from the table (constructor)
   void fp8_weight_offsets();  // fp8_weight_at_ and fp8_weight_ready_ from fp8.weights
   // Quantises (dequantised, in Elem) one operand of GEMM g of block b:
@@ -417,6 +420,23 @@ class LlamaStage {
   // with the balancing loss's part.
   void moe_forward(const Block& b, Elem* y, bool recompute);
   void moe_backward(const Block& b, const Elem* dy, Elem* dx);
+  // A run of rows in the experts' buffers that one of this rank's experts
+  // (`expert`, counted from its first) computes.
+  struct ExpertRun {
+    int64_t expert = 0, offset = 0, rows = 0;
+  };
+  // LoRA on an MoE block's routed experts (llama_moe_lora.cpp), each local
+  // expert's adapters over its runs of rows (Block::lora_experts): forward,
+  // the gate's and the up's s (x A^T) B^T added to the experts' gate and up
+  // (x the permuted input), the down's to `out` from the SwiGLU output;
+  // backward, after the base's input gradients: the down's part of d_act
+  // from the experts' output gradient d_out, the gate_up's of d_in from
+  // d_gate and d_up, and the adapters' gradients.
+  void moe_lora_gate_up(const Block& b, std::span<const ExpertRun> runs);
+  void moe_lora_down(const Block& b, std::span<const ExpertRun> runs, Elem* out);
+  void moe_lora_down_backward(const Block& b, std::span<const ExpertRun> runs, const Elem* d_out, Elem* d_act);
+  void moe_lora_gate_up_backward(const Block& b, std::span<const ExpertRun> runs, const Elem* d_gate,
+                                 const Elem* d_up, Elem* d_in);
   // Expert parallelism: rows of `width` elements in expert order move
   // between the ep ranks by the layout's dispatcher. `sent` (E): the rows
   // this rank routed to each expert; `counts`: what the dispatcher

@@ -69,6 +69,11 @@ typename LlamaStage<Elem, G>::Block LlamaStage<Elem, G>::block(int64_t slot, int
     b.g_router = g(ParamKind::router);
     b.w_experts = weight(params_.model(ParamKind::expert_gate, local, params_.first_expert));
     b.g_experts = grad(params_.model(ParamKind::expert_gate, local, params_.first_expert));
+    if (params_.lora.enabled())
+      if (const int64_t a = params_.expert_adapter_first[size_t(local)]; a >= 0) {
+        b.lora_experts = weight(params_.specs[size_t(a)]);
+        b.lora_g_experts = grad(params_.specs[size_t(a)]);
+      }
     if (params_.shared_expert) {
       b.w_sg = w(ParamKind::shared_gate);
       b.w_su = w(ParamKind::shared_up);

@@ -49,10 +49,12 @@ void LlamaStage<Elem, G>::lora_drop(const Block& b, Linear g, const Elem* x, int
 }
 
 template <typename Elem, typename G>
-void LlamaStage<Elem, G>::lora_forward(const Block& b, Linear g, const Elem* x, Elem* y) {
+void LlamaStage<Elem, G>::lora_forward(const Block& b, Linear g, const Elem* x, Elem* y, int64_t K, int64_t N) {
   const Elem* a = b.lora_a[size_t(g)];
   if (!a) return;
-  const int64_t K = fp8_shapes_[size_t(g)].K, N = fp8_shapes_[size_t(g)].N, r = params_.lora.rank;
+  if (K == 0) K = fp8_shapes_[size_t(g)].K;
+  if (N == 0) N = fp8_shapes_[size_t(g)].N;
+  const int64_t r = params_.lora.rank;
   Elem* h = table_->get<Elem>("scratch.lora", 0);
   if (dropout_on_ && params_.lora.dropout > 0) {
     Elem* dropped = table_->get<Elem>("scratch.lora_dropped");
@@ -67,11 +69,14 @@ void LlamaStage<Elem, G>::lora_forward(const Block& b, Linear g, const Elem* x, 
 }
 
 template <typename Elem, typename G>
-void LlamaStage<Elem, G>::lora_backward(const Block& b, Linear g, const Elem* dy, const Elem* x, Elem* dx) {
+void LlamaStage<Elem, G>::lora_backward(const Block& b, Linear g, const Elem* dy, const Elem* x, Elem* dx, int64_t K,
+                                        int64_t N) {
   const Elem* a = b.lora_a[size_t(g)];
   if (!a) return;
   const Elem* bw = b.lora_b[size_t(g)];
-  const int64_t K = fp8_shapes_[size_t(g)].K, N = fp8_shapes_[size_t(g)].N, r = params_.lora.rank;
+  if (K == 0) K = fp8_shapes_[size_t(g)].K;
+  if (N == 0) N = fp8_shapes_[size_t(g)].N;
+  const int64_t r = params_.lora.rank;
   const A s = A(params_.lora.scale());
   Elem* h = table_->get<Elem>("scratch.lora", 0);
   Elem* gr = table_->get<Elem>("scratch.lora", 1);
@@ -102,8 +107,8 @@ void LlamaStage<Elem, G>::lora_backward(const Block& b, Linear g, const Elem* dy
 }
 
 #define WEFT_LLAMA_LORA(E, G)                                                               \
-  template void LlamaStage<E, G>::lora_forward(const Block&, Linear, const E*, E*);         \
-  template void LlamaStage<E, G>::lora_backward(const Block&, Linear, const E*, const E*, E*);       \
+  template void LlamaStage<E, G>::lora_forward(const Block&, Linear, const E*, E*, int64_t, int64_t);            \
+  template void LlamaStage<E, G>::lora_backward(const Block&, Linear, const E*, const E*, E*, int64_t, int64_t); \
   template void LlamaStage<E, G>::set_samples(int64_t, int64_t);                                    \
   template void LlamaStage<E, G>::lora_drop(const Block&, Linear, const E*, int64_t, E*, Write);
 WEFT_LLAMA_LORA(float, float)

@@ -59,6 +59,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/flops.h"
 #include "kernels/elementwise/elementwise.h"
 #include "kernels/gemm/gemm.h"
 #include "kernels/moe/moe.h"
@@ -71,21 +72,14 @@ using kernels::Write;
 
 void require_moe_layout(const ModelSpec& m, const RunSpec& run, const Layout& l, const DeviceSpec& /*device*/) {
   if (!m.moe.enabled()) return;
+  // LoRA on the experts: gate and up together, no dropout (and etp1: Layout::violations).
+  lora_check_model(m, run.lora);
   std::vector<std::string> missing;
   if (l.fp8 != Fp8Recipe::off) missing.push_back(fmt::format("with FP8 GEMMs (fp8:{})", to_string(l.fp8)));
-  // LoRA adapts the attention; its FFN targets would adapt the experts
-  // (and the router, under Mixtral's names), which no adapter computes yet.
-  std::vector<std::string> ffn;
-  for (Linear g : {Linear::gate, Linear::up, Linear::down})
-    if (run.lora.enabled() && run.lora.targets_linear(g)) ffn.push_back(short_name(g));
-  if (!ffn.empty())
-    missing.push_back(fmt::format("with LoRA adapters on the FFN ({}: its experts'; --lora-targets q,k,v,o adapts "
-                                  "the attention, which it can)",
-                                  fmt::join(ffn, ",")));
   if (!missing.empty())
     throw InputError(fmt::format("weft cannot train the MoE model {} under layout {} yet: not {}; it trains on "
-                                 "the CPU with FP8 off, LoRA on the attention's projections only, under tp (with or "
-                                 "without sp), cp, pp, vpp, dp, ep, every ZeRO stage and checkpointing mode",
+                                 "the CPU with FP8 off, under tp (with or without sp), cp, pp, vpp, dp, ep, every ZeRO stage and "
+                                 "checkpointing mode",
                                  m.name, l.to_string(), fmt::join(missing, ", nor ")));
 }
 
@@ -114,17 +108,12 @@ std::vector<int64_t> received_counts(const int64_t* counts, int64_t E, int64_t e
   return out;
 }
 
-// A run of rows in the experts' buffers that one of this rank's experts
-// (`expert`, counted from its first) computes.
-struct ExpertRows {
-  int64_t expert = 0, offset = 0, rows = 0;
-};
-
 // The experts' runs: without expert parallelism each expert's rows in
 // expert order (`offsets`); with it, the rows received, source rank by
 // source rank and within each by expert (`received`, ep blocks of E / ep).
-std::vector<ExpertRows> expert_rows(const int64_t* offsets, const int64_t* received, int64_t E, int64_t ep) {
-  std::vector<ExpertRows> out;
+template <typename Run>
+std::vector<Run> expert_rows(const int64_t* offsets, const int64_t* received, int64_t E, int64_t ep) {
+  std::vector<Run> out;
   if (ep <= 1) {
     for (int64_t j = 0; j < E; ++j)
       if (offsets[j + 1] > offsets[j]) out.push_back({j, offsets[j], offsets[j + 1] - offsets[j]});
@@ -138,31 +127,6 @@ std::vector<ExpertRows> expert_rows(const int64_t* offsets, const int64_t* recei
       if (n > 0) out.push_back({j, at, n});
       at += n;
     }
-  return out;
-}
-
-// A list of GEMMs as one grouped launch's params (kernels/gemm/gemm.h).
-template <typename P>
-kernels::GroupedOf<P> grouped(const std::vector<P>& gemms) {
-  return {.gemms = gemms.data(), .count = int64_t(gemms.size())};
-}
-
-// The entries in waves none of which holds two with the same C (a grouped
-// launch's entries run at once): under expert parallelism an expert's rows
-// come from several ranks in runs of their own, each adding to the expert's
-// weight gradient. Each entry goes to the first wave without its C, so an
-// expert's runs add in their order, wave after wave.
-template <typename P>
-std::vector<std::vector<P>> waves(const std::vector<P>& gemms) {
-  std::vector<std::vector<P>> out;
-  for (const P& g : gemms) {
-    size_t w = 0;
-    while (w < out.size() &&
-           std::any_of(out[w].begin(), out[w].end(), [&](const P& other) { return other.c == g.c; }))
-      ++w;
-    if (w == out.size()) out.emplace_back();
-    out[w].push_back(g);
-  }
   return out;
 }
 
@@ -330,9 +294,9 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
   WEFT_ASSERT(rows_in <= e.received_rows(rows, l_.ep));
   // Each projection of every local expert over its rows: one grouped GEMM
   // (the gate's and the up's together), as the backward's below.
-  const std::vector<ExpertRows> segments = expert_rows(off.data(), received.data(), E, l_.ep);
+  const std::vector<ExpertRun> segments = expert_rows<ExpertRun>(off.data(), received.data(), E, l_.ep);
   std::vector<kernels::GemmParams<Elem>> gemms;
-  for (const ExpertRows& r : segments) {
+  for (const ExpertRun& r : segments) {
     const Elem* w = b.w_experts + r.expert * stride;
     gemms.push_back(
         kernels::linear_forward_gemm(r.rows, C, Fe, b.moe_in + r.offset * C, w, b.moe_gate + r.offset * Fe));
@@ -340,6 +304,7 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
         kernels::linear_forward_gemm(r.rows, C, Fe, b.moe_in + r.offset * C, w + Fe * C, b.moe_up + r.offset * Fe));
   }
   run(grouped(gemms), "gemm experts gate up");
+  if (b.lora_experts && params_.expert_gate_up) moe_lora_gate_up(b, segments);
   run(kernels::SwigluForwardParams<Elem>{.rows = rows_in, .F = Fe, .gate = b.moe_gate, .up = b.moe_up,
                                          .act = b.moe_act},
       "swiglu_forward");
@@ -351,11 +316,12 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
   if (!recompute || b.moe_out) {
     Elem* computed = ep ? table_->get<Elem>("scratch.moe_received") : out;
     gemms.clear();
-    for (const ExpertRows& r : segments)
+    for (const ExpertRun& r : segments)
       gemms.push_back(kernels::linear_forward_gemm(r.rows, Fe, C, b.moe_act + r.offset * Fe,
                                                    b.w_experts + r.expert * stride + 2 * Fe * C,
                                                    computed + r.offset * C));
     run(grouped(gemms), "gemm experts down");
+    if (b.lora_experts && params_.expert_down) moe_lora_down(b, segments, computed);
     // An expert tp degree: each tp rank's part of the width gave a partial
     // output (the tp ranks computed the same rows).
     if (l_.etp > 1) groups_.tp->all_reduce(computed, rows_in * C);
@@ -365,12 +331,15 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
     // Column- then row-parallel over all rows, as a dense FFN.
     const int64_t Fs = e.shared_intermediate / l_.tp;
     run(kernels::linear_forward_gemm(M_, C, Fs, x_all, b.w_sg, b.sh_gate), "gemm shared gate");
+    lora_forward(b, Linear::gate, x_all, b.sh_gate, C, Fs);
     run(kernels::linear_forward_gemm(M_, C, Fs, x_all, b.w_su, b.sh_up), "gemm shared up");
+    lora_forward(b, Linear::up, x_all, b.sh_up, C, Fs);
     run(kernels::SwigluForwardParams<Elem>{.rows = M_, .F = Fs, .gate = b.sh_gate, .up = b.sh_up,
                                            .act = b.sh_act},
         "swiglu_forward");
     if (!recompute) {
       run(kernels::linear_forward_gemm(M_, Fs, C, b.sh_act, b.w_sd, y), "gemm shared down");
+      lora_forward(b, Linear::down, b.sh_act, y, Fs, C);
       reduce_rows(y);  // this rank's rows first under sp
     }
   }
@@ -434,6 +403,7 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx)
     run(kernels::linear_dgrad_gemm(M_, Fs, C, dy_all, b.w_sd, d_act), "gemm shared down dgrad");
     // (LoRA: the base's weights are frozen, without gradients.)
     if (b.g_sd) run(kernels::linear_wgrad_gemm(M_, Fs, C, dy_all, b.sh_act, b.g_sd), "gemm shared down wgrad");
+    lora_backward(b, Linear::down, dy_all, b.sh_act, d_act, Fs, C);
     run(kernels::SwigluBackwardParams<Elem>{.rows = M_, .F = Fs, .gate = b.sh_gate, .up = b.sh_up,
                                             .dact = d_act, .dgate = d_gate, .dup = d_up},
         "swiglu_backward");
@@ -441,6 +411,8 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx)
     run(kernels::linear_dgrad_gemm(M_, C, Fs, d_up, b.w_su, dx, Write::accumulate), "gemm shared up dgrad");
     if (b.g_sg) run(kernels::linear_wgrad_gemm(M_, C, Fs, d_gate, x_all, b.g_sg), "gemm shared gate wgrad");
     if (b.g_su) run(kernels::linear_wgrad_gemm(M_, C, Fs, d_up, x_all, b.g_su), "gemm shared up wgrad");
+    lora_backward(b, Linear::gate, d_gate, x_all, dx, C, Fs);
+    lora_backward(b, Linear::up, d_up, x_all, dx, C, Fs);
     begin_reduce_rows(dx)->wait();
   }
   const int64_t* position = b.moe_routing;
@@ -475,10 +447,10 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx)
   // GEMM: the down projection's input and weight gradients, then the gate's
   // and the up's input gradients (the up's adding to the gate's, so after
   // them) and their weight gradients together.
-  const std::vector<ExpertRows> segments = expert_rows(offsets, received.data(), E, l_.ep);
+  const std::vector<ExpertRun> segments = expert_rows<ExpertRun>(offsets, received.data(), E, l_.ep);
   std::vector<kernels::GemmParams<Elem>> gemms;
   std::vector<kernels::WgradGemmParams<Elem, G>> wgrads;
-  for (const ExpertRows& r : segments) {
+  for (const ExpertRun& r : segments) {
     const Elem* wd = b.w_experts + r.expert * stride + 2 * Fe * C;
     gemms.push_back(kernels::linear_dgrad_gemm(r.rows, Fe, C, d_in + r.offset * C, wd, d_act + r.offset * Fe));
     if (b.g_experts)
@@ -487,19 +459,20 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx)
   }
   run(grouped(gemms), "gemm experts down dgrad");
   for (const auto& wave : waves(wgrads)) run(grouped(wave), "gemm experts down wgrad");
+  if (b.lora_experts && params_.expert_down) moe_lora_down_backward(b, segments, d_in, d_act);
   run(kernels::SwigluBackwardParams<Elem>{.rows = rows_in, .F = Fe, .gate = b.moe_gate, .up = b.moe_up,
                                           .dact = d_act, .dgate = d_gate, .dup = d_up},
       "swiglu_backward");
   // The experts' input gradient takes d_in over (its output gradient is spent).
   gemms.clear();
   wgrads.clear();
-  for (const ExpertRows& r : segments) {
+  for (const ExpertRun& r : segments) {
     const Elem* w = b.w_experts + r.expert * stride;
     gemms.push_back(kernels::linear_dgrad_gemm(r.rows, C, Fe, d_gate + r.offset * Fe, w, d_in + r.offset * C));
   }
   run(grouped(gemms), "gemm experts gate dgrad");
   gemms.clear();
-  for (const ExpertRows& r : segments) {
+  for (const ExpertRun& r : segments) {
     const Elem* w = b.w_experts + r.expert * stride;
     const int64_t o = r.offset, n = r.rows;
     gemms.push_back(kernels::linear_dgrad_gemm(n, C, Fe, d_up + o * Fe, w + Fe * C, d_in + o * C, Write::accumulate));
@@ -510,6 +483,7 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx)
   }
   run(grouped(gemms), "gemm experts up dgrad");
   for (const auto& wave : waves(wgrads)) run(grouped(wave), "gemm experts gate up wgrad");
+  if (b.lora_experts && params_.expert_gate_up) moe_lora_gate_up_backward(b, segments, d_gate, d_up, d_in);
   // An expert tp degree: the input gradient's parts from each tp rank's
   // part of the width, summed.
   if (l_.etp > 1) groups_.tp->all_reduce(d_in, rows_in * C);

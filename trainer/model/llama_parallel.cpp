@@ -83,15 +83,11 @@ void LlamaStage<Elem, G>::gather(std::initializer_list<Range> ranges, bool next)
 template <typename Elem, typename G>
 typename LlamaStage<Elem, G>::Range LlamaStage<Elem, G>::block_range(int64_t chunk, int64_t layer) const {
   const int64_t local = chunk_begin_[size_t(chunk)] + layer;
-  if (params_.lora.enabled()) {  // the block's adapters, A and B of each targeted layer in turn
-    int64_t begin = -1, end = -1;
-    for (int g = 0; g < kLinears; ++g)
-      if (const int64_t a = params_.adapter(local, Linear(g)); a >= 0) {
-        if (begin < 0) begin = params_.specs[size_t(a)].offset;
-        end = params_.specs[size_t(a + 1)].offset + params_.specs[size_t(a + 1)].local_elements();
-      }
-    WEFT_ASSERT(begin >= 0);
-    return {begin, end};
+  if (params_.lora.enabled()) {  // the block's adapters, in a row
+    const int64_t first = params_.adapter_first[size_t(local)], next = params_.adapter_first[size_t(local + 1)];
+    WEFT_ASSERT(first < next);
+    const ParamSpec& last = params_.specs[size_t(next - 1)];
+    return {params_.specs[size_t(first)].offset, last.offset + last.local_elements()};
   }
   const auto& specs = params_.model_specs();
   const auto& first = specs[size_t(params_.block_first[size_t(local)])];
@@ -358,6 +354,9 @@ void LlamaStage<Elem, G>::reduce_replicated_grads() {
   if (!l_.sp && !(lora && l_.tp > 1) && !(params_.qk_norm && l_.tp > 1)) return;
   for (const auto& p : params_.specs) {
     if (p.shard != ShardDim::none) continue;
+    // The routed experts' adapters are whole (etp1), as the experts: every
+    // tp rank computes the same rows' without sp, its own with it.
+    if (lora && p.expert >= 0 && !l_.sp) continue;
     const bool qk = p.kind == ParamKind::q_norm || p.kind == ParamKind::k_norm;
     if (!l_.sp && !(lora && l_.tp > 1) && !qk) continue;
     // Under ZeRO-2, and ZeRO-1 once the backward reduced the gradients, the

@@ -3,11 +3,13 @@
 // trainer/model.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstddef>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -83,6 +85,12 @@ struct LlamaStage<Elem, G>::Block {
   bool moe = false;
   const Elem *w_router, *w_experts, *w_sg, *w_su, *w_sd;
   G *g_router, *g_experts, *g_sg, *g_su, *g_sd;
+  // LoRA on its routed experts: the first local expert's first adapter and
+  // its gradient (StageParams::expert_adapter_first; each expert's follow
+  // one another), null without them. The shared expert's are lora_a/b's
+  // gate, up and down.
+  const Elem* lora_experts;
+  G* lora_g_experts;
   // Its saved tensors (memory::block_saved_shapes), null where its mode
   // drops them and no rebuild is in flight: the router's scores, the chosen
   // experts and their weights, the permutation (each choice's row, then the
@@ -95,6 +103,31 @@ struct LlamaStage<Elem, G>::Block {
   int64_t* moe_stats;
   Elem *moe_in, *moe_gate, *moe_up, *moe_act, *moe_out, *sh_gate, *sh_up, *sh_act;
 };
+
+// A list of GEMMs as one grouped launch's params (kernels/gemm/gemm.h).
+template <typename P>
+kernels::GroupedOf<P> grouped(const std::vector<P>& gemms) {
+  return {.gemms = gemms.data(), .count = int64_t(gemms.size())};
+}
+
+// The entries in waves none of which holds two with the same C (a grouped
+// launch's entries run at once): under expert parallelism an expert's rows
+// come from several ranks in runs of their own, each adding to the expert's
+// weight gradient. Each entry goes to the first wave without its C, so an
+// expert's runs add in their order, wave after wave.
+template <typename P>
+std::vector<std::vector<P>> waves(const std::vector<P>& gemms) {
+  std::vector<std::vector<P>> out;
+  for (const P& g : gemms) {
+    size_t w = 0;
+    while (w < out.size() &&
+           std::any_of(out[w].begin(), out[w].end(), [&](const P& other) { return other.c == g.c; }))
+      ++w;
+    if (w == out.size()) out.emplace_back();
+    out[w].push_back(g);
+  }
+  return out;
+}
 
 template <typename P>
 inline constexpr bool kIsGemm = false;

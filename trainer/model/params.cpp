@@ -78,17 +78,6 @@ const ParamSpec& StageParams::model(ParamKind kind, int64_t layer, int64_t exper
   return model_specs()[size_t(i)];
 }
 
-int64_t StageParams::adapter(int64_t layer, Linear g) const {
-  if (!lora.enabled() || !lora.targets_linear(g)) return -1;
-  int64_t before = 0, per_block = 0;
-  for (int i = 0; i < kLinears; ++i)
-    if (lora.targets_linear(Linear(i))) {
-      before += i < int(g) ? 1 : 0;
-      ++per_block;
-    }
-  return 2 * (layer * per_block + before);
-}
-
 StageParams stage_params(const ModelSpec& m, const Layout& l, const memory::StagePlan& plan,
                          int64_t tp_rank, int64_t ep_rank) {
   const int64_t t = l.tp, C = m.hidden, D = m.head_dim;
@@ -204,30 +193,74 @@ StageParams stage_params(const ModelSpec& m, const Layout& l, const memory::Stag
   // splits its inputs and B (C, r) is whole. The whole ones' gradients are
   // partial sums over tp (each rank saw its part of the outputs or inputs)
   // and are summed like sequence-parallel norms' (reduce_replicated_grads).
-  for (int64_t i = 0; lora && i < plan.layers; ++i)
-    for (int g = 0; g < kLinears; ++g) {
-      const Linear lin = Linear(g);
-      if (!plan.lora.targets_linear(lin)) continue;
-      const memory::LinearShape s = memory::linear_shape(m, l, lin);
+  // An MoE block's routed experts' adapters are whole, as the experts are
+  // (etp1), each ep rank holding its experts'; its shared expert's shard as
+  // a dense FFN's.
+  const int64_t r = plan.lora.rank;
+  const auto add_adapter = [&](const std::string& name, ParamKind kind, bool b, int64_t rows, int64_t cols,
+                               ShardDim shard, int64_t expert) {
+    ParamSpec p;
+    p.name = name;
+    p.kind = kind;
+    p.expert = expert;
+    p.rows = rows;
+    p.cols = cols;
+    p.shard = shard;
+    p.local_rows = shard == ShardDim::rows ? rows / t : rows;
+    p.local_cols = shard == ShardDim::cols ? cols / t : cols;
+    p.row_begin = p.shard == ShardDim::rows ? tp_rank * p.local_rows : 0;
+    p.col_begin = p.shard == ShardDim::cols ? tp_rank * p.local_cols : 0;
+    p.offset = sp.elements;
+    p.init = b ? ParamInit::zeros : ParamInit::lora_a;
+    sp.elements += p.local_elements();
+    sp.specs.push_back(p);
+  };
+  sp.expert_gate_up = lora && m.moe.enabled() && plan.lora.targets_linear(Linear::gate);
+  sp.expert_down = lora && m.moe.enabled() && plan.lora.targets_linear(Linear::down);
+  sp.expert_adapters = 2 * (int64_t(sp.expert_gate_up) + int64_t(sp.expert_down));
+  for (int64_t i = 0; lora && i < plan.layers; ++i) {
+    const bool moe = sp.block_moe[size_t(i)] != 0;
+    sp.adapter_first.push_back(int64_t(sp.specs.size()));
+    auto& at = sp.adapter_at.emplace_back();
+    at.fill(-1);
+    sp.expert_adapter_first.push_back(-1);
+    const auto linear = [&](Linear lin) {
+      if (!plan.lora.targets_linear(lin)) return;
       const bool col = column_parallel(lin);
-      const int64_t r = plan.lora.rank, full_k = col ? s.K : s.K * t, full_n = col ? s.N * t : s.N;
-      for (const bool b : {false, true}) {
-        ParamSpec p;
-        p.name = checkpoint::lora_param_name(lin, global(i), b);
-        p.kind = kLinearKind[g];
-        p.rows = b ? full_n : r;
-        p.cols = b ? r : full_k;
-        p.shard = b ? (col ? ShardDim::rows : ShardDim::none) : (col ? ShardDim::none : ShardDim::cols);
-        p.local_rows = b ? s.N : r;
-        p.local_cols = b ? r : s.K;
-        p.row_begin = p.shard == ShardDim::rows ? tp_rank * p.local_rows : 0;
-        p.col_begin = p.shard == ShardDim::cols ? tp_rank * p.local_cols : 0;
-        p.offset = sp.elements;
-        p.init = b ? ParamInit::zeros : ParamInit::lora_a;
-        sp.elements += p.local_elements();
-        sp.specs.push_back(p);
-      }
+      // The layer's full (out, in); an MoE block's FFN linears are its shared expert's.
+      const bool ffn = int(lin) >= int(Linear::gate);
+      const int64_t width = ffn && moe ? m.moe.shared_intermediate : m.intermediate;
+      const memory::LinearShape s = memory::linear_shape(m, l, lin);
+      const int64_t full_k = ffn ? (lin == Linear::down ? width : C) : (col ? s.K : s.K * t);
+      const int64_t full_n = ffn ? (lin == Linear::down ? C : width) : (col ? s.N * t : s.N);
+      constexpr ParamKind kShared[3] = {ParamKind::shared_gate, ParamKind::shared_up, ParamKind::shared_down};
+      const ParamKind kind = ffn && moe ? kShared[int(lin) - int(Linear::gate)] : kLinearKind[int(lin)];
+      at[size_t(lin)] = int64_t(sp.specs.size());
+      for (const bool b : {false, true})
+        add_adapter(checkpoint::lora_param_name(m, lin, global(i), b), kind, b, b ? full_n : r, b ? r : full_k,
+                    b ? (col ? ShardDim::rows : ShardDim::none) : (col ? ShardDim::none : ShardDim::cols), -1);
+    };
+    for (Linear lin : {Linear::q, Linear::k, Linear::v, Linear::o}) linear(lin);
+    if (!moe) {
+      for (Linear lin : {Linear::gate, Linear::up, Linear::down}) linear(lin);
+      continue;
     }
+    if (sp.expert_adapters > 0) sp.expert_adapter_first.back() = int64_t(sp.specs.size());
+    for (int64_t e = sp.first_expert; e < sp.first_expert + sp.local_experts; ++e)
+      for (const auto site : {checkpoint::ExpertLora::gate_up, checkpoint::ExpertLora::down}) {
+        const bool gate_up = site == checkpoint::ExpertLora::gate_up;
+        if (!(gate_up ? sp.expert_gate_up : sp.expert_down)) continue;
+        for (const bool b : {false, true}) {
+          const auto shape = checkpoint::lora_expert_shape(m, site, r, b);
+          add_adapter(checkpoint::lora_expert_name(m, site, global(i), e, b),
+                      gate_up ? ParamKind::expert_gate : ParamKind::expert_down, b, shape[0], shape[1],
+                      ShardDim::none, e);
+        }
+      }
+    if (sp.shared_expert)
+      for (Linear lin : {Linear::gate, Linear::up, Linear::down}) linear(lin);
+  }
+  if (lora) sp.adapter_first.push_back(int64_t(sp.specs.size()));
   WEFT_ASSERT(sp.elements == memory::stage_param_elements(m, l, plan));
   WEFT_ASSERT(sp.frozen_elements == memory::stage_frozen_elements(m, l, plan));
   return sp;

@@ -6,6 +6,7 @@
 // directly and any layout of a run starts from the same model.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -94,8 +95,22 @@ struct StageParams {
   bool shared_expert = false;  // they have a shared expert
   bool qk_norm = false;        // every block has q and k norms
   // Index into specs of the A adapter of local block `layer`'s linear g (B
-  // follows it), or -1 without one.
-  int64_t adapter(int64_t layer, Linear g) const;
+  // follows it), or -1 without one. In an MoE block gate, up and down are
+  // its shared expert's.
+  int64_t adapter(int64_t layer, Linear g) const {
+    return lora.enabled() ? adapter_at[size_t(layer)][size_t(g)] : -1;
+  }
+  // Under LoRA each local block's adapters are specs[adapter_first[layer],
+  // adapter_first[layer + 1]) (layers + 1 entries): its attention's, then
+  // its FFN's (checkpoint::lora_param_table's order).
+  std::vector<int64_t> adapter_first;
+  std::vector<std::array<int64_t, kLinears>> adapter_at;
+  // An MoE block's routed experts' adapters (checkpoint::ExpertLora): the
+  // first local expert's first spec, or -1 without them; each local expert
+  // has `expert_adapters` specs in a row (gate_up's A and B, then down's).
+  std::vector<int64_t> expert_adapter_first;
+  int64_t expert_adapters = 0;
+  bool expert_gate_up = false, expert_down = false;  // which the experts have
   int64_t layers = 0;
   // The head reads the embedding table (tied embeddings on one stage).
   bool head_is_embedding = false;

@@ -99,10 +99,18 @@ struct Harness : test_stage::Stage<Elem> {
 // Each parameter's gradient (two random elements of each) against the
 // central difference of the objective, in float64 with weights larger than
 // the 0.02 init; a draw that changes any token's choice of expert is skipped.
-void finite_differences(const ModelSpec& m, const char* layout, uint64_t seed, int64_t& checked, int64_t& skipped) {
-  const RunSpec run{5, 2, Precision::fp32};
+// Under LoRA (`lora`) the parameters are the adapters, and the frozen base
+// gets the same spread.
+void finite_differences(const ModelSpec& m, const char* layout, uint64_t seed, int64_t& checked, int64_t& skipped,
+                        const LoraSpec& lora = {}) {
+  RunSpec run{5, 2, Precision::fp32};
+  run.lora = lora;
   Harness<double> h(m, run, Layout::parse(layout), seed);
   std::mt19937_64 rng = h.spread_weights(seed);
+  if (lora.enabled()) {
+    std::normal_distribution<double> nd(0.0, 0.3);
+    for (int64_t i = 0; i < h.stage.frozen_elements(); ++i) h.stage.frozen_weights()[i] += nd(rng);
+  }
   const Batch b = random_batch(2 * 5, m.vocab, seed + 1);
   h.step(b, 2);
   std::vector<double> grads(h.stage.grads(), h.stage.grads() + h.stage.param_elements());
@@ -142,6 +150,29 @@ TEST(MoeStage, FiniteDifferenceGradients) {
       // step 2 makes layer 1 the only MoE layer ((i + 1) % 2), step 1 all three.
       finite_differences(moe_model(family, std::string(layout).find("full") != std::string::npos ? 2 : 1), layout,
                          seed, checked, skipped);
+  EXPECT_LT(skipped, checked / 10) << checked << " checked";
+}
+
+// LoRA on every linear layer of an MoE model, the routed experts' fused
+// gate_up and down adapters, the shared expert's and a dense layer's among
+// them (step 2: layers 0 and 2 dense), with and without recomputation: each
+// adapter's gradient against the central difference (B drawn nonzero, so
+// A's gradient is not zero).
+TEST(MoeStage, LoraOnTheExpertsFiniteDifferences) {
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE(fmt::format("seed {}", seed));
+  LoraSpec lora{.rank = 3, .alpha = 5, .dropout = 0, .targets = LoraSpec::kAllTargets};
+  int64_t checked = 0, skipped = 0;
+  for (const char* family : {"mixtral", "qwen3", "llama4"})
+    for (const char* layout : {"mb1-attn:flash-norm:fused", "mb1-attn:materialized-ckpt:full", "mb1-ckpt:ffn"}) {
+      ModelSpec m = moe_model(family, 2);
+      m.layers = 3;
+      finite_differences(m, layout, seed, checked, skipped, lora);
+    }
+  // The experts' down alone (no gate_up pair before it in each expert's).
+  lora.targets = LoraSpec::parse_targets("o,down");
+  finite_differences(moe_model("mixtral", 1), "mb1", seed, checked, skipped, lora);
+  EXPECT_GT(checked, 300);
   EXPECT_LT(skipped, checked / 10) << checked << " checked";
 }
 
@@ -223,6 +254,27 @@ TEST(MoeStage, ArenaPeaksEqualTheMemoryModel) {
               << family << " " << layout << " capacity " << capacity << " " << memory::to_string(c);
         EXPECT_EQ(h.arena.peak_total(), e.peak()) << family << " " << layout << " capacity " << capacity;
       }
+    }
+}
+
+// Under LoRA on the experts too: the adapters, their gradients and
+// optimizer state the flat buffers, the base frozen, the experts' h and g
+// in scratch.moe_lora.
+TEST(MoeStage, LoraArenaPeaksEqualTheMemoryModel) {
+  const LoraSpec lora{.rank = 4, .alpha = 8, .dropout = 0, .targets = LoraSpec::kAllTargets};
+  for (const char* family : {"mixtral", "qwen3", "llama4"})
+    for (const char* layout : {"mb1", "mb2-ckpt:full", "mb1-ckpt:ffn"}) {
+      const ModelSpec m = moe_model(family, 2);
+      RunSpec run{7, 4, Precision::fp32};
+      run.lora = lora;
+      const Layout l = Layout::parse(layout);
+      Harness<float> h(m, run, l, 1);
+      h.step(random_batch(4 * 7, m.vocab, 2), 4 / l.mb);
+      const auto e = memory::estimate(m, run, l, cpu(), memory::MemoryOptions{});
+      for (auto c : memory::kAllCategories)
+        EXPECT_EQ(h.arena.peak(c), e.stages[0].bytes[size_t(c)]) << family << " " << layout << " "
+                                                                 << memory::to_string(c);
+      EXPECT_EQ(h.arena.peak_total(), e.peak()) << family << " " << layout;
     }
 }
 
@@ -410,9 +462,23 @@ TEST(MoeStage, RefusesWhatItDoesNotComputeYet) {
   lora.lora.alpha = 8;
   lora.lora.targets = 0b1111;  // q, k, v, o: the attention's
   EXPECT_NO_THROW(require_moe_layout(m, lora, Layout::parse("tp2-sp-dp2-ep2"), d));
+  // LoRA on the experts: gate and up together (one fused tensor), no
+  // dropout (PEFT's rule for 3-D expert tensors), etp1.
   lora.lora.targets = LoraSpec::kAllTargets;
+  EXPECT_NO_THROW(require_moe_layout(m, lora, Layout::parse("tp2-sp-dp2-ep2-zero3"), d));
+  lora.lora.targets = LoraSpec::parse_targets("q,gate,down");
   WEFT_EXPECT_THROW_MSG(require_moe_layout(m, lora, Layout::parse("mb1"), d), InputError,
-                        "LoRA adapters on the FFN (gate,up,down: its experts'", "--lora-targets q,k,v,o");
+                        "--lora-targets q,gate,down on the MoE model tiny-mixtral", "target gate and up together");
+  lora.lora.targets = LoraSpec::parse_targets("gate,up");
+  lora.lora.dropout = 0.1;
+  WEFT_EXPECT_THROW_MSG(require_moe_layout(m, lora, Layout::parse("mb1"), d), InputError, "--lora-dropout 0.1",
+                        "PEFT refuses it too");
+  lora.lora.dropout = 0;
+  const auto etp = Layout::parse("tp2-etp2-sp").violations(m, lora, 2);
+  ASSERT_EQ(etp.size(), 1u);
+  EXPECT_NE(etp[0].find("etp=2 with LoRA on tiny-mixtral's routed experts (--lora-targets gate,up)"),
+            std::string::npos)
+      << etp[0];
   EXPECT_NO_THROW(require_moe_layout(m, run, Layout::parse("tp2-sp-dp2-ep2"), device_preset("h100")));
   ModelSpec per_layer = m;
   per_layer.moe.aux_scope = AuxLossScope::per_layer;
@@ -427,8 +493,13 @@ TEST(MoeStage, RefusesWhatItDoesNotComputeYet) {
   EXPECT_EQ(f8.verdict, tuner::Verdict::invalid);
   EXPECT_NE(f8.reason.find("FP8 GEMMs in tiny-mixtral's MoE blocks are not computed yet"), std::string::npos)
       << f8.reason;
-  WEFT_EXPECT_THROW_MSG(lora_check_model(m, lora.lora), InputError,
-                        "--lora-targets q,k,v,o,gate,up,down on the MoE model tiny-mixtral", "the experts' projections");
+  lora.lora.targets = LoraSpec::kAllTargets;
+  EXPECT_NO_THROW(lora_check_model(m, lora.lora));
+  lora.lora.rank = 28;  // within the experts' gate_up (48 x 32), past their down (32 x 24)
+  lora.lora.targets = LoraSpec::parse_targets("gate,up,down");
+  WEFT_EXPECT_THROW_MSG(lora_check_model(m, lora.lora), InputError, "--lora 28 is past the width of tiny-mixtral's "
+                        "experts' down layer");
+  lora.lora.rank = 4;
   lora.lora.targets = 0b1001;  // q and o
   EXPECT_NO_THROW(lora_check_model(m, lora.lora));
 }
