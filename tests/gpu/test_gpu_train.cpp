@@ -454,11 +454,15 @@ TEST(GpuTrainFp8Scales, FirstStepHistoryMatchesTheCpuEmulation) {
 // feature: kernels/dropout), so the same tolerance holds; ckpt:full there
 // makes the recomputed forward and the backward redraw it. test_gpu_kernels'
 // GpuDropout checks the mask itself bit for bit.
-void expect_lora_tracks_cpu(const std::string& layout, const LoraSpec& lora) {
+// (`model`: a preset in place of the default's; `step` and `mean`: the
+// tolerances, GpuTrainMoe's for an MoE model.)
+void expect_lora_tracks_cpu(const std::string& layout, const LoraSpec& lora, const char* model = nullptr,
+                            double step = 4.0 / 256, double mean = 1.0 / 256) {
   test::TempDir dir;
   std::FILE* quiet = std::fopen("/dev/null", "w");
   auto cfg = [&](const char* name, bool gpu) {
     TrainConfig c = config(dir.path(name), gpu, layout_of(layout));
+    if (model) c.model = model_preset(model);
     c.run.lora = lora;
     c.checkpoints = false;
     return c;
@@ -466,7 +470,7 @@ void expect_lora_tracks_cpu(const std::string& layout, const LoraSpec& lora) {
   const TrainReport cpu = train(cfg("cpu", false), quiet);
   const TrainReport gpu = train(cfg("gpu", true), quiet);
   std::fclose(quiet);
-  expect_follows(cpu, gpu, 4.0 / 256, 1.0 / 256);
+  expect_follows(cpu, gpu, step, mean);
   EXPECT_LT(cpu.losses.back(), cpu.losses.front()) << "the CPU LoRA run learns";
 }
 
@@ -576,20 +580,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, GpuTrainMoe,
 // weight gradients in fp32), the base frozen in bf16, against the CPU's
 // fp32 run: GpuTrainLora's rule, and the loss falls.
 TEST(GpuTrainMoe, LoraOnTheExpertsTracksTheCpuRun) {
-  test::TempDir dir;
-  std::FILE* quiet = std::fopen("/dev/null", "w");
-  auto cfg = [&](const char* name, bool gpu) {
-    TrainConfig c = config(dir.path(name), gpu, layout_of("tp1-pp1-dp1-mb2-ckpt:ffn"));
-    c.model = model_preset("tiny-moe");
-    c.run.lora = LoraSpec::with_rank(4);
-    c.checkpoints = false;
-    return c;
-  };
-  const TrainReport cpu = train(cfg("cpu", false), quiet);
-  const TrainReport gpu = train(cfg("gpu", true), quiet);
-  std::fclose(quiet);
-  expect_follows(cpu, gpu, 8.0 / 256, 2.0 / 256);
-  EXPECT_LT(cpu.losses.back(), cpu.losses.front()) << "the CPU LoRA run learns";
+  expect_lora_tracks_cpu("tp1-pp1-dp1-mb2-ckpt:ffn", LoraSpec::with_rank(4), "tiny-moe", 8.0 / 256, 2.0 / 256);
 }
 
 }  // namespace

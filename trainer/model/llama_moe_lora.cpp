@@ -16,6 +16,10 @@
 // Experts are whole on every rank that holds them (etp1), so nothing here
 // communicates: the gradients are reduced with the experts' own (over the
 // expert data-parallel group, and over tp under sp).
+#include <array>
+#include <span>
+#include <vector>
+
 #include "kernels/gemm/gemm.h"
 #include "trainer/model/llama_run.h"
 
@@ -47,152 +51,148 @@ ExpertAdapters expert_adapters(const ModelSpec& m, const StageParams& sp) {
   return a;
 }
 
+// One adapter pair of every local expert over its runs of rows: A (r, K) at
+// `a` within each expert's adapters, read by the input x (K wide); B's
+// halves (the gate's and the up's rows of gate_up's B, or down's one), each
+// N rows at `b`, whose outputs y (forward) or output gradients dy
+// (backward) are N wide.
+template <typename Elem>
+struct Site {
+  const Elem* x;
+  int64_t K, a;
+  struct Half {
+    Elem* y;
+    const Elem* dy;
+    int64_t N, b;
+  };
+  std::vector<Half> halves;
+};
+
+// The products over every run, one grouped GEMM each, the weight gradients
+// in waves; `launch(params, op)` runs one, `w` and `gw` are the first local
+// expert's adapters and their gradients (null: frozen), `stride` apart, h
+// and g (rows, r) scratch.
+template <typename Elem, typename G, typename Runs, typename Launch>
+struct SiteRun {
+  Launch& launch;
+  const Runs& runs;
+  const Elem* w;
+  G* gw;
+  int64_t stride, r;
+  kernels::Acc<Elem> s;
+  Elem *h, *g;
+
+  const Elem* at(int64_t expert, int64_t offset) const { return w + expert * stride + offset; }
+  // h = x A^T.
+  void rebuild_h(const Site<Elem>& site, const char* op) {
+    std::vector<kernels::GemmParams<Elem>> gemms;
+    for (const auto& e : runs)
+      gemms.push_back(kernels::linear_forward_gemm(e.rows, site.K, r, site.x + e.offset * site.K,
+                                                   at(e.expert, site.a), h + e.offset * r));
+    launch(grouped(gemms), op);
+  }
+  // y += s h B^T, each half.
+  void forward(const Site<Elem>& site, const char* op_a, const char* op_b) {
+    rebuild_h(site, op_a);
+    std::vector<kernels::GemmParams<Elem>> gemms;
+    for (const auto& e : runs)
+      for (const auto& half : site.halves) {
+        auto p = kernels::linear_forward_gemm(e.rows, r, half.N, static_cast<const Elem*>(h + e.offset * r),
+                                              at(e.expert, half.b), half.y + e.offset * half.N, Write::accumulate);
+        p.alpha = s;
+        gemms.push_back(p);
+      }
+    launch(grouped(gemms), op_b);
+  }
+  // g = s sum dy B (a launch a half: each adds to the last), dx += g A,
+  // dA += g^T x, h rebuilt, dB += s dy^T h. `ops`: the five products' names
+  // (string literals: the profiler keeps them).
+  void backward(const Site<Elem>& site, Elem* dx, const std::array<const char*, 5>& ops) {
+    for (size_t j = 0; j < site.halves.size(); ++j) {
+      const auto& half = site.halves[j];
+      std::vector<kernels::GemmParams<Elem>> gemms;
+      for (const auto& e : runs) {
+        auto p = kernels::linear_dgrad_gemm(e.rows, r, half.N, half.dy + e.offset * half.N, at(e.expert, half.b),
+                                            g + e.offset * r, j > 0 ? Write::accumulate : Write::overwrite);
+        p.alpha = s;
+        gemms.push_back(p);
+      }
+      launch(grouped(gemms), ops[0]);
+    }
+    std::vector<kernels::GemmParams<Elem>> gemms;
+    for (const auto& e : runs)
+      gemms.push_back(kernels::linear_dgrad_gemm(e.rows, site.K, r, static_cast<const Elem*>(g + e.offset * r),
+                                                 at(e.expert, site.a), dx + e.offset * site.K, Write::accumulate));
+    launch(grouped(gemms), ops[1]);
+    if (!gw) return;
+    std::vector<kernels::WgradGemmParams<Elem, G>> wgrads;
+    for (const auto& e : runs)
+      wgrads.push_back(kernels::linear_wgrad_gemm(e.rows, site.K, r, static_cast<const Elem*>(g + e.offset * r),
+                                                  site.x + e.offset * site.K, gw + e.expert * stride + site.a));
+    for (const auto& wave : waves(wgrads)) launch(grouped(wave), ops[2]);
+    rebuild_h(site, ops[3]);
+    wgrads.clear();
+    for (const auto& e : runs)
+      for (const auto& half : site.halves) {
+        auto p = kernels::linear_wgrad_gemm(e.rows, r, half.N, half.dy + e.offset * half.N,
+                                            static_cast<const Elem*>(h + e.offset * r),
+                                            gw + e.expert * stride + half.b);
+        p.alpha = s;
+        wgrads.push_back(p);
+      }
+    for (const auto& wave : waves(wgrads)) launch(grouped(wave), ops[4]);
+  }
+};
+
 }  // namespace
+
+// The experts' gate_up site (x their permuted input, B's halves the gate's
+// and the up's) and down site (x their SwiGLU output, into `out`), for the
+// forward (y) or the backward (dy).
+#define WEFT_MOE_LORA_SETUP()                                                                          \
+  const int64_t C = m_.hidden, Fe = m_.moe.expert_intermediate;                                       \
+  const ExpertAdapters at = expert_adapters(m_, params_);                                              \
+  auto launch = [this](const auto& p, const char* op) { run(p, op); };                                 \
+  SiteRun<Elem, G, std::span<const ExpertRun>, decltype(launch)> site_run{                             \
+      launch, runs, b.lora_experts, b.lora_g_experts, at.stride, params_.lora.rank,                    \
+      A(params_.lora.scale()), table_->get<Elem>("scratch.moe_lora", 0), table_->get<Elem>("scratch.moe_lora", 1)}
 
 template <typename Elem, typename G>
 void LlamaStage<Elem, G>::moe_lora_gate_up(const Block& b, std::span<const ExpertRun> runs) {
-  const int64_t C = m_.hidden, Fe = m_.moe.expert_intermediate, r = params_.lora.rank;
-  const ExpertAdapters at = expert_adapters(m_, params_);
-  Elem* h = table_->get<Elem>("scratch.moe_lora", 0);
-  std::vector<kernels::GemmParams<Elem>> gemms;
-  for (const ExpertRun& e : runs) {
-    const Elem* a = b.lora_experts + e.expert * at.stride + at.gu_a;
-    gemms.push_back(kernels::linear_forward_gemm(e.rows, C, r, b.moe_in + e.offset * C, a, h + e.offset * r));
-  }
-  run(grouped(gemms), "gemm experts gate_up lora_a");
-  gemms.clear();
-  for (const ExpertRun& e : runs) {
-    const Elem* bw = b.lora_experts + e.expert * at.stride + at.gu_b;
-    const Elem* he = h + e.offset * r;
-    auto gate = kernels::linear_forward_gemm(e.rows, r, Fe, he, bw, b.moe_gate + e.offset * Fe, Write::accumulate);
-    auto up = kernels::linear_forward_gemm(e.rows, r, Fe, he, bw + Fe * r, b.moe_up + e.offset * Fe,
-                                           Write::accumulate);
-    gate.alpha = up.alpha = A(params_.lora.scale());
-    gemms.push_back(gate);
-    gemms.push_back(up);
-  }
-  run(grouped(gemms), "gemm experts gate_up lora_b");
+  WEFT_MOE_LORA_SETUP();
+  const int64_t up = at.gu_b + Fe * params_.lora.rank;
+  site_run.forward({b.moe_in, C, at.gu_a, {{b.moe_gate, nullptr, Fe, at.gu_b}, {b.moe_up, nullptr, Fe, up}}},
+                   "gemm experts gate_up lora_a", "gemm experts gate_up lora_b");
 }
 
 template <typename Elem, typename G>
 void LlamaStage<Elem, G>::moe_lora_down(const Block& b, std::span<const ExpertRun> runs, Elem* out) {
-  const int64_t C = m_.hidden, Fe = m_.moe.expert_intermediate, r = params_.lora.rank;
-  const ExpertAdapters at = expert_adapters(m_, params_);
-  Elem* h = table_->get<Elem>("scratch.moe_lora", 0);
-  std::vector<kernels::GemmParams<Elem>> gemms;
-  for (const ExpertRun& e : runs) {
-    const Elem* a = b.lora_experts + e.expert * at.stride + at.d_a;
-    gemms.push_back(kernels::linear_forward_gemm(e.rows, Fe, r, b.moe_act + e.offset * Fe, a, h + e.offset * r));
-  }
-  run(grouped(gemms), "gemm experts down lora_a");
-  gemms.clear();
-  for (const ExpertRun& e : runs) {
-    const Elem* bw = b.lora_experts + e.expert * at.stride + at.d_b;
-    auto g = kernels::linear_forward_gemm(e.rows, r, C, static_cast<const Elem*>(h + e.offset * r), bw,
-                                          out + e.offset * C, Write::accumulate);
-    g.alpha = A(params_.lora.scale());
-    gemms.push_back(g);
-  }
-  run(grouped(gemms), "gemm experts down lora_b");
+  WEFT_MOE_LORA_SETUP();
+  site_run.forward({b.moe_act, Fe, at.d_a, {{out, nullptr, C, at.d_b}}}, "gemm experts down lora_a",
+                   "gemm experts down lora_b");
 }
 
 template <typename Elem, typename G>
 void LlamaStage<Elem, G>::moe_lora_down_backward(const Block& b, std::span<const ExpertRun> runs, const Elem* d_out,
                                                  Elem* d_act) {
-  const int64_t C = m_.hidden, Fe = m_.moe.expert_intermediate, r = params_.lora.rank;
-  const ExpertAdapters at = expert_adapters(m_, params_);
-  const A s = A(params_.lora.scale());
-  Elem* h = table_->get<Elem>("scratch.moe_lora", 0);
-  Elem* gr = table_->get<Elem>("scratch.moe_lora", 1);
-  std::vector<kernels::GemmParams<Elem>> gemms;
-  std::vector<kernels::WgradGemmParams<Elem, G>> wgrads;
-  // g = s dY B_d, then its part of the SwiGLU output's gradient, g A_d.
-  for (const ExpertRun& e : runs) {
-    auto g = kernels::linear_dgrad_gemm(e.rows, r, C, d_out + e.offset * C,
-                                        b.lora_experts + e.expert * at.stride + at.d_b, gr + e.offset * r);
-    g.alpha = s;
-    gemms.push_back(g);
-  }
-  run(grouped(gemms), "gemm experts down lora_b dgrad");
-  gemms.clear();
-  for (const ExpertRun& e : runs)
-    gemms.push_back(kernels::linear_dgrad_gemm(e.rows, Fe, r, static_cast<const Elem*>(gr + e.offset * r),
-                                               b.lora_experts + e.expert * at.stride + at.d_a,
-                                               d_act + e.offset * Fe, Write::accumulate));
-  run(grouped(gemms), "gemm experts down lora_a dgrad");
-  if (!b.lora_g_experts) return;
-  // dA_d += g^T act; h = act A_d^T rebuilt; dB_d += s dY^T h.
-  for (const ExpertRun& e : runs)
-    wgrads.push_back(kernels::linear_wgrad_gemm(e.rows, Fe, r, static_cast<const Elem*>(gr + e.offset * r),
-                                                b.moe_act + e.offset * Fe,
-                                                b.lora_g_experts + e.expert * at.stride + at.d_a));
-  for (const auto& wave : waves(wgrads)) run(grouped(wave), "gemm experts down lora_a wgrad");
-  gemms.clear();
-  for (const ExpertRun& e : runs)
-    gemms.push_back(kernels::linear_forward_gemm(e.rows, Fe, r, b.moe_act + e.offset * Fe,
-                                                 b.lora_experts + e.expert * at.stride + at.d_a, h + e.offset * r));
-  run(grouped(gemms), "gemm experts down lora_a");
-  wgrads.clear();
-  for (const ExpertRun& e : runs) {
-    auto w = kernels::linear_wgrad_gemm(e.rows, r, C, d_out + e.offset * C, static_cast<const Elem*>(h + e.offset * r),
-                                        b.lora_g_experts + e.expert * at.stride + at.d_b);
-    w.alpha = s;
-    wgrads.push_back(w);
-  }
-  for (const auto& wave : waves(wgrads)) run(grouped(wave), "gemm experts down lora_b wgrad");
+  WEFT_MOE_LORA_SETUP();
+  site_run.backward({b.moe_act, Fe, at.d_a, {{nullptr, d_out, C, at.d_b}}}, d_act,
+                    {"gemm experts down lora_b dgrad", "gemm experts down lora_a dgrad",
+                     "gemm experts down lora_a wgrad", "gemm experts down lora_a", "gemm experts down lora_b wgrad"});
 }
 
 template <typename Elem, typename G>
 void LlamaStage<Elem, G>::moe_lora_gate_up_backward(const Block& b, std::span<const ExpertRun> runs,
                                                     const Elem* d_gate, const Elem* d_up, Elem* d_in) {
-  const int64_t C = m_.hidden, Fe = m_.moe.expert_intermediate, r = params_.lora.rank;
-  const ExpertAdapters at = expert_adapters(m_, params_);
-  const A s = A(params_.lora.scale());
-  Elem* h = table_->get<Elem>("scratch.moe_lora", 0);
-  Elem* gr = table_->get<Elem>("scratch.moe_lora", 1);
-  std::vector<kernels::GemmParams<Elem>> gemms;
-  std::vector<kernels::WgradGemmParams<Elem, G>> wgrads;
-  // g = s (d_gate B_g + d_up B_u): the up's adds to the gate's, a launch after.
-  for (const bool up : {false, true}) {
-    gemms.clear();
-    for (const ExpertRun& e : runs) {
-      auto g = kernels::linear_dgrad_gemm(e.rows, r, Fe, (up ? d_up : d_gate) + e.offset * Fe,
-                                          b.lora_experts + e.expert * at.stride + at.gu_b + (up ? Fe * r : 0),
-                                          gr + e.offset * r, up ? Write::accumulate : Write::overwrite);
-      g.alpha = s;
-      gemms.push_back(g);
-    }
-    run(grouped(gemms), up ? "gemm experts up lora_b dgrad" : "gemm experts gate lora_b dgrad");
-  }
-  gemms.clear();
-  for (const ExpertRun& e : runs)
-    gemms.push_back(kernels::linear_dgrad_gemm(e.rows, C, r, static_cast<const Elem*>(gr + e.offset * r),
-                                               b.lora_experts + e.expert * at.stride + at.gu_a,
-                                               d_in + e.offset * C, Write::accumulate));
-  run(grouped(gemms), "gemm experts gate_up lora_a dgrad");
-  if (!b.lora_g_experts) return;
-  // dA += g^T x; h = x A^T rebuilt; dB_g += s d_gate^T h, dB_u += s d_up^T h.
-  for (const ExpertRun& e : runs)
-    wgrads.push_back(kernels::linear_wgrad_gemm(e.rows, C, r, static_cast<const Elem*>(gr + e.offset * r),
-                                                b.moe_in + e.offset * C,
-                                                b.lora_g_experts + e.expert * at.stride + at.gu_a));
-  for (const auto& wave : waves(wgrads)) run(grouped(wave), "gemm experts gate_up lora_a wgrad");
-  gemms.clear();
-  for (const ExpertRun& e : runs)
-    gemms.push_back(kernels::linear_forward_gemm(e.rows, C, r, b.moe_in + e.offset * C,
-                                                 b.lora_experts + e.expert * at.stride + at.gu_a, h + e.offset * r));
-  run(grouped(gemms), "gemm experts gate_up lora_a");
-  wgrads.clear();
-  for (const ExpertRun& e : runs)
-    for (const bool up : {false, true}) {
-      auto w = kernels::linear_wgrad_gemm(e.rows, r, Fe, (up ? d_up : d_gate) + e.offset * Fe,
-                                          static_cast<const Elem*>(h + e.offset * r),
-                                          b.lora_g_experts + e.expert * at.stride + at.gu_b + (up ? Fe * r : 0));
-      w.alpha = s;
-      wgrads.push_back(w);
-    }
-  for (const auto& wave : waves(wgrads)) run(grouped(wave), "gemm experts gate_up lora_b wgrad");
+  WEFT_MOE_LORA_SETUP();
+  const int64_t up = at.gu_b + Fe * params_.lora.rank;
+  site_run.backward({b.moe_in, C, at.gu_a, {{nullptr, d_gate, Fe, at.gu_b}, {nullptr, d_up, Fe, up}}}, d_in,
+                    {"gemm experts gate_up lora_b dgrad", "gemm experts gate_up lora_a dgrad",
+                     "gemm experts gate_up lora_a wgrad", "gemm experts gate_up lora_a",
+                     "gemm experts gate_up lora_b wgrad"});
 }
+
+#undef WEFT_MOE_LORA_SETUP
 
 #define WEFT_LLAMA_MOE_LORA(E, G)                                                                              \
   template void LlamaStage<E, G>::moe_lora_gate_up(const Block&, std::span<const ExpertRun>);                  \

@@ -1,6 +1,7 @@
 #include "trainer/model/params.h"
 
 #include <cmath>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -85,12 +86,12 @@ StageParams stage_params(const ModelSpec& m, const Layout& l, const memory::Stag
   sp.layers = plan.layers;
   sp.lora = plan.lora;
   const bool lora = plan.lora.enabled();
-  // Under LoRA the model's parameters go to the frozen list and buffer.
-  auto add = [&](ParamKind kind, int64_t layer, int64_t rows, int64_t cols, ShardDim shard, int64_t expert = -1) {
-    auto& list = lora ? sp.frozen : sp.specs;
-    int64_t& elements = lora ? sp.frozen_elements : sp.elements;
+  // A parameter of the full shape (rows, cols), this tp rank's block of it,
+  // at the end of a flat buffer of `elements`.
+  const auto spec = [&](std::string name, ParamKind kind, int64_t rows, int64_t cols, ShardDim shard,
+                        int64_t expert, int64_t elements) {
     ParamSpec p;
-    p.name = hf_param_name(m, kind, layer, expert);
+    p.name = std::move(name);
     p.kind = kind;
     p.expert = expert;
     p.rows = rows;
@@ -101,6 +102,13 @@ StageParams stage_params(const ModelSpec& m, const Layout& l, const memory::Stag
     p.row_begin = shard == ShardDim::rows ? tp_rank * p.local_rows : 0;
     p.col_begin = shard == ShardDim::cols ? tp_rank * p.local_cols : 0;
     p.offset = elements;
+    return p;
+  };
+  // Under LoRA the model's parameters go to the frozen list and buffer.
+  auto add = [&](ParamKind kind, int64_t layer, int64_t rows, int64_t cols, ShardDim shard, int64_t expert = -1) {
+    auto& list = lora ? sp.frozen : sp.specs;
+    int64_t& elements = lora ? sp.frozen_elements : sp.elements;
+    ParamSpec p = spec(hf_param_name(m, kind, layer, expert), kind, rows, cols, shard, expert, elements);
     p.frozen = lora;
     const bool norm = kind == ParamKind::input_layernorm || kind == ParamKind::post_attention_layernorm ||
                       kind == ParamKind::final_norm || kind == ParamKind::q_norm || kind == ParamKind::k_norm;
@@ -197,20 +205,9 @@ StageParams stage_params(const ModelSpec& m, const Layout& l, const memory::Stag
   // (etp1), each ep rank holding its experts'; its shared expert's shard as
   // a dense FFN's.
   const int64_t r = plan.lora.rank;
-  const auto add_adapter = [&](const std::string& name, ParamKind kind, bool b, int64_t rows, int64_t cols,
+  const auto add_adapter = [&](std::string name, ParamKind kind, bool b, int64_t rows, int64_t cols,
                                ShardDim shard, int64_t expert) {
-    ParamSpec p;
-    p.name = name;
-    p.kind = kind;
-    p.expert = expert;
-    p.rows = rows;
-    p.cols = cols;
-    p.shard = shard;
-    p.local_rows = shard == ShardDim::rows ? rows / t : rows;
-    p.local_cols = shard == ShardDim::cols ? cols / t : cols;
-    p.row_begin = p.shard == ShardDim::rows ? tp_rank * p.local_rows : 0;
-    p.col_begin = p.shard == ShardDim::cols ? tp_rank * p.local_cols : 0;
-    p.offset = sp.elements;
+    ParamSpec p = spec(std::move(name), kind, rows, cols, shard, expert, sp.elements);
     p.init = b ? ParamInit::zeros : ParamInit::lora_a;
     sp.elements += p.local_elements();
     sp.specs.push_back(p);

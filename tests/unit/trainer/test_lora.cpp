@@ -22,6 +22,7 @@
 #include "trainer/optim/optimizer.h"
 #include "trainer/state_io.h"
 #include "../test_util.h"
+#include "lora_test_util.h"
 
 namespace weft::trainer {
 namespace {
@@ -38,16 +39,6 @@ const test::GoldenFile& reference() {
 const test::GoldenFile& tokens_file() {
   static const test::GoldenFile f = test::golden_file_read(fixtures("hf_init/reference.bin"));
   return f;
-}
-
-template <typename T, typename U>
-double rel_l2(const T* got, const std::vector<U>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    num += std::pow(double(got[i]) - double(want[i]), 2);
-    den += std::pow(double(want[i]), 2);
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
 }
 
 // One rank holding the base model of hf_init/untied with adapter `name`, in
@@ -80,18 +71,6 @@ struct LoraRun {
   static RunSpec run_spec(const checkpoint::PeftAdapter& a, int64_t T, int64_t W) {
     return RunSpec{.seq = T, .global_batch = W, .precision = Precision::fp32, .lora = a.lora};
   }
-  // Full tensors of `specs` (one rank: whole) from `read`, widened to Acc.
-  template <typename Read>
-  static std::vector<A> gather(const std::vector<ParamSpec>& specs, int64_t elements, Read read) {
-    std::vector<A> out(static_cast<size_t>(elements));
-    std::vector<float> buf;
-    for (const auto& p : specs) {
-      buf.resize(size_t(p.local_elements()));
-      checkpoint::tensor_read_f32_block(read(p.name), 0, p.rows, 0, p.cols, buf.data());
-      std::copy(buf.begin(), buf.end(), out.begin() + p.offset);
-    }
-    return out;
-  }
 
   explicit LoraRun(const std::string& adapter_name)
       : name(adapter_name),
@@ -108,8 +87,8 @@ struct LoraRun {
     } else {  // the same values, widened (the fixtures store fp32)
       const StageParams& sp = stage.params();
       stage.set_frozen_weights(
-          gather(sp.frozen, sp.frozen_elements, [&](const std::string& n) -> const auto& { return base.param(n); }));
-      optim.weights_set(gather(sp.specs, sp.elements, [&](const std::string& n) -> const auto& { return adapter.tensor(n); }));
+          test_lora::gather<A>(sp.frozen, sp.frozen_elements, [&](const std::string& n) -> const auto& { return base.param(n); }));
+      optim.weights_set(test_lora::gather<A>(sp.specs, sp.elements, [&](const std::string& n) -> const auto& { return adapter.tensor(n); }));
     }
   }
 
@@ -155,7 +134,7 @@ void train_against_peft(const char* name, const Bounds& bound, std::string& tabl
   r.stage.forward(0, r.tokens(), r.tokens() + 1, 0.0);
   (void)r.stage.take_loss();
   r.stage.capture_logits(nullptr);
-  const double logit_err = rel_l2(logits.data(), reference().at(std::string(name) + ".logits0").f64());
+  const double logit_err = test_lora::rel_l2(logits.data(), reference().at(std::string(name) + ".logits0").f64());
   EXPECT_LT(logit_err, bound.logits);
   for (int64_t k = 0; k < 5; ++k) {
     const double loss = r.forward_backward();
@@ -166,7 +145,7 @@ void train_against_peft(const char* name, const Bounds& bound, std::string& tabl
       for (const auto& p : r.stage.params().specs) {
         const auto& want =
             reference().at(fmt::format("{}.grad{}.{}{}", name, k, checkpoint::kPeftPrefix, p.name)).f64();
-        const double e = rel_l2(r.stage.grad(p), want);
+        const double e = test_lora::rel_l2(r.stage.grad(p), want);
         EXPECT_LE(e, k == 0 ? bound.grad0 : bound.grad) << p.name << " at step " << k;
         worst = std::max(worst, e);
       }
@@ -177,7 +156,7 @@ void train_against_peft(const char* name, const Bounds& bound, std::string& tabl
   double worst = 0;
   for (const auto& p : r.stage.params().specs) {
     const auto& want = reference().at(fmt::format("{}.final.{}{}", name, checkpoint::kPeftPrefix, p.name)).f64();
-    const double e = rel_l2(r.stage.weight(p), want);
+    const double e = test_lora::rel_l2(r.stage.weight(p), want);
     EXPECT_LE(e, bound.final_adapter) << p.name << " after 5 steps";
     worst = std::max(worst, e);
   }
@@ -241,7 +220,7 @@ TEST(Lora, CheckpointExportAndMerge) {
       std::vector<float> got(size_t(merged.param(layer).elements()));
       checkpoint::to_f32(merged.param(layer).dtype, merged.param(layer).data, got.data(), int64_t(got.size()));
       const auto& want = reference().at(fmt::format("{}.merged.{}", name, layer)).f32();
-      EXPECT_LE(rel_l2(got.data(), want), 4 * kEps32) << layer;
+      EXPECT_LE(test_lora::rel_l2(got.data(), want), 4 * kEps32) << layer;
     }
     // Untouched tensors are the base's, bit for bit.
     for (const char* t : {"model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"}) {

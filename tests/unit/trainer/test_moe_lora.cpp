@@ -29,6 +29,7 @@
 #include "trainer/optim/optimizer.h"
 #include "trainer/state_io.h"
 #include "../test_util.h"
+#include "lora_test_util.h"
 
 namespace weft::trainer {
 namespace {
@@ -44,16 +45,6 @@ const test::GoldenFile& reference() {
 const test::GoldenFile& tokens_file() {
   static const test::GoldenFile f = test::golden_file_read(fixtures("hf_moe/reference.bin"));
   return f;
-}
-
-template <typename T, typename U>
-double rel_l2(const T* got, const std::vector<U>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    num += std::pow(double(got[i]) - double(want[i]), 2);
-    den += std::pow(double(want[i]), 2);
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
 }
 
 // The base of hf_moe/<name> without its balancing loss (the reference's
@@ -76,17 +67,6 @@ struct MoeLoraRun {
   LlamaStage<Elem> stage;
   Optimizer<Elem> optim;
 
-  template <typename Read>
-  static std::vector<A> gather(const std::vector<ParamSpec>& specs, int64_t elements, Read read) {
-    std::vector<A> out(static_cast<size_t>(elements));
-    std::vector<float> buf;
-    for (const auto& p : specs) {
-      buf.resize(size_t(p.local_elements()));
-      checkpoint::tensor_read_f32_block(read(p.name), 0, p.rows, 0, p.cols, buf.data());
-      std::copy(buf.begin(), buf.end(), out.begin() + p.offset);
-    }
-    return out;
-  }
 
   explicit MoeLoraRun(const std::string& name)
       : base(checkpoint::pretrained_open(
@@ -104,9 +84,9 @@ struct MoeLoraRun {
     } else {  // the same values, widened
       const StageParams& sp = stage.params();
       stage.set_frozen_weights(
-          gather(sp.frozen, sp.frozen_elements, [&](const std::string& n) -> const auto& { return base.param(n); }));
+          test_lora::gather<A>(sp.frozen, sp.frozen_elements, [&](const std::string& n) -> const auto& { return base.param(n); }));
       optim.weights_set(
-          gather(sp.specs, sp.elements, [&](const std::string& n) -> const auto& { return adapter.tensor(n); }));
+          test_lora::gather<A>(sp.specs, sp.elements, [&](const std::string& n) -> const auto& { return adapter.tensor(n); }));
     }
   }
 };
@@ -139,7 +119,7 @@ void against_peft(const std::string& name, std::string& table) {
   const double want = reference().at(name + ".loss").f64()[0];
   EXPECT_LE(std::fabs(loss - want) / want, 1e-5) << loss << " vs " << want;
   const auto& want_logits = reference().at(name + ".logits0").f64();
-  const double logit_err = rel_l2(logits.data(), want_logits);
+  const double logit_err = test_lora::rel_l2(logits.data(), want_logits);
   EXPECT_LT(logit_err, 64 * kEps32 * 4 * double(m.layers));
   // Every adapter tensor PEFT stored: by name, the experts' packed from
   // weft's per-expert gradients.
@@ -154,7 +134,7 @@ void against_peft(const std::string& name, std::string& table) {
   int64_t compared = 0;
   const auto compare = [&](const std::string& peft_name, const auto* got) {
     const auto& want_grad = reference().at(name + ".grad." + prefix + peft_name).f64();
-    const double e = rel_l2(got, want_grad);
+    const double e = test_lora::rel_l2(got, want_grad);
     EXPECT_LE(e, 1e-4) << peft_name;
     worst = std::max(worst, e);
     ++compared;
