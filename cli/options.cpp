@@ -352,7 +352,7 @@ LoraSpec LoraArgs::resolve() const {
   if (rank < 0) throw InputError(fmt::format("--lora {} must be a positive rank (0: off)", rank));
   if (rank == 0) {
     // The adapters' settings without adapters would be dropped without a word.
-    for (const CLI::Option* o : {alpha_option, dropout_option, targets_option})
+    for (const CLI::Option* o : {alpha_option, dropout_option, targets_option, gate_up_option})
       if (o != nullptr && o->count() > 0)
         throw InputError(fmt::format("{} {} sets LoRA's adapters, but LoRA is off; give --lora RANK too, or drop it",
                                      o->get_name(), o->as<std::string>()));
@@ -368,6 +368,7 @@ LoraSpec LoraArgs::resolve() const {
   }
   l.dropout = dropout;
   l.targets = LoraSpec::parse_targets(targets);
+  l.gate_up_rank = gate_up_rank == rank ? 0 : gate_up_rank;
   RunSpec{.seq = 1, .global_batch = 1, .precision = Precision::fp32, .lora = l}.validate();
   return l;
 }
@@ -386,6 +387,10 @@ void add_lora_options(CLI::App& app, LoraArgs& a) {
                 "Layers that get adapters: all, or any of q,k,v,o,gate,up,down (Hugging Face names such as q_proj "
                 "too)")
       ->capture_default_str();
+  a.gate_up_option = g->add_option(
+      "--lora-gate-up-rank", a.gate_up_rank,
+      "MoE models: the routed experts' fused gate_up adapters' rank, alpha scaled alike (default --lora's; PEFT "
+      "gives a Mixtral's or Qwen3-MoE's gate and up targets twice the rank there)");
 }
 
 void add_space_options(CLI::App& app, SpaceArgs& a) {

@@ -82,7 +82,9 @@ struct LoraArgs {
   double alpha = 0;  // not given: 2 x rank
   double dropout = 0;
   std::string targets = "all";
+  int64_t gate_up_rank = 0;  // the experts' fused gate_up adapters' (0: rank)
   CLI::Option* alpha_option = nullptr;
+  CLI::Option* gate_up_option = nullptr;
   CLI::Option* dropout_option = nullptr;
   CLI::Option* targets_option = nullptr;
   LoraSpec resolve() const;  // InputError naming a bad value

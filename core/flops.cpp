@@ -60,22 +60,24 @@ std::string count_text(double n) {
                                                                 : fmt::format("{:.1f}K", n / 1e3);
 }
 
-// (in + out) of the adapters one token passes in one block, summed over
+// r (in + out) of the adapters one token passes in one block, summed over
 // the targeted layers; in an MoE block its k routed experts' (`active`) or
 // all E's (the parameters), and its shared expert's.
 double lora_io(const ModelSpec& m, const LoraSpec& lora, bool moe, bool active) {
   const auto io = linear_io(m);
+  const double r = double(lora.rank);
   double n = 0;
   for (int g = 0; g < kLinears; ++g)
-    if (lora.targets_linear(Linear(g)) && (!moe || g < int(Linear::gate))) n += io[size_t(g)];
+    if (lora.targets_linear(Linear(g)) && (!moe || g < int(Linear::gate))) n += r * io[size_t(g)];
   if (!moe) return n;
   const double C = double(m.hidden), Fe = double(m.moe.expert_intermediate), Fs = double(m.moe.shared_intermediate);
   const double experts = active ? double(m.moe.top_k) : double(m.moe.experts);
-  if (lora.targets_linear(Linear::gate)) n += experts * (C + 2 * Fe);  // gate_up: one A, one B
-  if (lora.targets_linear(Linear::down)) n += experts * (Fe + C);
+  // gate_up: one A, one B (at its own rank where it has one)
+  if (lora.targets_linear(Linear::gate)) n += experts * double(lora.experts_gate_up_rank()) * (C + 2 * Fe);
+  if (lora.targets_linear(Linear::down)) n += experts * r * (Fe + C);
   if (Fs > 0)
     for (Linear g : {Linear::gate, Linear::up, Linear::down})
-      if (lora.targets_linear(g)) n += C + Fs;
+      if (lora.targets_linear(g)) n += r * (C + Fs);
   return n;
 }
 
@@ -84,8 +86,8 @@ double lora_io(const ModelSpec& m, const LoraSpec& lora, bool moe, bool active) 
 int64_t lora_params(const ModelSpec& m, const LoraSpec& lora) {
   if (!lora.enabled()) return 0;
   const int64_t moe = m.moe.enabled() ? m.moe_layers() : 0;
-  const double io = double(m.layers - moe) * lora_io(m, lora, false, false) + double(moe) * lora_io(m, lora, true, false);
-  return lora.rank * int64_t(io);
+  return int64_t(double(m.layers - moe) * lora_io(m, lora, false, false) +
+                 double(moe) * lora_io(m, lora, true, false));
 }
 
 std::string mfu_flops_text(const ModelSpec& m) {
@@ -105,6 +107,10 @@ void lora_check_model(const ModelSpec& m, const LoraSpec& lora) {
   if (!lora.enabled()) return;
   const bool ffn = lora.targets_linear(Linear::gate) || lora.targets_linear(Linear::up) ||
                    lora.targets_linear(Linear::down);
+  if (lora.gate_up_rank > 0 && !(m.moe.enabled() && lora.targets_linear(Linear::gate)))
+    throw InputError(fmt::format("--lora-gate-up-rank {} sets an MoE model's routed experts' gate_up adapters' rank, "
+                                 "but {} has none{}",
+                                 lora.gate_up_rank, m.name, m.moe.enabled() ? " among --lora-targets" : ""));
   if (m.moe.enabled() && ffn) {
     // The routed experts' gate and up are one tensor (transformers'
     // gate_up_proj), which PEFT adapts as one.
@@ -122,31 +128,36 @@ void lora_check_model(const ModelSpec& m, const LoraSpec& lora) {
   const std::array<std::pair<int64_t, int64_t>, kLinears> in_out = {
       {{C, q}, {C, kv}, {C, kv}, {q, C}, {C, F}, {C, F}, {F, C}}};
   const char* names[kLinears] = {"q", "k", "v", "o", "gate", "up", "down"};
-  const auto check = [&](const std::string& layer, int64_t in, int64_t out) {
-    if (lora.rank > std::min(in, out))
-      throw InputError(fmt::format("--lora {} is past the width of {}'s {} layer ({} x {}): a rank is at most {} "
+  const auto check = [&](const std::string& layer, int64_t in, int64_t out, int64_t rank, const char* flag) {
+    if (rank > std::min(in, out))
+      throw InputError(fmt::format("{} {} is past the width of {}'s {} layer ({} x {}): a rank is at most {} "
                                    "there; give a rank of at most {} or leave it out of --lora-targets",
-                                   lora.rank, m.name, layer, out, in, std::min(in, out), std::min(in, out)));
+                                   flag, rank, m.name, layer, out, in, std::min(in, out), std::min(in, out)));
   };
   // The dense layers' FFN (every layer's attention).
   const bool dense_ffn = !m.moe.enabled() || m.moe_layers() < m.layers;
   for (int g = 0; g < kLinears; ++g) {
     if (!lora.targets_linear(Linear(g)) || (g >= int(Linear::gate) && !dense_ffn)) continue;
-    check(names[g], in_out[size_t(g)].first, in_out[size_t(g)].second);
+    check(names[g], in_out[size_t(g)].first, in_out[size_t(g)].second, lora.rank, "--lora");
   }
   if (m.moe.enabled() && ffn) {
     const int64_t Fe = m.moe.expert_intermediate, Fs = m.moe.shared_intermediate;
-    if (lora.targets_linear(Linear::gate)) check("experts' gate_up", C, 2 * Fe);
-    if (lora.targets_linear(Linear::down)) check("experts' down", Fe, C);
-    if (Fs > 0) check("shared expert's", std::min(C, Fs), std::max(C, Fs));
+    if (lora.targets_linear(Linear::gate))
+      check("experts' gate_up", C, 2 * Fe, lora.experts_gate_up_rank(),
+            lora.gate_up_rank > 0 ? "--lora-gate-up-rank" : "--lora");
+    if (lora.targets_linear(Linear::down)) check("experts' down", Fe, C, lora.rank, "--lora");
+    if (Fs > 0) check("shared expert's", std::min(C, Fs), std::max(C, Fs), lora.rank, "--lora");
   }
 }
 
 std::string lora_summary(const ModelSpec& m, const LoraSpec& lora) {
   if (!lora.enabled()) return {};
   const double n = double(lora_params(m, lora)), total = double(m.param_count());
-  return fmt::format("LoRA r {}, alpha {:g}{} on {}: {} trainable of {} parameters ({:.2f}%)", lora.rank, lora.alpha,
+  return fmt::format("LoRA r {}, alpha {:g}{} on {}{}: {} trainable of {} parameters ({:.2f}%)", lora.rank, lora.alpha,
                      lora.dropout > 0 ? fmt::format(", dropout {:g}", lora.dropout) : "", lora.targets_text(),
+                     lora.gate_up_rank > 0 ? fmt::format(" (the experts' gate_up at r {}, alpha {:g})", lora.gate_up_rank,
+                                                         lora.experts_gate_up_alpha())
+                                           : "",
                      count_text(n), count_text(total), 100.0 * n / total);
 }
 
@@ -156,9 +167,8 @@ double model_flops_per_step(const ModelSpec& m, const RunSpec& run) {
   // Each adapter a token passes: 6 r (in + out) (forward, input and weight
   // gradients), through its k routed experts' in an MoE layer.
   const int64_t moe = m.moe.enabled() ? m.moe_layers() : 0;
-  const double adapters = 6.0 * double(run.lora.rank) *
-                          (double(m.layers - moe) * lora_io(m, run.lora, false, true) +
-                           double(moe) * lora_io(m, run.lora, true, true));
+  const double adapters = 6.0 * (double(m.layers - moe) * lora_io(m, run.lora, false, true) +
+                                 double(moe) * lora_io(m, run.lora, true, true));
   const double per_token = 4.0 * double(m.flop_params()) + 12.0 * C * attention_widths(m, run.seq) + adapters;
   return per_token * double(run.tokens_per_step());
 }

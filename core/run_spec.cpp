@@ -67,6 +67,12 @@ void RunSpec::validate() const {
       throw InputError(fmt::format("--lora-dropout {} must lie in [0, 1)", lora.dropout));
     if ((lora.targets & LoraSpec::kAllTargets) == 0 || (lora.targets & ~LoraSpec::kAllTargets) != 0)
       throw InputError("--lora-targets must name at least one of q, k, v, o, gate, up, down");
+    if (lora.gate_up_rank < 0)
+      throw InputError(fmt::format("--lora-gate-up-rank {} must be a positive rank (0: --lora's)", lora.gate_up_rank));
+    if (lora.gate_up_rank > 0 && !lora.targets_linear(Linear::gate))
+      throw InputError(fmt::format("--lora-gate-up-rank {} sets the experts' gate_up adapters' rank, but "
+                                   "--lora-targets {} leaves gate and up out",
+                                   lora.gate_up_rank, lora.targets_text()));
   }
 }
 
@@ -80,6 +86,7 @@ Precision precision_parse(const std::string& s) {
 
 void to_json(nlohmann::json& j, const LoraSpec& l) {
   j = nlohmann::json{{"rank", l.rank}, {"alpha", l.alpha}, {"dropout", l.dropout}, {"targets", l.targets_text()}};
+  if (l.gate_up_rank > 0) j["gate_up_rank"] = l.gate_up_rank;
 }
 
 void from_json(const nlohmann::json& j, LoraSpec& l) {
@@ -89,6 +96,7 @@ void from_json(const nlohmann::json& j, LoraSpec& l) {
   l.alpha = j.value("alpha", 2.0 * double(l.rank));
   l.dropout = j.value("dropout", 0.0);
   l.targets = LoraSpec::parse_targets(j.value("targets", std::string("all")));
+  l.gate_up_rank = j.contains("gate_up_rank") ? json_integer(j, "gate_up_rank", "lora") : 0;
 }
 
 void to_json(nlohmann::json& j, const RunSpec& r) {

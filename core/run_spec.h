@@ -34,9 +34,16 @@ struct LoraSpec {
   double alpha = 0;    // the adapters' output is scaled by alpha / rank
   double dropout = 0;  // of the adapters' input, while training
   uint32_t targets = 0;  // bit int(Linear)
+  // An MoE model's routed experts' fused gate_up adapter at a rank of its
+  // own, its alpha scaled alike (0: rank and alpha): what PEFT makes of a
+  // Mixtral's or Qwen3-MoE's gate and up targets, fused at twice the rank
+  // (its rank_pattern and alpha_pattern for gate_up_proj).
+  int64_t gate_up_rank = 0;
   bool enabled() const { return rank > 0; }
   bool targets_linear(Linear g) const { return (targets >> int(g)) & 1u; }
   double scale() const { return alpha / double(rank); }
+  int64_t experts_gate_up_rank() const { return gate_up_rank > 0 ? gate_up_rank : rank; }
+  double experts_gate_up_alpha() const { return alpha * double(experts_gate_up_rank()) / double(rank); }
   // "q,k,v,o,gate,up,down" (the targeted ones, in block order).
   std::string targets_text() const;
   // The common practice (the QLoRA study's finding that adapting every
@@ -65,8 +72,8 @@ struct RunSpec {
 const char* to_string(Precision p);
 Precision precision_parse(const std::string& s);
 
-// {"rank", "alpha", "dropout", "targets": "q,k,..."}; a run without LoRA
-// writes no "lora" field.
+// {"rank", "alpha", "dropout", "targets": "q,k,...", and "gate_up_rank"
+// where it is set}; a run without LoRA writes no "lora" field.
 void to_json(nlohmann::json& j, const LoraSpec& l);
 void from_json(const nlohmann::json& j, LoraSpec& l);
 void to_json(nlohmann::json& j, const RunSpec& r);

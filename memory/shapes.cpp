@@ -258,7 +258,7 @@ int64_t lora_block_elements(const ModelSpec& m, const Layout& l, const LoraSpec&
     // Each of this ep rank's routed experts: gate_up's A (r, C) and B
     // (2 F_e, r), down's A (r, F_e) and B (C, r), whole (etp1).
     const int64_t Fe = m.moe.expert_intermediate, local = m.moe.experts / std::max<int64_t>(1, l.ep);
-    if (lora.targets_linear(Linear::gate)) n += local * r * (C + 2 * Fe);
+    if (lora.targets_linear(Linear::gate)) n += local * lora.experts_gate_up_rank() * (C + 2 * Fe);
     if (lora.targets_linear(Linear::down)) n += local * r * (Fe + C);
   }
   return n;

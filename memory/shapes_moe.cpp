@@ -68,9 +68,12 @@ void moe_scratch_shapes(const ModelSpec& m, const Layout& l, const LoraSpec& lor
   out.push_back({"scratch.moe_dweights", Category::workspace, rows * k, kFp32, 1});
   out.push_back({"scratch.moe_stats", Category::workspace, 2 * E, 8, 1});
   // LoRA on the routed experts: h = x A^T of the rows received, then the
-  // adapters' gradient g = s dY B (llama_moe_lora.cpp), (rows, r) each.
-  if (lora.enabled() && (lora.targets_linear(Linear::gate) || lora.targets_linear(Linear::down)))
-    out.push_back({"scratch.moe_lora", Category::workspace, received * lora.rank, d.a, 2});
+  // adapters' gradient g = s dY B (llama_moe_lora.cpp), (rows, r) each (the
+  // larger r where gate_up's is its own).
+  if (lora.enabled() && (lora.targets_linear(Linear::gate) || lora.targets_linear(Linear::down))) {
+    const int64_t r = std::max(lora.rank, lora.targets_linear(Linear::gate) ? lora.experts_gate_up_rank() : 0);
+    out.push_back({"scratch.moe_lora", Category::workspace, received * r, d.a, 2});
+  }
 }
 
 }  // namespace weft::memory::detail

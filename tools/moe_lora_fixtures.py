@@ -37,11 +37,12 @@ Objective: the mean cross-entropy over the W*T targets of one fp64 forward
 of the W windows (eager attention and experts), without the balancing loss
 (Llama 4's model computes none; weft's run sets its coefficient to 0).
 
-qwen3_moe/usual/ holds the adapter PEFT makes from a user's usual config
-(every linear layer in target_modules, no target_parameters): PEFT takes
-gate_proj, up_proj and down_proj for the experts' transformers-v4 names,
-fuses them and doubles the experts' gate_up_proj rank (rank_pattern,
-alpha_pattern), which weft does not compute and refuses by name.
+qwen3_moe_usual/ holds the adapter PEFT makes of a user's usual config on
+that Qwen3-MoE (every linear layer in target_modules, no
+target_parameters): PEFT takes gate_proj, up_proj and down_proj for the
+experts' transformers-v4 names, fuses them and gives the experts'
+gate_up_proj twice the rank and alpha (rank_pattern, alpha_pattern), which
+weft reads as --lora-gate-up-rank 4.
 
 reference.bin (tools/golden_llama.py's format). For each folder F:
     F.loss      f64 ()      the objective
@@ -86,10 +87,17 @@ ALL = ATTENTION + ["gate_proj", "up_proj", "down_proj"]
 # transformers-v4 names, so it can adapt no dense layer's), so their
 # target_modules are the attention's; Llama 4's name its dense layers' and
 # shared expert's too.
+EXPERTS = ["experts.gate_up_proj", "experts.down_proj"]
 FOLDERS = {
-    "mixtral": (MixtralForCausalLM, ATTENTION, 20261201, "hf_moe/mixtral"),
-    "qwen3_moe": (Qwen3MoeForCausalLM, ATTENTION, 20261202, "hf_moe_lora/qwen3_moe/base"),
-    "llama4": (Llama4ForCausalLM, ALL, 20261203, "hf_moe/llama4"),
+    "mixtral": (MixtralForCausalLM, ATTENTION, EXPERTS, 20261201, "hf_moe/mixtral"),
+    "qwen3_moe": (Qwen3MoeForCausalLM, ATTENTION, EXPERTS, 20261202, "hf_moe_lora/qwen3_moe/base"),
+    "llama4": (Llama4ForCausalLM, ALL, EXPERTS, 20261203, "hf_moe/llama4"),
+    # A user's usual config, every linear layer in target_modules and no
+    # target_parameters: PEFT takes a Qwen3-MoE's gate_proj, up_proj and
+    # down_proj for its experts' transformers-v4 names, fuses them into
+    # target_parameters and gives the experts' gate_up_proj twice the rank
+    # and alpha (rank_pattern, alpha_pattern): weft's --lora-gate-up-rank.
+    "qwen3_moe_usual": (Qwen3MoeForCausalLM, ALL, None, 20261204, "hf_moe_lora/qwen3_moe/base"),
 }
 
 
@@ -130,34 +138,16 @@ def generate(workdir: Path) -> tuple[dict, list]:
     targets = torch.from_numpy(tokens[idx + 1].astype(np.int64))
     tensors = []
     folders = {}
-    for name, (model_class, modules, seed, base_dir) in FOLDERS.items():
-        if base_dir.startswith("hf_moe_lora/"):  # written here: hf_moe's qwen3_moe without its dense layer
-            spec = dict(moe_fixtures.MODELS["qwen3_moe"], seed=seed + 100)
+    for name, (model_class, modules, params, seed, base_dir) in FOLDERS.items():
+        source = BASES.parent / base_dir if base_dir.startswith("hf_moe/") else workdir / "qwen3_moe" / "base"
+        if not source.exists():  # written here: hf_moe's qwen3_moe without its dense layer
+            spec = dict(moe_fixtures.MODELS["qwen3_moe"], seed=20261302)
             spec["config"] = dict(spec["config"], mlp_only_layers=[])
-            moe_fixtures.make_model(spec).save_pretrained(workdir / name / "base")
-            source = workdir / name / "base"
-        else:
-            source = BASES.parent / base_dir
+            moe_fixtures.make_model(spec).save_pretrained(source)
         base = model_class.from_pretrained(source, dtype=torch.float64, attn_implementation="eager",
                                            experts_implementation="eager").eval()
-        if name == "qwen3_moe":
-            # A user's usual config, gate_proj, up_proj and down_proj among
-            # the target_modules: PEFT fuses them into target_parameters and
-            # doubles the experts' gate_up_proj rank and alpha
-            # (rank_pattern, alpha_pattern), which weft refuses by name.
-            torch.manual_seed(seed)  # PEFT's own init of A draws from the global generator
-            usual = get_peft_model(model_class.from_pretrained(source, dtype=torch.float64),
-                                   LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0, bias="none",
-                                              target_modules=ALL))
-            usual.save_pretrained(workdir / name / "usual", safe_serialization=True)
-            (workdir / name / "usual" / "README.md").unlink(missing_ok=True)
-            cfg = json.loads((workdir / name / "usual" / "adapter_config.json").read_text())
-            sort_lists(cfg)
-            assert cfg["rank_pattern"] and cfg["alpha_pattern"], cfg
-            cfg["base_model_name_or_path"] = "../base"
-            (workdir / name / "usual" / "adapter_config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-        config = LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0, bias="none", target_modules=modules,
-                            target_parameters=["experts.gate_up_proj", "experts.down_proj"])
+        extra = dict(target_parameters=params) if params else {}
+        config = LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0, bias="none", target_modules=modules, **extra)
         model = get_peft_model(base, config)
         g = torch.Generator().manual_seed(seed)
         with torch.no_grad():
@@ -172,8 +162,9 @@ def generate(workdir: Path) -> tuple[dict, list]:
         (out / "README.md").unlink(missing_ok=True)
         cfg = json.loads((out / "adapter_config.json").read_text())
         sort_lists(cfg)
-        cfg["base_model_name_or_path"] = f"../../../{base_dir}" if base_dir.startswith("hf_moe/") else "../base"
-        assert not cfg["rank_pattern"] and not cfg["alpha_pattern"], cfg
+        cfg["base_model_name_or_path"] = f"../../../{base_dir}" if base_dir.startswith("hf_moe/") else "../../qwen3_moe/base"
+        # Patterns only where PEFT fused the experts' targets itself.
+        assert bool(cfg["rank_pattern"]) == (params is None), cfg
         (out / "adapter_config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
         from safetensors.numpy import load_file
         saved = load_file(out / "adapter_model.safetensors")
@@ -194,8 +185,8 @@ def generate(workdir: Path) -> tuple[dict, list]:
             tensors.append((f"{name}.grad.{key}", p.grad.detach().numpy().astype(np.float64)))
             names.append(key)
         assert sorted(names) == sorted(saved), name
-        folders[name] = dict(seed=seed, base=base_dir, target_modules=modules, wrappers=wrappers,
-                             tensors=sorted(names))
+        folders[name] = dict(seed=seed, base=base_dir, target_modules=modules, target_parameters=params,
+                             wrappers=wrappers, tensors=sorted(names))
         print(f"{name}: loss {loss.item():.10f}, {len(names)} adapter tensors, {wrappers} expert wrappers; e.g. "
               + ", ".join(k for k in sorted(names) if "experts" in k)[:400])
     header = {

@@ -65,17 +65,19 @@ int linear_of(checkpoint::ParamKind k) {
 struct AdapterOf {
   std::vector<float> a, b;
   int64_t b_row = 0;
+  int64_t rank = 0;  // (the experts' gate_up's may be their own; alpha / rank is every adapter's)
 };
 
 AdapterOf adapter_of(const checkpoint::Checkpoint& ck, const ModelSpec& m, const checkpoint::ParamInfo& info, Linear g) {
   using checkpoint::ExpertLora;
+  const LoraSpec lora = checkpoint::checkpoint_lora(ck.manifest);
   if (info.expert < 0)
     return {param_f32(ck, checkpoint::lora_param_name(m, g, info.layer, false)),
-            param_f32(ck, checkpoint::lora_param_name(m, g, info.layer, true)), 0};
+            param_f32(ck, checkpoint::lora_param_name(m, g, info.layer, true)), 0, lora.rank};
   const ExpertLora site = g == Linear::down ? ExpertLora::down : ExpertLora::gate_up;
   return {param_f32(ck, checkpoint::lora_expert_name(m, site, info.layer, info.expert, false)),
           param_f32(ck, checkpoint::lora_expert_name(m, site, info.layer, info.expert, true)),
-          g == Linear::up ? m.moe.expert_intermediate : 0};
+          g == Linear::up ? m.moe.expert_intermediate : 0, checkpoint::lora_site_rank(lora, site)};
 }
 
 }  // namespace
@@ -137,7 +139,7 @@ void lora_export_merged(const std::string& checkpoint_dir, const std::string& ou
     // W (out, in) += s B (out, r) A (r, in), in fp64.
     if (const int g = linear_of(info.kind); g >= 0 && lora.targets_linear(Linear(g))) {
       const AdapterOf ad = adapter_of(ck, m, info, Linear(g));
-      const int64_t r = lora.rank, out = p.rows, in = p.cols;
+      const int64_t r = ad.rank, out = p.rows, in = p.cols;
       for (int64_t i = 0; i < out; ++i)
         for (int64_t j = 0; j < in; ++j) {
           double sum = 0;

@@ -360,11 +360,16 @@ void state_lora_init(const checkpoint::PeftAdapter& src, LlamaStage<Elem, G>& st
   const StageParams& sp = stage.params();
   LoraSpec want = sp.lora, have = src.lora;
   have.dropout = want.dropout;
-  if (!(want == have))
-    throw InputError(fmt::format("--lora-init {}: the adapters are rank {}, alpha {}, targets {}; this run asks "
-                                 "for rank {}, alpha {}, targets {} (--lora, --lora-alpha, --lora-targets)",
-                                 src.dir, have.rank, have.alpha, have.targets_text(), want.rank, want.alpha,
-                                 want.targets_text()));
+  if (!(want == have)) {
+    const auto gate_up = [](const LoraSpec& l) {
+      return l.gate_up_rank > 0 ? fmt::format(", the experts' gate_up rank {}", l.gate_up_rank) : std::string();
+    };
+    throw InputError(fmt::format("--lora-init {}: the adapters are rank {}, alpha {}, targets {}{}; this run asks "
+                                 "for rank {}, alpha {}, targets {}{} (--lora, --lora-alpha, --lora-targets{})",
+                                 src.dir, have.rank, have.alpha, have.targets_text(), gate_up(have), want.rank,
+                                 want.alpha, want.targets_text(), gate_up(want),
+                                 have.gate_up_rank != want.gate_up_rank ? ", --lora-gate-up-rank" : ""));
+  }
   std::vector<float> w(static_cast<size_t>(sp.elements));
   for (const auto& p : sp.specs) {
     slice_into(src.tensor(p.name), w.data() + p.offset, p);

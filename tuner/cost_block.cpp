@@ -302,9 +302,10 @@ Part one_block_cost(const Model& x) {
     if (x.moe) {
       const double Fe = double(m.moe.expert_intermediate);
       if (x.run.lora.targets_linear(Linear::gate)) {
-        const double f = local_experts * x.lora_fwd(expert_rows, 2 * Fe, C);
+        const int64_t r = x.run.lora.experts_gate_up_rank();
+        const double f = local_experts * x.lora_fwd(expert_rows, 2 * Fe, C, r);
         p.fwd += f;
-        p.bwd += local_experts * x.lora_bwd(expert_rows, 2 * Fe, C);
+        p.bwd += local_experts * x.lora_bwd(expert_rows, 2 * Fe, C, r);
         mlp_pre_lora += f;
       }
       if (x.run.lora.targets_linear(Linear::down)) {

@@ -119,12 +119,13 @@ struct Model {
   // and s h B^T; backward s dY B, g A, g^T x, the rebuilt x A^T and dY^T h;
   // with dropout, drop(x) written forward and twice backward (the input and
   // the input gradient).
-  double lora_fwd(double M, double N, double K) const {
-    const double r = double(run.lora.rank);
+  // (`rank`: the adapter's where it is not --lora's, an MoE model's experts' gate_up.)
+  double lora_fwd(double M, double N, double K, int64_t rank = 0) const {
+    const double r = double(rank > 0 ? rank : run.lora.rank);
     return gemm(M, r, K) + gemm(M, N, r) + (run.lora.dropout > 0 ? stream("residual", M, K) : 0);
   }
-  double lora_bwd(double M, double N, double K) const {
-    const double r = double(run.lora.rank);
+  double lora_bwd(double M, double N, double K, int64_t rank = 0) const {
+    const double r = double(rank > 0 ? rank : run.lora.rank);
     return gemm(M, r, N) + gemm(M, K, r) + gemm(r, K, M) + gemm(M, r, K) + gemm(N, r, M) +
            (run.lora.dropout > 0 ? 2 * stream("residual", M, K) : 0);
   }

@@ -54,6 +54,9 @@ TEST(CliAsked, LoraSettingsWithoutLoraOrOutOfRangeAreRefused) {
   expect_refused(train + " --lora-alpha 16", "--lora-alpha 16 sets LoRA's adapters, but LoRA is off");
   expect_refused(train + " --lora-targets q,v", "--lora-targets q,v sets LoRA's adapters, but LoRA is off");
   expect_refused(train + " --lora-dropout 0.1", "--lora-dropout 0.1 sets LoRA's adapters, but LoRA is off");
+  expect_refused(train + " --lora-gate-up-rank 8", "--lora-gate-up-rank 8 sets LoRA's adapters, but LoRA is off");
+  expect_refused(train + " --lora 4 --lora-gate-up-rank 8",
+                 "--lora-gate-up-rank 8 sets an MoE model's routed experts' gate_up adapters' rank, but tiny has none");
   expect_refused(train + " --lora 4 --lora-alpha 0", "--lora-alpha 0 must be a positive number");
   expect_refused(train + " --lora 4 --lora-alpha -2", "--lora-alpha -2 must be a positive number");
   // tiny's k and v are 128 x 64: a rank above 64 is past them.

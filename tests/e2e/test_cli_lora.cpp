@@ -153,8 +153,29 @@ TEST(CliLora, MixtureOfExperts) {
     ASSERT_EQ(r.code, 0) << r.out;
     EXPECT_NEAR(eval_loss(out + "-b/checkpoints/step_000000", data), adapted, 1e-5 * adapted);
   }
-  auto r = run_weft("train --model tiny-moe --data " + data + shape + " --lora 4 --lora-targets q,gate --steps 1 --out " +
-                    dir.path("x"));
+  // The experts' gate_up at its own rank, as PEFT fuses a Mixtral's gate and
+  // up targets: written as PEFT's rank_pattern, and read back only by a run
+  // that asks for it.
+  const std::string twice = "train --init " + dir.path("hf") + " --data " + data + shape +
+                            " --lora 4 --lora-gate-up-rank 8 --lr 1e-2 --warmup 1";
+  auto r = run_weft(twice + " --steps 2 --out " + dir.path("g"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("(the experts' gate_up at r 8, alpha 16)"), std::string::npos) << r.out;
+  r = run_weft("export --lora --checkpoint " + dir.path("g/checkpoints/step_000002") + " --out " + dir.path("g-peft"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(slurp(dir.path("g-peft/adapter_config.json")).find(R"(".*\\.gate_up_proj": 8)"), std::string::npos)
+      << slurp(dir.path("g-peft/adapter_config.json"));
+  r = run_weft(twice + " --steps 0 --out " + dir.path("g-b") + " --lora-init " + dir.path("g-peft"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NEAR(eval_loss(dir.path("g-b/checkpoints/step_000000"), data),
+              eval_loss(dir.path("g/checkpoints/step_000002"), data), 1e-5);
+  r = run_weft("train --init " + dir.path("hf") + " --data " + data + shape + " --lora 4 --steps 0 --out " +
+               dir.path("g-c") + " --lora-init " + dir.path("g-peft"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("the experts' gate_up rank 8; this run asks for rank 4"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--lora-gate-up-rank)"), std::string::npos) << r.out;
+  r = run_weft("train --model tiny-moe --data " + data + shape + " --lora 4 --lora-targets q,gate --steps 1 --out " +
+               dir.path("x"));
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.out.find("--lora-targets q,gate on the MoE model tiny-moe: its routed experts' gate and up are one "
                        "tensor"),

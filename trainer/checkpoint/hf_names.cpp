@@ -130,7 +130,7 @@ std::vector<ParamInfo> lora_param_table(const ModelSpec& m, const LoraSpec& lora
         const ParamKind kind = site == ExpertLora::gate_up ? ParamKind::expert_gate : ParamKind::expert_down;
         for (const bool b : {false, true})
           table.push_back({lora_expert_name(m, site, layer, e, b), kind, layer,
-                           lora_expert_shape(m, site, lora.rank, b), e});
+                           lora_expert_shape(m, site, lora_site_rank(lora, site), b), e});
       }
     if (m.moe.shared_intermediate > 0)
       for (int j = 0; j < 3; ++j)

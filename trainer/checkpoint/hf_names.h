@@ -83,8 +83,12 @@ std::string lora_param_name(const ModelSpec& m, Linear g, int64_t layer, bool b)
 // per layer (peft.h).
 enum class ExpertLora { gate_up, down };
 std::string lora_expert_name(const ModelSpec& m, ExpertLora site, int64_t layer, int64_t expert, bool b);
-// The adapters' shapes: A (r, in), B (out, r).
+// The adapters' shapes: A (r, in), B (out, r), r the site's rank
+// (lora_site_rank: gate_up's may be its own).
 std::vector<int64_t> lora_expert_shape(const ModelSpec& m, ExpertLora site, int64_t rank, bool b);
+inline int64_t lora_site_rank(const LoraSpec& l, ExpertLora site) {
+  return site == ExpertLora::gate_up ? l.experts_gate_up_rank() : l.rank;
+}
 // The module path of layer `layer`'s FFN: "model.layers.3.mlp" (Llama 4:
 // "...feed_forward").
 std::string ffn_module_path(const ModelSpec& m, int64_t layer);

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <tuple>
 
@@ -120,20 +121,20 @@ PeftAdapter peft_read(const std::string& dir, const fs::path& p, const nlohmann:
   for (const char* key : {"use_dora", "use_rslora", "fan_in_fan_out", "lora_bias"})
     if (flag(key)) throw refuse(fmt::format("{} is true", key));
   if (cfg.value("bias", std::string("none")) != "none") throw refuse(fmt::format("bias is {}", cfg["bias"].dump()));
-  for (const char* key : {"rank_pattern", "alpha_pattern"})
-    if (cfg.contains(key) && !cfg[key].is_null() && !cfg[key].empty()) {
-      // PEFT fuses a Qwen3-MoE's or Mixtral's gate_proj and up_proj targets
-      // (their experts' transformers-v4 names) into the experts'
-      // gate_up_proj at twice the rank and alpha.
-      if (cfg[key].dump().find("gate_up_proj") != std::string::npos)
-        throw refuse(fmt::format("{} {} sets the routed experts' gate_up_proj apart (PEFT doubles its rank where "
-                                 "it fuses gate_proj and up_proj targets); weft adapts every layer at one rank, "
-                                 "its experts' gate_up with one A and one B of rank r (an adapter saved with "
-                                 "target_parameters [\"experts.gate_up_proj\", \"experts.down_proj\"] and no "
-                                 "patterns)",
-                                 key, cfg[key].dump()));
-      throw refuse(fmt::format("{} sets ranks or alphas per layer", key));
-    }
+  // Ranks and alphas per layer: only the routed experts' gate_up_proj at
+  // a rank of its own, alpha scaled alike (what PEFT makes of a Qwen3-MoE's
+  // or Mixtral's gate_proj and up_proj targets: their experts'
+  // transformers-v4 names, fused at twice the rank), is weft's.
+  const auto pattern = [&](const char* key) -> std::optional<std::pair<std::string, nlohmann::json>> {
+    if (!cfg.contains(key) || cfg[key].is_null() || cfg[key].empty()) return std::nullopt;
+    if (!cfg[key].is_object() || cfg[key].size() != 1 || !cfg[key].begin().key().ends_with("gate_up_proj") ||
+        !cfg[key].begin().value().is_number())
+      throw refuse(fmt::format("{} {} sets ranks or alphas per layer (weft's one is the routed experts' "
+                               "gate_up_proj's: a pattern of it alone, as PEFT writes for fused experts)",
+                               key, cfg[key].dump()));
+    return std::pair{cfg[key].begin().key(), cfg[key].begin().value()};
+  };
+  const auto rank_pattern = pattern("rank_pattern"), alpha_pattern = pattern("alpha_pattern");
   for (const char* key : {"modules_to_save", "layers_to_transform"})
     if (cfg.contains(key) && !cfg[key].is_null() && !cfg[key].empty()) throw refuse(fmt::format("{} is set", key));
   if (!cfg.contains("r") || !cfg["r"].is_number_integer() || cfg["r"].get<int64_t>() <= 0)
@@ -149,6 +150,23 @@ PeftAdapter peft_read(const std::string& dir, const fs::path& p, const nlohmann:
   };
   a.lora.alpha = number("lora_alpha", 8.0);
   a.lora.dropout = number("lora_dropout", 0.0);
+  if (rank_pattern || alpha_pattern) {
+    // The experts' gate_up at rank r' and alpha r' / r x alpha: the same
+    // scale as every other adapter's, as weft computes it.
+    const int64_t r2 = rank_pattern && rank_pattern->second.is_number_integer() ? rank_pattern->second.get<int64_t>()
+                                                                                : 0;
+    const double a2 = alpha_pattern ? alpha_pattern->second.get<double>() : a.lora.alpha;
+    if (r2 <= 0 || std::abs(a2 / double(r2) - a.lora.alpha / double(a.lora.rank)) >
+                       1e-12 * (a.lora.alpha / double(a.lora.rank)))
+      throw refuse(fmt::format("rank_pattern {} and alpha_pattern {} set the routed experts' gate_up_proj to rank {} "
+                               "and alpha {:g}, a scale of {:g} beside the others' {:g} (lora_alpha {:g} / r {}); "
+                               "weft gives it a rank of its own at the same scale",
+                               rank_pattern ? cfg["rank_pattern"].dump() : "(none)",
+                               alpha_pattern ? cfg["alpha_pattern"].dump() : "(none)", r2, a2,
+                               r2 > 0 ? a2 / double(r2) : 0.0, a.lora.alpha / double(a.lora.rank), a.lora.alpha,
+                               a.lora.rank));
+    a.lora.gate_up_rank = r2 == a.lora.rank ? 0 : r2;
+  }
   if (!(a.lora.alpha > 0) || !std::isfinite(a.lora.alpha))
     throw FileFormatError(fmt::format("{}/{}: 'lora_alpha' must be a positive number, got {}", dir, kPeftConfigFile,
                                       cfg["lora_alpha"].dump()));
@@ -233,7 +251,8 @@ PeftAdapter peft_read(const std::string& dir, const fs::path& p, const nlohmann:
                                             "adapter of layer {})",
                                             dir, kPeftWeightsFile, kPeftPrefix, name,
                                             site == ExpertLora::gate_up ? "gate_up_proj" : "down_proj", layer));
-        const auto want = peft_expert_shape(m, site, a.lora.rank, b);
+        const int64_t rank = lora_site_rank(a.lora, site);
+        const auto want = peft_expert_shape(m, site, rank, b);
         if (t->shape != want)
           throw FileFormatError(fmt::format("PEFT adapter '{}': {}{} has shape {}, the model's is {}", dir,
                                             kPeftPrefix, name, shape_text(t->shape), shape_text(want)));
@@ -241,10 +260,10 @@ PeftAdapter peft_read(const std::string& dir, const fs::path& p, const nlohmann:
         std::vector<float> packed(size_t(t->elements()));
         to_f32(t->dtype, t->data, packed.data(), t->elements());
         const bool weft_b = experts_transposed(m) ? !b : b;
-        const std::vector<int64_t> shape = lora_expert_shape(m, site, a.lora.rank, weft_b);
+        const std::vector<int64_t> shape = lora_expert_shape(m, site, rank, weft_b);
         for (int64_t e = 0; e < m.moe.experts; ++e) {
           std::vector<std::byte>& bytes = a.converted.emplace_back(size_t(shape[0] * shape[1]) * sizeof(float));
-          peft_expert_unpack(m, site, a.lora.rank, b, packed.data(), e, reinterpret_cast<float*>(bytes.data()));
+          peft_expert_unpack(m, site, rank, b, packed.data(), e, reinterpret_cast<float*>(bytes.data()));
           const std::string mine = lora_expert_name(m, site, layer, e, weft_b);
           a.reordered.emplace(mine, TensorRef{mine, DType::F32, shape, bytes.data()});
         }
@@ -331,9 +350,10 @@ void peft_write(const std::string& dir, const ModelSpec& m, const LoraSpec& lora
     for (const float* e : list) WEFT_ASSERT(e != nullptr);
     // PEFT's lora_A packs weft's A, or B where the experts are stored transposed.
     const bool b = experts_transposed(m) ? !weft_b : weft_b;
-    packed.push_back(peft_expert_pack(m, ExpertLora(site), lora.rank, b, list));
+    const int64_t rank = lora_site_rank(lora, ExpertLora(site));
+    packed.push_back(peft_expert_pack(m, ExpertLora(site), rank, b, list));
     named.push_back({kPeftPrefix + peft_expert_name(m, lora, ExpertLora(site), layer, b), DType::F32,
-                     peft_expert_shape(m, ExpertLora(site), lora.rank, b), packed.back().data()});
+                     peft_expert_shape(m, ExpertLora(site), rank, b), packed.back().data()});
   }
   nlohmann::json targets = nlohmann::json::array(), parameters = nlohmann::json::array();
   for (int g = 0; g < kLinears; ++g)
@@ -343,7 +363,7 @@ void peft_write(const std::string& dir, const ModelSpec& m, const LoraSpec& lora
     if (lora.targets_linear(Linear::gate)) parameters.push_back("experts.gate_up_proj");
     if (lora.targets_linear(Linear::down)) parameters.push_back("experts.down_proj");
   }
-  const nlohmann::json cfg = {{"peft_type", "LORA"},
+  nlohmann::json cfg = {{"peft_type", "LORA"},
                               {"task_type", "CAUSAL_LM"},
                               {"base_model_name_or_path", base_model},
                               {"r", lora.rank},
@@ -361,6 +381,11 @@ void peft_write(const std::string& dir, const ModelSpec& m, const LoraSpec& lora
                               {"layers_to_transform", nullptr},
                               {"rank_pattern", nlohmann::json::object()},
                               {"alpha_pattern", nlohmann::json::object()}};
+  // The experts' gate_up at a rank of its own, as PEFT writes it.
+  if (lora.gate_up_rank > 0) {
+    cfg["rank_pattern"] = {{R"(.*\.gate_up_proj)", lora.gate_up_rank}};
+    cfg["alpha_pattern"] = {{R"(.*\.gate_up_proj)", lora.experts_gate_up_alpha()}};
+  }
   const std::string tmp = temp_dir_name(out.string());
   std::error_code ec;
   fs::remove_all(tmp, ec);

@@ -39,9 +39,10 @@ ExpertAdapters expert_adapters(const ModelSpec& m, const StageParams& sp) {
   const int64_t r = sp.lora.rank, C = m.hidden, Fe = m.moe.expert_intermediate;
   ExpertAdapters a;
   if (sp.expert_gate_up) {
+    const int64_t rg = sp.lora.experts_gate_up_rank();
     a.gu_a = a.stride;
-    a.gu_b = a.gu_a + r * C;
-    a.stride = a.gu_b + 2 * Fe * r;
+    a.gu_b = a.gu_a + rg * C;
+    a.stride = a.gu_b + 2 * Fe * rg;
   }
   if (sp.expert_down) {
     a.d_a = a.stride;
@@ -149,25 +150,27 @@ struct SiteRun {
 // The experts' gate_up site (x their permuted input, B's halves the gate's
 // and the up's) and down site (x their SwiGLU output, into `out`), for the
 // forward (y) or the backward (dy).
-#define WEFT_MOE_LORA_SETUP()                                                                          \
+// (`rank`: the site's, the experts' gate_up's its own where it has one;
+// alpha / rank is every site's.)
+#define WEFT_MOE_LORA_SETUP(rank)                                                                      \
   const int64_t C = m_.hidden, Fe = m_.moe.expert_intermediate;                                       \
   const ExpertAdapters at = expert_adapters(m_, params_);                                              \
   auto launch = [this](const auto& p, const char* op) { run(p, op); };                                 \
   SiteRun<Elem, G, std::span<const ExpertRun>, decltype(launch)> site_run{                             \
-      launch, runs, b.lora_experts, b.lora_g_experts, at.stride, params_.lora.rank,                    \
+      launch, runs, b.lora_experts, b.lora_g_experts, at.stride, rank,                                 \
       A(params_.lora.scale()), table_->get<Elem>("scratch.moe_lora", 0), table_->get<Elem>("scratch.moe_lora", 1)}
 
 template <typename Elem, typename G>
 void LlamaStage<Elem, G>::moe_lora_gate_up(const Block& b, std::span<const ExpertRun> runs) {
-  WEFT_MOE_LORA_SETUP();
-  const int64_t up = at.gu_b + Fe * params_.lora.rank;
+  WEFT_MOE_LORA_SETUP(params_.lora.experts_gate_up_rank());
+  const int64_t up = at.gu_b + Fe * params_.lora.experts_gate_up_rank();
   site_run.forward({b.moe_in, C, at.gu_a, {{b.moe_gate, nullptr, Fe, at.gu_b}, {b.moe_up, nullptr, Fe, up}}},
                    "gemm experts gate_up lora_a", "gemm experts gate_up lora_b");
 }
 
 template <typename Elem, typename G>
 void LlamaStage<Elem, G>::moe_lora_down(const Block& b, std::span<const ExpertRun> runs, Elem* out) {
-  WEFT_MOE_LORA_SETUP();
+  WEFT_MOE_LORA_SETUP(params_.lora.rank);
   site_run.forward({b.moe_act, Fe, at.d_a, {{out, nullptr, C, at.d_b}}}, "gemm experts down lora_a",
                    "gemm experts down lora_b");
 }
@@ -175,7 +178,7 @@ void LlamaStage<Elem, G>::moe_lora_down(const Block& b, std::span<const ExpertRu
 template <typename Elem, typename G>
 void LlamaStage<Elem, G>::moe_lora_down_backward(const Block& b, std::span<const ExpertRun> runs, const Elem* d_out,
                                                  Elem* d_act) {
-  WEFT_MOE_LORA_SETUP();
+  WEFT_MOE_LORA_SETUP(params_.lora.rank);
   site_run.backward({b.moe_act, Fe, at.d_a, {{nullptr, d_out, C, at.d_b}}}, d_act,
                     {"gemm experts down lora_b dgrad", "gemm experts down lora_a dgrad",
                      "gemm experts down lora_a wgrad", "gemm experts down lora_a", "gemm experts down lora_b wgrad"});
@@ -184,8 +187,8 @@ void LlamaStage<Elem, G>::moe_lora_down_backward(const Block& b, std::span<const
 template <typename Elem, typename G>
 void LlamaStage<Elem, G>::moe_lora_gate_up_backward(const Block& b, std::span<const ExpertRun> runs,
                                                     const Elem* d_gate, const Elem* d_up, Elem* d_in) {
-  WEFT_MOE_LORA_SETUP();
-  const int64_t up = at.gu_b + Fe * params_.lora.rank;
+  WEFT_MOE_LORA_SETUP(params_.lora.experts_gate_up_rank());
+  const int64_t up = at.gu_b + Fe * params_.lora.experts_gate_up_rank();
   site_run.backward({b.moe_in, C, at.gu_a, {{nullptr, d_gate, Fe, at.gu_b}, {nullptr, d_up, Fe, up}}}, d_in,
                     {"gemm experts gate_up lora_b dgrad", "gemm experts gate_up lora_a dgrad",
                      "gemm experts gate_up lora_a wgrad", "gemm experts gate_up lora_a",

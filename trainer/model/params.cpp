@@ -248,7 +248,7 @@ StageParams stage_params(const ModelSpec& m, const Layout& l, const memory::Stag
         const bool gate_up = site == checkpoint::ExpertLora::gate_up;
         if (!(gate_up ? sp.expert_gate_up : sp.expert_down)) continue;
         for (const bool b : {false, true}) {
-          const auto shape = checkpoint::lora_expert_shape(m, site, r, b);
+          const auto shape = checkpoint::lora_expert_shape(m, site, checkpoint::lora_site_rank(plan.lora, site), b);
           add_adapter(checkpoint::lora_expert_name(m, site, global(i), e, b),
                       gate_up ? ParamKind::expert_gate : ParamKind::expert_down, b, shape[0], shape[1],
                       ShardDim::none, e);

@@ -165,7 +165,8 @@ void against_peft(const std::string& name, std::string& table) {
         for (int64_t e = 0; e < m.moe.experts; ++e)
           grads.push_back(grad_f32(*spec_of.at(checkpoint::lora_expert_name(m, site, layer, e, weft_b))));
         for (const auto& g : grads) ptrs.push_back(g.data());
-        const auto packed = checkpoint::peft_expert_pack(m, site, r.adapter.lora.rank, b, ptrs);
+        const auto packed =
+            checkpoint::peft_expert_pack(m, site, checkpoint::lora_site_rank(r.adapter.lora, site), b, ptrs);
         compare(checkpoint::peft_expert_name(m, r.adapter.lora, site, layer, b), packed.data());
       }
   }
@@ -178,7 +179,7 @@ void against_peft(const std::string& name, std::string& table) {
 TEST(MoeLora, MatchesPeft) {
   std::string table = fmt::format("{:<10} {:>4} {:>13} {:>13} {:>9} {:>9} {:>9} {:>4}\n", "folder", "bits",
                                   "weft loss", "peft (fp64)", "rel dev", "logits", "grad rel", "n");
-  for (const char* name : {"mixtral", "qwen3_moe", "llama4"}) {
+  for (const char* name : {"mixtral", "qwen3_moe", "llama4", "qwen3_moe_usual"}) {
     against_peft<double>(name, table);
     against_peft<float>(name, table);
   }
@@ -189,7 +190,7 @@ TEST(MoeLora, MatchesPeft) {
 // tensor names, shapes and values (the experts' packed the way PEFT packs
 // them), and they read back to the same per-expert tensors.
 TEST(MoeLora, WritesBackPeftsFile) {
-  for (const char* name : {"mixtral", "qwen3_moe", "llama4"}) {
+  for (const char* name : {"mixtral", "qwen3_moe", "llama4", "qwen3_moe_usual"}) {
     SCOPED_TRACE(name);
     MoeLoraRun<float> r(name);
     const auto& specs = r.stage.params().specs;
@@ -231,14 +232,41 @@ TEST(MoeLora, WritesBackPeftsFile) {
   }
 }
 
-// PEFT's settings weft cannot honour are refused by name: the experts'
-// gate_up_proj at twice the rank (what PEFT makes of a Qwen3-MoE's or
-// Mixtral's usual config, fusing gate_proj and up_proj), dense layers
-// adapted otherwise than the experts, other parameters, a dense model.
+// What PEFT makes of a Qwen3-MoE's usual config (gate_proj, up_proj and
+// down_proj among target_modules, no target_parameters): the experts'
+// gate_up_proj at twice the rank and alpha, read as --lora-gate-up-rank.
+TEST(MoeLora, ReadsTheExpertsGateUpAtItsOwnRank) {
+  const auto qwen3 = checkpoint::pretrained_open(fixtures("hf_moe_lora/qwen3_moe/base"));
+  const auto usual = checkpoint::peft_open(fixtures("hf_moe_lora/qwen3_moe_usual/adapter"), qwen3.model);
+  EXPECT_EQ(usual.lora.rank, 2);
+  EXPECT_EQ(usual.lora.gate_up_rank, 4);
+  EXPECT_EQ(usual.lora.experts_gate_up_alpha(), 6);
+  EXPECT_EQ(usual.lora.targets_text(), "q,k,v,o,gate,up,down");
+}
+
+// PEFT's settings weft cannot honour are refused by name: patterns past
+// the experts' gate_up_proj or at another scale, dense layers adapted
+// otherwise than the experts, other parameters, a dense model.
 TEST(MoeLora, RefusesWhatItCannotReadAsPeftMeansIt) {
   const auto qwen3 = checkpoint::pretrained_open(fixtures("hf_moe_lora/qwen3_moe/base"));
-  WEFT_EXPECT_THROW_MSG(checkpoint::peft_open(fixtures("hf_moe_lora/qwen3_moe/usual"), qwen3.model), InputError,
-                        "rank_pattern", "gate_up_proj", "one rank");
+  const std::string usual = fixtures("hf_moe_lora/qwen3_moe_usual/adapter");
+  test::TempDir patterns;
+  const auto with = [&](const std::string& label, const nlohmann::json& rank, const nlohmann::json& alpha) {
+    const std::string d = patterns.path(label);
+    std::filesystem::create_directories(d);
+    std::filesystem::copy_file(usual + "/" + checkpoint::kPeftWeightsFile, d + "/" + checkpoint::kPeftWeightsFile);
+    nlohmann::json cfg = nlohmann::json::parse(std::ifstream(usual + "/" + checkpoint::kPeftConfigFile));
+    cfg["rank_pattern"] = rank;
+    cfg["alpha_pattern"] = alpha;
+    std::ofstream(d + "/" + checkpoint::kPeftConfigFile) << cfg.dump(2);
+    return d;
+  };
+  WEFT_EXPECT_THROW_MSG(checkpoint::peft_open(with("scale", {{R"(.*\.gate_up_proj)", 4}}, {{R"(.*\.gate_up_proj)", 3}}),
+                                              qwen3.model),
+                        InputError, "a scale of 0.75 beside the others' 1.5");
+  WEFT_EXPECT_THROW_MSG(
+      checkpoint::peft_open(with("layers", {{"q_proj", 4}}, nlohmann::json::object()), qwen3.model), InputError,
+      "rank_pattern {\"q_proj\":4} sets ranks or alphas per layer");
   // hf_moe's qwen3_moe has a dense layer, which this adapter leaves alone
   // while adapting the experts.
   const auto dense_layer = checkpoint::pretrained_open(fixtures("hf_moe/qwen3_moe"));

@@ -169,6 +169,10 @@ TEST(MoeStage, LoraOnTheExpertsFiniteDifferences) {
       m.layers = 3;
       finite_differences(m, layout, seed, checked, skipped, lora);
     }
+  // The experts' gate_up at a rank of its own (PEFT's fused form).
+  lora.gate_up_rank = 6;
+  finite_differences(moe_model("qwen3", 1), "mb1-ckpt:ffn", seed, checked, skipped, lora);
+  lora.gate_up_rank = 0;
   // The experts' down alone (no gate_up pair before it in each expert's).
   lora.targets = LoraSpec::parse_targets("o,down");
   finite_differences(moe_model("mixtral", 1), "mb1", seed, checked, skipped, lora);
@@ -261,9 +265,11 @@ TEST(MoeStage, ArenaPeaksEqualTheMemoryModel) {
 // optimizer state the flat buffers, the base frozen, the experts' h and g
 // in scratch.moe_lora.
 TEST(MoeStage, LoraArenaPeaksEqualTheMemoryModel) {
-  const LoraSpec lora{.rank = 4, .alpha = 8, .dropout = 0, .targets = LoraSpec::kAllTargets};
+  LoraSpec lora{.rank = 4, .alpha = 8, .dropout = 0, .targets = LoraSpec::kAllTargets};
   for (const char* family : {"mixtral", "qwen3", "llama4"})
     for (const char* layout : {"mb1", "mb2-ckpt:full", "mb1-ckpt:ffn"}) {
+      // (The experts' gate_up at a rank of its own, its scratch the larger.)
+      lora.gate_up_rank = std::string(layout) == "mb1-ckpt:ffn" ? 8 : 0;
       const ModelSpec m = moe_model(family, 2);
       RunSpec run{7, 4, Precision::fp32};
       run.lora = lora;
