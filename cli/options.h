@@ -35,7 +35,7 @@ struct ModelArgs {
   // --moe-capacity-factor: one factor, the run's; several (0,1.25), the
   // ones tuning searches (capacity_factors()), the run's model taking the
   // first until a layout picks one.
-  std::vector<double> capacity_factor;
+  std::vector<double> capacity_factor{};
   CLI::Option* capacity_option = nullptr;
   double imbalance = 0;  // --moe-imbalance
   CLI::Option* imbalance_option = nullptr;
