@@ -77,8 +77,8 @@ std::string machine_description() {
   return fmt::format("{}, {} cores", model, std::thread::hardware_concurrency());
 }
 
-std::optional<Layout> auto_layout(const trainer::TrainConfig& base, const tuner::SpaceLimits& limits, const AutoArgs& a,
-                   int64_t world, bool multi_rank, std::FILE* log) {
+std::optional<AutoChoice> auto_layout(const trainer::TrainConfig& base, const tuner::SpaceLimits& limits,
+                                      const AutoArgs& a, int64_t world, bool multi_rank, std::FILE* log) {
   tuner::TuneOptions o;
   o.top = a.all ? std::numeric_limits<int64_t>::max() : a.top;
   o.model_stop = !a.all;
@@ -89,6 +89,7 @@ std::optional<Layout> auto_layout(const trainer::TrainConfig& base, const tuner:
   o.min_timed_s = a.trial_min_time;
   o.silence_s = a.trial_timeout;
   if (const char* f = std::getenv("WEFT_TUNE_FAULT")) o.faults = f;
+  o.size_buffers = a.size_moe_buffers;
 
   tuner::SpaceContext ctx;
   ctx.model = base.model;
@@ -148,11 +149,22 @@ std::optional<Layout> auto_layout(const trainer::TrainConfig& base, const tuner:
     std::string cached = rank0 ? find_cached(ctx, space, log) : std::string();
     cached = tuner::share_text(*control, cached);
     if (!cached.empty()) {
-      std::string layout = rank0 ? tuner::recipe_load(cached).layout.to_string() : std::string();
-      layout = tuner::share_text(*control, layout);
+      // The layout, and the receive buffers the recipe's tuning sized (as
+      // text, so that every rank takes the same bits).
+      std::string choice;
+      if (rank0) {
+        const auto rc = tuner::recipe_load(cached);
+        choice = fmt::format("{} {:.17g}", rc.layout.to_string(),
+                             a.size_moe_buffers ? rc.model.moe.imbalance : 0.0);
+      }
+      choice = tuner::share_text(*control, choice);
+      const size_t space_at = choice.rfind(' ');
+      AutoChoice c{Layout::parse(choice.substr(0, space_at)), std::stod(choice.substr(space_at + 1))};
       if (out)
-        fmt::print(out, "using cached recipe {} (layout {}); --retune tunes again\n", cached, layout);
-      return Layout::parse(layout);
+        fmt::print(out, "using cached recipe {} (layout {}{}); --retune tunes again\n", cached, c.layout.to_string(),
+                   c.moe_imbalance > 0 ? fmt::format(", MoE receive buffers at {:g}x as it measured", c.moe_imbalance)
+                                       : "");
+      return c;
     }
   }
 
@@ -183,7 +195,7 @@ std::optional<Layout> auto_layout(const trainer::TrainConfig& base, const tuner:
   }
   if (!r.winner) throw InputError(fmt::format("tuning found no layout that runs: every trial failed; see {}",
                                               (dir / "tuning.md").string()));
-  const Layout chosen = r.trials[*r.winner].layout;
+  const AutoChoice chosen{r.trials[*r.winner].layout, r.moe_imbalance};
   if (rank0) {
     const std::string md = report::tune_report_md(r, ctx);
     file_write_atomic((dir / "tuning.md").string(), md);

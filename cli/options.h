@@ -39,6 +39,7 @@ struct ModelArgs {
   CLI::Option* capacity_option = nullptr;
   double imbalance = 0;  // --moe-imbalance
   CLI::Option* imbalance_option = nullptr;
+  bool imbalance_stated() const { return imbalance_option && imbalance_option->count() > 0; }
   ModelSpec resolve() const;
   // The balancing-loss and capacity options on a model (InputError for a
   // dense one, or a value out of range).

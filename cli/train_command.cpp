@@ -331,6 +331,15 @@ int run_train(TrainArgs& a) {
                    fmt::format("{}", fmt::join(diff, "; ")).c_str());
     knobs_agree(a, from_knobs, r.layout, "recipe " + a.recipe);
     c.layout = r.layout;
+    // The receive buffers its tuning sized from measured routing, unless
+    // this run states them.
+    if (c.model.moe.enabled() && r.model.moe.imbalance > 0 && !a.model.imbalance_stated()) {
+      c.model.moe.imbalance = r.model.moe.imbalance;
+      if (world_rank_from_env() == 0)
+        fmt::print("MoE receive buffers at {:g}x a rank's balanced rows, as recipe {} measured (--moe-imbalance "
+                   "states them)\n",
+                   c.model.moe.imbalance, a.recipe);
+    }
   }
   if (!tune && capacities.size() > 1)
     throw InputError(fmt::format("--moe-capacity-factor lists {} factors, which tuning searches (--auto); a run with "
@@ -431,10 +440,12 @@ int run_train(TrainArgs& a) {
     if (capacities.size() > 1) limits.capacity = capacities;
     c.optim.total_steps = c.steps;
     if (!a.tune.budget.empty() && a.tune_top->count() == 0) a.tune.top = int64_t{1} << 40;
+    a.tune.size_moe_buffers = c.model.moe.enabled() && !a.model.imbalance_stated();
     const auto tuned = auto_layout(c, limits, a.tune, world, world > 1 || under_mpi(), stdout);
     if (!tuned) return stop_exit_code();
-    c.layout = *tuned;
+    c.layout = tuned->layout;
     c.model = model_for(c.model, c.layout);  // (dropping at the factor the tuning chose)
+    if (tuned->moe_imbalance > 0) c.model.moe.imbalance = tuned->moe_imbalance;
   }
   // The watchdog outlives the groups it watches: a rank whose peer died
   // leaves with a clear message instead of waiting forever.

@@ -71,6 +71,17 @@ inline constexpr double kMaxRouteScale = 1e3;
 inline constexpr double kMaxCapacityFactor = 1e3;
 inline constexpr double kMaxImbalance = 1e6;
 
+// A dispatch the tuning measured (MoeSpec::measured): in trials whose ranks
+// each routed `rows` token rows, the most choices of one micro-batch that
+// one ep rank's experts (a block of E / ep in a row) took, over the balanced
+// rows x k / ep, times the tuning's margin.
+struct MeasuredDispatch {
+  int64_t rows = 0;
+  int64_t ep = 0;
+  double factor = 0;
+  bool operator==(const MeasuredDispatch&) const = default;
+};
+
 struct MoeSpec {
   int64_t experts = 0;                // E routed experts; 0: a dense model
   int64_t top_k = 0;                  // k, 1 <= k <= E
@@ -90,8 +101,30 @@ struct MoeSpec {
   // (received_rows); 0: the worst case. A training setting like the
   // capacity; a batch routed past it stops the run with a clear error.
   double imbalance = 0;
+  // Where `imbalance` is 0, the receive buffers the tuning sized from its
+  // trials' dispatches (the tuner's TuneOptions::size_buffers): a rank
+  // routing `rows` under ep takes the factor measured at that ep from the
+  // trials that routed the most rows up to `rows` (the largest factor among
+  // them), the worst case where none did. Held while tuning only: it is not
+  // written with the model, and the run the tuning hands on holds its
+  // layout's factor in `imbalance`.
+  std::vector<MeasuredDispatch> measured;
 
   bool enabled() const { return experts > 0; }
+  // The imbalance factor the receive buffers of a rank routing `rows` under
+  // ep hold (0: the worst case).
+  double imbalance_for(int64_t rows, int64_t ep) const {
+    if (imbalance > 0 || ep <= 1) return ep <= 1 ? 0.0 : imbalance;
+    int64_t nearest = 0;
+    double f = 0;
+    for (const MeasuredDispatch& d : measured) {
+      if (d.ep != ep || d.rows > rows || d.rows < nearest) continue;
+      if (d.rows > nearest) f = 0;
+      nearest = d.rows;
+      f = std::max(f, d.factor);
+    }
+    return f;
+  }
   // Rows each expert keeps at most of `rows` routed tokens; 0: all (dropless).
   int64_t capacity(int64_t rows) const {
     if (capacity_factor <= 0 || experts <= 0) return 0;
@@ -109,12 +142,13 @@ struct MoeSpec {
   // capacity per expert; the worst case, one rank taking every choice it
   // can. routed_rows(rows) for ep 1.
   //
-  // With an imbalance factor f, ceil(f x rows x k) where that is fewer: the
-  // balanced share times f.
+  // With an imbalance factor f (imbalance_for), ceil(f x rows x k) where
+  // that is fewer: the balanced share times f.
   int64_t received_rows(int64_t rows, int64_t ep) const {
     const int64_t worst = received_rows_worst(rows, ep);
-    if (ep <= 1 || imbalance <= 0) return worst;
-    return std::min(worst, int64_t(std::ceil(imbalance * double(rows * top_k))));
+    const double f = imbalance_for(rows, ep);
+    if (f <= 0) return worst;
+    return std::min(worst, int64_t(std::ceil(f * double(rows * top_k))));
   }
   // The worst case alone, whatever the imbalance factor.
   int64_t received_rows_worst(int64_t rows, int64_t ep) const {

@@ -164,6 +164,10 @@ std::string fp8_runs_none(const ModelSpec& m, const RunSpec& run, const Layout& 
 int64_t fp8_stage_blocks(const ModelSpec& m, const Layout& l, const StagePlan& plan);
 // The global index of block `layer` of model chunk `chunk` on `stage`.
 int64_t global_layer(const ModelSpec& m, const Layout& l, int64_t stage, int64_t chunk, int64_t layer);
+// The token rows an MoE block routes on each rank of a layout (its own,
+// B x T / (cp tp) under sp; with an expert tp degree under sp all the tp
+// group's): the rows its expert-parallel dispatch sends.
+int64_t moe_routed_rows(const ModelSpec& m, const RunSpec& run, const Layout& l);
 
 // FP8 inputs kept for the backward, as Transformer Engine keeps them: where
 // every block of a stage runs FP8 GEMMs with per-tensor scales (tensorwise,

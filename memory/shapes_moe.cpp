@@ -11,6 +11,18 @@ int64_t routed_token_rows(const Layout& l, const Dims& d) {
   return l.sp && l.etp > 1 ? d.B * d.T : d.B * d.Tsp;
 }
 
+}  // namespace weft::memory::detail
+
+namespace weft::memory {
+
+int64_t moe_routed_rows(const ModelSpec& m, const RunSpec& run, const Layout& l) {
+  return detail::routed_token_rows(l, detail::dims(m, run, l));
+}
+
+}  // namespace weft::memory
+
+namespace weft::memory::detail {
+
 void moe_saved_shapes(const ModelSpec& m, const Layout& l, const Dims& d, std::vector<TensorShape>& out) {
   const MoeSpec& e = m.moe;
   // The routed experts run on the norm region's rows (this rank's own

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "core/units.h"
@@ -85,6 +86,23 @@ std::string tune_report_md(const TuneResult& r, const SpaceContext& ctx) {
                        "layer's mean tokens at the median trial, {:.2f}x at most (trial {}); balanced routing is "
                        "1x.\n\n",
                        v[v.size() / 2], worst->expert_imbalance, worst->order);
+    }
+    if (!r.moe_dispatches.empty()) {
+      std::vector<std::string> by_ep;
+      for (const MeasuredDispatch& d : r.moe_dispatches)
+        by_ep.push_back(fmt::format("ep{} at {} rows a rank {:g}x", d.ep, d.rows, d.factor));
+      const TrialRecord* w = r.winner ? &r.trials[*r.winner] : nullptr;
+      s += fmt::format(
+          "Expert-parallel receive buffers: sized from the dispatches of the first {} trials, {:g} x the most "
+          "choices of one micro-batch that an ep rank's experts took, over the balanced share, instead of the "
+          "worst case (every choice a rank can receive): {}. A layout routing fewer rows a rank than every "
+          "trial at its ep degree keeps the worst case. {} candidates fit so, {} with the worst case's buffers; "
+          "the later trials ran with them. {} A micro-batch routed past the buffers stops the run with its count "
+          "(`--moe-imbalance` pins one factor, 0 the worst case).\n\n",
+          r.moe_sizing_trials, kBufferMargin, fmt::join(by_ep, ", "), r.candidates, r.moe_worst_candidates,
+          r.moe_imbalance > 0 ? fmt::format("The run holds the winner's, {:g}x.", r.moe_imbalance)
+          : w && w->layout.ep > 1 ? std::string("No trial routed as few rows as the winner, so the run keeps the worst case.")
+                                  : std::string("The winner has no expert parallelism."));
     }
     // The winner's own: each MoE layer's busiest expert over its mean.
     const TrialRecord* w = r.winner ? &r.trials[*r.winner] : nullptr;
@@ -173,6 +191,15 @@ nlohmann::json tune_report_json(const TuneResult& r, const SpaceContext& ctx) {
                    {"knob_effects", r.knob_effects},
                    {"seconds", r.seconds},
                    {"winner", r.winner ? nlohmann::json(r.trials[*r.winner].layout.to_string()) : nlohmann::json()}};
+  if (!r.moe_dispatches.empty()) {
+    nlohmann::json d = nlohmann::json::array();
+    for (const MeasuredDispatch& m : r.moe_dispatches) d.push_back({{"rows", m.rows}, {"ep", m.ep}, {"factor", m.factor}});
+    j["moe_buffers"] = {{"dispatches", d},
+                        {"imbalance", r.moe_imbalance},
+                        {"trials", r.moe_sizing_trials},
+                        {"margin", kBufferMargin},
+                        {"candidates_worst_case", r.moe_worst_candidates}};
+  }
   if (r.calibration) {
     const auto& c = *r.calibration;
     j["calibration"] = {{"observations", c.error_before.size()},

@@ -28,6 +28,7 @@
 #include "memory/device.h"
 #include "memory/estimate.h"
 #include "memory/host_usage.h"
+#include "memory/shapes.h"
 #include "trainer/build_info.h"
 #include "trainer/parallel/device_comm.h"
 #include "trainer/checkpoint/checkpoint.h"
@@ -439,7 +440,7 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
       // a capacity the choices each layer dropped.
       const bool aux = c.model.moe.aux_loss_coef > 0, capped = c.model.moe.capacity_factor > 0;
       nlohmann::json expert_load;
-      std::string dropped_text;
+      std::string moe_text;
       if (c.model.moe.enabled()) {
         const int64_t E = c.model.moe.experts, L = c.model.layers;
         run.expert_load.resize(size_t(L * E));
@@ -458,10 +459,24 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
           dropped.push_back(run.expert_dropped[size_t(i)]);
           lost += run.expert_dropped[size_t(i)];
         }
-        expert_load = {{"layers", layers}, {"counts", counts}};
+        // The most uneven dispatches at each ep degree (an ep rank's experts'
+        // rows over the balanced share), beside what the receive buffers hold.
+        run.dispatch_peaks.resize(size_t(E + 1), 0.0);
+        world_comm->all_reduce(run.dispatch_peaks.data(), E + 1, parallel::ReduceOp::max);
+        nlohmann::json peaks = nlohmann::json::object();
+        for (int64_t d = 2; d <= E; ++d)
+          if (E % d == 0) peaks[std::to_string(d)] = run.dispatch_peaks[size_t(d)];
+        expert_load = {{"layers", layers}, {"counts", counts}, {"dispatch_peaks", peaks}};
+        const int64_t ep = c.layout.ep, rows = memory::moe_routed_rows(c.model, c.run, c.layout);
+        if (const double f = c.model.moe.imbalance_for(rows, ep); ep > 1 && f > 0) {
+          const double worst = double(c.model.moe.received_rows_worst(rows, ep)) / double(rows * c.model.moe.top_k);
+          moe_text += fmt::format(" | ep peak {:.2f}x of the buffers' {:g}x", run.dispatch_peaks[size_t(ep)],
+                                  std::min(f, worst));
+        }
+        std::fill(run.dispatch_peaks.begin(), run.dispatch_peaks.end(), 0.0);
         if (capped) {
           expert_load["dropped"] = dropped;
-          dropped_text = fmt::format(" | dropped {:.2f}%", choices > 0 ? 100.0 * double(lost) / double(choices) : 0.0);
+          moe_text += fmt::format(" | dropped {:.2f}%", choices > 0 ? 100.0 * double(lost) / double(choices) : 0.0);
         }
         std::fill(run.expert_load.begin(), run.expert_load.end(), int64_t{0});
         std::fill(run.expert_dropped.begin(), run.expert_dropped.end(), int64_t{0});
@@ -469,7 +484,7 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
       fmt::print(log,
                  "step {:>5}/{} | loss {:.4f}{}{} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | "
                  "{:.2f} TFLOP/s/dev | MFU {:.1f}% | peak mem {}{}{}{}\n",
-                 step, c.steps, loss, aux ? fmt::format(" | aux {:.4f}", run.aux_loss) : "", dropped_text, s.lr,
+                 step, c.steps, loss, aux ? fmt::format(" | aux {:.4f}", run.aux_loss) : "", moe_text, s.lr,
                  s.grad_norm, tps, fps / double(world) / 1e12, 100 * mfu(fps, world, peak),
                  format_bytes(double(run.arena.peak_total())),
                  c.watchdog ? fmt::format(" | comm {}/step", format_seconds(comm)) : "", fp8_text,

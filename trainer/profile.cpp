@@ -346,6 +346,9 @@ TrialOutcome profile_layout(const ProfileConfig& pc, parallel::Comm& control, co
         if (sum > 0) out.expert_imbalance = std::max(out.expert_imbalance, double(most) * double(E) / double(sum));
       }
       out.expert_load = run.expert_load;
+      run.dispatch_peaks.resize(size_t(E + 1), 0.0);
+      control.all_reduce(run.dispatch_peaks.data(), E + 1, parallel::ReduceOp::max);
+      out.dispatch_peaks = run.dispatch_peaks;
     }
   };
   if (all.status == TrialStatus::ok) {

@@ -92,6 +92,11 @@ struct TrialOutcome {
   // The tokens each expert took, (model layers) x E over the trial's steps
   // and every rank (dense layers' rows 0); empty for a dense model.
   std::vector<int64_t> expert_load;
+  // The most uneven dispatches of the trial, over every rank, (E + 1)
+  // (LlamaStage::take_dispatch_peaks): at d, what the receive buffers of
+  // ep d must hold, in units of a rank's balanced rows x k; empty for a
+  // dense model.
+  std::vector<double> dispatch_peaks;
   double seconds = 0;                // wall time of the whole trial
   std::vector<double> losses;        // per step, for checks
 };

@@ -251,6 +251,9 @@ struct Run {
     groups.host_groups().world->all_reduce(&aux, 1);
     aux_loss = aux * scale;
     stage.take_expert_load(expert_load);
+    const std::vector<double> peaks = stage.take_dispatch_peaks();
+    dispatch_peaks.resize(std::max(dispatch_peaks.size(), peaks.size()), 0.0);
+    for (size_t d = 0; d < peaks.size(); ++d) dispatch_peaks[d] = std::max(dispatch_peaks[d], peaks[d]);
     stage.take_dropped(expert_dropped);
     return loss * scale;
   }
@@ -259,6 +262,9 @@ struct Run {
   // MoE models: this rank's expert loads since the last logged record,
   // (model layers) x E (LlamaStage::take_expert_load).
   std::vector<int64_t> expert_load;
+  // The most uneven dispatches since then, this rank's, (E + 1)
+  // (LlamaStage::take_dispatch_peaks).
+  std::vector<double> dispatch_peaks;
   // With a capacity, the choices each layer dropped since then, (model
   // layers) (LlamaStage::take_dropped).
   std::vector<int64_t> expert_dropped;

@@ -77,6 +77,13 @@ nlohmann::json trial_to_json(const TrialRecord& t) {
   // ran in an earlier process.
   if (t.start_s >= 0) j["start_s"] = t.start_s;
   if (!t.expert_layers.empty()) j["expert_load"] = {{"layers", t.expert_layers}, {"counts", t.expert_counts}};
+  if (!t.dispatch_peaks.empty()) {
+    nlohmann::json peaks = nlohmann::json::object();
+    for (size_t d = 2; d < t.dispatch_peaks.size(); ++d)
+      if (t.dispatch_peaks[d] > 0) peaks[std::to_string(d)] = t.dispatch_peaks[d];
+    j["dispatch_peaks"] = peaks;
+    j["dispatch_rows"] = t.dispatch_rows;
+  }
   return j;
 }
 
@@ -93,6 +100,32 @@ TrialRecord record_from_json(const nlohmann::json& j, const std::string& origin)
     t.noise = j.value("noise", 0.0);  // journals written before these have none
     t.cut = j.value("cut", false);
     t.expert_imbalance = j.value("expert_imbalance", 0.0);
+    if (j.contains("dispatch_peaks")) {
+      const auto& p = j.at("dispatch_peaks");
+      bool ok = p.is_object();
+      for (auto it = p.begin(); ok && it != p.end(); ++it) {
+        size_t used = 0;
+        int64_t d = 0;
+        try {
+          d = std::stoll(it.key(), &used);
+        } catch (const std::exception&) {
+          ok = false;
+          break;
+        }
+        ok = used == it.key().size() && d >= 2 && d <= kMaxExperts && it.value().is_number() &&
+             it.value().get<double>() >= 0 && std::isfinite(it.value().get<double>());
+        if (!ok) break;
+        t.dispatch_peaks.resize(std::max(t.dispatch_peaks.size(), size_t(d + 1)), 0.0);
+        t.dispatch_peaks[size_t(d)] = it.value().get<double>();
+      }
+      if (!ok)
+        throw InputError(fmt::format("field 'dispatch_peaks' must map ep degrees (whole numbers from 2 to {}) to "
+                                     "peaks (numbers >= 0); got {}",
+                                     kMaxExperts, p.dump()));
+      t.dispatch_rows = json_integer(j, "dispatch_rows", "trial record");
+      if (t.dispatch_rows < 1)
+        throw InputError(fmt::format("field 'dispatch_rows' must be at least 1, got {}", t.dispatch_rows));
+    }
     if (j.contains("expert_load")) {
       const auto& e = j.at("expert_load");
       t.expert_layers = e.at("layers").get<std::vector<int64_t>>();
@@ -230,12 +263,28 @@ TuneResult tune(const SpaceContext& ctx, const SpaceLimits& limits, const traine
   TuneResult r;
   auto candidates = search_candidates(ctx, limits, r);
   auto journal = open_journal(ctx, limits, o, control);
-  Search search(ctx, o, base, control, make_groups, log, std::move(journal), faults, std::move(candidates), r,
-                t_start);
+  Search search(ctx, limits, o, base, control, make_groups, log, std::move(journal), faults,
+                std::move(candidates), r, t_start);
   search.run();
   search.finish();
   r.seconds = since(t_start);
   return r;
+}
+
+std::vector<MeasuredDispatch> measured_dispatches(const std::vector<TrialRecord>& trials) {
+  std::map<std::pair<int64_t, int64_t>, double> most;  // (rows, ep) -> peak
+  for (const auto& t : trials) {
+    if (t.status != "ok") continue;
+    for (size_t d = 2; d < t.dispatch_peaks.size(); ++d)
+      if (t.dispatch_peaks[d] > 0) {
+        double& p = most[{t.dispatch_rows, int64_t(d)}];
+        p = std::max(p, t.dispatch_peaks[d]);
+      }
+  }
+  std::vector<MeasuredDispatch> out;
+  for (const auto& [at, peak] : most)
+    out.push_back({at.first, at.second, std::clamp(std::ceil(100 * kBufferMargin * peak) / 100, 1.0, kMaxImbalance)});
+  return out;
 }
 
 Recipe tune_recipe(const TuneResult& r, const SpaceContext& ctx, const std::string& machine) {
@@ -244,7 +293,10 @@ Recipe tune_recipe(const TuneResult& r, const SpaceContext& ctx, const std::stri
     throw InputError(fmt::format("the tuning was {} after {} trials, so its best layout is no recipe to reuse",
                                  r.stop_reason, r.trials.size()));
   const auto& w = r.trials[*r.winner];
-  Recipe rc = recipe_for(model_for(ctx.model, w.layout), ctx.cluster, ctx.run, w.layout, "profiled");
+  ModelSpec m = model_for(ctx.model, w.layout);
+  if (r.moe_imbalance > 0) m.moe.imbalance = r.moe_imbalance;  // (the buffers the tuning sized)
+  m.moe.measured.clear();
+  Recipe rc = recipe_for(m, ctx.cluster, ctx.run, w.layout, "profiled");
   rc.machine = machine;
   rc.predicted = {{"step_s", w.predicted_s},
                   {"step_s_refit", w.calibrated_s},
@@ -264,6 +316,10 @@ Recipe tune_recipe(const TuneResult& r, const SpaceContext& ctx, const std::stri
                {"trials_ok", ok},
                {"profile_seconds", r.profile_seconds},
                {"stop_reason", r.stop_reason}};
+  if (r.moe_imbalance > 0)
+    rc.tuning["moe_buffers"] = {{"imbalance", r.moe_imbalance},
+                                {"trials", r.moe_sizing_trials},
+                                {"margin", kBufferMargin}};
   if (r.calibration)
     rc.tuning["cost_model_rms_error"] = {{"before", r.calibration->rms_error_before},
                                          {"after", r.calibration->rms_error_after}};

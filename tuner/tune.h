@@ -73,6 +73,13 @@ struct TuneOptions {
   // Called on rank 0 after each trial with the trials profiled and the most
   // that will be (a progress bar); may be empty.
   std::function<void(int64_t done, int64_t total)> progress;
+  // MoE models with expert-parallel layouts in the space and no stated
+  // imbalance factor (the model's is 0, the worst case): once the seed
+  // trials have measured how unevenly the routers dispatch, the receive
+  // buffers are sized from that (MoeSpec::measured, TuneResult::
+  // moe_dispatches), the space is evaluated again with them, and the later
+  // trials and the run use them.
+  bool size_buffers = false;
 };
 
 struct TrialRecord {
@@ -84,6 +91,10 @@ struct TrialRecord {
   bool repeat = false;            // a leader measured again
   bool cut = false;               // ended after its first timed step, far behind the best (TuneOptions::cut_factor)
   double expert_imbalance = 0;    // MoE models: busiest expert over its layer's mean, worst layer (trainer::TrialOutcome)
+  // MoE models: the most uneven dispatch at each ep degree d (index d;
+  // trainer::TrialOutcome::dispatch_peaks) of the rows each rank routed.
+  std::vector<double> dispatch_peaks;
+  int64_t dispatch_rows = 0;
   // MoE models: the tokens each expert took in each MoE layer over the
   // trial's steps and every rank, as a run's records give them: the MoE
   // layers, and a row of E counts for each. Empty for a dense model.
@@ -124,7 +135,26 @@ struct TuneResult {
   double correction_noise = 0;
   double seconds = 0;              // wall time of tune()
   double peak_flops = 0;           // per device, what MFU is against
+  // MoE models (TuneOptions::size_buffers): the receive buffers sized from
+  // the dispatches of the first moe_sizing_trials trials, kBufferMargin
+  // times each (empty: not sized); the candidates there were before, at the
+  // worst case's buffers; and the winner's factor, which the run uses (0:
+  // the model's own).
+  std::vector<MeasuredDispatch> moe_dispatches;
+  int64_t moe_sizing_trials = 0;
+  int64_t moe_worst_candidates = 0;
+  double moe_imbalance = 0;
 };
+
+// The receive buffers sized from measured routing hold this many times the
+// most uneven dispatch the trials saw: routing moves as the routers learn,
+// and a micro-batch past the buffers stops the run (MoeSpec::imbalance).
+inline constexpr double kBufferMargin = 1.25;
+
+// The measured dispatches of `trials` (their ok ones'), kBufferMargin
+// times each peak rounded up to a hundredth, from 1 to kMaxImbalance: one
+// per (rows, ep) pair, the largest.
+std::vector<MeasuredDispatch> measured_dispatches(const std::vector<TrialRecord>& trials);
 
 // `base` gives the model, run, device, optimizer, seed, data and threads of
 // every trial. `log` gets the progress lines (pass null on ranks other than 0).

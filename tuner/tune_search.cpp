@@ -2,13 +2,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <sstream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "core/flops.h"
 #include "core/stop.h"
 #include "core/units.h"
+#include "memory/shapes.h"
 #include "trainer/loop.h"
 
 namespace weft::tuner {
@@ -76,11 +79,11 @@ std::optional<Journal> open_journal(const SpaceContext& ctx, const SpaceLimits& 
   return journal;
 }
 
-Search::Search(const SpaceContext& ctx, const TuneOptions& o, const trainer::TrainConfig& base,
-               parallel::Comm& control, const trainer::GroupFactory& make_groups, std::FILE* log,
-               std::optional<Journal> journal, std::vector<Fault> faults, std::vector<SearchCandidate> candidates,
-               TuneResult& r, Clock::time_point start)
-    : ctx_(ctx), o_(o), base_(base), control_(control), make_groups_(make_groups), log_(log),
+Search::Search(const SpaceContext& ctx, const SpaceLimits& limits, const TuneOptions& o,
+               const trainer::TrainConfig& base, parallel::Comm& control, const trainer::GroupFactory& make_groups,
+               std::FILE* log, std::optional<Journal> journal, std::vector<Fault> faults,
+               std::vector<SearchCandidate> candidates, TuneResult& r, Clock::time_point start)
+    : ctx_(ctx), limits_(limits), o_(o), base_(base), control_(control), make_groups_(make_groups), log_(log),
       journal_(std::move(journal)), faults_(std::move(faults)), cands_(std::move(candidates)), r_(r), start_(start),
       rank0_(control.rank() == 0), k_(ctx.constants) {
   tokens_ = double(ctx.run.tokens_per_step());
@@ -98,6 +101,11 @@ Search::Search(const SpaceContext& ctx, const TuneOptions& o, const trainer::Tra
   const int64_t n = int64_t(cands_.size());
   limit_ = std::min<int64_t>(o.top > 0 ? o.top : std::clamp<int64_t>(n / 50, 16, 96), n);
   explore_ = std::min<int64_t>({kSeedShapes, int64_t(all_shapes.size()), limit_});
+  // Sizing the buffers can only matter where the space has ep layouts
+  // (whether or not they fit the worst case's buffers).
+  size_buffers_ = o.size_buffers && ctx.model.moe.enabled() && ctx.model.moe.imbalance == 0 &&
+                  std::any_of(r.space.candidates.begin(), r.space.candidates.end(),
+                              [](const auto& c) { return c.layout.ep > 1; });
   say(fmt::format("tuning {} on {} x {}: {} layouts evaluated, {} fit, {} candidates; profiling up to {}{} "
                   "({} warm-up + at least {} timed steps and {:g} s each)\n",
                   ctx.model.name, ctx.cluster.gpus, ctx.cluster.device.name, r.space.evaluated, r.space.fitting,
@@ -165,6 +173,10 @@ void Search::refit(bool final) {
   fitted_on_ = obs.size();
   r_.calibration = calibrate(ctx_.model, ctx_.run, ctx_.cluster, obs, ctx_.constants);
   k_ = r_.calibration->constants;
+  reprice();
+}
+
+void Search::reprice() {
   // Profiled candidates too: the corrections are fitted to their residuals
   // against these constants.
   for (auto& c : cands_) {
@@ -172,6 +184,62 @@ void Search::refit(bool final) {
     c.calibrated_s =
         predict(own ? ctx_.model : model_for(ctx_.model, c.layout), ctx_.run, c.layout, ctx_.cluster, k_).step;
   }
+}
+
+// The buffers are sized once the seed trials (distinct parallel shapes) have
+// run and one of them measured a dispatch; each (rows, ep, factor) as text,
+// so that every rank takes the same bits.
+std::string Search::measured_buffers() const {
+  if (!size_buffers_ || !r_.moe_dispatches.empty() || profiled_ < explore_) return {};
+  // (Only the ep degrees the space holds.)
+  std::set<int64_t> eps;
+  for (const auto& c : r_.space.candidates) eps.insert(c.layout.ep);
+  std::string text;
+  for (const MeasuredDispatch& d : measured_dispatches(r_.trials))
+    if (eps.count(d.ep)) text += fmt::format("{} {} {:.17g}\n", d.rows, d.ep, d.factor);
+  return text;
+}
+
+void Search::size_buffers(const std::vector<MeasuredDispatch>& dispatches) {
+  std::set<std::string> done;
+  for (const auto& c : cands_)
+    if (c.done) done.insert(c.layout.to_string());
+  const int64_t before = int64_t(cands_.size());
+  ctx_.model.moe.measured = dispatches;
+  std::vector<SearchCandidate> fresh = search_candidates(ctx_, limits_, r_);
+  // Smaller buffers only shrink every layout's memory, so each candidate is
+  // still one; a profiled layout the evaluation lost all the same stays.
+  std::set<std::string> kept;
+  for (auto& c : fresh) {
+    kept.insert(c.layout.to_string());
+    c.done = done.count(c.layout.to_string()) > 0;
+  }
+  for (const auto& c : cands_)
+    if (c.done && !kept.count(c.layout.to_string())) fresh.push_back(c);
+  cands_ = std::move(fresh);
+  index_of_.clear();
+  knobs_.clear();
+  for (size_t i = 0; i < cands_.size(); ++i) {
+    index_of_[cands_[i].layout.to_string()] = i;
+    knobs_.push_back(corrections_.encode(cands_[i].layout));
+  }
+  r_.candidates = int64_t(cands_.size());
+  if (o_.top <= 0)
+    limit_ = std::min(std::max(limit_, std::clamp<int64_t>(int64_t(cands_.size()) / 50, 16, 96)),
+                      int64_t(cands_.size()));
+  if (r_.calibration) reprice();
+  r_.moe_dispatches = dispatches;
+  r_.moe_worst_candidates = before;
+  r_.moe_sizing_trials = int64_t(r_.trials.size());
+  if (!rank0_) return;
+  fit_corrections();
+  std::vector<std::string> by_ep;
+  for (const MeasuredDispatch& d : dispatches) by_ep.push_back(fmt::format("ep{} {} rows {:g}x", d.ep, d.rows, d.factor));
+  say(fmt::format("MoE routing measured in {} trials: the expert-parallel receive buffers now hold {:g} x the most "
+                  "uneven dispatch at each ep degree and rows routed per rank ({}; where no trial routed as few "
+                  "rows, the worst case), and {} candidates fit where the worst case's buffers left {}; the later "
+                  "trials and the run use them (--moe-imbalance pins one factor)\n",
+                  r_.moe_sizing_trials, kBufferMargin, fmt::join(by_ep, ", "), cands_.size(), before));
 }
 
 void Search::fit_corrections() {
@@ -315,6 +383,7 @@ TrialRecord Search::trial(SearchCandidate& cand, int64_t order, Mode mode) {
   pc.train = base_;
   pc.train.layout = cand.layout;
   pc.train.model = model_for(base_.model, cand.layout);  // (dropping at the layout's capacity factor)
+  pc.train.model.moe.measured = ctx_.model.moe.measured;  // (the receive buffers as sized so far)
   pc.warmup_steps = o_.warmup_steps;
   pc.timed_steps = o_.timed_steps;
   pc.min_timed_s = o_.min_timed_s;
@@ -336,6 +405,10 @@ TrialRecord Search::trial(SearchCandidate& cand, int64_t order, Mode mode) {
   t.noise = m.step_noise;
   t.cut = m.cut;
   t.expert_imbalance = m.expert_imbalance;
+  if (!m.dispatch_peaks.empty()) {
+    t.dispatch_peaks = m.dispatch_peaks;
+    t.dispatch_rows = memory::moe_routed_rows(pc.train.model, pc.train.run, cand.layout);
+  }
   if (!m.expert_load.empty()) {
     const int64_t E = ctx_.model.moe.experts;
     for (int64_t i = 0; i < ctx_.model.layers; ++i)
@@ -420,6 +493,14 @@ void Search::run() {
     shapes_tried_.insert(shape_key(cand.layout));
     r_.trials.push_back(trial(cand, order, n.mode));
     if (rank0_) record(r_.trials.back());
+    if (size_buffers_ && r_.moe_dispatches.empty()) {
+      // Rank 0's measurements, so that every rank evaluates the same space.
+      const std::string text = share_text(control_, rank0_ ? measured_buffers() : std::string());
+      std::vector<MeasuredDispatch> dispatches;
+      std::istringstream in(text);
+      for (MeasuredDispatch d; in >> d.rows >> d.ep >> d.factor;) dispatches.push_back(d);
+      if (!dispatches.empty()) size_buffers(dispatches);
+    }
   }
 }
 
@@ -446,7 +527,17 @@ void Search::finish() {
         if (r_.trials[i].status == "ok" && r_.trials[i].layout.to_string() == lead) best = i;
       auto& w = r_.trials[*best];
       w.measured_s = raw_mean_of(lead);
-      w.measured_peak = peak_of_[lead];
+      // Its memory as the buffers it ran with last: trials before the MoE
+      // receive buffers were sized held the worst case's. (Read before w's
+      // own is replaced.)
+      int64_t peak = peak_of_[lead];
+      if (!r_.moe_dispatches.empty() && *best >= size_t(r_.moe_sizing_trials)) {
+        peak = 0;
+        for (size_t i = size_t(r_.moe_sizing_trials); i < r_.trials.size(); ++i)
+          if (r_.trials[i].status == "ok" && r_.trials[i].layout.to_string() == lead)
+            peak = std::max(peak, r_.trials[i].measured_peak);
+      }
+      w.measured_peak = peak;
       w.tokens_per_s = tokens_ / w.measured_s;
       w.mfu = mfu(flops_ / w.measured_s, ctx_.cluster.gpus, r_.peak_flops);
       w.repeats = int64_t(measured_[lead].size());
@@ -456,6 +547,11 @@ void Search::finish() {
   r_.stopped = share(control_, r_.stopped ? 1 : 0) != 0;
   const int64_t w = share(control_, best ? int64_t(*best) : -1);
   if (w >= 0) r_.winner = size_t(w);
+  // The winner's receive buffers, as sized, are the run's.
+  if (w >= 0 && !r_.moe_dispatches.empty()) {
+    const Layout& l = r_.trials[size_t(w)].layout;
+    r_.moe_imbalance = ctx_.model.moe.imbalance_for(memory::moe_routed_rows(ctx_.model, ctx_.run, l), l.ep);
+  }
 }
 
 }  // namespace weft::tuner

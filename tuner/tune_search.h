@@ -58,7 +58,7 @@ std::optional<Journal> open_journal(const SpaceContext& ctx, const SpaceLimits& 
 
 class Search {
  public:
-  Search(const SpaceContext& ctx, const TuneOptions& o, const trainer::TrainConfig& base, parallel::Comm& control,
+  Search(const SpaceContext& ctx, const SpaceLimits& limits, const TuneOptions& o, const trainer::TrainConfig& base, parallel::Comm& control,
          const trainer::GroupFactory& make_groups, std::FILE* log, std::optional<Journal> journal,
          std::vector<Fault> faults, std::vector<SearchCandidate> candidates, TuneResult& r,
          Clock::time_point start);
@@ -78,6 +78,14 @@ class Search {
   TrialRecord trial(SearchCandidate& c, int64_t order, Mode mode);
   void record(const TrialRecord& t);  // rank 0: the measurement, a refit, the progress line
   void refit(bool final);
+  // Every candidate's prediction under the refit constants (k_).
+  void reprice();
+  // Rank 0: the receive buffers the trials so far measured
+  // (TuneOptions::size_buffers), as text; empty while it is too early.
+  std::string measured_buffers() const;
+  // Every rank: the space evaluated again with the receive buffers sized
+  // from those dispatches, the candidates replaced (those profiled stay so).
+  void size_buffers(const std::vector<MeasuredDispatch>& dispatches);
   // The knob corrections refit to every measured layout (cheap: after each).
   void fit_corrections();
   // A candidate's predicted step with the corrections, in log seconds, and
@@ -90,7 +98,10 @@ class Search {
   std::vector<std::string> leaders(size_t n);
   void say(const std::string& s);
 
-  const SpaceContext& ctx_;
+  // The tuning's context: its model's imbalance factor is what the buffers
+  // were sized at (size_buffers), the caller's until then.
+  SpaceContext ctx_;
+  const SpaceLimits& limits_;
   const TuneOptions& o_;
   const trainer::TrainConfig& base_;
   parallel::Comm& control_;
@@ -133,6 +144,7 @@ class Search {
   size_t fitted_on_ = 0;
   double trial_seconds_ = 0;  // mean wall time of a trial, for the budget
   int64_t trials_run_ = 0, profiled_ = 0;
+  bool size_buffers_ = false;  // TuneOptions::size_buffers, and ep layouts in the space
 };
 
 }  // namespace weft::tuner

@@ -357,6 +357,10 @@ TEST(MoeParity, ExpertParallelismUnderVeryUnevenRouting) {
       EXPECT_EQ(row[1].get<int64_t>(), tokens) << line;
       EXPECT_EQ(row[3].get<int64_t>(), 0) << line;
     }
+    // The most uneven dispatch an expert each (ep 4): one took every routed
+    // row, E / k times the mean expert's.
+    EXPECT_DOUBLE_EQ(j["expert_load"]["dispatch_peaks"]["4"].get<double>(), double(m.moe.experts) / double(m.moe.top_k))
+        << line;
   }
   EXPECT_TRUE(seen);
   std::printf("%s", table_of(f, ref,

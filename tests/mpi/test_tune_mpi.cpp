@@ -4,9 +4,12 @@
 // tuning then resumed from the journal), each bounded by the test timeout.
 #include <sys/wait.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -32,6 +35,7 @@ std::string read(const std::string& path) {
 struct Fixture {
   TempDir dir;
   std::string data;
+  std::string model = "tiny";
   Fixture() {
     std::string text;
     for (int i = 0; i < 200; ++i) text += "Tuning picks a layout " + std::to_string(i * 7919 % 1000) + " times.\n%\n";
@@ -43,10 +47,10 @@ struct Fixture {
   // mpirun -np 4 weft train --auto ... with its own recipe cache.
   CliResult tune(const std::string& out, const std::string& extra = "", const std::string& env = "") const {
     const std::string cmd = fmt::format(
-        "{} XDG_CACHE_HOME={} {} --oversubscribe -np 4 {} train --auto --model tiny --data {} --seq 32 "
+        "{} XDG_CACHE_HOME={} {} --oversubscribe -np 4 {} train --auto --model {} --data {} --seq 32 "
         "--global-batch 8 --steps 3 --threads 1 --eval-samples 8 --tune-top 4 --trial-warmup 1 "
         "--trial-steps 2 --out {} {} 2>&1",
-        env, dir.path("cache"), MPIEXEC, WEFT_BIN, data, out, extra);
+        env, dir.path("cache"), MPIEXEC, WEFT_BIN, model, data, out, extra);
     return run_shell(cmd);
   }
   static nlohmann::json report(const std::string& out) {
@@ -108,6 +112,121 @@ TEST(TuneMpi, TunesOnFourRanksTrainsTheWinnerAndReusesTheRecipe) {
   r = f.tune(f.dir.path("c"), "--retune --tune-top 2");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(contains(r.out, "[2/2] ")) << r.out;
+}
+
+// An MoE model's tuning sizes the expert-parallel receive buffers from the
+// dispatches its seed trials measured instead of the worst case, evaluates
+// the space again with them, and runs the later trials and the training
+// with them; the recipe keeps the winner's factor for the runs that reuse
+// it. A stated --moe-imbalance is left as it is.
+TEST(TuneMpi, MixtureOfExpertsSizesTheReceiveBuffersFromItsTrials) {
+  Fixture f;
+  // Mixtral's form, 16 experts top-2: under ep 4 a token's two choices can
+  // both go to one rank's 4 experts, from every rank, so the worst case is
+  // 4 x a rank's balanced rows.
+  f.model = f.dir.file("moe/config.json", R"({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+    "vocab_size": 256, "hidden_size": 64, "intermediate_size": 32, "num_hidden_layers": 2,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 8, "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0, "tie_word_embeddings": false, "num_local_experts": 16, "num_experts_per_tok": 2,
+    "router_aux_loss_coef": 0.01, "output_router_logits": true, "max_position_embeddings": 64})");
+  const auto out = f.dir.path("a");
+  auto r = f.tune(out, "--ep 4 --tune-top 6");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "MoE routing measured in ")) << r.out;
+  const auto rep = Fixture::report(out);
+  ASSERT_TRUE(rep.contains("moe_buffers")) << rep.dump(1);
+  const auto& b = rep["moe_buffers"];
+  const int64_t sizing = b["trials"].get<int64_t>();
+  ASSERT_GE(sizing, 1);
+  // The factor a layout's ep-4 buffers hold: the one measured at the most
+  // rows a rank up to its own (0: the worst case).
+  const auto factor_at = [&](int64_t rows) {
+    double f = 0;
+    int64_t nearest = 0;
+    for (const auto& d : b["dispatches"])
+      if (d["ep"] == 4 && d["rows"].get<int64_t>() <= rows && d["rows"].get<int64_t>() >= nearest) {
+        if (d["rows"].get<int64_t>() > nearest) f = 0;
+        nearest = d["rows"].get<int64_t>();
+        f = std::max(f, d["factor"].get<double>());
+      }
+    return f;
+  };
+  // Each (rows a rank, ep) factor: 1.25 x the most uneven dispatch of the
+  // trials before the sizing that routed those rows, rounded up to a
+  // hundredth.
+  std::map<std::pair<int64_t, int64_t>, double> most;
+  const auto& trials = rep["trials"];
+  for (int64_t i = 0; i < int64_t(trials.size()); ++i) {
+    const auto& t = trials[size_t(i)];
+    ASSERT_EQ(t["status"], "ok") << t.dump();
+    // The memory model with the buffers the trial ran with, against its arena.
+    EXPECT_NEAR(t["measured_peak_bytes"].get<double>() / t["predicted_peak_bytes"].get<double>(), 1.0, 0.05)
+        << t.dump();
+    for (const auto& [d, p] : t["dispatch_peaks"].items()) {
+      // At least the balanced share; at most min(k, 16 / d) choices of a row.
+      EXPECT_GE(p.get<double>(), 1.0) << t.dump();
+      EXPECT_LE(p.get<double>(), std::stoi(d) * std::min(2, 16 / std::stoi(d)) / 2.0) << t.dump();
+      if (i < sizing && d == "4") {  // (the ep degrees of the space: --ep 4)
+        double& m = most[{t["dispatch_rows"].get<int64_t>(), std::stoll(d)}];
+        m = std::max(m, p.get<double>());
+      }
+    }
+  }
+  ASSERT_EQ(b["dispatches"].size(), most.size()) << b.dump();
+  for (const auto& d : b["dispatches"]) {
+    const double peak = most.at({d["rows"].get<int64_t>(), d["ep"].get<int64_t>()});
+    EXPECT_NEAR(d["factor"].get<double>(), std::max(1.0, std::ceil(100 * 1.25 * peak) / 100), 1e-9) << d.dump();
+  }
+  // A layout measured before the sizing (with the worst case's buffers) and
+  // again after it, with the measured buffers: less memory where they hold
+  // less than the worst case, the arena the memory model's both times.
+  int64_t shrunk = 0;
+  for (int64_t i = 0; i < sizing; ++i)
+    for (int64_t j = sizing; j < int64_t(trials.size()); ++j) {
+      const auto &before = trials[size_t(i)], &after = trials[size_t(j)];
+      if (before["layout"] != after["layout"]) continue;
+      const double fa = factor_at(after["dispatch_rows"].get<int64_t>());
+      if (fa > 0 && fa < 4) {
+        EXPECT_LT(after["predicted_peak_bytes"].get<double>(), before["predicted_peak_bytes"].get<double>())
+            << after.dump();
+        ++shrunk;
+      }
+    }
+  EXPECT_GE(shrunk, 1) << b.dump();
+  // The winner's factor is what the run trains with and the recipe keeps.
+  const auto& winner = *std::find_if(trials.rbegin(), trials.rend(), [&](const auto& t) {
+    return t["layout"] == rep["winner"];
+  });
+  const double expected = factor_at(winner["dispatch_rows"].get<int64_t>());
+  const double factor = b["imbalance"].get<double>();
+  EXPECT_DOUBLE_EQ(factor, expected);
+  const auto recipe = nlohmann::json::parse(read(out + "/recipe.json"));
+  EXPECT_DOUBLE_EQ(recipe["model"]["moe"]["imbalance"].get<double>(), factor);
+  EXPECT_TRUE(contains(read(out + "/tuning.md"), "Expert-parallel receive buffers: sized from the dispatches"))
+      << read(out + "/tuning.md");
+  if (factor > 0) {
+    EXPECT_TRUE(contains(r.out, fmt::format("of the buffers' {}x", std::min(factor, 4.0)))) << r.out;
+    // The cached recipe brings the factor with its layout.
+    r = f.tune(f.dir.path("b"), "--ep 4");
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_TRUE(contains(r.out, fmt::format("MoE receive buffers at {}x as it measured", factor))) << r.out;
+    EXPECT_TRUE(contains(r.out, fmt::format("of the buffers' {}x", std::min(factor, 4.0)))) << r.out;
+  }
+  std::ifstream metrics(out + "/metrics.jsonl");
+  int64_t records = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j["kind"] != "train") continue;
+    ++records;
+    EXPECT_GE(j["expert_load"]["dispatch_peaks"]["4"].get<double>(), 1.0) << line;
+    EXPECT_EQ(j["expert_load"]["dispatch_peaks"].size(), 4u) << line;  // ep 2, 4, 8 and 16
+  }
+  EXPECT_GE(records, 1);
+  // Stated, the worst case stays: nothing is sized.
+  r = f.tune(f.dir.path("c"), "--ep 4 --retune --tune-top 2 --moe-imbalance 0");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_FALSE(contains(r.out, "MoE routing measured")) << r.out;
+  EXPECT_FALSE(Fixture::report(f.dir.path("c")).contains("moe_buffers"));
 }
 
 // The checkpoint of the last step run, and an end record saying so.

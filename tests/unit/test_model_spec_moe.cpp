@@ -1,6 +1,8 @@
 // ModelSpec's Mixtures of Experts and attention variants: the presets'
 // parameter counts, the layer pattern, validation, JSON and hash, and the
 // Hugging Face configs of Mixtral, Qwen3-MoE and Llama 4.
+#include <cmath>
+
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -372,6 +374,42 @@ TEST(ModelSpecMoe, HfConfigVariantsAndRefusals) {
   // Llama 4's multimodal config without a text model.
   WEFT_EXPECT_THROW_MSG(model_from_hf_config(dir.file("mm/config.json", R"({"model_type": "llama4"})")), InputError,
                         "text_config", "missing");
+}
+
+// The receive buffers of ep: the worst case, a stated factor, or the
+// tuning's measured dispatches at the most rows a rank up to the layout's.
+TEST(ModelSpecMoe, ReceiveBuffersFromTheMeasuredDispatches) {
+  MoeSpec e = model_preset("tiny-moe").moe;  // 8 experts, top-2
+  ASSERT_EQ(e.experts, 8);
+  ASSERT_EQ(e.top_k, 2);
+  // The worst case at ep 4: each of 4 ranks sends min(2, 8 / 4) choices of
+  // each of its rows, 4 x a rank's balanced rows x k.
+  EXPECT_EQ(e.received_rows_worst(100, 4), 800);
+  EXPECT_EQ(e.received_rows(100, 4), 800);
+  e.measured = {{64, 4, 2.5}, {64, 4, 2.86}, {128, 4, 1.75}, {64, 2, 1.5}, {512, 4, 1.2}};
+  // Below every measured rows: the worst case.
+  EXPECT_EQ(e.imbalance_for(32, 4), 0.0);
+  EXPECT_EQ(e.received_rows(32, 4), 256);
+  // The most rows measured up to the layout's, the largest factor there.
+  EXPECT_EQ(e.imbalance_for(64, 4), 2.86);
+  EXPECT_EQ(e.imbalance_for(100, 4), 2.86);
+  EXPECT_EQ(e.received_rows(100, 4), int64_t(std::ceil(2.86 * 200)));
+  EXPECT_EQ(e.imbalance_for(300, 4), 1.75);
+  EXPECT_EQ(e.received_rows(300, 4), 1050);
+  EXPECT_EQ(e.imbalance_for(4096, 4), 1.2);
+  // Another ep degree has its own; none without ep.
+  EXPECT_EQ(e.imbalance_for(300, 2), 1.5);
+  EXPECT_EQ(e.imbalance_for(300, 8), 0.0);
+  EXPECT_EQ(e.imbalance_for(300, 1), 0.0);
+  EXPECT_EQ(e.received_rows(300, 1), 600);
+  // A factor past the worst case holds the worst case.
+  e.measured = {{64, 4, 5.0}};
+  EXPECT_EQ(e.received_rows(100, 4), 800);
+  // A stated factor wins over the measurements.
+  e.measured = {{64, 4, 2.86}};
+  e.imbalance = 1.5;
+  EXPECT_EQ(e.imbalance_for(100, 4), 1.5);
+  EXPECT_EQ(e.received_rows(100, 4), 300);
 }
 
 }  // namespace

@@ -302,10 +302,28 @@ TEST(Tune, MixtureOfExpertsTrialsMeasureTheExpertsLoads) {
       worst = std::max(worst, double(most) * double(row.size()) / double(sum));
     }
     EXPECT_DOUBLE_EQ(worst, t.expert_imbalance);
+    // The most uneven dispatches, at each ep degree d of the 8 experts: a
+    // block of 8 / d of them takes at least its share of a micro-batch and
+    // at most min(k, 8 / d) choices a row; at d = 8 (an expert each) one
+    // micro-batch's, so at least what the trial's sums show.
+    ASSERT_EQ(t.dispatch_peaks.size(), 9u);
+    EXPECT_EQ(t.dispatch_rows, t.layout.mb * f.ctx.run.seq);
+    for (const int64_t d : {2, 4, 8}) {
+      EXPECT_GE(t.dispatch_peaks[size_t(d)], 1.0) << d;
+      EXPECT_LE(t.dispatch_peaks[size_t(d)], double(d * std::min<int64_t>(2, 8 / d)) / 2) << d;
+    }
+    for (const int64_t d : {0, 1, 3, 5, 6, 7}) EXPECT_EQ(t.dispatch_peaks[size_t(d)], 0.0) << d;
+    EXPECT_GE(t.dispatch_peaks[8], t.expert_imbalance * (1 - 1e-12)) << t.layout.to_string();
     // The journal keeps them; a damaged record is refused by field.
     const TrialRecord back = record_from_json(trial_to_json(t), "journal");
     EXPECT_EQ(back.expert_layers, t.expert_layers);
     EXPECT_EQ(back.expert_counts, t.expert_counts);
+    EXPECT_EQ(back.dispatch_peaks, t.dispatch_peaks);
+    EXPECT_EQ(back.dispatch_rows, t.dispatch_rows);
+    nlohmann::json odd = trial_to_json(t);
+    odd["dispatch_peaks"]["3x"] = 1.5;
+    WEFT_EXPECT_THROW_MSG(record_from_json(odd, "journal"), FileFormatError, "journal", "field 'dispatch_peaks'",
+                          "\"3x\":1.5");
     nlohmann::json bad = trial_to_json(t);
     bad["expert_load"]["counts"][1].push_back(3);
     WEFT_EXPECT_THROW_MSG(record_from_json(bad, "journal"), FileFormatError, "journal", "field 'expert_load'",
@@ -322,6 +340,8 @@ TEST(Tune, MixtureOfExpertsTrialsMeasureTheExpertsLoads) {
   dense.o.confirm = false;
   for (const auto& t : dense.run().trials) {
     EXPECT_EQ(t.expert_imbalance, 0.0);
+    EXPECT_TRUE(t.dispatch_peaks.empty());
+    EXPECT_FALSE(trial_to_json(t).contains("dispatch_peaks"));
     EXPECT_TRUE(t.expert_layers.empty());
     EXPECT_FALSE(trial_to_json(t).contains("expert_load"));
   }

@@ -139,7 +139,12 @@ PeftAdapter peft_read(const std::string& dir, const fs::path& p, const nlohmann:
     if (cfg.contains(key) && !cfg[key].is_null() && !cfg[key].empty()) throw refuse(fmt::format("{} is set", key));
   if (!cfg.contains("r") || !cfg["r"].is_number_integer() || cfg["r"].get<int64_t>() <= 0)
     throw FileFormatError(fmt::format("{}/{}: 'r' must be a positive integer", dir, kPeftConfigFile));
-  PeftAdapter a{.dir = dir, .lora = {}, .config = cfg, .file = SafetensorsFile((p / kPeftWeightsFile).string())};
+  PeftAdapter a{.dir = dir,
+                .lora = {},
+                .config = cfg,
+                .file = SafetensorsFile((p / kPeftWeightsFile).string()),
+                .converted = {},
+                .reordered = {}};
   a.lora.rank = cfg["r"].get<int64_t>();
   const auto number = [&](const char* key, double fallback) {
     if (!cfg.contains(key) || cfg[key].is_null()) return fallback;
@@ -178,7 +183,10 @@ PeftAdapter peft_read(const std::string& dir, const fs::path& p, const nlohmann:
   if (targets.is_string()) {
     list = targets.get<std::string>() == "all-linear" ? "all" : targets.get<std::string>();
   } else if (targets.is_array()) {
-    for (const auto& t : targets) list += (list.empty() ? "" : ",") + t.get<std::string>();
+    for (const auto& t : targets) {
+      if (!list.empty()) list += ',';
+      list += t.get<std::string>();
+    }
   }
   // An MoE model's routed experts: PEFT's target_parameters, each
   // "...experts.gate_up_proj" or "...experts.down_proj".

@@ -151,6 +151,15 @@ class LlamaStage {
   // first tp and cp rank), added into `into` ((model layers) x E, row =
   // the global layer), and a fresh count.
   void take_expert_load(std::vector<int64_t>& into);
+  // MoE models: the most uneven dispatches since the last call (and fresh
+  // peaks), over this rank's forwards (evaluation's too, which fill the
+  // same buffers) and MoE layers: at index d, for each d >= 2 dividing E
+  // (0 elsewhere), the most choices of the rows this rank routed that a
+  // block of E / d experts in a row took (an ep rank's under ep d), over the
+  // balanced rows x k / d. Under ep d a rank receives at most rows x k times
+  // the largest of its sources' peaks at d (MoeSpec::received_rows): what
+  // the tuner sizes the receive buffers from. Empty for a dense model.
+  std::vector<double> take_dispatch_peaks();
   // MoE models with a capacity: the choices each MoE layer of this stage
   // dropped (over the training forwards since the last call, on the ranks
   // that route distinct rows: every tp rank under sp, else the first),
@@ -523,6 +532,7 @@ class LlamaStage {
   double loss_host_ = 0;      // CPU: the loss sum since take_loss()
   double aux_host_ = 0;       // the balancing loss sum since take_aux_loss()
   std::vector<int64_t> load_;  // (model layers) x E: tokens per expert since take_expert_load()
+  std::vector<double> dispatch_peaks_;  // (E + 1), since take_dispatch_peaks()
   std::vector<int64_t> dropped_;  // (model layers): choices a capacity dropped since take_dropped()
   // The chunk's forward's drops, counted in dropped_ at its end if it trains.
   std::vector<int64_t> dropped_pending_;

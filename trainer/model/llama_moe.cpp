@@ -260,6 +260,16 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
     dropped_pending_[size_t(model_layer())] += dropped;
   }
   const std::vector<int64_t> sent = expert_counts(off.data(), E);
+  if (!recompute) {  // (take_dispatch_peaks; a rebuild routes the same rows)
+    dispatch_peaks_.resize(size_t(E + 1), 0.0);
+    for (int64_t d = 2; d <= E; ++d) {
+      if (E % d) continue;
+      int64_t most = 0;
+      for (int64_t b = 0; b < E; b += E / d)
+        most = std::max(most, std::accumulate(sent.begin() + b, sent.begin() + b + E / d, int64_t{0}));
+      dispatch_peaks_[size_t(d)] = std::max(dispatch_peaks_[size_t(d)], double(most * d) / double(rows * k));
+    }
+  }
   // Expert parallelism's counts, exchanged on the host (host_groups) and
   // kept with the routing for the backward: what each ep rank sent this
   // one's experts (a2a), or every rank's counts (allgather).
@@ -283,12 +293,15 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
     // learns whether any of them would overflow, and all stop together.
     int64_t most = std::accumulate(received.begin(), received.end(), int64_t{0});
     host_ep.all_reduce(&most, 1, parallel::ReduceOp::max);
-    if (const int64_t room = e.received_rows(rows, l_.ep); most > room)
+    if (const int64_t room = e.received_rows(rows, l_.ep); most > room) {
+      const double f = e.imbalance_for(rows, l_.ep);
       throw InputError(fmt::format(
           "MoE layer {}: an ep rank's experts received {} rows of this micro-batch, past the {} its buffers hold "
-          "(--moe-imbalance {:g}: {:g} x the balanced {}); raise --moe-imbalance (0 holds the worst case, {} rows) "
-          "or cap the experts with --moe-capacity-factor",
-          model_layer(), most, room, e.imbalance, e.imbalance, rows * k, e.received_rows_worst(rows, l_.ep)));
+          "(--moe-imbalance {:g}{}: {:g} x the balanced {}); raise --moe-imbalance (0 holds the worst case, {} "
+          "rows) or cap the experts with --moe-capacity-factor",
+          model_layer(), most, room, f, e.imbalance > 0 ? "" : ", sized by the tuning", f, rows * k,
+          e.received_rows_worst(rows, l_.ep)));
+    }
     rows_in = moe_exchange(sent.data(), counts.data(), send, b.moe_in, C, false);
   }
   WEFT_ASSERT(rows_in <= e.received_rows(rows, l_.ep));

@@ -115,6 +115,13 @@ void LlamaStage<Elem, G>::take_expert_load(std::vector<int64_t>& into) {
 }
 
 template <typename Elem, typename G>
+std::vector<double> LlamaStage<Elem, G>::take_dispatch_peaks() {
+  std::vector<double> peaks(dispatch_peaks_.size(), 0.0);
+  std::swap(peaks, dispatch_peaks_);
+  return peaks;
+}
+
+template <typename Elem, typename G>
 void LlamaStage<Elem, G>::take_dropped(std::vector<int64_t>& into) {
   if (dropped_.empty()) return;
   into.resize(dropped_.size());
@@ -133,6 +140,7 @@ double LlamaStage<Elem, G>::take_aux_loss() {
   template double LlamaStage<E, G>::moe_balance(int64_t, int64_t, std::vector<double>*);      \
   template double LlamaStage<E, G>::take_aux_loss();                                          \
   template void LlamaStage<E, G>::take_expert_load(std::vector<int64_t>&);                     \
+  template std::vector<double> LlamaStage<E, G>::take_dispatch_peaks();                       \
   template bool LlamaStage<E, G>::moe_stats_travel() const;                                   \
   template double LlamaStage<E, G>::global_balance(const double*, double*) const;             \
   template void LlamaStage<E, G>::moe_forward_end(int64_t, int64_t, double);                   \
