@@ -594,8 +594,10 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
   if (device.kind == DeviceKind::gpu) {
     // An MoE block's grouped GEMMs (kernels/gemm/gemm.h) also stage three
     // device pointer arrays there, each 256-byte aligned, for at most 2 E
-    // entries (the gate's and the up's of each expert's run of rows).
-    const int64_t grouped = plan.moe_layers > 0 ? 3 * ceil_div(2 * m.moe.experts * 8, 256) * 256 : 0;
+    // entries (the gate's and the up's of each expert's run of rows), 2 E tp
+    // under an expert tp degree with sp (a run from each tp rank).
+    const int64_t runs = m.moe.experts * (l.sp && l.etp > 1 ? l.tp : 1);
+    const int64_t grouped = plan.moe_layers > 0 ? 3 * ceil_div(2 * runs * 8, 256) * 256 : 0;
     out.push_back({"scratch.gemm", Category::workspace, kGpuGemmWorkspace + grouped, 1, 1});
   }
 

@@ -7,9 +7,19 @@
 
 namespace weft::memory::detail {
 
-int64_t routed_token_rows(const Layout& l, const Dims& d) {
-  return l.sp && l.etp > 1 ? d.B * d.T : d.B * d.Tsp;
+int64_t routed_token_rows(const Layout& /*l*/, const Dims& d) { return d.B * d.Tsp; }
+
+namespace {
+
+// The rows the experts compute on: those this rank's experts receive
+// (MoeSpec::received_rows), and under an expert tp degree with sp every tp
+// rank's (gathered).
+int64_t expert_input_rows(const ModelSpec& m, const Layout& l, const Dims& d) {
+  const int64_t received = m.moe.received_rows(routed_token_rows(l, d), l.ep);
+  return l.sp && l.etp > 1 ? l.tp * received : received;
 }
+
+}  // namespace
 
 }  // namespace weft::memory::detail
 
@@ -29,18 +39,20 @@ void moe_saved_shapes(const ModelSpec& m, const Layout& l, const Dims& d, std::v
   // under sp), the shared expert on all of them. The experts' rows: every
   // choice, rows x k (dropless), or at most E x capacity under a capacity.
   // Each rank computes its share of the experts' width under an expert tp
-  // degree, and with sp routes all the tp group's rows.
+  // degree, and with sp on every tp rank's received rows.
   const int64_t rows = routed_token_rows(l, d), k = e.top_k, E = e.experts;
   const int64_t Fe = e.expert_intermediate / std::max<int64_t>(1, l.etp);
   // Under expert parallelism the experts' rows are those this rank's
   // experts receive (MoeSpec::received_rows), and the routing keeps the
-  // counts each ep rank sent it per local expert (E of them in all).
-  const int64_t routed = e.routed_rows(rows), received = e.received_rows(rows, l.ep);
+  // counts each ep rank sent it per local expert (E of them in all), and
+  // under etp with sp every tp rank's received counts (tp x E).
+  const int64_t routed = e.routed_rows(rows), received = expert_input_rows(m, l, d);
   out.push_back({"layer.moe.scores", Category::activations, rows * E, kFp32, 1});
   out.push_back({"layer.moe.experts", Category::activations, rows * k, kInt32, 1});
   out.push_back({"layer.moe.weights", Category::activations, rows * k, kFp32, 1});
   // (allgather: every ep rank's per-expert counts, ep x E).
-  const int64_t counts = l.ep <= 1 ? 0 : l.dispatch == MoeDispatch::allgather ? l.ep * E : E;
+  const int64_t counts = (l.ep <= 1 ? 0 : l.dispatch == MoeDispatch::allgather ? l.ep * E : E) +
+                         (l.sp && l.etp > 1 ? l.tp * E : 0);
   out.push_back({"layer.moe.routing", Category::activations, rows * k + E + 1 + counts, 8, 1});
   out.push_back({"layer.moe.input", Category::activations, received * d.C, d.a, 1});
   out.push_back({"layer.moe.gate", Category::activations, received * Fe, d.a, 1});
@@ -63,20 +75,26 @@ void moe_scratch_shapes(const ModelSpec& m, const Layout& l, const LoraSpec& lor
   // FFN (its saved ones stay as they were). Under expert parallelism the
   // rows in expert order leave from moe_send (the permuted input, then the
   // output gradient) and the experts compute on the rows received, whose
-  // output, then input gradient, is moe_received.
+  // output, then input gradient, is moe_received. Under an expert tp degree
+  // with sp the same two (the rows the tp ranks gathered), and with expert
+  // parallelism the rows this rank received, or the sums it gets back, are
+  // staged in moe_staged.
   const int64_t rows = routed_token_rows(l, d), k = m.moe.top_k, E = m.moe.experts;
-  const int64_t routed = m.moe.routed_rows(rows), received = m.moe.received_rows(rows, l.ep);
+  const bool etp_sp = l.sp && l.etp > 1;
+  const int64_t routed = m.moe.routed_rows(rows), received = expert_input_rows(m, l, d);
   out.push_back({"scratch.moe_logits", Category::workspace, rows * E, d.a, 1});
   out.push_back({"scratch.moe_d_rows", Category::workspace, routed * d.C, d.a, 1});
   const int64_t Fe = m.moe.expert_intermediate / std::max<int64_t>(1, l.etp);
   out.push_back({"scratch.moe_d_mlp", Category::workspace, received * Fe, d.a, 3});
-  if (l.ep > 1) {
+  if (l.ep > 1 || etp_sp) {
     out.push_back({"scratch.moe_send", Category::workspace, routed * d.C, d.a, 1});
     out.push_back({"scratch.moe_received", Category::workspace, received * d.C, d.a, 1});
-    // The all-gather dispatcher's: every ep rank's routed rows.
-    if (l.dispatch == MoeDispatch::allgather)
-      out.push_back({"scratch.moe_gathered", Category::workspace, l.ep * routed * d.C, d.a, 1});
   }
+  if (l.ep > 1 && etp_sp)
+    out.push_back({"scratch.moe_staged", Category::workspace, m.moe.received_rows(rows, l.ep) * d.C, d.a, 1});
+  // The all-gather dispatcher's: every ep rank's routed rows.
+  if (l.ep > 1 && l.dispatch == MoeDispatch::allgather)
+    out.push_back({"scratch.moe_gathered", Category::workspace, l.ep * routed * d.C, d.a, 1});
   out.push_back({"scratch.moe_dweights", Category::workspace, rows * k, kFp32, 1});
   out.push_back({"scratch.moe_stats", Category::workspace, 2 * E, 8, 1});
   // LoRA on the routed experts: h = x A^T of the rows received, then the

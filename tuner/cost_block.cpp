@@ -232,8 +232,15 @@ Part one_block_cost(const Model& x) {
     // (Fe: this rank's share of each expert's width under an expert tp
     // degree, whose partial outputs and input gradients sum over tp.)
     const double E = double(e.experts), k = double(e.top_k), Fe = double(e.expert_intermediate) / double(l.etp);
-    // (Under sp with an expert tp degree every tp rank routes the group's rows.)
-    const double Mr = l.sp && l.etp > 1 ? M : Msp, all_choices = Mr * k;
+    // Each rank routes its own rows (under sp its part of the sequence).
+    // Under sp with an expert tp degree the tp ranks then gather the rows
+    // they received (gtp of them: each expert computes on every tp rank's),
+    // and reduce-scatter the partial outputs back, and in the backward the
+    // output gradients and the input gradients alike; without sp every tp
+    // rank routes all rows and the partial sums are all-reduced.
+    const double Mr = Msp, all_choices = Mr * k;
+    const bool etp_sp = l.sp && l.etp > 1;
+    const double gtp = etp_sp ? t : 1.0;
     const double cap = e.capacity_factor > 0 ? std::ceil(e.capacity_factor * all_choices / E) : all_choices;
     const double per = std::min(all_choices / E, cap), choices = per < all_choices / E ? per * E : all_choices;
     // The slowest ep rank sets the step: the run's stated imbalance
@@ -244,9 +251,9 @@ Part one_block_cost(const Model& x) {
     // parallelism each rank computes every choice of its own rows, however
     // they route.
     const double f = l.ep > 1 && e.imbalance > 1 ? std::min(e.imbalance, cap / per) : 1.0;
-    const double ep = double(l.ep), El = E / ep, per_local = per * f * ep;
+    const double ep = double(l.ep), El = E / ep, per_local = per * f * ep * gtp;
     // (The all-gather dispatcher moves every rank's rows whatever they route.)
-    const double rows_bytes = choices * C * a, received = choices * f;
+    const double rows_bytes = choices * C * a, received = choices * f * gtp;
     const bool gathered = l.dispatch == MoeDispatch::allgather;
     const double out_trip = l.ep <= 1 ? 0.0
                             : gathered ? all_gather(ep * rows_bytes, x.ep_group())
@@ -259,7 +266,9 @@ Part one_block_cost(const Model& x) {
     expert_rows = per_local;
     double pre = x.block_linear_fwd(Mr, E, C) + x.stream("moe_route", Mr, E) + x.stream("moe_permute", choices, C) +
                  out_trip + El * 2 * x.block_linear_fwd(per_local, Fe, C) + x.stream("swiglu_fwd", received, Fe);
-    const double etp_sum = l.etp > 1 ? all_reduce(received * C * a, x.tp_group()) : 0.0;
+    const double etp_sum = !(l.etp > 1) ? 0.0
+                           : etp_sp ? all_gather(received * C * a, x.tp_group()) + reduce_scatter(received * C * a, x.tp_group())
+                                    : all_reduce(received * C * a, x.tp_group());
     double post = El * x.block_linear_fwd(per_local, C, Fe) + etp_sum + back_trip +
                   x.stream("moe_unpermute", choices, C);
     double bwd = x.block_linear_bwd(Mr, E, C) + x.stream("moe_route_bwd", Mr, E) + x.stream("moe_permute", choices, C) +
@@ -341,12 +350,12 @@ Part one_block_cost(const Model& x) {
   const bool keeps8 = (l.fp8 == Fp8Recipe::tensorwise || l.fp8 == Fp8Recipe::delayed) && !x.run.lora.enabled();
   const bool qkv_all8 = qkv8 && x.in_fp8(M, Kl * D, C);
   const double gather_qkv = l.sp ? all_gather(keeps8 && qkv_all8 ? M * C : act, tg) : 0.0;
-  // (An MoE block's routed experts whole on every tp rank gather and reduce
-  // nothing: only its shared expert does, where it has one. Split over tp
-  // under sp they gather the rows, forward and backward, and their
-  // partial sums are etp_sum's.)
+  // (An MoE block's routed experts gather and reduce nothing here: only
+  // its shared expert does, where it has one. Split over tp under sp they
+  // gather the rows they received, forward and backward, and those
+  // collectives are etp_sum's.)
   const bool ffn_split = split_width > 0;
-  const bool ffn_gathers = ffn_split || (x.moe && l.sp && l.etp > 1);
+  const bool ffn_gathers = ffn_split;
   const double gather_up = l.sp && ffn_gathers ? all_gather(keeps8 && up8 ? M * C : act, tg) : 0.0;
   const double tp_fwd = gather_qkv + gather_up + (ffn_split ? 2 : 1) * reduce + amax_fwd;
   const double regather_qkv = gather_qkv, regather_up = gather_up;

@@ -176,8 +176,9 @@ TEST(MoeParity, TensorAndContextParallelism) {
 // the outputs back (allgather). The experts' gradients sum over the ranks holding the same ones,
 // the rest over every dp x cp rank, under each ZeRO stage, with tp (with
 // and without sp), cp, pp and vpp beside it; and with the experts' width
-// split over tp (etp2), their partial outputs summed over tp, under sp
-// after gathering the tp group's rows.
+// split over tp (etp2), their partial outputs summed over tp; under sp each
+// tp rank routes and dispatches its own rows, and the tp ranks gather the
+// rows they received and reduce-scatter the partial outputs back.
 TEST(MoeParity, ExpertParallelism) {
   for (const char* config : {kMixtral, kLlama4Ffn}) {
     Fixture f(false, config);

@@ -464,5 +464,28 @@ TEST(CostMoe, TheBusiestExpertRankSetsTheStep) {
   EXPECT_DOUBLE_EQ(at(1.5, 0, ep1).step, at(1, 0, ep1).step);
 }
 
+// An expert tp degree under sp dispatches each tp rank's own rows over ep
+// (Megatron-Core's order) and gathers what arrives over tp: the ep group's
+// all-to-alls move 1 / tp of the bytes they move without sp, where every tp
+// rank routes all rows. The ep group here spans 4 nodes, so the network's
+// bandwidth prices those bytes alone in the compute part (tp is in a node,
+// and the gradients' reductions are dp_comm's): its share of the step falls
+// by exactly tp.
+TEST(CostMoe, TheExpertTpDegreeUnderSpDispatchesItsOwnRows) {
+  const RunSpec run{4096, 256, Precision::bf16};
+  const ModelSpec m = model_preset("mixtral-8x7b");
+  const auto compute = [&](const char* layout, double nic_scale) {
+    ClusterSpec c = cluster_resolve("h100", 64, 8);
+    c.nic_bandwidth = c.nic_bytes_per_s() * nic_scale;
+    return predict(m, run, Layout::parse(layout), c, cost_defaults(c.device)).compute;
+  };
+  const char* sp = "tp4-pp1-dp16-ep8-etp4-mb1-sp";
+  const char* nosp = "tp4-pp1-dp16-ep8-etp4-mb1-nosp";
+  const double network_sp = compute(sp, 1) - compute(sp, 1000);
+  const double network_nosp = compute(nosp, 1) - compute(nosp, 1000);
+  EXPECT_GT(network_sp, 0);
+  EXPECT_NEAR(4 * network_sp, network_nosp, 1e-9 * network_nosp);
+}
+
 }  // namespace
 }  // namespace weft::tuner

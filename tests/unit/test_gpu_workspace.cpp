@@ -118,8 +118,8 @@ TEST(GpuWorkspaceMoe, PermuteFitsTheTable) {
       const auto shapes = memory::stage_shapes(m, run, l, dev, memory::stage_plan(m, run, l, 0));
       auto* e = reinterpret_cast<bf16*>(uintptr_t{1} << 20);
       auto* f = reinterpret_cast<float*>(uintptr_t{2} << 20);
-      // (an expert tp degree under sp routes the tp group's rows)
-      const int64_t rows = l.mb * run.seq / (l.sp && l.etp == 1 ? l.tp : 1);
+      // (every rank routes its own rows)
+      const int64_t rows = l.mb * run.seq / (l.sp ? l.tp : 1);
       const kernels::MoePermuteParams<bf16> p{.rows = rows, .C = m.hidden, .experts = m.moe.experts,
                                               .top_k = m.moe.top_k, .expert_of = reinterpret_cast<int32_t*>(f),
                                               .weights = f, .x = e, .out = e,
@@ -129,9 +129,11 @@ TEST(GpuWorkspaceMoe, PermuteFitsTheTable) {
       EXPECT_GT(need, 0) << text;
       EXPECT_LE(need, table_bytes(shapes, "scratch.kernels")) << m.name << " " << text;
       // The experts' grouped GEMMs: at most two entries per expert (the
-      // gate's and the up's of each run of rows) in scratch.gemm.
+      // gate's and the up's of each run of rows), from each tp rank under
+      // an expert tp degree with sp, in scratch.gemm.
       const std::vector<kernels::GemmParams<bf16>> gemms(
-          size_t(2 * m.moe.experts), kernels::linear_forward_gemm<bf16>(1, m.hidden, 16, e, e, e));
+          size_t(2 * m.moe.experts * (l.sp && l.etp > 1 ? l.tp : 1)),
+          kernels::linear_forward_gemm<bf16>(1, m.hidden, 16, e, e, e));
       const int64_t grouped = kernels::workspace_bytes(
           kernels::GroupedGemmParams<bf16>{.gemms = gemms.data(), .count = int64_t(gemms.size())}, Backend::cuda);
       EXPECT_GT(grouped, 0) << text;

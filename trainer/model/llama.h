@@ -456,9 +456,6 @@ class LlamaStage {
   // expert); back: the reverse. Returns the rows that land.
   int64_t moe_exchange(const int64_t* sent, const int64_t* counts, const Elem* in, Elem* out, int64_t width,
                        bool back);
-  // This rank's rows (under sp) of `all`, every tp rank's rows in tp order,
-  // copied or (`add`) added to the first rows of `mine`.
-  void own_rows(const Elem* all, Elem* mine, bool add);
   // `n` of the MoE metadata the host reads (the routing's offsets and
   // exchanged counts, the router's statistics), read back from the device
   // (the stream waited for) where the stage runs on one.

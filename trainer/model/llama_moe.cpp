@@ -41,13 +41,17 @@
 // so every layout computes what one rank does.
 //
 // An expert tp degree (Layout::etp = tp) splits each expert's width over the
-// tp ranks as a dense FFN's: they route, dispatch and receive the same
-// rows, each computes its part of the width, and the experts' outputs and
-// input gradients are summed over tp. Under sp the tp ranks first gather
-// the group's rows (as a dense FFN does), route all of them alike (the
-// router's statistics are then the group's already) and keep their own
-// rows of the combined output and input gradient; the router's gradients
-// come from each rank's own rows, summed over tp with the other tp-whole
+// tp ranks as a dense FFN's: each computes its part of the width on the
+// same rows, and the experts' outputs and input gradients are summed over
+// tp. Without sp every tp rank routes, dispatches and receives all rows
+// alike, and the sums are all-reduces. Under sp it is Megatron-Core's
+// order: each tp rank routes and dispatches its own rows (over ep, 1 / tp
+// of the group's), the tp ranks then gather the rows they received, with
+// their counts, compute their part of the width on all of them, and
+// reduce-scatter the partial outputs back, each its own received rows'
+// sums; the backward gathers the output gradients and reduce-scatters the
+// input gradients alike. The router's statistics are summed over tp, and
+// its gradients, from each rank's own rows, with the other tp-whole
 // weights' (reduce_replicated_grads).
 #include <algorithm>
 #include <cmath>
@@ -108,25 +112,36 @@ std::vector<int64_t> received_counts(const int64_t* counts, int64_t E, int64_t e
   return out;
 }
 
-// The experts' runs: without expert parallelism each expert's rows in
-// expert order (`offsets`); with it, the rows received, source rank by
-// source rank and within each by expert (`received`, ep blocks of E / ep).
+// The experts' runs: without expert parallelism or an expert tp degree
+// under sp, each expert's rows in expert order (`offsets`); with them, the
+// rows received (`received`: `sources` blocks of E / ep counts), source by
+// source and within each by expert. A source is an ep rank, and under etp
+// with sp a tp rank's received rows after the ep ranks' (tp x ep sources).
 template <typename Run>
-std::vector<Run> expert_rows(const int64_t* offsets, const int64_t* received, int64_t E, int64_t ep) {
+std::vector<Run> expert_rows(const int64_t* offsets, const std::vector<int64_t>& received, int64_t E, int64_t ep) {
   std::vector<Run> out;
-  if (ep <= 1) {
+  if (received.empty()) {
     for (int64_t j = 0; j < E; ++j)
       if (offsets[j + 1] > offsets[j]) out.push_back({j, offsets[j], offsets[j + 1] - offsets[j]});
     return out;
   }
-  const int64_t El = E / ep;
+  const int64_t El = E / ep, sources = int64_t(received.size()) / El;
   int64_t at = 0;
-  for (int64_t s = 0; s < ep; ++s)
+  for (int64_t s = 0; s < sources; ++s)
     for (int64_t j = 0; j < El; ++j) {
-      const int64_t n = received[s * El + j];
+      const int64_t n = received[size_t(s * El + j)];
       if (n > 0) out.push_back({j, at, n});
       at += n;
     }
+  return out;
+}
+
+// Each tp rank's rows in the received order (elements of `width`), from
+// the counts gathered over tp (tp blocks of E).
+std::vector<int64_t> tp_blocks(const std::vector<int64_t>& gathered, int64_t tp, int64_t E, int64_t width) {
+  std::vector<int64_t> out(size_t(tp), 0);
+  for (int64_t p = 0; p < tp; ++p)
+    out[size_t(p)] = std::accumulate(gathered.begin() + p * E, gathered.begin() + (p + 1) * E, int64_t{0}) * width;
   return out;
 }
 
@@ -198,19 +213,18 @@ template <typename Elem, typename G>
 void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
   const MoeSpec& e = m_.moe;
   // Fe: this rank's share of each expert's width (all of it unless an
-  // expert tp degree splits it). The routed rows: this rank's, or under sp
-  // with an expert tp degree all the tp group's (gathered).
+  // expert tp degree splits it). The routed rows: this rank's own (under sp
+  // its part of the sequence).
   const bool etp_sp = l_.sp && l_.etp > 1, shared = params_.shared_expert;
   const int64_t C = m_.hidden, E = e.experts, k = e.top_k, Fe = e.expert_intermediate / l_.etp;
-  const int64_t rows = etp_sp ? M_ : Msp_;
+  const int64_t rows = Msp_;
   const int64_t stride = 3 * Fe * C;  // one expert's gate, up and down (StageParams' order)
   const kernels::RouterConfig router{
       .experts = E, .top_k = k, .score = e.score, .weights = e.weights, .scale = e.route_scale};
-  // All rows (gathered under sp) for the shared expert and etp under sp;
-  // nothing else writes comm.sp_gather until the combine.
+  // All rows (gathered under sp) for the shared expert.
   Elem* all_rows = l_.sp ? table_->get<Elem>("comm.sp_gather") : nullptr;
-  const Elem* x_all = shared || etp_sp ? gathered(b.ln2, all_rows) : nullptr;
-  const Elem* x = etp_sp ? x_all : b.ln2;
+  const Elem* x_all = shared ? gathered(b.ln2, all_rows) : nullptr;
+  const Elem* x = b.ln2;
   Elem* logits = table_->get<Elem>("scratch.moe_logits");
   run(kernels::linear_forward_gemm(rows, C, E, x, b.w_router, logits), "gemm router");
   // The statistics start from zero in each forward (route adds to them); a
@@ -226,7 +240,7 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
                                     .score_sums = score_sums},
       "moe_route");
   if (!recompute) {  // the micro-batch's, over the ranks that split its tokens
-    for (parallel::Comm* g : {l_.sp && !etp_sp ? groups_.tp : nullptr, l_.cp > 1 ? groups_.cp : nullptr})
+    for (parallel::Comm* g : {l_.sp ? groups_.tp : nullptr, l_.cp > 1 ? groups_.cp : nullptr})
       if (g && g->size() > 1) {
         g->all_reduce(stats, E);
         g->all_reduce(score_sums, E);
@@ -234,10 +248,11 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
   }
   int64_t* position = b.moe_routing;
   int64_t* offsets = b.moe_routing + rows * k;
-  // Under expert parallelism the rows in expert order leave from scratch
-  // and the experts compute on the rows they receive (b.moe_in).
+  // Under expert parallelism (or an expert tp degree under sp) the rows in
+  // expert order leave from scratch and the experts compute on the rows
+  // they receive (b.moe_in).
   const bool ep = l_.ep > 1;
-  Elem* send = ep ? table_->get<Elem>("scratch.moe_send") : b.moe_in;
+  Elem* send = ep || etp_sp ? table_->get<Elem>("scratch.moe_send") : b.moe_in;
   run(kernels::MoePermuteParams<Elem>{.rows = rows, .C = C, .experts = E, .top_k = k,
                                       .capacity = e.capacity(rows), .gate = e.gate_on,
                                       .expert_of = b.moe_experts, .weights = b.moe_weights, .x = x,
@@ -255,7 +270,7 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
     const int64_t chunk = chunk_of(b.index);
     return memory::global_layer(m_, l_, plan_.stage, chunk, b.index - chunk_begin_[size_t(chunk)]);
   };
-  if (!recompute && dropped > 0 && ((l_.sp && !etp_sp) || groups_.tp_rank() == 0)) {
+  if (!recompute && dropped > 0 && (l_.sp || groups_.tp_rank() == 0)) {
     dropped_pending_.resize(size_t(m_.layers));
     dropped_pending_[size_t(model_layer())] += dropped;
   }
@@ -272,10 +287,16 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
   }
   // Expert parallelism's counts, exchanged on the host (host_groups) and
   // kept with the routing for the backward: what each ep rank sent this
-  // one's experts (a2a), or every rank's counts (allgather).
+  // one's experts (a2a), or every rank's counts (allgather). Under an expert
+  // tp degree with sp (Megatron-Core's order) each tp rank routes and
+  // dispatches its own rows, and the tp ranks then gather the rows they
+  // received (with their counts, kept too), so each computes its part of
+  // the width on the group's rows: the ep exchange moves 1 / tp of what
+  // routing the gathered rows would.
   std::vector<int64_t> counts;
   std::vector<int64_t> received;
   int64_t rows_in = routed;
+  Elem* staged = ep && etp_sp ? table_->get<Elem>("scratch.moe_staged") : nullptr;
   if (ep) {
     parallel::Comm& host_ep = *groups_.host_groups().ep;
     const int64_t El = E / l_.ep, me = host_ep.rank();
@@ -290,9 +311,11 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
     copy(offsets + E + 1, counts.data(), int64_t(counts.size() * sizeof(int64_t)));
     received = received_counts(counts.data(), E, l_.ep, me, l_.dispatch);
     // The receive buffers hold what --moe-imbalance allows: every ep rank
-    // learns whether any of them would overflow, and all stop together.
+    // (and tp rank) learns whether any of them would overflow, and all stop
+    // together.
     int64_t most = std::accumulate(received.begin(), received.end(), int64_t{0});
     host_ep.all_reduce(&most, 1, parallel::ReduceOp::max);
+    if (etp_sp) groups_.host_groups().tp->all_reduce(&most, 1, parallel::ReduceOp::max);
     if (const int64_t room = e.received_rows(rows, l_.ep); most > room) {
       const double f = e.imbalance_for(rows, l_.ep);
       throw InputError(fmt::format(
@@ -302,12 +325,22 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
           model_layer(), most, room, f, e.imbalance > 0 ? "" : ", sized by the tuning", f, rows * k,
           e.received_rows_worst(rows, l_.ep)));
     }
-    rows_in = moe_exchange(sent.data(), counts.data(), send, b.moe_in, C, false);
+    rows_in = moe_exchange(sent.data(), counts.data(), send, etp_sp ? staged : b.moe_in, C, false);
   }
   WEFT_ASSERT(rows_in <= e.received_rows(rows, l_.ep));
+  std::vector<int64_t> blocks;  // each tp rank's received rows' elements (etp under sp)
+  if (etp_sp) {
+    const std::vector<int64_t> mine = ep ? received : sent;
+    received.resize(size_t(l_.tp * E));
+    groups_.host_groups().tp->all_gather(mine.data(), received.data(), E);
+    copy(offsets + E + 1 + int64_t(counts.size()), received.data(), int64_t(received.size() * sizeof(int64_t)));
+    blocks = tp_blocks(received, l_.tp, E, C);
+    groups_.tp->all_gather_v(ep ? staged : send, b.moe_in, blocks);
+    rows_in = std::accumulate(blocks.begin(), blocks.end(), int64_t{0}) / C;
+  }
   // Each projection of every local expert over its rows: one grouped GEMM
   // (the gate's and the up's together), as the backward's below.
-  const std::vector<ExpertRun> segments = expert_rows<ExpertRun>(off.data(), received.data(), E, l_.ep);
+  const std::vector<ExpertRun> segments = expert_rows<ExpertRun>(off.data(), received, E, l_.ep);
   std::vector<kernels::GemmParams<Elem>> gemms;
   for (const ExpertRun& r : segments) {
     const Elem* w = b.w_experts + r.expert * stride;
@@ -327,7 +360,7 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
   // computed where the rows went and come back.
   Elem* out = b.moe_out ? b.moe_out : table_->get<Elem>("scratch.moe_d_rows");
   if (!recompute || b.moe_out) {
-    Elem* computed = ep ? table_->get<Elem>("scratch.moe_received") : out;
+    Elem* computed = ep || etp_sp ? table_->get<Elem>("scratch.moe_received") : out;
     gemms.clear();
     for (const ExpertRun& r : segments)
       gemms.push_back(kernels::linear_forward_gemm(r.rows, Fe, C, b.moe_act + r.offset * Fe,
@@ -336,9 +369,15 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
     run(grouped(gemms), "gemm experts down");
     if (b.lora_experts && params_.expert_down) moe_lora_down(b, segments, computed);
     // An expert tp degree: each tp rank's part of the width gave a partial
-    // output (the tp ranks computed the same rows).
-    if (l_.etp > 1) groups_.tp->all_reduce(computed, rows_in * C);
-    if (ep) moe_exchange(sent.data(), counts.data(), computed, out, C, true);
+    // output of the same rows, summed over tp (under sp each tp rank's own
+    // received rows' sums come back to it).
+    if (etp_sp) {
+      groups_.tp->reduce_scatter_v(computed, ep ? staged : out, blocks);
+      if (ep) moe_exchange(sent.data(), counts.data(), staged, out, C, true);
+    } else {
+      if (l_.etp > 1) groups_.tp->all_reduce(computed, rows_in * C);
+      if (ep) moe_exchange(sent.data(), counts.data(), computed, out, C, true);
+    }
   }
   if (shared) {
     // Column- then row-parallel over all rows, as a dense FFN.
@@ -357,31 +396,10 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
     }
   }
   if (recompute) return;
-  if (etp_sp) {
-    // Every row's combined output, the same on each tp rank, where the
-    // gathered input was (spent); this rank's rows go to y's first, beside
-    // the shared expert's there.
-    run(kernels::MoeUnpermuteParams<Elem>{.rows = rows, .C = C, .top_k = k, .gate = e.gate_on,
-                                          .position = position, .weights = b.moe_weights, .y = out,
-                                          .out = all_rows},
-        "moe_unpermute");
-    own_rows(all_rows, y, shared);
-    return;
-  }
   run(kernels::MoeUnpermuteParams<Elem>{.rows = rows, .C = C, .top_k = k, .gate = e.gate_on, .position = position,
                                         .weights = b.moe_weights, .y = out, .out = y,
                                         .write = shared ? Write::accumulate : Write::overwrite},
       "moe_unpermute");
-}
-
-template <typename Elem, typename G>
-void LlamaStage<Elem, G>::own_rows(const Elem* all, Elem* mine, bool add) {
-  const int64_t n = Msp_ * m_.hidden;
-  const Elem* from = all + groups_.tp_rank() * n;
-  if (add)
-    run(kernels::AxpyParams<Elem>{.n = n, .alpha = 1.0, .x = from, .y = mine}, "axpy");
-  else
-    copy(mine, from, n * int64_t(sizeof(Elem)));
 }
 
 template <typename Elem, typename G>
@@ -397,15 +415,15 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx)
   const MoeSpec& e = m_.moe;
   const bool etp_sp = l_.sp && l_.etp > 1, shared = params_.shared_expert;
   const int64_t C = m_.hidden, E = e.experts, k = e.top_k, Fe = e.expert_intermediate / l_.etp;
-  const int64_t rows = etp_sp ? M_ : Msp_;
+  const int64_t rows = Msp_;
   const int64_t stride = 3 * Fe * C;
   // All rows' input and output gradient, gathered under sp, for the shared
-  // expert and etp under sp (the forward's way).
+  // expert (the forward's way).
   Elem* all_rows = l_.sp ? table_->get<Elem>("comm.sp_gather") : nullptr;
   Elem* all_dy = table_->get<Elem>("scratch.linear_out");
-  const Elem* x_all = shared || etp_sp ? gathered(b.ln2, all_rows) : nullptr;
-  const Elem* dy_all = shared || etp_sp ? gathered(dy, all_dy) : nullptr;
-  const Elem* x = etp_sp ? x_all : b.ln2;
+  const Elem* x_all = shared ? gathered(b.ln2, all_rows) : nullptr;
+  const Elem* dy_all = shared ? gathered(dy, all_dy) : nullptr;
+  const Elem* x = b.ln2;
   if (shared) {
     // Over all rows, its input gradient reduced over tp (to this rank's rows
     // under sp) before the routed experts' adds to them.
@@ -430,14 +448,20 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx)
   }
   const int64_t* position = b.moe_routing;
   const bool ep = l_.ep > 1;
-  // The forward's offsets and exchanged counts, on the host (moe_host).
+  // The forward's offsets and exchanged counts, on the host (moe_host):
+  // under etp with sp, the tp ranks' received counts after them.
   const int64_t exchanged = !ep ? 0 : l_.dispatch == MoeDispatch::allgather ? l_.ep * E : E;
-  const std::vector<int64_t> tail = moe_host(b.moe_routing + rows * k, E + 1 + exchanged);
+  const int64_t gathered_counts = etp_sp ? l_.tp * E : 0;
+  const std::vector<int64_t> tail = moe_host(b.moe_routing + rows * k, E + 1 + exchanged + gathered_counts);
   const int64_t* offsets = tail.data();
   const int64_t* counts = ep ? offsets + E + 1 : nullptr;
   const std::vector<int64_t> sent = expert_counts(offsets, E);
   const std::vector<int64_t> received =
-      ep ? received_counts(counts, E, l_.ep, groups_.ep->rank(), l_.dispatch) : std::vector<int64_t>{};
+      etp_sp ? std::vector<int64_t>(tail.end() - gathered_counts, tail.end())
+      : ep   ? received_counts(counts, E, l_.ep, groups_.ep->rank(), l_.dispatch)
+             : std::vector<int64_t>{};
+  const std::vector<int64_t> blocks = etp_sp ? tp_blocks(received, l_.tp, E, C) : std::vector<int64_t>{};
+  Elem* staged = ep && etp_sp ? table_->get<Elem>("scratch.moe_staged") : nullptr;
   Elem* d_rows = table_->get<Elem>("scratch.moe_d_rows");
   Elem* d_act = table_->get<Elem>("scratch.moe_d_mlp", 0);
   Elem* d_gate = table_->get<Elem>("scratch.moe_d_mlp", 1);
@@ -448,19 +472,25 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx)
   // gradient, and with the gate on the output the weights' gradient.
   run(kernels::MoeUnpermuteBackwardParams<Elem>{.rows = rows, .C = C, .top_k = k, .gate = e.gate_on,
                                                 .position = position, .weights = b.moe_weights,
-                                                .y = b.moe_out, .dout = etp_sp ? dy_all : dy, .dy = d_rows,
+                                                .y = b.moe_out, .dout = dy, .dy = d_rows,
                                                 .dweights = on_output ? dweights : nullptr},
       "moe_unpermute_backward");
   // Under expert parallelism the output gradient goes where the rows were
-  // computed, and the input gradient comes back.
-  Elem* d_in = ep ? table_->get<Elem>("scratch.moe_received") : d_rows;
+  // computed, and the input gradient comes back; under etp with sp the tp
+  // ranks gather their received rows' output gradients, and the input
+  // gradients' sums go back to each.
+  Elem* d_in = ep || etp_sp ? table_->get<Elem>("scratch.moe_received") : d_rows;
   int64_t rows_in = offsets[E];
-  if (ep) rows_in = moe_exchange(sent.data(), counts, d_rows, d_in, C, false);
+  if (ep) rows_in = moe_exchange(sent.data(), counts, d_rows, etp_sp ? staged : d_in, C, false);
+  if (etp_sp) {
+    groups_.tp->all_gather_v(ep ? staged : d_rows, d_in, blocks);
+    rows_in = std::accumulate(blocks.begin(), blocks.end(), int64_t{0}) / C;
+  }
   // Each projection's GEMMs over every local expert's rows as one grouped
   // GEMM: the down projection's input and weight gradients, then the gate's
   // and the up's input gradients (the up's adding to the gate's, so after
   // them) and their weight gradients together.
-  const std::vector<ExpertRun> segments = expert_rows<ExpertRun>(offsets, received.data(), E, l_.ep);
+  const std::vector<ExpertRun> segments = expert_rows<ExpertRun>(offsets, received, E, l_.ep);
   std::vector<kernels::GemmParams<Elem>> gemms;
   std::vector<kernels::WgradGemmParams<Elem, G>> wgrads;
   for (const ExpertRun& r : segments) {
@@ -498,19 +528,20 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx)
   for (const auto& wave : waves(wgrads)) run(grouped(wave), "gemm experts gate up wgrad");
   if (b.lora_experts && params_.expert_gate_up) moe_lora_gate_up_backward(b, segments, d_gate, d_up, d_in);
   // An expert tp degree: the input gradient's parts from each tp rank's
-  // part of the width, summed.
-  if (l_.etp > 1) groups_.tp->all_reduce(d_in, rows_in * C);
-  if (ep) moe_exchange(sent.data(), counts, d_in, d_rows, C, true);
-  // Under etp with sp every row's input gradient, the same on each tp rank,
-  // goes where the gathered output gradient was (spent), and this rank's
-  // rows to dx's first.
+  // part of the width, summed (under sp to each tp rank's own received rows).
+  if (etp_sp) {
+    groups_.tp->reduce_scatter_v(d_in, ep ? staged : d_rows, blocks);
+    if (ep) moe_exchange(sent.data(), counts, staged, d_rows, C, true);
+  } else {
+    if (l_.etp > 1) groups_.tp->all_reduce(d_in, rows_in * C);
+    if (ep) moe_exchange(sent.data(), counts, d_in, d_rows, C, true);
+  }
   run(kernels::MoePermuteBackwardParams<Elem>{.rows = rows, .C = C, .top_k = k, .gate = e.gate_on,
                                               .position = position, .weights = b.moe_weights, .x = x,
-                                              .dout = d_rows, .dx = etp_sp ? all_dy : dx,
+                                              .dout = d_rows, .dx = dx,
                                               .dweights = on_output ? nullptr : dweights,
-                                              .write = shared && !etp_sp ? Write::accumulate : Write::overwrite},
+                                              .write = shared ? Write::accumulate : Write::overwrite},
       "moe_permute_backward");
-  if (etp_sp) own_rows(all_dy, dx, shared);
   // The router: the balancing loss's gradient at each expert's score (the
   // same at every row), weighted as the micro-batch's share of the step's
   // objective (its tokens over the step's: the mean over micro-batches).
@@ -546,18 +577,15 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx)
                                             .experts = b.moe_experts, .dweights = dweights,
                                             .dscore_per_expert = dscore_row, .dlogits = dlogits},
       "moe_route_backward");
-  // The router's input and weight gradients from this rank's rows (all of
-  // them under etp with sp are every tp rank's).
-  const Elem* own = dlogits + (etp_sp ? groups_.tp_rank() * Msp_ * E : 0);
-  run(kernels::linear_dgrad_gemm(Msp_, C, E, own, b.w_router, dx, Write::accumulate), "gemm router dgrad");
-  if (b.g_router) run(kernels::linear_wgrad_gemm(Msp_, C, E, own, b.ln2, b.g_router), "gemm router wgrad");
+  // The router's input and weight gradients from this rank's rows.
+  run(kernels::linear_dgrad_gemm(Msp_, C, E, dlogits, b.w_router, dx, Write::accumulate), "gemm router dgrad");
+  if (b.g_router) run(kernels::linear_wgrad_gemm(Msp_, C, E, dlogits, b.ln2, b.g_router), "gemm router wgrad");
 }
 
 #define WEFT_LLAMA_MOE(E, G)                                                                  \
   template void LlamaStage<E, G>::moe_forward(const Block&, E*, bool);                        \
   template void LlamaStage<E, G>::moe_backward(const Block&, const E*, E*);                   \
   template int64_t LlamaStage<E, G>::moe_exchange(const int64_t*, const int64_t*, const E*, E*, int64_t, bool); \
-  template void LlamaStage<E, G>::own_rows(const E*, E*, bool);                                \
   template std::vector<int64_t> LlamaStage<E, G>::moe_host(const int64_t*, int64_t);
 WEFT_LLAMA_MOE(float, float)
 WEFT_LLAMA_MOE(double, double)
