@@ -290,8 +290,13 @@ PublicRun row_to_run(const Row& r) {
   if (fp8 && !p.cluster.device.has_fp8()) throw Skip{"fp8 on a device without FP8 tensor cores"};
   // What weft's MoE blocks do not compute yet, named (SOURCES.md, "MoE rows").
   if (m.moe.enabled() && fp8) throw Skip{"moe: FP8 GEMMs in MoE blocks"};
-  if (m.moe.enabled() && l.ep > 1 && (l.dp * l.cp) % l.ep != 0 && (l.tp * l.dp * l.cp) % (l.ep * l.etp) == 0)
-    throw Skip{"moe: ep folded over tp ranks (Megatron's expert grid at etp < tp)"};
+  // Megatron's expert grid at an expert tp degree of 1 below tp takes the
+  // tp ranks into the ep group first (weft's epfold); an ep below tp would
+  // fold over part of them, which weft does not.
+  if (m.moe.enabled() && l.ep > 1 && l.etp == 1 && l.tp > 1) {
+    if (l.ep % l.tp != 0) throw Skip{"moe: ep below tp, folded over part of the tp ranks"};
+    l.ep_fold = true;
+  }
   const auto broken = l.violations(m, p.run, p.cluster.gpus);
   if (!broken.empty()) throw Skip{"layout weft cannot run: " + broken.front().substr(0, 40)};
 

@@ -301,6 +301,11 @@ tuner::SpaceLimits SpaceArgs::resolve() const {
     if (s == "off" || s == "false" || s == "0") return false;
     throw InputError(fmt::format("--sp '{}' is not valid; use on, off or on,off", s));
   });
+  l.ep_fold = parse_all<bool>(ep_fold, [](const std::string& s) {
+    if (s == "on" || s == "true" || s == "1") return true;
+    if (s == "off" || s == "false" || s == "0") return false;
+    throw InputError(fmt::format("--ep-fold '{}' is not valid; use on, off or on,off", s));
+  });
   l.ckpt = parse_all<Checkpointing>(ckpt, checkpointing_parse);
   l.attention = parse_all<AttentionKind>(attention, attention_parse);
   l.norm = parse_all<NormKind>(norm, norm_parse);
@@ -408,7 +413,12 @@ void add_space_options(CLI::App& app, SpaceArgs& a) {
       ->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   g->add_option("--etp", a.etp,
                 "Expert tp degrees (MoE models): 1, the experts whole on every tp rank, or tp, their width split "
-                "over the tp ranks (under sp after gathering the tp group's rows); searched: both where they apply")
+                "over the tp ranks (under sp each dispatches its own rows, then they gather what arrives); "
+                "searched: both where they apply")
+      ->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  g->add_option("--ep-fold", a.ep_fold,
+                "The ep group folded over the tp ranks (MoE models, tp > 1, sp, etp 1; Megatron's expert grid): on, "
+                "off; ep then counts the tp ranks too; searched: both where they apply")
       ->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   g->add_option("--dispatch", a.dispatch, "Expert dispatchers tried at ep > 1: a2a, allgather")
       ->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);

@@ -94,7 +94,7 @@ void add_lora_options(CLI::App& app, LoraArgs& a);
 
 struct SpaceArgs {
   std::vector<int64_t> tp, cp, ep, etp, pp, mb, vpp, zero, zero_group, ckpt_layers;
-  std::vector<std::string> sp, ckpt, attention, norm, grad, cp_comm, dispatch, fp8, split;
+  std::vector<std::string> sp, ep_fold, ckpt, attention, norm, grad, cp_comm, dispatch, fp8, split;
   int64_t max_mb = 64;
   tuner::SpaceLimits resolve() const;
 };

@@ -70,6 +70,7 @@ struct TrainArgs {
   int64_t ep = 1;  // --ep: expert-parallel degree (MoE models)
   std::string dispatch = "a2a";  // --dispatch: how ep moves the routed rows
   int64_t etp = 1;                // --etp: the expert tp degree
+  bool ep_fold = false;           // --ep-fold: the ep group folded over the tp ranks
   std::string cp_comm = "ring";
   std::string fp8 = "off";
   int64_t zero = 0;
@@ -171,6 +172,8 @@ void knobs_agree(const TrainArgs& a, const Layout& knobs, const Layout& layout, 
     if (name == "--cp") same = knobs.cp == layout.cp, says = fmt::format("cp{}", layout.cp);
     if (name == "--ep") same = knobs.ep == layout.ep, says = fmt::format("ep{}", layout.ep);
     if (name == "--etp") same = knobs.etp == layout.etp, says = fmt::format("etp{}", layout.etp);
+    if (name == "--ep-fold")
+      same = knobs.ep_fold == layout.ep_fold, says = layout.ep_fold ? "epfold" : "no epfold";
     if (name == "--dispatch")
       same = knobs.dispatch == layout.dispatch, says = fmt::format("dispatch:{}", to_string(layout.dispatch));
     if (name == "--cp-comm") same = knobs.cp_comm == layout.cp_comm, says = fmt::format("cp:{}", to_string(layout.cp_comm));
@@ -293,6 +296,7 @@ int run_train(TrainArgs& a) {
   c.layout.dispatch = moe_dispatch_parse(a.dispatch);
   if (a.etp < 1) throw InputError(fmt::format("--etp {} must be at least 1", a.etp));
   c.layout.etp = a.etp;
+  c.layout.ep_fold = a.ep_fold;
   c.layout.cp_comm = cp_comm_parse(a.cp_comm);
   std::tie(c.layout.fp8, c.layout.fp8_bf16_layers) = fp8_pin_parse(a.fp8);
   if (a.zero < 0 || a.zero > 3) throw InputError(fmt::format("--zero {} must be 0, 1, 2 or 3", a.zero));
@@ -433,6 +437,7 @@ int run_train(TrainArgs& a) {
       if (o->get_name() == "--ep") limits.ep = {c.layout.ep};
       if (o->get_name() == "--dispatch") limits.dispatch = {c.layout.dispatch};
       if (o->get_name() == "--etp") limits.etp = {c.layout.etp};
+      if (o->get_name() == "--ep-fold") limits.ep_fold = {c.layout.ep_fold};
       if (o->get_name() == "--cp-comm") limits.cp_comm = {c.layout.cp_comm};
       if (o->get_name() == "--fp8") limits.fp8 = {{c.layout.fp8, c.layout.fp8_bf16_layers}};
       if (o->get_name() == "--zero") limits.zero = {c.layout.zero};
@@ -527,8 +532,12 @@ Command add_train_command(CLI::App& app) {
           ->capture_default_str(),
       sub->add_option("--etp", a->etp,
                       "Expert tp degree (MoE models): 1, every tp rank holding its experts whole, or the tp degree, "
-                      "their width split over the tp ranks (under sp after gathering the tp group's rows)")
+                      "their width split over the tp ranks (under sp each dispatches its own rows, then they "
+                      "gather what arrives)")
           ->capture_default_str(),
+      sub->add_flag("--ep-fold", a->ep_fold,
+                    "Fold the ep group over the tp ranks (MoE models, tp > 1, sp, etp 1; Megatron's expert grid): "
+                    "each tp rank holds other experts, and --ep counts the tp ranks too"),
       sub->add_option("--dispatch", a->dispatch,
                       "How expert parallelism moves the routed rows: a2a (all-to-all with per-expert counts) or "
                       "allgather (every rank's rows gathered, the outputs reduce-scattered back)")

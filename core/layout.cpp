@@ -197,7 +197,8 @@ std::string Layout::to_string() const {
   if (fp8 != Fp8Recipe::off || fp8_bf16_layers > 0)
     f8 = fmt::format("-fp8:{}{}", weft::to_string(fp8), fp8_bf16_layers > 0 ? fmt::format("@{}", fp8_bf16_layers) : "");
   return fmt::format("tp{}{}-pp{}-dp{}{}{}-mb{}-vpp{}-{}-ckpt:{}-attn:{}-norm:{}-zero{}{}-grad:{}{}{}{}{}", tp,
-                     cp != 1 ? fmt::format("-cp{}", cp) : "", pp, dp, ep != 1 ? fmt::format("-ep{}", ep) : "",
+                     cp != 1 ? fmt::format("-cp{}", cp) : "", pp, dp,
+                     (ep != 1 ? fmt::format("-ep{}", ep) : "") + (ep_fold ? "-epfold" : ""),
                      etp != 1 ? fmt::format("-etp{}", etp) : "", mb,
                      vpp, sp ? "sp" : "nosp", ck,
                      weft::to_string(attention), weft::to_string(norm), zero,
@@ -341,6 +342,8 @@ Layout Layout::parse(const std::string& text) {
       l.zero = count(stage, "zero", "0, 1, 2 or 3");
     } else if (tok.rfind("vpp", 0) == 0) {
       l.vpp = count(after(3), "vpp", "a whole number of at least 1");
+    } else if (tok == "epfold") {
+      l.ep_fold = true;
     } else if (tok.rfind("etp", 0) == 0) {
       l.etp = count(after(3), "etp", "1 or the tp degree");
     } else if (tok.rfind("ep", 0) == 0) {
@@ -357,7 +360,7 @@ Layout Layout::parse(const std::string& text) {
       l.mb = count(after(2), "mb", "a whole number of at least 1");
     } else {
       throw InputError(fmt::format(
-          "layout '{}': unknown field '{}'; fields are tpN, cpN, ppN, dpN, epN, etpN, mbN, vppN, sp|nosp, "
+          "layout '{}': unknown field '{}'; fields are tpN, cpN, ppN, dpN, epN, epfold, etpN, mbN, vppN, sp|nosp, "
           "ckpt:none|selective|ffn|full[@K], attn:flash|materialized|cudnn, norm:fused|unfused, zeroN[@G], "
           "grad:fp32|bf16, cp:ring|allgather|a2a, dispatch:a2a|allgather, cap:F, fp8:tensorwise|delayed|blockwise[@N], "
           "split:N.N.N (layers per virtual stage; NxK for K stages of N)",
@@ -518,14 +521,35 @@ std::vector<std::string> Layout::violations(const ModelSpec& m, const RunSpec& r
   }
   if (ep == 1 && dispatch != MoeDispatch::a2a)
     v.push_back(fmt::format("dispatch:{} names an expert dispatcher but ep=1", weft::to_string(dispatch)));
+  if (ep_fold) {
+    if (ep <= 1)
+      v.push_back("epfold folds the ep group over the tp ranks, but ep=1 (give epN with N a multiple of tp)");
+    else if (tp <= 1)
+      v.push_back(fmt::format("epfold folds ep={} over the tp ranks, but tp=1 (leave out epfold: ep then spans dp x "
+                              "cp)",
+                              ep));
+    else if (ep % tp != 0)
+      v.push_back(fmt::format("epfold: ep={} counts the tp={} ranks first and must be a multiple of tp", ep, tp));
+    if (etp != 1)
+      v.push_back(fmt::format("epfold with etp={}: the ep group folds over the tp ranks only at an expert tp degree "
+                              "of 1 (use etp1, or leave out epfold)",
+                              etp));
+    if (tp > 1 && !sp)
+      v.push_back(fmt::format("epfold needs sp: each tp rank routes and dispatches its own rows (layout {})",
+                              to_string()));
+  }
   if (ep > 1) {
     const int64_t ways = dp * cp;
     if (!m.moe.enabled())
       v.push_back(fmt::format("ep={} splits the routed experts over ranks, but {} is dense (use ep1)", ep, m.name));
     else if (m.moe.experts % ep != 0)
       v.push_back(fmt::format("ep={} must divide the {} routed experts of {}", ep, m.moe.experts, m.name));
-    if (ways % ep != 0)
+    if (!ep_fold && ways % ep != 0)
       v.push_back(fmt::format("ep={} folds over dp x cp = {} x {} = {} ranks and must divide it", ep, dp, cp, ways));
+    if (ep_fold && tp > 1 && ep % tp == 0 && ways % (ep / tp) != 0)
+      v.push_back(fmt::format("epfold: ep={} spans the tp={} ranks and ep / tp = {} of dp x cp = {} x {} = {}, which "
+                              "it must divide",
+                              ep, tp, ep / tp, dp, cp, ways));
     if (zero_group != 0)
       v.push_back(fmt::format("zero{}@{} with ep={}: hybrid sharding and expert parallelism together are not "
                               "supported (under ep, ZeRO shards over the expert data-parallel group already)",

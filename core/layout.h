@@ -108,6 +108,15 @@ struct Layout {
   // up by rows, down by columns, the partial outputs summed over tp; without
   // sp, where the tp ranks route the same rows). Text etp2; 1 by default.
   int64_t etp = 1;
+  // Megatron's folding of the expert grid at an expert tp degree of 1: the
+  // ep group takes the tp ranks first (tp fastest, then ep / tp consecutive
+  // ranks of dp x cp), so every tp rank holds different experts, E / ep of
+  // them, and the ep group of ep <= 8 ranks stays in one node. ep counts the
+  // whole group (Megatron's EP), so tp divides it and ep / tp divides dp x
+  // cp; each tp rank routes its own rows (sp). The experts' gradients sum
+  // over the ranks holding the same ones (dp x cp / (ep / tp), of one tp
+  // rank), the rest as without folding. Text epfold; off by default.
+  bool ep_fold = false;
   // The capacity factor an MoE model's blocks drop at (MoeSpec::
   // capacity_factor: each expert keeps ceil(f x rows x k / E) of a rank's
   // rows; 0: dropless). A training setting of the model's, which the tuner
@@ -161,15 +170,18 @@ struct Layout {
   int64_t shard_ways() const { return dp * cp; }
   // Ranks ZeRO shards its state over: the shard group of hybrid sharding,
   // else all dp x cp.
-  // Under expert parallelism, the expert data-parallel group of dp x cp / ep.
-  int64_t zero_shards() const { return zero_group > 0 ? zero_group : ep > 1 ? dp * cp / ep : dp * cp; }
+  // Under expert parallelism, the expert data-parallel group of dp x cp /
+  // ep_dpcp().
+  int64_t zero_shards() const { return zero_group > 0 ? zero_group : ep > 1 ? dp * cp / ep_dpcp() : dp * cp; }
   // Shard groups holding the same shard (the replicas the shards all-reduce
-  // over): 1 without hybrid sharding; ep under expert parallelism (where
-  // the experts' ranges differ between them and do not all-reduce).
-  int64_t zero_replicas() const { return zero_group > 0 ? dp * cp / zero_group : ep > 1 ? ep : 1; }
+  // over): 1 without hybrid sharding; ep_dpcp() under expert parallelism
+  // (where the experts' ranges differ between them and do not all-reduce).
+  int64_t zero_replicas() const { return zero_group > 0 ? dp * cp / zero_group : ep > 1 ? ep_dpcp() : 1; }
   bool hybrid_sharding() const { return zero_group > 0; }
-  // The dp x cp ranks holding the same experts: dp x cp / ep.
-  int64_t expert_dp() const { return ep > 0 ? dp * cp / ep : dp * cp; }
+  // The part of the ep group over dp x cp: ep, or folded over tp ep / tp.
+  int64_t ep_dpcp() const { return ep_fold && tp > 0 && ep % tp == 0 ? ep / tp : ep; }
+  // The dp x cp ranks holding the same experts: dp x cp / ep_dpcp().
+  int64_t expert_dp() const { return ep > 0 ? dp * cp / ep_dpcp() : dp * cp; }
   // Tokens of each sequence one rank holds: T / cp.
   int64_t local_seq(const RunSpec& run) const { return run.seq / cp; }
   // Micro-batches per optimizer step on each dp replica (gradient accumulation).

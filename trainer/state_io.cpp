@@ -177,9 +177,10 @@ std::unique_ptr<SaveJob> state_gather(const std::string& dir, LlamaStage<Elem, G
   std::vector<float>& mine = job ? job->stages[0] : own;
   stage_full_state(stage, opt, mine);
   // Expert parallelism: the first ep group's other ranks hold the rest of
-  // the stage's experts; their tp rank 0 sends its state to the leader,
+  // the stage's experts; their tp rank 0 (under epfold every rank of it,
+  // the tp ranks holding other experts) sends its state to the leader,
   // which puts every expert in its place.
-  if (g.ep && g.tp_rank() == 0 && g.edp->rank() == 0) {
+  if (g.ep && (g.tp_rank() == 0 || l.ep_fold) && g.edp->rank() == 0) {
     if (g.ep->rank() > 0)
       g.ep->send(mine.data(), int64_t(mine.size()), 0, 7001);
     else

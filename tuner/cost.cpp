@@ -221,7 +221,7 @@ ShardingTerms sharding_terms(const Model& x, double mbs) {
         // Expert parallelism: after the backward (nothing beside it), over
         // the expert data-parallel group, then all but the experts over ep.
         reduce = all_reduce(grad_bytes, x.expert_dp_group()) +
-                 all_reduce(double(l.grad_bytes()) * (psi - experts), x.ep_group());
+                 all_reduce(double(l.grad_bytes()) * (psi - experts), x.replica_group());
         break;
       }
       reduce = all_reduce(grad_bytes, dg);

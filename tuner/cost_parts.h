@@ -202,13 +202,15 @@ struct Model {
   // shard, zero_group * tp ranks apart.
   // Under expert parallelism ZeRO's group is the expert data-parallel one,
   // tp * ep ranks apart, and the replicas are the ep group, ep consecutive
-  // ranks of dp x cp (tp apart).
-  Group zero_group() const { return group(l.zero_shards(), l.ep > 1 ? l.tp * l.ep : l.tp); }
+  // ranks of dp x cp (tp apart). Folded over tp (epfold) the ep group is ep
+  // consecutive ranks, the replicas its ep / tp ranks of dp x cp (tp apart)
+  // and the expert data-parallel group ep ranks apart.
+  Group zero_group() const { return group(l.zero_shards(), l.ep > 1 ? l.tp * l.ep_dpcp() : l.tp); }
   Group replica_group() const {
-    return l.ep > 1 ? ep_group() : group(l.zero_replicas(), l.tp * l.zero_shards());
+    return l.ep > 1 ? group(l.ep_dpcp(), l.tp) : group(l.zero_replicas(), l.tp * l.zero_shards());
   }
-  Group ep_group() const { return group(l.ep, l.tp); }
-  Group expert_dp_group() const { return group(l.expert_dp(), l.tp * l.ep); }
+  Group ep_group() const { return l.ep_fold ? group(l.ep, 1) : group(l.ep, l.tp); }
+  Group expert_dp_group() const { return group(l.expert_dp(), l.tp * l.ep_dpcp()); }
   // A stage and the next are tp * cp * dp ranks apart: the same domain only
   // when a whole stage fits in part of one.
   Link pp_link() const { return l.tp * l.cp * l.dp < c.domain() ? intra_link() : inter_link(); }

@@ -200,11 +200,36 @@ std::vector<Subspace> enumerate_subspaces(const ModelSpec& m, const RunSpec& run
               if (d > 1 && m.moe.experts % d == 0 && (device.domain <= 0 || tp * d <= device.domain))
                 eps.push_back(d);
           eps = pick(limits.ep, eps);
+          // Folded over tp (Megatron's grid at an expert tp degree of 1,
+          // under sp): ep = tp x d for each d of dp x cp (d = 1 too) whose
+          // ep divides the experts, the same ep group span (tp x d
+          // consecutive ranks) within the domain; a pinned ep is folded
+          // where tp divides it and ep / tp divides dp x cp.
+          std::vector<std::pair<int64_t, bool>> ep_grids;
+          const bool fold_free = limits.ep_fold.empty() ||
+                                 std::find(limits.ep_fold.begin(), limits.ep_fold.end(), true) != limits.ep_fold.end();
+          const bool unfolded = limits.ep_fold.empty() ||
+                                std::find(limits.ep_fold.begin(), limits.ep_fold.end(), false) != limits.ep_fold.end();
+          for (int64_t ep : eps)
+            if (unfolded) ep_grids.push_back({ep, false});
+          if (m.moe.enabled() && tp > 1 && fold_free) {
+            std::vector<int64_t> folds;
+            for (int64_t d : divisors(dp * cp))
+              if (m.moe.experts % (tp * d) == 0 && (device.domain <= 0 || tp * d <= device.domain))
+                folds.push_back(tp * d);
+            if (!limits.ep.empty()) {
+              folds.clear();
+              for (int64_t ep : limits.ep)
+                if (ep > 1 && ep % tp == 0 && (dp * cp) % (ep / tp) == 0) folds.push_back(ep);
+            }
+            for (int64_t ep : folds) ep_grids.push_back({ep, true});
+          }
           // Under expert parallelism ZeRO shards over the expert
-          // data-parallel group (dp x cp / ep ranks, none when that is 1),
-          // and takes no shard group of its own.
-          const auto zeros_of = [&](int64_t ep) {
-            const int64_t ways = ep > 1 && (dp * cp) % ep == 0 ? dp * cp / ep : dp * cp;
+          // data-parallel group (dp x cp / ep ranks, folded / (ep / tp);
+          // none when that is 1), and takes no shard group of its own.
+          const auto zeros_of = [&](int64_t ep, bool fold) {
+            const int64_t over = fold ? ep / tp : ep;
+            const int64_t ways = ep > 1 && (dp * cp) % over == 0 ? dp * cp / over : dp * cp;
             std::vector<int64_t> stages = {0};
             if (ways > 1) stages = {0, 1, 2, 3};
             std::vector<int64_t> groups = {0};
@@ -240,7 +265,7 @@ std::vector<Subspace> enumerate_subspaces(const ModelSpec& m, const RunSpec& run
               for (int64_t k : ks) ckpts.push_back({c, k});
             }
           }
-          for (int64_t ep : eps)
+          for (const auto& [ep, fold] : ep_grids)
           // The all-gather dispatcher moves ep x the routed rows where the
           // all-to-all moves (ep - 1) / ep of them: searched at ep 2, where it
           // costs at most four times as much and needs no per-peer counts
@@ -257,6 +282,7 @@ std::vector<Subspace> enumerate_subspaces(const ModelSpec& m, const RunSpec& run
               for (int64_t etp : pick(limits.etp, m.moe.enabled() && tp > 1 ? std::vector<int64_t>{1, tp}
                                                                              : std::vector<int64_t>{1}))
                 for (const auto& [fp8, fp8_bf16] : fp8s) {
+                  if (fold && (!sp || etp != 1)) continue;  // (epfold: sp, etp1)
                   Subspace s;
                   s.shape.split = split;
                   s.shape.tp = tp;
@@ -265,6 +291,7 @@ std::vector<Subspace> enumerate_subspaces(const ModelSpec& m, const RunSpec& run
                   s.shape.pp = pp;
                   s.shape.dp = dp;
                   s.shape.ep = ep;
+                  s.shape.ep_fold = fold;
                   s.shape.dispatch = dispatch;
                   s.shape.etp = etp;
                   s.shape.capacity_factor = m.moe.capacity_factor;
@@ -278,7 +305,7 @@ std::vector<Subspace> enumerate_subspaces(const ModelSpec& m, const RunSpec& run
                     if (!(vpp > 1 && k % vpp != 0 && limits.ckpt_layers.empty())) s.ckpts.push_back({ckpt, k});
                   s.attentions = attns;
                   s.norms = norms;
-                  s.zeros = zeros_of(ep);
+                  s.zeros = zeros_of(ep, fold);
                   s.grads = grads;
                   s.first = first;
                   first += s.size();

@@ -26,6 +26,9 @@ struct SpaceLimits {
   std::vector<int64_t> ep;
   std::vector<MoeDispatch> dispatch;  // the dispatchers tried at ep > 1 (ep 1 has none)
   std::vector<int64_t> etp;  // expert tp degrees (1, or tp without sp; empty: both where they apply)
+  // The ep group folded over the tp ranks (Layout::ep_fold) or not; empty:
+  // both where they apply (tp > 1, sp, etp1).
+  std::vector<bool> ep_fold;
   // MoE capacity factors (Layout::capacity_factor; 0: dropless), searched
   // only among those listed, since dropping tokens changes what the model
   // computes; empty: the model's own.

@@ -17,6 +17,7 @@ std::vector<std::string> knob_values(const Layout& l) {
   if (l.etp > 1) v.push_back(fmt::format("etp={}", l.etp));
   if (l.ep > 1) {
     v.push_back(fmt::format("ep={}", l.ep));
+    if (l.ep_fold) v.push_back("epfold=1");
     v.push_back(fmt::format("dispatch={}", to_string(l.dispatch)));
   }
   if (l.uneven()) v.push_back("split=" + split_text(l.split));

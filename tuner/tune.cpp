@@ -185,7 +185,7 @@ int64_t share(parallel::Comm& control, int64_t v) {
 
 std::string shape_key(const Layout& l) {
   return fmt::format("tp{}-cp{}:{}-pp{}-dp{}{}-mb{}-vpp{}-{}{}", l.tp, l.cp, to_string(l.cp_comm), l.pp, l.dp,
-                     l.ep > 1 ? fmt::format("-ep{}:{}", l.ep, to_string(l.dispatch)) : "", l.mb, l.vpp,
+                     l.ep > 1 ? fmt::format("-ep{}{}:{}", l.ep, l.ep_fold ? "fold" : "", to_string(l.dispatch)) : "", l.mb, l.vpp,
                      gemm_precision_text(l), l.uneven() ? "-split:" + split_text(l.split) : "");
 }
 

@@ -281,6 +281,43 @@ TEST(MoeParity, ExpertParallelGradientsPerTensor) {
   }
 }
 
+// Megatron's folding of the expert grid (epfold): the ep group takes the
+// tp ranks first, so each tp rank holds other experts and routes its own
+// rows (sp) to them; ep = tp (the expert data-parallel group all of dp x
+// cp, no replicas) and ep = 2 tp (ep / tp = 2 of dp x cp), under ZeRO 0-3,
+// both dispatchers, cp, pp with vpp and recomputation. Then the gradients
+// per tensor, router included, and LoRA on the experts (their adapters
+// folded with them), each against one rank.
+TEST(MoeParity, ExpertGridFoldedOverTensorParallelRanks) {
+  for (const char* config : {kMixtral, kLlama4Ffn}) {
+    Fixture f(false, config);
+    const auto ref = f.train("tp1-pp1-dp1-mb1", f.dir.path("ref"));
+    ASSERT_EQ(ref.size(), 5u);
+    std::printf("%s", table_of(f, ref,
+                               {"tp2-pp1-dp1-ep2-mb1-sp-epfold", "tp2-pp1-dp2-ep4-mb1-sp-epfold-zero1",
+                                "tp2-pp1-dp2-ep2-mb1-sp-epfold-zero3-ckpt:ffn",
+                                "tp2-pp1-dp2-ep4-mb1-sp-epfold-zero2-dispatch:allgather",
+                                "tp2-cp2-pp1-dp1-ep4-mb1-sp-epfold-ckpt:full-cp:ring",
+                                "tp2-pp2-dp1-ep2-mb1-vpp2-sp-epfold-ckpt:selective"},
+                               "")
+                          .c_str());
+  }
+  Fixture f(false, kMixtral);
+  f.steps = 1;
+  const std::string ref = f.dir.path("gref");
+  ASSERT_EQ(f.train("tp1-pp1-dp1-mb1", ref).size(), 1u);
+  std::printf("%-62s %14s\n", "layout", "worst grad dev");
+  for (const char* layout : {"tp2-pp1-dp2-ep4-mb1-sp-epfold-zero1", "tp2-pp1-dp2-ep2-mb1-sp-epfold"}) {
+    const std::string out = f.dir.path(std::string("g-") + layout);
+    ASSERT_EQ(f.train(layout, out).size(), 1u) << layout;
+    const double worst = worst_gradient(out + "/checkpoints/step_000001", ref + "/checkpoints/step_000001", layout, 1e-5);
+    std::printf("%-62s %14.2e\n", layout, worst);
+  }
+  const std::string lora = "--lora 4 --lora-targets all";
+  const auto lref = f.train("tp1-pp1-dp1-mb1", f.dir.path("lref"), lora);
+  std::printf("%s", table_of(f, lref, {"tp2-pp1-dp2-ep4-mb1-sp-epfold-zero2"}, lora).c_str());
+}
+
 // LoRA on every linear layer of an MoE model: the routed experts' fused
 // gate_up and down adapters (whole on each rank that holds their expert,
 // their gradients summed over the ranks holding the same ones, and over tp

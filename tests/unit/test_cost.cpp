@@ -487,5 +487,26 @@ TEST(CostMoe, TheExpertTpDegreeUnderSpDispatchesItsOwnRows) {
   EXPECT_NEAR(4 * network_sp, network_nosp, 1e-9 * network_nosp);
 }
 
+// Folded over the tp ranks (epfold), Mixtral's ep8 at tp4 is 8 consecutive
+// ranks, one node: its all-to-alls never touch the network, where ep8 over
+// dp spans 4 nodes. The folded layout is the faster one, and its experts'
+// state shards over 8 ranks of dp (16 / (8 / 4)) where the other's over 2.
+TEST(CostMoe, TheFoldedEpGroupStaysInANode) {
+  const RunSpec run{4096, 256, Precision::bf16};
+  const ModelSpec m = model_preset("mixtral-8x7b");
+  const auto at = [&](const char* layout, double nic_scale) {
+    ClusterSpec c = cluster_resolve("h100", 64, 8);
+    c.nic_bandwidth = c.nic_bytes_per_s() * nic_scale;
+    return predict(m, run, Layout::parse(layout), c, cost_defaults(c.device));
+  };
+  const char* fold = "tp4-pp1-dp16-ep8-epfold-mb1-sp-zero1";
+  const char* over_dp = "tp4-pp1-dp16-ep8-mb1-sp-zero1";
+  EXPECT_DOUBLE_EQ(at(fold, 1).compute, at(fold, 1000).compute);
+  EXPECT_GT(at(over_dp, 1).compute, at(over_dp, 1000).compute);
+  EXPECT_LT(at(fold, 1).step, at(over_dp, 1).step);
+  EXPECT_EQ(Layout::parse(fold).zero_shards(), 8);
+  EXPECT_EQ(Layout::parse(over_dp).zero_shards(), 2);
+}
+
 }  // namespace
 }  // namespace weft::tuner

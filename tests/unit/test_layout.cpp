@@ -442,6 +442,40 @@ TEST(Layout, ExpertParallelismPrintsParsesAndValidates) {
                         "unknown expert dispatcher 'ring'; valid: a2a, allgather");
 }
 
+// Megatron's expert grid folded over the tp ranks (epfold): ep counts the tp
+// ranks too, so ep / tp of dp x cp; the expert data-parallel group and
+// ZeRO's shards follow; each rule it needs is named when broken.
+TEST(Layout, ExpertGridFoldedOverTensorParallelRanks) {
+  const ModelSpec m = model_preset("mixtral-8x7b");
+  const RunSpec run{4096, 64, Precision::bf16};
+  const auto broken = [&](const ModelSpec& model, const std::string& text, int64_t world) {
+    const auto v = Layout::parse(text).violations(model, run, world);
+    return fmt::format("{}", fmt::join(v, "; "));
+  };
+  const auto fold = Layout::parse("tp4-pp1-dp16-ep8-epfold-mb1-sp-zero1");
+  EXPECT_TRUE(fold.ep_fold);
+  EXPECT_TRUE(fold.violations(m, run, 64).empty()) << fmt::format("{}", fmt::join(fold.violations(m, run, 64), "; "));
+  EXPECT_EQ(fold.ep_dpcp(), 2);
+  EXPECT_EQ(fold.expert_dp(), 8);
+  EXPECT_EQ(fold.zero_shards(), 8);
+  EXPECT_EQ(fold.zero_replicas(), 2);
+  EXPECT_NE(fold.to_string().find("-dp16-ep8-epfold-mb1-"), std::string::npos) << fold.to_string();
+  EXPECT_EQ(Layout::parse(fold.to_string()), fold);
+  const auto same = Layout::parse("tp4-pp1-dp16-ep4-epfold-mb1-sp");  // ep = tp: all dp x cp hold the same experts
+  EXPECT_EQ(same.ep_dpcp(), 1);
+  EXPECT_EQ(same.expert_dp(), 16);
+  EXPECT_NE(broken(m, "tp1-pp1-dp8-ep8-epfold-mb1", 8).find("epfold folds ep=8 over the tp ranks, but tp=1"),
+            std::string::npos);
+  EXPECT_NE(broken(m, "tp4-pp1-dp4-ep2-epfold-mb1-sp", 16).find("ep=2 counts the tp=4 ranks first and must be a multiple"),
+            std::string::npos);
+  EXPECT_NE(broken(m, "tp2-pp1-dp4-ep2-etp2-epfold-mb1-sp", 8).find("epfold with etp=2"), std::string::npos);
+  EXPECT_NE(broken(m, "tp2-pp1-dp4-ep4-epfold-mb1-nosp", 8).find("epfold needs sp"), std::string::npos);
+  EXPECT_NE(broken(m, "tp2-pp1-dp3-ep4-epfold-mb1-sp", 6).find("ep / tp = 2 of dp x cp = 3 x 1 = 3"),
+            std::string::npos);
+  EXPECT_NE(broken(m, "tp2-pp1-dp2-epfold-mb1-sp", 4).find("epfold folds the ep group over the tp ranks, but ep=1"),
+            std::string::npos);
+}
+
 // An MoE capacity factor in the text (cap:F) reads back as the same double,
 // however small or long, without an exponent; 0 (dropless) is left out.
 TEST(Layout, CapacityFactorRoundTrips) {

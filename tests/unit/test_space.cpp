@@ -285,9 +285,11 @@ TEST_F(Space, ReportsCoverEveryLayout) {
 // or more.
 // An MoE model's space folds ep over the dp x cp ranks: each degree that
 // divides them and the experts, its tp x ep ranks within one NVLink domain
-// unless pinned; ZeRO then over the expert data-parallel group, without a
-// shard group of its own. Dense models keep ep 1; a pinned degree that does
-// not divide is pruned with its rule.
+// unless pinned; and at tp > 1 (sp, etp1) over the tp ranks too (epfold),
+// ep = tp x d for d of dp x cp, its ep ranks within the domain. ZeRO then
+// over the expert data-parallel group, without a shard group of its own.
+// Dense models keep ep 1; a pinned degree that does not divide is pruned
+// with its rule.
 TEST(SpaceExperts, EpIsSearchedWhereItDividesAndPrunedWithItsRule) {
   const ModelSpec m = model_preset("mixtral-8x7b");  // 8 experts
   const RunSpec run{4096, 256, Precision::bf16};
@@ -296,21 +298,27 @@ TEST(SpaceExperts, EpIsSearchedWhereItDividesAndPrunedWithItsRule) {
   std::set<int64_t> eps;
   std::set<std::pair<int64_t, MoeDispatch>> dispatchers;
   bool split_experts = false, split_with_sp = false;
+  std::set<std::pair<int64_t, int64_t>> folds;  // (tp, ep)
   for (const auto& l : all) {
+    if (l.ep_fold) {
+      folds.insert({l.tp, l.ep});
+      EXPECT_TRUE(l.sp && l.etp == 1 && l.tp > 1 && l.ep % l.tp == 0) << l.to_string();
+    }
     EXPECT_TRUE(l.etp == 1 || l.etp == l.tp) << l.to_string();
     split_experts = split_experts || (l.etp > 1 && l.ep > 1);
     split_with_sp = split_with_sp || (l.etp > 1 && l.sp);
     eps.insert(l.ep);
     dispatchers.insert({std::min<int64_t>(l.ep, 3), l.dispatch});
-    EXPECT_EQ((l.dp * l.cp) % l.ep, 0) << l.to_string();
+    EXPECT_EQ((l.dp * l.cp) % l.ep_dpcp(), 0) << l.to_string();
     EXPECT_EQ(m.moe.experts % l.ep, 0) << l.to_string();
-    EXPECT_LE(l.tp * l.ep, 8) << l.to_string();  // the ep group within a node
+    EXPECT_LE(l.ep_fold ? l.ep : l.tp * l.ep, 8) << l.to_string();  // the ep group within a node
     if (l.ep > 1) {
       EXPECT_EQ(l.zero_group, 0) << l.to_string();
       if (l.expert_dp() == 1) { EXPECT_EQ(l.zero, 0) << l.to_string(); }
     }
   }
   EXPECT_EQ(eps, (std::set<int64_t>{1, 2, 4, 8}));
+  EXPECT_EQ(folds, (std::set<std::pair<int64_t, int64_t>>{{2, 2}, {2, 4}, {2, 8}, {4, 4}, {4, 8}, {8, 8}}));
   EXPECT_TRUE(split_experts);
   EXPECT_TRUE(split_with_sp);
   // Both dispatchers at ep 2, all-to-all past it (the all-gather pinned only),

@@ -355,8 +355,11 @@ void LlamaStage<Elem, G>::reduce_replicated_grads() {
   for (const auto& p : params_.specs) {
     if (p.shard != ShardDim::none) continue;
     // The routed experts' adapters are whole (etp1), as the experts: every
-    // tp rank computes the same rows' without sp, its own with it.
+    // tp rank computes the same rows' without sp, its own with it. Folded
+    // over tp (epfold) each tp rank holds other experts (and their
+    // adapters), whose gradients already hold every row routed to them.
     if (lora && p.expert >= 0 && !l_.sp) continue;
+    if (l_.ep_fold && p.expert >= 0) continue;
     const bool qk = p.kind == ParamKind::q_norm || p.kind == ParamKind::k_norm;
     if (!l_.sp && !(lora && l_.tp > 1) && !qk) continue;
     // Under ZeRO-2, and ZeRO-1 once the backward reduced the gradients, the

@@ -152,14 +152,17 @@ double Optimizer<Elem, G>::grad_norm() {
   // Replicated parameters are equal on every tp rank: counted by tp rank 0 only.
   const bool first = stage_.groups().tp_rank() == 0;
   // (The experts are whole on every tp rank, or split over them under an
-  // expert tp degree.)
-  const bool experts_split = stage_.layout().etp > 1;
+  // expert tp degree, or each tp rank's others under epfold.)
+  const bool experts_split = stage_.layout().etp > 1 || stage_.layout().ep_fold;
   double sum[2] = {host_sums[0] + (first ? host_sums[1] : 0.0), first || experts_split ? expert_sum : 0.0};
   const parallel::ProcessGroups& host = stage_.groups().host_groups();
   host.tp->all_reduce(sum, 2);
   host.pp->all_reduce(sum, 2);
   if (sharded_) host.zero_shard().all_reduce(sum, 2);
-  if (ep) host.ep->all_reduce(&sum[1], 1);
+  // (Folded, the tp ranks of the ep group are summed already: the rest of
+  // it is the replicas over dp x cp, none at ep = tp.)
+  if (ep && !stage_.layout().ep_fold) host.ep->all_reduce(&sum[1], 1);
+  if (ep && stage_.layout().ep_fold && host.replica) host.replica->all_reduce(&sum[1], 1);
   return std::sqrt(sum[0] + sum[1]);
 }
 

@@ -614,11 +614,34 @@ ProcessGroups mpi_process_groups(const Layout& layout, RankOrder order,
         split_dpcp(g, layout, layout.zero_group, "the ZeRO shard group", {"shard", "replica"}, cancel);
   // Expert parallelism: the ep group is ep consecutive ranks of dpcp, the
   // expert data-parallel group every ep-th; ZeRO shards over the second,
-  // and the first sums the other parameters' shards.
+  // and the first sums the other parameters' shards. Folded over tp
+  // (Layout::ep_fold) the ep group is the tp ranks of ep / tp consecutive
+  // ranks of dpcp (tp fastest), and those dpcp ranks (the replicas) and the
+  // expert data-parallel group are the unfolded ones of ep / tp; at ep = tp
+  // the expert data-parallel group is all of dpcp and there are no replicas.
   if (layout.ep > 1) {
-    std::tie(g.ep, g.edp) = split_dpcp(g, layout, layout.ep, "the ep group", {"ep", "edp"}, cancel);
+    const int64_t over = layout.ep_dpcp();
+    if (!layout.ep_fold) {
+      std::tie(g.ep, g.edp) = split_dpcp(g, layout, layout.ep, "the ep group", {"ep", "edp"}, cancel);
+      g.replica = g.ep;
+    } else {
+      if (layout.tp <= 1 || layout.ep % layout.tp != 0)
+        throw InputError(fmt::format("layout {}: epfold needs tp > 1 dividing ep={}", layout.to_string(), layout.ep));
+      if (over > 1)
+        std::tie(g.replica, g.edp) = split_dpcp(g, layout, over, "the ep group's part over dp x cp",
+                                                {"ep-dpcp", "edp"}, cancel);
+      else
+        g.edp = g.dpcp;
+      const int64_t i = g.dpcp->rank(), blocks = g.dpcp->size() / over;
+      MPI_Comm split;
+      WEFT_MPI_CHECK(MPI_Comm_split(static_cast<MpiComm*>(g.world)->handle(),
+                                    int(g.pp->rank() * blocks + i / over), int(g.tp->rank() + layout.tp * (i % over)),
+                                    &split));
+      g.owned.push_back(std::make_unique<MpiComm>(split, "ep", cancel));
+      g.ep = g.owned.back().get();
+      WEFT_ASSERT(g.ep->size() == layout.ep && g.ep->rank() == g.tp->rank() + layout.tp * (i % over));
+    }
     g.shard = g.edp;
-    g.replica = g.ep;
   }
   return g;
 }

@@ -32,7 +32,10 @@ struct ProcessGroups {
   // of equal dpcp rank mod ep, which hold the same experts. ZeRO shards over
   // the second (shard points at it) and the other parameters then sum over
   // the first (replica points at it; the experts' ranges are left out).
-  // Null without.
+  // Folded over tp (Layout::ep_fold) ep is the tp ranks of ep / tp
+  // consecutive ranks of dpcp (tp fastest), replica those dpcp ranks (null
+  // at ep = tp) and edp the dpcp ranks of equal dpcp rank mod ep / tp (all
+  // of dpcp at ep = tp). Null without.
   Comm* ep = nullptr;
   Comm* edp = nullptr;
   // The tensor-parallel ranks again, on a communicator of their own: the
