@@ -589,8 +589,9 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
   // The gradient norm's per-chunk partial sums (one double per 2^14
   // elements, kernels/elementwise's kSumChunk), added in a fixed order.
   out.push_back({"scratch.grad_norm", Category::workspace, piece(ceil_div(psi, int64_t{1} << 14), 8), 8, 1});
-  // On a GPU the two sums (tp-sharded, tp-replicated parameters) stay on the device.
-  if (device.kind == DeviceKind::gpu) out.push_back({"scratch.grad_norm_sum", Category::workspace, 2, 8, 1});
+  // On a GPU the three sums (tp-sharded, tp-replicated parameters, and the
+  // routed experts' under ep) stay on the device.
+  if (device.kind == DeviceKind::gpu) out.push_back({"scratch.grad_norm_sum", Category::workspace, 3, 8, 1});
   if (device.kind == DeviceKind::gpu) {
     // An MoE block's grouped GEMMs (kernels/gemm/gemm.h) also stage three
     // device pointer arrays there, each 256-byte aligned, for at most 2 E

@@ -6,7 +6,9 @@ steps under layouts that spread them over 2 and 4 ranks, each started with
 parallelism with each transport, tensor (with sequence), pipeline and data
 parallelism with ZeRO 0-3, FP8 under tp and pp (tensorwise, delayed and
 blockwise), LoRA under tp, bf16 gradients under dp, 4-rank grids, a
-checkpoint written under one layout and resumed under another, and
+Mixture of Experts under expert parallelism (over dp, and folded over the
+tp ranks) and with its experts split over tp, a checkpoint written under
+one layout and resumed under another, and
 `weft train --auto` tuning over 2 ranks.
 
     python3 tests/gpu/multi_gpu_train.py --weft build/weft [--device gpu|cpu] [--steps 20]
@@ -63,6 +65,13 @@ CASES = [
     (4, "tp2-cp2-pp1-dp1-mb1-sp-attn:flash-cp:ring", "tiny", []),
     (4, "tp1-cp4-pp1-dp1-mb1-attn:flash-cp:ring", "tiny", []),
     (4, "tp1-pp1-dp4-mb1-attn:flash-zero3", "tiny", []),
+    # Mixtures of experts: expert parallelism over dp (all-to-all), the
+    # experts' width split over tp under sp, and the ep group folded over
+    # the tp ranks (alone, and with ZeRO-1 over dp).
+    (2, "tp1-pp1-dp2-ep2-mb1-attn:flash", "tiny-moe", []),
+    (2, "tp2-pp1-dp1-etp2-mb1-sp-attn:flash", "tiny-moe", []),
+    (2, "tp2-pp1-dp1-ep2-epfold-mb1-sp-attn:flash", "tiny-moe", []),
+    (4, "tp2-pp1-dp2-ep4-epfold-mb1-sp-attn:flash-zero1", "tiny-moe", []),
 ]
 # Saved under the first layout halfway, resumed under the second.
 RESUME = (2, "tp2-pp1-dp1-mb1-sp-attn:flash", "tp1-pp2-dp1-mb1-attn:flash")

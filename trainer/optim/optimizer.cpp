@@ -122,24 +122,22 @@ double Optimizer<Elem, G>::grad_norm() {
   // over tp; stages sum over pp; ZeRO shards sum over their shard group (without
   // ZeRO the dp replicas hold equal gradients, and under hybrid sharding each
   // shard group the same shards).
-  // sums[0]: tp-sharded parameters, sums[1]: tp-replicated ones; in device
-  // memory on a GPU, read back once.
-  double host_sums[2] = {0, 0};
+  // sums[0]: tp-sharded parameters, sums[1]: tp-replicated ones, sums[2]:
+  // under expert parallelism the routed experts', which the ep ranks hold
+  // different parts of (summed over ep as well); in device memory on a GPU,
+  // read back once.
+  double host_sums[3] = {0, 0, 0};
   auto& table = stage_.tensors();
   const kernels::Stream stream = stage_.stream();
   double* sums = stage_.on_device() ? table.template get<double>("scratch.grad_norm_sum") : host_sums;
   if (stage_.on_device()) memory::copy(sums, host_sums, sizeof host_sums, stream);
-  // Expert parallelism (CPU only): the routed experts' squares, which the
-  // ep ranks hold different parts of, sum over ep as well.
   const bool ep = stage_.groups().ep != nullptr;
-  WEFT_ASSERT(!(ep && stage_.on_device()));
-  double expert_sum = 0;
   for_each_piece([&](const ParamSpec& p, int64_t begin, int64_t end) {
     if (p.tied_copy) return;  // the first stage counts the tied embedding
     const kernels::SumSquaresParams<G> sq{
         .n = end - begin,
         .x = grad_at(begin),
-        .sum = ep && p.expert >= 0 ? &expert_sum : p.shard == ShardDim::none ? &sums[1] : &sums[0]};
+        .sum = ep && p.expert >= 0 ? &sums[2] : p.shard == ShardDim::none ? &sums[1] : &sums[0]};
     const int64_t need = kernels::workspace_bytes(sq, stream.backend);
     WEFT_ASSERT(need <= table.bytes("scratch.grad_norm"));
     kernels::status_check(
@@ -154,7 +152,7 @@ double Optimizer<Elem, G>::grad_norm() {
   // (The experts are whole on every tp rank, or split over them under an
   // expert tp degree, or each tp rank's others under epfold.)
   const bool experts_split = stage_.layout().etp > 1 || stage_.layout().ep_fold;
-  double sum[2] = {host_sums[0] + (first ? host_sums[1] : 0.0), first || experts_split ? expert_sum : 0.0};
+  double sum[2] = {host_sums[0] + (first ? host_sums[1] : 0.0), first || experts_split ? host_sums[2] : 0.0};
   const parallel::ProcessGroups& host = stage_.groups().host_groups();
   host.tp->all_reduce(sum, 2);
   host.pp->all_reduce(sum, 2);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <map>
 #include <numeric>
 #include <utility>
 #include <vector>
@@ -390,8 +391,18 @@ ProcessGroups mpi_device_process_groups(const Layout& layout, void* compute_stre
   g.cp = wrap(wires->cp);
   g.tp_side = wrap(wires->tp_side);
   g.dpcp = wires->dpcp == wires->dp ? g.dp : wrap(wires->dpcp);
-  g.shard = wrap(wires->shard);
-  g.replica = wrap(wires->replica);
+  // (Expert parallelism's ep and edp groups are the replica and shard
+  // groups, dpcp itself, or, folded over tp, ep a group of its own.)
+  std::map<Comm*, Comm*> made = {{wires->dpcp, g.dpcp}};
+  const auto once = [&](Comm* from) -> Comm* {
+    if (from == nullptr) return nullptr;
+    if (auto it = made.find(from); it != made.end()) return it->second;
+    return made[from] = wrap(from);
+  };
+  g.shard = once(wires->shard);
+  g.replica = once(wires->replica);
+  g.ep = once(wires->ep);
+  g.edp = once(wires->edp);
   g.host = std::move(host);
   g.cuda_stream = compute_stream;
   return g;

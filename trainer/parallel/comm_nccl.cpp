@@ -431,11 +431,24 @@ ProcessGroups nccl_process_groups(const Layout& layout, void* compute_stream,
     g.owned.push_back(nccl_comm(*mpi->dpcp, "dpcp", compute_stream, false));
     g.dpcp = g.owned.back().get();
   }
+  // (Expert parallelism's ep and edp groups are the replica and shard
+  // groups, or, folded over tp, ep a group of its own: one communicator
+  // for each distinct group.)
+  std::map<Comm*, Comm*> made;
   for (auto [slot, mpi_comm, label] : {std::tuple{&g.shard, mpi->shard, "shard"},
-                                       std::tuple{&g.replica, mpi->replica, "replica"}})
+                                       std::tuple{&g.replica, mpi->replica, "replica"},
+                                       std::tuple{&g.ep, mpi->ep, "ep"}, std::tuple{&g.edp, mpi->edp, "edp"}})
     if (mpi_comm) {
+      if (mpi_comm == mpi->dpcp) {
+        *slot = g.dpcp;
+        continue;
+      }
+      if (auto it = made.find(mpi_comm); it != made.end()) {
+        *slot = it->second;
+        continue;
+      }
       g.owned.push_back(nccl_comm(*mpi_comm, label, compute_stream, false));
-      *slot = g.owned.back().get();
+      *slot = made[mpi_comm] = g.owned.back().get();
     }
   g.host = std::move(mpi);
   g.cuda_stream = compute_stream;
