@@ -64,6 +64,12 @@ ProcessGroups mpi_process_groups(int64_t tp, int64_t pp, int64_t dp, RankOrder o
 ProcessGroups mpi_process_groups(const Layout& layout, RankOrder order = {},
                                  const std::atomic<bool>* cancel = nullptr);
 
+// A group split from `base` (an MPI group of this file's): the ranks of
+// `base` with equal `color`, ranked by `key`, named `name` in messages.
+// Collective over `base`; InternalError if it is not an MPI group.
+std::unique_ptr<Comm> mpi_split(Comm& base, int64_t color, int64_t key, const std::string& name,
+                                const std::atomic<bool>* cancel = nullptr);
+
 // A new duplicate of MPI_COMM_WORLD named `name` in messages: a channel of its
 // own, e.g. the tuner's control channel, which stays usable when the groups of
 // an abandoned trial are not. Collective over the world.
