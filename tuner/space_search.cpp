@@ -348,22 +348,13 @@ SpaceReport search_one(const SpaceContext& ctx, const SpaceLimits& limits, int64
   std::vector<std::string> size_error(n);
   std::exception_ptr failed;
   std::vector<BlockCostCache> caches(static_cast<size_t>(omp_get_max_threads()));
-#pragma omp parallel for schedule(dynamic, 8)
-  for (size_t i = 0; i < n; ++i) try {
+  const int64_t usable = int64_t(double(ctx.cluster.device.memory_bytes) * (1.0 - ctx.memory.margin));
+  // The step bounds of subspace i: its shape's, the least of its valid
+  // layouts'.
+  const auto bound_steps = [&](size_t i) {
     const Subspace& s = subs[i];
-    rules[i] = rules_of(ctx, s);
-    if (rules[i].valid_attentions.empty()) continue;
-    try {
-      memory_bound[i] = memory_lower_bound(ctx, subs[i], rules[i]);
-    } catch (const InputError& e) {
-      // Sizes past 64 bits, or past the pipeline schedule's: the shape's, so
-      // every valid layout of it.
-      size_error[i] = e.what();
-      continue;
-    }
     steps[i] = step_bounds(ctx.model, ctx.run, s.shape, ctx.cluster, ctx.constants, s.ckpts, s.attentions, s.norms,
                            s.zeros, s.grads, &caches[size_t(omp_get_thread_num())]);
-    // The shape's bound: the least of its valid layouts'.
     double kernels = std::numeric_limits<double>::infinity(), sharding = kernels;
     for (size_t c = 0; c < s.ckpts.size(); ++c)
       for (size_t a : rules[i].valid_attentions)
@@ -371,6 +362,23 @@ SpaceReport search_one(const SpaceContext& ctx, const SpaceLimits& limits, int64
           kernels = std::min(kernels, steps[i].kernels[(c * s.attentions.size() + a) * s.norms.size() + nk]);
     for (double v : steps[i].sharding) sharding = std::min(sharding, v);
     step_bound[i] = (kernels + sharding) * (1 - 1e-9);
+  };
+#pragma omp parallel for schedule(dynamic, 8)
+  for (size_t i = 0; i < n; ++i) try {
+    const Subspace& s = subs[i];
+    rules[i] = rules_of(ctx, s);
+    if (rules[i].valid_attentions.empty()) continue;
+    try {
+      memory_bound[i] = memory_lower_bound(ctx, s, rules[i]);
+    } catch (const InputError& e) {
+      // Sizes past 64 bits, or past the pipeline schedule's: the shape's, so
+      // every valid layout of it.
+      size_error[i] = e.what();
+      continue;
+    }
+    // (A shape over the memory bound is bounded in step only where the rows
+    // need its layouts: below, when fewer than `top` fit.)
+    if (memory_bound[i] <= usable) bound_steps(i);
   } catch (...) {
 #pragma omp critical(weft_search_failed)
     if (!failed) failed = std::current_exception();
@@ -437,7 +445,6 @@ SpaceReport search_one(const SpaceContext& ctx, const SpaceLimits& limits, int64
   }
 
   // Shapes with valid layouts that fit in memory, by their step bound.
-  const int64_t usable = int64_t(double(ctx.cluster.device.memory_bytes) * (1.0 - ctx.memory.margin));
   std::vector<size_t> order, over_memory;
   for (size_t i = 0; i < n; ++i) {
     if (valid[i] == 0) continue;
@@ -452,7 +459,6 @@ SpaceReport search_one(const SpaceContext& ctx, const SpaceLimits& limits, int64
     return step_bound[a] != step_bound[b] ? step_bound[a] < step_bound[b] : a < b;
   };
   std::sort(order.begin(), order.end(), by_bound);
-  std::sort(over_memory.begin(), over_memory.end(), by_bound);
 
   // Visits shapes in batches (a few per core, predicted in parallel, merged
   // in order) while their bound is within the threshold.
@@ -487,6 +493,15 @@ SpaceReport search_one(const SpaceContext& ctx, const SpaceLimits& limits, int64
   // could place one among them are visited now.
   if (found.fitting < int64_t(top)) {
     const size_t want = top - size_t(found.fitting);
+#pragma omp parallel for schedule(dynamic, 8)
+    for (size_t k = 0; k < over_memory.size(); ++k) try {
+      bound_steps(over_memory[k]);
+    } catch (...) {
+#pragma omp critical(weft_search_failed)
+      if (!failed) failed = std::current_exception();
+    }
+    if (failed) std::rethrow_exception(failed);
+    std::sort(over_memory.begin(), over_memory.end(), by_bound);
     for (size_t i : over_memory) {
       keep_best(found.oom, want);
       const bool rows = found.oom.size() < want ||
