@@ -4,6 +4,7 @@
 #include <chrono>
 #include <exception>
 #include <numeric>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -148,8 +149,8 @@ std::vector<Subspace> enumerate_subspaces(const ModelSpec& m, const RunSpec& run
   if (run.precision == Precision::bf16) grads.push_back(GradPrecision::bf16);
   grads = pick(limits.grad, grads);
   const std::vector<NormKind> norms = pick(limits.norm, {NormKind::fused, NormKind::unfused});
-  std::vector<Subspace> out;
-  int64_t first = 0;
+  // The grids (tp, cp and its transport, pp), in the space's order.
+  std::vector<std::tuple<int64_t, int64_t, CpComm, int64_t>> grids;
   for (int64_t tp : pick(limits.tp, tps)) {
     if (tp <= 0 || world % tp != 0) continue;
     // cp 1 always; more where T cuts into 2*cp equal chunks (a pinned cp
@@ -168,6 +169,23 @@ std::vector<Subspace> enumerate_subspaces(const ModelSpec& m, const RunSpec& run
           if (!pipeline_vpps(m, d).empty()) pps.push_back(d);
         for (int64_t pp : pick(limits.pp, pps)) {
           if (pp <= 0 || (world / (tp * cp)) % pp != 0) continue;
+          grids.push_back({tp, cp, comm, pp});
+        }
+      }
+    }
+  }
+  // Each grid's subspaces on every core, then in the grids' order, each
+  // subspace's first index after all before it.
+  std::vector<std::vector<Subspace>> of_grid(grids.size());
+  std::exception_ptr failed;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (size_t gi = 0; gi < grids.size(); ++gi) try {
+    const auto [tp, cp, comm, pp] = grids[gi];
+    std::vector<Subspace>& out = of_grid[gi];
+    int64_t first = 0;
+    {
+      {
+        {
           const int64_t dp = world / (tp * cp * pp);
           std::vector<int64_t> mbs;
           for (int64_t mb = 1; mb <= limits.max_mb && run.global_batch % (mb * dp) == 0; mb *= 2)
@@ -313,6 +331,26 @@ std::vector<Subspace> enumerate_subspaces(const ModelSpec& m, const RunSpec& run
                 }
         }
       }
+    }
+  } catch (...) {
+#pragma omp critical(weft_space_failed)
+    if (!failed) failed = std::current_exception();
+  }
+  if (failed) std::rethrow_exception(failed);
+  std::vector<Subspace> out;
+  {
+    size_t total = 0;
+    for (const auto& v : of_grid) total += v.size();
+    out.reserve(total);
+    int64_t at = 0;
+    for (auto& v : of_grid) {
+      int64_t size = 0;
+      for (Subspace& s : v) {
+        s.first += at;
+        size += s.size();
+        out.push_back(std::move(s));
+      }
+      at += size;
     }
   }
   // An MoE model's capacity factors (the model's own where none is listed):
