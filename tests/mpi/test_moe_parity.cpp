@@ -103,6 +103,18 @@ std::string table_of(Fixture& f, const std::vector<double>& ref, const std::vect
   return table;
 }
 
+// Each of `configs` trained on one rank, then under `layouts` against it
+// (`extra`: more training arguments); prints each form's table.
+void forms_against_one_rank(std::initializer_list<const char*> configs, const std::vector<std::string>& layouts,
+                            const std::string& extra = "") {
+  for (const char* config : configs) {
+    Fixture f(false, config);
+    const auto ref = f.train("tp1-pp1-dp1-mb1", f.dir.path("ref"), extra);
+    ASSERT_EQ(ref.size(), 5u);
+    std::printf("%s", table_of(f, ref, layouts, extra).c_str());
+  }
+}
+
 TEST(MoeParity, GlobalBalancingLossOverDataAndPipelineRanks) {
   Fixture f(false, kMixtral);
   const auto ref = f.train("tp1-pp1-dp1-mb1", f.dir.path("ref"));
@@ -157,17 +169,10 @@ TEST(MoeParity, CapacityOverDataPipelineAndTensorRanks) {
 // each routes its chunks. The router's statistics are summed over the ranks
 // that split the micro-batch, so the balancing loss is the single rank's.
 TEST(MoeParity, TensorAndContextParallelism) {
-  for (const char* config : {kMixtral, kLlama4Ffn, kQwen3, kLlama4}) {
-    Fixture f(false, config);
-    const auto ref = f.train("tp1-pp1-dp1-mb1", f.dir.path("ref"));
-    ASSERT_EQ(ref.size(), 5u);
-    std::printf("%s", table_of(f, ref,
-                               {"tp2-pp1-dp1-mb1", "tp2-pp1-dp1-mb1-sp", "tp1-cp2-pp1-dp1-mb1-cp:ring",
-                                "tp1-cp2-pp1-dp1-mb1-ckpt:full-cp:a2a", "tp2-cp2-pp1-dp1-mb1-sp-cp:allgather",
-                                "tp2-pp1-dp2-mb1-sp-zero1-ckpt:ffn", "tp1-cp2-pp1-dp2-mb1-zero3-cp:ring"},
-                               "")
-                          .c_str());
-  }
+  forms_against_one_rank({kMixtral, kLlama4Ffn, kQwen3, kLlama4},
+                         {"tp2-pp1-dp1-mb1", "tp2-pp1-dp1-mb1-sp", "tp1-cp2-pp1-dp1-mb1-cp:ring",
+                          "tp1-cp2-pp1-dp1-mb1-ckpt:full-cp:a2a", "tp2-cp2-pp1-dp1-mb1-sp-cp:allgather",
+                          "tp2-pp1-dp2-mb1-sp-zero1-ckpt:ffn", "tp1-cp2-pp1-dp2-mb1-zero3-cp:ring"});
 }
 
 // Expert parallelism: the experts split over ep ranks of dp x cp, each rank
@@ -180,29 +185,22 @@ TEST(MoeParity, TensorAndContextParallelism) {
 // tp rank routes and dispatches its own rows, and the tp ranks gather the
 // rows they received and reduce-scatter the partial outputs back.
 TEST(MoeParity, ExpertParallelism) {
-  for (const char* config : {kMixtral, kLlama4Ffn}) {
-    Fixture f(false, config);
-    const auto ref = f.train("tp1-pp1-dp1-mb1", f.dir.path("ref"));
-    ASSERT_EQ(ref.size(), 5u);
-    std::printf("%s", table_of(f, ref,
-                               {"tp1-pp1-dp2-ep2-mb1", "tp1-pp1-dp4-ep4-mb1-zero1", "tp1-pp1-dp4-ep2-mb1-zero1",
-                                "tp1-pp1-dp4-ep2-mb1-zero2-ckpt:full", "tp1-pp1-dp4-ep2-mb1-zero3-ckpt:ffn",
-                                "tp2-pp1-dp2-ep2-mb1-sp", "tp2-pp1-dp2-ep2-mb1-nosp-zero3",
-                                "tp1-cp2-pp1-dp1-ep2-mb1-cp:ring", "tp1-pp2-dp2-ep2-mb1-vpp2-ckpt:selective",
-                                "tp1-pp1-dp2-ep2-mb1-dispatch:allgather",
-                                "tp1-pp1-dp4-ep4-mb1-zero1-dispatch:allgather",
-                                "tp1-pp1-dp4-ep2-mb1-zero3-ckpt:ffn-dispatch:allgather",
-                                "tp2-pp1-dp2-ep2-mb1-sp-dispatch:allgather",
-                                "tp1-cp2-pp1-dp1-ep2-mb1-cp:allgather-dispatch:allgather",
-                                "tp2-pp1-dp1-etp2-mb1", "tp2-pp1-dp2-ep2-etp2-mb1-zero1",
-                                "tp2-pp1-dp2-ep2-etp2-mb1-zero3-ckpt:ffn-dispatch:allgather",
-                                "tp2-pp2-dp1-etp2-mb1-vpp2-ckpt:full", "tp2-pp1-dp1-etp2-mb1-sp",
-                                "tp2-pp1-dp2-ep2-etp2-mb1-sp-zero1",
-                                "tp2-pp1-dp2-ep2-etp2-mb1-sp-zero3-ckpt:ffn-dispatch:allgather",
-                                "tp2-cp2-pp1-dp1-ep2-etp2-mb1-sp-ckpt:full-cp:ring"},
-                               "")
-                          .c_str());
-  }
+  forms_against_one_rank({kMixtral, kLlama4Ffn},
+                         {"tp1-pp1-dp2-ep2-mb1", "tp1-pp1-dp4-ep4-mb1-zero1", "tp1-pp1-dp4-ep2-mb1-zero1",
+                          "tp1-pp1-dp4-ep2-mb1-zero2-ckpt:full", "tp1-pp1-dp4-ep2-mb1-zero3-ckpt:ffn",
+                          "tp2-pp1-dp2-ep2-mb1-sp", "tp2-pp1-dp2-ep2-mb1-nosp-zero3",
+                          "tp1-cp2-pp1-dp1-ep2-mb1-cp:ring", "tp1-pp2-dp2-ep2-mb1-vpp2-ckpt:selective",
+                          "tp1-pp1-dp2-ep2-mb1-dispatch:allgather",
+                          "tp1-pp1-dp4-ep4-mb1-zero1-dispatch:allgather",
+                          "tp1-pp1-dp4-ep2-mb1-zero3-ckpt:ffn-dispatch:allgather",
+                          "tp2-pp1-dp2-ep2-mb1-sp-dispatch:allgather",
+                          "tp1-cp2-pp1-dp1-ep2-mb1-cp:allgather-dispatch:allgather",
+                          "tp2-pp1-dp1-etp2-mb1", "tp2-pp1-dp2-ep2-etp2-mb1-zero1",
+                          "tp2-pp1-dp2-ep2-etp2-mb1-zero3-ckpt:ffn-dispatch:allgather",
+                          "tp2-pp2-dp1-etp2-mb1-vpp2-ckpt:full", "tp2-pp1-dp1-etp2-mb1-sp",
+                          "tp2-pp1-dp2-ep2-etp2-mb1-sp-zero1",
+                          "tp2-pp1-dp2-ep2-etp2-mb1-sp-zero3-ckpt:ffn-dispatch:allgather",
+                          "tp2-cp2-pp1-dp1-ep2-etp2-mb1-sp-ckpt:full-cp:ring"});
 }
 
 // LoRA on an MoE model: adapters on the attention's projections, the
@@ -210,18 +208,11 @@ TEST(MoeParity, ExpertParallelism) {
 // balancing loss's gradient reaches the adapters through the router's
 // input. Over tp with sp, ep (with the experts split over tp too), pp and cp.
 TEST(MoeParity, LoraOnTheAttention) {
-  for (const char* config : {kMixtral, kLlama4Ffn}) {
-    Fixture f(false, config);
-    const std::string lora = "--lora 4 --lora-targets q,k,v,o";
-    const auto ref = f.train("tp1-pp1-dp1-mb1", f.dir.path("ref"), lora);
-    ASSERT_EQ(ref.size(), 5u);
-    std::printf("%s", table_of(f, ref,
-                               {"tp2-pp1-dp1-mb1-sp", "tp1-pp1-dp2-ep2-mb1-zero1",
-                                "tp2-pp1-dp2-ep2-etp2-mb1-sp-zero2", "tp1-pp2-dp1-mb1-vpp2-ckpt:full",
-                                "tp1-cp2-pp1-dp1-ep2-mb1-cp:ring"},
-                               lora)
-                          .c_str());
-  }
+  forms_against_one_rank({kMixtral, kLlama4Ffn},
+                         {"tp2-pp1-dp1-mb1-sp", "tp1-pp1-dp2-ep2-mb1-zero1",
+                          "tp2-pp1-dp2-ep2-etp2-mb1-sp-zero2", "tp1-pp2-dp1-mb1-vpp2-ckpt:full",
+                          "tp1-cp2-pp1-dp1-ep2-mb1-cp:ring"},
+                         "--lora 4 --lora-targets q,k,v,o");
 }
 
 // The gradient of every tensor, router included: after one step Adam's
@@ -264,21 +255,30 @@ double worst_gradient(const std::string& ckpt, const std::string& ref_ckpt, cons
   return worst;
 }
 
-TEST(MoeParity, ExpertParallelGradientsPerTensor) {
-  Fixture f(false, kMixtral);
+// One step of `config` on one rank, then under each of `layouts`: every
+// tensor's gradient against the one rank's, printed (`extra`: more training
+// arguments; zeros_ok as worst_gradient's).
+void gradients_against_one_rank(const char* config, const std::vector<std::string>& layouts,
+                                const std::string& extra = "", bool zeros_ok = false) {
+  Fixture f(false, config);
   f.steps = 1;
-  const std::string ref = f.dir.path("ref");
-  ASSERT_EQ(f.train("tp1-pp1-dp1-mb1", ref).size(), 1u);
-  std::printf("%-62s %14s\n", "layout", "worst grad dev");
-  for (const char* layout : {"tp1-pp1-dp2-ep2-mb1", "tp1-pp1-dp4-ep4-mb1-zero3", "tp2-pp1-dp2-ep2-mb1-sp-zero1",
-                             "tp1-cp2-pp1-dp2-ep4-mb1-zero2", "tp1-pp2-dp2-ep2-mb1-vpp2",
-                             "tp1-pp1-dp4-ep4-mb1-zero1-dispatch:allgather", "tp2-pp1-dp2-ep2-etp2-mb1-zero1",
-                             "tp2-pp1-dp2-ep2-etp2-mb1-sp-zero1"}) {
-    const std::string out = f.dir.path(std::string("g-") + layout);
-    ASSERT_EQ(f.train(layout, out).size(), 1u) << layout;
-    const double worst = worst_gradient(out + "/checkpoints/step_000001", ref + "/checkpoints/step_000001", layout, 1e-5);
-    std::printf("%-62s %14.2e\n", layout, worst);
+  const std::string ref = f.dir.path("gref");
+  ASSERT_EQ(f.train("tp1-pp1-dp1-mb1", ref, extra).size(), 1u);
+  std::printf("%-62s %14s\n", extra.empty() ? "layout" : "layout (with extra arguments)", "worst grad dev");
+  for (const std::string& layout : layouts) {
+    const std::string out = f.dir.path("g-" + layout);
+    ASSERT_EQ(f.train(layout, out, extra).size(), 1u) << layout;
+    const double worst =
+        worst_gradient(out + "/checkpoints/step_000001", ref + "/checkpoints/step_000001", layout, 1e-5, zeros_ok);
+    std::printf("%-62s %14.2e\n", layout.c_str(), worst);
   }
+}
+
+TEST(MoeParity, ExpertParallelGradientsPerTensor) {
+  gradients_against_one_rank(kMixtral, {"tp1-pp1-dp2-ep2-mb1", "tp1-pp1-dp4-ep4-mb1-zero3", "tp2-pp1-dp2-ep2-mb1-sp-zero1",
+                                        "tp1-cp2-pp1-dp2-ep4-mb1-zero2", "tp1-pp2-dp2-ep2-mb1-vpp2",
+                                        "tp1-pp1-dp4-ep4-mb1-zero1-dispatch:allgather", "tp2-pp1-dp2-ep2-etp2-mb1-zero1",
+                                        "tp2-pp1-dp2-ep2-etp2-mb1-sp-zero1"});
 }
 
 // Megatron's folding of the expert grid (epfold): the ep group takes the
@@ -289,33 +289,14 @@ TEST(MoeParity, ExpertParallelGradientsPerTensor) {
 // per tensor, router included, and LoRA on the experts (their adapters
 // folded with them), each against one rank.
 TEST(MoeParity, ExpertGridFoldedOverTensorParallelRanks) {
-  for (const char* config : {kMixtral, kLlama4Ffn}) {
-    Fixture f(false, config);
-    const auto ref = f.train("tp1-pp1-dp1-mb1", f.dir.path("ref"));
-    ASSERT_EQ(ref.size(), 5u);
-    std::printf("%s", table_of(f, ref,
-                               {"tp2-pp1-dp1-ep2-mb1-sp-epfold", "tp2-pp1-dp2-ep4-mb1-sp-epfold-zero1",
-                                "tp2-pp1-dp2-ep2-mb1-sp-epfold-zero3-ckpt:ffn",
-                                "tp2-pp1-dp2-ep4-mb1-sp-epfold-zero2-dispatch:allgather",
-                                "tp2-cp2-pp1-dp1-ep4-mb1-sp-epfold-ckpt:full-cp:ring",
-                                "tp2-pp2-dp1-ep2-mb1-vpp2-sp-epfold-ckpt:selective"},
-                               "")
-                          .c_str());
-  }
-  Fixture f(false, kMixtral);
-  f.steps = 1;
-  const std::string ref = f.dir.path("gref");
-  ASSERT_EQ(f.train("tp1-pp1-dp1-mb1", ref).size(), 1u);
-  std::printf("%-62s %14s\n", "layout", "worst grad dev");
-  for (const char* layout : {"tp2-pp1-dp2-ep4-mb1-sp-epfold-zero1", "tp2-pp1-dp2-ep2-mb1-sp-epfold"}) {
-    const std::string out = f.dir.path(std::string("g-") + layout);
-    ASSERT_EQ(f.train(layout, out).size(), 1u) << layout;
-    const double worst = worst_gradient(out + "/checkpoints/step_000001", ref + "/checkpoints/step_000001", layout, 1e-5);
-    std::printf("%-62s %14.2e\n", layout, worst);
-  }
-  const std::string lora = "--lora 4 --lora-targets all";
-  const auto lref = f.train("tp1-pp1-dp1-mb1", f.dir.path("lref"), lora);
-  std::printf("%s", table_of(f, lref, {"tp2-pp1-dp2-ep4-mb1-sp-epfold-zero2"}, lora).c_str());
+  forms_against_one_rank({kMixtral, kLlama4Ffn},
+                         {"tp2-pp1-dp1-ep2-mb1-sp-epfold", "tp2-pp1-dp2-ep4-mb1-sp-epfold-zero1",
+                          "tp2-pp1-dp2-ep2-mb1-sp-epfold-zero3-ckpt:ffn",
+                          "tp2-pp1-dp2-ep4-mb1-sp-epfold-zero2-dispatch:allgather",
+                          "tp2-cp2-pp1-dp1-ep4-mb1-sp-epfold-ckpt:full-cp:ring",
+                          "tp2-pp2-dp1-ep2-mb1-vpp2-sp-epfold-ckpt:selective"});
+  gradients_against_one_rank(kMixtral, {"tp2-pp1-dp2-ep4-mb1-sp-epfold-zero1", "tp2-pp1-dp2-ep2-mb1-sp-epfold"});
+  forms_against_one_rank({kMixtral}, {"tp2-pp1-dp2-ep4-mb1-sp-epfold-zero2"}, "--lora 4 --lora-targets all");
 }
 
 // LoRA on every linear layer of an MoE model: the routed experts' fused
@@ -326,32 +307,14 @@ TEST(MoeParity, ExpertGridFoldedOverTensorParallelRanks) {
 // without sp, cp, pp and vpp with recomputation. Then every adapter's
 // gradient per tensor under ep (B's: A's is zero at B's zero start).
 TEST(MoeParity, LoraOnTheExperts) {
-  for (const char* config : {kMixtral, kLlama4Ffn}) {
-    Fixture f(false, config);
-    const std::string lora = "--lora 4 --lora-targets all";
-    const auto ref = f.train("tp1-pp1-dp1-mb1", f.dir.path("ref"), lora);
-    ASSERT_EQ(ref.size(), 5u);
-    std::printf("%s", table_of(f, ref,
-                               {"tp1-pp1-dp2-ep2-mb1", "tp1-pp1-dp4-ep4-mb1-zero1-dispatch:allgather",
-                                "tp1-pp1-dp4-ep2-mb1-zero3-ckpt:ffn", "tp2-pp1-dp2-ep2-mb1-sp-zero2",
-                                "tp2-pp1-dp1-mb1-nosp", "tp1-cp2-pp1-dp1-ep2-mb1-cp:ring",
-                                "tp1-pp2-dp2-ep2-mb1-vpp2-ckpt:full"},
-                               lora)
-                          .c_str());
-  }
-  Fixture f(false, kLlama4Ffn);
-  f.steps = 1;
-  const std::string lora = "--lora 4 --lora-targets all";
-  const std::string ref = f.dir.path("gref");
-  ASSERT_EQ(f.train("tp1-pp1-dp1-mb1", ref, lora).size(), 1u);
-  std::printf("%-62s %14s\n", "layout (LoRA)", "worst grad dev");
-  for (const char* layout : {"tp1-pp1-dp4-ep4-mb1-zero3", "tp2-pp1-dp2-ep2-mb1-sp-zero1"}) {
-    const std::string out = f.dir.path(std::string("lg-") + layout);
-    ASSERT_EQ(f.train(layout, out, lora).size(), 1u) << layout;
-    const double worst =
-        worst_gradient(out + "/checkpoints/step_000001", ref + "/checkpoints/step_000001", layout, 1e-5, true);
-    std::printf("%-62s %14.2e\n", layout, worst);
-  }
+  forms_against_one_rank({kMixtral, kLlama4Ffn},
+                         {"tp1-pp1-dp2-ep2-mb1", "tp1-pp1-dp4-ep4-mb1-zero1-dispatch:allgather",
+                          "tp1-pp1-dp4-ep2-mb1-zero3-ckpt:ffn", "tp2-pp1-dp2-ep2-mb1-sp-zero2",
+                          "tp2-pp1-dp1-mb1-nosp", "tp1-cp2-pp1-dp1-ep2-mb1-cp:ring",
+                          "tp1-pp2-dp2-ep2-mb1-vpp2-ckpt:full"},
+                         "--lora 4 --lora-targets all");
+  gradients_against_one_rank(kLlama4Ffn, {"tp1-pp1-dp4-ep4-mb1-zero3", "tp2-pp1-dp2-ep2-mb1-sp-zero1"},
+                             "--lora 4 --lora-targets all", true);
 }
 
 // A batch routed very unevenly: a model whose routers score every expert but

@@ -471,14 +471,17 @@ TEST(CostMoe, TheBusiestExpertRankSetsTheStep) {
 // bandwidth prices those bytes alone in the compute part (tp is in a node,
 // and the gradients' reductions are dp_comm's): its share of the step falls
 // by exactly tp.
+// Mixtral 8x7B on 64 H100 (T 4096, GBS 256) under `layout`, on a network
+// `nic_scale` times as fast as the preset's.
+CostBreakdown mixtral_on_64(const char* layout, double nic_scale) {
+  ClusterSpec c = cluster_resolve("h100", 64, 8);
+  c.nic_bandwidth = c.nic_bytes_per_s() * nic_scale;
+  return predict(model_preset("mixtral-8x7b"), RunSpec{4096, 256, Precision::bf16}, Layout::parse(layout), c,
+                 cost_defaults(c.device));
+}
+
 TEST(CostMoe, TheExpertTpDegreeUnderSpDispatchesItsOwnRows) {
-  const RunSpec run{4096, 256, Precision::bf16};
-  const ModelSpec m = model_preset("mixtral-8x7b");
-  const auto compute = [&](const char* layout, double nic_scale) {
-    ClusterSpec c = cluster_resolve("h100", 64, 8);
-    c.nic_bandwidth = c.nic_bytes_per_s() * nic_scale;
-    return predict(m, run, Layout::parse(layout), c, cost_defaults(c.device)).compute;
-  };
+  const auto compute = [](const char* layout, double nic_scale) { return mixtral_on_64(layout, nic_scale).compute; };
   const char* sp = "tp4-pp1-dp16-ep8-etp4-mb1-sp";
   const char* nosp = "tp4-pp1-dp16-ep8-etp4-mb1-nosp";
   const double network_sp = compute(sp, 1) - compute(sp, 1000);
@@ -492,13 +495,7 @@ TEST(CostMoe, TheExpertTpDegreeUnderSpDispatchesItsOwnRows) {
 // dp spans 4 nodes. The folded layout is the faster one, and its experts'
 // state shards over 8 ranks of dp (16 / (8 / 4)) where the other's over 2.
 TEST(CostMoe, TheFoldedEpGroupStaysInANode) {
-  const RunSpec run{4096, 256, Precision::bf16};
-  const ModelSpec m = model_preset("mixtral-8x7b");
-  const auto at = [&](const char* layout, double nic_scale) {
-    ClusterSpec c = cluster_resolve("h100", 64, 8);
-    c.nic_bandwidth = c.nic_bytes_per_s() * nic_scale;
-    return predict(m, run, Layout::parse(layout), c, cost_defaults(c.device));
-  };
+  const auto at = mixtral_on_64;
   const char* fold = "tp4-pp1-dp16-ep8-epfold-mb1-sp-zero1";
   const char* over_dp = "tp4-pp1-dp16-ep8-mb1-sp-zero1";
   EXPECT_DOUBLE_EQ(at(fold, 1).compute, at(fold, 1000).compute);
