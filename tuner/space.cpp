@@ -180,7 +180,9 @@ std::vector<Subspace> enumerate_subspaces(const ModelSpec& m, const RunSpec& run
   std::exception_ptr failed;
 #pragma omp parallel for schedule(dynamic, 1)
   for (size_t gi = 0; gi < grids.size(); ++gi) try {
-    const auto [tp, cp, comm, pp] = grids[gi];
+    // (Named variables, not a structured binding: the lambdas below capture them.)
+    const int64_t tp = std::get<0>(grids[gi]), cp = std::get<1>(grids[gi]), pp = std::get<3>(grids[gi]);
+    const CpComm comm = std::get<2>(grids[gi]);
     std::vector<Subspace>& out = of_grid[gi];
     int64_t first = 0;
     {
