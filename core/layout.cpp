@@ -486,9 +486,6 @@ std::vector<std::string> Layout::violations(const ModelSpec& m, const RunSpec& r
       v.push_back(fmt::format("cap:{:g} but the run's {} drops at capacity factor {:g} (--moe-capacity-factor)",
                               capacity_factor, m.name, m.moe.capacity_factor));
   }
-  if (fp8 != Fp8Recipe::off && m.moe.enabled())
-    v.push_back(fmt::format("fp8:{}: FP8 GEMMs in {}'s MoE blocks are not computed yet; use fp8:off",
-                            weft::to_string(fp8), m.name));
   if (fp8 == Fp8Recipe::off && fp8_bf16_layers > 0)
     v.push_back(fmt::format("fp8:off@{} names bf16 blocks but FP8 is off", fp8_bf16_layers));
   if (fp8 != Fp8Recipe::off && fp8_bf16_layers > 0 && fp8_bf16_layers >= m.layers - fp8_bf16_layers)

@@ -162,6 +162,17 @@ bool fp8_any_gemm(const ModelSpec& m, const RunSpec& run, const Layout& l);
 std::string fp8_runs_none(const ModelSpec& m, const RunSpec& run, const Layout& l);
 // The stage's blocks that run FP8 GEMMs (Layout::fp8_layer of their global index).
 int64_t fp8_stage_blocks(const ModelSpec& m, const Layout& l, const StagePlan& plan);
+// Of those, the ones whose FFN is dense (the rest are MoE blocks).
+int64_t fp8_stage_dense_blocks(const ModelSpec& m, const Layout& l, const StagePlan& plan);
+// FP8 in an MoE block's FFN. The routed experts' GEMMs run in FP8 where C
+// and this rank's share of an expert's width are multiples of 16 (of 128
+// under block scaling), the shared expert's where C and its tp share are;
+// an expert's rows are any number (an FP8 kernel would pad them to 16, as
+// Megatron pads them for FP8). The router's GEMM stays in the compute
+// precision. (The CPU trainer computes them under fp8:tensorwise; the
+// models price every recipe, for the dry-run.)
+bool moe_fp8_experts(const ModelSpec& m, const Layout& l);
+bool moe_fp8_shared(const ModelSpec& m, const Layout& l);
 // The global index of block `layer` of model chunk `chunk` on `stage`.
 int64_t global_layer(const ModelSpec& m, const Layout& l, int64_t stage, int64_t chunk, int64_t layer);
 // The token rows an MoE block routes on each rank of a layout (its own,

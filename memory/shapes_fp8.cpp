@@ -33,12 +33,21 @@ std::string fp8_bf16_gemms_text(const ModelSpec& m, const RunSpec& run, const La
   const auto g = fp8_gemm_shapes(m, run, l);
   std::vector<std::string> bf16;
   int first = -1;
+  // (A model of MoE blocks alone has no dense FFN.)
+  const bool dense_ffn = !m.moe.enabled() || m.moe_layers() < m.layers;
   for (int i = 0; i < kFp8Gemms; ++i)
-    if (!g[size_t(i)].fp8) {
+    if (!g[size_t(i)].fp8 && (dense_ffn || i < int(Fp8Gemm::gate))) {
       bf16.push_back(kNames[i]);
       if (first < 0) first = i;
     }
-  if (bf16.empty()) return {};
+  // An MoE block's experts, by their own rule (moe_fp8_experts).
+  std::string experts;
+  if (m.moe.enabled() && !moe_fp8_experts(m, l))
+    experts = fmt::format("the routed experts stay in {}: FP8 needs C and each expert's local width multiples of "
+                          "{} (C {}, width {})",
+                          to_string(run.precision), l.fp8 == Fp8Recipe::blockwise ? kFp8BlockTile : 16, m.hidden,
+                          m.moe.expert_intermediate / std::max<int64_t>(1, l.etp));
+  if (bf16.empty()) return experts;
   std::string names;
   for (size_t i = 0; i < bf16.size(); ++i)
     names += (i == 0 ? "" : i + 1 == bf16.size() ? " and " : ", ") + bf16[i];
@@ -50,14 +59,18 @@ std::string fp8_bf16_gemms_text(const ModelSpec& m, const RunSpec& run, const La
                         kFp8BlockTile, kNames[first], s.K, s.N, fp8_token_run(run, l))
           : fmt::format("FP8 tensor cores need M, K and N multiples of 16 ({}: M {}, K {}, N {})", kNames[first],
                         l.mb * l.local_seq(run), s.K, s.N);
-  return fmt::format("{} {} in {} on every rank: {}", names, bf16.size() == 1 ? "stays" : "stay",
-                     to_string(run.precision), why);
+  return fmt::format("{} {} in {} on every rank: {}{}{}", names, bf16.size() == 1 ? "stays" : "stay",
+                     to_string(run.precision), why, experts.empty() ? "" : "; ", experts);
 }
 
 bool fp8_any_gemm(const ModelSpec& m, const RunSpec& run, const Layout& l) {
   if (l.fp8 == Fp8Recipe::off) return false;
-  bool shape = false;
-  for (const auto& s : fp8_gemm_shapes(m, run, l)) shape = shape || s.fp8;
+  // The attention's GEMMs, a dense FFN's where the model has one, an MoE
+  // block's experts by their own rule.
+  const bool dense_ffn = !m.moe.enabled() || m.moe_layers() < m.layers;
+  const auto g = fp8_gemm_shapes(m, run, l);
+  bool shape = moe_fp8_experts(m, l) || moe_fp8_shared(m, l);
+  for (int i = 0; i < kFp8Gemms; ++i) shape = shape || (g[size_t(i)].fp8 && (dense_ffn || i < int(Fp8Gemm::gate)));
   if (!shape) return false;
   for (int64_t i = 0; i < m.layers; ++i)
     if (l.fp8_layer(m, i)) return true;
@@ -101,8 +114,45 @@ int64_t fp8_stage_blocks(const ModelSpec& m, const Layout& l, const StagePlan& p
   return n;
 }
 
+int64_t fp8_stage_dense_blocks(const ModelSpec& m, const Layout& l, const StagePlan& plan) {
+  if (!m.moe.enabled()) return fp8_stage_blocks(m, l, plan);
+  if (l.fp8 == Fp8Recipe::off) return 0;
+  int64_t n = 0;
+  for (int64_t c = 0; c < l.vpp; ++c) {
+    const int64_t layers = l.virtual_layers(m, c * l.pp + plan.stage);
+    for (int64_t i = 0; i < layers; ++i) {
+      const int64_t g = global_layer(m, l, plan.stage, c, i);
+      n += l.fp8_layer(m, g) && !m.moe_layer(g);
+    }
+  }
+  return n;
+}
+
+namespace {
+
+// An MoE FFN's GEMM of K and N in FP8 under the layout's recipe, whatever
+// its rows.
+bool moe_fp8_dims(const Layout& l, int64_t K, int64_t N) {
+  if (l.fp8 == Fp8Recipe::off) return false;
+  if (l.fp8 == Fp8Recipe::blockwise) return K > 0 && N > 0 && K % kFp8BlockTile == 0 && N % kFp8BlockTile == 0;
+  return fp8_gemm_dims(16, K, N);
+}
+
+}  // namespace
+
+bool moe_fp8_experts(const ModelSpec& m, const Layout& l) {
+  return m.moe.enabled() && moe_fp8_dims(l, m.hidden, m.moe.expert_intermediate / std::max<int64_t>(1, l.etp));
+}
+
+bool moe_fp8_shared(const ModelSpec& m, const Layout& l) {
+  return m.moe.enabled() && m.moe.shared_intermediate > 0 &&
+         moe_fp8_dims(l, m.hidden, m.moe.shared_intermediate / l.tp);
+}
+
 Fp8SavedInputs fp8_saved_inputs(const ModelSpec& m, const RunSpec& run, const Layout& l, const StagePlan& plan) {
   if (l.fp8 != Fp8Recipe::tensorwise && l.fp8 != Fp8Recipe::delayed) return {};
+  // (An MoE model keeps its FP8 blocks' inputs in the compute type.)
+  if (m.moe.enabled()) return {};
   if (run.lora.enabled() || plan.layers == 0 || fp8_stage_blocks(m, l, plan) != plan.layers) return {};
   const auto g = fp8_gemm_shapes(m, run, l);
   const auto on = [&](Fp8Gemm x) { return g[size_t(x)].fp8; };
@@ -135,19 +185,29 @@ void fp8_buffer_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, 
     const auto g = fp8_gemm_shapes(m, run, l);
     const bool gpu = device.kind == DeviceKind::gpu;
     const int64_t eb = gpu ? 1 : d.a, copies = gpu ? 2 : 1;
+    // An MoE block has no dense FFN: its blocks quantise only the
+    // attention's four weights here (their experts' below).
+    const int64_t n8_dense = fp8_stage_dense_blocks(m, l, plan);
     int64_t weights = 0, widest_w = 0, widest_k = 0, widest_n = 0;
-    for (const auto& s : g) {
+    for (int i = 0; i < kFp8Gemms; ++i) {
+      const auto& s = g[size_t(i)];
       if (!s.fp8) continue;
-      weights += s.K * s.N;
+      weights += s.K * s.N * (i >= int(Fp8Gemm::gate) ? n8_dense : n8);
       widest_w = std::max(widest_w, s.K * s.N);
       widest_k = std::max(widest_k, s.K);
       widest_n = std::max(widest_n, s.N);
+    }
+    // The shared expert quantises its input and output gradient (all rows,
+    // C wide) in the same buffers.
+    if (moe_fp8_shared(m, l) && plan.moe_layers > 0) {
+      widest_k = std::max(widest_k, m.hidden);
+      widest_n = std::max(widest_n, m.hidden);
     }
     if (weights > 0) {
       if (ways > 1 && l.zero >= 3 && !lora)
         out.push_back({"scratch.fp8_weight", Category::workspace, widest_w, eb, copies});
       else
-        out.push_back({"fp8.weights", Category::weights, n8 * weights, eb, copies});
+        out.push_back({"fp8.weights", Category::weights, weights, eb, copies});
       out.push_back({"scratch.fp8_input", Category::workspace, d.B * d.T * widest_k, eb, copies});
       out.push_back({"scratch.fp8_grad", Category::workspace, d.B * d.T * widest_n, eb, copies});
       const int64_t slots = plan.layers * kFp8Gemms * 3;
@@ -166,10 +226,11 @@ void fp8_buffer_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, 
         const int64_t M = d.B * d.T;
         out.push_back({"fp8.input_scales", Category::workspace, both(Fp8Tiles::row128, M, widest_k), kFp32, 1});
         out.push_back({"fp8.grad_scales", Category::workspace, both(Fp8Tiles::row128, M, widest_n), kFp32, 1});
-        int64_t per_block = 0, widest = 0, widest_t = 0;
-        for (const auto& s : g) {
+        int64_t all_blocks = 0, widest = 0, widest_t = 0;
+        for (int i = 0; i < kFp8Gemms; ++i) {
+          const auto& s = g[size_t(i)];
           if (!s.fp8) continue;
-          per_block += both(Fp8Tiles::block128, s.N, s.K);
+          all_blocks += both(Fp8Tiles::block128, s.N, s.K) * (i >= int(Fp8Gemm::gate) ? n8_dense : n8);
           widest = std::max(widest, kernels::fp8_tile_scales(Fp8Tiles::block128, s.N, s.K));
           widest_t = std::max(widest_t, kernels::fp8_tile_scales(Fp8Tiles::block128, s.K, s.N));
         }
@@ -177,7 +238,7 @@ void fp8_buffer_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, 
         if (ways > 1 && l.zero >= 3 && !lora)
           out.push_back({"scratch.fp8_weight_scales", Category::workspace, widest + widest_t, kFp32, 1});
         else
-          out.push_back({"fp8.weight_scales", Category::weights, n8 * per_block, kFp32, 1});
+          out.push_back({"fp8.weight_scales", Category::weights, all_blocks, kFp32, 1});
         out.push_back({"fp8.health", Category::workspace, 2, 8, 1});
       } else if (gpu) {
         // On a GPU the scales live on the device for both recipes, per slot:
@@ -196,6 +257,24 @@ void fp8_buffer_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, 
       } else if (l.fp8 == Fp8Recipe::delayed) {
         out.push_back({"fp8.scaling", Category::optimizer, slots * (kFp8DelayedHistory + 2), kFp32, 1});
       }
+    }
+    // An MoE block's FFN (llama_moe_fp8.cpp): its routed experts' weights
+    // (this rank's E / ep, each's gate, up and down) and its shared
+    // expert's, quantised at each use into one buffer on the CPU. A GPU
+    // would quantise them once per step and keep the codes with their
+    // transposes, per block, as it keeps the others (the trainer does not
+    // run FP8 MoE blocks on a GPU yet: this is what the dry-run plans).
+    // The experts' inputs, SwiGLU outputs and output gradients are
+    // quantised in place.
+    const bool routed = moe_fp8_experts(m, l), shared = moe_fp8_shared(m, l);
+    const int64_t moe8 = n8 - n8_dense;
+    if (moe8 > 0 && (routed || shared)) {
+      const int64_t C = m.hidden, El = m.moe.experts / l.ep, Fe = m.moe.expert_intermediate / l.etp;
+      const int64_t per_block = (routed ? 3 * El * Fe * C : 0) + (shared ? 3 * (m.moe.shared_intermediate / l.tp) * C : 0);
+      if (gpu && !(ways > 1 && l.zero >= 3 && !lora))
+        out.push_back({"fp8.expert_weights", Category::weights, moe8 * per_block, 1, 2});
+      else
+        out.push_back({"scratch.moe_fp8_weight", Category::workspace, per_block, eb, copies});
     }
   }
 }

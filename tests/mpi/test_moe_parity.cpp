@@ -299,6 +299,66 @@ TEST(MoeParity, ExpertGridFoldedOverTensorParallelRanks) {
   forms_against_one_rank({kMixtral}, {"tp2-pp1-dp2-ep4-mb1-sp-epfold-zero2"}, "--lora 4 --lora-targets all");
 }
 
+// FP8 (tensorwise) in the MoE blocks (trainer/model/llama_moe_fp8.cpp): the
+// attention's GEMMs as a dense model's, the routed experts' and the shared
+// expert's with a scale per weight and, for their rows, per expert and
+// micro-batch, wherever the rows went. So every layout quantises as one
+// rank does, under ep with both dispatchers, an expert tp degree with and
+// without sp, the folded grid, cp, pp with vpp, ZeRO and recomputation.
+// The bounds are LayoutParity.Fp8ScalesAgreeAcrossLayouts' (3e-3 after the
+// first step: summation order moves a few values across a rounding
+// boundary of the 3-bit mantissa); a scale per ep rank's received rows (as
+// Transformer Engine's grouped GEMMs take) would move the first step's
+// losses past 5e-5. Sequences of 32 keep the attention's GEMMs 16 rows
+// deep under cp 2, so they are in FP8 in every layout.
+TEST(MoeParity, Fp8ExpertsQuantiseAsOneRank) {
+  for (const char* config : {kMixtral, kLlama4Ffn}) {
+    Fixture f(false, config);
+    f.seq = 32;
+    const auto plain = f.train("tp1-pp1-dp1-mb1", f.dir.path("plain"));
+    const std::string ref_out = f.dir.path("ref");
+    const auto ref = f.train("tp1-pp1-dp1-mb1-fp8:tensorwise", ref_out);
+    ASSERT_EQ(ref.size(), 5u);
+    const std::vector<double> ref_aux = f.aux_losses;
+    const double off = max_rel(ref, plain);
+    EXPECT_GT(off, 1e-4) << "FP8 barely changed the losses";
+    EXPECT_LT(off, 0.02);
+    if (config == kMixtral) {
+      // The experts' share of a step's quantised values on one rank, per
+      // layer and micro-batch (32 rows, top-2 of 4 experts, C 64, F 32):
+      // their inputs and SwiGLU outputs, the three output gradients, and
+      // every expert's three weights forward and backward. Without the
+      // experts in FP8 the whole step counts about 0.9 M.
+      const int64_t rows = 32 * 2, C = 64, F = 32;
+      const int64_t per = rows * C + rows * F + rows * C + 2 * rows * F + 2 * 4 * 3 * F * C;
+      std::ifstream in(ref_out + "/metrics.jsonl");
+      int64_t records = 0;
+      for (std::string line; std::getline(in, line);) {
+        const auto j = nlohmann::json::parse(line);
+        if (j["kind"] != "train" || !j.contains("fp8")) continue;
+        EXPECT_GE(j["fp8"]["values"].get<int64_t>(), per * 8 * 8) << line;
+        ++records;
+      }
+      EXPECT_EQ(records, 5);
+    }
+    std::string table = fmt::format("{:<62} {:>5} {:>12} {:>14} {:>12}\n", "layout", "ranks", "max rel dev",
+                                    "worst mem dev", "aux rel dev");
+    table += fmt::format("{:<62} {:>5} {:>12.2e}\n", "(fp8:tensorwise against fp32)", 1, off);
+    for (const std::string layout :
+         {"tp1-pp1-dp2-ep2-mb1", "tp1-pp1-dp4-ep4-mb1-zero1-dispatch:allgather", "tp2-pp1-dp2-ep2-mb1-sp",
+          "tp2-pp1-dp1-etp2-mb1", "tp2-pp1-dp2-ep2-etp2-mb1-sp-zero1", "tp1-cp2-pp1-dp1-ep2-mb1-cp:ring",
+          "tp1-pp2-dp2-ep2-mb1-vpp2-ckpt:selective", "tp2-pp1-dp2-ep4-mb1-sp-epfold-zero3-ckpt:ffn",
+          "tp2-cp2-pp1-dp1-ep2-etp2-mb1-sp-ckpt:full-cp:ring"}) {
+      std::string row = parity_row(f, ref, layout + "-fp8:tensorwise", 3e-3, 5e-5);
+      const double aux = max_rel(f.aux_losses, ref_aux);
+      EXPECT_LE(aux, 3e-3) << layout << ": the balancing loss";
+      row.pop_back();
+      table += fmt::format("{} {:>12.2e}\n", row, aux);
+    }
+    std::printf("%s", table.c_str());
+  }
+}
+
 // LoRA on every linear layer of an MoE model: the routed experts' fused
 // gate_up and down adapters (whole on each rank that holds their expert,
 // their gradients summed over the ranks holding the same ones, and over tp

@@ -431,9 +431,24 @@ class LlamaStage {
   void moe_backward(const Block& b, const Elem* dy, Elem* dx);
   // A run of rows in the experts' buffers that one of this rank's experts
   // (`expert`, counted from its first) computes.
+  // (`source`: which of the rows' senders they came from, in the order the
+  // experts' buffers hold them; 0 without expert parallelism.)
   struct ExpertRun {
-    int64_t expert = 0, offset = 0, rows = 0;
+    int64_t expert = 0, offset = 0, rows = 0, source = 0;
   };
+  // FP8 in an MoE block's FFN (llama_moe_fp8.cpp, tensorwise, on the CPU):
+  // every local expert's gate, up and down weight, then the shared
+  // expert's, quantised each with its own scale into `out`
+  // (scratch.moe_fp8_weight), the ones memory::moe_fp8_experts and
+  // moe_fp8_shared put in FP8; and the rows of `x` (`width` wide) that the
+  // runs name, quantised in place with a scale per expert and micro-batch
+  // (`role`: 0 an input, 2 an output gradient).
+  void moe_fp8_weights(const Block& b, Elem* out);
+  void moe_fp8_rows(Elem* x, int64_t width, std::span<const ExpertRun> runs, bool etp_sp, int role);
+  // The shared expert's input (all rows, C wide) and output gradient,
+  // quantised as the dense FFN's into scratch.fp8_input and fp8_grad.
+  const Elem* moe_fp8_shared_input(const Block& b, const Elem* x);
+  const Elem* moe_fp8_shared_grad(const Block& b, const Elem* dy);
   // LoRA on an MoE block's routed experts (llama_moe_lora.cpp), each local
   // expert's adapters over its runs of rows (Block::lora_experts): forward,
   // the gate's and the up's s (x A^T) B^T added to the experts' gate and up
@@ -674,6 +689,9 @@ class LlamaStage {
   kernels::Fp8Health* fp8_dev_health_ = nullptr;
   float* fp8_dev_first_ = nullptr;  // delayed scaling's first step: a tensor's amax and a one-deep history
   Fp8Counts fp8_counts_;
+  // The micro-batch (dp rank) of each sender of an MoE block's rows
+  // (moe_fp8_rows), learnt on first use.
+  std::vector<int64_t> moe_fp8_keys_;
   std::vector<Elem>* capture_ = nullptr;
   // Per saved tensor name: the instance of each layer (-1: rebuilt), and how
   // many layers keep it.

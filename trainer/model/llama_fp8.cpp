@@ -70,14 +70,18 @@ void LlamaStage<Elem, G>::fp8_weight_offsets() {
     return kernels::fp8_tile_scales(kernels::Fp8Tiles::block128, rows, k);
   };
   for (int64_t i = 0; i < plan_.layers; ++i) {
-    const bool fp8 = l_.fp8_layer(m_, memory::global_layer(m_, l_, plan_.stage, chunk_of(i), i - chunk_begin_[size_t(chunk_of(i))]));
-    for (const auto& s : fp8_shapes_) {
-      fp8_weight_at_.push_back(fp8 && s.fp8 ? at : -1);
-      if (fp8 && s.fp8) at += s.K * s.N;
+    const bool block8 = l_.fp8_layer(m_, memory::global_layer(m_, l_, plan_.stage, chunk_of(i), i - chunk_begin_[size_t(chunk_of(i))]));
+    // (An MoE block has no dense FFN: llama_moe_fp8.cpp quantises its experts.)
+    const bool moe = params_.block_moe[size_t(i)];
+    for (int gi = 0; gi < kFp8Gemms; ++gi) {
+      const auto& s = fp8_shapes_[size_t(gi)];
+      const bool fp8 = block8 && s.fp8 && !(moe && gi >= int(Fp8Gemm::gate));
+      fp8_weight_at_.push_back(fp8 ? at : -1);
+      if (fp8) at += s.K * s.N;
       if constexpr (kGpu<Elem>) {
         if (!fp8_wscales_) continue;
-        fp8_wscale_at_.push_back(fp8 && s.fp8 ? scales_at : -1);
-        if (fp8 && s.fp8) scales_at += block_scales(s.N, s.K) + block_scales(s.K, s.N);
+        fp8_wscale_at_.push_back(fp8 ? scales_at : -1);
+        if (fp8) scales_at += block_scales(s.N, s.K) + block_scales(s.K, s.N);
       }
     }
   }

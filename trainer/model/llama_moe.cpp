@@ -73,17 +73,23 @@
 namespace weft::trainer {
 
 using kernels::Write;
+using memory::Fp8Gemm;
 
-void require_moe_layout(const ModelSpec& m, const RunSpec& run, const Layout& l, const DeviceSpec& /*device*/) {
+void require_moe_layout(const ModelSpec& m, const RunSpec& run, const Layout& l, const DeviceSpec& device) {
   if (!m.moe.enabled()) return;
   // LoRA on the experts: gate and up together, no dropout (and etp1: Layout::violations).
   lora_check_model(m, run.lora);
   std::vector<std::string> missing;
-  if (l.fp8 != Fp8Recipe::off) missing.push_back(fmt::format("with FP8 GEMMs (fp8:{})", to_string(l.fp8)));
+  if (l.fp8 != Fp8Recipe::off && l.fp8 != Fp8Recipe::tensorwise)
+    missing.push_back(fmt::format("with FP8 GEMMs under fp8:{} (FP8 MoE blocks take fp8:tensorwise)", to_string(l.fp8)));
+  if (l.fp8 != Fp8Recipe::off && device.kind == DeviceKind::gpu)
+    missing.push_back(fmt::format("with FP8 GEMMs (fp8:{}) on a GPU (the CPU trainer computes them)", to_string(l.fp8)));
+  if (l.fp8 != Fp8Recipe::off && run.lora.enabled())
+    missing.push_back(fmt::format("with FP8 GEMMs (fp8:{}) under LoRA", to_string(l.fp8)));
   if (!missing.empty())
     throw InputError(fmt::format("weft cannot train the MoE model {} under layout {} yet: not {}; it trains on "
-                                 "the CPU with FP8 off, under tp (with or without sp), cp, pp, vpp, dp, ep, every ZeRO stage and "
-                                 "checkpointing mode",
+                                 "the CPU (FP8 off or tensorwise) and the GPU (FP8 off), under tp (with or without sp), cp, pp, "
+                                 "vpp, dp, ep, every ZeRO stage and checkpointing mode",
                                  m.name, l.to_string(), fmt::join(missing, ", nor ")));
 }
 
@@ -122,7 +128,7 @@ std::vector<Run> expert_rows(const int64_t* offsets, const std::vector<int64_t>&
   std::vector<Run> out;
   if (received.empty()) {
     for (int64_t j = 0; j < E; ++j)
-      if (offsets[j + 1] > offsets[j]) out.push_back({j, offsets[j], offsets[j + 1] - offsets[j]});
+      if (offsets[j + 1] > offsets[j]) out.push_back({j, offsets[j], offsets[j + 1] - offsets[j], 0});
     return out;
   }
   const int64_t El = E / ep, sources = int64_t(received.size()) / El;
@@ -130,7 +136,7 @@ std::vector<Run> expert_rows(const int64_t* offsets, const std::vector<int64_t>&
   for (int64_t s = 0; s < sources; ++s)
     for (int64_t j = 0; j < El; ++j) {
       const int64_t n = received[size_t(s * El + j)];
-      if (n > 0) out.push_back({j, at, n});
+      if (n > 0) out.push_back({j, at, n, s});
       at += n;
     }
   return out;
@@ -341,9 +347,16 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
   // Each projection of every local expert over its rows: one grouped GEMM
   // (the gate's and the up's together), as the backward's below.
   const std::vector<ExpertRun> segments = expert_rows<ExpertRun>(off.data(), received, E, l_.ep);
+  // FP8 (llama_moe_fp8.cpp): the weights quantised into scratch, the rows
+  // in place with a scale per expert and micro-batch.
+  const bool f8 = b.fp8 && memory::moe_fp8_experts(m_, l_), sf8 = shared && b.fp8 && memory::moe_fp8_shared(m_, l_);
+  Elem* wq = f8 || sf8 ? table_->get<Elem>("scratch.moe_fp8_weight") : nullptr;
+  if (wq) moe_fp8_weights(b, wq);
+  const Elem* experts_w = f8 ? wq : b.w_experts;
+  if (f8) moe_fp8_rows(b.moe_in, C, segments, etp_sp, 0);
   std::vector<kernels::GemmParams<Elem>> gemms;
   for (const ExpertRun& r : segments) {
-    const Elem* w = b.w_experts + r.expert * stride;
+    const Elem* w = experts_w + r.expert * stride;
     gemms.push_back(
         kernels::linear_forward_gemm(r.rows, C, Fe, b.moe_in + r.offset * C, w, b.moe_gate + r.offset * Fe));
     gemms.push_back(
@@ -354,6 +367,7 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
   run(kernels::SwigluForwardParams<Elem>{.rows = rows_in, .F = Fe, .gate = b.moe_gate, .up = b.moe_up,
                                          .act = b.moe_act},
       "swiglu_forward");
+  if (f8) moe_fp8_rows(b.moe_act, Fe, segments, etp_sp, 0);
   // The experts' outputs, in this rank's expert order: kept where the gate
   // multiplies them (the weights' gradient reads them), else only the
   // combine reads them, from scratch. Under expert parallelism they are
@@ -364,7 +378,7 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
     gemms.clear();
     for (const ExpertRun& r : segments)
       gemms.push_back(kernels::linear_forward_gemm(r.rows, Fe, C, b.moe_act + r.offset * Fe,
-                                                   b.w_experts + r.expert * stride + 2 * Fe * C,
+                                                   experts_w + r.expert * stride + 2 * Fe * C,
                                                    computed + r.offset * C));
     run(grouped(gemms), "gemm experts down");
     if (b.lora_experts && params_.expert_down) moe_lora_down(b, segments, computed);
@@ -382,15 +396,21 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
   if (shared) {
     // Column- then row-parallel over all rows, as a dense FFN.
     const int64_t Fs = e.shared_intermediate / l_.tp;
-    run(kernels::linear_forward_gemm(M_, C, Fs, x_all, b.w_sg, b.sh_gate), "gemm shared gate");
+    // Under FP8 its weights follow the routed experts' in wq, its input
+    // quantised as the dense FFN's.
+    const Elem* ws = sf8 ? wq + (f8 ? 3 * (E / l_.ep) * Fe * C : 0) : nullptr;
+    const Elem* xs = x_all;
+    if (sf8) xs = moe_fp8_shared_input(b, x_all);
+    run(kernels::linear_forward_gemm(M_, C, Fs, xs, sf8 ? ws : b.w_sg, b.sh_gate), "gemm shared gate");
     lora_forward(b, Linear::gate, x_all, b.sh_gate, C, Fs);
-    run(kernels::linear_forward_gemm(M_, C, Fs, x_all, b.w_su, b.sh_up), "gemm shared up");
+    run(kernels::linear_forward_gemm(M_, C, Fs, xs, sf8 ? ws + Fs * C : b.w_su, b.sh_up), "gemm shared up");
     lora_forward(b, Linear::up, x_all, b.sh_up, C, Fs);
     run(kernels::SwigluForwardParams<Elem>{.rows = M_, .F = Fs, .gate = b.sh_gate, .up = b.sh_up,
                                            .act = b.sh_act},
         "swiglu_forward");
+    if (sf8) fp8_quantize(b, Fp8Gemm::down, 0, b.sh_act, M_, Fs, false, b.sh_act);
     if (!recompute) {
-      run(kernels::linear_forward_gemm(M_, Fs, C, b.sh_act, b.w_sd, y), "gemm shared down");
+      run(kernels::linear_forward_gemm(M_, Fs, C, b.sh_act, sf8 ? ws + 2 * Fs * C : b.w_sd, y), "gemm shared down");
       lora_forward(b, Linear::down, b.sh_act, y, Fs, C);
       reduce_rows(y);  // this rank's rows first under sp
     }
@@ -424,6 +444,11 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx)
   const Elem* x_all = shared ? gathered(b.ln2, all_rows) : nullptr;
   const Elem* dy_all = shared ? gathered(dy, all_dy) : nullptr;
   const Elem* x = b.ln2;
+  // FP8 (llama_moe_fp8.cpp): the weights quantised again, as in the forward.
+  const bool f8 = b.fp8 && memory::moe_fp8_experts(m_, l_), sf8 = shared && b.fp8 && memory::moe_fp8_shared(m_, l_);
+  Elem* wq = f8 || sf8 ? table_->get<Elem>("scratch.moe_fp8_weight") : nullptr;
+  if (wq) moe_fp8_weights(b, wq);
+  const Elem* experts_w = f8 ? wq : b.w_experts;
   if (shared) {
     // Over all rows, its input gradient reduced over tp (to this rank's rows
     // under sp) before the routed experts' adds to them.
@@ -431,17 +456,25 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx)
     Elem* d_act = table_->get<Elem>("scratch.d_mlp", 0);
     Elem* d_gate = table_->get<Elem>("scratch.d_mlp", 1);
     Elem* d_up = table_->get<Elem>("scratch.d_mlp", 2);
-    run(kernels::linear_dgrad_gemm(M_, Fs, C, dy_all, b.w_sd, d_act), "gemm shared down dgrad");
+    const Elem* ws = sf8 ? wq + (f8 ? 3 * (E / l_.ep) * Fe * C : 0) : nullptr;
+    const Elem* dys = sf8 ? moe_fp8_shared_grad(b, dy_all) : dy_all;
+    run(kernels::linear_dgrad_gemm(M_, Fs, C, dys, sf8 ? ws + 2 * Fs * C : b.w_sd, d_act), "gemm shared down dgrad");
     // (LoRA: the base's weights are frozen, without gradients.)
-    if (b.g_sd) run(kernels::linear_wgrad_gemm(M_, Fs, C, dy_all, b.sh_act, b.g_sd), "gemm shared down wgrad");
+    if (b.g_sd) run(kernels::linear_wgrad_gemm(M_, Fs, C, dys, b.sh_act, b.g_sd), "gemm shared down wgrad");
     lora_backward(b, Linear::down, dy_all, b.sh_act, d_act, Fs, C);
     run(kernels::SwigluBackwardParams<Elem>{.rows = M_, .F = Fs, .gate = b.sh_gate, .up = b.sh_up,
                                             .dact = d_act, .dgate = d_gate, .dup = d_up},
         "swiglu_backward");
-    run(kernels::linear_dgrad_gemm(M_, C, Fs, d_gate, b.w_sg, dx), "gemm shared gate dgrad");
-    run(kernels::linear_dgrad_gemm(M_, C, Fs, d_up, b.w_su, dx, Write::accumulate), "gemm shared up dgrad");
-    if (b.g_sg) run(kernels::linear_wgrad_gemm(M_, C, Fs, d_gate, x_all, b.g_sg), "gemm shared gate wgrad");
-    if (b.g_su) run(kernels::linear_wgrad_gemm(M_, C, Fs, d_up, x_all, b.g_su), "gemm shared up wgrad");
+    if (sf8) {
+      fp8_quantize(b, Fp8Gemm::gate, 2, d_gate, M_, Fs, false, d_gate);
+      fp8_quantize(b, Fp8Gemm::up, 2, d_up, M_, Fs, false, d_up);
+    }
+    run(kernels::linear_dgrad_gemm(M_, C, Fs, d_gate, sf8 ? ws : b.w_sg, dx), "gemm shared gate dgrad");
+    run(kernels::linear_dgrad_gemm(M_, C, Fs, d_up, sf8 ? ws + Fs * C : b.w_su, dx, Write::accumulate),
+        "gemm shared up dgrad");
+    const Elem* xs = sf8 && (b.g_sg || b.g_su) ? moe_fp8_shared_input(b, x_all) : x_all;
+    if (b.g_sg) run(kernels::linear_wgrad_gemm(M_, C, Fs, d_gate, xs, b.g_sg), "gemm shared gate wgrad");
+    if (b.g_su) run(kernels::linear_wgrad_gemm(M_, C, Fs, d_up, xs, b.g_su), "gemm shared up wgrad");
     lora_backward(b, Linear::gate, d_gate, x_all, dx, C, Fs);
     lora_backward(b, Linear::up, d_up, x_all, dx, C, Fs);
     begin_reduce_rows(dx)->wait();
@@ -491,10 +524,11 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx)
   // and the up's input gradients (the up's adding to the gate's, so after
   // them) and their weight gradients together.
   const std::vector<ExpertRun> segments = expert_rows<ExpertRun>(offsets, received, E, l_.ep);
+  if (f8) moe_fp8_rows(d_in, C, segments, etp_sp, 2);
   std::vector<kernels::GemmParams<Elem>> gemms;
   std::vector<kernels::WgradGemmParams<Elem, G>> wgrads;
   for (const ExpertRun& r : segments) {
-    const Elem* wd = b.w_experts + r.expert * stride + 2 * Fe * C;
+    const Elem* wd = experts_w + r.expert * stride + 2 * Fe * C;
     gemms.push_back(kernels::linear_dgrad_gemm(r.rows, Fe, C, d_in + r.offset * C, wd, d_act + r.offset * Fe));
     if (b.g_experts)
       wgrads.push_back(kernels::linear_wgrad_gemm(r.rows, Fe, C, d_in + r.offset * C, b.moe_act + r.offset * Fe,
@@ -506,17 +540,21 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx)
   run(kernels::SwigluBackwardParams<Elem>{.rows = rows_in, .F = Fe, .gate = b.moe_gate, .up = b.moe_up,
                                           .dact = d_act, .dgate = d_gate, .dup = d_up},
       "swiglu_backward");
+  if (f8) {
+    moe_fp8_rows(d_gate, Fe, segments, etp_sp, 2);
+    moe_fp8_rows(d_up, Fe, segments, etp_sp, 2);
+  }
   // The experts' input gradient takes d_in over (its output gradient is spent).
   gemms.clear();
   wgrads.clear();
   for (const ExpertRun& r : segments) {
-    const Elem* w = b.w_experts + r.expert * stride;
+    const Elem* w = experts_w + r.expert * stride;
     gemms.push_back(kernels::linear_dgrad_gemm(r.rows, C, Fe, d_gate + r.offset * Fe, w, d_in + r.offset * C));
   }
   run(grouped(gemms), "gemm experts gate dgrad");
   gemms.clear();
   for (const ExpertRun& r : segments) {
-    const Elem* w = b.w_experts + r.expert * stride;
+    const Elem* w = experts_w + r.expert * stride;
     const int64_t o = r.offset, n = r.rows;
     gemms.push_back(kernels::linear_dgrad_gemm(n, C, Fe, d_up + o * Fe, w + Fe * C, d_in + o * C, Write::accumulate));
     if (!b.g_experts) continue;

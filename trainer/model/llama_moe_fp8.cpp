@@ -1,0 +1,154 @@
+// FP8 in an MoE block's FFN (Layout::fp8, tensorwise): the routed
+// experts' three GEMMs and the shared expert's, emulated on the CPU as
+// llama_fp8.cpp's are (each operand quantised and dequantised with its
+// scale, the fp32 GEMMs multiplying those). The router's GEMM stays in the
+// compute precision, as Megatron-Core keeps it.
+//
+// Scales. Each weight has its own, from its amax (reduced over tp where the
+// tp ranks split it: an expert tp degree, the shared expert). Each expert's
+// activations and output gradients have one per micro-batch: the amax of
+// that micro-batch's rows routed to the expert, wherever they were
+// computed. That is what one rank computing the micro-batch takes, so every
+// layout quantises as it does. Megatron-Core's grouped GEMMs (Transformer
+// Engine's) take one scale per expert over all the rows an ep rank
+// received, from every micro-batch of its ep group, so their numerics move
+// with the layout; weft's do not.
+//
+// The rows of micro-batch k for expert e lie only with the ranks holding e
+// (one per ep group, and under etp or sp with etp1 the tp ranks beside it),
+// so an amax table (dp ranks x E) filled with this rank's runs, by the dp
+// rank of the run's sender, and reduced (max) over tp and dp x cp gives
+// every run its micro-batch's amax. Two small all-reduces per quantised
+// tensor: the emulation's price for exact parity, not a GPU design.
+//
+// The experts' inputs and SwiGLU outputs are quantised in place, so the
+// weight gradients multiply the values the forward did (as the FP8 inputs
+// Transformer Engine keeps for them); the output gradients too (the dgrad's
+// and the wgrad's operand). The shared expert runs over all the rows on
+// every tp rank, as the dense FFN, and quantises as the dense FFN's GEMMs
+// (fp8_quantize: its input and output gradient into scratch.fp8_input and
+// scratch.fp8_grad, its SwiGLU output in place).
+#include <algorithm>
+
+#include "kernels/fp8/fp8.h"
+#include "trainer/model/llama_run.h"
+
+namespace weft::trainer {
+
+using namespace fp8_detail;
+
+template <typename Elem, typename G>
+void LlamaStage<Elem, G>::moe_fp8_weights(const Block& b, Elem* out) {
+  if constexpr (!std::is_same_v<Elem, float>) {
+    (void)b;
+    (void)out;
+    throw InternalError("FP8 MoE blocks outside the CPU trainer");
+  } else {
+    const MoeSpec& e = m_.moe;
+    const int64_t C = m_.hidden, El = e.experts / l_.ep, Fe = e.expert_intermediate / l_.etp;
+    const int64_t Fs = e.shared_intermediate / l_.tp;
+    const bool routed = memory::moe_fp8_experts(m_, l_), shared = memory::moe_fp8_shared(m_, l_);
+    // (pointer, elements, reduced over tp) of each weight, routed first.
+    struct Weight {
+      const Elem* w;
+      Elem* q;
+      int64_t n;
+      bool tp;
+    };
+    std::vector<Weight> ws;
+    if (routed)
+      for (int64_t i = 0; i < 3 * El; ++i)
+        ws.push_back({b.w_experts + i * Fe * C, out + i * Fe * C, Fe * C, l_.etp > 1});
+    if (shared) {
+      Elem* q = out + (routed ? 3 * El * Fe * C : 0);
+      for (const Elem* w : {b.w_sg, b.w_su, b.w_sd}) {
+        ws.push_back({w, q, Fs * C, true});
+        q += Fs * C;
+      }
+    }
+    std::vector<float> amax(ws.size()), split(ws.size(), 0.0f);
+    for (size_t i = 0; i < ws.size(); ++i) {
+      amax[i] = reducible(kernels::fp8_amax(ws[i].w, ws[i].n));
+      if (ws[i].tp) split[i] = amax[i];
+    }
+    // The split weights' amaxes over tp (the whole ones' stay their own).
+    parallel::Comm& tp = *groups_.host_groups().tp;
+    if (tp.size() > 1) {
+      tp.all_reduce(split.data(), int64_t(split.size()), parallel::DType::f32, parallel::ReduceOp::max);
+      for (size_t i = 0; i < ws.size(); ++i)
+        if (ws[i].tp) amax[i] = split[i];
+    }
+    for (size_t i = 0; i < ws.size(); ++i) {
+      const float scale = kernels::fp8_scale(amax[i], kernels::Fp8Format::e4m3);
+      const kernels::Fp8Health h = kernels::fp8_qdq(ws[i].w, ws[i].q, ws[i].n, scale, kernels::Fp8Format::e4m3);
+      fp8_counts_.values += ws[i].n;
+      fp8_counts_.overflow += h.overflow;
+      fp8_counts_.underflow += h.underflow;
+    }
+  }
+}
+
+template <typename Elem, typename G>
+void LlamaStage<Elem, G>::moe_fp8_rows(Elem* x, int64_t width, std::span<const ExpertRun> runs, bool etp_sp,
+                                       int role) {
+  if constexpr (!std::is_same_v<Elem, float>) {
+    (void)x, (void)width, (void)runs, (void)etp_sp, (void)role;
+    throw InternalError("FP8 MoE blocks outside the CPU trainer");
+  } else {
+    const auto& host = groups_.host_groups();
+    // The senders' micro-batches: each ep rank's dp rank (this rank's own
+    // without ep), and under etp with sp each tp rank's block of them
+    // again (a tp rank's ep group is this one's beside it: the same dp ranks).
+    if (moe_fp8_keys_.empty()) {
+      const int64_t me = groups_.dp_rank();
+      std::vector<int64_t> ep_keys(size_t(l_.ep), me);
+      if (l_.ep > 1) host.ep->all_gather(&me, ep_keys.data(), 1);
+      for (int64_t p = 0; p < (etp_sp ? l_.tp : 1); ++p)
+        moe_fp8_keys_.insert(moe_fp8_keys_.end(), ep_keys.begin(), ep_keys.end());
+    }
+    const int64_t E = m_.moe.experts, first = groups_.ep_rank() * (E / l_.ep), D = groups_.dp->size();
+    std::vector<float> amax(size_t(D * E), 0.0f);
+    const auto at = [&](const ExpertRun& r) -> float& {
+      WEFT_ASSERT(r.source < int64_t(moe_fp8_keys_.size()));
+      return amax[size_t(moe_fp8_keys_[size_t(r.source)] * E + first + r.expert)];
+    };
+    for (const ExpertRun& r : runs) at(r) = std::max(at(r), reducible(kernels::fp8_amax(x + r.offset * width, r.rows * width)));
+    for (parallel::Comm* g : {host.tp, host.dpcp})
+      if (g && g->size() > 1) g->all_reduce(amax.data(), D * E, parallel::DType::f32, parallel::ReduceOp::max);
+    const kernels::Fp8Format f = format_of(role);
+    for (const ExpertRun& r : runs) {
+      Elem* rows = x + r.offset * width;
+      const kernels::Fp8Health h = kernels::fp8_qdq(rows, rows, r.rows * width, kernels::fp8_scale(at(r), f), f);
+      fp8_counts_.values += r.rows * width;
+      fp8_counts_.overflow += h.overflow;
+      fp8_counts_.underflow += h.underflow;
+    }
+  }
+}
+
+template <typename Elem, typename G>
+const Elem* LlamaStage<Elem, G>::moe_fp8_shared_input(const Block& b, const Elem* x) {
+  fp8_quantize(b, memory::Fp8Gemm::gate, 0, x, M_, m_.hidden, false, fp8_input_);
+  fp8_input_of_ = nullptr;  // not a dense GEMM's input
+  return fp8_input_;
+}
+
+template <typename Elem, typename G>
+const Elem* LlamaStage<Elem, G>::moe_fp8_shared_grad(const Block& b, const Elem* dy) {
+  fp8_quantize(b, memory::Fp8Gemm::down, 2, dy, M_, m_.hidden, false, fp8_grad_);
+  fp8_grad_of_ = nullptr;
+  return fp8_grad_;
+}
+
+#define WEFT_LLAMA_MOE_FP8(E, G)                                         \
+  template void LlamaStage<E, G>::moe_fp8_weights(const Block&, E*); \
+  template void LlamaStage<E, G>::moe_fp8_rows(E*, int64_t, std::span<const ExpertRun>, bool, int); \
+  template const E* LlamaStage<E, G>::moe_fp8_shared_input(const Block&, const E*);              \
+  template const E* LlamaStage<E, G>::moe_fp8_shared_grad(const Block&, const E*);
+WEFT_LLAMA_MOE_FP8(float, float)
+WEFT_LLAMA_MOE_FP8(double, double)
+WEFT_LLAMA_MOE_FP8(kernels::bf16, float)
+WEFT_LLAMA_MOE_FP8(kernels::bf16, kernels::bf16)
+#undef WEFT_LLAMA_MOE_FP8
+
+}  // namespace weft::trainer
