@@ -34,7 +34,7 @@ void print_stats(const char* label, const Fidelity& f) {
   line("context parallel (cp > 1)", f.context_parallel);
   // FP8 rows apart: their error is the FP8 model's. MFU on them is against
   // the dense bf16 peak (989 TFLOP/s on H100), as on every other row.
-  line("fp8 (MFU vs the bf16 peak)", f.fp8);
+  line("fp8, dense (MFU vs bf16 peak)", f.fp8);
   // Mixture-of-Experts rows apart: never fitted, so every one is held out
   // from the fit; MFU of the active parameters.
   line("moe (never fitted)", f.moe);
@@ -100,10 +100,26 @@ int main(int argc, char** argv) {
                  "shipped profiles (bias {:+.1f} / {:+.1f}); the memory model fits {}/{} of the runs\n",
                  before.moe.mae_points, after.moe.mae_points, before.moe.bias_points, after.moe.bias_points,
                  after.moe.fit_predicted, after.moe.measured);
-      for (const auto& x : after.rows)
-        fmt::print("  {:<28} {:<22} {:>5} GPUs  {:<62} meas {:5.1f} pred {:5.1f} {}\n", x.run->source,
+      // Split by GEMM precision: the bf16 rows, and the FP8 ones (FP8 in
+      // the MoE blocks too).
+      double err[2] = {0, 0}, bias[2] = {0, 0};
+      int64_t n[2] = {0, 0}, fits[2] = {0, 0};
+      for (const auto& x : after.rows) {
+        const int f8 = x.run->layout.fp8 != Fp8Recipe::off;
+        const double e = 100 * (x.predicted_mfu - x.run->measured_mfu);
+        err[f8] += std::abs(e);
+        bias[f8] += e;
+        ++n[f8];
+        fits[f8] += x.predicted_fits;
+        fmt::print("  {:<28} {:<22} {:>5} GPUs  {:<62} {:<15} meas {:5.1f} pred {:5.1f} {}\n", x.run->source,
                    x.run->model.name, x.run->cluster.gpus, x.run->layout.to_string().substr(0, 62),
-                   100 * x.run->measured_mfu, 100 * x.predicted_mfu, x.predicted_fits ? "" : "(predicted OOM)");
+                   gemm_precision_text(x.run->layout), 100 * x.run->measured_mfu, 100 * x.predicted_mfu,
+                   x.predicted_fits ? "" : "(predicted OOM)");
+      }
+      for (int f8 : {0, 1})
+        if (n[f8] > 0)
+          fmt::print("  {} rows: {}, MAE {:.1f} points (bias {:+.1f}), the memory model fits {}\n",
+                     f8 ? "FP8" : "bf16", n[f8], err[f8] / double(n[f8]), bias[f8] / double(n[f8]), fits[f8]);
     }
   }
   if (const char* want = std::getenv("WEFT_FIDELITY_SWEEP")) {

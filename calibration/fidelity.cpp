@@ -80,7 +80,7 @@ Fidelity fidelity_evaluate(const std::vector<PublicRun>& runs, Split split, cons
     add(f.by_source[x.run->source], x);
     add(f.total, x);
     if (x.run->layout.cp > 1) add(f.context_parallel, x);
-    if (x.run->layout.fp8 != Fp8Recipe::off) add(f.fp8, x);
+    if (x.run->layout.fp8 != Fp8Recipe::off && !x.run->model.moe.enabled()) add(f.fp8, x);
     if (x.run->model.moe.enabled()) add(f.moe, x);
   }
 

@@ -64,7 +64,7 @@ struct Fidelity {
   std::vector<SweepFidelity> sweeps;
   FidelityStats total;
   FidelityStats context_parallel;  // the rows with cp > 1, whatever their source
-  FidelityStats fp8;               // the rows with FP8 GEMMs, whatever their source (MFU against the bf16 peak)
+  FidelityStats fp8;               // the dense rows with FP8 GEMMs, whatever their source (MFU against the bf16 peak)
   FidelityStats moe;               // the Mixture-of-Experts rows (MFU of the active parameters' FLOPs)
 };
 

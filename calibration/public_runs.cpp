@@ -288,8 +288,6 @@ PublicRun row_to_run(const Row& r) {
   p.run = RunSpec{r.count("seq"), r.count("global_batch"), Precision::bf16};
   p.sweep = fmt::format("{} {} seq{} {}x{}{}", p.source, m.name, p.run.seq, p.cluster.gpus, device, fp8 ? " fp8" : "");
   if (fp8 && !p.cluster.device.has_fp8()) throw Skip{"fp8 on a device without FP8 tensor cores"};
-  // What weft's MoE blocks do not compute yet, named (SOURCES.md, "MoE rows").
-  if (m.moe.enabled() && fp8) throw Skip{"moe: FP8 GEMMs in MoE blocks"};
   // Megatron's expert grid at an expert tp degree of 1 below tp takes the
   // tp ranks into the ep group first (weft's epfold); an ep below tp would
   // fold over part of them, which weft does not.

@@ -196,6 +196,20 @@ int run_tune(const TuneArgs& a) {
 
   const int64_t top = a.all ? std::numeric_limits<int64_t>::max() : a.top;
   const auto no_layout = [&] {
+    // Only folded grids asked for (--ep-fold on): the fold's own rules first.
+    const bool only_folded = !limits.ep_fold.empty() &&
+                             std::find(limits.ep_fold.begin(), limits.ep_fold.end(), false) == limits.ep_fold.end();
+    const bool tp_one = !limits.tp.empty() &&
+                        std::all_of(limits.tp.begin(), limits.tp.end(), [](int64_t t) { return t <= 1; });
+    if (only_folded && !ctx.model.moe.enabled())
+      return InputError(fmt::format("--ep-fold on folds an MoE model's ep group over the tp ranks, but {} is dense; "
+                                    "drop --ep-fold",
+                                    ctx.model.name));
+    if (only_folded && tp_one)
+      return InputError(fmt::format("--ep-fold on folds the ep group over the tp ranks, so it needs tp above 1 "
+                                    "(with sp and an expert tp degree of 1), but --tp pins {}; pin a larger --tp or "
+                                    "drop --ep-fold",
+                                    fmt::join(limits.tp, ",")));
     return InputError(fmt::format(
         "no layout of {} on {} devices matches: tp, cp and pp must divide the device count, and the "
         "global batch {} must be divisible by mb*dp; relax the pinned knobs or change --gpus / "

@@ -308,9 +308,23 @@ Sharding fp8_weight_casts(const Model& x) {
   const double Hl = double(m.heads) / t, Kl = double(m.kv_heads) / t, Fl = double(m.intermediate) / t;
   const std::pair<double, double> linears[] = {{Hl * D, C}, {Kl * D, C}, {Kl * D, C}, {C, Hl * D},
                                                {Fl, C},     {Fl, C},     {C, Fl}};
+  // An MoE model's blocks: the dense FFN's three in its dense share of the
+  // layers, and in the MoE share its routed experts' (this rank's E / ep,
+  // three each) and shared expert's when in FP8 (memory::moe_fp8_experts,
+  // moe_fp8_shared; a scale per weight, each reduced where tp splits it).
+  const double moe_share = m.moe.enabled() ? double(m.moe_layers()) / double(m.layers) : 0.0;
   double per_block = 0;
-  for (const auto& [N, K] : linears)
-    if (f8.in_fp8(M, N, K)) per_block += f8.fp8_cast(N * K) + f8.fp8_amax_reduce();
+  for (int i = 0; i < kLinears; ++i) {
+    const auto [N, K] = linears[i];
+    const double share = i >= int(Linear::gate) ? 1.0 - moe_share : 1.0;
+    if (f8.in_fp8(M, N, K)) per_block += share * (f8.fp8_cast(N * K) + f8.fp8_amax_reduce());
+  }
+  if (moe_share > 0 && x.c.device.has_fp8()) {
+    const double El = double(m.moe.experts / l.ep), Fe = double(m.moe.expert_intermediate / l.etp);
+    const double Fs = double(m.moe.shared_intermediate) / t;
+    if (memory::moe_fp8_experts(m, l)) per_block += moe_share * 3 * El * (f8.fp8_cast(Fe * C) + f8.fp8_amax_reduce());
+    if (memory::moe_fp8_shared(m, l)) per_block += moe_share * 3 * (f8.fp8_cast(Fs * C) + f8.fp8_amax_reduce());
+  }
   const int64_t blocks = std::max({fp8_stage_blocks(m, l, 0), fp8_stage_blocks(m, l, l.pp - 1),
                                    mid > 0 ? fp8_stage_blocks(m, l, mid) : 0});
   s.optimizer += double(blocks) * per_block;

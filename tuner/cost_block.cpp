@@ -182,8 +182,9 @@ Part one_block_cost(const Model& x) {
   // (counted with the tensor-parallel time, in the forward where it is redone
   // with it). The weights' casts are once per step (sharding_cost).
   const auto cast_if = [&](bool on, double elements) { return on ? x.fp8_cast(elements) : 0.0; };
-  const bool qkv8 = x.in_fp8(M, Hl * D, C), o8 = x.in_fp8(M, C, Hl * D), up8 = x.in_fp8(M, Fl, C),
-             down8 = x.in_fp8(M, C, Fl);
+  // (An MoE block has no dense FFN: its experts' casts are its own, below.)
+  const bool qkv8 = x.in_fp8(M, Hl * D, C), o8 = x.in_fp8(M, C, Hl * D), up8 = !x.moe && x.in_fp8(M, Fl, C),
+             down8 = !x.moe && x.in_fp8(M, C, Fl);
   const double attn_cast = cast_if(qkv8, M * C), mlp_cast = cast_if(up8, M * C);
   const double casts_fwd = attn_cast + cast_if(o8, M * Hl * D) + mlp_cast + cast_if(down8, M * Fl);
   double casts_bwd = cast_if(qkv8, M * (Hl + 2 * Kl) * D) + cast_if(o8, M * C) + cast_if(up8, 2 * M * Fl) +
@@ -193,8 +194,8 @@ Part one_block_cost(const Model& x) {
   // hardware one pass writes both layouts, which fp8_cast counts).
   if (x.l.fp8 == Fp8Recipe::blockwise && !x.c.device.has_fp8()) casts_bwd += casts_fwd + casts_bwd;
   const double amax = x.fp8_amax_reduce();
-  const double amax_fwd = amax * (int(qkv8) + int(o8) + int(up8) + int(down8));
-  const double amax_bwd = amax * (3 * int(qkv8) + int(o8) + 2 * int(up8) + int(down8));
+  double amax_fwd = amax * (int(qkv8) + int(o8) + int(up8) + int(down8));
+  double amax_bwd = amax * (3 * int(qkv8) + int(o8) + 2 * int(up8) + int(down8));
 
   double mlp_pre_lora = 0;
   const double attn_pre = x.norm_fwd(Msp) + attn_cast + qkv_fwd + rope;
@@ -251,6 +252,16 @@ Part one_block_cost(const Model& x) {
     // parallelism each rank computes every choice of its own rows, however
     // they route.
     const double f = l.ep > 1 && e.imbalance > 1 ? std::min(e.imbalance, cap / per) : 1.0;
+    // FP8 (memory::moe_fp8_experts, moe_fp8_shared): the experts' and the
+    // shared expert's GEMMs, whatever their rows; the router's never.
+    const bool e8 = x.fp8 && memory::moe_fp8_experts(m, l), s8 = x.fp8 && memory::moe_fp8_shared(m, l);
+    const auto lin_fwd = [&](bool on, double Mi, double N, double K) {
+      return on ? x.gemm8(Mi, N, K) : x.linear_fwd(Mi, N, K);
+    };
+    const auto lin_bwd = [&](bool on, double Mi, double N, double K) {
+      const double wgrad = x.run.lora.enabled() ? 0.0 : on ? x.gemm8(N, K, Mi) : x.gemm(N, K, Mi);
+      return (on ? x.gemm8(Mi, K, N) : x.gemm(Mi, K, N)) + wgrad;
+    };
     const double ep = double(l.ep), El = E / ep, per_local = per * f * ep * gtp;
     // (The all-gather dispatcher moves every rank's rows whatever they route.)
     const double rows_bytes = choices * C * a, received = choices * f * gtp;
@@ -264,26 +275,43 @@ Part one_block_cost(const Model& x) {
     split_width = double(e.shared_intermediate) / t;
     local_experts = El;
     expert_rows = per_local;
-    double pre = x.block_linear_fwd(Mr, E, C) + x.stream("moe_route", Mr, E) + x.stream("moe_permute", choices, C) +
-                 out_trip + El * 2 * x.block_linear_fwd(per_local, Fe, C) + x.stream("swiglu_fwd", received, Fe);
+    // Its casts: the experts' inputs and SwiGLU outputs in the forward
+    // (their scales per expert and micro-batch, an amax reduction each),
+    // the output gradients of down, gate and up in the backward; the shared
+    // expert's as a dense FFN's, its input again for its weight gradients.
+    // Emulated, the weights are quantised at each use (forward and
+    // backward); on FP8 hardware once per step (fp8_weight_casts).
+    const double Fs0 = double(e.shared_intermediate) / t;
+    const double w8 = (e8 ? 3 * El * Fe * C : 0.0) + (s8 ? 3 * Fs0 * C : 0.0);
+    const double in_cast = (e8 ? x.fp8_cast(received * C) : 0.0) + (s8 ? x.fp8_cast(M * C) : 0.0) +
+                           (w8 > 0 && !x.c.device.has_fp8() ? x.fp8_cast(w8) : 0.0);
+    const double act_cast = (e8 ? x.fp8_cast(received * Fe) : 0.0) + (s8 ? x.fp8_cast(M * Fs0) : 0.0);
+    const double grad_casts = (e8 ? x.fp8_cast(received * C) + x.fp8_cast(2 * received * Fe) : 0.0) +
+                              (s8 ? 2 * x.fp8_cast(M * C) + x.fp8_cast(2 * M * Fs0) : 0.0) +
+                              (w8 > 0 && !x.c.device.has_fp8() ? x.fp8_cast(w8) : 0.0);
+    amax_fwd += amax * (2 * int(e8) + 2 * int(s8));
+    amax_bwd += amax * (3 * int(e8) + 4 * int(s8));
+    double pre = x.linear_fwd(Mr, E, C) + x.stream("moe_route", Mr, E) + x.stream("moe_permute", choices, C) +
+                 out_trip + in_cast + El * 2 * lin_fwd(e8, per_local, Fe, C) + x.stream("swiglu_fwd", received, Fe) +
+                 act_cast;
     const double etp_sum = !(l.etp > 1) ? 0.0
                            : etp_sp ? all_gather(received * C * a, x.tp_group()) + reduce_scatter(received * C * a, x.tp_group())
                                     : all_reduce(received * C * a, x.tp_group());
-    double post = El * x.block_linear_fwd(per_local, C, Fe) + etp_sum + back_trip +
+    double post = El * lin_fwd(e8, per_local, C, Fe) + etp_sum + back_trip +
                   x.stream("moe_unpermute", choices, C);
-    double bwd = x.block_linear_bwd(Mr, E, C) + x.stream("moe_route_bwd", Mr, E) + x.stream("moe_permute", choices, C) +
-                 out_trip + back_trip + etp_sum +
-                 El * (2 * x.block_linear_bwd(per_local, Fe, C) + x.block_linear_bwd(per_local, C, Fe)) +
+    double bwd = lin_bwd(false, Mr, E, C) + x.stream("moe_route_bwd", Mr, E) + x.stream("moe_permute", choices, C) +
+                 out_trip + back_trip + etp_sum + grad_casts +
+                 El * (2 * lin_bwd(e8, per_local, Fe, C) + lin_bwd(e8, per_local, C, Fe)) +
                  x.stream("swiglu_bwd", received, Fe) + x.stream("moe_unpermute", choices, C);
     if (split_width > 0) {
       const double Fs = split_width;
-      pre += 2 * x.block_linear_fwd(M, Fs, C) + x.stream("swiglu_fwd", M, Fs);
-      post += x.block_linear_fwd(M, C, Fs);
-      bwd += 2 * x.block_linear_bwd(M, Fs, C) + x.stream("swiglu_bwd", M, Fs) + x.block_linear_bwd(M, C, Fs);
+      pre += 2 * lin_fwd(s8, M, Fs, C) + x.stream("swiglu_fwd", M, Fs);
+      post += lin_fwd(s8, M, C, Fs);
+      bwd += 2 * lin_bwd(s8, M, Fs, C) + x.stream("swiglu_bwd", M, Fs) + lin_bwd(s8, M, C, Fs);
     }
-    mlp_pre = x.norm_fwd(Msp) + mlp_cast + pre;
+    mlp_pre = x.norm_fwd(Msp) + pre;
     p.fwd = attn_pre + attn_fwd + x.block_linear_fwd(M, C, Hl * D) + resid + mlp_pre + post + resid +
-            (casts_fwd - attn_cast - mlp_cast);
+            (casts_fwd - attn_cast);
     p.bwd = x.norm_bwd(Msp) + qkv_bwd + rope + attn_bwd + x.block_linear_bwd(M, C, Hl * D) + resid + x.norm_bwd(Msp) +
             bwd + resid + casts_bwd;
   }
@@ -358,7 +386,9 @@ Part one_block_cost(const Model& x) {
   const bool ffn_gathers = ffn_split;
   const double gather_up = l.sp && ffn_gathers ? all_gather(keeps8 && up8 ? M * C : act, tg) : 0.0;
   const double tp_fwd = gather_qkv + gather_up + (ffn_split ? 2 : 1) * reduce + amax_fwd;
-  const double regather_qkv = gather_qkv, regather_up = gather_up;
+  // (An MoE model keeps its FP8 blocks' inputs in the compute type:
+  // memory::fp8_saved_inputs.)
+  const double regather_qkv = m.moe.enabled() && l.sp ? all_gather(act, tg) : gather_qkv, regather_up = gather_up;
   const double qkv_dgrad = x.block_linear_dgrad(M, Hl * D, C) + 2 * x.block_linear_dgrad(M, Kl * D, C);
   const double qkv_wgrad = x.block_linear_wgrad(M, Hl * D, C) + 2 * x.block_linear_wgrad(M, Kl * D, C);
   const double Fu = ffn_split ? split_width : Fl;

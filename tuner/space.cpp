@@ -142,7 +142,7 @@ std::vector<Subspace> enumerate_subspaces(const ModelSpec& m, const RunSpec& run
   std::vector<AttentionKind> attns = {AttentionKind::flash, AttentionKind::materialized};
   if (device.kind == DeviceKind::gpu) attns.push_back(AttentionKind::cudnn);
   std::vector<std::pair<Fp8Recipe, int64_t>> fp8s = {{Fp8Recipe::off, 0}};
-  if (device.fp8 && !m.moe.enabled()) fp8s.push_back({Fp8Recipe::tensorwise, 0});  // (not in MoE blocks yet)
+  if (device.fp8) fp8s.push_back({Fp8Recipe::tensorwise, 0});
   fp8s = pick(limits.fp8, fp8s);
   attns = pick(limits.attention, attns);
   std::vector<GradPrecision> grads = {GradPrecision::fp32};

@@ -386,6 +386,8 @@ TEST(CliTune, BadInputIsOneClearLineAndExitTwo) {
       {"tune --dry-run --gpu h100 --fp8 delayed@-1", {"--fp8 'delayed@-1'", "whole number"}},
       {"tune --dry-run --gpu a100-40gb --fp8 off,delayed@1", {"--fp8 delayed@1", "a100-40gb (sm_80)", "--fp8 off"}},
       {"tune --dry-run --gpus 64 --model llama-13b --tp 1 --cp 3", {"tp, cp and pp must divide"}},
+      {"tune --dry-run --gpus 64 --model mixtral-8x7b --ep-fold on --tp 1", {"--ep-fold on", "tp above 1", "--tp pins 1"}},
+      {"tune --dry-run --gpus 64 --model llama-13b --ep-fold on", {"--ep-fold on", "llama-13b is dense"}},
       {"tune --dry-run --gpus 64 --model llama-13b --seq 2052 --tp 1 --cp 16",
        {"T=2052", "2*cp = 32 equal chunks"}},
   };

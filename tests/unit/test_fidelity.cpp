@@ -68,13 +68,12 @@ TEST(Fidelity, RowsLoadWithTheirSplit) {
   EXPECT_GT(set.skipped.at("attention 'flash1' (no weft kernel of its kind)"), 0);
   // The CSV's context-parallel rows (S6, S7, S10) are read for their cp:
   // S7's two Llama 3 rows and S6's three Llama 3.1 8B rows (FP8, on the
-  // h100-96gb part) are expressed; S6's 405B rows state no global batch and
-  // S10's spreads 126 layers unevenly over pp x vpp; S13's Grok-1 rows at
-  // cp2 in FP8 wait for FP8 in MoE blocks.
+  // h100-96gb part) are expressed, as are S13's Grok-1 rows at cp2 (FP8
+  // among them); S6's 405B rows state no global batch and S10's spreads 126
+  // layers unevenly over pp x vpp.
   EXPECT_EQ(set.skipped_cp,
             (std::map<std::string, int64_t>{{"global_batch not stated", 3},
-                                            {"layout weft cannot run: layers L=126 must be divisible by pp*vpp", 1},
-                                            {"moe: FP8 GEMMs in MoE blocks", 7}}));
+                                            {"layout weft cannot run: layers L=126 must be divisible by pp*vpp", 1}}));
   // Rows on the power-limited 96 GB part are judged, never fitted.
   for (const auto& r : set.runs)
     if (r.cluster.device.name == "h100-96gb") {
@@ -96,7 +95,8 @@ TEST(Fidelity, Fp8RowsAreExpressedHeldOutAndReportedApart) {
     ++recipes[r.layout.fp8];
     EXPECT_NE(r.sweep.find(" fp8"), std::string::npos) << r.sweep;
     EXPECT_TRUE(r.cluster.device.has_fp8()) << r.source << ":" << r.line;
-    const std::string study = r.source.substr(0, r.source.find('_'));
+    // (A study's MoE sweeps hold out their own share.)
+    const std::string study = r.source.substr(0, r.source.find('_')) + (r.model.moe.enabled() ? " moe" : "");
     if (r.cluster.device.name != "h100-96gb") {  // those are all held out, outside the draw
       sweeps[study].first.insert(r.sweep);
       if (r.held_out) sweeps[study].second.insert(r.sweep);
@@ -317,26 +317,38 @@ TEST(Fidelity, HeldOutSweepsWithinBounds) {
   EXPECT_GE(double(t.oom_predicted), 0.5 * double(t.oom));
 }
 
-// The public MoE rows weft can express (bf16; calibration/SOURCES.md, "MoE
-// rows"), never fitted: their MFU error is the MoE cost terms' on runs they
-// never saw. The issue's target is 5 points; today's 5.2 (15 rows) is
-// bounded so that a change that loses accuracy here fails
-// (benchmarks/RESULTS.md says why the rest is missed).
+// The public MoE rows (calibration/SOURCES.md, "MoE rows"), never fitted:
+// their MFU error is the MoE cost terms' on runs they never saw. The
+// issue's target is 5 points. The bf16 rows' 5.2 (15 rows) and the FP8
+// rows' 8.0 (22 rows: FP8 in the MoE blocks too) are bounded so that a
+// change that loses accuracy here fails (benchmarks/RESULTS.md says why
+// the rest is missed).
 TEST(Fidelity, MoeRowsAreJudgedNeverFitted) {
-  std::vector<PublicRun> moe;
+  std::vector<PublicRun> bf16, fp8;
   for (const auto& r : runs().runs)
-    if (r.model.moe.enabled()) moe.push_back(r);
-  ASSERT_GE(moe.size(), 15u);
-  const auto f = fidelity_evaluate(moe, Split::all, [](const DeviceSpec& d) { return cost_defaults(d); });
-  EXPECT_EQ(f.moe.measured, int64_t(moe.size()));
+    if (r.model.moe.enabled()) (r.layout.fp8 == Fp8Recipe::off ? bf16 : fp8).push_back(r);
+  ASSERT_GE(bf16.size(), 15u);
+  ASSERT_GE(fp8.size(), 22u);
+  const auto judged = [](const std::vector<PublicRun>& rows) {
+    return fidelity_evaluate(rows, Split::all, [](const DeviceSpec& d) { return cost_defaults(d); });
+  };
+  const auto f = judged(bf16), f8 = judged(fp8);
+  EXPECT_EQ(f.moe.measured, int64_t(bf16.size()));
   EXPECT_LE(f.moe.mae_points, 5.6);
   EXPECT_GE(f.moe.fit_predicted, 12);
-  // FP8 MoE rows wait, counted by name; Megatron's ep folded over the tp
-  // ranks at ETP 1 (the ModelZoo's Qwen3-235B rows, Megatron-Bridge's EP32
-  // over TP2, Grok-1 2025-09) reads as epfold.
-  EXPECT_GE(runs().skipped.at("moe: FP8 GEMMs in MoE blocks"), 20);
+  EXPECT_EQ(f8.moe.measured, int64_t(fp8.size()));
+  EXPECT_LE(f8.moe.mae_points, 8.5);
+  // Every FP8 MoE row is expressed now: Megatron-Bridge's (FP8-CS:
+  // tensorwise), NeMo's Grok-1 and Maverick ones (delayed).
+  EXPECT_EQ(runs().skipped.count("moe: FP8 GEMMs in MoE blocks"), 0u);
+  int64_t delayed = 0;
+  for (const auto& r : fp8) delayed += r.layout.fp8 == Fp8Recipe::delayed;
+  EXPECT_GE(delayed, 11);
+  // Megatron's ep folded over the tp ranks at ETP 1 (the ModelZoo's
+  // Qwen3-235B rows, Megatron-Bridge's EP32 over TP2, Grok-1 2025-09) reads
+  // as epfold.
   int64_t folded = 0;
-  for (const auto& r : moe) folded += r.layout.ep_fold ? 1 : 0;
+  for (const auto& r : bf16) folded += r.layout.ep_fold ? 1 : 0;
   EXPECT_GE(folded, 4);
 }
 
