@@ -116,7 +116,7 @@ int64_t fp8_stage_blocks(const ModelSpec& m, const Layout& l, const StagePlan& p
 
 int64_t fp8_stage_dense_blocks(const ModelSpec& m, const Layout& l, const StagePlan& plan) {
   if (!m.moe.enabled()) return fp8_stage_blocks(m, l, plan);
-  if (l.fp8 == Fp8Recipe::off) return 0;
+  if (l.fp8 == Fp8Recipe::off || (m.moe.step == 1 && m.moe.dense_layers.empty())) return 0;  // (every block MoE)
   int64_t n = 0;
   for (int64_t c = 0; c < l.vpp; ++c) {
     const int64_t layers = l.virtual_layers(m, c * l.pp + plan.stage);

@@ -479,7 +479,7 @@ namespace weft::tuner {
 // two layouts equal in these price a block alike (on one model, run,
 // cluster and constants). A knob block_cost starts to read joins the key;
 // SpaceSearch.BlockCostCacheChangesNoBound fails until it does.
-using BlockKey = std::array<int64_t, 9>;
+using BlockKey = std::array<int64_t, 13>;
 struct BlockKeyHash {
   size_t operator()(const BlockKey& key) const {
     uint64_t h = 0xcbf29ce484222325ULL;
@@ -506,10 +506,12 @@ BlockCostCache& BlockCostCache::operator=(BlockCostCache&&) noexcept = default;
 namespace weft::tuner::cost_parts {
 namespace {
 
+// Every knob a block's cost reads: an MoE block's the expert grid's too
+// (its all-to-alls, local experts and their width).
 BlockKey block_key(const Model& x) {
   const Layout& l = x.l;
-  return {l.tp, l.cp, int64_t(l.cp_comm), l.mb, int64_t(l.sp), int64_t(l.attention), int64_t(l.norm),
-          int64_t(l.fp8), int64_t(x.fp8)};
+  return {l.tp,         l.cp,   int64_t(l.cp_comm), l.mb, int64_t(l.sp), int64_t(l.attention), int64_t(l.norm),
+          int64_t(l.fp8), int64_t(x.fp8), l.ep, l.etp, int64_t(l.dispatch), int64_t(l.ep_fold)};
 }
 
 Part cached_block_cost(const Model& x, BlockCostCache* cache) {

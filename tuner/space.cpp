@@ -142,7 +142,9 @@ std::vector<Subspace> enumerate_subspaces(const ModelSpec& m, const RunSpec& run
   std::vector<AttentionKind> attns = {AttentionKind::flash, AttentionKind::materialized};
   if (device.kind == DeviceKind::gpu) attns.push_back(AttentionKind::cudnn);
   std::vector<std::pair<Fp8Recipe, int64_t>> fp8s = {{Fp8Recipe::off, 0}};
-  if (device.fp8) fp8s.push_back({Fp8Recipe::tensorwise, 0});
+  // An MoE model's FP8 layouts only when pinned (--fp8): the GPU trainer
+  // does not run them yet (check_trainable), and they double the space.
+  if (device.fp8 && !m.moe.enabled()) fp8s.push_back({Fp8Recipe::tensorwise, 0});
   fp8s = pick(limits.fp8, fp8s);
   attns = pick(limits.attention, attns);
   std::vector<GradPrecision> grads = {GradPrecision::fp32};

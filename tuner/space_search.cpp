@@ -79,6 +79,22 @@ std::string first_violation(const SpaceContext& ctx, const Layout& l) {
   return v.empty() ? memory::fp8_runs_none(ctx.model, ctx.run, l) : v.front();
 }
 
+// An FP8 shape's rules from its bf16 twin's (the same shape with FP8 off;
+// search_one): at fp8@0 Layout::violations has no rule of FP8's own, so FP8
+// adds two that hold for the whole shape, FP8 on the device (first) and no
+// GEMM left in FP8 (last), and otherwise breaks what the twin breaks.
+Rules twin_rules(const SpaceContext& ctx, const Subspace& s, const Rules& bf16) {
+  Layout l = s.shape;
+  l.attention = s.attentions.front();
+  const std::string device = fp8_on_device(l, ctx.cluster.device);
+  const std::string none = device.empty() ? memory::fp8_runs_none(ctx.model, ctx.run, l) : std::string();
+  if (device.empty() && none.empty()) return bf16;
+  Rules r;
+  r.attention = bf16.attention;
+  for (const std::string& rule : bf16.shape) r.shape.push_back(!device.empty() ? device : rule.empty() ? none : rule);
+  return r;  // (no attention valid: the knobs' rules are not read)
+}
+
 Rules rules_of(const SpaceContext& ctx, const Subspace& s) {
   Rules r;
   for (AttentionKind a : s.attentions) {
@@ -363,27 +379,53 @@ SpaceReport search_one(const SpaceContext& ctx, const SpaceLimits& limits, int64
     for (double v : steps[i].sharding) sharding = std::min(sharding, v);
     step_bound[i] = (kernels + sharding) * (1 - 1e-9);
   };
-#pragma omp parallel for schedule(dynamic, 8)
-  for (size_t i = 0; i < n; ++i) try {
+  // An MoE model's FP8 shape and its bf16 twin (the same shape with FP8
+  // off, enumerated just before it): the FP8 shape's rules follow from the
+  // twin's (twin_rules), and since its layouts hold all that the twin's do
+  // and more (an MoE model's FP8 blocks keep no inputs as codes:
+  // memory::fp8_saved_inputs), the twin's memory bound bounds them too.
+  // The twins first, then the FP8 shapes.
+  std::vector<size_t> twin(n, n);
+  if (ctx.model.moe.enabled())
+    for (size_t i = 1; i < n; ++i) {
+      if (subs[i].shape.fp8 == Fp8Recipe::off || subs[i].shape.fp8_bf16_layers != 0 ||
+          subs[i - 1].shape.fp8 != Fp8Recipe::off || subs[i].attentions != subs[i - 1].attentions)
+        continue;
+      Layout bf16 = subs[i].shape;
+      bf16.fp8 = Fp8Recipe::off;
+      if (bf16 == subs[i - 1].shape) twin[i] = i - 1;
+    }
+  const auto bound = [&](size_t i) {
     const Subspace& s = subs[i];
-    rules[i] = rules_of(ctx, s);
-    if (rules[i].valid_attentions.empty()) continue;
-    try {
-      memory_bound[i] = memory_lower_bound(ctx, s, rules[i]);
-    } catch (const InputError& e) {
-      // Sizes past 64 bits, or past the pipeline schedule's: the shape's, so
-      // every valid layout of it.
-      size_error[i] = e.what();
-      continue;
+    const size_t t = twin[i];
+    rules[i] = t < n ? twin_rules(ctx, s, rules[t]) : rules_of(ctx, s);
+    if (rules[i].valid_attentions.empty()) return;
+    if (t < n && size_error[t].empty()) {
+      memory_bound[i] = memory_bound[t];
+    } else {
+      try {
+        memory_bound[i] = memory_lower_bound(ctx, s, rules[i]);
+      } catch (const InputError& e) {
+        // Sizes past 64 bits, or past the pipeline schedule's: the shape's,
+        // so every valid layout of it.
+        size_error[i] = e.what();
+        return;
+      }
     }
     // (A shape over the memory bound is bounded in step only where the rows
     // need its layouts: below, when fewer than `top` fit.)
     if (memory_bound[i] <= usable) bound_steps(i);
-  } catch (...) {
+  };
+  for (const bool fp8_twins : {false, true}) {
+#pragma omp parallel for schedule(dynamic, 8)
+    for (size_t i = 0; i < n; ++i) try {
+      if ((twin[i] < n) == fp8_twins) bound(i);
+    } catch (...) {
 #pragma omp critical(weft_search_failed)
-    if (!failed) failed = std::current_exception();
+      if (!failed) failed = std::current_exception();
+    }
+    if (failed) std::rethrow_exception(failed);
   }
-  if (failed) std::rethrow_exception(failed);
 
   // Every layout's class by the rules, and the first invalid ones by index
   // (the rows after the fitting and out-of-memory ones).

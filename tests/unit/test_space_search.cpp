@@ -127,6 +127,20 @@ TEST(SpaceSearch, ListsTheExhaustiveRows) {
     c.limits.capacity = {1.0, 0.0};
     cases.push_back(c);
   }
+  {
+    // An MoE model's FP8 layouts, pinned (not searched unless asked): each
+    // FP8 shape's rules and memory bound are its bf16 twin's (search_one);
+    // delayed follows tensorwise, so it is bounded on its own. On an A100
+    // every FP8 layout breaks the device's rule.
+    Case c{"mixtral-8x7b", "h100", 64, 4096, 256, 10, {}};
+    c.limits.ep = {8};
+    c.limits.mb = {1};
+    c.limits.fp8 = {{Fp8Recipe::off, 0}, {Fp8Recipe::tensorwise, 0}, {Fp8Recipe::delayed, 0}};
+    cases.push_back(c);
+    c.gpu = "a100-80gb";
+    c.limits.fp8 = {{Fp8Recipe::off, 0}, {Fp8Recipe::tensorwise, 0}};
+    cases.push_back(c);
+  }
   for (const auto& c : cases) {
     SpaceContext ctx;
     ctx.model = model_preset(c.model);
