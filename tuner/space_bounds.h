@@ -17,6 +17,11 @@ struct Member {
 };
 Member member_of(const Subspace& s, int64_t i);
 
+// A lower bound on memory::estimate(...).peak() of every valid layout of a
+// subspace (space_bounds.cpp says how), over its valid attention kinds
+// (indices into its list). Throws InputError for sizes past 64 bits.
+int64_t memory_lower_bound(const SpaceContext& ctx, const Subspace& s, const std::vector<size_t>& valid_attentions);
+
 // Lower bounds on memory::estimate(...).peak() of a subspace's layouts, a
 // term per (checkpointing, attention, norm) and one per (ZeRO, gradient
 // type), on the first and the last stage (the worst holds at least either):

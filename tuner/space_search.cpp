@@ -65,13 +65,6 @@ struct Rules {
   }
 };
 
-// The data-parallel buffers of ZeRO and tied embeddings (memory/shapes_comm),
-// whose size follows ZeRO and the gradient type.
-bool sharding_buffer(const memory::TensorShape& t) {
-  return t.category == memory::Category::comm &&
-         (std::strncmp(t.name, "comm.dp_", 8) == 0 || std::strncmp(t.name, "comm.tied_", 10) == 0);
-}
-
 std::string first_violation(const SpaceContext& ctx, const Layout& l) {
   // evaluate_one's order: FP8 on a device without it before the layout's rules.
   if (auto f8 = fp8_on_device(l, ctx.cluster.device); !f8.empty()) return f8;
@@ -126,61 +119,6 @@ Rules rules_of(const SpaceContext& ctx, const Subspace& s) {
     r.grad.push_back(first_violation(ctx, l));
   }
   return r;
-}
-
-// A lower bound on memory::estimate(...).peak() of every valid layout of a
-// subspace. Of a stage's table (memory/shapes), with everything else of the
-// shape fixed:
-// - weights, gradients and optimizer state are at least the stage's
-//   parameters sharded over dp x cp, at the narrowest gradient type;
-// - the saved activations are at least full checkpointing's on every layer
-//   (the block inputs every mode keeps, and one block's rebuilt tensors,
-//   which every other mode keeps for at least one block);
-// - the rest (logits, scratch, kernel workspaces, the tp, pp and cp
-//   buffers, the runtime) depends only on the shape, the attention and the
-//   norm, less the data-parallel buffers of ZeRO and tied embeddings (whose
-//   size follows ZeRO and the gradient type): taken at the least over the
-//   valid attention kinds and the norms.
-// The worst stage holds at least the first's and the last's.
-int64_t memory_lower_bound(const SpaceContext& ctx, const Subspace& s, const Rules& rules) {
-  const ModelSpec& m = ctx.model;
-  const RunSpec& run = ctx.run;
-  int64_t narrowest = 4;
-  for (GradPrecision g : s.grads) narrowest = std::min<int64_t>(narrowest, g == GradPrecision::bf16 ? 2 : 4);
-  const int64_t per_param = run.compute_bytes() + narrowest + (run.precision == Precision::bf16 ? 12 : 8);
-  thread_local std::vector<memory::TensorShape> table;
-  int64_t bound = 0;
-  const int64_t ends[] = {0, s.shape.pp - 1};  // at pp 1 one stage, the first and the last
-  for (int e = 0; e < (s.shape.pp > 1 ? 2 : 1); ++e) {
-    const int64_t stage = ends[e];
-    int64_t least = std::numeric_limits<int64_t>::max();
-    for (size_t a : rules.valid_attentions)
-      for (NormKind norm : s.norms) {
-        Layout l = s.shape;
-        l.attention = s.attentions[a];
-        l.norm = norm;
-        l.ckpt = Checkpointing::full;
-        l.ckpt_layers = 0;
-        const memory::StagePlan plan = memory::stage_plan(m, run, l, stage);
-        memory::stage_shapes(m, run, l, ctx.cluster.device, plan, table);
-        int64_t sum = 0;
-        for (const auto& t : table) {
-          if (t.category == memory::Category::weights || t.category == memory::Category::grads ||
-              t.category == memory::Category::optimizer)
-            continue;
-          if (sharding_buffer(t)) continue;
-          sum += t.bytes();
-        }
-        least = std::min(least, sum);
-      }
-    Layout l = s.shape;
-    const memory::StagePlan plan = memory::stage_plan(m, run, l, stage);
-    const int64_t params = memory::stage_param_elements(m, l, plan) / l.shard_ways();
-    // LoRA's frozen base: whole on every dp rank, in the compute type.
-    const int64_t frozen = memory::stage_frozen_elements(m, l, plan) * run.compute_bytes();
-    bound = std::max(bound, least + params * per_param + frozen);
-  }
-  return bound;
 }
 
 // What the search keeps of a predicted layout.
@@ -286,65 +224,6 @@ double threshold_of(std::vector<Rec>& fits, size_t top, double tie) {
 
 }  // namespace
 
-Member member_of(const Subspace& s, int64_t i) {
-  Member x;
-  const auto take = [&i](size_t n) {
-    const size_t k = size_t(i % int64_t(n));
-    i /= int64_t(n);
-    return k;
-  };
-  x.g = take(s.grads.size());
-  x.z = take(s.zeros.size());
-  x.n = take(s.norms.size());
-  x.a = take(s.attentions.size());
-  x.c = take(s.ckpts.size());
-  return x;
-}
-
-MemoryBounds::MemoryBounds(const SpaceContext& ctx, const Subspace& s) : ctx_(ctx), s_(s) {
-  for (int k = 0; k < 2; ++k) {
-    rest_[k].assign(s.ckpts.size() * s.attentions.size() * s.norms.size(), -1);
-    params_[k].assign(s.zeros.size() * s.grads.size(), -1);
-  }
-}
-
-int64_t MemoryBounds::of(const Member& x) {
-  int64_t bound = 0;
-  for (int k = 0; k < 2; ++k) {
-    int64_t& rest = rest_[k][(x.c * s_.attentions.size() + x.a) * s_.norms.size() + x.n];
-    if (rest < 0) rest = part(k, x, false);
-    int64_t& params = params_[k][x.z * s_.grads.size() + x.g];
-    if (params < 0) params = part(k, x, true);
-    bound = std::max(bound, rest + params);
-  }
-  return bound;
-}
-
-// One term on the first (0) or last (1) stage: the state's bytes (params),
-// or the rest less the data-parallel buffers.
-int64_t MemoryBounds::part(int stage_end, const Member& x, bool params) {
-  Layout l = s_.shape;
-  if (params) {
-    s_.zeros[x.z].apply(l);
-    l.grad = s_.grads[x.g];
-  } else {
-    l.ckpt = s_.ckpts[x.c].first;
-    l.ckpt_layers = s_.ckpts[x.c].second;
-    l.attention = s_.attentions[x.a];
-    l.norm = s_.norms[x.n];
-  }
-  const memory::StagePlan plan = memory::stage_plan(ctx_.model, ctx_.run, l, stage_end == 0 ? 0 : l.pp - 1);
-  thread_local std::vector<memory::TensorShape> table;
-  memory::stage_shapes(ctx_.model, ctx_.run, l, ctx_.cluster.device, plan, table);
-  int64_t sum = 0;
-  for (const auto& t : table) {
-    const bool state = t.category == memory::Category::weights || t.category == memory::Category::grads ||
-                       t.category == memory::Category::optimizer;
-    if (params ? state : !state && !sharding_buffer(t)) sum += t.bytes();
-  }
-  return sum;
-}
-
 namespace {
 
 SpaceReport search_one(const SpaceContext& ctx, const SpaceLimits& limits, int64_t top_rows, SpaceDevice device) {
@@ -404,7 +283,7 @@ SpaceReport search_one(const SpaceContext& ctx, const SpaceLimits& limits, int64
       memory_bound[i] = memory_bound[t];
     } else {
       try {
-        memory_bound[i] = memory_lower_bound(ctx, s, rules[i]);
+        memory_bound[i] = memory_lower_bound(ctx, s, rules[i].valid_attentions);
       } catch (const InputError& e) {
         // Sizes past 64 bits, or past the pipeline schedule's: the shape's,
         // so every valid layout of it.
