@@ -199,7 +199,7 @@ TEST(CliListings, LargeSpacesStayInBoundedMemory) {
   const std::string big = "tune --dry-run --model llama3.1-70b --gpu h100 --gpus 64 --seq 8192 --global-batch 128";
   // (The page of a space this large is built in bounded memory:
   // CliReport.LargestDryRunStaysSmall.)
-  for (const std::string& f : {"json", "table", "md"}) {
+  for (const std::string f : {"json", "table", "md"}) {
     const auto r = limited(big + " --all --format " + f);
     EXPECT_EQ(r.code, 2) << f << "\n" << r.out.substr(0, 2000);
     EXPECT_NE(r.out.find("the space holds 13354272 layouts"), std::string::npos) << f << "\n" << r.out.substr(0, 2000);
