@@ -7,14 +7,9 @@ function(weft_add_test)
   cmake_parse_arguments(T "" "NAME;NP;TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
   add_executable(${T_NAME} ${T_SOURCES})
   target_link_libraries(${T_NAME} PRIVATE ${T_LIBS} GTest::gtest GTest::gtest_main)
-  # The test's own code: less optimisation, and no fuzzing counters (the
-  # top-level CMakeLists.txt says why).
+  # The test's own code at -O1, -O0 under the sanitizers (the top-level
+  # CMakeLists.txt says why).
   target_compile_options(${T_NAME} PRIVATE ${WEFT_TEST_OPTIMIZE})
-  if(WEFT_FUZZ_COMPILE_OPTION)
-    get_target_property(options ${T_NAME} COMPILE_OPTIONS)
-    list(REMOVE_ITEM options "${WEFT_FUZZ_COMPILE_OPTION}")
-    set_target_properties(${T_NAME} PROPERTIES COMPILE_OPTIONS "${options}")
-  endif()
   if(WEFT_TESTS_NOT_BUILT AND T_NAME MATCHES "${WEFT_TESTS_NOT_BUILT}")
     set_target_properties(${T_NAME} PROPERTIES EXCLUDE_FROM_ALL TRUE)
   endif()
