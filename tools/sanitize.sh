@@ -28,8 +28,10 @@ jobs=${WEFT_JOBS:-$(nproc)}
 # skips them, and the multi-GPU check's CPU run, whose cp, tp, pp and dp
 # paths the mpi tests above already run under the sanitizers (it starts
 # mpirun itself, so it would need the slow unwinder too). WEFT_SAN_SKIP=
-# runs them too.
-skip=${WEFT_SAN_SKIP-'^(test_layout_parity|test_pipeline_split|test_hybrid_sharding|test_moe_parity|test_init_mpi|test_tune_mpi|test_kill_ranks|test_multi_gpu_train_script)$'}
+# runs them too. test_cli_tune (3 minutes sanitized) is skipped too while CI
+# is near its time limit: the tuner's unit tests (test_tuner, test_tune) and
+# test_cli_outputs run its search, tuning and listings sanitized.
+skip=${WEFT_SAN_SKIP-'^(test_layout_parity|test_pipeline_split|test_hybrid_sharding|test_moe_parity|test_init_mpi|test_tune_mpi|test_kill_ranks|test_multi_gpu_train_script|test_cli_tune)$'}
 # Nor are they built (WEFT_TESTS_NOT_BUILT), which saves minutes of the build.
 mkdir -p "$build"
 cmake -S . -B "$build" -G Ninja \
