@@ -9,7 +9,7 @@ function(weft_add_test)
   target_link_libraries(${T_NAME} PRIVATE ${T_LIBS} GTest::gtest GTest::gtest_main)
   # The test's own code at -O1, -O0 under the sanitizers (the top-level
   # CMakeLists.txt says why).
-  target_compile_options(${T_NAME} PRIVATE ${WEFT_TEST_OPTIMIZE})
+  target_compile_options(${T_NAME} PRIVATE ${WEFT_LEAN_OPTIMIZE})
   if(WEFT_TESTS_NOT_BUILT AND T_NAME MATCHES "${WEFT_TESTS_NOT_BUILT}")
     set_target_properties(${T_NAME} PROPERTIES EXCLUDE_FROM_ALL TRUE)
   endif()
