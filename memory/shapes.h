@@ -169,10 +169,20 @@ int64_t fp8_stage_dense_blocks(const ModelSpec& m, const Layout& l, const StageP
 // under block scaling), the shared expert's where C and its tp share are;
 // an expert's rows are any number (an FP8 kernel would pad them to 16, as
 // Megatron pads them for FP8). The router's GEMM stays in the compute
-// precision. (The CPU trainer computes them under fp8:tensorwise; the
-// models price every recipe, for the dry-run.)
+// precision. (The CPU trainer computes them under fp8:tensorwise and
+// fp8:delayed; the models price every recipe, for the dry-run.)
 bool moe_fp8_experts(const ModelSpec& m, const Layout& l);
 bool moe_fp8_shared(const ModelSpec& m, const Layout& l);
+// Delayed FP8 scaling's slots per block on the CPU trainer, each an
+// operand's amax history, step amax and scale: the dense GEMMs' kFp8Gemms x
+// 3 operands (input, weight, output gradient), then in an MoE model each
+// routed expert's gate, up and down, 3 operands each. Every block has the
+// same (a dense block's expert slots stay empty), and they count the
+// model's experts, not a rank's share, so that a checkpoint's history per
+// layer has one shape whatever the layout (ep, etp, pp).
+inline int64_t fp8_delayed_slots_per_block(const ModelSpec& m) {
+  return int64_t{kFp8Gemms} * 3 + (m.moe.enabled() ? m.moe.experts * 3 * 3 : 0);
+}
 // The global index of block `layer` of model chunk `chunk` on `stage`.
 int64_t global_layer(const ModelSpec& m, const Layout& l, int64_t stage, int64_t chunk, int64_t layer);
 // The token rows an MoE block routes on each rank of a layout (its own,

@@ -254,8 +254,6 @@ void fp8_buffer_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, 
         // Delayed scaling's first step scales from each tensor's own amax
         // (its history is empty): that amax and a one-deep history.
         if (l.fp8 == Fp8Recipe::delayed) out.push_back({"fp8.first_step", Category::workspace, 2, kFp32, 1});
-      } else if (l.fp8 == Fp8Recipe::delayed) {
-        out.push_back({"fp8.scaling", Category::optimizer, slots * (kFp8DelayedHistory + 2), kFp32, 1});
       }
     }
     // An MoE block's FFN (llama_moe_fp8.cpp): its routed experts' weights
@@ -276,6 +274,12 @@ void fp8_buffer_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, 
       else
         out.push_back({"scratch.moe_fp8_weight", Category::workspace, per_block, eb, copies});
     }
+    // Delayed scaling on the CPU keeps, per block and operand (the dense
+    // GEMMs', then each routed expert's: fp8_delayed_slots_per_block), the
+    // amax history, the step's amax and the scale.
+    if (!gpu && l.fp8 == Fp8Recipe::delayed && (weights > 0 || (moe8 > 0 && (routed || shared))))
+      out.push_back({"fp8.scaling", Category::optimizer,
+                     plan.layers * fp8_delayed_slots_per_block(m) * (kFp8DelayedHistory + 2), kFp32, 1});
   }
 }
 

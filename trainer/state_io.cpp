@@ -210,7 +210,8 @@ std::unique_ptr<SaveJob> state_gather(const std::string& dir, LlamaStage<Elem, G
   }
   std::vector<checkpoint::TensorRef>& model = job->model;
   std::vector<checkpoint::TensorRef>& state = job->state;
-  // (layers, 21, history) in global layer order, gathered from the stages' blocks.
+  // (layers, slots, history) in global layer order, gathered from the stages'
+  // blocks (memory::fp8_delayed_slots_per_block).
   std::vector<float>& history_full = job->history;
   history_full.resize(size_t(history_per_block * m.layers));
   for (int64_t s = 0; s < l.pp; ++s) {
@@ -237,7 +238,7 @@ std::unique_ptr<SaveJob> state_gather(const std::string& dir, LlamaStage<Elem, G
   }
   if (history_per_block > 0)
     state.push_back({checkpoint::kFp8HistoryTensor, checkpoint::DType::F32,
-                     {m.layers, int64_t{memory::kFp8Gemms} * 3, kFp8DelayedHistory}, history_full.data()});
+                     {m.layers, history_per_block / kFp8DelayedHistory, kFp8DelayedHistory}, history_full.data()});
   checkpoint::Manifest& man = job->manifest;
   man = checkpoint::Manifest{};
   man.step = info.step;
@@ -288,6 +289,9 @@ void state_load(const checkpoint::Checkpoint& ck, LlamaStage<Elem, G>& stage,
     const ModelSpec& model = stage.model();
     const Layout& l = stage.layout();
     const int64_t per_block = h->elements() / model.layers, blocks = stage.plan().layers, s = stage.plan().stage;
+    // (checkpoint.cpp checked its shape against the model's slots: the
+    // stage's, whatever its layout.)
+    WEFT_ASSERT(per_block * blocks == int64_t(stage.fp8_history().size()));
     std::vector<float> full(size_t(h->elements())), mine(size_t(per_block * blocks));
     std::memcpy(full.data(), h->data, size_t(h->bytes()));  // F32, checked when the checkpoint was opened
     for (int64_t c = 0, b = 0; c < l.vpp; ++c)

@@ -556,9 +556,12 @@ TEST(CliTrain, MixtureOfExpertsTrainsAndItsOptionsAreChecked) {
   r = run_weft("train --data " + data + moe + " --layout mb2 --steps 1 --moe-aux-scope layer --out " + dir.path("x"));
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.out.find("--moe-aux-scope layer is not a scope; use global"), std::string::npos) << r.out;
-  r = run_weft("train --data " + data + moe + " --layout mb2-fp8:delayed --steps 1 --out " + dir.path("y"));
-  EXPECT_EQ(r.code, 2);  // (tensorwise trains: MoeParity.Fp8ExpertsQuantiseAsOneRank)
-  EXPECT_NE(r.out.find("MoE blocks are computed by the CPU trainer under fp8:tensorwise only"), std::string::npos) << r.out;
+  r = run_weft("train --data " + data + moe + " --layout mb2-fp8:blockwise --steps 1 --out " + dir.path("y"));
+  EXPECT_EQ(r.code, 2);  // (tensorwise and delayed train: MoeParity.Fp8ExpertsQuantiseAsOneRank and
+                         // Fp8DelayedScalingOfTheExperts)
+  EXPECT_NE(r.out.find("MoE blocks are computed by the CPU trainer under fp8:tensorwise and fp8:delayed only"),
+            std::string::npos)
+      << r.out;
 
   // A capacity of half the balanced share drops at least half the choices:
   // counted per MoE layer in the records and shown in the progress line.

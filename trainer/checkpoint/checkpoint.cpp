@@ -97,7 +97,7 @@ void optimizer_tensors_check(const std::vector<TensorRef>& tensors, const Manife
     std::string param;
     if (!seen.insert(t.name).second) throw fail(fmt::format("tensor '{}' appears twice", t.name));
     if (t.name == kFp8HistoryTensor) {
-      const std::vector<int64_t> want = {m.layers, int64_t{memory::kFp8Gemms} * 3, kFp8DelayedHistory};
+      const std::vector<int64_t> want = {m.layers, memory::fp8_delayed_slots_per_block(m), kFp8DelayedHistory};
       if (t.shape != want || t.dtype != DType::F32)
         throw fail(fmt::format("tensor '{}' has shape {} and dtype {}; delayed FP8 scaling's history is {} F32",
                                t.name, shape_text(t.shape), to_string(t.dtype), shape_text(want)));

@@ -37,10 +37,12 @@ namespace weft::checkpoint {
 inline constexpr const char* kModelFile = "model.safetensors";
 inline constexpr const char* kOptimizerFile = "optimizer.safetensors";
 // Delayed FP8 scaling's amax history (Layout::fp8), in optimizer.safetensors
-// beside the Adam moments: (layers, 7 GEMMs x 3 operands, kFp8DelayedHistory)
-// fp32, oldest entry first; the manifest's run.fp8_history_len says how many
+// beside the Adam moments: (layers, slots, kFp8DelayedHistory) fp32, the
+// slots 7 GEMMs x 3 operands and in an MoE model each routed expert's 3
+// GEMMs x 3 operands after them (memory::fp8_delayed_slots_per_block),
+// oldest entry first; the manifest's run.fp8_history_len says how many
 // entries are filled. Layout-independent: after each step every rank of a
-// stage holds the same history.
+// stage holds the same history, of every expert.
 inline constexpr const char* kFp8HistoryTensor = "fp8.amax_history";
 inline constexpr const char* kManifestFile = "manifest.json";
 

@@ -436,15 +436,22 @@ class LlamaStage {
   struct ExpertRun {
     int64_t expert = 0, offset = 0, rows = 0, source = 0;
   };
-  // FP8 in an MoE block's FFN (llama_moe_fp8.cpp, tensorwise, on the CPU):
-  // every local expert's gate, up and down weight, then the shared
-  // expert's, quantised each with its own scale into `out`
+  // FP8 in an MoE block's FFN (llama_moe_fp8.cpp, tensorwise and delayed,
+  // on the CPU): every local expert's gate, up and down weight, then the
+  // shared expert's, quantised each with its own scale into `out`
   // (scratch.moe_fp8_weight), the ones memory::moe_fp8_experts and
   // moe_fp8_shared put in FP8; and the rows of `x` (`width` wide) that the
-  // runs name, quantised in place with a scale per expert and micro-batch
-  // (`role`: 0 an input, 2 an output gradient).
+  // runs name, quantised in place with a scale per expert (and micro-batch,
+  // tensorwise), as the operand `role` (0 an input, 2 an output gradient)
+  // of the experts' GEMM `gemm` (0 gate, 1 up, 2 down).
   void moe_fp8_weights(const Block& b, Elem* out);
-  void moe_fp8_rows(Elem* x, int64_t width, std::span<const ExpertRun> runs, bool etp_sp, int role);
+  void moe_fp8_rows(const Block& b, int gemm, Elem* x, int64_t width, std::span<const ExpertRun> runs,
+                    bool etp_sp, int role);
+  // Delayed scaling's state of one slot (fp8_scaling_): the dense GEMM g's
+  // operand `role` in block b, or the model's expert e's GEMM `gemm`
+  // (memory::fp8_delayed_slots_per_block); null without that state.
+  float* fp8_state(const Block& b, memory::Fp8Gemm g, int role) const;
+  float* fp8_expert_state(const Block& b, int64_t e, int gemm, int role) const;
   // The shared expert's input (all rows, C wide) and output gradient,
   // quantised as the dense FFN's into scratch.fp8_input and fp8_grad.
   const Elem* moe_fp8_shared_input(const Block& b, const Elem* x);
@@ -655,10 +662,12 @@ class LlamaStage {
   const void* fp8_restored_ = nullptr;
   const Elem* fp8_grad_of_ = nullptr;
   bool fp8_input_over_tokens_ = false, fp8_grad_over_tokens_ = false;  // their tiles (block scaling)
-  // Delayed scaling, per (block, gemm, role): the amax history (a ring of
+  // Delayed scaling, per (block, gemm, role) and in an MoE model per (block,
+  // expert, gemm, role) after them: the amax history (a ring of
   // kFp8DelayedHistory, filled `fp8_history_len_` deep), the step's amax and
-  // the step's scale, in the arena's fp8.scaling.
+  // the step's scale, in the arena's fp8.scaling (on the CPU).
   float* fp8_scaling_ = nullptr;
+  int64_t fp8_slots_per_block_ = 0;  // memory::fp8_delayed_slots_per_block
   int64_t fp8_history_len_ = 0, fp8_history_next_ = 0;
   // GPU (bf16): FP8 codes, [0] as cast and [1] transposed (the TN GEMMs'
   // layouts, kernels/fp8/fp8_ops.h), of the cached weights, ZeRO-3's weight

@@ -166,11 +166,26 @@ void LlamaStage<Elem, G>::fp8_setup() {
     }
     if (table_->has("fp8.scaling")) {
       fp8_scaling_ = table_->get<float>("fp8.scaling");
+      fp8_slots_per_block_ = memory::fp8_delayed_slots_per_block(m_);
       const int64_t n = table_->elements("fp8.scaling");
-      WEFT_ASSERT(n == plan_.layers * kFp8Gemms * kRoles * kSlot);
+      WEFT_ASSERT(n == plan_.layers * fp8_slots_per_block_ * kSlot);
       for (int64_t i = 0; i < n; ++i) fp8_scaling_[i] = (i % kSlot) == kScale ? 1.0f : 0.0f;
     }
   }
+}
+
+template <typename Elem, typename G>
+float* LlamaStage<Elem, G>::fp8_state(const Block& b, Fp8Gemm g, int role) const {
+  if (!fp8_scaling_) return nullptr;
+  return fp8_scaling_ + (b.index * fp8_slots_per_block_ + int64_t(g) * kRoles + role) * kSlot;
+}
+
+template <typename Elem, typename G>
+float* LlamaStage<Elem, G>::fp8_expert_state(const Block& b, int64_t e, int gemm, int role) const {
+  if (!fp8_scaling_) return nullptr;
+  WEFT_ASSERT(e >= 0 && e < m_.moe.experts && gemm >= 0 && gemm < 3);
+  const int64_t slot = int64_t{kFp8Gemms} * kRoles + (e * 3 + gemm) * kRoles + role;
+  return fp8_scaling_ + (b.index * fp8_slots_per_block_ + slot) * kSlot;
 }
 
 template <typename Elem, typename G>
@@ -209,7 +224,7 @@ float LlamaStage<Elem, G>::fp8_quantize(const Block& b, Fp8Gemm g, int role, con
     }
     const kernels::Fp8Format f = format_of(role);
     float amax = kernels::fp8_amax(x, n);
-    float* st = fp8_scaling_ ? fp8_scaling_ + ((b.index * kFp8Gemms + int64_t(g)) * kRoles + role) * kSlot : nullptr;
+    float* st = fp8_state(b, g, role);
     float scale;
     if (st) st[kStepAmax] = std::max(st[kStepAmax], reducible(amax));
     if (st && fp8_history_len_ > 0) {
@@ -484,6 +499,8 @@ void LlamaStage<Elem, G>::linear_wgrad(const Block& b, Fp8Gemm g, const Elem* dy
 #define WEFT_LLAMA_FP8(E, G)                                                                                    \
   template void LlamaStage<E, G>::fp8_setup();                                                                 \
   template bool LlamaStage<E, G>::fp8_gemm(const Block&, Fp8Gemm) const;                                      \
+  template float* LlamaStage<E, G>::fp8_state(const Block&, Fp8Gemm, int) const;                               \
+  template float* LlamaStage<E, G>::fp8_expert_state(const Block&, int64_t, int, int) const;                   \
   template float LlamaStage<E, G>::fp8_quantize(const Block&, Fp8Gemm, int, const E*, int64_t, int64_t, bool, E*); \
   template void LlamaStage<E, G>::fp8_weight_offsets();                                                         \
   template const E* LlamaStage<E, G>::fp8_weight(const Block&, Fp8Gemm, const E*);                             \

@@ -30,7 +30,7 @@ void LlamaStage<Elem, G>::fp8_step_begin() {
     return;
   }
   if (!fp8_scaling_) return;
-  const int64_t slots = plan_.layers * kFp8Gemms * kRoles;
+  const int64_t slots = plan_.layers * fp8_slots_per_block_;
   for (int64_t i = 0; i < slots; ++i) fp8_scaling_[i * kSlot + kStepAmax] = 0.0f;
 }
 
@@ -72,9 +72,11 @@ typename LlamaStage<Elem, G>::Fp8Counts LlamaStage<Elem, G>::fp8_step_end() {
   }
   if (!fp8_scaling_) return counts;
   // The step's amaxes, reduced over every rank that holds this stage: tp,
-  // then dp x cp. Then each slot's history gains it, and the next step's
-  // scale is the format's max over the history's largest amax.
-  const int64_t slots = plan_.layers * kFp8Gemms * kRoles;
+  // then dp x cp (an MoE block's expert slots take their amaxes from the
+  // ranks holding the expert, zero elsewhere; ep's ranks are among these).
+  // Then each slot's history gains it, and the next step's scale is the
+  // format's max over the history's largest amax.
+  const int64_t slots = plan_.layers * fp8_slots_per_block_;
   std::vector<float> amax(static_cast<size_t>(slots));
   for (int64_t i = 0; i < slots; ++i) amax[size_t(i)] = fp8_scaling_[i * kSlot + kStepAmax];
   const auto& host = groups_.host_groups();
@@ -115,7 +117,7 @@ std::vector<float> LlamaStage<Elem, G>::fp8_history() const {
     return out;
   }
   if (!fp8_scaling_) return out;
-  const int64_t slots = plan_.layers * kFp8Gemms * kRoles, H = kFp8DelayedHistory;
+  const int64_t slots = plan_.layers * fp8_slots_per_block_, H = kFp8DelayedHistory;
   out.reserve(size_t(slots * H));
   // Unrolled from the ring: when it is full the oldest entry sits at the next write.
   const int64_t first = fp8_history_len_ == H ? fp8_history_next_ : 0;
@@ -154,7 +156,7 @@ void LlamaStage<Elem, G>::fp8_history_set(const std::vector<float>& history, int
     return;
   }
   if (!fp8_scaling_) return;
-  const int64_t slots = plan_.layers * kFp8Gemms * kRoles, H = kFp8DelayedHistory;
+  const int64_t slots = plan_.layers * fp8_slots_per_block_, H = kFp8DelayedHistory;
   WEFT_ASSERT(int64_t(history.size()) == slots * H && len >= 0 && len <= H);
   for (int64_t i = 0; i < slots; ++i) {
     float* st = fp8_scaling_ + i * kSlot;

@@ -80,15 +80,16 @@ void require_moe_layout(const ModelSpec& m, const RunSpec& run, const Layout& l,
   // LoRA on the experts: gate and up together, no dropout (and etp1: Layout::violations).
   lora_check_model(m, run.lora);
   std::vector<std::string> missing;
-  if (l.fp8 != Fp8Recipe::off && l.fp8 != Fp8Recipe::tensorwise)
-    missing.push_back(fmt::format("with FP8 GEMMs under fp8:{} (FP8 MoE blocks take fp8:tensorwise)", to_string(l.fp8)));
+  if (l.fp8 == Fp8Recipe::blockwise)
+    missing.push_back(fmt::format("with FP8 GEMMs under fp8:{} (FP8 MoE blocks take fp8:tensorwise or fp8:delayed)",
+                                  to_string(l.fp8)));
   if (l.fp8 != Fp8Recipe::off && device.kind == DeviceKind::gpu)
     missing.push_back(fmt::format("with FP8 GEMMs (fp8:{}) on a GPU (the CPU trainer computes them)", to_string(l.fp8)));
   if (l.fp8 != Fp8Recipe::off && run.lora.enabled())
     missing.push_back(fmt::format("with FP8 GEMMs (fp8:{}) under LoRA", to_string(l.fp8)));
   if (!missing.empty())
     throw InputError(fmt::format("weft cannot train the MoE model {} under layout {} yet: not {}; it trains on "
-                                 "the CPU (FP8 off or tensorwise) and the GPU (FP8 off), under tp (with or without sp), cp, pp, "
+                                 "the CPU (FP8 off, tensorwise or delayed) and the GPU (FP8 off), under tp (with or without sp), cp, pp, "
                                  "vpp, dp, ep, every ZeRO stage and checkpointing mode",
                                  m.name, l.to_string(), fmt::join(missing, ", nor ")));
 }
@@ -291,7 +292,7 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
   Elem* wq = f8 || sf8 ? table_->get<Elem>("scratch.moe_fp8_weight") : nullptr;
   if (wq) moe_fp8_weights(b, wq);
   const Elem* experts_w = f8 ? wq : b.w_experts;
-  if (f8) moe_fp8_rows(b.moe_in, C, segments, etp_sp, 0);
+  if (f8) moe_fp8_rows(b, 0, b.moe_in, C, segments, etp_sp, 0);
   std::vector<kernels::GemmParams<Elem>> gemms;
   for (const ExpertRun& r : segments) {
     const Elem* w = experts_w + r.expert * stride;
@@ -305,7 +306,7 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
   run(kernels::SwigluForwardParams<Elem>{.rows = rows_in, .F = Fe, .gate = b.moe_gate, .up = b.moe_up,
                                          .act = b.moe_act},
       "swiglu_forward");
-  if (f8) moe_fp8_rows(b.moe_act, Fe, segments, etp_sp, 0);
+  if (f8) moe_fp8_rows(b, 2, b.moe_act, Fe, segments, etp_sp, 0);
   // The experts' outputs, in this rank's expert order: kept where the gate
   // multiplies them (the weights' gradient reads them), else only the
   // combine reads them, from scratch. Under expert parallelism they are
@@ -462,7 +463,7 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx)
   // and the up's input gradients (the up's adding to the gate's, so after
   // them) and their weight gradients together.
   const std::vector<ExpertRun> segments = expert_rows<ExpertRun>(offsets, received, E, l_.ep);
-  if (f8) moe_fp8_rows(d_in, C, segments, etp_sp, 2);
+  if (f8) moe_fp8_rows(b, 2, d_in, C, segments, etp_sp, 2);
   std::vector<kernels::GemmParams<Elem>> gemms;
   std::vector<kernels::WgradGemmParams<Elem, G>> wgrads;
   for (const ExpertRun& r : segments) {
@@ -479,8 +480,8 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx)
                                           .dact = d_act, .dgate = d_gate, .dup = d_up},
       "swiglu_backward");
   if (f8) {
-    moe_fp8_rows(d_gate, Fe, segments, etp_sp, 2);
-    moe_fp8_rows(d_up, Fe, segments, etp_sp, 2);
+    moe_fp8_rows(b, 0, d_gate, Fe, segments, etp_sp, 2);
+    moe_fp8_rows(b, 1, d_up, Fe, segments, etp_sp, 2);
   }
   // The experts' input gradient takes d_in over (its output gradient is spent).
   gemms.clear();

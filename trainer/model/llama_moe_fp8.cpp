@@ -29,6 +29,8 @@
 // (fp8_quantize: its input and output gradient into scratch.fp8_input and
 // scratch.fp8_grad, its SwiGLU output in place).
 #include <algorithm>
+#include <array>
+#include <utility>
 
 #include "kernels/fp8/fp8.h"
 #include "trainer/model/llama_run.h"
@@ -48,21 +50,28 @@ void LlamaStage<Elem, G>::moe_fp8_weights(const Block& b, Elem* out) {
     const int64_t C = m_.hidden, El = e.experts / l_.ep, Fe = e.expert_intermediate / l_.etp;
     const int64_t Fs = e.shared_intermediate / l_.tp;
     const bool routed = memory::moe_fp8_experts(m_, l_), shared = memory::moe_fp8_shared(m_, l_);
-    // (pointer, elements, reduced over tp) of each weight, routed first.
+    // (pointer, elements, reduced over tp, delayed scaling's slot) of each
+    // weight, routed first: local expert i / 3's gate, up and down.
     struct Weight {
       const Elem* w;
       Elem* q;
       int64_t n;
       bool tp;
+      float* state;
     };
     std::vector<Weight> ws;
+    const int64_t first = groups_.ep_rank() * El;
     if (routed)
       for (int64_t i = 0; i < 3 * El; ++i)
-        ws.push_back({b.w_experts + i * Fe * C, out + i * Fe * C, Fe * C, l_.etp > 1});
+        ws.push_back({b.w_experts + i * Fe * C, out + i * Fe * C, Fe * C, l_.etp > 1,
+                      fp8_expert_state(b, first + i / 3, int(i % 3), 1)});
     if (shared) {
       Elem* q = out + (routed ? 3 * El * Fe * C : 0);
-      for (const Elem* w : {b.w_sg, b.w_su, b.w_sd}) {
-        ws.push_back({w, q, Fs * C, true});
+      using memory::Fp8Gemm;
+      const std::array<std::pair<const Elem*, Fp8Gemm>, 3> parts{
+          {{b.w_sg, Fp8Gemm::gate}, {b.w_su, Fp8Gemm::up}, {b.w_sd, Fp8Gemm::down}}};
+      for (const auto& [w, g] : parts) {
+        ws.push_back({w, q, Fs * C, true, fp8_state(b, g, 1)});
         q += Fs * C;
       }
     }
@@ -70,16 +79,21 @@ void LlamaStage<Elem, G>::moe_fp8_weights(const Block& b, Elem* out) {
     for (size_t i = 0; i < ws.size(); ++i) {
       amax[i] = reducible(kernels::fp8_amax(ws[i].w, ws[i].n));
       if (ws[i].tp) split[i] = amax[i];
+      // Delayed: the step's amax of this rank's part (fp8_step_end reduces it).
+      if (ws[i].state) ws[i].state[kStepAmax] = std::max(ws[i].state[kStepAmax], amax[i]);
     }
-    // The split weights' amaxes over tp (the whole ones' stay their own).
+    // Delayed scaling past its first step takes the history's scales;
+    // otherwise the split weights' amaxes over tp (the whole ones' stay
+    // their own).
+    const bool history = fp8_scaling_ && fp8_history_len_ > 0;
     parallel::Comm& tp = *groups_.host_groups().tp;
-    if (tp.size() > 1) {
+    if (tp.size() > 1 && !history) {
       tp.all_reduce(split.data(), int64_t(split.size()), parallel::DType::f32, parallel::ReduceOp::max);
       for (size_t i = 0; i < ws.size(); ++i)
         if (ws[i].tp) amax[i] = split[i];
     }
     for (size_t i = 0; i < ws.size(); ++i) {
-      const float scale = kernels::fp8_scale(amax[i], kernels::Fp8Format::e4m3);
+      const float scale = history ? ws[i].state[kScale] : kernels::fp8_scale(amax[i], kernels::Fp8Format::e4m3);
       const kernels::Fp8Health h = kernels::fp8_qdq(ws[i].w, ws[i].q, ws[i].n, scale, kernels::Fp8Format::e4m3);
       fp8_counts_.values += ws[i].n;
       fp8_counts_.overflow += h.overflow;
@@ -89,12 +103,36 @@ void LlamaStage<Elem, G>::moe_fp8_weights(const Block& b, Elem* out) {
 }
 
 template <typename Elem, typename G>
-void LlamaStage<Elem, G>::moe_fp8_rows(Elem* x, int64_t width, std::span<const ExpertRun> runs, bool etp_sp,
-                                       int role) {
+void LlamaStage<Elem, G>::moe_fp8_rows(const Block& b, int gemm, Elem* x, int64_t width,
+                                       std::span<const ExpertRun> runs, bool etp_sp, int role) {
   if constexpr (!std::is_same_v<Elem, float>) {
-    (void)x, (void)width, (void)runs, (void)etp_sp, (void)role;
+    (void)b, (void)gemm, (void)x, (void)width, (void)runs, (void)etp_sp, (void)role;
     throw InternalError("FP8 MoE blocks outside the CPU trainer");
   } else {
+    const int64_t E = m_.moe.experts, first = groups_.ep_rank() * (E / l_.ep);
+    const kernels::Fp8Format f = format_of(role);
+    if (fp8_scaling_) {
+      // Delayed: each run's amax joins its expert's step amax, over every
+      // micro-batch and rank (fp8_step_end), and past the first step the
+      // rows take the history's scale, with no exchange.
+      for (const ExpertRun& r : runs) {
+        float* st = fp8_expert_state(b, first + r.expert, gemm, role);
+        st[kStepAmax] = std::max(st[kStepAmax], reducible(kernels::fp8_amax(x + r.offset * width, r.rows * width)));
+      }
+      if (fp8_history_len_ > 0) {
+        for (const ExpertRun& r : runs) {
+          Elem* rows = x + r.offset * width;
+          const float scale = fp8_expert_state(b, first + r.expert, gemm, role)[kScale];
+          const kernels::Fp8Health h = kernels::fp8_qdq(rows, rows, r.rows * width, scale, f);
+          fp8_counts_.values += r.rows * width;
+          fp8_counts_.overflow += h.overflow;
+          fp8_counts_.underflow += h.underflow;
+        }
+        return;
+      }
+    }
+    // Current scaling (tensorwise, and delayed's first step): per expert
+    // and micro-batch, as one rank computing the micro-batch takes it.
     const auto& host = groups_.host_groups();
     // The senders' micro-batches: each ep rank's dp rank (this rank's own
     // without ep), and under etp with sp each tp rank's block of them
@@ -106,7 +144,7 @@ void LlamaStage<Elem, G>::moe_fp8_rows(Elem* x, int64_t width, std::span<const E
       for (int64_t p = 0; p < (etp_sp ? l_.tp : 1); ++p)
         moe_fp8_keys_.insert(moe_fp8_keys_.end(), ep_keys.begin(), ep_keys.end());
     }
-    const int64_t E = m_.moe.experts, first = groups_.ep_rank() * (E / l_.ep), D = groups_.dp->size();
+    const int64_t D = groups_.dp->size();
     std::vector<float> amax(size_t(D * E), 0.0f);
     const auto at = [&](const ExpertRun& r) -> float& {
       WEFT_ASSERT(r.source < int64_t(moe_fp8_keys_.size()));
@@ -115,7 +153,6 @@ void LlamaStage<Elem, G>::moe_fp8_rows(Elem* x, int64_t width, std::span<const E
     for (const ExpertRun& r : runs) at(r) = std::max(at(r), reducible(kernels::fp8_amax(x + r.offset * width, r.rows * width)));
     for (parallel::Comm* g : {host.tp, host.dpcp})
       if (g && g->size() > 1) g->all_reduce(amax.data(), D * E, parallel::DType::f32, parallel::ReduceOp::max);
-    const kernels::Fp8Format f = format_of(role);
     for (const ExpertRun& r : runs) {
       Elem* rows = x + r.offset * width;
       const kernels::Fp8Health h = kernels::fp8_qdq(rows, rows, r.rows * width, kernels::fp8_scale(at(r), f), f);
@@ -142,7 +179,7 @@ const Elem* LlamaStage<Elem, G>::moe_fp8_shared_grad(const Block& b, const Elem*
 
 #define WEFT_LLAMA_MOE_FP8(E, G)                                         \
   template void LlamaStage<E, G>::moe_fp8_weights(const Block&, E*); \
-  template void LlamaStage<E, G>::moe_fp8_rows(E*, int64_t, std::span<const ExpertRun>, bool, int); \
+  template void LlamaStage<E, G>::moe_fp8_rows(const Block&, int, E*, int64_t, std::span<const ExpertRun>, bool, int); \
   template const E* LlamaStage<E, G>::moe_fp8_shared_input(const Block&, const E*);              \
   template const E* LlamaStage<E, G>::moe_fp8_shared_grad(const Block&, const E*);
 WEFT_LLAMA_MOE_FP8(float, float)

@@ -462,12 +462,12 @@ TEST(MoeStage, RefusesWhatItDoesNotComputeYet) {
   const DeviceSpec d = cpu();
   EXPECT_NO_THROW(require_moe_layout(m, run, Layout::parse("dp2-zero3-ckpt:full"), d));
   EXPECT_NO_THROW(require_moe_layout(m, run, Layout::parse("tp2-sp-cp2"), d));
-  // FP8 in the MoE blocks: tensorwise on the CPU trainer; the other
-  // recipes, a GPU and LoRA refused by name.
+  // FP8 in the MoE blocks: tensorwise and delayed on the CPU trainer;
+  // block scaling, a GPU and LoRA refused by name.
   EXPECT_NO_THROW(require_moe_layout(m, run, Layout::parse("tp2-sp-dp2-ep2-fp8:tensorwise"), d));
-  WEFT_EXPECT_THROW_MSG(require_moe_layout(m, run, Layout::parse("fp8:delayed"), d), InputError, "fp8:delayed",
-                        "FP8 MoE blocks take fp8:tensorwise");
-  WEFT_EXPECT_THROW_MSG(require_moe_layout(m, run, Layout::parse("fp8:blockwise"), d), InputError, "fp8:blockwise");
+  EXPECT_NO_THROW(require_moe_layout(m, run, Layout::parse("tp2-sp-dp2-ep2-etp2-fp8:delayed"), d));
+  WEFT_EXPECT_THROW_MSG(require_moe_layout(m, run, Layout::parse("fp8:blockwise"), d), InputError, "fp8:blockwise",
+                        "FP8 MoE blocks take fp8:tensorwise or fp8:delayed");
   WEFT_EXPECT_THROW_MSG(require_moe_layout(m, run, Layout::parse("fp8:tensorwise"), device_preset("h100")),
                         InputError, "on a GPU");
   EXPECT_NO_THROW(require_moe_layout(m, run, Layout::parse("pp2-vpp2"), d));  // the global loss's statistics travel
@@ -518,12 +518,18 @@ TEST(MoeStage, RefusesWhatItDoesNotComputeYet) {
                              trainer::Trainable::anywhere);
     ADD_FAILURE() << "FP8 MoE blocks on a GPU are not trained yet";
   } catch (const LayoutError& e) {
-    EXPECT_NE(std::string(e.what()).find("computed by the CPU trainer under fp8:tensorwise only yet, not on a GPU"),
+    EXPECT_NE(std::string(e.what()).find("computed by the CPU trainer under fp8:tensorwise and fp8:delayed only yet, "
+                                         "not on a GPU"),
               std::string::npos)
         << e.what();
   }
   EXPECT_NO_THROW(trainer::check_trainable(m, Layout::parse("tp2-dp4-sp-fp8:tensorwise"), DeviceKind::cpu,
                                            trainer::Trainable::here));
+  EXPECT_NO_THROW(trainer::check_trainable(m, Layout::parse("tp2-dp4-sp-fp8:delayed"), DeviceKind::cpu,
+                                           trainer::Trainable::here));
+  WEFT_EXPECT_THROW_MSG(trainer::check_trainable(m, Layout::parse("tp2-dp4-sp-fp8:blockwise"), DeviceKind::cpu,
+                                                 trainer::Trainable::here),
+                        LayoutError, "use fp8:off, fp8:tensorwise or fp8:delayed");
   lora.lora.targets = LoraSpec::kAllTargets;
   EXPECT_NO_THROW(lora_check_model(m, lora.lora));
   lora.lora.rank = 28;  // within the experts' gate_up (48 x 32), past their down (32 x 24)
