@@ -452,6 +452,39 @@ TEST(MoeParity, Fp8DelayedScalingOfTheExperts) {
   }
 }
 
+// LoRA on the attention of an MoE model whose blocks run FP8 GEMMs (the
+// attention's, the routed and shared experts'): the adapters read the
+// compute-type inputs, as in a dense model, so every layout trains as one
+// rank does, under tensorwise scaling (Mixtral's form) and delayed
+// (Llama 4's FFN, with its shared expert). Bounds as the FP8 tests'.
+TEST(MoeParity, Fp8UnderLoraOnTheAttention) {
+  const std::string lora = "--lora 4 --lora-targets q,k,v,o";
+  for (const auto& [config, recipe] : {std::pair{kMixtral, "fp8:tensorwise"}, {kLlama4Ffn, "fp8:delayed"}}) {
+    Fixture f(false, config);
+    f.seq = 32;
+    const auto plain = f.train("tp1-pp1-dp1-mb1", f.dir.path("plain"), lora);
+    const auto ref = f.train(std::string("tp1-pp1-dp1-mb1-") + recipe, f.dir.path("ref"), lora);
+    ASSERT_EQ(ref.size(), 5u);
+    const std::vector<double> ref_aux = f.aux_losses;
+    const double off = max_rel(ref, plain);
+    EXPECT_GT(off, 1e-4) << recipe << " barely changed the losses";
+    EXPECT_LT(off, 0.02);
+    std::string table = fmt::format("{:<62} {:>5} {:>12} {:>14} {:>12}\n", "layout (LoRA on q, k, v, o)", "ranks",
+                                    "max rel dev", "worst mem dev", "aux rel dev");
+    table += fmt::format("{:<62} {:>5} {:>12.2e}\n", fmt::format("({} against fp32)", recipe), 1, off);
+    for (const std::string layout :
+         {"tp1-pp1-dp2-ep2-mb1-zero1", "tp2-pp1-dp2-ep2-etp2-mb1-sp-zero2", "tp1-pp2-dp1-mb1-vpp2-ckpt:full",
+          "tp2-cp2-pp1-dp1-ep2-mb1-sp-epfold-cp:ring"}) {
+      std::string row = parity_row(f, ref, layout + "-" + recipe, 3e-3, 5e-5, lora);
+      const double aux = max_rel(f.aux_losses, ref_aux);
+      EXPECT_LE(aux, 1e-2) << layout << ": the balancing loss";
+      row.pop_back();
+      table += fmt::format("{} {:>12.2e}\n", row, aux);
+    }
+    std::printf("%s", table.c_str());
+  }
+}
+
 // LoRA on every linear layer of an MoE model: the routed experts' fused
 // gate_up and down adapters (whole on each rank that holds their expert,
 // their gradients summed over the ranks holding the same ones, and over tp

@@ -85,8 +85,16 @@ void require_moe_layout(const ModelSpec& m, const RunSpec& run, const Layout& l,
                                   to_string(l.fp8)));
   if (l.fp8 != Fp8Recipe::off && device.kind == DeviceKind::gpu)
     missing.push_back(fmt::format("with FP8 GEMMs (fp8:{}) on a GPU (the CPU trainer computes them)", to_string(l.fp8)));
-  if (l.fp8 != Fp8Recipe::off && run.lora.enabled())
-    missing.push_back(fmt::format("with FP8 GEMMs (fp8:{}) under LoRA", to_string(l.fp8)));
+  // LoRA on the attention trains with FP8 MoE blocks (the attention's
+  // adapters read the compute-type inputs, as a dense model's); not on the
+  // FFNs' gate, up or down, whose experts' rows and SwiGLU outputs are
+  // quantised in place, where their adapters would read them.
+  if (l.fp8 != Fp8Recipe::off && run.lora.enabled() &&
+      (run.lora.targets_linear(Linear::gate) || run.lora.targets_linear(Linear::up) ||
+       run.lora.targets_linear(Linear::down)))
+    missing.push_back(fmt::format("with FP8 GEMMs (fp8:{}) under LoRA on the FFNs (--lora-targets {}; LoRA on q, "
+                                  "k, v and o trains with FP8)",
+                                  to_string(l.fp8), run.lora.targets_text()));
   if (!missing.empty())
     throw InputError(fmt::format("weft cannot train the MoE model {} under layout {} yet: not {}; it trains on "
                                  "the CPU (FP8 off, tensorwise or delayed) and the GPU (FP8 off), under tp (with or without sp), cp, pp, "

@@ -476,7 +476,13 @@ TEST(MoeStage, RefusesWhatItDoesNotComputeYet) {
   lora.lora.alpha = 8;
   lora.lora.targets = 0b1111;  // q, k, v, o: the attention's
   EXPECT_NO_THROW(require_moe_layout(m, lora, Layout::parse("tp2-sp-dp2-ep2"), d));
-  WEFT_EXPECT_THROW_MSG(require_moe_layout(m, lora, Layout::parse("fp8:tensorwise"), d), InputError, "under LoRA");
+  // FP8 with LoRA on the attention; not on the FFNs (their experts' rows
+  // are quantised in place).
+  EXPECT_NO_THROW(require_moe_layout(m, lora, Layout::parse("tp2-sp-dp2-ep2-fp8:tensorwise"), d));
+  lora.lora.targets = LoraSpec::parse_targets("q,v,down");
+  WEFT_EXPECT_THROW_MSG(require_moe_layout(m, lora, Layout::parse("fp8:delayed"), d), InputError,
+                        "under LoRA on the FFNs (--lora-targets q,v,down");
+  lora.lora.targets = 0b1111;
   // LoRA on the experts: gate and up together (one fused tensor), no
   // dropout (PEFT's rule for 3-D expert tensors), etp1.
   lora.lora.targets = LoraSpec::kAllTargets;
