@@ -510,11 +510,6 @@ std::vector<std::string> Layout::violations(const ModelSpec& m, const RunSpec& r
       v.push_back(fmt::format("etp={} must be 1 (experts whole on every tp rank) or tp={}", etp, tp));
     else if (m.moe.expert_intermediate % etp != 0)
       v.push_back(fmt::format("etp={} must divide the experts' width {}", etp, m.moe.expert_intermediate));
-    if (m.moe.enabled() && run.lora.enabled() &&
-        (run.lora.targets_linear(Linear::gate) || run.lora.targets_linear(Linear::down)))
-      v.push_back(fmt::format("etp={} with LoRA on {}'s routed experts (--lora-targets {}): their adapters are "
-                              "computed with the experts whole on every tp rank; use etp1",
-                              etp, m.name, run.lora.targets_text()));
   }
   if (ep == 1 && dispatch != MoeDispatch::a2a)
     v.push_back(fmt::format("dispatch:{} names an expert dispatcher but ep=1", weft::to_string(dispatch)));

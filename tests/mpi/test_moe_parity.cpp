@@ -488,18 +488,23 @@ TEST(MoeParity, Fp8UnderLoraOnTheAttention) {
 // LoRA on every linear layer of an MoE model: the routed experts' fused
 // gate_up and down adapters (whole on each rank that holds their expert,
 // their gradients summed over the ranks holding the same ones, and over tp
-// under sp), Llama 4's shared expert's and dense layers' split over tp as a
-// dense FFN's; over ep with both dispatchers and ZeRO 0-3, tp with and
-// without sp, cp, pp and vpp with recomputation. Then every adapter's
-// gradient per tensor under ep (B's: A's is zero at B's zero start).
+// under sp or an expert tp degree, where each tp rank computes its part of
+// the width), Llama 4's shared expert's and dense layers' split over tp as
+// a dense FFN's; over ep with both dispatchers and ZeRO 0-3, tp with and
+// without sp, etp with and without sp, cp, pp and vpp with recomputation.
+// Then every adapter's gradient per tensor under ep and etp (B's: A's is
+// zero at B's zero start).
 TEST(MoeParity, LoraOnTheExperts) {
   forms_against_one_rank({kMixtral, kLlama4Ffn},
                          {"tp1-pp1-dp2-ep2-mb1", "tp1-pp1-dp4-ep4-mb1-zero1-dispatch:allgather",
                           "tp1-pp1-dp4-ep2-mb1-zero3-ckpt:ffn", "tp2-pp1-dp2-ep2-mb1-sp-zero2",
                           "tp2-pp1-dp1-mb1-nosp", "tp1-cp2-pp1-dp1-ep2-mb1-cp:ring",
-                          "tp1-pp2-dp2-ep2-mb1-vpp2-ckpt:full"},
+                          "tp1-pp2-dp2-ep2-mb1-vpp2-ckpt:full", "tp2-pp1-dp1-etp2-mb1-nosp",
+                          "tp2-pp1-dp2-ep2-etp2-mb1-sp-zero2-ckpt:selective"},
                          "--lora 4 --lora-targets all");
-  gradients_against_one_rank(kLlama4Ffn, {"tp1-pp1-dp4-ep4-mb1-zero3", "tp2-pp1-dp2-ep2-mb1-sp-zero1"},
+  gradients_against_one_rank(kLlama4Ffn,
+                             {"tp1-pp1-dp4-ep4-mb1-zero3", "tp2-pp1-dp2-ep2-mb1-sp-zero1",
+                              "tp2-pp1-dp2-ep2-etp2-mb1-sp-zero1", "tp2-pp1-dp1-etp2-mb1-nosp"},
                              "--lora 4 --lora-targets all", true);
 }
 

@@ -13,9 +13,18 @@
 // weight gradients in waves (an expert's runs from several ep ranks add to
 // one gradient, never in one launch). No dropout: an adapter on a 3-D
 // expert tensor cannot factor it out of the input (lora_check_model).
-// Experts are whole on every rank that holds them (etp1), so nothing here
-// communicates: the gradients are reduced with the experts' own (over the
-// expert data-parallel group, and over tp under sp).
+// The adapters are whole on every rank that holds their expert. Under an
+// expert tp degree each tp rank holds 1 / etp of an expert's width, and
+// computes with its part of the adapters on that width: its rows of each
+// half of gate_up's B (its gate and up outputs) and its columns of down's A
+// (its SwiGLU outputs), the others whole. Each rank's A (gate_up) and B
+// (down) gradients are then partial sums over the width, its B (gate_up)
+// and A (down) gradients its own rows and columns, zero elsewhere: summed
+// over tp, every adapter's whole gradient (reduce_replicated_grads), and
+// the partial products into the input gradient and the output sum over tp
+// with the experts' own. So nothing here communicates: the gradients are
+// reduced with the experts' own (over the expert data-parallel group, and
+// over tp under sp or an expert tp degree).
 #include <array>
 #include <span>
 #include <vector>
@@ -57,10 +66,12 @@ ExpertAdapters expert_adapters(const ModelSpec& m, const StageParams& sp) {
 // halves (the gate's and the up's rows of gate_up's B, or down's one), each
 // N rows at `b`, whose outputs y (forward) or output gradients dy
 // (backward) are N wide.
+// (a_ld: A's row stride, K where A is whole; the experts' width under an
+// expert tp degree, for this rank's columns of down's A.)
 template <typename Elem>
 struct Site {
   const Elem* x;
-  int64_t K, a;
+  int64_t K, a, a_ld;
   struct Half {
     Elem* y;
     const Elem* dy;
@@ -87,9 +98,12 @@ struct SiteRun {
   // h = x A^T.
   void rebuild_h(const Site<Elem>& site, const char* op) {
     std::vector<kernels::GemmParams<Elem>> gemms;
-    for (const auto& e : runs)
-      gemms.push_back(kernels::linear_forward_gemm(e.rows, site.K, r, site.x + e.offset * site.K,
-                                                   at(e.expert, site.a), h + e.offset * r));
+    for (const auto& e : runs) {
+      auto p = kernels::linear_forward_gemm(e.rows, site.K, r, site.x + e.offset * site.K, at(e.expert, site.a),
+                                            h + e.offset * r);
+      p.ldb = site.a_ld;
+      gemms.push_back(p);
+    }
     launch(grouped(gemms), op);
   }
   // y += s h B^T, each half.
@@ -121,15 +135,21 @@ struct SiteRun {
       launch(grouped(gemms), ops[0]);
     }
     std::vector<kernels::GemmParams<Elem>> gemms;
-    for (const auto& e : runs)
-      gemms.push_back(kernels::linear_dgrad_gemm(e.rows, site.K, r, static_cast<const Elem*>(g + e.offset * r),
-                                                 at(e.expert, site.a), dx + e.offset * site.K, Write::accumulate));
+    for (const auto& e : runs) {
+      auto p = kernels::linear_dgrad_gemm(e.rows, site.K, r, static_cast<const Elem*>(g + e.offset * r),
+                                          at(e.expert, site.a), dx + e.offset * site.K, Write::accumulate);
+      p.ldb = site.a_ld;
+      gemms.push_back(p);
+    }
     launch(grouped(gemms), ops[1]);
     if (!gw) return;
     std::vector<kernels::WgradGemmParams<Elem, G>> wgrads;
-    for (const auto& e : runs)
-      wgrads.push_back(kernels::linear_wgrad_gemm(e.rows, site.K, r, static_cast<const Elem*>(g + e.offset * r),
-                                                  site.x + e.offset * site.K, gw + e.expert * stride + site.a));
+    for (const auto& e : runs) {
+      auto p = kernels::linear_wgrad_gemm(e.rows, site.K, r, static_cast<const Elem*>(g + e.offset * r),
+                                          site.x + e.offset * site.K, gw + e.expert * stride + site.a);
+      p.ldc = site.a_ld;
+      wgrads.push_back(p);
+    }
     for (const auto& wave : waves(wgrads)) launch(grouped(wave), ops[2]);
     rebuild_h(site, ops[3]);
     wgrads.clear();
@@ -150,28 +170,30 @@ struct SiteRun {
 // The experts' gate_up site (x their permuted input, B's halves the gate's
 // and the up's) and down site (x their SwiGLU output, into `out`), for the
 // forward (y) or the backward (dy).
-// (`rank`: the site's, the experts' gate_up's its own where it has one;
-// alpha / rank is every site's.)
-#define WEFT_MOE_LORA_SETUP(rank)                                                                      \
-  const int64_t C = m_.hidden, Fe = m_.moe.expert_intermediate;                                       \
+// (`r_site`: the site's rank, the experts' gate_up's its own where it has
+// one; alpha / rank is every site's. Fe: the experts' whole width, Fl this
+// rank's part of it, from column or row `part` x Fl.)
+#define WEFT_MOE_LORA_SETUP(r_site)                                                                     \
+  const int64_t C = m_.hidden, Fe = m_.moe.expert_intermediate, Fl = Fe / l_.etp;                     \
+  const int64_t part = l_.etp > 1 ? groups_.tp->rank() : 0;                                            \
   const ExpertAdapters at = expert_adapters(m_, params_);                                              \
   auto launch = [this](const auto& p, const char* op) { run(p, op); };                                 \
   SiteRun<Elem, G, std::span<const ExpertRun>, decltype(launch)> site_run{                             \
-      launch, runs, b.lora_experts, b.lora_g_experts, at.stride, rank,                                 \
+      launch, runs, b.lora_experts, b.lora_g_experts, at.stride, r_site,                               \
       A(params_.lora.scale()), table_->get<Elem>("scratch.moe_lora", 0), table_->get<Elem>("scratch.moe_lora", 1)}
 
 template <typename Elem, typename G>
 void LlamaStage<Elem, G>::moe_lora_gate_up(const Block& b, std::span<const ExpertRun> runs) {
   WEFT_MOE_LORA_SETUP(params_.lora.experts_gate_up_rank());
-  const int64_t up = at.gu_b + Fe * params_.lora.experts_gate_up_rank();
-  site_run.forward({b.moe_in, C, at.gu_a, {{b.moe_gate, nullptr, Fe, at.gu_b}, {b.moe_up, nullptr, Fe, up}}},
+  const int64_t rg = params_.lora.experts_gate_up_rank(), gate = at.gu_b + part * Fl * rg, up = gate + Fe * rg;
+  site_run.forward({b.moe_in, C, at.gu_a, C, {{b.moe_gate, nullptr, Fl, gate}, {b.moe_up, nullptr, Fl, up}}},
                    "gemm experts gate_up lora_a", "gemm experts gate_up lora_b");
 }
 
 template <typename Elem, typename G>
 void LlamaStage<Elem, G>::moe_lora_down(const Block& b, std::span<const ExpertRun> runs, Elem* out) {
   WEFT_MOE_LORA_SETUP(params_.lora.rank);
-  site_run.forward({b.moe_act, Fe, at.d_a, {{out, nullptr, C, at.d_b}}}, "gemm experts down lora_a",
+  site_run.forward({b.moe_act, Fl, at.d_a + part * Fl, Fe, {{out, nullptr, C, at.d_b}}}, "gemm experts down lora_a",
                    "gemm experts down lora_b");
 }
 
@@ -179,7 +201,7 @@ template <typename Elem, typename G>
 void LlamaStage<Elem, G>::moe_lora_down_backward(const Block& b, std::span<const ExpertRun> runs, const Elem* d_out,
                                                  Elem* d_act) {
   WEFT_MOE_LORA_SETUP(params_.lora.rank);
-  site_run.backward({b.moe_act, Fe, at.d_a, {{nullptr, d_out, C, at.d_b}}}, d_act,
+  site_run.backward({b.moe_act, Fl, at.d_a + part * Fl, Fe, {{nullptr, d_out, C, at.d_b}}}, d_act,
                     {"gemm experts down lora_b dgrad", "gemm experts down lora_a dgrad",
                      "gemm experts down lora_a wgrad", "gemm experts down lora_a", "gemm experts down lora_b wgrad"});
 }
@@ -188,8 +210,8 @@ template <typename Elem, typename G>
 void LlamaStage<Elem, G>::moe_lora_gate_up_backward(const Block& b, std::span<const ExpertRun> runs,
                                                     const Elem* d_gate, const Elem* d_up, Elem* d_in) {
   WEFT_MOE_LORA_SETUP(params_.lora.experts_gate_up_rank());
-  const int64_t up = at.gu_b + Fe * params_.lora.experts_gate_up_rank();
-  site_run.backward({b.moe_in, C, at.gu_a, {{nullptr, d_gate, Fe, at.gu_b}, {nullptr, d_up, Fe, up}}}, d_in,
+  const int64_t rg = params_.lora.experts_gate_up_rank(), gate = at.gu_b + part * Fl * rg, up = gate + Fe * rg;
+  site_run.backward({b.moe_in, C, at.gu_a, C, {{nullptr, d_gate, Fl, gate}, {nullptr, d_up, Fl, up}}}, d_in,
                     {"gemm experts gate_up lora_b dgrad", "gemm experts gate_up lora_a dgrad",
                      "gemm experts gate_up lora_a wgrad", "gemm experts gate_up lora_a",
                      "gemm experts gate_up lora_b wgrad"});

@@ -354,11 +354,14 @@ void LlamaStage<Elem, G>::reduce_replicated_grads() {
   if (!l_.sp && !(lora && l_.tp > 1) && !(params_.qk_norm && l_.tp > 1)) return;
   for (const auto& p : params_.specs) {
     if (p.shard != ShardDim::none) continue;
-    // The routed experts' adapters are whole (etp1), as the experts: every
-    // tp rank computes the same rows' without sp, its own with it. Folded
-    // over tp (epfold) each tp rank holds other experts (and their
-    // adapters), whose gradients already hold every row routed to them.
-    if (lora && p.expert >= 0 && !l_.sp) continue;
+    // The routed experts' adapters are whole on every tp rank. At etp1, as
+    // the experts: every tp rank computes the same rows' without sp, its
+    // own with it. Under an expert tp degree each tp rank computes its part
+    // of the experts' width over the same rows, so every adapter's gradient
+    // is a partial sum (llama_moe_lora.cpp). Folded over tp (epfold) each
+    // tp rank holds other experts (and their adapters), whose gradients
+    // already hold every row routed to them.
+    if (lora && p.expert >= 0 && !l_.sp && l_.etp == 1) continue;
     if (l_.ep_fold && p.expert >= 0) continue;
     const bool qk = p.kind == ParamKind::q_norm || p.kind == ParamKind::k_norm;
     if (!l_.sp && !(lora && l_.tp > 1) && !qk) continue;

@@ -132,8 +132,13 @@ double Optimizer<Elem, G>::grad_norm() {
   double* sums = stage_.on_device() ? table.template get<double>("scratch.grad_norm_sum") : host_sums;
   if (stage_.on_device()) memory::copy(sums, host_sums, sizeof host_sums, stream);
   const bool ep = stage_.groups().ep != nullptr;
+  // Under an expert tp degree the experts' adapters are whole on every tp
+  // rank, their gradients summed over tp (LlamaStage::reduce_replicated_grads):
+  // counted by tp rank 0, where the experts' own parts count on every one.
+  const bool etp_whole_once = stage_.layout().etp > 1 && stage_.groups().tp_rank() != 0;
   for_each_piece([&](const ParamSpec& p, int64_t begin, int64_t end) {
     if (p.tied_copy) return;  // the first stage counts the tied embedding
+    if (etp_whole_once && p.expert >= 0 && p.shard == ShardDim::none) return;
     const kernels::SumSquaresParams<G> sq{
         .n = end - begin,
         .x = grad_at(begin),
