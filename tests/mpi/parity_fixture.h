@@ -43,11 +43,13 @@ struct Fixture {
     const auto r = run_weft("data prepare --input " + in + " --out " + data + " --val-fraction 0.1");
     EXPECT_EQ(r.code, 0) << r.out;
   }
-  // The last train()'s balancing losses (MoE models), a step each.
-  std::vector<double> aux_losses;
+  // The last train()'s balancing losses (MoE models) and gradient norms, a
+  // step each.
+  std::vector<double> aux_losses, grad_norms;
   // Trains under `layout` on its world size; returns the metrics file's losses.
   std::vector<double> train(const std::string& layout, const std::string& out, const std::string& extra = "") {
     aux_losses.clear();
+    grad_norms.clear();
     const std::regex axis("(?:^|-)(tp|cp|pp|dp)(\\d+)");
     int64_t world = 1;
     for (auto it = std::sregex_iterator(layout.begin(), layout.end(), axis); it != std::sregex_iterator(); ++it)
@@ -70,6 +72,7 @@ struct Fixture {
       }
       if (j.contains("loss")) losses.push_back(j["loss"].get<double>());
       if (j.contains("aux_loss")) aux_losses.push_back(j["aux_loss"].get<double>());
+      if (j["kind"] == "train" && j.contains("grad_norm")) grad_norms.push_back(j["grad_norm"].get<double>());
       // Throughput per device, as the tuner and MFU count it: never summed over the ranks.
       if (j["kind"] == "train") {
         EXPECT_NEAR(j["tflops_per_device"].get<double>() * 1e12 / (j["mfu"].get<double>() * peak), 1.0, 1e-9)

@@ -89,16 +89,20 @@ const std::string kLlama4Chunk = [] {
   return c;
 }();
 
+// (The gradient norms too, the same rule: each rank counts what it holds
+// once, whole or split.)
 std::string table_of(Fixture& f, const std::vector<double>& ref, const std::vector<std::string>& layouts,
                      const std::string& extra) {
-  const std::vector<double> ref_aux = f.aux_losses;
+  const std::vector<double> ref_aux = f.aux_losses, ref_norms = f.grad_norms;
   EXPECT_EQ(ref_aux.size(), ref.size());
+  EXPECT_EQ(ref_norms.size(), ref.size());
   std::string table = fmt::format("{:<62} {:>5} {:>12} {:>14} {:>12}\n", "layout", "ranks", "max rel dev",
                                   "worst mem dev", "aux rel dev");
   for (const auto& layout : layouts) {
     std::string row = parity_row(f, ref, layout, 1e-5, 1e-5, extra);
     const double aux = max_rel(f.aux_losses, ref_aux);
     EXPECT_LE(aux, 1e-5) << layout << ": the balancing loss";
+    EXPECT_LE(max_rel(f.grad_norms, ref_norms), 1e-5) << layout << ": the gradient norm";
     row.pop_back();
     table += fmt::format("{} {:>12.2e}\n", row, aux);
   }
