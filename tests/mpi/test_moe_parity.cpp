@@ -89,8 +89,11 @@ const std::string kLlama4Chunk = [] {
   return c;
 }();
 
-// (The gradient norms too, the same rule: each rank counts what it holds
-// once, whole or split.)
+// (The gradient norms too, each rank counting what it holds once, whole or
+// split: the first step's, of equal weights, within 1e-6; the later ones
+// within 1e-4, since a norm of gradients moves more than the loss once
+// summation order has moved the weights' last bits: at etp2, 1.2e-5 by
+// step 5 where the losses stay within 1e-7.)
 std::string table_of(Fixture& f, const std::vector<double>& ref, const std::vector<std::string>& layouts,
                      const std::string& extra) {
   const std::vector<double> ref_aux = f.aux_losses, ref_norms = f.grad_norms;
@@ -102,7 +105,9 @@ std::string table_of(Fixture& f, const std::vector<double>& ref, const std::vect
     std::string row = parity_row(f, ref, layout, 1e-5, 1e-5, extra);
     const double aux = max_rel(f.aux_losses, ref_aux);
     EXPECT_LE(aux, 1e-5) << layout << ": the balancing loss";
-    EXPECT_LE(max_rel(f.grad_norms, ref_norms), 1e-5) << layout << ": the gradient norm";
+    EXPECT_LE(max_rel(f.grad_norms, ref_norms), 1e-4) << layout << ": the gradient norms";
+    if (!f.grad_norms.empty() && !ref_norms.empty())
+      EXPECT_LE(std::fabs(f.grad_norms[0] - ref_norms[0]) / ref_norms[0], 1e-6) << layout << ": the first gradient norm";
     row.pop_back();
     table += fmt::format("{} {:>12.2e}\n", row, aux);
   }

@@ -77,7 +77,7 @@ using memory::Fp8Gemm;
 
 void require_moe_layout(const ModelSpec& m, const RunSpec& run, const Layout& l, const DeviceSpec& device) {
   if (!m.moe.enabled()) return;
-  // LoRA on the experts: gate and up together, no dropout (and etp1: Layout::violations).
+  // LoRA on the experts: gate and up together, no dropout.
   lora_check_model(m, run.lora);
   std::vector<std::string> missing;
   if (l.fp8 == Fp8Recipe::blockwise)
