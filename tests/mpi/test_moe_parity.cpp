@@ -106,8 +106,9 @@ std::string table_of(Fixture& f, const std::vector<double>& ref, const std::vect
     const double aux = max_rel(f.aux_losses, ref_aux);
     EXPECT_LE(aux, 1e-5) << layout << ": the balancing loss";
     EXPECT_LE(max_rel(f.grad_norms, ref_norms), 1e-4) << layout << ": the gradient norms";
-    if (!f.grad_norms.empty() && !ref_norms.empty())
+    if (!f.grad_norms.empty() && !ref_norms.empty()) {
       EXPECT_LE(std::fabs(f.grad_norms[0] - ref_norms[0]) / ref_norms[0], 1e-6) << layout << ": the first gradient norm";
+    }
     row.pop_back();
     table += fmt::format("{} {:>12.2e}\n", row, aux);
   }
@@ -310,6 +311,22 @@ TEST(MoeParity, ExpertGridFoldedOverTensorParallelRanks) {
   forms_against_one_rank({kMixtral}, {"tp2-pp1-dp2-ep4-mb1-sp-epfold-zero2"}, "--lora 4 --lora-targets all");
 }
 
+// The FP8 tests' rows: parity_row for each of `layouts` + `suffix` under
+// the FP8 bounds (first step 5e-5, then 3e-3), the balancing losses within
+// `aux_tol` of `ref_aux`, appended to `table` (`extra`: more training
+// arguments).
+void fp8_rows(Fixture& f, const std::vector<double>& ref, const std::vector<double>& ref_aux,
+              const std::vector<std::string>& layouts, const std::string& suffix, double aux_tol, std::string& table,
+              const std::string& extra = "") {
+  for (const std::string& layout : layouts) {
+    std::string row = parity_row(f, ref, layout + suffix, 3e-3, 5e-5, extra);
+    const double aux = max_rel(f.aux_losses, ref_aux);
+    EXPECT_LE(aux, aux_tol) << layout << ": the balancing loss";
+    row.pop_back();
+    table += fmt::format("{} {:>12.2e}\n", row, aux);
+  }
+}
+
 // FP8 (tensorwise) in the MoE blocks (trainer/model/llama_moe_fp8.cpp): the
 // attention's GEMMs as a dense model's, the routed experts' and the shared
 // expert's with a scale per weight and, for their rows, per expert and
@@ -354,17 +371,12 @@ TEST(MoeParity, Fp8ExpertsQuantiseAsOneRank) {
     std::string table = fmt::format("{:<62} {:>5} {:>12} {:>14} {:>12}\n", "layout", "ranks", "max rel dev",
                                     "worst mem dev", "aux rel dev");
     table += fmt::format("{:<62} {:>5} {:>12.2e}\n", "(fp8:tensorwise against fp32)", 1, off);
-    for (const std::string layout :
-         {"tp1-pp1-dp2-ep2-mb1", "tp1-pp1-dp4-ep4-mb1-zero1-dispatch:allgather", "tp2-pp1-dp2-ep2-mb1-sp",
-          "tp2-pp1-dp1-etp2-mb1", "tp2-pp1-dp2-ep2-etp2-mb1-sp-zero1", "tp1-cp2-pp1-dp1-ep2-mb1-cp:ring",
-          "tp1-pp2-dp2-ep2-mb1-vpp2-ckpt:selective", "tp2-pp1-dp2-ep4-mb1-sp-epfold-zero3-ckpt:ffn",
-          "tp2-cp2-pp1-dp1-ep2-etp2-mb1-sp-ckpt:full-cp:ring"}) {
-      std::string row = parity_row(f, ref, layout + "-fp8:tensorwise", 3e-3, 5e-5);
-      const double aux = max_rel(f.aux_losses, ref_aux);
-      EXPECT_LE(aux, 3e-3) << layout << ": the balancing loss";
-      row.pop_back();
-      table += fmt::format("{} {:>12.2e}\n", row, aux);
-    }
+    fp8_rows(f, ref, ref_aux,
+             {"tp1-pp1-dp2-ep2-mb1", "tp1-pp1-dp4-ep4-mb1-zero1-dispatch:allgather", "tp2-pp1-dp2-ep2-mb1-sp",
+              "tp2-pp1-dp1-etp2-mb1", "tp2-pp1-dp2-ep2-etp2-mb1-sp-zero1", "tp1-cp2-pp1-dp1-ep2-mb1-cp:ring",
+              "tp1-pp2-dp2-ep2-mb1-vpp2-ckpt:selective", "tp2-pp1-dp2-ep4-mb1-sp-epfold-zero3-ckpt:ffn",
+              "tp2-cp2-pp1-dp1-ep2-etp2-mb1-sp-ckpt:full-cp:ring"},
+             "-fp8:tensorwise", 3e-3, table);
     std::printf("%s", table.c_str());
   }
 }
@@ -440,16 +452,11 @@ TEST(MoeParity, Fp8DelayedScalingOfTheExperts) {
     std::printf("%s: %lld of the MoE layers' experts took no token in step 3\n", m.name.c_str(), (long long)idle);
     std::string table = fmt::format("{:<62} {:>5} {:>12} {:>14} {:>12}\n", "layout", "ranks", "max rel dev",
                                     "worst mem dev", "aux rel dev");
-    for (const std::string layout :
-         {"tp1-pp1-dp2-ep2-mb1", "tp1-pp1-dp4-ep4-mb1-zero1-dispatch:allgather",
-          "tp2-pp1-dp2-ep2-etp2-mb1-sp-zero1", "tp1-pp2-dp2-ep2-mb1-vpp2-ckpt:selective",
-          "tp2-cp2-pp1-dp1-ep2-mb1-sp-epfold-ckpt:full-cp:ring"}) {
-      std::string row = parity_row(f, ref, layout + "-fp8:delayed", 3e-3, 5e-5);
-      const double aux = max_rel(f.aux_losses, ref_aux);
-      EXPECT_LE(aux, 1e-2) << layout << ": the balancing loss";
-      row.pop_back();
-      table += fmt::format("{} {:>12.2e}\n", row, aux);
-    }
+    fp8_rows(f, ref, ref_aux,
+             {"tp1-pp1-dp2-ep2-mb1", "tp1-pp1-dp4-ep4-mb1-zero1-dispatch:allgather",
+              "tp2-pp1-dp2-ep2-etp2-mb1-sp-zero1", "tp1-pp2-dp2-ep2-mb1-vpp2-ckpt:selective",
+              "tp2-cp2-pp1-dp1-ep2-mb1-sp-epfold-ckpt:full-cp:ring"},
+             "-fp8:delayed", 1e-2, table);
     std::printf("%s", table.c_str());
     const std::string ckpt = ref_out + "/checkpoints/step_000003";
     for (const std::string to : {"tp1-pp1-dp1-mb1-fp8:delayed", "tp1-pp1-dp2-ep2-mb1-fp8:delayed"}) {
@@ -481,15 +488,10 @@ TEST(MoeParity, Fp8UnderLoraOnTheAttention) {
     std::string table = fmt::format("{:<62} {:>5} {:>12} {:>14} {:>12}\n", "layout (LoRA on q, k, v, o)", "ranks",
                                     "max rel dev", "worst mem dev", "aux rel dev");
     table += fmt::format("{:<62} {:>5} {:>12.2e}\n", fmt::format("({} against fp32)", recipe), 1, off);
-    for (const std::string layout :
-         {"tp1-pp1-dp2-ep2-mb1-zero1", "tp2-pp1-dp2-ep2-etp2-mb1-sp-zero2", "tp1-pp2-dp1-mb1-vpp2-ckpt:full",
-          "tp2-cp2-pp1-dp1-ep2-mb1-sp-epfold-cp:ring"}) {
-      std::string row = parity_row(f, ref, layout + "-" + recipe, 3e-3, 5e-5, lora);
-      const double aux = max_rel(f.aux_losses, ref_aux);
-      EXPECT_LE(aux, 1e-2) << layout << ": the balancing loss";
-      row.pop_back();
-      table += fmt::format("{} {:>12.2e}\n", row, aux);
-    }
+    fp8_rows(f, ref, ref_aux,
+             {"tp1-pp1-dp2-ep2-mb1-zero1", "tp2-pp1-dp2-ep2-etp2-mb1-sp-zero2", "tp1-pp2-dp1-mb1-vpp2-ckpt:full",
+              "tp2-cp2-pp1-dp1-ep2-mb1-sp-epfold-cp:ring"},
+             std::string("-") + recipe, 1e-2, table, lora);
     std::printf("%s", table.c_str());
   }
 }
