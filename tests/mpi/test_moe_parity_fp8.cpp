@@ -1,0 +1,213 @@
+// FP8 in an MoE model's blocks under every parallel layout, against one
+// rank (the forms and tables of moe_parity_forms.h): tensorwise and delayed
+// scaling of the routed and shared experts, and FP8 blocks under LoRA on
+// the attention. Real mpirun ranks, as test_moe_parity.cpp's cases.
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "core/model_spec.h"
+#include "trainer/checkpoint/checkpoint.h"
+
+#include "moe_parity_forms.h"
+#include "parity_fixture.h"
+
+namespace weft::test {
+namespace {
+
+// The FP8 tests' rows: parity_row for each of `layouts` + `suffix` under
+// the FP8 bounds (first step 5e-5, then 3e-3), the balancing losses within
+// `aux_tol` of `ref_aux`, appended to `table` (`extra`: more training
+// arguments).
+void fp8_rows(Fixture& f, const std::vector<double>& ref, const std::vector<double>& ref_aux,
+              const std::vector<std::string>& layouts, const std::string& suffix, double aux_tol, std::string& table,
+              const std::string& extra = "") {
+  for (const std::string& layout : layouts) {
+    std::string row = parity_row(f, ref, layout + suffix, 3e-3, 5e-5, extra);
+    const double aux = max_rel(f.aux_losses, ref_aux);
+    EXPECT_LE(aux, aux_tol) << layout << ": the balancing loss";
+    row.pop_back();
+    table += fmt::format("{} {:>12.2e}\n", row, aux);
+  }
+}
+
+// FP8 (tensorwise) in the MoE blocks (trainer/model/llama_moe_fp8.cpp): the
+// attention's GEMMs as a dense model's, the routed experts' and the shared
+// expert's with a scale per weight and, for their rows, per expert and
+// micro-batch, wherever the rows went. So every layout quantises as one
+// rank does, under ep with both dispatchers, an expert tp degree with and
+// without sp, the folded grid, cp, pp with vpp, ZeRO and recomputation.
+// The bounds are LayoutParity.Fp8ScalesAgreeAcrossLayouts' (3e-3 after the
+// first step: summation order moves a few values across a rounding
+// boundary of the 3-bit mantissa); a scale per ep rank's received rows (as
+// Transformer Engine's grouped GEMMs take) would move the first step's
+// losses past 5e-5. Sequences of 32 keep the attention's GEMMs 16 rows
+// deep under cp 2, so they are in FP8 in every layout.
+TEST(MoeParity, Fp8ExpertsQuantiseAsOneRank) {
+  for (const char* config : {kMixtral, kLlama4Ffn}) {
+    Fixture f(false, config);
+    f.seq = 32;
+    const auto plain = f.train("tp1-pp1-dp1-mb1", f.dir.path("plain"));
+    const std::string ref_out = f.dir.path("ref");
+    const auto ref = f.train("tp1-pp1-dp1-mb1-fp8:tensorwise", ref_out);
+    ASSERT_EQ(ref.size(), 5u);
+    const std::vector<double> ref_aux = f.aux_losses;
+    const double off = max_rel(ref, plain);
+    EXPECT_GT(off, 1e-4) << "FP8 barely changed the losses";
+    EXPECT_LT(off, 0.02);
+    if (config == kMixtral) {
+      // The experts' share of a step's quantised values on one rank, per
+      // layer and micro-batch (32 rows, top-2 of 4 experts, C 64, F 32):
+      // their inputs and SwiGLU outputs, the three output gradients, and
+      // every expert's three weights forward and backward.
+      const int64_t rows = 32 * 2, C = 64, F = 32;
+      const int64_t per = rows * C + rows * F + rows * C + 2 * rows * F + 2 * 4 * 3 * F * C;
+      std::ifstream in(ref_out + "/metrics.jsonl");
+      int64_t records = 0;
+      for (std::string line; std::getline(in, line);) {
+        const auto j = nlohmann::json::parse(line);
+        if (j["kind"] != "train" || !j.contains("fp8")) continue;
+        EXPECT_GE(j["fp8"]["values"].get<int64_t>(), per * 8 * 8) << line;
+        ++records;
+      }
+      EXPECT_EQ(records, 5);
+    }
+    std::string table = fmt::format("{:<62} {:>5} {:>12} {:>14} {:>12}\n", "layout", "ranks", "max rel dev",
+                                    "worst mem dev", "aux rel dev");
+    table += fmt::format("{:<62} {:>5} {:>12.2e}\n", "(fp8:tensorwise against fp32)", 1, off);
+    fp8_rows(f, ref, ref_aux,
+             {"tp1-pp1-dp2-ep2-mb1", "tp1-pp1-dp4-ep4-mb1-zero1-dispatch:allgather", "tp2-pp1-dp2-ep2-mb1-sp",
+              "tp2-pp1-dp1-etp2-mb1", "tp2-pp1-dp2-ep2-etp2-mb1-sp-zero1", "tp1-cp2-pp1-dp1-ep2-mb1-cp:ring",
+              "tp1-pp2-dp2-ep2-mb1-vpp2-ckpt:selective", "tp2-pp1-dp2-ep4-mb1-sp-epfold-zero3-ckpt:ffn",
+              "tp2-cp2-pp1-dp1-ep2-etp2-mb1-sp-ckpt:full-cp:ring"},
+             "-fp8:tensorwise", 3e-3, table);
+    std::printf("%s", table.c_str());
+  }
+}
+
+// Delayed FP8 scaling in the MoE blocks: each routed expert's three GEMMs
+// keep an amax history per operand, over every micro-batch and rank that
+// computed its rows (memory::fp8_delayed_slots_per_block), so from the
+// second step on every layout scales the experts as one rank does with no
+// exchange at all; the first step scales as tensorwise. The checkpoint
+// carries every expert's history, whatever the ep degree: resumed at step 3
+// on one rank and under ep, steps 4 and 5 are the uninterrupted run's.
+// The losses' bounds are the tensorwise test's. The balancing loss's is
+// 1e-2: it moves with every routing choice that changes, and the FP8
+// rounding moves choices near a tie in every recipe once the layouts'
+// weights differ in their last bits (after step 1, by summation order).
+// Measured at tp2-cp2-ep2-epfold against one rank (tiny Mixtral, 4,096
+// choices a step): 24, 97, 234 and 134 choices moved in steps 2-5 under
+// delayed scaling, 43, 63, 164 and 64 under tensorwise, and the balancing
+// loss up to 5.7e-3 and 3.6e-4 apart (the losses 3.1e-4 and 2.4e-4).
+TEST(MoeParity, Fp8DelayedScalingOfTheExperts) {
+  for (const char* config : {kMixtral, kLlama4Ffn}) {
+    Fixture f(false, config);
+    f.seq = 32;
+    const auto tensorwise = f.train("tp1-pp1-dp1-mb1-fp8:tensorwise", f.dir.path("tw"));
+    const std::string ref_out = f.dir.path("ref");
+    const auto ref = f.train("tp1-pp1-dp1-mb1-fp8:delayed", ref_out, "--ckpt-every 3");
+    ASSERT_EQ(ref.size(), 5u);
+    const std::vector<double> ref_aux = f.aux_losses;
+    // The first step scales from the tensors themselves, the later ones
+    // from the history.
+    EXPECT_EQ(ref[0], tensorwise[0]);
+    EXPECT_GT(max_rel(ref, tensorwise), 1e-6) << "the history changed no scale";
+    // The history of every layer and slot, the experts' after the dense
+    // GEMMs' 21: each expert's weights' in every MoE layer, its rows' where
+    // step 3 routed it any (its metrics record), nothing in a dense layer.
+    std::map<int64_t, std::vector<int64_t>> load;  // step 3's tokens per MoE layer and expert
+    {
+      std::ifstream in(ref_out + "/metrics.jsonl");
+      for (std::string line; std::getline(in, line);) {
+        const auto j = nlohmann::json::parse(line);
+        if (j["kind"] != "train" || j["step"] != 3) continue;
+        const auto& layers = j["expert_load"]["layers"];
+        for (size_t i = 0; i < layers.size(); ++i)
+          load[layers[i].get<int64_t>()] = j["expert_load"]["counts"][i].get<std::vector<int64_t>>();
+      }
+    }
+    const auto ck = checkpoint::load_checkpoint(ref_out + "/checkpoints/step_000003");
+    const auto* h = ck.optimizer.find(checkpoint::kFp8HistoryTensor);
+    ASSERT_NE(h, nullptr);
+    const int64_t E = 4, slots = 21 + E * 9;
+    ASSERT_EQ(h->shape, (std::vector<int64_t>{8, slots, 16}));
+    EXPECT_EQ(ck.manifest.run.value("fp8_history_len", int64_t{0}), 3);
+    std::vector<float> hist(size_t(8 * slots * 16));
+    ASSERT_EQ(h->dtype, checkpoint::DType::F32);
+    std::memcpy(hist.data(), h->data, size_t(h->bytes()));
+    const ModelSpec m = ck.manifest.model;
+    EXPECT_EQ(int64_t(load.size()), m.moe_layers());
+    int64_t idle = 0;
+    for (int64_t layer = 0; layer < 8; ++layer)
+      for (int64_t e = 0; e < E; ++e) {
+        const bool routed = m.moe_layer(layer) && load.at(layer).at(size_t(e)) > 0;
+        idle += m.moe_layer(layer) && !routed;
+        for (int64_t op = 0; op < 9; ++op) {
+          if (op == 3) continue;  // up's input: gate's, quantised once
+          const bool weight = op % 3 == 1;
+          const float newest = hist[size_t((layer * slots + 21 + e * 9 + op) * 16 + 2)];
+          if (m.moe_layer(layer) && (weight || routed))
+            EXPECT_GT(newest, 0.0f) << "layer " << layer << " expert " << e << " operand " << op;
+          else
+            EXPECT_EQ(newest, 0.0f) << "layer " << layer << " expert " << e << " operand " << op;
+        }
+      }
+    std::printf("%s: %lld of the MoE layers' experts took no token in step 3\n", m.name.c_str(), (long long)idle);
+    std::string table = fmt::format("{:<62} {:>5} {:>12} {:>14} {:>12}\n", "layout", "ranks", "max rel dev",
+                                    "worst mem dev", "aux rel dev");
+    fp8_rows(f, ref, ref_aux,
+             {"tp1-pp1-dp2-ep2-mb1", "tp1-pp1-dp4-ep4-mb1-zero1-dispatch:allgather",
+              "tp2-pp1-dp2-ep2-etp2-mb1-sp-zero1", "tp1-pp2-dp2-ep2-mb1-vpp2-ckpt:selective",
+              "tp2-cp2-pp1-dp1-ep2-mb1-sp-epfold-ckpt:full-cp:ring"},
+             "-fp8:delayed", 1e-2, table);
+    std::printf("%s", table.c_str());
+    const std::string ckpt = ref_out + "/checkpoints/step_000003";
+    for (const std::string to : {"tp1-pp1-dp1-mb1-fp8:delayed", "tp1-pp1-dp2-ep2-mb1-fp8:delayed"}) {
+      const auto losses = f.train(to, f.dir.path("resumed-" + to), "--resume-from " + ckpt);
+      ASSERT_EQ(losses.size(), 2u) << to;
+      const double tol = to.find("ep2") == std::string::npos ? 1e-7 : 3e-3;
+      for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(losses[i], ref[3 + i], tol * ref[3 + i]) << to << " step " << 4 + i;
+    }
+  }
+}
+
+// LoRA on the attention of an MoE model whose blocks run FP8 GEMMs (the
+// attention's, the routed and shared experts'): the adapters read the
+// compute-type inputs, as in a dense model, so every layout trains as one
+// rank does, under tensorwise scaling (Mixtral's form) and delayed
+// (Llama 4's FFN, with its shared expert). Bounds as the FP8 tests'.
+TEST(MoeParity, Fp8UnderLoraOnTheAttention) {
+  const std::string lora = "--lora 4 --lora-targets q,k,v,o";
+  for (const auto& [config, recipe] : {std::pair{kMixtral, "fp8:tensorwise"}, {kLlama4Ffn, "fp8:delayed"}}) {
+    Fixture f(false, config);
+    f.seq = 32;
+    const auto plain = f.train("tp1-pp1-dp1-mb1", f.dir.path("plain"), lora);
+    const auto ref = f.train(std::string("tp1-pp1-dp1-mb1-") + recipe, f.dir.path("ref"), lora);
+    ASSERT_EQ(ref.size(), 5u);
+    const std::vector<double> ref_aux = f.aux_losses;
+    const double off = max_rel(ref, plain);
+    EXPECT_GT(off, 1e-4) << recipe << " barely changed the losses";
+    EXPECT_LT(off, 0.02);
+    std::string table = fmt::format("{:<62} {:>5} {:>12} {:>14} {:>12}\n", "layout (LoRA on q, k, v, o)", "ranks",
+                                    "max rel dev", "worst mem dev", "aux rel dev");
+    table += fmt::format("{:<62} {:>5} {:>12.2e}\n", fmt::format("({} against fp32)", recipe), 1, off);
+    fp8_rows(f, ref, ref_aux,
+             {"tp1-pp1-dp2-ep2-mb1-zero1", "tp2-pp1-dp2-ep2-etp2-mb1-sp-zero2", "tp1-pp2-dp1-mb1-vpp2-ckpt:full",
+              "tp2-cp2-pp1-dp1-ep2-mb1-sp-epfold-cp:ring"},
+             std::string("-") + recipe, 1e-2, table, lora);
+    std::printf("%s", table.c_str());
+  }
+}
+
+}  // namespace
+}  // namespace weft::test
