@@ -149,21 +149,27 @@ std::optional<AutoChoice> auto_layout(const trainer::TrainConfig& base, const tu
     std::string cached = rank0 ? find_cached(ctx, space, log) : std::string();
     cached = tuner::share_text(*control, cached);
     if (!cached.empty()) {
-      // The layout, and the receive buffers the recipe's tuning sized (as
-      // text, so that every rank takes the same bits).
+      // The layout, and the receive buffers the recipe's tuning sized, or
+      // more where the layout's memory leaves room (a recipe of an older
+      // weft kept its trials' factor); as text, so that every rank takes
+      // the same bits.
       std::string choice;
+      double sized = 0;
       if (rank0) {
         const auto rc = tuner::recipe_load(cached);
-        choice = fmt::format("{} {:.17g}", rc.layout.to_string(),
-                             a.size_moe_buffers ? rc.model.moe.imbalance : 0.0);
+        sized = a.size_moe_buffers ? rc.model.moe.imbalance : 0.0;
+        choice = fmt::format("{} {:.17g}", rc.layout.to_string(), tuner::run_buffer_factor(ctx, rc.layout, sized));
       }
       choice = tuner::share_text(*control, choice);
       const size_t space_at = choice.rfind(' ');
       AutoChoice c{Layout::parse(choice.substr(0, space_at)), std::stod(choice.substr(space_at + 1))};
       if (out)
         fmt::print(out, "using cached recipe {} (layout {}{}); --retune tunes again\n", cached, c.layout.to_string(),
-                   c.moe_imbalance > 0 ? fmt::format(", MoE receive buffers at {:g}x as it measured", c.moe_imbalance)
-                                       : "");
+                   c.moe_imbalance > sized ? fmt::format(", MoE receive buffers at {:g}x: it sized them at {:g}x, and "
+                                                         "the layout's memory holds more",
+                                                         c.moe_imbalance, sized)
+                   : c.moe_imbalance > 0 ? fmt::format(", MoE receive buffers at {:g}x as it sized them", c.moe_imbalance)
+                                         : "");
       return c;
     }
   }

@@ -335,12 +335,12 @@ int run_train(TrainArgs& a) {
                    fmt::format("{}", fmt::join(diff, "; ")).c_str());
     knobs_agree(a, from_knobs, r.layout, "recipe " + a.recipe);
     c.layout = r.layout;
-    // The receive buffers its tuning sized from measured routing, unless
-    // this run states them.
+    // The receive buffers its tuning sized from measured routing (and the
+    // memory its layout left), unless this run states them.
     if (c.model.moe.enabled() && r.model.moe.imbalance > 0 && !a.model.imbalance_stated()) {
       c.model.moe.imbalance = r.model.moe.imbalance;
       if (world_rank_from_env() == 0)
-        fmt::print("MoE receive buffers at {:g}x a rank's balanced rows, as recipe {} measured (--moe-imbalance "
+        fmt::print("MoE receive buffers at {:g}x a rank's balanced rows, as recipe {} holds them (--moe-imbalance "
                    "states them)\n",
                    c.model.moe.imbalance, a.recipe);
     }

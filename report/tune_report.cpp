@@ -100,7 +100,12 @@ std::string tune_report_md(const TuneResult& r, const SpaceContext& ctx) {
           "the later trials ran with them. {} A micro-batch routed past the buffers stops the run with its count "
           "(`--moe-imbalance` pins one factor, 0 the worst case).\n\n",
           r.moe_sizing_trials, kBufferMargin, fmt::join(by_ep, ", "), r.candidates, r.moe_worst_candidates,
-          r.moe_imbalance > 0 ? fmt::format("The run holds the winner's, {:g}x.", r.moe_imbalance)
+          r.moe_imbalance > r.moe_sized_imbalance
+              ? fmt::format("The winner's trials held {:g}x; the run holds {:g}x, the most its memory leaves room for "
+                            "up to the worst case, since routing moves further as the routers learn.",
+                            r.moe_sized_imbalance, r.moe_imbalance)
+          : r.moe_imbalance > 0 ? fmt::format("The run holds the winner's, {:g}x (its memory has no room for more).",
+                                              r.moe_imbalance)
           : w && w->layout.ep > 1 ? std::string("No trial routed as few rows as the winner, so the run keeps the worst case.")
                                   : std::string("The winner has no expert parallelism."));
     }
@@ -196,6 +201,7 @@ nlohmann::json tune_report_json(const TuneResult& r, const SpaceContext& ctx) {
     for (const MeasuredDispatch& m : r.moe_dispatches) d.push_back({{"rows", m.rows}, {"ep", m.ep}, {"factor", m.factor}});
     j["moe_buffers"] = {{"dispatches", d},
                         {"imbalance", r.moe_imbalance},
+                        {"sized", r.moe_sized_imbalance},
                         {"trials", r.moe_sizing_trials},
                         {"margin", kBufferMargin},
                         {"candidates_worst_case", r.moe_worst_candidates}};

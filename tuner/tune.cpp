@@ -16,6 +16,7 @@
 #include "core/flops.h"
 #include "core/json_io.h"
 #include "core/units.h"
+#include "memory/shapes.h"
 #include "trainer/loop.h"
 #include "tuner/journal.h"
 #include "tuner/tune_search.h"
@@ -287,6 +288,31 @@ std::vector<MeasuredDispatch> measured_dispatches(const std::vector<TrialRecord>
   return out;
 }
 
+double run_buffer_factor(const SpaceContext& ctx, const Layout& l, double sized) {
+  if (sized <= 0 || l.ep <= 1) return sized;
+  ModelSpec m = model_for(ctx.model, l);
+  m.moe.measured.clear();
+  const int64_t rows = memory::moe_routed_rows(m, ctx.run, l);
+  if (rows <= 0) return sized;
+  // In hundredths: the worst case's factor, rounded up (it caps the rows).
+  const int64_t worst = int64_t(std::ceil(100.0 * double(m.moe.received_rows_worst(rows, l.ep)) /
+                                          double(rows * m.moe.top_k)));
+  const auto fits = [&](int64_t hundredths) {
+    m.moe.imbalance = double(hundredths) / 100;
+    return evaluate_one(m, ctx.run, ctx.cluster, l, ctx.constants, ctx.memory).verdict == Verdict::fits;
+  };
+  int64_t lo = int64_t(std::llround(100 * sized)), hi = worst;
+  if (hi <= lo) return sized;
+  if (fits(hi)) return double(hi) / 100;
+  // More buffer never takes less memory: lo fits (the winner's trials ran
+  // at it), hi does not.
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  return std::max(sized, double(lo) / 100);
+}
+
 Recipe tune_recipe(const TuneResult& r, const SpaceContext& ctx, const std::string& machine) {
   if (!r.winner) throw InputError("no trial succeeded, so there is no layout to save as a recipe");
   if (r.stopped)
@@ -318,6 +344,7 @@ Recipe tune_recipe(const TuneResult& r, const SpaceContext& ctx, const std::stri
                {"stop_reason", r.stop_reason}};
   if (r.moe_imbalance > 0)
     rc.tuning["moe_buffers"] = {{"imbalance", r.moe_imbalance},
+                                {"sized", r.moe_sized_imbalance},
                                 {"trials", r.moe_sizing_trials},
                                 {"margin", kBufferMargin}};
   if (r.calibration)

@@ -138,11 +138,13 @@ struct TuneResult {
   // MoE models (TuneOptions::size_buffers): the receive buffers sized from
   // the dispatches of the first moe_sizing_trials trials, kBufferMargin
   // times each (empty: not sized); the candidates there were before, at the
-  // worst case's buffers; and the winner's factor, which the run uses (0:
-  // the model's own).
+  // worst case's buffers; the factor the winner's trials held; and the
+  // run's (run_buffer_factor: at least that, more where the winner's memory
+  // leaves room; 0: the model's own).
   std::vector<MeasuredDispatch> moe_dispatches;
   int64_t moe_sizing_trials = 0;
   int64_t moe_worst_candidates = 0;
+  double moe_sized_imbalance = 0;
   double moe_imbalance = 0;
 };
 
@@ -155,6 +157,18 @@ inline constexpr double kBufferMargin = 1.25;
 // times each peak rounded up to a hundredth, from 1 to kMaxImbalance: one
 // per (rows, ep) pair, the largest.
 std::vector<MeasuredDispatch> measured_dispatches(const std::vector<TrialRecord>& trials);
+
+// The receive-buffer factor a run of layout `l` trains with, where its
+// trials held `sized` (the measured routing's, MoeSpec::imbalance_for): the
+// largest factor on a grid of hundredths, from `sized` up to the worst
+// case's, at which the memory model still fits `l` on ctx's device. A
+// trial's few steps see the router at its initialisation, and a run's
+// routing moves further as the routers learn (benchmarks/RESULTS.md: a
+// tiny Mixtral form routed past 1.25 x its first steps' peak within 10
+// steps), so memory the layout leaves free goes to the buffers. `sized`
+// itself where no more fits, and where it is 0 (the worst case) or l has
+// no expert parallelism.
+double run_buffer_factor(const SpaceContext& ctx, const Layout& l, double sized);
 
 // `base` gives the model, run, device, optimizer, seed, data and threads of
 // every trial. `log` gets the progress lines (pass null on ranks other than 0).

@@ -238,7 +238,8 @@ void Search::size_buffers(const std::vector<MeasuredDispatch>& dispatches) {
   say(fmt::format("MoE routing measured in {} trials: the expert-parallel receive buffers now hold {:g} x the most "
                   "uneven dispatch at each ep degree and rows routed per rank ({}; where no trial routed as few "
                   "rows, the worst case), and {} candidates fit where the worst case's buffers left {}; the later "
-                  "trials and the run use them (--moe-imbalance pins one factor)\n",
+                  "trials use them, the run those or more where its memory leaves room (--moe-imbalance pins one "
+                  "factor)\n",
                   r_.moe_sizing_trials, kBufferMargin, fmt::join(by_ep, ", "), cands_.size(), before));
 }
 
@@ -547,10 +548,13 @@ void Search::finish() {
   r_.stopped = share(control_, r_.stopped ? 1 : 0) != 0;
   const int64_t w = share(control_, best ? int64_t(*best) : -1);
   if (w >= 0) r_.winner = size_t(w);
-  // The winner's receive buffers, as sized, are the run's.
+  // The winner's receive buffers as its trials held them, and the run's:
+  // those, or more where its memory leaves room (every rank computes the
+  // same).
   if (w >= 0 && !r_.moe_dispatches.empty()) {
     const Layout& l = r_.trials[size_t(w)].layout;
-    r_.moe_imbalance = ctx_.model.moe.imbalance_for(memory::moe_routed_rows(ctx_.model, ctx_.run, l), l.ep);
+    r_.moe_sized_imbalance = ctx_.model.moe.imbalance_for(memory::moe_routed_rows(ctx_.model, ctx_.run, l), l.ep);
+    r_.moe_imbalance = run_buffer_factor(ctx_, l, r_.moe_sized_imbalance);
   }
 }
 

@@ -2,6 +2,8 @@
 // (resume, a trial that killed the process, a journal of another run), a
 // refused reservation, and duration parsing.
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -380,6 +382,49 @@ TEST(Tune, ListedCapacityFactorsAreSearched) {
   const Recipe rc = tune_recipe(r, f.ctx, "test");
   EXPECT_EQ(rc.model.moe.capacity_factor, r.trials[*r.winner].layout.capacity_factor);
   EXPECT_TRUE(rc.layout.violations(rc.model, f.ctx.run, 1).empty());
+}
+
+// The run's receive buffers (run_buffer_factor): the most the winner's
+// memory leaves room for, from its trials' factor up to the worst case.
+// Mixtral 8x7B's published layout on 64 H100 (T 4096, GBS 256;
+// benchmarks/RESULTS.md) fits at 1.5x a rank's balanced rows and not at the
+// worst case's 4x: the factor found is on the grid of hundredths, fits, and
+// a hundredth more does not. The tiny MoE on a CPU takes the worst case.
+TEST(Tune, TheRunsReceiveBuffersTakeTheMemoryItsLayoutLeaves) {
+  SpaceContext ctx;
+  ctx.model = model_preset("mixtral-8x7b");
+  ctx.run = RunSpec{4096, 256, Precision::bf16};
+  ctx.cluster = cluster_resolve("h100", 64, 8);
+  ctx.constants = cost_defaults(ctx.cluster.device);
+  const Layout l = Layout::parse("tp1-pp4-dp16-ep8-mb1-vpp8-zero1-grad:fp32");
+  const auto fits_at = [&](const SpaceContext& c, const Layout& at, double f) {
+    ModelSpec m = model_for(c.model, at);
+    m.moe.imbalance = f;
+    return evaluate_one(m, c.run, c.cluster, at, c.constants, c.memory).verdict == Verdict::fits;
+  };
+  ASSERT_TRUE(fits_at(ctx, l, 1.5));
+  ASSERT_FALSE(fits_at(ctx, l, 4.0));
+  const double f = run_buffer_factor(ctx, l, 1.5);
+  EXPECT_GT(f, 1.5);
+  EXPECT_LT(f, 4.0);
+  EXPECT_NEAR(100 * f, std::round(100 * f), 1e-9);
+  EXPECT_TRUE(fits_at(ctx, l, f)) << f;
+  EXPECT_FALSE(fits_at(ctx, l, f + 0.01)) << f;
+  std::printf("Mixtral 8x7B, %s on 64 H100: the run's buffers at %.2fx (trials 1.5x, worst case 4x)\n",
+              l.to_string().c_str(), f);
+  EXPECT_EQ(run_buffer_factor(ctx, l, f), f);      // no room for more
+  EXPECT_EQ(run_buffer_factor(ctx, l, 0.0), 0.0);  // the worst case already
+  const Layout dense_ffn = Layout::parse("tp1-pp4-dp16-mb1-vpp8-zero1-grad:fp32");
+  EXPECT_EQ(run_buffer_factor(ctx, dense_ffn, 1.5), 1.5);  // no expert parallelism
+  // A CPU's memory holds the tiny MoE's worst case: under ep 2, each rank's
+  // 4 of 8 experts can take both choices of every row of both ranks, 2x.
+  TuneFixture t;
+  t.ctx.model = model_preset("tiny-moe");
+  t.ctx.cluster.gpus = 2;
+  t.ctx.cluster.gpus_per_node = 2;
+  const Layout small = Layout::parse("tp1-pp1-dp2-ep2-mb1");
+  ASSERT_TRUE(fits_at(t.ctx, small, 2.0));
+  EXPECT_EQ(run_buffer_factor(t.ctx, small, 1.3), 2.0);
 }
 
 TEST(Tune, DurationsParse) {
