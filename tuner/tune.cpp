@@ -324,9 +324,14 @@ Recipe tune_recipe(const TuneResult& r, const SpaceContext& ctx, const std::stri
   m.moe.measured.clear();
   Recipe rc = recipe_for(m, ctx.cluster, ctx.run, w.layout, "profiled");
   rc.machine = machine;
+  // The run's memory: more than the winner's trials where its receive
+  // buffers hold more (run_buffer_factor).
+  const int64_t peak = r.moe_imbalance > r.moe_sized_imbalance && r.moe_sized_imbalance > 0
+                           ? evaluate_one(m, ctx.run, ctx.cluster, w.layout, ctx.constants, ctx.memory).memory.peak()
+                           : w.predicted_peak;
   rc.predicted = {{"step_s", w.predicted_s},
                   {"step_s_refit", w.calibrated_s},
-                  {"peak_bytes", w.predicted_peak}};
+                  {"peak_bytes", peak}};
   rc.measured = {{"step_s", w.measured_s},
                  {"tokens_per_s", w.tokens_per_s},
                  {"mfu", w.mfu},

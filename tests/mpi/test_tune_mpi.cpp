@@ -206,6 +206,10 @@ TEST(TuneMpi, MixtureOfExpertsSizesTheReceiveBuffersFromItsTrials) {
   EXPECT_DOUBLE_EQ(factor, sized > 0 ? 4.0 : 0.0);
   const auto recipe = nlohmann::json::parse(read(out + "/recipe.json"));
   EXPECT_DOUBLE_EQ(recipe["model"]["moe"]["imbalance"].get<double>(), factor);
+  // Its predicted memory is the run's, at the run's buffers: more than the
+  // winner's trials predicted where those hold more.
+  if (factor > sized && sized > 0)
+    EXPECT_GT(recipe["predicted"]["peak_bytes"].get<double>(), winner["predicted_peak_bytes"].get<double>());
   EXPECT_TRUE(contains(read(out + "/tuning.md"), "Expert-parallel receive buffers: sized from the dispatches"))
       << read(out + "/tuning.md");
   if (sized > 0)
