@@ -164,8 +164,8 @@ std::vector<MeasuredDispatch> measured_dispatches(const std::vector<TrialRecord>
 // case's, at which the memory model still fits `l` on ctx's device. A
 // trial's few steps see the router at its initialisation, and a run's
 // routing moves further as the routers learn (benchmarks/RESULTS.md: a
-// tiny Mixtral form routed past 1.25 x its first steps' peak within 10
-// steps), so memory the layout leaves free goes to the buffers. `sized`
+// tiny Mixtral form's run overflowed buffers sized at 1.25 x its trials'
+// peak within 20 steps), so memory the layout leaves free goes to them. `sized`
 // itself where no more fits, and where it is 0 (the worst case) or l has
 // no expert parallelism.
 double run_buffer_factor(const SpaceContext& ctx, const Layout& l, double sized);
