@@ -134,7 +134,10 @@ ModelSpec init_model(const TrainArgs& a, const trainer::TrainConfig& c) {
 void print_summary(const trainer::TrainConfig& c, const trainer::TrainReport& r) {
   const int64_t ran = std::max<int64_t>(0, r.last_step - r.first_step + 1);
   std::string s = fmt::format("\n{} after {} step{} ({}..{} of {}) in {}: {} tokens, {:.0f} tok/s\n",
-                              r.interrupted ? fmt::format("stopped by {}", stop_signal_name()) : "finished", ran,
+                              r.interrupted       ? fmt::format("stopped by {}", stop_signal_name())
+                              : !r.error.empty() ? std::string("stopped on an error")
+                                                 : std::string("finished"),
+                              ran,
                               ran == 1 ? "" : "s", r.first_step, r.last_step, c.steps, format_seconds(r.seconds),
                               ran * c.run.tokens_per_step(), r.tokens_per_second);
   if (!r.losses.empty())
@@ -496,6 +499,20 @@ int run_train(TrainArgs& a) {
   // The report also after a stop: it shows how far the run got.
   if (rank0 && !report.nothing_to_do) write_run_report(c.out_dir, stdout);
   if (rank0 && !report.nothing_to_do) print_summary(c, report);
+  if (!report.error.empty()) {
+    // Exit 2 with the error on rank 0 (every rank stops: they agreed on it).
+    if (!rank0) return 2;
+    throw InputError(fmt::format(
+        "{}; {}", report.error,
+        !c.checkpoints               ? std::string("--no-checkpoint: none was written")
+        : report.checkpoint.empty() ? std::string("no step of this launch completed, so it wrote no checkpoint")
+                                    : fmt::format("checkpoint {} holds step {}, the last completed{}", report.checkpoint,
+                                                  report.last_step,
+                                                  report.last_step < c.steps
+                                                      ? ": continue from it with --resume and the new "
+                                                        "--moe-imbalance, adding --change moe-imbalance"
+                                                      : "")));
+  }
   return report.interrupted ? stop_exit_code() : 0;
 }
 

@@ -399,6 +399,10 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
     const auto t0 = Clock::now();
     const double comm0 = c.watchdog ? c.watchdog->comm_seconds() : 0.0;
     const double loss = run.step_loss(step - 1);
+    if (!run.overflow.empty()) {  // every rank: agreed in step_loss
+      report.error = fmt::format("step {}: {}", step, run.overflow);
+      break;
+    }
     for (int i = 0; i < 3; ++i)
       window_fp8[size_t(i)] += std::array<int64_t, 3>{run.fp8.values, run.fp8.overflow, run.fp8.underflow}[size_t(i)];
     StepStats s;
@@ -468,6 +472,11 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
           if (E % d == 0) peaks[std::to_string(d)] = run.dispatch_peaks[size_t(d)];
         expert_load = {{"layers", layers}, {"counts", counts}, {"dispatch_peaks", peaks}};
         const int64_t ep = c.layout.ep, rows = memory::moe_routed_rows(c.model, c.run, c.layout);
+        if (ep > 1) {  // what the receive buffers were held against (MoeSpec::received_rows)
+          world_comm->all_reduce(&run.received_peak, 1, parallel::ReduceOp::max);
+          expert_load["received_peak"] = run.received_peak;
+          run.received_peak = 0;
+        }
         if (const double f = c.model.moe.imbalance_for(rows, ep); ep > 1 && f > 0) {
           const double worst = double(c.model.moe.received_rows_worst(rows, ep)) / double(rows * c.model.moe.top_k);
           moe_text += fmt::format(" | ep peak {:.2f}x of the buffers' {:g}x", run.dispatch_peaks[size_t(ep)],
@@ -507,6 +516,10 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
     }
     if (c.eval_every > 0 && step % c.eval_every == 0 && step != c.steps) {
       const double v = run.validation_loss();
+      if (!run.overflow.empty()) {  // the step's update stands, and its checkpoint follows
+        report.error = fmt::format("the validation after step {}: {}", step, run.overflow);
+        break;
+      }
       if (std::isnan(v) && c.stop && c.stop->load()) continue;  // stopped midway: the next step stops
       fmt::print(log, "step {:>5} | validation loss {:.4f} (unigram baseline {:.4f})\n", step, v,
                  report.baseline);
@@ -523,12 +536,15 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
   const bool imported = c.steps == 0 && !run.init_dir.empty() && !resumed;
   if (c.checkpoints && (trained || imported)) {
     report.checkpoint = save(report.last_step, lr, true);
-    fmt::print(log, "{}checkpoint {}\n", report.interrupted ? "stopped early; " : "", report.checkpoint);
+    fmt::print(log, "{}checkpoint {}\n", report.interrupted || !report.error.empty() ? "stopped early; " : "",
+               report.checkpoint);
   }
   run.wait_saves();  // a periodic save still in flight (when no final one followed)
   // A stopped run skips the final validation (it may take minutes); one
   // stopped midway through it reads NaN.
-  report.val_loss = report.interrupted ? std::numeric_limits<double>::quiet_NaN() : run.validation_loss();
+  const bool stopped = report.interrupted || !report.error.empty();
+  report.val_loss = stopped ? std::numeric_limits<double>::quiet_NaN() : run.validation_loss();
+  if (!stopped && !run.overflow.empty()) report.error = "the final validation: " + run.overflow;
   const int64_t ran = report.last_step - report.first_step + 1;
   report.tokens_per_second = ran > 0 ? double(ran * c.run.tokens_per_step()) / train_time : 0;
   report.seconds = train_time;
@@ -542,6 +558,8 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
                             {"final", true}});
   } else if (report.interrupted) {
     fmt::print(log, "final validation skipped: stopped by {}\n", stop_signal_name());
+  } else if (stopped) {
+    fmt::print(log, "final validation skipped: the run stopped on an error\n");
   }
   report.measured = run.arena.peaks();
   if (host_peak)
@@ -599,7 +617,8 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
                           {"seconds", train_time},
                           {"tokens", std::max<int64_t>(0, ran) * c.run.tokens_per_step()},
                           {"tokens_per_s", report.tokens_per_second},
-                          {"checkpoint", report.checkpoint}});
+                          {"checkpoint", report.checkpoint},
+                          {"error", report.error}});
   file_write_atomic((fs::path(c.out_dir) / "memory" / fmt::format("rank{}.json", run.groups.world->rank())).string(),
                     mj.dump(1) + "\n");
   return report;

@@ -101,6 +101,11 @@ struct TrainReport {
   double baseline = 0;         // unigram entropy of the training data, nats/token
   double tokens_per_second = 0;
   bool interrupted = false;
+  // Why the run stopped short of --steps other than a signal (an MoE batch
+  // routed past the receive buffers: its step, or the validation after a
+  // step, and the text), after the checkpoint of the last completed step;
+  // empty: it did not.
+  std::string error;
   std::string checkpoint;      // the last checkpoint written
   std::array<int64_t, memory::kCategories> measured{};   // arena peaks
   std::array<int64_t, memory::kCategories> predicted{};  // memory model

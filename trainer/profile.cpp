@@ -276,6 +276,8 @@ TrialOutcome profile_layout(const ProfileConfig& pc, parallel::Comm& control, co
         }
         const auto t0 = Clock::now();
         const double loss = run.step_loss(i);
+        // Routed past the receive buffers the trial sized: on every rank (agreed).
+        if (!run.overflow.empty()) throw InputError(fmt::format("step {}: {}", i + 1, run.overflow));
         {
           using R = std::remove_reference_t<decltype(run)>;
           parallel::CommWatchdog::Waiting w(R::kDevice ? st->watchdog.get() : nullptr, R::kGpuWait);

@@ -4,11 +4,14 @@
 // trainer/.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <fmt/format.h>
@@ -237,7 +240,10 @@ struct Run {
     stage.sync_tied_grads();
     stage.reduce_replicated_grads();
     optim.reduce_grads();
-    fp8 = stage.fp8_step_end();
+    // An MoE overflow: the step is left without its update, the FP8 amax
+    // history as it was (LlamaStage::take_moe_overflow).
+    overflow = agreed_overflow();
+    fp8 = stage.fp8_step_end(overflow.empty());
     // The logging all-reduce: only the last stage holds losses, split over tp
     // (each rank the rows whose target is in its vocab shard) and dp.
     double loss = 0;
@@ -255,8 +261,28 @@ struct Run {
     dispatch_peaks.resize(std::max(dispatch_peaks.size(), peaks.size()), 0.0);
     for (size_t d = 0; d < peaks.size(); ++d) dispatch_peaks[d] = std::max(dispatch_peaks[d], peaks[d]);
     stage.take_dropped(expert_dropped);
+    received_peak = std::max(received_peak, stage.take_received_peak());
     return loss * scale;
   }
+  // Under expert parallelism, the ranks' overflows of the last step (or
+  // validation) agreed over the world: the error text of the lowest world
+  // rank's first, the same on every rank; empty where none overflowed (and
+  // without ep, with no message exchanged).
+  std::string agreed_overflow() {
+    if (c.layout.ep <= 1) return {};
+    auto& world = *groups.host_groups().world;
+    const auto mine = stage.take_moe_overflow();
+    const int64_t n = world.size();
+    int64_t from = mine ? n - world.rank() : 0;  // (the lowest rank: the largest n - rank)
+    world.all_reduce(&from, 1, parallel::ReduceOp::max);
+    if (from == 0) return {};
+    std::array<int64_t, 2> o{0, 0};
+    if (world.rank() == n - from) o = {mine->layer, mine->rows};
+    world.all_reduce(o.data(), 2);
+    return stage.moe_overflow_text({.layer = o[0], .rows = o[1]});
+  }
+  // The last step's (or validation's) agreed MoE overflow; empty: none.
+  std::string overflow;
   // The last step's mean balancing loss (MoE models; 0 otherwise).
   double aux_loss = 0;
   // MoE models: this rank's expert loads since the last logged record,
@@ -268,6 +294,10 @@ struct Run {
   // With a capacity, the choices each layer dropped since then, (model
   // layers) (LlamaStage::take_dropped).
   std::vector<int64_t> expert_dropped;
+  // Under ep, the most rows an ep rank's experts received in one
+  // micro-batch since then, over the balanced rows x k (LlamaStage::
+  // take_received_peak).
+  double received_peak = 0;
 
   // Mean loss over the first eval_samples validation samples, spread over the
   // dp replicas and walked forward through the pipeline.
@@ -296,6 +326,9 @@ struct Run {
       }
     }
     groups.host_groups().world->all_reduce(&loss, 1);
+    // Routed past the receive buffers: no loss to report (the caller stops).
+    overflow = agreed_overflow();
+    if (!overflow.empty()) return std::numeric_limits<double>::quiet_NaN();
     return loss / double(rounds * mb * dp * c.run.seq);
   }
 

@@ -36,7 +36,9 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -165,6 +167,25 @@ class LlamaStage {
   // that route distinct rows: every tp rank under sp, else the first),
   // added into `into` ((model layers), the global layer), and a fresh count.
   void take_dropped(std::vector<int64_t>& into);
+  // MoE models under expert parallelism: a micro-batch routed past the
+  // receive buffers (MoeSpec::received_rows). The ep group (and tp under
+  // etp with sp) agrees on it, the most rows any of its ranks received, and
+  // instead of receiving them routes that layer of the micro-batch with
+  // every choice dropped: nothing is sent, every stage finishes the step,
+  // and the loop leaves it without its update (RunState::step_loss). The
+  // first overflow since the last call (its model layer and the rows an ep
+  // rank received), nullopt where none.
+  struct MoeOverflow {
+    int64_t layer = -1, rows = 0;
+  };
+  std::optional<MoeOverflow> take_moe_overflow();
+  // Its error text, the same on every rank: what was received, what the
+  // buffers hold, the factor that would have held it, and the flags.
+  std::string moe_overflow_text(const MoeOverflow& o) const;
+  // The most rows an ep rank's experts received in one micro-batch since
+  // the last call, over the balanced rows x k (what --moe-imbalance holds;
+  // at most the largest source's dispatch peak at ep); 0 without ep.
+  double take_received_peak();
   // The global balancing loss across pipeline stages (an MoE model with the
   // global scope under pp or vpp > 1): each layer's gradient needs the
   // router statistics of every MoE layer of the micro-batch, so they travel
@@ -248,7 +269,9 @@ class LlamaStage {
     int64_t values = 0, overflow = 0, underflow = 0;
   };
   void fp8_step_begin();
-  Fp8Counts fp8_step_end();
+  // commit false: a step left without its update (an MoE overflow) leaves
+  // the amax history as it was.
+  Fp8Counts fp8_step_end(bool commit = true);
   // Delayed scaling's amax history for checkpoints (checkpoint::kFp8HistoryTensor):
   // per block of the stage, in the stage's order, 7 GEMMs x 3 operands x
   // kFp8DelayedHistory values, oldest first; empty without delayed scaling.
@@ -553,6 +576,8 @@ class LlamaStage {
   std::vector<int64_t> load_;  // (model layers) x E: tokens per expert since take_expert_load()
   std::vector<double> dispatch_peaks_;  // (E + 1), since take_dispatch_peaks()
   std::vector<int64_t> dropped_;  // (model layers): choices a capacity dropped since take_dropped()
+  std::optional<MoeOverflow> moe_overflow_;  // since take_moe_overflow()
+  double received_peak_ = 0;                 // since take_received_peak()
   // The chunk's forward's drops, counted in dropped_ at its end if it trains.
   std::vector<int64_t> dropped_pending_;
   // The global balancing loss's statistics (2 E per slot; moe_stats_travel).

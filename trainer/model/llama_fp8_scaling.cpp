@@ -35,13 +35,13 @@ void LlamaStage<Elem, G>::fp8_step_begin() {
 }
 
 template <typename Elem, typename G>
-typename LlamaStage<Elem, G>::Fp8Counts LlamaStage<Elem, G>::fp8_step_end() {
+typename LlamaStage<Elem, G>::Fp8Counts LlamaStage<Elem, G>::fp8_step_end(bool commit) {
   Fp8Counts counts = fp8_counts_;
   fp8_counts_ = {};
   if constexpr (kGpu<Elem>) {
     if (!fp8_dev_health_) return counts;
     const int64_t S = plan_.layers * kFp8Gemms * kRoles, BG = plan_.layers * kFp8Gemms;
-    if (fp8_dev_hist_ && l_.fp8 == Fp8Recipe::delayed) {
+    if (commit && fp8_dev_hist_ && l_.fp8 == Fp8Recipe::delayed) {
       // As on the CPU: the step's amaxes over tp, then dp x cp (device
       // groups), then each format's slots gain them in one scale update.
       groups_.tp->all_reduce(fp8_dev_amax_, S, parallel::DType::f32, parallel::ReduceOp::max);
@@ -70,7 +70,7 @@ typename LlamaStage<Elem, G>::Fp8Counts LlamaStage<Elem, G>::fp8_step_end() {
     counts.underflow = h.underflow;
     return counts;
   }
-  if (!fp8_scaling_) return counts;
+  if (!fp8_scaling_ || !commit) return counts;  // (the next fp8_step_begin clears the step's amaxes)
   // The step's amaxes, reduced over every rank that holds this stage: tp,
   // then dp x cp (an MoE block's expert slots take their amaxes from the
   // ranks holding the expert, zero elsewhere; ep's ranks are among these).
@@ -174,7 +174,7 @@ void LlamaStage<Elem, G>::fp8_history_set(const std::vector<float>& history, int
 
 #define WEFT_LLAMA_FP8_SCALING(E, G)                                                \
   template void LlamaStage<E, G>::fp8_step_begin();                                \
-  template typename LlamaStage<E, G>::Fp8Counts LlamaStage<E, G>::fp8_step_end(); \
+  template typename LlamaStage<E, G>::Fp8Counts LlamaStage<E, G>::fp8_step_end(bool); \
   template std::vector<float> LlamaStage<E, G>::fp8_history() const;               \
   template void LlamaStage<E, G>::fp8_history_set(const std::vector<float>&, int64_t);
 WEFT_LLAMA_FP8_SCALING(float, float)

@@ -213,7 +213,7 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
       "moe_permute", "scratch.moe_kernels");
   // The experts' offsets on the host (moe_host): rows x k, less the choices
   // the capacity dropped.
-  const std::vector<int64_t> off = moe_host(offsets, E + 1);
+  std::vector<int64_t> off = moe_host(offsets, E + 1);
   const int64_t routed = off[E], dropped = rows * k - routed;
   WEFT_ASSERT(routed <= e.routed_rows(rows));
   // Counted once per forward (a rebuild drops the same), by the ranks that
@@ -227,7 +227,7 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
     dropped_pending_.resize(size_t(m_.layers));
     dropped_pending_[size_t(model_layer())] += dropped;
   }
-  const std::vector<int64_t> sent = expert_counts(off.data(), E);
+  std::vector<int64_t> sent = expert_counts(off.data(), E);
   if (!recompute) {  // (take_dispatch_peaks; a rebuild routes the same rows)
     dispatch_peaks_.resize(size_t(E + 1), 0.0);
     for (int64_t d = 2; d <= E; ++d) {
@@ -264,19 +264,22 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
     copy(offsets + E + 1, counts.data(), int64_t(counts.size() * sizeof(int64_t)));
     received = received_counts(counts.data(), E, l_.ep, me, l_.dispatch);
     // The receive buffers hold what --moe-imbalance allows: every ep rank
-    // (and tp rank) learns whether any of them would overflow, and all stop
-    // together.
+    // (and tp rank) learns whether any of them would overflow. Then all of
+    // them drop every choice of this layer of the micro-batch (the capacity's
+    // representation: no offsets, every position -1), so nothing is sent,
+    // the step completes on every stage, and the loop leaves it without its
+    // update (take_moe_overflow). A rebuild routes the same and drops again.
     int64_t most = std::accumulate(received.begin(), received.end(), int64_t{0});
     host_ep.all_reduce(&most, 1, parallel::ReduceOp::max);
     if (etp_sp) groups_.host_groups().tp->all_reduce(&most, 1, parallel::ReduceOp::max);
-    if (const int64_t room = e.received_rows(rows, l_.ep); most > room) {
-      const double f = e.imbalance_for(rows, l_.ep);
-      throw InputError(fmt::format(
-          "MoE layer {}: an ep rank's experts received {} rows of this micro-batch, past the {} its buffers hold "
-          "(--moe-imbalance {:g}{}: {:g} x the balanced {}); raise --moe-imbalance (0 holds the worst case, {} "
-          "rows) or cap the experts with --moe-capacity-factor",
-          model_layer(), most, room, f, e.imbalance > 0 ? "" : ", sized by the tuning", f, rows * k,
-          e.received_rows_worst(rows, l_.ep)));
+    if (!recompute) received_peak_ = std::max(received_peak_, double(most) / double(rows * k));
+    if (most > e.received_rows(rows, l_.ep)) {
+      if (!moe_overflow_) moe_overflow_ = MoeOverflow{model_layer(), most};
+      for (std::vector<int64_t>* v : {&off, &sent, &counts, &received}) std::fill(v->begin(), v->end(), int64_t{0});
+      copy(offsets, off.data(), int64_t(off.size() * sizeof(int64_t)));
+      copy(offsets + E + 1, counts.data(), int64_t(counts.size() * sizeof(int64_t)));
+      const std::vector<int64_t> none(size_t(rows * k), -1);
+      copy(position, none.data(), int64_t(none.size() * sizeof(int64_t)));
     }
     rows_in = moe_exchange(sent.data(), counts.data(), send, etp_sp ? staged : b.moe_in, C, false);
   }

@@ -1,11 +1,14 @@
 // An MoE block's records of a micro-batch (llama_moe.cpp is its forward and
 // backward): the load-balancing loss from the routers' saved statistics,
 // per layer or pooled over every MoE layer (whose statistics travel with the
-// micro-batch under pp), the experts' loads and the choices a capacity
-// dropped, taken by the run's records.
+// micro-batch under pp), the experts' loads, the choices a capacity
+// dropped and the receive buffers' peaks and overflows, taken by the run's
+// records.
 #include <algorithm>
 #include <cmath>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "kernels/moe/moe.h"
 #include "trainer/model/llama_run.h"
@@ -130,6 +133,35 @@ void LlamaStage<Elem, G>::take_dropped(std::vector<int64_t>& into) {
 }
 
 template <typename Elem, typename G>
+std::optional<typename LlamaStage<Elem, G>::MoeOverflow> LlamaStage<Elem, G>::take_moe_overflow() {
+  std::optional<MoeOverflow> o;
+  std::swap(o, moe_overflow_);
+  return o;
+}
+
+template <typename Elem, typename G>
+std::string LlamaStage<Elem, G>::moe_overflow_text(const MoeOverflow& o) const {
+  const MoeSpec& e = m_.moe;
+  const int64_t rows = Msp_, balanced = rows * e.top_k;
+  const double f = e.imbalance_for(rows, l_.ep);
+  // The factor on a grid of hundredths that holds what arrived.
+  const double needed = std::ceil(100.0 * double(o.rows) / double(balanced)) / 100.0;
+  return fmt::format(
+      "MoE layer {}: an ep rank's experts received {} rows of a micro-batch, past the {} its buffers hold "
+      "(--moe-imbalance {:g}{}: {:g} x the balanced {}); raise --moe-imbalance (to at least {:g} for this "
+      "micro-batch; 0 holds the worst case, {} rows) or cap the experts with --moe-capacity-factor",
+      o.layer, o.rows, e.received_rows(rows, l_.ep), f, e.imbalance > 0 ? "" : ", sized by the tuning", f, balanced,
+      needed, e.received_rows_worst(rows, l_.ep));
+}
+
+template <typename Elem, typename G>
+double LlamaStage<Elem, G>::take_received_peak() {
+  const double v = received_peak_;
+  received_peak_ = 0;
+  return v;
+}
+
+template <typename Elem, typename G>
 double LlamaStage<Elem, G>::take_aux_loss() {
   const double v = aux_host_;
   aux_host_ = 0;
@@ -144,7 +176,10 @@ double LlamaStage<Elem, G>::take_aux_loss() {
   template bool LlamaStage<E, G>::moe_stats_travel() const;                                   \
   template double LlamaStage<E, G>::global_balance(const double*, double*) const;             \
   template void LlamaStage<E, G>::moe_forward_end(int64_t, int64_t, double);                   \
-  template void LlamaStage<E, G>::take_dropped(std::vector<int64_t>&);
+  template void LlamaStage<E, G>::take_dropped(std::vector<int64_t>&);                        \
+  template std::optional<typename LlamaStage<E, G>::MoeOverflow> LlamaStage<E, G>::take_moe_overflow(); \
+  template std::string LlamaStage<E, G>::moe_overflow_text(const MoeOverflow&) const;         \
+  template double LlamaStage<E, G>::take_received_peak();
 WEFT_LLAMA_MOE_RECORDS(float, float)
 WEFT_LLAMA_MOE_RECORDS(double, double)
 WEFT_LLAMA_MOE_RECORDS(kernels::bf16, float)
