@@ -378,6 +378,9 @@ function runReport(d) {
                              (d.lora ? `: LoRA r ${d.lora.rank}, alpha ${d.lora.alpha} on ${d.lora.targets}, the base frozen` : "")]);
   if (d.headers.length > 1 || d.resumes.length) rows.push(["resumed", `${d.headers.length} run headers; resumed at step ${d.resumes.join(", ") || "?"}`]);
   if (d.ends.length === 0 && d.headers.length) rows.push(["end", "no end record: the run was cut off or is still going"]);
+  // A launch that stopped on an error (an MoE batch past the receive buffers): the last one's.
+  const stops = d.ends.filter(e => e.error);
+  if (stops.length) rows.push(["stopped", `after step ${stops[stops.length - 1].last_step}: ${stops[stops.length - 1].error}`]);
   if (d.recipe) rows.push(["recipe", `${d.recipe.layout} (${d.recipe.source})`]);
   if (d.unreadable_lines) rows.push(["skipped", `${d.unreadable_lines} unreadable lines or files`]);
   facts(main, rows);

@@ -138,6 +138,20 @@ TEST_F(ReportBrowser, MoeRunPage) {
         << layer;
   EXPECT_NE(dom.out.find("the choices the capacity dropped"), std::string::npos);
   EXPECT_NE(dom.out.find(">dropped<"), std::string::npos);
+  // A launch that stopped on an error (the end record an MoE overflow
+  // leaves, tests/mpi/test_moe_overflow.cpp) is named with its last step.
+  {
+    std::ofstream m(dir_.path("moe/metrics.jsonl"), std::ios::app);
+    m << R"({"kind": "end", "last_step": 2, "interrupted": false, "error": "step 3: MoE layer 1: an ep rank's )"
+         R"(experts received 70 rows of a micro-batch, past the 64 its buffers hold"})"
+      << "\n";
+  }
+  ASSERT_EQ(run_weft("report " + dir_.path("moe")).code, 0);
+  const auto stopped = run_shell(chrome("--dump-dom file://" + fs::absolute(dir_.path("moe/report.html")).string()) +
+                                 " 2>/dev/null");
+  EXPECT_NE(stopped.out.find(">stopped<"), std::string::npos);
+  EXPECT_NE(stopped.out.find("after step 2: step 3: MoE layer 1: an ep rank's experts received 70 rows"),
+            std::string::npos);
 }
 
 // A tuned MoE run's page also draws the winner's trial's expert loads, and

@@ -318,6 +318,20 @@ TEST(MoeParity, ExpertParallelismUnderVeryUnevenRouting) {
       << over.out;
   EXPECT_NE(over.out.find("no step of this launch completed, so it wrote no checkpoint"), std::string::npos)
       << over.out;
+  // The same buffers under the initialised model's evaluation alone (--steps
+  // 0 writes the step-0 checkpoint first): exit 2 naming the validation.
+  const auto eval = Fixture::run_mpi(
+      2, fmt::format("train --data {} --model {} --seq {} --global-batch {} --steps 0 --threads 1 --comm-timeout 60 "
+                     "--eval-samples 8 --layout tp1-pp1-dp2-ep2-mb1 --moe-imbalance 1 {} --out {}",
+                     f.data, f.config, f.seq, f.global_batch, init, f.dir.path("eval")));
+  EXPECT_EQ(eval.code, 2) << eval.out;
+  EXPECT_NE(eval.out.find("weft: error: the final validation: MoE layer 0: an ep rank's experts received"),
+            std::string::npos)
+      << eval.out;
+  EXPECT_NE(eval.out.find(fmt::format("checkpoint {}/checkpoints/step_000000 holds step 0, the last completed\n",
+                                      f.dir.path("eval"))),
+            std::string::npos)
+      << eval.out;
   // Saved at step 3 under one ep degree, resumed under others: steps 4 and
   // 5 are the reference's.
   const ReshardCases cases = {{"tp1-pp1-dp4-ep4-mb1-zero1", {"tp1-pp1-dp1-mb1", "tp1-pp1-dp2-ep2-mb1-zero3"}},
