@@ -8,7 +8,9 @@ parallelism with ZeRO 0-3, FP8 under tp and pp (tensorwise, delayed and
 blockwise), LoRA under tp, bf16 gradients under dp, 4-rank grids, a
 Mixture of Experts under expert parallelism (over dp, and folded over the
 tp ranks) and with its experts split over tp, a checkpoint written under
-one layout and resumed under another, and
+one layout and resumed under another, an MoE batch routed past the
+receive buffers (the run stops with the checkpoint of the step before, and
+resumes to the same losses), and
 `weft train --auto` tuning over 2 ranks.
 
     python3 tests/gpu/multi_gpu_train.py --weft build/weft [--device gpu|cpu] [--steps 20]
@@ -232,6 +234,53 @@ def main():
             got = losses(os.path.join(out, "metrics.jsonl"))
         judge(f"{first} -> {second} at step {steps // 2}", ranks, ones_constant, got,
               comm_of(os.path.join(out, "metrics.jsonl")), time.time() - t0)
+
+        # An MoE micro-batch routed past expert parallelism's receive
+        # buffers: every rank stops before that step's update (exit 2) with
+        # the checkpoint of the step before; resumed with the worst case's
+        # buffers, every step is the one-rank run's. The buffers are set
+        # between the most rows received before the step that first
+        # received more and that step's (a run with the worst case's
+        # buffers says each step's received peak); any step from the
+        # second may stop it, as rows near the limit may move on a GPU.
+        t0 = time.time()
+        moe, ep_layout = "tiny-moe", "tp1-pp1-dp2-ep2-mb1-attn:flash"
+        key = baseline_key(ONE, moe, ())
+        if ones.get(key) is None:
+            ones[key], _, _ = train(1, ONE, moe, [], "one")
+        out = os.path.join(tmp, "overflow-ref")
+        r0, _ = run(2, ep_layout, moe, ["--moe-imbalance", "0"], out, ["--no-checkpoint"])
+        rows_k = 256 * 2  # seq x top-k: the balanced rows of a micro-batch
+        most = [round(x["expert_load"]["received_peak"] * rows_k) for x in records(os.path.join(out, "metrics.jsonl"))
+                if x.get("kind") == "train"]
+        jumps = [(most[i] - max(most[:i]), i) for i in range(1, len(most)) if most[i] > max(most[:i])]
+        why, got, last = "", None, -1
+        if r0.returncode != 0 or len(most) != steps or not jumps:
+            why = f"the reference run (exit {r0.returncode}, received {most}) gave no step to stop at"
+        else:
+            gap, at = max(jumps)
+            room = max(most[:at]) + (gap - 1) // 2
+            out = os.path.join(tmp, "overflow")
+            r1, _ = run(2, ep_layout, moe, ["--moe-imbalance", f"{(room - 0.5) / rows_k:.17g}"], out, [])
+            end = next((x for x in records(os.path.join(out, "metrics.jsonl")) if x.get("kind") == "end"), {})
+            last = end.get("last_step", -1)
+            ckpt = os.path.join(out, "checkpoints", f"step_{last:06d}")
+            if r1.returncode != 2 or last < 1 or not os.path.isdir(ckpt) or \
+                    not end.get("error", "").startswith(f"step {last + 1}: MoE layer"):
+                why = (f"exit {r1.returncode} (2 expected), end record {end}, checkpoint {ckpt} "
+                       f"{'present' if os.path.isdir(ckpt) else 'missing'}")
+            else:
+                r2, _ = run(2, ep_layout, moe, ["--moe-imbalance", "0", "--change", "moe-imbalance"], out,
+                            ["--resume", "--no-checkpoint"])
+                if r2.returncode != 0:
+                    why = f"the resume failed, exit {r2.returncode}:\n" + r2.stdout[-3000:] + r2.stderr[-3000:]
+                else:
+                    got = losses(os.path.join(out, "metrics.jsonl"))
+        if why:
+            sys.stdout.write(f"--- MoE overflow case: {why}\n")
+        stopped = f" at step {last + 1}" if got is not None else ""
+        judge(f"{ep_layout} ({moe}) past its receive buffers{stopped}, resumed", 2, ones[key], got,
+              comm_of(os.path.join(tmp, "overflow", "metrics.jsonl")), time.time() - t0)
 
         # Tuning over 2 ranks: it must finish and train with its pick.
         out = os.path.join(tmp, "auto")
