@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -199,8 +200,23 @@ std::optional<AutoChoice> auto_layout(const trainer::TrainConfig& base, const tu
     }
     return std::nullopt;
   }
-  if (!r.winner) throw InputError(fmt::format("tuning found no layout that runs: every trial failed; see {}",
-                                              (dir / "tuning.md").string()));
+  if (!r.winner) {
+    // The report of the trials that failed, and the first one's reason.
+    if (rank0) {
+      file_write_atomic((dir / "tuning.md").string(), report::tune_report_md(r, ctx));
+      file_write_atomic((dir / "tuning.json").string(), report::tune_report_json(r, ctx).dump(1) + "\n");
+    }
+    const auto first = std::find_if(r.trials.begin(), r.trials.end(), [](const tuner::TrialRecord& t) {
+      return !t.reason.empty();
+    });
+    throw InputError(fmt::format("tuning found no layout that runs: every trial failed ({} of them{}); see {}",
+                                 r.trials.size(),
+                                 first == r.trials.end()
+                                     ? std::string()
+                                     : fmt::format("; the first, {}: {} ({})", first->layout.to_string(),
+                                                   first->status, first->reason),
+                                 (dir / "tuning.md").string()));
+  }
   const AutoChoice chosen{r.trials[*r.winner].layout, r.moe_imbalance};
   if (rank0) {
     const std::string md = report::tune_report_md(r, ctx);

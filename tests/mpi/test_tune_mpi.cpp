@@ -237,6 +237,20 @@ TEST(TuneMpi, MixtureOfExpertsSizesTheReceiveBuffersFromItsTrials) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_FALSE(contains(r.out, "MoE routing measured")) << r.out;
   EXPECT_FALSE(Fixture::report(f.dir.path("c")).contains("moe_buffers"));
+  // Stated below what any trial routes: every trial stops on its first
+  // step, and the error names the first one's reason beside the report
+  // that lists them all (exit 2).
+  r = f.tune(f.dir.path("d"), "--ep 4 --retune --tune-top 2 --moe-imbalance 1");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(contains(r.out, "weft: error: tuning found no layout that runs: every trial failed (2 of them; the "
+                              "first, tp"))
+      << r.out;
+  EXPECT_TRUE(contains(r.out, ": failed (rank 0: step 1: MoE layer ")) << r.out;
+  EXPECT_TRUE(contains(r.out, "; see " + f.dir.path("d") + "/tuning.md")) << r.out;
+  const auto failed = Fixture::report(f.dir.path("d"));
+  ASSERT_EQ(failed["trials"].size(), 2u) << failed.dump(1);
+  for (const auto& t : failed["trials"]) EXPECT_EQ(t["status"], "failed") << t.dump();
+  EXPECT_TRUE(fs::exists(f.dir.path("d") + "/tuning.md"));
 }
 
 // The checkpoint of the last step run, and an end record saying so.
