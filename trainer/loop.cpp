@@ -32,6 +32,7 @@
 #include "trainer/build_info.h"
 #include "trainer/parallel/device_comm.h"
 #include "trainer/checkpoint/checkpoint.h"
+#include "trainer/moe_record.h"
 #include "data/corpus.h"
 #include "data/loader.h"
 #include "data/token_data.h"
@@ -438,62 +439,16 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
       }
       window_fp8 = {};
       // An MoE model's balancing loss (its coefficient included), beside the
-      // token loss; the tokens each expert of each MoE layer took since the
-      // last record (all k choices, the whole global batch: summed over the
-      // ranks, each stage's layers from its first tp and cp rank), and with
-      // a capacity the choices each layer dropped.
-      const bool aux = c.model.moe.aux_loss_coef > 0, capped = c.model.moe.capacity_factor > 0;
-      nlohmann::json expert_load;
-      std::string moe_text;
-      if (c.model.moe.enabled()) {
-        const int64_t E = c.model.moe.experts, L = c.model.layers;
-        run.expert_load.resize(size_t(L * E));
-        run.expert_dropped.resize(size_t(L));
-        const auto& world_comm = run.groups.host_groups().world;
-        world_comm->all_reduce(run.expert_load.data(), int64_t(run.expert_load.size()));
-        if (capped) world_comm->all_reduce(run.expert_dropped.data(), L);
-        nlohmann::json layers = nlohmann::json::array(), counts = nlohmann::json::array(),
-                       dropped = nlohmann::json::array();
-        int64_t choices = 0, lost = 0;
-        for (int64_t i = 0; i < L; ++i) {
-          if (!c.model.moe_layer(i)) continue;
-          layers.push_back(i);
-          counts.push_back(std::vector<int64_t>(run.expert_load.begin() + i * E, run.expert_load.begin() + (i + 1) * E));
-          for (int64_t j = 0; j < E; ++j) choices += run.expert_load[size_t(i * E + j)];
-          dropped.push_back(run.expert_dropped[size_t(i)]);
-          lost += run.expert_dropped[size_t(i)];
-        }
-        // The most uneven dispatches at each ep degree (an ep rank's experts'
-        // rows over the balanced share), beside what the receive buffers hold.
-        run.dispatch_peaks.resize(size_t(E + 1), 0.0);
-        world_comm->all_reduce(run.dispatch_peaks.data(), E + 1, parallel::ReduceOp::max);
-        nlohmann::json peaks = nlohmann::json::object();
-        for (int64_t d = 2; d <= E; ++d)
-          if (E % d == 0) peaks[std::to_string(d)] = run.dispatch_peaks[size_t(d)];
-        expert_load = {{"layers", layers}, {"counts", counts}, {"dispatch_peaks", peaks}};
-        const int64_t ep = c.layout.ep, rows = memory::moe_routed_rows(c.model, c.run, c.layout);
-        if (ep > 1) {  // what the receive buffers were held against (MoeSpec::received_rows)
-          world_comm->all_reduce(&run.received_peak, 1, parallel::ReduceOp::max);
-          expert_load["received_peak"] = run.received_peak;
-          run.received_peak = 0;
-        }
-        if (const double f = c.model.moe.imbalance_for(rows, ep); ep > 1 && f > 0) {
-          const double worst = double(c.model.moe.received_rows_worst(rows, ep)) / double(rows * c.model.moe.top_k);
-          moe_text += fmt::format(" | ep peak {:.2f}x of the buffers' {:g}x", run.dispatch_peaks[size_t(ep)],
-                                  std::min(f, worst));
-        }
-        std::fill(run.dispatch_peaks.begin(), run.dispatch_peaks.end(), 0.0);
-        if (capped) {
-          expert_load["dropped"] = dropped;
-          moe_text += fmt::format(" | dropped {:.2f}%", choices > 0 ? 100.0 * double(lost) / double(choices) : 0.0);
-        }
-        std::fill(run.expert_load.begin(), run.expert_load.end(), int64_t{0});
-        std::fill(run.expert_dropped.begin(), run.expert_dropped.end(), int64_t{0});
-      }
+      // token loss, and its experts' loads, peaks and drops (moe_record).
+      const bool aux = c.model.moe.aux_loss_coef > 0;
+      MoeRecord moe;
+      if (c.model.moe.enabled())
+        moe = moe_record(c, *run.groups.host_groups().world, run.expert_load, run.expert_dropped,
+                         run.dispatch_peaks, run.received_peak);
       fmt::print(log,
                  "step {:>5}/{} | loss {:.4f}{}{} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | "
                  "{:.2f} TFLOP/s/dev | MFU {:.1f}% | peak mem {}{}{}{}\n",
-                 step, c.steps, loss, aux ? fmt::format(" | aux {:.4f}", run.aux_loss) : "", moe_text, s.lr,
+                 step, c.steps, loss, aux ? fmt::format(" | aux {:.4f}", run.aux_loss) : "", moe.text, s.lr,
                  s.grad_norm, tps, fps / double(world) / 1e12, 100 * mfu(fps, world, peak),
                  format_bytes(double(run.arena.peak_total())),
                  c.watchdog ? fmt::format(" | comm {}/step", format_seconds(comm)) : "", fp8_text,
@@ -508,7 +463,7 @@ TrainReport train_on(const TrainConfig& c, std::FILE* log, bool rank0, int64_t w
                                     {"comm_s", window_comm / window_steps}};
       if (!fp8_health.is_null()) record["fp8"] = fp8_health;
       if (aux) record["aux_loss"] = run.aux_loss;
-      if (!expert_load.is_null()) record["expert_load"] = expert_load;
+      if (!moe.expert_load.is_null()) record["expert_load"] = moe.expert_load;
       run.emit(record);
       window_time = 0;
       window_comm = 0;
