@@ -2,11 +2,11 @@
 #include "cli/options.h"
 #include "cli/progress.h"
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <limits>
