@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <iostream>
 #include <limits>
 #include <random>
@@ -16,15 +17,20 @@ namespace weft::tuner {
 namespace {
 
 // The tiny model on 4 CPU ranks, two per node so that some groups cross
-// nodes; inputs are drawn fresh each run and the seed is printed on failure.
+// nodes; inputs are drawn fresh each run and the seed is printed on failure
+// (WEFT_TEST_SEED=<seed> replays it).
 struct Calibrate : ::testing::Test {
   ModelSpec m = model_preset("tiny");
   RunSpec run{256, 16, Precision::fp32};
   ClusterSpec c{device_preset("cpu"), 4, 2};
   CostConstants start = cost_defaults(c.device);
-  uint32_t seed = std::random_device{}();
+  uint32_t seed = initial_seed();
   std::mt19937 rng{seed};
 
+  static uint32_t initial_seed() {
+    if (const char* s = std::getenv("WEFT_TEST_SEED")) return uint32_t(std::strtoul(s, nullptr, 10));
+    return std::random_device{}();
+  }
   // Every layout of the space that fits in memory, shuffled.
   std::vector<Layout> fitting_layouts() {
     const auto report = evaluate(m, run, c, enumerate(m, run, c.gpus, {}), start);
@@ -50,7 +56,7 @@ struct Calibrate : ::testing::Test {
 };
 
 TEST_F(Calibrate, RecoversSyntheticConstantsFromNoisyMeasurements) {
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  SCOPED_TRACE("seed " + std::to_string(seed) + " (replay: WEFT_TEST_SEED=" + std::to_string(seed) + ")");
   CostConstants truth = start;
   for (double CostConstants::*f :
        {&CostConstants::gemm_efficiency, &CostConstants::flash_efficiency,
@@ -106,7 +112,7 @@ TEST_F(Calibrate, RecoversSyntheticConstantsFromNoisyMeasurements) {
 }
 
 TEST_F(Calibrate, OneObservationFitsOneConstantExactly) {
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  SCOPED_TRACE("seed " + std::to_string(seed) + " (replay: WEFT_TEST_SEED=" + std::to_string(seed) + ")");
   const Layout l = fitting_layouts().front();
   const double measured = step(l, start) * uniform(1.1, 1.5);
   const auto r = calibrate(m, run, c, {{l, measured}}, start);
@@ -120,7 +126,7 @@ TEST_F(Calibrate, OneObservationFitsOneConstantExactly) {
 }
 
 TEST_F(Calibrate, FitsNoMoreConstantsThanObservations) {
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  SCOPED_TRACE("seed " + std::to_string(seed) + " (replay: WEFT_TEST_SEED=" + std::to_string(seed) + ")");
   const auto layouts = fitting_layouts();
   std::vector<Observation> obs;
   for (int i = 0; i < 3; ++i) obs.push_back({layouts[i], step(layouts[i], start) * uniform(0.7, 1.4)});
