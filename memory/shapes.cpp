@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/pipeline_schedule.h"
 #include "core/units.h"
+#include "memory/dense_split.h"
 #include "memory/shapes_detail.h"
 
 namespace weft::memory {
@@ -438,7 +439,9 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
   // grad:bf16, bf16: 2 + 2 + 12 / dp bytes per parameter under ZeRO-1.
   const int64_t g = l.grad_bytes();
   out.push_back({"grads.flat", Category::grads, l.zero >= 2 ? shard : psi, g, 1});
-  const int64_t opt = l.zero >= 1 ? shard : psi;
+  // Under expert parallelism the ep replicas of a shard also split its dense
+  // elements' state (dense_split.h): every rank keeps the most any keeps.
+  const int64_t opt = dense_split(l) ? dense_split_state_elements(m, l, plan, psi) : l.zero >= 1 ? shard : psi;
   if (bf16) out.push_back({"optimizer.master", Category::optimizer, opt, kFp32, 1});
   out.push_back({"optimizer.adam_m", Category::optimizer, opt, kFp32, 1});
   out.push_back({"optimizer.adam_v", Category::optimizer, opt, kFp32, 1});

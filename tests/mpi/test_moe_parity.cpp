@@ -128,6 +128,19 @@ TEST(MoeParity, ExpertParallelism) {
                           "tp2-cp2-pp1-dp1-ep2-etp2-mb1-sp-ckpt:full-cp:ring"});
 }
 
+// The dense parameters' optimizer state split over the ep replicas of each
+// shard (memory/dense_split.h): with ZeRO 1-3 each replica updates its part
+// of the shard's dense elements and the replicas gather the rest. A tied
+// embedding across two stages sums its copies' gradients on the shards,
+// where the replicas complete their parts first.
+TEST(MoeParity, DenseStateSplitOverTheReplicas) {
+  std::string tied = kMixtral;
+  const std::string from = R"("tie_word_embeddings": false)";
+  tied.replace(tied.find(from), from.size(), R"("tie_word_embeddings": true)");
+  forms_against_one_rank({tied.c_str()}, {"tp1-pp2-dp4-ep2-mb1-zero1", "tp1-pp2-dp4-ep2-mb1-zero3-ckpt:ffn",
+                                          "tp1-pp2-dp2-ep2-mb1-zero2"});
+}
+
 // LoRA on an MoE model: adapters on the attention's projections, the
 // router and the experts (and Llama 4's shared expert) frozen; the
 // balancing loss's gradient reaches the adapters through the router's

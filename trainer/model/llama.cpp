@@ -132,6 +132,20 @@ LlamaStage<Elem, G>::LlamaStage(const ModelSpec& m, const RunSpec& run, const La
     WEFT_ASSERT(table_->elements("grads.flat") == (params_.elements + ways - 1) / ways);
   }
   if (scatter_dp_) dp_shard_ = grads_ + shard_lo_;
+  if (memory::dense_split(l)) {
+    // The ep replicas split the dense part of their shard (of the whole
+    // stage where the shard group is one rank); the experts' positions are
+    // the memory model's.
+    std::vector<memory::FlatRange> experts;
+    memory::stage_expert_ranges(m, l, plan_, experts);
+    WEFT_ASSERT(experts.size() == expert_ranges_.size());
+    for (size_t i = 0; i < experts.size(); ++i)
+      WEFT_ASSERT(experts[i].begin == expert_ranges_[i].begin && experts[i].end == expert_ranges_[i].end);
+    WEFT_ASSERT(groups.replica && groups.replica->size() == l.zero_replicas());
+    const bool shards = ways > 1;
+    split_.emplace(shards ? shard_lo_ : 0, shards ? shard_hi_ : params_.elements, std::move(experts),
+                   groups.replica->size(), groups.replica->rank());
+  }
   if (zero3_) {
     WEFT_ASSERT(table_->elements("weights.flat") == (params_.elements + ways - 1) / ways);
     for (int i = 0; i < 2; ++i) {

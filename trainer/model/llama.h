@@ -48,6 +48,7 @@
 #include "kernels/kernel.h"
 #include "kernels/rope/rope.h"
 #include "memory/arena.h"
+#include "memory/dense_split.h"
 #include "memory/device.h"
 #include "memory/shapes.h"
 #include "trainer/model/params.h"
@@ -96,6 +97,11 @@ class LlamaStage {
   // at dp_shard_begin(). Empty otherwise.
   const std::vector<int64_t>& dp_shard_counts() const { return shard_counts_; }
   int64_t dp_shard_begin() const { return shard_lo_; }
+  // Expert parallelism under ZeRO (memory::dense_split): this replica's part
+  // of its shard (the whole stage where the shard group is one rank), whose
+  // dense elements the replicas reduce-scatter and all-gather; null
+  // otherwise.
+  const memory::DenseSplit* dense_split() const { return split_ ? &*split_ : nullptr; }
 
   // Layout-independent initialisation from the seed (params.h), computed on
   // the host and rounded once to Elem. `progress` runs after each parameter
@@ -227,8 +233,10 @@ class LlamaStage {
   // Sums `data`, the flat gradients [flat, flat + n) (or this rank's shard
   // of them), over the replica group: under expert parallelism (the ep
   // group) all but the routed experts' ranges, which hold other experts on
-  // each replica and sum over the expert data-parallel group only.
-  void all_reduce_replicas(G* data, int64_t flat, int64_t n);
+  // each replica and sum over the expert data-parallel group only. Under
+  // dense_split() a reduce-scatter: each replica's own dense part gets the
+  // sum.
+  void reduce_replicas(G* data, int64_t flat, int64_t n);
 
   // Sums the gradients of tp-replicated parameters (the norms) over the tp
   // group where sequence parallelism split their rows; call after the last
@@ -604,7 +612,7 @@ class LlamaStage {
   G* scatter_piece_ = nullptr;
   int64_t scatter_flat_ = 0, scatter_count_ = 0;  // the piece's place in the flat gradients, and size
   void settle_scatter();
-  // all_reduce_replicas, started (dp_pending_ waits for it).
+  // reduce_replicas, started (dp_pending_ waits for it).
   void reduce_over_replicas(G* piece, int64_t flat, int64_t n);
   std::vector<std::unique_ptr<parallel::CommRequest>> dp_pending_;
   // ZeRO-2's two buckets: the first holds the largest group, the second a
@@ -662,6 +670,7 @@ class LlamaStage {
   void gather_head();
   Range block_range(int64_t chunk, int64_t layer) const;
   int64_t shard_lo_ = 0, shard_hi_ = 0;  // ZeRO-1, -2 and -3: this rank's shard
+  std::optional<memory::DenseSplit> split_;
   std::vector<int64_t> shard_counts_;     // every dp rank's shard size
   G* grad_at(int64_t flat);
   // The part of `ranges` (ascending) in each dp rank's shard, and (the

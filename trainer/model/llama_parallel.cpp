@@ -10,6 +10,7 @@
 
 #include "kernels/elementwise/elementwise.h"
 #include "trainer/model/llama_run.h"
+#include "trainer/optim/dense_split_comm.h"
 
 namespace weft::trainer {
 
@@ -162,14 +163,24 @@ void LlamaStage<Elem, G>::for_each_non_expert(int64_t flat, int64_t n, F f) cons
 template <typename Elem, typename G>
 void LlamaStage<Elem, G>::reduce_over_replicas(G* piece, int64_t flat, int64_t n) {
   if (!groups_.replica || n <= 0) return;
+  if (split_) {
+    reduce_scatter_dense(*groups_.replica, *split_, piece, flat, n, dp_pending_);
+    return;
+  }
   for_each_non_expert(flat, n, [&](int64_t offset, int64_t count) {
     dp_pending_.push_back(groups_.replica->iall_reduce(piece + offset, count));
   });
 }
 
 template <typename Elem, typename G>
-void LlamaStage<Elem, G>::all_reduce_replicas(G* data, int64_t flat, int64_t n) {
+void LlamaStage<Elem, G>::reduce_replicas(G* data, int64_t flat, int64_t n) {
   if (!groups_.replica || n <= 0) return;
+  if (split_) {
+    std::vector<std::unique_ptr<parallel::CommRequest>> pending;
+    reduce_scatter_dense(*groups_.replica, *split_, data, flat, n, pending);
+    for (auto& r : pending) r->wait();
+    return;
+  }
   for_each_non_expert(flat, n,
                       [&](int64_t offset, int64_t count) { groups_.replica->all_reduce(data + offset, count); });
 }
@@ -328,6 +339,9 @@ void LlamaStage<Elem, G>::sync_tied_grads() {
   const int64_t mine = counts[size_t(groups_.zero_shard().rank())];
   G* part = shard + (begin - shard_lo_);  // this rank's part of the copy
   G* full = table_->get<G>("comm.tied_embedding_grad");
+  // Under the dense split only this replica's part of the copy's gradient
+  // is summed: the replicas complete it first.
+  if (split_ && mine > 0 && plan_.has_head) all_gather_dense(*groups_.replica, *split_, part, begin, mine);
   if (plan_.has_head) {
     groups_.zero_shard().all_gather_v(part, full, std::span<const int64_t>(counts));
     pp.send(full, n, 0, kTag);
@@ -337,6 +351,7 @@ void LlamaStage<Elem, G>::sync_tied_grads() {
     pp.recv(full, n, last, kTag);
     if (mine > 0)
       run(kernels::AxpyParams<G>{.n = mine, .alpha = 1.0, .x = full + (begin - p.offset), .y = part}, "axpy");
+    if (split_ && mine > 0) all_gather_dense(*groups_.replica, *split_, part, begin, mine);
     groups_.zero_shard().all_gather_v(part, full, std::span<const int64_t>(counts));
     pp.send(full, n, last, kTag + 1);
   }
@@ -401,7 +416,7 @@ void LlamaStage<Elem, G>::finish_dp_reduction() {
   template void LlamaStage<E, G>::drain(Bucket&);                                            \
   template void LlamaStage<E, G>::settle_scatter();                                          \
   template void LlamaStage<E, G>::reduce_over_replicas(G*, int64_t, int64_t);                \
-  template void LlamaStage<E, G>::all_reduce_replicas(G*, int64_t, int64_t);                 \
+  template void LlamaStage<E, G>::reduce_replicas(G*, int64_t, int64_t);                     \
   template std::vector<int64_t> LlamaStage<E, G>::shard_parts(std::span<const Range>) const; \
   template int64_t LlamaStage<E, G>::group_shard_offset() const;                             \
   template const E* LlamaStage<E, G>::gathered(const E*, E*);                                \

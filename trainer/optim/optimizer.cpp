@@ -11,6 +11,7 @@
 #include "kernels/adamw/adamw.h"
 #include "kernels/elementwise/elementwise.h"
 #include "memory/device.h"
+#include "trainer/optim/dense_split_comm.h"
 
 namespace weft::trainer {
 
@@ -65,17 +66,31 @@ Optimizer<Elem, G>::Optimizer(LlamaStage<Elem, G>& stage, const OptimConfig& con
     // group in a buffer of the shard's size.
     grad_shard_ = stage.grads_sharded() ? stage.grads() : stage.grads() + lo_;
   }
+  split_ = stage.dense_split();
+  if (split_) {
+    WEFT_ASSERT(split_->lo() == lo_ && split_->hi() == hi_);
+    for (const auto& r : split_->owned()) {
+      owned_.push_back({r.begin, r.end, state_elements_});
+      state_elements_ += r.end - r.begin;
+    }
+  } else {
+    owned_.push_back({lo_, hi_, 0});
+    state_elements_ = hi_ - lo_;
+  }
+  WEFT_ASSERT(state_elements_ <= stage.tensors().elements("optimizer.adam_m"));
 }
 
 template <typename Elem, typename G>
 void Optimizer<Elem, G>::reset_master() {
   if (!master_) return;
   // Under ZeRO-3 the stage holds only its shard: the range starts its weights.
-  const Elem* mine = stage_.weights() + (stage_.weights_sharded() ? 0 : lo_);
-  kernels::status_check(kernels::launch(kernels::WidenParams<Elem>{.n = hi_ - lo_, .x = mine,
-                                                                   .out = master_},
-                                        {}, stage_.stream()),
-                        "widen");
+  const int64_t weights_from = stage_.weights_sharded() ? lo_ : 0;
+  for (const Owned& r : owned_)
+    kernels::status_check(
+        kernels::launch(kernels::WidenParams<Elem>{.n = r.end - r.begin, .x = stage_.weights() + (r.begin - weights_from),
+                                                   .out = master_ + r.at},
+                        {}, stage_.stream()),
+        "widen");
 }
 
 template <typename Elem, typename G>
@@ -88,9 +103,10 @@ void Optimizer<Elem, G>::reduce_grads() {
       g.zero_shard().reduce_scatter_v(stage_.grads(), grad_shard_, std::span<const int64_t>(counts_));
     } else if (g.ep) {
       // Expert parallelism without shards: over the ranks holding the same
-      // experts, then the rest over ep.
+      // experts, then the rest over ep (under the dense split each replica
+      // its part).
       if (g.edp->size() > 1) g.edp->all_reduce(stage_.grads(), stage_.param_elements());
-      stage_.all_reduce_replicas(stage_.grads(), 0, stage_.param_elements());
+      stage_.reduce_replicas(stage_.grads(), 0, stage_.param_elements());
     } else {
       g.dpcp->all_reduce(stage_.grads(), stage_.param_elements());
     }
@@ -98,16 +114,23 @@ void Optimizer<Elem, G>::reduce_grads() {
   // Hybrid sharding (and expert parallelism): each shard group summed its
   // own part of the batch; the groups holding the same shard add theirs
   // (the second level), unless the backward did, group by group.
-  if (sharded_ && g.replica && !stage_.replicas_reduced()) stage_.all_reduce_replicas(grad_shard_, lo_, hi_ - lo_);
+  if (sharded_ && g.replica && !stage_.replicas_reduced()) stage_.reduce_replicas(grad_shard_, lo_, hi_ - lo_);
 }
 
 template <typename Elem, typename G>
 template <typename F>
 void Optimizer<Elem, G>::for_each_piece(F f) {
-  // The part of each parameter in this rank's range [lo, hi) of the flat buffer.
-  for (const auto& p : stage_.params().specs) {
-    const int64_t begin = std::max(lo_, p.offset), end = std::min(hi_, p.offset + p.local_elements());
-    if (begin < end) f(p, begin, end);
+  // The part of each parameter in this rank's ranges of the flat buffer
+  // (both ascending).
+  const auto& specs = stage_.params().specs;
+  size_t i = 0;
+  for (const Owned& r : owned_) {
+    while (i < specs.size() && specs[i].offset + specs[i].local_elements() <= r.begin) ++i;
+    for (size_t j = i; j < specs.size() && specs[j].offset < r.end; ++j) {
+      const auto& p = specs[j];
+      const int64_t begin = std::max(r.begin, p.offset), end = std::min(r.end, p.offset + p.local_elements());
+      if (begin < end) f(p, begin, end, r.at + (begin - r.begin));
+    }
   }
 }
 
@@ -136,7 +159,7 @@ double Optimizer<Elem, G>::grad_norm() {
   // rank, their gradients summed over tp (LlamaStage::reduce_replicated_grads):
   // counted by tp rank 0, where the experts' own parts count on every one.
   const bool etp_whole_once = stage_.layout().etp > 1 && stage_.groups().tp_rank() != 0;
-  for_each_piece([&](const ParamSpec& p, int64_t begin, int64_t end) {
+  for_each_piece([&](const ParamSpec& p, int64_t begin, int64_t end, int64_t) {
     if (p.tied_copy) return;  // the first stage counts the tied embedding
     if (etp_whole_once && p.expert >= 0 && p.shard == ShardDim::none) return;
     const kernels::SumSquaresParams<G> sq{
@@ -166,6 +189,8 @@ double Optimizer<Elem, G>::grad_norm() {
   // it is the replicas over dp x cp, none at ep = tp.)
   if (ep && !stage_.layout().ep_fold) host.ep->all_reduce(&sum[1], 1);
   if (ep && stage_.layout().ep_fold && host.replica) host.replica->all_reduce(&sum[1], 1);
+  // Under the dense split each replica holds its part of the dense elements.
+  if (split_) host.replica->all_reduce(&sum[0], 1);
   return std::sqrt(sum[0] + sum[1]);
 }
 
@@ -190,11 +215,11 @@ StepStats Optimizer<Elem, G>::step(int64_t step, double loss) {
   const double scale = c_.clip > 0 ? std::min(1.0, c_.clip / (s.grad_norm + 1e-6)) : 1.0;
   std::vector<kernels::AdamwTensor<Elem, G>> tensors;
   const int64_t weights_from = stage_.weights_sharded() ? lo_ : 0;  // the flat index of weights()[0]
-  for_each_piece([&](const ParamSpec& p, int64_t begin, int64_t end) {
+  for_each_piece([&](const ParamSpec& p, int64_t begin, int64_t end, int64_t at) {
     tensors.push_back({.param = stage_.weights() + (begin - weights_from),
-                       .master = master_ ? master_ + (begin - lo_) : nullptr,
+                       .master = master_ ? master_ + at : nullptr,
                        .grad = grad_at(begin),
-                       .m = m_ + (begin - lo_), .v = v_ + (begin - lo_), .n = end - begin,
+                       .m = m_ + at, .v = v_ + at, .n = end - begin,
                        .decay = p.decay ? kernels::WeightDecay::apply : kernels::WeightDecay::skip});
   });
   const kernels::AdamwParams<Elem, G> params{.tensors = tensors, .step = updates_, .lr = s.lr,
@@ -204,6 +229,9 @@ StepStats Optimizer<Elem, G>::step(int64_t step, double loss) {
   // still reading the shard must finish before the update writes it).
   stage_.weights_updated();
   kernels::status_check(kernels::launch(params, {}, stage_.stream()), "adamw");
+  // The dense split: the replicas complete their range's dense weights.
+  if (split_)
+    all_gather_dense(*stage_.groups().replica, *split_, stage_.weights() + (lo_ - weights_from), lo_, hi_ - lo_);
   // ZeRO-1 and -2: every replica gathers the updated parameters from their
   // owners; under ZeRO-3 they stay sharded, gathered group by group as the
   // next forward needs them.
@@ -214,34 +242,55 @@ StepStats Optimizer<Elem, G>::step(int64_t step, double loss) {
 }
 
 template <typename Elem, typename G>
-void Optimizer<Elem, G>::host_full(const A* mine, std::vector<A>& full) {
-  // This rank's range to the host, then (ZeRO-1) every replica's range over
-  // the host dp group.
+void Optimizer<Elem, G>::host_full(const A* mine, bool state, std::vector<A>& full) {
+  // This rank's range to the host (under the dense split the replicas'
+  // parts of its dense elements gathered over the host replica group), then
+  // (ZeRO-1) every shard over the host dp group.
   const int64_t psi = stage_.param_elements();
   full.resize(size_t(psi));
-  if (!sharded_) {
+  if (!sharded_ && !(split_ && state)) {
     memory::copy(full.data(), mine, psi * int64_t(sizeof(A)), stage_.stream());
     memory::synchronize(stage_.stream());
     return;
   }
-  std::vector<A> shard(size_t(hi_ - lo_));
-  memory::copy(shard.data(), mine, (hi_ - lo_) * int64_t(sizeof(A)), stage_.stream());
-  memory::synchronize(stage_.stream());
-  stage_.groups().host_groups().zero_shard().all_gather_v(shard.data(), full.data(),
+  std::vector<A> range(size_t(hi_ - lo_));
+  if (split_ && state) {
+    std::vector<A> packed(static_cast<size_t>(state_elements_));
+    memory::copy(packed.data(), mine, state_elements_ * int64_t(sizeof(A)), stage_.stream());
+    memory::synchronize(stage_.stream());
+    for (const Owned& r : owned_)
+      std::copy_n(packed.begin() + r.at, r.end - r.begin, range.begin() + (r.begin - lo_));
+    all_gather_dense(*stage_.groups().host_groups().replica, *split_, range.data(), lo_, hi_ - lo_);
+  } else {
+    memory::copy(range.data(), mine, (hi_ - lo_) * int64_t(sizeof(A)), stage_.stream());
+    memory::synchronize(stage_.stream());
+  }
+  if (!sharded_) {
+    full = std::move(range);
+    return;
+  }
+  stage_.groups().host_groups().zero_shard().all_gather_v(range.data(), full.data(),
                                                           std::span<const int64_t>(counts_));
+}
+
+template <typename Elem, typename G>
+void Optimizer<Elem, G>::state_from(const std::vector<A>& full, A* state) {
+  for (const Owned& r : owned_)
+    memory::copy(state + r.at, full.data() + r.begin, (r.end - r.begin) * int64_t(sizeof(A)), stage_.stream());
+  memory::synchronize(stage_.stream());
 }
 
 template <typename Elem, typename G>
 void Optimizer<Elem, G>::weights_full(std::vector<A>& w) {
   if (master_) {
-    host_full(master_, w);
+    host_full(master_, true, w);
     return;
   }
   // The weights are the master: sharded under ZeRO-3, else every replica
   // holds all of them.
   if constexpr (std::is_same_v<Elem, A>)
     if (stage_.weights_sharded()) {
-      host_full(stage_.weights(), w);
+      host_full(stage_.weights(), false, w);
       return;
     }
   const int64_t psi = stage_.param_elements();
@@ -253,22 +302,20 @@ void Optimizer<Elem, G>::weights_full(std::vector<A>& w) {
 template <typename Elem, typename G>
 void Optimizer<Elem, G>::weights_set(const std::vector<A>& w) {
   stage_.set_weights(w);
-  if (!master_) return;
-  memory::copy(master_, w.data() + lo_, (hi_ - lo_) * int64_t(sizeof(A)), stage_.stream());
-  memory::synchronize(stage_.stream());
+  if (master_) state_from(w, master_);
 }
 
 template <typename Elem, typename G>
 void Optimizer<Elem, G>::state_full(std::vector<A>& m, std::vector<A>& v) {
-  host_full(m_, m);
-  host_full(v_, v);
+  host_full(m_, true, m);
+  host_full(v_, true, v);
 }
 
 template <typename Elem, typename G>
 void Optimizer<Elem, G>::host_views(const A*& w, const A*& m, const A*& v) const {
   w = m = v = nullptr;
   if constexpr (std::is_same_v<Elem, A>) {
-    if (sharded_ || master_ || stage_.weights_sharded() || stage_.on_device()) return;
+    if (sharded_ || split_ || master_ || stage_.weights_sharded() || stage_.on_device()) return;
     w = stage_.weights();
     m = m_;
     v = v_;
@@ -277,9 +324,8 @@ void Optimizer<Elem, G>::host_views(const A*& w, const A*& m, const A*& v) const
 
 template <typename Elem, typename G>
 void Optimizer<Elem, G>::state_set(const std::vector<A>& m, const std::vector<A>& v) {
-  memory::copy(m_, m.data() + lo_, (hi_ - lo_) * int64_t(sizeof(A)), stage_.stream());
-  memory::copy(v_, v.data() + lo_, (hi_ - lo_) * int64_t(sizeof(A)), stage_.stream());
-  memory::synchronize(stage_.stream());
+  state_from(m, m_);
+  state_from(v, v_);
 }
 
 template class Optimizer<float>;

@@ -100,19 +100,35 @@ class Optimizer {
 
  private:
   double grad_norm();
+  // f(spec, begin, end, at) for the part [begin, end) of each parameter in
+  // this rank's ranges, `at` its place in the optimizer state.
   template <typename F>
   void for_each_piece(F f);
   G* grad_at(int64_t flat);
-  void host_full(const A* mine, std::vector<A>& full);
+  // The stage's whole flat values from this rank's: `mine` holds its range
+  // [lo_, hi_), or where `state` its ranges_ packed (the optimizer state).
+  void host_full(const A* mine, bool state, std::vector<A>& full);
+  // Flat values to this rank's packed state.
+  void state_from(const std::vector<A>& full, A* state);
   LlamaStage<Elem, G>& stage_;
   bool sharded_ = false;      // ZeRO-1 over dp
   int64_t lo_ = 0, hi_ = 0;   // this rank's range of the flat parameters
+  // The flat ranges whose state this rank keeps, ascending, and where each
+  // starts in the state: [lo_, hi_), or under expert parallelism's dense
+  // split (memory/dense_split.h) the range's experts and this replica's
+  // part of its dense elements.
+  struct Owned {
+    int64_t begin = 0, end = 0, at = 0;
+  };
+  std::vector<Owned> owned_;
+  int64_t state_elements_ = 0;
+  const memory::DenseSplit* split_ = nullptr;
   std::vector<int64_t> counts_;  // every dp rank's shard size
   G* grad_shard_ = nullptr;
   OptimConfig c_;
   A* m_;
   A* v_;
-  A* master_ = nullptr;  // bf16 weights only: this rank's range [lo_, hi_) in fp32
+  A* master_ = nullptr;  // bf16 weights only: this rank's state ranges in fp32
   int64_t updates_ = 0;
   int64_t bad_in_a_row_ = 0;
   int64_t bad_total_ = 0;
