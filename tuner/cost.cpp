@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "core/flops.h"
+#include "memory/dense_split.h"
 #include "memory/shapes.h"
 #include "tuner/cost_parts.h"
 #include "tuner/device_profile.h"
@@ -248,7 +249,9 @@ ShardingTerms sharding_terms(const Model& x, double mbs) {
   // behind the reduce-scatters and hidden beside the backward as they are.
   if (l.zero >= 1 && l.hybrid_sharding())
     reduce += all_reduce(grad_bytes / double(l.zero_shards()), x.replica_group());
-  // Expert parallelism's: the shards less the experts' ranges, over ep.
+  // Expert parallelism's: the shards less the experts' ranges, over ep (an
+  // all-reduce, or under the dense split a reduce-scatter of the gradients
+  // and an all-gather of the updated weights: the same volume).
   if (l.zero >= 1 && l.ep > 1)
     reduce += all_reduce(double(l.grad_bytes()) * (psi - experts) / double(l.zero_shards()), x.replica_group());
   if (l.shard_ways() > 1) {
@@ -265,7 +268,12 @@ ShardingTerms sharding_terms(const Model& x, double mbs) {
     terms.window_t = window_t;
   }
 
-  const double shard = l.zero >= 1 ? psi / double(l.zero_shards()) : psi;
+  // The elements this rank updates: its shard, of which under the dense
+  // split (memory/dense_split.h) only its part of the dense elements.
+  const double shard = l.zero == 0           ? psi
+                       : memory::dense_split(l) ? (experts + (psi - experts) / double(l.zero_replicas())) /
+                                                      double(l.zero_shards())
+                                              : psi / double(l.zero_shards());
   s.optimizer = x.stream("adamw", shard, double(l.grad_bytes()));
 
   return terms;
