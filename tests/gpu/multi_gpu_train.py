@@ -69,11 +69,14 @@ CASES = [
     (4, "tp1-pp1-dp4-mb1-attn:flash-zero3", "tiny", []),
     # Mixtures of experts: expert parallelism over dp (all-to-all), the
     # experts' width split over tp under sp, and the ep group folded over
-    # the tp ranks (alone, and with ZeRO-1 over dp).
+    # the tp ranks (alone, and with ZeRO-1 over dp); under ZeRO the ep
+    # replicas split the dense elements' bf16 master and moments (zero1: of
+    # the whole stage; zero3: of each of two shards).
     (2, "tp1-pp1-dp2-ep2-mb1-attn:flash", "tiny-moe", []),
     (2, "tp2-pp1-dp1-etp2-mb1-sp-attn:flash", "tiny-moe", []),
     (2, "tp2-pp1-dp1-ep2-epfold-mb1-sp-attn:flash", "tiny-moe", []),
     (4, "tp2-pp1-dp2-ep4-epfold-mb1-sp-attn:flash-zero1", "tiny-moe", []),
+    (4, "tp1-pp1-dp4-ep2-mb1-attn:flash-zero3", "tiny-moe", []),
 ]
 # Saved under the first layout halfway, resumed under the second.
 RESUME = (2, "tp2-pp1-dp1-mb1-sp-attn:flash", "tp1-pp2-dp1-mb1-attn:flash")
