@@ -30,6 +30,21 @@ struct FlatRange {
   bool operator==(const FlatRange&) const = default;
 };
 
+// f(offset, count) for each part of [flat, flat + n) outside `ranges`
+// (ascending, each with begin and end), offsets from flat.
+template <typename Ranges, typename F>
+void for_each_outside(const Ranges& ranges, int64_t flat, int64_t n, F f) {
+  int64_t at = flat;
+  const int64_t end = flat + n;
+  for (const auto& r : ranges) {
+    if (r.end <= at) continue;
+    if (r.begin >= end) break;
+    if (r.begin > at) f(at - flat, r.begin - at);
+    at = r.end;
+  }
+  if (at < end) f(at - flat, end - at);
+}
+
 // Whether the layout splits the dense state over the ep replicas: expert
 // parallelism with ZeRO 1-3 and more than one shard group per shard.
 bool dense_split(const Layout& l);
@@ -62,15 +77,7 @@ class DenseSplit {
   // shard), offsets from flat.
   template <typename F>
   void for_each_dense(int64_t flat, int64_t n, F f) const {
-    int64_t at = flat;
-    const int64_t end = flat + n;
-    for (const FlatRange& r : experts_) {
-      if (r.end <= at) continue;
-      if (r.begin >= end) break;
-      if (r.begin > at) f(at - flat, r.begin - at);
-      at = r.end;
-    }
-    if (at < end) f(at - flat, end - at);
+    for_each_outside(experts_, flat, n, f);
   }
   // Each replica's elements of the dense run [flat, flat + n) (no expert
   // position inside it), in replica order: contiguous and ascending, so a

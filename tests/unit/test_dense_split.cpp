@@ -88,7 +88,9 @@ TEST(DenseSplit, EveryDenseElementOnceEveryExpertElementByAll) {
         ASSERT_EQ(int64_t(counts.size()), replicas);
         int64_t x = run;
         for (int64_t q = 0; q < replicas; ++q) {
-          if (q == r) EXPECT_EQ(x - run, mine_at);
+          if (q == r) {
+            EXPECT_EQ(x - run, mine_at);
+          }
           for (int64_t i = 0; i < counts[size_t(q)]; ++i, ++x) EXPECT_EQ(k[size_t(x - lo)], q) << "element " << x;
         }
         EXPECT_EQ(x, run + count);
@@ -137,8 +139,9 @@ TEST(DenseSplit, StateIsTheLargestPartOverShardsAndReplicas) {
         EXPECT_LE(r.end, psi);
         expert += r.end - r.begin;
       }
-      if (c.lora_rank == 0)
+      if (c.lora_rank == 0) {
         EXPECT_EQ(expert, plan.moe_layers * 3 * (m.moe.experts / l.ep) * (m.moe.expert_intermediate / l.etp) * m.hidden);
+      }
       const int64_t ways = l.zero_shards(), replicas = l.zero_replicas(), shard = (psi + ways - 1) / ways;
       int64_t most = 0, total = 0, uneven = 0;
       for (int64_t s = 0; s < ways; ++s) {
@@ -151,13 +154,17 @@ TEST(DenseSplit, StateIsTheLargestPartOverShardsAndReplicas) {
         }
       }
       EXPECT_EQ(dense_split_state_elements(m, l, plan, psi), most);
-      if (c.experts > 0) EXPECT_GT(uneven, 0) << "a case meant to split unevenly";
+      if (c.experts > 0) {
+        EXPECT_GT(uneven, 0) << "a case meant to split unevenly";
+      }
       // Over every rank: the dense elements once, the experts once per replica.
       EXPECT_EQ(total, psi - expert + replicas * expert);
       // Below the state without the split, and the optimizer's shapes use it.
       EXPECT_LT(most, shard);
       for (const auto& t : stage_shapes(m, run, l, device_preset("h100"), plan))
-        if (std::string(t.name) == "optimizer.adam_m") EXPECT_EQ(t.elements, most);
+        if (std::string(t.name) == "optimizer.adam_m") {
+          EXPECT_EQ(t.elements, most);
+        }
     }
   }
 }

@@ -149,15 +149,7 @@ void LlamaStage<Elem, G>::drain(Bucket& b) {
 template <typename Elem, typename G>
 template <typename F>
 void LlamaStage<Elem, G>::for_each_non_expert(int64_t flat, int64_t n, F f) const {
-  int64_t at = flat;
-  const int64_t end = flat + n;
-  for (const Range& r : expert_ranges_) {
-    if (r.end <= at) continue;
-    if (r.begin >= end) break;
-    if (r.begin > at) f(at - flat, r.begin - at);
-    at = r.end;
-  }
-  if (at < end) f(at - flat, end - at);
+  memory::for_each_outside(expert_ranges_, flat, n, f);
 }
 
 template <typename Elem, typename G>
