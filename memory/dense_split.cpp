@@ -120,15 +120,49 @@ void DenseSplit::run_counts(int64_t flat, int64_t n, std::vector<int64_t>& count
   }
 }
 
+void zero_shard_counts(const Layout& l, int64_t psi, std::span<const FlatRange> experts, std::vector<int64_t>& counts) {
+  const int64_t ways = std::max<int64_t>(1, l.zero_shards());
+  counts.clear();
+  if (!(dense_split(l) && l.zero == 1)) {
+    const int64_t shard = (psi + ways - 1) / ways;
+    for (int64_t r = 0; r < ways; ++r) counts.push_back(std::max<int64_t>(0, std::min(psi, (r + 1) * shard) - r * shard));
+    return;
+  }
+  // Cut s ends where the weight before it first reaches s x target.
+  const int64_t R = l.zero_replicas();
+  int64_t expert = 0;
+  for (const FlatRange& r : experts) expert += r.end - r.begin;
+  const int64_t total = (psi - expert) + R * expert, target = (total + ways - 1) / ways;
+  int64_t at = 0, weight = 0, begin = 0;  // position, weight before it, this shard's start
+  size_t next = 0;                         // the expert range at or after `at`
+  for (int64_t s = 1; s < ways; ++s) {
+    const int64_t need = s * target;
+    while (weight < need && at < psi) {
+      const bool in_expert = next < experts.size() && experts[next].begin <= at;
+      const int64_t run_end = in_expert ? experts[next].end : next < experts.size() ? experts[next].begin : psi;
+      const int64_t per = in_expert ? R : 1;
+      const int64_t take = std::min(run_end - at, (need - weight + per - 1) / per);
+      at += take;
+      weight += take * per;
+      if (in_expert && at == experts[next].end) ++next;
+    }
+    counts.push_back(at - begin);
+    begin = at;
+  }
+  counts.push_back(psi - begin);
+}
+
 int64_t dense_split_state_elements(const ModelSpec& m, const Layout& l, const StagePlan& plan, int64_t psi) {
   thread_local std::vector<FlatRange> experts;
+  thread_local std::vector<int64_t> counts;
   stage_expert_ranges(m, l, plan, experts);
+  zero_shard_counts(l, psi, experts, counts);
   const int64_t ways = l.zero_shards(), replicas = l.zero_replicas();
-  const int64_t shard = (psi + ways - 1) / ways;
-  int64_t most = 0;
+  int64_t most = 0, hi = 0;
   size_t next = 0;  // the first expert range not wholly before the shard
   for (int64_t s = 0; s < ways; ++s) {
-    const int64_t lo = std::min(psi, s * shard), hi = std::min(psi, lo + shard);
+    const int64_t lo = hi;
+    hi = lo + counts[size_t(s)];
     while (next < experts.size() && experts[next].end <= lo) ++next;
     int64_t expert = 0;
     for (size_t i = next; i < experts.size() && experts[i].begin < hi; ++i)

@@ -92,6 +92,15 @@ class DenseSplit {
   int64_t owned_elements_ = 0;
 };
 
+// The ZeRO shards' sizes over the shard group (l.zero_shards() of them),
+// shard r starting where r - 1 ends: equal cuts of the psi flat elements
+// (the last one fewer), or under the dense split with ZeRO-1 (whose
+// gradients and weights are whole on every rank) cuts that give every shard
+// the same state to keep: an expert element weighs `replicas`, a dense one
+// 1, so a shard of the embedding's dense elements takes more of the flat
+// buffer than one of experts. `experts` ascending (stage_expert_ranges).
+void zero_shard_counts(const Layout& l, int64_t psi, std::span<const FlatRange> experts, std::vector<int64_t>& counts);
+
 // The optimizer state elements a rank of `stage` keeps under dense_split():
 // the largest over the shard groups and replicas (every rank allocates it).
 // `psi` is stage_param_elements.

@@ -115,6 +115,7 @@ TEST(DenseSplit, StateIsTheLargestPartOverShardsAndReplicas) {
                         Case{"qwen3-30b-a3b", "tp1-pp1-dp16-ep16-mb1-zero1", 0},
                         Case{"mixtral-8x7b", "tp2-pp4-dp8-ep8-mb1-sp-epfold-zero1", 0},
                         Case{"llama4-scout", "tp2-pp2-dp16-ep8-mb1-sp-zero1", 0},
+                        Case{"llama4-scout", "tp1-cp2-pp4-dp32-ep8-mb1-vpp4-zero1", 0},
                         // Three replicas: dense parts that do not divide evenly.
                         Case{"tiny-moe", "tp1-pp1-dp3-ep3-mb1-zero1", 0, 6},
                         Case{"tiny-moe", "tp1-pp2-dp6-ep3-mb1-zero2", 4, 6}}) {
@@ -143,9 +144,17 @@ TEST(DenseSplit, StateIsTheLargestPartOverShardsAndReplicas) {
         EXPECT_EQ(expert, plan.moe_layers * 3 * (m.moe.experts / l.ep) * (m.moe.expert_intermediate / l.etp) * m.hidden);
       }
       const int64_t ways = l.zero_shards(), replicas = l.zero_replicas(), shard = (psi + ways - 1) / ways;
-      int64_t most = 0, total = 0, uneven = 0;
+      std::vector<int64_t> counts;
+      zero_shard_counts(l, psi, experts, counts);
+      ASSERT_EQ(int64_t(counts.size()), ways);
+      int64_t most = 0, total = 0, uneven = 0, hi = 0;
       for (int64_t s = 0; s < ways; ++s) {
-        const int64_t lo = std::min(psi, s * shard), hi = std::min(psi, lo + shard);
+        const int64_t lo = hi;
+        hi += counts[size_t(s)];
+        // ZeRO-2 and -3 cut equal shards (their gradients and weights are sharded too).
+        if (l.zero >= 2) {
+          EXPECT_EQ(counts[size_t(s)], std::max<int64_t>(0, std::min(psi, (s + 1) * shard) - s * shard));
+        }
         for (int64_t r = 0; r < replicas; ++r) {
           const DenseSplit split(lo, hi, experts, replicas, r);
           most = std::max(most, split.owned_elements());
@@ -153,7 +162,14 @@ TEST(DenseSplit, StateIsTheLargestPartOverShardsAndReplicas) {
           if (r == 0 && split.dense() % replicas != 0) ++uneven;
         }
       }
+      EXPECT_EQ(hi, psi);
       EXPECT_EQ(dense_split_state_elements(m, l, plan, psi), most);
+      // ZeRO-1 balances the cuts: no rank keeps more than the mean by more
+      // than an expert element's weight (rounding aside).
+      if (l.zero == 1) {
+        const int64_t weight = (psi - expert) + replicas * expert;
+        EXPECT_LE(most, (weight + ways - 1) / ways / replicas + 2);
+      }
       if (c.experts > 0) {
         EXPECT_GT(uneven, 0) << "a case meant to split unevenly";
       }

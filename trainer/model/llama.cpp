@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <numeric>
 #include <span>
 #include <string>
 #include <cstring>
@@ -113,15 +114,22 @@ LlamaStage<Elem, G>::LlamaStage(const ModelSpec& m, const RunSpec& run, const La
   // gradients, whose other ranges are spent (tied embeddings across stages
   // are summed on the shards afterwards).
   scatter_dp_ = ways > 1 && l.zero == 1;
+  // The routed experts' flat positions by the memory model's rule, which
+  // the stage's own must equal (the dense split's and the shards' cuts
+  // depend on them).
+  std::vector<memory::FlatRange> experts;
+  memory::stage_expert_ranges(m, l, plan_, experts);
+  WEFT_ASSERT(l.ep <= 1 || experts.size() == expert_ranges_.size());
+  for (size_t i = 0; l.ep > 1 && i < experts.size(); ++i)
+    WEFT_ASSERT(experts[i].begin == expert_ranges_[i].begin && experts[i].end == expert_ranges_[i].end);
   if (ways > 1 && l.zero >= 1) {
-    // Rank r of the shard group owns elements [r * shard, (r + 1) * shard) of
-    // the flat parameters (the last one fewer); the optimizer uses the same.
-    const int64_t psi = params_.elements, shard = (psi + ways - 1) / ways;
-    for (int64_t r = 0; r < ways; ++r)
-      shard_counts_.push_back(std::max<int64_t>(0, std::min(psi, (r + 1) * shard) - r * shard));
+    // Rank r of the shard group owns the r-th cut of the flat parameters
+    // (memory::zero_shard_counts: equal ones, or balanced for the dense
+    // split under ZeRO-1); the optimizer uses the same.
+    memory::zero_shard_counts(l, params_.elements, experts, shard_counts_);
     const int64_t me = groups.zero_shard().rank();
-    WEFT_ASSERT(groups.zero_shard().size() == ways);
-    shard_lo_ = std::min(psi, me * shard);
+    WEFT_ASSERT(groups.zero_shard().size() == ways && int64_t(shard_counts_.size()) == ways);
+    shard_lo_ = std::accumulate(shard_counts_.begin(), shard_counts_.begin() + me, int64_t{0});
     shard_hi_ = shard_lo_ + shard_counts_[size_t(me)];
   }
   if (zero2_) {
@@ -134,13 +142,7 @@ LlamaStage<Elem, G>::LlamaStage(const ModelSpec& m, const RunSpec& run, const La
   if (scatter_dp_) dp_shard_ = grads_ + shard_lo_;
   if (memory::dense_split(l)) {
     // The ep replicas split the dense part of their shard (of the whole
-    // stage where the shard group is one rank); the experts' positions are
-    // the memory model's.
-    std::vector<memory::FlatRange> experts;
-    memory::stage_expert_ranges(m, l, plan_, experts);
-    WEFT_ASSERT(experts.size() == expert_ranges_.size());
-    for (size_t i = 0; i < experts.size(); ++i)
-      WEFT_ASSERT(experts[i].begin == expert_ranges_[i].begin && experts[i].end == expert_ranges_[i].end);
+    // stage where the shard group is one rank).
     WEFT_ASSERT(groups.replica && groups.replica->size() == l.zero_replicas());
     const bool shards = ways > 1;
     split_.emplace(shards ? shard_lo_ : 0, shards ? shard_hi_ : params_.elements, std::move(experts),

@@ -93,8 +93,8 @@ class LlamaStage {
   G* grad(const ParamSpec& p) { return p.frozen ? nullptr : grad_at(p.offset); }
   bool grads_sharded() const { return zero2_; }
   // ZeRO-1, -2 and -3 over dp > 1: every dp rank's shard size, rank r owning
-  // [r * shard, (r + 1) * shard) of the flat parameters; this rank's starts
-  // at dp_shard_begin(). Empty otherwise.
+  // the r-th cut of the flat parameters (memory::zero_shard_counts); this
+  // rank's starts at dp_shard_begin(). Empty otherwise.
   const std::vector<int64_t>& dp_shard_counts() const { return shard_counts_; }
   int64_t dp_shard_begin() const { return shard_lo_; }
   // Expert parallelism under ZeRO (memory::dense_split): this replica's part
