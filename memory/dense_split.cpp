@@ -42,6 +42,10 @@ MoeBlockRuns moe_block_runs(const ModelSpec& m, const Layout& l, const LoraSpec&
 
 }  // namespace
 
+int64_t moe_block_expert_elements(const ModelSpec& m, const Layout& l, const LoraSpec& lora) {
+  return m.moe.enabled() ? moe_block_runs(m, l, lora).experts : 0;
+}
+
 void stage_expert_ranges(const ModelSpec& m, const Layout& l, const StagePlan& plan, std::vector<FlatRange>& out) {
   out.clear();
   if (l.ep <= 1 || !m.moe.enabled()) return;

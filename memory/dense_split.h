@@ -49,6 +49,10 @@ void for_each_outside(const Ranges& ranges, int64_t flat, int64_t n, F f) {
 // parallelism with ZeRO 1-3 and more than one shard group per shard.
 bool dense_split(const Layout& l);
 
+// One MoE block's routed experts' flat elements on one rank: their weights
+// (E / ep experts, their width over etp), or under LoRA their adapters.
+int64_t moe_block_expert_elements(const ModelSpec& m, const Layout& l, const LoraSpec& lora);
+
 // The routed experts' flat ranges of one rank of `stage` (each MoE block's
 // local experts, or under LoRA their adapters), ascending; empty without
 // expert parallelism. The order of the trainer's flat buffers

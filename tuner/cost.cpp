@@ -190,12 +190,13 @@ ShardingTerms sharding_terms(const Model& x, double mbs) {
     if (head) n += C + (m.tied_embeddings && emb ? 0 : Vl * C);
     return n;
   };
-  // The routed experts' part of them (this ep rank's), which under expert
-  // parallelism sums over the expert data-parallel group alone.
+  // The routed experts' part of them (this ep rank's; under LoRA their
+  // adapters), which under expert parallelism sums over the expert
+  // data-parallel group alone.
   const auto stage_experts = [&](int64_t stage) {
-    if (lora || !m.moe.enabled()) return 0.0;
+    if (!m.moe.enabled()) return 0.0;
     const double moe = double(l.stage_layers(m, stage)) * moe_share;
-    return moe * 3.0 * double(m.moe.experts / l.ep) * double(m.moe.expert_intermediate / l.etp) * C;
+    return moe * double(memory::moe_block_expert_elements(m, l, x.run.lora));
   };
   // (An uneven split's middle stage may hold more.)
   const int64_t mid = middle_stage(m, l);
