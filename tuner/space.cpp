@@ -247,13 +247,18 @@ std::vector<Subspace> enumerate_subspaces(const ModelSpec& m, const RunSpec& run
             for (int64_t ep : folds) ep_grids.push_back({ep, true});
           }
           // Under expert parallelism ZeRO shards over the expert
-          // data-parallel group (dp x cp / ep ranks, folded / (ep / tp);
-          // none when that is 1), and takes no shard group of its own.
+          // data-parallel group (dp x cp / ep ranks, folded / (ep / tp)),
+          // and takes no shard group of its own. Where that group is one
+          // rank, ZeRO-1 still splits the dense state over the ep replicas
+          // (memory/dense_split.h); ZeRO-2 and -3 add nothing to it there.
           const auto zeros_of = [&](int64_t ep, bool fold) {
             const int64_t over = fold ? ep / tp : ep;
             const int64_t ways = ep > 1 && (dp * cp) % over == 0 ? dp * cp / over : dp * cp;
             std::vector<int64_t> stages = {0};
-            if (ways > 1) stages = {0, 1, 2, 3};
+            if (ways > 1)
+              stages = {0, 1, 2, 3};
+            else if (ep > 1 && over > 1)
+              stages = {0, 1};
             std::vector<int64_t> groups = {0};
             if (const int64_t g = device.domain > 0 && device.domain % tp == 0 ? device.domain / tp : 0;
                 ep == 1 && g > 1 && g < dp * cp && (dp * cp) % g == 0)

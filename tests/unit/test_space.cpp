@@ -287,7 +287,8 @@ TEST_F(Space, ReportsCoverEveryLayout) {
 // divides them and the experts, its tp x ep ranks within one NVLink domain
 // unless pinned; and at tp > 1 (sp, etp1) over the tp ranks too (epfold),
 // ep = tp x d for d of dp x cp, its ep ranks within the domain. ZeRO then
-// over the expert data-parallel group, without a shard group of its own.
+// over the expert data-parallel group, without a shard group of its own,
+// and ZeRO-1 where that group is one rank (the dense state split over ep).
 // Dense models keep ep 1; a pinned degree that does not divide is pruned
 // with its rule.
 TEST(SpaceExperts, EpIsSearchedWhereItDividesAndPrunedWithItsRule) {
@@ -297,7 +298,7 @@ TEST(SpaceExperts, EpIsSearchedWhereItDividesAndPrunedWithItsRule) {
   const auto all = enumerate(m, run, 64, {}, SpaceDevice(c));
   std::set<int64_t> eps;
   std::set<std::pair<int64_t, MoeDispatch>> dispatchers;
-  bool split_experts = false, split_with_sp = false;
+  bool split_experts = false, split_with_sp = false, zero1_one_edp = false;
   std::set<std::pair<int64_t, int64_t>> folds;  // (tp, ep)
   for (const auto& l : all) {
     if (l.ep_fold) {
@@ -314,13 +315,19 @@ TEST(SpaceExperts, EpIsSearchedWhereItDividesAndPrunedWithItsRule) {
     EXPECT_LE(l.ep_fold ? l.ep : l.tp * l.ep, 8) << l.to_string();  // the ep group within a node
     if (l.ep > 1) {
       EXPECT_EQ(l.zero_group, 0) << l.to_string();
-      if (l.expert_dp() == 1) { EXPECT_EQ(l.zero, 0) << l.to_string(); }
+      // One rank holding each expert: ZeRO-1 still splits the dense state
+      // over the ep replicas (memory/dense_split.h); ZeRO-2 and -3 add nothing.
+      if (l.expert_dp() == 1) {
+        EXPECT_LE(l.zero, l.zero_replicas() > 1 ? 1 : 0) << l.to_string();
+      }
+      zero1_one_edp = zero1_one_edp || (l.expert_dp() == 1 && l.zero == 1);
     }
   }
   EXPECT_EQ(eps, (std::set<int64_t>{1, 2, 4, 8}));
   EXPECT_EQ(folds, (std::set<std::pair<int64_t, int64_t>>{{2, 2}, {2, 4}, {2, 8}, {4, 4}, {4, 8}, {8, 8}}));
   EXPECT_TRUE(split_experts);
   EXPECT_TRUE(split_with_sp);
+  EXPECT_TRUE(zero1_one_edp);
   // Both dispatchers at ep 2, all-to-all past it (the all-gather pinned only),
   // none to choose at ep 1.
   EXPECT_EQ(dispatchers, (std::set<std::pair<int64_t, MoeDispatch>>{{1, MoeDispatch::a2a},
