@@ -69,10 +69,7 @@ class DenseSplit {
 
   int64_t lo() const { return lo_; }
   int64_t hi() const { return hi_; }
-  int64_t replicas() const { return replicas_; }
-  // Dense elements of the shard in [lo, x), x within the shard.
-  int64_t dense_before(int64_t x) const;
-  int64_t dense() const { return dense_; }
+  int64_t dense() const { return dense_; }  // the shard's dense elements
   // The flat ranges whose state this replica keeps (the shard's experts and
   // its dense part), ascending, and their total.
   const std::vector<FlatRange>& owned() const { return owned_; }
@@ -90,6 +87,9 @@ class DenseSplit {
   void run_counts(int64_t flat, int64_t n, std::vector<int64_t>& counts, int64_t& mine_at) const;
 
  private:
+  // Dense elements of the shard in [lo, x), x within the shard.
+  int64_t dense_before(int64_t x) const;
+
   int64_t lo_ = 0, hi_ = 0, replicas_ = 1, replica_ = 0, dense_ = 0, part_ = 0;
   std::vector<FlatRange> experts_;  // clipped to the shard
   std::vector<FlatRange> owned_;
