@@ -173,6 +173,13 @@ int64_t fp8_stage_dense_blocks(const ModelSpec& m, const Layout& l, const StageP
 // fp8:delayed; the models price every recipe, for the dry-run.)
 bool moe_fp8_experts(const ModelSpec& m, const Layout& l);
 bool moe_fp8_shared(const ModelSpec& m, const Layout& l);
+// Under LoRA on the FFN's gate, up or down, the adapters read the
+// compute-type rows while the base's GEMMs read their FP8 values, so the
+// experts' rows, SwiGLU outputs and output gradients (the routed experts'
+// and the shared one's) are quantised into scratch.moe_fp8_rows, not in
+// place. The base is frozen there: no weight gradient reads the quantised
+// values after their GEMM.
+bool moe_fp8_row_copies(const ModelSpec& m, const LoraSpec& lora, const Layout& l);
 // Delayed FP8 scaling's slots per block on the CPU trainer, each an
 // operand's amax history, step amax and scale: the dense GEMMs' kFp8Gemms x
 // 3 operands (input, weight, output gradient), then in an MoE model each

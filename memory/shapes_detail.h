@@ -32,6 +32,10 @@ int64_t block_param_elements(const ModelSpec& m, const Layout& l, const StagePla
 // The token rows an MoE block routes on a rank: its own (B x T / (cp tp)
 // under sp), or under sp with an expert tp degree all the tp group's.
 int64_t routed_token_rows(const Layout& l, const Dims& d);
+// The rows an MoE block's routed experts compute on: those this rank's
+// experts receive (MoeSpec::received_rows), and under an expert tp degree
+// with sp every tp rank's (gathered).
+int64_t moe_expert_input_rows(const ModelSpec& m, const Layout& l, const Dims& d);
 // An MoE block's saved tensors past its norm, and the MoE backward's
 // scratch (shapes_moe.cpp).
 void moe_saved_shapes(const ModelSpec& m, const Layout& l, const Dims& d, std::vector<TensorShape>& out);

@@ -149,6 +149,11 @@ bool moe_fp8_shared(const ModelSpec& m, const Layout& l) {
          moe_fp8_dims(l, m.hidden, m.moe.shared_intermediate / l.tp);
 }
 
+bool moe_fp8_row_copies(const ModelSpec& m, const LoraSpec& lora, const Layout& l) {
+  return (moe_fp8_experts(m, l) || moe_fp8_shared(m, l)) && lora.enabled() &&
+         (lora.targets_linear(Linear::gate) || lora.targets_linear(Linear::up) || lora.targets_linear(Linear::down));
+}
+
 Fp8SavedInputs fp8_saved_inputs(const ModelSpec& m, const RunSpec& run, const Layout& l, const StagePlan& plan) {
   if (l.fp8 != Fp8Recipe::tensorwise && l.fp8 != Fp8Recipe::delayed) return {};
   // (An MoE model keeps its FP8 blocks' inputs in the compute type.)
@@ -263,7 +268,10 @@ void fp8_buffer_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, 
     // transposes, per block, as it keeps the others (the trainer does not
     // run FP8 MoE blocks on a GPU yet: this is what the dry-run plans).
     // The experts' inputs, SwiGLU outputs and output gradients are
-    // quantised in place.
+    // quantised in place; under LoRA on the FFN into one scratch, the widest
+    // of them (moe_fp8_row_copies): the routed experts' rows C or Fe wide,
+    // the shared expert's SwiGLU output and its gate's and up's output
+    // gradients, all rows by its tp share.
     const bool routed = moe_fp8_experts(m, l), shared = moe_fp8_shared(m, l);
     const int64_t moe8 = n8 - n8_dense;
     if (moe8 > 0 && (routed || shared)) {
@@ -273,6 +281,11 @@ void fp8_buffer_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, 
         out.push_back({"fp8.expert_weights", Category::weights, moe8 * per_block, 1, 2});
       else
         out.push_back({"scratch.moe_fp8_weight", Category::workspace, per_block, eb, copies});
+      if (moe_fp8_row_copies(m, plan.lora, l)) {
+        const int64_t rows = routed ? moe_expert_input_rows(m, l, d) * std::max(C, Fe) : 0;
+        const int64_t shared_rows = shared ? d.B * d.T * (m.moe.shared_intermediate / l.tp) : 0;
+        out.push_back({"scratch.moe_fp8_rows", Category::workspace, std::max(rows, shared_rows), eb, copies});
+      }
     }
     // Delayed scaling on the CPU keeps, per block and operand (the dense
     // GEMMs', then each routed expert's: fp8_delayed_slots_per_block), the

@@ -9,17 +9,10 @@ namespace weft::memory::detail {
 
 int64_t routed_token_rows(const Layout& /*l*/, const Dims& d) { return d.B * d.Tsp; }
 
-namespace {
-
-// The rows the experts compute on: those this rank's experts receive
-// (MoeSpec::received_rows), and under an expert tp degree with sp every tp
-// rank's (gathered).
-int64_t expert_input_rows(const ModelSpec& m, const Layout& l, const Dims& d) {
+int64_t moe_expert_input_rows(const ModelSpec& m, const Layout& l, const Dims& d) {
   const int64_t received = m.moe.received_rows(routed_token_rows(l, d), l.ep);
   return l.sp && l.etp > 1 ? l.tp * received : received;
 }
-
-}  // namespace
 
 }  // namespace weft::memory::detail
 
@@ -46,7 +39,7 @@ void moe_saved_shapes(const ModelSpec& m, const Layout& l, const Dims& d, std::v
   // experts receive (MoeSpec::received_rows), and the routing keeps the
   // counts each ep rank sent it per local expert (E of them in all), and
   // under etp with sp every tp rank's received counts (tp x E).
-  const int64_t routed = e.routed_rows(rows), received = expert_input_rows(m, l, d);
+  const int64_t routed = e.routed_rows(rows), received = moe_expert_input_rows(m, l, d);
   out.push_back({"layer.moe.scores", Category::activations, rows * E, kFp32, 1});
   out.push_back({"layer.moe.experts", Category::activations, rows * k, kInt32, 1});
   out.push_back({"layer.moe.weights", Category::activations, rows * k, kFp32, 1});
@@ -81,7 +74,7 @@ void moe_scratch_shapes(const ModelSpec& m, const Layout& l, const LoraSpec& lor
   // staged in moe_staged.
   const int64_t rows = routed_token_rows(l, d), k = m.moe.top_k, E = m.moe.experts;
   const bool etp_sp = l.sp && l.etp > 1;
-  const int64_t routed = m.moe.routed_rows(rows), received = expert_input_rows(m, l, d);
+  const int64_t routed = m.moe.routed_rows(rows), received = moe_expert_input_rows(m, l, d);
   out.push_back({"scratch.moe_logits", Category::workspace, rows * E, d.a, 1});
   out.push_back({"scratch.moe_d_rows", Category::workspace, routed * d.C, d.a, 1});
   const int64_t Fe = m.moe.expert_intermediate / std::max<int64_t>(1, l.etp);

@@ -1,7 +1,8 @@
 // FP8 in an MoE model's blocks under every parallel layout, against one
 // rank (the forms and tables of moe_parity_forms.h): tensorwise and delayed
 // scaling of the routed and shared experts, and FP8 blocks under LoRA on
-// the attention. Real mpirun ranks, as test_moe_parity.cpp's cases.
+// the attention and on every linear layer. Real mpirun ranks, as
+// test_moe_parity.cpp's cases.
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -204,6 +205,52 @@ TEST(MoeParity, Fp8UnderLoraOnTheAttention) {
     fp8_rows(f, ref, ref_aux,
              {"tp1-pp1-dp2-ep2-mb1-zero1", "tp2-pp1-dp2-ep2-etp2-mb1-sp-zero2", "tp1-pp2-dp1-mb1-vpp2-ckpt:full",
               "tp2-cp2-pp1-dp1-ep2-mb1-sp-epfold-cp:ring"},
+             std::string("-") + recipe, 1e-2, table, lora);
+    std::printf("%s", table.c_str());
+  }
+}
+
+// LoRA on every linear layer of an MoE model with FP8 blocks: the routed
+// experts' and the shared expert's adapters read the compute-type rows, the
+// frozen base's GEMMs their FP8 copies (memory::moe_fp8_row_copies), one
+// rank's per expert and micro-batch wherever the rows went. So every layout
+// trains as one rank does, under ep, an expert tp degree with sp, pp with
+// vpp and recomputation, and cp with the folded grid; bounds as the FP8
+// tests'. (MoeStage.Fp8UnderLoraTheAdaptersReadTheComputeType checks what
+// the adapters read.)
+TEST(MoeParity, Fp8UnderLoraOnTheExperts) {
+  const std::string lora = "--lora 4 --lora-targets q,k,v,o,gate,up,down";
+  for (const auto& [config, recipe] : {std::pair{kMixtral, "fp8:tensorwise"}, {kLlama4Ffn, "fp8:delayed"}}) {
+    Fixture f(false, config);
+    f.seq = 32;
+    const auto plain = f.train("tp1-pp1-dp1-mb1", f.dir.path("plain"), lora);
+    const auto ref = f.train(std::string("tp1-pp1-dp1-mb1-") + recipe, f.dir.path("ref"), lora);
+    ASSERT_EQ(ref.size(), 5u);
+    const std::vector<double> ref_aux = f.aux_losses;
+    const double off = max_rel(ref, plain);
+    EXPECT_GT(off, 1e-4) << recipe << " barely changed the losses";
+    EXPECT_LT(off, 0.02);
+    // Every operand is quantised as under LoRA on the attention alone (in
+    // place there): the steps' counts of quantised values are the same.
+    f.train(std::string("tp1-pp1-dp1-mb1-") + recipe, f.dir.path("attention"), "--lora 4 --lora-targets q,k,v,o");
+    const auto quantised = [](const std::string& out) {
+      std::vector<int64_t> values;
+      std::ifstream in(out + "/metrics.jsonl");
+      for (std::string line; std::getline(in, line);) {
+        const auto j = nlohmann::json::parse(line);
+        if (j["kind"] == "train" && j.contains("fp8")) values.push_back(j["fp8"]["values"].get<int64_t>());
+      }
+      return values;
+    };
+    const auto counts = quantised(f.dir.path("ref"));
+    EXPECT_EQ(counts.size(), 5u);
+    EXPECT_EQ(counts, quantised(f.dir.path("attention"))) << recipe;
+    std::string table = fmt::format("{:<62} {:>5} {:>12} {:>14} {:>12}\n", "layout (LoRA on every linear)", "ranks",
+                                    "max rel dev", "worst mem dev", "aux rel dev");
+    table += fmt::format("{:<62} {:>5} {:>12.2e}\n", fmt::format("({} against fp32)", recipe), 1, off);
+    fp8_rows(f, ref, ref_aux,
+             {"tp1-pp1-dp2-ep2-mb1-zero1", "tp2-pp1-dp2-ep2-etp2-mb1-sp-zero3", "tp1-pp2-dp1-mb1-vpp2-ckpt:ffn",
+              "tp2-cp2-pp1-dp1-ep2-mb1-sp-epfold-ckpt:full-cp:ring"},
              std::string("-") + recipe, 1e-2, table, lora);
     std::printf("%s", table.c_str());
   }

@@ -472,12 +472,17 @@ class LlamaStage {
   // shared expert's, quantised each with its own scale into `out`
   // (scratch.moe_fp8_weight), the ones memory::moe_fp8_experts and
   // moe_fp8_shared put in FP8; and the rows of `x` (`width` wide) that the
-  // runs name, quantised in place with a scale per expert (and micro-batch,
-  // tensorwise), as the operand `role` (0 an input, 2 an output gradient)
-  // of the experts' GEMM `gemm` (0 gate, 1 up, 2 down).
+  // runs name, quantised into the same rows of `out` (x itself, or under
+  // LoRA on the FFN scratch.moe_fp8_rows: memory::moe_fp8_row_copies) with
+  // a scale per expert (and micro-batch, tensorwise), as the operand `role`
+  // (0 an input, 2 an output gradient) of the experts' GEMM `gemm` (0 gate,
+  // 1 up, 2 down); it returns `out`.
   void moe_fp8_weights(const Block& b, Elem* out);
-  void moe_fp8_rows(const Block& b, int gemm, Elem* x, int64_t width, std::span<const ExpertRun> runs,
-                    bool etp_sp, int role);
+  Elem* moe_fp8_rows(const Block& b, int gemm, const Elem* x, Elem* out, int64_t width,
+                     std::span<const ExpertRun> runs, bool etp_sp, int role);
+  // scratch.moe_fp8_rows where a block quantising (`fp8`) does so into
+  // copies (memory::moe_fp8_row_copies), else null: quantised in place.
+  Elem* moe_fp8_copies(bool fp8) const;
   // Delayed scaling's state of one slot (fp8_scaling_): the dense GEMM g's
   // operand `role` in block b, or the model's expert e's GEMM `gemm`
   // (memory::fp8_delayed_slots_per_block); null without that state.

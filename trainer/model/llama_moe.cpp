@@ -85,16 +85,6 @@ void require_moe_layout(const ModelSpec& m, const RunSpec& run, const Layout& l,
                                   to_string(l.fp8)));
   if (l.fp8 != Fp8Recipe::off && device.kind == DeviceKind::gpu)
     missing.push_back(fmt::format("with FP8 GEMMs (fp8:{}) on a GPU (the CPU trainer computes them)", to_string(l.fp8)));
-  // LoRA on the attention trains with FP8 MoE blocks (the attention's
-  // adapters read the compute-type inputs, as a dense model's); not on the
-  // FFNs' gate, up or down, whose experts' rows and SwiGLU outputs are
-  // quantised in place, where their adapters would read them.
-  if (l.fp8 != Fp8Recipe::off && run.lora.enabled() &&
-      (run.lora.targets_linear(Linear::gate) || run.lora.targets_linear(Linear::up) ||
-       run.lora.targets_linear(Linear::down)))
-    missing.push_back(fmt::format("with FP8 GEMMs (fp8:{}) under LoRA on the FFNs (--lora-targets {}; LoRA on q, "
-                                  "k, v and o trains with FP8)",
-                                  to_string(l.fp8), run.lora.targets_text()));
   if (!missing.empty())
     throw InputError(fmt::format("weft cannot train the MoE model {} under layout {} yet: not {}; it trains on "
                                  "the CPU (FP8 off, tensorwise or delayed) and the GPU (FP8 off), under tp (with or without sp), cp, pp, "
@@ -298,26 +288,30 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
   // (the gate's and the up's together), as the backward's below.
   const std::vector<ExpertRun> segments = expert_rows<ExpertRun>(off.data(), received, E, l_.ep);
   // FP8 (llama_moe_fp8.cpp): the weights quantised into scratch, the rows
-  // in place with a scale per expert and micro-batch.
+  // with a scale per expert and micro-batch, in place (under LoRA on the FFN
+  // into scratch.moe_fp8_rows, the adapters reading the compute type).
   const bool f8 = b.fp8 && memory::moe_fp8_experts(m_, l_), sf8 = shared && b.fp8 && memory::moe_fp8_shared(m_, l_);
   Elem* wq = f8 || sf8 ? table_->get<Elem>("scratch.moe_fp8_weight") : nullptr;
   if (wq) moe_fp8_weights(b, wq);
   const Elem* experts_w = f8 ? wq : b.w_experts;
-  if (f8) moe_fp8_rows(b, 0, b.moe_in, C, segments, etp_sp, 0);
+  Elem* copies = moe_fp8_copies(f8 || sf8);
+  const auto quantised = [&](int gemm, Elem* x, int64_t width) {
+    return f8 ? moe_fp8_rows(b, gemm, x, copies ? copies : x, width, segments, etp_sp, 0) : x;
+  };
+  const Elem* in = quantised(0, b.moe_in, C);
   std::vector<kernels::GemmParams<Elem>> gemms;
   for (const ExpertRun& r : segments) {
     const Elem* w = experts_w + r.expert * stride;
+    gemms.push_back(kernels::linear_forward_gemm(r.rows, C, Fe, in + r.offset * C, w, b.moe_gate + r.offset * Fe));
     gemms.push_back(
-        kernels::linear_forward_gemm(r.rows, C, Fe, b.moe_in + r.offset * C, w, b.moe_gate + r.offset * Fe));
-    gemms.push_back(
-        kernels::linear_forward_gemm(r.rows, C, Fe, b.moe_in + r.offset * C, w + Fe * C, b.moe_up + r.offset * Fe));
+        kernels::linear_forward_gemm(r.rows, C, Fe, in + r.offset * C, w + Fe * C, b.moe_up + r.offset * Fe));
   }
   run(grouped(gemms), "gemm experts gate up");
   if (b.lora_experts && params_.expert_gate_up) moe_lora_gate_up(b, segments);
   run(kernels::SwigluForwardParams<Elem>{.rows = rows_in, .F = Fe, .gate = b.moe_gate, .up = b.moe_up,
                                          .act = b.moe_act},
       "swiglu_forward");
-  if (f8) moe_fp8_rows(b, 2, b.moe_act, Fe, segments, etp_sp, 0);
+  const Elem* act = quantised(2, b.moe_act, Fe);
   // The experts' outputs, in this rank's expert order: kept where the gate
   // multiplies them (the weights' gradient reads them), else only the
   // combine reads them, from scratch. Under expert parallelism they are
@@ -327,7 +321,7 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
     Elem* computed = ep || etp_sp ? table_->get<Elem>("scratch.moe_received") : out;
     gemms.clear();
     for (const ExpertRun& r : segments)
-      gemms.push_back(kernels::linear_forward_gemm(r.rows, Fe, C, b.moe_act + r.offset * Fe,
+      gemms.push_back(kernels::linear_forward_gemm(r.rows, Fe, C, act + r.offset * Fe,
                                                    experts_w + r.expert * stride + 2 * Fe * C,
                                                    computed + r.offset * C));
     run(grouped(gemms), "gemm experts down");
@@ -358,9 +352,14 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
     run(kernels::SwigluForwardParams<Elem>{.rows = M_, .F = Fs, .gate = b.sh_gate, .up = b.sh_up,
                                            .act = b.sh_act},
         "swiglu_forward");
-    if (sf8) fp8_quantize(b, Fp8Gemm::down, 0, b.sh_act, M_, Fs, false, b.sh_act);
+    const Elem* act_s = b.sh_act;
+    if (sf8) {
+      Elem* q = copies ? copies : b.sh_act;
+      fp8_quantize(b, Fp8Gemm::down, 0, b.sh_act, M_, Fs, false, q);
+      act_s = q;
+    }
     if (!recompute) {
-      run(kernels::linear_forward_gemm(M_, Fs, C, b.sh_act, sf8 ? ws + 2 * Fs * C : b.w_sd, y), "gemm shared down");
+      run(kernels::linear_forward_gemm(M_, Fs, C, act_s, sf8 ? ws + 2 * Fs * C : b.w_sd, y), "gemm shared down");
       lora_forward(b, Linear::down, b.sh_act, y, Fs, C);
       reduce_rows(y);  // this rank's rows first under sp
     }
@@ -399,6 +398,7 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx)
   Elem* wq = f8 || sf8 ? table_->get<Elem>("scratch.moe_fp8_weight") : nullptr;
   if (wq) moe_fp8_weights(b, wq);
   const Elem* experts_w = f8 ? wq : b.w_experts;
+  Elem* copies = moe_fp8_copies(f8 || sf8);
   if (shared) {
     // Over all rows, its input gradient reduced over tp (to this rank's rows
     // under sp) before the routed experts' adds to them.
@@ -415,13 +415,20 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx)
     run(kernels::SwigluBackwardParams<Elem>{.rows = M_, .F = Fs, .gate = b.sh_gate, .up = b.sh_up,
                                             .dact = d_act, .dgate = d_gate, .dup = d_up},
         "swiglu_backward");
-    if (sf8) {
-      fp8_quantize(b, Fp8Gemm::gate, 2, d_gate, M_, Fs, false, d_gate);
-      fp8_quantize(b, Fp8Gemm::up, 2, d_up, M_, Fs, false, d_up);
-    }
-    run(kernels::linear_dgrad_gemm(M_, C, Fs, d_gate, sf8 ? ws : b.w_sg, dx), "gemm shared gate dgrad");
-    run(kernels::linear_dgrad_gemm(M_, C, Fs, d_up, sf8 ? ws + Fs * C : b.w_su, dx, Write::accumulate),
+    // Under FP8 each quantised just before its dgrad: in place, or under
+    // LoRA into the one scratch (the adapters read them as they are below).
+    const auto quantised = [&](Fp8Gemm g, Elem* d) {
+      if (!sf8) return d;
+      Elem* q = copies ? copies : d;
+      fp8_quantize(b, g, 2, d, M_, Fs, false, q);
+      return q;
+    };
+    run(kernels::linear_dgrad_gemm(M_, C, Fs, quantised(Fp8Gemm::gate, d_gate), sf8 ? ws : b.w_sg, dx),
+        "gemm shared gate dgrad");
+    run(kernels::linear_dgrad_gemm(M_, C, Fs, quantised(Fp8Gemm::up, d_up), sf8 ? ws + Fs * C : b.w_su, dx,
+                                   Write::accumulate),
         "gemm shared up dgrad");
+    WEFT_ASSERT(!copies || !(b.g_sg || b.g_su || b.g_sd));
     const Elem* xs = sf8 && (b.g_sg || b.g_su) ? moe_fp8_shared_input(b, x_all) : x_all;
     if (b.g_sg) run(kernels::linear_wgrad_gemm(M_, C, Fs, d_gate, xs, b.g_sg), "gemm shared gate wgrad");
     if (b.g_su) run(kernels::linear_wgrad_gemm(M_, C, Fs, d_up, xs, b.g_su), "gemm shared up wgrad");
@@ -474,12 +481,20 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx)
   // and the up's input gradients (the up's adding to the gate's, so after
   // them) and their weight gradients together.
   const std::vector<ExpertRun> segments = expert_rows<ExpertRun>(offsets, received, E, l_.ep);
-  if (f8) moe_fp8_rows(b, 2, d_in, C, segments, etp_sp, 2);
+  // FP8: each output gradient quantised just before its dgrad, in place
+  // (the weight gradients read them too) or under LoRA on the FFN into
+  // scratch.moe_fp8_rows (the base frozen, the adapters reading d_in,
+  // d_gate and d_up as they are).
+  WEFT_ASSERT(!copies || !b.g_experts);
+  const auto quantised = [&](int gemm, Elem* d, int64_t width) {
+    return f8 ? moe_fp8_rows(b, gemm, d, copies ? copies : d, width, segments, etp_sp, 2) : d;
+  };
+  const Elem* dq = quantised(2, d_in, C);
   std::vector<kernels::GemmParams<Elem>> gemms;
   std::vector<kernels::WgradGemmParams<Elem, G>> wgrads;
   for (const ExpertRun& r : segments) {
     const Elem* wd = experts_w + r.expert * stride + 2 * Fe * C;
-    gemms.push_back(kernels::linear_dgrad_gemm(r.rows, Fe, C, d_in + r.offset * C, wd, d_act + r.offset * Fe));
+    gemms.push_back(kernels::linear_dgrad_gemm(r.rows, Fe, C, dq + r.offset * C, wd, d_act + r.offset * Fe));
     if (b.g_experts)
       wgrads.push_back(kernels::linear_wgrad_gemm(r.rows, Fe, C, d_in + r.offset * C, b.moe_act + r.offset * Fe,
                                                   b.g_experts + r.expert * stride + 2 * Fe * C));
@@ -490,23 +505,21 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx)
   run(kernels::SwigluBackwardParams<Elem>{.rows = rows_in, .F = Fe, .gate = b.moe_gate, .up = b.moe_up,
                                           .dact = d_act, .dgate = d_gate, .dup = d_up},
       "swiglu_backward");
-  if (f8) {
-    moe_fp8_rows(b, 0, d_gate, Fe, segments, etp_sp, 2);
-    moe_fp8_rows(b, 1, d_up, Fe, segments, etp_sp, 2);
-  }
   // The experts' input gradient takes d_in over (its output gradient is spent).
   gemms.clear();
   wgrads.clear();
+  const Elem* gq = quantised(0, d_gate, Fe);
   for (const ExpertRun& r : segments) {
     const Elem* w = experts_w + r.expert * stride;
-    gemms.push_back(kernels::linear_dgrad_gemm(r.rows, C, Fe, d_gate + r.offset * Fe, w, d_in + r.offset * C));
+    gemms.push_back(kernels::linear_dgrad_gemm(r.rows, C, Fe, gq + r.offset * Fe, w, d_in + r.offset * C));
   }
   run(grouped(gemms), "gemm experts gate dgrad");
   gemms.clear();
+  const Elem* uq = quantised(1, d_up, Fe);
   for (const ExpertRun& r : segments) {
     const Elem* w = experts_w + r.expert * stride;
     const int64_t o = r.offset, n = r.rows;
-    gemms.push_back(kernels::linear_dgrad_gemm(n, C, Fe, d_up + o * Fe, w + Fe * C, d_in + o * C, Write::accumulate));
+    gemms.push_back(kernels::linear_dgrad_gemm(n, C, Fe, uq + o * Fe, w + Fe * C, d_in + o * C, Write::accumulate));
     if (!b.g_experts) continue;
     G* g = b.g_experts + r.expert * stride;
     wgrads.push_back(kernels::linear_wgrad_gemm(n, C, Fe, d_gate + o * Fe, b.moe_in + o * C, g));

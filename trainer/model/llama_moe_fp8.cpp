@@ -27,7 +27,14 @@
 // and the wgrad's operand). The shared expert runs over all the rows on
 // every tp rank, as the dense FFN, and quantises as the dense FFN's GEMMs
 // (fp8_quantize: its input and output gradient into scratch.fp8_input and
-// scratch.fp8_grad, its SwiGLU output in place).
+// scratch.fp8_grad, its SwiGLU output and its gate's and up's output
+// gradients in place).
+//
+// Under LoRA on the FFN the adapters read the compute-type values, as a
+// dense FFN's do (its GEMMs quantise into scratch), so what is quantised in
+// place otherwise goes to scratch.moe_fp8_rows (memory::moe_fp8_row_copies),
+// one operand at a time, just before the base GEMMs that read it. The base
+// is frozen there, so no weight gradient reads those values later.
 #include <algorithm>
 #include <array>
 #include <utility>
@@ -103,10 +110,10 @@ void LlamaStage<Elem, G>::moe_fp8_weights(const Block& b, Elem* out) {
 }
 
 template <typename Elem, typename G>
-void LlamaStage<Elem, G>::moe_fp8_rows(const Block& b, int gemm, Elem* x, int64_t width,
-                                       std::span<const ExpertRun> runs, bool etp_sp, int role) {
+Elem* LlamaStage<Elem, G>::moe_fp8_rows(const Block& b, int gemm, const Elem* x, Elem* out, int64_t width,
+                                        std::span<const ExpertRun> runs, bool etp_sp, int role) {
   if constexpr (!std::is_same_v<Elem, float>) {
-    (void)b, (void)gemm, (void)x, (void)width, (void)runs, (void)etp_sp, (void)role;
+    (void)b, (void)gemm, (void)x, (void)out, (void)width, (void)runs, (void)etp_sp, (void)role;
     throw InternalError("FP8 MoE blocks outside the CPU trainer");
   } else {
     const int64_t E = m_.moe.experts, first = groups_.ep_rank() * (E / l_.ep);
@@ -121,14 +128,14 @@ void LlamaStage<Elem, G>::moe_fp8_rows(const Block& b, int gemm, Elem* x, int64_
       }
       if (fp8_history_len_ > 0) {
         for (const ExpertRun& r : runs) {
-          Elem* rows = x + r.offset * width;
+          const int64_t at = r.offset * width;
           const float scale = fp8_expert_state(b, first + r.expert, gemm, role)[kScale];
-          const kernels::Fp8Health h = kernels::fp8_qdq(rows, rows, r.rows * width, scale, f);
+          const kernels::Fp8Health h = kernels::fp8_qdq(x + at, out + at, r.rows * width, scale, f);
           fp8_counts_.values += r.rows * width;
           fp8_counts_.overflow += h.overflow;
           fp8_counts_.underflow += h.underflow;
         }
-        return;
+        return out;
       }
     }
     // Current scaling (tensorwise, and delayed's first step): per expert
@@ -154,13 +161,19 @@ void LlamaStage<Elem, G>::moe_fp8_rows(const Block& b, int gemm, Elem* x, int64_
     for (parallel::Comm* g : {host.tp, host.dpcp})
       if (g && g->size() > 1) g->all_reduce(amax.data(), D * E, parallel::DType::f32, parallel::ReduceOp::max);
     for (const ExpertRun& r : runs) {
-      Elem* rows = x + r.offset * width;
-      const kernels::Fp8Health h = kernels::fp8_qdq(rows, rows, r.rows * width, kernels::fp8_scale(at(r), f), f);
+      const int64_t o = r.offset * width;
+      const kernels::Fp8Health h = kernels::fp8_qdq(x + o, out + o, r.rows * width, kernels::fp8_scale(at(r), f), f);
       fp8_counts_.values += r.rows * width;
       fp8_counts_.overflow += h.overflow;
       fp8_counts_.underflow += h.underflow;
     }
+    return out;
   }
+}
+
+template <typename Elem, typename G>
+Elem* LlamaStage<Elem, G>::moe_fp8_copies(bool fp8) const {
+  return fp8 && memory::moe_fp8_row_copies(m_, run_.lora, l_) ? table_->get<Elem>("scratch.moe_fp8_rows") : nullptr;
 }
 
 template <typename Elem, typename G>
@@ -179,7 +192,8 @@ const Elem* LlamaStage<Elem, G>::moe_fp8_shared_grad(const Block& b, const Elem*
 
 #define WEFT_LLAMA_MOE_FP8(E, G)                                         \
   template void LlamaStage<E, G>::moe_fp8_weights(const Block&, E*); \
-  template void LlamaStage<E, G>::moe_fp8_rows(const Block&, int, E*, int64_t, std::span<const ExpertRun>, bool, int); \
+  template E* LlamaStage<E, G>::moe_fp8_rows(const Block&, int, const E*, E*, int64_t, std::span<const ExpertRun>, bool, int); \
+  template E* LlamaStage<E, G>::moe_fp8_copies(bool) const;                                      \
   template const E* LlamaStage<E, G>::moe_fp8_shared_input(const Block&, const E*);              \
   template const E* LlamaStage<E, G>::moe_fp8_shared_grad(const Block&, const E*);
 WEFT_LLAMA_MOE_FP8(float, float)
