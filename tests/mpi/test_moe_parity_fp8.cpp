@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -182,13 +183,14 @@ TEST(MoeParity, Fp8DelayedScalingOfTheExperts) {
   }
 }
 
-// LoRA on the attention of an MoE model whose blocks run FP8 GEMMs (the
-// attention's, the routed and shared experts'): the adapters read the
-// compute-type inputs, as in a dense model, so every layout trains as one
-// rank does, under tensorwise scaling (Mixtral's form) and delayed
-// (Llama 4's FFN, with its shared expert). Bounds as the FP8 tests'.
-TEST(MoeParity, Fp8UnderLoraOnTheAttention) {
-  const std::string lora = "--lora 4 --lora-targets q,k,v,o";
+// The FP8-under-LoRA tests' frame, for Mixtral's form under tensorwise
+// scaling and Llama 4's FFN (with its shared expert) under delayed: one
+// rank's FP8 run under `--lora 4 --lora-targets <targets>` against its
+// fp32 run, then `layouts` against it (fp8_rows: bounds as the FP8 tests').
+// `also(f, recipe, ref_out)`: the test's own checks, after the reference.
+void fp8_under_lora(const std::string& targets, const std::vector<std::string>& layouts,
+                    const std::function<void(Fixture&, const std::string&, const std::string&)>& also = {}) {
+  const std::string lora = "--lora 4 --lora-targets " + targets;
   for (const auto& [config, recipe] : {std::pair{kMixtral, "fp8:tensorwise"}, {kLlama4Ffn, "fp8:delayed"}}) {
     Fixture f(false, config);
     f.seq = 32;
@@ -199,15 +201,22 @@ TEST(MoeParity, Fp8UnderLoraOnTheAttention) {
     const double off = max_rel(ref, plain);
     EXPECT_GT(off, 1e-4) << recipe << " barely changed the losses";
     EXPECT_LT(off, 0.02);
-    std::string table = fmt::format("{:<62} {:>5} {:>12} {:>14} {:>12}\n", "layout (LoRA on q, k, v, o)", "ranks",
-                                    "max rel dev", "worst mem dev", "aux rel dev");
+    if (also) also(f, recipe, f.dir.path("ref"));
+    std::string table = fmt::format("{:<62} {:>5} {:>12} {:>14} {:>12}\n", fmt::format("layout (LoRA on {})", targets),
+                                    "ranks", "max rel dev", "worst mem dev", "aux rel dev");
     table += fmt::format("{:<62} {:>5} {:>12.2e}\n", fmt::format("({} against fp32)", recipe), 1, off);
-    fp8_rows(f, ref, ref_aux,
-             {"tp1-pp1-dp2-ep2-mb1-zero1", "tp2-pp1-dp2-ep2-etp2-mb1-sp-zero2", "tp1-pp2-dp1-mb1-vpp2-ckpt:full",
-              "tp2-cp2-pp1-dp1-ep2-mb1-sp-epfold-cp:ring"},
-             std::string("-") + recipe, 1e-2, table, lora);
+    fp8_rows(f, ref, ref_aux, layouts, std::string("-") + recipe, 1e-2, table, lora);
     std::printf("%s", table.c_str());
   }
+}
+
+// LoRA on the attention of an MoE model whose blocks run FP8 GEMMs (the
+// attention's, the routed and shared experts'): the adapters read the
+// compute-type inputs, as in a dense model, so every layout trains as one
+// rank does.
+TEST(MoeParity, Fp8UnderLoraOnTheAttention) {
+  fp8_under_lora("q,k,v,o", {"tp1-pp1-dp2-ep2-mb1-zero1", "tp2-pp1-dp2-ep2-etp2-mb1-sp-zero2",
+                             "tp1-pp2-dp1-mb1-vpp2-ckpt:full", "tp2-cp2-pp1-dp1-ep2-mb1-sp-epfold-cp:ring"});
 }
 
 // LoRA on every linear layer of an MoE model with FP8 blocks: the routed
@@ -215,45 +224,31 @@ TEST(MoeParity, Fp8UnderLoraOnTheAttention) {
 // frozen base's GEMMs their FP8 copies (memory::moe_fp8_row_copies), one
 // rank's per expert and micro-batch wherever the rows went. So every layout
 // trains as one rank does, under ep, an expert tp degree with sp, pp with
-// vpp and recomputation, and cp with the folded grid; bounds as the FP8
-// tests'. (MoeStage.Fp8UnderLoraTheAdaptersReadTheComputeType checks what
-// the adapters read.)
+// vpp and recomputation, and cp with the folded grid.
+// (MoeStage.Fp8UnderLoraTheAdaptersReadTheComputeType checks what the
+// adapters read.) Every operand is still quantised: one rank's counts of
+// quantised values a step are those under LoRA on the attention alone,
+// which quantises in place.
 TEST(MoeParity, Fp8UnderLoraOnTheExperts) {
-  const std::string lora = "--lora 4 --lora-targets q,k,v,o,gate,up,down";
-  for (const auto& [config, recipe] : {std::pair{kMixtral, "fp8:tensorwise"}, {kLlama4Ffn, "fp8:delayed"}}) {
-    Fixture f(false, config);
-    f.seq = 32;
-    const auto plain = f.train("tp1-pp1-dp1-mb1", f.dir.path("plain"), lora);
-    const auto ref = f.train(std::string("tp1-pp1-dp1-mb1-") + recipe, f.dir.path("ref"), lora);
-    ASSERT_EQ(ref.size(), 5u);
-    const std::vector<double> ref_aux = f.aux_losses;
-    const double off = max_rel(ref, plain);
-    EXPECT_GT(off, 1e-4) << recipe << " barely changed the losses";
-    EXPECT_LT(off, 0.02);
-    // Every operand is quantised as under LoRA on the attention alone (in
-    // place there): the steps' counts of quantised values are the same.
-    f.train(std::string("tp1-pp1-dp1-mb1-") + recipe, f.dir.path("attention"), "--lora 4 --lora-targets q,k,v,o");
-    const auto quantised = [](const std::string& out) {
-      std::vector<int64_t> values;
-      std::ifstream in(out + "/metrics.jsonl");
-      for (std::string line; std::getline(in, line);) {
-        const auto j = nlohmann::json::parse(line);
-        if (j["kind"] == "train" && j.contains("fp8")) values.push_back(j["fp8"]["values"].get<int64_t>());
-      }
-      return values;
-    };
-    const auto counts = quantised(f.dir.path("ref"));
+  const auto quantised = [](const std::string& out) {
+    std::vector<int64_t> values;
+    std::ifstream in(out + "/metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (j["kind"] == "train" && j.contains("fp8")) values.push_back(j["fp8"]["values"].get<int64_t>());
+    }
+    return values;
+  };
+  const auto same_counts = [&](Fixture& f, const std::string& recipe, const std::string& ref_out) {
+    f.train("tp1-pp1-dp1-mb1-" + recipe, f.dir.path("attention"), "--lora 4 --lora-targets q,k,v,o");
+    const auto counts = quantised(ref_out);
     EXPECT_EQ(counts.size(), 5u);
     EXPECT_EQ(counts, quantised(f.dir.path("attention"))) << recipe;
-    std::string table = fmt::format("{:<62} {:>5} {:>12} {:>14} {:>12}\n", "layout (LoRA on every linear)", "ranks",
-                                    "max rel dev", "worst mem dev", "aux rel dev");
-    table += fmt::format("{:<62} {:>5} {:>12.2e}\n", fmt::format("({} against fp32)", recipe), 1, off);
-    fp8_rows(f, ref, ref_aux,
-             {"tp1-pp1-dp2-ep2-mb1-zero1", "tp2-pp1-dp2-ep2-etp2-mb1-sp-zero3", "tp1-pp2-dp1-mb1-vpp2-ckpt:ffn",
-              "tp2-cp2-pp1-dp1-ep2-mb1-sp-epfold-ckpt:full-cp:ring"},
-             std::string("-") + recipe, 1e-2, table, lora);
-    std::printf("%s", table.c_str());
-  }
+  };
+  fp8_under_lora("q,k,v,o,gate,up,down",
+                 {"tp1-pp1-dp2-ep2-mb1-zero1", "tp2-pp1-dp2-ep2-etp2-mb1-sp-zero3", "tp1-pp2-dp1-mb1-vpp2-ckpt:ffn",
+                  "tp2-cp2-pp1-dp1-ep2-mb1-sp-epfold-ckpt:full-cp:ring"},
+                 same_counts);
 }
 
 }  // namespace
