@@ -180,6 +180,13 @@ bool moe_fp8_shared(const ModelSpec& m, const Layout& l);
 // place. The base is frozen there: no weight gradient reads the quantised
 // values after their GEMM.
 bool moe_fp8_row_copies(const ModelSpec& m, const LoraSpec& lora, const Layout& l);
+// Block scaling (fp8:blockwise) quantises each of those operands twice:
+// along its rows (1 x 128 tiles) into scratch.moe_fp8_rows for the forward
+// and the input gradients, and for the weight gradients down the tokens
+// (128 x 1 tiles) into scratch.moe_fp8_wgrad, two operands at a time (not
+// under LoRA, whose base has no weight gradients). So under blockwise
+// moe_fp8_row_copies always holds, and moe_fp8_wgrad_tiles without LoRA.
+bool moe_fp8_wgrad_tiles(const ModelSpec& m, const LoraSpec& lora, const Layout& l);
 // Delayed FP8 scaling's slots per block on the CPU trainer, each an
 // operand's amax history, step amax and scale: the dense GEMMs' kFp8Gemms x
 // 3 operands (input, weight, output gradient), then in an MoE model each

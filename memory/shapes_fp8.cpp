@@ -150,8 +150,13 @@ bool moe_fp8_shared(const ModelSpec& m, const Layout& l) {
 }
 
 bool moe_fp8_row_copies(const ModelSpec& m, const LoraSpec& lora, const Layout& l) {
-  return (moe_fp8_experts(m, l) || moe_fp8_shared(m, l)) && lora.enabled() &&
-         (lora.targets_linear(Linear::gate) || lora.targets_linear(Linear::up) || lora.targets_linear(Linear::down));
+  const bool ffn_lora = lora.enabled() && (lora.targets_linear(Linear::gate) || lora.targets_linear(Linear::up) ||
+                                           lora.targets_linear(Linear::down));
+  return (moe_fp8_experts(m, l) || moe_fp8_shared(m, l)) && (ffn_lora || l.fp8 == Fp8Recipe::blockwise);
+}
+
+bool moe_fp8_wgrad_tiles(const ModelSpec& m, const LoraSpec& lora, const Layout& l) {
+  return (moe_fp8_experts(m, l) || moe_fp8_shared(m, l)) && l.fp8 == Fp8Recipe::blockwise && !lora.enabled();
 }
 
 Fp8SavedInputs fp8_saved_inputs(const ModelSpec& m, const RunSpec& run, const Layout& l, const StagePlan& plan) {
@@ -203,18 +208,22 @@ void fp8_buffer_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, 
       widest_n = std::max(widest_n, s.N);
     }
     // The shared expert quantises its input and output gradient (all rows,
-    // C wide) in the same buffers.
-    if (moe_fp8_shared(m, l) && plan.moe_layers > 0) {
+    // C wide) in the same buffers, whether or not a dense GEMM runs in FP8
+    // (block scaling's dense GEMMs need runs of 128 tokens, its experts not).
+    const bool shared_io = moe_fp8_shared(m, l) && plan.moe_layers > 0;
+    if (shared_io) {
       widest_k = std::max(widest_k, m.hidden);
       widest_n = std::max(widest_n, m.hidden);
+    }
+    if (weights > 0 || shared_io) {
+      out.push_back({"scratch.fp8_input", Category::workspace, d.B * d.T * widest_k, eb, copies});
+      out.push_back({"scratch.fp8_grad", Category::workspace, d.B * d.T * widest_n, eb, copies});
     }
     if (weights > 0) {
       if (ways > 1 && l.zero >= 3 && !lora)
         out.push_back({"scratch.fp8_weight", Category::workspace, widest_w, eb, copies});
       else
         out.push_back({"fp8.weights", Category::weights, weights, eb, copies});
-      out.push_back({"scratch.fp8_input", Category::workspace, d.B * d.T * widest_k, eb, copies});
-      out.push_back({"scratch.fp8_grad", Category::workspace, d.B * d.T * widest_n, eb, copies});
       const int64_t slots = plan.layers * kFp8Gemms * 3;
       if (gpu && l.fp8 == Fp8Recipe::blockwise) {
         // Block scaling keeps a float per tile beside the codes, in the
@@ -285,6 +294,16 @@ void fp8_buffer_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, 
         const int64_t rows = routed ? moe_expert_input_rows(m, l, d) * std::max(C, Fe) : 0;
         const int64_t shared_rows = shared ? d.B * d.T * (m.moe.shared_intermediate / l.tp) : 0;
         out.push_back({"scratch.moe_fp8_rows", Category::workspace, std::max(rows, shared_rows), eb, copies});
+      }
+      // Block scaling's weight gradients: the routed experts' two operands
+      // of one GEMM down the tokens (output gradient and input, C + Fe
+      // wide), the shared expert's SwiGLU output or gate's or up's output
+      // gradient (its C-wide operands go through scratch.fp8_input and
+      // fp8_grad, as a dense FFN's).
+      if (moe_fp8_wgrad_tiles(m, plan.lora, l)) {
+        const int64_t rows = routed ? moe_expert_input_rows(m, l, d) * (C + Fe) : 0;
+        const int64_t shared_rows = shared ? d.B * d.T * (m.moe.shared_intermediate / l.tp) : 0;
+        out.push_back({"scratch.moe_fp8_wgrad", Category::workspace, std::max(rows, shared_rows), eb, copies});
       }
     }
     // Delayed scaling on the CPU keeps, per block and operand (the dense

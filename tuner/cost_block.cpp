@@ -289,6 +289,13 @@ Part one_block_cost(const Model& x) {
     const double grad_casts = (e8 ? x.fp8_cast(received * C) + x.fp8_cast(2 * received * Fe) : 0.0) +
                               (s8 ? 2 * x.fp8_cast(M * C) + x.fp8_cast(2 * M * Fs0) : 0.0) +
                               (w8 > 0 && !x.c.device.has_fp8() ? x.fp8_cast(w8) : 0.0);
+    // Block scaling on the CPU quantises the weight gradients' operands
+    // again, down the tokens (memory::moe_fp8_wgrad_tiles; a GPU's block
+    // cast writes both tilings in one pass).
+    const double wgrad_casts =
+        x.l.fp8 == Fp8Recipe::blockwise && !x.c.device.has_fp8() && !x.run.lora.enabled()
+            ? (e8 ? x.fp8_cast(received * (2 * C + 3 * Fe)) : 0.0) + (s8 ? x.fp8_cast(M * (2 * C + 3 * Fs0)) : 0.0)
+            : 0.0;
     amax_fwd += amax * (2 * int(e8) + 2 * int(s8));
     amax_bwd += amax * (3 * int(e8) + 4 * int(s8));
     double pre = x.linear_fwd(Mr, E, C) + x.stream("moe_route", Mr, E) + x.stream("moe_permute", choices, C) +
@@ -300,7 +307,7 @@ Part one_block_cost(const Model& x) {
     double post = El * lin_fwd(e8, per_local, C, Fe) + etp_sum + back_trip +
                   x.stream("moe_unpermute", choices, C);
     double bwd = lin_bwd(false, Mr, E, C) + x.stream("moe_route_bwd", Mr, E) + x.stream("moe_permute", choices, C) +
-                 out_trip + back_trip + etp_sum + grad_casts +
+                 out_trip + back_trip + etp_sum + grad_casts + wgrad_casts +
                  El * (2 * lin_bwd(e8, per_local, Fe, C) + lin_bwd(e8, per_local, C, Fe)) +
                  x.stream("swiglu_bwd", received, Fe) + x.stream("moe_unpermute", choices, C);
     if (split_width > 0) {

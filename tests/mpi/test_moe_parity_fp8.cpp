@@ -251,5 +251,75 @@ TEST(MoeParity, Fp8UnderLoraOnTheExperts) {
                  same_counts);
 }
 
+// Block scaling in the MoE blocks, on models whose local widths stay
+// multiples of 128 under tp 2 and etp 2: Mixtral's form (C 256, experts of
+// 256, four heads and kv heads of 64) and Llama 4's FFN with its shared
+// expert (256 wide). Each tile's scale comes from the tile alone: 1 x 128
+// along a row for the forward and the input gradients, 128 x 128 blocks of
+// the weights, and for the weight gradients 128 x 1 down each run of an
+// expert's rows, the run one rank's micro-batch routed to it. So without
+// sp and cp, where a micro-batch's rows for an expert arrive as one run,
+// every layout quantises as one rank does: dp with ep, tp with the experts
+// whole or split (etp), pp with vpp, ZeRO-3, recomputation. (sp and cp
+// are refused by name: MoeStage.RefusesWhatItDoesNotComputeYet.) Bounds as
+// the other FP8 tests'. Under LoRA on every linear, the adapters read the
+// compute type and the base's operands are quantised once (no weight
+// gradients).
+constexpr const char* kMixtralBlocks = R"({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+  "vocab_size": 256, "hidden_size": 256, "intermediate_size": 256, "num_hidden_layers": 4,
+  "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 64, "rms_norm_eps": 1e-5,
+  "rope_theta": 10000.0, "tie_word_embeddings": false, "num_local_experts": 4, "num_experts_per_tok": 2,
+  "router_aux_loss_coef": 0.05})";
+constexpr const char* kLlama4FfnBlocks = R"({"architectures": ["Llama4ForCausalLM"], "model_type": "llama4_text",
+  "vocab_size": 256, "hidden_size": 256, "intermediate_size": 256, "intermediate_size_mlp": 512,
+  "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 64,
+  "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": false, "num_local_experts": 4,
+  "num_experts_per_tok": 1, "interleave_moe_layer_step": 2, "router_aux_loss_coef": 0.05,
+  "no_rope_layers": [1, 1, 1, 1], "attention_chunk_size": null, "use_qk_norm": false,
+  "attn_temperature_tuning": false, "rope_scaling": null})";
+
+TEST(MoeParity, Fp8BlockScalingOfTheExperts) {
+  for (const char* config : {kMixtralBlocks, kLlama4FfnBlocks}) {
+    for (const std::string lora : {"", "--lora 4 --lora-targets q,k,v,o,gate,up,down"}) {
+      Fixture f(false, config);
+      f.seq = 128;
+      f.steps = 3;
+      const auto plain = f.train("tp1-pp1-dp1-mb1", f.dir.path("plain"), lora);
+      const std::string ref_out = f.dir.path("ref");
+      const auto ref = f.train("tp1-pp1-dp1-mb1-fp8:blockwise", ref_out, lora);
+      ASSERT_EQ(ref.size(), 3u);
+      const std::vector<double> ref_aux = f.aux_losses;
+      const double off = max_rel(ref, plain);
+      EXPECT_GT(off, 1e-4) << "block scaling barely changed the losses";
+      EXPECT_LT(off, 0.02);
+      // The experts are quantised: one rank's step counts at least their
+      // rows' values (the input and SwiGLU output forward, the three output
+      // gradients, and without LoRA all five again down the tokens) and
+      // their weights' (forward and backward) in each MoE layer.
+      const int64_t rows = 128 * (config == kMixtralBlocks ? 2 : 1), C = 256, F = 256;
+      const int64_t moe_layers = config == kMixtralBlocks ? 4 : 2;
+      const int64_t per = (2 * rows * C + 3 * rows * F) * (lora.empty() ? 2 : 1) + 2 * 4 * 3 * F * C;
+      std::ifstream in(ref_out + "/metrics.jsonl");
+      int64_t records = 0;
+      for (std::string line; std::getline(in, line);) {
+        const auto j = nlohmann::json::parse(line);
+        if (j["kind"] != "train" || !j.contains("fp8")) continue;
+        EXPECT_GE(j["fp8"]["values"].get<int64_t>(), per * moe_layers * 8) << line;
+        ++records;
+      }
+      EXPECT_EQ(records, 3);
+      std::string table = fmt::format("{:<62} {:>5} {:>12} {:>14} {:>12}\n",
+                                      lora.empty() ? "layout" : "layout (LoRA on every linear)", "ranks",
+                                      "max rel dev", "worst mem dev", "aux rel dev");
+      table += fmt::format("{:<62} {:>5} {:>12.2e}\n", "(fp8:blockwise against fp32)", 1, off);
+      fp8_rows(f, ref, ref_aux,
+               {"tp1-pp1-dp2-ep2-mb1-zero1", "tp2-pp1-dp2-ep2-etp2-mb1-zero3", "tp2-pp1-dp1-mb1",
+                "tp1-pp2-dp2-ep2-mb1-vpp2-ckpt:ffn"},
+               "-fp8:blockwise", 1e-2, table, lora);
+      std::printf("%s", table.c_str());
+    }
+  }
+}
+
 }  // namespace
 }  // namespace weft::test

@@ -478,11 +478,16 @@ class LlamaStage {
   // (0 an input, 2 an output gradient) of the experts' GEMM `gemm` (0 gate,
   // 1 up, 2 down); it returns `out`.
   void moe_fp8_weights(const Block& b, Elem* out);
+  // Under fp8:blockwise a scale per tile within each run, 1 x 128 along a
+  // row, or (`over_tokens`, a weight gradient's operand) 128 x 1 down it.
   Elem* moe_fp8_rows(const Block& b, int gemm, const Elem* x, Elem* out, int64_t width,
-                     std::span<const ExpertRun> runs, bool etp_sp, int role);
+                     std::span<const ExpertRun> runs, bool etp_sp, int role, bool over_tokens = false);
   // scratch.moe_fp8_rows where a block quantising (`fp8`) does so into
-  // copies (memory::moe_fp8_row_copies), else null: quantised in place.
+  // copies (memory::moe_fp8_row_copies), else null: quantised in place; and
+  // scratch.moe_fp8_wgrad where the weight gradients quantise their
+  // operands again, down the tokens (memory::moe_fp8_wgrad_tiles), else null.
   Elem* moe_fp8_copies(bool fp8) const;
+  Elem* moe_fp8_wgrad_scratch(bool fp8) const;
   // Delayed scaling's state of one slot (fp8_scaling_): the dense GEMM g's
   // operand `role` in block b, or the model's expert e's GEMM `gemm`
   // (memory::fp8_delayed_slots_per_block); null without that state.

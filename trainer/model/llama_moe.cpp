@@ -80,14 +80,21 @@ void require_moe_layout(const ModelSpec& m, const RunSpec& run, const Layout& l,
   // LoRA on the experts: gate and up together, no dropout.
   lora_check_model(m, run.lora);
   std::vector<std::string> missing;
-  if (l.fp8 == Fp8Recipe::blockwise)
-    missing.push_back(fmt::format("with FP8 GEMMs under fp8:{} (FP8 MoE blocks take fp8:tensorwise or fp8:delayed)",
-                                  to_string(l.fp8)));
+  // Block scaling's weight gradients take tiles down each run of an
+  // expert's rows; under sp or cp a micro-batch's rows for an expert come
+  // in one run per tp or cp rank, which would cut other tiles than one rank.
+  if (l.fp8 == Fp8Recipe::blockwise && (l.sp || l.cp > 1))
+    missing.push_back(fmt::format("with FP8 GEMMs under fp8:blockwise with {} (a weight gradient's tiles down an "
+                                  "expert's tokens would move with the layout; use fp8:tensorwise or fp8:delayed "
+                                  "there, or blockwise without sp and cp)",
+                                  l.sp && l.cp > 1 ? fmt::format("sp and cp{}", l.cp)
+                                  : l.sp           ? std::string("sp")
+                                                   : fmt::format("cp{}", l.cp)));
   if (l.fp8 != Fp8Recipe::off && device.kind == DeviceKind::gpu)
     missing.push_back(fmt::format("with FP8 GEMMs (fp8:{}) on a GPU (the CPU trainer computes them)", to_string(l.fp8)));
   if (!missing.empty())
     throw InputError(fmt::format("weft cannot train the MoE model {} under layout {} yet: not {}; it trains on "
-                                 "the CPU (FP8 off, tensorwise or delayed) and the GPU (FP8 off), under tp (with or without sp), cp, pp, "
+                                 "the CPU (FP8 off, tensorwise, delayed, or blockwise without sp and cp) and the GPU (FP8 off), under tp (with or without sp), cp, pp, "
                                  "vpp, dp, ep, every ZeRO stage and checkpointing mode",
                                  m.name, l.to_string(), fmt::join(missing, ", nor ")));
 }
@@ -399,6 +406,10 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx)
   if (wq) moe_fp8_weights(b, wq);
   const Elem* experts_w = f8 ? wq : b.w_experts;
   Elem* copies = moe_fp8_copies(f8 || sf8);
+  // Block scaling: the weight gradients' operands quantised again, down the
+  // tokens, into their own scratch (null otherwise: they read the values
+  // the forward and the dgrads quantised in place).
+  Elem* wt = moe_fp8_wgrad_scratch(f8 || sf8);
   if (shared) {
     // Over all rows, its input gradient reduced over tp (to this rank's rows
     // under sp) before the routed experts' adds to them.
@@ -410,7 +421,20 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx)
     const Elem* dys = sf8 ? moe_fp8_shared_grad(b, dy_all) : dy_all;
     run(kernels::linear_dgrad_gemm(M_, Fs, C, dys, sf8 ? ws + 2 * Fs * C : b.w_sd, d_act), "gemm shared down dgrad");
     // (LoRA: the base's weights are frozen, without gradients.)
-    if (b.g_sd) run(kernels::linear_wgrad_gemm(M_, Fs, C, dys, b.sh_act, b.g_sd), "gemm shared down wgrad");
+    // Block scaling quantises both operands again, down the tokens: the
+    // output gradient into scratch.fp8_grad (its row-tiled copy is spent),
+    // the SwiGLU output into scratch.moe_fp8_wgrad.
+    const auto over_tokens = [&](Fp8Gemm g, int role, const Elem* v, int64_t width, Elem* into) -> const Elem* {
+      fp8_quantize(b, g, role, v, M_, width, true, into);
+      if (into == fp8_input_) fp8_input_of_ = nullptr;
+      if (into == fp8_grad_) fp8_grad_of_ = nullptr;
+      return into;
+    };
+    const bool tiles = sf8 && wt;
+    if (b.g_sd)
+      run(kernels::linear_wgrad_gemm(M_, Fs, C, tiles ? over_tokens(Fp8Gemm::down, 2, dy_all, C, fp8_grad_) : dys,
+                                     tiles ? over_tokens(Fp8Gemm::down, 0, b.sh_act, Fs, wt) : b.sh_act, b.g_sd),
+          "gemm shared down wgrad");
     lora_backward(b, Linear::down, dy_all, b.sh_act, d_act, Fs, C);
     run(kernels::SwigluBackwardParams<Elem>{.rows = M_, .F = Fs, .gate = b.sh_gate, .up = b.sh_up,
                                             .dact = d_act, .dgate = d_gate, .dup = d_up},
@@ -428,10 +452,17 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx)
     run(kernels::linear_dgrad_gemm(M_, C, Fs, quantised(Fp8Gemm::up, d_up), sf8 ? ws + Fs * C : b.w_su, dx,
                                    Write::accumulate),
         "gemm shared up dgrad");
-    WEFT_ASSERT(!copies || !(b.g_sg || b.g_su || b.g_sd));
-    const Elem* xs = sf8 && (b.g_sg || b.g_su) ? moe_fp8_shared_input(b, x_all) : x_all;
-    if (b.g_sg) run(kernels::linear_wgrad_gemm(M_, C, Fs, d_gate, xs, b.g_sg), "gemm shared gate wgrad");
-    if (b.g_su) run(kernels::linear_wgrad_gemm(M_, C, Fs, d_up, xs, b.g_su), "gemm shared up wgrad");
+    WEFT_ASSERT(!copies || wt || !(b.g_sg || b.g_su || b.g_sd));
+    const Elem* xs = !(sf8 && (b.g_sg || b.g_su)) ? x_all
+                     : tiles                       ? over_tokens(Fp8Gemm::gate, 0, x_all, C, fp8_input_)
+                                                   : moe_fp8_shared_input(b, x_all);
+    if (b.g_sg)
+      run(kernels::linear_wgrad_gemm(M_, C, Fs, tiles ? over_tokens(Fp8Gemm::gate, 2, d_gate, Fs, wt) : d_gate, xs,
+                                     b.g_sg),
+          "gemm shared gate wgrad");
+    if (b.g_su)
+      run(kernels::linear_wgrad_gemm(M_, C, Fs, tiles ? over_tokens(Fp8Gemm::up, 2, d_up, Fs, wt) : d_up, xs, b.g_su),
+          "gemm shared up wgrad");
     lora_backward(b, Linear::gate, d_gate, x_all, dx, C, Fs);
     lora_backward(b, Linear::up, d_up, x_all, dx, C, Fs);
     begin_reduce_rows(dx)->wait();
@@ -484,19 +515,29 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx)
   // FP8: each output gradient quantised just before its dgrad, in place
   // (the weight gradients read them too) or under LoRA on the FFN into
   // scratch.moe_fp8_rows (the base frozen, the adapters reading d_in,
-  // d_gate and d_up as they are).
-  WEFT_ASSERT(!copies || !b.g_experts);
+  // d_gate and d_up as they are). Block scaling quantises into that scratch
+  // too, and its weight gradients take both operands again, down the
+  // tokens of each run, two at a time in scratch.moe_fp8_wgrad (`wt`).
+  WEFT_ASSERT(!copies || !b.g_experts || wt);
   const auto quantised = [&](int gemm, Elem* d, int64_t width) {
     return f8 ? moe_fp8_rows(b, gemm, d, copies ? copies : d, width, segments, etp_sp, 2) : d;
   };
+  const bool tiles = f8 && wt && b.g_experts;
+  // The weight gradients' operands: the output gradient (C or Fe wide) at
+  // the scratch's start, the input after it.
+  const auto wgrad_operand = [&](int gemm, const Elem* v, int64_t width, int role, int64_t at) -> const Elem* {
+    return tiles ? moe_fp8_rows(b, gemm, v, wt + at, width, segments, etp_sp, role, true) : v;
+  };
   const Elem* dq = quantised(2, d_in, C);
+  const Elem* dy_w = wgrad_operand(2, d_in, C, 2, 0);
+  const Elem* act_w = wgrad_operand(2, b.moe_act, Fe, 0, rows_in * C);
   std::vector<kernels::GemmParams<Elem>> gemms;
   std::vector<kernels::WgradGemmParams<Elem, G>> wgrads;
   for (const ExpertRun& r : segments) {
     const Elem* wd = experts_w + r.expert * stride + 2 * Fe * C;
     gemms.push_back(kernels::linear_dgrad_gemm(r.rows, Fe, C, dq + r.offset * C, wd, d_act + r.offset * Fe));
     if (b.g_experts)
-      wgrads.push_back(kernels::linear_wgrad_gemm(r.rows, Fe, C, d_in + r.offset * C, b.moe_act + r.offset * Fe,
+      wgrads.push_back(kernels::linear_wgrad_gemm(r.rows, Fe, C, dy_w + r.offset * C, act_w + r.offset * Fe,
                                                   b.g_experts + r.expert * stride + 2 * Fe * C));
   }
   run(grouped(gemms), "gemm experts down dgrad");
@@ -520,13 +561,25 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx)
     const Elem* w = experts_w + r.expert * stride;
     const int64_t o = r.offset, n = r.rows;
     gemms.push_back(kernels::linear_dgrad_gemm(n, C, Fe, uq + o * Fe, w + Fe * C, d_in + o * C, Write::accumulate));
-    if (!b.g_experts) continue;
-    G* g = b.g_experts + r.expert * stride;
-    wgrads.push_back(kernels::linear_wgrad_gemm(n, C, Fe, d_gate + o * Fe, b.moe_in + o * C, g));
-    wgrads.push_back(kernels::linear_wgrad_gemm(n, C, Fe, d_up + o * Fe, b.moe_in + o * C, g + Fe * C));
   }
   run(grouped(gemms), "gemm experts up dgrad");
-  for (const auto& wave : waves(wgrads)) run(grouped(wave), "gemm experts gate up wgrad");
+  if (b.g_experts) {
+    // The gate's and the up's together; under block scaling the gate's
+    // first, whose output gradient's token tiles the up's then replace.
+    const Elem* in_w = wgrad_operand(0, b.moe_in, C, 0, rows_in * Fe);
+    for (int part = 0; part < 2; ++part) {
+      const Elem* dg = wgrad_operand(part, part == 0 ? d_gate : d_up, Fe, 2, 0);
+      for (const ExpertRun& r : segments) {
+        const int64_t o = r.offset, n = r.rows;
+        wgrads.push_back(kernels::linear_wgrad_gemm(n, C, Fe, dg + o * Fe, in_w + o * C,
+                                                    b.g_experts + r.expert * stride + part * Fe * C));
+      }
+      if (tiles || part == 1) {
+        for (const auto& wave : waves(wgrads)) run(grouped(wave), "gemm experts gate up wgrad");
+        wgrads.clear();
+      }
+    }
+  }
   if (b.lora_experts && params_.expert_gate_up) moe_lora_gate_up_backward(b, segments, d_gate, d_up, d_in);
   // An expert tp degree: the input gradient's parts from each tp rank's
   // part of the width, summed (under sp to each tp rank's own received rows).

@@ -57,12 +57,12 @@ void LlamaStage<Elem, G>::moe_fp8_weights(const Block& b, Elem* out) {
     const int64_t C = m_.hidden, El = e.experts / l_.ep, Fe = e.expert_intermediate / l_.etp;
     const int64_t Fs = e.shared_intermediate / l_.tp;
     const bool routed = memory::moe_fp8_experts(m_, l_), shared = memory::moe_fp8_shared(m_, l_);
-    // (pointer, elements, reduced over tp, delayed scaling's slot) of each
-    // weight, routed first: local expert i / 3's gate, up and down.
+    // (pointer, elements, rows, reduced over tp, delayed scaling's slot) of
+    // each weight, routed first: local expert i / 3's gate, up and down.
     struct Weight {
       const Elem* w;
       Elem* q;
-      int64_t n;
+      int64_t n, rows;
       bool tp;
       float* state;
     };
@@ -70,7 +70,7 @@ void LlamaStage<Elem, G>::moe_fp8_weights(const Block& b, Elem* out) {
     const int64_t first = groups_.ep_rank() * El;
     if (routed)
       for (int64_t i = 0; i < 3 * El; ++i)
-        ws.push_back({b.w_experts + i * Fe * C, out + i * Fe * C, Fe * C, l_.etp > 1,
+        ws.push_back({b.w_experts + i * Fe * C, out + i * Fe * C, Fe * C, i % 3 == 2 ? C : Fe, l_.etp > 1,
                       fp8_expert_state(b, first + i / 3, int(i % 3), 1)});
     if (shared) {
       Elem* q = out + (routed ? 3 * El * Fe * C : 0);
@@ -78,9 +78,21 @@ void LlamaStage<Elem, G>::moe_fp8_weights(const Block& b, Elem* out) {
       const std::array<std::pair<const Elem*, Fp8Gemm>, 3> parts{
           {{b.w_sg, Fp8Gemm::gate}, {b.w_su, Fp8Gemm::up}, {b.w_sd, Fp8Gemm::down}}};
       for (const auto& [w, g] : parts) {
-        ws.push_back({w, q, Fs * C, true, fp8_state(b, g, 1)});
+        ws.push_back({w, q, Fs * C, g == Fp8Gemm::down ? C : Fs, true, fp8_state(b, g, 1)});
         q += Fs * C;
       }
+    }
+    if (l_.fp8 == Fp8Recipe::blockwise) {
+      // A scale per 128 x 128 block, from the block alone: every block lies
+      // inside one rank's part (moe_fp8_experts: multiples of 128).
+      for (const Weight& w : ws) {
+        const kernels::Fp8Health h = kernels::fp8_qdq_tiles(w.w, w.q, w.rows, w.n / w.rows, kFp8BlockTile,
+                                                            kFp8BlockTile, kernels::Fp8Format::e4m3);
+        fp8_counts_.values += w.n;
+        fp8_counts_.overflow += h.overflow;
+        fp8_counts_.underflow += h.underflow;
+      }
+      return;
     }
     std::vector<float> amax(ws.size()), split(ws.size(), 0.0f);
     for (size_t i = 0; i < ws.size(); ++i) {
@@ -111,11 +123,26 @@ void LlamaStage<Elem, G>::moe_fp8_weights(const Block& b, Elem* out) {
 
 template <typename Elem, typename G>
 Elem* LlamaStage<Elem, G>::moe_fp8_rows(const Block& b, int gemm, const Elem* x, Elem* out, int64_t width,
-                                        std::span<const ExpertRun> runs, bool etp_sp, int role) {
+                                        std::span<const ExpertRun> runs, bool etp_sp, int role, bool over_tokens) {
   if constexpr (!std::is_same_v<Elem, float>) {
-    (void)b, (void)gemm, (void)x, (void)out, (void)width, (void)runs, (void)etp_sp, (void)role;
+    (void)b, (void)gemm, (void)x, (void)out, (void)width, (void)runs, (void)etp_sp, (void)role, (void)over_tokens;
     throw InternalError("FP8 MoE blocks outside the CPU trainer");
   } else {
+    if (l_.fp8 == Fp8Recipe::blockwise) {
+      // A scale per tile, from the tile alone, within each run: 1 x 128
+      // along a row, or for a weight gradient 128 x 1 down the run's rows.
+      const int64_t tile_rows = over_tokens ? kFp8BlockTile : 1, tile_cols = over_tokens ? 1 : kFp8BlockTile;
+      for (const ExpertRun& r : runs) {
+        const int64_t o = r.offset * width;
+        const kernels::Fp8Health h =
+            kernels::fp8_qdq_tiles(x + o, out + o, r.rows, width, tile_rows, tile_cols, kernels::Fp8Format::e4m3);
+        fp8_counts_.values += r.rows * width;
+        fp8_counts_.overflow += h.overflow;
+        fp8_counts_.underflow += h.underflow;
+      }
+      return out;
+    }
+    WEFT_ASSERT(!over_tokens);
     const int64_t E = m_.moe.experts, first = groups_.ep_rank() * (E / l_.ep);
     const kernels::Fp8Format f = format_of(role);
     if (fp8_scaling_) {
@@ -177,6 +204,11 @@ Elem* LlamaStage<Elem, G>::moe_fp8_copies(bool fp8) const {
 }
 
 template <typename Elem, typename G>
+Elem* LlamaStage<Elem, G>::moe_fp8_wgrad_scratch(bool fp8) const {
+  return fp8 && memory::moe_fp8_wgrad_tiles(m_, run_.lora, l_) ? table_->get<Elem>("scratch.moe_fp8_wgrad") : nullptr;
+}
+
+template <typename Elem, typename G>
 const Elem* LlamaStage<Elem, G>::moe_fp8_shared_input(const Block& b, const Elem* x) {
   fp8_quantize(b, memory::Fp8Gemm::gate, 0, x, M_, m_.hidden, false, fp8_input_);
   fp8_input_of_ = nullptr;  // not a dense GEMM's input
@@ -192,7 +224,8 @@ const Elem* LlamaStage<Elem, G>::moe_fp8_shared_grad(const Block& b, const Elem*
 
 #define WEFT_LLAMA_MOE_FP8(E, G)                                         \
   template void LlamaStage<E, G>::moe_fp8_weights(const Block&, E*); \
-  template E* LlamaStage<E, G>::moe_fp8_rows(const Block&, int, const E*, E*, int64_t, std::span<const ExpertRun>, bool, int); \
+  template E* LlamaStage<E, G>::moe_fp8_rows(const Block&, int, const E*, E*, int64_t, std::span<const ExpertRun>, bool, int, bool); \
+  template E* LlamaStage<E, G>::moe_fp8_wgrad_scratch(bool) const;                                \
   template E* LlamaStage<E, G>::moe_fp8_copies(bool) const;                                      \
   template const E* LlamaStage<E, G>::moe_fp8_shared_input(const Block&, const E*);              \
   template const E* LlamaStage<E, G>::moe_fp8_shared_grad(const Block&, const E*);

@@ -371,6 +371,43 @@ TEST(MoeStage, Fp8UnderLoraTheAdaptersReadTheComputeType) {
       }
 }
 
+// Block scaling in the MoE blocks (C, the experts' and the shared expert's
+// widths multiples of 128): the arena equals the memory model, the rows'
+// two scratches included (along the rows, and down the tokens for the
+// weight gradients; the second not under LoRA, whose base has none), and
+// the experts are quantised: the losses move off fp32's, and every step
+// counts at least their rows' and weights' values.
+TEST(MoeStage, Fp8BlockScalingArenaEqualsTheMemoryModel) {
+  for (const char* family : {"mixtral", "llama4"})
+    for (const bool lora : {false, true}) {
+      ModelSpec m = moe_model(family, 2);
+      m.hidden = 128;
+      m.heads = 2;
+      m.kv_heads = 2;
+      m.head_dim = 64;
+      m.intermediate = 128;
+      m.moe.expert_intermediate = 128;
+      if (m.moe.shared_intermediate > 0) m.moe.shared_intermediate = 128;
+      m.validate();
+      RunSpec run{16, 2, Precision::fp32};
+      if (lora) run.lora = {.rank = 4, .alpha = 8, .dropout = 0, .targets = LoraSpec::kAllTargets};
+      const Layout l = Layout::parse("mb1-fp8:blockwise");
+      ASSERT_TRUE(memory::moe_fp8_experts(m, l));
+      const std::string what = fmt::format("{} LoRA {}", family, lora);
+      Harness<float> h(m, run, l, 3);
+      Harness<float> off(m, run, Layout::parse("mb1"), 3);
+      const Batch b = random_batch(2 * 16, m.vocab, 4);
+      const double loss = h.step(b, 2), plain = off.step(b, 2);
+      EXPECT_GT(std::fabs(loss - plain), 1e-6 * std::fabs(plain)) << what;
+      EXPECT_LT(std::fabs(loss - plain), 0.02 * std::fabs(plain)) << what;
+      const auto e = memory::estimate(m, run, l, cpu(), memory::MemoryOptions{});
+      for (auto c : memory::kAllCategories)
+        EXPECT_EQ(h.arena.peak(c), e.stages[0].bytes[size_t(c)]) << what << " " << memory::to_string(c);
+      EXPECT_TRUE(h.stage.tensors().has("scratch.moe_fp8_rows")) << what;
+      EXPECT_EQ(h.stage.tensors().has("scratch.moe_fp8_wgrad"), !lora) << what;
+    }
+}
+
 // A capacity: each expert keeps the first ceil(f x rows x k / E) choices of a
 // micro-batch in token order, the rest drop (position -1) and are counted;
 // the gradients are the capped objective's (finite differences, with the
@@ -548,12 +585,15 @@ TEST(MoeStage, RefusesWhatItDoesNotComputeYet) {
   const DeviceSpec d = cpu();
   EXPECT_NO_THROW(require_moe_layout(m, run, Layout::parse("dp2-zero3-ckpt:full"), d));
   EXPECT_NO_THROW(require_moe_layout(m, run, Layout::parse("tp2-sp-cp2"), d));
-  // FP8 in the MoE blocks: tensorwise and delayed on the CPU trainer;
-  // block scaling and a GPU refused by name.
+  // FP8 in the MoE blocks: tensorwise and delayed on the CPU trainer, block
+  // scaling without sp and cp; a GPU refused by name.
   EXPECT_NO_THROW(require_moe_layout(m, run, Layout::parse("tp2-sp-dp2-ep2-fp8:tensorwise"), d));
   EXPECT_NO_THROW(require_moe_layout(m, run, Layout::parse("tp2-sp-dp2-ep2-etp2-fp8:delayed"), d));
-  WEFT_EXPECT_THROW_MSG(require_moe_layout(m, run, Layout::parse("fp8:blockwise"), d), InputError, "fp8:blockwise",
-                        "FP8 MoE blocks take fp8:tensorwise or fp8:delayed");
+  EXPECT_NO_THROW(require_moe_layout(m, run, Layout::parse("tp2-dp2-ep2-etp2-fp8:blockwise"), d));
+  WEFT_EXPECT_THROW_MSG(require_moe_layout(m, run, Layout::parse("tp2-sp-fp8:blockwise"), d), InputError,
+                        "fp8:blockwise with sp", "blockwise without sp and cp");
+  WEFT_EXPECT_THROW_MSG(require_moe_layout(m, run, Layout::parse("cp2-fp8:blockwise"), d), InputError,
+                        "fp8:blockwise with cp2");
   WEFT_EXPECT_THROW_MSG(require_moe_layout(m, run, Layout::parse("fp8:tensorwise"), device_preset("h100")),
                         InputError, "on a GPU");
   EXPECT_NO_THROW(require_moe_layout(m, run, Layout::parse("pp2-vpp2"), d));  // the global loss's statistics travel
@@ -607,7 +647,7 @@ TEST(MoeStage, RefusesWhatItDoesNotComputeYet) {
                              trainer::Trainable::anywhere);
     ADD_FAILURE() << "FP8 MoE blocks on a GPU are not trained yet";
   } catch (const LayoutError& e) {
-    EXPECT_NE(std::string(e.what()).find("computed by the CPU trainer under fp8:tensorwise and fp8:delayed only yet, "
+    EXPECT_NE(std::string(e.what()).find("computed by the CPU trainer only yet, fp8:blockwise without sp and cp, "
                                          "not on a GPU"),
               std::string::npos)
         << e.what();
@@ -618,7 +658,12 @@ TEST(MoeStage, RefusesWhatItDoesNotComputeYet) {
                                            trainer::Trainable::here));
   WEFT_EXPECT_THROW_MSG(trainer::check_trainable(m, Layout::parse("tp2-dp4-sp-fp8:blockwise"), DeviceKind::cpu,
                                                  trainer::Trainable::here),
-                        LayoutError, "use fp8:off, fp8:tensorwise or fp8:delayed");
+                        LayoutError, "fp8:blockwise without sp and cp", "use fp8:off, fp8:tensorwise or fp8:delayed");
+  WEFT_EXPECT_THROW_MSG(trainer::check_trainable(m, Layout::parse("cp2-dp2-fp8:blockwise"), DeviceKind::cpu,
+                                                 trainer::Trainable::here),
+                        LayoutError, "fp8:blockwise without sp and cp");
+  EXPECT_NO_THROW(trainer::check_trainable(m, Layout::parse("tp2-dp2-ep2-etp2-pp2-fp8:blockwise"), DeviceKind::cpu,
+                                           trainer::Trainable::here));
   lora.lora.targets = LoraSpec::kAllTargets;
   EXPECT_NO_THROW(lora_check_model(m, lora.lora));
   lora.lora.rank = 28;  // within the experts' gate_up (48 x 32), past their down (32 x 24)
