@@ -153,46 +153,6 @@ TEST(MoeParity, LoraOnTheAttention) {
                          "--lora 4 --lora-targets q,k,v,o");
 }
 
-// The gradient of every tensor, router included: after one step Adam's
-// first moment is (1 - beta1) times the (clipped) gradient, so the
-// checkpoints' exp_avg tensors compare the gradients tensor by tensor.
-// Returns the worst ||a - b|| / ||b|| over the tensors, and fails the test
-// where one passes `tol`.
-// (zeros_ok: LoRA's A, whose gradient is zero while B is at its zero start,
-// must then be zero on both sides.)
-double worst_gradient(const std::string& ckpt, const std::string& ref_ckpt, const std::string& layout, double tol,
-                      bool zeros_ok = false) {
-  const auto a = checkpoint::load_checkpoint(ckpt), b = checkpoint::load_checkpoint(ref_ckpt);
-  double worst = 0;
-  int64_t tensors = 0;
-  for (const auto& p : checkpoint::checkpoint_param_table(b.manifest)) {  // under LoRA the adapters
-    const std::string name = checkpoint::optim_state_name(checkpoint::OptimState::exp_avg, p.name);
-    const auto& x = a.optimizer.at(name);
-    const auto& y = b.optimizer.at(name);
-    const int64_t rows = p.shape[0], cols = p.shape.size() > 1 ? p.shape[1] : 1;
-    std::vector<float> u(size_t(rows * cols)), v(u.size());
-    checkpoint::tensor_read_f32_block(x, 0, rows, 0, cols, u.data());
-    checkpoint::tensor_read_f32_block(y, 0, rows, 0, cols, v.data());
-    double diff = 0, norm = 0;
-    for (size_t i = 0; i < u.size(); ++i) {
-      diff += (double(u[i]) - v[i]) * (double(u[i]) - v[i]);
-      norm += double(v[i]) * v[i];
-    }
-    if (zeros_ok && norm == 0) {
-      EXPECT_EQ(diff, 0) << layout << " " << p.name;
-      EXPECT_NE(p.name.find(".lora_A."), std::string::npos) << layout << " " << p.name;
-      continue;
-    }
-    EXPECT_GT(norm, 0) << layout << " " << p.name << ": a gradient of zeros compares nothing";
-    const double rel = std::sqrt(diff / norm);
-    EXPECT_LE(rel, tol) << layout << " " << p.name;
-    worst = std::max(worst, rel);
-    ++tensors;
-  }
-  EXPECT_GT(tensors, 0);
-  return worst;
-}
-
 // One step of `config` on one rank, then under each of `layouts`: every
 // tensor's gradient against the one rank's, printed (`extra`: more training
 // arguments; zeros_ok as worst_gradient's).
