@@ -173,6 +173,8 @@ Dims dims(const ModelSpec& m, const RunSpec& run, const Layout& l) {
 
 }  // namespace detail
 
+void check_sizes(const ModelSpec& m, const RunSpec& run, const Layout& l) { check_representable(m, run, l); }
+
 StagePlan stage_plan(const ModelSpec& m, const RunSpec& run, const Layout& l, int64_t stage) {
   StagePlan p;
   p.stage = stage;

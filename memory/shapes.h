@@ -245,6 +245,12 @@ inline int64_t fp8_scaling_elements(int64_t slots, int64_t history) {
 // the compute-type scratch instead.
 bool fp8_saved_name(const char* name);
 
+// Refuses (InputError) a layout whose tensors a 64-bit count cannot hold:
+// what stage_shapes checks first, on its own (the search asks it of every
+// shape before bounding its step, and builds tables only for the shapes it
+// visits).
+void check_sizes(const ModelSpec& m, const RunSpec& run, const Layout& l);
+
 // The whole table for one rank of `stage`, counts filled in.
 std::vector<TensorShape> stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l,
                                       const DeviceSpec& device, const StagePlan& plan);

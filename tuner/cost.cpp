@@ -149,7 +149,60 @@ struct ShardingTerms {
   double reduce = 0, gather = 0, floor = 0, window_bwd = 0, window_t = 0;
 };
 
-ShardingTerms sharding_terms(const Model& x, double mbs) {
+// The parameters sharding_terms reduces and shards, which no ZeRO stage or
+// gradient type changes (step_bounds takes them once per shape): the most
+// any stage compared holds, its routed experts' part, and the first stage's.
+struct StageParams {
+  double psi = 0, experts = 0, first = 0;
+};
+
+StageParams stage_params_of(const Model& x) {
+  const ModelSpec& m = x.m;
+  const Layout& l = x.l;
+  const double C = double(m.hidden), Vl = double(m.padded_vocab(l.tp)) / double(l.tp);
+  const bool lora = x.run.lora.enabled();
+  // Data parallelism over the larger of the first and last stage's params:
+  // gradients sum, and ZeRO shards, over the dp x cp ranks (each cp rank saw
+  // its part of every sequence).
+  // Under LoRA only the adapters have gradients and optimizer state, and
+  // only they are reduced and sharded.
+  // An MoE model's share of MoE layers (counted once: every candidate
+  // comes here).
+  const double moe_share = m.moe.enabled() ? double(m.moe_layers()) / double(m.layers) : 0.0;
+  const double dense_block = lora ? double(memory::lora_block_elements(m, l, x.run.lora, false))
+                                  : double(memory::dense_block_param_elements(m, l));
+  const double moe_block = !m.moe.enabled() ? 0.0
+                           : lora           ? double(memory::lora_block_elements(m, l, x.run.lora, true))
+                                            : double(memory::moe_block_param_elements(m, l));
+  const double expert_block = m.moe.enabled() ? double(memory::moe_block_expert_elements(m, l, x.run.lora)) : 0.0;
+  const auto stage_params = [&](int64_t stage, double layers) {
+    const bool emb = stage == 0, head = stage == l.pp - 1;
+    // An MoE model's blocks: its MoE layers' share of the stage's at the
+    // MoE block's size (the router, this ep rank's experts, the shared
+    // expert's tp part; under LoRA their adapters), the rest dense.
+    const double moe = layers * moe_share;
+    double n = (layers - moe) * dense_block + moe * moe_block;
+    if (lora) return n;
+    if (emb) n += Vl * C;
+    if (head) n += C + (m.tied_embeddings && emb ? 0 : Vl * C);
+    return n;
+  };
+  // The routed experts' part of them (this ep rank's; under LoRA their
+  // adapters), which under expert parallelism sums over the expert
+  // data-parallel group alone.
+  const auto stage_experts = [&](double layers) { return layers * moe_share * expert_block; };
+  // (An uneven split's middle stage may hold more.)
+  const int64_t mid = middle_stage(m, l);
+  const double first = double(l.stage_layers(m, 0)), last = double(l.stage_layers(m, l.pp - 1));
+  const double middle = mid > 0 ? double(l.stage_layers(m, mid)) : 0.0;
+  StageParams p;
+  p.first = stage_params(0, first);
+  p.psi = std::max({p.first, stage_params(l.pp - 1, last), mid > 0 ? stage_params(mid, middle) : 0.0});
+  p.experts = std::max({stage_experts(first), stage_experts(last), mid > 0 ? stage_experts(middle) : 0.0});
+  return p;
+}
+
+ShardingTerms sharding_terms(const Model& x, double mbs, const StageParams& params) {
   const ModelSpec& m = x.m;
   const Layout& l = x.l;
   const double C = double(m.hidden), Vl = double(m.padded_vocab(l.tp)) / double(l.tp);
@@ -165,44 +218,7 @@ ShardingTerms sharding_terms(const Model& x, double mbs) {
     s.tied_p2p = 2 * x.p2p(table);
     if (l.zero >= 1 && l.shard_ways() > 1) s.tied_p2p += all_gather(table, x.zero_group());
   }
-
-  // Data parallelism over the larger of the first and last stage's params:
-  // gradients sum, and ZeRO shards, over the dp x cp ranks (each cp rank saw
-  // its part of every sequence).
-  // Under LoRA only the adapters have gradients and optimizer state, and
-  // only they are reduced and sharded.
-  // An MoE model's share of MoE layers (counted once: every candidate
-  // comes here).
-  const double moe_share = m.moe.enabled() ? double(m.moe_layers()) / double(m.layers) : 0.0;
-  const auto stage_params = [&](int64_t stage) {
-    const bool emb = stage == 0, head = stage == l.pp - 1;
-    const int64_t layers = l.stage_layers(m, stage);
-    // An MoE model's blocks: its MoE layers' share of the stage's at the
-    // MoE block's size (the router, this ep rank's experts, the shared
-    // expert's tp part; under LoRA their adapters), the rest dense.
-    const double moe = double(layers) * moe_share;
-    if (lora)
-      return (double(layers) - moe) * double(memory::lora_block_elements(m, l, x.run.lora, false)) +
-             moe * double(memory::lora_block_elements(m, l, x.run.lora, true));
-    double n = (double(layers) - moe) * double(memory::dense_block_param_elements(m, l)) +
-               moe * double(memory::moe_block_param_elements(m, l));
-    if (emb) n += Vl * C;
-    if (head) n += C + (m.tied_embeddings && emb ? 0 : Vl * C);
-    return n;
-  };
-  // The routed experts' part of them (this ep rank's; under LoRA their
-  // adapters), which under expert parallelism sums over the expert
-  // data-parallel group alone.
-  const auto stage_experts = [&](int64_t stage) {
-    if (!m.moe.enabled()) return 0.0;
-    const double moe = double(l.stage_layers(m, stage)) * moe_share;
-    return moe * double(memory::moe_block_expert_elements(m, l, x.run.lora));
-  };
-  // (An uneven split's middle stage may hold more.)
-  const int64_t mid = middle_stage(m, l);
-  const double psi = std::max({stage_params(0), stage_params(l.pp - 1), mid > 0 ? stage_params(mid) : 0.0});
-  const double experts =
-      std::max({stage_experts(0), stage_experts(l.pp - 1), mid > 0 ? stage_experts(mid) : 0.0});
+  const double psi = params.psi, experts = params.experts;
   const Group dg = x.shard_group(), zg = x.zero_group();
   const double grad_bytes = double(l.grad_bytes()) * psi, param_bytes = x.a * psi;
   double reduce = 0, gather = 0, window_bwd = 0, window_t = 0;
@@ -260,7 +276,7 @@ ShardingTerms sharding_terms(const Model& x, double mbs) {
     // gradient is final only at the very end of the first stage's backward.
     // (Under LoRA a block's adapters.)
     const double tail = lora ? 1.0 / double(std::max<int64_t>(1, l.stage_layers(m, 0)))
-                             : std::min(1.0, Vl * C / stage_params(0));
+                             : std::min(1.0, Vl * C / params.first);
     terms.sharded = true;
     terms.reduce = reduce;
     terms.gather = gather;
@@ -294,7 +310,7 @@ Sharding with_window(const ShardingTerms& terms, const CostConstants& k, double 
 }
 
 Sharding sharding_cost(const Model& x, double mbs, double bwd_mb, double t_mb) {
-  return with_window(sharding_terms(x, mbs), x.k, bwd_mb, t_mb);
+  return with_window(sharding_terms(x, mbs, stage_params_of(x)), x.k, bwd_mb, t_mb);
 }
 
 // The FP8 copies of the weights, which no ZeRO stage or gradient type
@@ -451,9 +467,23 @@ StepBounds step_bounds(const ModelSpec& m, const RunSpec& run, const Layout& sha
   const double tp_share = std::max(0.0, 1.0 - k.tp_overlap * (1.0 - k.overlap_cost));
   const bool shared_cores = cluster.device.measured && cluster.device.measured->shared_cores;
   b.kernels.assign(ckpts.size() * attentions.size() * norms.size(), 0.0);
+  // The layers each checkpointing choice redoes on the stage that redoes
+  // fewest of those compared (the split's, not the kernels').
+  const int64_t mid = middle_stage(m, shape);
+  std::vector<double> redone_layers(ckpts.size());
+  {
+    Layout lc = shape;
+    for (size_t c = 0; c < ckpts.size(); ++c) {
+      lc.ckpt = ckpts[c].first;
+      lc.ckpt_layers = ckpts[c].second;
+      redone_layers[c] =
+          double(std::min({lc.checkpointed_layers(m, 0), lc.checkpointed_layers(m, shape.pp - 1),
+                           mid > 0 ? lc.checkpointed_layers(m, mid) : lc.checkpointed_layers(m, 0)}));
+    }
+  }
+  Layout l = shape;  // (one copy, its knobs set in turn: a Layout's split allocates)
   for (size_t a = 0; a < attentions.size(); ++a)
     for (size_t n = 0; n < norms.size(); ++n) {
-      Layout l = shape;
       l.attention = attentions[a];
       l.norm = norms[n];
       const Model x = model_of(m, run, l, cluster, k);
@@ -463,21 +493,15 @@ StepBounds step_bounds(const ModelSpec& m, const RunSpec& run, const Layout& sha
       const auto [first, last] = stage_costs(x, keep, keep, first_n, last_n);
       // Under an uneven split the slowest stage may be a middle one: each
       // least below takes it in too.
-      const int64_t mid = middle_stage(m, l);
       StageLayers mid_n = mid > 0 ? stage_layers_of(m, l, mid) : first_n;
       mid_n.n_ckpt = 0;
       const StageCost between = mid > 0 ? middle_cost(keep.mid, keep.mid, mid_n) : first;
       const double hops = pp_hops(x, mbs);
       for (size_t c = 0; c < ckpts.size(); ++c) {
-        Layout lc = l;
-        lc.ckpt = ckpts[c].first;
-        lc.ckpt_layers = ckpts[c].second;
-        const double n_ckpt =
-            double(std::min({lc.checkpointed_layers(m, 0), lc.checkpointed_layers(m, l.pp - 1),
-                             mid > 0 ? lc.checkpointed_layers(m, mid) : lc.checkpointed_layers(m, 0)}));
+        const double n_ckpt = redone_layers[c];
         // The first and last stage's blocks differ under FP8 (fp8@N): the
         // lesser of each redone part bounds the slower stage's.
-        const Blocks rb = with_recompute(keep, lc.ckpt);
+        const Blocks rb = with_recompute(keep, ckpts[c].first);
         const auto least = [&](double Part::*f) { return std::min({rb.first.*f, rb.last.*f, rb.mid.*f}); };
         const auto redone = [](const Part& p) { return p.recompute + p.recompute_tp + p.recompute_cp; };
         const double redo = n_ckpt * std::min(redone(rb.first), redone(rb.last));
@@ -497,16 +521,17 @@ StepBounds step_bounds(const ModelSpec& m, const RunSpec& run, const Layout& sha
     }
   b.sharding.assign(zeros.size() * grads.size(), 0.0);
   const Sharding casts = fp8_weight_casts(model_of(m, run, shape, cluster, k));  // the same for each
+  const StageParams params = stage_params_of(model_of(m, run, shape, cluster, k));  // and these
+  l = shape;
   for (size_t z = 0; z < zeros.size(); ++z)
     for (size_t g = 0; g < grads.size(); ++g) {
-      Layout l = shape;
       zeros[z].apply(l);
       l.grad = grads[g];
       const Model x = model_of(m, run, l, cluster, k);
       // A window past any backward (and finite: no ZeRO stage's window times
       // a dp_overlap of 0 may make a NaN).
       constexpr double unbounded = 1e200;
-      const ShardingTerms terms = sharding_terms(x, mbs);
+      const ShardingTerms terms = sharding_terms(x, mbs, params);
       const Sharding hidden = with_window(terms, k, unbounded, unbounded), bare = with_window(terms, k, 0, 0);
       b.sharding[z * grads.size() + g] = std::min(hidden.dp_comm, bare.dp_comm) + casts.dp_comm +
                                          hidden.optimizer + casts.optimizer + hidden.tied_p2p;

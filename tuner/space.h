@@ -210,13 +210,14 @@ struct SpaceContext {
 //   a2a's heads, L % (pp*vpp), ...) are asked of a few of its layouts, and
 //   every layout is counted under the first rule it breaks without being
 //   built;
-// - a shape whose memory lower bound is above the usable memory is out of
-//   memory whatever its other knobs;
 // - shapes are visited in the order of their step lower bound (cost.h's
 //   step_bounds); once `top` layouts fit, a shape or a layout whose bound
 //   lies past the last of them and past the tie window of the fastest
 //   cannot reach the rows, nor can a layout whose memory bound
-//   (space_bounds.h) exceeds the usable memory.
+//   (space_bounds.h) exceeds the usable memory;
+// - a shape that comes up for its visit and whose memory lower bound is
+//   above the usable memory is out of memory whatever its other knobs (the
+//   shapes the step bounds rule out first are counted under them).
 // `evaluated` counts the whole space, `visited` the layouts predicted;
 // "bound: ..." and "oom: memory lower bound" in `pruned` count what the
 // bounds ruled out. When nothing fits, the layout nearest to fitting

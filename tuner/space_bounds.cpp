@@ -100,7 +100,7 @@ MemoryBounds::MemoryBounds(const SpaceContext& ctx, const Subspace& s) : ctx_(ct
 
 int64_t MemoryBounds::of(const Member& x) {
   int64_t bound = 0;
-  for (int k = 0; k < 2; ++k) {
+  for (int k = 0; k < (s_.shape.pp > 1 ? 2 : 1); ++k) {  // at pp 1 one stage, the first and the last
     int64_t& rest = rest_[k][(x.c * s_.attentions.size() + x.a) * s_.norms.size() + x.n];
     if (rest < 0) rest = part(k, x, false);
     int64_t& params = params_[k][x.z * s_.grads.size() + x.g];

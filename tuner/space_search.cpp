@@ -8,15 +8,19 @@
 //    tells the first rule every layout of the shape with that kind breaks,
 //    and one per checkpointing, ZeRO and gradient choice the rule each
 //    breaks on a valid shape: every layout's class without building it.
-// 2. a memory lower bound per shape (below): a shape above the usable
-//    memory is out of memory whatever its other knobs.
-// 3. step bounds (cost.h's step_bounds): shapes are visited in the order
+// 2. step bounds (cost.h's step_bounds): shapes are visited in the order
 //    of their least bound, their layouts predicted as evaluate() does; once
 //    `top` layouts fit, a shape whose bound lies past the last of them and
 //    past the tie window of the fastest cannot reach the rows, nor can any
 //    after it. Inside a visited shape a layout whose own step bound lies
 //    past them, or whose memory bound (space_bounds.h) past the usable
 //    memory, is counted under that bound without being predicted.
+// 3. a memory lower bound per shape (below), taken as the shape comes up
+//    for its visit: a shape above the usable memory is out of memory
+//    whatever its other knobs, and is not visited. It builds the stage's
+//    tensor table for each attention kind and norm, dearer than the step
+//    bounds, so the shapes the step bounds rule out never take it (on 64
+//    GPUs, 3 to 15 thousand of 100 to 120 thousand shapes do).
 // Every bound only drops time or bytes from what predict() and
 // memory::estimate() would say, so no layout of the rows is ruled out:
 // the rows are evaluate()'s (tests/unit/test_space.cpp holds them equal,
@@ -30,6 +34,7 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <unordered_set>
 
 #include <fmt/format.h>
 #include <omp.h>
@@ -47,21 +52,34 @@ namespace {
 constexpr const char* kMemoryBound = "oom: memory lower bound";
 constexpr const char* kStepBound = "bound: step lower bound past the listed layouts";
 
-// The first rule each layout of a subspace breaks, from a handful of layouts.
+// The rule texts of one thread's subspaces, each held once: a space of
+// a hundred thousand shapes breaks a few hundred distinct rules, and a copy
+// of each per shape and knob came to millions of allocations and a few
+// hundred MB.
+class RulePool {
+ public:
+  const std::string* intern(std::string text) { return &*texts_.insert(std::move(text)).first; }
+
+ private:
+  std::unordered_set<std::string> texts_;  // (nodes: the pointers stay valid)
+};
+
+// The first rule each layout of a subspace breaks, from a handful of layouts
+// (texts in a RulePool; an empty text: none).
 struct Rules {
-  std::vector<std::string> shape;      // per attention kind: the shape's first broken rule, or empty
-  std::vector<std::string> ckpt;       // per checkpointing choice, on a valid shape
-  std::vector<std::string> zero;       // per ZeRO stage
-  std::vector<std::string> grad;       // per gradient precision
-  std::vector<std::string> attention;  // per attention kind: cudnn on a CPU
+  std::vector<const std::string*> shape;      // per attention kind: the shape's first broken rule
+  std::vector<const std::string*> ckpt;       // per checkpointing choice, on a valid shape
+  std::vector<const std::string*> zero;       // per ZeRO stage
+  std::vector<const std::string*> grad;       // per gradient precision
+  std::vector<const std::string*> attention;  // per attention kind: cudnn on a CPU
   std::vector<size_t> valid_attentions;
 
   // The first rule layout (c, a, z, g) of the subspace breaks; empty when none.
   const std::string& of(size_t c, size_t a, size_t z, size_t g) const {
-    if (!shape[a].empty()) return shape[a];
-    for (const std::string* r : {&ckpt[c], &zero[z], &grad[g], &attention[a]})
+    if (!shape[a]->empty()) return *shape[a];
+    for (const std::string* r : {ckpt[c], zero[z], grad[g], attention[a]})
       if (!r->empty()) return *r;
-    return shape[a];
+    return *shape[a];
   }
 };
 
@@ -76,7 +94,7 @@ std::string first_violation(const SpaceContext& ctx, const Layout& l) {
 // search_one): at fp8@0 Layout::violations has no rule of FP8's own, so FP8
 // adds two that hold for the whole shape, FP8 on the device (first) and no
 // GEMM left in FP8 (last), and otherwise breaks what the twin breaks.
-Rules twin_rules(const SpaceContext& ctx, const Subspace& s, const Rules& bf16) {
+Rules twin_rules(const SpaceContext& ctx, const Subspace& s, const Rules& bf16, RulePool& pool) {
   Layout l = s.shape;
   l.attention = s.attentions.front();
   const std::string device = fp8_on_device(l, ctx.cluster.device);
@@ -84,39 +102,41 @@ Rules twin_rules(const SpaceContext& ctx, const Subspace& s, const Rules& bf16) 
   if (device.empty() && none.empty()) return bf16;
   Rules r;
   r.attention = bf16.attention;
-  for (const std::string& rule : bf16.shape) r.shape.push_back(!device.empty() ? device : rule.empty() ? none : rule);
+  const std::string* whole = pool.intern(!device.empty() ? device : none);
+  for (const std::string* rule : bf16.shape) r.shape.push_back(!device.empty() || rule->empty() ? whole : rule);
   return r;  // (no attention valid: the knobs' rules are not read)
 }
 
-Rules rules_of(const SpaceContext& ctx, const Subspace& s) {
+Rules rules_of(const SpaceContext& ctx, const Subspace& s, RulePool& pool) {
   Rules r;
+  const std::string* none = pool.intern(std::string());
+  Layout l = s.shape;  // one copy, its knobs set in turn (a Layout's split allocates)
   for (AttentionKind a : s.attentions) {
-    Layout l = s.shape;
     l.attention = a;
-    r.shape.push_back(first_violation(ctx, l));
-    if (r.shape.back().empty()) r.valid_attentions.push_back(r.shape.size() - 1);
+    r.shape.push_back(pool.intern(first_violation(ctx, l)));
+    if (r.shape.back()->empty()) r.valid_attentions.push_back(r.shape.size() - 1);
     r.attention.push_back(a == AttentionKind::cudnn && ctx.cluster.device.kind != DeviceKind::gpu
-                              ? cudnn_on_cpu(ctx.cluster.device)
-                              : std::string());
+                              ? pool.intern(cudnn_on_cpu(ctx.cluster.device))
+                              : none);
   }
   if (r.valid_attentions.empty()) return r;
-  Layout valid = s.shape;
-  valid.attention = s.attentions[r.valid_attentions.front()];
+  l.attention = s.attentions[r.valid_attentions.front()];
   for (const auto& [mode, k] : s.ckpts) {
-    Layout l = valid;
     l.ckpt = mode;
     l.ckpt_layers = k;
-    r.ckpt.push_back(first_violation(ctx, l));
+    r.ckpt.push_back(pool.intern(first_violation(ctx, l)));
   }
+  l.ckpt = s.shape.ckpt;
+  l.ckpt_layers = s.shape.ckpt_layers;
   for (const ZeroChoice& z : s.zeros) {
-    Layout l = valid;
     z.apply(l);
-    r.zero.push_back(first_violation(ctx, l));
+    r.zero.push_back(pool.intern(first_violation(ctx, l)));
   }
+  l.zero = s.shape.zero;
+  l.zero_group = s.shape.zero_group;
   for (GradPrecision g : s.grads) {
-    Layout l = valid;
     l.grad = g;
-    r.grad.push_back(first_violation(ctx, l));
+    r.grad.push_back(pool.intern(first_violation(ctx, l)));
   }
   return r;
 }
@@ -147,6 +167,7 @@ struct Found {
   std::optional<Rec> nearest;
   std::map<std::string, int64_t> classes;
   int64_t fitting = 0, visited = 0;
+  int64_t step_bounded = 0, memory_bounded = 0;  // layouts the bounds ruled out in visited shapes
 };
 
 void keep_best(std::vector<Rec>& v, size_t n) {
@@ -168,12 +189,12 @@ void visit(const SpaceContext& ctx, const Subspace& s, const Rules& rules, const
     if (!rules.of(x.c, x.a, x.z, x.g).empty()) continue;
     if (bounded) {
       if (steps.of(x.c, x.a, x.n, x.z, x.g) > threshold) {
-        ++f.classes[kStepBound];
+        ++f.step_bounded;
         continue;
       }
       if (!memory_bounds) memory_bounds.emplace(ctx, s);
       if (memory_bounds->of(x) > usable) {
-        ++f.classes[kMemoryBound];
+        ++f.memory_bounded;
         continue;
       }
     }
@@ -204,6 +225,8 @@ void visit(const SpaceContext& ctx, const Subspace& s, const Rules& rules, const
 void merge(Found& into, Found&& from, size_t top) {
   into.fitting += from.fitting;
   into.visited += from.visited;
+  into.step_bounded += from.step_bounded;
+  into.memory_bounded += from.memory_bounded;
   for (auto& [k, n] : from.classes) into.classes[k] += n;
   for (auto& r : from.fits) into.fits.push_back(std::move(r));
   for (auto& r : from.oom) into.oom.push_back(std::move(r));
@@ -243,6 +266,7 @@ SpaceReport search_one(const SpaceContext& ctx, const SpaceLimits& limits, int64
   std::vector<std::string> size_error(n);
   std::exception_ptr failed;
   std::vector<BlockCostCache> caches(static_cast<size_t>(omp_get_max_threads()));
+  std::vector<RulePool> pools(static_cast<size_t>(omp_get_max_threads()));
   const int64_t usable = int64_t(double(ctx.cluster.device.memory_bytes) * (1.0 - ctx.memory.margin));
   // The step bounds of subspace i: its shape's, the least of its valid
   // layouts'.
@@ -277,23 +301,41 @@ SpaceReport search_one(const SpaceContext& ctx, const SpaceLimits& limits, int64
   const auto bound = [&](size_t i) {
     const Subspace& s = subs[i];
     const size_t t = twin[i];
-    rules[i] = t < n ? twin_rules(ctx, s, rules[t]) : rules_of(ctx, s);
+    RulePool& pool = pools[size_t(omp_get_thread_num())];
+    rules[i] = t < n ? twin_rules(ctx, s, rules[t], pool) : rules_of(ctx, s, pool);
     if (rules[i].valid_attentions.empty()) return;
-    if (t < n && size_error[t].empty()) {
-      memory_bound[i] = memory_bound[t];
-    } else {
-      try {
-        memory_bound[i] = memory_lower_bound(ctx, s, rules[i].valid_attentions);
-      } catch (const InputError& e) {
-        // Sizes past 64 bits, or past the pipeline schedule's: the shape's,
-        // so every valid layout of it.
-        size_error[i] = e.what();
-        return;
-      }
+    try {
+      memory::check_sizes(ctx.model, ctx.run, s.shape);
+    } catch (const InputError& e) {
+      // Sizes past 64 bits: the shape's, so every valid layout of it.
+      size_error[i] = e.what();
+      return;
     }
-    // (A shape over the memory bound is bounded in step only where the rows
-    // need its layouts: below, when fewer than `top` fit.)
-    if (memory_bound[i] <= usable) bound_steps(i);
+    bound_steps(i);
+  };
+  // The memory bound of a shape, the first time it is asked for; an FP8
+  // shape takes its twin's.
+  std::vector<char> memory_known(n, 0);
+  const auto root = [&](size_t i) { return twin[i] < n && size_error[twin[i]].empty() ? twin[i] : i; };
+  const auto bound_memory = [&](const std::vector<size_t>& shapes) {
+    std::vector<size_t> todo;
+    for (size_t i : shapes)
+      if (!memory_known[root(i)]) todo.push_back(root(i));
+    std::sort(todo.begin(), todo.end());
+    todo.erase(std::unique(todo.begin(), todo.end()), todo.end());
+#pragma omp parallel for schedule(dynamic, 1)
+    for (size_t k = 0; k < todo.size(); ++k) try {
+      memory_bound[todo[k]] = memory_lower_bound(ctx, subs[todo[k]], rules[todo[k]].valid_attentions);
+    } catch (...) {
+#pragma omp critical(weft_search_failed)
+      if (!failed) failed = std::current_exception();
+    }
+    if (failed) std::rethrow_exception(failed);
+    for (size_t i : todo) memory_known[i] = 1;
+    for (size_t i : shapes) {
+      memory_bound[i] = memory_bound[root(i)];
+      memory_known[i] = 1;
+    }
   };
   for (const bool fp8_twins : {false, true}) {
 #pragma omp parallel for schedule(dynamic, 8)
@@ -333,7 +375,7 @@ SpaceReport search_one(const SpaceContext& ctx, const SpaceLimits& limits, int64
     };
     const int64_t per_attention = int64_t(s.ckpts.size() * s.zeros.size() * s.grads.size()) * norms;
     for (size_t a = 0; a < s.attentions.size(); ++a)
-      if (!rules[i].shape[a].empty()) count(&rules[i].shape[a], per_attention);  // the shape's rule first
+      if (!rules[i].shape[a]->empty()) count(rules[i].shape[a], per_attention);  // the shape's rule first
     for (size_t c = 0; c < s.ckpts.size(); ++c)
       for (size_t a : rules[i].valid_attentions)
         for (size_t z = 0; z < s.zeros.size(); ++z)
@@ -365,17 +407,10 @@ SpaceReport search_one(const SpaceContext& ctx, const SpaceLimits& limits, int64
     }
   }
 
-  // Shapes with valid layouts that fit in memory, by their step bound.
+  // Shapes with valid layouts, by their step bound.
   std::vector<size_t> order, over_memory;
-  for (size_t i = 0; i < n; ++i) {
-    if (valid[i] == 0) continue;
-    if (memory_bound[i] > usable) {
-      over_memory.push_back(i);
-      r.pruned[kMemoryBound] += valid[i];
-    } else {
-      order.push_back(i);
-    }
-  }
+  for (size_t i = 0; i < n; ++i)
+    if (valid[i] > 0) order.push_back(i);
   const auto by_bound = [&](size_t a, size_t b) {
     return step_bound[a] != step_bound[b] ? step_bound[a] < step_bound[b] : a < b;
   };
@@ -397,12 +432,23 @@ SpaceReport search_one(const SpaceContext& ctx, const SpaceLimits& limits, int64
     if (failed) std::rethrow_exception(failed);
     for (auto& p : parts) merge(found, std::move(p), top);
   };
+  // Each batch's shapes take their memory bounds first; those over the
+  // usable memory are set aside.
   size_t next = 0;
   const size_t batch_size = 16;
   while (next < order.size() && step_bound[order[next]] <= threshold) {
-    std::vector<size_t> batch;
-    while (next < order.size() && batch.size() < batch_size && step_bound[order[next]] <= threshold)
-      batch.push_back(order[next++]);
+    std::vector<size_t> batch, shapes;
+    while (next < order.size() && shapes.size() < batch_size && step_bound[order[next]] <= threshold)
+      shapes.push_back(order[next++]);
+    bound_memory(shapes);
+    for (size_t i : shapes) {
+      if (memory_bound[i] <= usable) {
+        batch.push_back(i);
+        continue;
+      }
+      over_memory.push_back(i);
+      r.pruned[kMemoryBound] += valid[i];
+    }
     visit_batch(batch, threshold);
     threshold = threshold_of(found.fits, top, ctx.tie);
   }
@@ -411,17 +457,10 @@ SpaceReport search_one(const SpaceContext& ctx, const SpaceLimits& limits, int64
   // Fewer than `top` fit: the rows go on with the layouts out of memory by
   // step, and the layout nearest to fitting follows them when none fits.
   // Shapes over the memory bound hold such layouts too: those whose bounds
-  // could place one among them are visited now.
+  // could place one among them are visited now. (With fewer than `top`
+  // fitting the threshold stayed infinite, so every shape was bounded.)
   if (found.fitting < int64_t(top)) {
     const size_t want = top - size_t(found.fitting);
-#pragma omp parallel for schedule(dynamic, 8)
-    for (size_t k = 0; k < over_memory.size(); ++k) try {
-      bound_steps(over_memory[k]);
-    } catch (...) {
-#pragma omp critical(weft_search_failed)
-      if (!failed) failed = std::current_exception();
-    }
-    if (failed) std::rethrow_exception(failed);
     std::sort(over_memory.begin(), over_memory.end(), by_bound);
     for (size_t i : over_memory) {
       keep_best(found.oom, want);
@@ -436,6 +475,8 @@ SpaceReport search_one(const SpaceContext& ctx, const SpaceLimits& limits, int64
   }
   if (r.pruned.count(kMemoryBound) && r.pruned[kMemoryBound] == 0) r.pruned.erase(kMemoryBound);
   for (auto& [k, v] : found.classes) r.pruned[k] += v;
+  if (found.step_bounded > 0) r.pruned[kStepBound] += found.step_bounded;
+  if (found.memory_bounded > 0) r.pruned[kMemoryBound] += found.memory_bounded;
   r.fitting = found.fitting;
   r.visited = found.visited;
 

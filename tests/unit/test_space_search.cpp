@@ -115,6 +115,18 @@ TEST(SpaceSearch, ListsTheExhaustiveRows) {
     cases.push_back(c);
   }
   {
+    // Tensors past 64-bit sizes at the larger micro-batch (its attention
+    // scores): those shapes are counted under "size" as evaluate() counts
+    // them, before any bound (the memory bound, which builds the tables,
+    // is taken only for the shapes visited).
+    Case c{"llama3.1-8b", "h100", 8, 1048576, 8192, 5, {}};
+    c.limits.tp = {1, 8};
+    c.limits.cp = {1};
+    c.limits.pp = {1};
+    c.limits.mb = {1, 8192};
+    cases.push_back(c);
+  }
+  {
     // An MoE model's listed capacity factors, each a space of its own,
     // merged: at imbalance 1.5 the factor caps the busiest ep rank.
     Case c{"mixtral-8x7b", "h100", 64, 4096, 256, 12, {}};
@@ -168,6 +180,10 @@ TEST(SpaceSearch, ListsTheExhaustiveRows) {
       }
     }
     EXPECT_EQ(counted, se.evaluated) << what;
+    for (const auto& [why, n] : ex.pruned)  // and none of evaluate()'s rules or sizes missed
+      if (why.rfind("invalid: ", 0) == 0 || why == "size") {
+        EXPECT_EQ(se.pruned.count(why) ? se.pruned.at(why) : 0, n) << what << ": " << why;
+      }
     // When nothing fits, the layout nearest to fitting follows the rows.
     if (ex.fitting == 0 && ex.pruned.size() > 0) {
       const Candidate* near_ex = nullptr;
