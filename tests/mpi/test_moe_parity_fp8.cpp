@@ -14,6 +14,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -27,16 +28,30 @@ namespace weft::test {
 namespace {
 
 // The FP8 tests' rows: parity_row for each of `layouts` + `suffix` under
-// the FP8 bounds (first step 5e-5, then 3e-3), the balancing losses within
-// `aux_tol` of `ref_aux`, appended to `table` (`extra`: more training
-// arguments).
-void fp8_rows(Fixture& f, const std::vector<double>& ref, const std::vector<double>& ref_aux,
+// the FP8 bounds (first step 5e-5, then 3e-3), appended to `table`
+// (`extra`: more training arguments). The balancing losses: the first
+// step's within `aux_tol` of `ref_aux`, the later ones within the larger of
+// `aux_tol` and twice FP8's own effect on them at one rank (`fp8_aux`: the
+// FP8 run's against fp32's, 0 where not measured). The balancing loss moves
+// with every routing choice that changes, and once the layouts' weights
+// differ in their last bits (summation order, from the first update on)
+// FP8's rounding moves the choices near a tie, as FP8 itself moves them
+// against fp32. A layout's FP8 run is as much an FP8 run as one rank's: if
+// each lies within fp8_aux of fp32, they lie within twice that of each
+// other. (Tiny Mixtral under block scaling at tp2: FP8 moved the third
+// step's balancing loss 5.5% from fp32's, tp2 5.6% from one rank's.)
+void fp8_rows(Fixture& f, const std::vector<double>& ref, const std::vector<double>& ref_aux, double fp8_aux,
               const std::vector<std::string>& layouts, const std::string& suffix, double aux_tol, std::string& table,
               const std::string& extra = "") {
   for (const std::string& layout : layouts) {
     std::string row = parity_row(f, ref, layout + suffix, 3e-3, 5e-5, extra);
     const double aux = max_rel(f.aux_losses, ref_aux);
-    EXPECT_LE(aux, aux_tol) << layout << ": the balancing loss";
+    const auto why = [&] {
+      return fmt::format("{}: the balancing loss per step, {} against one rank's {}", layout, f.aux_losses, ref_aux);
+    };
+    ASSERT_FALSE(f.aux_losses.empty()) << layout;
+    EXPECT_LE(std::fabs(f.aux_losses[0] - ref_aux[0]) / std::fabs(ref_aux[0]), aux_tol) << why();
+    EXPECT_LE(aux, std::max(aux_tol, 2 * fp8_aux)) << why();
     row.pop_back();
     table += fmt::format("{} {:>12.2e}\n", row, aux);
   }
@@ -59,6 +74,7 @@ TEST(MoeParity, Fp8ExpertsQuantiseAsOneRank) {
     Fixture f(false, config);
     f.seq = 32;
     const auto plain = f.train("tp1-pp1-dp1-mb1", f.dir.path("plain"));
+    const std::vector<double> plain_aux = f.aux_losses;
     const std::string ref_out = f.dir.path("ref");
     const auto ref = f.train("tp1-pp1-dp1-mb1-fp8:tensorwise", ref_out);
     ASSERT_EQ(ref.size(), 5u);
@@ -85,8 +101,10 @@ TEST(MoeParity, Fp8ExpertsQuantiseAsOneRank) {
     }
     std::string table = fmt::format("{:<62} {:>5} {:>12} {:>14} {:>12}\n", "layout", "ranks", "max rel dev",
                                     "worst mem dev", "aux rel dev");
-    table += fmt::format("{:<62} {:>5} {:>12.2e}\n", "(fp8:tensorwise against fp32)", 1, off);
-    fp8_rows(f, ref, ref_aux,
+    const double fp8_aux = max_rel(ref_aux, plain_aux);
+    table += fmt::format("{:<62} {:>5} {:>12.2e} {:>14} {:>12.2e}\n", "(fp8:tensorwise against fp32)", 1, off, "",
+                         fp8_aux);
+    fp8_rows(f, ref, ref_aux, fp8_aux,
              {"tp1-pp1-dp2-ep2-mb1", "tp1-pp1-dp4-ep4-mb1-zero1-dispatch:allgather", "tp2-pp1-dp2-ep2-mb1-sp",
               "tp2-pp1-dp1-etp2-mb1", "tp2-pp1-dp2-ep2-etp2-mb1-sp-zero1", "tp1-cp2-pp1-dp1-ep2-mb1-cp:ring",
               "tp1-pp2-dp2-ep2-mb1-vpp2-ckpt:selective", "tp2-pp1-dp2-ep4-mb1-sp-epfold-zero3-ckpt:ffn",
@@ -167,7 +185,7 @@ TEST(MoeParity, Fp8DelayedScalingOfTheExperts) {
     std::printf("%s: %lld of the MoE layers' experts took no token in step 3\n", m.name.c_str(), (long long)idle);
     std::string table = fmt::format("{:<62} {:>5} {:>12} {:>14} {:>12}\n", "layout", "ranks", "max rel dev",
                                     "worst mem dev", "aux rel dev");
-    fp8_rows(f, ref, ref_aux,
+    fp8_rows(f, ref, ref_aux, 0.0,
              {"tp1-pp1-dp2-ep2-mb1", "tp1-pp1-dp4-ep4-mb1-zero1-dispatch:allgather",
               "tp2-pp1-dp2-ep2-etp2-mb1-sp-zero1", "tp1-pp2-dp2-ep2-mb1-vpp2-ckpt:selective",
               "tp2-cp2-pp1-dp1-ep2-mb1-sp-epfold-ckpt:full-cp:ring"},
@@ -195,17 +213,20 @@ void fp8_under_lora(const std::string& targets, const std::vector<std::string>& 
     Fixture f(false, config);
     f.seq = 32;
     const auto plain = f.train("tp1-pp1-dp1-mb1", f.dir.path("plain"), lora);
+    const std::vector<double> plain_aux = f.aux_losses;
     const auto ref = f.train(std::string("tp1-pp1-dp1-mb1-") + recipe, f.dir.path("ref"), lora);
     ASSERT_EQ(ref.size(), 5u);
     const std::vector<double> ref_aux = f.aux_losses;
+    const double fp8_aux = max_rel(ref_aux, plain_aux);
     const double off = max_rel(ref, plain);
     EXPECT_GT(off, 1e-4) << recipe << " barely changed the losses";
     EXPECT_LT(off, 0.02);
     if (also) also(f, recipe, f.dir.path("ref"));
     std::string table = fmt::format("{:<62} {:>5} {:>12} {:>14} {:>12}\n", fmt::format("layout (LoRA on {})", targets),
                                     "ranks", "max rel dev", "worst mem dev", "aux rel dev");
-    table += fmt::format("{:<62} {:>5} {:>12.2e}\n", fmt::format("({} against fp32)", recipe), 1, off);
-    fp8_rows(f, ref, ref_aux, layouts, std::string("-") + recipe, 1e-2, table, lora);
+    table += fmt::format("{:<62} {:>5} {:>12.2e} {:>14} {:>12.2e}\n", fmt::format("({} against fp32)", recipe), 1, off,
+                         "", fp8_aux);
+    fp8_rows(f, ref, ref_aux, fp8_aux, layouts, std::string("-") + recipe, 1e-2, table, lora);
     std::printf("%s", table.c_str());
   }
 }
@@ -285,10 +306,12 @@ TEST(MoeParity, Fp8BlockScalingOfTheExperts) {
       f.seq = 128;
       f.steps = 3;
       const auto plain = f.train("tp1-pp1-dp1-mb1", f.dir.path("plain"), lora);
+      const std::vector<double> plain_aux = f.aux_losses;
       const std::string ref_out = f.dir.path("ref");
       const auto ref = f.train("tp1-pp1-dp1-mb1-fp8:blockwise", ref_out, lora);
       ASSERT_EQ(ref.size(), 3u);
       const std::vector<double> ref_aux = f.aux_losses;
+      const double fp8_aux = max_rel(ref_aux, plain_aux);
       const double off = max_rel(ref, plain);
       EXPECT_GT(off, 1e-4) << "block scaling barely changed the losses";
       EXPECT_LT(off, 0.02);
@@ -311,8 +334,9 @@ TEST(MoeParity, Fp8BlockScalingOfTheExperts) {
       std::string table = fmt::format("{:<62} {:>5} {:>12} {:>14} {:>12}\n",
                                       lora.empty() ? "layout" : "layout (LoRA on every linear)", "ranks",
                                       "max rel dev", "worst mem dev", "aux rel dev");
-      table += fmt::format("{:<62} {:>5} {:>12.2e}\n", "(fp8:blockwise against fp32)", 1, off);
-      fp8_rows(f, ref, ref_aux,
+      table += fmt::format("{:<62} {:>5} {:>12.2e} {:>14} {:>12.2e}\n", "(fp8:blockwise against fp32)", 1, off, "",
+                           fp8_aux);
+      fp8_rows(f, ref, ref_aux, fp8_aux,
                {"tp1-pp1-dp2-ep2-mb1-zero1", "tp2-pp1-dp2-ep2-etp2-mb1-zero3", "tp2-pp1-dp1-mb1",
                 "tp1-pp2-dp2-ep2-mb1-vpp2-ckpt:ffn"},
                "-fp8:blockwise", 1e-2, table, lora);
