@@ -25,15 +25,7 @@ Markup:
   * README.md has at most 150 lines, and its first two sh blocks (the quick
     start's two commands) start within its first 30 lines.
 
-  * A page is timed when its checks hold the machine's speed: a block with
-    a stated time, an output line with a time or a rate in it, or a block
-    that signals a run after a set time (`timeout`). --timed runs only the
-    timed pages and --untimed only the others, so that a test runner can
-    run the untimed ones beside other tests (ctest's test_docs_pages) and
-    the timed ones alone (test_docs). Beside other tests a block may take
-    twice as long, so --untimed doubles every block's timeout.
-
-Usage: tools/docs_test.py [--lint-only] [--page README.md] [--timed | --untimed] [--keep DIR]
+Usage: tools/docs_test.py [--lint-only] [--page README.md] [--keep DIR]
 """
 import argparse
 import os
@@ -194,22 +186,8 @@ def check_output(expected_block, output):
     return ""
 
 
-def is_timed(blocks):
-    """Whether a page's checks depend on the machine's speed (the docstring's rule)."""
-    for b in blocks:
-        if b.lang == "sh" and not NOT_RUN.match(b.text):
-            if "time" in b.options or re.search(r"(^|[;&|(]\s*)timeout\s", b.text, re.M):
-                return True
-        if "output" in b.options:
-            for line in b.text.split("\n"):
-                if line.strip() and line.strip() != "…" and any(
-                        kind == "time" for kind, _ in expected_pattern(line.strip())[1]):
-                    return True
-    return False
-
-
-def run_block(block, cwd, env, timeout_scale=1.0):
-    timeout = float(block.options.get("timeout", "120")) * timeout_scale
+def run_block(block, cwd, env):
+    timeout = float(block.options.get("timeout", "120"))
     t0 = time.monotonic()
     proc = subprocess.Popen(["bash", "-euo", "pipefail", "-c", block.text], cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -240,9 +218,6 @@ def main():
     ap.add_argument("--build", help="the build folder (default: REPO/build)")
     ap.add_argument("--page", action="append", help="run only this page (repeatable)")
     ap.add_argument("--lint-only", action="store_true", help="check the markup and README's shape; run nothing")
-    speed = ap.add_mutually_exclusive_group()
-    speed.add_argument("--timed", action="store_true", help="run only the pages whose checks hold times")
-    speed.add_argument("--untimed", action="store_true", help="run only the pages whose checks hold no times")
     ap.add_argument("--keep", help="scratch folder to keep (default: a temporary one, removed)")
     args = ap.parse_args()
     repo = os.path.abspath(args.repo)
@@ -274,8 +249,6 @@ def main():
         if args.page and page not in args.page:
             continue
         blocks = parsed[page]
-        if (args.timed or args.untimed) and is_timed(blocks) != args.timed:
-            continue
         if not any(b.lang == "sh" and not NOT_RUN.match(b.text) for b in blocks):
             continue
         cwd = scratch_page(root, repo, build, page)
@@ -286,7 +259,7 @@ def main():
                     print(f"docs: {b.where()} skipped ({b.text.split(chr(10), 1)[0][2:]})")
                     last = None
                     continue
-                code, out, wall = run_block(b, cwd, env, 2.0 if args.untimed else 1.0)
+                code, out, wall = run_block(b, cwd, env)
                 ran += 1
                 if args.keep:
                     with open(os.path.join(cwd, f"block-{b.line}.out"), "w") as f:
@@ -295,8 +268,7 @@ def main():
                 want_code = int(b.options.get("exit", "0"))
                 problem = ""
                 if code is None:
-                    limit = float(b.options.get("timeout", "120")) * (2.0 if args.untimed else 1.0)
-                    problem = f"still running after its timeout of {limit:g} s"
+                    problem = f"still running after its timeout of {b.options.get('timeout', '120')} s"
                 elif code != want_code:
                     problem = f"exit code {code}, expected {want_code}"
                 elif "time" in b.options:
