@@ -470,18 +470,15 @@ StepBounds step_bounds(const ModelSpec& m, const RunSpec& run, const Layout& sha
   // The layers each checkpointing choice redoes on the stage that redoes
   // fewest of those compared (the split's, not the kernels').
   const int64_t mid = middle_stage(m, shape);
-  std::vector<double> redone_layers(ckpts.size());
-  {
-    Layout lc = shape;
-    for (size_t c = 0; c < ckpts.size(); ++c) {
-      lc.ckpt = ckpts[c].first;
-      lc.ckpt_layers = ckpts[c].second;
-      redone_layers[c] =
-          double(std::min({lc.checkpointed_layers(m, 0), lc.checkpointed_layers(m, shape.pp - 1),
-                           mid > 0 ? lc.checkpointed_layers(m, mid) : lc.checkpointed_layers(m, 0)}));
-    }
-  }
   Layout l = shape;  // (one copy, its knobs set in turn: a Layout's split allocates)
+  std::vector<double> redone_layers(ckpts.size());
+  for (size_t c = 0; c < ckpts.size(); ++c) {
+    l.ckpt = ckpts[c].first;
+    l.ckpt_layers = ckpts[c].second;
+    redone_layers[c] = double(std::min({l.checkpointed_layers(m, 0), l.checkpointed_layers(m, shape.pp - 1),
+                                        mid > 0 ? l.checkpointed_layers(m, mid) : l.checkpointed_layers(m, 0)}));
+  }
+  l = shape;
   for (size_t a = 0; a < attentions.size(); ++a)
     for (size_t n = 0; n < norms.size(); ++n) {
       l.attention = attentions[a];
@@ -520,8 +517,9 @@ StepBounds step_bounds(const ModelSpec& m, const RunSpec& run, const Layout& sha
       }
     }
   b.sharding.assign(zeros.size() * grads.size(), 0.0);
-  const Sharding casts = fp8_weight_casts(model_of(m, run, shape, cluster, k));  // the same for each
-  const StageParams params = stage_params_of(model_of(m, run, shape, cluster, k));  // and these
+  const Model whole = model_of(m, run, shape, cluster, k);
+  const Sharding casts = fp8_weight_casts(whole);          // the same for each choice
+  const StageParams params = stage_params_of(whole);  // and these
   l = shape;
   for (size_t z = 0; z < zeros.size(); ++z)
     for (size_t g = 0; g < grads.size(); ++g) {

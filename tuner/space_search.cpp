@@ -458,10 +458,10 @@ SpaceReport search_one(const SpaceContext& ctx, const SpaceLimits& limits, int64
   // step, and the layout nearest to fitting follows them when none fits.
   // Shapes over the memory bound hold such layouts too: those whose bounds
   // could place one among them are visited now. (With fewer than `top`
-  // fitting the threshold stayed infinite, so every shape was bounded.)
+  // fitting the threshold stayed infinite, so every shape was bounded, and
+  // over_memory holds them in `order`'s order, by their step bound.)
   if (found.fitting < int64_t(top)) {
     const size_t want = top - size_t(found.fitting);
-    std::sort(over_memory.begin(), over_memory.end(), by_bound);
     for (size_t i : over_memory) {
       keep_best(found.oom, want);
       const bool rows = found.oom.size() < want ||
