@@ -85,7 +85,7 @@ std::string lower(std::string s) {
 
 }  // namespace
 
-double DeviceSpec::peak_flops(const std::string& precision) const {
+double DeviceSpec::peak_flops(std::string_view precision) const {
   if (kind == DeviceKind::cpu || precision == "fp32") return peak_fp32_flops;
   return peak_bf16_flops;
 }

@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -52,7 +53,7 @@ struct DeviceSpec {
   // FP8 layouts are measured against the bf16 peak too: MFU counts the
   // model's FLOPs against the dense compute-precision peak, whatever the
   // GEMMs ran in, so that FP8 and BF16 runs compare on one scale.
-  double peak_flops(const std::string& precision) const;
+  double peak_flops(std::string_view precision) const;
   // Whether the device has FP8 tensor cores (a GPU with an FP8 peak).
   bool has_fp8() const { return kind == DeviceKind::gpu && peak_fp8_flops > 0; }
   std::string summary() const;

@@ -416,11 +416,11 @@ std::vector<TensorShape> stage_shapes(const ModelSpec& m, const RunSpec& run, co
   return out;
 }
 
-void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const DeviceSpec& device,
-                  const StagePlan& plan, std::vector<TensorShape>& out) {
-  out.clear();
-  out.reserve(48);
-  const Dims d = dims(m, run, l);
+namespace {
+
+// The table's first part: weights, gradients and optimizer state.
+void state_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const StagePlan& plan, const Dims& d,
+                  int64_t psi, std::vector<TensorShape>& out) {
   const bool bf16 = run.precision == Precision::bf16;
 
   // Parameters live in flat buffers so that ZeRO can shard and gather them as
@@ -428,7 +428,6 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
   // gradients, ZeRO-3 also the weights. In bf16 the weights are the bf16
   // compute copy and the optimizer keeps an fp32 master; in fp32 the weights
   // are the master.
-  const int64_t psi = stage_param_elements(m, l, plan);
   const int64_t ways = l.zero_shards();  // dp x cp, or the hybrid shard group
   const int64_t shard = ceil_div(psi, ways);
   out.push_back({"weights.flat", Category::weights, l.zero >= 3 ? shard : psi, d.a, 1});
@@ -448,6 +447,13 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
   out.push_back({"optimizer.adam_m", Category::optimizer, opt, kFp32, 1});
   out.push_back({"optimizer.adam_v", Category::optimizer, opt, kFp32, 1});
 
+}
+
+// The rest: activations, logits, scratch, the kernels', FP8's and the
+// collectives' buffers, the runtime.
+void other_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const DeviceSpec& device,
+                  const StagePlan& plan, const Dims& d, int64_t psi, std::vector<TensorShape>& out) {
+  const bool lora = plan.lora.enabled();
   // Saved activations: a slot per chunk-micro-batch in flight, each for the
   // stage's largest chunk (layers / vpp blocks of an even split); with ckpt@K
   // the first K / vpp blocks of each chunk use the mode. A slot position
@@ -618,6 +624,43 @@ void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
   // pinned host memory (host_staging_bytes), which is not the device's.
   if (device.kind == DeviceKind::gpu && l.world() > 1 && device.shared_by == 1)
     out.push_back({"runtime.nccl", Category::overhead, kNcclRuntimeBytes, 1, 1});
+}
+
+}  // namespace
+
+void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const DeviceSpec& device,
+                  const StagePlan& plan, std::vector<TensorShape>& out) {
+  out.clear();
+  out.reserve(48);
+  const Dims d = dims(m, run, l);
+  const int64_t psi = stage_param_elements(m, l, plan);
+  state_shapes(m, run, l, plan, d, psi, out);
+  other_shapes(m, run, l, device, plan, d, psi, out);
+}
+
+void stage_other_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const DeviceSpec& device,
+                        const StagePlan& plan, std::vector<TensorShape>& out) {
+  out.clear();
+  out.reserve(48);
+  other_shapes(m, run, l, device, plan, dims(m, run, l), stage_param_elements(m, l, plan), out);
+}
+
+int64_t stage_state_bytes(const ModelSpec& m, const RunSpec& run, const Layout& l, const DeviceSpec& device,
+                          const StagePlan& plan) {
+  thread_local std::vector<TensorShape> part;
+  part.clear();
+  const Dims d = dims(m, run, l);
+  const int64_t psi = stage_param_elements(m, l, plan);
+  state_shapes(m, run, l, plan, d, psi, part);
+  // FP8's weight copies and scaling state are the only weights, gradients
+  // or optimizer state past the first part (MemoryBounds.StateBytesAreTheTables
+  // holds the two equal over layouts of every kind).
+  if (l.fp8 != Fp8Recipe::off) fp8_buffer_shapes(m, run, l, device, plan, d, part);
+  int64_t sum = 0;
+  for (const auto& t : part)
+    if (t.category == Category::weights || t.category == Category::grads || t.category == Category::optimizer)
+      sum += t.bytes();
+  return sum;
 }
 
 std::array<int64_t, kCategories> sum_by_category(const std::vector<TensorShape>& shapes) {

@@ -259,6 +259,16 @@ std::vector<TensorShape> stage_shapes(const ModelSpec& m, const RunSpec& run, co
 void stage_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const DeviceSpec& device,
                   const StagePlan& plan, std::vector<TensorShape>& out);
 
+// The table's two parts, for bounds that need one alone (the tuner's
+// search asks them of hundreds of thousands of layouts): the entries after
+// the state (weights, gradients and optimizer state, which it lists first),
+// into `out` (cleared first); and the bytes of every weights, grads and
+// optimizer entry of the whole table.
+void stage_other_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const DeviceSpec& device,
+                        const StagePlan& plan, std::vector<TensorShape>& out);
+int64_t stage_state_bytes(const ModelSpec& m, const RunSpec& run, const Layout& l, const DeviceSpec& device,
+                          const StagePlan& plan);
+
 // Bytes per category of a table.
 std::array<int64_t, kCategories> sum_by_category(const std::vector<TensorShape>& shapes);
 

@@ -475,37 +475,46 @@ StepBounds step_bounds(const ModelSpec& m, const RunSpec& run, const Layout& sha
   for (size_t c = 0; c < ckpts.size(); ++c) {
     l.ckpt = ckpts[c].first;
     l.ckpt_layers = ckpts[c].second;
-    redone_layers[c] = double(std::min({l.checkpointed_layers(m, 0), l.checkpointed_layers(m, shape.pp - 1),
-                                        mid > 0 ? l.checkpointed_layers(m, mid) : l.checkpointed_layers(m, 0)}));
+    const int64_t first = l.checkpointed_layers(m, 0);
+    redone_layers[c] = double(std::min({first, shape.pp > 1 ? l.checkpointed_layers(m, shape.pp - 1) : first,
+                                        mid > 0 ? l.checkpointed_layers(m, mid) : first}));
   }
   l = shape;
+  // The embedding's and the head's, which only the norm of these knobs sets.
+  std::vector<EdgeCosts> edges(norms.size());
+  for (size_t n = 0; n < norms.size(); ++n) {
+    l.norm = norms[n];
+    edges[n] = edge_costs(model_of(m, run, l, cluster, k));
+  }
+  // The stages' blocks, which neither knob of the loop below sets.
+  StageLayers first_n = stage_layers_of(m, l, 0), last_n = stage_layers_of(m, l, l.pp - 1);
+  first_n.n_ckpt = last_n.n_ckpt = 0;
+  StageLayers mid_n = mid > 0 ? stage_layers_of(m, l, mid) : first_n;
+  mid_n.n_ckpt = 0;
+  const double hops = pp_hops(model_of(m, run, l, cluster, k), mbs);  // (no knob of the loop sets them)
   for (size_t a = 0; a < attentions.size(); ++a)
     for (size_t n = 0; n < norms.size(); ++n) {
       l.attention = attentions[a];
       l.norm = norms[n];
       const Model x = model_of(m, run, l, cluster, k);
       const Blocks keep = stage_blocks(x, cache);
-      StageLayers first_n = stage_layers_of(m, l, 0), last_n = stage_layers_of(m, l, l.pp - 1);
-      first_n.n_ckpt = last_n.n_ckpt = 0;
-      const auto [first, last] = stage_costs(x, keep, keep, first_n, last_n);
+      const auto [first, last] = stage_costs(x, edges[n], keep, keep, first_n, last_n);
       // Under an uneven split the slowest stage may be a middle one: each
       // least below takes it in too.
-      StageLayers mid_n = mid > 0 ? stage_layers_of(m, l, mid) : first_n;
-      mid_n.n_ckpt = 0;
       const StageCost between = mid > 0 ? middle_cost(keep.mid, keep.mid, mid_n) : first;
-      const double hops = pp_hops(x, mbs);
       for (size_t c = 0; c < ckpts.size(); ++c) {
         const double n_ckpt = redone_layers[c];
         // The first and last stage's blocks differ under FP8 (fp8@N): the
         // lesser of each redone part bounds the slower stage's.
-        const Blocks rb = with_recompute(keep, ckpts[c].first);
-        const auto least = [&](double Part::*f) { return std::min({rb.first.*f, rb.last.*f, rb.mid.*f}); };
-        const auto redone = [](const Part& p) { return p.recompute + p.recompute_tp + p.recompute_cp; };
-        const double redo = n_ckpt * std::min(redone(rb.first), redone(rb.last));
+        const Checkpointing mode = ckpts[c].first;
+        const Redone rf = redone(keep.first, mode), rl = redone(keep.last, mode), rm = redone(keep.mid, mode);
+        const auto least = [&](double Redone::*f) { return std::min({rf.*f, rl.*f, rm.*f}); };
+        const auto all = [](const Redone& r) { return r.compute + r.tp + r.cp; };
+        const double redo = n_ckpt * std::min(all(rf), all(rl));
         double t = mbs * std::min({first.fwd + first.bwd, last.fwd + last.bwd, between.fwd + between.bwd}) +
-                   mbs * n_ckpt * least(&Part::recompute) +
-                   mbs * (std::min({first.tp, last.tp, between.tp}) + n_ckpt * least(&Part::recompute_tp)) * tp_share +
-                   mbs * (std::min({first.cp, last.cp, between.cp}) + n_ckpt * least(&Part::recompute_cp));
+                   mbs * n_ckpt * least(&Redone::compute) +
+                   mbs * (std::min({first.tp, last.tp, between.tp}) + n_ckpt * least(&Redone::tp)) * tp_share +
+                   mbs * (std::min({first.cp, last.cp, between.cp}) + n_ckpt * least(&Redone::cp));
         // predict()'s slowest stage holds at least the total of every stage
         // compared (each without its recomputation), of which the exposed
         // share of tp is at least tp_share: the slower of the stages bounds

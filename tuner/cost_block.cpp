@@ -452,20 +452,29 @@ Part one_block_cost(const Model& x) {
 // The block's time with `mode`'s recomputation: selective redoes the
 // attention core (and the ring's forward passes it needs), ffn the MLP's
 // input side, full the whole forward with its communication.
-Part with_recompute(Part p, Checkpointing mode) {
+Redone redone(const Part& p, Checkpointing mode) {
+  Redone r{p.recompute, p.recompute_tp, p.recompute_cp};
   switch (mode) {
     case Checkpointing::none: break;
     case Checkpointing::selective:
-      p.recompute = p.attn_fwd;
-      p.recompute_cp = p.cp_fwd;
+      r.compute = p.attn_fwd;
+      r.cp = p.cp_fwd;
       break;
-    case Checkpointing::ffn: p.recompute = p.mlp_pre; break;
+    case Checkpointing::ffn: r.compute = p.mlp_pre; break;
     case Checkpointing::full:
-      p.recompute = p.fwd;
-      p.recompute_tp = p.tp_fwd;
-      p.recompute_cp = p.cp_fwd;
+      r.compute = p.fwd;
+      r.tp = p.tp_fwd;
+      r.cp = p.cp_fwd;
       break;
   }
+  return r;
+}
+
+Part with_recompute(Part p, Checkpointing mode) {
+  const Redone r = redone(p, mode);
+  p.recompute = r.compute;
+  p.recompute_tp = r.tp;
+  p.recompute_cp = r.cp;
   return p;
 }
 
@@ -587,24 +596,39 @@ StageCost middle_cost(const Part& keep, const Part& ckpt, StageLayers n) {
 // embedding (gather, then a sum over tp), the last the final norm, LM head
 // and the fused vocab-parallel loss, whose max, sum-exp and target logit are
 // reduced over tp. One stage (pp 1) holds both.
-std::pair<StageCost, StageCost> stage_costs(const Model& x, const Blocks& keeps, const Blocks& ckpts,
-                                            StageLayers first_n, StageLayers last_n) {
+EdgeCosts edge_costs(const Model& x) {
   const Layout& l = x.l;
   const double t = double(l.tp), M = double(l.mb * x.run.seq) / double(l.cp), C = double(x.m.hidden);
   const double Vl = double(x.m.padded_vocab(l.tp)) / t, Msp = l.sp ? M / t : M;
   const double act = M * C * x.a;
   const Group tg = x.tp_group();
+  EdgeCosts e;
+  e.embedding_fwd = x.stream("embedding_fwd", M, C);
+  if (!x.run.lora.enabled()) e.embedding_bwd = x.stream("embedding_bwd", M, C);  // a frozen table has no gradient
+  e.embedding_tp = l.sp ? reduce_scatter(act, tg) + all_gather(act, tg) : all_reduce(act, tg);
+  e.head_fwd = x.norm_fwd(Msp) + x.linear_fwd(M, Vl, C) + x.stream("cross_entropy", M, Vl);
+  // A frozen head (LoRA) computes its input gradient alone.
+  e.head_bwd = x.norm_bwd(Msp) + (x.run.lora.enabled() ? x.gemm(M, C, Vl) : x.linear_bwd(M, Vl, C));
+  e.head_tp = 3 * all_reduce(4 * M, tg) + (l.sp ? 2 * all_gather(act, tg) + reduce_scatter(act, tg) : all_reduce(act, tg));
+  return e;
+}
+
+std::pair<StageCost, StageCost> stage_costs(const Model& x, const Blocks& keeps, const Blocks& ckpts,
+                                            StageLayers first_n, StageLayers last_n) {
+  return stage_costs(x, edge_costs(x), keeps, ckpts, first_n, last_n);
+}
+
+std::pair<StageCost, StageCost> stage_costs(const Model& x, const EdgeCosts& e, const Blocks& keeps,
+                                            const Blocks& ckpts, StageLayers first_n, StageLayers last_n) {
   StageCost first = middle_cost(keeps.first, ckpts.first, first_n),
             last = middle_cost(keeps.last, ckpts.last, last_n);
-  first.fwd += x.stream("embedding_fwd", M, C);
-  if (!x.run.lora.enabled()) first.bwd += x.stream("embedding_bwd", M, C);  // a frozen table has no gradient
-  first.tp += l.sp ? reduce_scatter(act, tg) + all_gather(act, tg) : all_reduce(act, tg);
-  last.fwd += x.norm_fwd(Msp) + x.linear_fwd(M, Vl, C) + x.stream("cross_entropy", M, Vl);
-  // A frozen head (LoRA) computes its input gradient alone.
-  last.bwd += x.norm_bwd(Msp) + (x.run.lora.enabled() ? x.gemm(M, C, Vl) : x.linear_bwd(M, Vl, C));
-  last.tp += 3 * all_reduce(4 * M, tg) +
-             (l.sp ? 2 * all_gather(act, tg) + reduce_scatter(act, tg) : all_reduce(act, tg));
-  if (l.pp == 1) {
+  first.fwd += e.embedding_fwd;
+  first.bwd += e.embedding_bwd;
+  first.tp += e.embedding_tp;
+  last.fwd += e.head_fwd;
+  last.bwd += e.head_bwd;
+  last.tp += e.head_tp;
+  if (x.l.pp == 1) {
     // One stage: its blocks are the first's (the same as the last's).
     const StageCost blocks = middle_cost(keeps.first, ckpts.first, first_n);
     first.fwd += last.fwd - blocks.fwd;

@@ -300,9 +300,27 @@ Blocks stage_blocks(const Model& x);
 // before (null: computed).
 Blocks stage_blocks(const Model& x, BlockCostCache* cache);
 Blocks with_recompute(const Blocks& b, Checkpointing mode);
+// What a block redoes under `mode`: the three recompute fields with_recompute
+// gives its Part, without the copy.
+struct Redone {
+  double compute = 0, tp = 0, cp = 0;
+};
+Redone redone(const Part& p, Checkpointing mode);
+// What the first stage adds to its blocks per micro-batch (the embedding)
+// and the last (the final norm, the LM head and the loss). Of the knobs of a
+// shape's layouts they read only the norm: step_bounds takes them once per
+// norm, not once per attention kind too.
+struct EdgeCosts {
+  double embedding_fwd = 0, embedding_bwd = 0, embedding_tp = 0;
+  double head_fwd = 0, head_bwd = 0, head_tp = 0;
+};
+EdgeCosts edge_costs(const Model& x);
 // The first and last stage's time per micro-batch (cost_block.cpp says how).
 std::pair<StageCost, StageCost> stage_costs(const Model& x, const Blocks& keeps, const Blocks& ckpts,
                                             StageLayers first, StageLayers last);
+// The same with the edges given (edge_costs(x): the same sums, bit for bit).
+std::pair<StageCost, StageCost> stage_costs(const Model& x, const EdgeCosts& edges, const Blocks& keeps,
+                                            const Blocks& ckpts, StageLayers first, StageLayers last);
 // A middle stage's: its blocks alone.
 StageCost middle_cost(const Part& keep, const Part& ckpt, StageLayers n);
 

@@ -292,7 +292,25 @@ std::vector<Subspace> enumerate_subspaces(const ModelSpec& m, const RunSpec& run
               for (int64_t k : ks) ckpts.push_back({c, k});
             }
           }
-          for (const auto& [ep, fold] : ep_grids)
+          // The lists the loops below take, each built once per grid (not
+          // once per subspace): per vpp its splits and checkpointing choices.
+          const std::vector<int64_t> picked_mbs = pick(limits.mb, mbs), picked_vpps = pick(limits.vpp, vpps);
+          const std::vector<bool> picked_sps = pick(limits.sp, sps);
+          // The experts whole on every tp rank, or (MoE models, tp > 1)
+          // split over them.
+          const std::vector<int64_t> etps =
+              pick(limits.etp, m.moe.enabled() && tp > 1 ? std::vector<int64_t>{1, tp} : std::vector<int64_t>{1});
+          std::vector<std::vector<std::vector<int64_t>>> splits_of(picked_vpps.size());
+          std::vector<std::vector<std::pair<Checkpointing, int64_t>>> ckpts_of(picked_vpps.size());
+          for (size_t v = 0; v < picked_vpps.size() && !picked_mbs.empty() && !ep_grids.empty(); ++v) {
+            const int64_t vpp = picked_vpps[v];
+            splits_of[v] = pick(limits.split, splits_or_even(m, tp, pp * vpp));
+            // Partial checkpointing splits evenly over the chunks of a stage.
+            for (const auto& [ckpt, k] : ckpts)
+              if (!(vpp > 1 && k % vpp != 0 && limits.ckpt_layers.empty())) ckpts_of[v].push_back({ckpt, k});
+          }
+          for (const auto& [ep, fold] : ep_grids) {
+          const std::vector<ZeroChoice> zeros = zeros_of(ep, fold);
           // The all-gather dispatcher moves ep x the routed rows where the
           // all-to-all moves (ep - 1) / ep of them: searched at ep 2, where it
           // costs at most four times as much and needs no per-peer counts
@@ -300,15 +318,13 @@ std::vector<Subspace> enumerate_subspaces(const ModelSpec& m, const RunSpec& run
           for (MoeDispatch dispatch : ep == 1 ? std::vector<MoeDispatch>{MoeDispatch::a2a}
                                       : ep == 2 ? pick(limits.dispatch, {MoeDispatch::a2a, MoeDispatch::allgather})
                                                 : pick(limits.dispatch, {MoeDispatch::a2a}))
-          for (int64_t mb : pick(limits.mb, mbs))
-            for (int64_t vpp : pick(limits.vpp, vpps))
-              for (const auto& split : pick(limits.split, splits_or_even(m, tp, pp * vpp)))
-              for (bool sp : pick(limits.sp, sps))
-              // The experts whole on every tp rank, or (MoE models, tp > 1)
-              // split over them.
-              for (int64_t etp : pick(limits.etp, m.moe.enabled() && tp > 1 ? std::vector<int64_t>{1, tp}
-                                                                             : std::vector<int64_t>{1}))
+          for (int64_t mb : picked_mbs)
+            for (size_t v = 0; v < picked_vpps.size(); ++v)
+              for (const auto& split : splits_of[v])
+              for (bool sp : picked_sps)
+              for (int64_t etp : etps)
                 for (const auto& [fp8, fp8_bf16] : fp8s) {
+                  const int64_t vpp = picked_vpps[v];
                   if (fold && (!sp || etp != 1)) continue;  // (epfold: sp, etp1)
                   Subspace s;
                   s.shape.split = split;
@@ -327,17 +343,16 @@ std::vector<Subspace> enumerate_subspaces(const ModelSpec& m, const RunSpec& run
                   s.shape.sp = sp;
                   s.shape.fp8 = fp8;
                   s.shape.fp8_bf16_layers = fp8_bf16;
-                  // Partial checkpointing splits evenly over the chunks of a stage.
-                  for (const auto& [ckpt, k] : ckpts)
-                    if (!(vpp > 1 && k % vpp != 0 && limits.ckpt_layers.empty())) s.ckpts.push_back({ckpt, k});
+                  s.ckpts = ckpts_of[v];
                   s.attentions = attns;
                   s.norms = norms;
-                  s.zeros = zeros_of(ep, fold);
+                  s.zeros = zeros;
                   s.grads = grads;
                   s.first = first;
                   first += s.size();
                   if (s.size() > 0) out.push_back(std::move(s));
                 }
+          }
         }
       }
     }

@@ -55,7 +55,7 @@ int64_t memory_lower_bound(const SpaceContext& ctx, const Subspace& s, const std
         l.ckpt = Checkpointing::full;
         l.ckpt_layers = 0;
         const memory::StagePlan plan = memory::stage_plan(m, run, l, stage);
-        memory::stage_shapes(m, run, l, ctx.cluster.device, plan, table);
+        memory::stage_other_shapes(m, run, l, ctx.cluster.device, plan, table);
         int64_t sum = 0;
         for (const auto& t : table) {
           if (t.category == memory::Category::weights || t.category == memory::Category::grads ||
@@ -124,13 +124,14 @@ int64_t MemoryBounds::part(int stage_end, const Member& x, bool params) {
     l.norm = s_.norms[x.n];
   }
   const memory::StagePlan plan = memory::stage_plan(ctx_.model, ctx_.run, l, stage_end == 0 ? 0 : l.pp - 1);
+  if (params) return memory::stage_state_bytes(ctx_.model, ctx_.run, l, ctx_.cluster.device, plan);
   thread_local std::vector<memory::TensorShape> table;
-  memory::stage_shapes(ctx_.model, ctx_.run, l, ctx_.cluster.device, plan, table);
+  memory::stage_other_shapes(ctx_.model, ctx_.run, l, ctx_.cluster.device, plan, table);
   int64_t sum = 0;
   for (const auto& t : table) {
     const bool state = t.category == memory::Category::weights || t.category == memory::Category::grads ||
                        t.category == memory::Category::optimizer;
-    if (params ? state : !state && !sharding_buffer(t)) sum += t.bytes();
+    if (!state && !sharding_buffer(t)) sum += t.bytes();
   }
   return sum;
 }

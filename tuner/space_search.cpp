@@ -58,10 +58,14 @@ constexpr const char* kStepBound = "bound: step lower bound past the listed layo
 // hundred MB.
 class RulePool {
  public:
-  const std::string* intern(std::string text) { return &*texts_.insert(std::move(text)).first; }
+  const std::string* intern(std::string text) {
+    if (text.empty()) return &none_;  // (most of what is asked: no rule broken)
+    return &*texts_.insert(std::move(text)).first;
+  }
 
  private:
   std::unordered_set<std::string> texts_;  // (nodes: the pointers stay valid)
+  const std::string none_;
 };
 
 // The first rule each layout of a subspace breaks, from a handful of layouts
@@ -86,8 +90,8 @@ struct Rules {
 std::string first_violation(const SpaceContext& ctx, const Layout& l) {
   // evaluate_one's order: FP8 on a device without it before the layout's rules.
   if (auto f8 = fp8_on_device(l, ctx.cluster.device); !f8.empty()) return f8;
-  const auto v = l.violations(ctx.model, ctx.run, ctx.cluster.gpus);
-  return v.empty() ? memory::fp8_runs_none(ctx.model, ctx.run, l) : v.front();
+  auto v = l.violations(ctx.model, ctx.run, ctx.cluster.gpus);
+  return v.empty() ? memory::fp8_runs_none(ctx.model, ctx.run, l) : std::move(v.front());
 }
 
 // An FP8 shape's rules from its bf16 twin's (the same shape with FP8 off;
@@ -358,14 +362,19 @@ SpaceReport search_one(const SpaceContext& ctx, const SpaceLimits& limits, int64
   std::vector<int64_t> valid(n, 0);
   // The rule text each layout breaks (held by rules[i], or size_error[i]),
   // counted per subspace on every core; the norm is under no rule, so its
-  // choices count alike.
+  // choices count alike. On a valid attention a layout breaks the first of
+  // its checkpointing, ZeRO, gradient and attention rules (Rules::of), so
+  // the counts are products of how many choices of each knob pass: every
+  // choice of the knobs after a broken one, and the passing ones before it.
   std::vector<std::vector<std::pair<const std::string*, int64_t>>> broken_of(n);
 #pragma omp parallel for schedule(dynamic, 64)
   for (size_t i = 0; i < n; ++i) {
     const Subspace& s = subs[i];
+    const Rules& ri = rules[i];
     const int64_t norms = int64_t(s.norms.size());
     auto& broken = broken_of[i];
     const auto count = [&broken](const std::string* rule, int64_t k) {
+      if (k == 0) return;
       for (auto& [r, c] : broken)
         if (r == rule) {
           c += k;
@@ -375,17 +384,31 @@ SpaceReport search_one(const SpaceContext& ctx, const SpaceLimits& limits, int64
     };
     const int64_t per_attention = int64_t(s.ckpts.size() * s.zeros.size() * s.grads.size()) * norms;
     for (size_t a = 0; a < s.attentions.size(); ++a)
-      if (!rules[i].shape[a]->empty()) count(rules[i].shape[a], per_attention);  // the shape's rule first
-    for (size_t c = 0; c < s.ckpts.size(); ++c)
-      for (size_t a : rules[i].valid_attentions)
-        for (size_t z = 0; z < s.zeros.size(); ++z)
-          for (size_t g = 0; g < s.grads.size(); ++g) {
-            const std::string& rule = rules[i].of(c, a, z, g);
-            if (rule.empty() && size_error[i].empty())
-              valid[i] += norms;
-            else
-              count(rule.empty() ? &size_error[i] : &rule, norms);
-          }
+      if (!ri.shape[a]->empty()) count(ri.shape[a], per_attention);  // the shape's rule first
+    if (ri.valid_attentions.empty()) continue;
+    const auto passing = [](const std::vector<const std::string*>& rule_of) {
+      return int64_t(std::count_if(rule_of.begin(), rule_of.end(), [](const std::string* r) { return r->empty(); }));
+    };
+    const int64_t attentions = int64_t(ri.valid_attentions.size());
+    const int64_t zs = int64_t(s.zeros.size()), gs = int64_t(s.grads.size());
+    const int64_t cs_ok = passing(ri.ckpt), zs_ok = passing(ri.zero), gs_ok = passing(ri.grad);
+    for (const std::string* rule : ri.ckpt)
+      if (!rule->empty()) count(rule, zs * gs * attentions * norms);
+    for (const std::string* rule : ri.zero)
+      if (!rule->empty()) count(rule, cs_ok * gs * attentions * norms);
+    for (const std::string* rule : ri.grad)
+      if (!rule->empty()) count(rule, cs_ok * zs_ok * attentions * norms);
+    int64_t attentions_ok = 0;
+    for (size_t a : ri.valid_attentions)
+      if (!ri.attention[a]->empty())
+        count(ri.attention[a], cs_ok * zs_ok * gs_ok * norms);
+      else
+        ++attentions_ok;
+    const int64_t passed = cs_ok * zs_ok * gs_ok * attentions_ok * norms;
+    if (size_error[i].empty())
+      valid[i] += passed;
+    else
+      count(&size_error[i], passed);
   }
   std::map<std::string, std::string> class_of;  // violation -> its class
   for (size_t i = 0; i < n; ++i) {

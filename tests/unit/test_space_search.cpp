@@ -9,6 +9,8 @@
 #include <nlohmann/json.hpp>
 
 #include "test_util.h"
+#include "core/error.h"
+#include "memory/shapes.h"
 #include "report/report.h"
 #include "tuner/space.h"
 #include "tuner/space_bounds.h"
@@ -256,6 +258,78 @@ TEST(SpaceSearch, BoundsNeverExceedTheLayouts) {
       EXPECT_TRUE(fp8_seen) << w.model << " on " << w.gpu;
     }
   }
+}
+
+// The memory bounds take a stage's table in two parts (memory/shapes.h):
+// the entries after the state, which must be the whole table's after its
+// state entries, name for name and byte for byte, and the state's bytes,
+// which must be every weights, grads and optimizer entry of the whole table
+// (FP8's weight copies and scaling state among them). Over the layouts of
+// dense, tied, LoRA and MoE spaces with every FP8 recipe, ZeRO stage,
+// expert grid and gradient type, on a GPU and a CPU, each stage.
+TEST(MemoryBounds, StateBytesAreTheTables) {
+  using memory::Category;
+  struct Case {
+    Where where;
+    int64_t lora_rank = 0;
+  };
+  const std::vector<std::pair<Fp8Recipe, int64_t>> recipes = {
+      {Fp8Recipe::off, 0}, {Fp8Recipe::tensorwise, 0}, {Fp8Recipe::delayed, 1}, {Fp8Recipe::blockwise, 0}};
+  int64_t checked = 0, fp8_state = 0, moe = 0;
+  for (const Case& c : {Case{Where{"tiny-moe", "h100", 8, 256, 32, DeviceKind::gpu, recipes}},
+                        Case{Where{"tiny-moe", "cpu", 4, 128, 16, DeviceKind::cpu, recipes}},
+                        Case{Where{"tiny-tied", "h100", 8, 256, 32, DeviceKind::gpu, recipes}},
+                        Case{Where{"tiny", "h100", 8, 256, 32, DeviceKind::gpu, recipes}, 8},
+                        Case{Where{"tiny-test", "cpu", 8, 256, 64, DeviceKind::cpu, recipes}}}) {
+    SpaceContext ctx = context_of(c.where);
+    if (c.lora_rank > 0) ctx.run.lora = LoraSpec::with_rank(c.lora_rank);
+    SpaceLimits lim;
+    lim.mb = {1, 2};
+    lim.fp8 = c.where.fp8;
+    const auto subs = enumerate_subspaces(ctx.model, ctx.run, c.where.gpus, lim, ctx.cluster.device);
+    for (size_t s = 0; s < subs.size(); s += 5) {
+      const Subspace& sub = subs[s];
+      for (int64_t i = int64_t(s) % 7; i < sub.size(); i += 7) {
+        const Layout l = sub.at(i);
+        if (!l.violations(ctx.model, ctx.run, c.where.gpus).empty()) continue;
+        for (const int64_t stage : {int64_t{0}, l.pp - 1}) {
+          const memory::StagePlan plan = memory::stage_plan(ctx.model, ctx.run, l, stage);
+          std::vector<memory::TensorShape> whole, other;
+          try {
+            memory::stage_shapes(ctx.model, ctx.run, l, ctx.cluster.device, plan, whole);
+          } catch (const InputError&) {
+            continue;  // (an FP8 layout with no GEMM in FP8, refused by the table)
+          }
+          memory::stage_other_shapes(ctx.model, ctx.run, l, ctx.cluster.device, plan, other);
+          ASSERT_LE(other.size(), whole.size()) << l.to_string();
+          const size_t state = whole.size() - other.size();
+          int64_t state_bytes = 0;
+          for (size_t k = 0; k < whole.size(); ++k) {
+            const memory::TensorShape& t = whole[k];
+            const bool is_state =
+                t.category == Category::weights || t.category == Category::grads || t.category == Category::optimizer;
+            if (is_state) state_bytes += t.bytes();
+            if (k < state) {
+              EXPECT_TRUE(is_state) << l.to_string() << " " << t.name;
+              continue;
+            }
+            const memory::TensorShape& o = other[k - state];
+            EXPECT_STREQ(o.name, t.name) << l.to_string();
+            EXPECT_EQ(o.bytes(), t.bytes()) << l.to_string() << " " << t.name;
+            EXPECT_EQ(o.category, t.category) << l.to_string() << " " << t.name;
+            if (is_state) ++fp8_state;
+          }
+          EXPECT_EQ(memory::stage_state_bytes(ctx.model, ctx.run, l, ctx.cluster.device, plan), state_bytes)
+              << l.to_string() << " stage " << stage;
+          ++checked;
+          moe += l.ep > 1;
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 1000);
+  EXPECT_GT(fp8_state, 100);  // FP8's state entries past the first part were met
+  EXPECT_GT(moe, 100);
 }
 
 // One cache shared by every shape of a space, in the search's order, gives
