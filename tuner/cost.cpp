@@ -502,6 +502,15 @@ StepBounds step_bounds(const ModelSpec& m, const RunSpec& run, const Layout& sha
       // Under an uneven split the slowest stage may be a middle one: each
       // least below takes it in too.
       const StageCost between = mid > 0 ? middle_cost(keep.mid, keep.mid, mid_n) : first;
+      // The stages' parts the checkpointing choice does not set.
+      const double compute = std::min({first.fwd + first.bwd, last.fwd + last.bwd, between.fwd + between.bwd});
+      const double tp = std::min({first.tp, last.tp, between.tp}), cp = std::min({first.cp, last.cp, between.cp});
+      // predict()'s slowest stage holds at least the total of every stage
+      // compared (each without its recomputation), of which the exposed
+      // share of tp is at least tp_share: the slower of the stages bounds
+      // too, and is tighter where they differ (an uneven split's middle).
+      const double slowest = mbs * std::min(1.0, tp_share) * std::max({first.total(), last.total(), between.total()});
+      const double bubble_stage = std::max(first.total(), last.total());
       for (size_t c = 0; c < ckpts.size(); ++c) {
         const double n_ckpt = redone_layers[c];
         // The first and last stage's blocks differ under FP8 (fp8@N): the
@@ -511,17 +520,11 @@ StepBounds step_bounds(const ModelSpec& m, const RunSpec& run, const Layout& sha
         const auto least = [&](double Redone::*f) { return std::min({rf.*f, rl.*f, rm.*f}); };
         const auto all = [](const Redone& r) { return r.compute + r.tp + r.cp; };
         const double redo = n_ckpt * std::min(all(rf), all(rl));
-        double t = mbs * std::min({first.fwd + first.bwd, last.fwd + last.bwd, between.fwd + between.bwd}) +
-                   mbs * n_ckpt * least(&Redone::compute) +
-                   mbs * (std::min({first.tp, last.tp, between.tp}) + n_ckpt * least(&Redone::tp)) * tp_share +
-                   mbs * (std::min({first.cp, last.cp, between.cp}) + n_ckpt * least(&Redone::cp));
-        // predict()'s slowest stage holds at least the total of every stage
-        // compared (each without its recomputation), of which the exposed
-        // share of tp is at least tp_share: the slower of the stages bounds
-        // too, and is tighter where they differ (an uneven split's middle).
-        t = std::max(t, mbs * std::min(1.0, tp_share) * std::max({first.total(), last.total(), between.total()}));
+        double t = mbs * compute + mbs * n_ckpt * least(&Redone::compute) +
+                   mbs * (tp + n_ckpt * least(&Redone::tp)) * tp_share + mbs * (cp + n_ckpt * least(&Redone::cp));
+        t = std::max(t, slowest);
         t += hops;
-        if (!shared_cores) t += double(l.pp - 1) / double(l.vpp) * (std::max(first.total(), last.total()) + redo);
+        if (!shared_cores) t += double(l.pp - 1) / double(l.vpp) * (bubble_stage + redo);
         b.kernels[(c * attentions.size() + a) * norms.size() + n] = t;
       }
     }

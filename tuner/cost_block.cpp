@@ -452,24 +452,6 @@ Part one_block_cost(const Model& x) {
 // The block's time with `mode`'s recomputation: selective redoes the
 // attention core (and the ring's forward passes it needs), ffn the MLP's
 // input side, full the whole forward with its communication.
-Redone redone(const Part& p, Checkpointing mode) {
-  Redone r{p.recompute, p.recompute_tp, p.recompute_cp};
-  switch (mode) {
-    case Checkpointing::none: break;
-    case Checkpointing::selective:
-      r.compute = p.attn_fwd;
-      r.cp = p.cp_fwd;
-      break;
-    case Checkpointing::ffn: r.compute = p.mlp_pre; break;
-    case Checkpointing::full:
-      r.compute = p.fwd;
-      r.tp = p.tp_fwd;
-      r.cp = p.cp_fwd;
-      break;
-  }
-  return r;
-}
-
 Part with_recompute(Part p, Checkpointing mode) {
   const Redone r = redone(p, mode);
   p.recompute = r.compute;

@@ -305,7 +305,23 @@ Blocks with_recompute(const Blocks& b, Checkpointing mode);
 struct Redone {
   double compute = 0, tp = 0, cp = 0;
 };
-Redone redone(const Part& p, Checkpointing mode);
+inline Redone redone(const Part& p, Checkpointing mode) {
+  Redone r{p.recompute, p.recompute_tp, p.recompute_cp};
+  switch (mode) {
+    case Checkpointing::none: break;
+    case Checkpointing::selective:
+      r.compute = p.attn_fwd;
+      r.cp = p.cp_fwd;
+      break;
+    case Checkpointing::ffn: r.compute = p.mlp_pre; break;
+    case Checkpointing::full:
+      r.compute = p.fwd;
+      r.tp = p.tp_fwd;
+      r.cp = p.cp_fwd;
+      break;
+  }
+  return r;
+}
 // What the first stage adds to its blocks per micro-batch (the embedding)
 // and the last (the final norm, the LM head and the loss). Of the knobs of a
 // shape's layouts they read only the norm: step_bounds takes them once per

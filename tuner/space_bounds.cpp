@@ -47,15 +47,15 @@ int64_t memory_lower_bound(const SpaceContext& ctx, const Subspace& s, const std
   for (int e = 0; e < (s.shape.pp > 1 ? 2 : 1); ++e) {
     const int64_t stage = ends[e];
     int64_t least = std::numeric_limits<int64_t>::max();
+    Layout l = s.shape;
+    l.ckpt = Checkpointing::full;
+    l.ckpt_layers = 0;
+    const memory::StagePlan full = memory::stage_plan(m, run, l, stage);  // (neither kernel sets the plan)
     for (size_t a : valid_attentions)
       for (NormKind norm : s.norms) {
-        Layout l = s.shape;
         l.attention = s.attentions[a];
         l.norm = norm;
-        l.ckpt = Checkpointing::full;
-        l.ckpt_layers = 0;
-        const memory::StagePlan plan = memory::stage_plan(m, run, l, stage);
-        memory::stage_other_shapes(m, run, l, ctx.cluster.device, plan, table);
+        memory::stage_other_shapes(m, run, l, ctx.cluster.device, full, table);
         int64_t sum = 0;
         for (const auto& t : table) {
           if (t.category == memory::Category::weights || t.category == memory::Category::grads ||
@@ -66,7 +66,7 @@ int64_t memory_lower_bound(const SpaceContext& ctx, const Subspace& s, const std
         }
         least = std::min(least, sum);
       }
-    Layout l = s.shape;
+    l = s.shape;
     const memory::StagePlan plan = memory::stage_plan(m, run, l, stage);
     const int64_t params = memory::stage_param_elements(m, l, plan) / l.shard_ways();
     // LoRA's frozen base: whole on every dp rank, in the compute type.
