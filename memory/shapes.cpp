@@ -510,10 +510,8 @@ void other_shapes(const ModelSpec& m, const RunSpec& run, const Layout& l, const
   if (plan.has_head) {
     // The last virtual stage runs each micro-batch's backward right after its
     // forward (pipeline_schedule), so one micro-batch of head state is live.
-    std::vector<TensorShape> fn;
-    norm_saved(d, l, "final_norm.input", "final_norm.rstd", "final_norm.normed_fp32", fn);
-    fn.push_back({"final_norm.output", Category::activations, d.B * d.Tsp * d.C, d.a, 1});
-    out.insert(out.end(), fn.begin(), fn.end());
+    norm_saved(d, l, "final_norm.input", "final_norm.rstd", "final_norm.normed_fp32", out);
+    out.push_back({"final_norm.output", Category::activations, d.B * d.Tsp * d.C, d.a, 1});
     // Vocab-parallel loss: the logits of this rank's vocab shard in the
     // compute type (the loss reads them in fp32 and never stores an fp32
     // copy), overwritten in place by their gradient; per-token max and

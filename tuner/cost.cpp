@@ -484,7 +484,7 @@ StepBounds step_bounds(const ModelSpec& m, const RunSpec& run, const Layout& sha
   std::vector<EdgeCosts> edges(norms.size());
   for (size_t n = 0; n < norms.size(); ++n) {
     l.norm = norms[n];
-    edges[n] = edge_costs(model_of(m, run, l, cluster, k));
+    edges[n] = edge_costs(model_of(m, run, l, cluster, k), cache);
   }
   // The stages' blocks, which neither knob of the loop below sets.
   StageLayers first_n = stage_layers_of(m, l, 0), last_n = stage_layers_of(m, l, l.pp - 1);

@@ -492,6 +492,7 @@ struct BlockCostCache::Impl {
   const ClusterSpec* c = nullptr;
   const CostConstants* k = nullptr;
   std::unordered_map<BlockKey, cost_parts::Part, BlockKeyHash> parts;
+  std::unordered_map<BlockKey, cost_parts::EdgeCosts, BlockKeyHash> edges;
 };
 
 BlockCostCache::BlockCostCache() : impl_(std::make_unique<Impl>()) {}
@@ -512,16 +513,24 @@ BlockKey block_key(const Model& x) {
           int64_t(l.fp8), int64_t(x.fp8), l.ep, l.etp, int64_t(l.dispatch), int64_t(l.ep_fold)};
 }
 
-Part cached_block_cost(const Model& x, BlockCostCache* cache) {
-  if (!cache) return block_cost(x);
+// The cache for x's model, run, cluster and constants (emptied when they
+// change).
+BlockCostCache::Impl& cache_for(const Model& x, BlockCostCache* cache) {
   BlockCostCache::Impl& c = cache->impl();
   if (c.m != &x.m || c.run != &x.run || c.c != &x.c || c.k != &x.k) {
     c.parts.clear();
+    c.edges.clear();
     c.m = &x.m;
     c.run = &x.run;
     c.c = &x.c;
     c.k = &x.k;
   }
+  return c;
+}
+
+Part cached_block_cost(const Model& x, BlockCostCache* cache) {
+  if (!cache) return block_cost(x);
+  BlockCostCache::Impl& c = cache_for(x, cache);
   const BlockKey key = block_key(x);
   if (auto it = c.parts.find(key); it != c.parts.end()) return it->second;
   return c.parts.emplace(key, block_cost(x)).first->second;
@@ -593,6 +602,17 @@ EdgeCosts edge_costs(const Model& x) {
   e.head_bwd = x.norm_bwd(Msp) + (x.run.lora.enabled() ? x.gemm(M, C, Vl) : x.linear_bwd(M, Vl, C));
   e.head_tp = 3 * all_reduce(4 * M, tg) + (l.sp ? 2 * all_gather(act, tg) + reduce_scatter(act, tg) : all_reduce(act, tg));
   return e;
+}
+
+EdgeCosts edge_costs(const Model& x, BlockCostCache* cache) {
+  if (!cache) return edge_costs(x);
+  BlockCostCache::Impl& c = cache_for(x, cache);
+  // Every knob edge_costs reads (SpaceSearch.BlockCostCacheChangesNoBound
+  // fails where one is missing).
+  const Layout& l = x.l;
+  const BlockKey key = {l.tp, l.cp, l.mb, int64_t(l.sp), int64_t(l.norm), 0, 0, 0, 0, 0, 0, 0, 0};
+  if (auto it = c.edges.find(key); it != c.edges.end()) return it->second;
+  return c.edges.emplace(key, edge_costs(x)).first->second;
 }
 
 std::pair<StageCost, StageCost> stage_costs(const Model& x, const Blocks& keeps, const Blocks& ckpts,

@@ -331,6 +331,9 @@ struct EdgeCosts {
   double head_fwd = 0, head_bwd = 0, head_tp = 0;
 };
 EdgeCosts edge_costs(const Model& x);
+// The same, taken from `cache` where a shape priced them before (null:
+// computed).
+EdgeCosts edge_costs(const Model& x, BlockCostCache* cache);
 // The first and last stage's time per micro-batch (cost_block.cpp says how).
 std::pair<StageCost, StageCost> stage_costs(const Model& x, const Blocks& keeps, const Blocks& ckpts,
                                             StageLayers first, StageLayers last);

@@ -91,7 +91,7 @@ Member member_of(const Subspace& s, int64_t i) {
   return x;
 }
 
-MemoryBounds::MemoryBounds(const SpaceContext& ctx, const Subspace& s) : ctx_(ctx), s_(s) {
+MemoryBounds::MemoryBounds(const SpaceContext& ctx, const Subspace& s) : ctx_(ctx), s_(s), work_(s.shape) {
   for (int k = 0; k < 2; ++k) {
     rest_[k].assign(s.ckpts.size() * s.attentions.size() * s.norms.size(), -1);
     params_[k].assign(s.zeros.size() * s.grads.size(), -1);
@@ -113,7 +113,14 @@ int64_t MemoryBounds::of(const Member& x) {
 // One term on the first (0) or last (1) stage: the state's bytes (params),
 // or the rest less the data-parallel buffers.
 int64_t MemoryBounds::part(int stage_end, const Member& x, bool params) {
-  Layout l = s_.shape;
+  Layout& l = work_;  // the shape with this term's knobs (no copy: a Layout's split allocates)
+  l.zero = s_.shape.zero;
+  l.zero_group = s_.shape.zero_group;
+  l.grad = s_.shape.grad;
+  l.ckpt = s_.shape.ckpt;
+  l.ckpt_layers = s_.shape.ckpt_layers;
+  l.attention = s_.shape.attention;
+  l.norm = s_.shape.norm;
   if (params) {
     s_.zeros[x.z].apply(l);
     l.grad = s_.grads[x.g];

@@ -40,6 +40,7 @@ class MemoryBounds {
 
   const SpaceContext& ctx_;
   const Subspace& s_;
+  Layout work_;
   std::vector<int64_t> rest_[2], params_[2];
 };
 

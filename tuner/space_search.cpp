@@ -113,6 +113,11 @@ Rules twin_rules(const SpaceContext& ctx, const Subspace& s, const Rules& bf16, 
 
 Rules rules_of(const SpaceContext& ctx, const Subspace& s, RulePool& pool) {
   Rules r;
+  // (Each list at its size up front: grown one choice at a time they took
+  // three times the allocations, a few million in a large space.)
+  r.shape.reserve(s.attentions.size());
+  r.attention.reserve(s.attentions.size());
+  r.valid_attentions.reserve(s.attentions.size());
   const std::string* none = pool.intern(std::string());
   Layout l = s.shape;  // one copy, its knobs set in turn (a Layout's split allocates)
   for (AttentionKind a : s.attentions) {
@@ -124,6 +129,9 @@ Rules rules_of(const SpaceContext& ctx, const Subspace& s, RulePool& pool) {
                               : none);
   }
   if (r.valid_attentions.empty()) return r;
+  r.ckpt.reserve(s.ckpts.size());
+  r.zero.reserve(s.zeros.size());
+  r.grad.reserve(s.grads.size());
   l.attention = s.attentions[r.valid_attentions.front()];
   for (const auto& [mode, k] : s.ckpts) {
     l.ckpt = mode;

@@ -335,12 +335,15 @@ TEST(MemoryBounds, StateBytesAreTheTables) {
 // One cache shared by every shape of a space, in the search's order, gives
 // each shape exactly the bounds it gets alone: the shapes differ in pp, dp,
 // vpp, the split and the FP8 recipe's edge blocks, which block costs must
-// not depend on (or the cache's key must hold them).
+// not depend on (or the cache's key must hold them), and in all but tp, cp,
+// mb, sp and the norm, which the embedding's and head's costs must not.
 TEST(SpaceSearch, BlockCostCacheChangesNoBound) {
   for (const Where& w : {Where{"llama3.1-8b", "h100", 64, 8192, 64, DeviceKind::gpu},
                          Where{"llama3.1-8b", "h100", 32, 8192, 32, DeviceKind::gpu,
                                {{Fp8Recipe::delayed, 3}, {Fp8Recipe::blockwise, 0}}},
-                         Where{"tiny-test", "cpu", 8, 256, 64, DeviceKind::cpu, {{Fp8Recipe::tensorwise, 1}}}}) {
+                         Where{"tiny-test", "cpu", 8, 256, 64, DeviceKind::cpu, {{Fp8Recipe::tensorwise, 1}}},
+                         // (expert grids and dispatchers too)
+                         Where{"tiny-moe", "h100", 16, 256, 64, DeviceKind::gpu}}) {
     const SpaceContext ctx = context_of(w);
     SpaceLimits lim;
     lim.fp8 = w.fp8;
