@@ -35,23 +35,33 @@ bool sharding_buffer(const memory::TensorShape& t) {
 //   size follows ZeRO and the gradient type): taken at the least over the
 //   valid attention kinds and the norms.
 // The worst stage holds at least the first's and the last's.
-int64_t memory_lower_bound(const SpaceContext& ctx, const Subspace& s, const std::vector<size_t>& valid_attentions) {
+// Asked whether the bound lies past `past`, it stops as soon as it knows:
+// an end whose state and least rest so far come to at most `past` is not
+// priced further, and the first end past it ends the walk.
+int64_t memory_lower_bound(const SpaceContext& ctx, const Subspace& s, const std::vector<size_t>& valid_attentions,
+                           int64_t past) {
   const ModelSpec& m = ctx.model;
   const RunSpec& run = ctx.run;
   int64_t narrowest = 4;
   for (GradPrecision g : s.grads) narrowest = std::min<int64_t>(narrowest, g == GradPrecision::bf16 ? 2 : 4);
   const int64_t per_param = run.compute_bytes() + narrowest + (run.precision == Precision::bf16 ? 12 : 8);
   thread_local std::vector<memory::TensorShape> table;
+  const bool asked = past < std::numeric_limits<int64_t>::max();  // (else the bound itself)
   int64_t bound = 0;
   const int64_t ends[] = {0, s.shape.pp - 1};  // at pp 1 one stage, the first and the last
   for (int e = 0; e < (s.shape.pp > 1 ? 2 : 1); ++e) {
     const int64_t stage = ends[e];
-    int64_t least = std::numeric_limits<int64_t>::max();
     Layout l = s.shape;
+    const memory::StagePlan plan = memory::stage_plan(m, run, l, stage);
+    const int64_t params = memory::stage_param_elements(m, l, plan) / l.shard_ways();
+    // LoRA's frozen base: whole on every dp rank, in the compute type.
+    const int64_t frozen = memory::stage_frozen_elements(m, l, plan) * run.compute_bytes();
+    const int64_t state = params * per_param + frozen;
+    int64_t least = std::numeric_limits<int64_t>::max();
     l.ckpt = Checkpointing::full;
     l.ckpt_layers = 0;
     const memory::StagePlan full = memory::stage_plan(m, run, l, stage);  // (neither kernel sets the plan)
-    for (size_t a : valid_attentions)
+    for (size_t a : valid_attentions) {
       for (NormKind norm : s.norms) {
         l.attention = s.attentions[a];
         l.norm = norm;
@@ -65,13 +75,12 @@ int64_t memory_lower_bound(const SpaceContext& ctx, const Subspace& s, const std
           sum += t.bytes();
         }
         least = std::min(least, sum);
+        if (asked && least + state <= past) break;
       }
-    l = s.shape;
-    const memory::StagePlan plan = memory::stage_plan(m, run, l, stage);
-    const int64_t params = memory::stage_param_elements(m, l, plan) / l.shard_ways();
-    // LoRA's frozen base: whole on every dp rank, in the compute type.
-    const int64_t frozen = memory::stage_frozen_elements(m, l, plan) * run.compute_bytes();
-    bound = std::max(bound, least + params * per_param + frozen);
+      if (asked && least + state <= past) break;
+    }
+    bound = std::max(bound, least + state);
+    if (bound > past) return bound;
   }
   return bound;
 }

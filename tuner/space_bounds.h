@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "tuner/space.h"
@@ -20,7 +21,11 @@ Member member_of(const Subspace& s, int64_t i);
 // A lower bound on memory::estimate(...).peak() of every valid layout of a
 // subspace (space_bounds.cpp says how), over its valid attention kinds
 // (indices into its list). Throws InputError for sizes past 64 bits.
-int64_t memory_lower_bound(const SpaceContext& ctx, const Subspace& s, const std::vector<size_t>& valid_attentions);
+// With `past` given it answers only whether the bound lies past it, for
+// less work: a result past `past` is past it and at most the bound; a
+// result at most `past` means the bound is too, and is not the bound.
+int64_t memory_lower_bound(const SpaceContext& ctx, const Subspace& s, const std::vector<size_t>& valid_attentions,
+                           int64_t past = std::numeric_limits<int64_t>::max());
 
 // Lower bounds on memory::estimate(...).peak() of a subspace's layouts, a
 // term per (checkpointing, attention, norm) and one per (ZeRO, gradient

@@ -20,7 +20,9 @@
 //    whatever its other knobs, and is not visited. It builds the stage's
 //    tensor table for each attention kind and norm, dearer than the step
 //    bounds, so the shapes the step bounds rule out never take it (on 64
-//    GPUs, 3 to 15 thousand of 100 to 120 thousand shapes do).
+//    GPUs, 3 to 15 thousand of 100 to 120 thousand shapes do), and it is
+//    asked only whether it lies past the usable memory, which most shapes
+//    answer with a table or two.
 // Every bound only drops time or bytes from what predict() and
 // memory::estimate() would say, so no layout of the rows is ruled out:
 // the rows are evaluate()'s (tests/unit/test_space.cpp holds them equal,
@@ -326,27 +328,34 @@ SpaceReport search_one(const SpaceContext& ctx, const SpaceLimits& limits, int64
     bound_steps(i);
   };
   // The memory bound of a shape, the first time it is asked for; an FP8
-  // shape takes its twin's.
-  std::vector<char> memory_known(n, 0);
+  // shape takes its twin's. Asked first only whether it lies past the usable
+  // memory (memory_lower_bound's `past`: less work); the nearest-to-fitting
+  // fallback below asks the bound itself (exact) of the shapes past it.
+  std::vector<char> memory_known(n, 0), memory_exact(n, 0);
   const auto root = [&](size_t i) { return twin[i] < n && size_error[twin[i]].empty() ? twin[i] : i; };
-  const auto bound_memory = [&](const std::vector<size_t>& shapes) {
+  const auto bound_memory = [&](const std::vector<size_t>& shapes, bool exact) {
     std::vector<size_t> todo;
     for (size_t i : shapes)
-      if (!memory_known[root(i)]) todo.push_back(root(i));
+      if (!memory_known[root(i)] || (exact && !memory_exact[root(i)])) todo.push_back(root(i));
     std::sort(todo.begin(), todo.end());
     todo.erase(std::unique(todo.begin(), todo.end()), todo.end());
+    const int64_t past = exact ? std::numeric_limits<int64_t>::max() : usable;
 #pragma omp parallel for schedule(dynamic, 1)
     for (size_t k = 0; k < todo.size(); ++k) try {
-      memory_bound[todo[k]] = memory_lower_bound(ctx, subs[todo[k]], rules[todo[k]].valid_attentions);
+      memory_bound[todo[k]] = memory_lower_bound(ctx, subs[todo[k]], rules[todo[k]].valid_attentions, past);
     } catch (...) {
 #pragma omp critical(weft_search_failed)
       if (!failed) failed = std::current_exception();
     }
     if (failed) std::rethrow_exception(failed);
-    for (size_t i : todo) memory_known[i] = 1;
+    for (size_t i : todo) {
+      memory_known[i] = 1;
+      memory_exact[i] = exact;
+    }
     for (size_t i : shapes) {
       memory_bound[i] = memory_bound[root(i)];
       memory_known[i] = 1;
+      memory_exact[i] = memory_exact[root(i)];
     }
   };
   for (const bool fp8_twins : {false, true}) {
@@ -471,7 +480,7 @@ SpaceReport search_one(const SpaceContext& ctx, const SpaceLimits& limits, int64
     std::vector<size_t> batch, shapes;
     while (next < order.size() && shapes.size() < batch_size && step_bound[order[next]] <= threshold)
       shapes.push_back(order[next++]);
-    bound_memory(shapes);
+    bound_memory(shapes, false);
     for (size_t i : shapes) {
       if (memory_bound[i] <= usable) {
         batch.push_back(i);
@@ -493,6 +502,7 @@ SpaceReport search_one(const SpaceContext& ctx, const SpaceLimits& limits, int64
   // over_memory holds them in `order`'s order, by their step bound.)
   if (found.fitting < int64_t(top)) {
     const size_t want = top - size_t(found.fitting);
+    if (found.fitting == 0) bound_memory(over_memory, true);  // (the nearest's test reads the bounds)
     for (size_t i : over_memory) {
       keep_best(found.oom, want);
       const bool rows = found.oom.size() < want ||

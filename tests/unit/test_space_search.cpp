@@ -240,11 +240,41 @@ TEST(SpaceSearch, BoundsNeverExceedTheLayouts) {
       const auto steps = step_bounds(ctx.model, ctx.run, sub.shape, ctx.cluster, ctx.constants, sub.ckpts,
                                      sub.attentions, sub.norms, sub.zeros, sub.grads);
       MemoryBounds memory(ctx, sub);
+      // The shape's bound over the attention kinds some valid layout has,
+      // and asked whether it lies past a value: the same answer, for values
+      // around it too.
+      std::vector<size_t> valid_attentions;
+      for (int64_t i = 0; i < sub.size(); ++i) {
+        const size_t a = member_of(sub, i).a;
+        if (sub.at(i).violations(ctx.model, ctx.run, w.gpus).empty() &&
+            std::find(valid_attentions.begin(), valid_attentions.end(), a) == valid_attentions.end())
+          valid_attentions.push_back(a);
+      }
+      std::sort(valid_attentions.begin(), valid_attentions.end());
+      int64_t shape_bound = 0;
+      if (!valid_attentions.empty()) {
+        try {
+          shape_bound = memory_lower_bound(ctx, sub, valid_attentions);
+        } catch (const InputError&) {
+          continue;  // (sizes past 64 bits)
+        }
+        // (In both orders of the kinds: the least need not come first.)
+        std::vector<size_t> reversed(valid_attentions.rbegin(), valid_attentions.rend());
+        EXPECT_EQ(memory_lower_bound(ctx, sub, reversed), shape_bound) << sub.shape.to_string();
+        for (const auto* kinds : {&valid_attentions, &reversed})
+          for (const int64_t past : {int64_t{0}, shape_bound / 2, shape_bound - 1, shape_bound, shape_bound + 1,
+                                     int64_t(ctx.cluster.device.memory_bytes)}) {
+            const int64_t asked = memory_lower_bound(ctx, sub, *kinds, past);
+            EXPECT_EQ(asked > past, shape_bound > past) << sub.shape.to_string() << " past " << past;
+            if (asked > past) { EXPECT_LE(asked, shape_bound) << sub.shape.to_string() << " past " << past; }
+          }
+      }
       for (int64_t i = 0; i < sub.size(); ++i) {
         const Layout l = sub.at(i);
         if (!l.violations(ctx.model, ctx.run, w.gpus).empty()) continue;
         const Member x = member_of(sub, i);
         const auto est = memory::estimate(ctx.model, ctx.run, l, ctx.cluster.device, ctx.memory);
+        EXPECT_LE(shape_bound, est.peak()) << l.to_string();
         EXPECT_LE(memory.of(x), est.peak()) << l.to_string();
         EXPECT_LE(steps.of(x.c, x.a, x.n, x.z, x.g), predict(ctx.model, ctx.run, l, ctx.cluster, ctx.constants).step)
             << l.to_string();
