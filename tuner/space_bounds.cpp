@@ -107,7 +107,7 @@ MemoryBounds::MemoryBounds(const SpaceContext& ctx, const Subspace& s) : ctx_(ct
   }
 }
 
-int64_t MemoryBounds::of(const Member& x) {
+int64_t MemoryBounds::of(const Member& x, int64_t past) {
   int64_t bound = 0;
   for (int k = 0; k < (s_.shape.pp > 1 ? 2 : 1); ++k) {  // at pp 1 one stage, the first and the last
     int64_t& rest = rest_[k][(x.c * s_.attentions.size() + x.a) * s_.norms.size() + x.n];
@@ -115,6 +115,7 @@ int64_t MemoryBounds::of(const Member& x) {
     int64_t& params = params_[k][x.z * s_.grads.size() + x.g];
     if (params < 0) params = part(k, x, true);
     bound = std::max(bound, rest + params);
+    if (bound > past) break;  // (the first end past it answers)
   }
   return bound;
 }

@@ -38,7 +38,9 @@ int64_t memory_lower_bound(const SpaceContext& ctx, const Subspace& s, const std
 class MemoryBounds {
  public:
   MemoryBounds(const SpaceContext& ctx, const Subspace& s);
-  int64_t of(const Member& x);
+  // With `past` given, the first stage end past it ends the walk: the
+  // result is then past `past` and at most the bound.
+  int64_t of(const Member& x, int64_t past = std::numeric_limits<int64_t>::max());
 
  private:
   int64_t part(int stage_end, const Member& x, bool params);

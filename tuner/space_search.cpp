@@ -207,7 +207,7 @@ void visit(const SpaceContext& ctx, const Subspace& s, const Rules& rules, const
         continue;
       }
       if (!memory_bounds) memory_bounds.emplace(ctx, s);
-      if (memory_bounds->of(x) > usable) {
+      if (memory_bounds->of(x, usable) > usable) {
         ++f.memory_bounded;
         continue;
       }

@@ -275,7 +275,13 @@ TEST(SpaceSearch, BoundsNeverExceedTheLayouts) {
         const Member x = member_of(sub, i);
         const auto est = memory::estimate(ctx.model, ctx.run, l, ctx.cluster.device, ctx.memory);
         EXPECT_LE(shape_bound, est.peak()) << l.to_string();
-        EXPECT_LE(memory.of(x), est.peak()) << l.to_string();
+        const int64_t bound = memory.of(x);
+        EXPECT_LE(bound, est.peak()) << l.to_string();
+        for (const int64_t past : {int64_t{0}, bound - 1, bound}) {
+          const int64_t asked = memory.of(x, past);
+          EXPECT_EQ(asked > past, bound > past) << l.to_string() << " past " << past;
+          EXPECT_LE(asked, bound) << l.to_string() << " past " << past;
+        }
         EXPECT_LE(steps.of(x.c, x.a, x.n, x.z, x.g), predict(ctx.model, ctx.run, l, ctx.cluster, ctx.constants).step)
             << l.to_string();
         ++checked;
