@@ -36,7 +36,6 @@
 #include <limits>
 #include <map>
 #include <optional>
-#include <unordered_set>
 
 #include <fmt/format.h>
 #include <omp.h>
@@ -45,6 +44,7 @@
 #include "memory/shapes.h"
 #include "tuner/space.h"
 #include "tuner/space_bounds.h"
+#include "tuner/space_rules.h"
 
 namespace weft::tuner {
 
@@ -53,107 +53,6 @@ namespace {
 // The classes of layouts the bounds rule out unvisited.
 constexpr const char* kMemoryBound = "oom: memory lower bound";
 constexpr const char* kStepBound = "bound: step lower bound past the listed layouts";
-
-// The rule texts of one thread's subspaces, each held once: a space of
-// a hundred thousand shapes breaks a few hundred distinct rules, and a copy
-// of each per shape and knob came to millions of allocations and a few
-// hundred MB.
-class RulePool {
- public:
-  const std::string* intern(std::string text) {
-    if (text.empty()) return &none_;  // (most of what is asked: no rule broken)
-    return &*texts_.insert(std::move(text)).first;
-  }
-
- private:
-  std::unordered_set<std::string> texts_;  // (nodes: the pointers stay valid)
-  const std::string none_;
-};
-
-// The first rule each layout of a subspace breaks, from a handful of layouts
-// (texts in a RulePool; an empty text: none).
-struct Rules {
-  std::vector<const std::string*> shape;      // per attention kind: the shape's first broken rule
-  std::vector<const std::string*> ckpt;       // per checkpointing choice, on a valid shape
-  std::vector<const std::string*> zero;       // per ZeRO stage
-  std::vector<const std::string*> grad;       // per gradient precision
-  std::vector<const std::string*> attention;  // per attention kind: cudnn on a CPU
-  std::vector<size_t> valid_attentions;
-
-  // The first rule layout (c, a, z, g) of the subspace breaks; empty when none.
-  const std::string& of(size_t c, size_t a, size_t z, size_t g) const {
-    if (!shape[a]->empty()) return *shape[a];
-    for (const std::string* r : {ckpt[c], zero[z], grad[g], attention[a]})
-      if (!r->empty()) return *r;
-    return *shape[a];
-  }
-};
-
-std::string first_violation(const SpaceContext& ctx, const Layout& l) {
-  // evaluate_one's order: FP8 on a device without it before the layout's rules.
-  if (auto f8 = fp8_on_device(l, ctx.cluster.device); !f8.empty()) return f8;
-  auto v = l.violations(ctx.model, ctx.run, ctx.cluster.gpus);
-  return v.empty() ? memory::fp8_runs_none(ctx.model, ctx.run, l) : std::move(v.front());
-}
-
-// An FP8 shape's rules from its bf16 twin's (the same shape with FP8 off;
-// search_one): at fp8@0 Layout::violations has no rule of FP8's own, so FP8
-// adds two that hold for the whole shape, FP8 on the device (first) and no
-// GEMM left in FP8 (last), and otherwise breaks what the twin breaks.
-Rules twin_rules(const SpaceContext& ctx, const Subspace& s, const Rules& bf16, RulePool& pool) {
-  Layout l = s.shape;
-  l.attention = s.attentions.front();
-  const std::string device = fp8_on_device(l, ctx.cluster.device);
-  const std::string none = device.empty() ? memory::fp8_runs_none(ctx.model, ctx.run, l) : std::string();
-  if (device.empty() && none.empty()) return bf16;
-  Rules r;
-  r.attention = bf16.attention;
-  const std::string* whole = pool.intern(!device.empty() ? device : none);
-  for (const std::string* rule : bf16.shape) r.shape.push_back(!device.empty() || rule->empty() ? whole : rule);
-  return r;  // (no attention valid: the knobs' rules are not read)
-}
-
-Rules rules_of(const SpaceContext& ctx, const Subspace& s, RulePool& pool) {
-  Rules r;
-  // (Each list at its size up front: grown one choice at a time they took
-  // three times the allocations, a few million in a large space.)
-  r.shape.reserve(s.attentions.size());
-  r.attention.reserve(s.attentions.size());
-  r.valid_attentions.reserve(s.attentions.size());
-  const std::string* none = pool.intern(std::string());
-  Layout l = s.shape;  // one copy, its knobs set in turn (a Layout's split allocates)
-  for (AttentionKind a : s.attentions) {
-    l.attention = a;
-    r.shape.push_back(pool.intern(first_violation(ctx, l)));
-    if (r.shape.back()->empty()) r.valid_attentions.push_back(r.shape.size() - 1);
-    r.attention.push_back(a == AttentionKind::cudnn && ctx.cluster.device.kind != DeviceKind::gpu
-                              ? pool.intern(cudnn_on_cpu(ctx.cluster.device))
-                              : none);
-  }
-  if (r.valid_attentions.empty()) return r;
-  r.ckpt.reserve(s.ckpts.size());
-  r.zero.reserve(s.zeros.size());
-  r.grad.reserve(s.grads.size());
-  l.attention = s.attentions[r.valid_attentions.front()];
-  for (const auto& [mode, k] : s.ckpts) {
-    l.ckpt = mode;
-    l.ckpt_layers = k;
-    r.ckpt.push_back(pool.intern(first_violation(ctx, l)));
-  }
-  l.ckpt = s.shape.ckpt;
-  l.ckpt_layers = s.shape.ckpt_layers;
-  for (const ZeroChoice& z : s.zeros) {
-    z.apply(l);
-    r.zero.push_back(pool.intern(first_violation(ctx, l)));
-  }
-  l.zero = s.shape.zero;
-  l.zero_group = s.shape.zero_group;
-  for (GradPrecision g : s.grads) {
-    l.grad = g;
-    r.grad.push_back(pool.intern(first_violation(ctx, l)));
-  }
-  return r;
-}
 
 // What the search keeps of a predicted layout.
 struct Rec {
