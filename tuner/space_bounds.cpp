@@ -19,6 +19,19 @@ bool sharding_buffer(const memory::TensorShape& t) {
          (std::strncmp(t.name, "comm.dp_", 8) == 0 || std::strncmp(t.name, "comm.tied_", 10) == 0);
 }
 
+// A stage's bytes that neither ZeRO nor the gradient type sets, from its
+// table's part after the state (memory::stage_other_shapes): all but FP8's
+// state and the data-parallel buffers.
+int64_t rest_bytes(const std::vector<memory::TensorShape>& other) {
+  int64_t sum = 0;
+  for (const auto& t : other) {
+    const bool state = t.category == memory::Category::weights || t.category == memory::Category::grads ||
+                       t.category == memory::Category::optimizer;
+    if (!state && !sharding_buffer(t)) sum += t.bytes();
+  }
+  return sum;
+}
+
 }  // namespace
 
 // A lower bound on memory::estimate(...).peak() of every valid layout of a
@@ -66,15 +79,7 @@ int64_t memory_lower_bound(const SpaceContext& ctx, const Subspace& s, const std
         l.attention = s.attentions[a];
         l.norm = norm;
         memory::stage_other_shapes(m, run, l, ctx.cluster.device, full, table);
-        int64_t sum = 0;
-        for (const auto& t : table) {
-          if (t.category == memory::Category::weights || t.category == memory::Category::grads ||
-              t.category == memory::Category::optimizer)
-            continue;
-          if (sharding_buffer(t)) continue;
-          sum += t.bytes();
-        }
-        least = std::min(least, sum);
+        least = std::min(least, rest_bytes(table));
         if (asked && least + state <= past) break;
       }
       if (asked && least + state <= past) break;
@@ -144,13 +149,7 @@ int64_t MemoryBounds::part(int stage_end, const Member& x, bool params) {
   if (params) return memory::stage_state_bytes(ctx_.model, ctx_.run, l, ctx_.cluster.device, plan);
   thread_local std::vector<memory::TensorShape> table;
   memory::stage_other_shapes(ctx_.model, ctx_.run, l, ctx_.cluster.device, plan, table);
-  int64_t sum = 0;
-  for (const auto& t : table) {
-    const bool state = t.category == memory::Category::weights || t.category == memory::Category::grads ||
-                       t.category == memory::Category::optimizer;
-    if (!state && !sharding_buffer(t)) sum += t.bytes();
-  }
-  return sum;
+  return rest_bytes(table);
 }
 
 }  // namespace weft::tuner
