@@ -2,9 +2,11 @@
 // (calibration/public_runs.csv): per source and per sweep, with the
 // datasheet constants and with constants fitted to the non-held-out rows.
 //   model_fidelity [--csv PATH] [--sweeps]
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <vector>
 #include <string>
 
@@ -35,9 +37,9 @@ void print_stats(const char* label, const Fidelity& f) {
   // FP8 rows apart: their error is the FP8 model's. MFU on them is against
   // the dense bf16 peak (989 TFLOP/s on H100), as on every other row.
   line("fp8, dense (MFU vs bf16 peak)", f.fp8);
-  // Mixture-of-Experts rows apart: never fitted, so every one is held out
-  // from the fit; MFU of the active parameters.
-  line("moe (never fitted)", f.moe);
+  // Mixture-of-Experts rows apart: MFU of the active parameters; their
+  // fitted split fits the MoE constants alone (calibration/fidelity.h).
+  line("moe", f.moe);
 }
 
 }  // namespace
@@ -88,16 +90,16 @@ int main(int argc, char** argv) {
     fmt::print("{} rows, shipped fitted profiles:\n", name);
     print_stats("source", fidelity_evaluate(set.runs, split, fit));
   }
-  // Mixture-of-Experts rows: never fitted, so all of them judge the model
-  // (the held-out split above is the study's draw, shown for the record).
+  // Mixture-of-Experts rows, both splits (the held-out one above is what
+  // judges the fit of the MoE constants), with each row.
   {
     std::vector<PublicRun> moe;
     for (const auto& r : set.runs)
       if (r.model.moe.enabled()) moe.push_back(r);
     if (!moe.empty()) {
       const auto before = fidelity_evaluate(moe, Split::all, defaults), after = fidelity_evaluate(moe, Split::all, fit);
-      fmt::print("\nMoE rows (all; never fitted): MAE {:.1f} points with the datasheet constants, {:.1f} with the "
-                 "shipped profiles (bias {:+.1f} / {:+.1f}); the memory model fits {}/{} of the runs\n",
+      fmt::print("\nMoE rows (both splits; H: held out): MAE {:.1f} points with the datasheet constants, {:.1f} with "
+                 "the shipped profiles (bias {:+.1f} / {:+.1f}); the memory model fits {}/{} of the runs\n",
                  before.moe.mae_points, after.moe.mae_points, before.moe.bias_points, after.moe.bias_points,
                  after.moe.fit_predicted, after.moe.measured);
       // Split by GEMM precision: the bf16 rows, and the FP8 ones (FP8 in
@@ -111,7 +113,8 @@ int main(int argc, char** argv) {
         bias[f8] += e;
         ++n[f8];
         fits[f8] += x.predicted_fits;
-        fmt::print("  {:<28} {:<22} {:>5} GPUs  {:<62} {:<15} meas {:5.1f} pred {:5.1f} {}\n", x.run->source,
+        fmt::print("  {} {:<28} {:<22} {:>5} GPUs  {:<62} {:<15} meas {:5.1f} pred {:5.1f} {}\n",
+                   x.run->held_out ? "H" : " ", x.run->source,
                    x.run->model.name, x.run->cluster.gpus, x.run->layout.to_string().substr(0, 62),
                    gemm_precision_text(x.run->layout), 100 * x.run->measured_mfu, 100 * x.predicted_mfu,
                    x.predicted_fits ? "" : "(predicted OOM)");
@@ -120,6 +123,49 @@ int main(int argc, char** argv) {
         if (n[f8] > 0)
           fmt::print("  {} rows: {}, MAE {:.1f} points (bias {:+.1f}), the memory model fits {}\n",
                      f8 ? "FP8" : "bf16", n[f8], err[f8] / double(n[f8]), bias[f8] / double(n[f8]), fits[f8]);
+    }
+  }
+  // Each MoE model left out in turn (all its sizes: Grok-1's proxies with
+  // it): the MoE constants fitted without any of its rows (either split),
+  // then judged on all of them. A model the fit never saw, where the
+  // held-out split above holds out sweeps.
+  {
+    const auto family = [](const PublicRun& r) { return r.model.name.substr(0, r.model.name.find(' ')); };
+    std::map<std::string, std::vector<PublicRun>> by_model;
+    for (const auto& r : set.runs)
+      if (r.model.moe.enabled()) by_model[family(r)].push_back(r);
+    if (by_model.size() > 1) {
+      fmt::print("\nMoE models left out of the fit in turn (MFU points):\n");
+      fmt::print("  {:<22} {:>5} {:>6} {:>7}   {}\n", "model", "rows", "MAE", "bias", "fitted without it");
+      double err = 0;
+      int64_t n = 0;
+      for (const auto& [name, rows] : by_model) {
+        std::vector<PublicRun> rest;
+        for (const auto& r : set.runs)
+          if (!(r.model.moe.enabled() && family(r) == name)) {
+            rest.push_back(r);
+            if (r.model.moe.enabled()) rest.back().held_out = false;
+          }
+        std::map<std::string, CostConstants> fits;
+        for (const char* family : {"a100", "hopper"})
+          fits[family] = fidelity_fit(rest, family, datasheet_constants(device_preset(
+                                                        family == std::string("a100") ? "a100-80gb" : "h100")))
+                             .constants;
+        const auto f = fidelity_evaluate(rows, Split::all, [&](const DeviceSpec& d) {
+          const auto it = fits.find(device_family_name(d));
+          return it != fits.end() ? it->second : datasheet_constants(d);
+        });
+        const CostConstants& k = fits["hopper"];
+        const std::string label = std::all_of(rows.begin(), rows.end(), [&](const PublicRun& r) {
+          return r.model.name == rows.front().model.name;
+        }) ? rows.front().model.name : name + " (all sizes)";
+        fmt::print("  {:<22} {:>5} {:>6.1f} {:>+7.1f}   expert {:.2f}, fp8 expert {:.2f}, dispatch {:.2f}\n", label,
+                   f.moe.measured, f.moe.mae_points, f.moe.bias_points, k.expert_gemm_efficiency,
+                   k.fp8_expert_gemm_efficiency, k.dispatch_efficiency);
+        err += f.moe.mae_points * double(f.moe.measured);
+        n += f.moe.measured;
+      }
+      if (n > 0) fmt::print("  {:<22} {:>5} {:>6.1f}\n", "all, each left out", n, err / double(n));
     }
   }
   if (const char* want = std::getenv("WEFT_FIDELITY_SWEEP")) {

@@ -140,37 +140,14 @@ Fidelity fidelity_evaluate(const std::vector<PublicRun>& runs, Split split, cons
   return f;
 }
 
-CalibrationResult fidelity_fit(const std::vector<PublicRun>& runs, const std::string& family,
-                               const CostConstants& start) {
-  std::vector<MeasuredStep> steps, fp8_steps;
-  // MoE rows are judged, never fitted: the MoE terms are priced from the
-  // same constants as the dense blocks' (their GEMMs' efficiency by shape).
-  for (const auto& r : runs)
-    if (!r.oom && !r.held_out && !r.model.moe.enabled() && device_family_name(r.cluster.device) == family)
-      (r.layout.fp8 != Fp8Recipe::off ? fp8_steps : steps)
-          .push_back({&r.model, &r.run, &r.cluster, r.layout, r.measured_step_s, r.tp_comm_overlapped});
-  // The public runs that overlap tensor-parallel communication with compute
-  // say so (tp_comm_overlapped: priced with tp_overlap 1), the others do
-  // not (Megatron-style TP, FSDP without TP), and their kernels launch in a
-  // few microseconds: left free, tp_overlap and launch_overhead
-  // soak up what other terms miss (a fit put them at 0.8 and 70 us, which
-  // inverted the micro-batch and tp-against-pp rankings of the S9 sweeps).
-  static const std::vector<CalibrationParam> params = [] {
-    std::vector<CalibrationParam> v;
-    for (auto p : calibration_params()) {
-      if (std::string(p.name) == "tp_overlap" || std::string(p.name).rfind("fp8_", 0) == 0) continue;
-      if (std::string(p.name) == "launch_overhead") p.upper = 5e-6;
-      v.push_back(p);
-    }
-    return v;
-  }();
-  CalibrationResult fit = calibrate(steps, start, 4000, &params);
-  // A device without a measurement of cuDNN's attention prices it as flash
-  // (datasheet_constants); where no row fitted it, it follows flash's fit.
-  if (start.cudnn_efficiency == start.flash_efficiency &&
-      std::find(fit.fitted.begin(), fit.fitted.end(), "cudnn_efficiency") == fit.fitted.end())
-    fit.constants.cudnn_efficiency = fit.constants.flash_efficiency;
-  if (fp8_steps.empty()) return fit;
+namespace {
+
+bool is_moe_param(const CalibrationParam& p) {
+  const std::string n = p.name;
+  return n == "expert_gemm_efficiency" || n == "fp8_expert_gemm_efficiency" || n == "dispatch_efficiency";
+}
+
+void fit_fp8(const std::vector<MeasuredStep>& fp8_steps, CalibrationResult& fit) {
   // The FP8 GEMM efficiency alone, bounded by what cuBLASLt reaches on the
   // largest shapes (0.81 of the dense FP8 peak; SOURCES.md, "FP8"): left
   // free it runs to 1.0, buying with the GEMMs what the bf16 fit prices too
@@ -190,6 +167,59 @@ CalibrationResult fidelity_fit(const std::vector<PublicRun>& runs, const std::st
   fit.fitted.insert(fit.fitted.end(), f8.fitted.begin(), f8.fitted.end());
   fit.fp8_rms_error_before = f8.rms_error_before;
   fit.fp8_rms_error_after = f8.rms_error_after;
+}
+
+// The MoE constants alone (CostConstants: the routed experts' grouped GEMMs,
+// their FP8 ones, the expert-parallel dispatch) on the MoE rows, from the
+// dense and FP8 fits: every other term of an MoE block is a dense block's.
+void fit_moe(const std::vector<MeasuredStep>& moe_steps, CalibrationResult& fit) {
+  static const std::vector<CalibrationParam> moe_params = [] {
+    std::vector<CalibrationParam> v;
+    for (const auto& p : calibration_params())
+      if (is_moe_param(p)) v.push_back(p);
+    return v;
+  }();
+  const CalibrationResult fm = calibrate(moe_steps, fit.constants, 600, &moe_params);
+  fit.constants = fm.constants;
+  fit.fitted.insert(fit.fitted.end(), fm.fitted.begin(), fm.fitted.end());
+  fit.moe_rms_error_before = fm.rms_error_before;
+  fit.moe_rms_error_after = fm.rms_error_after;
+}
+}  // namespace
+
+CalibrationResult fidelity_fit(const std::vector<PublicRun>& runs, const std::string& family,
+                               const CostConstants& start) {
+  std::vector<MeasuredStep> steps, fp8_steps, moe_steps;
+  // The MoE rows fit the MoE constants alone, last (below): the rest of
+  // their blocks is priced from the dense rows' constants.
+  for (const auto& r : runs)
+    if (!r.oom && !r.held_out && device_family_name(r.cluster.device) == family)
+      (r.model.moe.enabled() ? moe_steps : r.layout.fp8 != Fp8Recipe::off ? fp8_steps : steps)
+          .push_back({&r.model, &r.run, &r.cluster, r.layout, r.measured_step_s, r.tp_comm_overlapped});
+  // The public runs that overlap tensor-parallel communication with compute
+  // say so (tp_comm_overlapped: priced with tp_overlap 1), the others do
+  // not (Megatron-style TP, FSDP without TP), and their kernels launch in a
+  // few microseconds: left free, tp_overlap and launch_overhead
+  // soak up what other terms miss (a fit put them at 0.8 and 70 us, which
+  // inverted the micro-batch and tp-against-pp rankings of the S9 sweeps).
+  static const std::vector<CalibrationParam> params = [] {
+    std::vector<CalibrationParam> v;
+    for (auto p : calibration_params()) {
+      if (std::string(p.name) == "tp_overlap" || std::string(p.name).rfind("fp8_", 0) == 0 || is_moe_param(p))
+        continue;
+      if (std::string(p.name) == "launch_overhead") p.upper = 5e-6;
+      v.push_back(p);
+    }
+    return v;
+  }();
+  CalibrationResult fit = calibrate(steps, start, 4000, &params);
+  // A device without a measurement of cuDNN's attention prices it as flash
+  // (datasheet_constants); where no row fitted it, it follows flash's fit.
+  if (start.cudnn_efficiency == start.flash_efficiency &&
+      std::find(fit.fitted.begin(), fit.fitted.end(), "cudnn_efficiency") == fit.fitted.end())
+    fit.constants.cudnn_efficiency = fit.constants.flash_efficiency;
+  if (!fp8_steps.empty()) fit_fp8(fp8_steps, fit);
+  if (!moe_steps.empty()) fit_moe(moe_steps, fit);
   return fit;
 }
 
@@ -202,9 +232,13 @@ DeviceProfile fidelity_profile(const PublicRunSet& set, const std::string& famil
   p.constants = fit.constants;
   // The rows of each stage apart: the FP8 rows fit only the FP8 GEMM
   // efficiency, and the RMS errors are each stage's own.
-  std::map<std::string, int64_t> rows, held, fp8_rows, fp8_held;
+  std::map<std::string, int64_t> rows, held, fp8_rows, fp8_held, moe_rows, moe_held;
   for (const auto& r : set.runs)
-    if (!r.oom && !r.model.moe.enabled() && device_family_name(r.cluster.device) == family) {
+    if (!r.oom && device_family_name(r.cluster.device) == family) {
+      if (r.model.moe.enabled()) {
+        ++(r.held_out ? moe_held : moe_rows)[r.source];
+        continue;
+      }
       const bool fp8 = r.layout.fp8 != Fp8Recipe::off;
       ++(r.held_out ? (fp8 ? fp8_held : held) : (fp8 ? fp8_rows : rows))[r.source];
     }
@@ -215,12 +249,19 @@ DeviceProfile fidelity_profile(const PublicRunSet& set, const std::string& famil
                   {"rms_error_before", fit.rms_error_before},
                   {"rms_error_after", fit.rms_error_after},
                   {"method", "least squares on log step time (NLopt BOBYQA) from the datasheet constants; "
-                             "held-out sweeps never fitted; FP8 rows fit fp8_gemm_efficiency alone"}};
+                             "held-out sweeps never fitted; FP8 rows fit fp8_gemm_efficiency alone; MoE rows "
+                             "fit expert_gemm_efficiency, fp8_expert_gemm_efficiency and dispatch_efficiency alone"}};
   if (!fp8_rows.empty()) {
     p.provenance["fp8_fitted_rows"] = fp8_rows;
     p.provenance["fp8_held_out_rows"] = fp8_held;
     p.provenance["fp8_rms_error_before"] = fit.fp8_rms_error_before;
     p.provenance["fp8_rms_error_after"] = fit.fp8_rms_error_after;
+  }
+  if (!moe_rows.empty()) {
+    p.provenance["moe_fitted_rows"] = moe_rows;
+    p.provenance["moe_held_out_rows"] = moe_held;
+    p.provenance["moe_rms_error_before"] = fit.moe_rms_error_before;
+    p.provenance["moe_rms_error_after"] = fit.moe_rms_error_after;
   }
   return p;
 }

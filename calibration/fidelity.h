@@ -79,8 +79,10 @@ Fidelity fidelity_evaluate(const std::vector<PublicRun>& runs, Split split, cons
 // Fits one family's constants to its measured, non-held-out rows by least
 // squares on log step time (tuner/calibrate.h), starting from `start`: the
 // constants of every precision to the rows without FP8, then the FP8 GEMM
-// efficiency alone to the FP8 rows (so FP8 rows never move the bf16 rates).
-// Mixture-of-Experts rows are never fitted (only judged: Fidelity::moe).
+// efficiency alone to the FP8 rows (so FP8 rows never move the bf16 rates),
+// then the MoE constants alone (expert_gemm_efficiency,
+// fp8_expert_gemm_efficiency, dispatch_efficiency) to the Mixture-of-Experts
+// rows. Held-out rows are never fitted.
 CalibrationResult fidelity_fit(const std::vector<PublicRun>& runs, const std::string& family,
                                const CostConstants& start);
 

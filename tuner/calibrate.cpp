@@ -37,6 +37,9 @@ const std::vector<CalibrationParam>& calibration_params() {
       {"tp_overlap", &CostConstants::tp_overlap, 0.0, 1.0, false},
       {"overlap_cost", &CostConstants::overlap_cost, 0.0, 1.0, false},
       {"fp8_gemm_efficiency", &CostConstants::fp8_gemm_efficiency, 0.01, 1.0, true},
+      {"expert_gemm_efficiency", &CostConstants::expert_gemm_efficiency, 0.1, 1.0, true},
+      {"fp8_expert_gemm_efficiency", &CostConstants::fp8_expert_gemm_efficiency, 0.1, 1.0, true},
+      {"dispatch_efficiency", &CostConstants::dispatch_efficiency, 0.1, 2.0, true},
   };
   return params;
 }

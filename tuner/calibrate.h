@@ -42,6 +42,8 @@ struct CalibrationResult {
   // The public fit's second stage (calibration/fidelity.h): the RMS relative
   // error on the FP8 rows before and after fitting the FP8 GEMM efficiency.
   double fp8_rms_error_before = 0, fp8_rms_error_after = 0;
+  // Its third: the same on the MoE rows, fitting the MoE constants.
+  double moe_rms_error_before = 0, moe_rms_error_after = 0;
   int evaluations = 0;          // objective evaluations nlopt used
   // False unless the fit lowered the objective and did not raise the RMS
   // relative error; the start constants are then returned unchanged.
@@ -61,7 +63,12 @@ struct CalibrationParam {
 // The fittable constants, most influential first: gemm_efficiency,
 // flash_efficiency, memory_efficiency, intra_efficiency, launch_overhead,
 // inter_efficiency, dp_overlap, tp_overlap, overlap_cost, fp8_gemm_efficiency
-// (which moves only FP8 layouts' predictions). Efficiencies lie in
+// (which moves only FP8 layouts' predictions), then expert_gemm_efficiency,
+// fp8_expert_gemm_efficiency and dispatch_efficiency (MoE layouts' alone,
+// in [0.1, 1] and the last in [0.1, 2]: a dispatcher may send fewer bytes
+// than the all-to-all's model, or hide part of them; past 2 the public rows
+// cannot tell it from the experts' GEMM efficiency, benchmarks/RESULTS.md).
+// Other efficiencies lie in
 // [0.01, 1], launch_overhead in [1e-7, 1e-3] s (both fitted in log space),
 // the overlap fractions and overlap_cost in [0, 1] (fitted linearly). The GEMM
 // tile sizes are not fitted: they enter through ceil(), whose plateaus give a

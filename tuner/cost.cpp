@@ -571,7 +571,10 @@ void to_json(nlohmann::json& j, const CostConstants& k) {
                      {"tp_overlap", k.tp_overlap},
                      {"overlap_cost", k.overlap_cost},
                      {"fp8_gemm_efficiency", k.fp8_gemm_efficiency},
-                     {"fp8_k_half", k.fp8_k_half}};
+                     {"fp8_k_half", k.fp8_k_half},
+                     {"expert_gemm_efficiency", k.expert_gemm_efficiency},
+                     {"fp8_expert_gemm_efficiency", k.fp8_expert_gemm_efficiency},
+                     {"dispatch_efficiency", k.dispatch_efficiency}};
 }
 
 void from_json(const nlohmann::json& j, CostConstants& k) {
@@ -597,6 +600,9 @@ void from_json(const nlohmann::json& j, CostConstants& k) {
   get("overlap_cost", k.overlap_cost);
   get("fp8_gemm_efficiency", k.fp8_gemm_efficiency);
   get("fp8_k_half", k.fp8_k_half);
+  get("expert_gemm_efficiency", k.expert_gemm_efficiency);
+  get("fp8_expert_gemm_efficiency", k.fp8_expert_gemm_efficiency);
+  get("dispatch_efficiency", k.dispatch_efficiency);
 }
 
 void to_json(nlohmann::json& j, const CostBreakdown& b) {

@@ -48,6 +48,20 @@ struct CostConstants {
   // the elements of a bf16 one, so short K loops cost FP8 more).
   double fp8_gemm_efficiency = 0.7;
   double fp8_k_half = 128;
+  // Mixture-of-Experts blocks, as fractions of what the terms above give
+  // them (1: priced as dense GEMMs and plain all-to-alls, the datasheet's
+  // and a measured profile's value). expert_gemm_efficiency: the routed
+  // experts' GEMMs, a grouped kernel over every local expert's rows, against
+  // one GEMM of each expert's shape (its per-expert tails and scheduling);
+  // fp8_expert_gemm_efficiency: the same for their FP8 GEMMs, on top (a
+  // grouped FP8 kernel's per-expert scales and casts); dispatch_efficiency:
+  // the expert-parallel dispatch and combine against the all-to-all's link
+  // model (a dispatcher that sends a token once per node it routes to moves
+  // fewer bytes over the network than top-k copies). Fitted to the public
+  // MoE rows (calibration/fidelity.h).
+  double expert_gemm_efficiency = 1.0;
+  double fp8_expert_gemm_efficiency = 1.0;
+  double dispatch_efficiency = 1.0;
 
   bool operator==(const CostConstants&) const = default;
 };

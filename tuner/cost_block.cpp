@@ -259,16 +259,21 @@ Part one_block_cost(const Model& x) {
       const double wgrad = x.run.lora.enabled() ? 0.0 : on ? x.gemm8(N, K, Mi) : x.gemm(N, K, Mi);
       return (on ? x.gemm8(Mi, K, N) : x.gemm(Mi, K, N)) + wgrad;
     };
+    // The routed experts' grouped GEMMs at their fitted efficiency against
+    // dense GEMMs of their shapes (CostConstants), FP8's on FP8 hardware.
+    const double grouped = x.k.expert_gemm_efficiency *
+                           (e8 && x.c.device.has_fp8() ? x.k.fp8_expert_gemm_efficiency : 1.0);
     const double ep = double(l.ep), El = E / ep, per_local = per * f * ep * gtp;
     // (The all-gather dispatcher moves every rank's rows whatever they route.)
     const double rows_bytes = choices * C * a, received = choices * f * gtp;
     const bool gathered = l.dispatch == MoeDispatch::allgather;
+    // (The all-to-all's at the fitted dispatch efficiency, CostConstants.)
     const double out_trip = l.ep <= 1 ? 0.0
                             : gathered ? all_gather(ep * rows_bytes, x.ep_group())
-                                       : all_to_all(rows_bytes * f, x.ep_group());
+                                       : all_to_all(rows_bytes * f, x.ep_group()) / x.k.dispatch_efficiency;
     const double back_trip = l.ep <= 1 ? 0.0
                              : gathered ? reduce_scatter(ep * rows_bytes, x.ep_group())
-                                        : all_to_all(rows_bytes * f, x.ep_group());
+                                        : all_to_all(rows_bytes * f, x.ep_group()) / x.k.dispatch_efficiency;
     split_width = double(e.shared_intermediate) / t;
     local_experts = El;
     expert_rows = per_local;
@@ -296,16 +301,17 @@ Part one_block_cost(const Model& x) {
     amax_fwd += amax * (2 * int(e8) + 2 * int(s8));
     amax_bwd += amax * (3 * int(e8) + 4 * int(s8));
     double pre = x.linear_fwd(Mr, E, C) + x.stream("moe_route", Mr, E) + x.stream("moe_permute", choices, C) +
-                 out_trip + in_cast + El * 2 * lin_fwd(e8, per_local, Fe, C) + x.stream("swiglu_fwd", received, Fe) +
+                 out_trip + in_cast + El * 2 * lin_fwd(e8, per_local, Fe, C) / grouped +
+                 x.stream("swiglu_fwd", received, Fe) +
                  act_cast;
     const double etp_sum = !(l.etp > 1) ? 0.0
                            : etp_sp ? all_gather(received * C * a, x.tp_group()) + reduce_scatter(received * C * a, x.tp_group())
                                     : all_reduce(received * C * a, x.tp_group());
-    double post = El * lin_fwd(e8, per_local, C, Fe) + etp_sum + back_trip +
+    double post = El * lin_fwd(e8, per_local, C, Fe) / grouped + etp_sum + back_trip +
                   x.stream("moe_unpermute", choices, C);
     double bwd = lin_bwd(false, Mr, E, C) + x.stream("moe_route_bwd", Mr, E) + x.stream("moe_permute", choices, C) +
                  out_trip + back_trip + etp_sum + grad_casts + wgrad_casts +
-                 El * (2 * lin_bwd(e8, per_local, Fe, C) + lin_bwd(e8, per_local, C, Fe)) +
+                 El * (2 * lin_bwd(e8, per_local, Fe, C) + lin_bwd(e8, per_local, C, Fe)) / grouped +
                  x.stream("swiglu_bwd", received, Fe) + x.stream("moe_unpermute", choices, C);
     if (split_width > 0) {
       const double Fs = split_width;
