@@ -327,8 +327,8 @@ TEST(Fidelity, HeldOutSweepsWithinBounds) {
 // split fits the MoE constants (calibration/fidelity.h), and the held-out
 // split's MFU error is the target, 5 points. Both splits, and the
 // bf16 and FP8 rows apart, are bounded so that a change that loses accuracy
-// here fails (benchmarks/RESULTS.md: 2.6 held out, 2.9 fitted; bf16 3.4,
-// FP8 2.4).
+// here fails (benchmarks/RESULTS.md: 2.4 held out, 2.9 fitted; bf16 3.2,
+// FP8 2.5).
 TEST(Fidelity, MoeHeldOutRowsMeetTheTarget) {
   std::vector<PublicRun> bf16, fp8, all;
   for (const auto& r : runs().runs)
@@ -336,7 +336,7 @@ TEST(Fidelity, MoeHeldOutRowsMeetTheTarget) {
       (r.layout.fp8 == Fp8Recipe::off ? bf16 : fp8).push_back(r);
       all.push_back(r);
     }
-  ASSERT_GE(bf16.size(), 15u);
+  ASSERT_GE(bf16.size(), 17u);
   ASSERT_GE(fp8.size(), 22u);
   const auto judged = [](const std::vector<PublicRun>& rows, Split split, bool shipped = true) {
     return fidelity_evaluate(rows, split, [shipped](const DeviceSpec& d) {
