@@ -147,6 +147,16 @@ bool is_moe_param(const CalibrationParam& p) {
   return n == "expert_gemm_efficiency" || n == "fp8_expert_gemm_efficiency" || n == "dispatch_efficiency";
 }
 
+// One stage of the fit: `params` alone on `steps`, from the constants the
+// stages before fitted, which it moves on.
+CalibrationResult fit_stage(const std::vector<MeasuredStep>& steps, const std::vector<CalibrationParam>& params,
+                            int budget, CalibrationResult& fit) {
+  CalibrationResult r = calibrate(steps, fit.constants, budget, &params);
+  fit.constants = r.constants;
+  fit.fitted.insert(fit.fitted.end(), r.fitted.begin(), r.fitted.end());
+  return r;
+}
+
 void fit_fp8(const std::vector<MeasuredStep>& fp8_steps, CalibrationResult& fit) {
   // The FP8 GEMM efficiency alone, bounded by what cuBLASLt reaches on the
   // largest shapes (0.81 of the dense FP8 peak; SOURCES.md, "FP8"): left
@@ -162,9 +172,7 @@ void fit_fp8(const std::vector<MeasuredStep>& fp8_steps, CalibrationResult& fit)
       }
     return v;
   }();
-  const CalibrationResult f8 = calibrate(fp8_steps, fit.constants, 400, &fp8_params);
-  fit.constants = f8.constants;
-  fit.fitted.insert(fit.fitted.end(), f8.fitted.begin(), f8.fitted.end());
+  const CalibrationResult f8 = fit_stage(fp8_steps, fp8_params, 400, fit);
   fit.fp8_rms_error_before = f8.rms_error_before;
   fit.fp8_rms_error_after = f8.rms_error_after;
 }
@@ -179,12 +187,11 @@ void fit_moe(const std::vector<MeasuredStep>& moe_steps, CalibrationResult& fit)
       if (is_moe_param(p)) v.push_back(p);
     return v;
   }();
-  const CalibrationResult fm = calibrate(moe_steps, fit.constants, 600, &moe_params);
-  fit.constants = fm.constants;
-  fit.fitted.insert(fit.fitted.end(), fm.fitted.begin(), fm.fitted.end());
+  const CalibrationResult fm = fit_stage(moe_steps, moe_params, 600, fit);
   fit.moe_rms_error_before = fm.rms_error_before;
   fit.moe_rms_error_after = fm.rms_error_after;
 }
+
 }  // namespace
 
 CalibrationResult fidelity_fit(const std::vector<PublicRun>& runs, const std::string& family,

@@ -3,60 +3,54 @@
 // A profile written before a constant existed reads as that constant's
 // default (or, for cudnn_efficiency and attention_t_half, as profiles of
 // that time priced it).
+#include <utility>
+
 #include <nlohmann/json.hpp>
 
 #include "tuner/cost.h"
 
 namespace weft::tuner {
 
+namespace {
+
+// Every constant a profile holds, by its name in the file.
+constexpr std::pair<const char*, double CostConstants::*> kConstants[] = {
+    {"gemm_efficiency", &CostConstants::gemm_efficiency},
+    {"gemm_tile_m", &CostConstants::gemm_tile_m},
+    {"gemm_tile_n", &CostConstants::gemm_tile_n},
+    {"gemm_k_half", &CostConstants::gemm_k_half},
+    {"flash_efficiency", &CostConstants::flash_efficiency},
+    {"cudnn_efficiency", &CostConstants::cudnn_efficiency},
+    {"attention_t_half", &CostConstants::attention_t_half},
+    {"memory_efficiency", &CostConstants::memory_efficiency},
+    {"intra_efficiency", &CostConstants::intra_efficiency},
+    {"inter_efficiency", &CostConstants::inter_efficiency},
+    {"launch_overhead", &CostConstants::launch_overhead},
+    {"dp_overlap", &CostConstants::dp_overlap},
+    {"tp_overlap", &CostConstants::tp_overlap},
+    {"overlap_cost", &CostConstants::overlap_cost},
+    {"fp8_gemm_efficiency", &CostConstants::fp8_gemm_efficiency},
+    {"fp8_k_half", &CostConstants::fp8_k_half},
+    {"expert_gemm_efficiency", &CostConstants::expert_gemm_efficiency},
+    {"fp8_expert_gemm_efficiency", &CostConstants::fp8_expert_gemm_efficiency},
+    {"dispatch_efficiency", &CostConstants::dispatch_efficiency},
+};
+
+}  // namespace
+
 void to_json(nlohmann::json& j, const CostConstants& k) {
-  j = nlohmann::json{{"gemm_efficiency", k.gemm_efficiency},
-                     {"gemm_tile_m", k.gemm_tile_m},
-                     {"gemm_tile_n", k.gemm_tile_n},
-                     {"gemm_k_half", k.gemm_k_half},
-                     {"flash_efficiency", k.flash_efficiency},
-                     {"cudnn_efficiency", k.cudnn_efficiency},
-                     {"attention_t_half", k.attention_t_half},
-                     {"memory_efficiency", k.memory_efficiency},
-                     {"intra_efficiency", k.intra_efficiency},
-                     {"inter_efficiency", k.inter_efficiency},
-                     {"launch_overhead", k.launch_overhead},
-                     {"dp_overlap", k.dp_overlap},
-                     {"tp_overlap", k.tp_overlap},
-                     {"overlap_cost", k.overlap_cost},
-                     {"fp8_gemm_efficiency", k.fp8_gemm_efficiency},
-                     {"fp8_k_half", k.fp8_k_half},
-                     {"expert_gemm_efficiency", k.expert_gemm_efficiency},
-                     {"fp8_expert_gemm_efficiency", k.fp8_expert_gemm_efficiency},
-                     {"dispatch_efficiency", k.dispatch_efficiency}};
+  j = nlohmann::json::object();
+  for (const auto& [name, field] : kConstants) j[name] = k.*field;
 }
 
 void from_json(const nlohmann::json& j, CostConstants& k) {
-  auto get = [&](const char* key, double& v) {
-    if (j.contains(key)) v = j[key].get<double>();
-  };
-  get("gemm_efficiency", k.gemm_efficiency);
-  get("gemm_tile_m", k.gemm_tile_m);
-  get("gemm_tile_n", k.gemm_tile_n);
-  get("gemm_k_half", k.gemm_k_half);
-  get("flash_efficiency", k.flash_efficiency);
-  // Profiles written before cuDNN's attention had a constant of its own
+  // Profiles written before attention_t_half priced attention alike at
+  // every length, and before cuDNN's attention had a constant of its own
   // priced it as flash.
-  k.cudnn_efficiency = j.contains("cudnn_efficiency") ? j["cudnn_efficiency"].get<double>() : k.flash_efficiency;
-  k.attention_t_half = 0;  // profiles written before it priced attention alike at every length
-  get("attention_t_half", k.attention_t_half);
-  get("memory_efficiency", k.memory_efficiency);
-  get("intra_efficiency", k.intra_efficiency);
-  get("inter_efficiency", k.inter_efficiency);
-  get("launch_overhead", k.launch_overhead);
-  get("dp_overlap", k.dp_overlap);
-  get("tp_overlap", k.tp_overlap);
-  get("overlap_cost", k.overlap_cost);
-  get("fp8_gemm_efficiency", k.fp8_gemm_efficiency);
-  get("fp8_k_half", k.fp8_k_half);
-  get("expert_gemm_efficiency", k.expert_gemm_efficiency);
-  get("fp8_expert_gemm_efficiency", k.fp8_expert_gemm_efficiency);
-  get("dispatch_efficiency", k.dispatch_efficiency);
+  k.attention_t_half = 0;
+  for (const auto& [name, field] : kConstants)
+    if (j.contains(name)) k.*field = j[name].get<double>();
+  if (!j.contains("cudnn_efficiency")) k.cudnn_efficiency = k.flash_efficiency;
 }
 
 void to_json(nlohmann::json& j, const CostBreakdown& b) {
