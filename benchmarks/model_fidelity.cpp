@@ -83,6 +83,11 @@ int main(int argc, char** argv) {
                  100 * p->provenance.value("fp8_rms_error_before", 0.0),
                  100 * p->provenance.value("fp8_rms_error_after", 0.0),
                  p->provenance.value("fp8_fitted_rows", nlohmann::json::object()).dump());
+    if (p->provenance.value("moe_rms_error_before", 0.0) > 0)
+      fmt::print("  moe rows (the three MoE constants alone): rms error {:.1f}% -> {:.1f}% on {}\n",
+                 100 * p->provenance.value("moe_rms_error_before", 0.0),
+                 100 * p->provenance.value("moe_rms_error_after", 0.0),
+                 p->provenance.value("moe_fitted_rows", nlohmann::json::object()).dump());
   }
   for (auto [name, split] : {std::pair{"held-out", Split::held_out}, {"fitted", Split::fitted}}) {
     fmt::print("\n{} rows, datasheet constants (MFU points; rho: mean Spearman per sweep):\n", name);

@@ -238,7 +238,8 @@ DeviceProfile fidelity_profile(const PublicRunSet& set, const std::string& famil
   p.origin = ProfileOrigin::fitted;
   p.constants = fit.constants;
   // The rows of each stage apart: the FP8 rows fit only the FP8 GEMM
-  // efficiency, and the RMS errors are each stage's own.
+  // efficiency, the MoE rows only the MoE constants, and the RMS errors are
+  // each stage's own.
   std::map<std::string, int64_t> rows, held, fp8_rows, fp8_held, moe_rows, moe_held;
   for (const auto& r : set.runs)
     if (!r.oom && device_family_name(r.cluster.device) == family) {
