@@ -152,10 +152,10 @@ int main(int argc, char** argv) {
             if (r.model.moe.enabled()) rest.back().held_out = false;
           }
         std::map<std::string, CostConstants> fits;
-        for (const char* family : {"a100", "hopper"})
-          fits[family] = fidelity_fit(rest, family, datasheet_constants(device_preset(
-                                                        family == std::string("a100") ? "a100-80gb" : "h100")))
-                             .constants;
+        for (const char* part : {"a100", "hopper"})
+          fits[part] = fidelity_fit(rest, part, datasheet_constants(device_preset(
+                                                    part == std::string("a100") ? "a100-80gb" : "h100")))
+                           .constants;
         const auto f = fidelity_evaluate(rows, Split::all, [&](const DeviceSpec& d) {
           const auto it = fits.find(device_family_name(d));
           return it != fits.end() ? it->second : datasheet_constants(d);

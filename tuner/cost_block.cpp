@@ -267,13 +267,12 @@ Part one_block_cost(const Model& x) {
     // (The all-gather dispatcher moves every rank's rows whatever they route.)
     const double rows_bytes = choices * C * a, received = choices * f * gtp;
     const bool gathered = l.dispatch == MoeDispatch::allgather;
-    // (The all-to-all's at the fitted dispatch efficiency, CostConstants.)
-    const double out_trip = l.ep <= 1 ? 0.0
-                            : gathered ? all_gather(ep * rows_bytes, x.ep_group())
-                                       : all_to_all(rows_bytes * f, x.ep_group()) / x.k.dispatch_efficiency;
-    const double back_trip = l.ep <= 1 ? 0.0
-                             : gathered ? reduce_scatter(ep * rows_bytes, x.ep_group())
-                                        : all_to_all(rows_bytes * f, x.ep_group()) / x.k.dispatch_efficiency;
+    // (An all-to-all trip, either way, at the fitted dispatch efficiency:
+    // CostConstants.)
+    const double a2a_trip =
+        l.ep <= 1 || gathered ? 0.0 : all_to_all(rows_bytes * f, x.ep_group()) / x.k.dispatch_efficiency;
+    const double out_trip = l.ep <= 1 ? 0.0 : gathered ? all_gather(ep * rows_bytes, x.ep_group()) : a2a_trip;
+    const double back_trip = l.ep <= 1 ? 0.0 : gathered ? reduce_scatter(ep * rows_bytes, x.ep_group()) : a2a_trip;
     split_width = double(e.shared_intermediate) / t;
     local_experts = El;
     expert_rows = per_local;
