@@ -4,7 +4,7 @@
 # present, which ctest reports as skipped. Tests not labelled gpu run with
 # WEFT_DEVICE=cpu.
 function(weft_add_test)
-  cmake_parse_arguments(T "" "NAME;NP;TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
+  cmake_parse_arguments(T "" "NAME;NP;TIMEOUT;COST" "SOURCES;LIBS;LABELS" ${ARGN})
   add_executable(${T_NAME} ${T_SOURCES})
   target_link_libraries(${T_NAME} PRIVATE ${T_LIBS} GTest::gtest GTest::gtest_main)
   # The test's own code at -O1, -O0 under the sanitizers (the top-level
@@ -29,6 +29,12 @@ function(weft_add_test)
     add_test(NAME ${T_NAME} COMMAND ${T_NAME})
   endif()
   set_tests_properties(${T_NAME} PROPERTIES LABELS "${T_LABELS}" SKIP_RETURN_CODE 77)
+  # COST: about the seconds it takes on two cores. ctest -j starts the
+  # costliest first, so on a fresh clone (no timings of its own yet) the
+  # long tests do not start last and leave one core idle at the end.
+  if(T_COST)
+    set_tests_properties(${T_NAME} PROPERTIES COST ${T_COST})
+  endif()
   # Every test but the GPU ones pins the CPU trainer: on a machine with a GPU,
   # `weft train` (which the e2e and mpi tests run) would otherwise pick it,
   # and several ranks would share one device.
