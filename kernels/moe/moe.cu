@@ -273,13 +273,15 @@ __global__ void __launch_bounds__(kWarp)
   }
 }
 
-// 4. out[position[i]] = x[i / k] (times weights[i] with the gate on the input).
+// 4. out[position[i]] = x[i / k] (times weights[i] with the gate on the
+// input), and row_weights[position[i]] = weights[i] where asked.
 __global__ void __launch_bounds__(kRowThreads)
     permute_copy_kernel(int64_t n, int64_t C, int64_t k, bool gated, const int64_t* position,
-                        const float* weights, const nv_bf16* x, nv_bf16* out) {
+                        const float* weights, const nv_bf16* x, nv_bf16* out, float* row_weights) {
   const int64_t i = blockIdx.x;
   const int64_t pos = position[i];
   if (pos < 0) return;
+  if (row_weights && threadIdx.x == 0) row_weights[pos] = weights[i];
   const nv_bf16* src = x + (i / k) * C;
   nv_bf16* dst = out + pos * C;
   const float w = gated ? weights[i] : 1.0f;
@@ -305,9 +307,11 @@ __device__ void combine_row(int64_t t, int64_t C, int64_t k, const int64_t* pos,
 __global__ void __launch_bounds__(kRowThreads)
     permute_backward_kernel(int64_t C, int64_t k, bool gated, bool add, const int64_t* position,
                             const float* weights, const nv_bf16* x, const nv_bf16* dout, nv_bf16* dx,
-                            float* dweights) {
+                            float* dweights, const float* row_dweights) {
   const int64_t t = blockIdx.x;
   const int64_t* pos = position + t * k;
+  if (row_dweights && threadIdx.x == 0)
+    for (int64_t j = 0; j < k; ++j) dweights[t * k + j] = pos[j] >= 0 ? row_dweights[pos[j]] : 0.0f;
   if (gated)
     for (int64_t j = 0; j < k; ++j) {
       float dot = 0;
@@ -440,7 +444,8 @@ Status run(const MoePermuteParams<bf16>& p, Workspace ws, cudaStream_t stream) {
                                                               p.offsets, p.position);
   gpu::launch_check(stream, "moe_permute rank", __FILE__, __LINE__);
   permute_copy_kernel<<<unsigned(n), gpu::row_threads(p.C, kRowThreads), 0, stream>>>(
-      n, p.C, p.top_k, p.gate == GateOn::input, p.position, p.weights, gpu::dev(p.x), gpu::dev(p.out));
+      n, p.C, p.top_k, p.gate == GateOn::input, p.position, p.weights, gpu::dev(p.x), gpu::dev(p.out),
+      p.row_weights);
   gpu::launch_check(stream, "moe_permute copy", __FILE__, __LINE__);
   return Status::ok;
 }
@@ -449,7 +454,7 @@ Status run(const MoePermuteBackwardParams<bf16>& p, Workspace, cudaStream_t stre
   if (p.rows == 0) return Status::ok;
   permute_backward_kernel<<<unsigned(p.rows), gpu::row_threads(p.C, kRowThreads), 0, stream>>>(
       p.C, p.top_k, p.gate == GateOn::input, p.write == Write::accumulate, p.position, p.weights, gpu::dev(p.x),
-      gpu::dev(p.dout), gpu::dev(p.dx), p.dweights);
+      gpu::dev(p.dout), gpu::dev(p.dx), p.dweights, p.row_dweights);
   gpu::launch_check(stream, "moe_permute_backward", __FILE__, __LINE__);
   return Status::ok;
 }

@@ -15,6 +15,11 @@
 //    (expert 0's tokens first, each expert's in token order), scaled by its
 //    weight where the gate applies to the expert's input (Llama 4). A
 //    capacity drops an expert's tokens past it, the later tokens first.
+//    Where the gate applies to the output it may also lay the weights out
+//    in row order, for an expert that scales its own activation by them
+//    (swiglu.h's row scale: Megatron-Core's order, which keeps none of the
+//    experts' outputs); the combine is then the plain sum, and the
+//    permute's backward takes the weights' gradients back from the rows.
 // 3. the experts, by the caller.
 // 4. unpermute: out[t] = sum over t's choices of w_j * y[pos(t, j)], or the
 //    plain sum where the gate applied to the input; a dropped choice adds
@@ -93,11 +98,16 @@ struct MoePermuteParams {
   int64_t* offsets = nullptr;          // (E + 1) overwritten: expert e's rows [offsets[e], offsets[e + 1])
   int64_t* position = nullptr;         // (rows, k) overwritten: the out row of each choice, -1 when dropped
   int64_t* dropped = nullptr;          // (1) added to: choices dropped by the capacity; may be null
+  // (rows * k) the first offsets[E] written: each out row's weight, with
+  // GateOn::output only; may be null.
+  Acc<Elem>* row_weights = nullptr;
 };
 
 // dx from the permuted rows' gradient: dx[t] = sum over t's kept choices of
 // dout[pos] (times w_j with GateOn::input, which also gives dweights[t, j] =
-// x[t] . dout[pos], 0 for a dropped choice).
+// x[t] . dout[pos], 0 for a dropped choice). With GateOn::output and
+// row_dweights (the rows' weight gradients, where the experts applied the
+// weights), dweights[t, j] = row_dweights[pos], 0 for a dropped choice.
 template <typename Elem>
 struct MoePermuteBackwardParams {
   int64_t rows = 0;
@@ -109,8 +119,9 @@ struct MoePermuteBackwardParams {
   const Elem* x = nullptr;             // (rows, C); GateOn::input only
   const Elem* dout = nullptr;          // (rows * k, C)
   Elem* dx = nullptr;                  // (rows, C) overwritten or, with Write::accumulate, added to
-  Acc<Elem>* dweights = nullptr;       // (rows, k) overwritten; GateOn::input only
+  Acc<Elem>* dweights = nullptr;       // (rows, k) overwritten; GateOn::input, or with row_dweights
   Write write = Write::overwrite;
+  const Acc<Elem>* row_dweights = nullptr;  // (rows * k) in row order; GateOn::output only, may be null
 };
 
 template <typename Elem>

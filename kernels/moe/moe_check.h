@@ -48,7 +48,8 @@ Status params_check(const MoePermuteParams<Elem>& p) {
                         cpu::present(p.expert_of, p.rows * p.top_k) &&
                         (!gated || cpu::present(p.weights, p.rows * p.top_k)) && cpu::present(p.x, p.rows * p.C) &&
                         cpu::present(p.out, p.rows * p.top_k * p.C) && p.offsets != nullptr &&
-                        cpu::present(p.position, p.rows * p.top_k));
+                        cpu::present(p.position, p.rows * p.top_k) &&
+                        (!p.row_weights || (!gated && cpu::present(p.weights, p.rows * p.top_k))));
 }
 
 template <typename Elem>
@@ -58,7 +59,8 @@ Status params_check(const MoePermuteBackwardParams<Elem>& p) {
   return cpu::status_of(moe_sizes_valid(p.rows, p.C, p.top_k) && cpu::present(p.position, n) &&
                         cpu::present(p.dout, n * p.C) && cpu::present(p.dx, p.rows * p.C) &&
                         (!gated || (cpu::present(p.weights, n) && cpu::present(p.x, p.rows * p.C) &&
-                                    cpu::present(p.dweights, n))));
+                                    cpu::present(p.dweights, n))) &&
+                        (!p.row_dweights || (!gated && cpu::present(p.dweights, n))));
 }
 
 template <typename Elem>

@@ -190,6 +190,9 @@ Status launch(const MoePermuteParams<Elem>& p, Workspace ws, Stream stream) {
   for (int64_t i = 0; i < n; ++i)
     if (p.position[i] >= 0) p.position[i] += p.offsets[p.expert_of[i]];
   if (p.dropped) *p.dropped += dropped;
+  if (p.row_weights)
+    for (int64_t i = 0; i < n; ++i)
+      if (p.position[i] >= 0) p.row_weights[p.position[i]] = p.weights[i];
   const bool gated = p.gate == GateOn::input;
 #pragma omp parallel for schedule(static) if (cpu::worth_parallel(n * p.C))
   for (int64_t i = 0; i < n; ++i) {
@@ -224,6 +227,8 @@ Status launch(const MoePermuteBackwardParams<Elem>& p, Workspace ws, Stream stre
           for (int64_t c = 0; c < C; ++c) dot += A(p.x[t * C + c]) * A(p.dout[pos * C + c]);
         p.dweights[t * k + j] = dot;
       }
+  } else if (p.row_dweights) {
+    for (int64_t i = 0; i < p.rows * k; ++i) p.dweights[i] = p.position[i] >= 0 ? p.row_dweights[p.position[i]] : A(0);
   }
   combine_rows(p.rows, C, k, p.position, gated ? p.weights : nullptr, p.dout, p.dx, p.write == Write::accumulate);
   return Status::ok;

@@ -8,6 +8,10 @@
 // exponential, which is free in a pass bound by memory. sigmoid uses the
 // fast exponential (__expf, a few ulp in fp32, far under bf16's rounding);
 // 1 / (1 + exp(-g)) saturates cleanly to 0 or 1 for large |g|.
+//
+// With a row scale (an MoE expert's rows, swiglu.h) a block takes a row:
+// the forward scales it, the backward sums the row's dw (block_reduce, the
+// same order on every run) and scales its gradients.
 #include "kernels/cuda_common.cuh"
 #include "kernels/swiglu/swiglu.h"
 #include "kernels/swiglu/swiglu_check.h"
@@ -69,14 +73,59 @@ struct BackwardOp {
   }
 };
 
-// The shared rules (swiglu_check.h); this backend adds no limits.
-Status check(const SwigluForwardParams<bf16>& p) { return params_check(p); }
-Status check(const SwigluBackwardParams<bf16>& p) { return params_check(p); }
+constexpr int kRowThreads = 256;
+
+__global__ void __launch_bounds__(kRowThreads)
+    scaled_forward_kernel(int64_t F, const nv_bf16* gate, const nv_bf16* up, const float* row_scale, nv_bf16* act) {
+  const int64_t at = int64_t(blockIdx.x) * F;
+  const float w = row_scale[blockIdx.x];
+  for (int64_t f = threadIdx.x; f < F; f += blockDim.x) {
+    const float g = to_float(gate[at + f]);
+    act[at + f] = to_bf16(w * (g * sigmoid(g) * to_float(up[at + f])));
+  }
+}
+
+// dgate and dup may alias gate and up: each thread reads its elements'
+// inputs before it writes their outputs.
+__global__ void __launch_bounds__(kRowThreads)
+    scaled_backward_kernel(int64_t F, const nv_bf16* gate, const nv_bf16* up, const nv_bf16* dact,
+                           const float* row_scale, nv_bf16* dgate, nv_bf16* dup, float* drow_scale) {
+  const int64_t at = int64_t(blockIdx.x) * F;
+  const float w = row_scale[blockIdx.x];
+  float dw = 0.0f;
+  for (int64_t f = threadIdx.x; f < F; f += blockDim.x) {
+    const float g = to_float(gate[at + f]), u = to_float(up[at + f]), da = to_float(dact[at + f]);
+    float dg, du;
+    BackwardOp::grads(g, u, w * da, dg, du);
+    dw += da * (g * sigmoid(g) * u);
+    dup[at + f] = to_bf16(du);
+    dgate[at + f] = to_bf16(dg);
+  }
+  dw = gpu::block_reduce(dw, gpu::SumOp{}, 0.0f);
+  if (drow_scale && threadIdx.x == 0) drow_scale[blockIdx.x] = dw;
+}
+
+// The shared rules (swiglu_check.h); a scaled pass takes a block per row.
+Status check(const SwigluForwardParams<bf16>& p) {
+  if (Status s = params_check(p); s != Status::ok) return s;
+  return !p.row_scale || p.rows <= gpu::kMaxGridX ? Status::ok : Status::unsupported;
+}
+Status check(const SwigluBackwardParams<bf16>& p) {
+  if (Status s = params_check(p); s != Status::ok) return s;
+  return !p.row_scale || p.rows <= gpu::kMaxGridX ? Status::ok : Status::unsupported;
+}
 
 int64_t scratch(const SwigluForwardParams<bf16>&) { return 0; }
 int64_t scratch(const SwigluBackwardParams<bf16>&) { return 0; }
 
 Status run(const SwigluForwardParams<bf16>& p, Workspace, cudaStream_t stream) {
+  if (p.row_scale) {
+    if (p.rows == 0) return Status::ok;
+    scaled_forward_kernel<<<unsigned(p.rows), gpu::row_threads(p.F, kRowThreads), 0, stream>>>(
+        p.F, gpu::dev(p.gate), gpu::dev(p.up), p.row_scale, gpu::dev(p.act));
+    gpu::launch_check(stream, "swiglu_forward scaled", __FILE__, __LINE__);
+    return Status::ok;
+  }
   const bool vec = gpu::aligned16(p.gate) && gpu::aligned16(p.up) && gpu::aligned16(p.act);
   gpu::for_each8(p.rows * p.F, vec, ForwardOp{gpu::dev(p.gate), gpu::dev(p.up), gpu::dev(p.act)},
                  stream, "swiglu_forward");
@@ -84,6 +133,14 @@ Status run(const SwigluForwardParams<bf16>& p, Workspace, cudaStream_t stream) {
 }
 
 Status run(const SwigluBackwardParams<bf16>& p, Workspace, cudaStream_t stream) {
+  if (p.row_scale) {
+    if (p.rows == 0) return Status::ok;
+    scaled_backward_kernel<<<unsigned(p.rows), gpu::row_threads(p.F, kRowThreads), 0, stream>>>(
+        p.F, gpu::dev(p.gate), gpu::dev(p.up), gpu::dev(p.dact), p.row_scale, gpu::dev(p.dgate), gpu::dev(p.dup),
+        p.drow_scale);
+    gpu::launch_check(stream, "swiglu_backward scaled", __FILE__, __LINE__);
+    return Status::ok;
+  }
   const bool vec = gpu::aligned16(p.gate) && gpu::aligned16(p.up) && gpu::aligned16(p.dact) &&
                    gpu::aligned16(p.dgate) && gpu::aligned16(p.dup);
   gpu::for_each8(p.rows * p.F, vec,

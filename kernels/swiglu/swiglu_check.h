@@ -14,7 +14,8 @@ template <typename Elem>
 Status params_check(const SwigluForwardParams<Elem>& p) {
   const int64_t n = p.rows * p.F;
   return cpu::status_of(p.rows >= 0 && p.F >= 0 && cpu::present(p.gate, n) &&
-                        cpu::present(p.up, n) && cpu::present(p.act, n));
+                        cpu::present(p.up, n) && cpu::present(p.act, n) &&
+                        (!p.row_scale || p.rows == 0 || p.F > 0));
 }
 
 template <typename Elem>
@@ -22,7 +23,8 @@ Status params_check(const SwigluBackwardParams<Elem>& p) {
   const int64_t n = p.rows * p.F;
   return cpu::status_of(p.rows >= 0 && p.F >= 0 && cpu::present(p.gate, n) &&
                         cpu::present(p.up, n) && cpu::present(p.dact, n) &&
-                        cpu::present(p.dgate, n) && cpu::present(p.dup, n));
+                        cpu::present(p.dgate, n) && cpu::present(p.dup, n) &&
+                        (!p.drow_scale || p.row_scale) && (!p.row_scale || p.rows == 0 || p.F > 0));
 }
 
 }  // namespace weft::kernels

@@ -5,6 +5,9 @@
 //   dup   = dact * silu(g)
 //   dgate = dact * up * s * (1 + g * (1 - s)),  s = sigmoid(g)
 // sigmoid is 1 / (1 + exp(-g)), which saturates cleanly to 0 or 1 for large |g|.
+// With a row scale w (swiglu.h) the backward's dact is the scaled
+// activation's gradient: dw = sum_f dact * silu(g) * up over the row, in
+// order, and the two above take w * dact.
 #include "kernels/swiglu/swiglu.h"
 
 #include <cmath>
@@ -35,6 +38,15 @@ Status launch(const SwigluForwardParams<Elem>& p, Workspace ws, Stream stream) {
   using A = Acc<Elem>;
   if (Status s = cpu::preflight(params_check(p), 0, ws, stream); s != Status::ok) return s;
   const int64_t n = p.rows * p.F;
+  if (p.row_scale) {
+#pragma omp parallel for schedule(static) if (cpu::worth_parallel(n))
+    for (int64_t r = 0; r < p.rows; ++r)
+      for (int64_t i = r * p.F; i < (r + 1) * p.F; ++i) {
+        const A g = A(p.gate[i]);
+        p.act[i] = Elem(p.row_scale[r] * (g * sigmoid(g) * A(p.up[i])));
+      }
+    return Status::ok;
+  }
 #pragma omp parallel for schedule(static) if (cpu::worth_parallel(n))
   for (int64_t i = 0; i < n; ++i) {
     const A g = A(p.gate[i]);
@@ -56,6 +68,22 @@ Status launch(const SwigluBackwardParams<Elem>& p, Workspace ws, Stream stream) 
   using A = Acc<Elem>;
   if (Status s = cpu::preflight(params_check(p), 0, ws, stream); s != Status::ok) return s;
   const int64_t n = p.rows * p.F;
+  if (p.row_scale) {  // a row at a time: its dw sums in order
+#pragma omp parallel for schedule(static) if (cpu::worth_parallel(n))
+    for (int64_t r = 0; r < p.rows; ++r) {
+      const A w = p.row_scale[r];
+      A dw = 0;
+      for (int64_t i = r * p.F; i < (r + 1) * p.F; ++i) {
+        const A g = A(p.gate[i]), u = A(p.up[i]), da = A(p.dact[i]);
+        const A s = sigmoid(g);
+        dw += da * (g * s * u);
+        p.dup[i] = Elem(w * da * g * s);
+        p.dgate[i] = Elem(w * da * u * s * (A(1) + g * (A(1) - s)));
+      }
+      if (p.drow_scale) p.drow_scale[r] = dw;
+    }
+    return Status::ok;
+  }
 #pragma omp parallel for schedule(static) if (cpu::worth_parallel(n))
   for (int64_t i = 0; i < n; ++i) {
     const A g = A(p.gate[i]), u = A(p.up[i]), da = A(p.dact[i]);

@@ -253,6 +253,45 @@ TEST_P(GpuMoePermute, MatchesCpu) {
   }
 }
 
+// The gate on the output applied in the experts: the permute lays the
+// weights out in row order and its backward takes the rows' weight
+// gradients back to the choices, exactly (copies), 0 for a dropped choice.
+TEST_P(GpuMoePermute, RowWeights) {
+  const GpuPermuteCase& c = GetParam();
+  if (c.gate != GateOn::output) GTEST_SKIP() << "the gate is on the input";
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  const int64_t n = c.rows * c.k;
+  const auto choices = skewed_choices(c, rng);
+  const Bf16Values x = random_bf16(rng, c.rows * c.C), dout = random_bf16(rng, n * c.C);
+  const auto w = rng.uniform<float>(n, 0.1, 1.0), row_dw = rng.uniform<float>(n, -1.0, 1.0);
+  DeviceArray<int32_t> dchoices(choices);
+  DeviceArray<float> dw(w), row_w(std::vector<float>(size_t(n), -7.0f)), drow_dw(row_dw), dweights(n);
+  DeviceArray<bf16> dx_in(x.bits), ddout(dout.bits), permuted(std::vector<bf16>(size_t(n * c.C))),
+      dx(c.rows * c.C);
+  DeviceArray<int64_t> offsets(c.E + 1), position(n);
+  ASSERT_EQ(run_cuda(MoePermuteParams<bf16>{.rows = c.rows, .C = c.C, .experts = c.E, .top_k = c.k,
+                                            .capacity = c.capacity, .gate = c.gate, .expert_of = dchoices.data(),
+                                            .weights = dw.data(), .x = dx_in.data(), .out = permuted.data(),
+                                            .offsets = offsets.data(), .position = position.data(),
+                                            .row_weights = row_w.data()}),
+            Status::ok);
+  ASSERT_EQ(run_cuda(MoePermuteBackwardParams<bf16>{.rows = c.rows, .C = c.C, .top_k = c.k, .gate = c.gate,
+                                                    .position = position.data(), .dout = ddout.data(),
+                                                    .dx = dx.data(), .dweights = dweights.data(),
+                                                    .row_dweights = drow_dw.data()}),
+            Status::ok);
+  const std::vector<int64_t> pos = position.download();
+  const std::vector<float> got_rows = row_w.download(), got = dweights.download();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t p = pos[size_t(i)];
+    EXPECT_EQ(got[size_t(i)], p >= 0 ? row_dw[size_t(p)] : 0.0f) << "dweights of choice " << i;
+    if (p >= 0) {
+      EXPECT_EQ(got_rows[size_t(p)], w[size_t(i)]) << "row weight of choice " << i;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Cases, GpuMoePermute, ::testing::ValuesIn(kPermuteCases));
 
 }  // namespace

@@ -403,6 +403,71 @@ TEST_P(MoePermuteTest, GradientsMatchFiniteDifferences) {
   EXPECT_LE(fd_error(w, dw, loss, rng), kFdTolerance) << "dweights";
 }
 
+// The gate on the output applied inside the experts (Megatron-Core's
+// order): the permute lays the weights out in row order, each expert
+// scales its rows by them, the combine is the plain sum. The same layer as
+// the weighted combine; the permute's backward returns the rows' weight
+// gradients to the choices, and they and dx match finite differences.
+TEST_P(MoePermuteTest, WeightsAppliedInTheExpertsGiveTheSameLayer) {
+  const PermuteCase& c = GetParam();
+  if (c.gate != GateOn::output) GTEST_SKIP() << "the gate is on the input";
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  Pipeline p{c, random_choices(c, rng), rng.uniform<double>(c.E, 0.5, 2)};
+  auto x = rng.uniform<double>(c.rows * c.C), w = rng.uniform<double>(c.rows * c.k, 0.1, 1);
+  const auto r = rng.uniform<double>(c.rows * c.C);
+  const int64_t n = c.rows * c.k;
+  std::vector<double> row_w(size_t(n), 7.0), permuted(size_t(n * c.C)), expert_out, out(size_t(c.rows * c.C));
+  std::vector<int64_t> offsets(size_t(c.E + 1)), position(static_cast<size_t>(n));
+  const auto forward = [&] {
+    run_or_throw(MoePermuteParams<double>{.rows = c.rows, .C = c.C, .experts = c.E, .top_k = c.k,
+                                          .capacity = c.capacity, .gate = c.gate, .expert_of = p.choices.data(),
+                                          .weights = w.data(), .x = x.data(), .out = permuted.data(),
+                                          .offsets = offsets.data(), .position = position.data(),
+                                          .row_weights = row_w.data()});
+    expert_out = permuted;
+    for (int64_t e = 0; e < c.E; ++e)
+      for (int64_t row = offsets[e]; row < offsets[e + 1]; ++row)
+        for (int64_t col = 0; col < c.C; ++col) expert_out[row * c.C + col] *= p.a[e] * row_w[row];
+    run_or_throw(MoeUnpermuteParams<double>{.rows = c.rows, .C = c.C, .top_k = c.k, .gate = GateOn::input,
+                                            .position = position.data(), .y = expert_out.data(),
+                                            .out = out.data()});
+    return dot(r, out);
+  };
+  forward();
+  p.forward(x, w);  // the weighted combine's
+  for (int64_t i = 0; i < n; ++i) {
+    if (position[i] >= 0) {
+      EXPECT_EQ(row_w[position[i]], w[i]) << "choice " << i;
+    }
+  }
+  for (size_t i = 0; i < out.size(); ++i)
+    EXPECT_NEAR(out[i], p.out[i], 1e-12 * (1 + std::abs(p.out[i]))) << "out " << i;
+  std::vector<double> dy(size_t(n * c.C)), row_dw(size_t(n), 0.0), dw(size_t(n), 7.0), dx(size_t(c.rows * c.C));
+  ASSERT_EQ(run(MoeUnpermuteBackwardParams<double>{.rows = c.rows, .C = c.C, .top_k = c.k, .gate = GateOn::input,
+                                                   .position = position.data(), .dout = r.data(),
+                                                   .dy = dy.data()}),
+            Status::ok);
+  for (int64_t e = 0; e < c.E; ++e)
+    for (int64_t row = offsets[e]; row < offsets[e + 1]; ++row)
+      for (int64_t col = 0; col < c.C; ++col) {
+        double& g = dy[row * c.C + col];
+        row_dw[row] += g * p.a[e] * permuted[row * c.C + col];
+        g *= p.a[e] * row_w[row];
+      }
+  ASSERT_EQ(run(MoePermuteBackwardParams<double>{.rows = c.rows, .C = c.C, .top_k = c.k, .gate = c.gate,
+                                                 .position = position.data(), .dout = dy.data(), .dx = dx.data(),
+                                                 .dweights = dw.data(), .row_dweights = row_dw.data()}),
+            Status::ok);
+  for (int64_t i = 0; i < n; ++i) {
+    if (position[i] < 0) {
+      EXPECT_EQ(dw[i], 0.0) << "a dropped choice's weight gradient";
+    }
+  }
+  EXPECT_LE(fd_error(x, dx, forward, rng), kFdTolerance) << "dx";
+  EXPECT_LE(fd_error(w, dw, forward, rng), kFdTolerance) << "dweights";
+}
+
 // Parallel passes give the bits of one thread.
 TEST_P(MoePermuteTest, ResultsDoNotDependOnThreadCount) {
   const PermuteCase& c = GetParam();
@@ -466,6 +531,24 @@ TEST(MoeArgs, RejectsImpossibleParams) {
   EXPECT_EQ(permute(-1, GateOn::output, nullptr), Status::invalid_argument);
   EXPECT_EQ(permute(0, GateOn::input, nullptr), Status::invalid_argument);  // the gate needs weights
   EXPECT_EQ(permute(0, GateOn::input, weights.data()), Status::ok);
+  // The rows' weights: only with the gate on the output, from its weights.
+  std::vector<float> row_weights(4), dweights(4), dx(8);
+  const auto with_rows = [&](GateOn gate, const float* w) {
+    return run(MoePermuteParams<float>{.rows = 2, .C = 4, .experts = 4, .top_k = 2, .gate = gate,
+                                       .expert_of = experts.data(), .weights = w, .x = x.data(), .out = out.data(),
+                                       .offsets = offsets.data(), .position = position.data(),
+                                       .row_weights = row_weights.data()});
+  };
+  EXPECT_EQ(with_rows(GateOn::output, weights.data()), Status::ok);
+  EXPECT_EQ(with_rows(GateOn::output, nullptr), Status::invalid_argument);
+  EXPECT_EQ(with_rows(GateOn::input, weights.data()), Status::invalid_argument);
+  const auto back = [&](float* dw) {
+    return run(MoePermuteBackwardParams<float>{.rows = 2, .C = 4, .top_k = 2, .gate = GateOn::output,
+                                               .position = position.data(), .dout = out.data(), .dx = dx.data(),
+                                               .dweights = dw, .row_dweights = row_weights.data()});
+  };
+  EXPECT_EQ(back(dweights.data()), Status::ok);
+  EXPECT_EQ(back(nullptr), Status::invalid_argument);  // nowhere for the choices' gradients
   EXPECT_FALSE(supports(MoePermuteParams<float>{.rows = 2, .C = 4, .experts = 4, .top_k = 2},
                         Backend::cuda));
   // An expert id past E is the data's fault: named.

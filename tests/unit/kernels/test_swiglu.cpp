@@ -75,6 +75,64 @@ TEST_P(SwigluTest, GradientsMatchFiniteDifferences) {
   EXPECT_LE(fd_error(u, du, loss, rng), kFdTolerance) << "dup";
 }
 
+// With a row scale (an MoE expert's rows, each scaled by its combine
+// weight): act = w_r silu(g) u, and the backward's dw_r = sum_f dact silu(g) u.
+TEST_P(SwigluTest, RowScaleMatchesFp64Reference) {
+  const SwigluCase& c = GetParam();
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  const int64_t n = c.rows * c.F;
+  auto g = rng.uniform<float>(n, -6, 6), u = rng.uniform<float>(n), da = rng.uniform<float>(n);
+  const auto w = rng.uniform<float>(c.rows, 0.05, 1);
+  std::vector<double> act64, dg64, du64;
+  std::vector<float> act32, dg32, du32;
+  reference(cast<double>(g), cast<double>(u), cast<double>(da), act64, dg64, du64);
+  reference(g, u, da, act32, dg32, du32);
+  std::vector<double> dw64(size_t(c.rows), 0.0);
+  std::vector<float> dw32(size_t(c.rows), 0.0f);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t r = i / c.F;
+    dw64[size_t(r)] += double(da[size_t(i)]) * act64[size_t(i)];
+    dw32[size_t(r)] += da[size_t(i)] * act32[size_t(i)];
+    act64[size_t(i)] *= w[size_t(r)], dg64[size_t(i)] *= w[size_t(r)], du64[size_t(i)] *= w[size_t(r)];
+    act32[size_t(i)] *= w[size_t(r)], dg32[size_t(i)] *= w[size_t(r)], du32[size_t(i)] *= w[size_t(r)];
+  }
+  std::vector<float> act(n), dw(size_t(c.rows), -1.0f);
+  ASSERT_EQ(run(SwigluForwardParams<float>{.rows = c.rows, .F = c.F, .gate = g.data(), .up = u.data(),
+                                          .act = act.data(), .row_scale = w.data()}),
+            Status::ok);
+  ASSERT_EQ(run(SwigluBackwardParams<float>{.rows = c.rows, .F = c.F, .gate = g.data(), .up = u.data(),
+                                           .dact = da.data(), .dgate = g.data(), .dup = u.data(),
+                                           .row_scale = w.data(), .drow_scale = dw.data()}),
+            Status::ok);
+  expect_within_rule("act", act, act32, act64);
+  expect_within_rule("dgate", g, dg32, dg64);
+  expect_within_rule("dup", u, du32, du64);
+  expect_within_rule("dw", dw, dw32, dw64);
+}
+
+TEST_P(SwigluTest, RowScaleGradientsMatchFiniteDifferences) {
+  const SwigluCase& c = GetParam();
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  const int64_t n = c.rows * c.F;
+  auto g = rng.uniform<double>(n, -6, 6), u = rng.uniform<double>(n), w = rng.uniform<double>(c.rows, 0.05, 1);
+  const auto r = rng.uniform<double>(n);
+  std::vector<double> act(n), dg(n), du(n), dw(size_t(c.rows));
+  auto loss = [&] {
+    run_or_throw(SwigluForwardParams<double>{.rows = c.rows, .F = c.F, .gate = g.data(), .up = u.data(),
+                                             .act = act.data(), .row_scale = w.data()});
+    return dot(r, act);
+  };
+  ASSERT_EQ(run(SwigluBackwardParams<double>{.rows = c.rows, .F = c.F, .gate = g.data(), .up = u.data(),
+                                            .dact = r.data(), .dgate = dg.data(), .dup = du.data(),
+                                            .row_scale = w.data(), .drow_scale = dw.data()}),
+            Status::ok);
+  EXPECT_LE(fd_error(g, dg, loss, rng), kFdTolerance) << "dgate";
+  EXPECT_LE(fd_error(u, du, loss, rng), kFdTolerance) << "dup";
+  EXPECT_LE(fd_error(w, dw, loss, rng), kFdTolerance) << "dw";
+}
+
 INSTANTIATE_TEST_SUITE_P(Cases, SwigluTest, ::testing::ValuesIn(swiglu_cases()), CaseName{});
 
 TEST(SwigluArgs, RejectsImpossibleParams) {
@@ -92,6 +150,10 @@ TEST(SwigluArgs, RejectsImpossibleParams) {
   EXPECT_EQ(run(bad), Status::invalid_argument);
   SwigluBackwardParams<float> bwd{.rows = 2, .F = 3, .gate = g.data(), .up = u.data(),
                                   .dact = a.data(), .dgate = g.data(), .dup = nullptr};
+  EXPECT_EQ(run(bwd), Status::invalid_argument);
+  std::vector<float> dw(2);
+  bwd.dup = u.data();
+  bwd.drow_scale = dw.data();  // a row scale's gradient without the scale
   EXPECT_EQ(run(bwd), Status::invalid_argument);
   EXPECT_EQ(launch(ok, {}, Stream{Backend::cuda, nullptr}), Status::unsupported);
 }
