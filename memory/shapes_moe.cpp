@@ -39,7 +39,7 @@ void moe_saved_shapes(const ModelSpec& m, const Layout& l, const Dims& d, std::v
   // experts receive (MoeSpec::received_rows), and the routing keeps the
   // counts each ep rank sent it per local expert (E of them in all), and
   // under etp with sp every tp rank's received counts (tp x E).
-  const int64_t routed = e.routed_rows(rows), received = moe_expert_input_rows(m, l, d);
+  const int64_t received = moe_expert_input_rows(m, l, d);
   out.push_back({"layer.moe.scores", Category::activations, rows * E, kFp32, 1});
   out.push_back({"layer.moe.experts", Category::activations, rows * k, kInt32, 1});
   out.push_back({"layer.moe.weights", Category::activations, rows * k, kFp32, 1});
@@ -51,7 +51,11 @@ void moe_saved_shapes(const ModelSpec& m, const Layout& l, const Dims& d, std::v
   out.push_back({"layer.moe.gate", Category::activations, received * Fe, d.a, 1});
   out.push_back({"layer.moe.up", Category::activations, received * Fe, d.a, 1});
   out.push_back({"layer.moe.act", Category::activations, received * Fe, d.a, 1});
-  if (e.gate_on == GateOn::output) out.push_back({"layer.moe.output", Category::activations, routed * d.C, d.a, 1});
+  // The gate on the output multiplies each received row's SwiGLU output by
+  // its weight (Megatron-Core's order), so the weights' gradient reads the
+  // activation: the row's weight is kept, the experts' output is not.
+  if (e.gate_on == GateOn::output)
+    out.push_back({"layer.moe.row_weights", Category::activations, received, kFp32, 1});
   if (e.shared_intermediate > 0) {
     const int64_t Fs = e.shared_intermediate / l.tp, all = d.B * d.T;
     out.push_back({"layer.moe.shared_gate", Category::activations, all * Fs, d.a, 1});
@@ -71,7 +75,10 @@ void moe_scratch_shapes(const ModelSpec& m, const Layout& l, const LoraSpec& lor
   // output, then input gradient, is moe_received. Under an expert tp degree
   // with sp the same two (the rows the tp ranks gathered), and with expert
   // parallelism the rows this rank received, or the sums it gets back, are
-  // staged in moe_staged.
+  // staged in moe_staged. With the gate on the output the rows' weights
+  // travel as the rows do: from moe_row_weights (in this rank's expert
+  // order, where their gradients come back) to the experts, whose
+  // gradients moe_row_dweights holds.
   const int64_t rows = routed_token_rows(l, d), k = m.moe.top_k, E = m.moe.experts;
   const bool etp_sp = l.sp && l.etp > 1;
   const int64_t routed = m.moe.routed_rows(rows), received = moe_expert_input_rows(m, l, d);
@@ -89,6 +96,10 @@ void moe_scratch_shapes(const ModelSpec& m, const Layout& l, const LoraSpec& lor
   if (l.ep > 1 && l.dispatch == MoeDispatch::allgather)
     out.push_back({"scratch.moe_gathered", Category::workspace, l.ep * routed * d.C, d.a, 1});
   out.push_back({"scratch.moe_dweights", Category::workspace, rows * k, kFp32, 1});
+  if (m.moe.gate_on == GateOn::output) {
+    out.push_back({"scratch.moe_row_dweights", Category::workspace, received, kFp32, 1});
+    if (l.ep > 1 || etp_sp) out.push_back({"scratch.moe_row_weights", Category::workspace, routed, kFp32, 1});
+  }
   out.push_back({"scratch.moe_stats", Category::workspace, 2 * E, 8, 1});
   // LoRA on the routed experts: h = x A^T of the rows received, then the
   // adapters' gradient g = s dY B (llama_moe_lora.cpp), (rows, r) each (the

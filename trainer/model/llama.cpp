@@ -45,7 +45,7 @@ constexpr const char* kSavedNames[] = {
     "layer.mlp_norm.output_fp8",   "layer.mlp.act_fp8",     "layer.moe.stats",
     "layer.moe.scores",            "layer.moe.experts",     "layer.moe.weights",
     "layer.moe.routing",           "layer.moe.input",       "layer.moe.gate",
-    "layer.moe.up",                "layer.moe.act",         "layer.moe.output",
+    "layer.moe.up",                "layer.moe.act",         "layer.moe.row_weights",
     "layer.moe.shared_gate",       "layer.moe.shared_up",   "layer.moe.shared_act",
     "layer.attn.q_raw",            "layer.attn.q_rstd",     "layer.attn.k_raw",
     "layer.attn.k_rstd"};

@@ -517,7 +517,8 @@ class LlamaStage {
   // E). Forward (`back` false): from `in` in this rank's expert order to
   // `out` in received order (source rank by source rank, expert by
   // expert); back: the reverse. Returns the rows that land.
-  int64_t moe_exchange(const int64_t* sent, const int64_t* counts, const Elem* in, Elem* out, int64_t width,
+  template <typename T>
+  int64_t moe_exchange(const int64_t* sent, const int64_t* counts, const T* in, T* out, int64_t width,
                        bool back);
   // `n` of the MoE metadata the host reads (the routing's offsets and
   // exchanged counts, the router's statistics), read back from the device

@@ -126,7 +126,7 @@ typename LlamaStage<Elem, G>::Block LlamaStage<Elem, G>::block(int64_t slot, int
     b.moe_gate = act("layer.moe.gate", (Elem*)nullptr);
     b.moe_up = act("layer.moe.up", (Elem*)nullptr);
     b.moe_act = act("layer.moe.act", (Elem*)nullptr);
-    b.moe_out = act("layer.moe.output", (Elem*)nullptr);
+    b.moe_row_weights = act("layer.moe.row_weights", (A*)nullptr);
     b.sh_gate = act("layer.moe.shared_gate", (Elem*)nullptr);
     b.sh_up = act("layer.moe.shared_up", (Elem*)nullptr);
     b.sh_act = act("layer.moe.shared_act", (Elem*)nullptr);

@@ -203,10 +203,18 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
   // they receive (b.moe_in).
   const bool ep = l_.ep > 1;
   Elem* send = ep || etp_sp ? table_->get<Elem>("scratch.moe_send") : b.moe_in;
+  // With the gate on the output the experts scale their SwiGLU outputs by
+  // the rows' weights (Megatron-Core's order: none of the experts' outputs
+  // is kept for the weights' gradient), so the weights travel with the rows.
+  const bool on_output = e.gate_on == GateOn::output;
+  A* send_weights = !on_output               ? nullptr
+                    : ep || etp_sp ? table_->get<A>("scratch.moe_row_weights")
+                                   : b.moe_row_weights;
   run(kernels::MoePermuteParams<Elem>{.rows = rows, .C = C, .experts = E, .top_k = k,
                                       .capacity = e.capacity(rows), .gate = e.gate_on,
                                       .expert_of = b.moe_experts, .weights = b.moe_weights, .x = x,
-                                      .out = send, .offsets = offsets, .position = position},
+                                      .out = send, .offsets = offsets, .position = position,
+                                      .row_weights = send_weights},
       "moe_permute", "scratch.moe_kernels");
   // The experts' offsets on the host (moe_host): rows x k, less the choices
   // the capacity dropped.
@@ -291,6 +299,14 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
     groups_.tp->all_gather_v(ep ? staged : send, b.moe_in, blocks);
     rows_in = std::accumulate(blocks.begin(), blocks.end(), int64_t{0}) / C;
   }
+  // The rows' weights the same way, one value a row (after the rows: under
+  // etp with sp they pass through the same staging).
+  if (on_output && (ep || etp_sp)) {
+    A* staged_weights = reinterpret_cast<A*>(staged);
+    if (ep) moe_exchange(sent.data(), counts.data(), send_weights, etp_sp ? staged_weights : b.moe_row_weights, 1, false);
+    if (etp_sp)
+      groups_.tp->all_gather_v(ep ? staged_weights : send_weights, b.moe_row_weights, tp_blocks(received, l_.tp, E, 1));
+  }
   // Each projection of every local expert over its rows: one grouped GEMM
   // (the gate's and the up's together), as the backward's below.
   const std::vector<ExpertRun> segments = expert_rows<ExpertRun>(off.data(), received, E, l_.ep);
@@ -316,15 +332,14 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
   run(grouped(gemms), "gemm experts gate up");
   if (b.lora_experts && params_.expert_gate_up) moe_lora_gate_up(b, segments);
   run(kernels::SwigluForwardParams<Elem>{.rows = rows_in, .F = Fe, .gate = b.moe_gate, .up = b.moe_up,
-                                         .act = b.moe_act},
+                                         .act = b.moe_act, .row_scale = on_output ? b.moe_row_weights : nullptr},
       "swiglu_forward");
   const Elem* act = quantised(2, b.moe_act, Fe);
-  // The experts' outputs, in this rank's expert order: kept where the gate
-  // multiplies them (the weights' gradient reads them), else only the
-  // combine reads them, from scratch. Under expert parallelism they are
+  // The experts' outputs, in this rank's expert order, for the combine only
+  // (from scratch; a rebuild needs none). Under expert parallelism they are
   // computed where the rows went and come back.
-  Elem* out = b.moe_out ? b.moe_out : table_->get<Elem>("scratch.moe_d_rows");
-  if (!recompute || b.moe_out) {
+  Elem* out = table_->get<Elem>("scratch.moe_d_rows");
+  if (!recompute) {
     Elem* computed = ep || etp_sp ? table_->get<Elem>("scratch.moe_received") : out;
     gemms.clear();
     for (const ExpertRun& r : segments)
@@ -372,8 +387,10 @@ void LlamaStage<Elem, G>::moe_forward(const Block& b, Elem* y, bool recompute) {
     }
   }
   if (recompute) return;
-  run(kernels::MoeUnpermuteParams<Elem>{.rows = rows, .C = C, .top_k = k, .gate = e.gate_on, .position = position,
-                                        .weights = b.moe_weights, .y = out, .out = y,
+  // The weights applied already (on the input by the permute, on the output
+  // by the experts' SwiGLU): the combine is the plain sum.
+  run(kernels::MoeUnpermuteParams<Elem>{.rows = rows, .C = C, .top_k = k, .gate = GateOn::input,
+                                        .position = position, .y = out, .out = y,
                                         .write = shared ? Write::accumulate : Write::overwrite},
       "moe_unpermute");
 }
@@ -489,13 +506,15 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx)
   Elem* d_up = table_->get<Elem>("scratch.moe_d_mlp", 2);
   A* dweights = table_->get<A>("scratch.moe_dweights");
   const bool on_output = e.gate_on == GateOn::output;
-  // The combine's gradient: each choice's row of the experts' output
-  // gradient, and with the gate on the output the weights' gradient.
-  run(kernels::MoeUnpermuteBackwardParams<Elem>{.rows = rows, .C = C, .top_k = k, .gate = e.gate_on,
-                                                .position = position, .weights = b.moe_weights,
-                                                .y = b.moe_out, .dout = dy, .dy = d_rows,
-                                                .dweights = on_output ? dweights : nullptr},
+  // The combine's gradient (a plain sum's): each choice's row of the
+  // experts' output gradient. With the gate on the output the experts'
+  // SwiGLU backward gives the weights' gradients, one a row, which come
+  // back as the input gradients do (moe_row_dweights, then in this rank's
+  // expert order moe_row_weights).
+  run(kernels::MoeUnpermuteBackwardParams<Elem>{.rows = rows, .C = C, .top_k = k, .gate = GateOn::input,
+                                                .position = position, .dout = dy, .dy = d_rows},
       "moe_unpermute_backward");
+  A* row_dweights = on_output ? table_->get<A>("scratch.moe_row_dweights") : nullptr;
   // Under expert parallelism the output gradient goes where the rows were
   // computed, and the input gradient comes back; under etp with sp the tp
   // ranks gather their received rows' output gradients, and the input
@@ -544,7 +563,9 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx)
   for (const auto& wave : waves(wgrads)) run(grouped(wave), "gemm experts down wgrad");
   if (b.lora_experts && params_.expert_down) moe_lora_down_backward(b, segments, d_in, d_act);
   run(kernels::SwigluBackwardParams<Elem>{.rows = rows_in, .F = Fe, .gate = b.moe_gate, .up = b.moe_up,
-                                          .dact = d_act, .dgate = d_gate, .dup = d_up},
+                                          .dact = d_act, .dgate = d_gate, .dup = d_up,
+                                          .row_scale = on_output ? b.moe_row_weights : nullptr,
+                                          .drow_scale = row_dweights},
       "swiglu_backward");
   // The experts' input gradient takes d_in over (its output gradient is spent).
   gemms.clear();
@@ -590,11 +611,27 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx)
     if (l_.etp > 1) groups_.tp->all_reduce(d_in, rows_in * C);
     if (ep) moe_exchange(sent.data(), counts, d_in, d_rows, C, true);
   }
+  // The rows' weight gradients the same way back (each tp rank's part of
+  // the width gave a part of each row's sum).
+  A* back_dweights = row_dweights;
+  if (on_output && (ep || etp_sp)) {
+    back_dweights = table_->get<A>("scratch.moe_row_weights");
+    A* staged_weights = reinterpret_cast<A*>(staged);
+    if (etp_sp) {
+      groups_.tp->reduce_scatter_v(row_dweights, ep ? staged_weights : back_dweights, tp_blocks(received, l_.tp, E, 1));
+      if (ep) moe_exchange(sent.data(), counts, staged_weights, back_dweights, 1, true);
+    } else {
+      if (l_.etp > 1) groups_.tp->all_reduce(row_dweights, rows_in);
+      moe_exchange(sent.data(), counts, row_dweights, back_dweights, 1, true);
+    }
+  } else if (on_output && l_.etp > 1) {
+    groups_.tp->all_reduce(row_dweights, rows_in);
+  }
   run(kernels::MoePermuteBackwardParams<Elem>{.rows = rows, .C = C, .top_k = k, .gate = e.gate_on,
                                               .position = position, .weights = b.moe_weights, .x = x,
-                                              .dout = d_rows, .dx = dx,
-                                              .dweights = on_output ? nullptr : dweights,
-                                              .write = shared ? Write::accumulate : Write::overwrite},
+                                              .dout = d_rows, .dx = dx, .dweights = dweights,
+                                              .write = shared ? Write::accumulate : Write::overwrite,
+                                              .row_dweights = back_dweights},
       "moe_permute_backward");
   // The router: the balancing loss's gradient at each expert's score (the
   // same at every row), weighted as the micro-batch's share of the step's

@@ -20,7 +20,8 @@ constexpr int64_t kMoeRowsTag = 4001;
 }  // namespace
 
 template <typename Elem, typename G>
-int64_t LlamaStage<Elem, G>::moe_exchange(const int64_t* sent, const int64_t* counts, const Elem* in, Elem* out,
+template <typename T>
+int64_t LlamaStage<Elem, G>::moe_exchange(const int64_t* sent, const int64_t* counts, const T* in, T* out,
                                           int64_t width, bool back) {
   parallel::Comm& g = *groups_.ep;
   const int64_t P = g.size(), E = m_.moe.experts, El = E / P, me = g.rank();
@@ -28,7 +29,8 @@ int64_t LlamaStage<Elem, G>::moe_exchange(const int64_t* sent, const int64_t* co
     // Every rank's rows in expert order, rank after rank (`counts`: each
     // rank's per expert), in scratch; this rank's experts' runs of them are
     // the received order (source by source, expert by expert).
-    Elem* all = table_->get<Elem>("scratch.moe_gathered");
+    // (T: the rows' Elem, or the combine weights' A, one a row.)
+    T* all = reinterpret_cast<T*>(table_->get<char>("scratch.moe_gathered"));
     std::vector<int64_t> block(size_t(P), 0);  // elements of each rank's rows
     for (int64_t r = 0; r < P; ++r)
       for (int64_t j = 0; j < E; ++j) block[size_t(r)] += counts[r * E + j] * width;
@@ -47,7 +49,7 @@ int64_t LlamaStage<Elem, G>::moe_exchange(const int64_t* sent, const int64_t* co
     if (!back) {
       g.all_gather_v(in, all, block);
       for (const auto& [at, n] : runs) {
-        copy(out + landed, all + at, n * int64_t(sizeof(Elem)));
+        copy(out + landed, all + at, n * int64_t(sizeof(T)));
         landed += n;
       }
       return landed / width;
@@ -55,9 +57,9 @@ int64_t LlamaStage<Elem, G>::moe_exchange(const int64_t* sent, const int64_t* co
     // Back: this rank's experts' outputs in their places among zeros, summed
     // over the ranks into each one's own rows (only the expert's rank wrote
     // any, so the sums are exact).
-    run(kernels::FillParams<Elem>{.n = base, .value = 0.0, .x = all}, "fill");
+    run(kernels::FillParams<T>{.n = base, .value = 0.0, .x = all}, "fill");
     for (const auto& [at, n] : runs) {
-      copy(all + at, in + landed, n * int64_t(sizeof(Elem)));
+      copy(all + at, in + landed, n * int64_t(sizeof(T)));
       landed += n;
     }
     g.reduce_scatter_v(all, out, block);
@@ -76,17 +78,20 @@ int64_t LlamaStage<Elem, G>::moe_exchange(const int64_t* sent, const int64_t* co
   if (back) std::swap(to, from);
   const int64_t in_at = std::accumulate(to.begin(), to.begin() + me, int64_t{0});
   const int64_t out_at = std::accumulate(from.begin(), from.begin() + me, int64_t{0});
-  g.all_to_all_v(in, to, out, from, parallel::dtype_of<Elem>(), kMoeRowsTag);
-  copy(out + out_at, in + in_at, to[size_t(me)] * int64_t(sizeof(Elem)));  // this rank's own rows
+  g.all_to_all_v(in, to, out, from, parallel::dtype_of<T>(), kMoeRowsTag);
+  copy(out + out_at, in + in_at, to[size_t(me)] * int64_t(sizeof(T)));  // this rank's own rows
   return std::accumulate(from.begin(), from.end(), int64_t{0}) / width;
 }
 
-#define WEFT_LLAMA_MOE_DISPATCH(E, G) \
-  template int64_t LlamaStage<E, G>::moe_exchange(const int64_t*, const int64_t*, const E*, E*, int64_t, bool);
-WEFT_LLAMA_MOE_DISPATCH(float, float)
-WEFT_LLAMA_MOE_DISPATCH(double, double)
-WEFT_LLAMA_MOE_DISPATCH(kernels::bf16, float)
-WEFT_LLAMA_MOE_DISPATCH(kernels::bf16, kernels::bf16)
+#define WEFT_LLAMA_MOE_DISPATCH(E, G, T) \
+  template int64_t LlamaStage<E, G>::moe_exchange(const int64_t*, const int64_t*, const T*, T*, int64_t, bool);
+// The rows (Elem) and the combine weights (Acc<Elem>, the same type but in bf16).
+WEFT_LLAMA_MOE_DISPATCH(float, float, float)
+WEFT_LLAMA_MOE_DISPATCH(double, double, double)
+WEFT_LLAMA_MOE_DISPATCH(kernels::bf16, float, kernels::bf16)
+WEFT_LLAMA_MOE_DISPATCH(kernels::bf16, kernels::bf16, kernels::bf16)
+WEFT_LLAMA_MOE_DISPATCH(kernels::bf16, float, float)
+WEFT_LLAMA_MOE_DISPATCH(kernels::bf16, kernels::bf16, float)
 #undef WEFT_LLAMA_MOE_DISPATCH
 
 }  // namespace weft::trainer

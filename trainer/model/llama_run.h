@@ -94,14 +94,15 @@ struct LlamaStage<Elem, G>::Block {
   // Its saved tensors (memory::block_saved_shapes), null where its mode
   // drops them and no rebuild is in flight: the router's scores, the chosen
   // experts and their weights, the permutation (each choice's row, then the
-  // E + 1 expert offsets), the permuted input, the experts' gate, up, SwiGLU
-  // output and output, the shared expert's gate, up and output; and the
-  // router's statistics (E counts, then E score sums as doubles).
-  A *moe_scores, *moe_weights;
+  // E + 1 expert offsets), the permuted input, the experts' gate, up and
+  // SwiGLU output, with the gate on the output each received row's weight
+  // (the SwiGLU's row scale), the shared expert's gate, up and output; and
+  // the router's statistics (E counts, then E score sums as doubles).
+  A *moe_scores, *moe_weights, *moe_row_weights;
   int32_t* moe_experts;
   int64_t* moe_routing;
   int64_t* moe_stats;
-  Elem *moe_in, *moe_gate, *moe_up, *moe_act, *moe_out, *sh_gate, *sh_up, *sh_act;
+  Elem *moe_in, *moe_gate, *moe_up, *moe_act, *sh_gate, *sh_up, *sh_act;
 };
 
 // A list of GEMMs as one grouped launch's params (kernels/gemm/gemm.h).

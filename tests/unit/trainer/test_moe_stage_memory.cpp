@@ -99,11 +99,13 @@ TEST(MoeStage, Fp8UnderLoraTheAdaptersReadTheComputeType) {
   SCOPED_TRACE(fmt::format("seed {}", seed));
   const auto silu = [](double g) { return g / (1 + std::exp(-g)); };
   // The largest relative difference of a saved SwiGLU output from its
-  // inputs' silu(gate) x up, over n values.
-  const auto swiglu_dev = [&](const float* gate, const float* up, const float* act, int64_t n) {
+  // inputs' silu(gate) x up, over n values (times each row's weight where
+  // the experts apply the gate on the output: row_weights, rows F wide).
+  const auto swiglu_dev = [&](const float* gate, const float* up, const float* act, int64_t n,
+                              const float* row_weights = nullptr, int64_t F = 1) {
     double worst = 0;
     for (int64_t i = 0; i < n; ++i) {
-      const double want = silu(gate[i]) * up[i];
+      const double want = silu(gate[i]) * up[i] * (row_weights ? row_weights[i / F] : 1.0);
       worst = std::max(worst, std::fabs(act[i] - want) / (std::fabs(want) + 1e-3));
     }
     return worst;
@@ -128,8 +130,10 @@ TEST(MoeStage, Fp8UnderLoraTheAdaptersReadTheComputeType) {
           const int64_t* offsets = t.get<int64_t>("layer.moe.routing", layer) + 16 * k;
           const int64_t rows = offsets[E];
           ASSERT_EQ(rows, 16 * k) << what;
+          const float* row_weights =
+              m.moe.gate_on == GateOn::output ? t.get<float>("layer.moe.row_weights", layer) : nullptr;
           act_dev = std::max(act_dev, swiglu_dev(t.get<float>("layer.moe.gate", layer), t.get<float>("layer.moe.up", layer),
-                                                 t.get<float>("layer.moe.act", layer), rows * F));
+                                                 t.get<float>("layer.moe.act", layer), rows * F, row_weights, F));
           if (m.moe.shared_intermediate > 0)
             shared_dev = std::max(shared_dev, swiglu_dev(t.get<float>("layer.moe.shared_gate", layer),
                                                          t.get<float>("layer.moe.shared_up", layer),
