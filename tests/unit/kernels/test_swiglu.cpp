@@ -54,25 +54,32 @@ TEST_P(SwigluTest, MatchesFp64Reference) {
   expect_within_rule("dup", u, naive_du, ref_du);
 }
 
+// Both forms: without a row scale, and with one (its gradient checked too).
 TEST_P(SwigluTest, GradientsMatchFiniteDifferences) {
   const SwigluCase& c = GetParam();
-  Rng rng;
-  SCOPED_TRACE(rng.trace());
-  const int64_t n = c.rows * c.F;
-  auto g = rng.uniform<double>(n, -6, 6), u = rng.uniform<double>(n);
-  const auto r = rng.uniform<double>(n);
-  std::vector<double> act(n), dg(n), du(n);
-  auto loss = [&] {
-    run_or_throw(SwigluForwardParams<double>{.rows = c.rows, .F = c.F, .gate = g.data(),
-                                             .up = u.data(), .act = act.data()});
-    return dot(r, act);
-  };
-  ASSERT_EQ(run(SwigluBackwardParams<double>{.rows = c.rows, .F = c.F, .gate = g.data(),
-                                            .up = u.data(), .dact = r.data(), .dgate = dg.data(),
-                                            .dup = du.data()}),
-            Status::ok);
-  EXPECT_LE(fd_error(g, dg, loss, rng), kFdTolerance) << "dgate";
-  EXPECT_LE(fd_error(u, du, loss, rng), kFdTolerance) << "dup";
+  for (const bool scaled : {false, true}) {
+    Rng rng;
+    SCOPED_TRACE(rng.trace() + (scaled ? ", with a row scale" : ""));
+    const int64_t n = c.rows * c.F;
+    auto g = rng.uniform<double>(n, -6, 6), u = rng.uniform<double>(n), w = rng.uniform<double>(c.rows, 0.05, 1);
+    const auto r = rng.uniform<double>(n);
+    std::vector<double> act(n), dg(n), du(n), dw(size_t(c.rows));
+    const double* scale = scaled ? w.data() : nullptr;
+    auto loss = [&] {
+      run_or_throw(SwigluForwardParams<double>{.rows = c.rows, .F = c.F, .gate = g.data(), .up = u.data(),
+                                               .act = act.data(), .row_scale = scale});
+      return dot(r, act);
+    };
+    ASSERT_EQ(run(SwigluBackwardParams<double>{.rows = c.rows, .F = c.F, .gate = g.data(), .up = u.data(),
+                                              .dact = r.data(), .dgate = dg.data(), .dup = du.data(),
+                                              .row_scale = scale, .drow_scale = scaled ? dw.data() : nullptr}),
+              Status::ok);
+    EXPECT_LE(fd_error(g, dg, loss, rng), kFdTolerance) << "dgate";
+    EXPECT_LE(fd_error(u, du, loss, rng), kFdTolerance) << "dup";
+    if (scaled) {
+      EXPECT_LE(fd_error(w, dw, loss, rng), kFdTolerance) << "dw";
+    }
+  }
 }
 
 // With a row scale (an MoE expert's rows, each scaled by its combine
@@ -109,28 +116,6 @@ TEST_P(SwigluTest, RowScaleMatchesFp64Reference) {
   expect_within_rule("dgate", g, dg32, dg64);
   expect_within_rule("dup", u, du32, du64);
   expect_within_rule("dw", dw, dw32, dw64);
-}
-
-TEST_P(SwigluTest, RowScaleGradientsMatchFiniteDifferences) {
-  const SwigluCase& c = GetParam();
-  Rng rng;
-  SCOPED_TRACE(rng.trace());
-  const int64_t n = c.rows * c.F;
-  auto g = rng.uniform<double>(n, -6, 6), u = rng.uniform<double>(n), w = rng.uniform<double>(c.rows, 0.05, 1);
-  const auto r = rng.uniform<double>(n);
-  std::vector<double> act(n), dg(n), du(n), dw(size_t(c.rows));
-  auto loss = [&] {
-    run_or_throw(SwigluForwardParams<double>{.rows = c.rows, .F = c.F, .gate = g.data(), .up = u.data(),
-                                             .act = act.data(), .row_scale = w.data()});
-    return dot(r, act);
-  };
-  ASSERT_EQ(run(SwigluBackwardParams<double>{.rows = c.rows, .F = c.F, .gate = g.data(), .up = u.data(),
-                                            .dact = r.data(), .dgate = dg.data(), .dup = du.data(),
-                                            .row_scale = w.data(), .drow_scale = dw.data()}),
-            Status::ok);
-  EXPECT_LE(fd_error(g, dg, loss, rng), kFdTolerance) << "dgate";
-  EXPECT_LE(fd_error(u, du, loss, rng), kFdTolerance) << "dup";
-  EXPECT_LE(fd_error(w, dw, loss, rng), kFdTolerance) << "dw";
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, SwigluTest, ::testing::ValuesIn(swiglu_cases()), CaseName{});
