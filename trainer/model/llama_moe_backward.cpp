@@ -230,19 +230,16 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx)
   }
   // The rows' weight gradients the same way back (each tp rank's part of
   // the width gave a part of each row's sum).
-  A* back_dweights = row_dweights;
-  if (on_output && (ep || etp_sp)) {
-    back_dweights = table_->get<A>("scratch.moe_row_weights");
+  A* back_dweights = on_output && (ep || etp_sp) ? table_->get<A>("scratch.moe_row_weights") : row_dweights;
+  if (on_output) {
     A* staged_weights = reinterpret_cast<A*>(staged);
     if (etp_sp) {
       groups_.tp->reduce_scatter_v(row_dweights, ep ? staged_weights : back_dweights, tp_blocks(received, l_.tp, E, 1));
       if (ep) moe_exchange(sent.data(), counts, staged_weights, back_dweights, 1, true);
     } else {
       if (l_.etp > 1) groups_.tp->all_reduce(row_dweights, rows_in);
-      moe_exchange(sent.data(), counts, row_dweights, back_dweights, 1, true);
+      if (ep) moe_exchange(sent.data(), counts, row_dweights, back_dweights, 1, true);
     }
-  } else if (on_output && l_.etp > 1) {
-    groups_.tp->all_reduce(row_dweights, rows_in);
   }
   run(kernels::MoePermuteBackwardParams<Elem>{.rows = rows, .C = C, .top_k = k, .gate = e.gate_on,
                                               .position = position, .weights = b.moe_weights, .x = x,
