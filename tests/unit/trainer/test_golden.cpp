@@ -36,7 +36,7 @@ struct Golden {
   ModelSpec m;
   RunSpec run;
   explicit Golden(const std::string& name)
-      : f(test::golden_file_read(std::string(WEFT_FIXTURES_DIR) + "/" + name)) {
+      : f(test::golden_file_read(fmt::format("{}/{}", WEFT_FIXTURES_DIR, name))) {
     m = model_from_hf_config_json(f.header["config"], name);
     m.name = name;
     const auto& s = f.header["scalars"];

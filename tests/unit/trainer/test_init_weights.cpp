@@ -32,7 +32,7 @@ constexpr double kLossTolerance = 1e-5;
 const char* const kFolders[] = {"untied", "untied_bf16", "untied_fp16", "tied_sharded", "rope_llama3"};
 
 std::string fixture(const std::string& folder) {
-  return std::string(WEFT_FIXTURES_DIR) + "/hf_init/" + folder;
+  return fmt::format("{}/hf_init/{}", WEFT_FIXTURES_DIR, folder);
 }
 
 const test::GoldenFile& reference() {

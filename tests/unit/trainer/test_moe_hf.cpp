@@ -33,7 +33,7 @@ namespace {
 
 constexpr double kEps32 = 1.1920928955078125e-07;
 
-std::string fixture(const std::string& name) { return std::string(WEFT_FIXTURES_DIR) + "/hf_moe/" + name; }
+std::string fixture(const std::string& name) { return fmt::format("{}/hf_moe/{}", WEFT_FIXTURES_DIR, name); }
 
 const test::GoldenFile& reference() {
   static const test::GoldenFile f = test::golden_file_read(fixture("reference.bin"));
