@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <limits>
+#include <vector>
 
 namespace weft::kernels {
 namespace {
@@ -122,39 +124,157 @@ namespace {
 // overflow.
 float overflow_at(Fp8Format f) { return f == Fp8Format::e4m3 ? 464.0f : 61440.0f; }
 
-// One value through the format under scale, counting its health.
-inline float qdq_one(float v, float scale, float scale_inv, float over_at, Fp8Format f, int64_t& over,
-                     int64_t& under) {
-  if (std::fabs(v * scale) > over_at) ++over;
-  const uint8_t code = fp8_quantize(v, scale, f);
-  if ((code & 0x7f) == 0 && v != 0.0f) ++under;
-  return fp8_decode(code, f) * scale_inv;
+// What rounding a float onto a format's grid takes, so that
+// quantise-dequantise never forms the code: decode(encode(s)) is s rounded
+// to nearest even on the format's grid, which for normal values is the
+// float with its mantissa cut to the format's bits, and below the smallest
+// normal a multiple of the subnormal step.
+struct Grid {
+  uint32_t max;         // bits of the largest finite value (448 or 57344)
+  uint32_t min_normal;  // bits of 2^(1 - bias)
+  int shift;            // 23 - mantissa bits: the float mantissa bits dropped
+  float sub_magic;      // 1.5 * 2^23 * the subnormal step: adding and taking it away rounds to that step
+  uint32_t over_at;     // bits of overflow_at
+};
+
+Grid grid_of(Fp8Format f) {
+  // E4M3: step 2^-9, magic 1.5 * 2^14; E5M2: step 2^-16, magic 1.5 * 2^7.
+  const bool e4 = f == Fp8Format::e4m3;
+  return {std::bit_cast<uint32_t>(fp8_max(f)), std::bit_cast<uint32_t>(e4 ? 0x1p-6f : 0x1p-14f), e4 ? 20 : 21,
+          e4 ? 0x1.8p14f : 0x1.8p7f, std::bit_cast<uint32_t>(overflow_at(f))};
+}
+
+constexpr uint32_t kAbs = 0x7fffffffu, kInf = 0x7f800000u;
+
+// decode(fp8_quantize) of s = v * scale, on the float's bits and without
+// branches or float comparisons (so the loop below vectorises without
+// relaxing IEEE semantics): clamp |s| to max (infinity clamps, NaN passes),
+// round the mantissa nearest even (a carry moves into the exponent; at most
+// max, which is on the grid) or, below the smallest normal, to the
+// subnormal step (exact in float: the sum stays in the magic's binade), and
+// put the sign back (-0 stays -0). tests/unit/kernels/test_fp8.cpp checks
+// it against encode and decode; it was also checked over all 2^32 floats.
+inline uint32_t round_to_grid(uint32_t s, const Grid& g) {
+  const uint32_t mag = s & kAbs;
+  const uint32_t clamp = 0u - uint32_t((mag > g.max) & (mag <= kInf));
+  const uint32_t a = (g.max & clamp) | (mag & ~clamp);
+  const uint32_t half = (1u << (g.shift - 1)) - 1 + ((a >> g.shift) & 1u);
+  const uint32_t normal = (a + half) & ~((1u << g.shift) - 1);
+  const float af = std::bit_cast<float>(a);
+  const uint32_t subnormal = std::bit_cast<uint32_t>((af + g.sub_magic) - g.sub_magic);
+  // Selected by masks, not ?:, which would let the compiler move the float
+  // sum under a branch (an FP operation may trap, so it would not turn
+  // the branch back into a select and the loop would not vectorise).
+  const uint32_t use_normal = 0u - uint32_t(a >= g.min_normal), nan = 0u - uint32_t(a > kInf);
+  const uint32_t r = (a & nan) | (((normal & use_normal) | (subnormal & ~use_normal)) & ~nan);
+  return r | (s & ~kAbs);
+}
+
+// One value through the format under scale k (k_inv = 1 / k), counting its
+// health: past overflow_at before the clamp, and nonzero values that became
+// zero. Branchless over floats and 32-bit integers, so that the loops over
+// it below vectorise.
+inline float qdq_value(float v, float k, float k_inv, const Grid& g, int32_t& over, int32_t& under) {
+  const uint32_t s = std::bit_cast<uint32_t>(v * k);
+  over += int32_t(((s & kAbs) > g.over_at) & ((s & kAbs) <= kInf));
+  const uint32_t r = round_to_grid(s, g);
+  under += int32_t((r & kAbs) == 0) & int32_t((std::bit_cast<uint32_t>(v) & kAbs) != 0);
+  return std::bit_cast<float>(r) * k_inv;
+}
+
+// n < 2^31 values (a chunk of fp8_qdq's range, or a row) under one scale,
+// or each under its column's. y may alias x.
+Fp8Health qdq_span(const float* x, float* y, int64_t n, float k, float k_inv, const Grid g) {
+  int32_t over = 0, under = 0;
+  for (int64_t i = 0; i < n; ++i) y[i] = qdq_value(x[i], k, k_inv, g, over, under);
+  return {over, under};
+}
+
+Fp8Health qdq_span(const float* x, float* y, int64_t n, const float* k, const float* k_inv, const Grid g) {
+  int32_t over = 0, under = 0;
+  for (int64_t i = 0; i < n; ++i) y[i] = qdq_value(x[i], k[i], k_inv[i], g, over, under);
+  return {over, under};
 }
 
 }  // namespace
 
 Fp8Health fp8_qdq(const float* x, float* y, int64_t n, float scale, Fp8Format f) {
-  const float scale_inv = 1.0f / scale, over_at = overflow_at(f);
+  const float scale_inv = 1.0f / scale;
+  const Grid g = grid_of(f);
+  constexpr int64_t kChunk = 1 << 14;
   int64_t over = 0, under = 0;
 #pragma omp parallel for reduction(+ : over, under) schedule(static)
-  for (int64_t i = 0; i < n; ++i) y[i] = qdq_one(x[i], scale, scale_inv, over_at, f, over, under);
+  for (int64_t at = 0; at < n; at += kChunk) {
+    const Fp8Health h = qdq_span(x + at, y + at, std::min(kChunk, n - at), scale, scale_inv, g);
+    over += h.overflow;
+    under += h.underflow;
+  }
   return {over, under};
 }
 
 Fp8Health fp8_qdq_tiles(const float* x, float* y, int64_t rows, int64_t cols, int64_t tile_rows,
                         int64_t tile_cols, Fp8Format f) {
   if (rows <= 0 || cols <= 0) return {};
-  const int64_t grid_rows = (rows + tile_rows - 1) / tile_rows, grid_cols = (cols + tile_cols - 1) / tile_cols;
-  const float over_at = overflow_at(f);
+  const int64_t bands = (rows + tile_rows - 1) / tile_rows, grid_cols = (cols + tile_cols - 1) / tile_cols;
+  const Grid g = grid_of(f);
+  // Narrow tiles (128 x 1: down the tokens) take each value's scale from
+  // its column's; wide ones one scale per run of the row.
+  const bool per_column = tile_cols < 16;
   int64_t over = 0, under = 0;
-#pragma omp parallel for reduction(+ : over, under) schedule(static)
-  for (int64_t t = 0; t < grid_rows * grid_cols; ++t) {
-    const int64_t r0 = (t / grid_cols) * tile_rows, c0 = (t % grid_cols) * tile_cols;
-    const int64_t r1 = std::min(rows, r0 + tile_rows), c1 = std::min(cols, c0 + tile_cols);
-    const float scale = fp8_tile_scale(x, cols, r0, r1, c0, c1, f), scale_inv = 1.0f / scale;
-    for (int64_t r = r0; r < r1; ++r)
-      for (int64_t c = c0; c < c1; ++c)
-        y[r * cols + c] = qdq_one(x[r * cols + c], scale, scale_inv, over_at, f, over, under);
+  // A band of tile_rows rows at a time, read along the rows, so that every
+  // loop runs over contiguous values and vectorises, whatever the tile's
+  // shape: the largest magnitude's bits per column over the band (for
+  // floats of one sign their bits order as they do; a NaN's are above
+  // infinity's, so a tile is finite when its largest is below infinity's),
+  // each tile's scale from its columns', then every value under its scale.
+#pragma omp parallel reduction(+ : over, under)
+  {
+    const auto n = static_cast<size_t>(cols);
+    std::vector<uint32_t> top(n);
+    const auto tiles = static_cast<size_t>(grid_cols);
+    std::vector<float> k(tiles), k_inv(tiles), col_k, col_k_inv;
+    if (per_column) {
+      col_k.resize(n);
+      col_k_inv.resize(n);
+    }
+#pragma omp for schedule(static)
+    for (int64_t band = 0; band < bands; ++band) {
+      const int64_t r0 = band * tile_rows, r1 = std::min(rows, r0 + tile_rows);
+      std::fill(top.begin(), top.end(), 0u);
+      for (int64_t r = r0; r < r1; ++r) {
+        const float* row = x + r * cols;
+        for (size_t c = 0; c < n; ++c) {
+          const uint32_t a = std::bit_cast<uint32_t>(row[c]) & kAbs;
+          top[c] = a > top[c] ? a : top[c];
+        }
+      }
+      for (int64_t t = 0; t < grid_cols; ++t) {
+        const int64_t c0 = t * tile_cols, c1 = std::min(cols, c0 + tile_cols);
+        uint32_t m = 0;
+        for (int64_t c = c0; c < c1; ++c) m = top[size_t(c)] > m ? top[size_t(c)] : m;
+        k[size_t(t)] = fp8_scale(m < kInf ? std::bit_cast<float>(m) : NAN, f);
+        k_inv[size_t(t)] = 1.0f / k[size_t(t)];
+        if (per_column) {
+          std::fill(col_k.begin() + c0, col_k.begin() + c1, k[size_t(t)]);
+          std::fill(col_k_inv.begin() + c0, col_k_inv.begin() + c1, k_inv[size_t(t)]);
+        }
+      }
+      for (int64_t r = r0; r < r1; ++r) {
+        const float* in = x + r * cols;
+        float* out = y + r * cols;
+        Fp8Health h;
+        if (per_column) {
+          h = qdq_span(in, out, cols, col_k.data(), col_k_inv.data(), g);
+        } else {
+          for (int64_t t = 0; t < grid_cols; ++t) {
+            const int64_t c0 = t * tile_cols, c1 = std::min(cols, c0 + tile_cols);
+            h += qdq_span(in + c0, out + c0, c1 - c0, k[size_t(t)], k_inv[size_t(t)], g);
+          }
+        }
+        over += h.overflow;
+        under += h.underflow;
+      }
+    }
   }
   return {over, under};
 }

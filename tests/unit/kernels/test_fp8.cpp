@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -161,6 +162,45 @@ TEST(Fp8, QuantiseDequantiseKeepsTheRelativeErrorOfTheFormat) {
                              }) - x.begin());
     EXPECT_EQ(fp8_quantize(x[at], scale, f) & 0x7f, f == Fp8Format::e4m3 ? 0x7e : 0x7b);
   }
+}
+
+// fp8_qdq rounds onto the grid without forming the code; it must give
+// decode(quantize) * (1 / scale) bit for bit, and the same health counts,
+// for every float that rounding can tell apart: each pattern of the top 16
+// bits with the low 16 at both ends and around their middle (the rounding
+// points of both formats' mantissas and subnormal steps lie on these), the
+// two zeros, infinities and NaN, under scale 1 and fresh random scales.
+TEST(Fp8, QuantiseDequantiseEqualsDecodingTheCode) {
+  std::vector<float> x;
+  for (uint32_t hi = 0; hi < 0x10000; ++hi)
+    for (uint32_t lo : {0x0000u, 0x0001u, 0x7fffu, 0x8000u, 0x8001u, 0xfffeu, 0xffffu})
+      x.push_back(std::bit_cast<float>((hi << 16) | lo));
+  test::Rng rng;
+  SCOPED_TRACE(rng.trace());
+  const auto exps = rng.uniform<double>(3, -12, 12);
+  for (Fp8Format f : {Fp8Format::e4m3, Fp8Format::e5m2})
+    for (float scale : {1.0f, float(std::exp2(exps[0])), float(std::exp2(exps[1])), float(std::exp2(exps[2])) * 1.37f}) {
+      SCOPED_TRACE(::testing::Message() << to_string(f) << " scale " << hex(scale));
+      std::vector<float> y(x.size());
+      const Fp8Health h = fp8_qdq(x.data(), y.data(), int64_t(x.size()), scale, f);
+      Fp8Health want;
+      const float inv = 1.0f / scale;
+      for (size_t i = 0; i < x.size(); ++i) {
+        const uint8_t code = fp8_quantize(x[i], scale, f);
+        const float expect = fp8_decode(code, f) * inv;
+        if (std::isnan(expect)) {
+          ASSERT_TRUE(std::isnan(y[i])) << hex(x[i]);
+        } else {
+          ASSERT_EQ(std::bit_cast<uint32_t>(y[i]), std::bit_cast<uint32_t>(expect))
+              << hex(x[i]) << " gave " << hex(y[i]) << ", the code " << hex(expect);
+        }
+        if (std::fabs(x[i] * scale) > (f == Fp8Format::e4m3 ? 464.0f : 61440.0f)) ++want.overflow;
+        if ((code & 0x7f) == 0 && x[i] != 0.0f) ++want.underflow;
+      }
+      EXPECT_EQ(h.overflow, want.overflow);
+      EXPECT_EQ(h.underflow, want.underflow);
+      EXPECT_GT(want.underflow, 0);
+    }
 }
 
 TEST(Fp8, HealthCountsOverflowsAndUnderflows) {
