@@ -55,6 +55,7 @@
 
 #include "kernels/attention/attention_check.h"
 #include "kernels/cpu_common.h"
+#include "kernels/cpu_math.h"
 #include "kernels/gemm/blas_core.h"
 
 namespace weft::kernels {
@@ -136,47 +137,6 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const
 }
 constexpr bool kT = true, kN = false;
 
-// e^x in fp32 for x <= 88, written so that GCC vectorizes it (std::exp does
-// not vectorize without -ffast-math, and a softmax pass takes B H T^2 / 2 of
-// them). x = n ln2 + r with |r| <= ln2 / 2, ln2 split in two so that n * hi
-// is exact; e^r by its Taylor series to r^7, whose remainder is under 1e-8
-// relative, below fp32 rounding; 2^n goes straight into the exponent bits.
-// The rounding and the x < -87 test (where 2^n would leave the normal range
-// and the result is 0) work on the bits: ordered float compares and
-// float-to-int conversions may trap under the default -ftrapping-math,
-// which keeps GCC from vectorizing the loop. NaN stays NaN.
-inline float exp_fast(float x) {
-  // Adding 1.5 * 2^23 rounds x log2(e) to an integer n, held in the low bits.
-  const float shifted = x * 1.44269504f + 12582912.0f;
-  const float n = shifted - 12582912.0f;
-  const int32_t n_int = std::bit_cast<int32_t>(shifted) - std::bit_cast<int32_t>(12582912.0f);
-  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
-  float e = 1.0f / 5040;
-  e = e * r + 1.0f / 720;
-  e = e * r + 1.0f / 120;
-  e = e * r + 1.0f / 24;
-  e = e * r + 1.0f / 6;
-  e = e * r + 0.5f;
-  e = e * r + 1.0f;
-  e = e * r + 1.0f;
-  const float y = e * std::bit_cast<float>((n_int + 127) << 23);
-  // Negative floats order like their bits as int32, from -0 up to -inf.
-  constexpr int32_t kMinus87 = std::bit_cast<int32_t>(-87.0f);
-  constexpr int32_t kMinusInf = std::bit_cast<int32_t>(-std::numeric_limits<float>::infinity());
-  const int32_t bits = std::bit_cast<int32_t>(x);
-  const int32_t keep = int32_t((bits > kMinus87) & (bits <= kMinusInf)) - 1;  // 0 below -87
-  return std::bit_cast<float>(std::bit_cast<int32_t>(y) & keep);
-}
-
-// The double instantiation serves gradient checks, where only accuracy counts.
-template <typename A>
-A softmax_exp(A x) {
-  if constexpr (std::is_same_v<A, float>)
-    return exp_fast(x);
-  else
-    return std::exp(x);
-}
-
 // Softmax in place of a row's scores [first, visible); the rest of the row,
 // up to `width`, is zeroed. Returns the row's log-sum-exp (-inf when it sees
 // no key, the row then all zero).
@@ -193,7 +153,7 @@ A softmax_row(A* s, int64_t first, int64_t visible, int64_t width) {
   A sum = 0;
 #pragma omp simd reduction(+ : sum)
   for (int64_t j = first; j < visible; ++j) {
-    s[j] = softmax_exp(s[j] - mx);
+    s[j] = cpu::exp_nonpositive(s[j] - mx);
     sum += s[j];
   }
   const A inv = A(1) / sum;
@@ -213,7 +173,7 @@ void flash_grad_row(A* s, A* dp, int64_t first, int64_t visible, int64_t width, 
   std::fill(dp, dp + first, A(0));
 #pragma omp simd
   for (int64_t j = first; j < visible; ++j) {
-    const A pj = softmax_exp(s[j] - lse);
+    const A pj = cpu::exp_nonpositive(s[j] - lse);
     s[j] = pj;
     dp[j] = pj * (dp[j] - delta);
   }

@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "kernels/cpu_common.h"
+#include "kernels/cpu_math.h"
 #include "kernels/cross_entropy/cross_entropy_check.h"
 
 namespace weft::kernels {
@@ -70,7 +71,8 @@ Status launch(const CrossEntropySumExpParams<Elem>& p, Workspace ws, Stream stre
     const Elem* x = p.logits + r * p.V_local;
     const A m = p.row_max[r];
     A s = 0;
-    for (int64_t j = 0; j < valid; ++j) s += std::exp(A(x[j]) - m);
+#pragma omp simd reduction(+ : s)
+    for (int64_t j = 0; j < valid; ++j) s += cpu::exp_nonpositive(A(x[j]) - m);
     p.sum_exp[r] = s;
   }
   return Status::ok;
@@ -105,11 +107,11 @@ Status launch(const CrossEntropyLossGradParams<Elem>& p, Workspace ws, Stream st
     const A inv_sum = A(1) / p.sum_exp[r];
     const A target_logit = owner ? A(x[local]) : A(0);
     if (p.loss) p.loss[r] = owner ? std::log(p.sum_exp[r]) + m - target_logit : A(0);
-    for (int64_t j = 0; j < valid; ++j) x[j] = Elem(std::exp(A(x[j]) - m) * inv_sum * scale);
+    for (int64_t j = 0; j < valid; ++j) x[j] = Elem(cpu::exp_nonpositive(A(x[j]) - m) * inv_sum * scale);
     std::fill(x + valid, x + p.V_local, Elem(0));  // padding: no probability
     // Recomputed from the saved logit: (p - 1) * scale rounds once, where
     // adjusting the stored p * scale would round twice.
-    if (owner) x[local] = Elem((std::exp(target_logit - m) * inv_sum - A(1)) * scale);
+    if (owner) x[local] = Elem((cpu::exp_nonpositive(target_logit - m) * inv_sum - A(1)) * scale);
   }
   return Status::ok;
 }

@@ -4,7 +4,8 @@
 // backward recomputes sigmoid(gate) instead of saving it:
 //   dup   = dact * silu(g)
 //   dgate = dact * up * s * (1 + g * (1 - s)),  s = sigmoid(g)
-// sigmoid is 1 / (1 + exp(-g)), which saturates cleanly to 0 or 1 for large |g|.
+// sigmoid is 1 / (1 + exp(-g)), from exp(-|g|) so that it saturates cleanly
+// to 0 or 1 for large |g|; in fp32 it is cpu::sigmoid_fast, whose loops vectorize.
 // With a row scale w (swiglu.h) the backward's dact is the scaled
 // activation's gradient: dw = sum_f dact * silu(g) * up over the row, in
 // order, and the two above take w * dact.
@@ -13,17 +14,12 @@
 #include <cmath>
 
 #include "kernels/cpu_common.h"
+#include "kernels/cpu_math.h"
 #include "kernels/swiglu/swiglu_check.h"
 
 namespace weft::kernels {
-namespace {
 
-template <typename A>
-A sigmoid(A g) {
-  return A(1) / (A(1) + std::exp(-g));
-}
-
-}  // namespace
+using cpu::sigmoid;
 
 template <typename Elem>
 bool supports(const SwigluForwardParams<Elem>& p, Backend backend) {
