@@ -133,8 +133,9 @@ void lora_export_merged(const std::string& checkpoint_dir, const std::string& ou
     if (src) {
       checkpoint::tensor_read_f32_block(src->param(info.name), 0, p.rows, 0, p.cols, w.data());
     } else {
+      const ParamInitDraw draw(p, seed);
       for (int64_t r = 0; r < p.rows; ++r)
-        for (int64_t c = 0; c < p.cols; ++c) w[size_t(r * p.cols + c)] = float(param_init_value(p, seed, r, c));
+        for (int64_t c = 0; c < p.cols; ++c) w[size_t(r * p.cols + c)] = float(draw(r, c));
     }
     // W (out, in) += s B (out, r) A (r, in), in fp64.
     if (const int g = linear_of(info.kind); g >= 0 && lora.targets_linear(Linear(g))) {

@@ -264,12 +264,12 @@ void LlamaStage<Elem, G>::init_weights(uint64_t seed, const std::function<void()
     const int64_t begin = std::max(lo, p.offset), end = std::min(hi, p.offset + p.local_elements());
     if (begin < end) {
       host.resize(size_t(end - begin));
+      const ParamInitDraw draw(p, seed);
       // Element i of the parameter is (r, c) = (i / local_cols, i % local_cols).
 #pragma omp parallel for schedule(static) if (end - begin >= (int64_t{1} << 16))
       for (int64_t i = begin - p.offset; i < end - p.offset; ++i) {
         const int64_t r = i / p.local_cols, c = i % p.local_cols;
-        host[size_t(i - (begin - p.offset))] =
-            to_elem<Elem>(param_init_value(p, seed, p.row_begin + r, p.col_begin + c));
+        host[size_t(i - (begin - p.offset))] = to_elem<Elem>(draw(p.row_begin + r, p.col_begin + c));
       }
       copy(weights_ + (begin - lo), host.data(), (end - begin) * int64_t(sizeof(Elem)));
       memory::synchronize(stream_);  // before the host buffer is rewritten
@@ -280,10 +280,10 @@ void LlamaStage<Elem, G>::init_weights(uint64_t seed, const std::function<void()
   for (const auto& p : params_.frozen) {
     if (what == InitWhat::trainable) break;
     host.resize(size_t(p.local_elements()));
+    const ParamInitDraw draw(p, seed);
 #pragma omp parallel for schedule(static) if (p.local_elements() >= (int64_t{1} << 16))
     for (int64_t i = 0; i < p.local_elements(); ++i)
-      host[size_t(i)] = to_elem<Elem>(
-          param_init_value(p, seed, p.row_begin + i / p.local_cols, p.col_begin + i % p.local_cols));
+      host[size_t(i)] = to_elem<Elem>(draw(p.row_begin + i / p.local_cols, p.col_begin + i % p.local_cols));
     copy(frozen_ + p.offset, host.data(), p.local_elements() * int64_t(sizeof(Elem)));
     memory::synchronize(stream_);
     if (progress) progress();

@@ -263,12 +263,15 @@ StageParams stage_params(const ModelSpec& m, const Layout& l, const memory::Stag
   return sp;
 }
 
-double param_init_value(const ParamSpec& p, uint64_t seed, int64_t r, int64_t c) {
+ParamInitDraw::ParamInitDraw(const ParamSpec& p, uint64_t seed) : p_(&p), base_(splitmix64(seed ^ fnv1a64(p.name))) {}
+
+double ParamInitDraw::operator()(int64_t r, int64_t c) const {
+  const ParamSpec& p = *p_;
   if (p.init == ParamInit::ones) return 1.0;
   if (p.init == ParamInit::zeros || (p.real_rows > 0 && r >= p.real_rows)) return 0.0;
   // A counter-based draw: Box-Muller on two uniforms hashed from (seed, name,
   // element index), so no rank needs the full tensor or a shared stream.
-  const uint64_t key = splitmix64(seed ^ fnv1a64(p.name)) + uint64_t(r * p.cols + c) * 2;
+  const uint64_t key = base_ + uint64_t(r * p.cols + c) * 2;
   const double u1 = (double(splitmix64(key) >> 11) + 0.5) * 0x1.0p-53;
   const double u2 = double(splitmix64(key + 1) >> 11) * 0x1.0p-53;
   if (p.init == ParamInit::lora_a) return (2.0 * u1 - 1.0) / std::sqrt(double(p.cols));

@@ -120,7 +120,16 @@ struct StageParams {
 StageParams stage_params(const ModelSpec& m, const Layout& l, const memory::StagePlan& plan,
                          int64_t tp_rank, int64_t ep_rank = 0);
 
-// Value of element (r, c) of the full tensor `name` at initialisation.
-double param_init_value(const ParamSpec& p, uint64_t seed, int64_t r, int64_t c);
+// The values of parameter `p` at initialisation: element (r, c) of its
+// full tensor. The draw hashes the name once here, not once per element.
+class ParamInitDraw {
+ public:
+  ParamInitDraw(const ParamSpec& p, uint64_t seed);
+  double operator()(int64_t r, int64_t c) const;
+
+ private:
+  const ParamSpec* p_;
+  uint64_t base_;  // the stream of (seed, name)
+};
 
 }  // namespace weft::trainer
