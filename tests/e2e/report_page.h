@@ -9,11 +9,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../unit/test_util.h"
+
 namespace weft::test {
 
 inline std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  return file_contents(path);
 }
 
 // The data block's JSON; null when the page has none.

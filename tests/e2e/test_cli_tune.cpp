@@ -417,8 +417,7 @@ TEST(CliTune, OutFileIsReplacedOnlyWhole) {
   const auto path = dir.file("report.json", "previous good report\n");
   const auto r = run_weft("tune --dry-run --model nope --format json --out " + path);
   EXPECT_EQ(r.code, 2);
-  std::ifstream in(path);
-  std::string content((std::istreambuf_iterator<char>(in)), {});
+  std::string content = test::file_contents(path);
   EXPECT_EQ(content, "previous good report\n");
 }
 

@@ -71,8 +71,7 @@ inline std::vector<double> losses(const std::string& metrics) {
 
 // A whole file as text.
 inline std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  return file_contents(path);
 }
 
 }  // namespace weft::test

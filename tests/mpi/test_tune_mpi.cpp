@@ -28,8 +28,7 @@ namespace fs = std::filesystem;
 const auto* env = ::testing::AddGlobalTestEnvironment(new MpiLaunchEnv);
 
 std::string read(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  return test::file_contents(path);
 }
 
 struct Fixture {

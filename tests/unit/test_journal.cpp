@@ -22,8 +22,7 @@ std::string header_line() {
 }
 
 std::string bytes_of(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  return test::file_contents(path);
 }
 
 TEST(Journal, RoundTripsAcrossReopen) {

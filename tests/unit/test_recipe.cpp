@@ -115,8 +115,7 @@ TEST(Recipe, LoraSettingsMustMatch) {
 TEST(Recipe, MalformedOrTruncatedFilesAreRefused) {
   test::TempDir dir;
   recipe_save(dir.path("good.json"), sample());
-  std::ifstream in(dir.path("good.json"));
-  const std::string text((std::istreambuf_iterator<char>(in)), {});
+  const std::string text = test::file_contents(dir.path("good.json"));
   WEFT_EXPECT_THROW_MSG(recipe_load(dir.file("cut.json", text.substr(0, text.size() / 2))), FileFormatError,
                         "cut.json", "not valid JSON");
   WEFT_EXPECT_THROW_MSG(recipe_load(dir.file("other.json", R"({"hello": 1})")), FileFormatError,

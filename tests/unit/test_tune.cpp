@@ -197,8 +197,7 @@ TEST(Tune, AJournalRecordOutOfRangeIsRefusedByField) {
       EXPECT_NE(what.find(says), std::string::npos) << what;
       EXPECT_EQ(what.find("[json.exception"), std::string::npos) << what;
     }
-    std::ifstream in(f.o.journal);
-    EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), text);
+    EXPECT_EQ(test::file_contents(f.o.journal), text);
   }
 }
 

@@ -40,6 +40,20 @@ class TempDir {
   std::filesystem::path path_;
 };
 
+// A whole file's bytes, read in one call ("" when it cannot be opened). The
+// tests' own code builds at -O0 (cmake/WeftTesting.cmake), where reading
+// through std::istreambuf_iterator manages about 10 MB/s: a minute for a
+// pair of checkpoints.
+inline std::string file_contents(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) return {};
+  std::string bytes(static_cast<size_t>(in.tellg()), '\0');
+  in.seekg(0);
+  in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  bytes.resize(static_cast<size_t>(in.gcount()));
+  return bytes;
+}
+
 // Runs `stmt`, expecting an exception of type E whose message contains every
 // one of the given fragments.
 #define WEFT_EXPECT_THROW_MSG(stmt, E, ...)                                   \

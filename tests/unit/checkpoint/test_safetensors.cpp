@@ -23,8 +23,7 @@ namespace {
 using test::TempDir;
 
 std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  return test::file_contents(path);
 }
 
 std::string le64(uint64_t n) {

@@ -76,8 +76,7 @@ std::string le_payload(const std::vector<T>& vs) {
 }
 
 inline std::string file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), {});
+  return test::file_contents(path);
 }
 
 inline void file_put(const std::string& path, const std::string& bytes) {

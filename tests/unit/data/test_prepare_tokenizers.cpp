@@ -20,8 +20,7 @@ using namespace weft::data;
 namespace fs = std::filesystem;
 
 std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), {}};
+  return test::file_contents(path);
 }
 
 std::vector<int32_t> tokens_of(const TokenSource& s) {
