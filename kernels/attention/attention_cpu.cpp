@@ -46,7 +46,6 @@
 #include <cblas.h>
 
 #include <algorithm>
-#include <bit>
 #include <climits>
 #include <cmath>
 #include <cstdint>

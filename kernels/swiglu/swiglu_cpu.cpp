@@ -11,8 +11,6 @@
 // order, and the two above take w * dact.
 #include "kernels/swiglu/swiglu.h"
 
-#include <cmath>
-
 #include "kernels/cpu_common.h"
 #include "kernels/cpu_math.h"
 #include "kernels/swiglu/swiglu_check.h"
