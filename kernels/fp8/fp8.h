@@ -86,6 +86,21 @@ Fp8Health fp8_qdq(const float* x, float* y, int64_t n, float scale, Fp8Format f)
 Fp8Health fp8_qdq_tiles(const float* x, float* y, int64_t rows, int64_t cols, int64_t tile_rows,
                         int64_t tile_cols, Fp8Format f);
 
+// Block scaling's 128 x 1 tiles when a tile's rows are not consecutive
+// (an MoE expert's tokens, whose rows of one micro-batch arrive in several
+// runs or on several ranks): row r of x (rows x cols, row-major) belongs to
+// tile tile_of[r]. fp8_column_amax raises `table` (tiles x cols, one entry
+// per tile and column) to the magnitude bits of x's values: a float's bits
+// with the sign cleared, as int32, so that a NaN's lie above infinity's and
+// tables of several ranks combine by an integer max. fp8_qdq_column_tiles
+// then quantises-dequantises each value of x under its tile's column scale,
+// fp8_scale(the entry as a float, or NaN past infinity's bits) into y (which
+// may alias x). With tile_of[r] = r / 128, one table and x whole, the two
+// give fp8_qdq_tiles(x, y, rows, cols, 128, 1, f) bit for bit.
+void fp8_column_amax(const float* x, int64_t rows, int64_t cols, const int64_t* tile_of, int32_t* table);
+Fp8Health fp8_qdq_column_tiles(const float* x, float* y, int64_t rows, int64_t cols, const int64_t* tile_of,
+                               const int32_t* table, int64_t tiles, Fp8Format f);
+
 // One tile's scale under that rule: rows [r0, r1) and columns [c0, c1) of x
 // (row-major, `cols` wide), each value rounded to float first.
 template <typename T>

@@ -279,4 +279,40 @@ Fp8Health fp8_qdq_tiles(const float* x, float* y, int64_t rows, int64_t cols, in
   return {over, under};
 }
 
+void fp8_column_amax(const float* x, int64_t rows, int64_t cols, const int64_t* tile_of, int32_t* table) {
+  // Rows in order (two rows of one tile write the same entries); each row's
+  // loop runs over contiguous values and vectorises.
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = x + r * cols;
+    int32_t* top = table + tile_of[r] * cols;
+    for (int64_t c = 0; c < cols; ++c) {
+      const auto a = int32_t(std::bit_cast<uint32_t>(row[c]) & kAbs);
+      top[c] = a > top[c] ? a : top[c];
+    }
+  }
+}
+
+Fp8Health fp8_qdq_column_tiles(const float* x, float* y, int64_t rows, int64_t cols, const int64_t* tile_of,
+                               const int32_t* table, int64_t tiles, Fp8Format f) {
+  if (rows <= 0 || cols <= 0) return {};
+  const Grid g = grid_of(f);
+  // Every entry's scale once, then each row under its tile's row of them.
+  const auto n = static_cast<size_t>(tiles * cols);
+  std::vector<float> k(n), k_inv(n);
+  for (size_t i = 0; i < n; ++i) {
+    const auto m = uint32_t(table[i]);
+    k[i] = fp8_scale(m < kInf ? std::bit_cast<float>(m) : NAN, f);
+    k_inv[i] = 1.0f / k[i];
+  }
+  int64_t over = 0, under = 0;
+#pragma omp parallel for reduction(+ : over, under) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t at = tile_of[r] * cols;
+    const Fp8Health h = qdq_span(x + r * cols, y + r * cols, cols, k.data() + at, k_inv.data() + at, g);
+    over += h.overflow;
+    under += h.underflow;
+  }
+  return {over, under};
+}
+
 }  // namespace weft::kernels

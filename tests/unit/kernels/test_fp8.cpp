@@ -11,6 +11,7 @@
 #include <fstream>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/fp8/fp8.h"
@@ -300,6 +301,56 @@ TEST(Fp8, TilesTakeScalesOfTheirOwn) {
       EXPECT_EQ(h.overflow, want.overflow);
       EXPECT_EQ(h.underflow, want.underflow);
     }
+}
+
+// Tiles down the rows whose rows arrive shuffled and split between two
+// holders (an MoE expert's tokens on several ranks): each holder's column
+// maxima, combined by an integer max, then each holder's rows quantised
+// under them, give every value what fp8_qdq_tiles(128 x 1) gives it in
+// sequence order; zeros, a NaN and magnitudes that differ by tile included.
+TEST(Fp8, ColumnTilesOfScatteredRowsMatchTheTilesInOrder) {
+  test::Rng rng;
+  SCOPED_TRACE(rng.trace());
+  const int64_t rows = 300, cols = 70, tiles = 3;
+  const auto mags = rng.uniform<double>(tiles * cols, -12, 12);
+  const auto vals = rng.uniform<float>(rows * cols, -1, 1);
+  std::vector<float> x(size_t(rows * cols));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      x[size_t(r * cols + c)] = vals[size_t(r * cols + c)] * float(std::exp2(mags[size_t((r / 128) * cols + c)]));
+  for (int64_t r = 0; r < 128; ++r) x[size_t(r * cols + 5)] = 0.0f;  // a column of zeros in the first tile
+  x[size_t(200 * cols + 9)] = NAN;
+  std::vector<int64_t> order(static_cast<size_t>(rows));
+  for (int64_t i = 0; i < rows; ++i) order[size_t(i)] = i;
+  for (int64_t i = rows - 1; i > 0; --i) std::swap(order[size_t(i)], order[size_t(rng.index(i + 1))]);
+  for (Fp8Format f : {Fp8Format::e4m3, Fp8Format::e5m2}) {
+    SCOPED_TRACE(to_string(f));
+    std::vector<float> want(x.size());
+    const Fp8Health hw = fp8_qdq_tiles(x.data(), want.data(), rows, cols, 128, 1, f);
+    // Holder 0 the first 111 shuffled rows, holder 1 the rest.
+    const int64_t split = 111;
+    std::vector<float> held(x.size());
+    std::vector<int64_t> tile_of(static_cast<size_t>(rows));
+    for (int64_t i = 0; i < rows; ++i) {
+      std::copy_n(x.begin() + order[size_t(i)] * cols, cols, held.begin() + i * cols);
+      tile_of[size_t(i)] = order[size_t(i)] / 128;
+    }
+    std::vector<int32_t> t0(size_t(tiles * cols), 0), t1(t0);
+    fp8_column_amax(held.data(), split, cols, tile_of.data(), t0.data());
+    fp8_column_amax(held.data() + split * cols, rows - split, cols, tile_of.data() + split, t1.data());
+    for (size_t i = 0; i < t0.size(); ++i) t0[i] = std::max(t0[i], t1[i]);
+    std::vector<float> got(x.size());
+    Fp8Health h = fp8_qdq_column_tiles(held.data(), got.data(), split, cols, tile_of.data(), t0.data(), tiles, f);
+    h += fp8_qdq_column_tiles(held.data() + split * cols, got.data() + split * cols, rows - split, cols,
+                              tile_of.data() + split, t0.data(), tiles, f);
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t c = 0; c < cols; ++c) {
+        const float g = got[size_t(i * cols + c)], w = want[size_t(order[size_t(i)] * cols + c)];
+        ASSERT_EQ(std::bit_cast<uint32_t>(g), std::bit_cast<uint32_t>(w)) << "row " << order[size_t(i)] << " col " << c;
+      }
+    EXPECT_EQ(h.overflow, hw.overflow);
+    EXPECT_EQ(h.underflow, hw.underflow);
+  }
 }
 
 TEST(Fp8, TilesDoNotDependOnTheThreadCount) {
