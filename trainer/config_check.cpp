@@ -14,15 +14,12 @@ namespace weft::trainer {
 
 void check_trainable(const ModelSpec& m, const Layout& l, DeviceKind device, Trainable where) {
   check_trainable(l, device, where);
-  // An MoE model trains on either device; its FP8 blocks on the CPU only,
-  // block scaling without sp and cp (what else its blocks do not compute
-  // yet, require_moe_layout names).
-  const bool blocks_apart = l.fp8 == Fp8Recipe::blockwise && (l.sp || l.cp > 1);
-  if (m.moe.enabled() && l.fp8 != Fp8Recipe::off && (device == DeviceKind::gpu || blocks_apart))
+  // An MoE model trains on either device; its FP8 blocks on the CPU only
+  // (what else its blocks do not compute yet, require_moe_layout names).
+  if (m.moe.enabled() && l.fp8 != Fp8Recipe::off && device == DeviceKind::gpu)
     throw LayoutError(fmt::format("layout {}: FP8 GEMMs in {}'s MoE blocks are computed by the CPU trainer only yet, "
-                                  "fp8:blockwise without sp and cp{} (use fp8:off{})",
-                                  l.to_string(), m.name, device == DeviceKind::gpu ? ", not on a GPU" : "",
-                                  device == DeviceKind::gpu ? "" : ", fp8:tensorwise or fp8:delayed"));
+                                  "not on a GPU (use fp8:off)",
+                                  l.to_string(), m.name));
 }
 
 void check_trainable(const Layout& l, DeviceKind device, Trainable where) {

@@ -142,8 +142,8 @@ TEST(CliTrain, MixtureOfExpertsTrainsAndItsOptionsAreChecked) {
   r = run_weft("train --data " + data + moe + " --layout mb2 --steps 1 --moe-aux-scope layer --out " + dir.path("x"));
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.out.find("--moe-aux-scope layer is not a scope; use global"), std::string::npos) << r.out;
-  // Block scaling trains MoE blocks (without sp and cp: MoeParity.Fp8BlockScalingOfTheExperts) where its tiles
-  // fit; tiny-moe's experts are 96 wide and its runs of 32 tokens, so nothing would run in FP8.
+  // Block scaling trains MoE blocks (MoeParity.Fp8BlockScalingOfTheExperts, Fp8BlockTilesDownTheTokensAcrossRanks)
+  // where its tiles fit; tiny-moe's experts are 96 wide and its runs of 32 tokens, so nothing would run in FP8.
   r = run_weft("train --data " + data + moe + " --layout mb2-fp8:blockwise --steps 1 --out " + dir.path("y"));
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("no GEMM runs in FP8 under fp8:blockwise"), std::string::npos) << r.out;

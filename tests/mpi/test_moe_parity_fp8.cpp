@@ -281,8 +281,8 @@ TEST(MoeParity, Fp8UnderLoraOnTheExperts) {
 // expert's rows, the run one rank's micro-batch routed to it. So without
 // sp and cp, where a micro-batch's rows for an expert arrive as one run,
 // every layout quantises as one rank does: dp with ep, tp with the experts
-// whole or split (etp), pp with vpp, ZeRO-3, recomputation. (sp and cp
-// are refused by name: MoeStage.RefusesWhatItDoesNotComputeYet.) Bounds as
+// whole or split (etp), pp with vpp, ZeRO-3, recomputation. (Under sp and
+// cp the rows lie apart: Fp8BlockTilesDownTheTokensAcrossRanks.) Bounds as
 // the other FP8 tests'. Under LoRA on every linear, the adapters read the
 // compute type and the base's operands are quantised once (no weight
 // gradients).
@@ -360,6 +360,43 @@ TEST(MoeParity, Fp8BlockScalingOfTheExperts) {
         std::printf("%-62s worst grad dev %.2e\n", layout.c_str(), worst);
       }
     }
+  }
+}
+
+// Block scaling's tiles down the tokens where a micro-batch's rows for an
+// expert lie apart: under sp each tp rank routes its own part of the
+// sequence, under cp each cp rank holds two pieces of every sequence, so an
+// expert's rows arrive in several runs or on several ranks. Each tile is
+// 128 of the expert's rows in sequence order, as one rank takes them
+// (LlamaStage::moe_token_tiles, whose placing of every row
+// MoeRows.TokenTilesPlaceEveryRowAsOneRankOrdersThem checks), its column
+// maxima reduced over the ranks holding its rows; the shared expert's
+// tiles under cp likewise. Every run checks that the senders' counts
+// account for each run it received, row for row. The losses are held to
+// the FP8 bounds; one step's gradients cannot be held to fp32 summation
+// order here as where dp and ep move whole runs: under tp and cp the
+// activations already differ in their last bits (the reductions' order),
+// and E4M3's rounding turns those into percent-level differences in a few
+// values, with the tiles right or wrong alike (measured: 2e-2 at tp2-sp
+// under block scaling, 1.5e-1 under tensorwise). Sequences of 512 keep cp
+// 2's pieces 128 long, so the attention's GEMMs are in FP8 in every layout.
+TEST(MoeParity, Fp8BlockTilesDownTheTokensAcrossRanks) {
+  const std::vector<std::pair<const char*, std::vector<std::string>>> cases{
+      {kMixtralBlocks,
+       {"tp2-pp1-dp1-mb1-sp", "tp2-pp1-dp1-etp2-mb1-sp", "tp1-cp2-pp1-dp1-ep2-mb1",
+        "tp1-cp2-pp1-dp2-ep4-mb1-dispatch:allgather"}},
+      {kLlama4FfnBlocks, {"tp1-cp2-pp1-dp1-mb1", "tp2-cp2-pp1-dp1-ep2-mb1-sp-epfold-ckpt:full"}}};
+  for (const auto& [config, layouts] : cases) {
+    Fixture f(false, config);
+    f.seq = 512;
+    f.steps = 2;
+    const auto ref = f.train("tp1-pp1-dp1-mb1-fp8:blockwise", f.dir.path("ref"));
+    ASSERT_EQ(ref.size(), 2u);
+    const std::vector<double> ref_aux = f.aux_losses;
+    std::string table = fmt::format("{:<62} {:>5} {:>12} {:>14} {:>12}\n", "layout", "ranks", "max rel dev",
+                                    "worst mem dev", "aux rel dev");
+    fp8_rows(f, ref, ref_aux, 0, layouts, "-fp8:blockwise", 1e-2, table);
+    std::printf("%s", table.c_str());
   }
 }
 

@@ -57,6 +57,10 @@
 
 namespace weft::trainer {
 
+namespace moe_rows {
+struct TokenGeometry;  // llama_moe_rows.h
+}
+
 template <typename Elem, typename G = kernels::Acc<Elem>>
 class LlamaStage {
  public:
@@ -478,10 +482,33 @@ class LlamaStage {
   // (0 an input, 2 an output gradient) of the experts' GEMM `gemm` (0 gate,
   // 1 up, 2 down); it returns `out`.
   void moe_fp8_weights(const Block& b, Elem* out);
-  // Under fp8:blockwise a scale per tile within each run, 1 x 128 along a
-  // row, or (`over_tokens`, a weight gradient's operand) 128 x 1 down it.
+  // Under fp8:blockwise a scale per tile, 1 x 128 along a row, or
+  // (`over_tokens`, a weight gradient's operand) 128 x 1 down the tokens:
+  // within each run, or where the tiles say each row's (TokenTiles).
+  struct TokenTiles;
   Elem* moe_fp8_rows(const Block& b, int gemm, const Elem* x, Elem* out, int64_t width,
-                     std::span<const ExpertRun> runs, bool etp_sp, int role, bool over_tokens = false);
+                     std::span<const ExpertRun> runs, bool etp_sp, int role, const TokenTiles* over_tokens = nullptr);
+  // Block scaling's tiles down the tokens, as one rank computing the
+  // micro-batch takes them, where a tile's rows lie apart: each row's tile
+  // and the groups whose ranks hold its other rows. The routed experts'
+  // rows (moe_token_tiles: empty without sp and cp, where each run is all
+  // of a micro-batch's rows for its expert and takes its own tiles): a tile
+  // is 128 of an expert's rows of one micro-batch in sequence order, from
+  // the per-expert counts of every sender's runs of consecutive tokens. The
+  // shared expert's M_ rows under cp (shared_token_tiles): 128 positions of
+  // the micro-batch's sequences. fp8_token_tiles quantises x's rows
+  // (`width` wide) into out under them: the column maxima of each tile's
+  // rows over those groups, then each value under its tile's column scale.
+  struct TokenTiles {
+    bool apart = false;  // (false: each run's own tiles; the same on every rank)
+    std::vector<int64_t> of_row;
+    int64_t count = 0;
+    std::vector<parallel::Comm*> over;
+  };
+  TokenTiles moe_token_tiles(const Block& b, std::span<const ExpertRun> runs, int64_t rows_in, bool etp_sp);
+  TokenTiles shared_token_tiles() const;
+  void fp8_token_tiles(const Elem* x, Elem* out, int64_t width, const TokenTiles& t);
+  moe_rows::TokenGeometry token_geometry() const;  // (llama_moe_rows.h)
   // scratch.moe_fp8_rows where a block quantising (`fp8`) does so into
   // copies (memory::moe_fp8_row_copies), else null: quantised in place; and
   // scratch.moe_fp8_wgrad where the weight gradients quantise their
@@ -746,6 +773,9 @@ class LlamaStage {
   // The micro-batch (dp rank) of each sender of an MoE block's rows
   // (moe_fp8_rows), learnt on first use.
   std::vector<int64_t> moe_fp8_keys_;
+  // And each sender's (dp, cp, tp) ranks, its tp rank 0 without sp
+  // (moe_token_tiles).
+  std::vector<std::array<int64_t, 3>> moe_fp8_senders_;
   std::vector<Elem>* capture_ = nullptr;
   // Per saved tensor name: the instance of each layer (-1: rebuilt), and how
   // many layers keep it.

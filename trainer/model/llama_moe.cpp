@@ -85,22 +85,13 @@ void require_moe_layout(const ModelSpec& m, const RunSpec& run, const Layout& l,
   // LoRA on the experts: gate and up together, no dropout.
   lora_check_model(m, run.lora);
   std::vector<std::string> missing;
-  // Block scaling's weight gradients take tiles down each run of an
-  // expert's rows; under sp or cp a micro-batch's rows for an expert come
-  // in one run per tp or cp rank, which would cut other tiles than one rank.
-  if (l.fp8 == Fp8Recipe::blockwise && (l.sp || l.cp > 1))
-    missing.push_back(fmt::format("with FP8 GEMMs under fp8:blockwise with {} (a weight gradient's tiles down an "
-                                  "expert's tokens would move with the layout; use fp8:tensorwise or fp8:delayed "
-                                  "there, or blockwise without sp and cp)",
-                                  l.sp && l.cp > 1 ? fmt::format("sp and cp{}", l.cp)
-                                  : l.sp           ? std::string("sp")
-                                                   : fmt::format("cp{}", l.cp)));
   if (l.fp8 != Fp8Recipe::off && device.kind == DeviceKind::gpu)
     missing.push_back(fmt::format("with FP8 GEMMs (fp8:{}) on a GPU (the CPU trainer computes them)", to_string(l.fp8)));
   if (!missing.empty())
     throw InputError(fmt::format("weft cannot train the MoE model {} under layout {} yet: not {}; it trains on "
-                                 "the CPU (FP8 off, tensorwise, delayed, or blockwise without sp and cp) and the GPU (FP8 off), under tp (with or without sp), cp, pp, "
-                                 "vpp, dp, ep, every ZeRO stage and checkpointing mode",
+                                 "the CPU (FP8 off, tensorwise, delayed or blockwise) and the GPU (FP8 off), under "
+                                 "tp (with or without sp), cp, pp, vpp, dp, ep, every ZeRO stage and checkpointing "
+                                 "mode",
                                  m.name, l.to_string(), fmt::join(missing, ", nor ")));
 }
 

@@ -58,8 +58,13 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx)
     // Block scaling quantises both operands again, down the tokens: the
     // output gradient into scratch.fp8_grad (its row-tiled copy is spent),
     // the SwiGLU output into scratch.moe_fp8_wgrad.
+    // Under cp a tile's rows lie on several cp ranks (shared_token_tiles).
+    const TokenTiles cp_tiles = sf8 && wt && l_.cp > 1 ? shared_token_tiles() : TokenTiles{};
     const auto over_tokens = [&](Fp8Gemm g, int role, const Elem* v, int64_t width, Elem* into) -> const Elem* {
-      fp8_quantize(b, g, role, v, M_, width, true, into);
+      if (cp_tiles.of_row.empty())
+        fp8_quantize(b, g, role, v, M_, width, true, into);
+      else
+        fp8_token_tiles(v, into, width, cp_tiles);
       if (into == fp8_input_) fp8_input_of_ = nullptr;
       if (into == fp8_grad_) fp8_grad_of_ = nullptr;
       return into;
@@ -160,9 +165,11 @@ void LlamaStage<Elem, G>::moe_backward(const Block& b, const Elem* dy, Elem* dx)
   };
   const bool tiles = f8 && wt && b.g_experts;
   // The weight gradients' operands: the output gradient (C or Fe wide) at
-  // the scratch's start, the input after it.
+  // the scratch's start, the input after it; their tiles down the tokens
+  // (each run's own without sp and cp).
+  const TokenTiles token_tiles = tiles ? moe_token_tiles(b, segments, rows_in, etp_sp) : TokenTiles{};
   const auto wgrad_operand = [&](int gemm, const Elem* v, int64_t width, int role, int64_t at) -> const Elem* {
-    return tiles ? moe_fp8_rows(b, gemm, v, wt + at, width, segments, etp_sp, role, true) : v;
+    return tiles ? moe_fp8_rows(b, gemm, v, wt + at, width, segments, etp_sp, role, &token_tiles) : v;
   };
   const Elem* dq = quantised(2, d_in, C);
   const Elem* dy_w = wgrad_operand(2, d_in, C, 2, 0);

@@ -30,6 +30,19 @@
 // scratch.fp8_grad, its SwiGLU output and its gate's and up's output
 // gradients in place).
 //
+// Block scaling (fp8:blockwise) takes a scale per tile from the tile
+// alone: 128 x 128 blocks of each weight (each inside one rank's part),
+// 1 x 128 along each row, and for the weight gradients 128 x 1 down an
+// expert's rows of one micro-batch in sequence order, as one rank takes
+// them. Without sp and cp those rows are one run. Under sp or cp they come
+// from several senders (each tp rank routes its own rows, each cp rank
+// holds two pieces of every sequence): moe_token_tiles places each row
+// received at its index among them (moe_rows::token_tiles), and
+// fp8_token_tiles reduces each tile's column maxima over the ranks
+// holding its rows (as magnitude bits, by an integer max, so a NaN
+// stays above infinity) before quantising; the shared expert's tiles under
+// cp likewise (shared_token_tiles).
+//
 // Under LoRA on the FFN the adapters read the compute-type values, as a
 // dense FFN's do (its GEMMs quantise into scratch), so what is quantised in
 // place otherwise goes to scratch.moe_fp8_rows (memory::moe_fp8_row_copies),
@@ -40,6 +53,7 @@
 #include <utility>
 
 #include "kernels/fp8/fp8.h"
+#include "trainer/model/llama_moe_rows.h"
 #include "trainer/model/llama_run.h"
 
 namespace weft::trainer {
@@ -123,12 +137,18 @@ void LlamaStage<Elem, G>::moe_fp8_weights(const Block& b, Elem* out) {
 
 template <typename Elem, typename G>
 Elem* LlamaStage<Elem, G>::moe_fp8_rows(const Block& b, int gemm, const Elem* x, Elem* out, int64_t width,
-                                        std::span<const ExpertRun> runs, bool etp_sp, int role, bool over_tokens) {
+                                        std::span<const ExpertRun> runs, bool etp_sp, int role,
+                                        const TokenTiles* over_tokens) {
   if constexpr (!std::is_same_v<Elem, float>) {
     (void)b, (void)gemm, (void)x, (void)out, (void)width, (void)runs, (void)etp_sp, (void)role, (void)over_tokens;
     throw InternalError("FP8 MoE blocks outside the CPU trainer");
   } else {
     if (l_.fp8 == Fp8Recipe::blockwise) {
+      // Tiles down the tokens that lie apart (sp, cp): where moe_token_tiles says.
+      if (over_tokens && over_tokens->apart) {
+        fp8_token_tiles(x, out, width, *over_tokens);
+        return out;
+      }
       // A scale per tile, from the tile alone, within each run: 1 x 128
       // along a row, or for a weight gradient 128 x 1 down the run's rows.
       const int64_t tile_rows = over_tokens ? kFp8BlockTile : 1, tile_cols = over_tokens ? 1 : kFp8BlockTile;
@@ -199,6 +219,82 @@ Elem* LlamaStage<Elem, G>::moe_fp8_rows(const Block& b, int gemm, const Elem* x,
 }
 
 template <typename Elem, typename G>
+moe_rows::TokenGeometry LlamaStage<Elem, G>::token_geometry() const {
+  return {.seq = run_.seq, .cp = l_.cp, .mb = l_.mb, .local = M_, .sender = Msp_};
+}
+
+template <typename Elem, typename G>
+typename LlamaStage<Elem, G>::TokenTiles LlamaStage<Elem, G>::moe_token_tiles(const Block& b,
+                                                                              std::span<const ExpertRun> runs,
+                                                                              int64_t rows_in, bool etp_sp) {
+  TokenTiles t;
+  if (!l_.sp && l_.cp == 1) return t;
+  t.apart = true;
+  const int64_t E = m_.moe.experts, D = groups_.dp->size();
+  const auto& host = groups_.host_groups();
+  const moe_rows::TokenGeometry g = token_geometry();
+  const moe_rows::TokenSender me{groups_.dp_rank(), groups_.cp_rank(), l_.sp ? groups_.tp_rank() : 0};
+  // This rank's counts, then the other senders' from the ranks beside it (a
+  // max: every unit is one sender's, or without sp the same on every tp rank).
+  std::vector<int64_t> n(size_t(D * E * g.units()), 0);
+  moe_rows::count_token_units(g, me, b.moe_routing, b.moe_experts, m_.moe.top_k, E, n);
+  for (parallel::Comm* c : {host.tp, host.dpcp})
+    if (c && c->size() > 1) c->all_reduce(n.data(), int64_t(n.size()), parallel::DType::i64, parallel::ReduceOp::max);
+  // The senders of the runs (ExpertRun::source): the ep ranks, and under
+  // etp with sp each tp rank's again (tp x ep; moe_rows::expert_rows).
+  if (moe_fp8_senders_.empty()) {
+    std::vector<moe_rows::TokenSender> ep(size_t(l_.ep), me);
+    if (l_.ep > 1) host.ep->all_gather(me.data(), ep.front().data(), 3);
+    for (int64_t p = 0; p < (etp_sp ? l_.tp : 1); ++p)
+      for (moe_rows::TokenSender s : ep) {
+        if (etp_sp) s[2] = p;
+        moe_fp8_senders_.push_back(s);
+      }
+  }
+  t.of_row.assign(size_t(rows_in), 0);
+  t.count = moe_rows::token_tiles(g, n, D, E, kFp8BlockTile, runs, moe_fp8_senders_, groups_.ep_rank() * (E / l_.ep),
+                                  t.of_row);
+  // Under an expert tp degree the tp ranks hold the same rows and split
+  // their width: the column maxima stay apart.
+  if (l_.etp == 1 && host.tp->size() > 1) t.over.push_back(host.tp);
+  if (host.dpcp && host.dpcp->size() > 1) t.over.push_back(host.dpcp);
+  return t;
+}
+
+template <typename Elem, typename G>
+typename LlamaStage<Elem, G>::TokenTiles LlamaStage<Elem, G>::shared_token_tiles() const {
+  TokenTiles t;
+  t.apart = true;
+  const moe_rows::TokenGeometry g = token_geometry();
+  const int64_t c = groups_.cp_rank();
+  t.of_row.resize(size_t(M_));
+  for (int64_t L = 0; L < M_; ++L) t.of_row[size_t(L)] = g.position(L, c) / kFp8BlockTile;
+  t.count = (l_.mb * run_.seq + kFp8BlockTile - 1) / kFp8BlockTile;
+  if (groups_.host_groups().cp) t.over.push_back(groups_.host_groups().cp);
+  return t;
+}
+
+template <typename Elem, typename G>
+void LlamaStage<Elem, G>::fp8_token_tiles(const Elem* x, Elem* out, int64_t width, const TokenTiles& t) {
+  if constexpr (!std::is_same_v<Elem, float>) {
+    (void)x, (void)out, (void)width, (void)t;
+    throw InternalError("FP8 MoE blocks outside the CPU trainer");
+  } else {
+    const auto rows = int64_t(t.of_row.size());
+    std::vector<int32_t> table(size_t(t.count * width), 0);
+    kernels::fp8_column_amax(x, rows, width, t.of_row.data(), table.data());
+    for (parallel::Comm* g : t.over)
+      if (g->size() > 1)
+        g->all_reduce(table.data(), int64_t(table.size()), parallel::DType::i32, parallel::ReduceOp::max);
+    const kernels::Fp8Health h = kernels::fp8_qdq_column_tiles(x, out, rows, width, t.of_row.data(), table.data(),
+                                                               t.count, kernels::Fp8Format::e4m3);
+    fp8_counts_.values += rows * width;
+    fp8_counts_.overflow += h.overflow;
+    fp8_counts_.underflow += h.underflow;
+  }
+}
+
+template <typename Elem, typename G>
 Elem* LlamaStage<Elem, G>::moe_fp8_copies(bool fp8) const {
   return fp8 && memory::moe_fp8_row_copies(m_, run_.lora, l_) ? table_->get<Elem>("scratch.moe_fp8_rows") : nullptr;
 }
@@ -224,7 +320,13 @@ const Elem* LlamaStage<Elem, G>::moe_fp8_shared_grad(const Block& b, const Elem*
 
 #define WEFT_LLAMA_MOE_FP8(E, G)                                         \
   template void LlamaStage<E, G>::moe_fp8_weights(const Block&, E*); \
-  template E* LlamaStage<E, G>::moe_fp8_rows(const Block&, int, const E*, E*, int64_t, std::span<const ExpertRun>, bool, int, bool); \
+  template E* LlamaStage<E, G>::moe_fp8_rows(const Block&, int, const E*, E*, int64_t, std::span<const ExpertRun>, \
+                                             bool, int, const TokenTiles*);                                  \
+  template typename LlamaStage<E, G>::TokenTiles LlamaStage<E, G>::moe_token_tiles(                         \
+      const Block&, std::span<const ExpertRun>, int64_t, bool);                                             \
+  template typename LlamaStage<E, G>::TokenTiles LlamaStage<E, G>::shared_token_tiles() const; \
+  template void LlamaStage<E, G>::fp8_token_tiles(const E*, E*, int64_t, const TokenTiles&); \
+  template moe_rows::TokenGeometry LlamaStage<E, G>::token_geometry() const; \
   template E* LlamaStage<E, G>::moe_fp8_wgrad_scratch(bool) const;                                \
   template E* LlamaStage<E, G>::moe_fp8_copies(bool) const;                                      \
   template const E* LlamaStage<E, G>::moe_fp8_shared_input(const Block&, const E*);              \

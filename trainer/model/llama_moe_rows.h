@@ -4,9 +4,13 @@
 // Internal to trainer/model, shared by the forward and the backward.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <numeric>
+#include <span>
 #include <vector>
+
+#include "core/error.h"
 
 #include "core/layout.h"
 
@@ -63,6 +67,85 @@ inline std::vector<int64_t> tp_blocks(const std::vector<int64_t>& gathered, int6
   for (int64_t p = 0; p < tp; ++p)
     out[size_t(p)] = std::accumulate(gathered.begin() + p * E, gathered.begin() + (p + 1) * E, int64_t{0}) * width;
   return out;
+}
+
+// Block scaling's tiles down an expert's tokens, where a micro-batch's
+// rows for an expert lie apart (each tp rank routes its own rows under sp,
+// each cp rank holds two pieces of every sequence). One rank computing the
+// micro-batch takes its rows for expert e in sequence order, 128 to a
+// tile; so each row needs its index among them. A sender (its dp, cp and
+// tp ranks: its micro-batch, and which of the micro-batch's rows it routed)
+// sends each expert its rows in its own order, which is sequence order
+// within each unit: `unit` rows consecutive both among its rows and in the
+// sequence. The per-(micro-batch, expert, unit) counts of every sender then
+// place every row.
+struct TokenGeometry {
+  int64_t seq = 0;     // T
+  int64_t cp = 1;      // context-parallel ranks (zigzag: rank c holds pieces c and 2 cp - 1 - c of each sequence)
+  int64_t mb = 1;      // sequences in a micro-batch
+  int64_t local = 0;   // rows of a cp rank: mb T / cp
+  int64_t sender = 0;  // rows one sender routes: local, or local / tp under sp (tp rank p's from p sender)
+  // The sequence position within its micro-batch of local row L of cp rank c.
+  int64_t position(int64_t L, int64_t c) const {
+    if (cp == 1) return L;
+    const int64_t per = seq / cp, piece = seq / (2 * cp), s = L / per, at = L % per, k = at / piece;
+    return s * seq + (k == 0 ? c : 2 * cp - 1 - c) * piece + at % piece;
+  }
+  int64_t unit() const { return std::gcd(cp > 1 ? seq / (2 * cp) : local, sender); }
+  int64_t units() const { return mb * seq / unit(); }
+};
+
+// A sender: its dp rank (the micro-batch), cp rank and tp rank (0 without sp).
+using TokenSender = std::array<int64_t, 3>;
+
+// Adds a sender's kept choices (position >= 0; `experts` the choices'
+// experts, both rows x k) to n, the counts of (D micro-batches, E experts,
+// units).
+inline void count_token_units(const TokenGeometry& g, const TokenSender& s, const int64_t* position,
+                              const int32_t* experts, int64_t k, int64_t E, std::vector<int64_t>& n) {
+  const int64_t u = g.unit(), U = g.units();
+  for (int64_t i = 0; i < g.sender; ++i) {
+    const int64_t at = g.position(s[2] * g.sender + i, s[1]) / u;
+    for (int64_t j = 0; j < k; ++j)
+      if (position[i * k + j] >= 0) ++n[size_t((s[0] * E + experts[i * k + j]) * U + at)];
+  }
+}
+
+// Each received row's tile (`of_row`, rows_in of them) from every sender's
+// counts n (D, E, units), the runs (Run: expert, offset, rows, source: an
+// index into `senders`; each run all its sender's rows for its expert,
+// whose global index is first_expert + expert), numbered (micro-batch,
+// expert) by (micro-batch, expert); returns the number of tiles.
+template <typename Run>
+int64_t token_tiles(const TokenGeometry& g, const std::vector<int64_t>& n, int64_t D, int64_t E, int64_t tile,
+                    std::span<const Run> runs, const std::vector<TokenSender>& senders, int64_t first_expert,
+                    std::vector<int64_t>& of_row) {
+  const int64_t u = g.unit(), U = g.units();
+  // Each (micro-batch, expert)'s first tile, and each unit's first row
+  // among its expert's rows (the units before it in the sequence).
+  std::vector<int64_t> first_tile(size_t(D * E + 1), 0), before(n.size(), 0);
+  for (int64_t de = 0; de < D * E; ++de) {
+    int64_t rows = 0;
+    for (int64_t v = 0; v < U; ++v) {
+      before[size_t(de * U + v)] = rows;
+      rows += n[size_t(de * U + v)];
+    }
+    first_tile[size_t(de + 1)] = first_tile[size_t(de)] + (rows + tile - 1) / tile;
+  }
+  for (const Run& r : runs) {
+    WEFT_ASSERT(r.source < int64_t(senders.size()) && r.offset + r.rows <= int64_t(of_row.size()));
+    const auto& [d, c, p] = senders[size_t(r.source)];
+    const int64_t de = d * E + first_expert + r.expert;
+    int64_t row = r.offset;
+    for (int64_t L = p * g.sender; L < (p + 1) * g.sender; L += u) {
+      const int64_t v = de * U + g.position(L, c) / u;
+      for (int64_t j = 0; j < n[size_t(v)]; ++j)
+        of_row[size_t(row + j)] = first_tile[size_t(de)] + (before[size_t(v)] + j) / tile;
+      row += n[size_t(v)];
+    }
+    WEFT_ASSERT(row == r.offset + r.rows);
+  }
+  return first_tile.back();
 }
 
 }  // namespace weft::trainer::moe_rows
