@@ -26,13 +26,14 @@ namespace weft::test {
 // Returns the worst ||a - b|| / ||b|| over the tensors, and fails the test
 // where one passes `tol`.
 // (zeros_ok: LoRA's A, whose gradient is zero while B is at its zero start,
-// must then be zero on both sides.)
+// must then be zero on both sides. `only`: the tensors whose names hold it.)
 inline double worst_gradient(const std::string& ckpt, const std::string& ref_ckpt, const std::string& layout, double tol,
-                      bool zeros_ok = false) {
+                      bool zeros_ok = false, const std::string& only = "") {
   const auto a = checkpoint::load_checkpoint(ckpt), b = checkpoint::load_checkpoint(ref_ckpt);
   double worst = 0;
   int64_t tensors = 0;
   for (const auto& p : checkpoint::checkpoint_param_table(b.manifest)) {  // under LoRA the adapters
+    if (!only.empty() && p.name.find(only) == std::string::npos) continue;
     const std::string name = checkpoint::optim_state_name(checkpoint::OptimState::exp_avg, p.name);
     const auto& x = a.optimizer.at(name);
     const auto& y = b.optimizer.at(name);
