@@ -51,15 +51,12 @@
 #include "memory/dense_split.h"
 #include "memory/device.h"
 #include "memory/shapes.h"
+#include "trainer/model/llama_moe_rows.h"
 #include "trainer/model/params.h"
 #include "trainer/model/tensor_table.h"
 #include "trainer/parallel/process_groups.h"
 
 namespace weft::trainer {
-
-namespace moe_rows {
-struct TokenGeometry;  // llama_moe_rows.h
-}
 
 template <typename Elem, typename G = kernels::Acc<Elem>>
 class LlamaStage {
@@ -471,23 +468,6 @@ class LlamaStage {
   struct ExpertRun {
     int64_t expert = 0, offset = 0, rows = 0, source = 0;
   };
-  // FP8 in an MoE block's FFN (llama_moe_fp8.cpp, tensorwise and delayed,
-  // on the CPU): every local expert's gate, up and down weight, then the
-  // shared expert's, quantised each with its own scale into `out`
-  // (scratch.moe_fp8_weight), the ones memory::moe_fp8_experts and
-  // moe_fp8_shared put in FP8; and the rows of `x` (`width` wide) that the
-  // runs name, quantised into the same rows of `out` (x itself, or under
-  // LoRA on the FFN scratch.moe_fp8_rows: memory::moe_fp8_row_copies) with
-  // a scale per expert (and micro-batch, tensorwise), as the operand `role`
-  // (0 an input, 2 an output gradient) of the experts' GEMM `gemm` (0 gate,
-  // 1 up, 2 down); it returns `out`.
-  void moe_fp8_weights(const Block& b, Elem* out);
-  // Under fp8:blockwise a scale per tile, 1 x 128 along a row, or
-  // (`over_tokens`, a weight gradient's operand) 128 x 1 down the tokens:
-  // within each run, or where the tiles say each row's (TokenTiles).
-  struct TokenTiles;
-  Elem* moe_fp8_rows(const Block& b, int gemm, const Elem* x, Elem* out, int64_t width,
-                     std::span<const ExpertRun> runs, bool etp_sp, int role, const TokenTiles* over_tokens = nullptr);
   // Block scaling's tiles down the tokens, as one rank computing the
   // micro-batch takes them, where a tile's rows lie apart: each row's tile
   // and the groups whose ranks hold its other rows. The routed experts'
@@ -508,7 +488,26 @@ class LlamaStage {
   TokenTiles moe_token_tiles(const Block& b, std::span<const ExpertRun> runs, int64_t rows_in, bool etp_sp);
   TokenTiles shared_token_tiles() const;
   void fp8_token_tiles(const Elem* x, Elem* out, int64_t width, const TokenTiles& t);
-  moe_rows::TokenGeometry token_geometry() const;  // (llama_moe_rows.h)
+  moe_rows::TokenGeometry token_geometry() const;
+  // The senders of the runs: the ep ranks, and under etp with sp each tp
+  // rank's again (tp x ep; moe_rows::expert_rows), gathered over ep once.
+  const std::vector<moe_rows::TokenSender>& moe_senders(bool etp_sp);
+  // FP8 in an MoE block's FFN (llama_moe_fp8.cpp, tensorwise and delayed,
+  // on the CPU): every local expert's gate, up and down weight, then the
+  // shared expert's, quantised each with its own scale into `out`
+  // (scratch.moe_fp8_weight), the ones memory::moe_fp8_experts and
+  // moe_fp8_shared put in FP8; and the rows of `x` (`width` wide) that the
+  // runs name, quantised into the same rows of `out` (x itself, or under
+  // LoRA on the FFN scratch.moe_fp8_rows: memory::moe_fp8_row_copies) with
+  // a scale per expert (and micro-batch, tensorwise), as the operand `role`
+  // (0 an input, 2 an output gradient) of the experts' GEMM `gemm` (0 gate,
+  // 1 up, 2 down); it returns `out`.
+  void moe_fp8_weights(const Block& b, Elem* out);
+  // Under fp8:blockwise a scale per tile, 1 x 128 along a row, or
+  // (`over_tokens`, a weight gradient's operand) 128 x 1 down the tokens:
+  // within each run, or where the tiles say each row's (TokenTiles).
+  Elem* moe_fp8_rows(const Block& b, int gemm, const Elem* x, Elem* out, int64_t width,
+                     std::span<const ExpertRun> runs, bool etp_sp, int role, const TokenTiles* over_tokens = nullptr);
   // scratch.moe_fp8_rows where a block quantising (`fp8`) does so into
   // copies (memory::moe_fp8_row_copies), else null: quantised in place; and
   // scratch.moe_fp8_wgrad where the weight gradients quantise their
@@ -770,12 +769,10 @@ class LlamaStage {
   kernels::Fp8Health* fp8_dev_health_ = nullptr;
   float* fp8_dev_first_ = nullptr;  // delayed scaling's first step: a tensor's amax and a one-deep history
   Fp8Counts fp8_counts_;
-  // The micro-batch (dp rank) of each sender of an MoE block's rows
-  // (moe_fp8_rows), learnt on first use.
-  std::vector<int64_t> moe_fp8_keys_;
-  // And each sender's (dp, cp, tp) ranks, its tp rank 0 without sp
-  // (moe_token_tiles).
-  std::vector<std::array<int64_t, 3>> moe_fp8_senders_;
+  // Each sender of an MoE block's rows (ExpertRun::source): its dp rank
+  // (the micro-batch: moe_fp8_rows' scales), cp rank and tp rank, 0 without
+  // sp (moe_token_tiles); learnt on first use (moe_senders).
+  std::vector<moe_rows::TokenSender> moe_senders_;
   std::vector<Elem>* capture_ = nullptr;
   // Per saved tensor name: the instance of each layer (-1: rebuilt), and how
   // many layers keep it.

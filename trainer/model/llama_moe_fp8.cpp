@@ -188,21 +188,14 @@ Elem* LlamaStage<Elem, G>::moe_fp8_rows(const Block& b, int gemm, const Elem* x,
     // Current scaling (tensorwise, and delayed's first step): per expert
     // and micro-batch, as one rank computing the micro-batch takes it.
     const auto& host = groups_.host_groups();
-    // The senders' micro-batches: each ep rank's dp rank (this rank's own
-    // without ep), and under etp with sp each tp rank's block of them
-    // again (a tp rank's ep group is this one's beside it: the same dp ranks).
-    if (moe_fp8_keys_.empty()) {
-      const int64_t me = groups_.dp_rank();
-      std::vector<int64_t> ep_keys(size_t(l_.ep), me);
-      if (l_.ep > 1) host.ep->all_gather(&me, ep_keys.data(), 1);
-      for (int64_t p = 0; p < (etp_sp ? l_.tp : 1); ++p)
-        moe_fp8_keys_.insert(moe_fp8_keys_.end(), ep_keys.begin(), ep_keys.end());
-    }
+    // The senders' micro-batches: each sender's dp rank (under etp with sp
+    // a tp rank's ep group is this one's beside it: the same dp ranks).
+    const std::vector<moe_rows::TokenSender>& senders = moe_senders(etp_sp);
     const int64_t D = groups_.dp->size();
     std::vector<float> amax(size_t(D * E), 0.0f);
     const auto at = [&](const ExpertRun& r) -> float& {
-      WEFT_ASSERT(r.source < int64_t(moe_fp8_keys_.size()));
-      return amax[size_t(moe_fp8_keys_[size_t(r.source)] * E + first + r.expert)];
+      WEFT_ASSERT(r.source < int64_t(senders.size()));
+      return amax[size_t(senders[size_t(r.source)][0] * E + first + r.expert)];
     };
     for (const ExpertRun& r : runs) at(r) = std::max(at(r), reducible(kernels::fp8_amax(x + r.offset * width, r.rows * width)));
     for (parallel::Comm* g : {host.tp, host.dpcp})
@@ -224,6 +217,21 @@ moe_rows::TokenGeometry LlamaStage<Elem, G>::token_geometry() const {
 }
 
 template <typename Elem, typename G>
+const std::vector<moe_rows::TokenSender>& LlamaStage<Elem, G>::moe_senders(bool etp_sp) {
+  if (moe_senders_.empty()) {
+    const moe_rows::TokenSender me{groups_.dp_rank(), groups_.cp_rank(), l_.sp ? groups_.tp_rank() : 0};
+    std::vector<moe_rows::TokenSender> ep(size_t(l_.ep), me);
+    if (l_.ep > 1) groups_.host_groups().ep->all_gather(me.data(), ep.front().data(), 3);
+    for (int64_t p = 0; p < (etp_sp ? l_.tp : 1); ++p)
+      for (moe_rows::TokenSender s : ep) {
+        if (etp_sp) s[2] = p;
+        moe_senders_.push_back(s);
+      }
+  }
+  return moe_senders_;
+}
+
+template <typename Elem, typename G>
 typename LlamaStage<Elem, G>::TokenTiles LlamaStage<Elem, G>::moe_token_tiles(const Block& b,
                                                                               std::span<const ExpertRun> runs,
                                                                               int64_t rows_in, bool etp_sp) {
@@ -240,19 +248,8 @@ typename LlamaStage<Elem, G>::TokenTiles LlamaStage<Elem, G>::moe_token_tiles(co
   moe_rows::count_token_units(g, me, b.moe_routing, b.moe_experts, m_.moe.top_k, E, n);
   for (parallel::Comm* c : {host.tp, host.dpcp})
     if (c && c->size() > 1) c->all_reduce(n.data(), int64_t(n.size()), parallel::DType::i64, parallel::ReduceOp::max);
-  // The senders of the runs (ExpertRun::source): the ep ranks, and under
-  // etp with sp each tp rank's again (tp x ep; moe_rows::expert_rows).
-  if (moe_fp8_senders_.empty()) {
-    std::vector<moe_rows::TokenSender> ep(size_t(l_.ep), me);
-    if (l_.ep > 1) host.ep->all_gather(me.data(), ep.front().data(), 3);
-    for (int64_t p = 0; p < (etp_sp ? l_.tp : 1); ++p)
-      for (moe_rows::TokenSender s : ep) {
-        if (etp_sp) s[2] = p;
-        moe_fp8_senders_.push_back(s);
-      }
-  }
   t.of_row.assign(size_t(rows_in), 0);
-  t.count = moe_rows::token_tiles(g, n, D, E, kFp8BlockTile, runs, moe_fp8_senders_, groups_.ep_rank() * (E / l_.ep),
+  t.count = moe_rows::token_tiles(g, n, D, E, kFp8BlockTile, runs, moe_senders(etp_sp), groups_.ep_rank() * (E / l_.ep),
                                   t.of_row);
   // Under an expert tp degree the tp ranks hold the same rows and split
   // their width: the column maxima stay apart.
@@ -327,6 +324,7 @@ const Elem* LlamaStage<Elem, G>::moe_fp8_shared_grad(const Block& b, const Elem*
   template typename LlamaStage<E, G>::TokenTiles LlamaStage<E, G>::shared_token_tiles() const; \
   template void LlamaStage<E, G>::fp8_token_tiles(const E*, E*, int64_t, const TokenTiles&); \
   template moe_rows::TokenGeometry LlamaStage<E, G>::token_geometry() const; \
+  template const std::vector<moe_rows::TokenSender>& LlamaStage<E, G>::moe_senders(bool); \
   template E* LlamaStage<E, G>::moe_fp8_wgrad_scratch(bool) const;                                \
   template E* LlamaStage<E, G>::moe_fp8_copies(bool) const;                                      \
   template const E* LlamaStage<E, G>::moe_fp8_shared_input(const Block&, const E*);              \
