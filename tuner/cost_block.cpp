@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include "core/flops.h"
 
@@ -297,8 +298,45 @@ Part one_block_cost(const Model& x) {
         x.l.fp8 == Fp8Recipe::blockwise && !x.c.device.has_fp8() && !x.run.lora.enabled()
             ? (e8 ? x.fp8_cast(received * (2 * C + 3 * Fe)) : 0.0) + (s8 ? x.fp8_cast(M * (2 * C + 3 * Fs0)) : 0.0)
             : 0.0;
-    amax_fwd += amax * (2 * int(e8) + 2 * int(s8));
-    amax_bwd += amax * (3 * int(e8) + 4 * int(s8));
+    amax_fwd += amax * (2 * int(s8));
+    amax_bwd += amax * (4 * int(s8));
+    if (x.c.device.has_fp8()) {
+      amax_fwd += amax * 2 * int(e8);
+      amax_bwd += amax * 3 * int(e8);
+    } else if (e8 || s8) {
+      // The CPU's emulation (trainer/model/llama_moe_fp8.cpp) takes the
+      // routed rows' scales as one rank computing the micro-batch would,
+      // from tables reduced over tp and dp x cp (integer or float maxima,
+      // 4 bytes an entry). Current scaling: a (micro-batch, expert) table of
+      // amax before each of the five routed casts. Block scaling with a
+      // micro-batch's rows apart (sp, cp): the rows each sender routed per
+      // (micro-batch, expert, unit of tokens consecutive in both orders),
+      // 8 bytes each, once a backward; then each of the five weight
+      // gradient operands' column maxima per tile, about D (B T k / 128 + E)
+      // tiles of the operand's width; the shared expert's under cp over cp,
+      // B T / 128 tiles.
+      const double dps = double(l.dp), tables = dps * E;
+      // (Under an expert tp degree the tp ranks split the tiles' width: their
+      // column maxima stay apart.)
+      const auto over_tp_dpcp = [&](double bytes, bool tp) {
+        return (tp ? all_reduce(bytes, x.tp_group()) : 0.0) + all_reduce(bytes, x.shard_group());
+      };
+      if (e8 && x.l.fp8 == Fp8Recipe::tensorwise) {
+        amax_fwd += 2 * over_tp_dpcp(4 * tables, true);
+        amax_bwd += 3 * over_tp_dpcp(4 * tables, true);
+      }
+      const bool tiles_apart = x.l.fp8 == Fp8Recipe::blockwise && !x.run.lora.enabled() && (l.sp || l.cp > 1);
+      if (e8 && tiles_apart) {
+        const double local = B * Tl, sender = l.sp ? local / t : local;
+        const double piece = l.cp > 1 ? T / (2 * cp) : local;
+        const double unit = double(std::gcd(int64_t(piece), int64_t(sender)));
+        const double units = B * T / std::max(1.0, unit);
+        const double tile_count = dps * (std::ceil(B * T * k / double(kFp8BlockTile)) + E);
+        amax_bwd += over_tp_dpcp(8 * tables * units, true) + over_tp_dpcp(4 * tile_count * (2 * C + 3 * Fe), l.etp == 1);
+      }
+      if (s8 && x.l.fp8 == Fp8Recipe::blockwise && !x.run.lora.enabled() && l.cp > 1)
+        amax_bwd += all_reduce(4 * std::ceil(B * T / double(kFp8BlockTile)) * (2 * C + 3 * Fs0), x.cp_group());
+    }
     double pre = x.linear_fwd(Mr, E, C) + x.stream("moe_route", Mr, E) + x.stream("moe_permute", choices, C) +
                  out_trip + in_cast + El * 2 * lin_fwd(e8, per_local, Fe, C) / grouped +
                  x.stream("swiglu_fwd", received, Fe) +

@@ -14,7 +14,7 @@ namespace weft::tuner {
 // two layouts equal in these price a block alike (on one model, run,
 // cluster and constants). A knob block_cost starts to read joins the key;
 // SpaceSearch.BlockCostCacheChangesNoBound fails until it does.
-using BlockKey = std::array<int64_t, 13>;
+using BlockKey = std::array<int64_t, 14>;
 struct BlockKeyHash {
   size_t operator()(const BlockKey& key) const {
     uint64_t h = 0xcbf29ce484222325ULL;
@@ -43,11 +43,14 @@ namespace weft::tuner::cost_parts {
 namespace {
 
 // Every knob a block's cost reads: an MoE block's the expert grid's too
-// (its all-to-alls, local experts and their width).
+// (its all-to-alls, local experts and their width), and where FP8 in MoE
+// blocks is emulated, dp (the scale tables it reduces over dp x cp).
 BlockKey block_key(const Model& x) {
   const Layout& l = x.l;
-  return {l.tp,         l.cp,   int64_t(l.cp_comm), l.mb, int64_t(l.sp), int64_t(l.attention), int64_t(l.norm),
-          int64_t(l.fp8), int64_t(x.fp8), l.ep, l.etp, int64_t(l.dispatch), int64_t(l.ep_fold)};
+  const bool emulated_moe_fp8 = x.fp8 && x.m.moe.enabled() && !x.c.device.has_fp8();
+  return {l.tp,           l.cp,           int64_t(l.cp_comm), l.mb, int64_t(l.sp),       int64_t(l.attention),
+          int64_t(l.norm), int64_t(l.fp8), int64_t(x.fp8),     l.ep, l.etp,               int64_t(l.dispatch),
+          int64_t(l.ep_fold), emulated_moe_fp8 ? l.dp : 0};
 }
 
 // The cache for x's model, run, cluster and constants (emptied when they
@@ -147,7 +150,7 @@ EdgeCosts edge_costs(const Model& x, BlockCostCache* cache) {
   // Every knob edge_costs reads (SpaceSearch.BlockCostCacheChangesNoBound
   // fails where one is missing).
   const Layout& l = x.l;
-  const BlockKey key = {l.tp, l.cp, l.mb, int64_t(l.sp), int64_t(l.norm), 0, 0, 0, 0, 0, 0, 0, 0};
+  const BlockKey key = {l.tp, l.cp, l.mb, int64_t(l.sp), int64_t(l.norm), 0, 0, 0, 0, 0, 0, 0, 0, 0};
   if (auto it = c.edges.find(key); it != c.edges.end()) return it->second;
   return c.edges.emplace(key, edge_costs(x)).first->second;
 }

@@ -505,5 +505,40 @@ TEST(CostMoe, TheFoldedEpGroupStaysInANode) {
   EXPECT_EQ(Layout::parse(over_dp).zero_shards(), 2);
 }
 
+// Emulated on the CPU, FP8 in MoE blocks takes the routed rows' scales as
+// one rank computing the micro-batch would, from tables reduced over tp and
+// dp x cp (trainer/model/llama_moe_fp8.cpp): under tensorwise scaling before
+// every routed cast, under block scaling for the weight gradients' tiles
+// down the tokens, and only where a micro-batch's rows lie apart (sp, cp).
+// Delayed scaling past its first step exchanges nothing, and a GPU's casts
+// take each rank's own amax.
+TEST(CostMoe, TheCpuEmulationReducesItsScaleTables) {
+  const RunSpec run{256, 16, Precision::fp32};
+  ModelSpec m = model_preset("tiny-moe");
+  m.moe.expert_intermediate = 128;  // (block scaling's experts: multiples of 128)
+  const auto tp_comm = [&](const char* layout, const char* device = "cpu") {
+    const ClusterSpec c = cluster_resolve(device, 8, 8);
+    return predict(m, run, Layout::parse(layout), c, cost_defaults(c.device)).tp_comm;
+  };
+  EXPECT_GT(tp_comm("tp1-pp1-dp4-ep2-mb1-fp8:tensorwise"), 0);  // over dp alone
+  EXPECT_EQ(tp_comm("tp1-pp1-dp4-ep2-mb1-fp8:tensorwise", "h100"), 0);
+  EXPECT_EQ(tp_comm("tp1-pp1-dp4-ep2-mb1-fp8:delayed"), 0);
+  EXPECT_EQ(tp_comm("tp1-pp1-dp4-ep2-mb1-fp8:blockwise"), 0);  // each run's own tiles
+  // More micro-batches to a table, more to reduce.
+  EXPECT_GT(tp_comm("tp1-pp1-dp8-ep2-mb1-fp8:tensorwise"), tp_comm("tp1-pp1-dp4-ep2-mb1-fp8:tensorwise"));
+  // Block scaling's tiles apart: under cp, and under sp.
+  EXPECT_GT(tp_comm("tp1-cp2-pp1-dp2-ep2-mb1-fp8:blockwise"), tp_comm("tp1-cp2-pp1-dp2-ep2-mb1-fp8:delayed"));
+  // Under sp, against experts too narrow for block scaling (which then run
+  // in the compute type, as a GPU's tile casts would cost no exchange).
+  const auto narrow = [&](const char* layout) {
+    ModelSpec n = m;
+    n.moe.expert_intermediate = 96;
+    const ClusterSpec c = cluster_resolve("cpu", 8, 8);
+    return predict(n, run, Layout::parse(layout), c, cost_defaults(c.device)).tp_comm;
+  };
+  EXPECT_GT(tp_comm("tp2-pp1-dp2-ep2-mb1-sp-fp8:blockwise"), narrow("tp2-pp1-dp2-ep2-mb1-sp-fp8:blockwise"));
+  EXPECT_DOUBLE_EQ(tp_comm("tp2-pp1-dp2-ep2-mb1-nosp-fp8:blockwise"), narrow("tp2-pp1-dp2-ep2-mb1-nosp-fp8:blockwise"));
+}
+
 }  // namespace
 }  // namespace weft::tuner
