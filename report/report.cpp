@@ -233,6 +233,27 @@ std::string table_notes(const std::vector<Row>& rows, double tie) {
   return s;
 }
 
+// Where the best-ranked layout cannot be trained yet: the best that can,
+// among the ranked fitting layouts (whether listed or not), and how much
+// slower it is predicted to be; "" where the best can.
+std::string best_runnable_note(const SpaceReport& r, const SpaceContext& ctx, const std::vector<Row>& rows) {
+  if (rows.empty() || rows.front().rank != 1 || rows.front().untrainable.empty()) return {};
+  int64_t rank = 0;
+  for (const auto& c : r.candidates) {
+    if (c.verdict != Verdict::fits) break;
+    ++rank;
+    if (!cannot_run_yet(ctx.model, c.layout, ctx.cluster.device.kind).empty()) continue;
+    const double best = r.candidates.front().cost.step;
+    return fmt::format("  best the trainer can run: #{} {}, {} a step, MFU {:.1f}% (step time {:+.1f}% against #1; "
+                       "`--save-recipe` saves it)\n",
+                       rank, c.layout.to_string(), format_seconds(c.cost.step), 100 * c.cost.mfu,
+                       100 * (c.cost.step / best - 1));
+  }
+  return fmt::format("  none of the {} fitting layouts ranked here can be trained yet; `--save-recipe` searches every "
+                     "fitting layout for the best that can\n",
+                     rank);
+}
+
 // When nothing fits: the layout that misses by the least memory.
 const Candidate* nearest_to_fitting(const SpaceReport& r) {
   const Candidate* best = nullptr;
@@ -264,7 +285,7 @@ std::string report_table(const SpaceReport& r, const SpaceContext& ctx, int64_t 
                      100 * c.cost.mfu, row.alike.empty() ? "" : "  " + row.alike_note());
   }
   if (rows.empty() || rows.front().rank == 0) s += "  (no layout fits; see the pruning reasons below)\n";
-  if (!rows.empty()) s += table_notes(rows, ctx.tie);
+  if (!rows.empty()) s += table_notes(rows, ctx.tie) + best_runnable_note(r, ctx, rows);
   s += "\npruned by reason:\n";
   if (r.pruned.empty()) s += "  (none)\n";
   for (const auto& [why, n] : r.pruned) s += fmt::format("  {:>8}  {}\n", n, why);
@@ -382,7 +403,7 @@ std::string report_md(const SpaceReport& r, const SpaceContext& ctx, int64_t top
   }
   if (!rows.empty()) {
     s += '\n';
-    s += table_notes(rows, ctx.tie);
+    s += table_notes(rows, ctx.tie) + best_runnable_note(r, ctx, rows);
   }
   s += "\n## Pruned\n\n| layouts | reason |\n|---:|---|\n";
   for (const auto& [why, n] : r.pruned) s += fmt::format("| {} | {} |\n", n, why);

@@ -85,6 +85,21 @@ TEST(CliTune, TopIsHonouredEverywhereAndTheTableExplainsItself) {
   EXPECT_NE(r.out.find("the trainer cannot run this layout yet: grad:bf16 needs the GPU trainer"),
             std::string::npos)
       << r.out;
+  EXPECT_NE(r.out.find("none of the 3 fitting layouts ranked here can be trained yet; `--save-recipe` searches"),
+            std::string::npos)
+      << r.out;
+  // Where the best cannot run yet, the table names the best that can.
+  r = run_weft("tune --dry-run --model tiny --gpu cpu --gpus 2 --precision bf16 --grad bf16,fp32 --cp 1 --top 3");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto runnable = r.out.find("best the trainer can run: #");
+  ASSERT_NE(runnable, std::string::npos) << r.out;
+  const std::string line = r.out.substr(runnable, r.out.find('\n', runnable) - runnable);
+  EXPECT_NE(line.find("-grad:fp32,"), std::string::npos) << line;
+  EXPECT_NE(line.find("step time "), std::string::npos) << line;
+  // And says nothing where the best can.
+  r = run_weft("tune --dry-run --model tiny --gpu cpu --gpus 2 --cp 1 --top 3");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("best the trainer can run"), std::string::npos) << r.out;
 }
 
 // The layouts each format lists, in order.
