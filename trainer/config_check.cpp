@@ -38,12 +38,14 @@ void check_trainable(const Layout& l, DeviceKind device, Trainable where) {
         gpu ? "which this build lacks (install nvidia-cudnn-frontend, e.g. with tools/setup.sh, and "
               "reconfigure: CMake prints a line for the cuDNN frontend)"
             : "which needs a GPU"));
-  // Context parallelism calls attention on blocks of the sequence, which the
-  // CUDA backend computes with flash only.
-  if (l.cp > 1 && gpu && l.attention != AttentionKind::flash)
-    throw LayoutError(fmt::format("layout {}: context parallelism (cp={}) on a GPU needs attn:flash: the CUDA {} "
-                                  "attention takes no blocks of the sequence (use attn:flash, or cp1)",
-                                  l.to_string(), l.cp, to_string(l.attention)));
+  // Context parallelism's ring and all-gather call attention on blocks of
+  // the sequence, which the CUDA backend computes with flash only; all-to-all
+  // calls it on the whole sequence of H / cp heads, as without cp.
+  if (l.cp > 1 && gpu && l.attention != AttentionKind::flash && l.cp_comm != CpComm::a2a)
+    throw LayoutError(fmt::format("layout {}: context parallelism (cp={}) over cp:{} on a GPU needs attn:flash: "
+                                  "the CUDA {} attention takes no blocks of the sequence (use attn:flash, cp:a2a, "
+                                  "or cp1)",
+                                  l.to_string(), l.cp, to_string(l.cp_comm), to_string(l.attention)));
   if (l.fp8 != Fp8Recipe::off && gpu && here) {
     std::string here;
     if (!kernels::fp8_gemm_available(kernels::Backend::cuda, &here))

@@ -105,9 +105,11 @@ TEST(CliAsked, AnotherCorpusOnResumeNeedsConsentAndIsRecorded) {
 
 TEST(CliAsked, LayoutsTheTrainerCannotRunAreMarkedInEveryFormatAndNeverSaved) {
   TempDir dir;
-  // cp 8 on GPUs: cuDNN's attention takes no blocks of the sequence, and the
-  // model ranks it first.
-  const std::string dry = "tune --dry-run --model llama3.1-8b --gpu h100 --gpus 8 --seq 131072 --global-batch 8 --cp 8 --top 3";
+  // cp 8 over the ring and the all-gather on GPUs: cuDNN's attention takes no
+  // blocks of the sequence, and the model ranks it first.
+  const std::string dry =
+      "tune --dry-run --model llama3.1-8b --gpu h100 --gpus 8 --seq 131072 --global-batch 8 --cp 8 "
+      "--cp-comm ring allgather --top 3";
   auto r = run_weft(dry + " --format json --out " + dir.path("s.json"));
   ASSERT_EQ(r.code, 0) << r.out;
   const auto j = nlohmann::json::parse(slurp(dir.path("s.json")));
@@ -124,6 +126,15 @@ TEST(CliAsked, LayoutsTheTrainerCannotRunAreMarkedInEveryFormatAndNeverSaved) {
   EXPECT_NE(r.out.find("the recipe takes the best that can"), std::string::npos) << r.out;
   const auto recipe = nlohmann::json::parse(slurp(dir.path("r.json")));
   EXPECT_NE(recipe["layout"].get<std::string>().find("attn:flash"), std::string::npos) << recipe.dump();
+  // Over all-to-all each call is the whole sequence of H / cp heads, which
+  // cuDNN takes: not marked, and saved as it is.
+  r = run_weft("tune --dry-run --model llama3.1-8b --gpu h100 --gpus 8 --seq 131072 --global-batch 8 --cp 8 "
+               "--cp-comm a2a --attn cudnn --top 1 --format csv --save-recipe " + dir.path("a2a.json"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("-attn:cudnn-"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(",\"\"\n"), std::string::npos) << r.out;  // an empty cannot_run_yet
+  EXPECT_EQ(r.out.find("the recipe takes the best that can"), std::string::npos) << r.out;
+  EXPECT_NE(slurp(dir.path("a2a.json")).find("attn:cudnn"), std::string::npos);
 }
 
 TEST(CliAsked, TheHeadersStateTheNOfMfu) {

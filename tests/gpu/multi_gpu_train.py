@@ -38,11 +38,16 @@ import argparse, concurrent.futures, json, os, shutil, subprocess, sys, tempfile
 
 ONE = "tp1-pp1-dp1-mb1-attn:flash"
 # (ranks, layout, model, extra arguments); flash attention: the only CUDA
-# attention that takes blocks of the sequence.
+# attention that takes blocks of the sequence (the ring's and the
+# all-gather's calls). cp:a2a calls it on the whole sequence of H / cp
+# heads, which cuDNN's and the materialized kernel take too (each against
+# the one-rank flash run, within the same rule).
 CASES = [
     (2, "tp1-cp2-pp1-dp1-mb1-attn:flash-cp:ring", "tiny", []),
     (2, "tp1-cp2-pp1-dp1-mb1-attn:flash-cp:allgather", "tiny", []),
     (2, "tp1-cp2-pp1-dp1-mb1-attn:flash-cp:a2a", "tiny", []),
+    (2, "tp1-cp2-pp1-dp1-mb1-attn:cudnn-cp:a2a", "tiny", []),
+    (2, "tp1-cp2-pp1-dp1-mb1-attn:materialized-cp:a2a", "tiny", []),
     (2, "tp1-cp2-pp1-dp1-mb1-attn:flash-ckpt:full-cp:ring", "tiny", []),
     (2, "tp2-pp1-dp1-mb1-sp-attn:flash", "tiny", []),
     (2, "tp1-pp2-dp1-mb1-attn:flash", "tiny", []),
@@ -149,7 +154,8 @@ def main():
             "--eval-every", "0", "--threads", "1"] + (["--data", os.path.abspath(a.data)] if a.data else [])
     cases = [c for c in CASES if not a.only or any(s in c[1] for s in a.only)]
     if a.device == "cpu":
-        cases = [c for c in cases if not knob(c[1], "grad")]  # bf16 gradients are for GPUs
+        # bf16 gradients and cuDNN's attention are for GPUs.
+        cases = [c for c in cases if not knob(c[1], "grad") and knob(c[1], "attn") != "-attn:cudnn"]
     rows, failed = [], 0
 
     def add_row(row):

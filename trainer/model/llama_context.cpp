@@ -33,8 +33,9 @@
 // CPU run, NCCL on a device, where the ring's sends and receives run on
 // streams of their own beside the attention (parallel/comm_nccl.cpp). The
 // exchange buffers come from the shape table (memory/shapes.cpp,
-// "comm.cp_*"). On a device cp > 1 needs the flash kernel (check_trainable):
-// the other CUDA attention kernels take no blocks of the sequence.
+// "comm.cp_*"). On a device the ring and the all-gather need the flash
+// kernel (check_trainable): the other CUDA attention kernels take no blocks
+// of the sequence; a2a's whole-sequence calls take every kind.
 //
 // Llama 4's chunked attention (its RoPE layers: attention_chunk) needs no
 // transport of its own: every call gives the kernels the absolute positions

@@ -176,7 +176,7 @@ TEST(LlamaStage, CudnnAttentionOnlyWhereBuilt) {
 
 // Asked for anywhere (a dry-run for a cluster that is not this machine),
 // only the trainer's own limits count: FP8 and cuDNN's attention on a GPU
-// are trainable whatever this build and device are; cp with cuDNN, bf16
+// are trainable whatever this build and device are; cp's ring with cuDNN, bf16
 // gradients on a CPU and cuDNN on a CPU are not.
 TEST(LlamaStage, TrainableAnywhereAsksTheTrainerNotThisMachine) {
   const auto anywhere = [](const char* text, DeviceKind d) {
@@ -184,27 +184,33 @@ TEST(LlamaStage, TrainableAnywhereAsksTheTrainerNotThisMachine) {
   };
   EXPECT_NO_THROW(anywhere("mb1-attn:cudnn-fp8:tensorwise", DeviceKind::gpu));
   EXPECT_NO_THROW(anywhere("mb1-attn:flash-fp8:blockwise-grad:bf16", DeviceKind::gpu));
-  WEFT_EXPECT_THROW_MSG(anywhere("cp2-mb1-attn:cudnn", DeviceKind::gpu), LayoutError, "needs attn:flash");
+  WEFT_EXPECT_THROW_MSG(anywhere("cp2-mb1-attn:cudnn-cp:ring", DeviceKind::gpu), LayoutError, "needs attn:flash");
   WEFT_EXPECT_THROW_MSG(anywhere("mb1-grad:bf16", DeviceKind::cpu), LayoutError, "grad:bf16");
   WEFT_EXPECT_THROW_MSG(anywhere("mb1-attn:cudnn", DeviceKind::cpu), LayoutError, "needs a GPU");
 }
 
-// Context parallelism calls attention on blocks of the sequence: the CPU
-// takes them with flash and materialized, a GPU with flash only.
-TEST(LlamaStage, ContextParallelOnAGpuOnlyWithFlash) {
+// Context parallelism's ring and all-gather call attention on blocks of the
+// sequence: the CPU takes them with flash and materialized, a GPU with flash
+// only. Its all-to-all calls attention on the whole sequence of fewer heads,
+// which every kind takes.
+TEST(LlamaStage, ContextParallelOnAGpuWithFlashOrOverAllToAll) {
   for (const char* cp : {"cp:ring", "cp:allgather", "cp:a2a"}) {
     const std::string base = std::string("cp2-mb1-") + cp;
     EXPECT_NO_THROW(check_trainable(Layout::parse(base + "-attn:flash"), DeviceKind::gpu)) << cp;
     EXPECT_NO_THROW(check_trainable(Layout::parse(base + "-attn:flash"), DeviceKind::cpu)) << cp;
     EXPECT_NO_THROW(check_trainable(Layout::parse(base + "-attn:materialized"), DeviceKind::cpu)) << cp;
+    if (std::string(cp) == "cp:a2a") {
+      EXPECT_NO_THROW(check_trainable(Layout::parse(base + "-attn:materialized"), DeviceKind::gpu));
+      EXPECT_NO_THROW(check_trainable(Layout::parse(base + "-attn:cudnn"), DeviceKind::gpu, Trainable::anywhere));
+      continue;
+    }
     WEFT_EXPECT_THROW_MSG(check_trainable(Layout::parse(base + "-attn:materialized"), DeviceKind::gpu), LayoutError,
-                          "cp=2", "needs attn:flash", "materialized");
+                          "cp=2", cp, "needs attn:flash", "materialized", "cp:a2a");
+    // cudnn on a GPU: refused for blocks whether or not this build has cuDNN's frontend.
+    EXPECT_THROW(check_trainable(Layout::parse(base + "-attn:cudnn"), DeviceKind::gpu), LayoutError);
+    WEFT_EXPECT_THROW_MSG(check_trainable(Layout::parse(base + "-attn:cudnn"), DeviceKind::gpu, Trainable::anywhere),
+                          LayoutError, "needs attn:flash", "cudnn");
   }
-  // cudnn on a GPU: refused for cp whether or not this build has cuDNN's frontend.
-  EXPECT_THROW(check_trainable(Layout::parse("cp2-mb1-attn:cudnn"), DeviceKind::gpu), LayoutError);
-  if (kernels::attention_available(AttentionKind::cudnn, kernels::Backend::cuda))
-    WEFT_EXPECT_THROW_MSG(check_trainable(Layout::parse("cp2-mb1-attn:cudnn"), DeviceKind::gpu), LayoutError,
-                          "needs attn:flash", "cudnn");
 }
 
 // FP8 GEMMs run on the CPU (emulated) and on GPUs with FP8 tensor cores
