@@ -144,6 +144,14 @@ int64_t gpu_kernel_scratch(const Dims& d, const Layout& l) {
     case AttentionKind::cudnn:
       need = bytes(d.B * heads * call.rows * 4) + bytes(q_rows * heads * d.D * 4) + kCudnnEngineAllowance +
              std::max(2 * bytes(k_rows * call.kv_heads * d.D * 4), bytes(k_rows * heads * d.D * 4));
+      // Blocks whose backward accumulates (the ring's dq, dk and dv; the
+      // all-gather's dk and dv over its key prefix): the bf16 gradients cuDNN
+      // writes before they are added in; and their lse rows packed.
+      if (d.cp > 1 && l.cp_comm == CpComm::ring)
+        need += bytes(q_rows * heads * d.D * 2) + 2 * bytes(k_rows * call.kv_heads * d.D * 2) +
+                bytes(d.B * heads * call.rows * 4);
+      else if (d.cp > 1 && l.cp_comm == CpComm::allgather)
+        need += 2 * bytes(k_rows * call.kv_heads * d.D * 2) + bytes(d.B * heads * call.rows * 4);
       break;
   }
   // rmsnorm.cu: up to 512 partial dweight rows; the unfused backward adds

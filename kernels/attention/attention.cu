@@ -4,7 +4,8 @@
 // attention_cpu.cpp computes: causal softmax(scale Q K^T) V, scale =
 // 1 / sqrt(D), query head h reading kv head h / (H / H_kv). Flash also takes
 // blocks of the sequence (context parallelism: Tk, offsets, batch row
-// strides, accumulated gradients); materialized and cudnn refuse them
+// strides, accumulated gradients), cudnn the blocks causal to their end and
+// the fully visible ones (attention_cudnn.h), materialized none
 // (Status::unsupported). No kind computes chunked attention yet (attention.h:
 // a chunk that masks some key of the call is Status::unsupported here).
 //
@@ -67,6 +68,18 @@ __global__ void scale_to_bf16_kernel(const float* __restrict__ in, nv_bf16* __re
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
     out[i] = __float2bfloat16_rn(in[i] * scale);
+}
+
+// dst[b * dst_stride + j] += src[b * n + j] for B rows of n, in fp32 and
+// rounded once (a cudnn backward's gradients added into an accumulating
+// block's).
+__global__ void add_rows_kernel(nv_bf16* __restrict__ dst, const nv_bf16* __restrict__ src, int64_t B, int64_t n,
+                                int64_t dst_stride) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x, total = B * n;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
+    nv_bf16& d = dst[(i / n) * dst_stride + i % n];
+    d = __float2bfloat16_rn(__bfloat162float(d) + __bfloat162float(src[i]));
+  }
 }
 
 // ------------------------------------------------------------- materialized
@@ -271,12 +284,23 @@ bool cudnn_handles(const P& p) {
 #endif
 }
 
+// Blocks of the sequence (context parallelism): flash takes every one,
+// cudnn the blocks causal to their end and the fully visible ones
+// (attention_cudnn.h: the ring's and the all-gather's), materialized none.
+template <typename P>
+bool block_taken(const P& p) {
+  if (p.kind == AttentionKind::flash) return true;
+#ifdef WEFT_HAVE_CUDNN_FRONTEND
+  if (p.kind == AttentionKind::cudnn) return attention_cudnn::block_mask(p.T, p.Tk, p.q_offset, p.k_offset, nullptr);
+#endif
+  return false;
+}
+
 // The shared rules for valid params (attention_check.h, invalid_argument),
 // then what this backend implements (unsupported).
 Status check(const AttentionForwardParams<bf16>& p) {
   if (Status s = params_check(p); s != Status::ok) return s;
-  // Blocks of the sequence (context parallelism): flash only so far.
-  if (attention_is_block(p) && p.kind != AttentionKind::flash) return Status::unsupported;
+  if (attention_is_block(p) && !block_taken(p)) return Status::unsupported;
   // Chunked attention (attention.h) is computed on the CPU only so far: no
   // CUDA kind masks the keys before a query's chunk.
   if (attention_chunk_masks(p)) return Status::unsupported;
@@ -289,7 +313,7 @@ Status check(const AttentionForwardParams<bf16>& p) {
 
 Status check(const AttentionBackwardParams<bf16>& p) {
   if (Status s = params_check(p); s != Status::ok) return s;
-  if (attention_is_block(p) && p.kind != AttentionKind::flash) return Status::unsupported;
+  if (attention_is_block(p) && !block_taken(p)) return Status::unsupported;
   if (attention_chunk_masks(p)) return Status::unsupported;
   if (p.kind == AttentionKind::cudnn)
     return cudnn_handles(p) && gpu::aligned16(p.out) && gpu::aligned16(p.dout) && gpu::aligned16(p.dq) &&
@@ -310,7 +334,8 @@ Status check(const AttentionBackwardParams<bf16>& p) {
 //   materialized forward:  pointer arrays
 //   materialized backward: dP, overwritten by dS, (B, H, T, T) bf16; dK and dV sums
 //                          (B, T, H_kv, D) fp32 each; pointer arrays
-//   cudnn:                 the bound of attention_cudnn.h (cuDNN lays it out)
+//   cudnn:                 the bound of attention_cudnn.h (cuDNN lays it out);
+//                          accumulating, then the bf16 dQ, dK and dV it writes
 int64_t pointer_bytes(int64_t B, int64_t H) { return piece(kPtrArrays * B * H * int64_t(sizeof(void*))); }
 
 int64_t scratch(const AttentionForwardParams<bf16>& p) {
@@ -324,7 +349,10 @@ int64_t scratch(const AttentionForwardParams<bf16>& p) {
 int64_t scratch(const AttentionBackwardParams<bf16>& p) {
 #ifdef WEFT_HAVE_CUDNN_FRONTEND
   if (p.kind == AttentionKind::cudnn)
-    return attention_cudnn::backward_workspace_bound(p.B, p.T, p.H, p.H_kv, p.D);
+    return attention_cudnn::backward_workspace_bound(p.B, p.T, p.H, p.H_kv, p.D, p.Tk,
+                                                     p.dq_write == Write::accumulate,
+                                                     p.dkv_write == Write::accumulate,
+                                                     p.lse_batch_rows != 0 && p.lse_batch_rows != p.T);
 #endif
   if (p.kind == AttentionKind::flash) return flash_backward_workspace(p);
   return piece(p.B * p.H * p.T * p.T * 2) + 2 * piece(p.B * p.T * p.H_kv * p.D * 4) + pointer_bytes(p.B, p.H);
@@ -448,11 +476,59 @@ Status run(const AttentionForwardParams<bf16>& p, Workspace ws, cudaStream_t str
   return Status::ok;
 }
 
+#ifdef WEFT_HAVE_CUDNN_FRONTEND
+// cuDNN writes its gradients; where the block accumulates, it writes them
+// dense into the workspace after its own part, and they are added in. A
+// block's lse rows inside a larger tensor are packed there first (cuDNN's
+// backward takes its stats packed).
+Status cudnn_backward(const AttentionBackwardParams<bf16>& p, Workspace ws, cudaStream_t stream) {
+  const bool dq_add = p.dq_write == Write::accumulate, dkv_add = p.dkv_write == Write::accumulate;
+  const bool lse_pack = p.lse_batch_rows != 0 && p.lse_batch_rows != p.T;
+  if (!dq_add && !dkv_add && !lse_pack) return attention_cudnn::backward(p, ws, stream);
+  const int64_t keys = p.Tk > 0 ? p.Tk : p.T, nq = p.T * p.H * p.D, nkv = keys * p.H_kv * p.D;
+  const int64_t own = attention_cudnn::backward_workspace_bound(p.B, p.T, p.H, p.H_kv, p.D, keys);
+  char* at = static_cast<char*>(ws.data) + own;
+  AttentionBackwardParams<bf16> to = p;
+  if (dq_add) {
+    to.dq = reinterpret_cast<bf16*>(at);
+    at += piece(p.B * nq * 2);
+  }
+  if (dkv_add) {
+    to.dk = reinterpret_cast<bf16*>(at);
+    at += piece(p.B * nkv * 2);
+    to.dv = reinterpret_cast<bf16*>(at);
+    at += piece(p.B * nkv * 2);
+  }
+  if (lse_pack) {
+    float* packed = reinterpret_cast<float*>(at);
+    CUDA_CHECK(cudaMemcpy2DAsync(packed, size_t(p.T) * 4, p.lse, size_t(p.lse_batch_rows) * 4, size_t(p.T) * 4,
+                                 size_t(p.B * p.H), cudaMemcpyDeviceToDevice, stream));
+    to.lse = packed;
+    to.lse_batch_rows = 0;
+  }
+  if (Status s = attention_cudnn::backward_to(to, dq_add ? p.T : 0, dkv_add ? keys : 0, Workspace{ws.data, own},
+                                              stream);
+      s != Status::ok)
+    return s;
+  const auto add = [&](bf16* dst, const bf16* src, int64_t n, int64_t rows, int64_t width) {
+    add_rows_kernel<<<blocks(p.B * n, 256), 256, 0, stream>>>(dev(dst), dev(src), p.B, n, rows * width);
+    WEFT_LAUNCH_CHECK(stream, "add_rows_kernel");
+  };
+  if (dq_add) add(p.dq, to.dq, nq, p.q_batch_rows > 0 ? p.q_batch_rows : p.T, p.H * p.D);
+  if (dkv_add) {
+    const int64_t rows = p.kv_batch_rows > 0 ? p.kv_batch_rows : keys;
+    add(p.dk, to.dk, nkv, rows, p.H_kv * p.D);
+    add(p.dv, to.dv, nkv, rows, p.H_kv * p.D);
+  }
+  return Status::ok;
+}
+#endif
+
 Status run(const AttentionBackwardParams<bf16>& p, Workspace ws, cudaStream_t stream) {
   if (p.B == 0 || p.T == 0) return Status::ok;
   if (!device_has_bf16_mma()) return Status::unsupported;
 #ifdef WEFT_HAVE_CUDNN_FRONTEND
-  if (p.kind == AttentionKind::cudnn) return attention_cudnn::backward(p, ws, stream);
+  if (p.kind == AttentionKind::cudnn) return cudnn_backward(p, ws, stream);
 #endif
   if (p.kind == AttentionKind::materialized)
     materialized_backward(p, ws, stream);
@@ -481,18 +557,18 @@ WEFT_CUDA_INSTANTIATE(AttentionBackwardParams)
 
 namespace {
 template <typename P>
-int64_t graph_workspace(const P& p, bool backward) {
+int64_t graph_workspace(const P& p) {
 #ifdef WEFT_HAVE_CUDNN_FRONTEND
-  return attention_cudnn::graph_workspace(p.B, p.T, p.H, p.H_kv, p.D, backward);
+  return attention_cudnn::graph_workspace(p);
 #else
-  (void)p, (void)backward;
+  (void)p;
   return -1;
 #endif
 }
 }  // namespace
 
-int64_t cudnn_graph_workspace(const AttentionForwardParams<bf16>& p) { return graph_workspace(p, false); }
-int64_t cudnn_graph_workspace(const AttentionBackwardParams<bf16>& p) { return graph_workspace(p, true); }
+int64_t cudnn_graph_workspace(const AttentionForwardParams<bf16>& p) { return graph_workspace(p); }
+int64_t cudnn_graph_workspace(const AttentionBackwardParams<bf16>& p) { return graph_workspace(p); }
 
 bool attention_available(AttentionKind kind, Backend backend) {
   if (backend == Backend::cpu) return kind != AttentionKind::cudnn;  // as attention_cpu.cpp's check

@@ -97,8 +97,10 @@ struct AttentionBackwardParams {
 
 // Whether the params describe a block of the sequence rather than the whole
 // causal attention of dense tensors. The CPU computes blocks with flash and
-// materialized; CUDA with flash only: its materialized and cudnn kinds
-// compute only the whole and refuse blocks as Status::unsupported.
+// materialized; CUDA with flash, and with cudnn those causal to their end or
+// fully visible (the ring's and the all-gather's; attention_cudnn.h): its
+// materialized kind computes only the whole and refuses blocks as
+// Status::unsupported.
 template <typename P>
 bool attention_is_block(const P& p) {
   bool block = (p.Tk != 0 && p.Tk != p.T) || p.q_offset != p.k_offset || (p.q_batch_rows != 0 && p.q_batch_rows != p.T) ||

@@ -1,6 +1,7 @@
 // attention on CUDA over blocks of the sequence (context parallelism; flash
-// only): each kind of block against the CPU at fp64 on that block, and the
-// ring's blocks, merged and accumulated, against whole-sequence attention.
+// every block, cudnn those causal to their end and the fully visible ones):
+// each kind of block against the CPU at fp64 on that block, and the ring's
+// blocks, merged and accumulated, against whole-sequence attention.
 // The tolerance rule is test_gpu_attention.cpp's, stated at its top.
 #include "tests/gpu/attention_gpu_util.h"
 
@@ -89,9 +90,9 @@ struct BlockDevice {
 };
 
 AttentionForwardParams<bf16> block_forward(const AttentionCase& c, const SeqBlock& s, const DeviceInputs& in,
-                                           bf16* out, float* lse) {
+                                           bf16* out, float* lse, AttentionKind kind = AttentionKind::flash) {
   const AttentionIndex at{c};
-  return {.kind = AttentionKind::flash, .B = c.B, .T = s.tq, .H = c.H, .H_kv = c.H_kv, .D = c.D,
+  return {.kind = kind, .B = c.B, .T = s.tq, .H = c.H, .H_kv = c.H_kv, .D = c.D,
           .q = in.q.as<bf16>() + at.q(0, s.qo, 0), .k = in.k.as<bf16>() + at.kv(0, s.ko, 0),
           .v = in.v.as<bf16>() + at.kv(0, s.ko, 0), .out = out + at.q(0, s.qo, 0), .lse = lse + s.qo,
           .Tk = s.tk, .q_offset = s.qo, .k_offset = s.ko, .q_batch_rows = c.T, .kv_batch_rows = c.T,
@@ -100,9 +101,9 @@ AttentionForwardParams<bf16> block_forward(const AttentionCase& c, const SeqBloc
 
 AttentionBackwardParams<bf16> block_backward(const AttentionCase& c, const SeqBlock& s, const DeviceInputs& in,
                                              const bf16* out, const float* lse, bf16* dq, bf16* dk, bf16* dv,
-                                             Write write) {
+                                             Write write, AttentionKind kind = AttentionKind::flash) {
   const AttentionIndex at{c};
-  return {.kind = AttentionKind::flash, .B = c.B, .T = s.tq, .H = c.H, .H_kv = c.H_kv, .D = c.D,
+  return {.kind = kind, .B = c.B, .T = s.tq, .H = c.H, .H_kv = c.H_kv, .D = c.D,
           .q = in.q.as<bf16>() + at.q(0, s.qo, 0), .k = in.k.as<bf16>() + at.kv(0, s.ko, 0),
           .v = in.v.as<bf16>() + at.kv(0, s.ko, 0), .out = out + at.q(0, s.qo, 0), .lse = lse + s.qo,
           .dout = in.dout.as<bf16>() + at.q(0, s.qo, 0), .dq = dq + at.q(0, s.qo, 0),
@@ -125,20 +126,10 @@ void launch_on_gpu(const P& p, const char* what) {
 // fp64 on the same block. The bound of each field is the rule's bound for the
 // whole sequence of the same inputs (the naive bf16 implementation's error
 // there, times kBf16Multiple): a block computes the same rows with fewer keys.
-TEST(GpuAttentionBlocks, FlashBlocksMatchTheCpu) {
+void blocks_match_the_cpu(AttentionKind kind, const std::vector<SeqBlock>& blocks) {
   const std::vector<AttentionCase> cases = {{"b2_t200_h4_kv2_d64", 2, 200, 4, 2, 64},
                                             {"b1_t200_h4_kv1_d128", 1, 200, 4, 1, 128},
                                             {"b2_t200_h4_kv4_d128", 2, 200, 4, 4, 128}};
-  const SeqBlock blocks[] = {
-      {"diagonal", 37, 90, 37, 90},
-      {"diagonal_tile_aligned", 64, 128, 64, 128},
-      {"off_diagonal_fully_visible", 130, 60, 10, 100},
-      {"partly_visible_tk_gt_t", 100, 50, 60, 120},
-      {"fully_masked", 0, 50, 100, 60},
-      {"some_rows_see_nothing", 20, 100, 70, 80},
-      {"prefix_of_keys", 150, 30, 0, 180},
-      {"one_query_one_key", 5, 1, 5, 1},
-  };
   for (const AttentionCase& c : cases) {
     SCOPED_TRACE(c.name);
     Rng rng;
@@ -150,7 +141,7 @@ TEST(GpuAttentionBlocks, FlashBlocksMatchTheCpu) {
       SCOPED_TRACE(s.name);
       const BlockResult<double> want = cpu_block(c, s, in);
       DeviceBuffer out(nq * 2), lse(nrow * 4), dq(nq * 2), dk(nkv * 2), dv(nkv * 2);
-      launch_on_gpu(block_forward(c, s, dev, out.as<bf16>(), lse.as<float>()), "block forward");
+      launch_on_gpu(block_forward(c, s, dev, out.as<bf16>(), lse.as<float>(), kind), "block forward");
       const auto g_out = rows_of(to_float(out.download<bf16>(nq)), c.B, c.T, c.H * c.D, s.qo, s.tq);
       const auto w_out = rows_of(want.out, c.B, c.T, c.H * c.D, s.qo, s.tq);
       EXPECT_EQ(non_finite(g_out), 0) << "out";
@@ -181,7 +172,7 @@ TEST(GpuAttentionBlocks, FlashBlocksMatchTheCpu) {
         r_lse.upload(wl);
       }
       launch_on_gpu(block_backward(c, s, dev, r_out.as<bf16>(), r_lse.as<float>(), dq.as<bf16>(), dk.as<bf16>(),
-                                   dv.as<bf16>(), Write::overwrite),
+                                   dv.as<bf16>(), Write::overwrite, kind),
                     "block backward");
       struct Grad {
         const char* name;
@@ -208,7 +199,7 @@ TEST(GpuAttentionBlocks, FlashBlocksMatchTheCpu) {
       // they were, bit for bit.
       for (int rep = 0; rep < 2; ++rep)
         launch_on_gpu(block_backward(c, s, dev, r_out.as<bf16>(), r_lse.as<float>(), dq.as<bf16>(),
-                                     dk.as<bf16>(), dv.as<bf16>(), Write::accumulate),
+                                     dk.as<bf16>(), dv.as<bf16>(), Write::accumulate, kind),
                       "block backward, accumulating");
       for (size_t i = 0; i < std::size(grads); ++i) {
         const Grad& gr = grads[i];
@@ -231,18 +222,49 @@ TEST(GpuAttentionBlocks, FlashBlocksMatchTheCpu) {
   }
 }
 
-// Blocks of the sequence are flash's on CUDA: materialized and cudnn refuse them.
-TEST(GpuAttentionBlocks, OnlyFlashTakesBlocks) {
+TEST(GpuAttentionBlocks, FlashBlocksMatchTheCpu) {
+  blocks_match_the_cpu(AttentionKind::flash, {
+                                                 {"diagonal", 37, 90, 37, 90},
+                                                 {"diagonal_tile_aligned", 64, 128, 64, 128},
+                                                 {"off_diagonal_fully_visible", 130, 60, 10, 100},
+                                                 {"partly_visible_tk_gt_t", 100, 50, 60, 120},
+                                                 {"fully_masked", 0, 50, 100, 60},
+                                                 {"some_rows_see_nothing", 20, 100, 70, 80},
+                                                 {"prefix_of_keys", 150, 30, 0, 180},
+                                                 {"one_query_one_key", 5, 1, 5, 1},
+                                             });
+}
+
+// cudnn's blocks: causal to their end (the ring's diagonal, the all-gather's
+// chunk against its key prefix) and fully visible (the ring's earlier keys),
+// written in place and accumulated through the workspace.
+TEST(GpuAttentionBlocks, CudnnBlocksMatchTheCpu) {
+  if (!attention_available(AttentionKind::cudnn, Backend::cuda)) GTEST_SKIP() << "built without the cuDNN frontend";
+  blocks_match_the_cpu(AttentionKind::cudnn, {
+                                                 {"diagonal", 40, 88, 40, 88},
+                                                 {"diagonal_tile_aligned", 64, 128, 64, 128},
+                                                 {"off_diagonal_fully_visible", 132, 60, 12, 100},
+                                                 {"keys_just_before", 104, 48, 8, 96},
+                                                 {"prefix_of_keys", 152, 48, 0, 200},
+                                                 {"prefix_from_the_first_key", 0, 64, 0, 64},
+                                             });
+}
+
+// Blocks of the sequence on CUDA: flash takes every one, cudnn those causal
+// to their end and the fully visible ones, materialized none.
+TEST(GpuAttentionBlocks, WhichKindsTakeWhichBlocks) {
   DeviceBuffer buf(1 << 20);
   bf16* t = buf.as<bf16>();
   float* f = buf.as<float>();
+  // Queries [12, 20) against keys [0, 16): some keys after some queries, and
+  // the prefix ends inside them.
   AttentionForwardParams<bf16> fwd{.kind = AttentionKind::flash, .B = 1, .T = 8, .H = 4, .H_kv = 2, .D = 64,
                                    .q = t, .k = t, .v = t, .out = t, .lse = f, .probs = t,
-                                   .Tk = 16, .q_offset = 16, .k_offset = 0};
+                                   .Tk = 16, .q_offset = 12, .k_offset = 0};
   AttentionBackwardParams<bf16> bwd{.kind = AttentionKind::flash, .B = 1, .T = 8, .H = 4, .H_kv = 2, .D = 64,
                                     .q = t, .k = t, .v = t, .out = t, .lse = f, .probs = t, .dout = t,
-                                    .dq = t, .dk = t, .dv = t, .dq_write = Write::accumulate,
-                                    .dkv_write = Write::accumulate};
+                                    .dq = t, .dk = t, .dv = t, .Tk = 16, .q_offset = 12, .k_offset = 0,
+                                    .dq_write = Write::accumulate, .dkv_write = Write::accumulate};
   ASSERT_TRUE(attention_is_block(fwd));
   ASSERT_TRUE(attention_is_block(bwd));
   EXPECT_TRUE(supports(fwd, Backend::cuda));
@@ -256,6 +278,29 @@ TEST(GpuAttentionBlocks, OnlyFlashTakesBlocks) {
     EXPECT_FALSE(supports(f2, Backend::cuda)) << to_string(kind);
     EXPECT_FALSE(supports(b2, Backend::cuda)) << to_string(kind);
     EXPECT_EQ(launch(f2, Workspace{}, Stream{Backend::cuda, test_stream()}), Status::unsupported) << to_string(kind);
+  }
+  if (!attention_available(AttentionKind::cudnn, Backend::cuda)) return;
+  // Queries [8, 16) against the prefix [0, 16): causal to its end; and
+  // against [0, 8): every key visible. cudnn takes both; accumulating, its
+  // backward's workspace holds the gradients it writes before adding them.
+  for (int64_t tk : {16, 8}) {
+    auto f2 = fwd;
+    f2.kind = AttentionKind::cudnn;
+    f2.Tk = tk;
+    f2.q_offset = 8;
+    auto b2 = bwd;
+    b2.kind = AttentionKind::cudnn;
+    b2.Tk = tk;
+    b2.q_offset = 8;
+    EXPECT_TRUE(supports(f2, Backend::cuda)) << tk;
+    EXPECT_TRUE(supports(b2, Backend::cuda)) << tk;
+    auto b3 = b2;
+    b3.dq_write = b3.dkv_write = Write::overwrite;
+    EXPECT_EQ(workspace_bytes(b2, Backend::cuda) - workspace_bytes(b3, Backend::cuda),
+              (8 * 4 * 64 * 2 + 63) / 64 * 64 + 2 * ((tk * 2 * 64 * 2 + 63) / 64 * 64));
+    auto m2 = f2;
+    m2.kind = AttentionKind::materialized;
+    EXPECT_FALSE(supports(m2, Backend::cuda)) << tk;
   }
 }
 
@@ -301,11 +346,7 @@ struct RingCase {
   int64_t B, cp, c, H, H_kv, D;
 };
 
-TEST(GpuAttentionBlocks, RingMergesToTheWhole) {
-  const RingCase rings[] = {{"cp2_c70_b2_h4_kv2_d64", 2, 2, 70, 4, 2, 64},
-                            {"cp3_c48_b1_h4_kv1_d128", 1, 3, 48, 4, 1, 128},
-                            {"cp2_c64_b1_h4_kv4_d128", 1, 2, 64, 4, 4, 128},
-                            {"cp4_c33_b2_h8_kv2_d64", 2, 4, 33, 8, 2, 64}};
+void ring_merges_to_the_whole(AttentionKind kind, const std::vector<RingCase>& rings) {
   for (const RingCase& rc : rings) {
     SCOPED_TRACE(rc.name);
     const int64_t cp = rc.cp, c = rc.c, Tl = 2 * c;
@@ -363,7 +404,7 @@ TEST(GpuAttentionBlocks, RingMergesToTheWhole) {
     DeviceBuffer part_out(nq * 2), part_lse(nrow * 4);
     each_block([&](int64_t r, int64_t src, int64_t qc, int64_t kc, int64_t qo, int64_t ko) {
       launch_on_gpu(AttentionForwardParams<bf16>{
-                        .kind = AttentionKind::flash, .B = rc.B, .T = c, .H = rc.H, .H_kv = rc.H_kv,
+                        .kind = kind, .B = rc.B, .T = c, .H = rc.H, .H_kv = rc.H_kv,
                         .D = rc.D, .q = dev[r]->q.as<bf16>() + qc * c * wq,
                         .k = dev[src]->k.as<bf16>() + kc * c * wkv, .v = dev[src]->v.as<bf16>() + kc * c * wkv,
                         .out = part_out.as<bf16>() + qc * c * wq, .lse = part_lse.as<float>() + qc * c,
@@ -385,7 +426,7 @@ TEST(GpuAttentionBlocks, RingMergesToTheWhole) {
     });
     each_block([&](int64_t r, int64_t src, int64_t qc, int64_t kc, int64_t qo, int64_t ko) {
       launch_on_gpu(AttentionBackwardParams<bf16>{
-                        .kind = AttentionKind::flash, .B = rc.B, .T = c, .H = rc.H, .H_kv = rc.H_kv,
+                        .kind = kind, .B = rc.B, .T = c, .H = rc.H, .H_kv = rc.H_kv,
                         .D = rc.D, .q = dev[r]->q.as<bf16>() + qc * c * wq,
                         .k = dev[src]->k.as<bf16>() + kc * c * wkv, .v = dev[src]->v.as<bf16>() + kc * c * wkv,
                         .out = out[r]->as<bf16>() + qc * c * wq, .lse = lse[r]->as<float>() + qc * c,
@@ -416,6 +457,22 @@ TEST(GpuAttentionBlocks, RingMergesToTheWhole) {
       EXPECT_LE(e, bound) << "ring vs fp64: error " << e << ", naive bf16 error " << rel_l2(naive.*f.member, r);
     }
   }
+}
+
+TEST(GpuAttentionBlocks, RingMergesToTheWhole) {
+  ring_merges_to_the_whole(AttentionKind::flash, {{"cp2_c70_b2_h4_kv2_d64", 2, 2, 70, 4, 2, 64},
+                                                  {"cp3_c48_b1_h4_kv1_d128", 1, 3, 48, 4, 1, 128},
+                                                  {"cp2_c64_b1_h4_kv4_d128", 1, 2, 64, 4, 4, 128},
+                                                  {"cp4_c33_b2_h8_kv2_d64", 2, 4, 33, 8, 2, 64}});
+}
+
+// The same ring with cuDNN's blocks (chunks of a multiple of 4 rows, so that
+// each chunk's lse starts on 16 bytes, as cuDNN takes it).
+TEST(GpuAttentionBlocks, CudnnRingMergesToTheWhole) {
+  if (!attention_available(AttentionKind::cudnn, Backend::cuda)) GTEST_SKIP() << "built without the cuDNN frontend";
+  ring_merges_to_the_whole(AttentionKind::cudnn, {{"cp2_c72_b2_h4_kv2_d64", 2, 2, 72, 4, 2, 64},
+                                                  {"cp3_c48_b1_h4_kv1_d128", 1, 3, 48, 4, 1, 128},
+                                                  {"cp4_c36_b2_h8_kv2_d64", 2, 4, 36, 8, 2, 64}});
 }
 
 }  // namespace

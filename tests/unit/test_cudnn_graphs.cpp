@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -48,6 +49,53 @@ TEST(CudnnGraphs, TheRefusedShapesAreTheFrontendsToo) {
   // Head sizes beyond whole 16-byte rows up to 128 are not claimed.
   EXPECT_FALSE(attention_cudnn::shape_handled(64, 12));
   EXPECT_FALSE(attention_cudnn::shape_handled(64, 256));
+}
+
+// The blocks of context parallelism the kind claims (attention_cudnn.h:
+// causal to their end, fully visible) validate in both directions, inside
+// larger tensors: the ring's diagonal and earlier-key blocks, the
+// all-gather's query chunks against their key prefixes (the first, the
+// longest); and the blocks it does not claim are refused before the
+// frontend sees them.
+TEST(CudnnGraphs, TheBlocksOfContextParallelismValidate) {
+  struct Block {
+    const char* name;
+    int64_t T, Tk, qo, ko, q_rows, kv_rows;
+  };
+  const int64_t c = 512, cp = 4, Tl = 2 * c, Tf = 2 * cp * c;
+  const Block claimed[] = {{"ring diagonal", c, c, 5 * c, 5 * c, Tl, Tl},
+                           {"ring earlier keys", c, c, 6 * c, 1 * c, Tl, Tl},
+                           {"all-gather first chunk", c, c, 0, 0, Tl, Tf},
+                           {"all-gather prefix", c, 6 * c, 5 * c, 0, Tl, Tf},
+                           {"all-gather whole prefix", c, Tf, Tf - c, 0, Tl, Tf},
+                           {"odd lengths", 130, 390, 260, 0, 300, 500}};
+  for (const Block& b : claimed) {
+    attention_cudnn::Mask mask{};
+    EXPECT_TRUE(attention_cudnn::block_mask(b.T, b.Tk, b.qo, b.ko, &mask)) << b.name;
+    for (int sm : {80, 90})
+      for (bool backward : {false, true})
+        for (const auto& [H, H_kv, D] : {std::tuple<int64_t, int64_t, int64_t>{8, 2, 128}, {4, 4, 64}})
+          EXPECT_EQ(attention_cudnn::validate_block_graph(2, b.T, b.Tk, H, H_kv, D, b.qo, b.ko, b.q_rows, b.kv_rows,
+                                                          backward, sm),
+                    "")
+              << b.name << (backward ? " backward" : " forward") << " sm" << sm << " H " << H << " D " << D;
+  }
+  attention_cudnn::Mask mask{};
+  ASSERT_TRUE(attention_cudnn::block_mask(c, 4 * c, 3 * c, 0, &mask));
+  EXPECT_EQ(mask, attention_cudnn::Mask::causal);
+  ASSERT_TRUE(attention_cudnn::block_mask(c, c, 3 * c, 0, &mask));
+  EXPECT_EQ(mask, attention_cudnn::Mask::visible);
+  // Rows that see no key, keys after the queries, a prefix that ends inside
+  // the queries: not claimed.
+  const Block refused[] = {{"partly visible", 50, 120, 100, 60, 200, 200},
+                           {"keys after queries", 50, 60, 0, 100, 200, 200},
+                           {"prefix ending inside the queries", c, 3 * c + c / 2, 3 * c, 0, Tl, Tf}};
+  for (const Block& b : refused) {
+    EXPECT_FALSE(attention_cudnn::block_mask(b.T, b.Tk, b.qo, b.ko, nullptr)) << b.name;
+    EXPECT_NE(attention_cudnn::validate_block_graph(2, b.T, b.Tk, 4, 2, 64, b.qo, b.ko, b.q_rows, b.kv_rows, true, 90),
+              "")
+        << b.name;
+  }
 }
 
 }  // namespace

@@ -149,5 +149,66 @@ INSTANTIATE_TEST_SUITE_P(Layouts, GpuWorkspace,
                                            "tp1-pp1-dp1-mb4-attn:cudnn", "tp2-pp1-dp1-mb1-sp-attn:cudnn",
                                            "tp1-pp1-dp1-mb1-grad:bf16", "tp2-pp1-dp1-mb2-sp-norm:unfused-grad:bf16"));
 
+// Under context parallelism the attention calls are the transport's
+// (trainer/model/llama_context.cpp): the ring's chunk blocks, diagonal and
+// fully visible, accumulating their gradients; the all-gather's query chunk
+// against its key prefix (the longest: the whole sequence), accumulating dK
+// and dV; all-to-all's whole sequence on H / cp heads. Each fits the table.
+TEST(GpuWorkspaceCp, EveryAttentionCallFitsTheTable) {
+  const ModelSpec m = model_preset("llama3.2-1b");
+  const RunSpec run{2048, 16, Precision::bf16};
+  auto* e = reinterpret_cast<bf16*>(uintptr_t{1} << 20);
+  auto* f = reinterpret_cast<float*>(uintptr_t{2} << 20);
+  for (const char* text : {"tp1-cp2-pp1-dp1-mb1-attn:cudnn-cp:ring", "tp1-cp4-pp1-dp1-mb2-attn:cudnn-cp:allgather",
+                           "tp1-cp2-pp1-dp1-mb1-attn:cudnn-cp:a2a", "tp2-cp2-pp1-dp1-mb1-sp-attn:cudnn-cp:ring",
+                           "tp1-cp2-pp1-dp1-mb1-attn:flash-cp:ring", "tp1-cp4-pp1-dp1-mb1-attn:flash-cp:allgather",
+                           "tp1-cp2-pp1-dp1-mb1-attn:materialized-cp:a2a"}) {
+    SCOPED_TRACE(text);
+    const Layout l = Layout::parse(text);
+    if (!kernels::attention_available(l.attention, Backend::cuda)) continue;
+    const auto shapes = memory::stage_shapes(m, run, l, device_preset("h100"), memory::stage_plan(m, run, l, 0));
+    const int64_t have = table_bytes(shapes, "scratch.kernels");
+    const int64_t B = l.mb, Tf = run.seq, cp = l.cp, c = Tf / (2 * cp), Tl = 2 * c, D = m.head_dim;
+    const int64_t H = m.heads / l.tp, K = m.kv_heads / l.tp;
+    const bool mat = l.attention == AttentionKind::materialized;
+    struct Call {
+      int64_t T, Tk, qo, ko, q_rows, kv_rows, heads, kv_heads;
+      kernels::Write dq, dkv;
+    };
+    std::vector<Call> calls;
+    using kernels::Write;
+    switch (l.cp_comm) {
+      case CpComm::ring:
+        calls.push_back({c, c, 3 * c, 3 * c, Tl, Tl, H, K, Write::accumulate, Write::accumulate});
+        calls.push_back({c, c, 3 * c, 0, Tl, Tl, H, K, Write::accumulate, Write::accumulate});
+        break;
+      case CpComm::allgather:
+        calls.push_back({c, Tf, Tf - c, 0, Tl, Tf, H, K, Write::overwrite, Write::accumulate});
+        calls.push_back({c, c, 0, 0, Tl, Tf, H, K, Write::overwrite, Write::accumulate});
+        break;
+      case CpComm::a2a:
+        calls.push_back({Tf, Tf, 0, 0, 0, 0, H / cp, K / cp, Write::overwrite, Write::overwrite});
+        break;
+    }
+    for (const Call& k : calls) {
+      const kernels::AttentionBackwardParams<bf16> ab{
+          .kind = l.attention, .B = B, .T = k.T, .H = k.heads, .H_kv = k.kv_heads, .D = D, .q = e, .k = e, .v = e,
+          .out = e, .lse = mat ? nullptr : f, .probs = mat ? e : nullptr, .dout = e, .dq = e, .dk = e, .dv = e,
+          .Tk = k.Tk, .q_offset = k.qo, .k_offset = k.ko, .q_batch_rows = k.q_rows, .kv_batch_rows = k.kv_rows,
+          .lse_batch_rows = k.q_rows, .dq_write = k.dq, .dkv_write = k.dkv};
+      ASSERT_TRUE(kernels::supports(ab, Backend::cuda)) << "T " << k.T << " Tk " << k.Tk << " at " << k.qo;
+      const int64_t need = kernels::workspace_bytes(ab, Backend::cuda);
+      EXPECT_GT(need, 0);
+      EXPECT_LE(need, have) << "T " << k.T << " Tk " << k.Tk;
+      const kernels::AttentionForwardParams<bf16> af{
+          .kind = l.attention, .B = B, .T = k.T, .H = k.heads, .H_kv = k.kv_heads, .D = D, .q = e, .k = e,
+          .v = e, .out = e, .lse = mat ? nullptr : f, .probs = mat ? e : nullptr, .Tk = k.Tk, .q_offset = k.qo,
+          .k_offset = k.ko, .q_batch_rows = k.q_rows, .kv_batch_rows = k.kv_rows, .lse_batch_rows = k.q_rows};
+      ASSERT_TRUE(kernels::supports(af, Backend::cuda));
+      EXPECT_LE(kernels::workspace_bytes(af, Backend::cuda), have);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace weft
