@@ -39,13 +39,15 @@ void check_trainable(const Layout& l, DeviceKind device, Trainable where) {
               "reconfigure: CMake prints a line for the cuDNN frontend)"
             : "which needs a GPU"));
   // Context parallelism's ring and all-gather call attention on blocks of
-  // the sequence, which the CUDA backend computes with flash only; all-to-all
-  // calls it on the whole sequence of H / cp heads, as without cp.
-  if (l.cp > 1 && gpu && l.attention != AttentionKind::flash && l.cp_comm != CpComm::a2a)
-    throw LayoutError(fmt::format("layout {}: context parallelism (cp={}) over cp:{} on a GPU needs attn:flash: "
-                                  "the CUDA {} attention takes no blocks of the sequence (use attn:flash, cp:a2a, "
-                                  "or cp1)",
-                                  l.to_string(), l.cp, to_string(l.cp_comm), to_string(l.attention)));
+  // the sequence, which the CUDA backend computes with flash and cudnn (its
+  // blocks are the kinds cuDNN's masks take: kernels/attention/
+  // attention_cudnn.h); all-to-all calls it on the whole sequence of H / cp
+  // heads, as without cp, which every kind takes.
+  if (l.cp > 1 && gpu && l.attention == AttentionKind::materialized && l.cp_comm != CpComm::a2a)
+    throw LayoutError(fmt::format("layout {}: context parallelism (cp={}) over cp:{} on a GPU needs attn:flash or "
+                                  "attn:cudnn: the CUDA materialized attention takes no blocks of the sequence (use "
+                                  "attn:flash, attn:cudnn, cp:a2a, or cp1)",
+                                  l.to_string(), l.cp, to_string(l.cp_comm)));
   if (l.fp8 != Fp8Recipe::off && gpu && here) {
     std::string here;
     if (!kernels::fp8_gemm_available(kernels::Backend::cuda, &here))
@@ -94,6 +96,15 @@ void validate_config(const TrainConfig& c) {
                                  "do not attend within chunks yet; train with --device cpu (flash or materialized "
                                  "attention), or with --seq {} or less",
                                  c.run.seq, c.model.name, chunk, chunk));
+  // cuDNN reads each chunk's lse from a 16-byte boundary: under the ring and
+  // the all-gather a chunk is T / (2 cp) rows of 4 bytes, so a multiple of 4.
+  const Layout& l = c.layout;
+  if (gpu && l.attention == AttentionKind::cudnn && l.cp > 1 && l.cp_comm != CpComm::a2a &&
+      (c.run.seq / (2 * l.cp)) % 4 != 0)
+    throw InputError(fmt::format("--seq {} under cp{} over cp:{} with attn:cudnn splits each sequence into chunks "
+                                 "of {} positions, and cuDNN takes chunks of a multiple of 4 (--seq a multiple "
+                                 "of {}); use attn:flash, cp:a2a, or such a --seq",
+                                 c.run.seq, l.cp, to_string(l.cp_comm), c.run.seq / (2 * l.cp), 8 * l.cp));
   if (c.log_every < 1) throw InputError(fmt::format("--log-every {} must be at least 1", c.log_every));
   if (c.eval_every < 0)
     throw InputError(fmt::format("--eval-every {} is not valid; use 0 (at the end only) or a number of steps",

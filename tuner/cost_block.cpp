@@ -86,6 +86,17 @@ AttentionTime attention_time(const Model& x, double B, double Hl, double Kl, dou
                        (run + x.k.attention_t_half);
     at.fwd = flops / (x.peak * eff) + x.k.launch_overhead;
     at.bwd = 2.5 * flops / (x.peak * eff) + x.k.launch_overhead;
+    // cuDNN writes its gradients, and the ring's and the all-gather's blocks
+    // accumulate theirs (kernels/attention/attention.cu): an add (read both,
+    // write one) over each block's dK and dV, and the ring's dQ, follows each
+    // backward call; 2 cp + 1 blocks of c = T / 2cp rows a rank, whose keys
+    // (the all-gather's prefixes) sum to (2 cp + 1) c too.
+    if (l.attention == AttentionKind::cudnn && l.cp > 1 && l.cp_comm != CpComm::a2a) {
+      const bool ring = l.cp_comm == CpComm::ring;
+      const double c = T / (2 * cp), blocks = 2 * cp + 1;
+      at.bwd += x.stream_bytes(3 * a * blocks * B * c * ((ring ? Hl : 0.0) + 2 * Kl) * D) +
+                ((ring ? 3 : 2) * blocks - 1) * x.k.launch_overhead;
+    }
   } else {
     // Batched QK^T and PV over the rows against their keys, and a fused
     // scale-mask-softmax that reads the scores and writes the probabilities.

@@ -105,19 +105,20 @@ TEST(CliAsked, AnotherCorpusOnResumeNeedsConsentAndIsRecorded) {
 
 TEST(CliAsked, LayoutsTheTrainerCannotRunAreMarkedInEveryFormatAndNeverSaved) {
   TempDir dir;
-  // cp 8 over the ring and the all-gather on GPUs: cuDNN's attention takes no
-  // blocks of the sequence, and the model ranks it first.
+  // cp 2 over the all-gather on GPUs with the materialized attention, which
+  // takes no blocks of the sequence there, and the model ranks it first.
   const std::string dry =
-      "tune --dry-run --model llama3.1-8b --gpu h100 --gpus 8 --seq 131072 --global-batch 8 --cp 8 "
-      "--cp-comm ring allgather --top 3";
+      "tune --dry-run --model llama3.1-8b --gpu h100 --gpus 8 --seq 8192 --global-batch 8 --cp 1 2 "
+      "--cp-comm allgather --attn materialized --top 3";
   auto r = run_weft(dry + " --format json --out " + dir.path("s.json"));
   ASSERT_EQ(r.code, 0) << r.out;
   const auto j = nlohmann::json::parse(slurp(dir.path("s.json")));
   ASSERT_TRUE(j["layouts"][0].contains("cannot_run_yet")) << j["layouts"][0].dump();
-  EXPECT_NE(j["layouts"][0]["cannot_run_yet"].get<std::string>().find("needs attn:flash"), std::string::npos);
+  EXPECT_NE(j["layouts"][0]["cannot_run_yet"].get<std::string>().find("needs attn:flash or attn:cudnn"),
+            std::string::npos);
   r = run_weft(dry + " --format csv");
   EXPECT_NE(r.out.find(",cannot_run_yet\n"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("needs attn:flash"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("needs attn:flash or attn:cudnn"), std::string::npos) << r.out;
   r = run_weft(dry + " --format html --out " + dir.path("s.html"));
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(slurp(dir.path("s.html")).find("\"cannot_run_yet\":\"context parallelism"), std::string::npos);
@@ -125,16 +126,21 @@ TEST(CliAsked, LayoutsTheTrainerCannotRunAreMarkedInEveryFormatAndNeverSaved) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("the recipe takes the best that can"), std::string::npos) << r.out;
   const auto recipe = nlohmann::json::parse(slurp(dir.path("r.json")));
-  EXPECT_NE(recipe["layout"].get<std::string>().find("attn:flash"), std::string::npos) << recipe.dump();
-  // Over all-to-all each call is the whole sequence of H / cp heads, which
-  // cuDNN takes: not marked, and saved as it is.
-  r = run_weft("tune --dry-run --model llama3.1-8b --gpu h100 --gpus 8 --seq 131072 --global-batch 8 --cp 8 "
-               "--cp-comm a2a --attn cudnn --top 1 --format csv --save-recipe " + dir.path("a2a.json"));
-  ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("-attn:cudnn-"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find(",\"\"\n"), std::string::npos) << r.out;  // an empty cannot_run_yet
-  EXPECT_EQ(r.out.find("the recipe takes the best that can"), std::string::npos) << r.out;
-  EXPECT_NE(slurp(dir.path("a2a.json")).find("attn:cudnn"), std::string::npos);
+  EXPECT_EQ(recipe["layout"].get<std::string>().find("-cp"), std::string::npos) << recipe.dump();
+  // cuDNN takes every transport's calls: the 128k space's first layout is
+  // not marked, and is saved as it is.
+  for (const char* comm : {"ring", "allgather", "a2a"}) {
+    SCOPED_TRACE(comm);
+    r = run_weft(std::string("tune --dry-run --model llama3.1-8b --gpu h100 --gpus 8 --seq 131072 --global-batch 8 "
+                             "--cp 8 --cp-comm ") +
+                 comm + " --attn cudnn --top 1 --format csv --save-recipe " + dir.path("cudnn.json"));
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("-attn:cudnn-"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(std::string("-cp:") + comm), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(",\"\"\n"), std::string::npos) << r.out;  // an empty cannot_run_yet
+    EXPECT_EQ(r.out.find("the recipe takes the best that can"), std::string::npos) << r.out;
+    EXPECT_NE(slurp(dir.path("cudnn.json")).find("attn:cudnn"), std::string::npos);
+  }
 }
 
 TEST(CliAsked, TheHeadersStateTheNOfMfu) {

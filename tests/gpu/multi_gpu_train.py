@@ -37,15 +37,16 @@ cases at once (the GPU's memory is shared; the losses do not depend on it).
 import argparse, concurrent.futures, json, os, shutil, subprocess, sys, tempfile, time
 
 ONE = "tp1-pp1-dp1-mb1-attn:flash"
-# (ranks, layout, model, extra arguments); flash attention: the only CUDA
-# attention that takes blocks of the sequence (the ring's and the
-# all-gather's calls). cp:a2a calls it on the whole sequence of H / cp
-# heads, which cuDNN's and the materialized kernel take too (each against
-# the one-rank flash run, within the same rule).
+# (ranks, layout, model, extra arguments); flash and cuDNN's attention take
+# the ring's and the all-gather's blocks of the sequence; cp:a2a calls it on
+# the whole sequence of H / cp heads, which the materialized kernel takes too
+# (each against the one-rank flash run, within the same rule).
 CASES = [
     (2, "tp1-cp2-pp1-dp1-mb1-attn:flash-cp:ring", "tiny", []),
     (2, "tp1-cp2-pp1-dp1-mb1-attn:flash-cp:allgather", "tiny", []),
     (2, "tp1-cp2-pp1-dp1-mb1-attn:flash-cp:a2a", "tiny", []),
+    (2, "tp1-cp2-pp1-dp1-mb1-attn:cudnn-cp:ring", "tiny", []),
+    (2, "tp1-cp2-pp1-dp1-mb1-attn:cudnn-cp:allgather", "tiny", []),
     (2, "tp1-cp2-pp1-dp1-mb1-attn:cudnn-cp:a2a", "tiny", []),
     (2, "tp1-cp2-pp1-dp1-mb1-attn:materialized-cp:a2a", "tiny", []),
     (2, "tp1-cp2-pp1-dp1-mb1-attn:flash-ckpt:full-cp:ring", "tiny", []),

@@ -33,8 +33,8 @@
 // CPU run, NCCL on a device, where the ring's sends and receives run on
 // streams of their own beside the attention (parallel/comm_nccl.cpp). The
 // exchange buffers come from the shape table (memory/shapes.cpp,
-// "comm.cp_*"). On a device the ring and the all-gather need the flash
-// kernel (check_trainable): the other CUDA attention kernels take no blocks
+// "comm.cp_*"). On a device the ring and the all-gather need the flash or
+// the cudnn kernels (check_trainable): the materialized one takes no blocks
 // of the sequence; a2a's whole-sequence calls take every kind.
 //
 // Llama 4's chunked attention (its RoPE layers: attention_chunk) needs no

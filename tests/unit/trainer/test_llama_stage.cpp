@@ -176,7 +176,8 @@ TEST(LlamaStage, CudnnAttentionOnlyWhereBuilt) {
 
 // Asked for anywhere (a dry-run for a cluster that is not this machine),
 // only the trainer's own limits count: FP8 and cuDNN's attention on a GPU
-// are trainable whatever this build and device are; cp's ring with cuDNN, bf16
+// are trainable whatever this build and device are, cuDNN under cp's ring
+// too; cp's ring with materialized attention, bf16
 // gradients on a CPU and cuDNN on a CPU are not.
 TEST(LlamaStage, TrainableAnywhereAsksTheTrainerNotThisMachine) {
   const auto anywhere = [](const char* text, DeviceKind d) {
@@ -184,33 +185,48 @@ TEST(LlamaStage, TrainableAnywhereAsksTheTrainerNotThisMachine) {
   };
   EXPECT_NO_THROW(anywhere("mb1-attn:cudnn-fp8:tensorwise", DeviceKind::gpu));
   EXPECT_NO_THROW(anywhere("mb1-attn:flash-fp8:blockwise-grad:bf16", DeviceKind::gpu));
-  WEFT_EXPECT_THROW_MSG(anywhere("cp2-mb1-attn:cudnn-cp:ring", DeviceKind::gpu), LayoutError, "needs attn:flash");
+  EXPECT_NO_THROW(anywhere("cp2-mb1-attn:cudnn-cp:ring", DeviceKind::gpu));
+  WEFT_EXPECT_THROW_MSG(anywhere("cp2-mb1-attn:materialized-cp:ring", DeviceKind::gpu), LayoutError,
+                        "needs attn:flash or attn:cudnn");
   WEFT_EXPECT_THROW_MSG(anywhere("mb1-grad:bf16", DeviceKind::cpu), LayoutError, "grad:bf16");
   WEFT_EXPECT_THROW_MSG(anywhere("mb1-attn:cudnn", DeviceKind::cpu), LayoutError, "needs a GPU");
 }
 
 // Context parallelism's ring and all-gather call attention on blocks of the
 // sequence: the CPU takes them with flash and materialized, a GPU with flash
-// only. Its all-to-all calls attention on the whole sequence of fewer heads,
-// which every kind takes.
-TEST(LlamaStage, ContextParallelOnAGpuWithFlashOrOverAllToAll) {
+// and cudnn. Its all-to-all calls attention on the whole sequence of fewer
+// heads, which every kind takes.
+TEST(LlamaStage, ContextParallelOnAGpuWithEveryKindThatTakesItsCalls) {
   for (const char* cp : {"cp:ring", "cp:allgather", "cp:a2a"}) {
     const std::string base = std::string("cp2-mb1-") + cp;
     EXPECT_NO_THROW(check_trainable(Layout::parse(base + "-attn:flash"), DeviceKind::gpu)) << cp;
     EXPECT_NO_THROW(check_trainable(Layout::parse(base + "-attn:flash"), DeviceKind::cpu)) << cp;
     EXPECT_NO_THROW(check_trainable(Layout::parse(base + "-attn:materialized"), DeviceKind::cpu)) << cp;
+    EXPECT_NO_THROW(check_trainable(Layout::parse(base + "-attn:cudnn"), DeviceKind::gpu, Trainable::anywhere)) << cp;
     if (std::string(cp) == "cp:a2a") {
       EXPECT_NO_THROW(check_trainable(Layout::parse(base + "-attn:materialized"), DeviceKind::gpu));
-      EXPECT_NO_THROW(check_trainable(Layout::parse(base + "-attn:cudnn"), DeviceKind::gpu, Trainable::anywhere));
       continue;
     }
     WEFT_EXPECT_THROW_MSG(check_trainable(Layout::parse(base + "-attn:materialized"), DeviceKind::gpu), LayoutError,
-                          "cp=2", cp, "needs attn:flash", "materialized", "cp:a2a");
-    // cudnn on a GPU: refused for blocks whether or not this build has cuDNN's frontend.
-    EXPECT_THROW(check_trainable(Layout::parse(base + "-attn:cudnn"), DeviceKind::gpu), LayoutError);
-    WEFT_EXPECT_THROW_MSG(check_trainable(Layout::parse(base + "-attn:cudnn"), DeviceKind::gpu, Trainable::anywhere),
-                          LayoutError, "needs attn:flash", "cudnn");
+                          "cp=2", cp, "needs attn:flash or attn:cudnn", "materialized", "cp:a2a");
   }
+  // cuDNN's chunks under the ring and the all-gather: a multiple of 4
+  // positions (their lse on 16 bytes); a2a's calls are whole sequences.
+  TrainConfig c;
+  c.model = model_preset("tiny");
+  c.device = device_preset("h100");
+  c.run = RunSpec{200, 8, Precision::bf16};  // cp 2: chunks of 50
+  for (const char* cp : {"cp:ring", "cp:allgather"}) {
+    c.layout = Layout::parse(std::string("cp2-mb1-attn:cudnn-") + cp);
+    WEFT_EXPECT_THROW_MSG(validate_config(c), InputError, "--seq 200", "chunks of 50", "a multiple of 16", "cp:a2a");
+    c.layout.attention = AttentionKind::flash;
+    EXPECT_NO_THROW(validate_config(c));
+  }
+  c.layout = Layout::parse("cp2-mb1-attn:cudnn-cp:a2a");
+  EXPECT_NO_THROW(validate_config(c));
+  c.layout = Layout::parse("cp2-mb1-attn:cudnn-cp:ring");
+  c.run.seq = 208;  // chunks of 52
+  EXPECT_NO_THROW(validate_config(c));
 }
 
 // FP8 GEMMs run on the CPU (emulated) and on GPUs with FP8 tensor cores
