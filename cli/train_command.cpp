@@ -229,7 +229,7 @@ int run_train(TrainArgs& a) {
   trainer::validate_config(c);
   if (!tune) {
     c.layout.validate(c.model, c.run, mpi_world_size_from_env());
-    trainer::check_trainable(c.model, c.layout, c.device.kind, trainer::Trainable::here);
+    trainer::check_trainable(c.model, c.layout, c.device.kind, trainer::Trainable::here, c.run.seq);
     if (const std::string none = memory::fp8_runs_none(c.model, c.run, c.layout); !none.empty())
       throw InputError(fmt::format("{}: {}", !a.layout.empty() ? "--layout " + a.layout
                                              : !a.recipe.empty() ? "recipe " + a.recipe

@@ -291,7 +291,8 @@ int run_tune(const TuneArgs& a) {
       for (auto& c : rep.candidates) {
         if (c.verdict != tuner::Verdict::fits) break;
         try {
-          trainer::check_trainable(ctx.model, c.layout, ctx.cluster.device.kind, trainer::Trainable::anywhere);
+          trainer::check_trainable(ctx.model, c.layout, ctx.cluster.device.kind, trainer::Trainable::anywhere,
+                                   ctx.run.seq);
           return &c;
         } catch (const LayoutError& e) {
           if (skipped.empty()) skipped = e.what();

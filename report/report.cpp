@@ -177,9 +177,9 @@ struct Row {
 
 // Why the trainer cannot run a layout on the device yet ("" when it can),
 // without the "layout <text>: " its error starts with.
-std::string cannot_run_yet(const ModelSpec& m, const Layout& l, DeviceKind device) {
+std::string cannot_run_yet(const SpaceContext& ctx, const Layout& l) {
   try {
-    trainer::check_trainable(m, l, device, trainer::Trainable::anywhere);
+    trainer::check_trainable(ctx.model, l, ctx.cluster.device.kind, trainer::Trainable::anywhere, ctx.run.seq);
   } catch (const LayoutError& e) {
     const std::string what = e.what(), prefix = "layout " + l.to_string() + ": ";
     return what.rfind(prefix, 0) == 0 ? what.substr(prefix.size()) : what;
@@ -201,7 +201,7 @@ std::vector<Row> ranked_rows(const SpaceReport& r, const SpaceContext& ctx, int6
     Row row{&c, 0, {}, {}};
     if (c.verdict == Verdict::fits) {
       row.rank = ++fitting;
-      row.untrainable = cannot_run_yet(ctx.model, c.layout, ctx.cluster.device.kind);
+      row.untrainable = cannot_run_yet(ctx, c.layout);
       twins[key(c)].push_back(rows.size());
     }
     rows.push_back(std::move(row));
@@ -242,7 +242,7 @@ std::string best_runnable_note(const SpaceReport& r, const SpaceContext& ctx, co
   for (const auto& c : r.candidates) {
     if (c.verdict != Verdict::fits) break;
     ++rank;
-    if (!cannot_run_yet(ctx.model, c.layout, ctx.cluster.device.kind).empty()) continue;
+    if (!cannot_run_yet(ctx, c.layout).empty()) continue;
     const double best = r.candidates.front().cost.step;
     return fmt::format("  best the trainer can run: #{} {}, {} a step, MFU {:.1f}% (step time {:+.1f}% against #1; "
                        "`--save-recipe` saves it)\n",
@@ -323,7 +323,7 @@ nlohmann::json report_json(const SpaceReport& r, const SpaceContext& ctx, int64_
                        {"verdict", to_string(c.verdict)}};
     if (c.verdict == Verdict::fits) {
       row["rank"] = ++rank;
-      if (const std::string why = cannot_run_yet(ctx.model, c.layout, ctx.cluster.device.kind); !why.empty())
+      if (const std::string why = cannot_run_yet(ctx, c.layout); !why.empty())
         row["cannot_run_yet"] = why;
     }
     if (!c.reason.empty()) row["reason"] = c.reason;
@@ -357,7 +357,7 @@ std::string report_csv_row(const Candidate& c, int64_t rank, const SpaceContext&
   std::string reason = c.reason;
   for (char& ch : reason)
     if (ch == '"') ch = '\'';
-  std::string not_yet = c.verdict == Verdict::fits ? cannot_run_yet(ctx.model, c.layout, ctx.cluster.device.kind) : "";
+  std::string not_yet = c.verdict == Verdict::fits ? cannot_run_yet(ctx, c.layout) : "";
   for (char& ch : not_yet)
     if (ch == '"') ch = '\'';
   std::string s = fmt::format("{},{},{},\"{}\",", rank > 0 ? fmt::format("{}", rank) : "", c.layout.to_string(),

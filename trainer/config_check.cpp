@@ -12,8 +12,20 @@
 
 namespace weft::trainer {
 
-void check_trainable(const ModelSpec& m, const Layout& l, DeviceKind device, Trainable where) {
+std::string cudnn_chunk_problem(const Layout& l, int64_t seq) {
+  if (l.attention != AttentionKind::cudnn || l.cp <= 1 || l.cp_comm == CpComm::a2a || (seq / (2 * l.cp)) % 4 == 0)
+    return {};
+  return fmt::format("--seq {} under cp{} over cp:{} with attn:cudnn splits each sequence into chunks of {} "
+                     "positions, and cuDNN takes chunks of a multiple of 4 (--seq a multiple of {}); use attn:flash, "
+                     "cp:a2a, or such a --seq",
+                     seq, l.cp, to_string(l.cp_comm), seq / (2 * l.cp), 8 * l.cp);
+}
+
+void check_trainable(const ModelSpec& m, const Layout& l, DeviceKind device, Trainable where, int64_t seq) {
   check_trainable(l, device, where);
+  if (device == DeviceKind::gpu && seq > 0)
+    if (const std::string why = cudnn_chunk_problem(l, seq); !why.empty())
+      throw LayoutError(fmt::format("layout {}: {}", l.to_string(), why));
   // An MoE model trains on either device; its FP8 blocks on the CPU only
   // (what else its blocks do not compute yet, require_moe_layout names).
   if (m.moe.enabled() && l.fp8 != Fp8Recipe::off && device == DeviceKind::gpu)
@@ -98,13 +110,8 @@ void validate_config(const TrainConfig& c) {
                                  c.run.seq, c.model.name, chunk, chunk));
   // cuDNN reads each chunk's lse from a 16-byte boundary: under the ring and
   // the all-gather a chunk is T / (2 cp) rows of 4 bytes, so a multiple of 4.
-  const Layout& l = c.layout;
-  if (gpu && l.attention == AttentionKind::cudnn && l.cp > 1 && l.cp_comm != CpComm::a2a &&
-      (c.run.seq / (2 * l.cp)) % 4 != 0)
-    throw InputError(fmt::format("--seq {} under cp{} over cp:{} with attn:cudnn splits each sequence into chunks "
-                                 "of {} positions, and cuDNN takes chunks of a multiple of 4 (--seq a multiple "
-                                 "of {}); use attn:flash, cp:a2a, or such a --seq",
-                                 c.run.seq, l.cp, to_string(l.cp_comm), c.run.seq / (2 * l.cp), 8 * l.cp));
+  if (gpu)
+    if (const std::string why = cudnn_chunk_problem(c.layout, c.run.seq); !why.empty()) throw InputError(why);
   if (c.log_every < 1) throw InputError(fmt::format("--log-every {} must be at least 1", c.log_every));
   if (c.eval_every < 0)
     throw InputError(fmt::format("--eval-every {} is not valid; use 0 (at the end only) or a number of steps",

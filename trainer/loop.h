@@ -130,14 +130,20 @@ struct TrainReport {
 enum class Trainable { here, anywhere };
 
 // LayoutError when the trainer cannot run a valid layout yet (context
-// parallelism on a GPU with an attention kernel other than flash; grad:bf16
-// on a CPU, which trains in fp32; attn:cudnn on a CPU), or, asked `here`,
+// parallelism's ring or all-gather on a GPU with the materialized attention;
+// grad:bf16 on a CPU, which trains in fp32; attn:cudnn on a CPU), or, asked `here`,
 // not in this build or on this process's device (attn:cudnn in a build
 // without the cuDNN frontend; FP8 GEMMs when the CUDA device lacks FP8
 // tensor cores, below compute capability 8.9, or the build lacks CUDA).
 void check_trainable(const Layout& l, DeviceKind device = DeviceKind::gpu, Trainable where = Trainable::here);
-// The same for a model (an MoE model's own limits are require_moe_layout's).
-void check_trainable(const ModelSpec& m, const Layout& l, DeviceKind device, Trainable where);
+// The same for a model (an MoE model's own limits are require_moe_layout's),
+// and given the sequence length (`seq` > 0) what depends on it: cuDNN's
+// chunks under cp's ring and all-gather (cudnn_chunk_problem).
+void check_trainable(const ModelSpec& m, const Layout& l, DeviceKind device, Trainable where, int64_t seq = 0);
+// Why cuDNN's attention cannot take the chunks a layout cuts sequences of
+// `seq` positions into on a GPU (each a multiple of 4 positions, its lse on
+// 16 bytes), or "" where it can or does not run.
+std::string cudnn_chunk_problem(const Layout& l, int64_t seq);
 
 // InputError naming the value for settings train() cannot run with, apart
 // from the layout (steps, intervals, threads, precision against the device,

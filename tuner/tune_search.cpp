@@ -35,7 +35,7 @@ std::vector<SearchCandidate> search_candidates(const SpaceContext& ctx, const Sp
   for (const auto& c : r.space.candidates) {
     if (c.verdict != Verdict::fits) continue;
     try {
-      trainer::check_trainable(ctx.model, c.layout, ctx.cluster.device.kind, trainer::Trainable::here);
+      trainer::check_trainable(ctx.model, c.layout, ctx.cluster.device.kind, trainer::Trainable::here, ctx.run.seq);
     } catch (const LayoutError&) {
       ++untrainable;
       continue;

@@ -227,6 +227,15 @@ TEST(LlamaStage, ContextParallelOnAGpuWithEveryKindThatTakesItsCalls) {
   c.layout = Layout::parse("cp2-mb1-attn:cudnn-cp:ring");
   c.run.seq = 208;  // chunks of 52
   EXPECT_NO_THROW(validate_config(c));
+  // Given T, the dry-run's and the tuner's check refuses the same by name.
+  const auto trainable = [&](const char* text, int64_t seq) {
+    check_trainable(c.model, Layout::parse(text), DeviceKind::gpu, Trainable::anywhere, seq);
+  };
+  WEFT_EXPECT_THROW_MSG(trainable("cp2-mb1-attn:cudnn-cp:allgather", 200), LayoutError, "layout ", "chunks of 50");
+  EXPECT_NO_THROW(trainable("cp2-mb1-attn:cudnn-cp:allgather", 208));
+  EXPECT_NO_THROW(trainable("cp2-mb1-attn:cudnn-cp:a2a", 200));
+  EXPECT_NO_THROW(trainable("cp2-mb1-attn:flash-cp:ring", 200));
+  EXPECT_NO_THROW(trainable("cp2-mb1-attn:cudnn-cp:ring", 0));  // (T not given)
 }
 
 // FP8 GEMMs run on the CPU (emulated) and on GPUs with FP8 tensor cores
