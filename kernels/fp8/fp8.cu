@@ -10,7 +10,7 @@
 //   cast_kernel       no transpose: a grid-stride loop over the elements,
 //                     8 at a time (one 16-byte load of bf16, one 8-byte store
 //                     of codes) where the pointers allow.
-//   cast_t_wide_kernel  with out_t, rows and cols multiples of 8 and the
+//   cast_t_wide_kernel  with out_t, rows, cols and ld_t multiples of 8 and the
 //                     pointers aligned: 64 x 64 tiles through shared memory,
 //                     every global access 8 elements wide (16-byte loads of
 //                     bf16, 8-byte stores of codes, both layouts).
@@ -79,8 +79,8 @@ __global__ void __launch_bounds__(kThreads)
     cast_t_kernel(int64_t rows, int64_t cols, const nv_bf16* __restrict__ x,  // (rows, cols)
                   const float* __restrict__ scale_ptr,                        // (1)
                   uint8_t* __restrict__ out,                                  // (rows, cols)
-                  uint8_t* __restrict__ out_t,                                // (cols, rows)
-                  float* amax, Fp8Health* health) {
+                  uint8_t* __restrict__ out_t,                                // (cols, ld)
+                  int64_t ld, float* amax, Fp8Health* health) {
   __shared__ uint8_t tile[kTile][kTile + 4];  // padded: the transposed reads spread over banks
   const float scale = *scale_ptr;
   const int64_t tiles_c = (cols + kTile - 1) / kTile;
@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int i = 0; i < kTile / kTileRows; ++i) {
       const int64_t c = c0 + ty + i * kTileRows, r = r0 + tx;
-      if (r < rows && c < cols) out_t[c * rows + r] = tile[tx][ty + i * kTileRows];
+      if (r < rows && c < cols) out_t[c * ld + r] = tile[tx][ty + i * kTileRows];
     }
     __syncthreads();
   }
@@ -125,8 +125,8 @@ __global__ void __launch_bounds__(kThreads)
     cast_t_wide_kernel(int64_t rows, int64_t cols, const nv_bf16* __restrict__ x,  // (rows, cols)
                        const float* __restrict__ scale_ptr,                        // (1)
                        uint8_t* __restrict__ out,                                  // (rows, cols)
-                       uint8_t* __restrict__ out_t,                                // (cols, rows)
-                       float* amax, Fp8Health* health) {
+                       uint8_t* __restrict__ out_t,                                // (cols, ld)
+                       int64_t ld, float* amax, Fp8Health* health) {
   __shared__ __align__(16) uint8_t tile[kWide * kWideStride];
   const float scale = *scale_ptr;
   const int64_t tiles_c = (cols + kWide - 1) / kWide;
@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(kThreads)
           lo |= uint32_t(tile[(lane_col + i) * kWideStride + tc]) << (8 * i);
           hi |= uint32_t(tile[(lane_col + 4 + i) * kWideStride + tc]) << (8 * i);
         }
-        *reinterpret_cast<uint2*>(out_t + c * rows + r) = make_uint2(lo, hi);
+        *reinterpret_cast<uint2*>(out_t + c * ld + r) = make_uint2(lo, hi);
       }
     }
     __syncthreads();
@@ -178,7 +178,7 @@ __global__ void __launch_bounds__(kThreads)
 
 template <Fp8Format F>
 void cast_launch(const Fp8CastParams<bf16>& p, cudaStream_t stream) {
-  const int64_t n = p.rows * p.cols;
+  const int64_t n = p.rows * p.cols, ld = p.ld_t > 0 ? p.ld_t : p.rows;
   const nv_bf16* x = gpu::dev(p.x);
   auto* out = reinterpret_cast<uint8_t*>(p.out);
   if (p.out_t == nullptr) {
@@ -187,16 +187,17 @@ void cast_launch(const Fp8CastParams<bf16>& p, cudaStream_t stream) {
     cast_kernel<F><<<gpu::grid_blocks(items, kThreads), kThreads, 0, stream>>>(n, vec, x, p.scale, out,
                                                                                p.amax, p.health);
     WEFT_LAUNCH_CHECK(stream, "fp8 cast_kernel");
-  } else if (p.rows % gpu::kVec == 0 && p.cols % gpu::kVec == 0 && gpu::aligned16(p.x) &&
-             reinterpret_cast<uintptr_t>(p.out) % 8 == 0 && reinterpret_cast<uintptr_t>(p.out_t) % 8 == 0) {
+  } else if (p.rows % gpu::kVec == 0 && p.cols % gpu::kVec == 0 && ld % gpu::kVec == 0 &&
+             gpu::aligned16(p.x) && reinterpret_cast<uintptr_t>(p.out) % 8 == 0 &&
+             reinterpret_cast<uintptr_t>(p.out_t) % 8 == 0) {
     const int64_t tiles = (p.rows + kWide - 1) / kWide * ((p.cols + kWide - 1) / kWide);
     cast_t_wide_kernel<F><<<gpu::grid_blocks(tiles * kThreads, kThreads), kThreads, 0, stream>>>(
-        p.rows, p.cols, x, p.scale, out, reinterpret_cast<uint8_t*>(p.out_t), p.amax, p.health);
+        p.rows, p.cols, x, p.scale, out, reinterpret_cast<uint8_t*>(p.out_t), ld, p.amax, p.health);
     WEFT_LAUNCH_CHECK(stream, "fp8 cast_t_wide_kernel");
   } else {
     const int64_t tiles = (p.rows + kTile - 1) / kTile * ((p.cols + kTile - 1) / kTile);
     cast_t_kernel<F><<<gpu::grid_blocks(tiles * kThreads, kThreads), kThreads, 0, stream>>>(
-        p.rows, p.cols, x, p.scale, out, reinterpret_cast<uint8_t*>(p.out_t), p.amax, p.health);
+        p.rows, p.cols, x, p.scale, out, reinterpret_cast<uint8_t*>(p.out_t), ld, p.amax, p.health);
     WEFT_LAUNCH_CHECK(stream, "fp8 cast_t_kernel");
   }
 }
@@ -206,6 +207,10 @@ int64_t scratch(const Fp8CastParams<bf16>&) { return 0; }
 Status run(const Fp8CastParams<bf16>& p, Workspace, cudaStream_t stream) {
   if (p.amax && p.amax_write == Write::overwrite)
     CUDA_CHECK(cudaMemsetAsync(p.amax, 0, sizeof(float), stream));
+  // The transpose's padding columns [rows, ld_t) of each of its rows: zeros.
+  if (p.out_t && p.ld_t > p.rows && p.cols > 0)
+    CUDA_CHECK(cudaMemset2DAsync(reinterpret_cast<uint8_t*>(p.out_t) + p.rows, size_t(p.ld_t), 0,
+                                 size_t(p.ld_t - p.rows), size_t(p.cols), stream));
   if (p.rows * p.cols == 0) return Status::ok;
   if (p.format == Fp8Format::e4m3)
     cast_launch<Fp8Format::e4m3>(p, stream);

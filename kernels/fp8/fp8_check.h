@@ -17,6 +17,7 @@ Status params_check(const Fp8CastParams<Elem>& p) {
   if (p.rows < 0 || p.cols < 0) return Status::invalid_argument;
   const int64_t n = p.rows * p.cols;
   if (!present(p.x, n) || !present(p.out, n) || !present(p.scale, n)) return Status::invalid_argument;
+  if (p.ld_t != 0 && (p.out_t == nullptr || p.ld_t < p.rows)) return Status::invalid_argument;
   // The amax is written even for an empty tensor (0), so it needs no scale.
   return Status::ok;
 }

@@ -20,8 +20,9 @@
 // just before each cublasLtMatmul, which reads them at the call.
 //
 // What this backend supports (check): sm_89 or newer (FP8 tensor cores);
-// m, n, k multiples of 16; lda, ldb and ldc's row bytes multiples of 16 and
-// every pointer 16-byte aligned (cuBLASLt's FP8 requirements, kept here so
+// n and k multiples of 16, m too under tiles (a tensor-scaled product takes
+// any m: PyTorch's scaled GEMM relaxed the same rule on cuBLASLt); lda, ldb
+// and ldc's row bytes multiples of 16 and every pointer 16-byte aligned (cuBLASLt's FP8 requirements, kept here so
 // supports() answers before a launch fails). k = 0 is C = beta C through the
 // bf16 gemm's path, which reads neither operand.
 #include <map>
@@ -89,7 +90,11 @@ bool device_has_fp8() {
 Status view_check(const Fp8GemmView& p, Status rules) {
   if (rules != Status::ok) return rules;
   if (p.m == 0 || p.n == 0 || p.k == 0) return Status::ok;
-  if (p.m % 16 || p.n % 16 || p.k % 16 || p.lda % 16 || p.ldb % 16 || (p.ldc * p.c_bytes) % 16)
+  // m (the rows of A and C) is free under per-tensor scales: cuBLASLt's FP8
+  // kernels ask only that the k-contiguous rows and C's rows be 16-byte
+  // multiples; block-scaled products keep whole 16-row groups.
+  if ((p.a_tiles != Fp8Tiles::tensor && p.m % 16) || p.n % 16 || p.k % 16 || p.lda % 16 || p.ldb % 16 ||
+      (p.ldc * p.c_bytes) % 16)
     return Status::unsupported;
   if (!gpu::aligned16(p.a) || !gpu::aligned16(p.b) || !gpu::aligned16(p.c)) return Status::unsupported;
   // Block-scaled kernels: whole 128-wide runs of k, scale arrays read in place.

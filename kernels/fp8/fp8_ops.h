@@ -54,6 +54,10 @@ namespace weft::kernels {
 //           one scale; start it at 0).
 //   health: overflow and underflow counts as fp8_qdq counts them, added to
 //           *health (a step's casts sum into one pair; zero it at the start).
+// ld_t (with out_t; 0: rows): out_t's row stride, at least rows. Each of its
+// cols rows holds x's column in [0, rows) and zero codes in [rows, ld_t):
+// a weight gradient's operand over a run of tokens whose count is not a
+// multiple of 16, padded to one for the GEMM's k (zeros add nothing).
 template <typename Elem>
 struct Fp8CastParams {
   int64_t rows = 0;
@@ -62,7 +66,8 @@ struct Fp8CastParams {
   const Elem* x = nullptr;       // (rows, cols)
   const float* scale = nullptr;  // (1)
   Fp8* out = nullptr;            // (rows, cols)
-  Fp8* out_t = nullptr;          // (cols, rows), or null
+  Fp8* out_t = nullptr;          // (cols, ld_t), or null
+  int64_t ld_t = 0;              // 0: rows
   float* amax = nullptr;         // (1), or null
   Write amax_write = Write::overwrite;
   Fp8Health* health = nullptr;  // (1), or null
@@ -186,7 +191,9 @@ enum class Fp8Accumulation { split, fast };
 // or both tiled with at most one block128 (the pairs cuBLASLt's Hopper
 // kernels take), tiled only with split accumulation (it has no fast
 // block-scaled kernels); else invalid on every backend. CUDA supports
-// the product only on sm_89 and newer, with m, n and k multiples of 16, every
+// the product only on sm_89 and newer, with n and k multiples of 16 (m too
+// under tiles; a tensor-scaled product takes any m, as cuBLASLt's FP8
+// kernels need only the k-contiguous rows 16-byte aligned), every
 // row stride (lda, ldb, ldc in bytes) a multiple of 16 and every pointer
 // 16-byte aligned (the FP8 tensor-core kernels' rules, which core/layout.h's
 // fp8 knob already applies to the model's shapes), with tiles k a multiple

@@ -80,8 +80,11 @@ int64_t workspace_bytes(const Fp8CastParams<Elem>&, Backend) {
 template <typename Elem>
 Status launch(const Fp8CastParams<Elem>& p, Workspace ws, Stream stream) {
   if (Status s = cpu::preflight(fp8_detail::params_check(p), 0, ws, stream); s != Status::ok) return s;
-  const int64_t n = p.rows * p.cols;
+  const int64_t n = p.rows * p.cols, ld = p.ld_t > 0 ? p.ld_t : p.rows;
   if (p.amax) amax_store(p.amax, amax_of(p.x, n), p.amax_write);
+  if (p.out_t)  // the padding columns of the transpose
+    for (int64_t c = 0; c < p.cols; ++c)
+      for (int64_t r = p.rows; r < ld; ++r) p.out_t[c * ld + r].bits = 0;
   if (n == 0) return Status::ok;
   const float scale = *p.scale, over_at = overflow_at(p.format);
   int64_t over = 0, under = 0;
@@ -91,7 +94,7 @@ Status launch(const Fp8CastParams<Elem>& p, Workspace ws, Stream stream) {
       const float v = float(p.x[r * p.cols + c]);
       const uint8_t code = fp8_quantize(v, scale, p.format);
       p.out[r * p.cols + c].bits = code;
-      if (p.out_t) p.out_t[c * p.rows + r].bits = code;
+      if (p.out_t) p.out_t[c * ld + r].bits = code;
       if (std::fabs(v * scale) > over_at) ++over;
       if ((code & 0x7f) == 0 && v != 0.0f) ++under;
     }

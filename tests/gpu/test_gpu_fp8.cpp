@@ -156,6 +156,37 @@ TEST(GpuFp8, CastOddShapesAndMisalignedInputs) {
   }
 }
 
+// The transpose with a row stride past the rows (ld_t), both kernels (rows
+// multiples of 8 with a stride of 8s take the wide one): the CPU's padded
+// codes bit for bit, the padding zero over whatever the buffer held.
+TEST(GpuFp8, CastPadsTheTransposeAsTheCpu) {
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  struct Shape {
+    int64_t rows, cols, ld;
+  };
+  for (const Shape s : {Shape{13, 32, 16}, Shape{40, 64, 48}, Shape{64, 128, 80}, Shape{0, 16, 16},
+                        Shape{1, 16, 16}, Shape{100, 24, 112}}) {
+    SCOPED_TRACE(std::to_string(s.rows) + "x" + std::to_string(s.cols) + " ld " + std::to_string(s.ld));
+    const int64_t n = s.rows * s.cols;
+    const Bf16Values x = bf16_values(rng.uniform<double>(n, -3.0, 3.0));
+    const float scale = fp8_scale(std::max(fp8_amax(x.f.data(), n), 1e-3f), Fp8Format::e4m3);
+    std::vector<Fp8> want(s.cols * s.ld), want_out(n);
+    ASSERT_EQ(run(Fp8CastParams<float>{.rows = s.rows, .cols = s.cols, .x = x.f.data(), .scale = &scale,
+                                       .out = want_out.data(), .out_t = want.data(), .ld_t = s.ld}),
+              Status::ok);
+    DeviceArray<bf16> dx(x.bits);
+    DeviceArray<float> dscale(std::vector<float>{scale});
+    DeviceArray<Fp8> dout(n), dout_t(std::vector<Fp8>(s.cols * s.ld, Fp8{0x5a}));
+    ASSERT_EQ(run_cuda(Fp8CastParams<bf16>{.rows = s.rows, .cols = s.cols, .x = dx.data(), .scale = dscale.data(),
+                                           .out = dout.data(), .out_t = dout_t.data(), .ld_t = s.ld}),
+              Status::ok);
+    expect_same_codes("codes", dout.download(), want_out, x.f);
+    const std::vector<Fp8> got = dout_t.download();
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i].bits, want[i].bits) << "transposed element " << i;
+  }
+}
+
 TEST(GpuFp8, CastAmaxAccumulatesAcrossLaunches) {
   Rng rng;
   SCOPED_TRACE(rng.trace());

@@ -115,6 +115,9 @@ TEST(GpuFp8Gemm, MatchesTheDecodedProduct) {
       {{256, 320, 512}, Fp8Format::e5m2, Fp8Format::e4m3},  // dgrad: dy x W^T
       {{128, 96, 4096}, Fp8Format::e5m2, Fp8Format::e4m3},  // wgrad-like: long k
       {{96, 128, 1024}, Fp8Format::e4m3, Fp8Format::e5m2},
+      // m free under per-tensor scales: an expert's run of tokens, any count.
+      {{13, 64, 128}, Fp8Format::e4m3, Fp8Format::e4m3},    {{1, 32, 64}, Fp8Format::e5m2, Fp8Format::e4m3},
+      {{203, 48, 256}, Fp8Format::e4m3, Fp8Format::e4m3},
   };
   for (const GemmCase& g : cases) {
     const GemmShape& s = g.shape;
@@ -411,6 +414,10 @@ TEST(GpuFp8Gemm, SupportsFollowsTheFp8Rules) {
   p = ok, p.lda = 80;  // padded rows, still a multiple of 16 bytes
   EXPECT_EQ(supports(p, Backend::cuda), fp8_gemm_here());
   p = ok, p.lda = 68;
+  refused(p, Status::unsupported);
+  p = ok, p.m = 13;  // any m under per-tensor scales
+  EXPECT_EQ(supports(p, Backend::cuda), fp8_gemm_here());
+  p = ok, p.k = 40, p.lda = p.ldb = 48;  // k not a multiple of 16
   refused(p, Status::unsupported);
   p = ok, p.a_format = p.b_format = Fp8Format::e5m2;
   refused(p, Status::invalid_argument);

@@ -100,6 +100,65 @@ TEST(Fp8Ops, CastMatchesQuantizeCodeForCode) {
   }
 }
 
+// A transpose with a row stride past the rows (ld_t): each of its rows holds
+// the codes of the plain transpose, then zeros to the stride, whatever the
+// buffer held before; and the padded operand's FP8 GEMM over k = ld_t gives
+// the unpadded product (a weight gradient over a run of tokens that is not a
+// multiple of 16).
+TEST(Fp8Ops, CastPadsTheTransposeWithZeroCodes) {
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  for (const Shape s : {Shape{13, 32}, Shape{0, 16}, Shape{16, 48}, Shape{37, 16}}) {
+    SCOPED_TRACE(std::to_string(s.rows) + "x" + std::to_string(s.cols));
+    const int64_t n = s.rows * s.cols, ld = (s.rows + 15) / 16 * 16 + (s.rows % 16 == 0 ? 16 : 0);
+    const std::vector<float> x = spread_values(rng, n, Fp8Format::e4m3);
+    const float scale = fp8_scale(std::max(fp8_amax(x.data(), n), 1e-3f), Fp8Format::e4m3);
+    std::vector<Fp8> out(n), plain_t(n), padded_t(s.cols * ld);
+    for (Fp8& q : padded_t) q.bits = 0x5a;  // stale codes the padding must overwrite
+    Fp8CastParams<float> p{.rows = s.rows, .cols = s.cols, .x = x.data(), .scale = &scale, .out = out.data(),
+                           .out_t = plain_t.data()};
+    ASSERT_EQ(run(p), Status::ok);
+    p.out_t = padded_t.data();
+    p.ld_t = ld;
+    ASSERT_TRUE(supports(p));
+    ASSERT_EQ(run(p), Status::ok);
+    for (int64_t c = 0; c < s.cols; ++c)
+      for (int64_t r = 0; r < ld; ++r)
+        ASSERT_EQ(padded_t[c * ld + r].bits, r < s.rows ? plain_t[c * s.rows + r].bits : 0) << c << "," << r;
+    if (n == 0) continue;
+    // (cols, cols) = x^T x over the rows, padded and not.
+    const float inv = 1.0f / scale;
+    std::vector<float> plain(s.cols * s.cols), padded(s.cols * s.cols);
+    const auto gemm = [&](const std::vector<Fp8>& a, int64_t k, std::vector<float>& c) {
+      return run(Fp8GemmParams<float>{.m = s.cols, .n = s.cols, .k = k, .a = a.data(), .lda = k,
+                                      .a_scale_inv = &inv, .b = a.data(), .ldb = k, .b_scale_inv = &inv,
+                                      .c = c.data(), .ldc = s.cols});
+    };
+    ASSERT_EQ(gemm(plain_t, s.rows, plain), Status::ok);
+    ASSERT_EQ(gemm(padded_t, ld, padded), Status::ok);
+    // Equal up to the order of the fp32 sums: 2^-20 of the terms' magnitudes.
+    for (int64_t i = 0; i < s.cols; ++i)
+      for (int64_t j = 0; j < s.cols; ++j) {
+        double mag = 0;
+        for (int64_t r = 0; r < s.rows; ++r)
+          mag += std::fabs(double(fp8_decode(plain_t[i * s.rows + r].bits, Fp8Format::e4m3) * inv) *
+                           double(fp8_decode(plain_t[j * s.rows + r].bits, Fp8Format::e4m3) * inv));
+        ASSERT_NEAR(padded[i * s.cols + j], plain[i * s.cols + j], std::ldexp(mag, -20) + 1e-30) << i << "," << j;
+      }
+  }
+  // A stride below the rows, or one without a transpose, is refused.
+  std::vector<Fp8> out(6), out_t(6);
+  const std::vector<float> x(6, 1.0f);
+  const float scale = 1.0f;
+  Fp8CastParams<float> p{.rows = 3, .cols = 2, .x = x.data(), .scale = &scale, .out = out.data(),
+                         .out_t = out_t.data(), .ld_t = 2};
+  EXPECT_FALSE(supports(p));
+  EXPECT_EQ(run(p), Status::invalid_argument);
+  p.out_t = nullptr;
+  p.ld_t = 3;
+  EXPECT_EQ(run(p), Status::invalid_argument);
+}
+
 TEST(Fp8Ops, CastAmaxAccumulatesAndKeepsNaN) {
   Rng rng;
   SCOPED_TRACE(rng.trace());
