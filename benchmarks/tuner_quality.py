@@ -52,6 +52,11 @@ SPACES = {
     # valid layouts, the degrees, micro-batch, interleaving, sp, checkpointing,
     # cp and its transports and the pipeline splits free.
     "small-seq256-pinned": ("small", 256, 8, 4, [], ["--zero", "1", "--attn", "flash", "--norm", "fused"]),
+    # An MoE space: tiny-moe (8 experts, top-2) with ZeRO-1 pinned; 7,584
+    # valid layouts, the degrees (tp, cp and its transports, pp, dp, ep,
+    # etp), the dispatcher, attention and norm kernels, micro-batch,
+    # interleaving, sp, checkpointing and the pipeline splits free.
+    "tiny-moe-seq128": ("tiny-moe", 128, 8, 4, [], ["--zero", "1"]),
     # Small enough for brute force in minutes, for developing the search.
     "dev-tiny-2ranks": ("tiny", 64, 8, 2, []),
 }
