@@ -22,9 +22,10 @@
 // What this backend supports (check): sm_89 or newer (FP8 tensor cores);
 // n and k multiples of 16, m too under tiles (a tensor-scaled product takes
 // any m: PyTorch's scaled GEMM relaxed the same rule on cuBLASLt); lda, ldb
-// and ldc's row bytes multiples of 16 and every pointer 16-byte aligned (cuBLASLt's FP8 requirements, kept here so
-// supports() answers before a launch fails). k = 0 is C = beta C through the
-// bf16 gemm's path, which reads neither operand.
+// and ldc's row bytes multiples of 16 and every pointer 16-byte aligned
+// (cuBLASLt's FP8 requirements, kept here so supports() answers before a
+// launch fails). k = 0 is C = beta C through the bf16 gemm's path, which
+// reads neither operand.
 #include <map>
 #include <tuple>
 #include <unordered_map>
